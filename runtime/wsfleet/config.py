@@ -1,0 +1,186 @@
+"""Configuration: every environment variable is named here, parsed and validated once
+into a frozen dataclass. Nothing else in the runtime reads ``os.environ``.
+
+A bad value raises :class:`ConfigError` whose message names the variable, so that a
+misconfigured task fails at start-up with one readable line instead of later.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Callable, Mapping, TypeVar
+
+from . import metrics_names, schema
+
+# Variable names, shared with the CDK stacks that set them.
+TABLE_NAME = "TABLE_NAME"
+MESSAGES_TABLE_NAME = "MESSAGES_TABLE_NAME"
+QUEUE_URL = "QUEUE_URL"
+AWS_REGION = "AWS_REGION"
+AWS_DEFAULT_REGION = "AWS_DEFAULT_REGION"
+AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
+WORKER_ID = "WORKER_ID"
+LEASE_SECONDS = "LEASE_SECONDS"
+HEARTBEAT_SECONDS = "HEARTBEAT_SECONDS"
+RECONCILE_SECONDS = "RECONCILE_SECONDS"
+MAX_CONNECTIONS = "MAX_CONNECTIONS"
+MAX_CLOCK_SKEW_MS = "MAX_CLOCK_SKEW_MS"
+METRICS_NAMESPACE = "METRICS_NAMESPACE"
+SERVICE_NAME = "SERVICE_NAME"
+STATE_SHARDS = "STATE_SHARDS"
+SHUTDOWN_SECONDS = "SHUTDOWN_SECONDS"
+METRICS_SECONDS = "METRICS_SECONDS"
+MESSAGE_TTL_DAYS = "MESSAGE_TTL_DAYS"
+ALLOWED_WS_HOSTS = "ALLOWED_WS_HOSTS"
+ECS_CONTAINER_METADATA_URI_V4 = "ECS_CONTAINER_METADATA_URI_V4"
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or invalid; the message names the variable."""
+
+
+def _required(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name, "").strip()
+    if not value:
+        raise ConfigError(f"{name} is required but not set")
+    return value
+
+
+def _parsed(env: Mapping[str, str], name: str, default: T, parse: Callable[[str], T], what: str) -> T:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return parse(raw.strip())
+    except ValueError:
+        raise ConfigError(f"{name} must be {what}, got {raw!r}") from None
+
+
+def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _parsed(env, name, default, float, "a number of seconds")
+    if not value > 0 or value != value or value == float("inf"):
+        raise ConfigError(f"{name} must be a positive number of seconds, got {env.get(name)!r}")
+    return value
+
+
+def _int_in(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    value = _parsed(env, name, default, int, "a whole number")
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _region(env: Mapping[str, str]) -> str:
+    region = env.get(AWS_REGION, "").strip() or env.get(AWS_DEFAULT_REGION, "").strip()
+    if not region:
+        raise ConfigError(f"{AWS_REGION} is required but not set")
+    return region
+
+
+def _endpoint(env: Mapping[str, str]) -> str | None:
+    url = env.get(AWS_ENDPOINT_URL, "").strip()
+    if url and not url.startswith(("http://", "https://")):
+        raise ConfigError(f"{AWS_ENDPOINT_URL} must be an http(s) URL, got {url!r}")
+    return url or None
+
+
+def state_shards(env: Mapping[str, str]) -> int:
+    return _int_in(env, STATE_SHARDS, schema.DEFAULT_STATE_SHARDS, 1, schema.MAX_STATE_SHARDS)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    table_name: str
+    messages_table_name: str
+    queue_url: str
+    region: str
+    endpoint_url: str | None
+    worker_id: str | None  # None: resolved at start-up from ECS metadata or hostname-pid
+    ecs_metadata_uri: str | None
+    lease_ms: int
+    heartbeat_ms: int
+    reconcile_ms: int
+    max_connections: int
+    max_clock_skew_ms: int
+    metrics_namespace: str
+    service_name: str
+    state_shards: int
+    shutdown_seconds: float
+    metrics_seconds: float
+    message_ttl_days: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
+        env = os.environ if env is None else env
+        lease = _positive_float(env, LEASE_SECONDS, 20.0)
+        heartbeat = _positive_float(env, HEARTBEAT_SECONDS, 5.0)
+        if lease < 2 * heartbeat:
+            raise ConfigError(
+                f"{LEASE_SECONDS} ({lease:g}) must be at least twice {HEARTBEAT_SECONDS} ({heartbeat:g})"
+            )
+        skew = _int_in(env, MAX_CLOCK_SKEW_MS, 1000, 0, 60_000)
+        if skew >= (lease - heartbeat) * 1000:
+            raise ConfigError(
+                f"{MAX_CLOCK_SKEW_MS} ({skew}) must be less than {LEASE_SECONDS} minus "
+                f"{HEARTBEAT_SECONDS} ({(lease - heartbeat) * 1000:.0f} ms)"
+            )
+        worker_id = env.get(WORKER_ID, "").strip() or None
+        if worker_id is not None and len(worker_id) > 256:
+            raise ConfigError(f"{WORKER_ID} must be at most 256 characters")
+        return cls(
+            table_name=_required(env, TABLE_NAME),
+            messages_table_name=_required(env, MESSAGES_TABLE_NAME),
+            queue_url=_required(env, QUEUE_URL),
+            region=_region(env),
+            endpoint_url=_endpoint(env),
+            worker_id=worker_id,
+            ecs_metadata_uri=env.get(ECS_CONTAINER_METADATA_URI_V4, "").strip() or None,
+            lease_ms=round(lease * 1000),
+            heartbeat_ms=round(heartbeat * 1000),
+            reconcile_ms=round(_positive_float(env, RECONCILE_SECONDS, 10.0) * 1000),
+            max_connections=_int_in(env, MAX_CONNECTIONS, 100, 1, 100_000),
+            max_clock_skew_ms=skew,
+            metrics_namespace=env.get(METRICS_NAMESPACE, "").strip() or metrics_names.DEFAULT_NAMESPACE,
+            service_name=env.get(SERVICE_NAME, "").strip() or "wsfleet-worker",
+            state_shards=state_shards(env),
+            shutdown_seconds=_positive_float(env, SHUTDOWN_SECONDS, 25.0),
+            metrics_seconds=_positive_float(env, METRICS_SECONDS, 60.0),
+            message_ttl_days=_int_in(env, MESSAGE_TTL_DAYS, 0, 0, 3650),
+        )
+
+    def default_worker_id(self) -> str:
+        return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    table_name: str
+    queue_url: str
+    region: str
+    endpoint_url: str | None
+    allowed_ws_hosts: tuple[str, ...]
+    state_shards: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "RouterConfig":
+        env = os.environ if env is None else env
+        hosts = tuple(
+            h.strip().lower() for h in env.get(ALLOWED_WS_HOSTS, "").split(",") if h.strip()
+        )
+        for host in hosts:
+            if "*" in host and not (host.startswith("*.") and "*" not in host[2:] and len(host) > 2):
+                raise ConfigError(
+                    f"{ALLOWED_WS_HOSTS} entries must be host names or '*.domain' patterns, got {host!r}"
+                )
+        return cls(
+            table_name=_required(env, TABLE_NAME),
+            queue_url=_required(env, QUEUE_URL),
+            region=_region(env),
+            endpoint_url=_endpoint(env),
+            allowed_ws_hosts=hosts,
+            state_shards=state_shards(env),
+        )

@@ -1,0 +1,24 @@
+"""Metric identity shared by the worker (which publishes) and the stack (which scales
+and alarms on it), so that the two cannot drift apart."""
+
+DEFAULT_NAMESPACE = "WsFleet"
+DIMENSION_SERVICE_NAME = "ServiceName"
+
+ACTIVE_CONNECTIONS = "ActiveConnections"
+LEASES_ACQUIRED = "LeasesAcquired"
+LEASES_LOST = "LeasesLost"
+LEASES_RELEASED = "LeasesReleased"
+ORPHANS_RECOVERED = "OrphansRecovered"
+RECONNECTS = "Reconnects"
+MESSAGES_STORED = "MessagesStored"
+MALFORMED_FRAMES = "MalformedFrames"
+
+COUNTERS = (
+    LEASES_ACQUIRED,
+    LEASES_LOST,
+    LEASES_RELEASED,
+    ORPHANS_RECOVERED,
+    RECONNECTS,
+    MESSAGES_STORED,
+    MALFORMED_FRAMES,
+)

@@ -1,0 +1,62 @@
+"""Shared fixtures: one local AWS emulator (moto server, DynamoDB serialised) per test
+session, and fresh tables and queue per test so tests never see each other's items."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import uuid
+
+import boto3
+import pytest
+
+from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources
+
+REGION = "us-east-1"
+_names = itertools.count()
+
+# boto3 clients in the test process must never reach real AWS.
+os.environ.update(CREDENTIALS)
+os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
+
+
+@pytest.fixture(scope="session")
+def emulator():
+    with Emulator() as emu:
+        yield emu
+
+
+@pytest.fixture
+def aws_env(emulator) -> dict[str, str]:
+    """Environment variables (as the worker and router read them) for fresh resources."""
+    suffix = f"{next(_names)}-{uuid.uuid4().hex[:6]}"
+    return create_resources(
+        emulator.endpoint_url,
+        region=REGION,
+        table_name=f"conn-{suffix}",
+        messages_table_name=f"msg-{suffix}",
+        queue_name=f"start-{suffix}",
+    )
+
+
+@pytest.fixture
+def ddb(emulator):
+    return boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name=REGION)
+
+
+@pytest.fixture
+def sqs(emulator):
+    return boto3.client("sqs", endpoint_url=emulator.endpoint_url, region_name=REGION)
+
+
+@pytest.fixture
+def python_env() -> dict[str, str]:
+    """Environment for a child ``python -m wsfleet...`` process."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTEST_"))}
+    env["PYTHONPATH"] = os.path.join(root, "runtime")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["AWS_XRAY_SDK_ENABLED"] = "false"
+    env["_WSFLEET_PYTHON"] = sys.executable
+    return env
