@@ -10,7 +10,6 @@ worker runs them in threads (see ``wsfleet.aws``), the Lambda router calls them 
 from __future__ import annotations
 
 import enum
-import json
 import time
 from decimal import Decimal
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
 
 from . import schema
+from .stream import Frame
 from .leases import (
     AcquireFailure,
     Candidate,
@@ -50,7 +50,6 @@ TRANSIENT_CODES = frozenset(
 )
 
 MAX_BATCH = 25  # BatchWriteItem limit
-MAX_MESSAGE_BYTES = 350_000  # stay well inside DynamoDB's 400 KB item limit
 
 
 class TransientError(Exception):
@@ -353,13 +352,6 @@ class ConnectionsStore:
         return StopOutcome.NOT_FOUND if old is None else StopOutcome.ALREADY_STOPPED
 
 
-@dataclass(frozen=True)
-class Frame:
-    seq: int
-    data_json: str  # the frame's data as compact JSON
-    received_at_ms: int
-
-
 class MessagesStore:
     """The messages table: one item per (connection, seq)."""
 
@@ -422,21 +414,3 @@ class MessagesStore:
             if "LastEvaluatedKey" not in resp:
                 return out
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
-
-
-def frame_from_text(text: str | bytes, received_at_ms: int) -> Frame | None:
-    """Parse an upstream text frame ``{"seq": <int>, "data": <any>}``; None if malformed
-    (not JSON, not an object, no integer seq, or too large to store)."""
-    try:
-        obj = json.loads(text)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(obj, dict):
-        return None
-    seq = obj.get("seq")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-        return None
-    data_json = json.dumps(obj.get("data"), separators=(",", ":"), ensure_ascii=False)
-    if len(data_json.encode("utf-8")) > MAX_MESSAGE_BYTES:
-        return None
-    return Frame(seq, data_json, received_at_ms)

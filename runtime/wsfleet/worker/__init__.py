@@ -1,0 +1,1 @@
+"""The worker: ``python -m wsfleet.worker``."""

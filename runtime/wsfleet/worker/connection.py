@@ -1,0 +1,293 @@
+"""One owned connection: keep its lease alive, hold its socket, store its frames.
+
+Three tasks per connection, all driven by one :class:`ConnectionRunner`:
+
+* heartbeat: renew the lease every heartbeat, carrying the checkpoint; the renewal's
+  failure says why (lost / STOPPED / deleted). It also enforces the local deadline:
+  once the lease can no longer be proven ours, the socket is closed and nothing more
+  is written.
+* stream: connect with ``from_seq``, receive frames, reconnect with backoff while the
+  lease is held.
+* flusher: write pending frames in batches, shortly after the first one arrives or as
+  soon as a batch is full.
+
+The runner ends for exactly one reason (:class:`EndReason`); its teardown closes the
+socket first and only then releases the lease, so a stream never has two sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from .. import metrics_names as names
+from ..leases import LeaseTiming, RenewFailure, backoff_s
+from ..logs import JsonLogger
+from ..metrics import Counters
+from ..store import ConnectionsStore, MessagesStore, TransientError
+from ..stream import Frame, SeqTracker, parse_frame, resume_url
+from .retry import LeaseExpired, call_until
+
+BATCH_SIZE = 25
+FLUSH_LINGER_S = 0.1  # how long a lone frame may wait for company before it is written
+MAX_PENDING = 1000  # frames held before the receive loop waits for the flusher
+RECONNECT_CAP_S = 10.0
+
+
+class EndReason(enum.Enum):
+    STOPPED = "stopped"  # desired state STOPPED: close, flush, release
+    LOST = "lost"  # another worker took it (or the item was deleted): close, write nothing
+    EXPIRED = "expired"  # our lease ran out before a renewal got through: close, write nothing
+    SHUTDOWN = "shutdown"  # this worker is leaving: close, flush, release, hint a peer
+    FAILED = "failed"  # a bug in this runner: close, flush, release, so that a peer takes over
+
+
+@dataclass(frozen=True)
+class Settings:
+    worker_id: str
+    timing: LeaseTiming
+    connect_timeout_s: float = 10.0
+    ping_interval_s: float = 20.0
+    max_frame_bytes: int = 1 << 20
+
+
+Call = Callable[..., Awaitable[Any]]
+
+
+class ConnectionRunner:
+    def __init__(
+        self,
+        *,
+        connection_id: str,
+        ws_url: str,
+        fence_token: int,
+        checkpoint: int,
+        deadline_mono: float,
+        settings: Settings,
+        call: Call,
+        connections: ConnectionsStore,
+        messages: MessagesStore,
+        counters: Counters,
+        log: JsonLogger,
+    ) -> None:
+        self.connection_id = connection_id
+        self.ws_url = ws_url
+        self.fence_token = fence_token
+        self.deadline_mono = deadline_mono
+        self.tracker = SeqTracker(checkpoint)
+        self.connected = asyncio.Event()
+        self.end_reason: EndReason | None = None
+        self._s = settings
+        self._call = call
+        self._connections = connections
+        self._messages = messages
+        self._counters = counters
+        self._log = log.bind(connection_id=connection_id, fence_token=fence_token)
+        self._pending: list[Frame] = []
+        self._flush_wanted = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._ended = asyncio.Event()
+        self._ws: ClientConnection | None = None
+        self._flush_lock = asyncio.Lock()
+
+    # --- the lease ---------------------------------------------------------------------
+
+    def live(self) -> bool:
+        return time.monotonic() < self.deadline_mono
+
+    def _end(self, reason: EndReason) -> None:
+        if self.end_reason is None:
+            self.end_reason = reason
+            self._ended.set()
+
+    async def _until_deadline(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
+        return await call_until(self._call, lambda: self.deadline_mono, fn, log=self._log, **kwargs)
+
+    async def _heartbeat(self) -> None:
+        heartbeat = self._s.timing.heartbeat_ms / 1000
+        lease_ms = self._s.timing.lease_ms
+        # Spread the first renewal so that a burst of acquisitions does not renew in step.
+        await asyncio.sleep(heartbeat * (0.5 + 0.5 * random.random()))
+        while True:
+            sent = time.monotonic()
+            try:
+                result = await self._until_deadline(
+                    self._connections.renew,
+                    connection_id=self.connection_id,
+                    owner=self._s.worker_id,
+                    fence_token=self.fence_token,
+                    lease_ms=lease_ms,
+                    last_seq=self.tracker.checkpoint,
+                )
+            except LeaseExpired:
+                self._log.warning("lease_expired", checkpoint=self.tracker.checkpoint)
+                return self._end(EndReason.EXPIRED)
+            if result is RenewFailure.STOPPED:
+                self._log.info("stop_detected")
+                return self._end(EndReason.STOPPED)
+            if isinstance(result, RenewFailure):
+                self._log.warning("lease_lost", why=result.value)
+                return self._end(EndReason.LOST)
+            self.deadline_mono = self._s.timing.local_deadline_mono(sent)
+            await asyncio.sleep(max(0.0, heartbeat - (time.monotonic() - sent)))
+
+    # --- the socket --------------------------------------------------------------------
+
+    async def _stream(self) -> None:
+        attempt = 0
+        while self.live() and self.end_reason is None:
+            url = resume_url(self.ws_url, self.tracker.next_seq)
+            try:
+                async with connect(
+                    url,
+                    compression=None,
+                    open_timeout=self._s.connect_timeout_s,
+                    ping_interval=self._s.ping_interval_s,
+                    ping_timeout=self._s.ping_interval_s,
+                    close_timeout=2,
+                    max_size=self._s.max_frame_bytes,
+                ) as ws:
+                    self._ws = ws
+                    self.connected.set()
+                    self._log.info("connected", from_seq=self.tracker.next_seq, attempt=attempt)
+                    attempt = 0
+                    async for message in ws:
+                        await self._receive(message)
+                    code = ws.close_code
+            except (OSError, TimeoutError, InvalidURI, InvalidHandshake, ConnectionClosed) as exc:
+                code = None
+                self._log.warning("socket_error", error=f"{type(exc).__name__}: {exc}", attempt=attempt)
+            finally:
+                self._ws = None
+                self.connected.clear()
+            if self.end_reason is not None:
+                return
+            delay = min(RECONNECT_CAP_S, backoff_s(attempt, base=0.2, cap=RECONNECT_CAP_S) + 0.05)
+            self._counters.add(names.RECONNECTS)
+            self._log.info("reconnecting", close_code=code, in_s=round(delay, 3), from_seq=self.tracker.next_seq)
+            attempt += 1
+            await asyncio.sleep(delay)
+
+    async def _receive(self, message: str | bytes) -> None:
+        frame = parse_frame(message, int(time.time() * 1000))
+        if frame is None:
+            self._counters.add(names.MALFORMED_FRAMES)
+            self._log.warning("malformed_frame", size=len(message))
+            return
+        if not self.tracker.accept(frame.seq):
+            return  # a replay of a frame already in hand
+        self._pending.append(frame)
+        if len(self._pending) >= BATCH_SIZE:
+            self._flush_wanted.set()
+        elif len(self._pending) == 1:
+            asyncio.get_running_loop().call_later(FLUSH_LINGER_S, self._flush_wanted.set)
+        while len(self._pending) >= MAX_PENDING:
+            self._drained.clear()
+            await self._drained.wait()  # backpressure: stop reading until the flusher catches up
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            try:
+                await self.flush()
+            except LeaseExpired:
+                self._log.warning("lease_expired_while_writing", pending=len(self._pending))
+                return self._end(EndReason.EXPIRED)
+
+    async def flush(self) -> None:
+        """Write every pending frame, in order, in batches; advance the checkpoint after
+        each. Raises :class:`LeaseExpired` instead of writing once the lease is past."""
+        async with self._flush_lock:
+            while self._pending:
+                batch = self._pending[:BATCH_SIZE]
+                await self._until_deadline(self._put, frames=batch)
+                del self._pending[: len(batch)]
+                self.tracker.stored(batch[-1].seq)
+                self._counters.add(names.MESSAGES_STORED, len(batch))
+            self._drained.set()
+
+    def _put(self, *, frames: list[Frame]) -> None:
+        # Checked again in the thread, right before the request leaves: the pool may
+        # have queued it past the deadline.
+        if time.monotonic() >= self.deadline_mono:
+            raise TransientError("lease deadline passed before the write was sent")
+        self._messages.put(self.connection_id, frames, fence_token=self.fence_token, worker_id=self._s.worker_id)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    def request_shutdown(self) -> None:
+        self._end(EndReason.SHUTDOWN)
+
+    async def run(self) -> EndReason:
+        """Hold the connection until one end reason, then tear down accordingly."""
+        tasks = [
+            asyncio.create_task(self._heartbeat(), name=f"heartbeat:{self.connection_id}"),
+            asyncio.create_task(self._stream(), name=f"stream:{self.connection_id}"),
+            asyncio.create_task(self._flusher(), name=f"flusher:{self.connection_id}"),
+        ]
+        for t in tasks:
+            t.add_done_callback(self._task_done)
+        try:
+            await self._ended.wait()
+        finally:
+            # Close the socket before anything else: the lease may be released (or
+            # already taken) next, and a stream must never have two sockets. The
+            # stream task sees end_reason and does not reconnect.
+            await self._close_socket()
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        reason = self.end_reason or EndReason.SHUTDOWN
+        if reason in (EndReason.STOPPED, EndReason.SHUTDOWN, EndReason.FAILED):
+            await self._flush_and_release()
+        else:
+            self._counters.add(names.LEASES_LOST)
+            self._log.warning("connection_dropped", why=reason.value, unwritten=len(self._pending))
+            self._pending.clear()
+        return reason
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            self._log.error("runner_task_failed", task=task.get_name(), error=f"{type(exc).__name__}: {exc}")
+            self._end(EndReason.FAILED)
+
+    async def _close_socket(self) -> None:
+        ws = self._ws
+        if ws is not None:
+            try:
+                await asyncio.wait_for(ws.close(), timeout=3)
+            except Exception:  # noqa: BLE001 - closing is best effort; abort the transport
+                ws.transport.abort()
+        self._log.info("socket_closed")
+
+    async def _flush_and_release(self) -> None:
+        try:
+            await self.flush()
+            released = await self._until_deadline(
+                self._connections.release,
+                connection_id=self.connection_id,
+                owner=self._s.worker_id,
+                fence_token=self.fence_token,
+                last_seq=self.tracker.checkpoint,
+            )
+        except LeaseExpired:
+            self._counters.add(names.LEASES_LOST)
+            self._log.warning("lease_expired_before_release", unwritten=len(self._pending))
+            return
+        if released:
+            self._counters.add(names.LEASES_RELEASED)
+            self._log.info("lease_released", checkpoint=self.tracker.checkpoint, why=self.end_reason.value)
+        else:
+            self._counters.add(names.LEASES_LOST)
+            self._log.warning("release_found_lease_gone", checkpoint=self.tracker.checkpoint)
+
+

@@ -1,0 +1,340 @@
+"""The worker's lifecycle: what to take (SQS hints and orphan reconciliation), holding
+what it took (one :class:`ConnectionRunner` each), metrics, and graceful shutdown.
+
+``poll_once``, ``reconcile_once`` and ``publish_metrics_once`` are the run-once steps
+that :meth:`Worker.run` loops over; tests can drive them one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from itertools import islice
+from typing import Any
+
+from .. import metrics_names as names
+from .. import schema
+from ..aws import SQS_WAIT_SECONDS, Aws
+from ..config import WorkerConfig
+from ..leases import AcquireFailure, Candidate, LeaseTiming, takeover_jitter_s, takeover_plan
+from ..logs import JsonLogger
+from ..metrics import Counters, metric_data
+from ..store import Acquired, ConnectionsStore, MessagesStore, TransientError, now_ms
+from .connection import ConnectionRunner, EndReason, Settings
+from .retry import LeaseExpired, call_until
+
+SHUTDOWN_MARGIN_S = 1.0  # kept back from the budget for the final log line and exit
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig, worker_id: str, *, aws: Aws, log: JsonLogger) -> None:
+        self.config = config
+        self.worker_id = worker_id
+        self.timing = LeaseTiming(config.lease_ms, config.heartbeat_ms, config.max_clock_skew_ms)
+        self.counters = Counters()
+        self.runners: dict[str, ConnectionRunner] = {}
+        self._aws = aws
+        self._log = log.bind(worker_id=worker_id)
+        self._connections = ConnectionsStore(aws.dynamodb, config.table_name, state_shards=config.state_shards)
+        self._messages = MessagesStore(aws.dynamodb, config.messages_table_name, ttl_days=config.message_ttl_days)
+        self._settings = Settings(worker_id=worker_id, timing=self.timing)
+        self._acquiring: set[str] = set()
+        self._scheduled: dict[str, asyncio.TimerHandle] = {}
+        self._holders: set[asyncio.Task] = set()
+        self._stopping = asyncio.Event()
+        self._capacity_freed = asyncio.Event()
+
+    # --- capacity ----------------------------------------------------------------------
+
+    def free(self) -> int:
+        return self.config.max_connections - len(self.runners) - len(self._acquiring)
+
+    def _busy(self, connection_id: str) -> bool:
+        return connection_id in self.runners or connection_id in self._acquiring
+
+    # --- taking connections ------------------------------------------------------------
+
+    async def try_acquire(self, connection_id: str, *, source: str) -> ConnectionRunner | None:
+        """Take the lease if we have room, then hold the connection in a task of its own.
+        Returns the runner, or None if we lost the race or had no room."""
+        if self._stopping.is_set() or self._busy(connection_id) or self.free() <= 0:
+            return None
+        self._acquiring.add(connection_id)
+        sent = time.monotonic()
+        try:
+            result = await call_until(
+                self._aws.call,
+                lambda: sent + self.timing.heartbeat_ms / 1000,
+                self._connections.acquire,
+                log=self._log,
+                connection_id=connection_id,
+                owner=self.worker_id,
+                lease_ms=self.timing.lease_ms,
+                max_clock_skew_ms=self.timing.max_clock_skew_ms,
+            )
+        except LeaseExpired:
+            self._log.warning("acquire_gave_up", connection_id=connection_id, source=source)
+            return None
+        finally:
+            self._acquiring.discard(connection_id)
+        if isinstance(result, AcquireFailure):
+            self._log.info("acquire_lost", connection_id=connection_id, source=source, why=result.value)
+            return None
+        assert isinstance(result, Acquired)
+        item = result.item
+        if self._stopping.is_set():
+            # Won a race that finished after shutdown began: hand it straight back.
+            await self._release_unheld(connection_id, item)
+            return None
+        runner = ConnectionRunner(
+            connection_id=connection_id,
+            ws_url=item[schema.WS_URL],
+            fence_token=int(item[schema.FENCE_TOKEN]),
+            checkpoint=int(item.get(schema.LAST_SEQ, 0)),
+            deadline_mono=self.timing.local_deadline_mono(sent),
+            settings=self._settings,
+            call=self._aws.call,
+            connections=self._connections,
+            messages=self._messages,
+            counters=self.counters,
+            log=self._log,
+        )
+        self.runners[connection_id] = runner
+        self.counters.add(names.LEASES_ACQUIRED)
+        if source == "orphan":
+            self.counters.add(names.ORPHANS_RECOVERED)
+        self._log.info(
+            "lease_acquired",
+            connection_id=connection_id,
+            source=source,
+            fence_token=runner.fence_token,
+            from_seq=runner.tracker.next_seq,
+            active=len(self.runners),
+        )
+        task = asyncio.create_task(self._hold(runner), name=f"hold:{connection_id}")
+        self._holders.add(task)
+        task.add_done_callback(self._holders.discard)
+        return runner
+
+    async def _release_unheld(self, connection_id: str, item: dict) -> None:
+        try:
+            await self._aws.call(
+                self._connections.release,
+                connection_id=connection_id,
+                owner=self.worker_id,
+                fence_token=int(item[schema.FENCE_TOKEN]),
+                last_seq=int(item.get(schema.LAST_SEQ, 0)),
+            )
+        except TransientError:
+            pass  # it expires by itself within a lease
+        await self._hint(connection_id)
+
+    async def _hold(self, runner: ConnectionRunner) -> None:
+        try:
+            reason = await runner.run()
+        finally:
+            self.runners.pop(runner.connection_id, None)
+            self._capacity_freed.set()
+        self._log.info("connection_ended", connection_id=runner.connection_id, why=reason.value, active=len(self.runners))
+        if reason in (EndReason.SHUTDOWN, EndReason.FAILED):
+            await self._hint(runner.connection_id)
+
+    async def _hint(self, connection_id: str) -> None:
+        """Tell peers a connection is free now, so one takes it in about a second
+        instead of at its next reconcile."""
+        try:
+            await self._aws.call(
+                self._aws.sqs.send_message,
+                QueueUrl=self.config.queue_url,
+                MessageBody=json.dumps({schema.HINT_CONNECTION_ID: connection_id}),
+            )
+        except Exception as exc:  # noqa: BLE001 - a hint is an optimisation; reconcile covers it
+            self._log.warning("hint_failed", connection_id=connection_id, error=str(exc))
+
+    # --- intake: SQS hints ---------------------------------------------------------------
+
+    async def poll_once(self, *, wait_seconds: int = SQS_WAIT_SECONDS) -> int:
+        """One long poll for START hints; returns how many messages it handled."""
+        free = self.free()
+        if free <= 0:
+            return 0
+        resp = await self._aws.poll(
+            self._aws.sqs.receive_message,
+            QueueUrl=self.config.queue_url,
+            MaxNumberOfMessages=min(10, free),
+            WaitTimeSeconds=wait_seconds,
+        )
+        messages = resp.get("Messages", [])
+        await asyncio.gather(*(self._on_hint(m) for m in messages))
+        return len(messages)
+
+    async def _on_hint(self, message: dict[str, Any]) -> None:
+        connection_id = _hinted_connection(message.get("Body", ""))
+        keep = False
+        if connection_id is None:
+            self._log.warning("bad_hint", body=message.get("Body", "")[:200])
+        elif self._stopping.is_set() or (not self._busy(connection_id) and self.free() <= 0):
+            keep = True  # no room here: give it back to the queue for a peer, now
+        elif not self._busy(connection_id):
+            await self.try_acquire(connection_id, source="hint")
+        try:
+            if keep:
+                await self._aws.call(
+                    self._aws.sqs.change_message_visibility,
+                    QueueUrl=self.config.queue_url,
+                    ReceiptHandle=message["ReceiptHandle"],
+                    VisibilityTimeout=0,
+                )
+            else:
+                # Won, lost or already ours: the hint has done its job either way.
+                await self._aws.call(
+                    self._aws.sqs.delete_message, QueueUrl=self.config.queue_url, ReceiptHandle=message["ReceiptHandle"]
+                )
+        except Exception as exc:  # noqa: BLE001 - it comes back after its visibility timeout
+            self._log.warning("hint_ack_failed", error=str(exc))
+
+    # --- intake: orphan reconciliation ----------------------------------------------------
+
+    async def reconcile_once(self) -> int:
+        """Query every index shard for leases that are free, expired, or have missed a
+        renewal, and schedule an acquire attempt for each at the moment it becomes
+        acquirable. Returns how many attempts it scheduled."""
+        free = self.free() - len(self._scheduled)
+        if free <= 0 or self._stopping.is_set():
+            return 0
+        now = now_ms()
+        below = self.timing.suspect_below_ms(now)
+        shards = list(range(self.config.state_shards))
+        random.shuffle(shards)
+        candidates: list[Candidate] = []
+        for shard in shards:
+            found = await self._aws.call(_take, self._connections.suspects(shard, below_ms=below, limit=min(100, free + 10)), free + 10)
+            candidates.extend(found)
+        busy = set(self.runners) | self._acquiring | set(self._scheduled)
+        plan = takeover_plan(candidates, now_ms=now, timing=self.timing, managed=busy, capacity=free)
+        load = 1 - self.free() / self.config.max_connections
+        loop = asyncio.get_running_loop()
+        for connection_id, at_ms in plan:
+            delay = max(0.0, (at_ms - now_ms()) / 1000) + takeover_jitter_s(load)
+            self._scheduled[connection_id] = loop.call_later(delay, self._fire, connection_id)
+        if plan:
+            self._log.info("orphans_scheduled", count=len(plan), first_in_s=round(max(0, plan[0][1] - now) / 1000, 3))
+        return len(plan)
+
+    def _fire(self, connection_id: str) -> None:
+        self._scheduled.pop(connection_id, None)
+        task = asyncio.create_task(self.try_acquire(connection_id, source="orphan"))
+        self._holders.add(task)
+        task.add_done_callback(self._holders.discard)
+
+    # --- metrics -------------------------------------------------------------------------
+
+    async def publish_metrics_once(self) -> None:
+        data = metric_data(
+            service_name=self.config.service_name,
+            active_connections=len(self.runners),
+            deltas=self.counters.take_deltas(),
+        )
+        try:
+            for start in range(0, len(data), 20):
+                await self._aws.call(
+                    self._aws.cloudwatch.put_metric_data, Namespace=self.config.metrics_namespace, MetricData=data[start:start + 20]
+                )
+        except Exception as exc:  # noqa: BLE001 - metrics must never take the worker down
+            self._log.warning("metrics_failed", error=str(exc))
+        self._log.info("stats", active=len(self.runners), **self.counters.totals())
+
+    # --- the loops ---------------------------------------------------------------------
+
+    async def _every(self, seconds: float, step: Any, *, jitter: float = 0.0, wait_first: bool = False) -> None:
+        first = True
+        while not self._stopping.is_set():
+            if not (first and wait_first):
+                try:
+                    await step()
+                except Exception as exc:  # noqa: BLE001 - one failed step must not end the loop
+                    self._log.warning("loop_step_failed", step=step.__name__, error=f"{type(exc).__name__}: {exc}")
+            first = False
+            pause = seconds * (1 + jitter * (2 * random.random() - 1))
+            try:
+                await asyncio.wait_for(self._stopping.wait(), timeout=pause)
+            except TimeoutError:
+                pass
+
+    async def _poll_loop(self) -> None:
+        while not self._stopping.is_set():
+            if self.free() <= 0:
+                self._capacity_freed.clear()
+                await _first_of(self._capacity_freed.wait(), self._stopping.wait())
+                continue
+            try:
+                await self.poll_once()
+            except Exception as exc:  # noqa: BLE001
+                self._log.warning("poll_failed", error=f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(1 + random.random())
+
+    def request_shutdown(self) -> None:
+        if not self._stopping.is_set():
+            self._log.info("shutdown_requested", active=len(self.runners))
+            self._stopping.set()
+
+    async def run(self) -> None:
+        """Run until :meth:`request_shutdown`, then shut down within the budget."""
+        self._log.info(
+            "worker_started",
+            max_connections=self.config.max_connections,
+            lease_ms=self.timing.lease_ms,
+            heartbeat_ms=self.timing.heartbeat_ms,
+            reconcile_ms=self.config.reconcile_ms,
+        )
+        loops = [
+            asyncio.create_task(self._poll_loop(), name="poll"),
+            asyncio.create_task(self._every(self.config.reconcile_ms / 1000, self.reconcile_once, jitter=0.5), name="reconcile"),
+            asyncio.create_task(self._every(self.config.metrics_seconds, self.publish_metrics_once, wait_first=True), name="metrics"),
+        ]
+        await self._stopping.wait()
+        started = time.monotonic()
+        for task in loops:
+            task.cancel()
+        for handle in self._scheduled.values():
+            handle.cancel()
+        self._scheduled.clear()
+        await self.shutdown(budget_s=self.config.shutdown_seconds - SHUTDOWN_MARGIN_S)
+        await asyncio.gather(*loops, return_exceptions=True)
+        self._log.info("shutdown_complete", took_s=round(time.monotonic() - started, 3), left=len(self.runners), **self.counters.totals())
+
+    async def shutdown(self, *, budget_s: float) -> None:
+        """Close every socket, flush, checkpoint and release, all connections in
+        parallel; whatever is not done within the budget is left to expire."""
+        self._stopping.set()
+        for runner in list(self.runners.values()):
+            runner.request_shutdown()
+        pending = [t for t in self._holders if not t.done()]
+        if pending:
+            done, late = await asyncio.wait(pending, timeout=max(0.1, budget_s))
+            if late:
+                self._log.warning("shutdown_budget_exceeded", unfinished=len(late))
+        await self.publish_metrics_once()
+
+
+def _hinted_connection(body: str) -> str | None:
+    try:
+        value = json.loads(body).get(schema.HINT_CONNECTION_ID)
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def _take(iterable: Any, n: int) -> list:
+    return list(islice(iterable, n))
+
+
+async def _first_of(*aws: Any) -> None:
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
