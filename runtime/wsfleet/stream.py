@@ -74,8 +74,3 @@ class SeqTracker:
 
     def stored(self, seq: int) -> None:
         self.checkpoint = max(self.checkpoint, seq)
-
-    def forget_unstored(self) -> None:
-        """Frames accepted but not stored are gone (e.g. the socket's owner changed):
-        resume from the checkpoint."""
-        self.last_accepted = self.checkpoint

@@ -1,0 +1,61 @@
+"""Configuration: defaults, and a bad value is an error that names its variable."""
+
+import pytest
+
+from wsfleet.config import ConfigError, RouterConfig, WorkerConfig
+
+BASE = {"TABLE_NAME": "t", "MESSAGES_TABLE_NAME": "m", "QUEUE_URL": "http://q", "AWS_REGION": "eu-west-1"}
+
+
+def test_worker_defaults_follow_the_contract():
+    c = WorkerConfig.from_env(BASE)
+    assert (c.lease_ms, c.heartbeat_ms, c.reconcile_ms, c.max_connections, c.max_clock_skew_ms) == (20_000, 5_000, 10_000, 100, 1_000)
+    assert c.metrics_namespace == "WsFleet" and c.state_shards == 4 and c.worker_id is None
+    assert c.endpoint_url is None and c.region == "eu-west-1"
+
+
+def test_fractional_seconds_are_accepted_for_fast_local_runs():
+    c = WorkerConfig.from_env({**BASE, "LEASE_SECONDS": "2.5", "HEARTBEAT_SECONDS": "0.5", "MAX_CLOCK_SKEW_MS": "200"})
+    assert (c.lease_ms, c.heartbeat_ms) == (2_500, 500)
+
+
+@pytest.mark.parametrize(
+    "override, variable",
+    [
+        ({"TABLE_NAME": ""}, "TABLE_NAME"),
+        ({"MESSAGES_TABLE_NAME": " "}, "MESSAGES_TABLE_NAME"),
+        ({"QUEUE_URL": ""}, "QUEUE_URL"),
+        ({"AWS_REGION": ""}, "AWS_REGION"),
+        ({"AWS_ENDPOINT_URL": "localhost:5000"}, "AWS_ENDPOINT_URL"),
+        ({"LEASE_SECONDS": "abc"}, "LEASE_SECONDS"),
+        ({"LEASE_SECONDS": "-5"}, "LEASE_SECONDS"),
+        ({"LEASE_SECONDS": "nan"}, "LEASE_SECONDS"),
+        ({"LEASE_SECONDS": "8", "HEARTBEAT_SECONDS": "5"}, "LEASE_SECONDS"),
+        ({"HEARTBEAT_SECONDS": "0"}, "HEARTBEAT_SECONDS"),
+        ({"RECONCILE_SECONDS": "x"}, "RECONCILE_SECONDS"),
+        ({"MAX_CONNECTIONS": "0"}, "MAX_CONNECTIONS"),
+        ({"MAX_CONNECTIONS": "1.5"}, "MAX_CONNECTIONS"),
+        ({"MAX_CLOCK_SKEW_MS": "-1"}, "MAX_CLOCK_SKEW_MS"),
+        ({"MAX_CLOCK_SKEW_MS": "15000"}, "MAX_CLOCK_SKEW_MS"),
+        ({"STATE_SHARDS": "0"}, "STATE_SHARDS"),
+        ({"SHUTDOWN_SECONDS": "soon"}, "SHUTDOWN_SECONDS"),
+        ({"MESSAGE_TTL_DAYS": "-2"}, "MESSAGE_TTL_DAYS"),
+    ],
+)
+def test_a_bad_worker_setting_is_an_error_naming_the_variable(override, variable):
+    with pytest.raises(ConfigError, match=variable):
+        WorkerConfig.from_env({**BASE, **override})
+
+
+def test_region_falls_back_to_the_sdk_default_variable():
+    env = {**BASE, "AWS_REGION": "", "AWS_DEFAULT_REGION": "us-west-2"}
+    assert WorkerConfig.from_env(env).region == "us-west-2"
+
+
+def test_router_parses_allowed_hosts_and_refuses_bad_patterns():
+    c = RouterConfig.from_env({**BASE, "ALLOWED_WS_HOSTS": " Feed.Example.com, *.stream.io ,127.0.0.1"})
+    assert c.allowed_ws_hosts == ("feed.example.com", "*.stream.io", "127.0.0.1")
+    assert RouterConfig.from_env(BASE).allowed_ws_hosts == ()
+    for bad in ("*", "a.*.com", "*example.com"):
+        with pytest.raises(ConfigError, match="ALLOWED_WS_HOSTS"):
+            RouterConfig.from_env({**BASE, "ALLOWED_WS_HOSTS": bad})
