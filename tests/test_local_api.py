@@ -1,0 +1,125 @@
+"""The local API Gateway stand-in: real HTTP in, REST proxy events to the handler, its
+proxy responses back out."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from typing import Any
+
+import pytest
+
+from wsfleet.local.api import CONNECTION_RESOURCE, EVENTS_RESOURCE, LocalApi
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Recorder:
+    """A handler that keeps each (event, context) and answers with a fixed response."""
+
+    def __init__(self, response: Any = None) -> None:
+        self.calls: list[tuple[dict, Any]] = []
+        self.response = response or {"statusCode": 200, "headers": {"Content-Type": "application/json"}, "body": "{}"}
+
+    def __call__(self, event: dict, context: Any) -> Any:
+        self.calls.append((event, context))
+        if isinstance(self.response, Exception):
+            raise self.response
+        return self.response
+
+    @property
+    def event(self) -> dict:
+        [(event, _)] = self.calls
+        return event
+
+
+def request(api: LocalApi, method: str, target: str, body: bytes | str | None = None, headers=None):
+    """(status, headers, body bytes) of one request on a fresh connection."""
+    conn = http.client.HTTPConnection(api.url.removeprefix("http://"), timeout=10)
+    try:
+        conn.request(method, target, body=body, headers=headers or {})
+        reply = conn.getresponse()
+        return reply.status, reply.headers, reply.read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def recorder():
+    return Recorder()
+
+
+@pytest.fixture
+def api(recorder):
+    with LocalApi(recorder) as running:
+        yield running
+
+
+def test_post_events_becomes_a_proxy_event_for_the_events_resource(api, recorder):
+    recorder.response = {"statusCode": 202, "headers": {"Content-Type": "application/json", "X-Ok": "1"}, "body": '{"a":1}'}
+    body = '{"event_type": "STOP", "connection_id": "c1"}'
+    status, headers, raw = request(api, "POST", "/events", body, {"Content-Type": "application/json"})
+
+    assert (status, headers["X-Ok"], json.loads(raw)) == (202, "1", {"a": 1})
+    event = recorder.event
+    assert event["httpMethod"] == "POST"
+    assert event["resource"] == EVENTS_RESOURCE and event["path"] == "/events"
+    assert event["pathParameters"] is None and event["queryStringParameters"] is None
+    assert event["body"] == body and event["isBase64Encoded"] is False
+    assert event["headers"]["Content-Type"] == "application/json"
+    [(_, context)] = recorder.calls
+    assert event["requestContext"]["requestId"] == context.aws_request_id != ""
+    assert event["requestContext"]["resourcePath"] == EVENTS_RESOURCE
+
+
+def test_get_connection_carries_the_id_as_a_path_parameter_and_the_query(api, recorder):
+    status, _, _ = request(api, "GET", "/connections/c-1:x?v=1&v=2&w=")
+
+    assert status == 200
+    event = recorder.event
+    assert event["httpMethod"] == "GET" and event["body"] is None
+    assert event["resource"] == CONNECTION_RESOURCE and event["path"] == "/connections/c-1:x"
+    assert event["pathParameters"] == {"connection_id": "c-1:x"}
+    assert event["queryStringParameters"] == {"v": "2", "w": ""}
+    assert event["multiValueQueryStringParameters"] == {"v": ["1", "2"], "w": [""]}
+
+
+@pytest.mark.parametrize("path", ["/nope", "/connections/a/b", "/connections/", "/events/x"])
+def test_unknown_path_reaches_the_handler_with_the_raw_path_as_resource(api, recorder, path):
+    recorder.response = {"statusCode": 404, "body": '{"error": "not_found"}'}
+    status, _, raw = request(api, "GET", path)
+
+    assert (status, json.loads(raw)) == (404, {"error": "not_found"})
+    assert recorder.event["resource"] == path and recorder.event["pathParameters"] is None
+
+
+def test_a_body_that_is_not_utf8_is_passed_base64_encoded(api, recorder):
+    request(api, "POST", "/events", b"\xff\x00")
+
+    assert recorder.event["isBase64Encoded"] is True and recorder.event["body"] == "/wA="
+
+
+def test_a_base64_response_body_is_decoded_for_the_client(api, recorder):
+    recorder.response = {"statusCode": 200, "body": "aGk=", "isBase64Encoded": True}
+
+    assert request(api, "GET", "/events")[2] == b"hi"
+
+
+@pytest.mark.parametrize("bad", [RuntimeError("boom"), {"body": "no status"}, "not a dict", {"statusCode": 200, "body": 1}])
+def test_a_failing_or_malformed_handler_is_answered_502_as_api_gateway_does(api, recorder, bad):
+    recorder.response = bad
+    status, _, raw = request(api, "GET", "/events")
+
+    assert (status, json.loads(raw)) == (502, {"message": "Internal server error"})
+
+
+def test_one_keep_alive_connection_carries_several_requests(api, recorder):
+    conn = http.client.HTTPConnection(api.url.removeprefix("http://"), timeout=10)
+    try:
+        for _ in range(3):
+            conn.request("POST", "/events", body="{}")
+            reply = conn.getresponse()
+            assert reply.status == 200 and reply.read() == b"{}"
+    finally:
+        conn.close()
+    assert len(recorder.calls) == 3
