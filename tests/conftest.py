@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
 import uuid
 
 import boto3
@@ -58,5 +57,4 @@ def python_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.path.join(root, "runtime")
     env["PYTHONUNBUFFERED"] = "1"
     env["AWS_XRAY_SDK_ENABLED"] = "false"
-    env["_WSFLEET_PYTHON"] = sys.executable
     return env

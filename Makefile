@@ -1,0 +1,57 @@
+# wsfleet: `make demo` runs the fleet on this machine; `make test` runs every test.
+# Both set themselves up: a venv in .venv (pinned requirements) and, for the CDK CLI,
+# node_modules (package-lock.json).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CDK := node_modules/.bin/cdk
+ENVS := dev prod
+
+export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# Node 20 is older than jsii likes; the banner is noise, not a problem.
+export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
+export JSII_SILENCE_WARNING_KNOWN_BROKEN_NODE_VERSION := 1
+export CDK_DISABLE_VERSION_CHECK := 1
+
+.PHONY: all demo test synth bench venv clean
+
+all: test
+
+$(VENV)/.deps: requirements.txt requirements-dev.txt runtime/requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+node_modules/.deps: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+venv: $(VENV)/.deps
+
+## demo: the whole fleet on this machine (embedded default), with a failover scenario
+demo: $(VENV)/.deps
+	$(PY) -m wsfleet.local.demo $(DEMO_ARGS)
+
+## test: unit, emulator, fleet and stack tests, then `cdk synth` of every environment
+test: $(VENV)/.deps node_modules/.deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory synth
+
+## synth: `cdk synth` of every environment through the real aws-cdk CLI
+synth: $(VENV)/.deps node_modules/.deps
+	@for env in $(ENVS); do \
+	  echo "cdk synth -c env=$$env"; \
+	  $(CDK) synth -c env=$$env --output cdk.out/$$env --quiet || exit 1; \
+	done
+
+## bench: failover, cost, capacity and ingestion benchmarks (figures to stdout)
+bench: $(VENV)/.deps
+	$(PY) -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) node_modules cdk.out .pytest_cache
