@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""The CDK app: the stacks of one environment, chosen with ``-c env=<name>``.
+
+    cdk synth -c env=dev
+    cdk deploy -c env=prod --all
+"""
+
+from __future__ import annotations
+
+from aws_cdk import App, Tags
+from aws_cdk import aws_logs as logs
+
+from stacks import nag
+from stacks.service_stack import ServiceStack
+from stacks.settings import EnvironmentSettings
+from stacks.stateful_stack import StatefulStack
+
+ENVIRONMENTS = {
+    settings.name: settings
+    for settings in (
+        EnvironmentSettings(
+            name="dev",
+            retain_data=False,
+            message_ttl_days=3,
+            log_retention=logs.RetentionDays.ONE_WEEK,
+            state_shards=4,
+            worker_cpu=256,
+            worker_memory_mib=512,
+            min_workers=1,
+            max_workers=4,
+            use_fargate_spot=True,
+            shutdown_seconds=25,
+            stop_timeout_seconds=45,
+            allowed_ws_hosts=("*.example.com",),
+            api_rate_limit=20,
+            api_burst_limit=40,
+            nat_gateways=1,
+        ),
+        EnvironmentSettings(
+            name="prod",
+            retain_data=True,
+            message_ttl_days=30,
+            log_retention=logs.RetentionDays.THREE_MONTHS,
+            state_shards=16,
+            worker_cpu=512,
+            worker_memory_mib=1024,
+            max_connections_per_worker=200,
+            target_connections_per_worker=140,
+            min_workers=2,
+            max_workers=20,
+            use_fargate_spot=False,
+            shutdown_seconds=25,
+            stop_timeout_seconds=60,
+            allowed_ws_hosts=("*.example.com",),
+            api_rate_limit=200,
+            api_burst_limit=400,
+            nat_gateways=2,
+        ),
+    )
+}
+
+
+def create_stacks(app: App) -> tuple[StatefulStack, ServiceStack]:
+    """The two stacks of the environment named by the ``env`` context value."""
+    name = app.node.try_get_context("env")
+    if name not in ENVIRONMENTS:
+        raise SystemExit(f"choose an environment with -c env=<name>: one of {', '.join(ENVIRONMENTS)}")
+    settings = ENVIRONMENTS[name]
+    stateful = StatefulStack(app, f"wsfleet-{name}-stateful", settings=settings)
+    service = ServiceStack(
+        app,
+        f"wsfleet-{name}-service",
+        settings=settings,
+        connections_table=stateful.tables.connections,
+        messages_table=stateful.tables.messages,
+        start_queue=stateful.start_queue.queue,
+        dead_letter_queue=stateful.start_queue.dead_letter_queue,
+    )
+    Tags.of(app).add("project", "wsfleet")
+    Tags.of(app).add("environment", name)
+    nag.check_app(app)
+    return stateful, service
+
+
+if __name__ == "__main__":
+    app = App()
+    create_stacks(app)
+    app.synth()

@@ -1,0 +1,1 @@
+"""One construct per component; the stacks wire them together and grant access."""

@@ -1,0 +1,145 @@
+"""The alarms an operator of the fleet needs, each one a question with a yes/no answer:
+
+* Are START hints failing? (dead-letter queue not empty)
+* Is the router failing? (Lambda errors: crashes and timeouts; the 500s it answers
+  itself show up as API 5xx)
+* Are callers getting 5xx from the API?
+* Is the fleet out of room? (the service has sat at its maximum task count)
+* Is a STARTED connection without an owner for longer than a failover should take?
+"""
+
+from __future__ import annotations
+
+import math
+
+from aws_cdk import Duration
+from aws_cdk import aws_apigateway as apigw
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from wsfleet import metrics_names
+
+# The gauge each worker publishes after every orphan scan: how many STARTED connections
+# it found with no live lease. It belongs with the other names in
+# wsfleet.metrics_names; kept here until the worker publishes it (see README).
+UNOWNED_CONNECTIONS = "UnownedConnections"
+
+_GE = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
+
+
+class Alarms(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        prefix: str,
+        dead_letter_queue: sqs.IQueue,
+        router: lambda_.IFunction,
+        api: apigw.RestApi,
+        service: ecs.FargateService,
+        max_workers: int,
+        metrics_namespace: str,
+        service_name: str,
+        failover_bound: Duration,
+        alarm_topic_arn: str | None,
+    ) -> None:
+        super().__init__(scope, id)
+        one_minute = Duration.minutes(1)
+        five_minutes = Duration.minutes(5)
+
+        self.dead_letters = cloudwatch.Alarm(
+            self,
+            "DeadLetters",
+            alarm_name=f"{prefix}-start-hints-dead-lettered",
+            alarm_description="START hints reached the dead-letter queue: inspect and redrive them.",
+            metric=dead_letter_queue.metric_approximate_number_of_messages_visible(
+                period=one_minute, statistic=cloudwatch.Stats.MAXIMUM
+            ),
+            threshold=1,
+            comparison_operator=_GE,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        self.router_errors = cloudwatch.Alarm(
+            self,
+            "RouterErrors",
+            alarm_name=f"{prefix}-router-errors",
+            alarm_description="The event router crashed or timed out (a bad request never counts).",
+            metric=router.metric_errors(period=five_minutes, statistic=cloudwatch.Stats.SUM),
+            threshold=1,
+            comparison_operator=_GE,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        self.api_server_errors = cloudwatch.Alarm(
+            self,
+            "Api5xx",
+            alarm_name=f"{prefix}-api-5xx",
+            alarm_description="The events API answered 5xx.",
+            metric=api.metric_server_error(period=five_minutes, statistic=cloudwatch.Stats.SUM),
+            threshold=1,
+            comparison_operator=_GE,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        # Container Insights' desired count: at the maximum for 15 minutes means the
+        # target tracking wants more tasks than it may start.
+        self.at_max_capacity = cloudwatch.Alarm(
+            self,
+            "AtMaxCapacity",
+            alarm_name=f"{prefix}-workers-at-max-capacity",
+            alarm_description="The worker service has stayed at its maximum task count: raise max_workers.",
+            metric=cloudwatch.Metric(
+                namespace="ECS/ContainerInsights",
+                metric_name="DesiredTaskCount",
+                dimensions_map={"ClusterName": service.cluster.cluster_name, "ServiceName": service.service_name},
+                period=five_minutes,
+                statistic=cloudwatch.Stats.MINIMUM,
+            ),
+            threshold=max_workers,
+            comparison_operator=_GE,
+            evaluation_periods=3,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+        # Minimum over every worker's reports: it stays at 1 or more only while some
+        # connection is never taken, whereas new STARTs that are picked up within a scan
+        # leave zeros in between. A missing metric means no worker is running, so every
+        # STARTED connection is unowned: that breaches too.
+        periods = math.ceil(failover_bound.to_seconds() / one_minute.to_seconds()) + 1
+        self.unowned_connections = cloudwatch.Alarm(
+            self,
+            "UnownedConnections",
+            alarm_name=f"{prefix}-connections-unowned",
+            alarm_description=(
+                f"STARTED connections have had no owner for longer than the failover bound "
+                f"({failover_bound.to_seconds():.0f} s)."
+            ),
+            metric=cloudwatch.Metric(
+                namespace=metrics_namespace,
+                metric_name=UNOWNED_CONNECTIONS,
+                dimensions_map={metrics_names.DIMENSION_SERVICE_NAME: service_name},
+                period=one_minute,
+                statistic=cloudwatch.Stats.MINIMUM,
+            ),
+            threshold=1,
+            comparison_operator=_GE,
+            evaluation_periods=periods,
+            treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
+        )
+
+        if alarm_topic_arn is not None:
+            topic = sns.Topic.from_topic_arn(self, "Topic", alarm_topic_arn)
+            for alarm in (
+                self.dead_letters,
+                self.router_errors,
+                self.api_server_errors,
+                self.at_max_capacity,
+                self.unowned_connections,
+            ):
+                alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))

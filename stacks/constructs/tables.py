@@ -1,0 +1,89 @@
+"""The connections (lease) table with its orphan index, and the messages table.
+
+Keys, index and billing mode are read from ``wsfleet.schema``'s CreateTable specs, the
+same ones the embedded backend creates its tables from, so the deployed tables and the
+local ones cannot differ in shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_dynamodb as dynamodb
+from constructs import Construct
+
+from wsfleet import schema
+
+_ATTRIBUTE_TYPES = {
+    "S": dynamodb.AttributeType.STRING,
+    "N": dynamodb.AttributeType.NUMBER,
+    "B": dynamodb.AttributeType.BINARY,
+}
+_BILLING_MODES = {
+    "PAY_PER_REQUEST": dynamodb.BillingMode.PAY_PER_REQUEST,
+    "PROVISIONED": dynamodb.BillingMode.PROVISIONED,
+}
+
+# Logical ids of the stateful resources, fixed so that moving a construct in the tree
+# never replaces (and so empties) a table.
+CONNECTIONS_LOGICAL_ID = "ConnectionsTable"
+MESSAGES_LOGICAL_ID = "MessagesTable"
+
+
+def _key(spec: dict[str, Any], key_schema: list[dict[str, str]], key_type: str) -> dynamodb.Attribute | None:
+    types = {d["AttributeName"]: d["AttributeType"] for d in spec["AttributeDefinitions"]}
+    for key in key_schema:
+        if key["KeyType"] == key_type:
+            return dynamodb.Attribute(name=key["AttributeName"], type=_ATTRIBUTE_TYPES[types[key["AttributeName"]]])
+    return None
+
+
+def _table(scope: Construct, id: str, spec: dict[str, Any], *, logical_id: str, retain_data: bool,
+           **extra: Any) -> dynamodb.Table:
+    table = dynamodb.Table(
+        scope,
+        id,
+        partition_key=_key(spec, spec["KeySchema"], "HASH"),
+        sort_key=_key(spec, spec["KeySchema"], "RANGE"),
+        billing_mode=_BILLING_MODES[spec["BillingMode"]],
+        point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+            point_in_time_recovery_enabled=retain_data,
+        ),
+        deletion_protection=retain_data,
+        removal_policy=RemovalPolicy.RETAIN if retain_data else RemovalPolicy.DESTROY,
+        **extra,
+    )
+    for index in spec.get("GlobalSecondaryIndexes", ()):
+        table.add_global_secondary_index(
+            index_name=index["IndexName"],
+            partition_key=_key(spec, index["KeySchema"], "HASH"),
+            sort_key=_key(spec, index["KeySchema"], "RANGE"),
+            projection_type=dynamodb.ProjectionType(index["Projection"]["ProjectionType"]),
+        )
+    table.node.default_child.override_logical_id(logical_id)
+    return table
+
+
+class Tables(Construct):
+    """Both tables. Physical names are left to CloudFormation (the specs' TableName is
+    ignored) and reach the runtime as environment variables."""
+
+    def __init__(self, scope: Construct, id: str, *, retain_data: bool) -> None:
+        super().__init__(scope, id)
+        self.connections = _table(
+            self,
+            "Connections",
+            schema.connections_table_spec("connections"),
+            logical_id=CONNECTIONS_LOGICAL_ID,
+            retain_data=retain_data,
+        )
+        self.messages = _table(
+            self,
+            "Messages",
+            schema.messages_table_spec("messages"),
+            logical_id=MESSAGES_LOGICAL_ID,
+            retain_data=retain_data,
+            # Items carry it only when the worker runs with MESSAGE_TTL_DAYS > 0.
+            time_to_live_attribute=schema.MESSAGE_TTL_ATTRIBUTE,
+        )

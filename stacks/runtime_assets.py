@@ -1,0 +1,94 @@
+"""How ``runtime/`` becomes deployable artifacts: the router's code, its dependency
+layer, and the worker's container image.
+
+The router ships in two assets so that a code change never re-runs pip: the function
+code is the ``wsfleet`` package as it is, and a layer holds the pinned third-party
+packages of ``runtime/requirements.txt`` (the same pins the worker image installs).
+The layer is built by pip on this machine for the Lambda platform (manylinux wheels
+only), so neither synth nor deploy needs Docker for it; Docker is only the fallback
+when pip cannot run here.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsii
+from aws_cdk import AssetHashType, BundlingOptions, DockerImage, ILocalBundling
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_lambda as lambda_
+
+RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
+REQUIREMENTS = "requirements.txt"
+
+# One Python and one CPU architecture for every artifact: the wheels pip picks for the
+# layer, the Lambda runtime, and the worker image (runtime/Dockerfile) must agree.
+LAMBDA_RUNTIME = lambda_.Runtime.PYTHON_3_14
+LAMBDA_ARCHITECTURE = lambda_.Architecture.X86_64
+_PIP_PLATFORM = "manylinux2014_x86_64"
+_PYTHON_VERSION = "3.14"
+WORKER_CPU_ARCHITECTURE = ecs.CpuArchitecture.X86_64
+_WORKER_BUILD_PLATFORM = ecr_assets.Platform.LINUX_AMD64
+
+# The function code is the package only: no emulator, no caches, no build files.
+_ROUTER_CODE_EXCLUDE = [
+    "*",
+    "!wsfleet",
+    "!wsfleet/**",
+    "wsfleet/local",
+    ".dockerignore",
+    "**/__pycache__",
+    "**/*.pyc",
+]
+
+
+@jsii.implements(ILocalBundling)
+class _PipInstallForLambda:
+    """Installs the pinned requirements into ``python/`` for the Lambda platform."""
+
+    def try_bundle(self, output_dir: str, _options: Any) -> bool:
+        command = [
+            sys.executable, "-m", "pip", "install",
+            "--quiet", "--disable-pip-version-check", "--no-compile",
+            "--only-binary=:all:", "--platform", _PIP_PLATFORM,
+            "--implementation", "cp", "--python-version", _PYTHON_VERSION,
+            "--target", str(Path(output_dir) / "python"),
+            "--requirement", str(RUNTIME_DIR / REQUIREMENTS),
+        ]
+        try:
+            result = subprocess.run(command, capture_output=True, text=True)
+        except FileNotFoundError:
+            return False  # no usable interpreter here: let CDK try Docker
+        if result.returncode != 0:
+            raise RuntimeError(f"pip could not build the router's dependency layer:\n{result.stderr}")
+        return True
+
+
+def router_code() -> lambda_.Code:
+    return lambda_.Code.from_asset(str(RUNTIME_DIR), exclude=_ROUTER_CODE_EXCLUDE)
+
+
+def dependencies_layer_code() -> lambda_.Code:
+    """The layer's content depends only on requirements.txt, so its hash does too."""
+    return lambda_.Code.from_asset(
+        str(RUNTIME_DIR),
+        exclude=["*", f"!{REQUIREMENTS}"],
+        asset_hash_type=AssetHashType.SOURCE,
+        bundling=BundlingOptions(
+            image=LAMBDA_RUNTIME.bundling_image,
+            command=[
+                "bash", "-c",
+                f"pip install --no-compile --requirement {REQUIREMENTS} --target /asset-output/python",
+            ],
+            local=_PipInstallForLambda(),
+        ),
+    )
+
+
+def worker_image() -> ecs.ContainerImage:
+    """Built from runtime/Dockerfile at deploy time; runtime/.dockerignore scopes its hash."""
+    return ecs.ContainerImage.from_asset(str(RUNTIME_DIR), platform=_WORKER_BUILD_PLATFORM)

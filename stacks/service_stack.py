@@ -1,0 +1,207 @@
+"""The service stack: network, API, router, worker fleet and alarms, wired to the
+stateful stack's tables and queue. Every grant is made here, action by action, from
+what the runtime does (see the docstrings of the two grant methods)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import Duration, Stack
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from stacks import nag
+from stacks.constructs.alarms import Alarms
+from stacks.constructs.api import EventsApi
+from stacks.constructs.network import Network
+from stacks.constructs.router import Router
+from stacks.constructs.worker_service import WorkerService
+from stacks.settings import EnvironmentSettings
+from wsfleet import config, metrics_names, schema
+
+API_STAGE = "v1"
+METRICS_NAMESPACE = metrics_names.DEFAULT_NAMESPACE
+
+
+class ServiceStack(Stack):
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        settings: EnvironmentSettings,
+        connections_table: dynamodb.ITable,
+        messages_table: dynamodb.ITable,
+        start_queue: sqs.IQueue,
+        dead_letter_queue: sqs.IQueue,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(scope, id, **kwargs)
+        self.connections_table = connections_table
+        self.messages_table = messages_table
+        self.start_queue = start_queue
+
+        self.network = Network(
+            self,
+            "Network",
+            nat_gateways=settings.nat_gateways,
+            log_retention=settings.log_retention,
+            removal_policy=settings.removal_policy,
+        )
+
+        self.router = Router(
+            self,
+            "Router",
+            environment={
+                config.TABLE_NAME: connections_table.table_name,
+                config.QUEUE_URL: start_queue.queue_url,
+                config.ALLOWED_WS_HOSTS: ",".join(settings.allowed_ws_hosts),
+                config.STATE_SHARDS: str(settings.state_shards),
+            },
+            log_retention=settings.log_retention,
+            removal_policy=settings.removal_policy,
+        )
+        self.grant_router(self.router.role)
+
+        self.api = EventsApi(
+            self,
+            "Api",
+            handler=self.router.function,
+            stage_name=API_STAGE,
+            rate_limit=settings.api_rate_limit,
+            burst_limit=settings.api_burst_limit,
+            log_retention=settings.log_retention,
+            removal_policy=settings.removal_policy,
+        )
+
+        self.active_connections = cloudwatch.Metric(
+            namespace=METRICS_NAMESPACE,
+            metric_name=metrics_names.ACTIVE_CONNECTIONS,
+            dimensions_map={metrics_names.DIMENSION_SERVICE_NAME: settings.service_name},
+            statistic=cloudwatch.Stats.AVERAGE,
+            period=Duration.minutes(1),
+        )
+        self.workers = WorkerService(
+            self,
+            "Workers",
+            vpc=self.network.vpc,
+            subnets=self.network.worker_subnets,
+            environment=self._worker_environment(settings),
+            cpu=settings.worker_cpu,
+            memory_mib=settings.worker_memory_mib,
+            stop_timeout=Duration.seconds(settings.stop_timeout_seconds),
+            use_fargate_spot=settings.use_fargate_spot,
+            min_capacity=settings.min_workers,
+            max_capacity=settings.max_workers,
+            scaling_metric=self.active_connections,
+            scaling_target=settings.target_connections_per_worker,
+            log_retention=settings.log_retention,
+            removal_policy=settings.removal_policy,
+        )
+        self.grant_worker(self.workers.task_definition.task_role)
+
+        self.alarms = Alarms(
+            self,
+            "Alarms",
+            prefix=f"wsfleet-{settings.name}",
+            dead_letter_queue=dead_letter_queue,
+            router=self.router.function,
+            api=self.api.rest_api,
+            service=self.workers.service,
+            max_workers=settings.max_workers,
+            metrics_namespace=METRICS_NAMESPACE,
+            service_name=settings.service_name,
+            failover_bound=Duration.seconds(settings.failover_bound_seconds),
+            alarm_topic_arn=settings.alarm_topic_arn,
+        )
+        nag.acknowledge_service_findings(self, settings)
+
+    def _worker_environment(self, settings: EnvironmentSettings) -> dict[str, str]:
+        # WORKER_ID stays unset: on ECS the worker takes its task id from task metadata.
+        return {
+            config.TABLE_NAME: self.connections_table.table_name,
+            config.MESSAGES_TABLE_NAME: self.messages_table.table_name,
+            config.QUEUE_URL: self.start_queue.queue_url,
+            config.AWS_REGION: self.region,
+            config.LEASE_SECONDS: str(settings.lease_seconds),
+            config.HEARTBEAT_SECONDS: str(settings.heartbeat_seconds),
+            config.RECONCILE_SECONDS: str(settings.reconcile_seconds),
+            config.MAX_CONNECTIONS: str(settings.max_connections_per_worker),
+            config.MAX_CLOCK_SKEW_MS: str(settings.max_clock_skew_ms),
+            config.METRICS_NAMESPACE: METRICS_NAMESPACE,
+            config.SERVICE_NAME: settings.service_name,
+            config.STATE_SHARDS: str(settings.state_shards),
+            config.SHUTDOWN_SECONDS: str(settings.shutdown_seconds),
+            config.METRICS_SECONDS: str(settings.metrics_seconds),
+            config.MESSAGE_TTL_DAYS: str(settings.message_ttl_days),
+        }
+
+    def grant_router(self, role: iam.IRole) -> None:
+        """The router reads a connection, writes desired state with conditional
+        PutItem/UpdateItem, and sends a START hint."""
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
+                resources=[self.connections_table.table_arn],
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["sqs:SendMessage"], resources=[self.start_queue.queue_arn])
+        )
+
+    def grant_worker(self, role: iam.IRole) -> None:
+        """The worker reads and conditionally updates leases, scans the orphan index,
+        batch-writes messages, consumes hints and sends takeover hints at shutdown,
+        publishes its metrics and (through the sidecar) traces."""
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
+                resources=[self.connections_table.table_arn],
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:Query"],
+                resources=[f"{self.connections_table.table_arn}/index/{schema.GSI_NAME}"],
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["dynamodb:BatchWriteItem"], resources=[self.messages_table.table_arn])
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "sqs:ReceiveMessage",
+                    "sqs:DeleteMessage",
+                    "sqs:ChangeMessageVisibility",
+                    "sqs:SendMessage",
+                ],
+                resources=[self.start_queue.queue_arn],
+            )
+        )
+        # PutMetricData has no resource-level permissions; the namespace condition is
+        # how it is scoped.
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["cloudwatch:PutMetricData"],
+                resources=["*"],
+                conditions={"StringEquals": {"cloudwatch:namespace": METRICS_NAMESPACE}},
+            )
+        )
+        # What the X-Ray daemon sidecar calls (as AWSXRayDaemonWriteAccess grants); X-Ray
+        # has no resource-level permissions for these.
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "xray:PutTraceSegments",
+                    "xray:PutTelemetryRecords",
+                    "xray:GetSamplingRules",
+                    "xray:GetSamplingTargets",
+                    "xray:GetSamplingStatisticSummaries",
+                ],
+                resources=["*"],
+            )
+        )

@@ -1,0 +1,126 @@
+"""Per-environment settings: what differs between dev and prod, typed and checked once.
+
+``app.py`` creates one :class:`EnvironmentSettings` per environment and hands it to the
+stacks; nothing else in ``stacks/`` chooses a size, a timing or a retention. The worker
+and the router receive their share only through the environment variables the service
+stack sets from these values.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from aws_cdk import RemovalPolicy
+from aws_cdk import aws_logs as logs
+
+from wsfleet import schema
+
+# Fargate rejects a container stopTimeout above 120 s.
+FARGATE_MAX_STOP_TIMEOUT_SECONDS = 120
+
+_NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
+_FARGATE_MEMORY_MIB = {
+    256: (512, 1024, 2048),
+    512: range(1024, 4097, 1024),
+    1024: range(2048, 8193, 1024),
+    2048: range(4096, 16385, 1024),
+    4096: range(8192, 30721, 1024),
+}
+
+
+class SettingsError(ValueError):
+    """An environment's settings are inconsistent; the message names the setting."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentSettings:
+    """Everything that differs between environments. Defaults suit a small dev fleet."""
+
+    name: str
+
+    # --- data ----------------------------------------------------------------------
+    retain_data: bool = False  # prod: RETAIN, deletion protection, point-in-time recovery
+    message_ttl_days: int = 7  # messages expire through DynamoDB TTL; 0 keeps them forever
+    log_retention: logs.RetentionDays = logs.RetentionDays.ONE_WEEK
+
+    # --- lease timing (the worker's LEASE_SECONDS, ...; see CONTRACT section 2) --------
+    lease_seconds: int = 20
+    heartbeat_seconds: int = 5
+    reconcile_seconds: int = 10
+    max_clock_skew_ms: int = 1000
+    state_shards: int = schema.DEFAULT_STATE_SHARDS
+
+    # --- worker fleet ----------------------------------------------------------------
+    worker_cpu: int = 256  # Fargate CPU units
+    worker_memory_mib: int = 512
+    max_connections_per_worker: int = 100
+    # Target tracking keeps the average ActiveConnections per task near this value;
+    # the headroom up to max_connections_per_worker absorbs a failed-over task's share.
+    target_connections_per_worker: int = 70
+    min_workers: int = 1
+    max_workers: int = 4
+    use_fargate_spot: bool = False  # Spot's 2-minute SIGTERM notice is our normal failover path
+    shutdown_seconds: int = 25  # the worker's graceful-shutdown budget (SHUTDOWN_SECONDS)
+    stop_timeout_seconds: int = 45  # container stopTimeout: SIGKILL after this
+    metrics_seconds: int = 60
+
+    # --- router and API ----------------------------------------------------------------
+    allowed_ws_hosts: tuple[str, ...] = ()  # empty: the router accepts no upstream at all
+    api_rate_limit: int = 50  # requests per second, stage-wide
+    api_burst_limit: int = 100
+
+    # --- network ---------------------------------------------------------------------
+    nat_gateways: int = 1  # 1: cheapest; one per AZ: no single-AZ egress outage
+
+    # --- operations ------------------------------------------------------------------
+    alarm_topic_arn: str | None = None  # an existing SNS topic; None: alarms without actions
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise SettingsError(f"name must be lower-case letters, digits and '-', got {self.name!r}")
+        if self.lease_seconds < 2 * self.heartbeat_seconds:
+            raise SettingsError("lease_seconds must be at least twice heartbeat_seconds")
+        if not 0 <= self.max_clock_skew_ms < (self.lease_seconds - self.heartbeat_seconds) * 1000:
+            raise SettingsError("max_clock_skew_ms must be below lease_seconds minus heartbeat_seconds")
+        if not 1 <= self.state_shards <= schema.MAX_STATE_SHARDS:
+            raise SettingsError(f"state_shards must be between 1 and {schema.MAX_STATE_SHARDS}")
+        if not self.shutdown_seconds < self.stop_timeout_seconds <= FARGATE_MAX_STOP_TIMEOUT_SECONDS:
+            raise SettingsError(
+                "stop_timeout_seconds must exceed shutdown_seconds (the worker's graceful "
+                f"shutdown) and be at most {FARGATE_MAX_STOP_TIMEOUT_SECONDS} (Fargate's limit)"
+            )
+        if not 1 <= self.min_workers <= self.max_workers:
+            raise SettingsError("min_workers must be at least 1 and at most max_workers")
+        if not 0 < self.target_connections_per_worker < self.max_connections_per_worker:
+            raise SettingsError("target_connections_per_worker must be below max_connections_per_worker")
+        if self.worker_memory_mib not in _FARGATE_MEMORY_MIB.get(self.worker_cpu, ()):
+            raise SettingsError(
+                f"worker_cpu={self.worker_cpu} with worker_memory_mib={self.worker_memory_mib} "
+                "is not a Fargate task size"
+            )
+        if self.message_ttl_days < 0:
+            raise SettingsError("message_ttl_days must be 0 (no expiry) or more")
+        if not 0 < self.api_rate_limit <= self.api_burst_limit:
+            raise SettingsError("api_rate_limit must be positive and at most api_burst_limit")
+        if not 1 <= self.nat_gateways <= 2:
+            raise SettingsError("nat_gateways must be 1 or 2 (the VPC spans two AZs)")
+
+    @property
+    def removal_policy(self) -> RemovalPolicy:
+        return RemovalPolicy.RETAIN if self.retain_data else RemovalPolicy.DESTROY
+
+    @property
+    def service_name(self) -> str:
+        """The worker's SERVICE_NAME: the ``ServiceName`` dimension of its metrics."""
+        return f"wsfleet-{self.name}-worker"
+
+    @property
+    def failover_bound_seconds(self) -> int:
+        """How long a STARTED connection may stay unowned after its owner dies.
+
+        The lease runs out (lease + clock-skew margin), then the next orphan scan on a
+        surviving worker takes it; scans are jittered, so allow two intervals.
+        """
+        return math.ceil(self.lease_seconds + self.max_clock_skew_ms / 1000 + 2 * self.reconcile_seconds)

@@ -1,0 +1,37 @@
+"""The stateful stack: the tables and the START queue.
+
+Kept apart from the service stack so that the service can be replaced, or its stack
+deleted and recreated, without touching data; its resources keep fixed logical ids.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import Duration, Stack
+from constructs import Construct
+
+from stacks import nag
+from stacks.constructs.queue import StartQueue
+from stacks.constructs.tables import Tables
+from stacks.settings import EnvironmentSettings
+
+# A hint that keeps failing goes to the dead-letter queue after this many receives.
+MAX_HINT_RECEIVES = 5
+
+
+class StatefulStack(Stack):
+    def __init__(self, scope: Construct, id: str, *, settings: EnvironmentSettings, **kwargs: Any) -> None:
+        super().__init__(scope, id, termination_protection=settings.retain_data, **kwargs)
+        self.tables = Tables(self, "Tables", retain_data=settings.retain_data)
+        self.start_queue = StartQueue(
+            self,
+            "StartQueue",
+            # Long enough for a worker to act on a hint (a conditional write or two, with
+            # retries) before it reappears; short enough that a hint held by a worker
+            # that crashed comes back soon after that worker's lease would have run out.
+            visibility_timeout=Duration.seconds(2 * settings.lease_seconds),
+            max_receive_count=MAX_HINT_RECEIVES,
+            removal_policy=settings.removal_policy,
+        )
+        nag.acknowledge_stateful_findings(self, settings)

@@ -1,0 +1,90 @@
+"""Every environment's app, synthesized once per test session as ``cdk synth`` would:
+the context of cdk.json plus ``env``, and cdk-nag running as a validation plugin.
+
+One difference from the CLI: asset bundling is skipped (the CLI's own switch for it,
+``aws:cdk:bundling-stacks``), so the tests never run pip for the router's layer.
+The real bundling runs in ``make synth``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+# Node 20 is old for jsii: silence its banner instead of failing on it.
+for _variable, _value in (
+    ("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1"),
+    ("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1"),
+    ("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20"),
+):
+    os.environ.setdefault(_variable, _value)
+
+from aws_cdk import App  # noqa: E402  (after the jsii switches above)
+from aws_cdk.assertions import Template  # noqa: E402
+
+import app as cdk_app  # noqa: E402
+from stacks.service_stack import ServiceStack  # noqa: E402
+from stacks.settings import EnvironmentSettings  # noqa: E402
+from stacks.stateful_stack import StatefulStack  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+ENVIRONMENTS = tuple(cdk_app.ENVIRONMENTS)
+
+
+def cli_context(env: str) -> dict:
+    """What the CLI passes for ``cdk synth -c env=<env>``, minus bundling."""
+    context = json.loads((ROOT / "cdk.json").read_text())["context"]
+    return {**context, "env": env, "aws:cdk:bundling-stacks": []}
+
+
+@dataclass(frozen=True)
+class Synthesized:
+    settings: EnvironmentSettings
+    app: App
+    outdir: Path
+    stateful: StatefulStack
+    service: ServiceStack
+    stateful_template: Template
+    service_template: Template
+
+    def template(self, which: str) -> Template:
+        return {"stateful": self.stateful_template, "service": self.service_template}[which]
+
+
+@pytest.fixture(scope="session")
+def synthesized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Synthesized]:
+    built = {}
+    for env in ENVIRONMENTS:
+        outdir = tmp_path_factory.mktemp(f"cdk.out.{env}")
+        app = App(context=cli_context(env), outdir=str(outdir))
+        stateful, service = cdk_app.create_stacks(app)
+        assembly = app.synth()  # raises if cdk-nag reports an unacknowledged finding
+        built[env] = Synthesized(
+            settings=cdk_app.ENVIRONMENTS[env],
+            app=app,
+            outdir=outdir,
+            stateful=stateful,
+            service=service,
+            stateful_template=Template.from_json(assembly.get_stack_by_name(stateful.stack_name).template),
+            service_template=Template.from_json(assembly.get_stack_by_name(service.stack_name).template),
+        )
+    return built
+
+
+@pytest.fixture(params=ENVIRONMENTS)
+def env(request: pytest.FixtureRequest, synthesized: dict[str, Synthesized]) -> Synthesized:
+    return synthesized[request.param]
+
+
+@pytest.fixture
+def dev(synthesized: dict[str, Synthesized]) -> Synthesized:
+    return synthesized["dev"]
+
+
+@pytest.fixture
+def prod(synthesized: dict[str, Synthesized]) -> Synthesized:
+    return synthesized["prod"]

@@ -1,0 +1,137 @@
+"""The stateful stack: tables shaped exactly as wsfleet.schema says, data kept in prod,
+and a START queue with a dead-letter queue, encryption and TLS only."""
+
+from __future__ import annotations
+
+from aws_cdk.assertions import Match
+
+from stacks.constructs.queue import DEAD_LETTER_LOGICAL_ID, QUEUE_LOGICAL_ID
+from stacks.constructs.tables import CONNECTIONS_LOGICAL_ID, MESSAGES_LOGICAL_ID
+from stacks.stateful_stack import MAX_HINT_RECEIVES
+from wsfleet import schema
+
+WORKER_LONG_POLL_SECONDS = 10  # the worker's ReceiveMessage WaitTimeSeconds
+
+
+def _spec_as_cloudformation(spec: dict) -> dict:
+    """The CreateTable spec's key fields as CloudFormation properties."""
+    props = {
+        "KeySchema": spec["KeySchema"],
+        "AttributeDefinitions": Match.array_with(spec["AttributeDefinitions"]),
+        "BillingMode": spec["BillingMode"],
+    }
+    if "GlobalSecondaryIndexes" in spec:
+        props["GlobalSecondaryIndexes"] = spec["GlobalSecondaryIndexes"]
+    return props
+
+
+def test_connections_table_is_the_schema_spec(env):
+    env.stateful_template.has_resource_properties(
+        "AWS::DynamoDB::Table", _spec_as_cloudformation(schema.connections_table_spec("any"))
+    )
+
+
+def test_messages_table_is_the_schema_spec_with_ttl(env):
+    env.stateful_template.has_resource_properties(
+        "AWS::DynamoDB::Table",
+        {
+            **_spec_as_cloudformation(schema.messages_table_spec("any")),
+            "TimeToLiveSpecification": {"AttributeName": schema.MESSAGE_TTL_ATTRIBUTE, "Enabled": True},
+        },
+    )
+
+
+def test_orphan_index_is_sharded_state_by_lease_expiry_keys_only(env):
+    env.stateful_template.has_resource_properties(
+        "AWS::DynamoDB::Table",
+        {
+            "KeySchema": [{"AttributeName": schema.PK, "KeyType": "HASH"}],
+            "AttributeDefinitions": Match.array_with(
+                [
+                    {"AttributeName": schema.GSI_PK, "AttributeType": "S"},
+                    {"AttributeName": schema.GSI_SK, "AttributeType": "N"},
+                ]
+            ),
+            "GlobalSecondaryIndexes": [
+                {
+                    "IndexName": "by_state_expiry",
+                    "KeySchema": [
+                        {"AttributeName": "gsi_state", "KeyType": "HASH"},
+                        {"AttributeName": "lease_expires_at_ms", "KeyType": "RANGE"},
+                    ],
+                    "Projection": {"ProjectionType": "KEYS_ONLY"},
+                }
+            ],
+        },
+    )
+
+
+def test_tables_and_queues_keep_fixed_logical_ids(env):
+    resources = env.stateful_template.to_json()["Resources"]
+    assert resources[CONNECTIONS_LOGICAL_ID]["Type"] == "AWS::DynamoDB::Table"
+    assert resources[MESSAGES_LOGICAL_ID]["Type"] == "AWS::DynamoDB::Table"
+    assert resources[QUEUE_LOGICAL_ID]["Type"] == "AWS::SQS::Queue"
+    assert resources[DEAD_LETTER_LOGICAL_ID]["Type"] == "AWS::SQS::Queue"
+
+
+def test_prod_retains_tables_with_deletion_protection_and_point_in_time_recovery(prod):
+    tables = prod.stateful_template.find_resources("AWS::DynamoDB::Table")
+    assert len(tables) == 2
+    for table in tables.values():
+        assert table["DeletionPolicy"] == "Retain"
+        assert table["UpdateReplacePolicy"] == "Retain"
+        assert table["Properties"]["DeletionProtectionEnabled"] is True
+        assert table["Properties"]["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+    assert prod.stateful.termination_protection is True
+
+
+def test_dev_tables_are_disposable(dev):
+    tables = dev.stateful_template.find_resources("AWS::DynamoDB::Table")
+    for table in tables.values():
+        assert table["DeletionPolicy"] == "Delete"
+        assert table["Properties"]["DeletionProtectionEnabled"] is False
+    assert dev.stateful.termination_protection is False
+
+
+def test_start_queue_redrives_to_its_dead_letter_queue(env):
+    env.stateful_template.has_resource_properties(
+        "AWS::SQS::Queue",
+        {
+            "RedrivePolicy": {
+                "deadLetterTargetArn": {"Fn::GetAtt": [DEAD_LETTER_LOGICAL_ID, "Arn"]},
+                "maxReceiveCount": MAX_HINT_RECEIVES,
+            }
+        },
+    )
+
+
+def test_both_queues_are_encrypted_and_refuse_plain_http(env):
+    queues = env.stateful_template.find_resources("AWS::SQS::Queue")
+    assert set(queues) == {QUEUE_LOGICAL_ID, DEAD_LETTER_LOGICAL_ID}
+    for queue in queues.values():
+        assert queue["Properties"]["SqsManagedSseEnabled"] is True
+    for logical_id in queues:
+        env.stateful_template.has_resource_properties(
+            "AWS::SQS::QueuePolicy",
+            {
+                "Queues": [{"Ref": logical_id}],
+                "PolicyDocument": {
+                    "Statement": Match.array_with(
+                        [
+                            Match.object_like(
+                                {
+                                    "Effect": "Deny",
+                                    "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+                                }
+                            )
+                        ]
+                    )
+                },
+            },
+        )
+
+
+def test_hint_visibility_outlasts_the_long_poll_and_a_lease(env):
+    queue = env.stateful_template.to_json()["Resources"][QUEUE_LOGICAL_ID]["Properties"]
+    assert queue["VisibilityTimeout"] > WORKER_LONG_POLL_SECONDS
+    assert queue["VisibilityTimeout"] >= env.settings.lease_seconds
