@@ -45,6 +45,7 @@ class Worker:
         self._holders: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self._capacity_freed = asyncio.Event()
+        self._hints_sent = 0
 
     # --- capacity ----------------------------------------------------------------------
 
@@ -150,6 +151,7 @@ class Worker:
                 QueueUrl=self.config.queue_url,
                 MessageBody=json.dumps({schema.HINT_CONNECTION_ID: connection_id}),
             )
+            self._hints_sent += 1
         except Exception as exc:  # noqa: BLE001 - a hint is an optimisation; reconcile covers it
             self._log.warning("hint_failed", connection_id=connection_id, error=str(exc))
 
@@ -289,8 +291,8 @@ class Worker:
             heartbeat_ms=self.timing.heartbeat_ms,
             reconcile_ms=self.config.reconcile_ms,
         )
+        poll = asyncio.create_task(self._poll_loop(), name="poll")
         loops = [
-            asyncio.create_task(self._poll_loop(), name="poll"),
             asyncio.create_task(self._every(self.config.reconcile_ms / 1000, self.reconcile_once, jitter=0.5), name="reconcile"),
             asyncio.create_task(self._every(self.config.metrics_seconds, self.publish_metrics_once, wait_first=True), name="metrics"),
         ]
@@ -301,8 +303,17 @@ class Worker:
         for handle in self._scheduled.values():
             handle.cancel()
         self._scheduled.clear()
-        await self.shutdown(budget_s=self.config.shutdown_seconds - SHUTDOWN_MARGIN_S)
-        await asyncio.gather(*loops, return_exceptions=True)
+        budget = self.config.shutdown_seconds - SHUTDOWN_MARGIN_S
+        await self.shutdown(budget_s=budget)
+        if self._hints_sent and not poll.done():
+            # Our own long poll, still in flight, may have received one of the hints we
+            # just sent: let it return (a waiting poll returns as soon as a message
+            # lands) so that _on_hint hands it straight back to the queue for a peer,
+            # instead of leaving it invisible for a visibility timeout.
+            left = budget - (time.monotonic() - started)
+            await asyncio.wait([poll], timeout=max(0.0, min(3.0, left)))
+        poll.cancel()
+        await asyncio.gather(poll, *loops, return_exceptions=True)
         self._log.info("shutdown_complete", took_s=round(time.monotonic() - started, 3), left=len(self.runners), **self.counters.totals())
 
     async def shutdown(self, *, budget_s: float) -> None:
