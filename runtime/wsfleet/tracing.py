@@ -1,0 +1,74 @@
+"""AWS X-Ray, kept optional: where no daemon runs and no segment is open, every call
+here does nothing and logs nothing.
+
+Importing this module makes a missing segment silent for the whole process (the
+SDK's default is to log an error on every traced call). ``AWS_XRAY_SDK_ENABLED=false``
+and ``AWS_XRAY_CONTEXT_MISSING`` are read by the SDK itself and win over what we set.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from aws_xray_sdk import global_sdk_config
+from aws_xray_sdk.core import patch, xray_recorder
+from aws_xray_sdk.core.lambda_launcher import LambdaContext
+
+xray_recorder.configure(context_missing="IGNORE_ERROR")
+
+_lock = threading.Lock()
+_configured = False
+
+
+def in_lambda() -> bool:
+    """The SDK detected the Lambda runtime, which opens a segment per invocation."""
+    return isinstance(xray_recorder.context, LambdaContext)
+
+
+def configure(service: str) -> None:
+    """Once per process. In Lambda, also record every AWS SDK call as a subsegment of
+    the invocation; elsewhere botocore is left unpatched, because with no segment open
+    each call would only log that it has nowhere to record itself."""
+    global _configured
+    with _lock:
+        if _configured:
+            return
+        xray_recorder.configure(service=service, context_missing="IGNORE_ERROR")
+        if in_lambda():
+            patch(["botocore"])
+        _configured = True
+
+
+class Span:
+    """An open subsegment, or nothing; either way ``annotate`` is safe to call."""
+
+    def __init__(self, entity: Any = None) -> None:
+        self._entity = entity
+
+    @property
+    def recording(self) -> bool:
+        return self._entity is not None
+
+    def annotate(self, **annotations: str | int | float | bool | None) -> None:
+        """Indexed key/values on the subsegment; ``None`` values are skipped."""
+        if self._entity is None:
+            return
+        for key, value in annotations.items():
+            if value is not None:
+                self._entity.put_annotation(key, value)
+
+
+@contextmanager
+def subsegment(name: str, **annotations: str | int | float | bool | None) -> Iterator[Span]:
+    """A subsegment of the current segment, or a no-op :class:`Span` when the SDK is
+    disabled or no segment is open. An exception escaping the block is recorded on the
+    subsegment and re-raised."""
+    if not global_sdk_config.sdk_enabled() or xray_recorder.get_trace_entity() is None:
+        yield Span()
+        return
+    with xray_recorder.in_subsegment(name) as entity:
+        span = Span(entity)
+        span.annotate(**annotations)
+        yield span
