@@ -1,0 +1,342 @@
+"""The event router: API Gateway (REST, proxy integration) in, desired state out.
+
+``POST /events`` records START / STOP in the connections table and, after a START that
+changed something, drops a hint on the queue so that a worker picks the connection up
+at once. The hint is only an accelerator: if SendMessage fails the request still
+succeeds, because the workers' orphan reconciler finds every STARTED connection
+without an owner anyway. ``GET /connections/{connection_id}`` returns the public state.
+
+Every request is validated completely before the first write, so a 4xx never writes.
+Store writes are conditional (see :mod:`wsfleet.store`), so concurrent requests for
+one connection need no coordination here.
+
+``handler`` is the Lambda entry point; :class:`Router` is the same thing with its
+configuration and clients passed in, for tests and other hosts.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+import traceback
+from typing import Any, Callable, Mapping
+from urllib.parse import unquote
+
+import boto3
+from botocore.config import Config
+
+from . import schema, tracing
+from .config import ConfigError, RouterConfig
+from .logs import JsonLogger
+from .store import ConnectionsStore, StartOutcome, StopOutcome, TransientError
+from .validation import Allowlist, Invalid, check_connection_id, check_ws_url
+
+MAX_BODY_BYTES = 16 * 1024
+SERVICE_NAME = "wsfleet-router"
+
+EVENTS = "/events"
+CONNECTION = "/connections/{connection_id}"
+ROUTES: Mapping[str, tuple[str, ...]] = {EVENTS: ("POST",), CONNECTION: ("GET",)}
+_CONNECTION_PREFIX = "/connections/"
+
+# Standard retries ride out throttling and 5xx before we answer 503. DynamoDB and SQS
+# answer in milliseconds; the short timeouts keep three attempts and their backoff
+# inside the function's 10 s timeout, so the caller gets our 503, not a gateway 502.
+CLIENT_CONFIG = Config(retries={"mode": "standard", "total_max_attempts": 3}, connect_timeout=1, read_timeout=2)
+
+_START_STATUS = {
+    StartOutcome.CREATED: 202,
+    StartOutcome.RESTARTED: 202,
+    StartOutcome.UNCHANGED: 200,
+}
+_STOP_STATUS = {StopOutcome.STOPPED: 202, StopOutcome.ALREADY_STOPPED: 200}
+
+
+class HttpError(Exception):
+    """A request the router answers with an error body; 4xx ones have written nothing."""
+
+    def __init__(self, status: int, code: str, message: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+def response(status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> dict:
+    return {
+        "statusCode": status,
+        "headers": {"Content-Type": "application/json", **(headers or {})},
+        "body": json.dumps(body, separators=(",", ":")),
+        "isBase64Encoded": False,
+    }
+
+
+def error_response(status: int, code: str, message: str, headers: Mapping[str, str] | None = None) -> dict:
+    return response(status, {"error": code, "message": message}, headers)
+
+
+def make_client(service: str, config: RouterConfig) -> Any:
+    """A boto3 client for the router; its own session, because the default one is not
+    safe to create clients from in several threads."""
+    return boto3.session.Session().client(
+        service, region_name=config.region, endpoint_url=config.endpoint_url, config=CLIENT_CONFIG
+    )
+
+
+class Router:
+    def __init__(
+        self,
+        config: RouterConfig,
+        ddb: Any,
+        sqs: Any,
+        *,
+        logger: JsonLogger | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._store = ConnectionsStore(ddb, config.table_name, state_shards=config.state_shards)
+        self._sqs = sqs
+        self._allowlist = Allowlist.of(config.allowed_ws_hosts)
+        self._log = logger or JsonLogger(component="router")
+        self._clock = clock
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        ddb: Any = None,
+        sqs: Any = None,
+        logger: JsonLogger | None = None,
+    ) -> "Router":
+        """Configuration from the environment; clients given here win over building them."""
+        config = RouterConfig.from_env(env)
+        return cls(
+            config,
+            ddb if ddb is not None else make_client("dynamodb", config),
+            sqs if sqs is not None else make_client("sqs", config),
+            logger=logger,
+        )
+
+    def handle(self, event: Mapping[str, Any], context: Any = None) -> dict:
+        """One API Gateway proxy event in, one proxy response out. Never raises."""
+        started = self._clock()
+        if not isinstance(event, Mapping):  # a direct invocation with junk: no route
+            event = {}
+        fields: dict[str, Any] = {
+            "method": event.get("httpMethod"),
+            "path": event.get("path"),
+            "request_id": getattr(context, "aws_request_id", None),
+        }
+        with tracing.subsegment("router", method=fields["method"]) as span:
+            try:
+                status, body = self._dispatch(event, fields)
+                result = response(status, body)
+            except HttpError as exc:
+                status, fields["outcome"] = exc.status, exc.code
+                result = error_response(exc.status, exc.code, exc.message, exc.headers)
+            except TransientError as exc:
+                status, fields["outcome"] = 503, "service_unavailable"
+                fields["detail"] = str(exc)
+                result = error_response(
+                    503,
+                    "service_unavailable",
+                    "The connections table is busy or unavailable; retry the request with backoff.",
+                    {"Retry-After": "1"},
+                )
+            except Exception as exc:  # the contract: a JSON 500, never a traceback to the caller
+                status, fields["outcome"] = 500, "internal_error"
+                fields["detail"] = f"{type(exc).__name__}: {exc}"
+                fields["traceback"] = traceback.format_exc()
+                result = error_response(500, "internal_error", "The event router failed unexpectedly; the error has been logged.")
+            span.annotate(
+                event_type=fields.get("event_type"),
+                connection_id=fields.get("connection_id"),
+                outcome=fields.get("outcome"),
+                status=status,
+            )
+        fields["status"] = status
+        fields["duration_ms"] = round((self._clock() - started) * 1000, 1)
+        if status >= 500:
+            self._log.error("request", **fields)
+        else:
+            self._log.info("request", **fields)
+        return result
+
+    # --- routing -------------------------------------------------------------------
+
+    def _dispatch(self, event: Mapping[str, Any], fields: dict[str, Any]) -> tuple[int, dict]:
+        route, path_id = _route(event)
+        fields["route"] = route
+        allowed = ROUTES[route]
+        method = str(event.get("httpMethod") or "").upper()
+        if method not in allowed:
+            raise HttpError(
+                405,
+                "method_not_allowed",
+                f"{method or 'This method'} is not allowed on {route}; use {', '.join(allowed)}.",
+                {"Allow": ", ".join(allowed)},
+            )
+        if route == EVENTS:
+            return self._post_event(_json_body(event), fields)
+        return self._get_connection(path_id, fields)
+
+    def _post_event(self, body: dict, fields: dict[str, Any]) -> tuple[int, dict]:
+        event_type = _field(body, "event_type")
+        fields["event_type"] = event_type if isinstance(event_type, str) else None
+        if event_type not in ("START", "STOP"):
+            raise HttpError(400, "unknown_event_type", "event_type must be \"START\" or \"STOP\".")
+        connection_id = _valid(check_connection_id, _field(body, "connection_id"))
+        fields["connection_id"] = connection_id
+        if event_type == "START":
+            ws_url = _valid(check_ws_url, _field(body, "ws_url"), self._allowlist)
+            return self._start(connection_id, ws_url, fields)
+        return self._stop(connection_id, fields)
+
+    # --- the three operations ------------------------------------------------------
+
+    def _start(self, connection_id: str, ws_url: str, fields: dict[str, Any]) -> tuple[int, dict]:
+        outcome = self._store.start(connection_id, ws_url)
+        fields["outcome"] = outcome.value
+        if outcome is StartOutcome.CONFLICT:
+            raise HttpError(
+                409,
+                "conflict",
+                f"Connection {connection_id} is already STARTED with a different ws_url; "
+                "STOP it before starting it with a new one.",
+            )
+        if outcome in (StartOutcome.CREATED, StartOutcome.RESTARTED):
+            fields["hint_sent"] = self._send_hint(connection_id)
+        body = {"connection_id": connection_id, "desired_state": schema.STARTED, "outcome": outcome.value}
+        return _START_STATUS[outcome], body
+
+    def _stop(self, connection_id: str, fields: dict[str, Any]) -> tuple[int, dict]:
+        outcome = self._store.stop(connection_id)
+        fields["outcome"] = outcome.value
+        if outcome is StopOutcome.NOT_FOUND:
+            raise _unknown_connection(connection_id)
+        body = {"connection_id": connection_id, "desired_state": schema.STOPPED, "outcome": outcome.value}
+        return _STOP_STATUS[outcome], body
+
+    def _get_connection(self, raw_id: object, fields: dict[str, Any]) -> tuple[int, dict]:
+        connection_id = _valid(check_connection_id, raw_id)
+        fields["connection_id"] = connection_id
+        item = self._store.get(connection_id)
+        if item is None:
+            raise _unknown_connection(connection_id)
+        fields["outcome"] = "found"
+        return 200, {"connection_id": connection_id, **{name: item.get(name) for name in schema.PUBLIC_FIELDS}}
+
+    def _send_hint(self, connection_id: str) -> bool:
+        """Tell the workers now rather than at their next orphan scan. The desired state
+        is already stored, so a failure here is logged and otherwise ignored."""
+        try:
+            self._sqs.send_message(
+                QueueUrl=self._config.queue_url,
+                MessageBody=json.dumps({schema.HINT_CONNECTION_ID: connection_id}),
+            )
+        except Exception as exc:  # any failure: the reconciler is the real guarantee
+            self._log.warning("start_hint_failed", connection_id=connection_id, detail=f"{type(exc).__name__}: {exc}")
+            return False
+        return True
+
+
+# --- request parsing (pure) -------------------------------------------------------------
+
+
+def _route(event: Mapping[str, Any]) -> tuple[str, object]:
+    """(route template, raw connection_id or None). The resource template decides when
+    API Gateway gives one of ours; otherwise (a greedy proxy resource) the path does."""
+    resource = event.get("resource")
+    if resource in ROUTES:
+        params = event.get("pathParameters") or {}
+        raw = params.get("connection_id") if resource == CONNECTION else None
+    else:
+        path = str(event.get("path") or "")
+        tail = path[len(_CONNECTION_PREFIX):] if path.startswith(_CONNECTION_PREFIX) else ""
+        if path == EVENTS:
+            resource, raw = EVENTS, None
+        elif tail and "/" not in tail:
+            resource, raw = CONNECTION, tail
+        else:
+            raise HttpError(
+                404,
+                "not_found",
+                f"No route for {path or 'this path'}; use POST /events or GET /connections/{{connection_id}}.",
+            )
+    # A client may percent-encode ':' in the path. '%' is not allowed in an id, so
+    # decoding cannot turn one valid id into another.
+    if isinstance(raw, str) and "%" in raw:
+        raw = unquote(raw)
+    return resource, raw
+
+
+def _json_body(event: Mapping[str, Any]) -> dict:
+    body = event.get("body")
+    if not isinstance(body, str) or not body:
+        raise HttpError(400, "invalid_json", "The request body must be a JSON object.")
+    if event.get("isBase64Encoded"):
+        try:
+            raw = base64.b64decode(body, validate=True)
+        except (binascii.Error, ValueError):
+            raise HttpError(400, "invalid_body", "The request body is marked base64 but is not valid base64.") from None
+    else:
+        raw = body.encode("utf-8", "surrogatepass")
+    if len(raw) > MAX_BODY_BYTES:
+        raise HttpError(400, "body_too_large", f"The request body must be at most {MAX_BODY_BYTES} bytes; it was {len(raw)}.")
+    try:
+        parsed = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise HttpError(400, "invalid_json", "The request body is not valid UTF-8 JSON.") from None
+    if not isinstance(parsed, dict):
+        raise HttpError(400, "invalid_json", "The request body must be a JSON object.")
+    return parsed
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _field(body: Mapping[str, Any], name: str) -> Any:
+    value = body.get(name)
+    if value is None:
+        raise HttpError(400, "missing_field", f"The request body must include \"{name}\".")
+    return value
+
+
+def _valid(check: Callable[..., str], *args: Any) -> str:
+    try:
+        return check(*args)
+    except Invalid as exc:
+        raise HttpError(400, exc.code, exc.message) from None
+
+
+def _unknown_connection(connection_id: str) -> HttpError:
+    return HttpError(404, "connection_not_found", f"No connection {connection_id} is known; START it first.")
+
+
+# --- Lambda entry point ------------------------------------------------------------------
+
+_router: Router | None = None
+_log = JsonLogger(component="router")
+
+
+def handler(event: Mapping[str, Any], context: Any) -> dict:
+    """Lambda entry point. The router (configuration, clients, tracing) is built on the
+    first call of each execution environment and kept; a bad configuration is answered
+    with a 500 naming the variable, and retried on the next call."""
+    global _router
+    if _router is None:  # Lambda runs one invocation at a time per environment
+        try:
+            tracing.configure(SERVICE_NAME)
+            _router = Router.from_env(logger=_log)
+        except ConfigError as exc:
+            _log.error("config_invalid", detail=str(exc))
+            return error_response(500, "misconfigured", f"The event router is misconfigured: {exc}.")
+        except Exception as exc:  # same promise as Router.handle: JSON, not a traceback
+            _log.error("startup_failed", detail=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+            return error_response(500, "internal_error", "The event router failed to start; the error has been logged.")
+    return _router.handle(event, context)
