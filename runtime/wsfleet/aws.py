@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
@@ -40,6 +41,15 @@ class Aws:
             "cloudwatch", endpoint_url=config.endpoint_url, config=Config(read_timeout=10, **base)
         )
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="aws")
+        # Requests as sent on the wire (retries included), per "service.Operation": what
+        # the bill and the cost benchmark count.
+        self.requests: Counter[str] = Counter()
+        for client in (self.dynamodb, self.sqs, self.cloudwatch):
+            client.meta.events.register("request-created", self._count)
+
+    def _count(self, event_name: str = "", **_: Any) -> None:
+        # "request-created.<service>.<Operation>", emitted once per attempt.
+        self.requests[event_name.partition(".")[2]] += 1
 
     async def call(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run a blocking call in the pool. Cancelling the await does not stop the

@@ -94,14 +94,12 @@ class Router:
         sqs: Any,
         *,
         logger: JsonLogger | None = None,
-        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
         self._store = ConnectionsStore(ddb, config.table_name, state_shards=config.state_shards)
         self._sqs = sqs
         self._allowlist = Allowlist.of(config.allowed_ws_hosts)
         self._log = logger or JsonLogger(component="router")
-        self._clock = clock
 
     @classmethod
     def from_env(
@@ -123,13 +121,14 @@ class Router:
 
     def handle(self, event: Mapping[str, Any], context: Any = None) -> dict:
         """One API Gateway proxy event in, one proxy response out. Never raises."""
-        started = self._clock()
+        started = time.monotonic()
         if not isinstance(event, Mapping):  # a direct invocation with junk: no route
             event = {}
         fields: dict[str, Any] = {
             "method": event.get("httpMethod"),
             "path": event.get("path"),
             "request_id": getattr(context, "aws_request_id", None),
+            "api_request_id": (event.get("requestContext") or {}).get("requestId"),
         }
         with tracing.subsegment("router", method=fields["method"]) as span:
             try:
@@ -159,7 +158,7 @@ class Router:
                 status=status,
             )
         fields["status"] = status
-        fields["duration_ms"] = round((self._clock() - started) * 1000, 1)
+        fields["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
         if status >= 500:
             self._log.error("request", **fields)
         else:

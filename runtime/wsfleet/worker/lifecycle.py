@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import resource
 import time
+from collections import deque
 from itertools import islice
 from typing import Any
 
@@ -26,6 +28,7 @@ from .connection import ConnectionRunner, EndReason, Settings
 from .retry import LeaseExpired, call_until
 
 SHUTDOWN_MARGIN_S = 1.0  # kept back from the budget for the final log line and exit
+LAG_PROBE_S = 0.25  # how often the event-loop lag probe wakes up
 
 
 class Worker:
@@ -46,6 +49,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._capacity_freed = asyncio.Event()
         self._hints_sent = 0
+        self._lag_ms: deque[float] = deque(maxlen=480)  # the last two minutes of probes
 
     # --- capacity ----------------------------------------------------------------------
 
@@ -246,7 +250,28 @@ class Worker:
                 )
         except Exception as exc:  # noqa: BLE001 - metrics must never take the worker down
             self._log.warning("metrics_failed", error=str(exc))
-        self._log.info("stats", active=len(self.runners), **self.counters.totals())
+        self._log.info("stats", **self.stats())
+
+    def stats(self) -> dict[str, Any]:
+        """What the ``stats`` log line reports: connections, counters, AWS requests sent,
+        event-loop lag and memory (for operators and the benchmarks)."""
+        lags = sorted(self._lag_ms)
+        return {
+            "active": len(self.runners),
+            **self.counters.totals(),
+            "requests": dict(self._aws.requests),
+            "loop_lag_p99_ms": round(lags[int(0.99 * (len(lags) - 1))], 2) if lags else None,
+            "loop_lag_max_ms": round(lags[-1], 2) if lags else None,
+            "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "cpu_s": round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]), 3),
+        }
+
+    async def _probe_lag(self) -> None:
+        """How late the loop wakes a sleeper: the delay every socket and heartbeat sees."""
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(LAG_PROBE_S)
+            self._lag_ms.append(max(0.0, (time.monotonic() - before - LAG_PROBE_S) * 1000))
 
     # --- the loops ---------------------------------------------------------------------
 
@@ -295,6 +320,7 @@ class Worker:
         loops = [
             asyncio.create_task(self._every(self.config.reconcile_ms / 1000, self.reconcile_once, jitter=0.5), name="reconcile"),
             asyncio.create_task(self._every(self.config.metrics_seconds, self.publish_metrics_once, wait_first=True), name="metrics"),
+            asyncio.create_task(self._probe_lag(), name="lag-probe"),
         ]
         await self._stopping.wait()
         started = time.monotonic()
