@@ -40,6 +40,7 @@ def test_fractional_seconds_are_accepted_for_fast_local_runs():
         ({"STATE_SHARDS": "0"}, "STATE_SHARDS"),
         ({"SHUTDOWN_SECONDS": "soon"}, "SHUTDOWN_SECONDS"),
         ({"MESSAGE_TTL_DAYS": "-2"}, "MESSAGE_TTL_DAYS"),
+        ({"FLUSH_INTERVAL_MS": "fast"}, "FLUSH_INTERVAL_MS"),
     ],
 )
 def test_a_bad_worker_setting_is_an_error_naming_the_variable(override, variable):

@@ -33,6 +33,7 @@ STATE_SHARDS = "STATE_SHARDS"
 SHUTDOWN_SECONDS = "SHUTDOWN_SECONDS"
 METRICS_SECONDS = "METRICS_SECONDS"
 MESSAGE_TTL_DAYS = "MESSAGE_TTL_DAYS"
+FLUSH_INTERVAL_MS = "FLUSH_INTERVAL_MS"
 ALLOWED_WS_HOSTS = "ALLOWED_WS_HOSTS"
 ECS_CONTAINER_METADATA_URI_V4 = "ECS_CONTAINER_METADATA_URI_V4"
 
@@ -112,6 +113,7 @@ class WorkerConfig:
     shutdown_seconds: float
     metrics_seconds: float
     message_ttl_days: int
+    flush_interval_ms: int  # how long a received frame may wait to share a batch write
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
@@ -150,6 +152,7 @@ class WorkerConfig:
             shutdown_seconds=_positive_float(env, SHUTDOWN_SECONDS, 25.0),
             metrics_seconds=_positive_float(env, METRICS_SECONDS, 60.0),
             message_ttl_days=_int_in(env, MESSAGE_TTL_DAYS, 0, 0, 3650),
+            flush_interval_ms=_int_in(env, FLUSH_INTERVAL_MS, 100, 0, 10_000),
         )
 
     def default_worker_id(self) -> str:

@@ -36,7 +36,6 @@ from ..stream import Frame, SeqTracker, parse_frame, resume_url
 from .retry import LeaseExpired, call_until
 
 BATCH_SIZE = 25
-FLUSH_LINGER_S = 0.1  # how long a lone frame may wait for company before it is written
 MAX_PENDING = 1000  # frames held before the receive loop waits for the flusher
 RECONNECT_CAP_S = 10.0
 
@@ -56,6 +55,7 @@ class Settings:
     connect_timeout_s: float = 10.0
     ping_interval_s: float = 20.0
     max_frame_bytes: int = 1 << 20
+    flush_interval_s: float = 0.1  # how long a lone frame may wait for company before it is written
 
 
 Call = Callable[..., Awaitable[Any]]
@@ -187,7 +187,7 @@ class ConnectionRunner:
         if len(self._pending) >= BATCH_SIZE:
             self._flush_wanted.set()
         elif len(self._pending) == 1:
-            asyncio.get_running_loop().call_later(FLUSH_LINGER_S, self._flush_wanted.set)
+            asyncio.get_running_loop().call_later(self._s.flush_interval_s, self._flush_wanted.set)
         while len(self._pending) >= MAX_PENDING:
             self._drained.clear()
             await self._drained.wait()  # backpressure: stop reading until the flusher catches up

@@ -42,7 +42,7 @@ class Worker:
         self._log = log.bind(worker_id=worker_id)
         self._connections = ConnectionsStore(aws.dynamodb, config.table_name, state_shards=config.state_shards)
         self._messages = MessagesStore(aws.dynamodb, config.messages_table_name, ttl_days=config.message_ttl_days)
-        self._settings = Settings(worker_id=worker_id, timing=self.timing)
+        self._settings = Settings(worker_id=worker_id, timing=self.timing, flush_interval_s=config.flush_interval_ms / 1000)
         self._acquiring: set[str] = set()
         self._scheduled: dict[str, asyncio.TimerHandle] = {}
         self._holders: set[asyncio.Task] = set()
