@@ -18,6 +18,7 @@ from typing import Any, Callable, TypeVar
 import boto3
 from botocore.config import Config
 
+from . import tracing
 from .config import WorkerConfig
 
 T = TypeVar("T")
@@ -57,7 +58,8 @@ class Aws:
         (renewals and message writes are idempotent; acquire and release recognise a
         retry of a write that landed)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+        with tracing.subsegment(getattr(fn, "__qualname__", "aws_call")):
+            return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
     async def poll(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run a long poll in a daemon thread of its own: it never takes a pool thread

@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from aws_xray_sdk import global_sdk_config
 from aws_xray_sdk.core import patch, xray_recorder
+from aws_xray_sdk.core.async_context import AsyncContext
 from aws_xray_sdk.core.lambda_launcher import LambdaContext
 
 xray_recorder.configure(context_missing="IGNORE_ERROR")
@@ -39,6 +40,33 @@ def configure(service: str) -> None:
         if in_lambda():
             patch(["botocore"])
         _configured = True
+
+
+def configure_worker(service: str) -> None:
+    """Worker processes: call once from inside the running event loop. Segments then
+    belong to the asyncio task that opened them (AsyncContext), so a thousand
+    connection tasks can each trace their own lifecycle. The daemon address comes from
+    ``AWS_XRAY_DAEMON_ADDRESS`` (the sidecar) and is read by the SDK itself."""
+    global _configured
+    with _lock:
+        if _configured:
+            return
+        xray_recorder.configure(service=service, context=AsyncContext(), context_missing="IGNORE_ERROR")
+        _configured = True
+
+
+@contextmanager
+def segment(name: str, **annotations: str | int | float | bool | None) -> Iterator[Span]:
+    """A segment of its own (a worker's unit of work: acquire, connect, release), or a
+    no-op :class:`Span` when the SDK is disabled or not configured for the worker.
+    Open and close it in one task, and start no tasks inside it."""
+    if not global_sdk_config.sdk_enabled() or not isinstance(xray_recorder.context, AsyncContext):
+        yield Span()
+        return
+    with xray_recorder.in_segment(name) as entity:
+        span = Span(entity)
+        span.annotate(**annotations)
+        yield span
 
 
 class Span:

@@ -9,6 +9,7 @@ import signal
 import sys
 import urllib.request
 
+from .. import tracing
 from ..aws import Aws
 from ..config import ConfigError, WorkerConfig
 from ..logs import JsonLogger
@@ -31,6 +32,7 @@ def resolve_worker_id(config: WorkerConfig) -> str:
 
 
 async def run(config: WorkerConfig, worker_id: str, log: JsonLogger) -> None:
+    tracing.configure_worker(config.service_name)
     aws = Aws(config)
     worker = Worker(config, worker_id, aws=aws, log=log)
     loop = asyncio.get_running_loop()

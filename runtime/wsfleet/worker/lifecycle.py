@@ -17,7 +17,7 @@ from itertools import islice
 from typing import Any
 
 from .. import metrics_names as names
-from .. import schema
+from .. import schema, tracing
 from ..aws import SQS_WAIT_SECONDS, Aws
 from ..config import WorkerConfig
 from ..leases import AcquireFailure, Candidate, LeaseTiming, takeover_jitter_s, takeover_plan
@@ -69,16 +69,18 @@ class Worker:
         self._acquiring.add(connection_id)
         sent = time.monotonic()
         try:
-            result = await call_until(
+            with tracing.segment("acquire", connection_id=connection_id, source=source) as span:
+                result = await call_until(
                 self._aws.call,
                 lambda: sent + self.timing.heartbeat_ms / 1000,
-                self._connections.acquire,
-                log=self._log,
-                connection_id=connection_id,
-                owner=self.worker_id,
-                lease_ms=self.timing.lease_ms,
-                max_clock_skew_ms=self.timing.max_clock_skew_ms,
-            )
+                    self._connections.acquire,
+                    log=self._log,
+                    connection_id=connection_id,
+                    owner=self.worker_id,
+                    lease_ms=self.timing.lease_ms,
+                    max_clock_skew_ms=self.timing.max_clock_skew_ms,
+                )
+                span.annotate(outcome=result.value if isinstance(result, AcquireFailure) else "acquired")
         except LeaseExpired:
             self._log.warning("acquire_gave_up", connection_id=connection_id, source=source)
             return None
