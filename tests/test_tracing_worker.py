@@ -1,0 +1,54 @@
+"""X-Ray in the worker: lifecycle segments per asyncio task, AWS calls as subsegments."""
+
+import asyncio
+import json
+
+import pytest
+from aws_xray_sdk.core import xray_recorder
+from aws_xray_sdk.core.context import Context
+from aws_xray_sdk.core.emitters.udp_emitter import UDPEmitter
+
+from wsfleet import tracing
+
+
+class CapturingEmitter:
+    """Stands in for the UDP link to the X-Ray daemon; keeps what would be sent."""
+
+    def __init__(self):
+        self.sent = []
+
+    def send_entity(self, entity):
+        self.sent.append(json.loads(entity.serialize()))
+
+    def set_daemon_address(self, address):
+        pass
+
+
+@pytest.fixture
+def emitter(monkeypatch):
+    capture = CapturingEmitter()
+    monkeypatch.setattr(tracing, "_configured", False)
+    yield capture
+    xray_recorder.configure(context=Context(), emitter=UDPEmitter(), sampling=True)
+
+
+def test_each_task_traces_its_own_segment_with_its_calls_as_subsegments(emitter):
+    async def acquire(cid):
+        with tracing.segment("acquire", connection_id=cid):
+            with tracing.subsegment("ConnectionsStore.acquire"):
+                await asyncio.sleep(0.01)
+
+    async def main():
+        tracing.configure_worker("wsfleet-test")
+        xray_recorder.configure(emitter=emitter, sampling=False)
+        await asyncio.gather(acquire("a"), acquire("b"))
+
+    asyncio.run(main())
+    segments = [s for s in emitter.sent if s["name"] == "acquire"]
+    assert sorted(s["annotations"]["connection_id"] for s in segments) == ["a", "b"]
+    assert all([sub["name"] for sub in s["subsegments"]] == ["ConnectionsStore.acquire"] for s in segments)
+
+
+def test_without_worker_configuration_segments_are_silent_no_ops():
+    with tracing.segment("acquire", connection_id="a") as span:
+        assert not span.recording
