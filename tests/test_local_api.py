@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -123,3 +125,74 @@ def test_one_keep_alive_connection_carries_several_requests(api, recorder):
     finally:
         conn.close()
     assert len(recorder.calls) == 3
+
+
+# --- the real router behind it, against the emulator --------------------------------
+
+
+@pytest.fixture
+def router_env(aws_env):
+    return {**aws_env, "ALLOWED_WS_HOSTS": "127.0.0.1"}
+
+
+@pytest.fixture
+def router_api(router_env):
+    from wsfleet.router import Router
+
+    with LocalApi(Router.from_env(router_env).handle) as running:
+        yield running
+
+
+def post_event(api: LocalApi, **body: Any) -> tuple[int, dict]:
+    status, _, raw = request(api, "POST", "/events", json.dumps(body), {"Content-Type": "application/json"})
+    return status, json.loads(raw)
+
+
+def test_router_behind_http_answers_start_get_stop_with_the_contract_statuses(router_api):
+    url = "ws://127.0.0.1:9/streams/a"
+    assert post_event(router_api, event_type="START", connection_id="c1", ws_url=url)[0] == 202
+    assert post_event(router_api, event_type="START", connection_id="c1", ws_url=url)[0] == 200
+    assert post_event(router_api, event_type="START", connection_id="c1", ws_url=url + "b")[0] == 409
+
+    status, _, raw = request(router_api, "GET", "/connections/c1")
+    assert status == 200
+    assert json.loads(raw)["desired_state"] == "STARTED" and json.loads(raw)["ws_url"] == url
+
+    assert post_event(router_api, event_type="STOP", connection_id="c1")[0] == 202
+    assert post_event(router_api, event_type="STOP", connection_id="c1")[0] == 200
+
+
+def test_router_behind_http_answers_errors_as_json(router_api):
+    assert request(router_api, "GET", "/connections/unknown")[0] == 404
+    assert post_event(router_api, event_type="STOP", connection_id="unknown")[0] == 404
+    status, _, raw = request(router_api, "POST", "/events", "{not json")
+    assert status == 400 and set(json.loads(raw)) == {"error", "message"}
+    assert request(router_api, "GET", "/nowhere")[0] == 404
+
+
+def test_process_prints_ready_and_serves_the_router(python_env, router_env):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "wsfleet.local.api", "--port", "0"],
+        env={**python_env, **router_env},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = proc.stdout.readline().strip()
+        assert line.startswith("READY http://127.0.0.1:")
+        host = line.split()[1].removeprefix("http://")
+        conn = http.client.HTTPConnection(host, timeout=10)
+        conn.request("POST", "/events", body=json.dumps({"event_type": "START", "connection_id": "p1", "ws_url": "ws://127.0.0.1:9/s"}))
+        assert conn.getresponse().status == 202
+        conn.close()
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
+
+
+def test_process_with_a_bad_setting_exits_at_start_up_naming_the_variable(python_env, router_env):
+    env = {k: v for k, v in {**python_env, **router_env}.items() if k != "TABLE_NAME"}
+    done = subprocess.run(
+        [sys.executable, "-m", "wsfleet.local.api", "--port", "0"], env=env, capture_output=True, text=True, timeout=20
+    )
+    assert done.returncode == 2 and "TABLE_NAME" in done.stderr and "READY" not in done.stdout
