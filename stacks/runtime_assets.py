@@ -30,7 +30,7 @@ REQUIREMENTS = "requirements.txt"
 LAMBDA_RUNTIME = lambda_.Runtime.PYTHON_3_14
 LAMBDA_ARCHITECTURE = lambda_.Architecture.X86_64
 _PIP_PLATFORM = "manylinux2014_x86_64"
-_PYTHON_VERSION = "3.14"
+_PYTHON_VERSION = LAMBDA_RUNTIME.name.removeprefix("python")
 WORKER_CPU_ARCHITECTURE = ecs.CpuArchitecture.X86_64
 _WORKER_BUILD_PLATFORM = ecr_assets.Platform.LINUX_AMD64
 

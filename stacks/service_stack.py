@@ -70,6 +70,7 @@ class ServiceStack(Stack):
             self,
             "Api",
             handler=self.router.function,
+            api_name=f"wsfleet-{settings.name}-events",
             stage_name=API_STAGE,
             rate_limit=settings.api_rate_limit,
             burst_limit=settings.api_burst_limit,

@@ -67,6 +67,7 @@ class EventsApi(Construct):
         id: str,
         *,
         handler: lambda_.IFunction,
+        api_name: str,
         stage_name: str,
         rate_limit: int,
         burst_limit: int,
@@ -78,6 +79,8 @@ class EventsApi(Construct):
         self.rest_api = apigw.RestApi(
             self,
             "Api",
+            # Unique per environment: API Gateway's metrics are keyed by this name.
+            rest_api_name=api_name,
             description="wsfleet desired-state events",
             endpoint_types=[apigw.EndpointType.REGIONAL],
             default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),

@@ -135,3 +135,8 @@ def test_hint_visibility_outlasts_the_long_poll_and_a_lease(env):
     queue = env.stateful_template.to_json()["Resources"][QUEUE_LOGICAL_ID]["Properties"]
     assert queue["VisibilityTimeout"] > WORKER_LONG_POLL_SECONDS
     assert queue["VisibilityTimeout"] >= env.settings.lease_seconds
+
+
+def test_service_stack_deploys_after_the_stateful_stack(env):
+    artifact = env.assembly.get_stack_by_name(env.service.stack_name)
+    assert env.stateful.artifact_id in [d.id for d in artifact.dependencies]

@@ -1,0 +1,456 @@
+"""The service stack: what the runtime needs from it (CONTRACT section 2) and the
+invariants an operator relies on. Resources are found by type and by what they
+reference, never by generated logical id."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import jsonschema
+import pytest
+from aws_cdk.assertions import Match
+
+from stacks import runtime_assets
+from stacks.constructs.api import EVENT_SCHEMA, INVALID_EVENT_MESSAGE
+from stacks.settings import FARGATE_MAX_STOP_TIMEOUT_SECONDS
+from wsfleet import config, metrics, metrics_names, schema
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _resources(env, type_: str, props: dict | None = None) -> dict[str, dict]:
+    return env.service_template.find_resources(type_, {"Properties": props} if props else None)
+
+
+def _only(found: dict[str, dict]) -> tuple[str, dict]:
+    assert len(found) == 1, f"expected exactly one resource, found {sorted(found)}"
+    return next(iter(found.items()))
+
+
+def _task_definition(env) -> dict:
+    return _only(_resources(env, "AWS::ECS::TaskDefinition"))[1]["Properties"]
+
+
+def _container(env, name: str) -> dict:
+    containers = {c["Name"]: c for c in _task_definition(env)["ContainerDefinitions"]}
+    return containers[name]
+
+
+def _worker_environment(env) -> dict[str, Any]:
+    return {e["Name"]: e["Value"] for e in _container(env, "worker")["Environment"]}
+
+
+def _router(env) -> dict:
+    return _only(_resources(env, "AWS::Lambda::Function", {"Handler": "wsfleet.router.handler"}))[1]["Properties"]
+
+
+def _statements_of_role(env, role_arn: dict) -> list[dict]:
+    """Every policy statement attached to the role that ``role_arn`` (a GetAtt) names."""
+    role_id = role_arn["Fn::GetAtt"][0]
+    statements = []
+    for policy in _resources(env, "AWS::IAM::Policy").values():
+        if {"Ref": role_id} in policy["Properties"]["Roles"]:
+            statements += policy["Properties"]["PolicyDocument"]["Statement"]
+    return statements
+
+
+def _actions(statement: dict) -> list[str]:
+    actions = statement["Action"]
+    return [actions] if isinstance(actions, str) else actions
+
+
+def _granted(statements: list[dict], prefix: str) -> set[str]:
+    return {a for s in statements for a in _actions(s) if a.startswith(prefix)}
+
+
+def _all_statements(template) -> list[dict]:
+    statements = []
+    for type_ in ("AWS::IAM::Policy", "AWS::IAM::Role"):
+        for resource in template.find_resources(type_).values():
+            props = resource["Properties"]
+            for policy in [props.get("PolicyDocument")] + [p["PolicyDocument"] for p in props.get("Policies", [])]:
+                if policy:
+                    statements += policy["Statement"]
+    return statements
+
+
+# --- API -------------------------------------------------------------------------------
+
+
+def test_every_api_method_requires_iam_auth(env):
+    methods = _resources(env, "AWS::ApiGateway::Method")
+    assert {m["Properties"]["HttpMethod"] for m in methods.values()} == {"POST", "GET"}
+    for method in methods.values():
+        assert method["Properties"]["AuthorizationType"] == "AWS_IAM"
+
+
+def test_post_events_is_validated_against_the_event_model(env):
+    env.service_template.has_resource_properties(
+        "AWS::ApiGateway::Method",
+        {
+            "HttpMethod": "POST",
+            "RequestValidatorId": Match.any_value(),
+            "RequestModels": {"application/json": Match.any_value()},
+            "Integration": Match.object_like({"Type": "AWS_PROXY"}),
+        },
+    )
+    env.service_template.has_resource_properties(
+        "AWS::ApiGateway::RequestValidator", {"ValidateRequestBody": True, "ValidateRequestParameters": True}
+    )
+    env.service_template.has_resource_properties(
+        "AWS::ApiGateway::Model", {"ContentType": "application/json", "Name": "Event"}
+    )
+
+
+def test_get_connection_requires_its_path_parameter(env):
+    env.service_template.has_resource_properties(
+        "AWS::ApiGateway::Method",
+        {
+            "HttpMethod": "GET",
+            "RequestParameters": {"method.request.path.connection_id": True},
+            "RequestValidatorId": Match.any_value(),
+        },
+    )
+
+
+def _event_model(env) -> dict:
+    return _only(_resources(env, "AWS::ApiGateway::Model"))[1]["Properties"]["Schema"]
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"event_type": "START", "connection_id": "feed-1", "ws_url": "wss://feeds.example.com/a?x=1"},
+        {"event_type": "STOP", "connection_id": "feed-1"},
+        {"event_type": "STOP", "connection_id": "A.b_c:d-9"},
+        {"event_type": "START", "connection_id": "x" * 128, "ws_url": "ws://h"},
+        # Not the model's to refuse: the router answers these with its own codes.
+        {"event_type": "START", "connection_id": "c", "ws_url": "https://not-a-websocket"},
+        {"event_type": "STOP", "connection_id": "c", "extra": True},
+    ],
+)
+def test_event_model_lets_every_contract_event_through(dev, event):
+    jsonschema.Draft4Validator(_event_model(dev)).validate(event)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        [],
+        "START",
+        {"connection_id": "c"},
+        {"event_type": "RESTART", "connection_id": "c"},
+        {"event_type": "START", "connection_id": "c"},
+        {"event_type": "START", "connection_id": "c", "ws_url": ""},
+        {"event_type": "STOP", "connection_id": ""},
+        {"event_type": "STOP", "connection_id": "has space"},
+        {"event_type": "STOP", "connection_id": "x" * 129},
+        {"event_type": "STOP", "connection_id": 7},
+    ],
+)
+def test_event_model_refuses_only_what_the_contract_answers_with_400(dev, body):
+    assert not jsonschema.Draft4Validator(_event_model(dev)).is_valid(body)
+
+
+def test_event_model_in_the_template_is_the_construct_schema(env):
+    assert _event_model(env)["title"] == EVENT_SCHEMA.title
+    assert _event_model(env)["$schema"] == "http://json-schema.org/draft-04/schema#"
+
+
+def test_gateway_errors_keep_the_contract_error_shape(env):
+    responses = _resources(env, "AWS::ApiGateway::GatewayResponse")
+    types = {r["Properties"]["ResponseType"] for r in responses.values()}
+    assert types == {"BAD_REQUEST_BODY", "DEFAULT_4XX", "DEFAULT_5XX"}
+    for response in responses.values():
+        template = response["Properties"]["ResponseTemplates"]["application/json"]
+        # API Gateway substitutes a quoted string for $context.error.messageString.
+        body = json.loads(template.replace("$context.error.messageString", '"Forbidden"'))
+        assert set(body) == {"error", "message"}
+    invalid = next(r for r in responses.values() if r["Properties"]["ResponseType"] == "BAD_REQUEST_BODY")
+    assert json.loads(invalid["Properties"]["ResponseTemplates"]["application/json"])["message"] == INVALID_EVENT_MESSAGE
+
+
+def test_stage_throttles_traces_and_writes_json_access_logs(env):
+    stage = _only(_resources(env, "AWS::ApiGateway::Stage"))[1]["Properties"]
+    assert stage["TracingEnabled"] is True
+    assert stage["MethodSettings"] == [
+        {
+            "HttpMethod": "*",
+            "ResourcePath": "/*",
+            "DataTraceEnabled": False,
+            "LoggingLevel": "ERROR",
+            "ThrottlingRateLimit": env.settings.api_rate_limit,
+            "ThrottlingBurstLimit": env.settings.api_burst_limit,
+        }
+    ]
+    access_log = json.loads(stage["AccessLogSetting"]["Format"])
+    assert {"requestId", "status", "caller", "resourcePath"} <= set(access_log)
+
+
+def test_api_name_is_unique_per_environment_so_its_metrics_are(env):
+    env.service_template.has_resource_properties(
+        "AWS::ApiGateway::RestApi", {"Name": f"wsfleet-{env.settings.name}-events"}
+    )
+
+
+# --- router ----------------------------------------------------------------------------
+
+
+def test_router_runs_the_current_python_with_active_tracing(env):
+    router = _router(env)
+    assert router["Runtime"] == runtime_assets.LAMBDA_RUNTIME.name == "python3.14"
+    assert router["TracingConfig"] == {"Mode": "Active"}
+    assert router["LoggingConfig"]["LogFormat"] == "JSON"
+    assert len(router["Layers"]) == 1
+
+
+def test_router_environment_is_what_the_contract_names(env):
+    variables = _router(env)["Environment"]["Variables"]
+    assert set(variables) == {config.TABLE_NAME, config.QUEUE_URL, config.ALLOWED_WS_HOSTS, config.STATE_SHARDS}
+    assert variables[config.ALLOWED_WS_HOSTS] == ",".join(env.settings.allowed_ws_hosts)
+    assert variables[config.STATE_SHARDS] == str(env.settings.state_shards)
+
+
+def test_router_may_only_read_and_write_connections_and_send_hints(env):
+    statements = _statements_of_role(env, _router(env)["Role"])
+    assert _granted(statements, "dynamodb:") == {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"}
+    assert _granted(statements, "sqs:") == {"sqs:SendMessage"}
+    assert _granted(statements, "logs:") == {"logs:CreateLogStream", "logs:PutLogEvents"}
+    assert _granted(statements, "xray:") == {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+
+
+# --- worker ----------------------------------------------------------------------------
+
+
+def test_worker_stop_timeout_exceeds_its_shutdown_budget_within_fargates_limit(env):
+    stop_timeout = _container(env, "worker")["StopTimeout"]
+    shutdown = int(_worker_environment(env)[config.SHUTDOWN_SECONDS])
+    assert shutdown < stop_timeout <= FARGATE_MAX_STOP_TIMEOUT_SECONDS
+
+
+def test_worker_environment_is_what_the_contract_names(env):
+    variables = _worker_environment(env)
+    assert set(variables) == {
+        config.TABLE_NAME,
+        config.MESSAGES_TABLE_NAME,
+        config.QUEUE_URL,
+        config.AWS_REGION,
+        config.LEASE_SECONDS,
+        config.HEARTBEAT_SECONDS,
+        config.RECONCILE_SECONDS,
+        config.MAX_CONNECTIONS,
+        config.MAX_CLOCK_SKEW_MS,
+        config.METRICS_NAMESPACE,
+        config.SERVICE_NAME,
+        config.STATE_SHARDS,
+        config.SHUTDOWN_SECONDS,
+        config.METRICS_SECONDS,
+        config.MESSAGE_TTL_DAYS,
+    }
+    # On ECS the worker names itself from task metadata and talks to real AWS.
+    assert config.WORKER_ID not in variables and config.AWS_ENDPOINT_URL not in variables
+
+
+def test_worker_environment_passes_the_workers_own_validation(env):
+    literal = {k: v for k, v in _worker_environment(env).items() if isinstance(v, str)}
+    tokens = {k: "resolved-at-deploy" for k, v in _worker_environment(env).items() if not isinstance(v, str)}
+    parsed = config.WorkerConfig.from_env({**literal, **tokens})
+    assert parsed.lease_ms == env.settings.lease_seconds * 1000
+    assert parsed.max_connections == env.settings.max_connections_per_worker
+
+
+def test_worker_and_router_agree_on_state_shards(env):
+    assert _worker_environment(env)[config.STATE_SHARDS] == _router(env)["Environment"]["Variables"][config.STATE_SHARDS]
+
+
+def test_worker_has_an_xray_daemon_sidecar_that_cannot_stop_the_task(env):
+    daemon = _container(env, "xray-daemon")
+    assert daemon["Image"].startswith("public.ecr.aws/xray/aws-xray-daemon:")
+    assert daemon["Essential"] is False
+    assert daemon["PortMappings"] == [{"ContainerPort": 2000, "Protocol": "udp"}]
+
+
+def test_worker_logs_go_to_cloudwatch_without_blocking(env):
+    options = _container(env, "worker")["LogConfiguration"]
+    assert options["LogDriver"] == "awslogs"
+    assert options["Options"]["mode"] == "non-blocking"
+
+
+def test_worker_image_is_built_from_the_runtime_dockerfile_for_the_task_cpu(env):
+    image = _container(env, "worker")["Image"]["Fn::Sub"]
+    assert "container-assets" in image
+    assert _task_definition(env)["RuntimePlatform"] == {
+        "CpuArchitecture": "X86_64",
+        "OperatingSystemFamily": "LINUX",
+    }
+
+
+def test_service_deploys_with_rollback_and_never_below_capacity(env):
+    env.service_template.has_resource_properties(
+        "AWS::ECS::Service",
+        {
+            "DeploymentConfiguration": {
+                "DeploymentCircuitBreaker": {"Enable": True, "Rollback": True},
+                "MinimumHealthyPercent": 100,
+                "MaximumPercent": 200,
+            }
+        },
+    )
+
+
+def test_tasks_run_in_private_subnets_with_no_public_ip_and_no_ingress(env):
+    service = _only(_resources(env, "AWS::ECS::Service"))[1]["Properties"]
+    network = service["NetworkConfiguration"]["AwsvpcConfiguration"]
+    assert network["AssignPublicIp"] == "DISABLED"
+    subnets = env.service_template.to_json()["Resources"]
+    for ref in network["Subnets"]:
+        subnet = subnets[ref["Ref"]]["Properties"]
+        assert subnet["MapPublicIpOnLaunch"] is False
+        assert {"Key": "aws-cdk:subnet-type", "Value": "Private"} in subnet["Tags"]
+    for group in network["SecurityGroups"]:
+        security_group = subnets[group["Fn::GetAtt"][0]]["Properties"]
+        assert "SecurityGroupIngress" not in security_group
+    assert not _resources(env, "AWS::EC2::SecurityGroupIngress")
+
+
+def test_capacity_provider_is_spot_only_where_settings_say(env):
+    expected = "FARGATE_SPOT" if env.settings.use_fargate_spot else "FARGATE"
+    env.service_template.has_resource_properties(
+        "AWS::ECS::Service", {"CapacityProviderStrategy": [{"CapacityProvider": expected, "Weight": 1}]}
+    )
+
+
+# --- scaling: the metric the worker publishes is the one the service scales on ---------
+
+
+def test_service_scales_on_the_active_connections_metric_the_worker_publishes(env):
+    variables = _worker_environment(env)
+    published = metrics.metric_data(service_name=variables[config.SERVICE_NAME], active_connections=3, deltas={})
+    gauge = next(d for d in published if d["MetricName"] == metrics_names.ACTIVE_CONNECTIONS)
+    env.service_template.has_resource_properties(
+        "AWS::ApplicationAutoScaling::ScalingPolicy",
+        {
+            "PolicyType": "TargetTrackingScaling",
+            "TargetTrackingScalingPolicyConfiguration": Match.object_like(
+                {
+                    "CustomizedMetricSpecification": {
+                        "MetricName": gauge["MetricName"],
+                        "Namespace": variables[config.METRICS_NAMESPACE],
+                        "Dimensions": gauge["Dimensions"],
+                        "Statistic": "Average",
+                    },
+                    "TargetValue": env.settings.target_connections_per_worker,
+                }
+            ),
+        },
+    )
+    assert variables[config.METRICS_NAMESPACE] == metrics_names.DEFAULT_NAMESPACE == "WsFleet"
+    assert gauge["Dimensions"] == [{"Name": "ServiceName", "Value": env.settings.service_name}]
+
+
+def test_scaling_bounds_keep_at_least_one_worker(env):
+    env.service_template.has_resource_properties(
+        "AWS::ApplicationAutoScaling::ScalableTarget",
+        {"MinCapacity": env.settings.min_workers, "MaxCapacity": env.settings.max_workers},
+    )
+    assert env.settings.min_workers >= 1
+
+
+# --- worker permissions ------------------------------------------------------------------
+
+
+def _worker_statements(env) -> list[dict]:
+    return _statements_of_role(env, _task_definition(env)["TaskRoleArn"])
+
+
+def test_worker_may_use_only_the_dynamodb_calls_it_makes(env):
+    statements = _worker_statements(env)
+    by_action = {a: s for s in statements for a in _actions(s) if a.startswith("dynamodb:")}
+    assert set(by_action) == {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query", "dynamodb:BatchWriteItem"}
+    query_resource = by_action["dynamodb:Query"]["Resource"]
+    assert query_resource["Fn::Join"][1][-1] == f"/index/{schema.GSI_NAME}"
+
+
+def test_worker_may_only_consume_and_send_hints_on_its_queue(env):
+    assert _granted(_worker_statements(env), "sqs:") == {
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
+        "sqs:SendMessage",
+    }
+
+
+def test_worker_may_publish_metrics_only_in_its_namespace(env):
+    statement = next(s for s in _worker_statements(env) if "cloudwatch:PutMetricData" in _actions(s))
+    assert _actions(statement) == ["cloudwatch:PutMetricData"]
+    assert statement["Condition"] == {"StringEquals": {"cloudwatch:namespace": metrics_names.DEFAULT_NAMESPACE}}
+
+
+def test_worker_may_write_traces(env):
+    assert {"xray:PutTraceSegments", "xray:PutTelemetryRecords"} <= _granted(_worker_statements(env), "xray:")
+
+
+@pytest.mark.parametrize("stack", ["stateful", "service"])
+def test_no_policy_grants_a_wildcard_action(env, stack):
+    for statement in _all_statements(env.template(stack)):
+        for action in _actions(statement):
+            assert "*" not in action, statement
+
+
+def test_data_actions_are_never_granted_on_every_resource(env):
+    for statement in _all_statements(env.service_template):
+        if any(a.startswith(("dynamodb:", "sqs:")) for a in _actions(statement)):
+            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            assert "*" not in resources, statement
+
+
+# --- network -----------------------------------------------------------------------------
+
+
+def test_nat_gateways_and_free_gateway_endpoints_per_environment(env):
+    assert len(_resources(env, "AWS::EC2::NatGateway")) == env.settings.nat_gateways
+    endpoints = _resources(env, "AWS::EC2::VPCEndpoint")
+    assert {e["Properties"]["VpcEndpointType"] for e in endpoints.values()} == {"Gateway"}
+    assert len(endpoints) == 2  # DynamoDB and S3
+
+
+# --- alarms ------------------------------------------------------------------------------
+
+
+def _alarm(env, suffix: str) -> dict:
+    name = f"wsfleet-{env.settings.name}-{suffix}"
+    return _only(_resources(env, "AWS::CloudWatch::Alarm", {"AlarmName": name}))[1]["Properties"]
+
+
+def test_alarm_when_a_hint_is_dead_lettered(env):
+    alarm = _alarm(env, "start-hints-dead-lettered")
+    assert alarm["Namespace"] == "AWS/SQS"
+    assert alarm["MetricName"] == "ApproximateNumberOfMessagesVisible"
+    assert "DeadLetter" in json.dumps(alarm["Dimensions"])
+    assert alarm["Threshold"] == 1 and alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+
+
+def test_alarm_on_router_errors_and_api_5xx(env):
+    assert _alarm(env, "router-errors")["MetricName"] == "Errors"
+    api = _alarm(env, "api-5xx")
+    assert api["MetricName"] == "5XXError"
+    assert api["Dimensions"] == [{"Name": "ApiName", "Value": f"wsfleet-{env.settings.name}-events"}]
+
+
+def test_alarm_when_the_service_sits_at_max_capacity(env):
+    alarm = _alarm(env, "workers-at-max-capacity")
+    assert alarm["MetricName"] == "DesiredTaskCount"
+    assert alarm["Threshold"] == env.settings.max_workers
+
+
+def test_alarm_when_connections_stay_unowned_past_the_failover_bound(env):
+    alarm = _alarm(env, "connections-unowned")
+    assert alarm["Namespace"] == metrics_names.DEFAULT_NAMESPACE
+    assert alarm["Dimensions"] == [
+        {"Name": metrics_names.DIMENSION_SERVICE_NAME, "Value": env.settings.service_name}
+    ]
+    assert alarm["Period"] * alarm["EvaluationPeriods"] > env.settings.failover_bound_seconds
+    assert alarm["EvaluationPeriods"] == math.ceil(env.settings.failover_bound_seconds / 60) + 1
+    assert alarm["TreatMissingData"] == "breaching"

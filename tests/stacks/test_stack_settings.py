@@ -1,0 +1,65 @@
+"""Per-environment settings: inconsistent ones fail in app.py, naming the setting, before
+CloudFormation ever sees them; and app.py builds exactly one environment."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from aws_cdk import Stack
+
+from app import ENVIRONMENTS, create_stacks
+from stacks.settings import EnvironmentSettings, SettingsError
+
+
+def test_dev_and_prod_exist_and_prod_keeps_its_data():
+    assert {"dev", "prod"} <= set(ENVIRONMENTS)
+    assert ENVIRONMENTS["prod"].retain_data and not ENVIRONMENTS["dev"].retain_data
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"stop_timeout_seconds": 121}, "stop_timeout_seconds"),
+        ({"stop_timeout_seconds": 25, "shutdown_seconds": 25}, "stop_timeout_seconds"),
+        ({"lease_seconds": 9, "heartbeat_seconds": 5}, "lease_seconds"),
+        ({"max_clock_skew_ms": 15_000}, "max_clock_skew_ms"),
+        ({"min_workers": 0}, "min_workers"),
+        ({"min_workers": 5, "max_workers": 4}, "min_workers"),
+        ({"target_connections_per_worker": 100}, "target_connections_per_worker"),
+        ({"worker_cpu": 256, "worker_memory_mib": 4096}, "worker_memory_mib"),
+        ({"state_shards": 0}, "state_shards"),
+        ({"nat_gateways": 0}, "nat_gateways"),
+        ({"name": "Prod"}, "name"),
+    ],
+)
+def test_inconsistent_settings_are_refused_with_the_setting_named(change, named):
+    with pytest.raises(SettingsError, match=named):
+        dataclasses.replace(ENVIRONMENTS["dev"], **change)
+
+
+def test_settings_are_keyword_only_and_frozen():
+    with pytest.raises(TypeError):
+        EnvironmentSettings("dev")  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ENVIRONMENTS["dev"].max_workers = 9  # type: ignore[misc]
+
+
+def test_failover_bound_covers_a_lease_expiry_and_a_jittered_scan():
+    dev = ENVIRONMENTS["dev"]
+    assert dev.failover_bound_seconds >= dev.lease_seconds + 1.5 * dev.reconcile_seconds
+
+
+def test_app_builds_the_stacks_of_the_chosen_environment_only(new_app):
+    app = new_app("prod")
+    stateful, service = create_stacks(app)
+    assert [s.stack_name for s in (stateful, service)] == ["wsfleet-prod-stateful", "wsfleet-prod-service"]
+    assert [c for c in app.node.children if isinstance(c, Stack)] == [stateful, service]
+
+
+@pytest.mark.parametrize("env", [None, "staging"])
+def test_app_refuses_a_missing_or_unknown_environment(new_app, env):
+    app = new_app("dev")
+    app.node.set_context("env", env)
+    with pytest.raises(SystemExit, match="-c env="):
+        create_stacks(app)
