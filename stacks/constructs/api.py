@@ -84,9 +84,11 @@ class EventsApi(Construct):
             description="wsfleet desired-state events",
             endpoint_types=[apigw.EndpointType.REGIONAL],
             default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
-            # Execution logs need the account-wide API Gateway logging role; see README.
+            # Execution logs need the region-wide API Gateway logging role (see README).
+            # Every environment in the account sets it, so deleting one stack must never
+            # delete the role the others still log through.
             cloud_watch_role=True,
-            cloud_watch_role_removal_policy=removal_policy,
+            cloud_watch_role_removal_policy=RemovalPolicy.RETAIN,
             deploy_options=apigw.StageOptions(
                 stage_name=stage_name,
                 throttling_rate_limit=rate_limit,
