@@ -15,6 +15,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_KNOWN_BROKEN_NODE_VERSION := 1
+# For an end-of-life Node, jsii wants the major versions to keep quiet about.
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_VERSION_CHECK := 1
 
 .PHONY: all demo test synth bench venv clean
