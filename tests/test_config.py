@@ -9,7 +9,13 @@ BASE = {"TABLE_NAME": "t", "MESSAGES_TABLE_NAME": "m", "QUEUE_URL": "http://q", 
 
 def test_worker_defaults_follow_the_contract():
     c = WorkerConfig.from_env(BASE)
-    assert (c.lease_ms, c.heartbeat_ms, c.reconcile_ms, c.max_connections, c.max_clock_skew_ms) == (20_000, 5_000, 10_000, 100, 1_000)
+    assert (c.lease_ms, c.heartbeat_ms, c.reconcile_ms, c.max_connections, c.max_clock_skew_ms) == (
+        20_000,
+        5_000,
+        10_000,
+        100,
+        1_000,
+    )
     assert c.metrics_namespace == "WsFleet" and c.state_shards == 4 and c.worker_id is None
     assert c.endpoint_url is None and c.region == "eu-west-1"
 

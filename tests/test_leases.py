@@ -52,7 +52,10 @@ def test_renew_failure_tells_lost_from_stopped_from_deleted():
     assert classify_renew_failure({"lease_owner": "you", "fence_token": 4}, "me", 3) is RenewFailure.LOST
     # Re-acquired by ourselves after expiry: our old fence is stale, so it is lost too.
     assert classify_renew_failure({"lease_owner": "me", "fence_token": 4}, "me", 3) is RenewFailure.LOST
-    assert classify_renew_failure({"lease_owner": "me", "fence_token": 3, "desired_state": "STOPPED"}, "me", 3) is RenewFailure.STOPPED
+    assert (
+        classify_renew_failure({"lease_owner": "me", "fence_token": 3, "desired_state": "STOPPED"}, "me", 3)
+        is RenewFailure.STOPPED
+    )
 
 
 def test_a_release_retry_that_already_landed_is_recognised():

@@ -45,7 +45,11 @@ def test_twenty_racing_workers_produce_exactly_one_winner(emulator, aws_env, sta
     winners = [r for r in results if isinstance(r, Acquired)]
     assert len(winners) == 1
     assert all(r is AcquireFailure.HELD for r in results if not isinstance(r, Acquired))
-    item = ConnectionsStore(boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1"), aws_env["TABLE_NAME"], state_shards=4).get(started)
+    item = ConnectionsStore(
+        boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1"),
+        aws_env["TABLE_NAME"],
+        state_shards=4,
+    ).get(started)
     assert item["fence_token"] == 1
     assert item["lease_owner"] == winners[0].item["lease_owner"]
 
@@ -166,7 +170,9 @@ def _throttling(left: dict):
 
 def test_throttled_renewals_raise_transient_error_and_do_not_drop_the_lease(emulator, aws_env, store, started):
     client = boto3.client(
-        "dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1",
+        "dynamodb",
+        endpoint_url=emulator.endpoint_url,
+        region_name="us-east-1",
         config=Config(retries={"mode": "standard", "max_attempts": 2}),
     )
     throttled = ConnectionsStore(client, aws_env["TABLE_NAME"], state_shards=4)

@@ -11,7 +11,16 @@ def test_a_well_formed_frame_keeps_its_data_as_compact_json():
 
 
 def test_malformed_frames_are_rejected():
-    for text in ["not json", "[1,2]", '{"data": 1}', '{"seq": "3"}', '{"seq": 1.5}', '{"seq": true}', '{"seq": -1}', b'{"seq": 1}']:
+    for text in [
+        "not json",
+        "[1,2]",
+        '{"data": 1}',
+        '{"seq": "3"}',
+        '{"seq": 1.5}',
+        '{"seq": true}',
+        '{"seq": -1}',
+        b'{"seq": 1}',
+    ]:
         assert parse_frame(text, 0) is None, text
 
 

@@ -8,7 +8,6 @@ import json
 import time
 from contextlib import asynccontextmanager
 
-import boto3
 import pytest
 
 from wsfleet import metrics_names as names
@@ -20,7 +19,14 @@ from wsfleet.store import Acquired, ConnectionsStore, MessagesStore, TransientEr
 from wsfleet.worker.lifecycle import Worker
 from wsfleet.worker.retry import LeaseExpired, call_until
 
-FAST = {"LEASE_SECONDS": "2", "HEARTBEAT_SECONDS": "0.4", "RECONCILE_SECONDS": "0.5", "MAX_CLOCK_SKEW_MS": "200", "SHUTDOWN_SECONDS": "5", "METRICS_SECONDS": "30"}
+FAST = {
+    "LEASE_SECONDS": "2",
+    "HEARTBEAT_SECONDS": "0.4",
+    "RECONCILE_SECONDS": "0.5",
+    "MAX_CLOCK_SKEW_MS": "200",
+    "SHUTDOWN_SECONDS": "5",
+    "METRICS_SECONDS": "30",
+}
 
 
 @pytest.fixture
@@ -138,7 +144,10 @@ def test_stop_closes_the_socket_and_releases_within_one_heartbeat(aws_env, store
             await eventually(lambda: upstream.open_sockets("a"), what="a connected socket")
             stopped_at = time.monotonic()
             conns.stop("a")
-            await eventually(lambda: not upstream.open_sockets("a") and conns.get("a")["lease_owner"] == "", what="socket closed, lease released")
+            await eventually(
+                lambda: not upstream.open_sockets("a") and conns.get("a")["lease_owner"] == "",
+                what="socket closed, lease released",
+            )
             took = time.monotonic() - stopped_at
             assert took < cfg.heartbeat_ms / 1000 + 1.0, took
             assert "a" not in worker.runners
@@ -158,7 +167,8 @@ def test_a_worker_whose_lease_was_taken_stops_writing_and_closes_its_socket(aws_
             await eventually(lambda: upstream.open_sockets("a"), what="a connected socket")
             # Another worker takes over (as if ours had stalled past its lease).
             ddb.update_item(
-                TableName=aws_env["TABLE_NAME"], Key={"pk": {"S": "CONN#a"}},
+                TableName=aws_env["TABLE_NAME"],
+                Key={"pk": {"S": "CONN#a"}},
                 UpdateExpression="SET lease_owner = :t, fence_token = fence_token + :one",
                 ExpressionAttributeValues={":t": {"S": "thief"}, ":one": {"N": "1"}},
             )

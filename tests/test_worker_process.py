@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 
-import pytest
 
 from wsfleet.local.upstream import ThreadedUpstream
 from wsfleet.store import ConnectionsStore, MessagesStore
@@ -37,15 +36,27 @@ def test_sigterm_closes_flushes_and_releases_every_connection_then_hints_peers(p
     msgs = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"])
     ids = [f"s{i}" for i in range(3)]
     env = {
-        **python_env, **aws_env, "WORKER_ID": "proc-1", "LEASE_SECONDS": "4", "HEARTBEAT_SECONDS": "1",
-        "RECONCILE_SECONDS": "0.5", "MAX_CLOCK_SKEW_MS": "200", "SHUTDOWN_SECONDS": "6",
+        **python_env,
+        **aws_env,
+        "WORKER_ID": "proc-1",
+        "LEASE_SECONDS": "4",
+        "HEARTBEAT_SECONDS": "1",
+        "RECONCILE_SECONDS": "0.5",
+        "MAX_CLOCK_SKEW_MS": "200",
+        "SHUTDOWN_SECONDS": "6",
     }
     with ThreadedUpstream(rate=20.0) as up:
         for cid in ids:
             conns.start(cid, up.url_for(cid))
-        proc = subprocess.Popen([sys.executable, "-m", "wsfleet.worker"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "wsfleet.worker"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         try:
-            wait_for(lambda: all(up.open_sockets(c) for c in ids) and all(len(msgs.read_all(c)) >= 5 for c in ids), 20, "all connected and storing")
+            wait_for(
+                lambda: all(up.open_sockets(c) for c in ids) and all(len(msgs.read_all(c)) >= 5 for c in ids),
+                20,
+                "all connected and storing",
+            )
             sent = time.monotonic()
             proc.send_signal(signal.SIGTERM)
             out, err = proc.communicate(timeout=10)
@@ -66,7 +77,9 @@ def test_sigterm_closes_flushes_and_releases_every_connection_then_hints_peers(p
     hinted: set[str] = set()
 
     def receive_hints() -> bool:
-        for m in sqs.receive_message(QueueUrl=aws_env["QUEUE_URL"], MaxNumberOfMessages=10, WaitTimeSeconds=0).get("Messages", []):
+        for m in sqs.receive_message(QueueUrl=aws_env["QUEUE_URL"], MaxNumberOfMessages=10, WaitTimeSeconds=0).get(
+            "Messages", []
+        ):
             hinted.add(json.loads(m["Body"])["connection_id"])
         return hinted == set(ids)
 

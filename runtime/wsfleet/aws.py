@@ -27,7 +27,9 @@ SQS_WAIT_SECONDS = 10
 
 
 class Aws:
-    def __init__(self, config: WorkerConfig, *, threads: int = 32, session: boto3.session.Session | None = None) -> None:
+    def __init__(
+        self, config: WorkerConfig, *, threads: int = 32, session: boto3.session.Session | None = None
+    ) -> None:
         session = session or boto3.session.Session(region_name=config.region)
         # botocore's own retries absorb short throttling bursts; the callers retry
         # longer, bounded by their lease deadline.

@@ -121,9 +121,7 @@ class WorkerConfig:
         lease = _positive_float(env, LEASE_SECONDS, 20.0)
         heartbeat = _positive_float(env, HEARTBEAT_SECONDS, 5.0)
         if lease < 2 * heartbeat:
-            raise ConfigError(
-                f"{LEASE_SECONDS} ({lease:g}) must be at least twice {HEARTBEAT_SECONDS} ({heartbeat:g})"
-            )
+            raise ConfigError(f"{LEASE_SECONDS} ({lease:g}) must be at least twice {HEARTBEAT_SECONDS} ({heartbeat:g})")
         skew = _int_in(env, MAX_CLOCK_SKEW_MS, 1000, 0, 60_000)
         if skew >= (lease - heartbeat) * 1000:
             raise ConfigError(
@@ -171,14 +169,10 @@ class RouterConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "RouterConfig":
         env = os.environ if env is None else env
-        hosts = tuple(
-            h.strip().lower() for h in env.get(ALLOWED_WS_HOSTS, "").split(",") if h.strip()
-        )
+        hosts = tuple(h.strip().lower() for h in env.get(ALLOWED_WS_HOSTS, "").split(",") if h.strip())
         for host in hosts:
             if "*" in host and not (host.startswith("*.") and "*" not in host[2:] and len(host) > 2):
-                raise ConfigError(
-                    f"{ALLOWED_WS_HOSTS} entries must be host names or '*.domain' patterns, got {host!r}"
-                )
+                raise ConfigError(f"{ALLOWED_WS_HOSTS} entries must be host names or '*.domain' patterns, got {host!r}")
         return cls(
             table_name=_required(env, TABLE_NAME),
             queue_url=_required(env, QUEUE_URL),

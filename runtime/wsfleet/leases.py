@@ -97,11 +97,7 @@ def classify_renew_failure(old: Mapping | None, owner: str, fence_token: int) ->
 def release_already_landed(old: Mapping | None, owner: str, fence_token: int) -> bool:
     """A failed release is harmless either way, but a retried one whose first attempt
     landed sees the lease free at our fence: count it as released."""
-    return (
-        old is not None
-        and old.get("lease_owner") == ""
-        and int(old.get("fence_token", -1)) == fence_token
-    )
+    return old is not None and old.get("lease_owner") == "" and int(old.get("fence_token", -1)) == fence_token
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,13 @@ def metric_data(*, service_name: str, active_connections: int, deltas: dict[str,
     """The PutMetricData ``MetricData``: the ``ActiveConnections`` gauge (what ECS
     target tracking scales on, averaged over the service's tasks) and counter deltas."""
     dims = [{"Name": names.DIMENSION_SERVICE_NAME, "Value": service_name}]
-    data = [{"MetricName": names.ACTIVE_CONNECTIONS, "Dimensions": dims, "Value": float(active_connections), "Unit": "Count"}]
+    data = [
+        {
+            "MetricName": names.ACTIVE_CONNECTIONS,
+            "Dimensions": dims,
+            "Value": float(active_connections),
+            "Unit": "Count",
+        }
+    ]
     data += [{"MetricName": n, "Dimensions": dims, "Value": float(v), "Unit": "Count"} for n, v in deltas.items()]
     return data

@@ -65,7 +65,7 @@ def connection_pk(connection_id: str) -> str:
 def connection_id_from_pk(pk: str) -> str:
     if not pk.startswith(CONNECTION_PREFIX):
         raise ValueError(f"not a connection key: {pk!r}")
-    return pk[len(CONNECTION_PREFIX):]
+    return pk[len(CONNECTION_PREFIX) :]
 
 
 def shard_for(connection_id: str, shards: int) -> int:

@@ -10,6 +10,7 @@ worker runs them in threads (see ``wsfleet.aws``), the Lambda router calls them 
 from __future__ import annotations
 
 import enum
+import re
 import time
 from decimal import Decimal
 from dataclasses import dataclass
@@ -108,6 +109,26 @@ class StopOutcome(enum.Enum):
     NOT_FOUND = "not_found"  # 404
 
 
+# Every attribute an expression names, by placeholder. DynamoDB refuses unused names,
+# so each request carries only the placeholders its expressions use.
+_PLACEHOLDERS = {
+    "#pk": schema.PK,
+    "#s": schema.DESIRED_STATE,
+    "#w": schema.WS_URL,
+    "#q": schema.LAST_SEQ,
+    "#o": schema.LEASE_OWNER,
+    "#e": schema.LEASE_EXPIRES_AT_MS,
+    "#f": schema.FENCE_TOKEN,
+    "#u": schema.UPDATED_AT_MS,
+    "#g": schema.GSI_PK,
+}
+
+
+def _names(*expressions: str) -> dict[str, str]:
+    used = set(re.findall(r"#[a-z]+", " ".join(expressions)))
+    return {k: v for k, v in _PLACEHOLDERS.items() if k in used}
+
+
 class ConnectionsStore:
     """The connections (lease) table."""
 
@@ -125,15 +146,20 @@ class ConnectionsStore:
                 raise TransientError(f"{op}: {exc}") from exc
             raise
 
-    def _conditional_update(self, connection_id: str, **kwargs: Any) -> tuple[dict | None, dict | None]:
+    def _conditional_update(
+        self, connection_id: str, *, update: str, condition: str, values: Mapping[str, Any]
+    ) -> tuple[dict | None, dict | None]:
         """(new item, None) on success, (None, old item or None) when the condition failed."""
         try:
             resp = self._call(
                 "update_item",
                 Key=marshal({schema.PK: schema.connection_pk(connection_id)}),
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeNames=_names(update, condition),
+                ExpressionAttributeValues=marshal(values),
                 ReturnValues="ALL_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
-                **kwargs,
             )
         except ClientError as exc:
             if _condition_failed(exc):
@@ -170,7 +196,9 @@ class ConnectionsStore:
 
     # --- lease writes ------------------------------------------------------------------
 
-    def acquire(self, connection_id: str, *, owner: str, lease_ms: int, max_clock_skew_ms: int) -> Acquired | AcquireFailure:
+    def acquire(
+        self, connection_id: str, *, owner: str, lease_ms: int, max_clock_skew_ms: int
+    ) -> Acquired | AcquireFailure:
         """Take the lease.
 
         Conditional on: the item exists, desired_state is STARTED, and its lease is free
@@ -182,26 +210,16 @@ class ConnectionsStore:
         now = self._now_ms()
         new, old = self._conditional_update(
             connection_id,
-            UpdateExpression="SET #o = :me, #e = :exp, #u = :now ADD #f :one",
-            ConditionExpression="attribute_exists(#pk) AND #s = :started AND #e < :cutoff",
-            ExpressionAttributeNames={
-                "#pk": schema.PK,
-                "#o": schema.LEASE_OWNER,
-                "#e": schema.LEASE_EXPIRES_AT_MS,
-                "#u": schema.UPDATED_AT_MS,
-                "#f": schema.FENCE_TOKEN,
-                "#s": schema.DESIRED_STATE,
+            update="SET #o = :me, #e = :exp, #u = :now ADD #f :one",
+            condition="attribute_exists(#pk) AND #s = :started AND #e < :cutoff",
+            values={
+                ":me": owner,
+                ":exp": now + lease_ms,
+                ":now": now,
+                ":one": 1,
+                ":started": schema.STARTED,
+                ":cutoff": now - max_clock_skew_ms,
             },
-            ExpressionAttributeValues=marshal(
-                {
-                    ":me": owner,
-                    ":exp": now + lease_ms,
-                    ":now": now,
-                    ":one": 1,
-                    ":started": schema.STARTED,
-                    ":cutoff": now - max_clock_skew_ms,
-                }
-            ),
         )
         if new is not None:
             return Acquired(new)
@@ -209,7 +227,9 @@ class ConnectionsStore:
             return Acquired(old)
         return classify_acquire_failure(old)
 
-    def renew(self, connection_id: str, *, owner: str, fence_token: int, lease_ms: int, last_seq: int) -> dict | RenewFailure:
+    def renew(
+        self, connection_id: str, *, owner: str, fence_token: int, lease_ms: int, last_seq: int
+    ) -> dict | RenewFailure:
         """Extend the lease and store the checkpoint in the same write.
 
         Conditional on: ``lease_owner`` is us, ``fence_token`` is ours and desired_state
@@ -220,19 +240,16 @@ class ConnectionsStore:
         now = self._now_ms()
         new, old = self._conditional_update(
             connection_id,
-            UpdateExpression="SET #e = :exp, #u = :now, #q = :seq",
-            ConditionExpression="#o = :me AND #f = :fence AND #s = :started",
-            ExpressionAttributeNames={
-                "#o": schema.LEASE_OWNER,
-                "#e": schema.LEASE_EXPIRES_AT_MS,
-                "#u": schema.UPDATED_AT_MS,
-                "#f": schema.FENCE_TOKEN,
-                "#s": schema.DESIRED_STATE,
-                "#q": schema.LAST_SEQ,
+            update="SET #e = :exp, #u = :now, #q = :seq",
+            condition="#o = :me AND #f = :fence AND #s = :started",
+            values={
+                ":me": owner,
+                ":exp": now + lease_ms,
+                ":now": now,
+                ":fence": fence_token,
+                ":started": schema.STARTED,
+                ":seq": last_seq,
             },
-            ExpressionAttributeValues=marshal(
-                {":me": owner, ":exp": now + lease_ms, ":now": now, ":fence": fence_token, ":started": schema.STARTED, ":seq": last_seq}
-            ),
         )
         if new is not None:
             return new
@@ -248,18 +265,9 @@ class ConnectionsStore:
         now = self._now_ms()
         new, old = self._conditional_update(
             connection_id,
-            UpdateExpression="SET #o = :free, #e = :zero, #u = :now, #q = :seq",
-            ConditionExpression="#o = :me AND #f = :fence",
-            ExpressionAttributeNames={
-                "#o": schema.LEASE_OWNER,
-                "#e": schema.LEASE_EXPIRES_AT_MS,
-                "#u": schema.UPDATED_AT_MS,
-                "#f": schema.FENCE_TOKEN,
-                "#q": schema.LAST_SEQ,
-            },
-            ExpressionAttributeValues=marshal(
-                {":free": "", ":zero": 0, ":now": now, ":me": owner, ":fence": fence_token, ":seq": last_seq}
-            ),
+            update="SET #o = :free, #e = :zero, #u = :now, #q = :seq",
+            condition="#o = :me AND #f = :fence",
+            values={":free": "", ":zero": 0, ":now": now, ":me": owner, ":fence": fence_token, ":seq": last_seq},
         )
         return new is not None or release_already_landed(old, owner, fence_token)
 
@@ -293,7 +301,7 @@ class ConnectionsStore:
                     "put_item",
                     Item=marshal(item),
                     ConditionExpression="attribute_not_exists(#pk)",
-                    ExpressionAttributeNames={"#pk": schema.PK},
+                    ExpressionAttributeNames=_names("#pk"),
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
                 return StartOutcome.CREATED
@@ -307,23 +315,15 @@ class ConnectionsStore:
                 return StartOutcome.UNCHANGED if old.get(schema.WS_URL) == ws_url else StartOutcome.CONFLICT
             new, _ = self._conditional_update(
                 connection_id,
-                UpdateExpression="SET #s = :started, #w = :url, #g = :g, #u = :now",
-                ConditionExpression="#s = :stopped",
-                ExpressionAttributeNames={
-                    "#s": schema.DESIRED_STATE,
-                    "#w": schema.WS_URL,
-                    "#g": schema.GSI_PK,
-                    "#u": schema.UPDATED_AT_MS,
+                update="SET #s = :started, #w = :url, #g = :g, #u = :now",
+                condition="#s = :stopped",
+                values={
+                    ":started": schema.STARTED,
+                    ":stopped": schema.STOPPED,
+                    ":url": ws_url,
+                    ":g": schema.gsi_state(connection_id, self._shards),
+                    ":now": now,
                 },
-                ExpressionAttributeValues=marshal(
-                    {
-                        ":started": schema.STARTED,
-                        ":stopped": schema.STOPPED,
-                        ":url": ws_url,
-                        ":g": schema.gsi_state(connection_id, self._shards),
-                        ":now": now,
-                    }
-                ),
             )
             if new is not None:
                 return StartOutcome.RESTARTED
@@ -337,15 +337,9 @@ class ConnectionsStore:
         """
         new, old = self._conditional_update(
             connection_id,
-            UpdateExpression="SET #s = :stopped, #u = :now REMOVE #g",
-            ConditionExpression="attribute_exists(#pk) AND #s = :started",
-            ExpressionAttributeNames={
-                "#pk": schema.PK,
-                "#s": schema.DESIRED_STATE,
-                "#u": schema.UPDATED_AT_MS,
-                "#g": schema.GSI_PK,
-            },
-            ExpressionAttributeValues=marshal({":stopped": schema.STOPPED, ":started": schema.STARTED, ":now": self._now_ms()}),
+            update="SET #s = :stopped, #u = :now REMOVE #g",
+            condition="attribute_exists(#pk) AND #s = :started",
+            values={":stopped": schema.STOPPED, ":started": schema.STARTED, ":now": self._now_ms()},
         )
         if new is not None:
             return StopOutcome.STOPPED
@@ -371,7 +365,7 @@ class MessagesStore:
         pk = schema.connection_pk(connection_id)
         for start in range(0, len(frames), MAX_BATCH):
             requests = []
-            for f in frames[start:start + MAX_BATCH]:
+            for f in frames[start : start + MAX_BATCH]:
                 item = {
                     schema.MSG_PK: pk,
                     schema.MSG_SK: f.seq,
@@ -396,7 +390,7 @@ class MessagesStore:
             requests = resp.get("UnprocessedItems", {}).get(self._table, [])
             if not requests:
                 return
-            self._sleep(min(2.0, 0.05 * 2 ** attempt))
+            self._sleep(min(2.0, 0.05 * 2**attempt))
         raise TransientError(f"{len(requests)} messages still unprocessed after retries")
 
     def read_all(self, connection_id: str) -> list[dict]:

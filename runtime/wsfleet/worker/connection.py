@@ -296,5 +296,3 @@ class ConnectionRunner:
         else:
             self._counters.add(names.LEASES_LOST)
             self._log.warning("release_found_lease_gone", checkpoint=self.tracker.checkpoint)
-
-

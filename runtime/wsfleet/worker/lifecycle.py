@@ -42,7 +42,9 @@ class Worker:
         self._log = log.bind(worker_id=worker_id)
         self._connections = ConnectionsStore(aws.dynamodb, config.table_name, state_shards=config.state_shards)
         self._messages = MessagesStore(aws.dynamodb, config.messages_table_name, ttl_days=config.message_ttl_days)
-        self._settings = Settings(worker_id=worker_id, timing=self.timing, flush_interval_s=config.flush_interval_ms / 1000)
+        self._settings = Settings(
+            worker_id=worker_id, timing=self.timing, flush_interval_s=config.flush_interval_ms / 1000
+        )
         self._acquiring: set[str] = set()
         self._scheduled: dict[str, asyncio.TimerHandle] = {}
         self._holders: set[asyncio.Task] = set()
@@ -71,8 +73,8 @@ class Worker:
         try:
             with tracing.segment("acquire", connection_id=connection_id, source=source) as span:
                 result = await call_until(
-                self._aws.call,
-                lambda: sent + self.timing.heartbeat_ms / 1000,
+                    self._aws.call,
+                    lambda: sent + self.timing.heartbeat_ms / 1000,
                     self._connections.acquire,
                     log=self._log,
                     connection_id=connection_id,
@@ -144,7 +146,9 @@ class Worker:
         finally:
             self.runners.pop(runner.connection_id, None)
             self._capacity_freed.set()
-        self._log.info("connection_ended", connection_id=runner.connection_id, why=reason.value, active=len(self.runners))
+        self._log.info(
+            "connection_ended", connection_id=runner.connection_id, why=reason.value, active=len(self.runners)
+        )
         if reason in (EndReason.SHUTDOWN, EndReason.FAILED):
             await self._hint(runner.connection_id)
 
@@ -218,7 +222,9 @@ class Worker:
         random.shuffle(shards)
         candidates: list[Candidate] = []
         for shard in shards:
-            found = await self._aws.call(_take, self._connections.suspects(shard, below_ms=below, limit=min(100, free + 10)), free + 10)
+            found = await self._aws.call(
+                _take, self._connections.suspects(shard, below_ms=below, limit=min(100, free + 10)), free + 10
+            )
             candidates.extend(found)
         busy = set(self.runners) | self._acquiring | set(self._scheduled)
         plan = takeover_plan(candidates, now_ms=now, timing=self.timing, managed=busy, capacity=free)
@@ -248,7 +254,9 @@ class Worker:
         try:
             for start in range(0, len(data), 20):
                 await self._aws.call(
-                    self._aws.cloudwatch.put_metric_data, Namespace=self.config.metrics_namespace, MetricData=data[start:start + 20]
+                    self._aws.cloudwatch.put_metric_data,
+                    Namespace=self.config.metrics_namespace,
+                    MetricData=data[start : start + 20],
                 )
         except Exception as exc:  # noqa: BLE001 - metrics must never take the worker down
             self._log.warning("metrics_failed", error=str(exc))
@@ -320,8 +328,12 @@ class Worker:
         )
         poll = asyncio.create_task(self._poll_loop(), name="poll")
         loops = [
-            asyncio.create_task(self._every(self.config.reconcile_ms / 1000, self.reconcile_once, jitter=0.5), name="reconcile"),
-            asyncio.create_task(self._every(self.config.metrics_seconds, self.publish_metrics_once, wait_first=True), name="metrics"),
+            asyncio.create_task(
+                self._every(self.config.reconcile_ms / 1000, self.reconcile_once, jitter=0.5), name="reconcile"
+            ),
+            asyncio.create_task(
+                self._every(self.config.metrics_seconds, self.publish_metrics_once, wait_first=True), name="metrics"
+            ),
             asyncio.create_task(self._probe_lag(), name="lag-probe"),
         ]
         await self._stopping.wait()
@@ -342,7 +354,12 @@ class Worker:
             await asyncio.wait([poll], timeout=max(0.0, min(3.0, left)))
         poll.cancel()
         await asyncio.gather(poll, *loops, return_exceptions=True)
-        self._log.info("shutdown_complete", took_s=round(time.monotonic() - started, 3), left=len(self.runners), **self.counters.totals())
+        self._log.info(
+            "shutdown_complete",
+            took_s=round(time.monotonic() - started, 3),
+            left=len(self.runners),
+            **self.counters.totals(),
+        )
 
     async def shutdown(self, *, budget_s: float) -> None:
         """Close every socket, flush, checkpoint and release, all connections in
