@@ -9,6 +9,7 @@ import time
 from contextlib import asynccontextmanager
 
 import pytest
+from botocore.awsrequest import AWSResponse
 
 from wsfleet import metrics_names as names
 from wsfleet.aws import Aws
@@ -261,3 +262,38 @@ def test_transient_failures_past_the_lease_deadline_end_in_lease_expired_not_los
     with pytest.raises(LeaseExpired):
         asyncio.run(call_until(call, lambda: deadline, len, log=JsonLogger()))
     assert time.monotonic() < deadline + 0.5
+
+
+def test_throttled_renewals_shorter_than_the_lease_do_not_drop_the_connection(aws_env, stores, upstream):
+    conns, msgs = stores
+    conns.start("a", upstream.url_for("a"))
+    cfg = config(aws_env)
+    throttle = {"on": False, "served": 0}
+
+    class Raw:
+        def stream(self, **_):
+            yield b'{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"slow down"}'
+
+    def hook(request, **_):
+        if throttle["on"]:
+            throttle["served"] += 1
+            return AWSResponse(request.url, 400, {}, Raw())
+        return None
+
+    async def scenario():
+        async with running(cfg) as worker:
+            await eventually(lambda: upstream.open_sockets("a") and len(seqs(msgs, "a")) >= 5, what="connected")
+            worker._aws.dynamodb.meta.events.register("before-send.dynamodb.UpdateItem", hook)
+            throttle["on"] = True
+            # Throttle every renewal for about half the lease: several heartbeats fail.
+            await asyncio.sleep(cfg.lease_ms / 2000)
+            throttle["on"] = False
+            fence = worker.runners["a"].fence_token
+            renewed = conns.get("a")["updated_at_ms"]
+            await eventually(lambda: conns.get("a")["updated_at_ms"] > renewed, what="a renewal after the throttling")
+            assert worker.runners["a"].fence_token == fence
+            assert worker.counters.total(names.LEASES_LOST) == 0
+
+    asyncio.run(scenario())
+    assert throttle["served"] >= 2
+    assert len(upstream.sockets("a")) == 1  # the socket was never closed
