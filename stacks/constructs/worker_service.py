@@ -68,7 +68,7 @@ class WorkerService(Construct):
                 operating_system_family=ecs.OperatingSystemFamily.LINUX,
             ),
         )
-        self.worker_container = self.task_definition.add_container(
+        self.task_definition.add_container(
             "worker",
             image=runtime_assets.worker_image(),
             environment=dict(environment),
