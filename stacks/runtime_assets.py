@@ -11,6 +11,7 @@ when pip cannot run here.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,8 @@ class _PipInstallForLambda:
     """Installs the pinned requirements into ``python/`` for the Lambda platform."""
 
     def try_bundle(self, output_dir: str, _options: Any) -> bool:
+        if importlib.util.find_spec("pip") is None:
+            return False  # no pip in this interpreter: let CDK bundle in Docker
         command = [
             sys.executable, "-m", "pip", "install",
             "--quiet", "--disable-pip-version-check", "--no-compile",
@@ -59,10 +62,7 @@ class _PipInstallForLambda:
             "--target", str(Path(output_dir) / "python"),
             "--requirement", str(RUNTIME_DIR / REQUIREMENTS),
         ]
-        try:
-            result = subprocess.run(command, capture_output=True, text=True)
-        except FileNotFoundError:
-            return False  # no usable interpreter here: let CDK try Docker
+        result = subprocess.run(command, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"pip could not build the router's dependency layer:\n{result.stderr}")
         return True
