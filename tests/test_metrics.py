@@ -1,6 +1,7 @@
 """Worker metrics: what is published, under the identity the stack scales on."""
 
 import asyncio
+from datetime import datetime, timedelta, timezone
 
 import boto3
 import pytest
@@ -10,6 +11,7 @@ from wsfleet.aws import Aws
 from wsfleet.config import WorkerConfig
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters, metric_data
+from wsfleet.store import ConnectionsStore
 from wsfleet.worker.lifecycle import Worker
 
 
@@ -36,17 +38,39 @@ def test_metric_data_carries_the_gauge_and_counters_with_the_service_dimension()
         "Unit": "Count",
     }
     assert {d["MetricName"] for d in data} == {"ActiveConnections", "Reconnects"}
+    with_unowned = metric_data(service_name="svc", active_connections=0, deltas={}, unowned_connections=2)
+    assert {d["MetricName"]: d["Value"] for d in with_unowned} == {"ActiveConnections": 0.0, "UnownedConnections": 2.0}
 
 
-def test_the_worker_publishes_active_connections_to_cloudwatch(emulator, aws_env):
+def test_the_worker_publishes_active_and_unowned_connections_to_cloudwatch(emulator, aws_env, ddb):
     cfg = WorkerConfig.from_env({**aws_env, "SERVICE_NAME": "wsfleet-test", "METRICS_NAMESPACE": "WsFleetTest"})
+    conns = ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=cfg.state_shards)
+    for cid in ("a", "b", "c"):
+        conns.start(cid, "ws://127.0.0.1:9/x")
+    conns.acquire("c", owner="elsewhere", lease_ms=60_000, max_clock_skew_ms=0)  # owned: not counted
+    conns.stop("b")  # not STARTED: not counted
 
     async def publish():
         aws = Aws(cfg, threads=2)
         await Worker(cfg, "w1", aws=aws, log=JsonLogger()).publish_metrics_once()
         aws.close()
 
+    start = datetime.now(timezone.utc) - timedelta(minutes=5)
     asyncio.run(publish())
     cw = boto3.client("cloudwatch", endpoint_url=emulator.endpoint_url, region_name="us-east-1")
-    metrics = cw.list_metrics(Namespace="WsFleetTest", MetricName="ActiveConnections")["Metrics"]
-    assert {"Name": "ServiceName", "Value": "wsfleet-test"} in metrics[0]["Dimensions"]
+    dims = [{"Name": "ServiceName", "Value": "wsfleet-test"}]
+
+    def latest(metric: str) -> float:
+        points = cw.get_metric_statistics(
+            Namespace="WsFleetTest",
+            MetricName=metric,
+            Dimensions=dims,
+            StartTime=start,
+            EndTime=datetime.now(timezone.utc) + timedelta(minutes=1),
+            Period=60,
+            Statistics=["Maximum"],
+        )["Datapoints"]
+        return points[0]["Maximum"]
+
+    assert latest("ActiveConnections") == 0
+    assert latest("UnownedConnections") == 1

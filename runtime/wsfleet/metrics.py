@@ -32,17 +32,16 @@ class Counters:
         return deltas
 
 
-def metric_data(*, service_name: str, active_connections: int, deltas: dict[str, int]) -> list[dict[str, Any]]:
+def metric_data(
+    *, service_name: str, active_connections: int, deltas: dict[str, int], unowned_connections: int | None = None
+) -> list[dict[str, Any]]:
     """The PutMetricData ``MetricData``: the ``ActiveConnections`` gauge (what ECS
-    target tracking scales on, averaged over the service's tasks) and counter deltas."""
+    target tracking scales on, averaged over the service's tasks), the
+    ``UnownedConnections`` gauge when it could be counted, and counter deltas."""
     dims = [{"Name": names.DIMENSION_SERVICE_NAME, "Value": service_name}]
-    data = [
-        {
-            "MetricName": names.ACTIVE_CONNECTIONS,
-            "Dimensions": dims,
-            "Value": float(active_connections),
-            "Unit": "Count",
-        }
+    values = {names.ACTIVE_CONNECTIONS: active_connections, names.UNOWNED_CONNECTIONS: unowned_connections, **deltas}
+    return [
+        {"MetricName": name, "Dimensions": dims, "Value": float(value), "Unit": "Count"}
+        for name, value in values.items()
+        if value is not None
     ]
-    data += [{"MetricName": n, "Dimensions": dims, "Value": float(v), "Unit": "Count"} for n, v in deltas.items()]
-    return data

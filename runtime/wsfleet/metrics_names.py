@@ -5,6 +5,9 @@ DEFAULT_NAMESPACE = "WsFleet"
 DIMENSION_SERVICE_NAME = "ServiceName"
 
 ACTIVE_CONNECTIONS = "ActiveConnections"
+# STARTED connections with no live lease, as this worker counted them at publish time:
+# the alarm on connections left unowned past the failover bound reads it.
+UNOWNED_CONNECTIONS = "UnownedConnections"
 LEASES_ACQUIRED = "LeasesAcquired"
 LEASES_LOST = "LeasesLost"
 LEASES_RELEASED = "LeasesReleased"

@@ -194,6 +194,24 @@ class ConnectionsStore:
                 return
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
+    def count_unowned(self, shard: int, *, now_ms: int) -> int:
+        """How many STARTED connections of one index shard have no live lease (free, or
+        expired by their owner's clock), counted without reading the items."""
+        kwargs: dict[str, Any] = {
+            "IndexName": schema.GSI_NAME,
+            "KeyConditionExpression": "#p = :p AND #e < :now",
+            "ExpressionAttributeNames": {"#p": schema.GSI_PK, "#e": schema.GSI_SK},
+            "ExpressionAttributeValues": marshal({":p": f"{schema.STARTED}#{shard}", ":now": now_ms}),
+            "Select": "COUNT",
+        }
+        count = 0
+        while True:
+            resp = self._call("query", **kwargs)
+            count += resp.get("Count", 0)
+            if "LastEvaluatedKey" not in resp:
+                return count
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
     # --- lease writes ------------------------------------------------------------------
 
     def acquire(

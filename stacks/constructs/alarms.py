@@ -24,11 +24,6 @@ from constructs import Construct
 
 from wsfleet import metrics_names
 
-# The gauge each worker publishes after every orphan scan: how many STARTED connections
-# it found with no live lease. It belongs with the other names in
-# wsfleet.metrics_names; kept here until the worker publishes it (see README).
-UNOWNED_CONNECTIONS = "UnownedConnections"
-
 _GE = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
 
 
@@ -122,7 +117,7 @@ class Alarms(Construct):
             ),
             metric=cloudwatch.Metric(
                 namespace=metrics_namespace,
-                metric_name=UNOWNED_CONNECTIONS,
+                metric_name=metrics_names.UNOWNED_CONNECTIONS,
                 dimensions_map={metrics_names.DIMENSION_SERVICE_NAME: service_name},
                 period=one_minute,
                 statistic=cloudwatch.Stats.MINIMUM,

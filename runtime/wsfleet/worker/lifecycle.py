@@ -245,11 +245,28 @@ class Worker:
 
     # --- metrics -------------------------------------------------------------------------
 
+    async def count_unowned(self) -> int | None:
+        """STARTED connections with no live lease, over every shard; None if the count
+        failed (the alarm then sees a gap, not a false zero)."""
+        now = now_ms()
+        try:
+            counts = await asyncio.gather(
+                *(
+                    self._aws.call(self._connections.count_unowned, shard, now_ms=now)
+                    for shard in range(self.config.state_shards)
+                )
+            )
+        except Exception as exc:  # noqa: BLE001 - metrics must never take the worker down
+            self._log.warning("count_unowned_failed", error=str(exc))
+            return None
+        return sum(counts)
+
     async def publish_metrics_once(self) -> None:
         data = metric_data(
             service_name=self.config.service_name,
             active_connections=len(self.runners),
             deltas=self.counters.take_deltas(),
+            unowned_connections=await self.count_unowned(),
         )
         try:
             for start in range(0, len(data), 20):
