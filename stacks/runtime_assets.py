@@ -26,9 +26,11 @@ from aws_cdk import aws_lambda as lambda_
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
 REQUIREMENTS = "requirements.txt"
 
-# One Python and one CPU architecture for every artifact: the wheels pip picks for the
-# layer, the Lambda runtime, and the worker image (runtime/Dockerfile) must agree.
+# One CPU architecture for every artifact. The wheels pip picks for the layer must match
+# the Lambda runtime (the latest, as cdk-nag's Lambda rule requires). The worker image
+# (runtime/Dockerfile) runs the Python the test suite runs the worker on.
 LAMBDA_RUNTIME = lambda_.Runtime.PYTHON_3_14
+WORKER_PYTHON = "3.11"
 LAMBDA_ARCHITECTURE = lambda_.Architecture.X86_64
 _PIP_PLATFORM = "manylinux2014_x86_64"
 _PYTHON_VERSION = LAMBDA_RUNTIME.name.removeprefix("python")

@@ -33,10 +33,17 @@ def emitter(monkeypatch):
 
 
 def test_each_task_traces_its_own_segment_with_its_calls_as_subsegments(emitter):
+    async def call():
+        with tracing.subsegment("ConnectionsStore.acquire"):
+            await asyncio.sleep(0.01)
+
     async def acquire(cid):
         with tracing.segment("acquire", connection_id=cid):
-            with tracing.subsegment("ConnectionsStore.acquire"):
-                await asyncio.sleep(0.01)
+            # As the worker does: the call runs under wait_for, in a task of its own on
+            # some Python versions, and named tasks are created meanwhile.
+            side = asyncio.create_task(asyncio.sleep(0), name=f"side:{cid}")
+            await asyncio.wait_for(call(), timeout=5)
+            await side
 
     async def main():
         tracing.configure_worker("wsfleet-test")

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Iterator
 
 from aws_xray_sdk import global_sdk_config
 from aws_xray_sdk.core import patch, xray_recorder
-from aws_xray_sdk.core.async_context import AsyncContext
+from aws_xray_sdk.core.context import Context
+from aws_xray_sdk.core.models.dummy_entities import DummySegment
 from aws_xray_sdk.core.lambda_launcher import LambdaContext
 
 xray_recorder.configure(context_missing="IGNORE_ERROR")
@@ -42,16 +44,62 @@ def configure(service: str) -> None:
         _configured = True
 
 
+_entities: ContextVar[tuple[Any, ...]] = ContextVar("wsfleet_xray_entities", default=())
+
+
+class TaskContext(Context):
+    """Trace entities per asyncio task, in a context variable.
+
+    A task starts with a snapshot of its creator's variables, and the stack is an
+    immutable tuple, so a task never changes another task's stack. (The SDK's own
+    AsyncContext installs a task factory with the pre-3.13 signature, which breaks
+    ``create_task(..., name=...)`` on Python 3.13 and later.) Threads start empty, so
+    a boto3 call in the worker's pool records nothing by itself.
+    """
+
+    def put_segment(self, segment: Any) -> None:
+        _entities.set((segment,))
+
+    def put_subsegment(self, subsegment: Any) -> None:
+        entity = self.get_trace_entity()
+        if not entity or isinstance(entity, DummySegment):
+            return
+        entity.add_subsegment(subsegment)
+        _entities.set(_entities.get() + (subsegment,))
+
+    def end_subsegment(self, end_time: float | None = None) -> bool:
+        entity = self.get_trace_entity()
+        if not self._is_subsegment(entity):
+            return False
+        entity.close(end_time)
+        _entities.set(_entities.get()[:-1])
+        return True
+
+    def get_trace_entity(self) -> Any:
+        entities = _entities.get()
+        if entities:
+            return entities[-1]
+        if not global_sdk_config.sdk_enabled():
+            return DummySegment()
+        return self.handle_context_missing()
+
+    def set_trace_entity(self, trace_entity: Any) -> None:
+        _entities.set((trace_entity,))
+
+    def clear_trace_entities(self) -> None:
+        _entities.set(())
+
+
 def configure_worker(service: str) -> None:
-    """Worker processes: call once from inside the running event loop. Segments then
-    belong to the asyncio task that opened them (AsyncContext), so a thousand
-    connection tasks can each trace their own lifecycle. The daemon address comes from
-    ``AWS_XRAY_DAEMON_ADDRESS`` (the sidecar) and is read by the SDK itself."""
+    """Worker processes: segments then belong to the asyncio task that opened them
+    (:class:`TaskContext`), so a thousand connection tasks can each trace their own
+    lifecycle. The daemon address comes from ``AWS_XRAY_DAEMON_ADDRESS`` (the sidecar)
+    and is read by the SDK itself."""
     global _configured
     with _lock:
         if _configured:
             return
-        xray_recorder.configure(service=service, context=AsyncContext(), context_missing="IGNORE_ERROR")
+        xray_recorder.configure(service=service, context=TaskContext(context_missing="IGNORE_ERROR"))
         _configured = True
 
 
@@ -60,7 +108,7 @@ def segment(name: str, **annotations: str | int | float | bool | None) -> Iterat
     """A segment of its own (a worker's unit of work: acquire, connect, release), or a
     no-op :class:`Span` when the SDK is disabled or not configured for the worker.
     Open and close it in one task, and start no tasks inside it."""
-    if not global_sdk_config.sdk_enabled() or not isinstance(xray_recorder.context, AsyncContext):
+    if not global_sdk_config.sdk_enabled() or not isinstance(xray_recorder.context, TaskContext):
         yield Span()
         return
     with xray_recorder.in_segment(name) as entity:

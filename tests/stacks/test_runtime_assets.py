@@ -69,6 +69,8 @@ def test_worker_image_is_slim_non_root_and_runs_the_worker():
     assert "--requirement requirements.txt" in text
 
 
-def test_worker_image_and_router_run_the_same_python():
+def test_worker_image_runs_the_python_the_test_suite_runs_it_on():
+    # The worker is asyncio-heavy: it ships on the interpreter CI exercises (see the
+    # Dockerfile); the router's Lambda runtime is the latest, as cdk-nag requires.
     (base,) = re.findall(r"^FROM python:(\d+\.\d+)-slim", DOCKERFILE.read_text(), re.MULTILINE)
-    assert runtime_assets.LAMBDA_RUNTIME.name == f"python{base}"
+    assert base == runtime_assets.WORKER_PYTHON
