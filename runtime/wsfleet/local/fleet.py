@@ -1,0 +1,722 @@
+"""The whole fleet on one machine, as real processes: what ``make demo`` runs and what
+the fleet tests drive.
+
+A :class:`Fleet` owns everything it starts:
+
+* the local AWS backend, ``python -m wsfleet.local.emulator`` in a process of its own
+  (or a shared :class:`EmulatorProcess`), with tables and a queue of its own;
+* K workers, each ``python -m wsfleet.worker`` in a process of its own, with its JSON
+  log in ``<run_dir>/<name>.log``;
+* the upstream (:class:`~wsfleet.local.upstream.ThreadedUpstream`) and the API
+  (:class:`~wsfleet.local.api.LocalApi` in front of the event router) as threads of
+  this process: their books are then read directly, and the API is still real HTTP;
+* an observer thread that samples ownership (one Scan of the connections table) and
+  the upstream's books every ``sample_interval`` seconds.
+
+Nothing is mocked in-process for the workers: they reach the backend, the upstream and
+each other only over loopback, as they would in ECS.
+
+No process outlives the fleet. Children run in sessions of their own (so a Ctrl-C in the
+terminal reaches only us, and we tear down in order), :meth:`Fleet.close` runs on the
+way out of the ``with`` block, on SIGTERM (turned into :class:`SystemExit`) and at exit,
+and on Linux each child is also asked to be SIGKILLed by the kernel if this process dies
+without cleaning up (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, TypeVar
+
+import boto3
+from botocore.config import Config
+
+from .. import config as cfg
+from .. import schema
+from ..logs import JsonLogger
+from ..store import MessagesStore, unmarshal
+from .api import LocalApi
+from .emulator import CREDENTIALS, DEFAULT_REGION, create_resources
+from .upstream import ThreadedUpstream
+
+RUNTIME_DIR = Path(__file__).resolve().parents[2]  # what PYTHONPATH must hold for children
+LOOPBACK = "127.0.0.1"
+T = TypeVar("T")
+
+
+# --- timing ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The worker settings a fleet run is judged by, and the bounds that follow from them."""
+
+    lease_s: float = 6.0
+    heartbeat_s: float = 1.5
+    reconcile_s: float = 3.0
+    skew_ms: int = 500
+    flush_ms: int = 1000
+    shutdown_s: float = 10.0
+
+    def env(self) -> dict[str, str]:
+        return {
+            cfg.LEASE_SECONDS: f"{self.lease_s:g}",
+            cfg.HEARTBEAT_SECONDS: f"{self.heartbeat_s:g}",
+            cfg.RECONCILE_SECONDS: f"{self.reconcile_s:g}",
+            cfg.MAX_CLOCK_SKEW_MS: str(self.skew_ms),
+            cfg.FLUSH_INTERVAL_MS: str(self.flush_ms),
+            cfg.SHUTDOWN_SECONDS: f"{self.shutdown_s:g}",
+        }
+
+    @property
+    def crash_bound_s(self) -> float:
+        """A crashed worker's connections: its lease runs out (at most a lease after the
+        last renewal), the skew margin passes, and a peer's reconcile (which saw the missed
+        renewal at most one jittered interval earlier) takes it at that moment."""
+        return self.lease_s + self.skew_ms / 1000 + self.reconcile_s
+
+    @property
+    def graceful_bound_s(self) -> float:
+        """A leaving worker releases and hints its peers through SQS: well inside a lease."""
+        return min(2.0, self.lease_s / 2)
+
+    @property
+    def start_bound_s(self) -> float:
+        """A START reaches a worker through the queue hint, not the reconcile."""
+        return 2.0
+
+    @property
+    def stop_bound_s(self) -> float:
+        """The owner sees STOP at its next renewal, then closes the socket."""
+        return self.heartbeat_s + 1.0
+
+
+# --- processes -----------------------------------------------------------------------------
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` asking Linux to SIGKILL the child when we die, or None elsewhere.
+
+    Resolved here, in the parent, so that the forked child only makes one libc call.
+    The signal fires when the *thread* that started the child exits, so start children
+    from a thread that lives as long as the fleet (the main thread does).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def preexec() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+    return preexec
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment without anything that could reach real AWS, plus
+    what a ``python -m wsfleet...`` child needs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(RUNTIME_DIR), os.environ.get("PYTHONPATH", "")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env["AWS_XRAY_SDK_ENABLED"] = "false"
+    env.update(extra)
+    return env
+
+
+@dataclass
+class Process:
+    """A child process with its output in a log file."""
+
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+    started_at: float  # epoch seconds
+    state: str = "running"  # running | paused | killed | terminated | exited
+    ended_at: float | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def lines(self) -> list[str]:
+        try:
+            return self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return []
+
+
+def spawn(name: str, argv: list[str], env: Mapping[str, str], log_path: Path) -> Process:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(
+            argv,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop them in order
+            preexec_fn=_die_with_parent(),
+        )
+    return Process(name, popen, log_path, time.time())
+
+
+def stop_process(proc: Process, *, grace_s: float = 0.0) -> int:
+    """SIGTERM and wait up to ``grace_s``, then SIGKILL; returns the exit status."""
+    if proc.alive():
+        if proc.state == "paused":
+            os.kill(proc.pid, signal.SIGCONT)
+        if grace_s > 0:
+            proc.popen.send_signal(signal.SIGTERM)
+            try:
+                return proc.popen.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        proc.popen.kill()
+    return proc.popen.wait()
+
+
+def eventually(predicate: Callable[[], T], timeout: float, what: str, *, interval: float = 0.1) -> T:
+    """Poll ``predicate`` until it returns something truthy (returned) or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+class EmulatorProcess:
+    """``python -m wsfleet.local.emulator`` in a process of its own: moto's DynamoDB is
+    serialised, so a fleet must not share its interpreter (and GIL) with the workers'
+    backend. Several fleets may share one (each creates its own tables and queue)."""
+
+    def __init__(self, log_path: Path) -> None:
+        self._log_path = log_path
+        self.proc: Process | None = None
+        self.endpoint_url = ""
+
+    def start(self, timeout: float = 30.0) -> "EmulatorProcess":
+        self.proc = spawn(
+            "emulator",
+            [sys.executable, "-m", "wsfleet.local.emulator", "--host", LOOPBACK],
+            child_env(),
+            self._log_path,
+        )
+
+        def ready() -> str | None:
+            if not self.proc.alive():
+                raise RuntimeError(f"the emulator exited at start-up; see {self._log_path}")
+            return next((line.split()[1] for line in self.proc.lines() if line.startswith("READY ")), None)
+
+        self.endpoint_url = eventually(ready, timeout, "the emulator to be READY", interval=0.05)
+        return self
+
+    def create_resources(self) -> dict[str, str]:
+        """Tables and a queue with names of their own; returns the env the worker needs."""
+        suffix = uuid.uuid4().hex[:8]
+        return create_resources(
+            self.endpoint_url,
+            table_name=f"wsfleet-connections-{suffix}",
+            messages_table_name=f"wsfleet-messages-{suffix}",
+            queue_name=f"wsfleet-start-{suffix}",
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, grace_s=3.0)
+
+    def __enter__(self) -> "EmulatorProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --- what the observer sees ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConnState:
+    """One connection item, as the observer read it."""
+
+    desired_state: str
+    owner: str
+    expires_at_ms: int
+    fence_token: int
+    last_seq: int
+
+    def owned_at(self, now_ms: int) -> str:
+        """The owner if its lease is live at ``now_ms``, else ""."""
+        return self.owner if self.owner and self.expires_at_ms > now_ms else ""
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # epoch seconds, when the scan returned
+    connections: dict[str, ConnState]
+    open_sockets: dict[str, int]  # per stream
+    produced: int  # sum of the streams' heads
+    frames_sent: int  # sum over every socket ever opened (replays included)
+
+    def owners(self) -> dict[str, str]:
+        """Live lease owner per STARTED connection ("" if none)."""
+        now = int(self.t * 1000)
+        return {cid: c.owned_at(now) for cid, c in self.connections.items() if c.desired_state == schema.STARTED}
+
+    def owned_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for owner in self.owners().values():
+            if owner:
+                counts[owner] = counts.get(owner, 0) + 1
+        return counts
+
+    def orphans(self) -> list[str]:
+        """STARTED connections with no live lease."""
+        return sorted(cid for cid, owner in self.owners().items() if not owner)
+
+    @property
+    def stored(self) -> int:
+        """Sum of checkpoints: messages durably stored (as of each connection's last renewal)."""
+        return sum(c.last_seq for c in self.connections.values())
+
+
+def state_from_item(item: Mapping[str, Any]) -> ConnState:
+    return ConnState(
+        desired_state=item.get(schema.DESIRED_STATE, ""),
+        owner=item.get(schema.LEASE_OWNER, ""),
+        expires_at_ms=int(item.get(schema.LEASE_EXPIRES_AT_MS, 0)),
+        fence_token=int(item.get(schema.FENCE_TOKEN, 0)),
+        last_seq=int(item.get(schema.LAST_SEQ, 0)),
+    )
+
+
+@dataclass
+class Audit:
+    """One connection's messages after the run, against the upstream's books."""
+
+    connection_id: str
+    rows: int
+    first: int | None
+    last: int | None
+    checkpoint: int
+    produced: int  # the stream's head
+    delivered: int  # distinct seqs the upstream sent to any socket
+    missing: list[int] = field(default_factory=list)  # seqs absent below the last stored one
+
+    @property
+    def ok(self) -> bool:
+        """Exactly 1..checkpoint stored (seq is the key, so a count equal to the range
+        means no gap; duplicates cannot exist as rows)."""
+        return not self.missing and self.rows == self.checkpoint and (self.last or 0) == self.checkpoint
+
+
+# --- the fleet ------------------------------------------------------------------------------------
+
+
+class Fleet:
+    """Everything one local run needs, owned by one object. Use it as a context manager."""
+
+    def __init__(
+        self,
+        *,
+        run_dir: Path | str,
+        timing: Timing = Timing(),
+        rate: float = 2.0,
+        worker_env: Mapping[str, str] | None = None,
+        emulator: EmulatorProcess | None = None,
+        sample_interval: float = 0.5,
+        on_sample: Callable[[Sample], None] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.timing = timing
+        self.rate = rate
+        self._extra_env = dict(worker_env or {})
+        self._own_emulator = emulator is None
+        self.emulator = emulator or EmulatorProcess(self.run_dir / "emulator.log")
+        self.sample_interval = sample_interval
+        self._on_sample = on_sample
+        self.workers: dict[str, Process] = {}
+        self.aws_env: dict[str, str] = {}
+        self.upstream: ThreadedUpstream | None = None
+        self.api: LocalApi | None = None
+        self.samples: list[Sample] = []
+        self._observer: threading.Thread | None = None
+        self._observing = threading.Event()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._old_sigterm: Any = None
+        self._api_log: Any = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> "Fleet":
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        atexit.register(self.close)
+        if threading.current_thread() is threading.main_thread():
+            self._old_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            if self._own_emulator:
+                self.emulator.start()
+            self.aws_env = self.emulator.create_resources()
+            self._ddb = self._client("dynamodb")
+            self.messages_store = MessagesStore(self._ddb, self.aws_env["MESSAGES_TABLE_NAME"])
+            self.upstream = ThreadedUpstream(host=LOOPBACK, rate=self.rate).start()
+            self._start_api()
+            self._observing.set()
+            self._observer = threading.Thread(target=self._observe, name="fleet-observer", daemon=True)
+            self._observer.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _client(self, service: str) -> Any:
+        session = boto3.session.Session(
+            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name=self.aws_env.get("AWS_REGION", DEFAULT_REGION),
+        )
+        return session.client(
+            service,
+            endpoint_url=self.emulator.endpoint_url,
+            config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=2, read_timeout=10),
+        )
+
+    def _start_api(self) -> None:
+        from ..router import Router
+
+        env = {**self.aws_env, cfg.ALLOWED_WS_HOSTS: LOOPBACK}
+        self._api_log = open(self.run_dir / "api.log", "a", buffering=1)
+        router = Router.from_env(
+            env, ddb=self._client("dynamodb"), sqs=self._client("sqs"), logger=JsonLogger(self._api_log, component="router")
+        )
+        self.api = LocalApi(router.handle, LOOPBACK, 0).start()
+
+    def close(self) -> None:
+        """Stop everything this fleet started: workers (SIGKILL), observer, API, upstream,
+        emulator. Safe to call twice and from atexit."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        main = threading.current_thread() is threading.main_thread()
+        old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None  # a second Ctrl-C must not cut this short
+        try:
+            for proc in self.workers.values():
+                stop_process(proc)
+                if proc.state in ("running", "paused"):
+                    proc.state, proc.ended_at = "killed", time.time()
+            self._observing.clear()
+            if self._observer is not None:
+                self._observer.join(timeout=15)
+            if self.api is not None:
+                self.api.stop()
+            if self.upstream is not None:
+                self.upstream.stop(timeout=10)
+            if self._own_emulator:
+                self.emulator.stop()
+            if self._api_log is not None:
+                self._api_log.close()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, old_sigint)
+                if self._old_sigterm is not None:
+                    signal.signal(signal.SIGTERM, self._old_sigterm)
+            atexit.unregister(self.close)
+
+    def __enter__(self) -> "Fleet":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def pids(self) -> list[int]:
+        """Every child process this fleet started (the emulator included when it owns it)."""
+        pids = [p.pid for p in self.workers.values()]
+        if self._own_emulator and self.emulator.proc is not None:
+            pids.append(self.emulator.proc.pid)
+        return pids
+
+    # -- workers -------------------------------------------------------------------------
+
+    def worker_environment(self, name: str, **overrides: str) -> dict[str, str]:
+        return child_env(
+            **self.aws_env,
+            **self.timing.env(),
+            **{cfg.WORKER_ID: name, cfg.METRICS_SECONDS: "5"},
+            **self._extra_env,
+            **overrides,
+        )
+
+    def start_worker(self, name: str, *, wait: bool = True, timeout: float = 30.0, **env_overrides: str) -> Process:
+        """Start ``python -m wsfleet.worker`` as WORKER_ID ``name``; with ``wait``, return
+        once it logged ``worker_started`` (it is then polling and reconciling)."""
+        if name in self.workers and self.workers[name].alive():
+            raise ValueError(f"worker {name!r} is already running")
+        proc = spawn(
+            name,
+            [sys.executable, "-m", "wsfleet.worker"],
+            self.worker_environment(name, **env_overrides),
+            self.run_dir / f"{name}.log",
+        )
+        self.workers[name] = proc
+        if wait:
+            self.wait_started(name, timeout=timeout)
+        return proc
+
+    def wait_started(self, name: str, *, timeout: float = 30.0) -> None:
+        proc = self.workers[name]
+
+        def started() -> bool:
+            if not proc.alive():
+                raise RuntimeError(f"worker {name} exited at start-up; see {proc.log_path}")
+            return any(e["event"] == "worker_started" for e in self.events(name))
+
+        eventually(started, timeout, f"worker {name} to start")
+
+    def kill(self, name: str) -> float:
+        """SIGKILL, as a crash or an OOM kill would; returns when it was sent (epoch s)."""
+        proc = self.workers[name]
+        at = time.time()
+        proc.popen.kill()
+        proc.popen.wait()
+        proc.state, proc.ended_at = "killed", time.time()
+        return at
+
+    def terminate(self, name: str, *, timeout: float = 30.0) -> tuple[float, int]:
+        """SIGTERM (what ECS sends at a deploy) and wait for the exit; returns when it was
+        sent (epoch s) and the exit status."""
+        proc = self.workers[name]
+        at = time.time()
+        proc.popen.send_signal(signal.SIGTERM)
+        status = proc.popen.wait(timeout)
+        proc.state, proc.ended_at = "terminated", time.time()
+        return at, status
+
+    def pause(self, name: str) -> float:
+        """SIGSTOP: a process frozen mid-flight (a long GC, a stalled VM); returns when (epoch s)."""
+        proc = self.workers[name]
+        at = time.time()
+        os.kill(proc.pid, signal.SIGSTOP)
+        proc.state = "paused"
+        return at
+
+    def resume(self, name: str) -> float:
+        proc = self.workers[name]
+        at = time.time()
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.state = "running"
+        return at
+
+    def live_workers(self) -> list[str]:
+        return [name for name, p in self.workers.items() if p.state == "running" and p.alive()]
+
+    def events(self, name: str) -> list[dict]:
+        """The worker's JSON log events so far."""
+        out = []
+        for line in self.workers[name].lines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass  # a line cut short by a kill
+        return out
+
+    # -- the API (real HTTP) --------------------------------------------------------------
+
+    def request(self, method: str, path: str, body: Mapping[str, Any] | None = None) -> tuple[int, dict]:
+        assert self.api is not None
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.api.url + path, data=data, method=method, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=15) as resp:
+                return resp.status, json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read() or b"{}")
+
+    def ws_url(self, connection_id: str) -> str:
+        assert self.upstream is not None
+        return self.upstream.url_for(connection_id)
+
+    def start_connection(self, connection_id: str, ws_url: str | None = None) -> int:
+        """POST a START; the upstream stream exists (and produces) from now on. Returns the status."""
+        assert self.upstream is not None
+        self.upstream.create_stream(connection_id)
+        status, body = self.request(
+            "POST",
+            "/events",
+            {"event_type": "START", "connection_id": connection_id, "ws_url": ws_url or self.ws_url(connection_id)},
+        )
+        if status >= 400:
+            raise RuntimeError(f"START {connection_id} answered {status}: {body}")
+        return status
+
+    def stop_connection(self, connection_id: str) -> int:
+        status, body = self.request("POST", "/events", {"event_type": "STOP", "connection_id": connection_id})
+        if status >= 400:
+            raise RuntimeError(f"STOP {connection_id} answered {status}: {body}")
+        return status
+
+    def get_connection(self, connection_id: str) -> tuple[int, dict]:
+        return self.request("GET", f"/connections/{connection_id}")
+
+    # -- reading the backend and the books -------------------------------------------------
+
+    def scan(self) -> dict[str, ConnState]:
+        """Every connection item, read now (a consistent Scan)."""
+        out: dict[str, ConnState] = {}
+        kwargs: dict[str, Any] = {"TableName": self.aws_env["TABLE_NAME"], "ConsistentRead": True}
+        while True:
+            resp = self._ddb.scan(**kwargs)
+            for raw in resp.get("Items", []):
+                item = unmarshal(raw)
+                out[schema.connection_id_from_pk(item[schema.PK])] = state_from_item(item)
+            if "LastEvaluatedKey" not in resp:
+                return out
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    def owned_by(self, name: str) -> set[str]:
+        """Connections on which ``name`` holds a live lease, read now."""
+        now = int(time.time() * 1000)
+        return {cid for cid, c in self.scan().items() if c.desired_state == schema.STARTED and c.owned_at(now) == name}
+
+    def messages(self, connection_id: str) -> list[dict]:
+        return self.messages_store.read_all(connection_id)
+
+    def sample(self) -> Sample:
+        assert self.upstream is not None
+        connections = self.scan()
+        stats = self.upstream.stats()["streams"]
+        return Sample(
+            t=time.time(),
+            connections=connections,
+            open_sockets={name: s["open_sockets"] for name, s in stats.items()},
+            produced=sum(s["produced"] for s in stats.values()),
+            frames_sent=sum(s["frames_sent"] for s in stats.values()),
+        )
+
+    def _observe(self) -> None:
+        next_at = time.monotonic()
+        while self._observing.is_set():
+            try:
+                sample = self.sample()
+            except Exception as exc:  # noqa: BLE001 - a missed sample must not end the run
+                print(f"observer: sample failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            else:
+                self.samples.append(sample)
+                if self._on_sample is not None:
+                    self._on_sample(sample)
+            next_at += self.sample_interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+    def wait_connected(self, connection_ids: list[str] | set[str], *, timeout: float) -> None:
+        """Until every one has an open upstream socket and a live lease."""
+
+        def done() -> bool:
+            now = int(time.time() * 1000)
+            states = self.scan()
+            return all(
+                self.upstream.open_sockets(c) and c in states and states[c].owned_at(now) for c in connection_ids
+            )
+
+        eventually(done, timeout, f"{len(connection_ids)} connections to be owned and connected", interval=0.2)
+
+    def wait_quiet(self, connection_ids: list[str] | set[str], *, timeout: float) -> None:
+        """Until none has an open socket or a lease (after STOPs, before the audit)."""
+
+        def done() -> bool:
+            states = self.scan()
+            return all(not self.upstream.open_sockets(c) and not states[c].owner for c in connection_ids)
+
+        eventually(done, timeout, f"{len(connection_ids)} connections to be closed and released", interval=0.2)
+
+    def _seq_range(self, connection_id: str) -> tuple[int, int | None, int | None]:
+        """(row count, lowest seq, highest seq) of a connection's messages, without
+        reading them all: seq is the sort key, so count == highest with lowest 1 means
+        exactly 1..highest."""
+        key = {
+            "TableName": self.aws_env["MESSAGES_TABLE_NAME"],
+            "KeyConditionExpression": "#p = :p",
+            "ExpressionAttributeNames": {"#p": schema.MSG_PK},
+            "ExpressionAttributeValues": {":p": {"S": schema.connection_pk(connection_id)}},
+        }
+        count, kwargs = 0, dict(key, Select="COUNT")
+        while True:
+            resp = self._ddb.query(**kwargs)
+            count += resp["Count"]
+            if "LastEvaluatedKey" not in resp:
+                break
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        ends = []
+        for forward in (True, False):
+            items = self._ddb.query(**key, ScanIndexForward=forward, Limit=1, ProjectionExpression="sk").get("Items", [])
+            ends.append(int(items[0][schema.MSG_SK]["N"]) if items else None)
+        return count, ends[0], ends[1]
+
+    def audit(self, connection_ids: list[str] | set[str] | None = None) -> list[Audit]:
+        """Each connection's stored seqs against its checkpoint and the upstream's books."""
+        assert self.upstream is not None
+        states = self.scan()
+        out = []
+        for cid in sorted(connection_ids if connection_ids is not None else states):
+            rows, first, last = self._seq_range(cid)
+            missing: list[int] = []
+            if rows != (last or 0) or first not in (1, None):
+                # Only now read every row, to name what is missing.
+                present = {int(row[schema.MSG_SK]) for row in self.messages(cid)}
+                missing = [s for s in range(1, (last or 0) + 1) if s not in present]
+            delivered: set[int] = set()
+            for record in self.upstream.sockets(cid):
+                if record.first_seq_sent is not None:
+                    delivered.update(range(record.first_seq_sent, record.last_seq_sent + 1))
+            out.append(
+                Audit(
+                    connection_id=cid,
+                    rows=rows,
+                    first=first,
+                    last=last,
+                    checkpoint=states[cid].last_seq if cid in states else 0,
+                    produced=self.upstream.produced(cid),
+                    delivered=len(delivered),
+                    missing=missing,
+                )
+            )
+        return out
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+_names = itertools.count(1)
+
+
+def new_run_dir(root: Path | str = ".demo") -> Path:
+    """``<root>/<timestamp>``, unique within this process."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = Path(root) / stamp
+    while path.exists():
+        path = Path(root) / f"{stamp}-{next(_names)}"
+    return path

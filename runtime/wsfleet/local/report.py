@@ -1,0 +1,346 @@
+"""What a fleet run showed, as numbers and pictures. Pure functions over the books
+(the upstream's socket records, the observer's samples, the audit): no I/O.
+
+Failover is measured from the upstream's socket books, which are exact: for every
+connection an event affected, the time from the event to the first socket the
+upstream accepted on that stream afterwards. A killed, terminated or frozen worker
+opens no socket after the event, so that socket is its successor's; the observer's
+samples name the successor.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from .fleet import Audit, Sample
+from .upstream import Overlap, SocketRecord
+
+# Event kinds, and what "done" means for the connections each affects.
+START = "start"  # a socket is open (START through the API)
+CRASH = "crash"  # a successor opened a socket (SIGKILL of the owner)
+DEPLOY = "deploy"  # a successor opened a socket (SIGTERM of the owner, a replacement started)
+PAUSE = "pause"  # a successor opened a socket (SIGSTOP of the owner, SIGCONT later)
+STOP = "stop"  # the socket is closed (STOP through the API)
+TAKEOVERS = (CRASH, DEPLOY, PAUSE)
+MARKERS = {START: "S", CRASH: "K", DEPLOY: "D", PAUSE: "P", STOP: "X"}
+
+
+@dataclass
+class Event:
+    kind: str
+    label: str
+    at: float  # epoch seconds
+    affected: dict[str, float]  # connection id -> when the event reached it (epoch s)
+    bound_s: float | None = None
+    victim: str | None = None
+    until: float | None = None  # PAUSE: when the worker was resumed
+
+
+@dataclass
+class Outcome:
+    """How long each affected connection took to be done (None: never, within the run)."""
+
+    event: Event
+    took_s: dict[str, float | None]
+    successors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def done(self) -> list[float]:
+        return sorted(t for t in self.took_s.values() if t is not None)
+
+    @property
+    def pending(self) -> list[str]:
+        return sorted(cid for cid, t in self.took_s.items() if t is None)
+
+    @property
+    def p50(self) -> float | None:
+        return statistics.median(self.done) if self.done else None
+
+    @property
+    def max(self) -> float | None:
+        return self.done[-1] if self.done else None
+
+    @property
+    def within_bound(self) -> bool:
+        return not self.pending and (self.event.bound_s is None or not self.done or self.done[-1] <= self.event.bound_s)
+
+
+def measure(event: Event, sockets: Mapping[str, Sequence[SocketRecord]], samples: Sequence[Sample]) -> Outcome:
+    """Per affected connection, seconds from the event to done (see the kinds above)."""
+    took: dict[str, float | None] = {}
+    successors: dict[str, str] = {}
+    for cid, t0 in event.affected.items():
+        records = sockets.get(cid, ())
+        if event.kind == STOP:
+            open_then = [r for r in records if r.opened_at < t0 and (r.closed_at is None or r.closed_at >= t0)]
+            if any(r.closed_at is None for r in open_then):
+                took[cid] = None
+            else:
+                took[cid] = max((r.closed_at - t0 for r in open_then), default=0.0)
+            continue
+        opened = [r.opened_at for r in records if r.opened_at >= t0]
+        took[cid] = min(opened) - t0 if opened else None
+        if took[cid] is not None:
+            successor = _owner_after(samples, cid, t0 + took[cid], exclude=event.victim)
+            if successor:
+                successors[cid] = successor
+    return Outcome(event, took, successors)
+
+
+def _owner_after(samples: Sequence[Sample], cid: str, t: float, *, exclude: str | None) -> str:
+    for sample in samples:
+        if sample.t >= t:
+            owner = sample.owners().get(cid, "")
+            if owner and owner != exclude:
+                return owner
+    return ""
+
+
+def excused(overlap: Overlap, events: Iterable[Event]) -> Event | None:
+    """The PAUSE that explains an overlap, if any: a frozen process keeps its socket open
+    (the kernel answers for it) while a successor connects; it closes it on resume."""
+    for e in events:
+        if e.kind == PAUSE and overlap.stream in e.affected and e.at <= overlap.started_at <= (e.until or float("inf")):
+            return e
+    return None
+
+
+# --- progress ---------------------------------------------------------------------------------
+
+
+def progress_line(elapsed: float, phase: str, sample: Sample, earlier: Sample | None, workers: Mapping[str, str]) -> str:
+    """One plain-text line: elapsed, phase, connections per worker, orphans, open sockets,
+    stored messages per second (from the checkpoints, so it moves at each renewal)."""
+    counts = sample.owned_counts()
+    parts = []
+    for name, state in workers.items():
+        tag = "" if state == "running" else f"({state})"
+        parts.append(f"{name}:{counts.get(name, 0)}{tag}")
+    rate = ""
+    if earlier is not None and sample.t > earlier.t:
+        rate = f"{(sample.stored - earlier.stored) / (sample.t - earlier.t):6.1f}"
+    sockets = sum(sample.open_sockets.values())
+    return (
+        f"[{elapsed:6.1f}s] {phase:<10} {' '.join(parts)} | orphans {len(sample.orphans())}"
+        f" | sockets {sockets} | stored/s {rate}"
+    )
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def _fmt(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds:.2f}s"
+
+
+def event_table(outcomes: Sequence[Outcome], t_origin: float) -> list[str]:
+    header = f"{'event':<34} {'at':>7} {'conns':>5} {'done':>5} {'p50':>7} {'max':>7} {'bound':>7}  verdict"
+    lines = [header, "-" * len(header)]
+    for o in outcomes:
+        e = o.event
+        verdict = "ok" if o.within_bound else ("NOT DONE: " + ",".join(o.pending[:4]) if o.pending else "SLOW")
+        what = "closed" if e.kind == STOP else "connected"
+        lines.append(
+            f"{e.label:<34} {e.at - t_origin:6.1f}s {len(e.affected):>5} {len(o.done):>5} "
+            f"{_fmt(o.p50):>7} {_fmt(o.max):>7} {_fmt(e.bound_s):>7}  {verdict}"
+        )
+        if e.kind in TAKEOVERS and o.successors:
+            spread: dict[str, int] = {}
+            for owner in o.successors.values():
+                spread[owner] = spread.get(owner, 0) + 1
+            lines.append(f"{'':<4}{what} again, now owned by: " + ", ".join(f"{k} {v}" for k, v in sorted(spread.items())))
+    return lines
+
+
+@dataclass
+class DataSummary:
+    connections: int
+    produced: int
+    delivered: int  # distinct seqs sent to some socket
+    frames_sent: int  # every frame sent, replays after a takeover included
+    stored: int  # rows in the messages table
+    checkpoints: int  # sum of last_seq
+    bad: list[str]  # connections whose rows are not exactly 1..checkpoint
+    missing: int  # seqs absent below a connection's last stored one
+    unstored: int  # delivered above the checkpoint: in flight when a socket closed for STOP
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad and self.missing == 0
+
+
+def summarise(audits: Sequence[Audit], frames_sent: int) -> DataSummary:
+    return DataSummary(
+        connections=len(audits),
+        produced=sum(a.produced for a in audits),
+        delivered=sum(a.delivered for a in audits),
+        frames_sent=frames_sent,
+        stored=sum(a.rows for a in audits),
+        checkpoints=sum(a.checkpoint for a in audits),
+        bad=[a.connection_id for a in audits if not a.ok],
+        missing=sum(len(a.missing) for a in audits),
+        unstored=sum(max(0, a.delivered - a.rows) for a in audits),
+    )
+
+
+def data_lines(summary: DataSummary, overlaps: Sequence[Overlap], events: Sequence[Event]) -> list[str]:
+    s = summary
+    replays = s.frames_sent - s.delivered
+    lines = [
+        f"upstream produced {s.produced} messages on {s.connections} streams (a stream goes on while STOPPED); "
+        f"sent {s.frames_sent} frames "
+        f"({s.delivered} distinct, {replays} replayed to a successor from its checkpoint)",
+        f"stored {s.stored} rows; checkpoints sum to {s.checkpoints}; "
+        f"connections not exactly 1..checkpoint: {len(s.bad)}{' ' + ','.join(s.bad[:8]) if s.bad else ''}; "
+        f"missing seqs (gaps): {s.missing}",
+    ]
+    if s.unstored:
+        lines.append(
+            f"  {s.unstored} frames were sent after the last stored one: in flight when a socket closed for STOP "
+            "(never acknowledged, not lost: a START resumes from the checkpoint)"
+        )
+    unexplained = [o for o in overlaps if excused(o, events) is None]
+    lines.append(
+        f"moments with two sockets on one stream: {len(overlaps)}"
+        + (f" ({len(overlaps) - len(unexplained)} during a SIGSTOP: the frozen process's socket stays open "
+           "until it resumes and finds its lease gone)" if len(overlaps) != len(unexplained) else "")
+    )
+    for o in unexplained[:10]:
+        lines.append(f"  OVERLAP on {o.stream} at {o.started_at:.3f}: sockets {o.socket_ids} peers {o.peers}")
+    return lines
+
+
+def _ramp() -> str:
+    blocks = " ▁▂▃▄▅▆▇█"
+    try:
+        blocks.encode(sys.stdout.encoding or "ascii")
+        return blocks
+    except (UnicodeEncodeError, LookupError):
+        return " .:-=+*#@"
+
+
+def ownership_chart(
+    samples: Sequence[Sample],
+    workers: Sequence[str],
+    events: Sequence[Event],
+    *,
+    t_origin: float,
+    width: int = 64,
+    ramp: str | None = None,
+) -> list[str]:
+    """Connections per worker over time, one row per worker (and one for orphans); each
+    column is one slice of the run, its character the count at the slice's end."""
+    if not samples:
+        return []
+    ramp = ramp or _ramp()
+    t_end = samples[-1].t
+    span = max(1e-9, t_end - t_origin)
+    columns: list[Sample] = []
+    i = 0
+    for col in range(width):
+        edge = t_origin + span * (col + 1) / width
+        while i + 1 < len(samples) and samples[i + 1].t <= edge:
+            i += 1
+        columns.append(samples[i])
+    rows = {name: [c.owned_counts().get(name, 0) for c in columns] for name in workers}
+    rows["orphans"] = [len(c.orphans()) for c in columns]
+    top = max([1] + [v for row in rows.values() for v in row])
+    label_w = max(len(n) for n in rows)
+    scale = len(ramp) - 1
+    lines = [f"connections per worker over time ({span:.0f}s, {span / width:.1f}s per column; full block = {top})"]
+    for name, row in rows.items():
+        chars = "".join(ramp[0] if v == 0 else ramp[max(1, round(v / top * scale))] for v in row)
+        lines.append(f"{name:>{label_w}} |{chars}| max {max(row)}")
+    marks = [" "] * width
+    for e in events:
+        col = min(width - 1, max(0, int((e.at - t_origin) / span * width)))
+        marks[col] = MARKERS.get(e.kind, "?")
+    lines.append(f"{'':>{label_w}} |{''.join(marks)}|")
+    end = f"{span:.0f}s"
+    lines.append(f"{'':>{label_w}} |0s{end:>{width - 2}}|")
+    lines.append(f"{'':>{label_w}}  " + "  ".join(f"{m}={k}" for k, m in MARKERS.items()))
+    return lines
+
+
+def render(
+    outcomes: Sequence[Outcome],
+    summary: DataSummary,
+    overlaps: Sequence[Overlap],
+    samples: Sequence[Sample],
+    workers: Sequence[str],
+    *,
+    t_origin: float,
+) -> list[str]:
+    events = [o.event for o in outcomes]
+    return [
+        "== failover and control (time until every affected connection was connected again, or closed for STOP)",
+        *event_table(outcomes, t_origin),
+        "",
+        "== data",
+        *data_lines(summary, overlaps, events),
+        "",
+        *ownership_chart(samples, workers, events, t_origin=t_origin),
+    ]
+
+
+def failures(outcomes: Sequence[Outcome], summary: DataSummary, overlaps: Sequence[Overlap], *, strict: bool) -> list[str]:
+    """Why the run counts as failed (empty: it passed)."""
+    events = [o.event for o in outcomes]
+    out = []
+    if summary.bad or summary.missing:
+        out.append(f"data: {len(summary.bad)} connections not exactly 1..checkpoint, {summary.missing} missing seqs")
+    unexplained = [o for o in overlaps if excused(o, events) is None]
+    if unexplained:
+        out.append(f"{len(unexplained)} moments with two sockets on one stream")
+    for o in outcomes:
+        if o.pending:
+            out.append(f"{o.event.label}: {len(o.pending)} connections never done")
+        elif strict and not o.within_bound:
+            out.append(f"{o.event.label}: max {o.max:.2f}s over the {o.event.bound_s:.2f}s bound")
+    return out
+
+
+def as_json(
+    outcomes: Sequence[Outcome],
+    summary: DataSummary,
+    audits: Sequence[Audit],
+    overlaps: Sequence[Overlap],
+    samples: Sequence[Sample],
+    *,
+    t_origin: float,
+    settings: Mapping[str, Any],
+    failed: Sequence[str],
+) -> str:
+    return json.dumps(
+        {
+            "settings": dict(settings),
+            "passed": not failed,
+            "failures": list(failed),
+            "events": [
+                {
+                    "kind": o.event.kind,
+                    "label": o.event.label,
+                    "at_s": round(o.event.at - t_origin, 3),
+                    "bound_s": o.event.bound_s,
+                    "p50_s": o.p50,
+                    "max_s": o.max,
+                    "pending": o.pending,
+                    "took_s": o.took_s,
+                    "successors": o.successors,
+                }
+                for o in outcomes
+            ],
+            "data": asdict(summary),
+            "connections": [asdict(a) for a in audits],
+            "overlaps": [asdict(o) for o in overlaps],
+            "series": [
+                {"t_s": round(s.t - t_origin, 3), "owned": s.owned_counts(), "orphans": len(s.orphans()), "stored": s.stored}
+                for s in samples
+            ],
+        },
+        indent=1,
+    )
