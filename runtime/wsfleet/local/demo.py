@@ -1,0 +1,302 @@
+"""``make demo``: the whole fleet on this machine, through a failover scenario, with a report.
+
+    python -m wsfleet.local.demo                      # 4 workers, 32 connections, about 3 minutes
+    python -m wsfleet.local.demo --scenario crash --workers 3 --connections 12 --duration 40
+
+It starts the local AWS backend, an upstream, the API and K worker processes, STARTs M
+connections through the API, then plays the scenario:
+
+* ``start``  START every connection (every scenario begins with it);
+* ``crash``  SIGKILL the busiest worker: its leases expire and peers take over;
+* ``deploy`` start a replacement worker, then SIGTERM another (a rolling deploy step):
+  the leaving worker closes, flushes, releases and hints its peers;
+* ``pause``  SIGSTOP a worker past its lease, then SIGCONT it: peers take over, and the
+  resumed worker must write nothing more and give its connections up;
+* ``stop``   STOP a quarter of the connections;
+* ``burst``  START new connections and restart half of the stopped ones.
+
+A progress line every two seconds; at the end it STOPs everything, checks every stored
+message against the upstream and prints a report (also written to the run directory).
+Exit status 1 if the report shows data loss, a gap, two sockets on one stream (other than
+a frozen one's, see ``pause``), or a connection that never came back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from . import report
+from .fleet import Fleet, Sample, Timing, eventually, new_run_dir
+
+SCENARIOS = {
+    "full": ("crash", "deploy", "stop", "burst"),
+    "crash": ("crash",),
+    "deploy": ("deploy",),
+    "pause": ("pause",),
+    "steady": (),
+}
+PROGRESS_EVERY_S = 2.0
+
+
+class Demo:
+    """Plays a scenario on a fleet and keeps the event books the report is built from."""
+
+    def __init__(self, fleet: Fleet, args: argparse.Namespace, out=sys.stdout) -> None:
+        self.fleet = fleet
+        self.args = args
+        self.out = out
+        self.phase = "setup"
+        self.t_origin = time.time()
+        self.events: list[report.Event] = []
+        self.connections: list[str] = []  # every connection ever STARTed, in order
+        self._stopped: list[str] = []
+        self._next_id = 1
+        self._next_worker = 1
+        self._last_progress: Sample | None = None
+        self._print_lock = threading.Lock()
+
+    def say(self, line: str) -> None:
+        with self._print_lock:
+            print(line, file=self.out, flush=True)
+
+    def on_sample(self, sample: Sample) -> None:
+        """The observer's callback: a progress line every couple of seconds."""
+        earlier = self._last_progress
+        if self.phase == "setup":
+            return
+        if earlier is not None and sample.t - earlier.t < PROGRESS_EVERY_S:
+            return
+        self._last_progress = sample
+        states = {name: p.state for name, p in self.fleet.workers.items()}
+        self.say(report.progress_line(sample.t - self.t_origin, self.phase, sample, earlier, states))
+
+    # -- steps ------------------------------------------------------------------------------------
+
+    def new_ids(self, n: int) -> list[str]:
+        ids = [f"c{self._next_id + i:03d}" for i in range(n)]
+        self._next_id += n
+        return ids
+
+    def start_workers(self, n: int) -> list[str]:
+        names = [self._worker_name() for _ in range(n)]
+        for name in names:
+            self.fleet.start_worker(name, wait=False)
+        for name in names:
+            self.fleet.wait_started(name)
+        return names
+
+    def _worker_name(self) -> str:
+        name = f"w{self._next_worker}"
+        self._next_worker += 1
+        return name
+
+    def start(self, ids: Sequence[str], label: str) -> report.Event:
+        self.phase = "start"
+        event = self._record(report.START, label, time.time(), dict.fromkeys(ids, 0.0), self.fleet.timing.start_bound_s)
+        for cid in ids:
+            event.affected[cid] = time.time()  # each START is timed from its own request
+            self.fleet.start_connection(cid)
+            if cid not in self.connections:
+                self.connections.append(cid)
+        self._await(event)
+        return event
+
+    def crash(self) -> report.Event:
+        self.phase = "crash"
+        victim = self._busiest()
+        affected = self.fleet.owned_by(victim)
+        at = self.fleet.kill(victim)
+        event = self._record(report.CRASH, f"crash: kill -9 {victim}", at, dict.fromkeys(affected, at), self.fleet.timing.crash_bound_s, victim)
+        self._await(event)
+        return event
+
+    def deploy(self) -> report.Event:
+        self.phase = "deploy"
+        victim = self._busiest()
+        (replacement,) = self.start_workers(1)
+        affected = self.fleet.owned_by(victim)
+        at = time.time()
+        self.say(f"           deploy: {replacement} is up; SIGTERM {victim}, which owns {len(affected)}")
+        _, status = self.fleet.terminate(victim, timeout=self.fleet.timing.shutdown_s + 10)
+        self.say(f"           {victim} exited with status {status} after {time.time() - at:.2f}s")
+        event = self._record(
+            report.DEPLOY, f"deploy: SIGTERM {victim}, {replacement} new", at, dict.fromkeys(affected, at),
+            self.fleet.timing.graceful_bound_s, victim,
+        )
+        self._await(event)
+        return event
+
+    def pause(self) -> report.Event:
+        self.phase = "pause"
+        victim = self._busiest()
+        affected = self.fleet.owned_by(victim)
+        at = self.fleet.pause(victim)
+        event = self._record(report.PAUSE, f"pause: SIGSTOP {victim}", at, dict.fromkeys(affected, at), self.fleet.timing.crash_bound_s, victim)
+        self._await(event)
+        # Stay frozen a little longer than the lease, then wake up to find it gone.
+        time.sleep(max(0.0, at + self.fleet.timing.lease_s + self.fleet.timing.heartbeat_s - time.time()))
+        event.until = self.fleet.resume(victim)
+        self.say(f"           SIGCONT {victim}: it must close its stale sockets and write nothing more")
+        return event
+
+    def stop(self) -> report.Event:
+        self.phase = "stop"
+        running = [c for c in self.connections if c not in self._stopped]
+        chosen = running[-max(1, len(running) // 4):]
+        event = self._record(report.STOP, f"STOP {len(chosen)}", time.time(), dict.fromkeys(chosen, 0.0), self.fleet.timing.stop_bound_s)
+        for cid in chosen:
+            event.affected[cid] = time.time()
+            self.fleet.stop_connection(cid)
+        self._stopped.extend(chosen)
+        self._await(event)
+        return event
+
+    def burst(self) -> report.Event:
+        restart = self._stopped[: (len(self._stopped) + 1) // 2]
+        self._stopped = self._stopped[len(restart):]
+        fresh = self.new_ids(max(1, self.args.connections // 4))
+        label = f"START burst: {len(fresh)} new" + (f", {len(restart)} restarted" if restart else "")
+        return self.start(fresh + restart, label)
+
+    def _busiest(self) -> str:
+        counts = self.fleet.sample().owned_counts()
+        live = self.fleet.live_workers()
+        if not live:
+            raise RuntimeError("no live worker left")
+        return max(live, key=lambda name: (counts.get(name, 0), name))
+
+    def _record(self, kind: str, label: str, at: float, affected: dict[str, float], bound: float, victim: str | None = None) -> report.Event:
+        event = report.Event(kind, label, at, affected, bound_s=bound, victim=victim)
+        self.events.append(event)
+        self.say(f"[{at - self.t_origin:6.1f}s] EVENT {label} ({len(affected)} connections)")
+        return event
+
+    def _await(self, event: report.Event) -> None:
+        """Until every affected connection is done (or well past the bound), then say how it went."""
+        limit = (event.bound_s or 10) * 2 + 10
+
+        def outcome() -> report.Outcome | None:
+            o = report.measure(event, self._sockets(event.affected), self.fleet.samples)
+            return o if not o.pending else None
+
+        try:
+            o = eventually(outcome, limit, event.label, interval=0.2)
+        except TimeoutError:
+            o = report.measure(event, self._sockets(event.affected), self.fleet.samples)
+        self.say(
+            f"           {event.label}: {len(o.done)}/{len(event.affected)} done, "
+            f"p50 {report._fmt(o.p50)}, max {report._fmt(o.max)} (bound {report._fmt(event.bound_s)})"
+        )
+
+    def _sockets(self, ids) -> dict:
+        return {cid: self.fleet.upstream.sockets(cid) for cid in ids}
+
+    def hold(self, until: float) -> None:
+        self.phase = "steady"
+        time.sleep(max(0.0, until - time.time()))
+
+    # -- the whole run ----------------------------------------------------------------------------
+
+    def run(self) -> int:
+        args = self.args
+        fleet = self.fleet
+        self.say(f"wsfleet demo: {args.workers} workers, {args.connections} connections, scenario {args.scenario}; logs in {fleet.run_dir}")
+        self.start_workers(args.workers)
+        self.say(f"           API: {fleet.api.url}   upstream: {fleet.upstream.url}   backend: {fleet.emulator.endpoint_url}")
+        self.say(f"           try: curl -s {fleet.api.url}/connections/c001")
+        steps = SCENARIOS[args.scenario]
+        gap = args.duration / (len(steps) + 1)
+        began = time.time()
+        self.start(self.new_ids(args.connections), f"START {args.connections}")
+        self.hold(began + gap)
+        for n, step in enumerate(steps, start=2):
+            getattr(self, step)()
+            self.hold(began + gap * n)
+        return self.finish()
+
+    def finish(self) -> int:
+        fleet = self.fleet
+        self.phase = "quiesce"
+        running = [c for c in self.connections if c not in self._stopped]
+        self.say(f"[{time.time() - self.t_origin:6.1f}s] STOP the remaining {len(running)} connections, then audit every message")
+        for cid in running:
+            fleet.stop_connection(cid)
+        try:
+            fleet.wait_quiet(self.connections, timeout=fleet.timing.stop_bound_s * 2 + fleet.timing.lease_s + 10)
+        except TimeoutError as exc:
+            self.say(f"           {exc}; auditing anyway")
+        time.sleep(2 * fleet.sample_interval)  # let the observer see the quiet fleet
+        self.phase = "audit"
+        audits = fleet.audit(self.connections)
+        sockets = self._sockets(self.connections)
+        samples = list(fleet.samples)
+        frames_sent = sum(r.frames_sent for records in sockets.values() for r in records)
+        outcomes = [report.measure(e, sockets, samples) for e in self.events]
+        summary = report.summarise(audits, frames_sent)
+        overlaps = fleet.upstream.overlaps()
+        failed = report.failures(outcomes, summary, overlaps, strict=self.args.strict)
+        lines = report.render(outcomes, summary, overlaps, samples, list(fleet.workers), t_origin=self.t_origin)
+        settings = {k: v for k, v in vars(self.args).items()}
+        text = "\n".join(lines + ["", "PASSED" if not failed else "FAILED: " + "; ".join(failed)])
+        (fleet.run_dir / "report.txt").write_text(text + "\n")
+        (fleet.run_dir / "report.json").write_text(
+            report.as_json(outcomes, summary, audits, overlaps, samples, t_origin=self.t_origin, settings=settings, failed=failed)
+        )
+        self.say("")
+        self.say(text)
+        self.say(f"report: {fleet.run_dir / 'report.txt'} and report.json; worker logs: {fleet.run_dir}/w*.log")
+        return 0 if not failed else 1
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m wsfleet.local.demo", description=__doc__.split("\n")[0])
+    p.add_argument("--workers", type=int, default=4, help="worker processes at the start [4]")
+    p.add_argument("--connections", type=int, default=32, help="connections STARTed at the start [32]")
+    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="full", help="what happens after the START [full]")
+    p.add_argument("--duration", type=float, default=150.0, help="seconds from the first START to the final STOP [150]")
+    p.add_argument("--rate", type=float, default=2.0, help="messages per second per upstream stream [2]")
+    p.add_argument("--lease", type=float, default=6.0, help="LEASE_SECONDS [6]")
+    p.add_argument("--heartbeat", type=float, default=1.5, help="HEARTBEAT_SECONDS [1.5]")
+    p.add_argument("--reconcile", type=float, default=3.0, help="RECONCILE_SECONDS [3]")
+    p.add_argument("--skew-ms", type=int, default=500, help="MAX_CLOCK_SKEW_MS [500]")
+    p.add_argument("--flush-ms", type=int, default=1000, help="FLUSH_INTERVAL_MS [1000]")
+    p.add_argument("--run-dir", default=".demo", help="where each run's logs and report go [.demo]")
+    p.add_argument("--strict", action="store_true", help="also fail when an event took longer than its bound")
+    args = p.parse_args(argv)
+    if args.workers < 1 or args.connections < 1:
+        p.error("--workers and --connections must be at least 1")
+    if args.scenario in ("crash", "deploy", "pause", "full") and args.workers < 2:
+        p.error(f"the {args.scenario} scenario needs at least 2 workers")
+    if args.lease < 2 * args.heartbeat:
+        p.error("--lease must be at least twice --heartbeat")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    timing = Timing(
+        lease_s=args.lease, heartbeat_s=args.heartbeat, reconcile_s=args.reconcile, skew_ms=args.skew_ms, flush_ms=args.flush_ms
+    )
+    run_dir = new_run_dir(Path(args.run_dir))
+    demo: Demo | None = None
+
+    def on_sample(sample: Sample) -> None:
+        if demo is not None:
+            demo.on_sample(sample)
+
+    try:
+        with Fleet(run_dir=run_dir, timing=timing, rate=args.rate, on_sample=on_sample) as fleet:
+            demo = Demo(fleet, args)
+            return demo.run()
+    except KeyboardInterrupt:
+        print("\ninterrupted: every process stopped; logs in", run_dir, file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
