@@ -1,0 +1,151 @@
+"""``python -m wsfleet.local.demo`` as a user runs it, and the report it is judged by."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wsfleet.local import report
+from wsfleet.local.fleet import Audit, ConnState, Sample, eventually
+from wsfleet.local.upstream import Overlap, SocketRecord
+
+FAST = ["--lease", "3", "--heartbeat", "0.75", "--reconcile", "1", "--skew-ms", "200", "--rate", "5"]
+
+
+def demo(args: list[str], env: dict[str, str], out: Path) -> subprocess.Popen:
+    with open(out, "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "wsfleet.local.demo", *args], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+
+
+def children_of(pid: int) -> dict[int, str]:
+    """Every descendant process of ``pid``: pid -> its start time (to tell a reused pid)."""
+    parents: dict[int, tuple[int, str]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parents[int(entry.name)] = (int(fields[1]), fields[19])
+    found: dict[int, str] = {}
+    frontier = [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, started) in parents.items():
+            if ppid == parent and child not in found:
+                found[child] = started
+                frontier.append(child)
+    return found
+
+
+def still_running(pid: int, started: str) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[19] == started and fields[0] != "Z"
+
+
+@pytest.mark.timeout(150)
+def test_the_demo_plays_the_full_scenario_and_passes_its_own_audit(python_env, tmp_path):
+    out = tmp_path / "out.txt"
+    proc = demo(["--workers", "2", "--connections", "6", "--duration", "16", "--run-dir", str(tmp_path), *FAST], python_env, out)
+    status = proc.wait(timeout=140)
+    text = out.read_text()
+
+    assert status == 0, text
+    for label in ("START 6", "crash: kill -9", "deploy: SIGTERM", "STOP", "START burst"):
+        assert label in text
+    assert "PASSED" in text and "missing seqs (gaps): 0" in text
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    result = json.loads((run_dir / "report.json").read_text())
+    assert result["passed"] and result["data"]["missing"] == 0 and result["overlaps"] == []
+    assert [e["kind"] for e in result["events"]] == ["start", "crash", "deploy", "stop", "start"]
+    assert all(not e["pending"] for e in result["events"])
+    assert {"w1.log", "w2.log", "w3.log", "report.txt"} <= {p.name for p in run_dir.iterdir()}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "sigterm", "sigkill"])
+def test_stopping_the_demo_leaves_no_process_behind(python_env, tmp_path, signum):
+    out = tmp_path / "out.txt"
+    proc = demo(["--workers", "2", "--connections", "4", "--scenario", "steady", "--duration", "60", "--run-dir", str(tmp_path), *FAST], python_env, out)
+    try:
+        eventually(lambda: "EVENT START" in out.read_text() or proc.poll() is not None, 45, "the fleet to be up")
+        children = children_of(proc.pid)
+        assert len(children) >= 3, (children, out.read_text())  # the emulator and two workers at least
+
+        proc.send_signal(signum)
+        status = proc.wait(timeout=30)
+        eventually(lambda: not any(still_running(p, s) for p, s in children.items()), 10, "every child to exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Ctrl-C and SIGTERM tear down in order; after SIGKILL the kernel kills the children.
+    assert status == {signal.SIGINT: 130, signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGKILL: -signal.SIGKILL}[signum]
+
+
+# --- the report, from hand-made books -----------------------------------------------------------
+
+
+def socket(stream: str, opened: float, closed: float | None = None) -> SocketRecord:
+    return SocketRecord(id=int(opened * 10), stream=stream, peer="127.0.0.1:1", path="/", from_seq=1, opened_at=opened, closed_at=closed)
+
+
+def sample(t: float, **owners: str) -> Sample:
+    conns = {cid: ConnState("STARTED", owner, int((t + 5) * 1000), 1, 0) for cid, owner in owners.items()}
+    return Sample(t=t, connections=conns, open_sockets={}, produced=0, frames_sent=0)
+
+
+def test_a_takeover_is_timed_to_the_first_socket_opened_after_the_event_and_names_the_successor():
+    event = report.Event(report.CRASH, "kill -9 w1", 100.0, {"a": 100.0, "b": 100.0}, bound_s=5.0, victim="w1")
+    sockets = {"a": [socket("a", 90.0, 100.0), socket("a", 104.0), socket("a", 106.0)], "b": [socket("b", 90.0, 100.0)]}
+    outcome = report.measure(event, sockets, [sample(99.0, a="w1", b="w1"), sample(104.5, a="w2", b="")])
+
+    assert outcome.took_s == {"a": 4.0, "b": None}
+    assert outcome.successors == {"a": "w2"}
+    assert outcome.pending == ["b"] and not outcome.within_bound
+
+
+def test_a_stop_is_done_when_the_socket_open_at_the_stop_has_closed():
+    event = report.Event(report.STOP, "STOP 2", 100.0, {"a": 100.0, "b": 100.5}, bound_s=2.0)
+    sockets = {"a": [socket("a", 90.0, 101.2)], "b": [socket("b", 90.0)]}
+    outcome = report.measure(event, sockets, [])
+
+    assert outcome.took_s["a"] == pytest.approx(1.2) and outcome.took_s["b"] is None
+
+
+def test_only_an_overlap_during_a_pause_on_a_paused_stream_is_excused():
+    pause = report.Event(report.PAUSE, "SIGSTOP w1", 100.0, {"a": 100.0}, victim="w1", until=106.0)
+    during = Overlap("a", 104.0, (1, 2), ("p1", "p2"))
+    other_stream = Overlap("b", 104.0, (3, 4), ("p1", "p2"))
+    after = Overlap("a", 107.0, (5, 6), ("p1", "p2"))
+
+    assert report.excused(during, [pause]) is pause
+    assert report.excused(other_stream, [pause]) is None
+    assert report.excused(after, [pause]) is None
+
+
+def test_a_gap_in_the_messages_or_an_unexplained_overlap_fails_the_run():
+    clean = Audit("a", rows=5, first=1, last=5, checkpoint=5, produced=9, delivered=5)
+    gap = Audit("b", rows=4, first=1, last=5, checkpoint=5, produced=9, delivered=5, missing=[3])
+
+    assert report.failures([], report.summarise([clean], 5), [], strict=False) == []
+    assert report.failures([], report.summarise([clean, gap], 10), [], strict=False)
+    assert report.failures([], report.summarise([clean], 5), [Overlap("a", 1.0, (1, 2), ("p", "q"))], strict=False)
+
+
+def test_the_chart_draws_one_row_per_worker_with_its_connections_over_time():
+    samples = [sample(float(t), a="w1", b="w1" if t < 5 else "w2") for t in range(10)]
+    lines = report.ownership_chart(samples, ["w1", "w2"], [], t_origin=0.0, width=10, ramp=" .:#")
+
+    rows = {line.split("|")[0].strip(): line.split("|")[1] for line in lines[1:3]}
+    assert rows == {"w1": "#####:::::", "w2": "     :::::"}
