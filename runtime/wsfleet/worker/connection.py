@@ -116,7 +116,10 @@ class ConnectionRunner:
         lease_ms = self._s.timing.lease_ms
         # Spread the first renewal so that a burst of acquisitions does not renew in step.
         await asyncio.sleep(heartbeat * (0.5 + 0.5 * random.random()))
-        while True:
+        # The end reason, not cancellation alone, stops this loop and the flusher's: on
+        # Python 3.11, asyncio.wait_for (in call_until) swallows a cancel that arrives in
+        # the loop iteration its call completes, and the task would renew on, forever.
+        while self.end_reason is None:
             sent = time.monotonic()
             try:
                 result = await self._until_deadline(
@@ -137,6 +140,8 @@ class ConnectionRunner:
                 self._log.warning("lease_lost", why=result.value)
                 return self._end(EndReason.LOST)
             self.deadline_mono = self._s.timing.local_deadline_mono(sent)
+            if self.end_reason is not None:
+                return  # ended while this renewal was in flight: teardown is waiting for us
             await asyncio.sleep(max(0.0, heartbeat - (time.monotonic() - sent)))
 
     # --- the socket --------------------------------------------------------------------
@@ -196,7 +201,7 @@ class ConnectionRunner:
             await self._drained.wait()  # backpressure: stop reading until the flusher catches up
 
     async def _flusher(self) -> None:
-        while True:
+        while self.end_reason is None:
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
             try:
