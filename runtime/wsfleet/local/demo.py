@@ -190,7 +190,7 @@ class Demo:
             o = report.measure(event, self._sockets(event.affected), self.fleet.samples)
         self.say(
             f"           {event.label}: {len(o.done)}/{len(event.affected)} done, "
-            f"p50 {report._fmt(o.p50)}, max {report._fmt(o.max)} (bound {report._fmt(event.bound_s)})"
+            f"p50 {report.fmt_s(o.p50)}, max {report.fmt_s(o.max)} (bound {report.fmt_s(event.bound_s)})"
         )
 
     def _sockets(self, ids) -> dict:
@@ -241,11 +241,10 @@ class Demo:
         overlaps = fleet.upstream.overlaps()
         failed = report.failures(outcomes, summary, overlaps, strict=self.args.strict)
         lines = report.render(outcomes, summary, overlaps, samples, list(fleet.workers), t_origin=self.t_origin)
-        settings = {k: v for k, v in vars(self.args).items()}
         text = "\n".join(lines + ["", "PASSED" if not failed else "FAILED: " + "; ".join(failed)])
         (fleet.run_dir / "report.txt").write_text(text + "\n")
         (fleet.run_dir / "report.json").write_text(
-            report.as_json(outcomes, summary, audits, overlaps, samples, t_origin=self.t_origin, settings=settings, failed=failed)
+            report.as_json(outcomes, summary, audits, overlaps, samples, t_origin=self.t_origin, settings=vars(self.args), failed=failed)
         )
         self.say("")
         self.say(text)

@@ -148,8 +148,7 @@ class Process:
     popen: subprocess.Popen
     log_path: Path
     started_at: float  # epoch seconds
-    state: str = "running"  # running | paused | killed | terminated | exited
-    ended_at: float | None = None
+    state: str = "running"  # running | paused | killed | terminated
 
     @property
     def pid(self) -> int:
@@ -427,7 +426,7 @@ class Fleet:
             for proc in self.workers.values():
                 stop_process(proc)
                 if proc.state in ("running", "paused"):
-                    proc.state, proc.ended_at = "killed", time.time()
+                    proc.state = "killed"
             self._observing.clear()
             if self._observer is not None:
                 self._observer.join(timeout=15)
@@ -451,13 +450,6 @@ class Fleet:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def pids(self) -> list[int]:
-        """Every child process this fleet started (the emulator included when it owns it)."""
-        pids = [p.pid for p in self.workers.values()]
-        if self._own_emulator and self.emulator.proc is not None:
-            pids.append(self.emulator.proc.pid)
-        return pids
 
     # -- workers -------------------------------------------------------------------------
 
@@ -502,7 +494,7 @@ class Fleet:
         at = time.time()
         proc.popen.kill()
         proc.popen.wait()
-        proc.state, proc.ended_at = "killed", time.time()
+        proc.state = "killed"
         return at
 
     def terminate(self, name: str, *, timeout: float = 30.0) -> tuple[float, int]:
@@ -512,7 +504,7 @@ class Fleet:
         at = time.time()
         proc.popen.send_signal(signal.SIGTERM)
         status = proc.popen.wait(timeout)
-        proc.state, proc.ended_at = "terminated", time.time()
+        proc.state = "terminated"
         return at, status
 
     def pause(self, name: str) -> float:

@@ -133,7 +133,7 @@ def progress_line(elapsed: float, phase: str, sample: Sample, earlier: Sample | 
 # --- the report ---------------------------------------------------------------------------------
 
 
-def _fmt(seconds: float | None) -> str:
+def fmt_s(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.2f}s"
 
 
@@ -146,7 +146,7 @@ def event_table(outcomes: Sequence[Outcome], t_origin: float) -> list[str]:
         what = "closed" if e.kind == STOP else "connected"
         lines.append(
             f"{e.label:<34} {e.at - t_origin:6.1f}s {len(e.affected):>5} {len(o.done):>5} "
-            f"{_fmt(o.p50):>7} {_fmt(o.max):>7} {_fmt(e.bound_s):>7}  {verdict}"
+            f"{fmt_s(o.p50):>7} {fmt_s(o.max):>7} {fmt_s(e.bound_s):>7}  {verdict}"
         )
         if e.kind in TAKEOVERS and o.successors:
             spread: dict[str, int] = {}
