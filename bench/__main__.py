@@ -1,0 +1,74 @@
+"""``python -m bench [failover|cost|capacity|ingestion|all] [--quick] [--out DIR]``
+
+Runs the chosen benchmarks one after another (each with processes of its own), prints
+each one's markdown table with the command that produced it, and writes the raw
+results to ``<out>/<name>-<timestamp>.json`` and the tables to ``<out>/report-<timestamp>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from . import capacity, cost, failover, ingestion
+from .common import Result, machine
+
+BENCHMARKS: dict[str, Callable[..., Result]] = {
+    "failover": failover.run,
+    "cost": cost.run,
+    "capacity": capacity.run,
+    "ingestion": ingestion.run,
+}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument("which", nargs="*", default=["all"], choices=["all", *BENCHMARKS], help="benchmarks to run [all]")
+    p.add_argument("--quick", action="store_true", help="tiny sizes and fast timings (the smoke test)")
+    p.add_argument("--out", default=".bench", help="where raw results and the report go [.bench]")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = list(BENCHMARKS) if "all" in args.which else list(dict.fromkeys(args.which))
+    out = Path(args.out)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = out / f"run-{stamp}"
+    command = "PYTHONPATH=runtime:. python -m bench " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    host = machine()
+    print(f"# wsfleet benchmarks ({', '.join(names)}{', quick' if args.quick else ''})")
+    print(f"machine: {host['nproc']} cores ({host['cpu']}), Python {host['python']}, {host['platform']}")
+    print(f"date: {host['date']}, commit {host['commit']}; logs under {run_dir}\n", flush=True)
+    report = [f"machine: {host['nproc']} cores ({host['cpu']}), Python {host['python']}; {host['date']}; commit {host['commit']}", ""]
+    failed = []
+    for name in names:
+        began = time.monotonic()
+        try:
+            result = BENCHMARKS[name](quick=args.quick, run_dir=run_dir, command=command)
+        except Exception as exc:  # noqa: BLE001 - one failed benchmark must not hide the others
+            print(f"### {name}: FAILED: {type(exc).__name__}: {exc}\n", flush=True)
+            failed.append(name)
+            continue
+        took = time.monotonic() - began
+        text = result.render() + f"\n({name} took {took:.0f} s)\n"
+        print(text, flush=True)
+        report.append(text)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{name}-{stamp}.json").write_text(
+            json.dumps({"name": name, "command": command, "machine": host, "took_s": took, "quick": args.quick,
+                        "notes": result.notes, **result.data}, indent=1, default=str)
+        )
+    if report[2:]:
+        (out / f"report-{stamp}.md").write_text("\n".join(report))
+        print(f"raw results: {out}/*-{stamp}.json; tables: {out}/report-{stamp}.md")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""Failover on the embedded fleet: many connections over several worker processes,
+for a few lease / heartbeat / reconcile settings.
+
+Per setting, one :class:`~wsfleet.local.fleet.Fleet` (emulator, K workers, upstream,
+local API) and, measured per connection from the upstream's socket books (exact, in
+this process) and the workers' JSON logs:
+
+* START -> connected: the API POST to the first socket the upstream accepts;
+* crash (SIGKILL of the busiest worker) -> the first new socket on each of its
+  streams, and -> the successor's ``lease_acquired`` log line;
+* graceful handoff (a replacement started, then SIGTERM of the busiest worker, as a
+  rolling deploy does): how long each stream had no socket (old socket closed -> new
+  one open) and no owner (the leaving worker's ``lease_released`` -> the successor's
+  ``lease_acquired``), and SIGTERM -> new socket;
+* STOP -> closed: the API POST to the socket's close.
+
+Crash and handoff are repeated (``rounds``), each time on the then busiest worker, and
+the per-connection times are pooled; the per-round medians show the spread.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wsfleet import config as cfg
+from wsfleet.local import report
+from wsfleet.local.fleet import EmulatorProcess, Fleet, Timing, eventually
+
+from .common import Result, distribution, fmt, md_table, median_spread
+
+# The published design's bounds, for comparison.
+PUBLISHED = {"crash_s": 80.0, "graceful_s": 60.0, "stop_s": 10.0}
+
+
+@dataclass(frozen=True)
+class Setting:
+    lease_s: float
+    heartbeat_s: float
+    reconcile_s: float
+
+    @property
+    def label(self) -> str:
+        return f"lease {self.lease_s:g} / hb {self.heartbeat_s:g} / reconcile {self.reconcile_s:g} s"
+
+
+SETTINGS = [Setting(20, 5, 10), Setting(10, 2.5, 5)]
+QUICK_SETTINGS = [Setting(2, 0.5, 0.5)]
+
+
+def settings_for(quick: bool) -> dict[str, Any]:
+    return {
+        "settings": [vars(s) for s in (QUICK_SETTINGS if quick else SETTINGS)],
+        "connections": 6 if quick else 100,
+        "workers": 2 if quick else 4,
+        "rounds": 1 if quick else 2,
+        "probes": 2 if quick else 10,  # START and STOP one at a time
+        "probe_gap_s": 0.1 if quick else 0.5,
+        "rate_per_connection": 0.1,  # few batch writes: the emulator's budget goes to renewals
+        "skew_ms": 100 if quick else 1000,
+        "flush_ms": 1000,
+        "shutdown_s": 5 if quick else 10,
+    }
+
+
+class Scenario:
+    """One setting's run on one fleet."""
+
+    def __init__(self, fleet: Fleet, p: dict[str, Any]) -> None:
+        self.fleet = fleet
+        self.p = p
+        self.timing = fleet.timing
+        self._next_worker = 1
+
+    def say(self, line: str) -> None:
+        print(f"    [{self.fleet.timing.lease_s:g}/{self.fleet.timing.heartbeat_s:g}/{self.fleet.timing.reconcile_s:g}] {line}", flush=True)
+
+    def start_workers(self, n: int) -> list[str]:
+        names = []
+        for _ in range(n):
+            names.append(f"w{self._next_worker}")
+            self._next_worker += 1
+            self.fleet.start_worker(names[-1], wait=False)
+        for name in names:
+            self.fleet.wait_started(name)
+        return names
+
+    def sockets(self, ids) -> dict:
+        return {cid: self.fleet.upstream.sockets(cid) for cid in ids}
+
+    def wait_done(self, event: report.Event, timeout: float) -> report.Outcome:
+        def outcome() -> report.Outcome | None:
+            o = report.measure(event, self.sockets(event.affected), [])
+            return o if not o.pending else None
+
+        try:
+            return eventually(outcome, timeout, event.label, interval=0.2)
+        except TimeoutError:
+            return report.measure(event, self.sockets(event.affected), [])
+
+    def acquired_after(self, at: float, ids, exclude: str) -> dict[str, float]:
+        """Per connection, the first ``lease_acquired`` by another worker after ``at`` (epoch s)."""
+        first: dict[str, float] = {}
+        for name in self.fleet.workers:
+            if name == exclude:
+                continue
+            for e in self.fleet.events(name):
+                cid = e.get("connection_id")
+                if e["event"] == "lease_acquired" and cid in ids and e["ts"] >= at:
+                    first[cid] = min(first.get(cid, math.inf), e["ts"])
+        return first
+
+    def busiest(self) -> tuple[str, set[str]]:
+        counts = self.fleet.sample().owned_counts()
+        victim = max(self.fleet.live_workers(), key=lambda n: (counts.get(n, 0), n))
+        return victim, self.fleet.owned_by(victim)
+
+    def settle(self) -> None:
+        time.sleep(self.timing.heartbeat_s * 1.5)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def start(self, ids: list[str], gap_s: float = 0.0) -> report.Outcome:
+        affected = {}
+        for cid in ids:
+            affected[cid] = time.time()
+            self.fleet.start_connection(cid)
+            time.sleep(gap_s)
+        event = report.Event(report.START, f"START {len(ids)}", min(affected.values()), affected)
+        return self.wait_done(event, 60 + self.timing.reconcile_s * 2)
+
+    def stop(self, ids: list[str], gap_s: float) -> report.Outcome:
+        affected = {}
+        for cid in ids:
+            affected[cid] = time.time()
+            self.fleet.stop_connection(cid)
+            time.sleep(gap_s)
+        event = report.Event(report.STOP, f"STOP {len(ids)}", min(affected.values()), affected)
+        return self.wait_done(event, 30 + self.timing.heartbeat_s * 2)
+
+    def crash(self) -> dict[str, Any]:
+        victim, owned = self.busiest()
+        at = self.fleet.kill(victim)
+        event = report.Event(report.CRASH, f"kill -9 {victim}", at, dict.fromkeys(owned, at), victim=victim)
+        o = self.wait_done(event, self.timing.crash_bound_s * 2 + 20)
+        acquired = self.acquired_after(at, owned, victim)
+        self.say(f"crash {victim} ({len(owned)}): socket p50 {fmt(o.p50)} s max {fmt(o.max)} s")
+        return {
+            "victim": victim,
+            "connections": len(owned),
+            "socket_s": o.took_s,
+            "acquired_s": {cid: t - at for cid, t in acquired.items()},
+            "pending": o.pending,
+        }
+
+    def handoff(self) -> dict[str, Any]:
+        (replacement,) = self.start_workers(1)
+        victim, owned = self.busiest()
+        at, status = self.fleet.terminate(victim, timeout=self.timing.shutdown_s + 20)
+        exited = time.time()  # terminate() returns once the process has exited
+        event = report.Event(report.DEPLOY, f"SIGTERM {victim}", at, dict.fromkeys(owned, at), victim=victim)
+        o = self.wait_done(event, 30 + self.timing.crash_bound_s)
+        books = self.sockets(owned)
+        released = {
+            e["connection_id"]: e["ts"] for e in self.fleet.events(victim) if e["event"] == "lease_released" and e["ts"] >= at
+        }
+        acquired = self.acquired_after(at, owned, victim)
+        no_socket, no_owner = {}, {}
+        for cid in owned:
+            old = [r for r in books[cid] if r.opened_at < at and r.closed_at is not None and r.closed_at >= at]
+            new = [r.opened_at for r in books[cid] if r.opened_at >= at]
+            if old and new:
+                no_socket[cid] = min(new) - max(r.closed_at for r in old)
+            if cid in released and cid in acquired:
+                no_owner[cid] = acquired[cid] - released[cid]
+        self.say(f"SIGTERM {victim} ({len(owned)}, exit {status} after {exited - at:.2f} s): no socket p50 "
+                 f"{fmt(median_spread(no_socket.values())['median'])} s; {replacement} new")
+        return {
+            "victim": victim,
+            "replacement": replacement,
+            "connections": len(owned),
+            "exit_status": status,
+            "exit_s": exited - at,
+            "socket_s": o.took_s,
+            "no_socket_s": no_socket,
+            "no_owner_s": no_owner,
+            "released": len(released),
+            "pending": o.pending,
+        }
+
+    # -- the run -----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        p = self.p
+        self.start_workers(p["workers"])
+        ids = [f"fo{i:03d}" for i in range(p["connections"])]
+        burst = self.start(ids)
+        self.say(f"START {len(ids)}: p50 {fmt(burst.p50)} s max {fmt(burst.max)} s")
+        self.settle()
+        crashes, handoffs = [], []
+        for _ in range(p["rounds"]):
+            crashes.append(self.crash())
+            self.start_workers(1)  # the scheduler replaces the dead task
+            self.settle()
+            handoffs.append(self.handoff())
+            self.settle()
+        probes = [f"probe{i:02d}" for i in range(p["probes"])]
+        starts = self.start(probes, p["probe_gap_s"])
+        self.settle()
+        stops = self.stop(probes, p["probe_gap_s"])
+        return {
+            "start_burst_s": burst.took_s,
+            "start_s": starts.took_s,
+            "stop_s": stops.took_s,
+            "crashes": crashes,
+            "handoffs": handoffs,
+            "overlaps": len(self.fleet.upstream.overlaps()),
+        }
+
+
+def pooled(rounds: list[dict], key: str) -> list[float]:
+    return [v for r in rounds for v in r[key].values() if v is not None]
+
+
+def run(*, quick: bool, run_dir: Path, command: str) -> Result:
+    p = settings_for(quick)
+    results = []
+    with EmulatorProcess(run_dir / "failover-emulator.log") as emulator:
+        for i, st in enumerate(QUICK_SETTINGS if quick else SETTINGS):
+            timing = Timing(
+                lease_s=st.lease_s, heartbeat_s=st.heartbeat_s, reconcile_s=st.reconcile_s,
+                skew_ms=p["skew_ms"], flush_ms=p["flush_ms"], shutdown_s=p["shutdown_s"],
+            )
+            cap = math.ceil(p["connections"] / (p["workers"] - 1)) + 5
+            with Fleet(
+                run_dir=run_dir / f"failover-{i}", timing=timing, rate=p["rate_per_connection"], emulator=emulator,
+                sample_interval=2.0, worker_env={cfg.MAX_CONNECTIONS: str(cap)},
+            ) as fleet:
+                out = Scenario(fleet, p).run()
+            out["setting"] = vars(st)
+            out["bounds"] = {"crash_s": timing.crash_bound_s, "graceful_s": timing.graceful_bound_s,
+                             "start_s": timing.start_bound_s, "stop_s": timing.stop_bound_s}
+            results.append(out)
+    return _result(p, results, command, quick)
+
+
+def _row(what: str, values: list[float], bound: float | None, published: float | None, rounds: list[float] | None = None) -> list[str]:
+    d = distribution(values)
+    spread = ""
+    if rounds and len(rounds) > 1:
+        spread = " / ".join(fmt(r) for r in rounds)
+    return [what, str(d["n"]), fmt(d["p50"]), fmt(d["p99"]), fmt(d["max"]), spread or "-",
+            fmt(bound) if bound is not None else "-", fmt(published, 0) if published is not None else "-"]
+
+
+def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool) -> Result:
+    header = ["setting: measure (s)", "n", "p50", "p99", "max", "per-round p50", "this design's bound", "published bound"]
+    rows = []
+    summary = []
+    for r in results:
+        st = Setting(**r["setting"])
+        b = r["bounds"]
+        crash_rounds = [median_spread(c["socket_s"].values())["median"] for c in r["crashes"]]
+        handoff_rounds = [median_spread(h["no_socket_s"].values())["median"] for h in r["handoffs"]]
+        rows += [
+            [f"**{st.label}**", "", "", "", "", "", "", ""],
+            _row("START -> connected, burst of " + str(len(r["start_burst_s"])), list(v for v in r["start_burst_s"].values() if v is not None), b["start_s"], None),
+            _row("START -> connected, one at a time", [v for v in r["start_s"].values() if v is not None], b["start_s"], None),
+            _row("crash: kill -9 -> lease acquired", pooled(r["crashes"], "acquired_s"), b["crash_s"], PUBLISHED["crash_s"]),
+            _row("crash: kill -9 -> new socket", pooled(r["crashes"], "socket_s"), b["crash_s"], PUBLISHED["crash_s"], crash_rounds),
+            _row("handoff: SIGTERM -> new socket", pooled(r["handoffs"], "socket_s"), b["graceful_s"], PUBLISHED["graceful_s"]),
+            _row("handoff: no socket (close -> open)", pooled(r["handoffs"], "no_socket_s"), b["graceful_s"], PUBLISHED["graceful_s"], handoff_rounds),
+            _row("handoff: no owner (released -> acquired)", pooled(r["handoffs"], "no_owner_s"), b["graceful_s"], PUBLISHED["graceful_s"]),
+            _row("STOP -> socket closed", [v for v in r["stop_s"].values() if v is not None], b["stop_s"], PUBLISHED["stop_s"]),
+        ]
+        pending = sum(len(c["pending"]) for c in r["crashes"]) + sum(len(h["pending"]) for h in r["handoffs"])
+        exits = ", ".join(f"{h['exit_s']:.1f}" for h in r["handoffs"])
+        summary.append(
+            f"{st.label}: victims held {', '.join(str(c['connections']) for c in r['crashes'])} (crash) and "
+            f"{', '.join(str(h['connections']) for h in r['handoffs'])} (SIGTERM) connections; SIGTERM -> exit {exits} s; "
+            f"connections never taken over: {pending}; moments with two sockets on one stream: {r['overlaps']}"
+        )
+    notes = [
+        f"{p['connections']} connections over {p['workers']} workers (a replacement started after each crash and before each "
+        f"SIGTERM, as ECS does), {p['rounds']} rounds of crash + handoff, pooled per connection; {p['probes']} one-at-a-time "
+        f"START and STOP probes {p['probe_gap_s']} s apart. Upstream {p['rate_per_connection']} msg/s per stream, "
+        f"MAX_CLOCK_SKEW_MS {p['skew_ms']}, FLUSH_INTERVAL_MS {p['flush_ms']}.",
+        "This design's bounds: crash = lease + skew + reconcile; handoff = min(2 s, lease / 2); START 2 s; STOP = heartbeat + 1 s. "
+        "Published bounds: crash up to lease 20 s + reconcile 60 s, handoff one 60 s reconcile cycle, STOP 10 s.",
+        *summary,
+    ]
+    if quick:
+        notes.append("--quick: tiny sizes and fast timings; the figures show that the code runs, not the design.")
+    return Result("Failover", command, p, md_table(header, rows), {"params": p, "results": results}, notes)
