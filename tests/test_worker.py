@@ -267,7 +267,7 @@ def test_transient_failures_past_the_lease_deadline_end_in_lease_expired_not_los
 def test_throttled_renewals_shorter_than_the_lease_do_not_drop_the_connection(aws_env, stores, upstream):
     conns, msgs = stores
     conns.start("a", upstream.url_for("a"))
-    cfg = config(aws_env)
+    cfg = config(aws_env, LEASE_SECONDS="4", HEARTBEAT_SECONDS="0.5")
     throttle = {"on": False, "served": 0}
 
     class Raw:
@@ -285,8 +285,8 @@ def test_throttled_renewals_shorter_than_the_lease_do_not_drop_the_connection(aw
             await eventually(lambda: upstream.open_sockets("a") and len(seqs(msgs, "a")) >= 5, what="connected")
             worker._aws.dynamodb.meta.events.register("before-send.dynamodb.UpdateItem", hook)
             throttle["on"] = True
-            # Throttle every renewal for about half the lease: several heartbeats fail.
-            await asyncio.sleep(cfg.lease_ms / 2000)
+            # Throttle every renewal for 1.5 s: three heartbeats fail, well inside the lease.
+            await asyncio.sleep(1.5)
             throttle["on"] = False
             fence = worker.runners["a"].fence_token
             renewed = conns.get("a")["updated_at_ms"]

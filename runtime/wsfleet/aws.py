@@ -11,19 +11,50 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
+import time
 from collections import Counter
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Iterator, TypeVar
 
 import boto3
 from botocore.config import Config
 
 from . import tracing
 from .config import WorkerConfig
+from .store import TransientError
 
 T = TypeVar("T")
 
 SQS_WAIT_SECONDS = 10
+
+_send_deadline = threading.local()
+
+
+class SendDeadlinePassed(TransientError):
+    """A DynamoDB request was about to leave after its caller's lease deadline."""
+
+
+@contextmanager
+def send_deadline(deadline_mono: float) -> Iterator[None]:
+    """In this thread, refuse to send DynamoDB requests once the monotonic deadline has
+    passed, checked by a botocore hook right before each attempt goes on the wire.
+
+    Message writes are not conditional, so this is what keeps a worker that was frozen
+    (SIGSTOP, a long GC or VM pause) between deciding to write and sending from writing
+    after its lease ran out: the check runs after the freeze, not before it. It narrows
+    the window to the few microseconds between the hook and the socket write."""
+    _send_deadline.value = deadline_mono
+    try:
+        yield
+    finally:
+        _send_deadline.value = None
+
+
+def _refuse_after_deadline(**_: Any) -> None:
+    deadline = getattr(_send_deadline, "value", None)
+    if deadline is not None and time.monotonic() >= deadline:
+        raise SendDeadlinePassed("lease deadline passed before the request was sent")
 
 
 class Aws:
@@ -31,17 +62,21 @@ class Aws:
         self, config: WorkerConfig, *, threads: int = 32, session: boto3.session.Session | None = None
     ) -> None:
         session = session or boto3.session.Session(region_name=config.region)
-        # botocore's own retries absorb short throttling bursts; the callers retry
-        # longer, bounded by their lease deadline.
-        base = dict(retries={"mode": "standard", "max_attempts": 3}, max_pool_connections=threads, connect_timeout=2)
+        base = dict(max_pool_connections=threads, connect_timeout=2)
+        # One attempt per DynamoDB call: the worker retries transient failures itself
+        # (wsfleet.worker.retry), with backoff bounded by the lease deadline. botocore's
+        # own retries would sleep up to seconds inside a call, past a short lease.
         self.dynamodb = session.client(
-            "dynamodb", endpoint_url=config.endpoint_url, config=Config(read_timeout=5, **base)
+            "dynamodb",
+            endpoint_url=config.endpoint_url,
+            config=Config(read_timeout=5, retries={"mode": "standard", "max_attempts": 1}, **base),
         )
+        retried = dict(retries={"mode": "standard", "max_attempts": 3}, **base)
         self.sqs = session.client(
-            "sqs", endpoint_url=config.endpoint_url, config=Config(read_timeout=SQS_WAIT_SECONDS + 10, **base)
+            "sqs", endpoint_url=config.endpoint_url, config=Config(read_timeout=SQS_WAIT_SECONDS + 10, **retried)
         )
         self.cloudwatch = session.client(
-            "cloudwatch", endpoint_url=config.endpoint_url, config=Config(read_timeout=10, **base)
+            "cloudwatch", endpoint_url=config.endpoint_url, config=Config(read_timeout=10, **retried)
         )
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="aws")
         # Requests as sent on the wire (retries included), per "service.Operation": what
@@ -49,6 +84,7 @@ class Aws:
         self.requests: Counter[str] = Counter()
         for client in (self.dynamodb, self.sqs, self.cloudwatch):
             client.meta.events.register("request-created", self._count)
+        self.dynamodb.meta.events.register("before-send.dynamodb", _refuse_after_deadline)
 
     def _count(self, event_name: str = "", **_: Any) -> None:
         # "request-created.<service>.<Operation>", emitted once per attempt.

@@ -29,10 +29,11 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from .. import metrics_names as names
 from .. import tracing
+from ..aws import send_deadline
 from ..leases import LeaseTiming, RenewFailure, backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
-from ..store import ConnectionsStore, MessagesStore, TransientError
+from ..store import ConnectionsStore, MessagesStore
 from ..stream import Frame, SeqTracker, parse_frame, resume_url
 from .retry import LeaseExpired, call_until
 
@@ -223,11 +224,10 @@ class ConnectionRunner:
             self._drained.set()
 
     def _put(self, *, frames: list[Frame]) -> None:
-        # Checked again in the thread, right before the request leaves: the pool may
-        # have queued it past the deadline.
-        if time.monotonic() >= self.deadline_mono:
-            raise TransientError("lease deadline passed before the write was sent")
-        self._messages.put(self.connection_id, frames, fence_token=self.fence_token, worker_id=self._s.worker_id)
+        # Runs in a pool thread, possibly long after it was queued (or after a freeze):
+        # the deadline is checked as each request leaves, not when the write was decided.
+        with send_deadline(self.deadline_mono):
+            self._messages.put(self.connection_id, frames, fence_token=self.fence_token, worker_id=self._s.worker_id)
 
     # --- lifecycle ---------------------------------------------------------------------
 

@@ -1,0 +1,41 @@
+"""The worker's AWS boundary: requests counted, and writes refused past a deadline."""
+
+import time
+
+import pytest
+
+from wsfleet.aws import Aws, SendDeadlinePassed, send_deadline
+from wsfleet.config import WorkerConfig
+from wsfleet.store import MessagesStore, TransientError
+from wsfleet.stream import Frame
+
+
+@pytest.fixture
+def aws(aws_env):
+    a = Aws(WorkerConfig.from_env(aws_env), threads=2)
+    yield a
+    a.close()
+
+
+def test_a_write_whose_deadline_passed_before_it_left_is_refused_and_never_sent(aws, aws_env):
+    msgs = MessagesStore(aws.dynamodb, aws_env["MESSAGES_TABLE_NAME"])
+    with send_deadline(time.monotonic() - 0.001), pytest.raises(SendDeadlinePassed) as refused:
+        msgs.put("c1", [Frame(1, "1", 0)], fence_token=1, worker_id="w")
+    assert isinstance(refused.value, TransientError)  # never read as a lost lease
+    assert msgs.read_all("c1") == []
+
+
+def test_a_write_within_its_deadline_goes_through_and_the_deadline_ends_with_the_block(aws, aws_env):
+    msgs = MessagesStore(aws.dynamodb, aws_env["MESSAGES_TABLE_NAME"])
+    with send_deadline(time.monotonic() + 30):
+        msgs.put("c1", [Frame(1, "1", 0)], fence_token=1, worker_id="w")
+    with send_deadline(time.monotonic() - 1):
+        pass
+    msgs.put("c1", [Frame(2, "2", 0)], fence_token=1, worker_id="w")  # no deadline outside the block
+    assert [r["sk"] for r in msgs.read_all("c1")] == [1, 2]
+
+
+def test_requests_are_counted_per_operation_as_sent(aws, aws_env):
+    aws.dynamodb.describe_table(TableName=aws_env["TABLE_NAME"])
+    aws.sqs.get_queue_attributes(QueueUrl=aws_env["QUEUE_URL"])
+    assert aws.requests["dynamodb.DescribeTable"] == 1 and aws.requests["sqs.GetQueueAttributes"] == 1
