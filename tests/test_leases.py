@@ -11,6 +11,7 @@ from wsfleet.leases import (
     backoff_s,
     classify_acquire_failure,
     classify_renew_failure,
+    hint_pause_s,
     release_already_landed,
     takeover_jitter_s,
     takeover_plan,
@@ -86,3 +87,9 @@ def test_backoff_grows_and_is_capped():
     rng = random.Random(1)
     assert all(0 <= backoff_s(0, base=0.1, rng=rng) <= 0.1 for _ in range(20))
     assert all(0 <= backoff_s(50, cap=5.0, rng=rng) <= 5.0 for _ in range(20))
+
+
+def test_an_idle_worker_polls_for_the_next_hint_at_once_and_a_full_one_waits():
+    assert hint_pause_s(0.0, random.Random(1)) == 0.0
+    assert all(0.0 <= hint_pause_s(1.0, random.Random(i)) <= 0.5 for i in range(20))
+    assert max(hint_pause_s(0.2, random.Random(i)) for i in range(20)) <= 0.1

@@ -135,6 +135,12 @@ def takeover_jitter_s(load: float, rng: random.Random | None = None) -> float:
     return 0.05 + 0.15 * r + 0.4 * min(max(load, 0.0), 1.0)
 
 
+def hint_pause_s(load: float, rng: random.Random | None = None) -> float:
+    """Pause before the next hint poll after taking one: nothing when idle, up to half
+    a second when full, so that peers with room get the next hints first."""
+    return 0.5 * min(max(load, 0.0), 1.0) * (rng or random).random()
+
+
 def backoff_s(attempt: int, *, base: float = 0.1, cap: float = 5.0, rng: random.Random | None = None) -> float:
     """Full-jitter exponential backoff for the ``attempt``-th retry (0-based)."""
     r = (rng or random).random()

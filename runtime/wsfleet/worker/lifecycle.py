@@ -20,7 +20,7 @@ from .. import metrics_names as names
 from .. import schema, tracing
 from ..aws import SQS_WAIT_SECONDS, Aws
 from ..config import WorkerConfig
-from ..leases import AcquireFailure, Candidate, LeaseTiming, takeover_jitter_s, takeover_plan
+from ..leases import AcquireFailure, Candidate, LeaseTiming, hint_pause_s, takeover_jitter_s, takeover_plan
 from ..logs import JsonLogger
 from ..metrics import Counters, metric_data
 from ..store import Acquired, ConnectionsStore, MessagesStore, TransientError, now_ms
@@ -168,18 +168,25 @@ class Worker:
     # --- intake: SQS hints ---------------------------------------------------------------
 
     async def poll_once(self, *, wait_seconds: int = SQS_WAIT_SECONDS) -> int:
-        """One long poll for START hints; returns how many messages it handled."""
-        free = self.free()
-        if free <= 0:
+        """One long poll for START hints; returns how many messages it handled.
+
+        One message per poll: when a leaving worker hints its connections all at once,
+        every waiting peer takes one at a time instead of the first poller taking ten,
+        and a busier worker pauses a little before its next poll, so the hints spread
+        over the fleet.
+        """
+        if self.free() <= 0:
             return 0
         resp = await self._aws.poll(
             self._aws.sqs.receive_message,
             QueueUrl=self.config.queue_url,
-            MaxNumberOfMessages=min(10, free),
+            MaxNumberOfMessages=1,
             WaitTimeSeconds=wait_seconds,
         )
         messages = resp.get("Messages", [])
         await asyncio.gather(*(self._on_hint(m) for m in messages))
+        if messages and not self._stopping.is_set():
+            await asyncio.sleep(hint_pause_s(1 - self.free() / self.config.max_connections))
         return len(messages)
 
     async def _on_hint(self, message: dict[str, Any]) -> None:
