@@ -40,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = out / f"run-{stamp}"
-    command = "PYTHONPATH=runtime:. python -m bench " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    given = sys.argv[1:] if argv is None else list(argv)
+    command = "PYTHONPATH=runtime:. python -m bench " + (shlex.join(given) if given else "all")
     host = machine()
     print(f"# wsfleet benchmarks ({', '.join(names)}{', quick' if args.quick else ''})")
     print(f"machine: {host['nproc']} cores ({host['cpu']}), Python {host['python']}, {host['platform']}")
