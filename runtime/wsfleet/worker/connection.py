@@ -94,6 +94,7 @@ class ConnectionRunner:
         self._log = log.bind(connection_id=connection_id, fence_token=fence_token)
         self._pending: list[Frame] = []
         self._flush_wanted = asyncio.Event()
+        self._linger: asyncio.TimerHandle | None = None  # armed while a partial batch waits
         self._drained = asyncio.Event()
         self._ended = asyncio.Event()
         self._ws: ClientConnection | None = None
@@ -195,30 +196,41 @@ class ConnectionRunner:
         self._pending.append(frame)
         if len(self._pending) >= BATCH_SIZE:
             self._flush_wanted.set()
-        elif len(self._pending) == 1:
-            asyncio.get_running_loop().call_later(self._s.flush_interval_s, self._flush_wanted.set)
+        elif self._linger is None:
+            self._linger = asyncio.get_running_loop().call_later(self._s.flush_interval_s, self._linger_over)
         while len(self._pending) >= MAX_PENDING:
             self._drained.clear()
             await self._drained.wait()  # backpressure: stop reading until the flusher catches up
+
+    def _linger_over(self) -> None:
+        self._linger = None
+        self._flush_wanted.set()
 
     async def _flusher(self) -> None:
         while self.end_reason is None:
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
             try:
-                await self.flush()
+                await self.flush(everything=False)
             except LeaseExpired:
                 self._log.warning("lease_expired_while_writing", pending=len(self._pending))
                 return self._end(EndReason.EXPIRED)
 
-    async def flush(self) -> None:
-        """Write every pending frame, in order, in batches; advance the checkpoint after
-        each. Raises :class:`LeaseExpired` instead of writing once the lease is past."""
+    async def flush(self, *, everything: bool = True) -> None:
+        """Write pending frames in order, in batches, advancing the checkpoint after each.
+
+        ``everything=False`` (the flusher) writes what was pending when it woke, then only
+        full batches: frames that arrive meanwhile wait out their own linger, so batches
+        fill up under load instead of each carrying what arrived during the previous
+        request. Raises :class:`LeaseExpired` instead of writing once the lease is past.
+        """
         async with self._flush_lock:
-            while self._pending:
+            due = len(self._pending)
+            while self._pending and (everything or due > 0 or len(self._pending) >= BATCH_SIZE):
                 batch = self._pending[:BATCH_SIZE]
                 await self._until_deadline(self._put, frames=batch)
                 del self._pending[: len(batch)]
+                due -= len(batch)
                 self.tracker.stored(batch[-1].seq)
                 self._counters.add(names.MESSAGES_STORED, len(batch))
             self._drained.set()
@@ -250,6 +262,8 @@ class ConnectionRunner:
             # already taken) next, and a stream must never have two sockets. The
             # stream task sees end_reason and does not reconnect.
             await self._close_socket()
+            if self._linger is not None:
+                self._linger.cancel()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
