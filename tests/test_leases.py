@@ -12,6 +12,7 @@ from wsfleet.leases import (
     classify_acquire_failure,
     classify_renew_failure,
     hint_pause_s,
+    reconcile_pause_s,
     release_already_landed,
     takeover_jitter_s,
     takeover_plan,
@@ -93,3 +94,11 @@ def test_an_idle_worker_polls_for_the_next_hint_at_once_and_a_full_one_waits():
     assert hint_pause_s(0.0, random.Random(1)) == 0.0
     assert all(0.0 <= hint_pause_s(1.0, random.Random(i)) <= 0.5 for i in range(20))
     assert max(hint_pause_s(0.2, random.Random(i)) for i in range(20)) <= 0.1
+
+
+def test_orphan_scans_come_often_enough_to_see_a_dead_lease_before_it_expires():
+    pauses = [reconcile_pause_s(60_000, T, random.Random(i)) for i in range(50)]
+    # A lease that missed its renewal is a suspect 1.5 heartbeats after it, 12.5 s before
+    # it expires with the defaults: no pause may be longer than the 10 s cap.
+    assert all(5.0 <= p <= 10.0 for p in pauses)
+    assert all(2.0 <= reconcile_pause_s(4_000, T, random.Random(i)) <= 4.0 for i in range(20))

@@ -135,6 +135,17 @@ def takeover_jitter_s(load: float, rng: random.Random | None = None) -> float:
     return 0.05 + 0.15 * r + 0.4 * min(max(load, 0.0), 1.0)
 
 
+def reconcile_pause_s(reconcile_ms: int, timing: LeaseTiming, rng: random.Random | None = None) -> float:
+    """Pause between orphan scans: RECONCILE_SECONDS jittered down to half of it, and
+    never longer than ``lease - 2 x heartbeat``. A dead holder's lease becomes a suspect
+    ``1.5 x heartbeat`` after its last renewal at the latest, so with this cap every
+    worker scans at least once before the lease expires, and the takeover is scheduled
+    for the moment of expiry instead of waiting for a scan after it."""
+    window_ms = timing.lease_ms - 2 * timing.heartbeat_ms
+    cap_ms = window_ms if window_ms > 0 else timing.heartbeat_ms
+    return min(reconcile_ms, cap_ms) * (0.5 + 0.5 * (rng or random).random()) / 1000
+
+
 def hint_pause_s(load: float, rng: random.Random | None = None) -> float:
     """Pause before the next hint poll after taking one: nothing when idle, up to half
     a second when full, so that peers with room get the next hints first."""

@@ -14,13 +14,21 @@ import resource
 import time
 from collections import deque
 from itertools import islice
-from typing import Any
+from typing import Any, Callable
 
 from .. import metrics_names as names
 from .. import schema, tracing
 from ..aws import SQS_WAIT_SECONDS, Aws
 from ..config import WorkerConfig
-from ..leases import AcquireFailure, Candidate, LeaseTiming, hint_pause_s, takeover_jitter_s, takeover_plan
+from ..leases import (
+    AcquireFailure,
+    Candidate,
+    LeaseTiming,
+    hint_pause_s,
+    reconcile_pause_s,
+    takeover_jitter_s,
+    takeover_plan,
+)
 from ..logs import JsonLogger
 from ..metrics import Counters, metric_data
 from ..store import Acquired, ConnectionsStore, MessagesStore, TransientError, now_ms
@@ -309,7 +317,7 @@ class Worker:
 
     # --- the loops ---------------------------------------------------------------------
 
-    async def _every(self, seconds: float, step: Any, *, jitter: float = 0.0, wait_first: bool = False) -> None:
+    async def _every(self, pause_s: Callable[[], float], step: Any, *, wait_first: bool = False) -> None:
         first = True
         while not self._stopping.is_set():
             if not (first and wait_first):
@@ -318,7 +326,7 @@ class Worker:
                 except Exception as exc:  # noqa: BLE001 - one failed step must not end the loop
                     self._log.warning("loop_step_failed", step=step.__name__, error=f"{type(exc).__name__}: {exc}")
             first = False
-            pause = seconds * (1 + jitter * (2 * random.random() - 1))
+            pause = pause_s()
             try:
                 await asyncio.wait_for(self._stopping.wait(), timeout=pause)
             except TimeoutError:
@@ -353,10 +361,12 @@ class Worker:
         poll = asyncio.create_task(self._poll_loop(), name="poll")
         loops = [
             asyncio.create_task(
-                self._every(self.config.reconcile_ms / 1000, self.reconcile_once, jitter=0.5), name="reconcile"
+                self._every(lambda: reconcile_pause_s(self.config.reconcile_ms, self.timing), self.reconcile_once),
+                name="reconcile",
             ),
             asyncio.create_task(
-                self._every(self.config.metrics_seconds, self.publish_metrics_once, wait_first=True), name="metrics"
+                self._every(lambda: self.config.metrics_seconds, self.publish_metrics_once, wait_first=True),
+                name="metrics",
             ),
             asyncio.create_task(self._probe_lag(), name="lag-probe"),
         ]
