@@ -14,7 +14,7 @@ from botocore.config import Config
 
 from wsfleet import schema
 from wsfleet.leases import AcquireFailure, RenewFailure
-from wsfleet.store import Acquired, ConnectionsStore, MessagesStore, TransientError
+from wsfleet.store import Acquired, ConnectionsStore, MessagesStore, NotAcquired, TransientError
 from wsfleet.stream import Frame
 
 LEASE = dict(lease_ms=20_000, max_clock_skew_ms=1_000)
@@ -44,7 +44,7 @@ def test_twenty_racing_workers_produce_exactly_one_winner(emulator, aws_env, sta
         results = list(pool.map(racer, range(20)))
     winners = [r for r in results if isinstance(r, Acquired)]
     assert len(winners) == 1
-    assert all(r is AcquireFailure.HELD for r in results if not isinstance(r, Acquired))
+    assert all(r.reason is AcquireFailure.HELD for r in results if not isinstance(r, Acquired))
     item = ConnectionsStore(
         boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1"),
         aws_env["TABLE_NAME"],
@@ -63,8 +63,9 @@ def test_acquire_sets_owner_and_expiry_and_bumps_the_fence(store, started):
 
 
 def test_a_live_lease_cannot_be_taken(store, started):
-    store.acquire(started, owner="a", **LEASE)
-    assert store.acquire(started, owner="b", **LEASE) is AcquireFailure.HELD
+    won = store.acquire(started, owner="a", **LEASE)
+    lost = store.acquire(started, owner="b", **LEASE)
+    assert lost == NotAcquired(AcquireFailure.HELD, won.item["lease_expires_at_ms"])
 
 
 def test_an_expired_lease_is_taken_over_and_the_fence_increments(store, started):
@@ -76,13 +77,13 @@ def test_an_expired_lease_is_taken_over_and_the_fence_increments(store, started)
 
 def test_an_expired_lease_is_not_taken_within_the_skew_margin(store, started):
     store.acquire(started, owner="a", lease_ms=1, max_clock_skew_ms=0)
-    assert store.acquire(started, owner="b", lease_ms=20_000, max_clock_skew_ms=60_000) is AcquireFailure.HELD
+    assert store.acquire(started, owner="b", lease_ms=20_000, max_clock_skew_ms=60_000).reason is AcquireFailure.HELD
 
 
 def test_acquire_of_unknown_or_stopped_connection_says_why(store, started):
-    assert store.acquire("nope", owner="a", **LEASE) is AcquireFailure.NOT_FOUND
+    assert store.acquire("nope", owner="a", **LEASE) == NotAcquired(AcquireFailure.NOT_FOUND)
     store.stop(started)
-    assert store.acquire(started, owner="a", **LEASE) is AcquireFailure.STOPPED
+    assert store.acquire(started, owner="a", **LEASE).reason is AcquireFailure.STOPPED
 
 
 def test_a_retried_acquire_that_already_landed_counts_as_won(store, started):

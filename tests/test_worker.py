@@ -297,3 +297,31 @@ def test_throttled_renewals_shorter_than_the_lease_do_not_drop_the_connection(aw
     asyncio.run(scenario())
     assert throttle["served"] >= 2
     assert len(upstream.sockets("a")) == 1  # the socket was never closed
+
+
+def test_a_takeover_that_meets_a_late_last_renewal_tries_again_at_the_new_expiry(aws_env, stores, upstream):
+    conns, _ = stores
+    conns.start("a", upstream.url_for("a"))
+    cfg = config(aws_env)
+    dead = conns.acquire("a", owner="dead", lease_ms=cfg.lease_ms, max_clock_skew_ms=cfg.max_clock_skew_ms)
+    first_expiry = dead.item["lease_expires_at_ms"]
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())  # stepped by hand: no scans but this one
+        try:
+            await eventually(lambda: time.time() * 1000 > first_expiry - cfg.lease_ms + 700, what="a missed renewal")
+            assert await worker.reconcile_once() == 1
+            # The dead holder's last renewal lands after our scan read the index.
+            late = conns.renew("a", owner="dead", fence_token=1, lease_ms=cfg.lease_ms, last_seq=0)
+            assert late["lease_expires_at_ms"] > first_expiry
+            await eventually(
+                lambda: "a" in worker.runners, timeout=cfg.lease_ms / 1000 + 3, what="the retried takeover"
+            )
+            assert time.time() * 1000 >= late["lease_expires_at_ms"] + cfg.max_clock_skew_ms
+            assert worker.runners["a"].fence_token == 2
+        finally:
+            await worker.shutdown(budget_s=3)
+            aws.close()
+
+    asyncio.run(scenario())

@@ -1,7 +1,7 @@
 """DynamoDB adapter: every read and conditional write of the two tables, and nothing else.
 
 Each write says in its docstring what it is conditional on. A lost race comes back as
-a value (an ``AcquireFailure``, a ``RenewFailure``, a router outcome); a transient
+a value (a ``NotAcquired``, a ``RenewFailure``, a router outcome); a transient
 fault (throttling, timeout, 5xx, connection error) is raised as :class:`TransientError`,
 so that no caller can mistake one for the other. The calls are synchronous boto3: the
 worker runs them in threads (see ``wsfleet.aws``), the Lambda router calls them directly.
@@ -94,6 +94,12 @@ def now_ms() -> int:
 @dataclass(frozen=True)
 class Acquired:
     item: dict  # the connection item after the acquisition
+
+
+@dataclass(frozen=True)
+class NotAcquired:
+    reason: AcquireFailure
+    lease_expires_at_ms: int | None = None  # the lease as it was, when it is HELD
 
 
 class StartOutcome(enum.Enum):
@@ -216,13 +222,14 @@ class ConnectionsStore:
 
     def acquire(
         self, connection_id: str, *, owner: str, lease_ms: int, max_clock_skew_ms: int
-    ) -> Acquired | AcquireFailure:
+    ) -> Acquired | NotAcquired:
         """Take the lease.
 
         Conditional on: the item exists, desired_state is STARTED, and its lease is free
         or expired (``lease_expires_at_ms < now - max_clock_skew_ms``). Sets owner and
         expiry and increments ``fence_token``. Exactly one of any number of racing
-        callers succeeds; the others get the reason they lost. A retry whose first
+        callers succeeds; the others get the reason they lost (and, when the lease is
+        held, its expiry). A retry whose first
         attempt already landed (we own it now) counts as success.
         """
         now = self._now_ms()
@@ -243,7 +250,8 @@ class ConnectionsStore:
             return Acquired(new)
         if acquire_already_landed(old, owner):
             return Acquired(old)
-        return classify_acquire_failure(old)
+        expires = int(old[schema.LEASE_EXPIRES_AT_MS]) if old and schema.LEASE_EXPIRES_AT_MS in old else None
+        return NotAcquired(classify_acquire_failure(old), expires)
 
     def renew(
         self, connection_id: str, *, owner: str, fence_token: int, lease_ms: int, last_seq: int

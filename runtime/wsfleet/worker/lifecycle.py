@@ -31,7 +31,7 @@ from ..leases import (
 )
 from ..logs import JsonLogger
 from ..metrics import Counters, metric_data
-from ..store import Acquired, ConnectionsStore, MessagesStore, TransientError, now_ms
+from ..store import Acquired, ConnectionsStore, MessagesStore, NotAcquired, TransientError, now_ms
 from .connection import ConnectionRunner, EndReason, Settings
 from .retry import LeaseExpired, call_until
 
@@ -96,14 +96,16 @@ class Worker:
                     lease_ms=self.timing.lease_ms,
                     max_clock_skew_ms=self.timing.max_clock_skew_ms,
                 )
-                span.annotate(outcome=result.value if isinstance(result, AcquireFailure) else "acquired")
+                span.annotate(outcome=result.reason.value if isinstance(result, NotAcquired) else "acquired")
         except LeaseExpired:
             self._log.warning("acquire_gave_up", connection_id=connection_id, source=source)
             return None
         finally:
             self._acquiring.discard(connection_id)
-        if isinstance(result, AcquireFailure):
-            self._log.info("acquire_lost", connection_id=connection_id, source=source, why=result.value)
+        if isinstance(result, NotAcquired):
+            self._log.info("acquire_lost", connection_id=connection_id, source=source, why=result.reason.value)
+            if source == "orphan" and result.reason is AcquireFailure.HELD:
+                self._retry_suspect(connection_id, result.lease_expires_at_ms)
             return None
         assert isinstance(result, Acquired)
         item = result.item
@@ -247,16 +249,36 @@ class Worker:
                 _take, self._connections.suspects(shard, below_ms=below, limit=min(100, free + 10)), free + 10
             )
             candidates.extend(found)
+        plan = self._schedule(candidates, now, capacity=free)
+        if plan:
+            self._log.info("orphans_scheduled", count=len(plan), first_in_s=round(max(0, plan[0][1] - now) / 1000, 3))
+        return len(plan)
+
+    def _schedule(self, candidates: list[Candidate], now: int, *, capacity: int) -> list[tuple[str, int]]:
+        """Arm a timer per planned takeover, at the moment each lease becomes acquirable
+        plus load-weighted jitter."""
         busy = set(self.runners) | self._acquiring | set(self._scheduled)
-        plan = takeover_plan(candidates, now_ms=now, timing=self.timing, managed=busy, capacity=free)
+        plan = takeover_plan(candidates, now_ms=now, timing=self.timing, managed=busy, capacity=capacity)
         load = 1 - self.free() / self.config.max_connections
         loop = asyncio.get_running_loop()
         for connection_id, at_ms in plan:
             delay = max(0.0, (at_ms - now_ms()) / 1000) + takeover_jitter_s(load)
             self._scheduled[connection_id] = loop.call_later(delay, self._fire, connection_id)
-        if plan:
-            self._log.info("orphans_scheduled", count=len(plan), first_in_s=round(max(0, plan[0][1] - now) / 1000, 3))
-        return len(plan)
+        return plan
+
+    def _retry_suspect(self, connection_id: str, lease_expires_at_ms: int | None) -> None:
+        """A takeover attempt found the lease still held. If its expiry still looks like
+        a missed renewal (the holder's last renewal landed after our scan read the
+        index, then it died), try again at the new expiry instead of waiting for a scan
+        after it. A live holder's next renewal moves the expiry out of the suspect
+        range, which ends the retries."""
+        now = now_ms()
+        if self._stopping.is_set() or lease_expires_at_ms is None:
+            return
+        if lease_expires_at_ms < self.timing.suspect_below_ms(now):
+            self._schedule(
+                [Candidate(connection_id, lease_expires_at_ms)], now, capacity=self.free() - len(self._scheduled)
+            )
 
     def _fire(self, connection_id: str) -> None:
         self._scheduled.pop(connection_id, None)
