@@ -304,12 +304,12 @@ class Worker:
             return None
         return sum(counts)
 
-    async def publish_metrics_once(self) -> None:
+    async def publish_metrics_once(self, *, count_unowned: bool = True) -> None:
         data = metric_data(
             service_name=self.config.service_name,
             active_connections=len(self.runners),
             deltas=self.counters.take_deltas(),
-            unowned_connections=await self.count_unowned(),
+            unowned_connections=await self.count_unowned() if count_unowned else None,
         )
         try:
             for start in range(0, len(data), 20):
@@ -429,6 +429,7 @@ class Worker:
     async def shutdown(self, *, budget_s: float) -> None:
         """Close every socket, flush, checkpoint and release, all connections in
         parallel; whatever is not done within the budget is left to expire."""
+        started = time.monotonic()
         self._stopping.set()
         for runner in list(self.runners.values()):
             runner.request_shutdown()
@@ -437,7 +438,13 @@ class Worker:
             done, late = await asyncio.wait(pending, timeout=max(0.1, budget_s))
             if late:
                 self._log.warning("shutdown_budget_exceeded", unfinished=len(late))
-        await self.publish_metrics_once()
+        # The last counters and ActiveConnections, within what is left of the budget: the
+        # leases are released already, so a slow CloudWatch must not hold the exit.
+        left = budget_s - (time.monotonic() - started)
+        try:
+            await asyncio.wait_for(self.publish_metrics_once(count_unowned=False), timeout=max(0.1, left))
+        except TimeoutError:
+            self._log.warning("final_metrics_timed_out")
 
 
 def _hinted_connection(body: str) -> str | None:
