@@ -79,7 +79,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
             began = time.time()
             rig.start_connections(part, quiet)
             written = time.time()
-            eventually(lambda: quiet.open_sockets() >= target, connect_timeout, f"{target} sockets open", interval=0.5)
+            eventually(lambda target=target: quiet.open_sockets() >= target, connect_timeout, f"{target} sockets open", interval=0.5)
             bursts.append({"connections": len(part), "write_s": written - began, "all_connected_s": time.time() - began})
             time.sleep(max(s["settle_s"], heartbeat))  # every new connection has renewed once
             rss[target] = proc_rss_mb(worker.pid)

@@ -204,7 +204,7 @@ async def test_two_hundred_streams_with_one_socket_each_all_flow():
         finally:
             await asyncio.gather(*(ws.close() for ws in sockets))
         assert all(seqs(frames) == [1, 2, 3] for frames in received)
-        assert all(f["data"]["stream"] == n for n, frames in zip(names, received) for f in frames)
+        assert all(f["data"]["stream"] == n for n, frames in zip(names, received, strict=True) for f in frames)
         assert up.overlaps() == []
         assert {up.max_concurrent(n) for n in names} == {1}
 
