@@ -19,7 +19,7 @@ export JSII_SILENCE_WARNING_KNOWN_BROKEN_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_VERSION_CHECK := 1
 
-.PHONY: all demo test synth bench venv clean
+.PHONY: all demo test lint synth bench venv clean
 
 all: test
 
@@ -39,10 +39,14 @@ venv: $(VENV)/.deps
 demo: $(VENV)/.deps
 	$(PY) -m wsfleet.local.demo $(DEMO_ARGS)
 
-## test: unit, emulator, fleet and stack tests, then `cdk synth` of every environment
-test: $(VENV)/.deps node_modules/.deps
+## test: lint, unit, emulator, fleet and stack tests, then `cdk synth` of every environment
+test: $(VENV)/.deps node_modules/.deps lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory synth
+
+## lint: ruff (pyflakes, bugbear; ruff.toml)
+lint: $(VENV)/.deps
+	$(VENV)/bin/ruff check .
 
 ## synth: `cdk synth` of every environment through the real aws-cdk CLI
 synth: $(VENV)/.deps node_modules/.deps
