@@ -229,8 +229,8 @@ class ConnectionsStore:
         or expired (``lease_expires_at_ms < now - max_clock_skew_ms``). Sets owner and
         expiry and increments ``fence_token``. Exactly one of any number of racing
         callers succeeds; the others get the reason they lost (and, when the lease is
-        held, its expiry). A retry whose first
-        attempt already landed (we own it now) counts as success.
+        held, its expiry). A retry whose first attempt already landed (we own it now)
+        counts as success.
         """
         now = self._now_ms()
         new, old = self._conditional_update(
