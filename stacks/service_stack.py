@@ -138,6 +138,9 @@ class ServiceStack(Stack):
             config.SHUTDOWN_SECONDS: str(settings.shutdown_seconds),
             config.METRICS_SECONDS: str(settings.metrics_seconds),
             config.MESSAGE_TTL_DAYS: str(settings.message_ttl_days),
+            # The router's allow-list: the worker lets only exactly listed hosts resolve
+            # to internal addresses (validation.check_resolved).
+            config.ALLOWED_WS_HOSTS: ",".join(settings.allowed_ws_hosts),
         }
 
     def grant_router(self, role: iam.IRole) -> None:

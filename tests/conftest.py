@@ -57,4 +57,5 @@ def python_env() -> dict[str, str]:
     env["PYTHONPATH"] = os.path.join(root, "runtime")
     env["PYTHONUNBUFFERED"] = "1"
     env["AWS_XRAY_SDK_ENABLED"] = "false"
+    env["ALLOWED_WS_HOSTS"] = "127.0.0.1"  # the local upstream's address
     return env

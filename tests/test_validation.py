@@ -10,6 +10,7 @@ from wsfleet.validation import (
     MAX_WS_URL_LENGTH,
     Allowlist,
     Invalid,
+    check_resolved,
     check_connection_id,
     check_ws_url,
     is_internal,
@@ -271,3 +272,28 @@ def test_internal_ip_literal_is_accepted_when_that_exact_address_is_listed(entry
 )
 def test_is_internal_refuses_ipv6_forms_that_carry_ipv4_or_tunnel(address, internal):
     assert is_internal(ipaddress.ip_address(address)) is internal
+
+
+# --- what the worker connects to: DNS answers checked against internal ranges --------
+
+
+def test_a_host_name_resolving_to_a_public_address_is_connected_to_that_address():
+    assert check_resolved("feed.example.com", ["93.184.216.34"], Allowlist.of(["*.example.com"])) == "93.184.216.34"
+
+
+def test_a_pattern_matched_host_resolving_only_to_internal_addresses_is_refused():
+    for internal in (["169.254.169.254"], ["10.0.0.7", "127.0.0.1"], ["::1"], ["fd00::1"]):
+        with pytest.raises(Invalid) as err:
+            check_resolved("feed.example.com", internal, Allowlist.of(["*.example.com"]))
+        assert err.value.code == "ws_host_not_allowed" and "feed.example.com" in err.value.message
+
+
+def test_the_first_public_answer_is_used_when_dns_mixes_internal_and_public():
+    assert check_resolved("feed.example.com", ["10.0.0.7", "93.184.216.34"], Allowlist.of(["*.example.com"])) == "93.184.216.34"
+
+
+def test_an_exactly_listed_host_or_address_may_be_internal():
+    assert check_resolved("localhost", ["127.0.0.1"], Allowlist.of(["localhost"])) == "127.0.0.1"
+    assert check_resolved("127.0.0.1", ["127.0.0.1"], Allowlist.of(["127.0.0.1"])) == "127.0.0.1"
+    with pytest.raises(Invalid):
+        check_resolved("localhost", ["127.0.0.1"], Allowlist.of(["*.localhost"]))

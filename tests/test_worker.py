@@ -27,6 +27,7 @@ FAST = {
     "MAX_CLOCK_SKEW_MS": "200",
     "SHUTDOWN_SECONDS": "5",
     "METRICS_SECONDS": "30",
+    "ALLOWED_WS_HOSTS": "127.0.0.1",  # the local upstream's address
 }
 
 
@@ -323,5 +324,31 @@ def test_a_takeover_that_meets_a_late_last_renewal_tries_again_at_the_new_expiry
         finally:
             await worker.shutdown(budget_s=3)
             aws.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_host_name_that_resolves_to_an_internal_address_is_not_connected_to(aws_env, stores, upstream):
+    conns, _ = stores
+    # Neither "localhost" nor 127.0.0.1 is listed: DNS sends the name to loopback, as a
+    # hostile record could send a name to the metadata endpoint.
+    conns.start("a", upstream.url_for("a").replace("127.0.0.1", "localhost"))
+
+    async def scenario():
+        async with running(config(aws_env, ALLOWED_WS_HOSTS="*.localhost,127.0.0.2")) as worker:
+            await eventually(lambda: "a" in worker.runners, what="the lease")
+            await asyncio.sleep(0.5)
+            assert upstream.sockets("a") == [] and not worker.runners["a"].connected.is_set()
+
+    asyncio.run(scenario())
+
+
+def test_an_exactly_listed_host_name_may_resolve_to_loopback(aws_env, stores, upstream):
+    conns, msgs = stores
+    conns.start("a", upstream.url_for("a").replace("127.0.0.1", "localhost"))
+
+    async def scenario():
+        async with running(config(aws_env, ALLOWED_WS_HOSTS="localhost")):
+            await eventually(lambda: len(seqs(msgs, "a")) >= 3, what="frames stored")
 
     asyncio.run(scenario())

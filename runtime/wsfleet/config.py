@@ -89,6 +89,14 @@ def _endpoint(env: Mapping[str, str]) -> str | None:
     return url or None
 
 
+def allowed_ws_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
+    hosts = tuple(h.strip().lower() for h in env.get(ALLOWED_WS_HOSTS, "").split(",") if h.strip())
+    for host in hosts:
+        if "*" in host and not (host.startswith("*.") and "*" not in host[2:] and len(host) > 2):
+            raise ConfigError(f"{ALLOWED_WS_HOSTS} entries must be host names or '*.domain' patterns, got {host!r}")
+    return hosts
+
+
 def state_shards(env: Mapping[str, str]) -> int:
     return _int_in(env, STATE_SHARDS, schema.DEFAULT_STATE_SHARDS, 1, schema.MAX_STATE_SHARDS)
 
@@ -114,6 +122,9 @@ class WorkerConfig:
     metrics_seconds: float
     message_ttl_days: int
     flush_interval_ms: int  # how long a received frame may wait to share a batch write
+    # The router's allow-list: here only its exact names and addresses matter, as the
+    # ones allowed to resolve to an internal address (see validation.check_resolved).
+    allowed_ws_hosts: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
@@ -151,6 +162,7 @@ class WorkerConfig:
             metrics_seconds=_positive_float(env, METRICS_SECONDS, 60.0),
             message_ttl_days=_int_in(env, MESSAGE_TTL_DAYS, 0, 0, 3650),
             flush_interval_ms=_int_in(env, FLUSH_INTERVAL_MS, 100, 0, 10_000),
+            allowed_ws_hosts=allowed_ws_hosts(env),
         )
 
     def default_worker_id(self) -> str:
@@ -169,10 +181,7 @@ class RouterConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "RouterConfig":
         env = os.environ if env is None else env
-        hosts = tuple(h.strip().lower() for h in env.get(ALLOWED_WS_HOSTS, "").split(",") if h.strip())
-        for host in hosts:
-            if "*" in host and not (host.startswith("*.") and "*" not in host[2:] and len(host) > 2):
-                raise ConfigError(f"{ALLOWED_WS_HOSTS} entries must be host names or '*.domain' patterns, got {host!r}")
+        hosts = allowed_ws_hosts(env)
         return cls(
             table_name=_required(env, TABLE_NAME),
             queue_url=_required(env, QUEUE_URL),

@@ -140,6 +140,27 @@ def check_ws_url(value: object, allowlist: Allowlist) -> str:
     return value
 
 
+def check_resolved(host: str, addresses: list[str], allowlist: Allowlist) -> str:
+    """The first address the worker may connect to for ``host``, from what DNS returned.
+
+    The router checks the URL as written; a host *name* can still resolve to an internal
+    address (a DNS record pointing at 169.254.169.254, or rebinding between the router's
+    check and the connect). Internal addresses are allowed only for a host listed
+    exactly (not through a ``*.`` pattern) or an address listed itself. Raises
+    :class:`Invalid` when no address is allowed."""
+    host = host.lower().rstrip(".")
+    exact = host in allowlist.names
+    for text in addresses:
+        address = _ip_or_none(text.split("%", 1)[0])
+        if address is not None and (exact or address in allowlist.addresses or not is_internal(address)):
+            return text
+    raise Invalid(
+        "ws_host_not_allowed",
+        f"{host} resolves only to loopback, private, link-local, multicast or reserved addresses "
+        f"({', '.join(addresses) or 'none'}); list the host exactly in ALLOWED_WS_HOSTS to allow it.",
+    )
+
+
 def is_internal(address: IPAddress) -> bool:
     """True for any address that is not plainly a public unicast one, including IPv6
     forms that embed an IPv4 address (mapped, compatible, NAT64) and IPv6 tunnels."""

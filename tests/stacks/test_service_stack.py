@@ -248,7 +248,10 @@ def test_worker_environment_is_what_the_contract_names(env):
         config.SHUTDOWN_SECONDS,
         config.METRICS_SECONDS,
         config.MESSAGE_TTL_DAYS,
+        config.ALLOWED_WS_HOSTS,
     }
+    # The same allow-list as the router's: the worker checks what the host names resolve to.
+    assert variables[config.ALLOWED_WS_HOSTS] == _router(env)["Environment"]["Variables"][config.ALLOWED_WS_HOSTS]
     # On ECS the worker names itself from task metadata and talks to real AWS.
     assert config.WORKER_ID not in variables and config.AWS_ENDPOINT_URL not in variables
 

@@ -136,6 +136,8 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(RUNTIME_DIR), os.environ.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
     env["AWS_XRAY_SDK_ENABLED"] = "false"
+    # The local upstream is on loopback: the router and the worker must both allow it.
+    env[cfg.ALLOWED_WS_HOSTS] = LOOPBACK
     env.update(extra)
     return env
 

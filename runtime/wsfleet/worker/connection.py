@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import random
+import socket
 import time
+from urllib.parse import urlsplit
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -35,6 +37,7 @@ from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import ConnectionsStore, MessagesStore
 from ..stream import Frame, SeqTracker, parse_frame, resume_url
+from ..validation import Allowlist, Invalid, check_resolved
 from .retry import LeaseExpired, call_until
 
 BATCH_SIZE = 25
@@ -58,6 +61,7 @@ class Settings:
     ping_interval_s: float = 20.0
     max_frame_bytes: int = 1 << 20
     flush_interval_s: float = 0.1  # how long a lone frame may wait for company before it is written
+    allowlist: Allowlist = Allowlist.of(())  # hosts allowed to resolve to internal addresses
 
 
 Call = Callable[..., Awaitable[Any]]
@@ -154,8 +158,11 @@ class ConnectionRunner:
             url = resume_url(self.ws_url, self.tracker.next_seq)
             try:
                 with tracing.segment("connect", connection_id=self.connection_id, from_seq=self.tracker.next_seq):
+                    address, port = await self._resolve()
                     ws = await connect(
                         url,
+                        host=address,  # pinned: the address checked is the one connected to
+                        port=port,
                         compression=None,  # about 4x less memory per socket
                         open_timeout=self._s.connect_timeout_s,
                         ping_interval=self._s.ping_interval_s,
@@ -171,6 +178,9 @@ class ConnectionRunner:
                     async for message in ws:
                         await self._receive(message)
                     code = ws.close_code
+            except Invalid as exc:
+                code = None
+                self._log.error("upstream_refused", error=exc.message, attempt=attempt)
             except (OSError, TimeoutError, InvalidURI, InvalidHandshake, ConnectionClosed) as exc:
                 code = None
                 self._log.warning("socket_error", error=f"{type(exc).__name__}: {exc}", attempt=attempt)
@@ -184,6 +194,16 @@ class ConnectionRunner:
             self._log.info("reconnecting", close_code=code, in_s=round(delay, 3), from_seq=self.tracker.next_seq)
             attempt += 1
             await asyncio.sleep(delay)
+
+    async def _resolve(self) -> tuple[str, int]:
+        """The address to open the socket to: DNS answers checked against internal
+        ranges (validation.check_resolved), so that a host name cannot point the worker
+        at the metadata endpoint or the VPC. Raises Invalid, or OSError if DNS fails."""
+        parts = urlsplit(self.ws_url)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "wss" else 80)
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return check_resolved(host, list(dict.fromkeys(info[4][0] for info in infos)), self._s.allowlist), port
 
     async def _receive(self, message: str | bytes) -> None:
         frame = parse_frame(message, int(time.time() * 1000))

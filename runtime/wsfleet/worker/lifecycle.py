@@ -31,6 +31,7 @@ from ..leases import (
 )
 from ..logs import JsonLogger
 from ..metrics import Counters, metric_data
+from ..validation import Allowlist
 from ..store import Acquired, ConnectionsStore, MessagesStore, NotAcquired, TransientError, now_ms
 from .connection import ConnectionRunner, EndReason, Settings
 from .retry import LeaseExpired, call_until
@@ -57,7 +58,10 @@ class Worker:
         self._connections = ConnectionsStore(aws.dynamodb, config.table_name, state_shards=config.state_shards)
         self._messages = MessagesStore(aws.dynamodb, config.messages_table_name, ttl_days=config.message_ttl_days)
         self._settings = Settings(
-            worker_id=worker_id, timing=self.timing, flush_interval_s=config.flush_interval_ms / 1000
+            worker_id=worker_id,
+            timing=self.timing,
+            flush_interval_s=config.flush_interval_ms / 1000,
+            allowlist=Allowlist.of(config.allowed_ws_hosts),
         )
         self._acquiring: set[str] = set()
         self._scheduled: dict[str, asyncio.TimerHandle] = {}
