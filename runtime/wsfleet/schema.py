@@ -77,10 +77,6 @@ def gsi_state(connection_id: str, shards: int) -> str:
     return f"{STARTED}#{shard_for(connection_id, shards)}"
 
 
-def gsi_partitions(shards: int) -> list[str]:
-    return [f"{STARTED}#{n}" for n in range(shards)]
-
-
 def connections_table_spec(table_name: str) -> dict[str, Any]:
     """CreateTable arguments for the connections table (on-demand)."""
     return {
