@@ -73,8 +73,13 @@ def shard_for(connection_id: str, shards: int) -> int:
     return zlib.crc32(connection_id.encode("utf-8")) % shards
 
 
+def gsi_partition(shard: int) -> str:
+    """The index partition key of one shard."""
+    return f"{STARTED}#{shard}"
+
+
 def gsi_state(connection_id: str, shards: int) -> str:
-    return f"{STARTED}#{shard_for(connection_id, shards)}"
+    return gsi_partition(shard_for(connection_id, shards))
 
 
 def connections_table_spec(table_name: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import re
 import time
 from decimal import Decimal
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
@@ -181,42 +181,35 @@ class ConnectionsStore:
         )
         return unmarshal(resp["Item"]) if "Item" in resp else None
 
-    def suspects(self, shard: int, *, below_ms: int, limit: int = 100) -> Iterable[Candidate]:
-        """STARTED connections of one index shard whose lease expires before ``below_ms``
-        (free leases have expiry 0), oldest first, following pagination lazily."""
+    def _index_pages(self, shard: int, below_ms: int, **extra: Any) -> Iterator[dict]:
+        """Query pages of one index shard: STARTED connections whose lease expires before
+        ``below_ms`` (free leases have expiry 0), oldest first, fetched lazily."""
         kwargs: dict[str, Any] = {
             "IndexName": schema.GSI_NAME,
             "KeyConditionExpression": "#p = :p AND #e < :below",
             "ExpressionAttributeNames": {"#p": schema.GSI_PK, "#e": schema.GSI_SK},
-            "ExpressionAttributeValues": marshal({":p": f"{schema.STARTED}#{shard}", ":below": below_ms}),
-            "Limit": limit,
+            "ExpressionAttributeValues": marshal({":p": schema.gsi_partition(shard), ":below": below_ms}),
+            **extra,
         }
         while True:
             resp = self._call("query", **kwargs)
-            for raw in resp.get("Items", []):
-                row = unmarshal(raw)
-                yield Candidate(schema.connection_id_from_pk(row[schema.PK]), int(row[schema.GSI_SK]))
+            yield resp
             if "LastEvaluatedKey" not in resp:
                 return
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
+    def suspects(self, shard: int, *, below_ms: int, limit: int = 100) -> Iterator[Candidate]:
+        """STARTED connections of one index shard whose lease expires before ``below_ms``,
+        oldest first, ``limit`` per request."""
+        for page in self._index_pages(shard, below_ms, Limit=limit):
+            for raw in page.get("Items", []):
+                row = unmarshal(raw)
+                yield Candidate(schema.connection_id_from_pk(row[schema.PK]), int(row[schema.GSI_SK]))
+
     def count_unowned(self, shard: int, *, now_ms: int) -> int:
         """How many STARTED connections of one index shard have no live lease (free, or
         expired by their owner's clock), counted without reading the items."""
-        kwargs: dict[str, Any] = {
-            "IndexName": schema.GSI_NAME,
-            "KeyConditionExpression": "#p = :p AND #e < :now",
-            "ExpressionAttributeNames": {"#p": schema.GSI_PK, "#e": schema.GSI_SK},
-            "ExpressionAttributeValues": marshal({":p": f"{schema.STARTED}#{shard}", ":now": now_ms}),
-            "Select": "COUNT",
-        }
-        count = 0
-        while True:
-            resp = self._call("query", **kwargs)
-            count += resp.get("Count", 0)
-            if "LastEvaluatedKey" not in resp:
-                return count
-            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        return sum(page.get("Count", 0) for page in self._index_pages(shard, now_ms, Select="COUNT"))
 
     # --- lease writes ------------------------------------------------------------------
 
