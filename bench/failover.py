@@ -124,22 +124,21 @@ class Scenario:
     # -- events ------------------------------------------------------------------------------
 
     def start(self, ids: list[str], gap_s: float = 0.0) -> report.Outcome:
-        affected = {}
-        for cid in ids:
-            affected[cid] = time.time()
-            self.fleet.start_connection(cid)
-            time.sleep(gap_s)
-        event = report.Event(report.START, f"START {len(ids)}", min(affected.values()), affected)
+        event = self._send(report.START, "START", self.fleet.start_connection, ids, gap_s)
         return self.wait_done(event, 60 + self.timing.reconcile_s * 2)
 
     def stop(self, ids: list[str], gap_s: float) -> report.Outcome:
+        event = self._send(report.STOP, "STOP", self.fleet.stop_connection, ids, gap_s)
+        return self.wait_done(event, 30 + self.timing.heartbeat_s * 2)
+
+    def _send(self, kind: str, label: str, send: Any, ids: list[str], gap_s: float) -> report.Event:
+        """One API request per connection, ``gap_s`` apart; each one's own send time."""
         affected = {}
         for cid in ids:
             affected[cid] = time.time()
-            self.fleet.stop_connection(cid)
+            send(cid)
             time.sleep(gap_s)
-        event = report.Event(report.STOP, f"STOP {len(ids)}", min(affected.values()), affected)
-        return self.wait_done(event, 30 + self.timing.heartbeat_s * 2)
+        return report.Event(kind, f"{label} {len(ids)}", min(affected.values()), affected)
 
     def crash(self) -> dict[str, Any]:
         victim, owned = self.busiest()

@@ -108,17 +108,13 @@ def segment(name: str, **annotations: str | int | float | bool | None) -> Iterat
     """A segment of its own (a worker's unit of work: acquire, connect, release), or a
     no-op :class:`Span` when the SDK is disabled or not configured for the worker.
     Open and close it in one task, and start no tasks inside it."""
-    if not global_sdk_config.sdk_enabled() or not isinstance(xray_recorder.context, TaskContext):
-        yield Span()
-        return
-    with xray_recorder.in_segment(name) as entity:
-        span = Span(entity)
-        span.annotate(**annotations)
+    recording = isinstance(xray_recorder.context, TaskContext)
+    with _span(xray_recorder.in_segment, name, recording, annotations) as span:
         yield span
 
 
 class Span:
-    """An open subsegment, or nothing; either way ``annotate`` is safe to call."""
+    """An open segment or subsegment, or nothing; either way ``annotate`` is safe to call."""
 
     def __init__(self, entity: Any = None) -> None:
         self._entity = entity
@@ -128,7 +124,7 @@ class Span:
         return self._entity is not None
 
     def annotate(self, **annotations: str | int | float | bool | None) -> None:
-        """Indexed key/values on the subsegment; ``None`` values are skipped."""
+        """Indexed key/values on the entity; ``None`` values are skipped."""
         if self._entity is None:
             return
         for key, value in annotations.items():
@@ -141,10 +137,17 @@ def subsegment(name: str, **annotations: str | int | float | bool | None) -> Ite
     """A subsegment of the current segment, or a no-op :class:`Span` when the SDK is
     disabled or no segment is open. An exception escaping the block is recorded on the
     subsegment and re-raised."""
-    if not global_sdk_config.sdk_enabled() or xray_recorder.get_trace_entity() is None:
+    recording = xray_recorder.get_trace_entity() is not None
+    with _span(xray_recorder.in_subsegment, name, recording, annotations) as span:
+        yield span
+
+
+@contextmanager
+def _span(open_entity: Any, name: str, recording: bool, annotations: dict[str, Any]) -> Iterator[Span]:
+    if not (recording and global_sdk_config.sdk_enabled()):
         yield Span()
         return
-    with xray_recorder.in_subsegment(name) as entity:
+    with open_entity(name) as entity:
         span = Span(entity)
         span.annotate(**annotations)
         yield span

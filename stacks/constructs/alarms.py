@@ -48,40 +48,25 @@ class Alarms(Construct):
         one_minute = Duration.minutes(1)
         five_minutes = Duration.minutes(5)
 
-        self.dead_letters = cloudwatch.Alarm(
-            self,
+        self.dead_letters = self._any_in_period(
             "DeadLetters",
             alarm_name=f"{prefix}-start-hints-dead-lettered",
             alarm_description="START hints reached the dead-letter queue: inspect and redrive them.",
             metric=dead_letter_queue.metric_approximate_number_of_messages_visible(
                 period=one_minute, statistic=cloudwatch.Stats.MAXIMUM
             ),
-            threshold=1,
-            comparison_operator=_GE,
-            evaluation_periods=1,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
-        self.router_errors = cloudwatch.Alarm(
-            self,
+        self.router_errors = self._any_in_period(
             "RouterErrors",
             alarm_name=f"{prefix}-router-errors",
             alarm_description="The event router crashed or timed out (a bad request never counts).",
             metric=router.metric_errors(period=five_minutes, statistic=cloudwatch.Stats.SUM),
-            threshold=1,
-            comparison_operator=_GE,
-            evaluation_periods=1,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
-        self.api_server_errors = cloudwatch.Alarm(
-            self,
+        self.api_server_errors = self._any_in_period(
             "Api5xx",
             alarm_name=f"{prefix}-api-5xx",
             alarm_description="The events API answered 5xx.",
             metric=api.metric_server_error(period=five_minutes, statistic=cloudwatch.Stats.SUM),
-            threshold=1,
-            comparison_operator=_GE,
-            evaluation_periods=1,
-            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
         # Container Insights' desired count: at the maximum for 15 minutes means the
         # target tracking wants more tasks than it may start.
@@ -138,3 +123,16 @@ class Alarms(Construct):
                 self.unowned_connections,
             ):
                 alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
+
+    def _any_in_period(self, id: str, *, metric: cloudwatch.IMetric, **props: str) -> cloudwatch.Alarm:
+        """An alarm on any occurrence: one datapoint at 1 or more; no data is fine."""
+        return cloudwatch.Alarm(
+            self,
+            id,
+            metric=metric,
+            threshold=1,
+            comparison_operator=_GE,
+            evaluation_periods=1,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            **props,
+        )
