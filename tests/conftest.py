@@ -34,6 +34,7 @@ def aws_env(emulator) -> dict[str, str]:
         emulator.endpoint_url,
         region=REGION,
         table_name=f"conn-{suffix}",
+        sessions_table_name=f"sess-{suffix}",
         messages_table_name=f"msg-{suffix}",
         queue_name=f"start-{suffix}",
     )

@@ -1,104 +1,150 @@
-"""Lease rules, without AWS: timing, failure classification, takeover planning."""
+"""Session lease rules, without AWS: timing, failure classification, the ring, takeover
+planning, pacing."""
 
 import random
 
+from wsfleet import schema
 from wsfleet.leases import (
     AcquireFailure,
-    Candidate,
-    LeaseTiming,
+    EndFailure,
     RenewFailure,
+    SessionTiming,
+    Watched,
     acquire_already_landed,
     backoff_s,
     classify_acquire_failure,
+    classify_end_failure,
     classify_renew_failure,
+    drain_split,
     hint_pause_s,
+    new_session_id,
     reconcile_pause_s,
     release_already_landed,
+    successors,
     takeover_jitter_s,
-    takeover_plan,
+    watch_plan,
 )
+from wsfleet.stream import contiguous_end
 
-T = LeaseTiming(lease_ms=20_000, heartbeat_ms=5_000, max_clock_skew_ms=1_000)
-
-
-def test_a_lease_is_acquirable_only_after_expiry_plus_the_skew_margin():
-    assert T.acquirable_below_ms(100_000) == 99_000
+T = SessionTiming(lease_ms=10_000, heartbeat_ms=2_500, max_clock_skew_ms=1_000)
 
 
-def test_local_deadline_counts_from_the_send_time_less_the_skew():
-    assert T.local_deadline_mono(50.0) == 50.0 + 19.0
+def test_the_deadline_counts_from_the_renewals_send_time_less_the_skew():
+    assert T.deadline_mono(50.0) == 50.0 + 9.0
 
 
-def test_a_freshly_renewed_lease_is_not_suspect_but_one_that_missed_a_renewal_is():
+def test_a_session_may_be_ended_only_after_its_expiry_plus_the_skew_margin():
+    assert T.endable_below_ms(100_000) == 99_000
+    assert T.end_at_ms(100_000) == 101_001
+
+
+def test_a_holder_stops_writing_before_anyone_may_end_its_session_whatever_the_skew():
+    # The holder's clock is a whole margin behind the ender's. Its last renewal leaves at
+    # true time 0 and stores expiry = lease - skew (by its clock); the ender's clock
+    # reads true time, so it ends the session at true time end_at_ms(expiry).
+    skew = T.max_clock_skew_ms
+    stored_expiry = T.lease_ms - skew
+    ended_at = T.end_at_ms(stored_expiry)
+    holder_stops_at = T.deadline_mono(0.0) * 1000
+    assert ended_at > holder_stops_at
+
+
+def test_a_freshly_renewed_session_is_not_suspect_but_one_that_missed_a_renewal_is():
     now = 1_000_000
-    healthy_worst = now + T.lease_ms - T.heartbeat_ms  # renewed one heartbeat ago
-    assert healthy_worst >= T.suspect_below_ms(now)
-    missed_one = now + T.lease_ms - 2 * T.heartbeat_ms
-    assert missed_one < T.suspect_below_ms(now)
+    assert not T.suspect(now + T.lease_ms - T.heartbeat_ms, now)  # renewed one heartbeat ago
+    assert T.suspect(now + T.lease_ms - 2 * T.heartbeat_ms, now)
 
 
-def test_acquire_failure_says_why():
+def test_watching_at_the_pause_it_picks_always_sees_a_death_before_the_session_is_endable():
+    rng = random.Random(1)
+    assert all(T.watch_pause_s(rng) * 1000 < T.watch_window_ms() for _ in range(1000))
+
+
+def test_a_failed_renewal_is_retried_about_eight_times_a_second():
+    rng = random.Random(2)
+    pauses = [T.renew_retry_s(rng) for _ in range(1000)]
+    assert 0.08 <= min(pauses) and max(pauses) <= 0.16
+
+
+def test_session_ids_are_unique_per_run_and_name_the_worker():
+    a, b = new_session_id("w1", 5), new_session_id("w1", 5)
+    assert a != b and a.startswith("w1#5-")
+
+
+def test_failures_say_why():
+    assert classify_renew_failure(None) is RenewFailure.GONE
+    assert classify_renew_failure({"state": "ENDED"}) is RenewFailure.ENDED
+    assert classify_end_failure(None) is EndFailure.GONE
+    assert classify_end_failure({"state": "ENDED"}) is EndFailure.ALREADY_ENDED
+    assert classify_end_failure({"state": "LIVE"}) is EndFailure.RENEWED
     assert classify_acquire_failure(None) is AcquireFailure.NOT_FOUND
     assert classify_acquire_failure({"desired_state": "STOPPED"}) is AcquireFailure.STOPPED
-    assert classify_acquire_failure({"desired_state": "STARTED", "lease_owner": "b"}) is AcquireFailure.HELD
+    assert classify_acquire_failure({"desired_state": "STARTED", "lease_session": "b#1"}) is AcquireFailure.HELD
 
 
-def test_an_acquire_retry_that_already_landed_is_recognised():
-    assert acquire_already_landed({"desired_state": "STARTED", "lease_owner": "me"}, "me")
-    assert not acquire_already_landed({"desired_state": "STARTED", "lease_owner": "you"}, "me")
-    assert not acquire_already_landed({"desired_state": "STOPPED", "lease_owner": "me"}, "me")
+def test_retries_of_writes_that_already_landed_are_recognised():
+    assert acquire_already_landed({"desired_state": "STARTED", "lease_session": "me#1"}, "me#1")
+    assert not acquire_already_landed({"desired_state": "STARTED", "lease_session": "you#1"}, "me#1")
+    assert not acquire_already_landed({"desired_state": "STOPPED", "lease_session": "me#1"}, "me#1")
+    assert release_already_landed({"lease_session": "", "fence_token": 3}, 3)
+    assert not release_already_landed({"lease_session": "", "fence_token": 4}, 3)
+    assert not release_already_landed({"lease_session": "b#1", "fence_token": 3}, 3)
 
 
-def test_renew_failure_tells_lost_from_stopped_from_deleted():
-    assert classify_renew_failure(None, "me", 3) is RenewFailure.DELETED
-    assert classify_renew_failure({"lease_owner": "you", "fence_token": 4}, "me", 3) is RenewFailure.LOST
-    # Re-acquired by ourselves after expiry: our old fence is stale, so it is lost too.
-    assert classify_renew_failure({"lease_owner": "me", "fence_token": 4}, "me", 3) is RenewFailure.LOST
-    assert (
-        classify_renew_failure({"lease_owner": "me", "fence_token": 3, "desired_state": "STOPPED"}, "me", 3)
-        is RenewFailure.STOPPED
-    )
+def test_each_session_watches_its_successors_in_the_ring_wrapping_around():
+    ring = ["a", "b", "c", "d"]
+    assert successors(ring, "b", 2) == ["c", "d"]
+    assert successors(ring, "d", 2) == ["a", "b"]
+    assert successors(["a"], "a", 2) == []
+    assert successors(["a", "z"], "m", 2) == ["z", "a"]  # a new session not yet listed
 
 
-def test_a_release_retry_that_already_landed_is_recognised():
-    assert release_already_landed({"lease_owner": "", "fence_token": 3}, "me", 3)
-    assert not release_already_landed({"lease_owner": "", "fence_token": 4}, "me", 3)
-    assert not release_already_landed({"lease_owner": "you", "fence_token": 3}, "me", 3)
+def test_every_session_is_watched_by_k_others_so_watching_grows_linearly():
+    ring = [f"s{i:03d}" for i in range(50)]
+    watchers: dict[str, int] = {}
+    for me in ring:
+        for s in successors(ring, me, 2):
+            watchers[s] = watchers.get(s, 0) + 1
+    assert set(watchers.values()) == {2} and len(watchers) == 50
 
 
-def test_takeover_plan_tries_each_orphan_the_moment_it_expires_soonest_first():
+def test_the_watch_plan_drains_ended_sessions_and_ends_suspect_ones_at_expiry():
     now = 1_000_000
-    cands = [Candidate("late", now + 9_000), Candidate("free", 0), Candidate("mine", 5), Candidate("soon", now + 1_000)]
-    plan = takeover_plan(cands, now_ms=now, timing=T, managed={"mine"}, capacity=10)
-    assert plan == [("free", now), ("soon", now + 1_000 + 1_001), ("late", now + 9_000 + 1_001)]
+    seen = [
+        Watched("healthy", schema.LIVE, now + T.lease_ms - 1_000),
+        Watched("missed", schema.LIVE, now + 3_000),
+        Watched("expired", schema.LIVE, now - 5_000),
+        Watched("ended", schema.ENDED, now - 60_000),
+    ]
+    drain, end = watch_plan(seen, now_ms=now, timing=T)
+    assert drain == ["ended"]
+    assert end == [("missed", now + 3_000 + 1_001), ("expired", now - 5_000 + 1_001)]
 
 
-def test_takeover_plan_stops_at_capacity():
-    cands = [Candidate(f"c{i}", 0) for i in range(10)]
-    assert len(takeover_plan(cands, now_ms=5, timing=T, managed=set(), capacity=3)) == 3
+def test_a_drainer_keeps_half_its_room_and_frees_the_rest_for_the_fleet():
+    assert drain_split(10, 100) == 10
+    assert drain_split(100, 30) == 15
+    assert drain_split(5, 0) == 0
+    assert drain_split(5, 1) == 1
 
 
-def test_a_busier_worker_waits_longer_before_racing_for_an_orphan():
-    idle = [takeover_jitter_s(0.0, random.Random(i)) for i in range(50)]
-    busy = [takeover_jitter_s(1.0, random.Random(i)) for i in range(50)]
+def test_the_gap_free_end_stops_at_the_first_hole():
+    assert contiguous_end(10, [11, 12, 13]) == (13, True)
+    assert contiguous_end(10, [11, 12, 14]) == (12, False)
+    assert contiguous_end(10, [9, 10, 11]) == (11, True)
+    assert contiguous_end(10, []) == (10, True)
+
+
+def test_busier_workers_wait_longer_before_racing_for_a_dead_session():
+    rng = random.Random(7)
+    idle = [takeover_jitter_s(0.0, rng) for _ in range(200)]
+    busy = [takeover_jitter_s(1.0, rng) for _ in range(200)]
     assert max(idle) < min(busy)
 
 
-def test_backoff_grows_and_is_capped():
-    rng = random.Random(1)
-    assert all(0 <= backoff_s(0, base=0.1, rng=rng) <= 0.1 for _ in range(20))
-    assert all(0 <= backoff_s(50, cap=5.0, rng=rng) <= 5.0 for _ in range(20))
-
-
-def test_an_idle_worker_polls_for_the_next_hint_at_once_and_a_full_one_waits():
-    assert hint_pause_s(0.0, random.Random(1)) == 0.0
-    assert all(0.0 <= hint_pause_s(1.0, random.Random(i)) <= 0.5 for i in range(20))
-    assert max(hint_pause_s(0.2, random.Random(i)) for i in range(20)) <= 0.1
-
-
-def test_orphan_scans_come_often_enough_to_see_a_dead_lease_before_it_expires():
-    pauses = [reconcile_pause_s(60_000, T, random.Random(i)) for i in range(50)]
-    # A lease that missed its renewal is a suspect 1.5 heartbeats after it, 12.5 s before
-    # it expires with the defaults: no pause may be longer than the 10 s cap.
-    assert all(5.0 <= p <= 10.0 for p in pauses)
-    assert all(2.0 <= reconcile_pause_s(4_000, T, random.Random(i)) <= 4.0 for i in range(20))
+def test_pacing_is_jittered_within_bounds():
+    rng = random.Random(3)
+    assert all(5.0 <= reconcile_pause_s(10_000, rng) <= 10.0 for _ in range(100))
+    assert hint_pause_s(0.0, rng) == 0.0
+    assert all(0 <= hint_pause_s(1.0, rng) <= 0.5 for _ in range(100))
+    assert all(0 <= backoff_s(n, rng=rng) <= 5.0 for n in range(40))

@@ -1,5 +1,6 @@
-"""The DynamoDB adapter against the emulator: lease acquisition, renewal, release,
-the orphan index, and message writes."""
+"""The DynamoDB adapter against the emulator: sessions (open, renew, end, the ring, the
+STOP inbox), connections attached to sessions (acquire, release, checkpoint, the owner
+index), and message writes."""
 
 from __future__ import annotations
 
@@ -13,16 +14,45 @@ from botocore.awsrequest import AWSResponse
 from botocore.config import Config
 
 from wsfleet import schema
-from wsfleet.leases import AcquireFailure, RenewFailure
-from wsfleet.store import Acquired, ConnectionsStore, MessagesStore, NotAcquired, TransientError
+from wsfleet.leases import AcquireFailure, EndFailure, RenewFailure
+from wsfleet.store import (
+    Acquired,
+    ConnectionsStore,
+    MessagesStore,
+    NotAcquired,
+    SessionsStore,
+    StopOutcome,
+    TransientError,
+)
 from wsfleet.stream import Frame
 
-LEASE = dict(lease_ms=20_000, max_clock_skew_ms=1_000)
+LEASE_MS = 10_000
+SKEW_MS = 1_000
+
+
+class Clock:
+    """An injected wall clock, so expiry is tested without waiting for it."""
+
+    def __init__(self) -> None:
+        self.ms = int(time.time() * 1000)
+
+    def __call__(self) -> int:
+        return self.ms
 
 
 @pytest.fixture
-def store(ddb, aws_env):
-    return ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4)
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def store(ddb, aws_env, clock):
+    return ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4, clock_ms=clock)
+
+
+@pytest.fixture
+def sessions(ddb, aws_env, clock):
+    return SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"], clock_ms=clock)
 
 
 @pytest.fixture
@@ -31,13 +61,114 @@ def started(store):
     return "c1"
 
 
+def _open(sessions, name: str) -> str:
+    sessions.open(name, worker_id=name.split("#")[0], lease_ms=LEASE_MS, max_connections=10)
+    return name
+
+
+def _client(emulator):
+    return boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1")
+
+
+# --- sessions ------------------------------------------------------------------------------
+
+
+def test_twenty_racing_workers_end_a_dead_session_exactly_once(emulator, aws_env, sessions, clock):
+    _open(sessions, "dead#1")
+    late = clock.ms + LEASE_MS + SKEW_MS + 1
+
+    def racer(i: int):
+        s = SessionsStore(_client(emulator), aws_env["SESSIONS_TABLE_NAME"], clock_ms=lambda: late)
+        barrier.wait()
+        return s.end_expired("dead#1", ended_by=f"w{i}", max_clock_skew_ms=SKEW_MS)
+
+    barrier = threading.Barrier(20)
+    with ThreadPoolExecutor(20) as pool:
+        results = list(pool.map(racer, range(20)))
+    winners = [r for r in results if isinstance(r, dict)]
+    assert len(winners) == 1
+    assert all(r is EndFailure.ALREADY_ENDED for r in results if not isinstance(r, dict))
+    item = sessions.get("dead#1")
+    assert item["state"] == schema.ENDED and item["ended_by"] == winners[0]["ended_by"]
+
+
+def test_a_session_is_not_ended_before_its_expiry_plus_the_skew_margin(sessions, clock):
+    _open(sessions, "w#1")
+    clock.ms += LEASE_MS + SKEW_MS - 1
+    assert sessions.end_expired("w#1", ended_by="x", max_clock_skew_ms=SKEW_MS) is EndFailure.RENEWED
+    clock.ms += 2
+    assert isinstance(sessions.end_expired("w#1", ended_by="x", max_clock_skew_ms=SKEW_MS), dict)
+
+
+def test_renew_extends_the_session_and_reports_its_load(sessions, clock):
+    _open(sessions, "w#1")
+    clock.ms += 2_500
+    item = sessions.renew("w#1", lease_ms=LEASE_MS, active=7, max_connections=10)
+    assert item["expires_at_ms"] == clock.ms + LEASE_MS
+    assert item["heartbeat_at_ms"] == clock.ms and item["active"] == 7 and item["max_connections"] == 10
+
+
+def test_a_renewal_of_an_ended_session_fails_and_says_ended(sessions, clock):
+    _open(sessions, "w#1")
+    clock.ms += LEASE_MS + SKEW_MS + 1
+    assert isinstance(sessions.end_expired("w#1", ended_by="x", max_clock_skew_ms=SKEW_MS), dict)
+    assert sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10) is RenewFailure.ENDED
+    assert sessions.renew("nobody#1", lease_ms=LEASE_MS, active=0, max_connections=10) is RenewFailure.GONE
+
+
+def test_a_slow_renewal_never_moves_the_expiry_back(sessions, clock):
+    _open(sessions, "w#1")
+    clock.ms += 5_000
+    sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10)
+    clock.ms -= 3_000  # an older request, built before the one that landed
+    with pytest.raises(TransientError):
+        sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10)
+    assert sessions.get("w#1")["expires_at_ms"] == clock.ms + 3_000 + LEASE_MS
+
+
+def test_stops_posted_to_a_session_come_back_with_its_renewal_until_handled(sessions):
+    _open(sessions, "w#1")
+    assert sessions.post_stop("w#1", "c1") and sessions.post_stop("w#1", "c2")
+    assert sessions.renew("w#1", lease_ms=LEASE_MS, active=2, max_connections=10)["stops"] == {"c1", "c2"}
+    item = sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10, stops_done={"c1"})
+    assert item["stops"] == {"c2"}
+    assert "stops" not in sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10, stops_done={"c2"})
+
+
+def test_a_stop_is_not_posted_to_an_ended_session(sessions):
+    _open(sessions, "w#1")
+    sessions.end_own("w#1", worker_id="w", drained=True)
+    assert not sessions.post_stop("w#1", "c1")
+
+
+def test_the_ring_lists_successors_wrapping_around_and_leaves_out_drained_sessions(sessions):
+    for name in ("a#1", "b#1", "c#1", "d#1"):
+        _open(sessions, name)
+    assert sessions.ring_after("b#1", limit=2) == ["c#1", "d#1"]
+    assert sessions.ring_after("d#1", limit=2) == ["a#1", "b#1"]
+    sessions.end_own("c#1", worker_id="c", drained=False)
+    assert sessions.ring_after("b#1", limit=1) == ["c#1"]  # ENDED but not drained: still watched
+    assert sessions.leave_ring("c#1")
+    assert sessions.ring_after("b#1", limit=2) == ["d#1", "a#1"]
+    assert not sessions.leave_ring("d#1")  # a LIVE session never leaves the ring
+
+
+def test_watched_sessions_are_read_in_one_batch(sessions):
+    for name in ("a#1", "b#1"):
+        _open(sessions, name)
+    got = {i["session_id"]: i for i in sessions.get_many(["a#1", "b#1", "gone#1"])}
+    assert set(got) == {"a#1", "b#1"} and got["a#1"]["state"] == schema.LIVE
+
+
+# --- connections ---------------------------------------------------------------------------
+
+
 def test_twenty_racing_workers_produce_exactly_one_winner(emulator, aws_env, started):
     # Each racer has its own client (own connection pool), as separate workers would.
     def racer(i: int):
-        client = boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1")
-        s = ConnectionsStore(client, aws_env["TABLE_NAME"], state_shards=4)
+        s = ConnectionsStore(_client(emulator), aws_env["TABLE_NAME"], state_shards=4)
         barrier.wait()
-        return s.acquire(started, owner=f"w{i}", **LEASE)
+        return s.acquire(started, session_id=f"w{i}#1", worker_id=f"w{i}")
 
     barrier = threading.Barrier(20)
     with ThreadPoolExecutor(20) as pool:
@@ -45,112 +176,115 @@ def test_twenty_racing_workers_produce_exactly_one_winner(emulator, aws_env, sta
     winners = [r for r in results if isinstance(r, Acquired)]
     assert len(winners) == 1
     assert all(r.reason is AcquireFailure.HELD for r in results if not isinstance(r, Acquired))
-    item = ConnectionsStore(
-        boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1"),
-        aws_env["TABLE_NAME"],
-        state_shards=4,
-    ).get(started)
+    item = ConnectionsStore(_client(emulator), aws_env["TABLE_NAME"], state_shards=4).get(started)
     assert item["fence_token"] == 1
     assert item["lease_owner"] == winners[0].item["lease_owner"]
 
 
-def test_acquire_sets_owner_and_expiry_and_bumps_the_fence(store, started):
-    before = int(time.time() * 1000)
-    won = store.acquire(started, owner="a", **LEASE)
+def test_acquire_attaches_to_the_session_moves_the_owner_key_and_bumps_the_fence(store, started):
+    assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
+    won = store.acquire(started, session_id="a#1", worker_id="a")
     assert isinstance(won, Acquired)
-    assert won.item["lease_owner"] == "a" and won.item["fence_token"] == 1
-    assert before + 20_000 <= won.item["lease_expires_at_ms"] <= int(time.time() * 1000) + 20_000
+    item = store.get(started)
+    assert (item["lease_owner"], item["lease_session"], item["fence_token"]) == ("a", "a#1", 1)
+    assert item["owner_key"] == "S#a#1"
 
 
-def test_a_live_lease_cannot_be_taken(store, started):
-    won = store.acquire(started, owner="a", **LEASE)
-    lost = store.acquire(started, owner="b", **LEASE)
-    assert lost == NotAcquired(AcquireFailure.HELD, won.item["lease_expires_at_ms"])
-
-
-def test_an_expired_lease_is_taken_over_and_the_fence_increments(store, started):
-    store.acquire(started, owner="a", lease_ms=1, max_clock_skew_ms=0)
-    time.sleep(0.01)  # let the 1 ms lease run out
-    won = store.acquire(started, owner="b", lease_ms=20_000, max_clock_skew_ms=0)
-    assert isinstance(won, Acquired) and won.item["fence_token"] == 2 and won.item["lease_owner"] == "b"
-
-
-def test_an_expired_lease_is_not_taken_within_the_skew_margin(store, started):
-    store.acquire(started, owner="a", lease_ms=1, max_clock_skew_ms=0)
-    assert store.acquire(started, owner="b", lease_ms=20_000, max_clock_skew_ms=60_000).reason is AcquireFailure.HELD
+def test_an_attached_connection_is_taken_only_as_the_ended_sessions_it_is_attached_to(store, started):
+    store.acquire(started, session_id="a#1", worker_id="a")
+    held = store.acquire(started, session_id="b#1", worker_id="b")
+    assert isinstance(held, NotAcquired) and held.reason is AcquireFailure.HELD and held.lease_session == "a#1"
+    assert isinstance(store.acquire(started, session_id="b#1", worker_id="b", expected_session="x#1"), NotAcquired)
+    taken = store.acquire(started, session_id="b#1", worker_id="b", expected_session="a#1")
+    assert isinstance(taken, Acquired) and taken.item["fence_token"] == 2
 
 
 def test_acquire_of_unknown_or_stopped_connection_says_why(store, started):
-    assert store.acquire("nope", owner="a", **LEASE) == NotAcquired(AcquireFailure.NOT_FOUND)
+    assert store.acquire("nope", session_id="a#1", worker_id="a").reason is AcquireFailure.NOT_FOUND
     store.stop(started)
-    assert store.acquire(started, owner="a", **LEASE).reason is AcquireFailure.STOPPED
+    assert store.acquire(started, session_id="a#1", worker_id="a").reason is AcquireFailure.STOPPED
 
 
 def test_a_retried_acquire_that_already_landed_counts_as_won(store, started):
-    first = store.acquire(started, owner="a", **LEASE)
-    again = store.acquire(started, owner="a", **LEASE)
-    assert isinstance(again, Acquired) and again.item["fence_token"] == first.item["fence_token"] == 1
+    first = store.acquire(started, session_id="a#1", worker_id="a")
+    again = store.acquire(started, session_id="a#1", worker_id="a")
+    assert isinstance(again, Acquired) and again.item["fence_token"] == first.item["fence_token"]
 
 
-def test_renew_extends_the_lease_and_stores_the_checkpoint(store, started):
-    won = store.acquire(started, owner="a", **LEASE)
-    renewed = store.renew(started, owner="a", fence_token=1, lease_ms=20_000, last_seq=42)
-    assert renewed["last_seq"] == 42
-    assert renewed["lease_expires_at_ms"] >= won.item["lease_expires_at_ms"]
-
-
-def test_renew_after_a_takeover_fails_and_says_lost(store, started):
-    store.acquire(started, owner="a", lease_ms=1, max_clock_skew_ms=0)
-    time.sleep(0.01)
-    store.acquire(started, owner="b", lease_ms=20_000, max_clock_skew_ms=0)
-    assert store.renew(started, owner="a", fence_token=1, lease_ms=20_000, last_seq=9) is RenewFailure.LOST
-    assert store.get(started)["last_seq"] == 0  # the stale owner's checkpoint did not land
-
-
-def test_renew_after_stop_says_stopped_and_after_delete_says_deleted(store, ddb, aws_env, started):
-    store.acquire(started, owner="a", **LEASE)
-    store.stop(started)
-    assert store.renew(started, owner="a", fence_token=1, lease_ms=20_000, last_seq=1) is RenewFailure.STOPPED
-    ddb.delete_item(TableName=aws_env["TABLE_NAME"], Key={"pk": {"S": schema.connection_pk(started)}})
-    assert store.renew(started, owner="a", fence_token=1, lease_ms=20_000, last_seq=1) is RenewFailure.DELETED
-
-
-def test_release_frees_the_lease_with_a_final_checkpoint_only_for_the_owner(store, started):
-    store.acquire(started, owner="a", **LEASE)
-    assert store.release(started, owner="b", fence_token=1, last_seq=99) is False
-    assert store.get(started)["lease_owner"] == "a"
-    assert store.release(started, owner="a", fence_token=1, last_seq=7) is True
+def test_release_frees_with_a_final_checkpoint_only_for_the_owning_session_and_fence(store, started):
+    store.acquire(started, session_id="a#1", worker_id="a")
+    assert not store.release(started, session_id="b#1", fence_token=1, last_seq=9)
+    assert not store.release(started, session_id="a#1", fence_token=2, last_seq=9)
+    assert store.release(started, session_id="a#1", fence_token=1, last_seq=42)
     item = store.get(started)
-    assert (item["lease_owner"], item["lease_expires_at_ms"], item["last_seq"], item["fence_token"]) == ("", 0, 7, 1)
-    # A retry of the release that already landed is still a success.
-    assert store.release(started, owner="a", fence_token=1, last_seq=7) is True
+    assert (item["lease_owner"], item["lease_session"], item["last_seq"]) == ("", "", 42)
+    assert item["owner_key"] == schema.owner_key_free(started, 4)  # STARTED: back in the free pool
+    assert store.release(started, session_id="a#1", fence_token=1, last_seq=42)  # a retry that landed
 
 
-def test_a_released_lease_is_immediately_acquirable(store, started):
-    store.acquire(started, owner="a", **LEASE)
-    store.release(started, owner="a", fence_token=1, last_seq=3)
-    won = store.acquire(started, owner="b", **LEASE)
-    assert isinstance(won, Acquired) and won.item["fence_token"] == 2 and won.item["last_seq"] == 3
+def test_release_after_stop_leaves_the_index_and_a_restart_before_it_stays_attached(store, started):
+    store.acquire(started, session_id="a#1", worker_id="a")
+    assert store.stop(started).lease_session == "a#1"
+    assert store.get(started)["owner_key"] == "S#a#1"  # still attached until its owner releases
+    assert store.release(started, session_id="a#1", fence_token=1, last_seq=3)
+    assert "owner_key" not in store.get(started)
+    store.start(started, "ws://127.0.0.1:9/s")
+    assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
+    store.acquire(started, session_id="b#1", worker_id="b")
+    store.stop(started)
+    store.start(started, "ws://127.0.0.1:9/s")  # restarted before its owner released
+    assert store.get(started)["owner_key"] == "S#b#1"
+    assert store.release(started, session_id="b#1", fence_token=2, last_seq=5)
+    assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
 
 
-def test_the_orphan_index_lists_only_started_connections_below_the_bound(store):
-    for cid in ("a", "b", "c"):
+def test_checkpoint_is_stored_only_for_the_owning_session_and_fence(store, started):
+    store.acquire(started, session_id="a#1", worker_id="a")
+    assert store.checkpoint(started, session_id="a#1", fence_token=1, last_seq=17)
+    assert not store.checkpoint(started, session_id="b#1", fence_token=1, last_seq=99)
+    assert store.get(started)["last_seq"] == 17
+
+
+def test_a_dead_sessions_connections_are_freed_for_the_fleet(store, started):
+    store.start("c2", "ws://127.0.0.1:9/s")
+    store.acquire(started, session_id="a#1", worker_id="a")
+    store.acquire("c2", session_id="a#1", worker_id="a")
+    store.stop("c2")
+    assert not store.free_orphan(started, dead_session="x#1")
+    assert store.free_orphan(started, dead_session="a#1") and store.free_orphan("c2", dead_session="a#1")
+    assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
+    assert "owner_key" not in store.get("c2")
+
+
+def test_the_owner_index_lists_a_sessions_connections_and_the_free_ones(store):
+    for cid in ("c1", "c2", "c3"):
         store.start(cid, "ws://h/x")
-    store.acquire("a", owner="w", **LEASE)  # live: expiry in 20 s
-    store.stop("c")  # leaves the sparse index
-    now = int(time.time() * 1000)
-    found = {c.connection_id for shard in range(4) for c in store.suspects(shard, below_ms=now)}
-    assert found == {"b"}
-    found_all = {c.connection_id for shard in range(4) for c in store.suspects(shard, below_ms=now + 60_000)}
-    assert found_all == {"a", "b"}
+    store.acquire("c1", session_id="a#1", worker_id="a")
+    store.acquire("c2", session_id="a#1", worker_id="a")
+    store.stop("c2")
+    assert sorted((o.connection_id, o.desired_state) for o in store.owned_by("a#1")) == [
+        ("c1", schema.STARTED),
+        ("c2", schema.STOPPED),
+    ]
+    assert store.count_owned_by("a#1") == 2
+    assert sorted(c for shard in range(4) for c in store.free(shard)) == ["c3"]
+    assert sum(store.count_free(shard) for shard in range(4)) == 1
 
 
-def test_the_orphan_query_follows_pagination(store):
-    ids = [f"p{i}" for i in range(12)]
+def test_the_free_query_follows_pagination(store):
+    ids = [f"p{i}" for i in range(7)]
     for cid in ids:
         store.start(cid, "ws://h/x")
-    found = [c.connection_id for shard in range(4) for c in store.suspects(shard, below_ms=1, limit=2)]
+    found = [c for shard in range(4) for c in store.free(shard, limit=2)]
     assert sorted(found) == sorted(ids)
+
+
+def test_start_never_touches_a_started_connection_and_stop_of_unknown_writes_nothing(store, started):
+    store.acquire(started, session_id="a#1", worker_id="a")
+    before = store.get(started)
+    store.start(started, "ws://127.0.0.1:9/s")
+    assert store.get(started) == before
+    assert store.stop("nope").outcome is StopOutcome.NOT_FOUND and store.get("nope") is None
 
 
 def _throttling(left: dict):
@@ -169,32 +303,33 @@ def _throttling(left: dict):
     return hook
 
 
-def test_throttled_renewals_raise_transient_error_and_do_not_drop_the_lease(emulator, aws_env, store, started):
+def test_throttled_renewals_raise_transient_error_and_do_not_end_the_session(emulator, aws_env, sessions):
     client = boto3.client(
         "dynamodb",
         endpoint_url=emulator.endpoint_url,
         region_name="us-east-1",
         config=Config(retries={"mode": "standard", "max_attempts": 2}),
     )
-    throttled = ConnectionsStore(client, aws_env["TABLE_NAME"], state_shards=4)
-    store.acquire(started, owner="a", **LEASE)
+    throttled = SessionsStore(client, aws_env["SESSIONS_TABLE_NAME"])
+    _open(sessions, "w#1")
     left = {"n": 100}
     client.meta.events.register("before-send.dynamodb.UpdateItem", _throttling(left))
     with pytest.raises(TransientError):
-        throttled.renew(started, owner="a", fence_token=1, lease_ms=20_000, last_seq=5)
+        throttled.renew("w#1", lease_ms=LEASE_MS, active=1, max_connections=10)
     assert left["n"] < 100  # the throttles were really served
-    assert store.get(started)["lease_owner"] == "a"
+    assert sessions.get("w#1")["state"] == schema.LIVE
     left["n"] = 0
-    renewed = throttled.renew(started, owner="a", fence_token=1, lease_ms=20_000, last_seq=5)
-    assert renewed["last_seq"] == 5
+    assert throttled.renew("w#1", lease_ms=LEASE_MS, active=1, max_connections=10)["active"] == 1
 
 
-def test_start_never_resets_a_live_lease(store, started):
-    store.acquire(started, owner="a", **LEASE)
-    store.renew(started, owner="a", fence_token=1, lease_ms=20_000, last_seq=11)
-    before = store.get(started)
-    store.start(started, "ws://127.0.0.1:9/s")
-    assert store.get(started) == before
+def test_the_stored_end_past_a_checkpoint_stops_at_the_first_hole(ddb, aws_env):
+    msgs = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"])
+    seqs = [*range(1, 31), 32, 33]  # 31 was left unprocessed by a crashed owner's last batch
+    msgs.put("c1", [Frame(s, "{}", 1) for s in seqs], fence_token=1, worker_id="a")
+    assert msgs.stored_end("c1", 10) == 30
+    assert msgs.stored_end("c1", 31) == 33
+    assert msgs.stored_end("c1", 40) == 40
+    assert msgs.stored_end("other", 0) == 0
 
 
 def test_messages_are_keyed_by_seq_so_a_replay_rewrites_not_duplicates(ddb, aws_env):

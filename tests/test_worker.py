@@ -1,5 +1,6 @@
 """The worker against the emulator and a real local WebSocket upstream, in-process
-(the fleet tests run it as separate processes)."""
+(the fleet tests run it as separate processes): its session, what it holds, takeover of
+dead sessions, STOP through the session inbox, self-fencing at its deadline."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from wsfleet.aws import Aws
 from wsfleet.config import WorkerConfig
 from wsfleet.local.upstream import ThreadedUpstream
 from wsfleet.logs import JsonLogger
-from wsfleet.store import Acquired, ConnectionsStore, MessagesStore, TransientError
+from wsfleet import schema
+from wsfleet.router import Router
+from wsfleet.store import Acquired, ConnectionsStore, MessagesStore, SessionsStore, TransientError
+from wsfleet.stream import Frame
 from wsfleet.worker.lifecycle import Worker
 from wsfleet.worker.retry import LeaseExpired, call_until
 
@@ -45,14 +49,38 @@ def stores(ddb, aws_env):
     )
 
 
+@pytest.fixture
+def sessions(ddb, aws_env):
+    return SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"])
+
+
+@pytest.fixture
+def router(aws_env, ddb, sqs):
+    return Router.from_env({**aws_env, "ALLOWED_WS_HOSTS": "127.0.0.1"}, ddb=ddb, sqs=sqs)
+
+
+def post(router: Router, body: dict) -> int:
+    return router.handle({"httpMethod": "POST", "resource": "/events", "path": "/events", "body": json.dumps(body)})[
+        "statusCode"
+    ]
+
+
+def dead_session(sessions: SessionsStore, conns: ConnectionsStore, name: str, *cids: str, lease_ms: int) -> dict:
+    """A session whose worker died right after opening it and taking ``cids``."""
+    item = sessions.open(name, worker_id=name.split("#")[0], lease_ms=lease_ms, max_connections=10)
+    for cid in cids:
+        assert isinstance(conns.acquire(cid, session_id=name, worker_id=item["worker_id"]), Acquired)
+    return item
+
+
 def config(aws_env, **overrides) -> WorkerConfig:
     return WorkerConfig.from_env({**aws_env, **FAST, **overrides})
 
 
 @asynccontextmanager
-async def running(cfg: WorkerConfig, worker_id: str = "w1"):
+async def running(cfg: WorkerConfig, worker_id: str = "w1", **kwargs):
     aws = Aws(cfg, threads=8)
-    worker = Worker(cfg, worker_id, aws=aws, log=JsonLogger())
+    worker = Worker(cfg, worker_id, aws=aws, log=JsonLogger(), **kwargs)
     task = asyncio.create_task(worker.run())
     try:
         yield worker
@@ -76,7 +104,7 @@ def seqs(messages: MessagesStore, cid: str) -> list[int]:
     return [row["sk"] for row in messages.read_all(cid)]
 
 
-def test_frames_are_stored_gap_free_and_checkpointed_on_release(aws_env, stores, upstream):
+def test_frames_are_stored_gap_free_and_checkpointed_on_release(aws_env, stores, sessions, upstream):
     conns, msgs = stores
     for cid in ("a", "b"):
         conns.start(cid, upstream.url_for(cid))
@@ -85,15 +113,60 @@ def test_frames_are_stored_gap_free_and_checkpointed_on_release(aws_env, stores,
         async with running(config(aws_env)) as worker:
             await eventually(lambda: all(len(seqs(msgs, c)) >= 20 for c in ("a", "b")), what="20 stored each")
             assert set(worker.runners) == {"a", "b"}
+            return worker.keeper.session_id
 
-    asyncio.run(scenario())
+    session_id = asyncio.run(scenario())
     for cid in ("a", "b"):
         stored = seqs(msgs, cid)
         assert stored == list(range(1, len(stored) + 1))
         item = conns.get(cid)
         assert item["last_seq"] == stored[-1]  # final checkpoint = last stored, no gap below
-        assert item["lease_owner"] == "" and item["lease_expires_at_ms"] == 0
+        assert item["lease_owner"] == "" and item["lease_session"] == ""
+        assert item["owner_key"] == schema.owner_key_free(cid, 4)
         assert upstream.max_concurrent(cid) == 1 and not upstream.open_sockets(cid)
+    ended = sessions.get(session_id)  # a clean exit ends the session and leaves the ring
+    assert ended["state"] == schema.ENDED and "ring" not in ended
+
+
+def test_holding_connections_costs_one_session_renewal_per_heartbeat_and_no_connection_write(
+    aws_env, stores, sessions, upstream
+):
+    conns, msgs = stores
+    quiet = ThreadedUpstream(rate=None)  # publishes nothing by itself
+    with quiet:
+        for i in range(5):
+            conns.start(f"q{i}", quiet.url_for(f"q{i}"))
+        cfg = config(aws_env, RECONCILE_SECONDS="60")
+
+        async def scenario():
+            async with running(cfg) as worker:
+                await eventually(lambda: len(worker.runners) == 5 and all(quiet.open_sockets(f"q{i}") for i in range(5)))
+                before = dict(worker._aws.requests)
+                renewals = worker.keeper.renewals
+                await asyncio.sleep(2.0)
+                sent = {k: v - before.get(k, 0) for k, v in worker._aws.requests.items() if v - before.get(k, 0)}
+                return sent, worker.keeper.renewals - renewals
+
+        sent, renewals = asyncio.run(scenario())
+    # 2 s at a 0.4 s heartbeat: about five renewals, the only UpdateItems; no checkpoint
+    # for quiet connections, and nothing read per connection.
+    assert 3 <= renewals <= 7, renewals
+    assert sent.get("dynamodb.UpdateItem", 0) <= renewals + 1, sent
+    assert "dynamodb.GetItem" not in sent, sent
+
+
+def test_checkpoints_are_written_while_frames_arrive_at_most_every_checkpoint_seconds(aws_env, stores, upstream):
+    conns, msgs = stores
+    conns.start("a", upstream.url_for("a"))
+
+    async def scenario():
+        async with running(config(aws_env, CHECKPOINT_SECONDS="0.5")):
+            await eventually(lambda: conns.get("a")["last_seq"] >= 10, what="a checkpoint while holding")
+            first = conns.get("a")["last_seq"]
+            await eventually(lambda: conns.get("a")["last_seq"] > first, what="a later checkpoint")
+            assert conns.get("a")["lease_session"]  # still held: these were checkpoints, not a release
+
+    asyncio.run(scenario())
 
 
 def test_a_dropped_socket_reconnects_and_resumes_without_gap_or_duplicate(aws_env, stores, upstream):
@@ -117,6 +190,7 @@ def test_a_dropped_socket_reconnects_and_resumes_without_gap_or_duplicate(aws_en
     assert upstream.max_concurrent("a") == 1
 
 
+
 def test_malformed_frames_are_counted_and_skipped_and_the_connection_stays_up(aws_env, stores, upstream):
     conns, msgs = stores
     conns.start("a", upstream.url_for("a"))
@@ -136,74 +210,172 @@ def test_malformed_frames_are_counted_and_skipped_and_the_connection_stays_up(aw
     assert stored == list(range(1, len(stored) + 1))
 
 
-def test_stop_closes_the_socket_and_releases_within_one_heartbeat(aws_env, stores, upstream):
+
+
+def test_stop_reaches_the_owner_through_its_session_inbox_with_no_per_connection_read(
+    aws_env, stores, upstream, router
+):
     conns, msgs = stores
-    conns.start("a", upstream.url_for("a"))
-    cfg = config(aws_env)
+    cfg = config(aws_env, RECONCILE_SECONDS="60")  # no scan or audit can be what finds the STOP
+    assert post(router, {"event_type": "START", "connection_id": "a", "ws_url": upstream.url_for("a")}) == 202
 
     async def scenario():
         async with running(cfg) as worker:
             await eventually(lambda: upstream.open_sockets("a"), what="a connected socket")
+            before = dict(worker._aws.requests)
             stopped_at = time.monotonic()
-            conns.stop("a")
+            assert post(router, {"event_type": "STOP", "connection_id": "a"}) == 202
             await eventually(
-                lambda: not upstream.open_sockets("a") and conns.get("a")["lease_owner"] == "",
-                what="socket closed, lease released",
+                lambda: not upstream.open_sockets("a") and conns.get("a")["lease_session"] == "",
+                what="socket closed, connection released",
             )
             took = time.monotonic() - stopped_at
             assert took < cfg.heartbeat_ms / 1000 + 1.0, took
             assert "a" not in worker.runners
+            reads = {k: v - before.get(k, 0) for k, v in worker._aws.requests.items() if k in ("dynamodb.GetItem", "dynamodb.Query")}
+            assert not any(reads.values()), reads
 
     asyncio.run(scenario())
     item = conns.get("a")
     stored = seqs(msgs, "a")
-    assert item["desired_state"] == "STOPPED" and item["last_seq"] == stored[-1]
+    assert item["desired_state"] == "STOPPED" and item["last_seq"] == stored[-1] and "owner_key" not in item
 
 
-def test_a_worker_whose_lease_was_taken_stops_writing_and_closes_its_socket(aws_env, stores, upstream, ddb):
+def test_a_renewal_that_finds_the_session_ended_drops_everything_and_comes_back_with_a_new_session(
+    aws_env, stores, sessions, upstream, ddb
+):
     conns, msgs = stores
     conns.start("a", upstream.url_for("a"))
 
     async def scenario():
         async with running(config(aws_env)) as worker:
-            await eventually(lambda: upstream.open_sockets("a"), what="a connected socket")
-            # Another worker takes over (as if ours had stalled past its lease).
+            await eventually(lambda: upstream.open_sockets("a") and len(seqs(msgs, "a")) >= 3, what="connected")
+            first = worker.keeper.session_id
+            # Another worker ended it (as if ours had stalled past its lease).
             ddb.update_item(
-                TableName=aws_env["TABLE_NAME"],
-                Key={"pk": {"S": "CONN#a"}},
-                UpdateExpression="SET lease_owner = :t, fence_token = fence_token + :one",
-                ExpressionAttributeValues={":t": {"S": "thief"}, ":one": {"N": "1"}},
+                TableName=aws_env["SESSIONS_TABLE_NAME"],
+                Key={"session_id": {"S": first}},
+                UpdateExpression="SET #s = :ended",
+                ExpressionAttributeNames={"#s": "state"},
+                ExpressionAttributeValues={":ended": {"S": "ENDED"}},
             )
-            await eventually(lambda: "a" not in worker.runners and not upstream.open_sockets("a"), what="runner gone")
-            assert worker.counters.total(names.LEASES_LOST) == 1
-            stored_then = len(seqs(msgs, "a"))
-            await asyncio.sleep(0.5)  # frames keep coming upstream; none may be written by us
-            assert len(seqs(msgs, "a")) == stored_then
-            # It does not try to take it back while the thief's lease is live.
-            assert conns.get("a")["lease_owner"] == "thief"
+            await eventually(lambda: worker.counters.total(names.LEASES_LOST) == 1, what="the connection dropped")
+            await eventually(
+                lambda: worker.keeper.session_id != first and "a" in worker.runners, what="a new session takes it back"
+            )
+            assert worker.runners["a"].fence_token == 2
+            await eventually(lambda: len(seqs(msgs, "a")) >= upstream.produced("a") - 30, what="storing again")
+            return first
+
+    first = asyncio.run(scenario())
+    stored = seqs(msgs, "a")
+    assert stored == list(range(1, len(stored) + 1))
+    assert upstream.max_concurrent("a") == 1  # the old socket was closed before the new one
+    assert sessions.get(first)["state"] == schema.ENDED
+
+
+def test_a_dead_sessions_connections_are_taken_over_soon_after_it_expires(aws_env, stores, sessions, upstream):
+    conns, msgs = stores
+    cfg = config(aws_env)
+    for cid in ("a", "b"):
+        conns.start(cid, upstream.url_for(cid))
+    dead = dead_session(sessions, conns, "dead#1", "a", "b", lease_ms=cfg.lease_ms)
+    expires_s = dead["expires_at_ms"] / 1000
+
+    async def scenario():
+        async with running(cfg) as worker:
+            await eventually(lambda: {"a", "b"} <= set(worker.runners), timeout=cfg.lease_ms / 1000 + 5, what="takeover")
+            took = time.time() - expires_s
+            # Ended the moment it became endable (expiry + skew), plus jitter.
+            assert took < cfg.max_clock_skew_ms / 1000 + 1.0, took
+            assert worker.counters.total(names.ORPHANS_RECOVERED) == 2
+            assert {worker.runners[c].fence_token for c in ("a", "b")} == {2}
 
     asyncio.run(scenario())
-    assert all(row["fence_token"] == 1 for row in msgs.read_all("a"))
+    ended = sessions.get("dead#1")
+    assert ended["state"] == schema.ENDED and ended["ended_by"]
 
 
-def test_an_expired_lease_of_a_dead_worker_is_taken_over_soon_after_it_expires(aws_env, stores, upstream):
-    conns, msgs = stores
+def test_a_takeover_that_meets_a_late_last_renewal_ends_the_session_at_its_new_expiry(
+    aws_env, stores, sessions, upstream
+):
+    conns, _ = stores
     conns.start("a", upstream.url_for("a"))
     cfg = config(aws_env)
-    dead = conns.acquire("a", owner="dead", lease_ms=cfg.lease_ms, max_clock_skew_ms=cfg.max_clock_skew_ms)
-    assert isinstance(dead, Acquired)
-    expires_s = dead.item["lease_expires_at_ms"] / 1000
+    dead = dead_session(sessions, conns, "dead#1", "a", lease_ms=cfg.lease_ms)
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())  # stepped by hand: no watching but these
+        assert await worker.keeper.open(asyncio.Event())
+        renewing = asyncio.create_task(worker.keeper.run())
+        try:
+            await eventually(lambda: time.time() * 1000 > dead["expires_at_ms"] - cfg.lease_ms + 700, what="a missed renewal")
+            assert await worker.takeover.watch_once() == 1
+            # The dead worker's last renewal lands after our read.
+            late = sessions.renew("dead#1", lease_ms=cfg.lease_ms, active=1, max_connections=10)
+            await asyncio.sleep(dead["expires_at_ms"] / 1000 + cfg.max_clock_skew_ms / 1000 + 0.5 - time.time())
+            assert "a" not in worker.runners and sessions.get("dead#1")["state"] == schema.LIVE
+            while "a" not in worker.runners and time.time() * 1000 < late["expires_at_ms"] + cfg.max_clock_skew_ms + 2000:
+                await worker.takeover.watch_once()
+                await asyncio.sleep(0.2)
+            assert "a" in worker.runners
+            assert time.time() * 1000 >= late["expires_at_ms"] + cfg.max_clock_skew_ms
+            assert worker.runners["a"].fence_token == 2
+        finally:
+            await worker.shutdown(budget_s=3)
+            renewing.cancel()
+            aws.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_taker_that_died_halfway_leaves_nothing_stuck(aws_env, stores, sessions, upstream):
+    conns, _ = stores
+    cfg = config(aws_env)
+    cids = [f"c{i}" for i in range(6)]
+    for cid in cids:
+        conns.start(cid, upstream.url_for(cid))
+    dead_session(sessions, conns, "dead#1", *cids, lease_ms=cfg.lease_ms)
+    # A taker ended dead#1, took two of its six connections, and died itself.
+    sessions.end_own("dead#1", worker_id="dead", drained=False)
+    taker = dead_session(sessions, conns, "taker#1", lease_ms=cfg.lease_ms)
+    for cid in cids[:2]:
+        assert isinstance(conns.acquire(cid, session_id="taker#1", worker_id="taker", expected_session="dead#1"), Acquired)
+    bound = (taker["expires_at_ms"] + cfg.max_clock_skew_ms) / 1000 + 2.0
+
+    async def scenario():
+        async with running(cfg) as worker:
+            await eventually(lambda: set(cids) <= set(worker.runners), timeout=cfg.lease_ms / 1000 + 6, what="all six")
+            assert time.time() < bound
+            await eventually(lambda: all(upstream.open_sockets(c) for c in cids), what="all six connected")
+
+    asyncio.run(scenario())
+
+
+def test_after_a_crash_with_a_partly_written_last_batch_the_new_owner_resumes_with_no_gap_and_no_double(
+    aws_env, stores, sessions, upstream
+):
+    conns, msgs = stores
+    cfg = config(aws_env)
+    conns.start("a", upstream.url_for("a"))
+    dead_session(sessions, conns, "dead#1", "a", lease_ms=cfg.lease_ms)
+    head = 40
+    for _ in range(head):
+        upstream.publish("a", {"v": 1})
+    # The dead owner checkpointed 10, then stored 11..30 and 32..33: 31 came back unprocessed.
+    conns.checkpoint("a", session_id="dead#1", fence_token=1, last_seq=10)
+    msgs.put("a", [Frame(s, '{"v":1}', 1) for s in [*range(1, 31), 32, 33]], fence_token=1, worker_id="dead")
 
     async def scenario():
         async with running(cfg) as worker:
             await eventually(lambda: "a" in worker.runners, timeout=cfg.lease_ms / 1000 + 5, what="takeover")
-            took = time.time() - expires_s
-            # Tried the moment it became acquirable (expiry + skew), plus jitter.
-            assert took < cfg.max_clock_skew_ms / 1000 + 1.0, took
-            assert worker.counters.total(names.ORPHANS_RECOVERED) == 1
-            assert worker.runners["a"].fence_token == 2
+            await eventually(lambda: len(seqs(msgs, "a")) >= head + 5, what="frames past the crash")
 
     asyncio.run(scenario())
+    stored = seqs(msgs, "a")
+    assert stored == list(range(1, len(stored) + 1))
+    assert upstream.sockets("a")[0].from_seq == 31  # little replayed: from the first hole
 
 
 def test_a_start_hint_is_taken_from_the_queue_and_connected_quickly(aws_env, stores, upstream, sqs):
@@ -223,7 +395,9 @@ def test_a_start_hint_is_taken_from_the_queue_and_connected_quickly(aws_env, sto
     asyncio.run(scenario())
 
 
-def test_a_worker_at_capacity_leaves_hints_for_its_peers(aws_env, stores, upstream, sqs):
+
+
+def test_a_worker_at_capacity_leaves_hints_for_its_peers(aws_env, stores, upstream):
     conns, _ = stores
     cfg = config(aws_env, MAX_CONNECTIONS="1", RECONCILE_SECONDS="60")
     conns.start("a", upstream.url_for("a"))
@@ -232,14 +406,15 @@ def test_a_worker_at_capacity_leaves_hints_for_its_peers(aws_env, stores, upstre
     async def scenario():
         aws = Aws(cfg, threads=4)
         worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())
+        assert await worker.keeper.open(asyncio.Event())
         assert await worker.try_acquire("a", source="test") is not None
         assert worker.free() == 0
-        assert await worker.poll_once(wait_seconds=0) == 0  # does not even poll when full
+        assert await worker.intake.poll_once(wait_seconds=0) == 0  # does not even poll when full
         await worker.shutdown(budget_s=5)
         aws.close()
 
     asyncio.run(scenario())
-    assert conns.get("b")["lease_owner"] == ""
+    assert conns.get("b")["lease_session"] == ""
 
 
 def test_transient_failures_are_retried_until_they_succeed():
@@ -255,6 +430,7 @@ def test_transient_failures_are_retried_until_they_succeed():
     assert result == "ok" and len(calls) == 3
 
 
+
 def test_transient_failures_past_the_lease_deadline_end_in_lease_expired_not_lost():
     async def call(fn, **kwargs):
         raise TransientError("throttled")
@@ -265,67 +441,113 @@ def test_transient_failures_past_the_lease_deadline_end_in_lease_expired_not_los
     assert time.monotonic() < deadline + 0.5
 
 
-def test_throttled_renewals_shorter_than_the_lease_do_not_drop_the_connection(aws_env, stores, upstream):
-    conns, msgs = stores
-    conns.start("a", upstream.url_for("a"))
-    cfg = config(aws_env, LEASE_SECONDS="4", HEARTBEAT_SECONDS="0.5")
-    throttle = {"on": False, "served": 0}
+
+
+class Throttle:
+    """A before-send hook answering a share of DynamoDB requests with a throttle."""
 
     class Raw:
         def stream(self, **_):
             yield b'{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"slow down"}'
 
-    def hook(request, **_):
-        if throttle["on"]:
-            throttle["served"] += 1
-            return AWSResponse(request.url, 400, {}, Raw())
+    def __init__(self) -> None:
+        self.on = False
+        self.served = 0
+
+    def __call__(self, request, **_):
+        if self.on:
+            self.served += 1
+            return AWSResponse(request.url, 400, {}, self.Raw())
         return None
+
+
+def test_throttled_renewals_shorter_than_the_lease_do_not_drop_the_connection(aws_env, stores, sessions, upstream):
+    conns, msgs = stores
+    conns.start("a", upstream.url_for("a"))
+    cfg = config(aws_env, LEASE_SECONDS="4", HEARTBEAT_SECONDS="0.5")
+    throttle = Throttle()
 
     async def scenario():
         async with running(cfg) as worker:
             await eventually(lambda: upstream.open_sockets("a") and len(seqs(msgs, "a")) >= 5, what="connected")
-            worker._aws.dynamodb.meta.events.register("before-send.dynamodb.UpdateItem", hook)
-            throttle["on"] = True
+            worker._aws.dynamodb.meta.events.register("before-send.dynamodb.UpdateItem", throttle)
+            throttle.on = True
             # Throttle every renewal for 1.5 s: three heartbeats fail, well inside the lease.
             await asyncio.sleep(1.5)
-            throttle["on"] = False
+            throttle.on = False
             fence = worker.runners["a"].fence_token
-            renewed = conns.get("a")["updated_at_ms"]
-            await eventually(lambda: conns.get("a")["updated_at_ms"] > renewed, what="a renewal after the throttling")
+            beat = sessions.get(worker.keeper.session_id)["heartbeat_at_ms"]
+            await eventually(
+                lambda: sessions.get(worker.keeper.session_id)["heartbeat_at_ms"] > beat, what="a renewal after it"
+            )
             assert worker.runners["a"].fence_token == fence
             assert worker.counters.total(names.LEASES_LOST) == 0
 
     asyncio.run(scenario())
-    assert throttle["served"] >= 2
+    assert throttle.served >= 2
     assert len(upstream.sockets("a")) == 1  # the socket was never closed
 
 
-def test_a_takeover_that_meets_a_late_last_renewal_tries_again_at_the_new_expiry(aws_env, stores, upstream):
-    conns, _ = stores
+def test_renewals_failing_past_the_deadline_stop_all_writes_then_a_new_session_takes_them_back(
+    aws_env, stores, sessions, upstream
+):
+    conns, msgs = stores
     conns.start("a", upstream.url_for("a"))
-    cfg = config(aws_env)
-    dead = conns.acquire("a", owner="dead", lease_ms=cfg.lease_ms, max_clock_skew_ms=cfg.max_clock_skew_ms)
-    first_expiry = dead.item["lease_expires_at_ms"]
+    cfg = config(aws_env, LEASE_SECONDS="2", HEARTBEAT_SECONDS="0.4")
+    throttle = Throttle()
 
     async def scenario():
-        aws = Aws(cfg, threads=4)
-        worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())  # stepped by hand: no scans but this one
-        try:
-            await eventually(lambda: time.time() * 1000 > first_expiry - cfg.lease_ms + 700, what="a missed renewal")
-            assert await worker.reconcile_once() == 1
-            # The dead holder's last renewal lands after our scan read the index.
-            late = conns.renew("a", owner="dead", fence_token=1, lease_ms=cfg.lease_ms, last_seq=0)
-            assert late["lease_expires_at_ms"] > first_expiry
-            await eventually(
-                lambda: "a" in worker.runners, timeout=cfg.lease_ms / 1000 + 3, what="the retried takeover"
-            )
-            assert time.time() * 1000 >= late["lease_expires_at_ms"] + cfg.max_clock_skew_ms
-            assert worker.runners["a"].fence_token == 2
-        finally:
-            await worker.shutdown(budget_s=3)
-            aws.close()
+        async with running(cfg) as worker:
+            await eventually(lambda: upstream.open_sockets("a") and len(seqs(msgs, "a")) >= 5, what="connected")
+            first = worker.keeper.session_id
+            worker._aws.dynamodb.meta.events.register("before-send.dynamodb", throttle)
+            throttle.on = True  # every DynamoDB request, message writes included
+            await eventually(lambda: worker.keeper.lost_reason is not None, timeout=5, what="the deadline to pass")
+            await eventually(lambda: not upstream.open_sockets("a"), what="the socket closed")
+            stored_then = seqs(msgs, "a")
+            throttle.on = False
+            await eventually(lambda: worker.keeper.session_id != first and "a" in worker.runners, what="taken back")
+            await eventually(lambda: len(seqs(msgs, "a")) > len(stored_then) + 5, what="storing again")
+            return first
+
+    first = asyncio.run(scenario())
+    stored = seqs(msgs, "a")
+    assert stored == list(range(1, len(stored) + 1))
+    assert upstream.max_concurrent("a") == 1
+    assert sessions.get(first)["state"] == schema.ENDED  # ended by itself, then drained
+
+
+def test_a_worker_whose_clock_is_off_by_less_than_the_skew_margin_never_overlaps_or_loses_data(
+    aws_env, stores, sessions, upstream
+):
+    """The holder's clock runs behind and the taker's ahead, both by 90 % of the margin:
+    the taker ends the holder's session as early as it ever could, and still after the
+    holder's own deadline."""
+    conns, msgs = stores
+    cfg = config(aws_env, LEASE_SECONDS="2", HEARTBEAT_SECONDS="0.4")
+    off = int(cfg.max_clock_skew_ms * 0.9)
+    for cid in ("a", "b"):
+        conns.start(cid, upstream.url_for(cid))
+    throttle = Throttle()
+
+    async def scenario():
+        async with running(cfg, "slow", clock_ms=lambda: int(time.time() * 1000) - off) as holder:
+            await eventually(lambda: len(holder.runners) == 2 and len(seqs(msgs, "a")) >= 5, what="held")
+            async with running(cfg, "fast", clock_ms=lambda: int(time.time() * 1000) + off) as taker:
+                holder._aws.dynamodb.meta.events.register("before-send.dynamodb", throttle)
+                throttle.on = True  # the holder stalls: no renewal and no write gets through
+                await eventually(lambda: len(taker.runners) == 2, timeout=8, what="the takeover")
+                await eventually(lambda: all(len(seqs(msgs, c)) >= upstream.produced(c) - 30 for c in ("a", "b")))
+                throttle.on = False
 
     asyncio.run(scenario())
+    for cid in ("a", "b"):
+        stored = seqs(msgs, cid)
+        assert stored == list(range(1, len(stored) + 1))
+        assert upstream.max_concurrent(cid) == 1, upstream.overlaps(cid)
+        rows = msgs.read_all(cid)
+        taken_at = min(r["received_at_ms"] for r in rows if r["fence_token"] == 2)
+        assert all(r["received_at_ms"] < taken_at for r in rows if r["fence_token"] == 1)
 
 
 def test_a_host_name_that_resolves_to_an_internal_address_is_not_connected_to(aws_env, stores, upstream):
@@ -341,6 +563,7 @@ def test_a_host_name_that_resolves_to_an_internal_address_is_not_connected_to(aw
             assert upstream.sockets("a") == [] and not worker.runners["a"].connected.is_set()
 
     asyncio.run(scenario())
+
 
 
 def test_an_exactly_listed_host_name_may_resolve_to_loopback(aws_env, stores, upstream):

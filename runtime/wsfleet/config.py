@@ -16,6 +16,7 @@ from . import metrics_names, schema
 
 # Variable names, shared with the CDK stacks that set them.
 TABLE_NAME = "TABLE_NAME"
+SESSIONS_TABLE_NAME = "SESSIONS_TABLE_NAME"
 MESSAGES_TABLE_NAME = "MESSAGES_TABLE_NAME"
 QUEUE_URL = "QUEUE_URL"
 AWS_REGION = "AWS_REGION"
@@ -25,6 +26,7 @@ WORKER_ID = "WORKER_ID"
 LEASE_SECONDS = "LEASE_SECONDS"
 HEARTBEAT_SECONDS = "HEARTBEAT_SECONDS"
 RECONCILE_SECONDS = "RECONCILE_SECONDS"
+CHECKPOINT_SECONDS = "CHECKPOINT_SECONDS"
 MAX_CONNECTIONS = "MAX_CONNECTIONS"
 MAX_CLOCK_SKEW_MS = "MAX_CLOCK_SKEW_MS"
 METRICS_NAMESPACE = "METRICS_NAMESPACE"
@@ -104,15 +106,17 @@ def state_shards(env: Mapping[str, str]) -> int:
 @dataclass(frozen=True)
 class WorkerConfig:
     table_name: str
+    sessions_table_name: str
     messages_table_name: str
     queue_url: str
     region: str
     endpoint_url: str | None
     worker_id: str | None  # None: resolved at start-up from ECS metadata or hostname-pid
     ecs_metadata_uri: str | None
-    lease_ms: int
-    heartbeat_ms: int
-    reconcile_ms: int
+    lease_ms: int  # session lease
+    heartbeat_ms: int  # session renewal interval
+    reconcile_ms: int  # scan for STARTED connections nobody owns
+    checkpoint_ms: int  # longest time between checkpoints of a connection receiving frames
     max_connections: int
     max_clock_skew_ms: int
     metrics_namespace: str
@@ -129,8 +133,8 @@ class WorkerConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
         env = os.environ if env is None else env
-        lease = _positive_float(env, LEASE_SECONDS, 20.0)
-        heartbeat = _positive_float(env, HEARTBEAT_SECONDS, 5.0)
+        lease = _positive_float(env, LEASE_SECONDS, 10.0)
+        heartbeat = _positive_float(env, HEARTBEAT_SECONDS, 2.5)
         if lease < 2 * heartbeat:
             raise ConfigError(f"{LEASE_SECONDS} ({lease:g}) must be at least twice {HEARTBEAT_SECONDS} ({heartbeat:g})")
         skew = _int_in(env, MAX_CLOCK_SKEW_MS, 1000, 0, 60_000)
@@ -144,6 +148,7 @@ class WorkerConfig:
             raise ConfigError(f"{WORKER_ID} must be at most 256 characters")
         return cls(
             table_name=_required(env, TABLE_NAME),
+            sessions_table_name=_required(env, SESSIONS_TABLE_NAME),
             messages_table_name=_required(env, MESSAGES_TABLE_NAME),
             queue_url=_required(env, QUEUE_URL),
             region=_region(env),
@@ -153,6 +158,7 @@ class WorkerConfig:
             lease_ms=round(lease * 1000),
             heartbeat_ms=round(heartbeat * 1000),
             reconcile_ms=round(_positive_float(env, RECONCILE_SECONDS, 10.0) * 1000),
+            checkpoint_ms=round(_positive_float(env, CHECKPOINT_SECONDS, 120.0) * 1000),
             max_connections=_int_in(env, MAX_CONNECTIONS, 100, 1, 100_000),
             max_clock_skew_ms=skew,
             metrics_namespace=env.get(METRICS_NAMESPACE, "").strip() or metrics_names.DEFAULT_NAMESPACE,
@@ -172,6 +178,7 @@ class WorkerConfig:
 @dataclass(frozen=True)
 class RouterConfig:
     table_name: str
+    sessions_table_name: str
     queue_url: str
     region: str
     endpoint_url: str | None
@@ -184,6 +191,7 @@ class RouterConfig:
         hosts = allowed_ws_hosts(env)
         return cls(
             table_name=_required(env, TABLE_NAME),
+            sessions_table_name=_required(env, SESSIONS_TABLE_NAME),
             queue_url=_required(env, QUEUE_URL),
             region=_region(env),
             endpoint_url=_endpoint(env),

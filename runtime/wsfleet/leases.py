@@ -1,12 +1,18 @@
-"""Lease rules: pure decisions, no boto3 and no asyncio.
+"""Session lease rules: pure decisions, no boto3 and no asyncio.
 
-A lease is the right to hold one connection's socket and write its messages. Times
-come in two kinds and are never mixed:
+Ownership works like an etcd lease or a ZooKeeper session. Each worker process keeps
+ONE session alive with one conditional write per heartbeat, and every connection it
+owns is attached to that session. The one rule: **a connection is owned while its
+session is LIVE and not expired; all of a session's connections are lost together when
+it ends.** A session expired by more than the clock-skew margin may be ended by anyone
+(conditional write), and only an ENDED session's connections may be taken.
+
+Times come in two kinds and are never mixed:
 
 * wall-clock epoch milliseconds (``*_ms``) are what is stored in DynamoDB and compared
   between workers; clocks can disagree by up to ``max_clock_skew_ms``;
 * monotonic seconds (``*_mono``) are what a worker uses to decide, on its own, when its
-  lease has run out. They never jump, so a paused or slow worker errs on the safe side.
+  session has run out. They never jump, so a paused or slow worker errs on the safe side.
 """
 
 from __future__ import annotations
@@ -14,136 +20,177 @@ from __future__ import annotations
 import enum
 import random
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
+
+from . import schema
 
 
 @dataclass(frozen=True)
-class LeaseTiming:
+class SessionTiming:
     lease_ms: int
     heartbeat_ms: int
     max_clock_skew_ms: int
 
-    def acquirable_below_ms(self, now_ms: int) -> int:
-        """A lease whose expiry is below this is free for the taking: even a writer whose
-        clock is ``max_clock_skew_ms`` behind ours considers it expired."""
-        return now_ms - self.max_clock_skew_ms
-
     def expiry_ms(self, now_ms: int) -> int:
         return now_ms + self.lease_ms
 
-    def local_deadline_mono(self, sent_mono: float) -> float:
-        """When the holder must stop writing: measured from when the successful request
-        was *sent* (the item's expiry was set after that), less the skew margin."""
+    def deadline_mono(self, sent_mono: float) -> float:
+        """When a worker must stop writing: from the moment its last successful renewal
+        was *sent* (the stored expiry was computed after that), plus the lease, less the
+        skew margin. One deadline for the whole worker."""
         return sent_mono + (self.lease_ms - self.max_clock_skew_ms) / 1000.0
 
-    def suspect_below_ms(self, now_ms: int) -> int:
-        """A healthy holder renews every heartbeat, so its expiry is always at least
-        ``lease - heartbeat`` ahead. One further below has missed a renewal: its holder is
-        probably gone, and the lease can be tried the moment it expires. Half a heartbeat
-        of slack keeps a renewal in flight from looking like a miss."""
-        return now_ms + self.lease_ms - self.heartbeat_ms - self.heartbeat_ms // 2
+    def endable_below_ms(self, now_ms: int) -> int:
+        """A session whose expiry is below this may be ended: even a holder whose clock
+        is ``max_clock_skew_ms`` behind ours has stopped writing by its own deadline."""
+        return now_ms - self.max_clock_skew_ms
+
+    def end_at_ms(self, expires_at_ms: int) -> int:
+        """The first moment a session with this expiry may be ended."""
+        return expires_at_ms + self.max_clock_skew_ms + 1
+
+    def suspect(self, expires_at_ms: int, now_ms: int) -> bool:
+        """A healthy session is renewed every heartbeat, so its expiry is always at
+        least ``lease - heartbeat`` ahead. One further below has missed a renewal: its
+        worker is probably gone, and its end is scheduled for the moment it expires.
+        Half a heartbeat of slack keeps a renewal in flight from looking like a miss."""
+        return expires_at_ms < now_ms + self.lease_ms - self.heartbeat_ms - self.heartbeat_ms // 2
+
+    def watch_window_ms(self) -> int:
+        """How long a dead session stays visible as suspect before it becomes endable:
+        from its first missed renewal to its expiry plus the skew margin. Watching at
+        least this often means every death is seen in time to end it at expiry."""
+        return self.lease_ms - self.heartbeat_ms - self.heartbeat_ms // 2 + self.max_clock_skew_ms
+
+    def watch_pause_s(self, rng: random.Random | None = None) -> float:
+        """Pause between two reads of the watched sessions: 50-80 % of the watch
+        window, so a read always lands inside it (6 s at most with the defaults)."""
+        window = max(self.watch_window_ms(), 200)
+        return window * (0.5 + 0.3 * (rng or random).random()) / 1000
+
+    def renew_retry_s(self, rng: random.Random | None = None) -> float:
+        """Pause before retrying a failed renewal. It is one cheap request per worker,
+        so it is retried often (about 8 times a second) rather than backed off: under
+        throttling each try has the same chance, and the deadline is what matters."""
+        return 0.08 + 0.08 * (rng or random).random()
 
 
-@dataclass(frozen=True)
-class Lease:
-    """A lease this worker holds."""
+def new_session_id(worker_id: str, started_at_ms: int, rng: random.Random | None = None) -> str:
+    """``<worker_id>#<start ms>-<random>``: unique per worker run, never reused, so a
+    condition on ``lease_session`` pins exactly one ownership epoch."""
+    return f"{worker_id}#{started_at_ms}-{(rng or random).getrandbits(32):08x}"
 
-    connection_id: str
-    owner: str
-    fence_token: int
-    ws_url: str
-    last_seq: int
-    deadline_mono: float
 
-    def live(self, now_mono: float) -> bool:
-        return now_mono < self.deadline_mono
+# --- failures, read from the item a conditional write failed on (ALL_OLD) --------------
+
+
+class RenewFailure(enum.Enum):
+    ENDED = "ended"  # someone ended it (it had expired): every connection is lost
+    GONE = "gone"  # the item is missing: treat as ended
+
+
+class EndFailure(enum.Enum):
+    RENEWED = "renewed"  # still LIVE and not expired after all: watch on
+    ALREADY_ENDED = "already_ended"  # someone else (or its worker) ended it first
+    GONE = "gone"
 
 
 class AcquireFailure(enum.Enum):
-    HELD = "held"  # someone else holds a live lease
+    HELD = "held"  # attached to another session than the one we expected
     STOPPED = "stopped"  # desired state is STOPPED
     NOT_FOUND = "not_found"  # no such connection
 
 
-class RenewFailure(enum.Enum):
-    LOST = "lost"  # another worker owns it now (or our fence is stale)
-    STOPPED = "stopped"  # still ours, but its desired state is STOPPED: close and release
-    DELETED = "deleted"  # the item is gone
+def classify_renew_failure(old: Mapping | None) -> RenewFailure:
+    return RenewFailure.GONE if old is None else RenewFailure.ENDED
+
+
+def classify_end_failure(old: Mapping | None) -> EndFailure:
+    if old is None:
+        return EndFailure.GONE
+    if old.get(schema.SESSION_STATE) == schema.ENDED:
+        return EndFailure.ALREADY_ENDED
+    return EndFailure.RENEWED
 
 
 def classify_acquire_failure(old: Mapping | None) -> AcquireFailure:
-    """Why a conditional acquire failed, from the item as it was (ALL_OLD)."""
     if old is None:
         return AcquireFailure.NOT_FOUND
-    if old.get("desired_state") != "STARTED":
+    if old.get(schema.DESIRED_STATE) != schema.STARTED:
         return AcquireFailure.STOPPED
     return AcquireFailure.HELD
 
 
-def acquire_already_landed(old: Mapping | None, owner: str) -> bool:
-    """A retried acquire whose first attempt did land sees the lease as held by us."""
-    return old is not None and old.get("desired_state") == "STARTED" and old.get("lease_owner") == owner
+def acquire_already_landed(old: Mapping | None, session_id: str) -> bool:
+    """A retried acquire whose first attempt did land finds the connection attached to
+    our own session."""
+    return (
+        old is not None
+        and old.get(schema.DESIRED_STATE) == schema.STARTED
+        and old.get(schema.LEASE_SESSION) == session_id
+    )
 
 
-def classify_renew_failure(old: Mapping | None, owner: str, fence_token: int) -> RenewFailure:
-    """Why a conditional renew failed, from the item as it was (ALL_OLD)."""
-    if old is None:
-        return RenewFailure.DELETED
-    if old.get("lease_owner") != owner or int(old.get("fence_token", -1)) != fence_token:
-        return RenewFailure.LOST
-    return RenewFailure.STOPPED
+def release_already_landed(old: Mapping | None, fence_token: int) -> bool:
+    """A retried release whose first attempt landed finds it free at our fence."""
+    return old is not None and old.get(schema.LEASE_SESSION, "") == "" and int(old.get(schema.FENCE_TOKEN, -1)) == fence_token
 
 
-def release_already_landed(old: Mapping | None, owner: str, fence_token: int) -> bool:
-    """A failed release is harmless either way, but a retried one whose first attempt
-    landed sees the lease free at our fence: count it as released."""
-    return old is not None and old.get("lease_owner") == "" and int(old.get("fence_token", -1)) == fence_token
+# --- watching: the ring --------------------------------------------------------------
+
+
+def successors(ring: Sequence[str], me: str, k: int) -> list[str]:
+    """The ``k`` sessions after ``me`` in the ring (sorted session ids, wrapping), not
+    counting ``me``. Every session is watched by the ``k`` live sessions before it, so
+    the fleet's watching costs O(workers) and a death is seen while any of its ``k``
+    predecessors lives."""
+    others = sorted(s for s in set(ring) if s != me)
+    after = [s for s in others if s > me] + [s for s in others if s < me]
+    return after[:k]
 
 
 @dataclass(frozen=True)
-class Candidate:
-    connection_id: str
-    lease_expires_at_ms: int
+class Watched:
+    """A watched session as last read."""
+
+    session_id: str
+    state: str
+    expires_at_ms: int
 
 
-def takeover_plan(
-    candidates: Iterable[Candidate],
-    *,
-    now_ms: int,
-    timing: LeaseTiming,
-    managed: set[str] | frozenset[str],
-    capacity: int,
-) -> list[tuple[str, int]]:
-    """Which suspect connections to try, and at what wall-clock time (epoch ms).
+def watch_plan(sessions: Iterable[Watched], *, now_ms: int, timing: SessionTiming) -> tuple[list[str], list[tuple[str, int]]]:
+    """From the watched sessions as read: (ENDED ones to drain now, [(suspect LIVE one,
+    the wall-clock ms at which to end it)])."""
+    drain, end = [], []
+    for s in sessions:
+        if s.state == schema.ENDED:
+            drain.append(s.session_id)
+        elif timing.suspect(s.expires_at_ms, now_ms):
+            end.append((s.session_id, timing.end_at_ms(s.expires_at_ms)))
+    return drain, end
 
-    Already-acquirable ones come first, soonest-to-expire next, at most ``capacity``.
-    """
-    plan = []
-    for c in sorted(candidates, key=lambda c: c.lease_expires_at_ms):
-        if len(plan) >= capacity:
-            break
-        if c.connection_id in managed:
-            continue
-        plan.append((c.connection_id, max(now_ms, c.lease_expires_at_ms + timing.max_clock_skew_ms + 1)))
-    return plan
+
+def drain_split(count: int, free: int) -> int:
+    """How many of a dead session's ``count`` connections the drainer acquires itself;
+    the rest it frees and hints, so that the whole fleet shares the takeover instead of
+    the one watcher that ended the session. It keeps half its room for other work."""
+    return max(0, min(count, (free + 1) // 2))
+
+
+# --- pacing --------------------------------------------------------------------------
 
 
 def takeover_jitter_s(load: float, rng: random.Random | None = None) -> float:
-    """Delay before racing for an orphan: a little jitter, plus more the busier this
-    worker is, so that the least loaded worker tends to win."""
+    """Delay before racing to end a dead session: a little jitter, plus more the busier
+    this worker is, so that the least loaded of its watchers tends to win."""
     r = (rng or random).random()
-    return 0.05 + 0.15 * r + 0.4 * min(max(load, 0.0), 1.0)
+    return 0.02 + 0.08 * r + 0.2 * min(max(load, 0.0), 1.0)
 
 
-def reconcile_pause_s(reconcile_ms: int, timing: LeaseTiming, rng: random.Random | None = None) -> float:
-    """Pause between orphan scans: RECONCILE_SECONDS jittered down to half of it, and
-    never longer than ``lease - 2 x heartbeat``. A dead holder's lease becomes a suspect
-    ``1.5 x heartbeat`` after its last renewal at the latest, so with this cap every
-    worker scans at least once before the lease expires, and the takeover is scheduled
-    for the moment of expiry instead of waiting for a scan after it."""
-    window_ms = timing.lease_ms - 2 * timing.heartbeat_ms
-    cap_ms = window_ms if window_ms > 0 else timing.heartbeat_ms
-    return min(reconcile_ms, cap_ms) * (0.5 + 0.5 * (rng or random).random()) / 1000
+def reconcile_pause_s(reconcile_ms: int, rng: random.Random | None = None) -> float:
+    """Pause between scans for STARTED connections nobody owns (lost hints):
+    RECONCILE_SECONDS jittered down to half of it."""
+    return reconcile_ms * (0.5 + 0.5 * (rng or random).random()) / 1000
 
 
 def hint_pause_s(load: float, rng: random.Random | None = None) -> float:

@@ -9,29 +9,59 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-# --- connections (lease) table ------------------------------------------------
+# --- connections table -----------------------------------------------------------
 PK = "pk"
 CONNECTION_PREFIX = "CONN#"
 
 DESIRED_STATE = "desired_state"
 WS_URL = "ws_url"
 LAST_SEQ = "last_seq"
-LEASE_OWNER = "lease_owner"
-LEASE_EXPIRES_AT_MS = "lease_expires_at_ms"
+LEASE_OWNER = "lease_owner"  # the owning worker_id, "" when free
+LEASE_SESSION = "lease_session"  # the owning session_id, "" when free
 FENCE_TOKEN = "fence_token"
+OWNER_KEY = "owner_key"  # by_owner partition key, see owner_key_*()
 UPDATED_AT_MS = "updated_at_ms"
 CREATED_AT_MS = "created_at_ms"
 
 STARTED = "STARTED"
 STOPPED = "STOPPED"
 
-# Sparse, sharded index of STARTED connections ordered by lease expiry: the
-# reconciler's way to find orphans without a scan.
-GSI_NAME = "by_state_expiry"
-GSI_PK = "gsi_state"
-GSI_SK = LEASE_EXPIRES_AT_MS
+# Sparse index of who owns what: S#<session> while owned, FREE#<shard> while STARTED
+# and unowned, absent while STOPPED and unowned. Its key moves only at acquire,
+# release, START and STOP, never at a heartbeat.
+OWNER_INDEX = "by_owner"
+OWNER_KEY_SESSION_PREFIX = "S#"
+OWNER_KEY_FREE_PREFIX = "FREE#"
 DEFAULT_STATE_SHARDS = 4
 MAX_STATE_SHARDS = 256
+
+# --- sessions table ---------------------------------------------------------------
+SESSION_ID = "session_id"
+SESSION_WORKER_ID = "worker_id"
+SESSION_STATE = "state"
+EXPIRES_AT_MS = "expires_at_ms"
+HEARTBEAT_AT_MS = "heartbeat_at_ms"
+STARTED_AT_MS = "started_at_ms"
+ACTIVE = "active"
+MAX_CONNECTIONS = "max_connections"
+ENDED_BY = "ended_by"
+SESSION_TTL = "ttl"  # epoch seconds, DynamoDB TTL of ended sessions
+# Connections whose STOP the router posted to the owning session: the renewal returns
+# them, so a STOP reaches its owner at its next heartbeat without a per-connection read.
+STOP_INBOX = "stops"
+
+LIVE = "LIVE"
+ENDED = "ENDED"
+
+# Sparse index of the sessions still to be watched (LIVE ones, and ENDED ones whose
+# connections are not all taken yet), ordered by session id: a worker watches its next
+# few successors in this ring, so watching costs O(workers), not O(workers squared).
+# Its key is set at open and removed when the session is ended and drained: never at
+# a heartbeat (KEYS_ONLY, so a renewal writes nothing to it).
+RING_INDEX = "by_ring"
+RING = "ring"
+RING_VALUE = "RING"
+ENDED_SESSION_TTL_S = 7 * 86400  # kept a week for post-mortems, then DynamoDB deletes it
 
 # --- messages table -----------------------------------------------------------
 MSG_PK = "pk"
@@ -43,6 +73,8 @@ RECEIVED_AT_MS = "received_at_ms"
 MESSAGE_TTL_ATTRIBUTE = "expires_at"  # epoch seconds; only written when a TTL is configured
 
 # The public fields returned by GET /connections/{id}.
+# lease_expires_at_ms is not stored on the connection: it is its session's expiry.
+LEASE_EXPIRES_AT_MS = "lease_expires_at_ms"
 PUBLIC_FIELDS = (
     DESIRED_STATE,
     WS_URL,
@@ -73,13 +105,18 @@ def shard_for(connection_id: str, shards: int) -> int:
     return zlib.crc32(connection_id.encode("utf-8")) % shards
 
 
-def gsi_partition(shard: int) -> str:
-    """The index partition key of one shard."""
-    return f"{STARTED}#{shard}"
+def owner_key_free(connection_id: str, shards: int) -> str:
+    """The by_owner partition of a STARTED connection that nobody owns."""
+    return free_partition(shard_for(connection_id, shards))
 
 
-def gsi_state(connection_id: str, shards: int) -> str:
-    return gsi_partition(shard_for(connection_id, shards))
+def free_partition(shard: int) -> str:
+    return f"{OWNER_KEY_FREE_PREFIX}{shard}"
+
+
+def owner_key_session(session_id: str) -> str:
+    """The by_owner partition of every connection attached to one session."""
+    return OWNER_KEY_SESSION_PREFIX + session_id
 
 
 def connections_table_spec(table_name: str) -> dict[str, Any]:
@@ -89,16 +126,36 @@ def connections_table_spec(table_name: str) -> dict[str, Any]:
         "BillingMode": "PAY_PER_REQUEST",
         "AttributeDefinitions": [
             {"AttributeName": PK, "AttributeType": "S"},
-            {"AttributeName": GSI_PK, "AttributeType": "S"},
-            {"AttributeName": GSI_SK, "AttributeType": "N"},
+            {"AttributeName": OWNER_KEY, "AttributeType": "S"},
         ],
         "KeySchema": [{"AttributeName": PK, "KeyType": "HASH"}],
         "GlobalSecondaryIndexes": [
             {
-                "IndexName": GSI_NAME,
+                "IndexName": OWNER_INDEX,
+                "KeySchema": [{"AttributeName": OWNER_KEY, "KeyType": "HASH"}],
+                "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": [DESIRED_STATE]},
+            }
+        ],
+    }
+
+
+def sessions_table_spec(table_name: str) -> dict[str, Any]:
+    """CreateTable arguments for the worker sessions table (on-demand; TTL on ``ttl``
+    is set separately, UpdateTimeToLive)."""
+    return {
+        "TableName": table_name,
+        "BillingMode": "PAY_PER_REQUEST",
+        "AttributeDefinitions": [
+            {"AttributeName": SESSION_ID, "AttributeType": "S"},
+            {"AttributeName": RING, "AttributeType": "S"},
+        ],
+        "KeySchema": [{"AttributeName": SESSION_ID, "KeyType": "HASH"}],
+        "GlobalSecondaryIndexes": [
+            {
+                "IndexName": RING_INDEX,
                 "KeySchema": [
-                    {"AttributeName": GSI_PK, "KeyType": "HASH"},
-                    {"AttributeName": GSI_SK, "KeyType": "RANGE"},
+                    {"AttributeName": RING, "KeyType": "HASH"},
+                    {"AttributeName": SESSION_ID, "KeyType": "RANGE"},
                 ],
                 "Projection": {"ProjectionType": "KEYS_ONLY"},
             }

@@ -1,10 +1,11 @@
-"""DynamoDB adapter: every read and conditional write of the two tables, and nothing else.
+"""DynamoDB adapter: every read and conditional write of the three tables, and nothing else.
 
 Each write says in its docstring what it is conditional on. A lost race comes back as
-a value (a ``NotAcquired``, a ``RenewFailure``, a router outcome); a transient
-fault (throttling, timeout, 5xx, connection error) is raised as :class:`TransientError`,
-so that no caller can mistake one for the other. The calls are synchronous boto3: the
-worker runs them in threads (see ``wsfleet.aws``), the Lambda router calls them directly.
+a value (a ``NotAcquired``, a ``RenewFailure``, an ``EndFailure``, a router outcome); a
+transient fault (throttling, timeout, 5xx, connection error) is raised as
+:class:`TransientError`, so that no caller can mistake one for the other. The calls are
+synchronous boto3: the worker runs them in threads (see ``wsfleet.aws``), the Lambda
+router calls them directly.
 """
 
 from __future__ import annotations
@@ -14,19 +15,20 @@ import re
 import time
 from decimal import Decimal
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
 
 from . import schema
-from .stream import Frame
+from .stream import Frame, contiguous_end
 from .leases import (
     AcquireFailure,
-    Candidate,
+    EndFailure,
     RenewFailure,
     acquire_already_landed,
     classify_acquire_failure,
+    classify_end_failure,
     classify_renew_failure,
     release_already_landed,
 )
@@ -99,7 +101,15 @@ class Acquired:
 @dataclass(frozen=True)
 class NotAcquired:
     reason: AcquireFailure
-    lease_expires_at_ms: int | None = None  # the lease as it was, when it is HELD
+    lease_session: str = ""  # the session it is attached to, when HELD
+
+
+@dataclass(frozen=True)
+class Owned:
+    """A row of the by_owner index: what a session holds, as the index last saw it."""
+
+    connection_id: str
+    desired_state: str
 
 
 class StartOutcome(enum.Enum):
@@ -115,6 +125,12 @@ class StopOutcome(enum.Enum):
     NOT_FOUND = "not_found"  # 404
 
 
+@dataclass(frozen=True)
+class Stopped:
+    outcome: StopOutcome
+    lease_session: str = ""  # the session to tell, when STOPPED while owned
+
+
 # Every attribute an expression names, by placeholder. DynamoDB refuses unused names,
 # so each request carries only the placeholders its expressions use.
 _PLACEHOLDERS = {
@@ -123,10 +139,20 @@ _PLACEHOLDERS = {
     "#w": schema.WS_URL,
     "#q": schema.LAST_SEQ,
     "#o": schema.LEASE_OWNER,
-    "#e": schema.LEASE_EXPIRES_AT_MS,
+    "#l": schema.LEASE_SESSION,
     "#f": schema.FENCE_TOKEN,
+    "#k": schema.OWNER_KEY,
     "#u": schema.UPDATED_AT_MS,
-    "#g": schema.GSI_PK,
+    "#sid": schema.SESSION_ID,
+    "#st": schema.SESSION_STATE,
+    "#e": schema.EXPIRES_AT_MS,
+    "#hb": schema.HEARTBEAT_AT_MS,
+    "#a": schema.ACTIVE,
+    "#m": schema.MAX_CONNECTIONS,
+    "#by": schema.ENDED_BY,
+    "#ttl": schema.SESSION_TTL,
+    "#in": schema.STOP_INBOX,
+    "#r": schema.RING,
 }
 
 
@@ -135,13 +161,15 @@ def _names(*expressions: str) -> dict[str, str]:
     return {k: v for k, v in _PLACEHOLDERS.items() if k in used}
 
 
-class ConnectionsStore:
-    """The connections (lease) table."""
+class _Table:
+    """One table: calls with transient faults told apart, and conditional updates that
+    return the old item when their condition fails."""
 
-    def __init__(self, client: Any, table_name: str, *, state_shards: int, clock_ms: Callable[[], int] = now_ms):
+    key_name = ""
+
+    def __init__(self, client: Any, table_name: str, *, clock_ms: Callable[[], int] = now_ms):
         self._ddb = client
         self._table = table_name
-        self._shards = state_shards
         self._now_ms = clock_ms
 
     def _call(self, op: str, **kwargs: Any) -> dict:
@@ -152,45 +180,31 @@ class ConnectionsStore:
                 raise TransientError(f"{op}: {exc}") from exc
             raise
 
+    def _key(self, key: str) -> dict:
+        return marshal({self.key_name: key})
+
     def _conditional_update(
-        self, connection_id: str, *, update: str, condition: str, values: Mapping[str, Any]
+        self, key: str, *, update: str, condition: str, values: Mapping[str, Any], returns: str = "ALL_NEW"
     ) -> tuple[dict | None, dict | None]:
         """(new item, None) on success, (None, old item or None) when the condition failed."""
         try:
             resp = self._call(
                 "update_item",
-                Key=marshal({schema.PK: schema.connection_pk(connection_id)}),
+                Key=self._key(key),
                 UpdateExpression=update,
                 ConditionExpression=condition,
                 ExpressionAttributeNames=_names(update, condition),
                 ExpressionAttributeValues=marshal(values),
-                ReturnValues="ALL_NEW",
+                ReturnValues=returns,
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as exc:
             if _condition_failed(exc):
                 return None, _old_item(exc)
             raise
-        return unmarshal(resp["Attributes"]), None
+        return unmarshal(resp.get("Attributes", {})), None
 
-    # --- reads -------------------------------------------------------------------------
-
-    def get(self, connection_id: str, *, consistent: bool = True) -> dict | None:
-        resp = self._call(
-            "get_item", Key=marshal({schema.PK: schema.connection_pk(connection_id)}), ConsistentRead=consistent
-        )
-        return unmarshal(resp["Item"]) if "Item" in resp else None
-
-    def _index_pages(self, shard: int, below_ms: int, **extra: Any) -> Iterator[dict]:
-        """Query pages of one index shard: STARTED connections whose lease expires before
-        ``below_ms`` (free leases have expiry 0), oldest first, fetched lazily."""
-        kwargs: dict[str, Any] = {
-            "IndexName": schema.GSI_NAME,
-            "KeyConditionExpression": "#p = :p AND #e < :below",
-            "ExpressionAttributeNames": {"#p": schema.GSI_PK, "#e": schema.GSI_SK},
-            "ExpressionAttributeValues": marshal({":p": schema.gsi_partition(shard), ":below": below_ms}),
-            **extra,
-        }
+    def _query_pages(self, **kwargs: Any) -> Iterator[dict]:
         while True:
             resp = self._call("query", **kwargs)
             yield resp
@@ -198,109 +212,355 @@ class ConnectionsStore:
                 return
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
-    def suspects(self, shard: int, *, below_ms: int, limit: int = 100) -> Iterator[Candidate]:
-        """STARTED connections of one index shard whose lease expires before ``below_ms``,
-        oldest first, ``limit`` per request."""
-        for page in self._index_pages(shard, below_ms, Limit=limit):
-            for raw in page.get("Items", []):
-                row = unmarshal(raw)
-                yield Candidate(schema.connection_id_from_pk(row[schema.PK]), int(row[schema.GSI_SK]))
 
-    def count_unowned(self, shard: int, *, now_ms: int) -> int:
-        """How many STARTED connections of one index shard have no live lease (free, or
-        expired by their owner's clock), counted without reading the items."""
-        return sum(page.get("Count", 0) for page in self._index_pages(shard, now_ms, Select="COUNT"))
+class SessionsStore(_Table):
+    """The worker sessions table: one item per worker run, renewed every heartbeat.
 
-    # --- lease writes ------------------------------------------------------------------
+    The verbs of an etcd lease: :meth:`open` (grant), :meth:`renew` (keep-alive),
+    :meth:`end_own` and :meth:`end_expired` (revoke), :meth:`get` (time-to-live).
+    """
 
-    def acquire(
-        self, connection_id: str, *, owner: str, lease_ms: int, max_clock_skew_ms: int
-    ) -> Acquired | NotAcquired:
-        """Take the lease.
+    key_name = schema.SESSION_ID
 
-        Conditional on: the item exists, desired_state is STARTED, and its lease is free
-        or expired (``lease_expires_at_ms < now - max_clock_skew_ms``). Sets owner and
-        expiry and increments ``fence_token``. Exactly one of any number of racing
-        callers succeeds; the others get the reason they lost (and, when the lease is
-        held, its expiry). A retry whose first attempt already landed (we own it now)
-        counts as success.
-        """
+    def open(self, session_id: str, *, worker_id: str, lease_ms: int, max_connections: int) -> dict:
+        """Create a LIVE session in the watch ring.
+
+        Conditional on: no item with this id (ids are unique per run; a retry of a put
+        that landed finds its own item and returns it)."""
+        now = self._now_ms()
+        item = {
+            schema.SESSION_ID: session_id,
+            schema.SESSION_WORKER_ID: worker_id,
+            schema.SESSION_STATE: schema.LIVE,
+            schema.EXPIRES_AT_MS: now + lease_ms,
+            schema.HEARTBEAT_AT_MS: now,
+            schema.STARTED_AT_MS: now,
+            schema.ACTIVE: 0,
+            schema.MAX_CONNECTIONS: max_connections,
+            schema.RING: schema.RING_VALUE,
+        }
+        try:
+            self._call(
+                "put_item",
+                Item=marshal(item),
+                ConditionExpression="attribute_not_exists(#sid)",
+                ExpressionAttributeNames=_names("#sid"),
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            if not _condition_failed(exc):
+                raise
+            old = _old_item(exc)
+            if old is None or old.get(schema.SESSION_WORKER_ID) != worker_id:
+                raise
+            return old
+        return item
+
+    def renew(
+        self, session_id: str, *, lease_ms: int, active: int, max_connections: int, stops_done: Iterable[str] = ()
+    ) -> dict | RenewFailure:
+        """Extend the session, report its load, and take the STOPs posted to it.
+
+        Conditional on: the session is LIVE and its expiry not past the new one (a slow,
+        superseded renewal never moves it back). Returns the item as renewed (its ``stops``
+        are the STOPs not yet handled); on failure, why (ENDED / gone). Idempotent: a
+        retry of a renewal that landed succeeds again. ``stops_done`` are removed from
+        the inbox in the same write."""
+        now = self._now_ms()
+        done = sorted(set(stops_done))
+        update = "SET #e = :exp, #hb = :now, #a = :active, #m = :max"
+        values: dict[str, Any] = {
+            ":exp": now + lease_ms,
+            ":now": now,
+            ":active": active,
+            ":max": max_connections,
+            ":live": schema.LIVE,
+        }
+        if done:
+            update += " DELETE #in :done"
+            values[":done"] = set(done)
+        new, old = self._conditional_update(session_id, update=update, condition="#st = :live AND #e <= :exp", values=values)
+        if new is None and old is not None and old.get(schema.SESSION_STATE) == schema.LIVE:
+            # A later renewal of ours landed first (this one was slow): never move the
+            # expiry back, and this says nothing about ownership.
+            raise TransientError("renew: a later renewal already landed")
+        return new if new is not None else classify_renew_failure(old)
+
+    def end_expired(self, session_id: str, *, ended_by: str, max_clock_skew_ms: int) -> dict | EndFailure:
+        """End another worker's dead session, so that it can never be renewed again and
+        its connections may be taken. It stays in the watch ring until drained.
+
+        Conditional on: LIVE and ``expires_at_ms`` more than ``max_clock_skew_ms`` in the
+        past by our clock. Exactly one of any number of racing callers succeeds; the
+        others learn whether it was renewed after all or ended by someone else."""
         now = self._now_ms()
         new, old = self._conditional_update(
-            connection_id,
-            update="SET #o = :me, #e = :exp, #u = :now ADD #f :one",
-            condition="attribute_exists(#pk) AND #s = :started AND #e < :cutoff",
+            session_id,
+            update="SET #st = :ended, #by = :me, #ttl = :ttl",
+            condition="#st = :live AND #e < :cutoff",
             values={
-                ":me": owner,
-                ":exp": now + lease_ms,
-                ":now": now,
+                ":ended": schema.ENDED,
+                ":live": schema.LIVE,
+                ":me": ended_by,
+                ":ttl": now // 1000 + schema.ENDED_SESSION_TTL_S,
+                ":cutoff": now - max_clock_skew_ms,
+            },
+        )
+        return new if new is not None else classify_end_failure(old)
+
+    def end_own(self, session_id: str, *, worker_id: str, drained: bool) -> bool:
+        """End our own session: at a clean exit, or after our deadline passed. When
+        ``drained`` (we released everything) it also leaves the watch ring; otherwise it
+        stays there so that watchers take what is left at once.
+
+        Conditional on: LIVE. Returns False if it was ENDED already (or is gone)."""
+        now = self._now_ms()
+        new, old = self._conditional_update(
+            session_id,
+            update="SET #st = :ended, #by = :me, #ttl = :ttl" + (" REMOVE #r" if drained else ""),
+            condition="#st = :live",
+            values={
+                ":ended": schema.ENDED,
+                ":live": schema.LIVE,
+                ":me": worker_id,
+                ":ttl": now // 1000 + schema.ENDED_SESSION_TTL_S,
+            },
+        )
+        return new is not None
+
+    def leave_ring(self, session_id: str) -> bool:
+        """Take a drained session out of the watch ring.
+
+        Conditional on: ENDED (a LIVE session is never dropped from watching)."""
+        new, _ = self._conditional_update(
+            session_id, update="REMOVE #r", condition="#st = :ended", values={":ended": schema.ENDED}, returns="NONE"
+        )
+        return new is not None
+
+    def post_stop(self, session_id: str, connection_id: str) -> bool:
+        """Post a STOP to the owning session's inbox; its worker takes it with its next
+        renewal. Conditional on: LIVE (an ENDED session's connections are taken by
+        others, whose acquire sees the STOP itself)."""
+        new, _ = self._conditional_update(
+            session_id,
+            update="ADD #in :c",
+            condition="#st = :live",
+            values={":c": {connection_id}, ":live": schema.LIVE},
+            returns="NONE",
+        )
+        return new is not None
+
+    def get(self, session_id: str, *, consistent: bool = True) -> dict | None:
+        resp = self._call("get_item", Key=self._key(session_id), ConsistentRead=consistent)
+        return unmarshal(resp["Item"]) if "Item" in resp else None
+
+    def get_many(self, session_ids: Sequence[str]) -> list[dict]:
+        """Eventually consistent BatchGetItem of a few sessions (the watched ones);
+        missing ones are left out. Unprocessed keys raise TransientError."""
+        if not session_ids:
+            return []
+        try:
+            resp = self._ddb.batch_get_item(
+                RequestItems={
+                    self._table: {
+                        "Keys": [self._key(s) for s in dict.fromkeys(session_ids)],
+                        "ProjectionExpression": "#sid, #st, #e, #a, #m, #hb",
+                        "ExpressionAttributeNames": _names("#sid #st #e #a #m #hb"),
+                    }
+                }
+            )
+        except (ClientError, BotoCoreError) as exc:
+            if is_transient(exc):
+                raise TransientError(f"batch_get_item: {exc}") from exc
+            raise
+        if resp.get("UnprocessedKeys", {}).get(self._table):
+            raise TransientError("batch_get_item: keys left unprocessed")
+        return [unmarshal(i) for i in resp.get("Responses", {}).get(self._table, [])]
+
+    def ring_after(self, session_id: str, *, limit: int) -> list[str]:
+        """Up to ``limit`` session ids after ``session_id`` in the watch ring (sorted,
+        wrapping to the start), not counting it: at most two small index queries."""
+        found: list[str] = []
+        for condition, start in (("#r = :r AND #sid > :me", session_id), ("#r = :r", None)):
+            values = {":r": schema.RING_VALUE, **({":me": start} if start is not None else {})}
+            resp = self._call(
+                "query",
+                IndexName=schema.RING_INDEX,
+                KeyConditionExpression=condition,
+                ExpressionAttributeNames=_names(condition),
+                ExpressionAttributeValues=marshal(values),
+                Limit=limit + 1,
+            )
+            for raw in resp.get("Items", []):
+                sid = unmarshal(raw)[schema.SESSION_ID]
+                if sid != session_id and sid not in found:
+                    found.append(sid)
+            if len(found) >= limit:
+                break
+        return found[:limit]
+
+
+class ConnectionsStore(_Table):
+    """The connections table: desired state, checkpoint, and which session owns it."""
+
+    key_name = schema.PK
+
+    def __init__(self, client: Any, table_name: str, *, state_shards: int, clock_ms: Callable[[], int] = now_ms):
+        super().__init__(client, table_name, clock_ms=clock_ms)
+        self._shards = state_shards
+
+    def _key(self, key: str) -> dict:
+        return marshal({schema.PK: schema.connection_pk(key)})
+
+    # --- reads -------------------------------------------------------------------------
+
+    def get(self, connection_id: str, *, consistent: bool = True) -> dict | None:
+        resp = self._call("get_item", Key=self._key(connection_id), ConsistentRead=consistent)
+        return unmarshal(resp["Item"]) if "Item" in resp else None
+
+    def _owner_pages(self, owner_key: str, **extra: Any) -> Iterator[dict]:
+        return self._query_pages(
+            IndexName=schema.OWNER_INDEX,
+            KeyConditionExpression="#k = :k",
+            ExpressionAttributeNames=_names("#k"),
+            ExpressionAttributeValues=marshal({":k": owner_key}),
+            **extra,
+        )
+
+    def owned_by(self, session_id: str) -> list[Owned]:
+        """Every connection attached to a session, as the by_owner index has it (one
+        query page per 1 MB: a worker's whole holding is one request)."""
+        return [
+            Owned(schema.connection_id_from_pk(row[schema.PK]), row.get(schema.DESIRED_STATE, ""))
+            for page in self._owner_pages(schema.owner_key_session(session_id))
+            for row in map(unmarshal, page.get("Items", []))
+        ]
+
+    def free(self, shard: int, *, limit: int = 100) -> Iterator[str]:
+        """STARTED connections nobody owns, of one index shard, ``limit`` per request."""
+        for page in self._owner_pages(schema.free_partition(shard), Limit=limit):
+            for raw in page.get("Items", []):
+                yield schema.connection_id_from_pk(unmarshal(raw)[schema.PK])
+
+    def count_free(self, shard: int) -> int:
+        """How many STARTED connections of one shard nobody owns, without reading them."""
+        return sum(p.get("Count", 0) for p in self._owner_pages(schema.free_partition(shard), Select="COUNT"))
+
+    def count_owned_by(self, session_id: str) -> int:
+        return sum(p.get("Count", 0) for p in self._owner_pages(schema.owner_key_session(session_id), Select="COUNT"))
+
+    # --- ownership writes --------------------------------------------------------------
+
+    def acquire(
+        self, connection_id: str, *, session_id: str, worker_id: str, expected_session: str = ""
+    ) -> Acquired | NotAcquired:
+        """Attach the connection to our session.
+
+        Conditional on: the item exists, desired_state is STARTED, and ``lease_session``
+        is ``expected_session``: "" (free) or an ENDED session whose connections we are
+        taking. Session ids are never reused and an ENDED session is never renewed, so
+        this pins the exact ownership epoch that was read, as a fence read would.
+        Increments ``fence_token`` and moves ``owner_key`` to our session. Exactly one
+        of any number of racing callers succeeds; a retry whose first attempt landed
+        counts as success."""
+        new, old = self._conditional_update(
+            connection_id,
+            update="SET #o = :me, #l = :session, #k = :key, #u = :now ADD #f :one",
+            condition="attribute_exists(#pk) AND #s = :started AND #l = :expected",
+            values={
+                ":me": worker_id,
+                ":session": session_id,
+                ":key": schema.owner_key_session(session_id),
+                ":now": self._now_ms(),
                 ":one": 1,
                 ":started": schema.STARTED,
-                ":cutoff": now - max_clock_skew_ms,
+                ":expected": expected_session,
             },
         )
         if new is not None:
             return Acquired(new)
-        if acquire_already_landed(old, owner):
+        if acquire_already_landed(old, session_id):
             return Acquired(old)
-        expires = int(old[schema.LEASE_EXPIRES_AT_MS]) if old and schema.LEASE_EXPIRES_AT_MS in old else None
-        return NotAcquired(classify_acquire_failure(old), expires)
+        return NotAcquired(classify_acquire_failure(old), (old or {}).get(schema.LEASE_SESSION, ""))
 
-    def renew(
-        self, connection_id: str, *, owner: str, fence_token: int, lease_ms: int, last_seq: int
-    ) -> dict | RenewFailure:
-        """Extend the lease and store the checkpoint in the same write.
+    def _detach(self, connection_id: str, *, condition: str, values: Mapping[str, Any], last_seq: int | None) -> dict | None:
+        """Make the connection free (``owner_key`` FREE#shard if STARTED, removed if
+        STOPPED), under ``condition``. The index key depends on the desired state, which
+        a concurrent START or STOP may flip: the write names the state it expects, and
+        is tried once more with the other one. Returns the old item when the condition
+        failed for another reason (None when it landed)."""
+        old: dict | None = None
+        for state in (schema.STARTED, schema.STOPPED, schema.STARTED):
+            update = "SET #o = :empty, #l = :empty, #u = :now"
+            state_values: dict[str, Any] = {":empty": "", ":now": self._now_ms(), ":state": state}
+            if last_seq is not None:
+                update += ", #q = :seq"
+                state_values[":seq"] = last_seq
+            if state == schema.STARTED:
+                update += ", #k = :free"
+                state_values[":free"] = schema.owner_key_free(connection_id, self._shards)
+            else:
+                update += " REMOVE #k"
+            new, old = self._conditional_update(
+                connection_id,
+                update=update,
+                condition=f"{condition} AND #s = :state",
+                values={**values, **state_values},
+                returns="NONE",
+            )
+            if new is not None:
+                return None
+            if old is None or old.get(schema.DESIRED_STATE) == state:
+                return old or {}
+        return old or {}
 
-        Conditional on: ``lease_owner`` is us, ``fence_token`` is ours and desired_state
-        is STARTED. On failure the old item tells why (lost / STOPPED / deleted), so STOP
-        detection costs no extra read. Idempotent: a retry of a renewal that landed
-        succeeds again.
-        """
-        now = self._now_ms()
-        new, old = self._conditional_update(
+    def release(self, connection_id: str, *, session_id: str, fence_token: int, last_seq: int) -> bool:
+        """Give the connection up with a final checkpoint.
+
+        Conditional on: ``lease_session`` is ours and ``fence_token`` is ours. Returns
+        False when it was no longer ours (nothing written); a retry whose first attempt
+        landed returns True."""
+        old = self._detach(
             connection_id,
-            update="SET #e = :exp, #u = :now, #q = :seq",
-            condition="#o = :me AND #f = :fence AND #s = :started",
-            values={
-                ":me": owner,
-                ":exp": now + lease_ms,
-                ":now": now,
-                ":fence": fence_token,
-                ":started": schema.STARTED,
-                ":seq": last_seq,
-            },
+            condition="#l = :session AND #f = :fence",
+            values={":session": session_id, ":fence": fence_token},
+            last_seq=last_seq,
         )
-        if new is not None:
-            return new
-        return classify_renew_failure(old, owner, fence_token)
+        return old is None or release_already_landed(old, fence_token)
 
-    def release(self, connection_id: str, *, owner: str, fence_token: int, last_seq: int) -> bool:
-        """Give the lease up (owner "", expiry 0) with a final checkpoint.
+    def free_orphan(self, connection_id: str, *, dead_session: str) -> bool:
+        """Free a connection of an ENDED session without taking it (its checkpoint stays
+        as the dead owner left it; whoever takes it finds the stored end past it).
 
-        Conditional on: ``lease_owner`` is us and ``fence_token`` is ours. Returns False
-        when the lease was no longer ours (nothing written). A retry whose first attempt
-        landed returns True.
-        """
-        now = self._now_ms()
-        new, old = self._conditional_update(
+        Conditional on: ``lease_session`` is the dead session."""
+        return self._detach(connection_id, condition="#l = :dead", values={":dead": dead_session}, last_seq=None) is None
+
+    def checkpoint(self, connection_id: str, *, session_id: str, fence_token: int, last_seq: int) -> bool:
+        """Store ``last_seq`` while holding the connection (no index key moves).
+
+        Conditional on: ``lease_session`` and ``fence_token`` are ours. Returns False if
+        the connection is no longer ours."""
+        new, _ = self._conditional_update(
             connection_id,
-            update="SET #o = :free, #e = :zero, #u = :now, #q = :seq",
-            condition="#o = :me AND #f = :fence",
-            values={":free": "", ":zero": 0, ":now": now, ":me": owner, ":fence": fence_token, ":seq": last_seq},
+            update="SET #q = :seq, #u = :now",
+            condition="#l = :session AND #f = :fence",
+            values={":seq": last_seq, ":now": self._now_ms(), ":session": session_id, ":fence": fence_token},
+            returns="NONE",
         )
-        return new is not None or release_already_landed(old, owner, fence_token)
+        return new is not None
 
     # --- desired state (the router) -------------------------------------------------------
 
     def start(self, connection_id: str, ws_url: str) -> StartOutcome:
         """Record that the connection should run.
 
-        A new connection is created with a conditional put (``attribute_not_exists``);
-        a STOPPED one is flipped with an update conditional on ``desired_state =
-        STOPPED``, keeping its checkpoint, fence and lease. A STARTED one is never
-        written, so a repeated or concurrent START cannot reset a live lease. Losing a
-        race to a concurrent writer re-reads the outcome from the item it lost to.
-        """
+        A new connection is created free (``owner_key`` FREE#shard) with a conditional
+        put (``attribute_not_exists``). A STOPPED one is flipped with an update
+        conditional on ``desired_state = STOPPED`` and on the session it is attached to
+        (if free, it goes back into FREE#shard; if a session still holds it, it stays
+        attached), keeping its checkpoint and fence. A STARTED one is never written, so
+        a repeated or concurrent START cannot disturb its owner. Losing a race re-reads
+        the outcome from the item it lost to."""
         for _ in range(5):
             now = self._now_ms()
             item = {
@@ -309,11 +569,11 @@ class ConnectionsStore:
                 schema.WS_URL: ws_url,
                 schema.LAST_SEQ: 0,
                 schema.LEASE_OWNER: "",
-                schema.LEASE_EXPIRES_AT_MS: 0,
+                schema.LEASE_SESSION: "",
                 schema.FENCE_TOKEN: 0,
+                schema.OWNER_KEY: schema.owner_key_free(connection_id, self._shards),
                 schema.UPDATED_AT_MS: now,
                 schema.CREATED_AT_MS: now,
-                schema.GSI_PK: schema.gsi_state(connection_id, self._shards),
             }
             try:
                 self._call(
@@ -332,37 +592,55 @@ class ConnectionsStore:
                 continue  # deleted between our write and its failure: try again
             if old.get(schema.DESIRED_STATE) == schema.STARTED:
                 return StartOutcome.UNCHANGED if old.get(schema.WS_URL) == ws_url else StartOutcome.CONFLICT
+            session = old.get(schema.LEASE_SESSION, "")
+            update = "SET #s = :started, #w = :url, #u = :now" + (", #k = :free" if not session else "")
             new, _ = self._conditional_update(
                 connection_id,
-                update="SET #s = :started, #w = :url, #g = :g, #u = :now",
-                condition="#s = :stopped",
+                update=update,
+                condition="#s = :stopped AND #l = :session",
                 values={
                     ":started": schema.STARTED,
                     ":stopped": schema.STOPPED,
                     ":url": ws_url,
-                    ":g": schema.gsi_state(connection_id, self._shards),
+                    ":session": session,
                     ":now": now,
+                    **({":free": schema.owner_key_free(connection_id, self._shards)} if not session else {}),
                 },
+                returns="NONE",
             )
             if new is not None:
                 return StartOutcome.RESTARTED
         raise TransientError(f"start of {connection_id!r} kept losing races; try again")
 
-    def stop(self, connection_id: str) -> StopOutcome:
-        """Record that the connection should stop; the owner sees it at its next renewal.
+    def stop(self, connection_id: str) -> Stopped:
+        """Record that the connection should stop.
 
-        Conditional on: the item exists and desired_state is STARTED. Removes the index
-        key so the connection leaves the sparse orphan index. Writes nothing otherwise.
-        """
-        new, old = self._conditional_update(
-            connection_id,
-            update="SET #s = :stopped, #u = :now REMOVE #g",
-            condition="attribute_exists(#pk) AND #s = :started",
-            values={":stopped": schema.STOPPED, ":started": schema.STARTED, ":now": self._now_ms()},
-        )
-        if new is not None:
-            return StopOutcome.STOPPED
-        return StopOutcome.NOT_FOUND if old is None else StopOutcome.ALREADY_STOPPED
+        Conditional on: the item exists, desired_state is STARTED, and the session it is
+        attached to (read in the same loop). A free one also leaves the sparse index; an
+        owned one stays attached until its owner (told through its session's inbox, see
+        :meth:`SessionsStore.post_stop`) closes and releases it. Writes nothing otherwise."""
+        for _ in range(5):
+            item = self.get(connection_id)
+            if item is None:
+                return Stopped(StopOutcome.NOT_FOUND)
+            if item.get(schema.DESIRED_STATE) != schema.STARTED:
+                return Stopped(StopOutcome.ALREADY_STOPPED)
+            session = item.get(schema.LEASE_SESSION, "")
+            new, old = self._conditional_update(
+                connection_id,
+                update="SET #s = :stopped, #u = :now" + (" REMOVE #k" if not session else ""),
+                condition="attribute_exists(#pk) AND #s = :started AND #l = :session",
+                values={
+                    ":stopped": schema.STOPPED,
+                    ":started": schema.STARTED,
+                    ":now": self._now_ms(),
+                    ":session": session,
+                },
+                returns="NONE",
+            )
+            if new is not None:
+                return Stopped(StopOutcome.STOPPED, session)
+        raise TransientError(f"stop of {connection_id!r} kept losing races; try again")
 
 
 class MessagesStore:
@@ -411,6 +689,35 @@ class MessagesStore:
                 return
             self._sleep(min(2.0, 0.05 * 2**attempt))
         raise TransientError(f"{len(requests)} messages still unprocessed after retries")
+
+    def stored_end(self, connection_id: str, checkpoint: int) -> int:
+        """The end of what is stored gap-free from ``checkpoint``: the highest seq s such
+        that every seq in (checkpoint, s] has a row. A new owner resumes after it, so a
+        dead owner's writes past its last checkpoint are neither lost nor stored twice,
+        and a last batch that was only partly written (UnprocessedItems) is replayed from
+        its first hole. Strongly consistent; reads keys only, page by page, and stops at
+        the first hole."""
+        end = checkpoint
+        kwargs: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "#p = :p AND #s > :c",
+            "ExpressionAttributeNames": {"#p": schema.MSG_PK, "#s": schema.MSG_SK},
+            "ExpressionAttributeValues": marshal({":p": schema.connection_pk(connection_id), ":c": checkpoint}),
+            "ProjectionExpression": "#s",
+            "ConsistentRead": True,
+            "Limit": 500,
+        }
+        while True:
+            try:
+                resp = self._ddb.query(**kwargs)
+            except (ClientError, BotoCoreError) as exc:
+                if is_transient(exc):
+                    raise TransientError(f"query: {exc}") from exc
+                raise
+            end, complete = contiguous_end(end, (int(unmarshal(i)[schema.MSG_SK]) for i in resp.get("Items", [])))
+            if not complete or "LastEvaluatedKey" not in resp:
+                return end
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
     def read_all(self, connection_id: str) -> list[dict]:
         """Every stored message of a connection in seq order (tests, demo reports)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Iterable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 MAX_MESSAGE_BYTES = 350_000  # stay well inside DynamoDB's 400 KB item limit
@@ -43,6 +44,19 @@ def resume_url(ws_url: str, from_seq: int) -> str:
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != "from_seq"]
     query.append(("from_seq", str(from_seq)))
     return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def contiguous_end(start: int, seqs: Iterable[int]) -> tuple[int, bool]:
+    """Walk ascending stored seqs from ``start``: (the last seq reached without a hole,
+    whether every seq given was reached). Seqs at or below ``start`` are skipped."""
+    end = start
+    for seq in seqs:
+        if seq <= end:
+            continue
+        if seq != end + 1:
+            return end, False
+        end = seq
+    return end, True
 
 
 class SeqTracker:

@@ -29,6 +29,7 @@ import atexit
 import ctypes
 import itertools
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -56,6 +57,8 @@ from .upstream import ThreadedUpstream
 RUNTIME_DIR = Path(__file__).resolve().parents[2]  # what PYTHONPATH must hold for children
 LOOPBACK = "127.0.0.1"
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 # --- timing ------------------------------------------------------------------------------
@@ -240,6 +243,7 @@ class EmulatorProcess:
         return create_resources(
             self.endpoint_url,
             table_name=f"wsfleet-connections-{suffix}",
+            sessions_table_name=f"wsfleet-sessions-{suffix}",
             messages_table_name=f"wsfleet-messages-{suffix}",
             queue_name=f"wsfleet-start-{suffix}",
         )
@@ -617,7 +621,7 @@ class Fleet:
             try:
                 sample = self.sample()
             except Exception as exc:  # noqa: BLE001 - a missed sample must not end the run
-                print(f"observer: sample failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+                log.warning("observer: sample failed: %s: %s", type(exc).__name__, exc, extra={"event": "observer_sample_failed"})
             else:
                 self.samples.append(sample)
                 if self._on_sample is not None:

@@ -1,25 +1,25 @@
-"""One owned connection: keep its lease alive, hold its socket, store its frames.
+"""One owned connection: hold its socket, store its frames, checkpoint them.
 
-Three tasks per connection, all driven by one :class:`ConnectionRunner`:
+The connection is attached to the worker's session; keeping that alive is the
+:class:`~wsfleet.worker.session.SessionKeeper`'s job, and this runner only reads the
+worker's one deadline (``deadline()``): past it, nothing is written. Two tasks per
+connection, driven by one :class:`ConnectionRunner`:
 
-* heartbeat: renew the lease every heartbeat, carrying the checkpoint; the renewal's
-  failure says why (lost / STOPPED / deleted). It also enforces the local deadline:
-  once the lease can no longer be proven ours, the socket is closed and nothing more
-  is written.
 * stream: connect with ``from_seq``, receive frames, reconnect with backoff while the
-  lease is held.
+  session holds;
 * flusher: write pending frames in batches, shortly after the first one arrives or as
-  soon as a batch is full.
+  soon as a batch is full, and store the checkpoint at most every ``checkpoint_s`` while
+  frames arrive (never for a quiet connection).
 
-The runner ends for exactly one reason (:class:`EndReason`); its teardown closes the
-socket first and only then releases the lease, so a stream never has two sockets.
+The runner ends for exactly one reason (:class:`EndReason`), set by itself or by the
+worker (a STOP from the session inbox, a lost session, shutdown); its teardown closes
+the socket first and only then releases, so a stream never has two sockets.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import random
 import socket
 import time
 from urllib.parse import urlsplit
@@ -32,7 +32,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from .. import metrics_names as names
 from .. import tracing
 from ..aws import send_deadline
-from ..leases import LeaseTiming, RenewFailure, backoff_s
+from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import ConnectionsStore, MessagesStore
@@ -47,8 +47,8 @@ RECONNECT_CAP_S = 10.0
 
 class EndReason(enum.Enum):
     STOPPED = "stopped"  # desired state STOPPED: close, flush, release
-    LOST = "lost"  # another worker took it (or the item was deleted): close, write nothing
-    EXPIRED = "expired"  # our lease ran out before a renewal got through: close, write nothing
+    LOST = "lost"  # our session was ENDED, or the connection is no longer ours: close, write nothing
+    EXPIRED = "expired"  # the worker's deadline passed before a renewal got through: close, write nothing
     SHUTDOWN = "shutdown"  # this worker is leaving: close, flush, release, hint a peer
     FAILED = "failed"  # a bug in this runner: close, flush, release, so that a peer takes over
 
@@ -56,7 +56,7 @@ class EndReason(enum.Enum):
 @dataclass(frozen=True)
 class Settings:
     worker_id: str
-    timing: LeaseTiming
+    checkpoint_s: float = 120.0  # longest time between checkpoints while frames arrive
     connect_timeout_s: float = 10.0
     ping_interval_s: float = 20.0
     max_frame_bytes: int = 1 << 20
@@ -73,9 +73,11 @@ class ConnectionRunner:
         *,
         connection_id: str,
         ws_url: str,
+        session_id: str,
         fence_token: int,
         checkpoint: int,
-        deadline_mono: float,
+        stored_end: int,
+        deadline: Callable[[], float],
         settings: Settings,
         call: Call,
         connections: ConnectionsStore,
@@ -85,9 +87,15 @@ class ConnectionRunner:
     ) -> None:
         self.connection_id = connection_id
         self.ws_url = ws_url
+        self.session_id = session_id
         self.fence_token = fence_token
-        self.deadline_mono = deadline_mono
-        self.tracker = SeqTracker(checkpoint)
+        self.acquired_mono = time.monotonic()
+        self._deadline = deadline
+        # Resume after what is stored gap-free (a crashed owner may have stored past its
+        # last checkpoint); the next checkpoint write records it.
+        self.tracker = SeqTracker(max(checkpoint, stored_end))
+        self._checkpoint_written = checkpoint
+        self._checkpoint_at = time.monotonic()
         self.connected = asyncio.Event()
         self.end_reason: EndReason | None = None
         self._s = settings
@@ -104,10 +112,14 @@ class ConnectionRunner:
         self._ws: ClientConnection | None = None
         self._flush_lock = asyncio.Lock()
 
-    # --- the lease ---------------------------------------------------------------------
+    # --- ownership ----------------------------------------------------------------------
+
+    @property
+    def deadline_mono(self) -> float:
+        return self._deadline()
 
     def live(self) -> bool:
-        return time.monotonic() < self.deadline_mono
+        return time.monotonic() < self._deadline()
 
     def _end(self, reason: EndReason) -> None:
         if self.end_reason is None:
@@ -115,40 +127,7 @@ class ConnectionRunner:
             self._ended.set()
 
     async def _until_deadline(self, fn: Callable[..., Any], /, **kwargs: Any) -> Any:
-        return await call_until(self._call, lambda: self.deadline_mono, fn, log=self._log, **kwargs)
-
-    async def _heartbeat(self) -> None:
-        heartbeat = self._s.timing.heartbeat_ms / 1000
-        lease_ms = self._s.timing.lease_ms
-        # Spread the first renewal so that a burst of acquisitions does not renew in step.
-        await asyncio.sleep(heartbeat * (0.5 + 0.5 * random.random()))
-        # The end reason, not cancellation alone, stops this loop and the flusher's: on
-        # Python 3.11, asyncio.wait_for (in call_until) swallows a cancel that arrives in
-        # the loop iteration its call completes, and the task would renew on, forever.
-        while self.end_reason is None:
-            sent = time.monotonic()
-            try:
-                result = await self._until_deadline(
-                    self._connections.renew,
-                    connection_id=self.connection_id,
-                    owner=self._s.worker_id,
-                    fence_token=self.fence_token,
-                    lease_ms=lease_ms,
-                    last_seq=self.tracker.checkpoint,
-                )
-            except LeaseExpired:
-                self._log.warning("lease_expired", checkpoint=self.tracker.checkpoint)
-                return self._end(EndReason.EXPIRED)
-            if result is RenewFailure.STOPPED:
-                self._log.info("stop_detected")
-                return self._end(EndReason.STOPPED)
-            if isinstance(result, RenewFailure):
-                self._log.warning("lease_lost", why=result.value)
-                return self._end(EndReason.LOST)
-            self.deadline_mono = self._s.timing.local_deadline_mono(sent)
-            if self.end_reason is not None:
-                return  # ended while this renewal was in flight: teardown is waiting for us
-            await asyncio.sleep(max(0.0, heartbeat - (time.monotonic() - sent)))
+        return await call_until(self._call, self._deadline, fn, log=self._log, **kwargs)
 
     # --- the socket --------------------------------------------------------------------
 
@@ -227,14 +206,42 @@ class ConnectionRunner:
         self._flush_wanted.set()
 
     async def _flusher(self) -> None:
+        # The end reason, not cancellation alone, stops this loop: on Python 3.11,
+        # asyncio.wait_for (in call_until) swallows a cancel that arrives in the loop
+        # iteration its call completes.
         while self.end_reason is None:
             await self._flush_wanted.wait()
             self._flush_wanted.clear()
             try:
                 await self.flush(everything=False)
+                if self.end_reason is None and self._checkpoint_due():
+                    await self._write_checkpoint()
             except LeaseExpired:
-                self._log.warning("lease_expired_while_writing", pending=len(self._pending))
+                self._log.warning("deadline_passed_while_writing", pending=len(self._pending))
                 return self._end(EndReason.EXPIRED)
+
+    def _checkpoint_due(self) -> bool:
+        return (
+            self.tracker.checkpoint > self._checkpoint_written
+            and time.monotonic() - self._checkpoint_at >= self._s.checkpoint_s
+        )
+
+    async def _write_checkpoint(self) -> None:
+        """Store the checkpoint while holding the connection (conditional on our session
+        and fence): after a crash the next owner reads less past it."""
+        seq = self.tracker.checkpoint
+        ours = await self._until_deadline(
+            self._connections.checkpoint,
+            connection_id=self.connection_id,
+            session_id=self.session_id,
+            fence_token=self.fence_token,
+            last_seq=seq,
+        )
+        if not ours:
+            self._log.warning("checkpoint_found_connection_gone", checkpoint=seq)
+            return self._end(EndReason.LOST)
+        self._checkpoint_written = seq
+        self._checkpoint_at = time.monotonic()
 
     async def flush(self, *, everything: bool = True) -> None:
         """Write pending frames in order, in batches, advancing the checkpoint after each.
@@ -266,10 +273,17 @@ class ConnectionRunner:
     def request_shutdown(self) -> None:
         self._end(EndReason.SHUTDOWN)
 
+    def request_stop(self) -> None:
+        """Its STOP arrived (through the session inbox or the owner index)."""
+        self._end(EndReason.STOPPED)
+
+    def drop(self, reason: EndReason) -> None:
+        """The session is lost (LOST or EXPIRED): close the socket and write nothing."""
+        self._end(reason)
+
     async def run(self) -> EndReason:
         """Hold the connection until one end reason, then tear down accordingly."""
         tasks = [
-            asyncio.create_task(self._heartbeat(), name=f"heartbeat:{self.connection_id}"),
             asyncio.create_task(self._stream(), name=f"stream:{self.connection_id}"),
             asyncio.create_task(self._flusher(), name=f"flusher:{self.connection_id}"),
         ]
@@ -321,13 +335,13 @@ class ConnectionRunner:
             released = await self._until_deadline(
                 self._connections.release,
                 connection_id=self.connection_id,
-                owner=self._s.worker_id,
+                session_id=self.session_id,
                 fence_token=self.fence_token,
                 last_seq=self.tracker.checkpoint,
             )
         except LeaseExpired:
             self._counters.add(names.LEASES_LOST)
-            self._log.warning("lease_expired_before_release", unwritten=len(self._pending))
+            self._log.warning("deadline_passed_before_release", unwritten=len(self._pending))
             return
         if released:
             self._counters.add(names.LEASES_RELEASED)

@@ -1,0 +1,108 @@
+"""Intake of START hints from SQS, and sending hints to peers.
+
+A hint only says "go try to take this one"; the conditional acquire decides. Each worker
+keeps ``HINT_POLLERS`` one-message long polls open, so a burst of STARTs is taken in
+parallel and a leaving worker's hints spread over every waiting poll in the fleet
+instead of all landing in whichever poll returned first; a busier worker pauses a
+little before its next poll.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Awaitable, Callable
+
+from .. import schema
+from ..aws import SQS_WAIT_SECONDS, Aws
+from ..leases import hint_pause_s
+from ..logs import JsonLogger
+
+# Idle, four polls cost 0.4 SQS requests/s per worker.
+HINT_POLLERS = 4
+
+
+class Intake:
+    def __init__(
+        self,
+        *,
+        aws: Aws,
+        queue_url: str,
+        log: JsonLogger,
+        acquire: Callable[..., Awaitable[Any]],
+        room: Callable[[], int],
+        load: Callable[[], float],
+        busy: Callable[[str], bool],
+        accepting: Callable[[], bool],
+    ) -> None:
+        self.hints_sent = 0
+        self._aws = aws
+        self._queue_url = queue_url
+        self._log = log
+        self._acquire = acquire
+        self._room = room
+        self._load = load
+        self._busy = busy
+        self._accepting = accepting
+
+    async def hint(self, connection_id: str) -> None:
+        """Tell peers a connection is free now, so one takes it in about a second
+        instead of at its next scan."""
+        try:
+            await self._aws.call(
+                self._aws.sqs.send_message,
+                QueueUrl=self._queue_url,
+                MessageBody=json.dumps({schema.HINT_CONNECTION_ID: connection_id}),
+            )
+            self.hints_sent += 1
+        except Exception as exc:  # noqa: BLE001 - a hint is an optimisation; the free scan covers it
+            self._log.warning("hint_failed", connection_id=connection_id, error=str(exc))
+
+    async def poll_once(self, *, wait_seconds: int = SQS_WAIT_SECONDS) -> int:
+        """One long poll for a START hint; returns how many messages it handled."""
+        if self._room() <= 0:
+            return 0
+        resp = await self._aws.poll(
+            self._aws.sqs.receive_message,
+            QueueUrl=self._queue_url,
+            MaxNumberOfMessages=1,
+            WaitTimeSeconds=wait_seconds,
+        )
+        messages = resp.get("Messages", [])
+        await asyncio.gather(*(self._on_hint(m) for m in messages))
+        if messages and self._accepting():
+            await asyncio.sleep(hint_pause_s(self._load()))
+        return len(messages)
+
+    async def _on_hint(self, message: dict[str, Any]) -> None:
+        connection_id = hinted_connection(message.get("Body", ""))
+        keep = False
+        if connection_id is None:
+            self._log.warning("bad_hint", body=message.get("Body", "")[:200])
+        elif not self._accepting() or (not self._busy(connection_id) and self._room() <= 0):
+            keep = True  # no room (or no session) here: give it back to the queue for a peer, now
+        elif not self._busy(connection_id):
+            await self._acquire(connection_id, source="hint")
+        try:
+            if keep:
+                await self._aws.call(
+                    self._aws.sqs.change_message_visibility,
+                    QueueUrl=self._queue_url,
+                    ReceiptHandle=message["ReceiptHandle"],
+                    VisibilityTimeout=0,
+                )
+            else:
+                # Won, lost or already ours: the hint has done its job either way.
+                await self._aws.call(
+                    self._aws.sqs.delete_message, QueueUrl=self._queue_url, ReceiptHandle=message["ReceiptHandle"]
+                )
+        except Exception as exc:  # noqa: BLE001 - it comes back after its visibility timeout
+            self._log.warning("hint_ack_failed", error=str(exc))
+
+
+def hinted_connection(body: str) -> str | None:
+    try:
+        value = json.loads(body).get(schema.HINT_CONNECTION_ID)
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None

@@ -1,0 +1,192 @@
+"""Keeping the worker's one session alive.
+
+One :class:`SessionKeeper` per worker process opens a session, renews it every heartbeat
+with one conditional write that also reports the worker's load and brings back the
+STOPs posted to it, and keeps the worker's single deadline: the monotonic send time of
+the last successful renewal, plus the lease, less the skew margin. Past the deadline, or
+once the session is found ENDED, the session is *lost*: every connection attached to it
+is gone, and nothing may be written for any of them.
+
+A failed renewal is retried every ~0.1 s until the deadline (one cheap request per
+worker, so there is no reason to back off further): throttling or an outage shorter than
+``lease - heartbeat - skew`` costs nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from typing import Any, Awaitable, Callable
+
+from .. import schema
+from ..leases import RenewFailure, SessionTiming, backoff_s, new_session_id
+from ..logs import JsonLogger
+from ..store import SessionsStore, TransientError, now_ms
+
+Call = Callable[..., Awaitable[Any]]
+RENEW_TIMEOUT_S = 1.0  # a renewal not answered by then is retried (it is idempotent)
+
+
+class Lost(enum.Enum):
+    ENDED = "ended"  # someone ended the session (it had expired by their clock)
+    EXPIRED = "expired"  # our own deadline passed before a renewal got through
+
+
+class SessionKeeper:
+    def __init__(
+        self,
+        *,
+        sessions: SessionsStore,
+        worker_id: str,
+        timing: SessionTiming,
+        max_connections: int,
+        call: Call,
+        log: JsonLogger,
+        active: Callable[[], int],
+        on_stops: Callable[[set[str]], None],
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
+        self.worker_id = worker_id
+        self.timing = timing
+        self.session_id = ""
+        self.deadline_mono = 0.0
+        self.lost_reason: Lost | None = None
+        self.renewals = 0
+        self._sessions = sessions
+        self._max = max_connections
+        self._call = call
+        self._log = log
+        self._active = active
+        self._on_stops = on_stops
+        self._clock_ms = clock_ms
+        self._stops_done: set[str] = set()
+        self._lost = asyncio.Event()
+
+    # --- the one deadline ----------------------------------------------------------------
+
+    def live(self) -> bool:
+        return self.lost_reason is None and time.monotonic() < self.deadline_mono
+
+    def deadline_for(self, session_id: str) -> float:
+        """The deadline that governs writes for a connection acquired under
+        ``session_id``: ours while that session is the current one and not lost, else 0."""
+        if session_id != self.session_id or self.lost_reason is not None:
+            return 0.0
+        return self.deadline_mono
+
+    def stop_handled(self, connection_id: str) -> None:
+        """A STOP from the inbox has been acted on: the next renewal removes it."""
+        self._stops_done.add(connection_id)
+
+    async def wait_lost(self) -> Lost:
+        await self._lost.wait()
+        assert self.lost_reason is not None
+        return self.lost_reason
+
+    def _lose(self, reason: Lost, *, quiet: bool = False) -> None:
+        if self.lost_reason is None:
+            self.lost_reason = reason
+            self.deadline_mono = 0.0
+            self._lost.set()
+            if not quiet:
+                self._log.warning("session_lost", session_id=self.session_id, why=reason.value)
+
+    # --- grant, keep-alive, revoke ------------------------------------------------------
+
+    async def open(self, stopping: asyncio.Event) -> bool:
+        """Open a new session (retrying transient faults with backoff); False if
+        ``stopping`` was set first."""
+        attempt = 0
+        while not stopping.is_set():
+            session_id = new_session_id(self.worker_id, self._clock_ms())
+            sent = time.monotonic()
+            try:
+                await self._call(
+                    self._sessions.open,
+                    session_id,
+                    worker_id=self.worker_id,
+                    lease_ms=self.timing.lease_ms,
+                    max_connections=self._max,
+                )
+            except TransientError as exc:
+                self._log.warning("session_open_failed", error=str(exc), attempt=attempt)
+                await asyncio.sleep(backoff_s(attempt, base=0.2, cap=2.0))
+                attempt += 1
+                continue
+            self.session_id = session_id
+            self.deadline_mono = self.timing.deadline_mono(sent)
+            self.lost_reason = None
+            self._lost = asyncio.Event()
+            self._stops_done.clear()
+            self._log.info("session_opened", session_id=session_id, lease_ms=self.timing.lease_ms)
+            return True
+        return False
+
+    async def renew_once(self) -> bool:
+        """One renewal, retried until it lands or the deadline passes. True if renewed;
+        False if the session is lost (see :attr:`lost_reason`)."""
+        while self.lost_reason is None:
+            left = self.deadline_mono - time.monotonic()
+            if left <= 0:
+                self._lose(Lost.EXPIRED)
+                break
+            sent = time.monotonic()
+            done = set(self._stops_done)
+            try:
+                result = await asyncio.wait_for(
+                    self._call(
+                        self._sessions.renew,
+                        self.session_id,
+                        lease_ms=self.timing.lease_ms,
+                        active=self._active(),
+                        max_connections=self._max,
+                        stops_done=done,
+                    ),
+                    timeout=min(left, RENEW_TIMEOUT_S),
+                )
+            except (TransientError, TimeoutError) as exc:
+                self._log.warning("renew_retry", error=str(exc) or type(exc).__name__, left_s=round(left, 3))
+                await asyncio.sleep(min(self.timing.renew_retry_s(), max(0.0, self.deadline_mono - time.monotonic())))
+                continue
+            if isinstance(result, RenewFailure):
+                self._lose(Lost.ENDED)
+                break
+            self.deadline_mono = self.timing.deadline_mono(sent)
+            self.renewals += 1
+            self._stops_done -= done
+            stops = set(result.get(schema.STOP_INBOX) or ()) - self._stops_done
+            if stops:
+                self._on_stops(stops)
+            return True
+        return False
+
+    async def run(self) -> Lost:
+        """Renew every heartbeat until the session is lost; returns why. Cancel it to stop
+        renewing (at shutdown, after everything is released)."""
+        heartbeat = self.timing.heartbeat_ms / 1000
+        while True:
+            sent = time.monotonic()
+            if not await self.renew_once():
+                assert self.lost_reason is not None
+                return self.lost_reason
+            await asyncio.sleep(max(0.0, heartbeat - (time.monotonic() - sent)))
+
+    async def end(self, *, drained: bool) -> bool:
+        """End our own session (clean exit, or after our deadline passed): it can never
+        be renewed again, so whatever is still attached may be taken at once. Best
+        effort: if it fails, the session simply expires. True if it is ENDED now."""
+        for attempt in range(3):
+            try:
+                ended = await self._call(
+                    self._sessions.end_own, self.session_id, worker_id=self.worker_id, drained=drained
+                )
+                break
+            except TransientError as exc:
+                self._log.warning("session_end_failed", session_id=self.session_id, error=str(exc), attempt=attempt)
+                await asyncio.sleep(backoff_s(attempt))
+        else:
+            return False
+        self._log.info("session_ended", session_id=self.session_id, drained=drained, by_us=ended)
+        self._lose(Lost.ENDED, quiet=True)
+        return True

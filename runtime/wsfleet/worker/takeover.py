@@ -1,0 +1,251 @@
+"""Taking what is dead or free.
+
+* **Watching.** Sessions sit in a ring (the sessions table's ``by_ring`` index, sorted by
+  id). Each worker reads only its ``WATCH_K`` successors, about every
+  ``SessionTiming.watch_pause_s`` (one BatchGetItem): watching costs O(workers) in all,
+  never every worker reading every session. A LIVE one that missed a renewal gets its
+  end scheduled for the moment it expires plus the skew margin, so a crash is taken
+  over at about the lease.
+* **Ending and draining.** The end is a conditional write (LIVE and expired): one winner,
+  and the session can never be renewed again. Then its connections, found with one
+  ``by_owner`` query, are taken: some acquired here (each conditional on that session),
+  the rest freed and hinted so that the fleet shares the takeover. A drained session
+  leaves the ring. A drainer that dies halfway leaves the ENDED session in the ring,
+  where its watchers find it and drain it again.
+* **Free scan.** STARTED connections that nobody owns (a lost hint) are found by
+  querying the ``FREE#<shard>`` partitions every ``RECONCILE_SECONDS`` (jittered).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from itertools import islice
+from typing import Any, Awaitable, Callable
+
+from .. import schema
+from ..leases import EndFailure, SessionTiming, Watched, drain_split, takeover_jitter_s, watch_plan
+from ..logs import JsonLogger
+from ..store import ConnectionsStore, SessionsStore, TransientError, now_ms
+from .session import SessionKeeper
+
+WATCH_K = 2  # successors each worker watches: a death is seen while either predecessor lives
+RING_REFRESH_S = 30.0  # the ring changes only when workers come and go
+EMPTY_DRAINS_TO_LEAVE = 2  # the owner index is eventually consistent: see it empty twice
+
+Call = Callable[..., Awaitable[Any]]
+Acquire = Callable[..., Awaitable[Any]]
+
+
+class Takeover:
+    def __init__(
+        self,
+        *,
+        sessions: SessionsStore,
+        connections: ConnectionsStore,
+        keeper: SessionKeeper,
+        timing: SessionTiming,
+        state_shards: int,
+        call: Call,
+        log: JsonLogger,
+        acquire: Acquire,
+        hint: Callable[[str], Awaitable[None]],
+        room: Callable[[], int],
+        load: Callable[[], float],
+        busy: Callable[[str], bool],
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
+        self.watched: dict[str, Watched] = {}
+        self.sessions_ended = 0
+        self._sessions = sessions
+        self._connections = connections
+        self._keeper = keeper
+        self._timing = timing
+        self._shards = state_shards
+        self._call = call
+        self._log = log
+        self._acquire = acquire
+        self._hint = hint
+        self._room = room
+        self._load = load
+        self._busy = busy
+        self._clock_ms = clock_ms
+        self._ring: list[str] = []
+        self._ring_for = ""
+        self._ring_at = float("-inf")
+        self._ending: dict[str, asyncio.TimerHandle] = {}
+        self._draining: set[str] = set()
+        self._empty: dict[str, int] = {}
+        self._tasks: set[asyncio.Task] = set()
+
+    def _spawn(self, coro: Awaitable[Any], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._report)
+
+    def _report(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            exc = task.exception()
+            self._log.warning("takeover_step_failed", task=task.get_name(), error=f"{type(exc).__name__}: {exc}")
+
+    def cancel(self) -> None:
+        for handle in self._ending.values():
+            handle.cancel()
+        self._ending.clear()
+        for task in self._tasks:
+            task.cancel()
+
+    # --- watching --------------------------------------------------------------------
+
+    async def watch_once(self) -> int:
+        """Read the watched sessions; schedule the end of suspect ones at their expiry and
+        drain ENDED ones. Returns how many sessions it read."""
+        me = self._keeper.session_id
+        if not self._keeper.live():
+            return 0
+        if self._ring_for != me or time.monotonic() - self._ring_at > RING_REFRESH_S:
+            self._ring = await self._call(self._sessions.ring_after, me, limit=WATCH_K)
+            self._ring_for, self._ring_at = me, time.monotonic()
+        items = await self._call(self._sessions.get_many, self._ring)
+        self.watched = {
+            i[schema.SESSION_ID]: Watched(i[schema.SESSION_ID], i.get(schema.SESSION_STATE, ""), int(i.get(schema.EXPIRES_AT_MS, 0)))
+            for i in items
+        }
+        if len(self.watched) < len(self._ring):
+            self._ring_at = float("-inf")  # one is gone (TTL, or deleted by hand): look again
+        now = self._clock_ms()
+        drain, end = watch_plan(self.watched.values(), now_ms=now, timing=self._timing)
+        for session_id in drain:
+            if session_id not in self._draining:
+                self._spawn(self.drain(session_id), f"drain:{session_id}")
+        loop = asyncio.get_running_loop()
+        for session_id, at_ms in end:
+            if session_id not in self._ending:
+                delay = max(0.0, (at_ms - now) / 1000) + takeover_jitter_s(self._load())
+                self._ending[session_id] = loop.call_later(delay, self._end_due, session_id)
+                self._log.info("session_suspect", suspect=session_id, end_in_s=round(delay, 3))
+        return len(items)
+
+    def _end_due(self, session_id: str) -> None:
+        self._ending.pop(session_id, None)
+        self._spawn(self.end_session(session_id), f"end:{session_id}")
+
+    async def end_session(self, session_id: str) -> bool:
+        """End a dead session (conditional: LIVE and expired beyond the skew margin) and
+        drain it. True if this worker ended it."""
+        if not self._keeper.live():
+            return False
+        for attempt in range(5):
+            try:
+                result = await self._call(
+                    self._sessions.end_expired,
+                    session_id,
+                    ended_by=self._keeper.session_id,
+                    max_clock_skew_ms=self._timing.max_clock_skew_ms,
+                )
+                break
+            except TransientError as exc:
+                self._log.warning("session_end_retry", ended=session_id, error=str(exc), attempt=attempt)
+                await asyncio.sleep(0.1 + 0.2 * random.random())
+        else:
+            return False  # the next watch pass tries again
+        if isinstance(result, EndFailure):
+            self._log.info("session_end_lost", ended=session_id, why=result.value)
+            if result is EndFailure.GONE:
+                self._ring_at = float("-inf")
+            return False
+        self.sessions_ended += 1
+        self._log.info("session_ended_dead", ended=session_id, worker=result.get(schema.SESSION_WORKER_ID))
+        await self.drain(session_id)
+        return True
+
+    def drain_soon(self, session_id: str) -> None:
+        self._spawn(self.drain(session_id), f"drain:{session_id}")
+
+    async def drain(self, session_id: str) -> int:
+        """Take an ENDED session's connections: acquire up to :func:`drain_split` of them
+        (conditional on that session), free and hint the rest; STOPPED ones are just
+        freed. Once its owner index reads empty twice it leaves the ring. Returns how
+        many this worker acquired."""
+        if session_id in self._draining or not self._keeper.live():
+            return 0
+        self._draining.add(session_id)
+        try:
+            rows = await self._call(self._connections.owned_by, session_id)
+            if not rows:
+                self._empty[session_id] = self._empty.get(session_id, 0) + 1
+                if self._empty[session_id] >= EMPTY_DRAINS_TO_LEAVE:
+                    await self._call(self._sessions.leave_ring, session_id)
+                    self._empty.pop(session_id, None)
+                    self._ring_at = float("-inf")
+                    self._log.info("session_drained", drained=session_id)
+                return 0
+            self._empty.pop(session_id, None)
+            started = [r.connection_id for r in rows if r.desired_state == schema.STARTED and not self._busy(r.connection_id)]
+            stopped = [r.connection_id for r in rows if r.desired_state != schema.STARTED]
+            take = drain_split(len(started), self._room())
+            results = await asyncio.gather(
+                *(self._acquire(cid, source="orphan", expected_session=session_id) for cid in started[:take]),
+                *(self._free(cid, session_id, hint=True) for cid in started[take:]),
+                *(self._free(cid, session_id, hint=False) for cid in stopped),
+                return_exceptions=True,
+            )
+            acquired = sum(1 for r in results[:take] if r is not None and not isinstance(r, BaseException))
+            self._log.info(
+                "session_drain", drained=session_id, found=len(rows), acquired=acquired, freed=len(rows) - take
+            )
+            return acquired
+        finally:
+            self._draining.discard(session_id)
+
+    async def _free(self, connection_id: str, dead_session: str, *, hint: bool) -> None:
+        if await self._call(self._connections.free_orphan, connection_id, dead_session=dead_session) and hint:
+            await self._hint(connection_id)
+
+    # --- free scan ---------------------------------------------------------------------
+
+    async def reconcile_once(self) -> int:
+        """Query every FREE# shard for STARTED connections nobody owns and try to take
+        as many as there is room for, each after a little load-weighted jitter so that
+        the least loaded worker tends to win. Returns how many it tried."""
+        room = self._room()
+        if room <= 0 or not self._keeper.live():
+            return 0
+        shards = list(range(self._shards))
+        random.shuffle(shards)
+        found: list[str] = []
+        for shard in shards:
+            ids = await self._call(_take, self._connections.free(shard, limit=min(100, room + 10)), room + 10)
+            found.extend(c for c in ids if not self._busy(c))
+            if len(found) >= room:
+                break
+        found = found[:room]
+        if found:
+            self._log.info("unowned_found", count=len(found))
+            await asyncio.gather(*(self._jittered_acquire(c) for c in found), return_exceptions=True)
+        return len(found)
+
+    async def _jittered_acquire(self, connection_id: str) -> None:
+        await asyncio.sleep(takeover_jitter_s(self._load()))
+        await self._acquire(connection_id, source="unowned")
+
+    async def count_unowned(self) -> int:
+        """STARTED connections that nobody owns: the FREE# shards, plus those attached to
+        watched sessions that are ENDED or past their expiry (the fleet's view is the
+        Maximum over workers)."""
+        now = self._clock_ms()
+        counts = await asyncio.gather(*(self._call(self._connections.count_free, s) for s in range(self._shards)))
+        dead = [
+            w.session_id
+            for w in self.watched.values()
+            if w.state == schema.ENDED or w.expires_at_ms < self._timing.endable_below_ms(now)
+        ]
+        owned = await asyncio.gather(*(self._call(self._connections.count_owned_by, s) for s in dead))
+        return sum(counts) + sum(owned)
+
+
+def _take(iterable: Any, n: int) -> list:
+    return list(islice(iterable, n))
