@@ -4,15 +4,22 @@ import pytest
 
 from wsfleet.config import ConfigError, RouterConfig, WorkerConfig
 
-BASE = {"TABLE_NAME": "t", "MESSAGES_TABLE_NAME": "m", "QUEUE_URL": "http://q", "AWS_REGION": "eu-west-1"}
+BASE = {
+    "TABLE_NAME": "t",
+    "SESSIONS_TABLE_NAME": "s",
+    "MESSAGES_TABLE_NAME": "m",
+    "QUEUE_URL": "http://q",
+    "AWS_REGION": "eu-west-1",
+}
 
 
 def test_worker_defaults_follow_the_contract():
     c = WorkerConfig.from_env(BASE)
-    assert (c.lease_ms, c.heartbeat_ms, c.reconcile_ms, c.max_connections, c.max_clock_skew_ms) == (
-        20_000,
-        5_000,
+    assert (c.lease_ms, c.heartbeat_ms, c.reconcile_ms, c.checkpoint_ms, c.max_connections, c.max_clock_skew_ms) == (
         10_000,
+        2_500,
+        10_000,
+        120_000,
         100,
         1_000,
     )
@@ -29,6 +36,8 @@ def test_fractional_seconds_are_accepted_for_fast_local_runs():
     "override, variable",
     [
         ({"TABLE_NAME": ""}, "TABLE_NAME"),
+        ({"SESSIONS_TABLE_NAME": ""}, "SESSIONS_TABLE_NAME"),
+        ({"CHECKPOINT_SECONDS": "0"}, "CHECKPOINT_SECONDS"),
         ({"MESSAGES_TABLE_NAME": " "}, "MESSAGES_TABLE_NAME"),
         ({"QUEUE_URL": ""}, "QUEUE_URL"),
         ({"AWS_REGION": ""}, "AWS_REGION"),
@@ -57,6 +66,11 @@ def test_a_bad_worker_setting_is_an_error_naming_the_variable(override, variable
 def test_region_falls_back_to_the_sdk_default_variable():
     env = {**BASE, "AWS_REGION": "", "AWS_DEFAULT_REGION": "us-west-2"}
     assert WorkerConfig.from_env(env).region == "us-west-2"
+
+
+def test_the_router_needs_the_sessions_table_to_tell_owners_of_a_stop():
+    with pytest.raises(ConfigError, match="SESSIONS_TABLE_NAME"):
+        RouterConfig.from_env({**BASE, "SESSIONS_TABLE_NAME": ""})
 
 
 def test_router_parses_allowed_hosts_and_refuses_bad_patterns():

@@ -21,7 +21,7 @@ from wsfleet import schema, tracing
 from wsfleet.config import RouterConfig
 from wsfleet.logs import JsonLogger
 from wsfleet.router import MAX_BODY_BYTES, Router, make_client
-from wsfleet.store import ConnectionsStore
+from wsfleet.store import ConnectionsStore, SessionsStore
 
 ALLOWED = "127.0.0.1,*.feeds.example.com"
 URL = "wss://eu.feeds.example.com/stream?topic=prices"
@@ -41,6 +41,7 @@ class Api:
         self.logs = io.StringIO()
         self.router = Router(self.config, ddb_for_router or ddb, sqs, logger=JsonLogger(self.logs))
         self.store = ConnectionsStore(ddb, self.config.table_name, state_shards=self.config.state_shards)
+        self.sessions = SessionsStore(ddb, self.config.sessions_table_name)
 
     def call(self, event: dict) -> tuple[int, dict]:
         resp = self.router.handle(event)
@@ -77,18 +78,17 @@ class Api:
     def log_lines(self) -> list[dict]:
         return [json.loads(line) for line in self.logs.getvalue().splitlines()]
 
-    def hold_lease(self, connection_id: str, *, last_seq: int) -> dict:
-        """A worker owns the connection and has checkpointed up to last_seq."""
-        acquired = self.store.acquire(connection_id, owner="worker-a", lease_ms=20_000, max_clock_skew_ms=1000)
-        renewed = self.store.renew(
-            connection_id,
-            owner="worker-a",
-            fence_token=acquired.item[schema.FENCE_TOKEN],
-            lease_ms=20_000,
-            last_seq=last_seq,
+    def hold_lease(self, connection_id: str, *, last_seq: int, session_id: str = "worker-a#1") -> dict:
+        """A worker's live session owns the connection, checkpointed up to last_seq;
+        returns the session item."""
+        session = self.sessions.get(session_id) or self.sessions.open(
+            session_id, worker_id="worker-a", lease_ms=20_000, max_connections=10
         )
-        assert isinstance(renewed, dict)
-        return renewed
+        acquired = self.store.acquire(connection_id, session_id=session_id, worker_id="worker-a")
+        assert self.store.checkpoint(
+            connection_id, session_id=session_id, fence_token=acquired.item[schema.FENCE_TOKEN], last_seq=last_seq
+        )
+        return session
 
 
 def post_event(body: str | None, *, base64_encoded: bool = False, **overrides: Any) -> dict:
@@ -164,7 +164,8 @@ def test_start_of_a_new_connection_is_202_and_stores_it_started_and_unowned(api)
     assert state["desired_state"] == "STARTED"
     assert state["ws_url"] == URL
     assert (state["lease_owner"], state["lease_expires_at_ms"], state["fence_token"], state["last_seq"]) == ("", 0, 0, 0)
-    assert api.item("feed-1")[schema.GSI_PK]["S"] == schema.gsi_state("feed-1", api.config.state_shards)
+    assert api.item("feed-1")[schema.OWNER_KEY]["S"] == schema.owner_key_free("feed-1", api.config.state_shards)
+    assert api.item("feed-1")[schema.LEASE_SESSION]["S"] == ""
 
 
 def test_start_of_a_new_connection_sends_one_hint_naming_it(api):
@@ -215,7 +216,8 @@ def test_start_of_a_stopped_connection_is_202_and_resumes_from_its_checkpoint(ap
     assert state["desired_state"] == "STARTED"
     assert state["last_seq"] == 120
     assert state["fence_token"] == 1  # the next acquisition bumps it; a START never does
-    assert schema.GSI_PK in api.item("feed-1")  # back in the orphan index
+    # Its owner had not released it yet: it stays attached to that session, which keeps it.
+    assert api.item("feed-1")[schema.OWNER_KEY]["S"] == schema.owner_key_session("worker-a#1")
     assert api.hints() == [{schema.HINT_CONNECTION_ID: "feed-1"}]
 
 
@@ -256,7 +258,7 @@ def test_start_still_succeeds_when_the_hint_cannot_be_sent_and_logs_why(aws_env,
 # --- STOP --------------------------------------------------------------------------------
 
 
-def test_stop_of_a_started_connection_is_202_and_takes_it_out_of_the_orphan_index(api):
+def test_stop_of_an_owned_connection_is_202_and_posts_it_to_the_owning_sessions_inbox(api):
     api.start("feed-1")
     api.hold_lease("feed-1", last_seq=5)
 
@@ -266,8 +268,29 @@ def test_stop_of_a_started_connection_is_202_and_takes_it_out_of_the_orphan_inde
     assert body == {"connection_id": "feed-1", "desired_state": "STOPPED", "outcome": "stopped"}
     item = api.item("feed-1")
     assert item[schema.DESIRED_STATE]["S"] == "STOPPED"
-    assert schema.GSI_PK not in item
     assert item[schema.LEASE_OWNER]["S"] == "worker-a"  # the owner releases it, not the router
+    assert item[schema.OWNER_KEY]["S"] == schema.owner_key_session("worker-a#1")
+    assert api.sessions.get("worker-a#1")[schema.STOP_INBOX] == {"feed-1"}
+
+
+def test_stop_of_an_unowned_connection_takes_it_out_of_the_owner_index(api):
+    api.start("feed-1")
+
+    assert api.stop("feed-1")[0] == 202
+
+    assert schema.OWNER_KEY not in api.item("feed-1")
+
+
+def test_stop_still_succeeds_when_the_owners_session_has_ended_and_logs_nothing_alarming(api):
+    api.start("feed-1")
+    api.hold_lease("feed-1", last_seq=5)
+    api.sessions.end_own("worker-a#1", worker_id="worker-a", drained=False)
+
+    status, _ = api.stop("feed-1")
+
+    assert status == 202  # whoever takes it from the ended session sees STOPPED itself
+    assert api.item("feed-1")[schema.DESIRED_STATE]["S"] == "STOPPED"
+    assert not [line for line in api.log_lines() if line["event"] == "stop_notice_failed"]
 
 
 def test_stop_of_a_stopped_connection_is_200_and_writes_nothing(api):
@@ -291,16 +314,22 @@ def test_stop_of_an_unknown_connection_is_404_and_writes_nothing(api):
 # --- GET ---------------------------------------------------------------------------------
 
 
-def test_get_returns_exactly_the_public_state(api):
+def test_get_returns_exactly_the_public_state_with_the_owning_sessions_expiry(api):
     api.start("feed-1")
-    leased = api.hold_lease("feed-1", last_seq=9)
+    session = api.hold_lease("feed-1", last_seq=9)
 
     status, body = api.get("feed-1")
 
     assert status == 200
     assert set(body) == {"connection_id", *schema.PUBLIC_FIELDS}
     assert body["connection_id"] == "feed-1"
-    assert {k: body[k] for k in schema.PUBLIC_FIELDS} == {k: leased[k] for k in schema.PUBLIC_FIELDS}
+    assert (body["lease_owner"], body["fence_token"], body["last_seq"]) == ("worker-a", 1, 9)
+    assert body["lease_expires_at_ms"] == session[schema.EXPIRES_AT_MS]
+
+
+def test_get_of_a_free_connection_reports_expiry_zero(api):
+    api.start("feed-1")
+    assert api.get("feed-1")[1]["lease_expires_at_ms"] == 0
 
 
 def test_get_of_an_unknown_connection_is_404_and_writes_nothing(api):
@@ -577,7 +606,7 @@ def test_handler_with_a_bad_state_shards_names_it(lambda_env):
 
 
 def test_router_clients_use_standard_retries():
-    config = RouterConfig.from_env({"TABLE_NAME": "t", "QUEUE_URL": "q", "AWS_REGION": "us-east-1"})
+    config = RouterConfig.from_env({"TABLE_NAME": "t", "SESSIONS_TABLE_NAME": "s", "QUEUE_URL": "q", "AWS_REGION": "us-east-1"})
     for service in ("dynamodb", "sqs"):
         retries = make_client(service, config).meta.config.retries
         assert (retries["mode"], retries["total_max_attempts"]) == ("standard", 3)
