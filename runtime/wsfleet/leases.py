@@ -63,10 +63,11 @@ class SessionTiming:
         return self.lease_ms - self.heartbeat_ms - self.heartbeat_ms // 2 + self.max_clock_skew_ms
 
     def watch_pause_s(self, rng: random.Random | None = None) -> float:
-        """Pause between two reads of the watched sessions: 50-80 % of the watch
-        window, so a read always lands inside it (6 s at most with the defaults)."""
+        """Pause between two reads of the watched sessions: 60-85 % of the watch
+        window, so a read always lands inside it (at most 6.2 s with the defaults) with
+        room for a slow read and a busy event loop."""
         window = max(self.watch_window_ms(), 200)
-        return window * (0.5 + 0.3 * (rng or random).random()) / 1000
+        return window * (0.6 + 0.25 * (rng or random).random()) / 1000
 
     def renew_retry_s(self, rng: random.Random | None = None) -> float:
         """Pause before retrying a failed renewal. It is one cheap request per worker,
@@ -189,8 +190,9 @@ def takeover_jitter_s(load: float, rng: random.Random | None = None) -> float:
 
 def reconcile_pause_s(reconcile_ms: int, rng: random.Random | None = None) -> float:
     """Pause between scans for STARTED connections nobody owns (lost hints):
-    RECONCILE_SECONDS jittered down to half of it."""
-    return reconcile_ms * (0.5 + 0.5 * (rng or random).random()) / 1000
+    RECONCILE_SECONDS jittered down to three quarters of it, so that workers started
+    together do not scan in step."""
+    return reconcile_ms * (0.75 + 0.25 * (rng or random).random()) / 1000
 
 
 def hint_pause_s(load: float, rng: random.Random | None = None) -> float:
