@@ -29,7 +29,7 @@ from botocore.config import Config
 
 from . import schema, tracing
 from .config import ConfigError, RouterConfig
-from .logs import JsonLogger
+from .logs import JsonLogger, route_stdlib_logging
 from .store import ConnectionsStore, StartOutcome, StopOutcome, TransientError
 from .validation import Allowlist, Invalid, check_connection_id, check_ws_url
 
@@ -324,12 +324,13 @@ _log = JsonLogger(component="router")
 
 
 def handler(event: Mapping[str, Any], context: Any) -> dict:
-    """Lambda entry point. The router (configuration, clients, tracing) is built on the
-    first call of each execution environment and kept; a bad configuration is answered
+    """Lambda entry point. The router (logging, configuration, clients, tracing) is built
+    on the first call of each execution environment and kept; a bad configuration is answered
     with a 500 naming the variable, and retried on the next call."""
     global _router
     if _router is None:  # Lambda runs one invocation at a time per environment
         try:
+            route_stdlib_logging(component="router")
             tracing.configure(SERVICE_NAME)
             _router = Router.from_env(logger=_log)
         except ConfigError as exc:

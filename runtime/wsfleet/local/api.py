@@ -35,6 +35,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
+from ..logs import JsonLogger, route_stdlib_logging
+
 EVENTS_RESOURCE = "/events"
 CONNECTION_RESOURCE = "/connections/{connection_id}"
 _CONNECTION_PREFIX = "/connections/"
@@ -245,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    route_stdlib_logging(component="local-api")
 
     from ..config import ConfigError
     from ..router import Router
@@ -253,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         router = Router.from_env()
     except ConfigError as error:
-        print(f"wsfleet.local.api: {error}", file=sys.stderr)
+        JsonLogger(sys.stderr, component="local-api").error("config_error", message=str(error))
         return 2
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

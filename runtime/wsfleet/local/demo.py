@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from ..logs import route_stdlib_logging
 from . import report
 from .fleet import Fleet, Sample, Timing, eventually, new_run_dir
 
@@ -277,6 +278,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # stdout is the progress and the report, for people; library records, warnings and
+    # a crash go to stderr as JSON lines (the workers' own logs are in the run directory).
+    route_stdlib_logging(stream=sys.stderr, component="demo")
     args = parse_args(argv)
     timing = Timing(
         lease_s=args.lease, heartbeat_s=args.heartbeat, reconcile_s=args.reconcile, skew_ms=args.skew_ms, flush_ms=args.flush_ms

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable
 from werkzeug.serving import make_server
 
 from .. import schema
+from ..logs import route_stdlib_logging
 
 WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--create", action="store_true", help="create the tables and queue, print their env as JSON")
     args = parser.parse_args(argv)
+    route_stdlib_logging(component="emulator")
     emulator = Emulator(args.host, args.port).start()
     print(f"READY {emulator.endpoint_url}", flush=True)
     if args.create:

@@ -56,6 +56,8 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
+from ..logs import route_stdlib_logging
+
 STREAM_PREFIX = "/streams/"
 STATS_PATH = "/_stats"
 NOT_JSON = "not json"
@@ -603,7 +605,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=2.0, help="frames per second per stream; 0 for none")
     parser.add_argument("--history", type=int, default=None, help="frames retained per stream [all]")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
+    route_stdlib_logging(component="upstream")
 
     async def run() -> None:
         upstream = Upstream(host=args.host, port=args.port, rate=args.rate or None, history=args.history)

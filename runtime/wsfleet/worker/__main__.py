@@ -12,7 +12,7 @@ import urllib.request
 from .. import tracing
 from ..aws import Aws
 from ..config import ConfigError, WorkerConfig
-from ..logs import JsonLogger
+from ..logs import JsonLogger, route_stdlib_logging
 from .lifecycle import Worker
 
 
@@ -45,6 +45,7 @@ async def run(config: WorkerConfig, worker_id: str, log: JsonLogger) -> None:
 
 
 def main() -> int:
+    route_stdlib_logging()
     log = JsonLogger()
     try:
         config = WorkerConfig.from_env()
@@ -53,6 +54,7 @@ def main() -> int:
         print(f"wsfleet worker: configuration error: {exc}", file=sys.stderr)
         return 2
     worker_id = resolve_worker_id(config)
+    route_stdlib_logging(worker_id=worker_id)
     asyncio.run(run(config, worker_id, log))
     return 0
 
