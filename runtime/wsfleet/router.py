@@ -30,7 +30,7 @@ from botocore.config import Config
 from . import schema, tracing
 from .config import ConfigError, RouterConfig
 from .logs import JsonLogger, route_stdlib_logging
-from .store import ConnectionsStore, StartOutcome, StopOutcome, TransientError
+from .store import ConnectionsStore, SessionsStore, StartOutcome, StopOutcome, TransientError
 from .validation import Allowlist, Invalid, check_connection_id, check_ws_url
 
 MAX_BODY_BYTES = 16 * 1024
@@ -97,6 +97,7 @@ class Router:
     ) -> None:
         self._config = config
         self._store = ConnectionsStore(ddb, config.table_name, state_shards=config.state_shards)
+        self._sessions = SessionsStore(ddb, config.sessions_table_name)
         self._sqs = sqs
         self._allowlist = Allowlist.of(config.allowed_ws_hosts)
         self._log = logger or JsonLogger(component="router")
@@ -213,12 +214,27 @@ class Router:
         return _START_STATUS[outcome], body
 
     def _stop(self, connection_id: str, fields: dict[str, Any]) -> tuple[int, dict]:
-        outcome = self._store.stop(connection_id)
+        stopped = self._store.stop(connection_id)
+        outcome = stopped.outcome
         fields["outcome"] = outcome.value
         if outcome is StopOutcome.NOT_FOUND:
             raise _unknown_connection(connection_id)
+        if stopped.lease_session:
+            fields["owner_told"] = self._tell_owner(stopped.lease_session, connection_id)
         body = {"connection_id": connection_id, "desired_state": schema.STOPPED, "outcome": outcome.value}
         return _STOP_STATUS[outcome], body
+
+    def _tell_owner(self, session_id: str, connection_id: str) -> bool:
+        """Post the STOP to the owning session's inbox: its worker gets it with its next
+        renewal, without reading the connection. The desired state is stored already, so
+        a failure here only delays the STOP to the owner's next owner-index audit."""
+        try:
+            return self._sessions.post_stop(session_id, connection_id)
+        except Exception as exc:  # noqa: BLE001 - the audit is the real guarantee
+            self._log.warning(
+                "stop_notice_failed", connection_id=connection_id, detail=f"{type(exc).__name__}: {exc}"
+            )
+            return False
 
     def _get_connection(self, raw_id: object, fields: dict[str, Any]) -> tuple[int, dict]:
         connection_id = _valid(check_connection_id, raw_id)
@@ -227,6 +243,9 @@ class Router:
         if item is None:
             raise _unknown_connection(connection_id)
         fields["outcome"] = "found"
+        session_id = item.get(schema.LEASE_SESSION, "")
+        session = self._sessions.get(session_id, consistent=False) if session_id else None
+        item[schema.LEASE_EXPIRES_AT_MS] = int((session or {}).get(schema.EXPIRES_AT_MS, 0))
         return 200, {"connection_id": connection_id, **{name: item.get(name) for name in schema.PUBLIC_FIELDS}}
 
     def _send_hint(self, connection_id: str) -> bool:

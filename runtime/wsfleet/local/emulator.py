@@ -28,6 +28,7 @@ WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
 DEFAULT_REGION = "us-east-1"
 TABLE_NAME = "wsfleet-connections"
+SESSIONS_TABLE_NAME = "wsfleet-sessions"
 MESSAGES_TABLE_NAME = "wsfleet-messages"
 QUEUE_NAME = "wsfleet-start"
 # moto accepts any credentials; these make boto3 sign requests without a profile.
@@ -96,6 +97,7 @@ def create_resources(
     *,
     region: str = DEFAULT_REGION,
     table_name: str = TABLE_NAME,
+    sessions_table_name: str = SESSIONS_TABLE_NAME,
     messages_table_name: str = MESSAGES_TABLE_NAME,
     queue_name: str = QUEUE_NAME,
 ) -> dict[str, str]:
@@ -110,6 +112,10 @@ def create_resources(
     )
     ddb = session.client("dynamodb", endpoint_url=endpoint_url)
     ddb.create_table(**schema.connections_table_spec(table_name))
+    ddb.create_table(**schema.sessions_table_spec(sessions_table_name))
+    ddb.update_time_to_live(
+        TableName=sessions_table_name, TimeToLiveSpecification={"Enabled": True, "AttributeName": schema.SESSION_TTL}
+    )
     ddb.create_table(**schema.messages_table_spec(messages_table_name))
     sqs = session.client("sqs", endpoint_url=endpoint_url)
     queue_url = sqs.create_queue(QueueName=queue_name, Attributes={"VisibilityTimeout": "30"})["QueueUrl"]
@@ -118,6 +124,7 @@ def create_resources(
         "AWS_REGION": region,
         **CREDENTIALS,
         "TABLE_NAME": table_name,
+        "SESSIONS_TABLE_NAME": sessions_table_name,
         "MESSAGES_TABLE_NAME": messages_table_name,
         "QUEUE_URL": queue_url,
     }
