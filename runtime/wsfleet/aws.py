@@ -27,6 +27,7 @@ from .store import TransientError
 T = TypeVar("T")
 
 SQS_WAIT_SECONDS = 10
+URGENT_THREADS = 2  # the session renewal's own lane (a retry may overlap a slow try)
 
 _send_deadline = threading.local()
 
@@ -62,7 +63,7 @@ class Aws:
         self, config: WorkerConfig, *, threads: int = 32, session: boto3.session.Session | None = None
     ) -> None:
         session = session or boto3.session.Session(region_name=config.region)
-        base = dict(max_pool_connections=threads, connect_timeout=2)
+        base = dict(max_pool_connections=threads + URGENT_THREADS, connect_timeout=2)
         # One attempt per DynamoDB call: the worker retries transient failures itself
         # (wsfleet.worker.retry), with backoff bounded by the lease deadline. botocore's
         # own retries would sleep up to seconds inside a call, past a short lease.
@@ -79,6 +80,9 @@ class Aws:
             "cloudwatch", endpoint_url=config.endpoint_url, config=Config(read_timeout=10, **retried)
         )
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="aws")
+        # The session renewal never queues behind a burst of acquisitions or message
+        # writes: every connection the worker holds depends on it.
+        self._urgent = ThreadPoolExecutor(URGENT_THREADS, thread_name_prefix="aws-urgent")
         # Requests as sent on the wire (retries included), per "service.Operation": what
         # the bill and the cost benchmark count.
         self.requests: Counter[str] = Counter()
@@ -95,9 +99,16 @@ class Aws:
         thread: the request may still land, which every write we make tolerates
         (renewals and message writes are idempotent; acquire and release recognise a
         retry of a write that landed)."""
+        return await self._run(self._pool, fn, args, kwargs)
+
+    async def call_urgent(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """:meth:`call` in a lane of its own, for the session renewal alone."""
+        return await self._run(self._urgent, fn, args, kwargs)
+
+    async def _run(self, pool: ThreadPoolExecutor, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
         with tracing.subsegment(getattr(fn, "__qualname__", "aws_call")):
-            return await loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+            return await loop.run_in_executor(pool, functools.partial(fn, *args, **kwargs))
 
     async def poll(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run a long poll in a daemon thread of its own: it never takes a pool thread
@@ -129,3 +140,4 @@ class Aws:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._urgent.shutdown(wait=False, cancel_futures=True)

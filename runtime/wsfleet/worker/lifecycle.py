@@ -72,7 +72,7 @@ class Worker:
             worker_id=worker_id,
             timing=self.timing,
             max_connections=config.max_connections,
-            call=aws.call,
+            call=aws.call_urgent,
             log=self._log,
             active=lambda: len(self.runners),
             on_stops=self._on_stops,

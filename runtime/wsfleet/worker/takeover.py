@@ -177,7 +177,7 @@ class Takeover:
             rows = await self._call(self._connections.owned_by, session_id)
             if not rows:
                 self._empty[session_id] = self._empty.get(session_id, 0) + 1
-                if self._empty[session_id] >= EMPTY_DRAINS_TO_LEAVE:
+                if self._empty[session_id] >= EMPTY_DRAINS_TO_LEAVE and self._keeper.live():
                     await self._call(self._sessions.leave_ring, session_id)
                     self._empty.pop(session_id, None)
                     self._ring_at = float("-inf")
@@ -202,6 +202,8 @@ class Takeover:
             self._draining.discard(session_id)
 
     async def _free(self, connection_id: str, dead_session: str, *, hint: bool) -> None:
+        if not self._keeper.live():
+            return  # past our deadline nothing is written, not even on a dead session's behalf
         if await self._call(self._connections.free_orphan, connection_id, dead_session=dead_session) and hint:
             await self._hint(connection_id)
 
