@@ -31,7 +31,7 @@ from ..store import ConnectionsStore, SessionsStore, TransientError, now_ms
 from .session import SessionKeeper
 
 WATCH_K = 2  # successors each worker watches: a death is seen while either predecessor lives
-RING_REFRESH_S = 30.0  # the ring changes only when workers come and go
+RING_REFRESH_S = 15.0  # the ring changes only when workers come and go; a newcomer is watched within this
 EMPTY_DRAINS_TO_LEAVE = 2  # the owner index is eventually consistent: see it empty twice
 
 Call = Callable[..., Awaitable[Any]]
