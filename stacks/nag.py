@@ -35,7 +35,7 @@ def _acknowledge(construct: IConstruct, rule_id: str, reason: str) -> None:
 
 def acknowledge_stateful_findings(stack: "StatefulStack", settings: EnvironmentSettings) -> None:
     if not settings.retain_data:
-        for table in (stack.tables.connections, stack.tables.messages):
+        for table in (stack.tables.connections, stack.tables.sessions, stack.tables.messages):
             _acknowledge(
                 table,
                 "AwsSolutions-DDB3",

@@ -34,6 +34,7 @@ class ServiceStack(Stack):
         *,
         settings: EnvironmentSettings,
         connections_table: dynamodb.ITable,
+        sessions_table: dynamodb.ITable,
         messages_table: dynamodb.ITable,
         start_queue: sqs.IQueue,
         dead_letter_queue: sqs.IQueue,
@@ -41,6 +42,7 @@ class ServiceStack(Stack):
     ) -> None:
         super().__init__(scope, id, **kwargs)
         self.connections_table = connections_table
+        self.sessions_table = sessions_table
         self.messages_table = messages_table
         self.start_queue = start_queue
 
@@ -57,6 +59,7 @@ class ServiceStack(Stack):
             "Router",
             environment={
                 config.TABLE_NAME: connections_table.table_name,
+                config.SESSIONS_TABLE_NAME: sessions_table.table_name,
                 config.QUEUE_URL: start_queue.queue_url,
                 config.ALLOWED_WS_HOSTS: ",".join(settings.allowed_ws_hosts),
                 config.STATE_SHARDS: str(settings.state_shards),
@@ -124,12 +127,14 @@ class ServiceStack(Stack):
         # WORKER_ID stays unset: on ECS the worker takes its task id from task metadata.
         return {
             config.TABLE_NAME: self.connections_table.table_name,
+            config.SESSIONS_TABLE_NAME: self.sessions_table.table_name,
             config.MESSAGES_TABLE_NAME: self.messages_table.table_name,
             config.QUEUE_URL: self.start_queue.queue_url,
             config.AWS_REGION: self.region,
-            config.LEASE_SECONDS: str(settings.lease_seconds),
-            config.HEARTBEAT_SECONDS: str(settings.heartbeat_seconds),
-            config.RECONCILE_SECONDS: str(settings.reconcile_seconds),
+            config.LEASE_SECONDS: _seconds(settings.lease_seconds),
+            config.HEARTBEAT_SECONDS: _seconds(settings.heartbeat_seconds),
+            config.RECONCILE_SECONDS: _seconds(settings.reconcile_seconds),
+            config.CHECKPOINT_SECONDS: _seconds(settings.checkpoint_seconds),
             config.MAX_CONNECTIONS: str(settings.max_connections_per_worker),
             config.MAX_CLOCK_SKEW_MS: str(settings.max_clock_skew_ms),
             config.METRICS_NAMESPACE: METRICS_NAMESPACE,
@@ -144,8 +149,10 @@ class ServiceStack(Stack):
         }
 
     def grant_router(self, role: iam.IRole) -> None:
-        """The router reads a connection, writes desired state with conditional
-        PutItem/UpdateItem, and sends a START hint."""
+        """The router reads a connection and writes its desired state (conditional
+        PutItem/UpdateItem); for a STOP of an owned connection it posts to the owning
+        session's inbox (UpdateItem), for a GET it reads that session's expiry
+        (GetItem); it sends START hints."""
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
@@ -153,12 +160,22 @@ class ServiceStack(Stack):
             )
         )
         role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
+                resources=[self.sessions_table.table_arn],
+            )
+        )
+        role.add_to_principal_policy(
             iam.PolicyStatement(actions=["sqs:SendMessage"], resources=[self.start_queue.queue_arn])
         )
 
     def grant_worker(self, role: iam.IRole) -> None:
-        """The worker reads and conditionally updates leases, scans the orphan index,
-        batch-writes messages, consumes hints and sends takeover hints at shutdown,
+        """The worker opens its session (conditional PutItem) and renews and ends
+        sessions (UpdateItem), reads the sessions it watches (BatchGetItem) and finds
+        them in the ``by_ring`` index; it acquires, checkpoints and releases connections
+        (UpdateItem), reads one back (GetItem) and lists who owns what in the
+        ``by_owner`` index; it batch-writes messages and queries the stored end past a
+        checkpoint; it consumes hints and sends them for connections it frees,
         publishes its metrics and (through the sidecar) traces."""
         role.add_to_principal_policy(
             iam.PolicyStatement(
@@ -169,11 +186,26 @@ class ServiceStack(Stack):
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["dynamodb:Query"],
-                resources=[f"{self.connections_table.table_arn}/index/{schema.GSI_NAME}"],
+                resources=[_index_arn(self.connections_table, schema.OWNER_INDEX)],
             )
         )
         role.add_to_principal_policy(
-            iam.PolicyStatement(actions=["dynamodb:BatchWriteItem"], resources=[self.messages_table.table_arn])
+            iam.PolicyStatement(
+                actions=["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem"],
+                resources=[self.sessions_table.table_arn],
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:Query"],
+                resources=[_index_arn(self.sessions_table, schema.RING_INDEX)],
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:BatchWriteItem", "dynamodb:Query"],
+                resources=[self.messages_table.table_arn],
+            )
         )
         role.add_to_principal_policy(
             iam.PolicyStatement(
@@ -209,3 +241,12 @@ class ServiceStack(Stack):
                 resources=["*"],
             )
         )
+
+
+def _index_arn(table: dynamodb.ITable, index_name: str) -> str:
+    return f"{table.table_arn}/index/{index_name}"
+
+
+def _seconds(value: float) -> str:
+    """A duration as the worker parses it: 10 -> "10", 2.5 -> "2.5"."""
+    return f"{value:g}"

@@ -16,6 +16,7 @@ from aws_cdk import RemovalPolicy
 from aws_cdk import aws_logs as logs
 
 from wsfleet import schema
+from wsfleet.leases import SessionTiming
 
 # Fargate rejects a container stopTimeout above 120 s.
 FARGATE_MAX_STOP_TIMEOUT_SECONDS = 120
@@ -45,10 +46,11 @@ class EnvironmentSettings:
     message_ttl_days: int = 7  # messages expire through DynamoDB TTL; 0 keeps them forever
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_WEEK
 
-    # --- lease timing (the worker's LEASE_SECONDS, ...; see CONTRACT section 2) --------
-    lease_seconds: int = 20
-    heartbeat_seconds: int = 5
-    reconcile_seconds: int = 10
+    # --- session timing (the worker's LEASE_SECONDS, ...; see CONTRACT section 2) ------
+    lease_seconds: float = 10  # session lease
+    heartbeat_seconds: float = 2.5  # session renewal interval
+    reconcile_seconds: float = 10  # scan of the FREE# shards for connections nobody owns
+    checkpoint_seconds: float = 120  # longest time between checkpoints of a busy connection
     max_clock_skew_ms: int = 1000
     state_shards: int = schema.DEFAULT_STATE_SHARDS
 
@@ -84,6 +86,12 @@ class EnvironmentSettings:
             raise SettingsError("lease_seconds must be at least twice heartbeat_seconds")
         if not 0 <= self.max_clock_skew_ms < (self.lease_seconds - self.heartbeat_seconds) * 1000:
             raise SettingsError("max_clock_skew_ms must be below lease_seconds minus heartbeat_seconds")
+        if not self.reconcile_seconds > 0:
+            raise SettingsError("reconcile_seconds must be positive")
+        # A checkpoint more often than the session renewal would bring back the
+        # per-connection write per heartbeat that session leases do away with.
+        if not self.checkpoint_seconds >= self.heartbeat_seconds:
+            raise SettingsError("checkpoint_seconds must be at least heartbeat_seconds")
         if not 1 <= self.state_shards <= schema.MAX_STATE_SHARDS:
             raise SettingsError(f"state_shards must be between 1 and {schema.MAX_STATE_SHARDS}")
         if not self.shutdown_seconds < self.stop_timeout_seconds <= FARGATE_MAX_STOP_TIMEOUT_SECONDS:
@@ -117,10 +125,33 @@ class EnvironmentSettings:
         return f"wsfleet-{self.name}-worker"
 
     @property
-    def failover_bound_seconds(self) -> int:
-        """How long a STARTED connection may stay unowned after its owner dies.
+    def session_timing(self) -> SessionTiming:
+        """The workers' session timing, as they derive it from their environment."""
+        return SessionTiming(
+            lease_ms=round(self.lease_seconds * 1000),
+            heartbeat_ms=round(self.heartbeat_seconds * 1000),
+            max_clock_skew_ms=self.max_clock_skew_ms,
+        )
 
-        The lease runs out (lease + clock-skew margin), then the next orphan scan on a
-        surviving worker takes it; scans are jittered, so allow two intervals.
+    @property
+    def failover_bound_seconds(self) -> int:
+        """How long a STARTED connection may stay unowned after its owner dies:
+
+            lease + skew margin + watch window + 2 x reconcile
+
+        A crashed worker's session expires a lease after its last renewal. A watcher
+        may end it once it is past the skew margin, and then takes or frees (and hints)
+        its connections at once. Its watchers read it less than a watch window apart
+        (``SessionTiming.watch_pause_s``), so one read normally lands between the first
+        missed renewal and that moment and the end is on time; a watcher that comes to
+        it later (a read failed) ends it at its next read, about a window late. A freed
+        connection whose hint is lost is found by the next scan of the FREE# shards
+        (pauses of at most ``reconcile_seconds``). The second interval is room: for a
+        scan that had just passed its shard, takeover jitter, retries under throttling,
+        and a worker that dies before its predecessors have refreshed their view of the
+        ring (``wsfleet.worker.takeover.RING_REFRESH_S``) to watch it.
         """
-        return math.ceil(self.lease_seconds + self.max_clock_skew_ms / 1000 + 2 * self.reconcile_seconds)
+        watch_window_s = self.session_timing.watch_window_ms() / 1000
+        return math.ceil(
+            self.lease_seconds + self.max_clock_skew_ms / 1000 + watch_window_s + 2 * self.reconcile_seconds
+        )

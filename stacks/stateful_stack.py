@@ -1,4 +1,5 @@
-"""The stateful stack: the tables and the START queue.
+"""The stateful stack: the tables (connections, worker sessions, messages) and the
+START queue.
 
 Kept apart from the service stack so that the service can be replaced, or its stack
 deleted and recreated, without touching data; its resources keep fixed logical ids.
@@ -6,6 +7,7 @@ deleted and recreated, without touching data; its resources keep fixed logical i
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from aws_cdk import Duration, Stack
@@ -29,8 +31,8 @@ class StatefulStack(Stack):
             "StartQueue",
             # Long enough for a worker to act on a hint (a conditional write or two, with
             # retries) before it reappears; short enough that a hint held by a worker
-            # that crashed comes back soon after that worker's lease would have run out.
-            visibility_timeout=Duration.seconds(2 * settings.lease_seconds),
+            # that crashed comes back soon after that worker's session would have run out.
+            visibility_timeout=Duration.seconds(math.ceil(2 * settings.lease_seconds)),
             max_receive_count=MAX_HINT_RECEIVES,
             removal_policy=settings.removal_policy,
         )

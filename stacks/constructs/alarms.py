@@ -87,11 +87,17 @@ class Alarms(Construct):
             evaluation_periods=3,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
-        # Minimum over every worker's reports: it stays at 1 or more only while some
-        # connection is never taken, whereas new STARTs that are picked up within a scan
-        # leave zeros in between. A missing metric means no worker is running, so every
-        # STARTED connection is unowned: that breaches too.
-        periods = math.ceil(failover_bound.to_seconds() / one_minute.to_seconds()) + 1
+        # Each worker counts the STARTED connections nobody owns from the by_owner index:
+        # the FREE#<shard> partitions (the same for every worker) plus the connections
+        # of the sessions it watches that are ENDED or past expiry (only their watchers
+        # see those), so the fleet's view is the Maximum over workers. A crashed
+        # worker's connections are owned again within the failover bound (lease + skew
+        # margin + watch window + 2 x reconcile, see EnvironmentSettings). An episode of
+        # d seconds can show in ceil(d / 60) + 1 consecutive one-minute periods (it may
+        # straddle a boundary), so the alarm wants one period more than that for the
+        # bound: a failover that ends in time never fires it. A missing metric means no
+        # worker is running, so every STARTED connection is unowned: that breaches too.
+        periods = math.ceil(failover_bound.to_seconds() / one_minute.to_seconds()) + 2
         self.unowned_connections = cloudwatch.Alarm(
             self,
             "UnownedConnections",
@@ -105,7 +111,7 @@ class Alarms(Construct):
                 metric_name=metrics_names.UNOWNED_CONNECTIONS,
                 dimensions_map={metrics_names.DIMENSION_SERVICE_NAME: service_name},
                 period=one_minute,
-                statistic=cloudwatch.Stats.MINIMUM,
+                statistic=cloudwatch.Stats.MAXIMUM,
             ),
             threshold=1,
             comparison_operator=_GE,

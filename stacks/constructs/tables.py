@@ -1,4 +1,5 @@
-"""The connections (lease) table with its orphan index, and the messages table.
+"""The three tables: connections (with the ``by_owner`` index of who owns what), worker
+sessions (with the ``by_ring`` watch index), and messages.
 
 Keys, index and billing mode are read from ``wsfleet.schema``'s CreateTable specs, the
 same ones the embedded backend creates its tables from, so the deployed tables and the
@@ -28,6 +29,7 @@ _BILLING_MODES = {
 # Logical ids of the stateful resources, fixed so that moving a construct in the tree
 # never replaces (and so empties) a table.
 CONNECTIONS_LOGICAL_ID = "ConnectionsTable"
+SESSIONS_LOGICAL_ID = "SessionsTable"
 MESSAGES_LOGICAL_ID = "MessagesTable"
 
 
@@ -60,13 +62,14 @@ def _table(scope: Construct, id: str, spec: dict[str, Any], *, logical_id: str, 
             partition_key=_key(spec, index["KeySchema"], "HASH"),
             sort_key=_key(spec, index["KeySchema"], "RANGE"),
             projection_type=dynamodb.ProjectionType(index["Projection"]["ProjectionType"]),
+            non_key_attributes=index["Projection"].get("NonKeyAttributes"),
         )
     table.node.default_child.override_logical_id(logical_id)
     return table
 
 
 class Tables(Construct):
-    """Both tables. Physical names are left to CloudFormation (the specs' TableName is
+    """The three tables. Physical names are left to CloudFormation (the specs' TableName is
     ignored) and reach the runtime as environment variables."""
 
     def __init__(self, scope: Construct, id: str, *, retain_data: bool) -> None:
@@ -77,6 +80,15 @@ class Tables(Construct):
             schema.connections_table_spec("connections"),
             logical_id=CONNECTIONS_LOGICAL_ID,
             retain_data=retain_data,
+        )
+        self.sessions = _table(
+            self,
+            "Sessions",
+            schema.sessions_table_spec("sessions"),
+            logical_id=SESSIONS_LOGICAL_ID,
+            retain_data=retain_data,
+            # Set on ENDED sessions only: DynamoDB deletes them a week after they end.
+            time_to_live_attribute=schema.SESSION_TTL,
         )
         self.messages = _table(
             self,

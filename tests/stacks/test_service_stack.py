@@ -16,6 +16,7 @@ from stacks import runtime_assets
 from stacks.constructs.api import EVENT_SCHEMA, INVALID_EVENT_MESSAGE
 from stacks.settings import FARGATE_MAX_STOP_TIMEOUT_SECONDS
 from wsfleet import config, metrics, metrics_names, schema
+from wsfleet.leases import SessionTiming
 
 # --- helpers ---------------------------------------------------------------------------
 
@@ -63,6 +64,26 @@ def _actions(statement: dict) -> list[str]:
 
 def _granted(statements: list[dict], prefix: str) -> set[str]:
     return {a for s in statements for a in _actions(s) if a.startswith(prefix)}
+
+
+def _dynamodb_grants(env, statements: list[dict]) -> dict[str, set[str]]:
+    """DynamoDB actions by what they are granted on: "<table>" or "<table>/index/<name>",
+    tables named by their attribute on the service stack. Any other resource fails."""
+    stack = env.service
+    names = {}
+    for table in ("connections_table", "sessions_table", "messages_table"):
+        arn = getattr(stack, table).table_arn
+        names[json.dumps(stack.resolve(arn), sort_keys=True)] = table
+        for index in (schema.OWNER_INDEX, schema.RING_INDEX):
+            names[json.dumps(stack.resolve(f"{arn}/index/{index}"), sort_keys=True)] = f"{table}/index/{index}"
+    grants: dict[str, set[str]] = {}
+    for statement in statements:
+        actions = [a for a in _actions(statement) if a.startswith("dynamodb:")]
+        if actions:
+            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            for resource in resources:
+                grants.setdefault(names[json.dumps(resource, sort_keys=True)], set()).update(actions)
+    return grants
 
 
 def _all_statements(template) -> list[dict]:
@@ -208,14 +229,25 @@ def test_router_runs_the_current_python_with_active_tracing(env):
 
 def test_router_environment_is_what_the_contract_names(env):
     variables = _router(env)["Environment"]["Variables"]
-    assert set(variables) == {config.TABLE_NAME, config.QUEUE_URL, config.ALLOWED_WS_HOSTS, config.STATE_SHARDS}
+    assert set(variables) == {
+        config.TABLE_NAME,
+        config.SESSIONS_TABLE_NAME,
+        config.QUEUE_URL,
+        config.ALLOWED_WS_HOSTS,
+        config.STATE_SHARDS,
+    }
     assert variables[config.ALLOWED_WS_HOSTS] == ",".join(env.settings.allowed_ws_hosts)
     assert variables[config.STATE_SHARDS] == str(env.settings.state_shards)
 
 
-def test_router_may_only_read_and_write_connections_and_send_hints(env):
+def test_router_may_only_write_connections_post_stops_to_sessions_and_send_hints(env):
     statements = _statements_of_role(env, _router(env)["Role"])
-    assert _granted(statements, "dynamodb:") == {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"}
+    assert _dynamodb_grants(env, statements) == {
+        # START and STOP: conditional writes of the desired state; GET reads it.
+        "connections_table": {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"},
+        # STOP posts to the owning session's inbox; GET reads that session's expiry.
+        "sessions_table": {"dynamodb:GetItem", "dynamodb:UpdateItem"},
+    }
     assert _granted(statements, "sqs:") == {"sqs:SendMessage"}
     assert _granted(statements, "logs:") == {"logs:CreateLogStream", "logs:PutLogEvents"}
     assert _granted(statements, "xray:") == {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
@@ -234,12 +266,14 @@ def test_worker_environment_is_what_the_contract_names(env):
     variables = _worker_environment(env)
     assert set(variables) == {
         config.TABLE_NAME,
+        config.SESSIONS_TABLE_NAME,
         config.MESSAGES_TABLE_NAME,
         config.QUEUE_URL,
         config.AWS_REGION,
         config.LEASE_SECONDS,
         config.HEARTBEAT_SECONDS,
         config.RECONCILE_SECONDS,
+        config.CHECKPOINT_SECONDS,
         config.MAX_CONNECTIONS,
         config.MAX_CLOCK_SKEW_MS,
         config.METRICS_NAMESPACE,
@@ -260,8 +294,24 @@ def test_worker_environment_passes_the_workers_own_validation(env):
     literal = {k: v for k, v in _worker_environment(env).items() if isinstance(v, str)}
     tokens = {k: "resolved-at-deploy" for k, v in _worker_environment(env).items() if not isinstance(v, str)}
     parsed = config.WorkerConfig.from_env({**literal, **tokens})
-    assert parsed.lease_ms == env.settings.lease_seconds * 1000
+    # The failover bound the alarm uses is computed from this same timing.
+    assert SessionTiming(parsed.lease_ms, parsed.heartbeat_ms, parsed.max_clock_skew_ms) == env.settings.session_timing
+    assert parsed.reconcile_ms == env.settings.reconcile_seconds * 1000
+    assert parsed.checkpoint_ms == env.settings.checkpoint_seconds * 1000
     assert parsed.max_connections == env.settings.max_connections_per_worker
+
+
+def test_worker_and_router_name_the_stateful_stacks_tables(env):
+    worker, router = _worker_environment(env), _router(env)["Environment"]["Variables"]
+    stack = env.service
+    for variable, table in (
+        (config.TABLE_NAME, stack.connections_table),
+        (config.SESSIONS_TABLE_NAME, stack.sessions_table),
+        (config.MESSAGES_TABLE_NAME, stack.messages_table),
+    ):
+        assert worker[variable] == stack.resolve(table.table_name)
+        if variable in router:
+            assert router[variable] == worker[variable]
 
 
 def test_worker_and_router_agree_on_state_shards(env):
@@ -369,11 +419,18 @@ def _worker_statements(env) -> list[dict]:
 
 
 def test_worker_may_use_only_the_dynamodb_calls_it_makes(env):
-    statements = _worker_statements(env)
-    by_action = {a: s for s in statements for a in _actions(s) if a.startswith("dynamodb:")}
-    assert set(by_action) == {"dynamodb:GetItem", "dynamodb:UpdateItem", "dynamodb:Query", "dynamodb:BatchWriteItem"}
-    query_resource = by_action["dynamodb:Query"]["Resource"]
-    assert query_resource["Fn::Join"][1][-1] == f"/index/{schema.GSI_NAME}"
+    assert _dynamodb_grants(env, _worker_statements(env)) == {
+        # acquire, checkpoint, release, free an orphan; read one back in the audit
+        "connections_table": {"dynamodb:GetItem", "dynamodb:UpdateItem"},
+        # what a session holds, the FREE# shards
+        f"connections_table/index/{schema.OWNER_INDEX}": {"dynamodb:Query"},
+        # open, renew, end; read the watched sessions
+        "sessions_table": {"dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:BatchGetItem"},
+        # the watch ring
+        f"sessions_table/index/{schema.RING_INDEX}": {"dynamodb:Query"},
+        # store frames; find the stored end past a checkpoint
+        "messages_table": {"dynamodb:BatchWriteItem", "dynamodb:Query"},
+    }
 
 
 def test_worker_may_only_consume_and_send_hints_on_its_queue(env):
@@ -454,6 +511,13 @@ def test_alarm_when_connections_stay_unowned_past_the_failover_bound(env):
     assert alarm["Dimensions"] == [
         {"Name": metrics_names.DIMENSION_SERVICE_NAME, "Value": env.settings.service_name}
     ]
-    assert alarm["Period"] * alarm["EvaluationPeriods"] > env.settings.failover_bound_seconds
-    assert alarm["EvaluationPeriods"] == math.ceil(env.settings.failover_bound_seconds / 60) + 1
+    assert alarm["MetricName"] == metrics_names.UNOWNED_CONNECTIONS
+    # Each worker sees the FREE# shards and only its watched sessions: the fleet's view
+    # is the highest count any worker reported.
+    assert alarm["Statistic"] == "Maximum"
+    assert alarm["Threshold"] == 1 and alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    # An episode no longer than the bound can straddle a period boundary, so it shows in
+    # at most ceil(bound / period) + 1 periods: the alarm needs one more.
+    bound = env.settings.failover_bound_seconds
+    assert alarm["EvaluationPeriods"] == math.ceil(bound / alarm["Period"]) + 2
     assert alarm["TreatMissingData"] == "breaching"

@@ -4,12 +4,14 @@ CloudFormation ever sees them; and app.py builds exactly one environment."""
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 from aws_cdk import Stack
 
 from app import ENVIRONMENTS, create_stacks
 from stacks.settings import EnvironmentSettings, SettingsError
+from wsfleet.leases import reconcile_pause_s
 
 
 def test_dev_and_prod_exist_and_prod_keeps_its_data():
@@ -24,6 +26,9 @@ def test_dev_and_prod_exist_and_prod_keeps_its_data():
         ({"stop_timeout_seconds": 25, "shutdown_seconds": 25}, "stop_timeout_seconds"),
         ({"lease_seconds": 9, "heartbeat_seconds": 5}, "lease_seconds"),
         ({"max_clock_skew_ms": 15_000}, "max_clock_skew_ms"),
+        ({"max_clock_skew_ms": 7_500}, "max_clock_skew_ms"),
+        ({"reconcile_seconds": 0}, "reconcile_seconds"),
+        ({"checkpoint_seconds": 2}, "checkpoint_seconds"),
         ({"min_workers": 0}, "min_workers"),
         ({"min_workers": 5, "max_workers": 4}, "min_workers"),
         ({"target_connections_per_worker": 100}, "target_connections_per_worker"),
@@ -45,9 +50,31 @@ def test_settings_are_keyword_only_and_frozen():
         ENVIRONMENTS["dev"].max_workers = 9  # type: ignore[misc]
 
 
-def test_failover_bound_covers_a_lease_expiry_and_a_jittered_scan():
-    dev = ENVIRONMENTS["dev"]
-    assert dev.failover_bound_seconds >= dev.lease_seconds + 1.5 * dev.reconcile_seconds
+class _Longest(random.Random):
+    """Makes every jittered pause of the runtime its longest."""
+
+    def random(self) -> float:
+        return 1.0
+
+
+@pytest.mark.parametrize("name", ENVIRONMENTS)
+def test_failover_bound_covers_a_session_expiry_a_late_watch_read_and_a_scan(name):
+    settings = ENVIRONMENTS[name]
+    timing = settings.session_timing
+    # A crashed worker's session can be ended a lease plus the skew margin after its last
+    # renewal; a watcher that comes to it late does so at its next read; a freed
+    # connection whose hint was lost waits for the next FREE# scan.
+    slowest = (
+        (timing.lease_ms + timing.max_clock_skew_ms) / 1000
+        + timing.watch_pause_s(_Longest())
+        + reconcile_pause_s(round(settings.reconcile_seconds * 1000), _Longest())
+    )
+    assert settings.failover_bound_seconds >= slowest
+
+
+def test_failover_bound_with_the_contract_defaults():
+    # lease 10 + skew 1 + watch window 7.25 (10 - 1.5 x 2.5 + 1) + 2 x reconcile 10
+    assert EnvironmentSettings(name="defaults").failover_bound_seconds == 39
 
 
 def test_app_builds_the_stacks_of_the_chosen_environment_only(new_app):

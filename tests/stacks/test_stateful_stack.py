@@ -1,12 +1,13 @@
-"""The stateful stack: tables shaped exactly as wsfleet.schema says, data kept in prod,
-and a START queue with a dead-letter queue, encryption and TLS only."""
+"""The stateful stack: the connections, sessions and messages tables shaped exactly as
+wsfleet.schema says (CONTRACT section 4), data kept in prod, and a START queue with a
+dead-letter queue, encryption and TLS only."""
 
 from __future__ import annotations
 
 from aws_cdk.assertions import Match
 
 from stacks.constructs.queue import DEAD_LETTER_LOGICAL_ID, QUEUE_LOGICAL_ID
-from stacks.constructs.tables import CONNECTIONS_LOGICAL_ID, MESSAGES_LOGICAL_ID
+from stacks.constructs.tables import CONNECTIONS_LOGICAL_ID, MESSAGES_LOGICAL_ID, SESSIONS_LOGICAL_ID
 from stacks.stateful_stack import MAX_HINT_RECEIVES
 from wsfleet import schema
 
@@ -41,34 +42,54 @@ def test_messages_table_is_the_schema_spec_with_ttl(env):
     )
 
 
-def test_orphan_index_is_sharded_state_by_lease_expiry_keys_only(env):
+def _table(env, logical_id: str) -> dict:
+    return env.stateful_template.to_json()["Resources"][logical_id]["Properties"]
+
+
+def test_sessions_table_is_the_schema_spec_with_ttl(env):
     env.stateful_template.has_resource_properties(
         "AWS::DynamoDB::Table",
         {
-            "KeySchema": [{"AttributeName": schema.PK, "KeyType": "HASH"}],
-            "AttributeDefinitions": Match.array_with(
-                [
-                    {"AttributeName": schema.GSI_PK, "AttributeType": "S"},
-                    {"AttributeName": schema.GSI_SK, "AttributeType": "N"},
-                ]
-            ),
-            "GlobalSecondaryIndexes": [
-                {
-                    "IndexName": "by_state_expiry",
-                    "KeySchema": [
-                        {"AttributeName": "gsi_state", "KeyType": "HASH"},
-                        {"AttributeName": "lease_expires_at_ms", "KeyType": "RANGE"},
-                    ],
-                    "Projection": {"ProjectionType": "KEYS_ONLY"},
-                }
-            ],
+            **_spec_as_cloudformation(schema.sessions_table_spec("any")),
+            "TimeToLiveSpecification": {"AttributeName": schema.SESSION_TTL, "Enabled": True},
         },
     )
+
+
+def test_owner_index_is_by_owner_key_with_the_desired_state(env):
+    table = _table(env, CONNECTIONS_LOGICAL_ID)
+    assert {"AttributeName": schema.OWNER_KEY, "AttributeType": "S"} in table["AttributeDefinitions"]
+    assert table["GlobalSecondaryIndexes"] == [
+        {
+            "IndexName": schema.OWNER_INDEX,
+            "KeySchema": [{"AttributeName": schema.OWNER_KEY, "KeyType": "HASH"}],
+            "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": [schema.DESIRED_STATE]},
+        }
+    ]
+
+
+def test_ring_index_orders_the_sessions_by_id_keys_only(env):
+    table = _table(env, SESSIONS_LOGICAL_ID)
+    assert table["KeySchema"] == [{"AttributeName": schema.SESSION_ID, "KeyType": "HASH"}]
+    assert {"AttributeName": schema.RING, "AttributeType": "S"} in table["AttributeDefinitions"]
+    assert table["GlobalSecondaryIndexes"] == [
+        {
+            "IndexName": schema.RING_INDEX,
+            "KeySchema": [
+                {"AttributeName": schema.RING, "KeyType": "HASH"},
+                {"AttributeName": schema.SESSION_ID, "KeyType": "RANGE"},
+            ],
+            # A renewal changes no key and nothing projected: it writes nothing to the index.
+            "Projection": {"ProjectionType": "KEYS_ONLY"},
+        }
+    ]
+    assert table["TimeToLiveSpecification"] == {"AttributeName": schema.SESSION_TTL, "Enabled": True}
 
 
 def test_tables_and_queues_keep_fixed_logical_ids(env):
     resources = env.stateful_template.to_json()["Resources"]
     assert resources[CONNECTIONS_LOGICAL_ID]["Type"] == "AWS::DynamoDB::Table"
+    assert resources[SESSIONS_LOGICAL_ID]["Type"] == "AWS::DynamoDB::Table"
     assert resources[MESSAGES_LOGICAL_ID]["Type"] == "AWS::DynamoDB::Table"
     assert resources[QUEUE_LOGICAL_ID]["Type"] == "AWS::SQS::Queue"
     assert resources[DEAD_LETTER_LOGICAL_ID]["Type"] == "AWS::SQS::Queue"
@@ -76,7 +97,7 @@ def test_tables_and_queues_keep_fixed_logical_ids(env):
 
 def test_prod_retains_tables_with_deletion_protection_and_point_in_time_recovery(prod):
     tables = prod.stateful_template.find_resources("AWS::DynamoDB::Table")
-    assert len(tables) == 2
+    assert set(tables) == {CONNECTIONS_LOGICAL_ID, SESSIONS_LOGICAL_ID, MESSAGES_LOGICAL_ID}
     for table in tables.values():
         assert table["DeletionPolicy"] == "Retain"
         assert table["UpdateReplacePolicy"] == "Retain"
@@ -87,6 +108,7 @@ def test_prod_retains_tables_with_deletion_protection_and_point_in_time_recovery
 
 def test_dev_tables_are_disposable(dev):
     tables = dev.stateful_template.find_resources("AWS::DynamoDB::Table")
+    assert set(tables) == {CONNECTIONS_LOGICAL_ID, SESSIONS_LOGICAL_ID, MESSAGES_LOGICAL_ID}
     for table in tables.values():
         assert table["DeletionPolicy"] == "Delete"
         assert table["Properties"]["DeletionProtectionEnabled"] is False
