@@ -309,6 +309,7 @@ def test_a_takeover_that_meets_a_late_last_renewal_ends_the_session_at_its_new_e
         worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())  # stepped by hand: no watching but these
         assert await worker.keeper.open(asyncio.Event())
         renewing = asyncio.create_task(worker.keeper.run())
+        writing = asyncio.create_task(worker.writer.run())
         try:
             await eventually(lambda: time.time() * 1000 > dead["expires_at_ms"] - cfg.lease_ms + 700, what="a missed renewal")
             assert await worker.takeover.watch_once() == 1
@@ -325,6 +326,7 @@ def test_a_takeover_that_meets_a_late_last_renewal_ends_the_session_at_its_new_e
         finally:
             await worker.shutdown(budget_s=3)
             renewing.cancel()
+            writing.cancel()
             aws.close()
 
     asyncio.run(scenario())
@@ -407,10 +409,12 @@ def test_a_worker_at_capacity_leaves_hints_for_its_peers(aws_env, stores, upstre
         aws = Aws(cfg, threads=4)
         worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())
         assert await worker.keeper.open(asyncio.Event())
+        writing = asyncio.create_task(worker.writer.run())
         assert await worker.try_acquire("a", source="test") is not None
         assert worker.free() == 0
         assert await worker.intake.poll_once(wait_seconds=0) == 0  # does not even poll when full
         await worker.shutdown(budget_s=5)
+        writing.cancel()
         aws.close()
 
     asyncio.run(scenario())

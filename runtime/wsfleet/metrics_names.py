@@ -15,6 +15,8 @@ ORPHANS_RECOVERED = "OrphansRecovered"
 RECONNECTS = "Reconnects"
 MESSAGES_STORED = "MessagesStored"
 MALFORMED_FRAMES = "MalformedFrames"
+# Receive loops that had to wait because the worker's writer was at its pending cap.
+BACKPRESSURE_WAITS = "BackpressureWaits"
 
 COUNTERS = (
     LEASES_ACQUIRED,
@@ -24,4 +26,5 @@ COUNTERS = (
     RECONNECTS,
     MESSAGES_STORED,
     MALFORMED_FRAMES,
+    BACKPRESSURE_WAITS,
 )

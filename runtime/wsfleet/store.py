@@ -11,6 +11,7 @@ router calls them directly.
 from __future__ import annotations
 
 import enum
+import random
 import re
 import time
 from decimal import Decimal
@@ -653,18 +654,21 @@ class MessagesStore:
         self._sleep = sleep
 
     def put(self, connection_id: str, frames: Sequence[Frame], *, fence_token: int, worker_id: str) -> None:
-        """Store frames keyed by seq (a replay rewrites the same key, never adds a row).
+        """Store one connection's frames (see :meth:`put_many`)."""
+        self.put_many([(connection_id, fence_token, f) for f in frames], worker_id=worker_id)
 
-        BatchWriteItem is not conditional: the caller must check its lease deadline
-        first. Unprocessed items are retried with backoff; a batch that still does not
-        go through raises :class:`TransientError` and the caller retries it whole.
-        """
-        pk = schema.connection_pk(connection_id)
-        for start in range(0, len(frames), MAX_BATCH):
+    def put_many(self, entries: Sequence[tuple[str, int, Frame]], *, worker_id: str) -> None:
+        """Store (connection_id, fence_token, frame) entries of any connections, keyed by
+        seq (a replay rewrites the same key, never adds a row), 25 per BatchWriteItem.
+
+        BatchWriteItem is not conditional: the caller must check its deadline first.
+        Unprocessed items are retried with jittered backoff; a batch that still does not
+        go through raises :class:`TransientError` and the caller retries it whole."""
+        for start in range(0, len(entries), MAX_BATCH):
             requests = []
-            for f in frames[start : start + MAX_BATCH]:
+            for connection_id, fence_token, f in entries[start : start + MAX_BATCH]:
                 item = {
-                    schema.MSG_PK: pk,
+                    schema.MSG_PK: schema.connection_pk(connection_id),
                     schema.MSG_SK: f.seq,
                     schema.MESSAGE_DATA: f.data_json,
                     schema.MSG_FENCE_TOKEN: fence_token,
@@ -687,7 +691,7 @@ class MessagesStore:
             requests = resp.get("UnprocessedItems", {}).get(self._table, [])
             if not requests:
                 return
-            self._sleep(min(2.0, 0.05 * 2**attempt))
+            self._sleep(random.uniform(0.5, 1.0) * min(2.0, 0.05 * 2**attempt))
         raise TransientError(f"{len(requests)} messages still unprocessed after retries")
 
     def stored_end(self, connection_id: str, checkpoint: int) -> int:

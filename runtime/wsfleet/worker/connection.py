@@ -5,11 +5,11 @@ The connection is attached to the worker's session; keeping that alive is the
 worker's one deadline (``deadline()``): past it, nothing is written. Two tasks per
 connection, driven by one :class:`ConnectionRunner`:
 
-* stream: connect with ``from_seq``, receive frames, reconnect with backoff while the
-  session holds;
-* flusher: write pending frames in batches, shortly after the first one arrives or as
-  soon as a batch is full, and store the checkpoint at most every ``checkpoint_s`` while
-  frames arrive (never for a quiet connection).
+* stream: connect with ``from_seq``, receive frames and hand them to the worker's shared
+  :class:`~wsfleet.worker.writer.Writer` (which batches them with other connections'
+  frames), reconnect with backoff while the session holds;
+* checkpointer: store the checkpoint at most every ``checkpoint_s`` while frames are
+  stored (never for a quiet connection).
 
 The runner ends for exactly one reason (:class:`EndReason`), set by itself or by the
 worker (a STOP from the session inbox, a lost session, shutdown); its teardown closes
@@ -31,17 +31,15 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from .. import metrics_names as names
 from .. import tracing
-from ..aws import send_deadline
 from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
-from ..store import ConnectionsStore, MessagesStore
-from ..stream import Frame, SeqTracker, parse_frame, resume_url
+from ..store import ConnectionsStore
+from ..stream import SeqTracker, parse_frame, resume_url
 from ..validation import Allowlist, Invalid, check_resolved
 from .retry import LeaseExpired, call_until
+from .writer import Writer
 
-BATCH_SIZE = 25
-MAX_PENDING = 1000  # frames held before the receive loop waits for the flusher
 RECONNECT_CAP_S = 10.0
 
 
@@ -60,7 +58,6 @@ class Settings:
     connect_timeout_s: float = 10.0
     ping_interval_s: float = 20.0
     max_frame_bytes: int = 1 << 20
-    flush_interval_s: float = 0.1  # how long a lone frame may wait for company before it is written
     allowlist: Allowlist = Allowlist.of(())  # hosts allowed to resolve to internal addresses
 
 
@@ -81,7 +78,7 @@ class ConnectionRunner:
         settings: Settings,
         call: Call,
         connections: ConnectionsStore,
-        messages: MessagesStore,
+        writer: Writer,
         counters: Counters,
         log: JsonLogger,
     ) -> None:
@@ -101,16 +98,13 @@ class ConnectionRunner:
         self._s = settings
         self._call = call
         self._connections = connections
-        self._messages = messages
+        self._writer = writer
         self._counters = counters
         self._log = log.bind(connection_id=connection_id, fence_token=fence_token)
-        self._pending: list[Frame] = []
-        self._flush_wanted = asyncio.Event()
-        self._linger: asyncio.TimerHandle | None = None  # armed while a partial batch waits
-        self._drained = asyncio.Event()
+        self._stored = asyncio.Event()
         self._ended = asyncio.Event()
         self._ws: ClientConnection | None = None
-        self._flush_lock = asyncio.Lock()
+        writer.open(connection_id, fence_token=fence_token, deadline=deadline, on_stored=self._on_stored)
 
     # --- ownership ----------------------------------------------------------------------
 
@@ -192,32 +186,26 @@ class ConnectionRunner:
             return
         if not self.tracker.accept(frame.seq):
             return  # a replay of a frame already in hand
-        self._pending.append(frame)
-        if len(self._pending) >= BATCH_SIZE:
-            self._flush_wanted.set()
-        elif self._linger is None:
-            self._linger = asyncio.get_running_loop().call_later(self._s.flush_interval_s, self._linger_over)
-        while len(self._pending) >= MAX_PENDING:
-            self._drained.clear()
-            await self._drained.wait()  # backpressure: stop reading until the flusher catches up
+        await self._writer.put(self.connection_id, frame)  # waits while the writer is full
 
-    def _linger_over(self) -> None:
-        self._linger = None
-        self._flush_wanted.set()
+    def _on_stored(self, seq: int, count: int) -> None:
+        """The writer stored this connection's frames up to ``seq`` (a gap-free prefix)."""
+        self.tracker.stored(seq)
+        self._stored.set()
 
-    async def _flusher(self) -> None:
+    async def _checkpointer(self) -> None:
         # The end reason, not cancellation alone, stops this loop: on Python 3.11,
         # asyncio.wait_for (in call_until) swallows a cancel that arrives in the loop
         # iteration its call completes.
         while self.end_reason is None:
-            await self._flush_wanted.wait()
-            self._flush_wanted.clear()
+            await self._stored.wait()
+            self._stored.clear()
+            if not self._checkpoint_due():
+                continue
             try:
-                await self.flush(everything=False)
-                if self.end_reason is None and self._checkpoint_due():
-                    await self._write_checkpoint()
+                await self._write_checkpoint()
             except LeaseExpired:
-                self._log.warning("deadline_passed_while_writing", pending=len(self._pending))
+                self._log.warning("deadline_passed_before_checkpoint", checkpoint=self.tracker.checkpoint)
                 return self._end(EndReason.EXPIRED)
 
     def _checkpoint_due(self) -> bool:
@@ -243,30 +231,10 @@ class ConnectionRunner:
         self._checkpoint_written = seq
         self._checkpoint_at = time.monotonic()
 
-    async def flush(self, *, everything: bool = True) -> None:
-        """Write pending frames in order, in batches, advancing the checkpoint after each.
-
-        ``everything=False`` (the flusher) writes what was pending when it woke, then only
-        full batches: frames that arrive meanwhile wait out their own linger, so batches
-        fill up under load instead of each carrying what arrived during the previous
-        request. Raises :class:`LeaseExpired` instead of writing once the lease is past.
-        """
-        async with self._flush_lock:
-            due = len(self._pending)
-            while self._pending and (everything or due > 0 or len(self._pending) >= BATCH_SIZE):
-                batch = self._pending[:BATCH_SIZE]
-                await self._until_deadline(self._put, frames=batch)
-                del self._pending[: len(batch)]
-                due -= len(batch)
-                self.tracker.stored(batch[-1].seq)
-                self._counters.add(names.MESSAGES_STORED, len(batch))
-            self._drained.set()
-
-    def _put(self, *, frames: list[Frame]) -> None:
-        # Runs in a pool thread, possibly long after it was queued (or after a freeze):
-        # the deadline is checked as each request leaves, not when the write was decided.
-        with send_deadline(self.deadline_mono):
-            self._messages.put(self.connection_id, frames, fence_token=self.fence_token, worker_id=self._s.worker_id)
+    async def flush(self) -> None:
+        """Return once every accepted frame is stored (the writer sends this connection's
+        frames at once). Raises :class:`LeaseExpired` once the deadline has passed."""
+        await self._writer.flush(self.connection_id)
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -285,7 +253,7 @@ class ConnectionRunner:
         """Hold the connection until one end reason, then tear down accordingly."""
         tasks = [
             asyncio.create_task(self._stream(), name=f"stream:{self.connection_id}"),
-            asyncio.create_task(self._flusher(), name=f"flusher:{self.connection_id}"),
+            asyncio.create_task(self._checkpointer(), name=f"checkpointer:{self.connection_id}"),
         ]
         for t in tasks:
             t.add_done_callback(self._task_done)
@@ -296,18 +264,18 @@ class ConnectionRunner:
             # already taken) next, and a stream must never have two sockets. The
             # stream task sees end_reason and does not reconnect.
             await self._close_socket()
-            if self._linger is not None:
-                self._linger.cancel()
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         reason = self.end_reason or EndReason.SHUTDOWN
-        if reason in (EndReason.STOPPED, EndReason.SHUTDOWN, EndReason.FAILED):
-            await self._flush_and_release()
-        else:
-            self._counters.add(names.LEASES_LOST)
-            self._log.warning("connection_dropped", why=reason.value, unwritten=len(self._pending))
-            self._pending.clear()
+        try:
+            if reason in (EndReason.STOPPED, EndReason.SHUTDOWN, EndReason.FAILED):
+                await self._flush_and_release()
+            else:
+                self._counters.add(names.LEASES_LOST)
+                self._log.warning("connection_dropped", why=reason.value, unwritten=self._writer.close(self.connection_id))
+        finally:
+            self._writer.close(self.connection_id)
         return reason
 
     def _task_done(self, task: asyncio.Task) -> None:
@@ -341,7 +309,7 @@ class ConnectionRunner:
             )
         except LeaseExpired:
             self._counters.add(names.LEASES_LOST)
-            self._log.warning("deadline_passed_before_release", unwritten=len(self._pending))
+            self._log.warning("deadline_passed_before_release", unwritten=self._writer.close(self.connection_id))
             return
         if released:
             self._counters.add(names.LEASES_RELEASED)

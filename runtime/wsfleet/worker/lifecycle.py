@@ -34,9 +34,10 @@ from ..store import Acquired, ConnectionsStore, MessagesStore, NotAcquired, Sess
 from ..validation import Allowlist
 from .connection import ConnectionRunner, EndReason, Settings
 from .intake import HINT_POLLERS, Intake
-from .retry import LeaseExpired, call_until
+from .retry import LeaseExpired, call_until, first_of
 from .session import Lost, SessionKeeper
 from .takeover import Takeover
+from .writer import Writer
 
 SHUTDOWN_MARGIN_S = 1.0  # kept back from the budget for the final log line and exit
 HINT_GRACE_S = 0.5  # at shutdown, how long our in-flight polls get to return our own hints
@@ -64,8 +65,15 @@ class Worker:
         self._settings = Settings(
             worker_id=worker_id,
             checkpoint_s=config.checkpoint_ms / 1000,
-            flush_interval_s=config.flush_interval_ms / 1000,
             allowlist=Allowlist.of(config.allowed_ws_hosts),
+        )
+        self.writer = Writer(
+            messages=self._messages,
+            call=aws.call,
+            worker_id=worker_id,
+            counters=self.counters,
+            log=self._log,
+            flush_interval_s=config.flush_interval_ms / 1000,
         )
         self.keeper = SessionKeeper(
             sessions=self._sessions,
@@ -185,7 +193,7 @@ class Worker:
             settings=self._settings,
             call=self._aws.call,
             connections=self._connections,
-            messages=self._messages,
+            writer=self.writer,
             counters=self.counters,
             log=self._log,
         )
@@ -341,6 +349,7 @@ class Worker:
             "active": len(self.runners),
             "sessions_ended": self.takeover.sessions_ended,
             **self.counters.totals(),
+            "writer": self.writer.stats(),
             "requests": dict(self._aws.requests),
             "loop_lag_p99_ms": round(lags[int(0.99 * (len(lags) - 1))], 2) if lags else None,
             "loop_lag_max_ms": round(lags[-1], 2) if lags else None,
@@ -361,7 +370,7 @@ class Worker:
         first = True
         while not self._stopping.is_set():
             if not self._session_ready.is_set():
-                await _first_of(self._session_ready.wait(), self._stopping.wait())
+                await first_of(self._session_ready.wait(), self._stopping.wait())
                 continue
             if not (first and wait_first) and self.keeper.live():
                 try:
@@ -378,7 +387,7 @@ class Worker:
         while not self._stopping.is_set():
             if self.free() <= 0 or not self._session_ready.is_set():
                 self._capacity_freed.clear()
-                await _first_of(self._capacity_freed.wait(), self._session_ready.wait(), self._stopping.wait())
+                await first_of(self._capacity_freed.wait(), self._session_ready.wait(), self._stopping.wait())
                 if self.free() <= 0 or not self._session_ready.is_set():
                     await asyncio.sleep(0.05)
                 continue
@@ -404,6 +413,7 @@ class Worker:
             checkpoint_ms=self.config.checkpoint_ms,
         )
         keeper = asyncio.create_task(self._keep_session(), name="session")
+        writer = asyncio.create_task(self.writer.run(), name="writer")
         polls = [asyncio.create_task(self._poll_loop(), name=f"poll-{n}") for n in range(HINT_POLLERS)]
         reconcile = lambda: reconcile_pause_s(self.config.reconcile_ms)  # noqa: E731
         loops = [
@@ -426,6 +436,7 @@ class Worker:
         budget = self.config.shutdown_seconds - SHUTDOWN_MARGIN_S
         await self.shutdown(budget_s=budget)
         keeper.cancel()
+        writer.cancel()
         in_flight = [p for p in polls if not p.done()]
         if self.intake.hints_sent and in_flight:
             # Our own long polls, still in flight, may receive some of the hints we just
@@ -436,7 +447,7 @@ class Worker:
             await asyncio.wait(in_flight, timeout=max(0.0, min(HINT_GRACE_S, left)))
         for p in polls:
             p.cancel()
-        await asyncio.gather(keeper, *polls, *loops, return_exceptions=True)
+        await asyncio.gather(keeper, writer, *polls, *loops, return_exceptions=True)
         self._log.info(
             "shutdown_complete",
             took_s=round(time.monotonic() - started, 3),
@@ -467,11 +478,3 @@ class Worker:
         except TimeoutError:
             self._log.warning("final_metrics_timed_out")
 
-
-async def _first_of(*aws: Any) -> None:
-    tasks = [asyncio.ensure_future(a) for a in aws]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in tasks:
-            t.cancel()

@@ -1,4 +1,5 @@
-"""Retrying a store call through transient faults, bounded by a lease deadline."""
+"""Retrying a store call through transient faults, bounded by the deadline; waiting for
+the first of several events."""
 
 from __future__ import annotations
 
@@ -40,3 +41,13 @@ async def call_until(
             log.warning("transient_error", op=getattr(fn, "__name__", "?"), error=str(exc), attempt=attempt)
         await asyncio.sleep(min(backoff_s(attempt), max(0.0, deadline() - time.monotonic())))
         attempt += 1
+
+
+async def first_of(*aws: Any) -> None:
+    """Wait until the first of the awaitables completes; cancel the others."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()

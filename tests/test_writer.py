@@ -1,0 +1,252 @@
+"""The worker's shared writer: batches filled across connections, per-connection order and
+gap-free checkpoints, fairness, backpressure, flush, the deadline. Driven with a recording
+DynamoDB client (requests really go through MessagesStore), no network."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from wsfleet import metrics_names as names
+from wsfleet.logs import JsonLogger
+from wsfleet.metrics import Counters
+from wsfleet.store import MessagesStore
+from wsfleet.stream import Frame
+from wsfleet.worker.retry import LeaseExpired
+from wsfleet.worker.writer import Writer
+
+
+class RecordingDynamoDB:
+    """Answers BatchWriteItem like DynamoDB, records each request, and can leave items
+    unprocessed or hold requests until released."""
+
+    def __init__(self) -> None:
+        self.requests: list[list[tuple[str, int]]] = []
+        self.unprocess_once: set[tuple[str, int]] = set()
+        self.gate: asyncio.Event | None = None
+
+    def batch_write_item(self, RequestItems: dict[str, Any]) -> dict[str, Any]:
+        (table, reqs), = RequestItems.items()
+        keys = [(r["PutRequest"]["Item"]["pk"]["S"], int(r["PutRequest"]["Item"]["sk"]["N"])) for r in reqs]
+        self.requests.append(keys)
+        left = [r for r, k in zip(reqs, keys, strict=True) if k in self.unprocess_once]
+        self.unprocess_once -= set(keys)
+        return {"UnprocessedItems": {table: left} if left else {}}
+
+
+async def direct_call(fn, /, *args, **kwargs):
+    return fn(*args, **kwargs)
+
+
+class Harness:
+    def __init__(self, *, interval: float = 0.05, deadline_s: float = 60.0, **caps: Any) -> None:
+        self.ddb = RecordingDynamoDB()
+        self.counters = Counters()
+        self.deadline = time.monotonic() + deadline_s
+        self.stored: dict[str, list[tuple[int, int]]] = {}
+        self.writer = Writer(
+            messages=MessagesStore(self.ddb, "msgs", sleep=lambda _: None),
+            call=direct_call,
+            worker_id="w1",
+            counters=self.counters,
+            log=JsonLogger(),
+            flush_interval_s=interval,
+            **caps,
+        )
+
+    def open(self, *cids: str) -> None:
+        for cid in cids:
+            self.stored[cid] = []
+            self.writer.open(
+                cid, fence_token=1, deadline=lambda: self.deadline, on_stored=lambda s, n, c=cid: self.stored[c].append((s, n))
+            )
+
+    async def put(self, cid: str, *seqs: int) -> None:
+        for seq in seqs:
+            await self.writer.put(cid, Frame(seq, "{}", 1))
+
+
+async def until(predicate, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_frames_of_many_connections_share_batches_of_up_to_25():
+    async def scenario():
+        h = Harness()
+        cids = [f"c{i}" for i in range(10)]
+        h.open(*cids)
+        task = asyncio.create_task(h.writer.run())
+        for cid in cids:
+            await h.put(cid, 1, 2, 3)
+        await until(lambda: h.counters.total(names.MESSAGES_STORED) == 30)
+        task.cancel()
+        return h
+
+    h = run(scenario())
+    assert sorted(len(r) for r in h.ddb.requests) == [5, 25]  # 30 frames, 2 requests
+    assert all(h.stored[c][-1][0] == 3 and sum(n for _, n in h.stored[c]) == 3 for c in h.stored)
+    assert h.counters.total(names.MESSAGES_STORED) == 30
+
+
+def test_a_lone_frame_waits_the_flush_interval_and_a_full_batch_leaves_at_once():
+    async def scenario():
+        h = Harness(interval=1.5)
+        h.open("a", "b")
+        task = asyncio.create_task(h.writer.run())
+        t0 = time.monotonic()
+        await h.put("a", 1)
+        await until(lambda: h.stored["a"])
+        lone = time.monotonic() - t0
+        t1 = time.monotonic()
+        await h.put("b", *range(1, 26))
+        await until(lambda: h.stored["b"])
+        full = time.monotonic() - t1
+        task.cancel()
+        return lone, full
+
+    lone, full = run(scenario())
+    assert lone >= 1.5 and full < 1.0
+
+
+def test_a_connections_items_leave_in_seq_order_one_batch_in_flight_at_a_time():
+    async def scenario():
+        h = Harness(interval=0.01)
+        h.open("a")
+        gate = asyncio.Event()
+        real = h.writer._put
+
+        def slow_put(**kw):
+            # The first request is held until released: the next 25 must wait for it.
+            if len(h.ddb.requests) == 0:
+                while not gate.is_set():
+                    time.sleep(0.01)
+            real(**kw)
+
+        h.writer._put = slow_put
+
+        async def threaded(fn, /, **kw):
+            return await asyncio.to_thread(fn, **kw)
+
+        h.writer._call = threaded
+        task = asyncio.create_task(h.writer.run())
+        await h.put("a", *range(1, 26))
+        await asyncio.sleep(0.05)
+        await h.put("a", *range(26, 51))
+        await asyncio.sleep(0.1)
+        assert len(h.ddb.requests) == 0  # the second batch did not overtake the first
+        gate.set()
+        await until(lambda: h.stored["a"] and h.stored["a"][-1][0] == 50)
+        task.cancel()
+        return h
+
+    h = run(scenario())
+    assert [k[1] for r in h.ddb.requests for k in r] == list(range(1, 51))
+    assert [s for s, _ in h.stored["a"]] == [25, 50]
+
+
+def test_a_chatty_connection_cannot_starve_quiet_ones_of_batch_slots():
+    async def scenario():
+        h = Harness(interval=0.05)
+        h.open("chatty", *[f"q{i}" for i in range(5)])
+        for seq in range(1, 201):
+            await h.put("chatty", seq)
+        for i in range(5):
+            await h.put(f"q{i}", 1)
+        task = asyncio.create_task(h.writer.run())
+        await until(lambda: all(h.stored[f"q{i}"] for i in range(5)))
+        task.cancel()
+        return h
+
+    h = run(scenario())
+    first = h.ddb.requests[0]
+    assert {f"CONN#q{i}" for i in range(5)} <= {pk for pk, _ in first}
+
+
+def test_unprocessed_items_are_retried_and_the_checkpoint_waits_for_all_of_them():
+    async def scenario():
+        h = Harness(interval=0.01)
+        h.open("a")
+        h.ddb.unprocess_once = {("CONN#a", 3)}
+        task = asyncio.create_task(h.writer.run())
+        await h.put("a", 1, 2, 3, 4)
+        await until(lambda: h.stored["a"])
+        task.cancel()
+        return h
+
+    h = run(scenario())
+    assert h.ddb.requests[1] == [("CONN#a", 3)]
+    assert h.stored["a"] == [(4, 4)]  # reported once, after item 3 got through too
+
+
+def test_a_full_connection_makes_its_receive_loop_wait_and_nothing_is_dropped():
+    async def scenario():
+        h = Harness(interval=10.0, max_pending_per_connection=5)
+        h.open("a")
+        putter = asyncio.create_task(h.put("a", *range(1, 9)))
+        await asyncio.sleep(0.1)
+        assert not putter.done() and h.writer.stats()["pending"] == 5
+        assert h.counters.total(names.BACKPRESSURE_WAITS) == 1
+        task = asyncio.create_task(h.writer.run())
+        await h.writer.flush("a")
+        await putter
+        await h.writer.flush("a")
+        task.cancel()
+        return h
+
+    h = run(scenario())
+    assert [k[1] for r in h.ddb.requests for k in r] == list(range(1, 9))
+
+
+def test_flush_sends_that_connections_frames_now_instead_of_after_the_interval():
+    async def scenario():
+        h = Harness(interval=30.0)
+        h.open("a", "b")
+        task = asyncio.create_task(h.writer.run())
+        await h.put("a", 1, 2)
+        await h.put("b", 1)
+        t0 = time.monotonic()
+        await h.writer.flush("a")
+        took = time.monotonic() - t0
+        task.cancel()
+        return h, took
+
+    h, took = run(scenario())
+    assert took < 1.0 and h.stored["a"] == [(2, 2)]
+
+
+def test_nothing_is_sent_past_the_deadline_and_flush_says_so():
+    async def scenario():
+        h = Harness(interval=0.01, deadline_s=-1.0)
+        h.open("a")
+        task = asyncio.create_task(h.writer.run())
+        await h.put("a", 1)
+        with pytest.raises(LeaseExpired):
+            await h.writer.flush("a")
+        await asyncio.sleep(0.05)
+        task.cancel()
+        return h
+
+    h = run(scenario())
+    assert h.ddb.requests == [] and h.stored["a"] == []
+
+
+def test_closing_a_connection_forgets_its_pending_frames():
+    async def scenario():
+        h = Harness(interval=30.0)
+        h.open("a")
+        await h.put("a", 1, 2, 3)
+        dropped = h.writer.close("a")
+        return h, dropped
+
+    h, dropped = run(scenario())
+    assert dropped == 3 and h.writer.stats()["pending"] == 0
