@@ -11,7 +11,7 @@ from wsfleet.aws import Aws
 from wsfleet.config import WorkerConfig
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters, metric_data
-from wsfleet.store import ConnectionsStore
+from wsfleet.store import ConnectionsStore, SessionsStore
 from wsfleet.worker.lifecycle import Worker
 
 
@@ -47,12 +47,22 @@ def test_the_worker_publishes_active_and_unowned_connections_to_cloudwatch(emula
     conns = ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=cfg.state_shards)
     for cid in ("a", "b", "c"):
         conns.start(cid, "ws://127.0.0.1:9/x")
-    conns.acquire("c", owner="elsewhere", lease_ms=60_000, max_clock_skew_ms=0)  # owned: not counted
+    conns.start("d", "ws://127.0.0.1:9/x")
+    sessions = SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"])
+    sessions.open("elsewhere#1", worker_id="elsewhere", lease_ms=60_000, max_connections=10)
+    conns.acquire("c", session_id="elsewhere#1", worker_id="elsewhere")  # owned by a live session: not counted
+    conns.acquire("d", session_id="dead#1", worker_id="dead")  # its session is gone: counted by its watcher
+    sessions.open("dead#1", worker_id="dead", lease_ms=60_000, max_connections=10)
+    sessions.end_own("dead#1", worker_id="dead", drained=False)
     conns.stop("b")  # not STARTED: not counted
 
     async def publish():
         aws = Aws(cfg, threads=2)
-        await Worker(cfg, "w1", aws=aws, log=JsonLogger()).publish_metrics_once()
+        worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())
+        assert await worker.keeper.open(asyncio.Event())
+        await worker.takeover.watch_once()  # watches elsewhere#1 and dead#1
+        worker.takeover.cancel()  # counted while still attached: stop the drain it just spawned
+        await worker.publish_metrics_once()
         aws.close()
 
     start = datetime.now(timezone.utc) - timedelta(minutes=5)
@@ -73,4 +83,4 @@ def test_the_worker_publishes_active_and_unowned_connections_to_cloudwatch(emula
         return points[0]["Maximum"]
 
     assert latest("ActiveConnections") == 0
-    assert latest("UnownedConnections") == 1
+    assert latest("UnownedConnections") == 2  # "a", free, and "d", on an ended session
