@@ -42,7 +42,34 @@ def test_metric_data_carries_the_gauge_and_counters_with_the_service_dimension()
     assert {d["MetricName"]: d["Value"] for d in with_unowned} == {"ActiveConnections": 0.0, "UnownedConnections": 2.0}
 
 
-def test_the_worker_publishes_active_and_unowned_connections_to_cloudwatch(emulator, aws_env, ddb):
+def test_active_connections_is_published_once_more_per_worker_when_the_worker_is_named():
+    data = metric_data(service_name="svc", active_connections=3, deltas={}, worker_id="task-1")
+    gauges = [d for d in data if d["MetricName"] == names.ACTIVE_CONNECTIONS]
+    assert [g["Dimensions"] for g in gauges] == [
+        [{"Name": "ServiceName", "Value": "svc"}],
+        [{"Name": "ServiceName", "Value": "svc"}, {"Name": "WorkerId", "Value": "task-1"}],
+    ]
+    assert [g["Value"] for g in gauges] == [3.0, 3.0]
+    # Only that gauge: every other metric stays one per service, not one per task.
+    counters = metric_data(service_name="svc", active_connections=0, deltas={names.RECONNECTS: 1}, worker_id="task-1")
+    assert [d["Dimensions"] for d in counters if d["MetricName"] == names.RECONNECTS] == [
+        [{"Name": "ServiceName", "Value": "svc"}]
+    ]
+
+
+def test_loop_lag_is_a_millisecond_gauge_published_once_it_has_been_measured():
+    data = metric_data(service_name="svc", active_connections=0, deltas={}, loop_lag_p99_ms=12.5)
+    assert {
+        "MetricName": "LoopLagP99",
+        "Dimensions": [{"Name": "ServiceName", "Value": "svc"}],
+        "Value": 12.5,
+        "Unit": "Milliseconds",
+    } in data
+    unmeasured = metric_data(service_name="svc", active_connections=0, deltas={}, loop_lag_p99_ms=None)
+    assert names.LOOP_LAG_P99 not in {d["MetricName"] for d in unmeasured}
+
+
+def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatch(emulator, aws_env, ddb):
     cfg = WorkerConfig.from_env({**aws_env, "SERVICE_NAME": "wsfleet-test", "METRICS_NAMESPACE": "WsFleetTest"})
     conns = ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=cfg.state_shards)
     for cid in ("a", "b", "c"):
@@ -62,6 +89,7 @@ def test_the_worker_publishes_active_and_unowned_connections_to_cloudwatch(emula
         assert await worker.keeper.open(asyncio.Event())
         await worker.takeover.watch_once()  # watches elsewhere#1 and dead#1
         worker.takeover.cancel()  # counted while still attached: stop the drain it just spawned
+        worker._lag_ms.append(4.0)  # what the loop probe would have recorded
         await worker.publish_metrics_once()
         aws.close()
 
@@ -70,7 +98,7 @@ def test_the_worker_publishes_active_and_unowned_connections_to_cloudwatch(emula
     cw = boto3.client("cloudwatch", endpoint_url=emulator.endpoint_url, region_name="us-east-1")
     dims = [{"Name": "ServiceName", "Value": "wsfleet-test"}]
 
-    def latest(metric: str) -> float:
+    def latest(metric: str, dims: list[dict[str, str]] = dims) -> float:
         points = cw.get_metric_statistics(
             Namespace="WsFleetTest",
             MetricName=metric,
@@ -83,4 +111,6 @@ def test_the_worker_publishes_active_and_unowned_connections_to_cloudwatch(emula
         return points[0]["Maximum"]
 
     assert latest("ActiveConnections") == 0
+    assert latest("ActiveConnections", [*dims, {"Name": "WorkerId", "Value": "w1"}]) == 0
+    assert latest("LoopLagP99") == 4.0
     assert latest("UnownedConnections") == 2  # "a", free, and "d", on an ended session

@@ -33,15 +33,29 @@ class Counters:
 
 
 def metric_data(
-    *, service_name: str, active_connections: int, deltas: dict[str, int], unowned_connections: int | None = None
+    *,
+    service_name: str,
+    active_connections: int,
+    deltas: dict[str, int],
+    unowned_connections: int | None = None,
+    worker_id: str | None = None,
+    loop_lag_p99_ms: float | None = None,
 ) -> list[dict[str, Any]]:
     """The PutMetricData ``MetricData``: the ``ActiveConnections`` gauge (what ECS
-    target tracking scales on, averaged over the service's tasks), the
-    ``UnownedConnections`` gauge when it could be counted, and counter deltas."""
-    dims = [{"Name": names.DIMENSION_SERVICE_NAME, "Value": service_name}]
-    values = {names.ACTIVE_CONNECTIONS: active_connections, names.UNOWNED_CONNECTIONS: unowned_connections, **deltas}
-    return [
-        {"MetricName": name, "Dimensions": dims, "Value": float(value), "Unit": "Count"}
-        for name, value in values.items()
-        if value is not None
-    ]
+    target tracking scales on, averaged over the service's tasks), the same gauge once
+    more per worker when ``worker_id`` is given, the ``UnownedConnections`` gauge when
+    it could be counted, ``LoopLagP99`` when the loop has been probed, and counter
+    deltas. Everything but the per-worker gauge carries ``ServiceName`` only."""
+    service = [{"Name": names.DIMENSION_SERVICE_NAME, "Value": service_name}]
+    counts = {names.ACTIVE_CONNECTIONS: active_connections, names.UNOWNED_CONNECTIONS: unowned_connections, **deltas}
+    data = [_datum(name, service, value, "Count") for name, value in counts.items() if value is not None]
+    if worker_id is not None:
+        worker = [*service, {"Name": names.DIMENSION_WORKER_ID, "Value": worker_id}]
+        data.append(_datum(names.ACTIVE_CONNECTIONS, worker, active_connections, "Count"))
+    if loop_lag_p99_ms is not None:
+        data.append(_datum(names.LOOP_LAG_P99, service, loop_lag_p99_ms, "Milliseconds"))
+    return data
+
+
+def _datum(name: str, dimensions: list[dict[str, str]], value: float, unit: str) -> dict[str, Any]:
+    return {"MetricName": name, "Dimensions": dimensions, "Value": float(value), "Unit": unit}

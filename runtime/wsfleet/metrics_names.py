@@ -3,6 +3,10 @@ and alarms on it), so that the two cannot drift apart."""
 
 DEFAULT_NAMESPACE = "WsFleet"
 DIMENSION_SERVICE_NAME = "ServiceName"
+# ActiveConnections alone is also published per worker (ServiceName + WorkerId, the
+# worker id being the ECS task id) for the dashboard's per-worker line: one more custom
+# metric for every task while it runs (see stacks/constructs/dashboard.py for the cost).
+DIMENSION_WORKER_ID = "WorkerId"
 
 ACTIVE_CONNECTIONS = "ActiveConnections"
 # STARTED connections with no live lease, as this worker counted them at publish time:
@@ -15,6 +19,8 @@ ORPHANS_RECOVERED = "OrphansRecovered"
 RECONNECTS = "Reconnects"
 MESSAGES_STORED = "MessagesStored"
 MALFORMED_FRAMES = "MalformedFrames"
+# The worker's event-loop lag, 99th percentile of the last two minutes of probes (ms).
+LOOP_LAG_P99 = "LoopLagP99"
 # Receive loops that had to wait because the worker's writer was at its pending cap.
 BACKPRESSURE_WAITS = "BackpressureWaits"
 

@@ -327,6 +327,8 @@ class Worker:
             active_connections=len(self.runners),
             deltas=self.counters.take_deltas(),
             unowned_connections=await self.count_unowned() if count_unowned else None,
+            worker_id=self.worker_id,
+            loop_lag_p99_ms=self.stats()["loop_lag_p99_ms"],
         )
         try:
             for start in range(0, len(data), 20):
