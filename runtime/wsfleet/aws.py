@@ -27,7 +27,7 @@ from .store import TransientError
 T = TypeVar("T")
 
 SQS_WAIT_SECONDS = 10
-URGENT_THREADS = 2  # the session renewal's own lane (a retry may overlap a slow try)
+URGENT_THREADS = 4  # the session renewal's own lane: retries may overlap slow tries (read timeout 5 s)
 
 _send_deadline = threading.local()
 
