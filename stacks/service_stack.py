@@ -1,4 +1,4 @@
-"""The service stack: network, API, router, worker fleet and alarms, wired to the
+"""The service stack: network, API, router, worker fleet, alarms and dashboard, wired to the
 stateful stack's tables and queue. Every grant is made here, action by action, from
 what the runtime does (see the docstrings of the two grant methods)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import Duration, Stack
+from aws_cdk import CfnOutput, Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
@@ -16,6 +16,7 @@ from constructs import Construct
 from stacks import nag
 from stacks.constructs.alarms import Alarms
 from stacks.constructs.api import EventsApi
+from stacks.constructs.dashboard import OperationsDashboard
 from stacks.constructs.network import Network
 from stacks.constructs.router import Router
 from stacks.constructs.worker_service import WorkerService
@@ -121,6 +122,24 @@ class ServiceStack(Stack):
             failover_bound=Duration.seconds(settings.failover_bound_seconds),
             alarm_topic_arn=settings.alarm_topic_arn,
         )
+        self.dashboard = OperationsDashboard(
+            self,
+            "Dashboard",
+            dashboard_name=f"wsfleet-{settings.name}",
+            metrics_namespace=METRICS_NAMESPACE,
+            service_name=settings.service_name,
+            target_connections_per_worker=settings.target_connections_per_worker,
+            max_connections_per_worker=settings.max_connections_per_worker,
+            alarms=self.alarms.all,
+            unowned_alarm=self.alarms.unowned_connections,
+            api=self.api.rest_api,
+            router=self.router.function,
+            start_queue=start_queue,
+            dead_letter_queue=dead_letter_queue,
+            tables={"connections": connections_table, "sessions": sessions_table, "messages": messages_table},
+            indexes={"connections": [schema.OWNER_INDEX], "sessions": [schema.RING_INDEX]},
+        )
+        CfnOutput(self, "DashboardUrl", value=self.dashboard.url, description="The fleet's CloudWatch dashboard")
         nag.acknowledge_service_findings(self, settings)
 
     def _worker_environment(self, settings: EnvironmentSettings) -> dict[str, str]:

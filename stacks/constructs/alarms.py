@@ -119,15 +119,16 @@ class Alarms(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
         )
 
+        self.all = (
+            self.dead_letters,
+            self.router_errors,
+            self.api_server_errors,
+            self.at_max_capacity,
+            self.unowned_connections,
+        )
         if alarm_topic_arn is not None:
             topic = sns.Topic.from_topic_arn(self, "Topic", alarm_topic_arn)
-            for alarm in (
-                self.dead_letters,
-                self.router_errors,
-                self.api_server_errors,
-                self.at_max_capacity,
-                self.unowned_connections,
-            ):
+            for alarm in self.all:
                 alarm.add_alarm_action(cloudwatch_actions.SnsAction(topic))
 
     def _any_in_period(self, id: str, *, metric: cloudwatch.IMetric, **props: str) -> cloudwatch.Alarm:

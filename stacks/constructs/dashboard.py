@@ -1,0 +1,267 @@
+"""The fleet's CloudWatch dashboard: one page an operator reads top to bottom.
+
+1. the alarms' states;
+2. connections: per worker, in total, and unowned (against its alarm);
+3. what the workers do: leases acquired, lost and released, orphans recovered,
+   messages stored, reconnects, malformed frames, backpressure waits, event-loop lag;
+4. the API (requests, 4xx, 5xx, latency) and the router (errors, throttles, duration);
+5. the START-hint queue (oldest hint's age) and its dead-letter queue (depth);
+6. DynamoDB per table (and per index): throttling, consumed read and write capacity.
+
+The worker's metrics are named by ``wsfleet.metrics_names``, the constants it publishes
+with. Every graph is per minute, the interval at which the workers publish. The
+dashboard itself costs $3 a month beyond an account's first three.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from aws_cdk import Duration, Stack
+from aws_cdk import aws_apigateway as apigw
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from wsfleet import metrics_names as names
+
+PERIOD = Duration.minutes(1)
+_SUM = cloudwatch.Stats.SUM
+_MAX = cloudwatch.Stats.MAXIMUM
+_AVG = cloudwatch.Stats.AVERAGE
+_P50 = cloudwatch.Stats.percentile(50)
+_P99 = cloudwatch.Stats.percentile(99)
+
+
+class OperationsDashboard(Construct):
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        dashboard_name: str,
+        metrics_namespace: str,
+        service_name: str,
+        target_connections_per_worker: int,
+        max_connections_per_worker: int,
+        alarms: Sequence[cloudwatch.Alarm],
+        unowned_alarm: cloudwatch.Alarm,
+        api: apigw.RestApi,
+        router: lambda_.IFunction,
+        start_queue: sqs.IQueue,
+        dead_letter_queue: sqs.IQueue,
+        tables: Mapping[str, dynamodb.ITable],
+        indexes: Mapping[str, Sequence[str]],
+    ) -> None:
+        """``tables`` by the name the graphs give them ("connections"); ``indexes``:
+        the global secondary indexes of those tables, whose capacity is their own."""
+        super().__init__(scope, id)
+        self._namespace = metrics_namespace
+        self._service_name = service_name
+        self.dashboard = cloudwatch.Dashboard(
+            self, "Dashboard", dashboard_name=dashboard_name, default_interval=Duration.hours(3)
+        )
+        region = Stack.of(self).region
+        self.url = (
+            f"https://{region}.console.aws.amazon.com/cloudwatch/home"
+            f"?region={region}#dashboards:name={self.dashboard.dashboard_name}"
+        )
+
+        self.dashboard.add_widgets(
+            cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(alarms), width=24, height=3)
+        )
+        self.dashboard.add_widgets(
+            *self._connections(target_connections_per_worker, max_connections_per_worker, unowned_alarm)
+        )
+        self.dashboard.add_widgets(
+            self._graph(
+                "Leases (per minute)",
+                [
+                    self._worker_metric(names.LEASES_ACQUIRED, _SUM, "acquired"),
+                    self._worker_metric(names.LEASES_RELEASED, _SUM, "released"),
+                    self._worker_metric(names.LEASES_LOST, _SUM, "lost"),
+                    self._worker_metric(names.ORPHANS_RECOVERED, _SUM, "orphans recovered"),
+                ],
+            ),
+            self._graph("Messages stored (per minute)", [self._worker_metric(names.MESSAGES_STORED, _SUM, "stored")]),
+            self._graph(
+                "Upstream trouble (per minute)",
+                [
+                    self._worker_metric(names.RECONNECTS, _SUM, "reconnects"),
+                    self._worker_metric(names.MALFORMED_FRAMES, _SUM, "malformed frames"),
+                    self._worker_metric(names.BACKPRESSURE_WAITS, _SUM, "backpressure waits"),
+                ],
+            ),
+        )
+        self.dashboard.add_widgets(
+            self._graph(
+                "Event-loop lag, p99 of each worker (ms)",
+                [
+                    self._worker_metric(names.LOOP_LAG_P99, _MAX, "worst worker"),
+                    self._worker_metric(names.LOOP_LAG_P99, _AVG, "average worker"),
+                ],
+            ),
+            self._graph(
+                "API requests and errors (per minute)",
+                [
+                    api.metric_count(period=PERIOD, statistic=_SUM, label="requests"),
+                    api.metric_client_error(period=PERIOD, statistic=_SUM, label="4xx"),
+                    api.metric_server_error(period=PERIOD, statistic=_SUM, label="5xx"),
+                ],
+            ),
+            self._graph(
+                "API latency (ms)",
+                [
+                    api.metric_latency(period=PERIOD, statistic=_P50, label="p50"),
+                    api.metric_latency(period=PERIOD, statistic=_P99, label="p99"),
+                ],
+            ),
+        )
+        self.dashboard.add_widgets(
+            self._graph(
+                "Router errors (per minute)",
+                [
+                    router.metric_errors(period=PERIOD, statistic=_SUM, label="errors"),
+                    router.metric_throttles(period=PERIOD, statistic=_SUM, label="throttles"),
+                ],
+                width=6,
+            ),
+            self._graph(
+                "Router duration (ms)",
+                [
+                    router.metric_duration(period=PERIOD, statistic=_P50, label="p50"),
+                    router.metric_duration(period=PERIOD, statistic=_P99, label="p99"),
+                    router.metric_duration(period=PERIOD, statistic=_MAX, label="max"),
+                ],
+                width=6,
+            ),
+            self._graph(
+                "START hints: oldest message age (s)",
+                [start_queue.metric_approximate_age_of_oldest_message(period=PERIOD, statistic=_MAX, label="oldest")],
+                width=6,
+            ),
+            self._graph(
+                "Dead-lettered START hints",
+                [
+                    dead_letter_queue.metric_approximate_number_of_messages_visible(
+                        period=PERIOD, statistic=_MAX, label="visible"
+                    )
+                ],
+                width=6,
+            ),
+        )
+        self.dashboard.add_widgets(*self._dynamodb(tables, indexes))
+
+    def _connections(self, target: int, maximum: int, unowned_alarm: cloudwatch.Alarm) -> list[cloudwatch.IWidget]:
+        # Per worker: the workers also publish ActiveConnections with a WorkerId dimension
+        # (the ECS task id), and a SEARCH finds whichever tasks reported. Neither a search
+        # nor a Metrics Insights GROUP BY can split the ServiceName-only metric by worker,
+        # so the extra dimension is needed; it is put on this one gauge only. Cost: every
+        # distinct WorkerId is a custom metric ($0.30 per metric-month for the first
+        # 10,000, prorated by the hour in which it receives data), so about $0.30 a month
+        # per task that runs all month (prod's 2-20 tasks: $0.60-6), plus an hour's share
+        # for each task a deployment or a scale-in replaces. The ServiceName-only metric
+        # stays: target tracking needs a plain metric, not a search.
+        search = (
+            f"SEARCH('{{{self._namespace},{names.DIMENSION_SERVICE_NAME},{names.DIMENSION_WORKER_ID}}} "
+            f'MetricName="{names.ACTIVE_CONNECTIONS}" {names.DIMENSION_SERVICE_NAME}="{self._service_name}"\', '
+            f"'Average', {int(PERIOD.to_seconds())})"
+        )
+        per_worker = cloudwatch.MathExpression(
+            expression=search, using_metrics={}, label=f"${{PROP('Dim.{names.DIMENSION_WORKER_ID}')}}", period=PERIOD
+        )
+        total = cloudwatch.MathExpression(expression=f"SUM({search})", using_metrics={}, label="total", period=PERIOD)
+        return [
+            cloudwatch.GraphWidget(
+                title="Active connections per worker",
+                left=[per_worker],
+                left_annotations=[
+                    cloudwatch.HorizontalAnnotation(value=target, label="scaling target"),
+                    cloudwatch.HorizontalAnnotation(value=maximum, label="max per worker"),
+                ],
+                width=8,
+            ),
+            self._graph("Active connections, total", [total]),
+            # The alarm's own metric (Maximum over the workers) with its threshold drawn.
+            cloudwatch.GraphWidget(
+                title="Unowned connections (max over workers)",
+                left=[self._worker_metric(names.UNOWNED_CONNECTIONS, _MAX, "unowned")],
+                left_annotations=[unowned_alarm.to_annotation()],
+                width=8,
+            ),
+        ]
+
+    def _dynamodb(
+        self, tables: Mapping[str, dynamodb.ITable], indexes: Mapping[str, Sequence[str]]
+    ) -> list[cloudwatch.IWidget]:
+        throttles: list[cloudwatch.IMetric] = []
+        reads: list[cloudwatch.IMetric] = []
+        writes: list[cloudwatch.IMetric] = []
+        for name, table in tables.items():
+            # ThrottledRequests has an Operation dimension: the search sums whatever
+            # operations were made. A batch counts there only when all of it was
+            # throttled, so the throttle events (each throttled read or write, batches
+            # included; an index's are its own) are drawn too.
+            throttled = (
+                "SEARCH('{AWS/DynamoDB,Operation,TableName} MetricName=\"ThrottledRequests\" "
+                f"TableName=\"{table.table_name}\"', 'Sum', {int(PERIOD.to_seconds())})"
+            )
+            throttles.append(
+                cloudwatch.MathExpression(
+                    expression=f"SUM({throttled})", using_metrics={}, label=f"{name}: requests", period=PERIOD
+                )
+            )
+            for index in (None, *indexes.get(name, ())):
+                label = name if index is None else f"{name}/{index}"
+                dims = {"TableName": table.table_name}
+                if index is not None:
+                    dims["GlobalSecondaryIndexName"] = index
+                # Metric ids must be unique in a graph and may not contain "/".
+                r, w = (f"{kind}_{label.replace('/', '_')}" for kind in ("r", "w"))
+                throttles.append(
+                    cloudwatch.MathExpression(
+                        expression=f"{r} + {w}",
+                        using_metrics={
+                            r: _dynamodb_metric("ReadThrottleEvents", dims),
+                            w: _dynamodb_metric("WriteThrottleEvents", dims),
+                        },
+                        label=f"{label}: events",
+                        period=PERIOD,
+                    )
+                )
+                reads.append(_dynamodb_metric("ConsumedReadCapacityUnits", dims, label))
+                writes.append(_dynamodb_metric("ConsumedWriteCapacityUnits", dims, label))
+        return [
+            self._graph("DynamoDB throttling (per minute)", throttles),
+            self._graph("DynamoDB consumed read capacity (units per minute)", reads),
+            self._graph("DynamoDB consumed write capacity (units per minute)", writes),
+        ]
+
+    def _worker_metric(self, metric_name: str, statistic: str, label: str) -> cloudwatch.Metric:
+        """One of the workers' metrics for the whole service (dimension ServiceName)."""
+        return cloudwatch.Metric(
+            namespace=self._namespace,
+            metric_name=metric_name,
+            dimensions_map={names.DIMENSION_SERVICE_NAME: self._service_name},
+            period=PERIOD,
+            statistic=statistic,
+            label=label,
+        )
+
+    @staticmethod
+    def _graph(title: str, left: Sequence[cloudwatch.IMetric], *, width: int = 8) -> cloudwatch.GraphWidget:
+        return cloudwatch.GraphWidget(title=title, left=list(left), width=width)
+
+
+def _dynamodb_metric(metric_name: str, dimensions: Mapping[str, str], label: str | None = None) -> cloudwatch.Metric:
+    """A DynamoDB metric of one table or index, summed per minute."""
+    return cloudwatch.Metric(
+        namespace="AWS/DynamoDB",
+        metric_name=metric_name,
+        dimensions_map=dict(dimensions),
+        period=PERIOD,
+        statistic=_SUM,
+        label=label,
+    )

@@ -1,0 +1,183 @@
+"""The operations dashboard: what it draws, read from the synthesized DashboardBody.
+
+The body is a JSON document joined (``Fn::Join``) around references to other resources;
+the tests rebuild it with a placeholder per reference and compare those references with
+what the stacks resolve them to, never with generated logical ids.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from wsfleet import metrics, metrics_names, schema
+
+NAMESPACE = metrics_names.DEFAULT_NAMESPACE
+
+
+class Body:
+    """A DashboardBody, parsed, with its references kept aside."""
+
+    def __init__(self, join: dict) -> None:
+        separator, parts = join["Fn::Join"]
+        assert separator == ""
+        self.references: dict[str, str] = {}  # placeholder -> the reference, as sorted JSON
+        text = ""
+        for part in parts:
+            if isinstance(part, str):
+                text += part
+            else:
+                placeholder = f"@ref{len(self.references)}@"
+                self.references[placeholder] = json.dumps(part, sort_keys=True)
+                text += placeholder
+        self.document = json.loads(text)
+
+    def widgets(self) -> list[dict]:
+        return self.document["widgets"]
+
+    def entries(self) -> list[list]:
+        """Every line of every metric widget: a metric or an expression."""
+        return [e for w in self.widgets() if w["type"] == "metric" for e in w["properties"].get("metrics", [])]
+
+    def metrics(self, namespace: str, name: str) -> list[dict[str, str]]:
+        """The dimensions of every line that draws ``namespace/name``, references
+        replaced by what they refer to (sorted JSON)."""
+        found = []
+        for entry in self.entries():
+            if entry[:2] == [namespace, name]:
+                pairs = [part for part in entry[2:] if isinstance(part, str)]
+                found.append({k: self.resolved(v) for k, v in zip(pairs[::2], pairs[1::2], strict=True)})
+        return found
+
+    def expressions(self) -> list[str]:
+        return [e[0]["expression"] for e in self.entries() if isinstance(e[0], dict) and "expression" in e[0]]
+
+    def resolved(self, text: str) -> str:
+        return self.references.get(text, text)
+
+    def placeholders_of(self, reference: Any) -> set[str]:
+        wanted = json.dumps(reference, sort_keys=True)
+        return {placeholder for placeholder, ref in self.references.items() if ref == wanted}
+
+
+def _dashboard(env) -> tuple[str, dict]:
+    found = env.service_template.find_resources("AWS::CloudWatch::Dashboard")
+    assert len(found) == 1, f"expected one dashboard, found {sorted(found)}"
+    return next(iter(found.items()))
+
+
+def _body(env) -> Body:
+    return Body(_dashboard(env)[1]["Properties"]["DashboardBody"])
+
+
+def _ref(env, value: Any) -> str:
+    """What a reference in the service stack resolves to, as sorted JSON."""
+    return json.dumps(env.service.resolve(value), sort_keys=True)
+
+
+def test_one_dashboard_per_environment_named_after_it(env):
+    env.service_template.has_resource_properties(
+        "AWS::CloudWatch::Dashboard", {"DashboardName": f"wsfleet-{env.settings.name}"}
+    )
+    _dashboard(env)
+
+
+def test_the_dashboard_url_is_a_stack_output_naming_the_dashboard(env):
+    logical_id, _ = _dashboard(env)
+    outputs = env.service_template.find_outputs("DashboardUrl")
+    assert len(outputs) == 1
+    url = outputs["DashboardUrl"]["Value"]["Fn::Join"][1]
+    assert {"Ref": logical_id} in url
+    assert "#dashboards:name=" in "".join(p for p in url if isinstance(p, str))
+
+
+def test_every_metric_the_worker_publishes_for_the_service_is_graphed(env):
+    body = _body(env)
+    service = {metrics_names.DIMENSION_SERVICE_NAME: env.settings.service_name}
+    published = {
+        d["MetricName"]
+        for d in metrics.metric_data(
+            service_name=env.settings.service_name,
+            active_connections=1,
+            unowned_connections=1,
+            loop_lag_p99_ms=1.0,
+            deltas={name: 1 for name in metrics_names.COUNTERS},
+        )
+    }
+    # ActiveConnections is drawn from its per-worker twin (the next test).
+    for name in published - {metrics_names.ACTIVE_CONNECTIONS}:
+        assert body.metrics(NAMESPACE, name), f"{name} is not on the dashboard"
+        assert all(dims == service for dims in body.metrics(NAMESPACE, name))
+    assert {metrics_names.UNOWNED_CONNECTIONS, metrics_names.LOOP_LAG_P99} <= published
+
+
+def test_active_connections_are_drawn_per_worker_and_in_total_from_the_per_worker_metric(env):
+    per_worker = next(
+        d
+        for d in metrics.metric_data(service_name="svc", active_connections=1, deltas={}, worker_id="task")
+        if len(d["Dimensions"]) == 2
+    )
+    schema_ = "{" + ",".join([NAMESPACE, *(d["Name"] for d in per_worker["Dimensions"])]) + "}"
+    searches = [e for e in _body(env).expressions() if schema_ in e]
+    assert len(searches) == 2
+    search = next(e for e in searches if e.startswith("SEARCH("))
+    assert f'MetricName="{metrics_names.ACTIVE_CONNECTIONS}"' in search
+    assert f'{metrics_names.DIMENSION_SERVICE_NAME}="{env.settings.service_name}"' in search
+    assert f"SUM({search})" in searches
+
+
+def test_the_unowned_graph_draws_its_alarms_threshold(env):
+    alarm = next(
+        a["Properties"]
+        for a in env.service_template.find_resources("AWS::CloudWatch::Alarm").values()
+        if a["Properties"].get("MetricName") == metrics_names.UNOWNED_CONNECTIONS
+    )
+    widget = next(
+        w
+        for w in _body(env).widgets()
+        if any(e[:2] == [NAMESPACE, metrics_names.UNOWNED_CONNECTIONS] for e in w["properties"].get("metrics", []))
+    )
+    assert [a["value"] for a in widget["properties"]["annotations"]["horizontal"]] == [alarm["Threshold"]]
+
+
+def test_api_router_and_queues_are_graphed(env):
+    body = _body(env)
+    api = {"ApiName": f"wsfleet-{env.settings.name}-events"}
+    for name in ("4XXError", "5XXError", "Latency"):
+        assert api in body.metrics("AWS/ApiGateway", name)
+    router = {"FunctionName": _ref(env, env.service.router.function.function_name)}
+    for name in ("Errors", "Duration"):
+        assert router in body.metrics("AWS/Lambda", name)
+    queues = env.stateful.start_queue
+    assert {"QueueName": _ref(env, queues.queue.queue_name)} in body.metrics("AWS/SQS", "ApproximateAgeOfOldestMessage")
+    assert {"QueueName": _ref(env, queues.dead_letter_queue.queue_name)} in body.metrics(
+        "AWS/SQS", "ApproximateNumberOfMessagesVisible"
+    )
+
+
+def test_dynamodb_throttling_and_consumed_capacity_per_table_and_index(env):
+    body = _body(env)
+    indexes = {"connections_table": [schema.OWNER_INDEX], "sessions_table": [schema.RING_INDEX], "messages_table": []}
+    for table, its_indexes in indexes.items():
+        name = getattr(env.service, table).table_name
+        on_table = {"TableName": _ref(env, name)}
+        for metric in (
+            "ConsumedReadCapacityUnits",
+            "ConsumedWriteCapacityUnits",
+            "ReadThrottleEvents",
+            "WriteThrottleEvents",
+        ):
+            drawn = body.metrics("AWS/DynamoDB", metric)
+            assert on_table in drawn, f"{metric} of {table}"
+            for index in its_indexes:
+                assert {**on_table, "GlobalSecondaryIndexName": index} in drawn, f"{metric} of {table}/{index}"
+        # ThrottledRequests is per operation: a search over the table's operations.
+        placeholders = body.placeholders_of(env.service.resolve(name))
+        throttled = [
+            e
+            for e in body.expressions()
+            if 'MetricName="ThrottledRequests"' in e
+            and any(re.search(rf'TableName="{re.escape(p)}"', e) for p in placeholders)
+        ]
+        assert len(throttled) == 1, f"ThrottledRequests of {table}"
