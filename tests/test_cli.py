@@ -1,0 +1,495 @@
+"""The operators' CLI: the API commands against the router behind the local API, the
+table commands against the emulator, and the SigV4 signature of requests to a deployed
+API (checked by an independent computation)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import json
+import re
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import quote, urlsplit
+
+import boto3
+import pytest
+from botocore.credentials import Credentials
+
+from wsfleet import cli, schema
+from wsfleet.local.api import LocalApi
+from wsfleet.logs import JsonLogger
+from wsfleet.router import Router
+from wsfleet.store import Acquired, ConnectionsStore, MessagesStore, SessionsStore, now_ms
+from wsfleet.stream import Frame
+
+pytestmark = pytest.mark.timeout(60)
+
+URL = "ws://127.0.0.1:9/streams/"
+
+
+def run(capsys, env, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv), env=env)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, env, *argv: str):
+    code, out, err = run(capsys, env, *argv, "--json")
+    assert (code, err) == (0, ""), err
+    return json.loads(out)
+
+
+@pytest.fixture
+def api(aws_env):
+    # The router's log lines go elsewhere: stdout is what the CLI prints.
+    router = Router.from_env(
+        {**aws_env, "ALLOWED_WS_HOSTS": "127.0.0.1"}, logger=JsonLogger(io.StringIO(), component="router")
+    )
+    with LocalApi(router.handle) as running:
+        yield running
+
+
+@pytest.fixture
+def conns(ddb, aws_env):
+    return ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4)
+
+
+@pytest.fixture
+def sessions(ddb, aws_env):
+    return SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"])
+
+
+def open_session(ddb, aws_env, worker_id: str, *, ago_ms: int = 0, lease_ms: int = 60_000) -> str:
+    """A session opened ``ago_ms`` ago (so expired if that is more than ``lease_ms``)."""
+    clock = now_ms() - ago_ms
+    session_id = f"{worker_id}#{clock}-test"
+    SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"], clock_ms=lambda: clock).open(
+        session_id, worker_id=worker_id, lease_ms=lease_ms, max_connections=100
+    )
+    return session_id
+
+
+def acquire(ddb, aws_env, connection_id: str, session_id: str, worker_id: str, *, ago_ms: int = 0) -> None:
+    clock = now_ms() - ago_ms
+    store = ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4, clock_ms=lambda: clock)
+    assert isinstance(store.acquire(connection_id, session_id=session_id, worker_id=worker_id), Acquired)
+
+
+# --- start, stop, get through the API ---------------------------------------------------------
+
+
+def test_start_get_stop_go_through_the_local_api_and_print_the_outcome(capsys, aws_env, api):
+    code, out, err = run(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url)
+    assert (code, out.strip(), err) == (0, "c1: STARTED (created), HTTP 202", "")
+
+    assert (
+        run(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url)[1].strip()
+        == "c1: STARTED (unchanged), HTTP 200"
+    )
+
+    code, out, _ = run(capsys, aws_env, "get", "c1", "--api", api.url)
+    assert code == 0
+    fields = dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines()[1:])
+    assert fields["desired_state"] == "STARTED" and fields["ws_url"] == URL + "c1"
+    assert fields["lease_expires_at_ms"] == "0  (free)" and fields["lease_owner"] == "-"
+
+    assert run(capsys, aws_env, "stop", "c1", "--api", api.url)[1].strip() == "c1: STOPPED (stopped), HTTP 202"
+    assert run(capsys, aws_env, "stop", "c1", "--api", api.url)[1].strip() == "c1: STOPPED (already_stopped), HTTP 200"
+
+
+def test_api_commands_print_the_status_and_the_apis_body_as_json(capsys, aws_env, api):
+    assert run_json(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url) == {
+        "status": 202,
+        "body": {"connection_id": "c1", "desired_state": "STARTED", "outcome": "created"},
+    }
+    got = run_json(capsys, aws_env, "get", "c1", "--api", api.url + "/")
+    assert got["status"] == 200
+    assert set(got["body"]) == {"connection_id", *schema.PUBLIC_FIELDS}
+    assert got["body"]["fence_token"] == 0 and got["body"]["lease_owner"] == ""
+
+
+@pytest.mark.parametrize(
+    "argv, status, sentence",
+    [
+        (("get", "nope"), 404, "No connection nope is known"),
+        (("stop", "nope"), 404, "No connection nope is known"),
+        (("start", "c1", URL + "other"), 409, "already STARTED with a different ws_url"),
+        (("start", "c2", "http://127.0.0.1/x"), 400, "ws_url"),
+        (("start", "bad id", URL + "x"), 400, "connection_id"),
+    ],
+)
+def test_an_api_error_exits_1_with_the_apis_sentence_on_stderr(capsys, aws_env, api, argv, status, sentence):
+    run(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url)
+
+    code, out, err = run(capsys, aws_env, *argv, "--api", api.url)
+
+    assert code == 1 and out == ""
+    assert err.startswith("wsfleet: ") and sentence in err and f"(HTTP {status})." in err
+    assert len(err.strip().splitlines()) == 1
+
+    code, out, _ = run(capsys, aws_env, *argv, "--api", api.url, "--json")
+    assert code == 1 and json.loads(out)["status"] == status
+
+
+def test_an_api_that_cannot_be_reached_is_one_sentence(capsys, aws_env):
+    code, out, err = run(capsys, aws_env, "get", "c1", "--api", "http://127.0.0.1:9")
+    assert code == 1 and out == ""
+    assert err.startswith("wsfleet: cannot reach the API at http://127.0.0.1:9/connections/c1") and err.count("\n") == 1
+
+
+def test_an_api_command_without_api_or_stack_is_a_usage_error(capsys, aws_env):
+    code, _, err = run(capsys, aws_env, "get", "c1")
+    assert code == 2 and "one of the arguments --api --stack is required" in err
+
+
+# --- SigV4 ---------------------------------------------------------------------------------------
+
+
+class Capture:
+    """A loopback HTTP server that keeps each request as it arrived."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+        captured = self.requests
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                captured.append({"method": self.command, "path": self.path, "headers": self.headers, "body": body})
+                reply = b'{"connection_id": "c1", "desired_state": "STARTED", "outcome": "created"}'
+                self.send_response(202)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            do_GET = do_POST = _any
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def send(self, request):
+        """Deliver a request meant for elsewhere here, its headers (Host too) untouched."""
+        target = urlsplit(request.full_url)
+        request.full_url = self.url + target.path
+        return cli._urlopen(request, direct=True)
+
+
+@pytest.fixture
+def capture():
+    server = Capture()
+    yield server
+    server.server.shutdown()
+    server.server.server_close()
+
+
+def expected_signature(secret: str, request: dict, signed: list[str], amz_date: str, scope: str) -> str:
+    """SigV4 computed from the request as received, with hashlib and hmac only."""
+    headers = {name.lower(): " ".join(value.split()) for name, value in request["headers"].items()}
+    canonical = "\n".join(
+        [
+            request["method"],
+            # The path as sent, URI-encoded once more ("twice" in AWS's words, S3 aside).
+            quote(request["path"], safe="/~"),
+            "",
+            "".join(f"{name}:{headers[name]}\n" for name in signed),
+            ";".join(signed),
+            hashlib.sha256(request["body"]).hexdigest(),
+        ]
+    )
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    key = ("AWS4" + secret).encode()
+    for part in scope.split("/"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    return hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+
+
+AUTH = re.compile(
+    r"AWS4-HMAC-SHA256 Credential=(?P<key>[^/]+)/(?P<scope>[^,]+), SignedHeaders=(?P<signed>[^,]+), Signature=(?P<sig>[0-9a-f]{64})"
+)
+
+
+@pytest.mark.parametrize("token", [None, "session-token"])
+def test_requests_to_a_deployed_api_carry_a_sigv4_signature_for_execute_api_that_verifies(capture, token):
+    credentials = Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", token)
+    url = "https://abc123.execute-api.eu-west-1.amazonaws.com/v1/"
+    client = cli.ApiClient(url, credentials=credentials, region=cli.region_in_url(url), send=capture.send)
+
+    reply = client.start("c1", URL + "c1")
+
+    assert reply.status == 202
+    [request] = capture.requests
+    assert (request["method"], request["path"]) == ("POST", "/v1/events")
+    assert json.loads(request["body"]) == {"event_type": "START", "connection_id": "c1", "ws_url": URL + "c1"}
+    auth = AUTH.fullmatch(request["headers"]["Authorization"])
+    assert auth, request["headers"]["Authorization"]
+    amz_date = request["headers"]["X-Amz-Date"]
+    assert auth["key"] == "AKIDEXAMPLE"
+    assert auth["scope"] == f"{amz_date[:8]}/eu-west-1/execute-api/aws4_request"
+    signed = auth["signed"].split(";")
+    assert {"host", "x-amz-date", "content-type"} <= set(signed)
+    assert request["headers"]["Host"] == "abc123.execute-api.eu-west-1.amazonaws.com"
+    assert (request["headers"].get("X-Amz-Security-Token"), "x-amz-security-token" in signed) == (
+        token,
+        token is not None,
+    )
+    assert auth["sig"] == expected_signature(credentials.secret_key, request, signed, amz_date, auth["scope"])
+
+
+def test_a_get_is_signed_with_the_region_given_when_the_host_names_none(capture):
+    credentials = Credentials("AKIDEXAMPLE", "secret")
+    client = cli.ApiClient(
+        "https://fleet.example.com/", credentials=credentials, region="ap-southeast-2", send=capture.send
+    )
+
+    client.get("c-1:x")
+
+    [request] = capture.requests
+    assert request["path"] == "/connections/c-1:x"
+    auth = AUTH.fullmatch(request["headers"]["Authorization"])
+    assert auth["scope"].endswith("/ap-southeast-2/execute-api/aws4_request")
+    assert auth["sig"] == expected_signature(
+        "secret", request, auth["signed"].split(";"), request["headers"]["X-Amz-Date"], auth["scope"]
+    )
+
+
+def test_a_loopback_api_is_not_signed(capture):
+    cli.ApiClient(capture.url, send=capture.send).get("c1")
+
+    [request] = capture.requests
+    assert "Authorization" not in request["headers"] and "X-Amz-Date" not in request["headers"]
+
+
+def test_a_deployed_api_needs_credentials_and_a_region():
+    with pytest.raises(cli.CliError, match="no AWS credentials"):
+        cli.ApiClient("https://abc.execute-api.us-east-1.amazonaws.com/v1", credentials=None, region="us-east-1")
+    with pytest.raises(cli.CliError, match="pass --region"):
+        cli.ApiClient("https://fleet.example.com", credentials=Credentials("a", "b"), region=None)
+
+
+def test_the_region_is_read_from_an_execute_api_host_name():
+    assert cli.region_in_url("https://abc.execute-api.eu-central-1.amazonaws.com/v1/") == "eu-central-1"
+    assert cli.region_in_url("https://abc.execute-api.cn-north-1.amazonaws.com.cn/v1/") == "cn-north-1"
+    assert cli.region_in_url("https://fleet.example.com/v1/") is None
+
+
+# --- status -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fleet(ddb, aws_env, conns):
+    """w1 live with c1 (acquired 50 s ago) and c2; w2 expired 110 s ago holding c3;
+    c4 STARTED and free; c5 STOPPED."""
+    for cid in ("c1", "c2", "c3", "c4", "c5"):
+        conns.start(cid, URL + cid)
+    conns.stop("c5")
+    w1 = open_session(ddb, aws_env, "w1")
+    SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"]).renew(w1, lease_ms=60_000, active=2, max_connections=100)
+    acquire(ddb, aws_env, "c1", w1, "w1", ago_ms=50_000)
+    acquire(ddb, aws_env, "c2", w1, "w1")
+    w2 = open_session(ddb, aws_env, "w2", ago_ms=120_000, lease_ms=10_000)
+    acquire(ddb, aws_env, "c3", w2, "w2", ago_ms=115_000)
+    return {"w1": w1, "w2": w2}
+
+
+def test_status_shows_live_workers_counts_unowned_and_the_oldest_checkpoint(capsys, aws_env, fleet):
+    status = run_json(capsys, aws_env, "status")
+
+    [worker] = status["workers"]
+    assert (worker["worker_id"], worker["session_id"], worker["active"], worker["max_connections"]) == (
+        "w1",
+        fleet["w1"],
+        2,
+        100,
+    )
+    assert 50 < worker["expires_in_s"] <= 60 and 0 <= worker["heartbeat_age_s"] < 10 and worker["session_age_s"] < 10
+    [dead] = status["sessions_not_live_holding"]
+    assert (dead["worker_id"], dead["state"], dead["ended_by"]) == ("w2", "LIVE, expired", "")
+    assert 100 < dead["expired_s_ago"] < 120
+    assert status["connections"] == {"STARTED": 4, "STOPPED": 1, "total": 5}
+    unowned = {u["connection_id"]: u for u in status["unowned"]}
+    assert set(unowned) == {"c3", "c4"}
+    assert unowned["c3"]["partition"] == schema.owner_key_session(fleet["w2"]) and unowned["c3"]["worker_id"] == "w2"
+    assert 100 < unowned["c3"]["unowned_for_s"] < 120  # since w2's session expired
+    assert unowned["c4"]["partition"] == schema.owner_key_free("c4", 4) and unowned["c4"]["worker_id"] == ""
+    assert status["oldest_checkpoint"]["connection_id"] == "c1" and 50 <= status["oldest_checkpoint"]["age_s"] < 60
+
+    code, out, err = run(capsys, aws_env, "status")
+    assert (code, err) == (0, "")
+    assert "workers: 1 live session" in out
+    assert re.search(r"^\s+w1\s+\S+\s+2/100\s", out, re.MULTILINE)
+    assert re.search(r"^\s+w2\s+LIVE, expired\s", out, re.MULTILINE)
+    assert "connections: 4 STARTED, 1 STOPPED (5 in all)" in out
+    assert "STARTED but unowned: 2" in out
+    assert re.search(r"^\s+c3\s+w2 \(LIVE, expired\)\s+1m", out, re.MULTILINE)
+    assert re.search(rf"^\s+c4\s+{schema.owner_key_free('c4', 4)}\s", out, re.MULTILINE)
+    assert re.search(r"oldest checkpoint of an owned connection: c1, 5\d\.\ds ago", out)
+
+
+def test_status_follows_a_dead_session_from_ended_to_drained(capsys, aws_env, fleet, sessions, conns):
+    sessions.end_expired(fleet["w2"], ended_by="w1", max_clock_skew_ms=1000)
+    status = run_json(capsys, aws_env, "status")
+    assert [(d["state"], d["ended_by"]) for d in status["sessions_not_live_holding"]] == [("ENDED", "w1")]
+    assert {u["connection_id"]: u["session_state"] for u in status["unowned"]} == {"c3": "ENDED", "c4": ""}
+
+    conns.free_orphan("c3", dead_session=fleet["w2"])
+    sessions.leave_ring(fleet["w2"])
+    status = run_json(capsys, aws_env, "status")
+    assert status["sessions_not_live_holding"] == []
+    assert {u["connection_id"]: u["partition"] for u in status["unowned"]} == {
+        "c3": schema.owner_key_free("c3", 4),
+        "c4": schema.owner_key_free("c4", 4),
+    }
+
+
+def test_status_reads_free_partitions_past_state_shards_that_the_scan_saw(capsys, ddb, aws_env):
+    wide = ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=16)
+    ids = [f"x{n}" for n in range(40) if schema.shard_for(f"x{n}", 16) >= 4][:3]
+    for cid in ids:
+        wide.start(cid, URL + cid)
+
+    status = run_json(capsys, {**aws_env, "STATE_SHARDS": "4"}, "status")
+
+    assert sorted(u["connection_id"] for u in status["unowned"]) == sorted(ids)
+
+
+def test_status_of_an_empty_fleet(capsys, aws_env):
+    code, out, _ = run(capsys, aws_env, "status")
+    assert code == 0
+    assert "workers: 0 live sessions" in out and "STARTED but unowned: 0" in out
+    assert "oldest checkpoint of an owned connection: none owned" in out
+
+
+# --- connections and messages ------------------------------------------------------------------------
+
+
+def test_connections_lists_every_one_with_its_owner_or_only_a_state(capsys, aws_env, fleet):
+    rows = run_json(capsys, aws_env, "connections")
+    assert [(r["connection_id"], r["desired_state"], r["owner"], r["owned"]) for r in rows] == [
+        ("c1", "STARTED", "w1", True),
+        ("c2", "STARTED", "w1", True),
+        ("c3", "STARTED", "w2 (LIVE, expired)", False),
+        ("c4", "STARTED", "-", False),
+        ("c5", "STOPPED", "-", False),
+    ]
+    assert rows[0]["fence_token"] == 1 and rows[0]["ws_url"] == URL + "c1" and rows[0]["lease_session"] == fleet["w1"]
+
+    assert [r["connection_id"] for r in run_json(capsys, aws_env, "connections", "--state", "STOPPED")] == ["c5"]
+
+    code, out, _ = run(capsys, aws_env, "connections")
+    assert code == 0 and out.splitlines()[0].split() == [
+        "CONNECTION",
+        "STATE",
+        "OWNER",
+        "FENCE",
+        "LAST",
+        "SEQ",
+        "UPDATED",
+        "WS",
+        "URL",
+    ]
+    assert re.search(r"^c3\s+STARTED\s+w2 \(LIVE, expired\)\s+1\s+0\s", out, re.MULTILINE)
+
+
+def test_connections_of_one_worker_come_from_its_sessions(capsys, aws_env, fleet):
+    assert [r["connection_id"] for r in run_json(capsys, aws_env, "connections", "--worker", "w1")] == ["c1", "c2"]
+    assert [r["connection_id"] for r in run_json(capsys, aws_env, "connections", "--worker", "w2")] == ["c3"]
+    assert run_json(capsys, aws_env, "connections", "--worker", "w1", "--state", "STOPPED") == []
+    assert run(capsys, aws_env, "connections", "--worker", "nobody")[1].strip() == "no connections"
+
+
+def test_messages_shows_a_page_from_a_seq(capsys, ddb, aws_env):
+    store = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"])
+    frames = [
+        Frame(seq, json.dumps({"v": seq}, separators=(",", ":")), 1_700_000_000_000 + seq) for seq in range(1, 31)
+    ]
+    store.put("c1", frames, fence_token=3, worker_id="w1")
+
+    rows = run_json(capsys, aws_env, "messages", "c1", "--from-seq", "5", "--limit", "12")
+
+    assert [r["seq"] for r in rows] == list(range(5, 17))
+    assert rows[0] == {
+        "seq": 5,
+        "data": {"v": 5},
+        "fence_token": 3,
+        "worker_id": "w1",
+        "received_at_ms": 1_700_000_000_005,
+    }
+    code, out, _ = run(capsys, aws_env, "messages", "c1", "--limit", "2")
+    assert code == 0 and out.splitlines()[1].split() == ["1", "2023-11-14", "22:13:20.001Z", "3", "w1", '{"v":', "1}"]
+    assert "no messages stored for c2 from seq 0" in run(capsys, aws_env, "messages", "c2")[1]
+    assert run(capsys, aws_env, "messages", "c1", "--limit", "0")[0] == 2
+
+
+# --- where the tables and the API are -----------------------------------------------------------------
+
+
+def test_table_commands_without_the_tables_name_the_missing_variables(capsys, aws_env):
+    env = {k: v for k, v in aws_env.items() if k not in ("TABLE_NAME", "SESSIONS_TABLE_NAME")}
+    code, out, err = run(capsys, env, "status")
+    assert (code, out) == (1, "")
+    assert err == "wsfleet: TABLE_NAME, SESSIONS_TABLE_NAME not set: export the fleet's environment or pass --stack.\n"
+
+
+def test_a_table_that_does_not_exist_is_one_sentence(capsys, aws_env):
+    code, _, err = run(capsys, {**aws_env, "MESSAGES_TABLE_NAME": "nope"}, "messages", "c1")
+    assert code == 1 and "ResourceNotFoundException" in err and "check the table names" in err and err.count("\n") == 1
+
+
+@pytest.fixture
+def stacks(emulator, aws_env, api):
+    """A stateful and a service stack whose outputs are named as CDK names them."""
+    cfn = boto3.client("cloudformation", endpoint_url=emulator.endpoint_url, region_name=aws_env["AWS_REGION"])
+    suffix = aws_env["TABLE_NAME"].removeprefix("conn-")
+    names = {"stateful": f"st-{suffix}", "service": f"sv-{suffix}"}
+    outputs = {
+        "stateful": {
+            "PublishOutputRefConnectionsTableF29838EE": aws_env["TABLE_NAME"],
+            "PublishOutputRefSessionsTable0FF3EB7C": aws_env["SESSIONS_TABLE_NAME"],
+            "PublishOutputRefMessagesTable5FFCA276": aws_env["MESSAGES_TABLE_NAME"],
+            "PublishOutputFnGetAttConnectionsTableArnC7AD537F": "arn:aws:dynamodb:us-east-1:123456789012:table/x",
+        },
+        "service": {"ApiEndpoint1541504C": api.url + "/"},
+    }
+    for which, name in names.items():
+        template = {
+            "Resources": {"Queue": {"Type": "AWS::SQS::Queue"}},
+            "Outputs": {key: {"Value": value} for key, value in outputs[which].items()},
+        }
+        cfn.create_stack(StackName=name, TemplateBody=json.dumps(template))
+    return names
+
+
+def test_stack_outputs_name_the_tables_and_the_api(capsys, aws_env, stacks):
+    env = {k: v for k, v in aws_env.items() if not k.endswith("TABLE_NAME")}
+    assert run_json(capsys, env, "start", "c1", URL + "c1", "--stack", stacks["service"])["status"] == 202
+    assert run_json(capsys, env, "status", "--stack", stacks["stateful"])["connections"]["STARTED"] == 1
+    assert [r["connection_id"] for r in run_json(capsys, env, "connections", "--stack", stacks["stateful"])] == ["c1"]
+
+
+def test_the_wrong_stack_is_named_in_one_sentence(capsys, aws_env, stacks):
+    code, _, err = run(capsys, aws_env, "status", "--stack", stacks["service"])
+    assert code == 1 and "has no table outputs: name the stateful stack (wsfleet-<env>-stateful)" in err
+    code, _, err = run(capsys, aws_env, "get", "c1", "--stack", stacks["stateful"])
+    assert code == 1 and "has no API endpoint output: name the service stack (wsfleet-<env>-service)" in err
+    code, _, err = run(capsys, aws_env, "status", "--stack", "nope")
+    assert code == 1 and err == "wsfleet: stack nope does not exist in us-east-1.\n"
+
+
+# --- the command ------------------------------------------------------------------------------------
+
+
+def test_python_dash_m_wsfleet_fails_with_a_sentence_and_no_traceback(python_env):
+    result = subprocess.run(
+        [sys.executable, "-m", "wsfleet", "status"], env=python_env, capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr.startswith("wsfleet: ") and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1
