@@ -1,6 +1,6 @@
 """The operators' CLI: the API commands against the router behind the local API, the
-table commands against the emulator, and the SigV4 signature of requests to a deployed
-API (checked by an independent computation)."""
+table commands against the emulator, the SigV4 signature of requests to a deployed
+API (checked by an independent computation), and the installed ``wsfleet`` command."""
 
 from __future__ import annotations
 
@@ -8,11 +8,15 @@ import hashlib
 import hmac
 import io
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import sysconfig
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 import boto3
@@ -28,6 +32,7 @@ from wsfleet.stream import Frame
 
 pytestmark = pytest.mark.timeout(60)
 
+RUNTIME = Path(__file__).resolve().parents[1] / "runtime"
 URL = "ws://127.0.0.1:9/streams/"
 
 
@@ -493,3 +498,43 @@ def test_python_dash_m_wsfleet_fails_with_a_sentence_and_no_traceback(python_env
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.startswith("wsfleet: ") and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_pip_install_of_runtime_gives_the_package_and_the_wsfleet_command(tmp_path):
+    # A copy, so the build's own files never land in the work tree.
+    source = tmp_path / "runtime"
+    shutil.copytree(RUNTIME, source, ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    # The test environment's packages (pip, setuptools, boto3, ...) under the new venv's own.
+    Path(site, "parent.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_REQUIRE_VIRTUALENV")}
+    subprocess.run(
+        [python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--no-index", str(source)],
+        check=True,
+        env=env,
+        timeout=120,
+        cwd=tmp_path,
+    )
+
+    result = subprocess.run(
+        [venv / "bin" / "wsfleet", "--help"], env=env, capture_output=True, text=True, cwd=tmp_path, timeout=30
+    )
+    assert result.returncode == 0, result.stderr
+    for command in ("start", "stop", "get", "status", "connections", "messages"):
+        assert re.search(rf"^\s+{command}\b", result.stdout, re.MULTILINE)
+    where = subprocess.run(
+        [python, "-c", "import wsfleet.cli; print(wsfleet.cli.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert where.stdout.strip().startswith(site), where.stdout
