@@ -21,7 +21,7 @@ from stacks.constructs.network import Network
 from stacks.constructs.router import Router
 from stacks.constructs.worker_service import WorkerService
 from stacks.settings import EnvironmentSettings
-from wsfleet import config, metrics_names, schema
+from wsfleet import config, metrics_names, schema, stack_outputs
 
 API_STAGE = "v1"
 METRICS_NAMESPACE = metrics_names.DEFAULT_NAMESPACE
@@ -138,6 +138,12 @@ class ServiceStack(Stack):
             dead_letter_queue=dead_letter_queue,
             tables={"connections": connections_table, "sessions": sessions_table, "messages": messages_table},
             indexes={"connections": [schema.OWNER_INDEX], "sessions": [schema.RING_INDEX]},
+        )
+        CfnOutput(
+            self,
+            stack_outputs.API_URL,
+            value=self.api.rest_api.url,
+            description=f"The events API's stage URL (/{API_STAGE}/, SigV4): POST events, GET connections/ID",
         )
         CfnOutput(self, "DashboardUrl", value=self.dashboard.url, description="The fleet's CloudWatch dashboard")
         nag.acknowledge_service_findings(self, settings)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from aws_cdk import Duration, Stack
+from aws_cdk import CfnOutput, Duration, Stack
 from constructs import Construct
 
 from stacks import nag
 from stacks.constructs.queue import StartQueue
 from stacks.constructs.tables import Tables
 from stacks.settings import EnvironmentSettings
+from wsfleet import stack_outputs
 
 # A hint that keeps failing goes to the dead-letter queue after this many receives.
 MAX_HINT_RECEIVES = 5
@@ -36,4 +37,14 @@ class StatefulStack(Stack):
             max_receive_count=MAX_HINT_RECEIVES,
             removal_policy=settings.removal_policy,
         )
+        # What operators and `wsfleet --stack` find by name. The service stack's references
+        # go through the outputs CDK makes for them, which these leave as they are.
+        tables = self.tables
+        for output_id, value, description in (
+            (stack_outputs.CONNECTIONS_TABLE_NAME, tables.connections.table_name, "The connections table (TABLE_NAME)"),
+            (stack_outputs.SESSIONS_TABLE_NAME, tables.sessions.table_name, "The sessions table (SESSIONS_TABLE_NAME)"),
+            (stack_outputs.MESSAGES_TABLE_NAME, tables.messages.table_name, "The messages table (MESSAGES_TABLE_NAME)"),
+            (stack_outputs.START_QUEUE_URL, self.start_queue.queue.queue_url, "The START-hint queue (QUEUE_URL)"),
+        ):
+            CfnOutput(self, output_id, value=value, description=description)
         nag.acknowledge_stateful_findings(self, settings)

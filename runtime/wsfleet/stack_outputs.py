@@ -1,0 +1,12 @@
+"""Names of the stack outputs that ``wsfleet --stack`` finds things by, shared by the
+stacks (which declare them) and the operators' CLI (which reads them), so that the two
+cannot drift apart. Fixed ids, never CDK's generated ones."""
+
+# The service stack.
+API_URL = "ApiUrl"
+
+# The stateful stack.
+CONNECTIONS_TABLE_NAME = "ConnectionsTableName"
+SESSIONS_TABLE_NAME = "SessionsTableName"
+MESSAGES_TABLE_NAME = "MessagesTableName"
+START_QUEUE_URL = "StartQueueUrl"
