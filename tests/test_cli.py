@@ -23,7 +23,10 @@ import boto3
 import pytest
 from botocore.credentials import Credentials
 
-from wsfleet import cli, schema
+from wsfleet import schema, stack_outputs
+from wsfleet.cli import main
+from wsfleet.cli.api import ApiClient, region_in_url, urlopen
+from wsfleet.cli.errors import CliError
 from wsfleet.local.api import LocalApi
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router
@@ -37,7 +40,7 @@ URL = "ws://127.0.0.1:9/streams/"
 
 
 def run(capsys, env, *argv: str) -> tuple[int, str, str]:
-    code = cli.main(list(argv), env=env)
+    code = main(list(argv), env=env)
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -184,7 +187,7 @@ class Capture:
         """Deliver a request meant for elsewhere here, its headers (Host too) untouched."""
         target = urlsplit(request.full_url)
         request.full_url = self.url + target.path
-        return cli._urlopen(request, direct=True)
+        return urlopen(request, direct=True)
 
 
 @pytest.fixture
@@ -225,7 +228,7 @@ AUTH = re.compile(
 def test_requests_to_a_deployed_api_carry_a_sigv4_signature_for_execute_api_that_verifies(capture, token):
     credentials = Credentials("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", token)
     url = "https://abc123.execute-api.eu-west-1.amazonaws.com/v1/"
-    client = cli.ApiClient(url, credentials=credentials, region=cli.region_in_url(url), send=capture.send)
+    client = ApiClient(url, credentials=credentials, region=region_in_url(url), send=capture.send)
 
     reply = client.start("c1", URL + "c1")
 
@@ -250,7 +253,7 @@ def test_requests_to_a_deployed_api_carry_a_sigv4_signature_for_execute_api_that
 
 def test_a_get_is_signed_with_the_region_given_when_the_host_names_none(capture):
     credentials = Credentials("AKIDEXAMPLE", "secret")
-    client = cli.ApiClient(
+    client = ApiClient(
         "https://fleet.example.com/", credentials=credentials, region="ap-southeast-2", send=capture.send
     )
 
@@ -266,23 +269,23 @@ def test_a_get_is_signed_with_the_region_given_when_the_host_names_none(capture)
 
 
 def test_a_loopback_api_is_not_signed(capture):
-    cli.ApiClient(capture.url, send=capture.send).get("c1")
+    ApiClient(capture.url, send=capture.send).get("c1")
 
     [request] = capture.requests
     assert "Authorization" not in request["headers"] and "X-Amz-Date" not in request["headers"]
 
 
 def test_a_deployed_api_needs_credentials_and_a_region():
-    with pytest.raises(cli.CliError, match="no AWS credentials"):
-        cli.ApiClient("https://abc.execute-api.us-east-1.amazonaws.com/v1", credentials=None, region="us-east-1")
-    with pytest.raises(cli.CliError, match="pass --region"):
-        cli.ApiClient("https://fleet.example.com", credentials=Credentials("a", "b"), region=None)
+    with pytest.raises(CliError, match="no AWS credentials"):
+        ApiClient("https://abc.execute-api.us-east-1.amazonaws.com/v1", credentials=None, region="us-east-1")
+    with pytest.raises(CliError, match="pass --region"):
+        ApiClient("https://fleet.example.com", credentials=Credentials("a", "b"), region=None)
 
 
 def test_the_region_is_read_from_an_execute_api_host_name():
-    assert cli.region_in_url("https://abc.execute-api.eu-central-1.amazonaws.com/v1/") == "eu-central-1"
-    assert cli.region_in_url("https://abc.execute-api.cn-north-1.amazonaws.com.cn/v1/") == "cn-north-1"
-    assert cli.region_in_url("https://fleet.example.com/v1/") is None
+    assert region_in_url("https://abc.execute-api.eu-central-1.amazonaws.com/v1/") == "eu-central-1"
+    assert region_in_url("https://abc.execute-api.cn-north-1.amazonaws.com.cn/v1/") == "cn-north-1"
+    assert region_in_url("https://fleet.example.com/v1/") is None
 
 
 # --- status -----------------------------------------------------------------------------------------
@@ -450,18 +453,19 @@ def test_a_table_that_does_not_exist_is_one_sentence(capsys, aws_env):
 
 @pytest.fixture
 def stacks(emulator, aws_env, api):
-    """A stateful and a service stack whose outputs are named as CDK names them."""
+    """A stateful and a service stack with the outputs the stacks declare
+    (``wsfleet.stack_outputs``, and the dashboard's)."""
     cfn = boto3.client("cloudformation", endpoint_url=emulator.endpoint_url, region_name=aws_env["AWS_REGION"])
     suffix = aws_env["TABLE_NAME"].removeprefix("conn-")
     names = {"stateful": f"st-{suffix}", "service": f"sv-{suffix}"}
     outputs = {
         "stateful": {
-            "PublishOutputRefConnectionsTableF29838EE": aws_env["TABLE_NAME"],
-            "PublishOutputRefSessionsTable0FF3EB7C": aws_env["SESSIONS_TABLE_NAME"],
-            "PublishOutputRefMessagesTable5FFCA276": aws_env["MESSAGES_TABLE_NAME"],
-            "PublishOutputFnGetAttConnectionsTableArnC7AD537F": "arn:aws:dynamodb:us-east-1:123456789012:table/x",
+            stack_outputs.CONNECTIONS_TABLE_NAME: aws_env["TABLE_NAME"],
+            stack_outputs.SESSIONS_TABLE_NAME: aws_env["SESSIONS_TABLE_NAME"],
+            stack_outputs.MESSAGES_TABLE_NAME: aws_env["MESSAGES_TABLE_NAME"],
+            stack_outputs.START_QUEUE_URL: "https://sqs.us-east-1.amazonaws.com/123456789012/start",
         },
-        "service": {"ApiEndpoint1541504C": api.url + "/"},
+        "service": {stack_outputs.API_URL: api.url + "/", "DashboardUrl": "https://console.aws.amazon.com/x"},
     }
     for which, name in names.items():
         template = {
@@ -482,8 +486,10 @@ def test_stack_outputs_name_the_tables_and_the_api(capsys, aws_env, stacks):
 def test_the_wrong_stack_is_named_in_one_sentence(capsys, aws_env, stacks):
     code, _, err = run(capsys, aws_env, "status", "--stack", stacks["service"])
     assert code == 1 and "has no table outputs: name the stateful stack (wsfleet-<env>-stateful)" in err
+    assert stack_outputs.CONNECTIONS_TABLE_NAME in err and err.count("\n") == 1
     code, _, err = run(capsys, aws_env, "get", "c1", "--stack", stacks["stateful"])
     assert code == 1 and "has no API endpoint output: name the service stack (wsfleet-<env>-service)" in err
+    assert stack_outputs.API_URL in err and err.count("\n") == 1
     code, _, err = run(capsys, aws_env, "status", "--stack", "nope")
     assert code == 1 and err == "wsfleet: stack nope does not exist in us-east-1.\n"
 

@@ -1,0 +1,178 @@
+"""The operators' CLI, ``wsfleet``: START, STOP and GET through the API, and the fleet
+as the tables record it (workers, ownership, checkpoints, stored messages).
+
+Two ways in, as the fleet has them. ``start``, ``stop`` and ``get`` go through the API
+like any caller (``api``). ``status``, ``connections`` and ``messages`` only read the
+tables (``fleet``, ``views``), found through the worker's environment variables or a
+stack's outputs (``locate``); they never write. Here: the command line and the one
+sentence an operator sees when something fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Mapping, Sequence
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .. import config, schema
+from ..store import TransientError
+from . import commands
+from .errors import CliError, aws_sentence
+
+PROG = "wsfleet"
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seq(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print JSON on stdout for scripts, instead of tables")
+    common.add_argument(
+        "--region", help="AWS region [AWS_REGION, else the default chain's]; an execute-api URL names its own"
+    )
+
+    api = argparse.ArgumentParser(add_help=False, parents=[common])
+    where = api.add_mutually_exclusive_group(required=True)
+    where.add_argument(
+        "--api",
+        metavar="URL",
+        help="the API's base URL: http://127.0.0.1:PORT locally, https://ID.execute-api.REGION.amazonaws.com/v1 deployed",
+    )
+    where.add_argument(
+        "--stack",
+        metavar="NAME",
+        help="read the API URL from the ApiUrl output of this service stack (wsfleet-<env>-service)",
+    )
+
+    tables = argparse.ArgumentParser(add_help=False, parents=[common])
+    tables.add_argument(
+        "--stack",
+        metavar="NAME",
+        help="read the table names from the outputs of this stateful stack (wsfleet-<env>-stateful: "
+        "ConnectionsTableName, SessionsTableName, MessagesTableName); without it they come from TABLE_NAME, "
+        "SESSIONS_TABLE_NAME and MESSAGES_TABLE_NAME",
+    )
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Operate a wsfleet: START, STOP and GET connections through the API, and read the fleet's state from its tables.",
+        epilog=(
+            "Requests to a deployed API are signed with SigV4 (execute-api) from the default AWS credential chain; a loopback "
+            "API (the local one) is not. Table reads take the worker's variables (TABLE_NAME, SESSIONS_TABLE_NAME, "
+            "MESSAGES_TABLE_NAME, STATE_SHARDS, AWS_REGION, AWS_ENDPOINT_URL) or --stack, and never write. "
+            "Exit status: 0 done; 1 an error, the API's 4xx/5xx included (one sentence on stderr); 2 bad usage."
+        ),
+    )
+    subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    start = subcommands.add_parser(
+        "start",
+        parents=[api],
+        help="START a connection (POST /events)",
+        description="START a connection: it is created, or restarted from its checkpoint if STOPPED.",
+    )
+    start.add_argument("connection_id", metavar="CONNECTION_ID")
+    start.add_argument("ws_url", metavar="WS_URL", help="ws:// or wss:// URL of the upstream stream")
+    start.set_defaults(run=commands.start)
+
+    stop = subcommands.add_parser(
+        "stop",
+        parents=[api],
+        help="STOP a connection (POST /events)",
+        description="STOP a connection: its owner closes the socket, checkpoints and releases it.",
+    )
+    stop.add_argument("connection_id", metavar="CONNECTION_ID")
+    stop.set_defaults(run=commands.stop)
+
+    get = subcommands.add_parser(
+        "get",
+        parents=[api],
+        help="a connection's public state (GET /connections/ID)",
+        description="A connection's public state, as GET /connections/{connection_id} answers it.",
+    )
+    get.add_argument("connection_id", metavar="CONNECTION_ID")
+    get.set_defaults(run=commands.get)
+
+    status = subcommands.add_parser(
+        "status",
+        parents=[tables],
+        help="the fleet at a glance, from the tables",
+        description=(
+            "The fleet at a glance. Workers: the LIVE, unexpired sessions (a Scan of the sessions table, which holds one "
+            "item per worker run): session age, connections active / max as last renewed, heartbeat age, time to expiry. "
+            "Connections by desired state, from a paginated Scan of the connections table (it reads every item, so it "
+            "costs what the table's size does: an operator's tool, not a monitor). STARTED but unowned: the FREE# "
+            "partitions of the by_owner index (free for: since updated_at_ms) and the connections still attached to a "
+            "session that expired or ended (unowned for: since that session's expiry), each checked against its item. "
+            "Oldest checkpoint: the owned STARTED connection whose updated_at_ms is oldest; updated_at_ms is the best "
+            "proxy the table has (acquire and release write it too, and a connection receiving no frames is not "
+            "checkpointed, so an idle one shows its acquisition)."
+        ),
+    )
+    status.set_defaults(run=commands.status)
+
+    connections = subcommands.add_parser(
+        "connections",
+        parents=[tables],
+        help="connections, with owner, fence and checkpoint",
+        description=(
+            "Connections with their owner, fence token, checkpoint (last_seq) and last update. With --worker, the "
+            "connections attached to that worker's sessions (by_owner index queries, then a BatchGetItem); without it, "
+            "a paginated Scan of the connections table."
+        ),
+    )
+    connections.add_argument("--worker", metavar="WORKER_ID", help="only those attached to this worker's sessions")
+    connections.add_argument("--state", choices=(schema.STARTED, schema.STOPPED), help="only this desired state")
+    connections.set_defaults(run=commands.connections)
+
+    messages = subcommands.add_parser(
+        "messages",
+        parents=[tables],
+        help="a connection's stored messages",
+        description="A connection's stored messages in seq order (a Query of the messages table).",
+    )
+    messages.add_argument("connection_id", metavar="CONNECTION_ID")
+    messages.add_argument("--from-seq", type=_seq, default=0, metavar="N", help="first seq to show [0: from the start]")
+    messages.add_argument("--limit", type=_positive, default=20, metavar="N", help="at most this many [20]")
+    messages.set_defaults(run=commands.messages)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
+    """Run one command; returns the exit status. ``env`` stands for ``os.environ``."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # --help, or bad usage (argparse has said why)
+        return int(exit_.code or 0)
+    env = os.environ if env is None else env
+    try:
+        return args.run(args, env)
+    except CliError as error:
+        sentence = str(error)
+    except (BotoCoreError, ClientError, TransientError, config.ConfigError) as error:
+        sentence = aws_sentence(error)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `wsfleet connections | head`: the reader is gone; keep the final flush quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as error:  # noqa: BLE001 - an operator sees a sentence, never a traceback
+        sentence = f"unexpected {type(error).__name__}: {error}"
+    print(f"{PROG}: {sentence.rstrip('.')}.", file=sys.stderr)
+    return 1

@@ -1,0 +1,94 @@
+"""The six commands, each ``(args, env) -> exit status``: find the fleet (``locate``),
+ask the API or read the tables (``api``, ``views``), print a table or JSON (``render``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Mapping
+
+from ..store import now_ms
+from . import locate, render, views
+from .api import ApiClient, ApiReply, is_local, region_in_url
+from .errors import CliError
+from .fleet import FleetReader
+
+# --- through the API ---------------------------------------------------------------------
+
+
+def _api(args: argparse.Namespace, env: Mapping[str, str]) -> ApiClient:
+    session = locate.aws_session(args.region, env)
+    url = args.api or locate.api_url_of(
+        locate.stack_outputs_of(locate.client(session, "cloudformation", env), args.stack), args.stack
+    )
+    if is_local(url):
+        return ApiClient(url)
+    return ApiClient(url, credentials=session.get_credentials(), region=region_in_url(url) or session.region_name)
+
+
+def _reply(args: argparse.Namespace, reply: ApiReply, human: str) -> int:
+    if not reply.ok:
+        if args.json:
+            print(json.dumps({"status": reply.status, "body": reply.body}, indent=2))
+        raise CliError(reply.sentence())
+    _emit(args, {"status": reply.status, "body": reply.body}, human)
+    return 0
+
+
+def _event_line(reply: ApiReply) -> str:
+    body = reply.body
+    return f"{body.get('connection_id', '?')}: {body.get('desired_state', '?')} ({body.get('outcome', '?')}), HTTP {reply.status}"
+
+
+def start(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    reply = _api(args, env).start(args.connection_id, args.ws_url)
+    return _reply(args, reply, _event_line(reply))
+
+
+def stop(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    reply = _api(args, env).stop(args.connection_id)
+    return _reply(args, reply, _event_line(reply))
+
+
+def get(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    reply = _api(args, env).get(args.connection_id)
+    return _reply(args, reply, render.connection(reply.body, now_ms()))
+
+
+# --- from the tables -------------------------------------------------------------------------
+
+
+def _reader(args: argparse.Namespace, env: Mapping[str, str], *needed: str) -> FleetReader:
+    session = locate.aws_session(args.region, env)
+    if args.stack:
+        outputs = locate.stack_outputs_of(locate.client(session, "cloudformation", env), args.stack)
+        tables = locate.Tables.from_outputs(outputs, args.stack, env)
+    else:
+        tables = locate.Tables.from_env(env)
+    tables.need(*needed)
+    return FleetReader(locate.client(session, "dynamodb", env), tables)
+
+
+def status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    view = views.status(_reader(args, env, "connections", "sessions"), now_ms())
+    _emit(args, view, render.status(view))
+    return 0
+
+
+def connections(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    reader = _reader(args, env, "connections", "sessions")
+    now = now_ms()
+    rows = views.connections(reader, now, worker=args.worker, state=args.state)
+    _emit(args, rows, render.connections(rows, now))
+    return 0
+
+
+def messages(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    reader = _reader(args, env, "messages")
+    rows = views.messages(reader, args.connection_id, from_seq=args.from_seq, limit=args.limit)
+    _emit(args, rows, render.messages(rows, args.connection_id, args.from_seq))
+    return 0
+
+
+def _emit(args: argparse.Namespace, value: Any, human: str) -> None:
+    print(json.dumps(value, indent=2) if args.json else human)

@@ -1,0 +1,83 @@
+"""Where the fleet is: the AWS session, and the API URL and table names, from the
+environment the worker takes or from a stack's outputs (``--stack``), read under the
+fixed ids that ``wsfleet.stack_outputs`` shares with the stacks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import boto3
+from botocore.exceptions import ClientError
+
+from .. import config, stack_outputs
+from .errors import CliError
+
+# Table -> (its stack output, its variable).
+_TABLES = {
+    "connections": (stack_outputs.CONNECTIONS_TABLE_NAME, config.TABLE_NAME),
+    "sessions": (stack_outputs.SESSIONS_TABLE_NAME, config.SESSIONS_TABLE_NAME),
+    "messages": (stack_outputs.MESSAGES_TABLE_NAME, config.MESSAGES_TABLE_NAME),
+}
+
+
+def aws_session(region: str | None, env: Mapping[str, str]) -> boto3.session.Session:
+    """``region`` (--region), else AWS_REGION, else the default chain's."""
+    region = region or env.get(config.AWS_REGION) or env.get(config.AWS_DEFAULT_REGION) or None
+    return boto3.session.Session(region_name=region)
+
+
+def client(session: boto3.session.Session, service: str, env: Mapping[str, str]) -> Any:
+    return session.client(service, endpoint_url=env.get(config.AWS_ENDPOINT_URL) or None)
+
+
+def stack_outputs_of(cfn: Any, stack_name: str) -> dict[str, str]:
+    """A stack's outputs by key (DescribeStacks)."""
+    try:
+        (stack,) = cfn.describe_stacks(StackName=stack_name)["Stacks"]
+    except ClientError as error:
+        if "does not exist" in error.response.get("Error", {}).get("Message", ""):
+            raise CliError(f"stack {stack_name} does not exist in {cfn.meta.region_name}") from None
+        raise
+    return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
+
+
+def api_url_of(outputs: Mapping[str, str], stack_name: str) -> str:
+    """The service stack's API stage URL."""
+    if not outputs.get(stack_outputs.API_URL):
+        raise CliError(
+            f"stack {stack_name} has no API endpoint output: name the service stack (wsfleet-<env>-service), "
+            f"deployed with its {stack_outputs.API_URL} output"
+        )
+    return outputs[stack_outputs.API_URL]
+
+
+@dataclass(frozen=True)
+class Tables:
+    connections: str
+    sessions: str
+    messages: str
+    state_shards: int  # FREE#<shard> partitions of by_owner to read (the stack's STATE_SHARDS)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "Tables":
+        names = {table: env.get(variable, "").strip() for table, (_, variable) in _TABLES.items()}
+        return cls(**names, state_shards=config.state_shards(env))
+
+    @classmethod
+    def from_outputs(cls, outputs: Mapping[str, str], stack_name: str, env: Mapping[str, str]) -> "Tables":
+        """The stateful stack's table names; a stack has all three outputs or is not one."""
+        missing = [output for output, _ in _TABLES.values() if not outputs.get(output)]
+        if missing:
+            raise CliError(
+                f"stack {stack_name} has no table outputs: name the stateful stack (wsfleet-<env>-stateful), "
+                f"deployed with its {', '.join(missing)} outputs"
+            )
+        names = {table: outputs[output] for table, (output, _) in _TABLES.items()}
+        return cls(**names, state_shards=config.state_shards(env))
+
+    def need(self, *which: str) -> None:
+        """Stop, naming the variables to set, unless the tables ``which`` are named."""
+        missing = [_TABLES[table][1] for table in which if not getattr(self, table)]
+        if missing:
+            raise CliError(f"{', '.join(missing)} not set: export the fleet's environment or pass --stack")

@@ -1,0 +1,133 @@
+"""Tables for people: what each command prints without ``--json``, from the same data
+``--json`` prints (see ``views``) or the API's reply body."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any, Mapping, Sequence
+
+from .. import schema
+
+
+def duration(seconds: float) -> str:
+    s = abs(seconds)
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    if s < 86400:
+        return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+    return f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [list(map(str, headers))] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+
+
+def status(view: Mapping[str, Any]) -> str:
+    """The fleet at a glance (``views.status``)."""
+    lines = []
+    workers = view["workers"]
+    lines.append(f"workers: {len(workers)} live session{'s' if len(workers) != 1 else ''}")
+    if workers:
+        rows = [
+            (
+                w["worker_id"],
+                duration(w["session_age_s"]),
+                f"{w['active']}/{w['max_connections']}",
+                duration(w["heartbeat_age_s"]) + " ago",
+                duration(w["expires_in_s"]),
+            )
+            for w in workers
+        ]
+        lines.append(_indent(table(("WORKER", "SESSION AGE", "ACTIVE/MAX", "HEARTBEAT", "EXPIRES IN"), rows)))
+    dead = view["sessions_not_live_holding"]
+    if dead:
+        lines.append(f"sessions not live that may still hold connections: {len(dead)}")
+        rows = [(d["worker_id"], d["state"], duration(d["expired_s_ago"]) + " ago", d["ended_by"] or "-") for d in dead]
+        lines.append(_indent(table(("WORKER", "STATE", "EXPIRED", "ENDED BY"), rows)))
+    counts = view["connections"]
+    lines.append(f"connections: {counts['STARTED']} STARTED, {counts['STOPPED']} STOPPED ({counts['total']} in all)")
+    unowned = view["unowned"]
+    lines.append(f"STARTED but unowned: {len(unowned)}")
+    if unowned:
+        rows = [
+            (
+                u["connection_id"],
+                u["partition"] if not u["worker_id"] else f"{u['worker_id']} ({u['session_state']})",
+                duration(u["unowned_for_s"]),
+            )
+            for u in unowned
+        ]
+        lines.append(_indent(table(("CONNECTION", "WHERE", "FOR"), rows)))
+    oldest = view["oldest_checkpoint"]
+    if oldest:
+        lines.append(
+            f"oldest checkpoint of an owned connection: {oldest['connection_id']}, {duration(oldest['age_s'])} ago"
+        )
+    else:
+        lines.append("oldest checkpoint of an owned connection: none owned")
+    return "\n".join(lines)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
+
+
+def connection(body: Mapping[str, Any], now: int) -> str:
+    """A connection's public state as the API returned it, its times explained."""
+    rows = []
+    for key, value in body.items():
+        if key == schema.LEASE_EXPIRES_AT_MS and isinstance(value, int):
+            value = f"{value}  ({_when(value, now) if value else 'free'})"
+        elif key == schema.UPDATED_AT_MS and isinstance(value, int) and value:
+            value = f"{value}  ({_when(value, now)})"
+        rows.append((key, "-" if value in ("", None) else value))
+    return table(("FIELD", "VALUE"), rows)
+
+
+def connections(rows: Sequence[Mapping[str, Any]], now: int) -> str:
+    if not rows:
+        return "no connections"
+    return table(
+        ("CONNECTION", "STATE", "OWNER", "FENCE", "LAST SEQ", "UPDATED", "WS URL"),
+        [
+            (
+                r["connection_id"],
+                r["desired_state"],
+                r["owner"],
+                r["fence_token"],
+                r["last_seq"],
+                duration((now - r["updated_at_ms"]) / 1000) + " ago",
+                r["ws_url"],
+            )
+            for r in rows
+        ],
+    )
+
+
+def messages(rows: Sequence[Mapping[str, Any]], connection_id: str, from_seq: int) -> str:
+    if not rows:
+        return f"no messages stored for {connection_id} from seq {from_seq}"
+    return table(
+        ("SEQ", "RECEIVED (UTC)", "FENCE", "WORKER", "DATA"),
+        [
+            (r["seq"], _utc(r["received_at_ms"]), r["fence_token"], r["worker_id"], _clip(json.dumps(r["data"]), 60))
+            for r in rows
+        ],
+    )
+
+def _when(ms: int, now: int) -> str:
+    """An epoch-ms time as an operator reads it: "in 8.2s" or "3.1s ago"."""
+    return f"in {duration((ms - now) / 1000)}" if ms > now else f"{duration((now - ms) / 1000)} ago"
+
+
+def _utc(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -1,0 +1,165 @@
+"""What the table commands show, as the data ``--json`` prints: the fleet at a glance
+(``status``), connections with their owners, a page of stored messages. Each reads
+through a :class:`FleetReader` and decides what the items mean at ``now``; none renders.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping, Sequence
+
+from .. import schema
+from .fleet import FleetReader, Session
+
+
+def _age_s(now: int, then_ms: int) -> float:
+    return round((now - then_ms) / 1000, 1)
+
+
+def status(reader: FleetReader, now: int) -> dict:
+    """The fleet at a glance: live workers, sessions not live that may hold connections,
+    counts by desired state, STARTED but unowned, the oldest checkpoint (``status --help``)."""
+    sessions = reader.sessions()
+    live = {sid for sid, s in sessions.items() if s.live_at(now)}
+    summary = reader.summary(live)
+
+    # STARTED and unowned: the FREE# partitions (every one up to STATE_SHARDS, and any
+    # the Scan saw beyond it), and whatever is attached to a session that is not live.
+    free = [
+        (cid, schema.free_partition(shard), None)
+        for shard in range(max(reader.tables.state_shards, max(summary.free_shards, default=-1) + 1))
+        for cid in reader.connections.free(shard)
+    ]
+    dead = [s for s in sessions.values() if s.holds_orphans_at(now)]
+    attached = [
+        (owned.connection_id, schema.owner_key_session(s.session_id), s)
+        for s in dead
+        for owned in reader.connections.owned_by(s.session_id)
+        if owned.desired_state == schema.STARTED
+    ]
+    items = reader.items([cid for cid, _, _ in free + attached])
+    unowned = []
+    for cid, partition, session in free + attached:
+        item = items.get(cid)
+        # The index lags the table: keep only what the item itself still says.
+        if item is None or item.get(schema.DESIRED_STATE) != schema.STARTED:
+            continue
+        if item.get(schema.LEASE_SESSION, "") != (session.session_id if session else ""):
+            continue
+        since = session.expires_at_ms if session else int(item.get(schema.UPDATED_AT_MS, 0))
+        unowned.append(
+            {
+                "connection_id": cid,
+                "partition": partition,
+                "worker_id": session.worker_id if session else "",
+                "session_state": session.describe(now) if session else "",
+                "unowned_for_s": _age_s(now, since),
+            }
+        )
+
+    oldest = summary.oldest_owned
+    return {
+        "now_ms": now,
+        "workers": [
+            {
+                "worker_id": s.worker_id,
+                "session_id": s.session_id,
+                "session_age_s": _age_s(now, s.started_at_ms),
+                "active": s.active,
+                "max_connections": s.max_connections,
+                "heartbeat_age_s": _age_s(now, s.heartbeat_at_ms),
+                "expires_in_s": -_age_s(now, s.expires_at_ms),
+            }
+            for s in sorted((sessions[sid] for sid in live), key=lambda s: (s.worker_id, s.session_id))
+        ],
+        "sessions_not_live_holding": [
+            {
+                "worker_id": s.worker_id,
+                "session_id": s.session_id,
+                "state": s.describe(now),
+                "expired_s_ago": _age_s(now, s.expires_at_ms),
+                "ended_by": s.ended_by,
+            }
+            for s in sorted(dead, key=lambda s: s.expires_at_ms)
+        ],
+        "connections": {
+            schema.STARTED: summary.by_state.get(schema.STARTED, 0),
+            schema.STOPPED: summary.by_state.get(schema.STOPPED, 0),
+            "total": sum(summary.by_state.values()),
+        },
+        "unowned": sorted(unowned, key=lambda u: -u["unowned_for_s"]),
+        "oldest_checkpoint": None
+        if oldest is None
+        else {
+            "connection_id": schema.connection_id_from_pk(oldest[schema.PK]),
+            "updated_at_ms": int(oldest.get(schema.UPDATED_AT_MS, 0)),
+            "age_s": _age_s(now, int(oldest.get(schema.UPDATED_AT_MS, 0))),
+        },
+    }
+
+
+def connections(reader: FleetReader, now: int, *, worker: str | None, state: str | None) -> list[dict]:
+    """Every connection (a Scan), or those attached to ``worker``'s sessions (by_owner
+    queries, then a BatchGetItem); only ``state`` if given."""
+    sessions = reader.sessions()
+    if worker:
+        mine = [s for s in sessions.values() if s.worker_id == worker and (s.state == schema.LIVE or s.in_ring)]
+        ids = [o.connection_id for s in mine for o in reader.connections.owned_by(s.session_id)]
+        items = [i for i in reader.items(ids).values() if not state or i.get(schema.DESIRED_STATE) == state]
+    else:
+        items = reader.all_connections(state)
+    return _connection_rows(items, sessions, now)
+
+
+def _owner(item: Mapping[str, Any], sessions: Mapping[str, Session], now: int) -> tuple[str, bool]:
+    """(who holds it, as shown; whether that session owns it now)."""
+    session_id = item.get(schema.LEASE_SESSION, "")
+    if not session_id:
+        return "-", False
+    session = sessions.get(session_id)
+    worker = item.get(schema.LEASE_OWNER, "") or (session.worker_id if session else "?")
+    if session is not None and session.live_at(now):
+        return worker, True
+    return f"{worker} ({session.describe(now) if session else 'session gone'})", False
+
+
+def _connection_rows(items: Sequence[dict], sessions: Mapping[str, Session], now: int) -> list[dict]:
+    rows = []
+    for item in sorted(items, key=lambda i: i[schema.PK]):
+        owner, owned = _owner(item, sessions, now)
+        rows.append(
+            {
+                "connection_id": schema.connection_id_from_pk(item[schema.PK]),
+                "desired_state": item.get(schema.DESIRED_STATE, ""),
+                "ws_url": item.get(schema.WS_URL, ""),
+                "lease_owner": item.get(schema.LEASE_OWNER, ""),
+                "lease_session": item.get(schema.LEASE_SESSION, ""),
+                "owned": owned,
+                "owner": owner,
+                "fence_token": int(item.get(schema.FENCE_TOKEN, 0)),
+                "last_seq": int(item.get(schema.LAST_SEQ, 0)),
+                "updated_at_ms": int(item.get(schema.UPDATED_AT_MS, 0)),
+            }
+        )
+    return rows
+
+
+def messages(reader: FleetReader, connection_id: str, *, from_seq: int, limit: int) -> list[dict]:
+    """Stored frames in seq order, each frame's data parsed back from its JSON text."""
+    rows = []
+    for item in reader.messages(connection_id, from_seq=from_seq, limit=limit):
+        raw = item.get(schema.MESSAGE_DATA, "")
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = raw
+        rows.append(
+            {
+                "seq": int(item[schema.MSG_SK]),
+                "data": data,
+                "fence_token": int(item.get(schema.MSG_FENCE_TOKEN, 0)),
+                "worker_id": item.get(schema.MSG_WORKER_ID, ""),
+                "received_at_ms": int(item.get(schema.RECEIVED_AT_MS, 0)),
+            }
+        )
+    return rows
