@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from wsfleet.local import report
-from wsfleet.local.fleet import Audit, ConnState, Sample, eventually
+from wsfleet.local.fleet import Audit, ConnState, Sample, SessionState, eventually, state_from_item
 from wsfleet.local.upstream import Overlap, SocketRecord
 
-FAST = ["--lease", "3", "--heartbeat", "0.75", "--reconcile", "1", "--skew-ms", "200", "--rate", "5"]
+FAST = ["--lease", "3", "--heartbeat", "0.75", "--reconcile", "1", "--skew-ms", "200", "--checkpoint", "1", "--rate", "5"]
 
 
 def demo(args: list[str], env: dict[str, str], out: Path) -> subprocess.Popen:
@@ -100,8 +100,29 @@ def socket(stream: str, opened: float, closed: float | None = None) -> SocketRec
 
 
 def sample(t: float, **owners: str) -> Sample:
-    conns = {cid: ConnState("STARTED", owner, int((t + 5) * 1000), 1, 0) for cid, owner in owners.items()}
+    conns = {
+        cid: ConnState("STARTED", owner, f"{owner}#1" if owner else "", int((t + 5) * 1000) if owner else 0, 1, 0)
+        for cid, owner in owners.items()
+    }
     return Sample(t=t, connections=conns, open_sockets={}, produced=0, frames_sent=0)
+
+
+def test_the_observer_counts_a_connection_owned_only_while_its_session_is_live_and_unexpired():
+    sessions = {
+        "w1#a": SessionState("w1", "LIVE", expires_at_ms=10_000),
+        "w2#b": SessionState("w2", "ENDED", expires_at_ms=10_000, ended_by="w1#a"),
+    }
+
+    def owner(session: str, desired: str = "STARTED") -> str:
+        item = {"desired_state": desired, "lease_owner": session.split("#")[0], "lease_session": session, "fence_token": 1}
+        connections = {"c": state_from_item(item, sessions)}
+        return Sample(t=9.0, connections=connections, open_sockets={}, produced=0, frames_sent=0).owners().get("c", "-")
+
+    assert owner("w1#a") == "w1"
+    assert owner("w2#b") == ""  # attached to an ENDED session: an orphan until taken
+    assert owner("w3#gone") == ""  # a session the observer has not seen
+    assert owner("w1#a", "STOPPED") == "-"  # only STARTED connections are counted
+    assert state_from_item({"lease_owner": "w1", "lease_session": "w1#a"}, sessions).owned_at(10_000) == ""  # expired
 
 
 def test_a_takeover_is_timed_to_the_first_socket_opened_after_the_event_and_names_the_successor():

@@ -10,7 +10,8 @@ import time
 
 
 from wsfleet.local.upstream import ThreadedUpstream
-from wsfleet.store import ConnectionsStore, MessagesStore
+from wsfleet import schema
+from wsfleet.store import ConnectionsStore, MessagesStore, SessionsStore
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -33,6 +34,7 @@ def test_a_bad_setting_stops_the_worker_at_start_up_naming_the_variable(python_e
 
 def test_sigterm_closes_flushes_and_releases_every_connection_then_hints_peers(python_env, aws_env, ddb, sqs):
     conns = ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4)
+    sessions = SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"])
     msgs = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"])
     ids = [f"s{i}" for i in range(3)]
     env = {
@@ -72,8 +74,13 @@ def test_sigterm_closes_flushes_and_releases_every_connection_then_hints_peers(p
     for cid in ids:
         item = conns.get(cid)
         stored = [r["sk"] for r in msgs.read_all(cid)]
-        assert item["lease_owner"] == "" and item["lease_expires_at_ms"] == 0
+        assert (item["lease_owner"], item["lease_session"]) == ("", "")
+        assert item["owner_key"] == schema.owner_key_free(cid, 4)  # still STARTED: free for a peer
         assert item["last_seq"] == stored[-1] and stored == list(range(1, len(stored) + 1))
+    # The worker ended its own session once everything was released, and left the ring.
+    (opened,) = [e["session_id"] for e in events if e["event"] == "session_opened"]
+    session = sessions.get(opened)
+    assert (session["state"], session["ended_by"]) == ("ENDED", "proc-1") and "ring" not in session
     hinted: set[str] = set()
 
     def receive_hints() -> bool:

@@ -7,11 +7,12 @@ It starts the local AWS backend, an upstream, the API and K worker processes, ST
 connections through the API, then plays the scenario:
 
 * ``start``  START every connection (every scenario begins with it);
-* ``crash``  SIGKILL the busiest worker: its leases expire and peers take over;
+* ``crash``  SIGKILL the busiest worker: its session expires, a peer watching it ends
+  it once the skew margin has passed too, and its connections are taken over;
 * ``deploy`` start a replacement worker, then SIGTERM another (a rolling deploy step):
   the leaving worker closes, flushes, releases and hints its peers;
 * ``pause``  SIGSTOP a worker past its lease, then SIGCONT it: peers take over, and the
-  resumed worker must write nothing more and give its connections up;
+  resumed worker must write nothing more, close its sockets and open a new session;
 * ``stop``   STOP a quarter of the connections;
 * ``burst``  START new connections and restart half of the stopped ones.
 
@@ -58,7 +59,7 @@ class Demo:
         self._stopped: list[str] = []
         self._next_id = 1
         self._next_worker = 1
-        self._last_progress: Sample | None = None
+        self._progress: list[Sample] = []  # the samples progress lines were printed for
         self._print_lock = threading.Lock()
 
     def say(self, line: str) -> None:
@@ -66,13 +67,17 @@ class Demo:
             print(line, file=self.out, flush=True)
 
     def on_sample(self, sample: Sample) -> None:
-        """The observer's callback: a progress line every couple of seconds."""
-        earlier = self._last_progress
+        """The observer's callback: a progress line every couple of seconds. The stored
+        rate is taken over two checkpoint intervals: checkpoints, written at most every
+        CHECKPOINT_SECONDS per connection, move in steps."""
         if self.phase == "setup":
             return
-        if earlier is not None and sample.t - earlier.t < PROGRESS_EVERY_S:
+        if self._progress and sample.t - self._progress[-1].t < PROGRESS_EVERY_S:
             return
-        self._last_progress = sample
+        window = max(PROGRESS_EVERY_S, 2 * self.fleet.timing.checkpoint_s)
+        earlier = next((s for s in reversed(self._progress) if sample.t - s.t >= window), None)
+        earlier = earlier or (self._progress[0] if self._progress else None)
+        self._progress.append(sample)
         states = {name: p.state for name, p in self.fleet.workers.items()}
         self.say(report.progress_line(sample.t - self.t_origin, self.phase, sample, earlier, states))
 
@@ -141,8 +146,14 @@ class Demo:
         self._await(event)
         # Stay frozen a little longer than the lease, then wake up to find it gone.
         time.sleep(max(0.0, at + self.fleet.timing.lease_s + self.fleet.timing.heartbeat_s - time.time()))
+        sessions = len(self.fleet.sessions_of(victim))
         event.until = self.fleet.resume(victim)
-        self.say(f"           SIGCONT {victim}: it must close its stale sockets and write nothing more")
+        self.say(f"           SIGCONT {victim}: it must close its stale sockets, write nothing more and open a new session")
+        try:
+            eventually(lambda: len(self.fleet.sessions_of(victim)) > sessions, 10, f"a new session of {victim}", interval=0.2)
+            self.say(f"           {victim} is back with a new session")
+        except TimeoutError as exc:
+            self.say(f"           {exc}")
         return event
 
     def stop(self) -> report.Event:
@@ -261,11 +272,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scenario", choices=sorted(SCENARIOS), default="full", help="what happens after the START [full]")
     p.add_argument("--duration", type=float, default=150.0, help="seconds from the first START to the final STOP [150]")
     p.add_argument("--rate", type=float, default=2.0, help="messages per second per upstream stream [2]")
-    p.add_argument("--lease", type=float, default=6.0, help="LEASE_SECONDS [6]")
-    p.add_argument("--heartbeat", type=float, default=1.5, help="HEARTBEAT_SECONDS [1.5]")
-    p.add_argument("--reconcile", type=float, default=3.0, help="RECONCILE_SECONDS [3]")
-    p.add_argument("--skew-ms", type=int, default=500, help="MAX_CLOCK_SKEW_MS [500]")
-    p.add_argument("--flush-ms", type=int, default=1000, help="FLUSH_INTERVAL_MS [1000]")
+    defaults = Timing()
+    p.add_argument("--lease", type=float, default=defaults.lease_s, help=f"LEASE_SECONDS, the session lease [{defaults.lease_s:g}]")
+    p.add_argument("--heartbeat", type=float, default=defaults.heartbeat_s, help=f"HEARTBEAT_SECONDS [{defaults.heartbeat_s:g}]")
+    p.add_argument("--reconcile", type=float, default=defaults.reconcile_s, help=f"RECONCILE_SECONDS [{defaults.reconcile_s:g}]")
+    p.add_argument("--skew-ms", type=int, default=defaults.skew_ms, help=f"MAX_CLOCK_SKEW_MS [{defaults.skew_ms}]")
+    p.add_argument("--flush-ms", type=int, default=defaults.flush_ms, help=f"FLUSH_INTERVAL_MS [{defaults.flush_ms}]")
+    p.add_argument(
+        "--checkpoint", type=float, default=defaults.checkpoint_s, help=f"CHECKPOINT_SECONDS [{defaults.checkpoint_s:g}]"
+    )
     p.add_argument("--run-dir", default=".demo", help="where each run's logs and report go [.demo]")
     p.add_argument("--strict", action="store_true", help="also fail when an event took longer than its bound")
     args = p.parse_args(argv)
@@ -275,6 +290,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error(f"the {args.scenario} scenario needs at least 2 workers")
     if args.lease < 2 * args.heartbeat:
         p.error("--lease must be at least twice --heartbeat")
+    if args.skew_ms >= (args.lease - args.heartbeat) * 1000:
+        p.error("--skew-ms must be less than --lease minus --heartbeat")
     return args
 
 
@@ -284,7 +301,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     route_stdlib_logging(stream=sys.stderr, component="demo")
     args = parse_args(argv)
     timing = Timing(
-        lease_s=args.lease, heartbeat_s=args.heartbeat, reconcile_s=args.reconcile, skew_ms=args.skew_ms, flush_ms=args.flush_ms
+        lease_s=args.lease,
+        heartbeat_s=args.heartbeat,
+        reconcile_s=args.reconcile,
+        skew_ms=args.skew_ms,
+        flush_ms=args.flush_ms,
+        checkpoint_s=args.checkpoint,
     )
     run_dir = new_run_dir(Path(args.run_dir))
     demo: Demo | None = None

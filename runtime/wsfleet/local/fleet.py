@@ -10,8 +10,8 @@ A :class:`Fleet` owns everything it starts:
 * the upstream (:class:`~wsfleet.local.upstream.ThreadedUpstream`) and the API
   (:class:`~wsfleet.local.api.LocalApi` in front of the event router) as threads of
   this process: their books are then read directly, and the API is still real HTTP;
-* an observer thread that samples ownership (one Scan of the connections table) and
-  the upstream's books every ``sample_interval`` seconds.
+* an observer thread that samples ownership (one Scan of the connections table, then
+  one of the sessions table) and the upstream's books every ``sample_interval`` seconds.
 
 Nothing is mocked in-process for the workers: they reach the backend, the upstream and
 each other only over loopback, as they would in ECS.
@@ -64,16 +64,27 @@ log = logging.getLogger(__name__)
 # --- timing ------------------------------------------------------------------------------
 
 
+# What a takeover costs past the dead session's expiry + skew: the watcher's jitter (at
+# most 0.3 s), its end, drain query and acquires, the stored-end query and the connect
+# (about 0.5 s on an idle machine), and a second and a half of room for a busy 2-core one.
+TAKEOVER_SLACK_S = 2.5
+
+
 @dataclass(frozen=True)
 class Timing:
-    """The worker settings a fleet run is judged by, and the bounds that follow from them."""
+    """The worker settings a fleet run is judged by, and the bounds that follow from them.
 
-    lease_s: float = 6.0
-    heartbeat_s: float = 1.5
+    The defaults are the worker's own for the session (lease 10 s, heartbeat 2.5 s, skew
+    1 s); reconcile (the scan for lost hints), flush and checkpoint are shorter than in
+    production so that a short local run shows them and its checkpoints move visibly."""
+
+    lease_s: float = 10.0
+    heartbeat_s: float = 2.5
     reconcile_s: float = 3.0
-    skew_ms: int = 500
+    skew_ms: int = 1000
     flush_ms: int = 1000
     shutdown_s: float = 10.0
+    checkpoint_s: float = 5.0  # CHECKPOINT_SECONDS: how stale the observer's last_seq may be
 
     def env(self) -> dict[str, str]:
         return {
@@ -83,14 +94,18 @@ class Timing:
             cfg.MAX_CLOCK_SKEW_MS: str(self.skew_ms),
             cfg.FLUSH_INTERVAL_MS: str(self.flush_ms),
             cfg.SHUTDOWN_SECONDS: f"{self.shutdown_s:g}",
+            cfg.CHECKPOINT_SECONDS: f"{self.checkpoint_s:g}",
         }
 
     @property
     def crash_bound_s(self) -> float:
-        """A crashed worker's connections: its lease runs out (at most a lease after the
-        last renewal), the skew margin passes, and a peer's reconcile (which saw the missed
-        renewal at most one jittered interval earlier) takes it at that moment."""
-        return self.lease_s + self.skew_ms / 1000 + self.reconcile_s
+        """A crashed (or frozen) worker's connections, from the kill:
+        ``lease + skew + TAKEOVER_SLACK_S``. Its session was last renewed at most a
+        heartbeat before the kill, so it expires at most a lease after it; a watcher,
+        which saw the missed renewal well before, ends it once the skew margin has also
+        passed, and takes its connections (acquire, find the stored end, connect) within
+        the slack."""
+        return self.lease_s + self.skew_ms / 1000 + TAKEOVER_SLACK_S
 
     @property
     def graceful_bound_s(self) -> float:
@@ -263,18 +278,35 @@ class EmulatorProcess:
 
 
 @dataclass(frozen=True)
+class SessionState:
+    """One worker session, as the observer read it."""
+
+    worker_id: str
+    state: str  # LIVE | ENDED
+    expires_at_ms: int  # by its worker's wall clock, as are heartbeat_at_ms and started_at_ms
+    heartbeat_at_ms: int = 0
+    started_at_ms: int = 0
+    ended_by: str = ""  # the session (of a watcher) or the worker id (its own) that ended it
+
+    def live_at(self, now_ms: int) -> bool:
+        return self.state == schema.LIVE and self.expires_at_ms > now_ms
+
+
+@dataclass(frozen=True)
 class ConnState:
-    """One connection item, as the observer read it."""
+    """One connection item, with its session as the observer read it."""
 
     desired_state: str
-    owner: str
-    expires_at_ms: int
+    owner: str  # lease_owner: the worker id of the session it is attached to, "" when free
+    session: str  # lease_session, "" when free
+    expires_at_ms: int  # that session's expiry while it is LIVE, else 0 (as GET /connections says)
     fence_token: int
     last_seq: int
 
     def owned_at(self, now_ms: int) -> str:
-        """The owner if its lease is live at ``now_ms``, else ""."""
-        return self.owner if self.owner and self.expires_at_ms > now_ms else ""
+        """The owner if it is attached to a session that is LIVE and unexpired at
+        ``now_ms``, else ""."""
+        return self.owner if self.session and self.expires_at_ms > now_ms else ""
 
 
 @dataclass(frozen=True)
@@ -284,9 +316,10 @@ class Sample:
     open_sockets: dict[str, int]  # per stream
     produced: int  # sum of the streams' heads
     frames_sent: int  # sum over every socket ever opened (replays included)
+    sessions: dict[str, SessionState] = field(default_factory=dict)
 
     def owners(self) -> dict[str, str]:
-        """Live lease owner per STARTED connection ("" if none)."""
+        """Live owner per STARTED connection ("" if none)."""
         now = int(self.t * 1000)
         return {cid: c.owned_at(now) for cid, c in self.connections.items() if c.desired_state == schema.STARTED}
 
@@ -298,20 +331,35 @@ class Sample:
         return counts
 
     def orphans(self) -> list[str]:
-        """STARTED connections with no live lease."""
+        """STARTED connections not attached to a live session."""
         return sorted(cid for cid, owner in self.owners().items() if not owner)
 
     @property
     def stored(self) -> int:
-        """Sum of checkpoints: messages durably stored (as of each connection's last renewal)."""
+        """Sum of checkpoints: messages durably stored (as of each connection's last
+        checkpoint, at most CHECKPOINT_SECONDS old while frames arrive)."""
         return sum(c.last_seq for c in self.connections.values())
 
 
-def state_from_item(item: Mapping[str, Any]) -> ConnState:
+def session_from_item(item: Mapping[str, Any]) -> SessionState:
+    return SessionState(
+        worker_id=item.get(schema.SESSION_WORKER_ID, ""),
+        state=item.get(schema.SESSION_STATE, ""),
+        expires_at_ms=int(item.get(schema.EXPIRES_AT_MS, 0)),
+        heartbeat_at_ms=int(item.get(schema.HEARTBEAT_AT_MS, 0)),
+        started_at_ms=int(item.get(schema.STARTED_AT_MS, 0)),
+        ended_by=item.get(schema.ENDED_BY, ""),
+    )
+
+
+def state_from_item(item: Mapping[str, Any], sessions: Mapping[str, SessionState]) -> ConnState:
+    session_id = item.get(schema.LEASE_SESSION, "")
+    session = sessions.get(session_id) if session_id else None
     return ConnState(
         desired_state=item.get(schema.DESIRED_STATE, ""),
         owner=item.get(schema.LEASE_OWNER, ""),
-        expires_at_ms=int(item.get(schema.LEASE_EXPIRES_AT_MS, 0)),
+        session=session_id,
+        expires_at_ms=session.expires_at_ms if session is not None and session.state == schema.LIVE else 0,
         fence_token=int(item.get(schema.FENCE_TOKEN, 0)),
         last_seq=int(item.get(schema.LAST_SEQ, 0)),
     )
@@ -582,37 +630,62 @@ class Fleet:
 
     # -- reading the backend and the books -------------------------------------------------
 
-    def scan(self) -> dict[str, ConnState]:
-        """Every connection item, read now (a consistent Scan)."""
-        out: dict[str, ConnState] = {}
-        kwargs: dict[str, Any] = {"TableName": self.aws_env["TABLE_NAME"], "ConsistentRead": True}
+    def _scan_items(self, table: str) -> list[dict]:
+        out: list[dict] = []
+        kwargs: dict[str, Any] = {"TableName": table, "ConsistentRead": True}
         while True:
             resp = self._ddb.scan(**kwargs)
-            for raw in resp.get("Items", []):
-                item = unmarshal(raw)
-                out[schema.connection_id_from_pk(item[schema.PK])] = state_from_item(item)
+            out.extend(unmarshal(raw) for raw in resp.get("Items", []))
             if "LastEvaluatedKey" not in resp:
                 return out
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
+    def sessions(self) -> dict[str, SessionState]:
+        """Every worker session, read now (a consistent Scan)."""
+        items = self._scan_items(self.aws_env["SESSIONS_TABLE_NAME"])
+        return {item[schema.SESSION_ID]: session_from_item(item) for item in items}
+
+    def read_ownership(self) -> tuple[float, dict[str, ConnState], dict[str, SessionState]]:
+        """(when, connections, sessions): the connections table, then the sessions table,
+        each with one consistent Scan. In that order, every session a connection names
+        was written before it was read, so it is in the second scan, and its state there
+        is at least as new as the connection's; the time is taken after both."""
+        conn_items = self._scan_items(self.aws_env["TABLE_NAME"])
+        sessions = self.sessions()
+        t = time.time()
+        connections = {
+            schema.connection_id_from_pk(item[schema.PK]): state_from_item(item, sessions) for item in conn_items
+        }
+        return t, connections, sessions
+
+    def scan(self) -> dict[str, ConnState]:
+        """Every connection with its session's state, read now."""
+        return self.read_ownership()[1]
+
     def owned_by(self, name: str) -> set[str]:
-        """Connections on which ``name`` holds a live lease, read now."""
-        now = int(time.time() * 1000)
-        return {cid for cid, c in self.scan().items() if c.desired_state == schema.STARTED and c.owned_at(now) == name}
+        """STARTED connections attached to a live session of worker ``name``, read now."""
+        t, connections, _ = self.read_ownership()
+        now = int(t * 1000)
+        return {cid for cid, c in connections.items() if c.desired_state == schema.STARTED and c.owned_at(now) == name}
+
+    def sessions_of(self, name: str) -> dict[str, SessionState]:
+        """Every session worker ``name`` opened so far, by session id."""
+        return {sid: s for sid, s in self.sessions().items() if s.worker_id == name}
 
     def messages(self, connection_id: str) -> list[dict]:
         return self.messages_store.read_all(connection_id)
 
     def sample(self) -> Sample:
         assert self.upstream is not None
-        connections = self.scan()
+        t, connections, sessions = self.read_ownership()
         stats = self.upstream.stats()["streams"]
         return Sample(
-            t=time.time(),
+            t=t,
             connections=connections,
             open_sockets={name: s["open_sockets"] for name, s in stats.items()},
             produced=sum(s["produced"] for s in stats.values()),
             frames_sent=sum(s["frames_sent"] for s in stats.values()),
+            sessions=sessions,
         )
 
     def _observe(self) -> None:
@@ -630,11 +703,11 @@ class Fleet:
             time.sleep(max(0.0, next_at - time.monotonic()))
 
     def wait_connected(self, connection_ids: list[str] | set[str], *, timeout: float) -> None:
-        """Until every one has an open upstream socket and a live lease."""
+        """Until every one has an open upstream socket and a live owner."""
 
         def done() -> bool:
-            now = int(time.time() * 1000)
-            states = self.scan()
+            t, states, _ = self.read_ownership()
+            now = int(t * 1000)
             return all(
                 self.upstream.open_sockets(c) and c in states and states[c].owned_at(now) for c in connection_ids
             )
@@ -642,11 +715,11 @@ class Fleet:
         eventually(done, timeout, f"{len(connection_ids)} connections to be owned and connected", interval=0.2)
 
     def wait_quiet(self, connection_ids: list[str] | set[str], *, timeout: float) -> None:
-        """Until none has an open socket or a lease (after STOPs, before the audit)."""
+        """Until none has an open socket or a session (after STOPs, before the audit)."""
 
         def done() -> bool:
             states = self.scan()
-            return all(not self.upstream.open_sockets(c) and not states[c].owner for c in connection_ids)
+            return all(not self.upstream.open_sockets(c) and not states[c].session for c in connection_ids)
 
         eventually(done, timeout, f"{len(connection_ids)} connections to be closed and released", interval=0.2)
 

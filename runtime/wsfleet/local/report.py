@@ -114,7 +114,8 @@ def excused(overlap: Overlap, events: Iterable[Event]) -> Event | None:
 
 def progress_line(elapsed: float, phase: str, sample: Sample, earlier: Sample | None, workers: Mapping[str, str]) -> str:
     """One plain-text line: elapsed, phase, connections per worker, orphans, open sockets,
-    stored messages per second (from the checkpoints, so it moves at each renewal)."""
+    stored messages per second (from the checkpoints, so it moves at each checkpoint
+    write, at most CHECKPOINT_SECONDS apart while frames arrive)."""
     counts = sample.owned_counts()
     parts = []
     for name, state in workers.items():
@@ -207,7 +208,7 @@ def data_lines(summary: DataSummary, overlaps: Sequence[Overlap], events: Sequen
     lines.append(
         f"moments with two sockets on one stream: {len(overlaps)}"
         + (f" ({len(overlaps) - len(unexplained)} during a SIGSTOP: the frozen process's socket stays open "
-           "until it resumes and finds its lease gone)" if len(overlaps) != len(unexplained) else "")
+           "until it resumes and finds its session gone)" if len(overlaps) != len(unexplained) else "")
     )
     for o in unexplained[:10]:
         lines.append(f"  OVERLAP on {o.stream} at {o.started_at:.3f}: sockets {o.socket_ids} peers {o.peers}")
