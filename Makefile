@@ -8,6 +8,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
 ENVS := dev prod
+# libfaketime: the fleet test of workers whose wall clocks disagree runs them under it.
+FAKETIME_LIB := /usr/lib/$(shell uname -m)-linux-gnu/faketime/libfaketime.so.1
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
@@ -19,7 +22,7 @@ export JSII_SILENCE_WARNING_KNOWN_BROKEN_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_VERSION_CHECK := 1
 
-.PHONY: all demo test lint synth cfnlint bench venv clean
+.PHONY: all demo test lint synth cfnlint bench venv faketime clean
 
 all: test
 
@@ -35,13 +38,26 @@ node_modules/.deps: package.json package-lock.json
 
 venv: $(VENV)/.deps
 
+# Debian's faketime package, installed once if it is missing (apt-get; root or sudo). Where
+# there is no apt-get, the one test that needs it is skipped, with this warning.
+$(FAKETIME_LIB):
+	@if ! command -v apt-get >/dev/null; then \
+	  echo "warning: no libfaketime (Debian: faketime): the clock-skew fleet test will be skipped" >&2; \
+	else \
+	  echo "apt-get install faketime"; \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null \
+	  || { $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null; }; \
+	fi
+
+faketime: $(FAKETIME_LIB)
+
 ## demo: the whole fleet on this machine (embedded default), with a failover scenario
 demo: $(VENV)/.deps
 	$(PY) -m wsfleet.local.demo $(DEMO_ARGS)
 
 ## test: lint, unit, emulator, fleet and stack tests, then `cdk synth` of every environment
 ## and cfn-lint over the templates it writes
-test: $(VENV)/.deps node_modules/.deps lint
+test: $(VENV)/.deps node_modules/.deps $(FAKETIME_LIB) lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory cfnlint
 

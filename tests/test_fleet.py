@@ -1,23 +1,27 @@
 """The fleet as real processes: workers (``python -m wsfleet.worker``) crash, leave, freeze
 and come back while the upstream's socket books and the messages table are watched.
 
-Fast timings (lease 3 s, heartbeat 0.75 s, reconcile 1 s, skew 200 ms) and a few
-connections keep every test to seconds; one emulator process serves the whole module,
-each test has tables, queue, upstream, API and workers of its own.
+Fast timings (session lease 3 s, heartbeat 0.75 s, reconcile 1 s, skew 200 ms,
+checkpoint 1 s) and a few connections keep every test to seconds; one emulator process
+serves the whole module, each test has tables, queue, upstream, API and workers of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import glob
 import time
 
 import pytest
 
 from wsfleet.local import report
-from wsfleet.local.fleet import EmulatorProcess, Fleet, Timing, eventually
+from wsfleet.leases import SessionTiming
+from wsfleet.local.fleet import EmulatorProcess, Fleet, SessionState, Timing, eventually
+from wsfleet.worker.takeover import RING_REFRESH_S
 
 pytestmark = pytest.mark.timeout(120)
 
-TIMING = Timing(lease_s=3.0, heartbeat_s=0.75, reconcile_s=1.0, skew_ms=200, flush_ms=500, shutdown_s=5.0)
+TIMING = Timing(lease_s=3.0, heartbeat_s=0.75, reconcile_s=1.0, skew_ms=200, flush_ms=500, shutdown_s=5.0, checkpoint_s=1.0)
 RATE = 5.0  # messages per second per stream
 
 
@@ -48,6 +52,18 @@ def start_connections(fleet: Fleet, n: int, *, storing: int = 3) -> list[str]:
     fleet.wait_connected(ids, timeout=15)
     eventually(lambda: all(c.last_seq >= storing for c in fleet.scan().values()), 15, f"{storing} messages checkpointed each")
     return ids
+
+
+def watched_by_all(fleet: Fleet, timing: Timing = TIMING) -> None:
+    """Until every worker is watched. A worker reads its ring successors when its session
+    opens and then every RING_REFRESH_S, so one that joined after its predecessors' last
+    read is watched only from their next refresh, and a crash bound holds only from then
+    on. No log line shows a refresh: this waits for the time one takes after the last
+    session opened (the refresh, plus the longest pause between two watch passes)."""
+    st = SessionTiming(round(timing.lease_s * 1000), round(timing.heartbeat_s * 1000), timing.skew_ms)
+    last = max(e["ts"] for name in fleet.live_workers() for e in fleet.events(name) if e["event"] == "session_opened")
+    settled = last + RING_REFRESH_S + 0.85 * st.watch_window_ms() / 1000 + 0.5
+    eventually(lambda: time.time() >= settled, RING_REFRESH_S + 10, "every worker to be watched", interval=0.25)
 
 
 def busiest(fleet: Fleet) -> tuple[str, set[str]]:
@@ -87,21 +103,33 @@ def stop_all_and_audit(fleet: Fleet, ids: list[str]) -> None:
         assert a.rows <= a.delivered <= a.rows + RATE * 2, a
 
 
-def test_a_crashed_workers_connections_are_taken_over_after_its_lease_expires_within_lease_plus_reconcile(fleet):
+def live_session(fleet: Fleet, name: str) -> tuple[str, SessionState]:
+    """The session worker ``name`` holds now (its newest LIVE one)."""
+    live = [(sid, s) for sid, s in fleet.sessions_of(name).items() if s.state == "LIVE"]
+    assert live, f"{name} has no live session: {fleet.sessions_of(name)}"
+    return max(live, key=lambda item: item[1].started_at_ms)
+
+
+def test_a_crashed_workers_connections_are_taken_over_once_its_session_expires_within_lease_plus_skew_and_slack(fleet):
     start_workers(fleet, "w1", "w2", "w3")
     ids = start_connections(fleet, 9)
+    watched_by_all(fleet)
     victim, affected = busiest(fleet)
-    expiries = {c: s.expires_at_ms for c, s in fleet.scan().items() if c in affected}
+    dead_id, _ = live_session(fleet, victim)
 
     at = fleet.kill(victim)
     event = report.Event(report.CRASH, f"kill -9 {victim}", at, dict.fromkeys(affected, at), TIMING.crash_bound_s, victim)
     outcome = wait_taken_over(fleet, event, TIMING.crash_bound_s + 10)
 
     assert outcome.max <= TIMING.crash_bound_s, outcome.took_s
+    dead = fleet.sessions()[dead_id]
+    # A peer ended it (the dead can end nothing), and only once it was past its expiry
+    # by the skew margin: no successor socket opened before that.
+    assert dead.state == "ENDED" and dead.ended_by in {sid for n in fleet.live_workers() for sid in fleet.sessions_of(n)}
     for cid in affected:
         successor = next(r for r in fleet.upstream.sockets(cid) if r.opened_at >= at)
-        # Never before the dead worker's lease (plus the skew margin) ran out.
-        assert successor.opened_at * 1000 > expiries[cid] + TIMING.skew_ms, (cid, successor.opened_at, expiries[cid])
+        assert successor.opened_at * 1000 > dead.expires_at_ms + TIMING.skew_ms, (cid, successor.opened_at, dead)
+    assert not any(c.session == dead_id for c in fleet.scan().values())
     assert fleet.upstream.overlaps() == []
     stop_all_and_audit(fleet, ids)
 
@@ -120,6 +148,8 @@ def test_a_terminated_worker_hands_its_connections_over_well_before_its_lease_wo
     assert outcome.max < TIMING.graceful_bound_s < TIMING.lease_s, outcome.took_s
     released = {e["connection_id"] for e in fleet.events(victim) if e["event"] == "lease_released"}
     assert released == affected
+    # Everything released, it ended its own session: nobody had to wait for it to expire.
+    assert {(s.state, s.ended_by) for s in fleet.sessions_of(victim).values()} == {("ENDED", victim)}
     assert fleet.upstream.overlaps() == []  # closed before released, so never two sockets
     stop_all_and_audit(fleet, ids)
 
@@ -132,57 +162,81 @@ def test_messages_stay_gap_free_through_a_crash_a_handoff_and_a_second_crash(fle
         start_workers(fleet, f"w{4 + step}")  # keep three alive
         at = fleet.kill(victim) if act == "kill" else fleet.terminate(victim)[0]
         event = report.Event(report.CRASH, f"{act} {victim}", at, dict.fromkeys(affected, at), None, victim)
-        wait_taken_over(fleet, event, TIMING.crash_bound_s + 10)
+        # About data, not timing: the victim may have joined too recently to be watched yet.
+        wait_taken_over(fleet, event, TIMING.crash_bound_s + RING_REFRESH_S + 10)
 
     assert fleet.upstream.overlaps() == []
     stop_all_and_audit(fleet, ids)
 
 
-def test_a_worker_paused_past_its_lease_writes_nothing_more_and_gives_its_connections_up(fleet):
+def victims_rows(fleet: Fleet, victim: str, connection_ids) -> dict[str, dict[int, tuple[int, int]]]:
+    """seq -> (fence, received_at_ms) of every row ``victim`` wrote, per connection."""
+    return {
+        c: {r["sk"]: (r["fence_token"], r["received_at_ms"]) for r in fleet.messages(c) if r["worker_id"] == victim}
+        for c in connection_ids
+    }
+
+
+def test_a_worker_paused_past_its_lease_writes_nothing_more_and_comes_back_with_a_new_session(fleet):
     start_workers(fleet, "w1", "w2")
     ids = start_connections(fleet, 6)
+    watched_by_all(fleet)
     victim, affected = busiest(fleet)
+    (other,) = set(fleet.live_workers()) - {victim}
+    old_session, _ = live_session(fleet, victim)
+    opened = len([e for e in fleet.events(victim) if e["event"] == "session_opened"])
 
     paused_at = fleet.pause(victim)
     event = report.Event(report.PAUSE, f"SIGSTOP {victim}", paused_at, dict.fromkeys(affected, paused_at), TIMING.crash_bound_s, victim)
     outcome = wait_taken_over(fleet, event, TIMING.crash_bound_s + 10)
     assert outcome.max <= TIMING.crash_bound_s, outcome.took_s
+    assert fleet.sessions()[old_session].state == "ENDED"  # ended by its watcher, never to be renewed
 
-    def victims_rows() -> dict[str, dict[int, tuple[int, int]]]:
-        """seq -> (fence, received_at_ms) of every row the victim wrote, per moved connection."""
-        return {
-            c: {r["sk"]: (r["fence_token"], r["received_at_ms"]) for r in fleet.messages(c) if r["worker_id"] == victim}
-            for c in affected
-        }
-
-    before = victims_rows()
+    before = victims_rows(fleet, victim, affected)
     successor_fences = {c: fleet.scan()[c].fence_token for c in affected}
     event.until = fleet.resume(victim)
 
-    gave_up = {"lease_expired", "lease_lost", "lease_expired_while_writing"}
+    # It finds its session lost, drops every connection (closing its frozen sockets)...
     eventually(
-        lambda: affected <= {e.get("connection_id") for e in fleet.events(victim) if e["event"] in gave_up},
-        10, f"{victim} to give its connections up",
+        lambda: affected <= {e.get("connection_id") for e in fleet.events(victim) if e["event"] == "connection_dropped"},
+        10, f"{victim} to drop its connections",
     )
     frozen = [r for c in affected for r in fleet.upstream.sockets(c) if r.opened_at < paused_at]
     assert frozen
-    eventually(lambda: all(r.closed_at for c in affected for r in fleet.upstream.sockets(c) if r.opened_at < paused_at), 10, "the frozen sockets to close")
+    eventually(lambda: all(r.closed_at for r in frozen), 10, "the frozen sockets to close")
+    # ...and opens a NEW session, in its log and in the sessions table.
+    new_session = eventually(
+        lambda: [e["session_id"] for e in fleet.events(victim) if e["event"] == "session_opened"][opened:], 10, "a new session"
+    )[-1]
+    assert new_session != old_session
+    assert fleet.sessions()[new_session].live_at(int(time.time() * 1000))
     # Let every successor write a few more batches: any late write of the victim would land by then.
     marks = {c: s.last_seq for c, s in fleet.scan().items() if c in affected}
     eventually(lambda: all(fleet.scan()[c].last_seq >= marks[c] + 2 * RATE for c in affected), 10, "the successors to store more")
 
-    after = victims_rows()
+    after = victims_rows(fleet, victim, affected)
     # Nothing the victim received after its pause began was ever written...
     assert all(received <= paused_at * 1000 + 5 for rows in after.values() for _, received in rows.values())
-    # ...and nothing it had decided to write before the freeze went out after it: the
-    # deadline is checked as each request leaves (wsfleet.aws.send_deadline).
+    # ...nothing it had decided to write before the freeze went out after it (the
+    # deadline is checked as each request leaves: wsfleet.aws.send_deadline)...
     late = {c: sorted(s for s in after[c] if after[c][s] != before[c].get(s)) for c in affected}
     assert not any(late.values()), f"{victim} wrote after a successor took over: {late}"
+    # ...and every row it wrote carries an older fence than its successor's.
+    assert all(fence < successor_fences[c] for c in affected for fence, _ in after[c].values())
     for cid in affected:
         assert fleet.scan()[cid].fence_token == successor_fences[cid]  # the victim never took it back
     # The only overlaps are the frozen sockets, and they ended once the victim woke up.
     assert all(report.excused(o, [event]) for o in fleet.upstream.overlaps())
     assert all(o.ended_at is not None for o in fleet.upstream.overlaps())
+
+    # Under its new session it takes connections again: the other worker crashes, and
+    # the resumed one takes everything over.
+    killed_at = fleet.kill(other)
+    held = fleet.owned_by(other) | set(ids) - affected
+    crash = report.Event(report.CRASH, f"kill -9 {other}", killed_at, dict.fromkeys(held, killed_at), TIMING.crash_bound_s, other)
+    wait_taken_over(fleet, crash, TIMING.crash_bound_s + 10)
+    assert {c.session for c in fleet.scan().values()} == {new_session}
+    assert [o for o in fleet.upstream.overlaps() if not report.excused(o, [event])] == []
     stop_all_and_audit(fleet, ids)
 
 
@@ -197,7 +251,7 @@ def test_start_reaches_a_connected_socket_quickly_and_a_repeated_start_never_ope
 
     for _ in range(3):
         assert fleet.start_connection("a") == 200
-    # Two more renewals by the same owner: nothing was reset, nobody else connected.
+    # More checkpoints by the same owner: nothing was reset, nobody else connected.
     eventually(lambda: fleet.get_connection("a")[1]["last_seq"] >= state["last_seq"] + 2 * RATE, 10, "more messages checkpointed")
     _, after = fleet.get_connection("a")
     assert (after["lease_owner"], after["fence_token"]) == (state["lease_owner"], state["fence_token"])
@@ -220,3 +274,94 @@ def test_stop_closes_the_socket_and_releases_the_lease_within_a_heartbeat(fleet)
     assert fleet.stop_connection("c1") == 200
     assert fleet.upstream.open_sockets("c2")  # the other one carries on
     stop_all_and_audit(fleet, ["c1", "c2"])
+
+
+# --- wall clocks that disagree -------------------------------------------------------------
+
+FAKETIME_LIB = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)
+CLOCK_OFF_S = 0.45  # each way: the two workers' clocks disagree by 0.9 s, under the 1 s margin
+
+
+def clock_off_by(offset_s: float) -> dict[str, str]:
+    """Environment that runs a worker with its wall clock ``offset_s`` off (libfaketime).
+    Monotonic clocks are left alone, as a real wall-clock error would leave them."""
+    assert FAKETIME_LIB is not None
+    return {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": f"{offset_s:+g}", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+def fences_never_go_back(fleet: Fleet, connection_ids) -> dict[str, list[int]]:
+    """Per connection, the seqs stored with an older fence than a lower seq: a write by an
+    owner that had already been superseded (empty when none)."""
+    out = {}
+    for cid in connection_ids:
+        highest, back = 0, []
+        for row in sorted(fleet.messages(cid), key=lambda r: r["sk"]):
+            if row["fence_token"] < highest:
+                back.append(row["sk"])
+            highest = max(highest, row["fence_token"])
+        out[cid] = back
+    return {c: b for c, b in out.items() if b}
+
+
+@pytest.mark.skipif(FAKETIME_LIB is None, reason="needs libfaketime (Debian: apt-get install faketime; make test installs it)")
+def test_workers_whose_wall_clocks_disagree_by_less_than_the_skew_margin_never_overlap_lose_or_double(backend, tmp_path):
+    # A skew margin of a second needs a longer lease than TIMING's, or a renewal slowed
+    # by a busy machine would run into the deadline (lease - skew after the last one).
+    timing = dataclasses.replace(TIMING, lease_s=6.0, heartbeat_s=1.5, skew_ms=1000)
+    off_ms = CLOCK_OFF_S * 1000
+    with Fleet(run_dir=tmp_path, timing=timing, rate=RATE, emulator=backend, sample_interval=0.25) as fleet:
+        # The one behind takes every connection; the one ahead joins afterwards.
+        fleet.start_worker("behind", **clock_off_by(-CLOCK_OFF_S))
+        ids = start_connections(fleet, 8)
+        fleet.start_worker("ahead", **clock_off_by(+CLOCK_OFF_S))
+        watched_by_all(fleet, timing)
+
+        # The clocks are off as asked: each session's last renewal, stamped by its worker,
+        # against this process's clock.
+        now = int(time.time() * 1000)
+        (behind_session, behind), (_, ahead) = live_session(fleet, "behind"), live_session(fleet, "ahead")
+        assert behind.heartbeat_at_ms < now - off_ms + 100, (behind, now)
+        assert ahead.heartbeat_at_ms > now + off_ms - timing.heartbeat_s * 1000 - 500, (ahead, now)
+
+        # Freeze the one whose clock is behind: its session looks expired early to the one ahead.
+        victim_holds = fleet.owned_by("behind")
+        assert victim_holds, "behind holds nothing to take over"
+        opened = len([e for e in fleet.events("behind") if e["event"] == "session_opened"])
+        paused_at = fleet.pause("behind")
+        pause = report.Event(report.PAUSE, "SIGSTOP behind", paused_at, dict.fromkeys(victim_holds, paused_at), timing.crash_bound_s, "behind")
+        wait_taken_over(fleet, pause, timing.crash_bound_s + 10)
+        frozen = fleet.sessions()[behind_session]
+        # Nobody connected before the frozen worker's own deadline had passed: at the
+        # latest its last renewal (stamped off_ms early) plus the lease, less the margin.
+        for cid in victim_holds:
+            successor = next(r for r in fleet.upstream.sockets(cid) if r.opened_at >= paused_at)
+            assert successor.opened_at * 1000 > frozen.heartbeat_at_ms + off_ms + timing.lease_s * 1000 - timing.skew_ms, (
+                cid, successor, frozen,
+            )
+        successor_fences = {c: fleet.scan()[c].fence_token for c in victim_holds}
+        before = victims_rows(fleet, "behind", victim_holds)  # what it wrote before it froze
+        pause.until = fleet.resume("behind")
+        eventually(
+            lambda: len([e for e in fleet.events("behind") if e["event"] == "session_opened"]) > opened, 10, "behind's new session"
+        )
+        after = victims_rows(fleet, "behind", victim_holds)
+        assert after == before, "the frozen worker wrote after it woke up"
+        assert all(fence < successor_fences[c] for c in victim_holds for fence, _ in after[c].values())
+
+        # Now the one ahead dies, and the one behind (under a new session) takes it all:
+        # it sees the dead session expire late, never early.
+        ahead_session, _ = live_session(fleet, "ahead")
+        holds = fleet.owned_by("ahead")
+        killed_at = fleet.kill("ahead")
+        crash = report.Event(report.CRASH, "kill -9 ahead", killed_at, dict.fromkeys(holds, killed_at), timing.crash_bound_s, "ahead")
+        outcome = wait_taken_over(fleet, crash, timing.crash_bound_s + 2 * CLOCK_OFF_S + 10)
+        assert outcome.max <= timing.crash_bound_s + 2 * CLOCK_OFF_S, outcome.took_s
+        dead = fleet.sessions()[ahead_session]
+        for cid in holds:
+            successor = next(r for r in fleet.upstream.sockets(cid) if r.opened_at >= killed_at)
+            assert successor.opened_at * 1000 > dead.heartbeat_at_ms - off_ms + timing.lease_s * 1000 - timing.skew_ms
+
+        # Two sockets on one stream only while the frozen worker's kernel kept its socket open.
+        assert all(report.excused(o, [pause]) for o in fleet.upstream.overlaps())
+        assert fences_never_go_back(fleet, ids) == {}
+        stop_all_and_audit(fleet, ids)
