@@ -4,8 +4,9 @@ the worker's ``stats`` lines as windows of deltas, process CPU and memory read f
 
 The fleet runner (``wsfleet.local.fleet``) provides the emulator process, process
 spawning and polling; this module adds what the single-worker benchmarks need on top:
-an upstream in a process of its own (so its CPU is not the worker's) and a worker whose
-stats are read from its JSON log.
+an upstream in a process of its own (so its CPU is not the worker's), a worker whose
+stats are read from its JSON log, and the event router in this process (the path a
+START or STOP takes in production: a STOP reaches its owner through its session's inbox).
 """
 
 from __future__ import annotations
@@ -27,9 +28,12 @@ from botocore.config import Config
 
 from wsfleet import config as cfg
 from wsfleet import schema
+from wsfleet.local.api import build_event
 from wsfleet.local.emulator import CREDENTIALS, DEFAULT_REGION
-from wsfleet.local.fleet import EmulatorProcess, Process, child_env, eventually, spawn, stop_process
+from wsfleet.local.fleet import LOOPBACK, EmulatorProcess, Process, child_env, eventually, spawn, stop_process
 from wsfleet.local.upstream import stream_path
+from wsfleet.logs import JsonLogger
+from wsfleet.router import Router
 from wsfleet.store import ConnectionsStore
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -154,6 +158,9 @@ class Stats:
     lag_max_ms: float | None
     max_rss_mb: float
     cpu_s: float
+    session_id: str = ""
+    renewals: int = 0  # successful session renewals since the worker started
+    sessions_ended: int = 0  # dead sessions this worker ended
 
     @classmethod
     def from_event(cls, e: Mapping[str, Any]) -> "Stats":
@@ -168,6 +175,9 @@ class Stats:
             lag_max_ms=e.get("loop_lag_max_ms"),
             max_rss_mb=e.get("max_rss_mb", 0.0),
             cpu_s=e.get("cpu_s", 0.0),
+            session_id=e.get("session_id", ""),
+            renewals=e.get("renewals", 0),
+            sessions_ended=e.get("sessions_ended", 0),
         )
 
 
@@ -182,6 +192,8 @@ class Window:
     cpu_s: float
     lag_p99_ms: float | None  # as reported at the end (the worker's last two minutes)
     lag_max_ms: float | None
+    renewals: int = 0
+    same_session: bool = True  # no session was lost (and a new one opened) in between
 
     @classmethod
     def between(cls, a: Stats, b: Stats) -> "Window":
@@ -194,6 +206,24 @@ class Window:
             cpu_s=b.cpu_s - a.cpu_s,
             lag_p99_ms=b.lag_p99_ms,
             lag_max_ms=b.lag_max_ms,
+            renewals=b.renewals - a.renewals,
+            same_session=a.session_id == b.session_id,
+        )
+
+    @classmethod
+    def combined(cls, windows: Sequence["Window"]) -> "Window":
+        """Several workers' windows as one: sums, with ``seconds`` in worker-seconds."""
+        ops = {op for w in windows for op in w.requests}
+        return cls(
+            seconds=sum(w.seconds for w in windows),
+            active=sum(w.active for w in windows),
+            counters={k: sum(w.counters.get(k, 0) for w in windows) for k in windows[0].counters},
+            requests={k: sum(w.requests.get(k, 0) for w in windows) for k in sorted(ops)},
+            cpu_s=sum(w.cpu_s for w in windows),
+            lag_p99_ms=max((w.lag_p99_ms for w in windows if w.lag_p99_ms is not None), default=None),
+            lag_max_ms=max((w.lag_max_ms for w in windows if w.lag_max_ms is not None), default=None),
+            renewals=sum(w.renewals for w in windows),
+            same_session=all(w.same_session for w in windows),
         )
 
     @classmethod
@@ -259,7 +289,8 @@ class WorkerProcess:
 
 class Rig:
     """An emulator process with tables of its own, plus the upstreams and workers a
-    single-worker benchmark starts; everything is stopped on exit."""
+    benchmark starts, and the event router in this process; everything is stopped on
+    exit."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -267,6 +298,8 @@ class Rig:
         self.upstreams: list[UpstreamProcess] = []
         self.workers: list[WorkerProcess] = []
         self.aws_env: dict[str, str] = {}
+        self._router: Router | None = None
+        self._router_log: Any = None
 
     def __enter__(self) -> "Rig":
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -304,6 +337,8 @@ class Rig:
         for u in self.upstreams:
             u.stop()
         self.emulator.stop()
+        if self._router_log is not None:
+            self._router_log.close()
 
     @property
     def emulator_pid(self) -> int:
@@ -331,6 +366,23 @@ class Rig:
                 self.sqs.send_message(
                     QueueUrl=self.aws_env["QUEUE_URL"], MessageBody=json.dumps({schema.HINT_CONNECTION_ID: cid})
                 )
+
+    def post_event(self, body: Mapping[str, Any]) -> int:
+        """``POST /events`` through the event router, as API Gateway would hand it over
+        (a START writes and hints; a STOP writes and posts to the owner's session
+        inbox); returns the status, raising on a 4xx or 5xx."""
+        if self._router is None:
+            self._router_log = open(self.run_dir / "router.log", "a", buffering=1)
+            self._router = Router.from_env(
+                {**self.aws_env, cfg.ALLOWED_WS_HOSTS: LOOPBACK}, ddb=self.ddb, sqs=self.sqs,
+                logger=JsonLogger(self._router_log, component="router"),
+            )
+        event = build_event("POST", "/events", [("Content-Type", "application/json")], json.dumps(body).encode())
+        result = self._router.handle(event)
+        if result["statusCode"] >= 400:
+            raise RuntimeError(f"{body.get('event_type')} {body.get('connection_id')} answered "
+                               f"{result['statusCode']}: {result['body']}")
+        return result["statusCode"]
 
 
 # --- the run's description ---------------------------------------------------------------------

@@ -1,19 +1,32 @@
 """Cost: DynamoDB requests and capacity units per connection-hour and per message,
-counted at the client (the worker's own request counter) over a steady window, turned
-into an on-demand price per 1,000 connections per month.
+counted at the client (each worker's own request counter) over a steady window at the
+worker's DEFAULT timings, turned into an on-demand price per 1,000 connections per
+month, and scaled to fleets of 10k to 1M connections (:mod:`bench.scaling`).
+
+Several workers (so that each has ring successors to watch) holding 100 connections each
+on average, a tenth of them receiving frames, with room to spare (MAX_CONNECTIONS 200, as
+prod runs): a full worker neither polls for hints nor scans for free connections, so a
+fleet with room is the dearer case, and the one measured. The worker counts requests
+per operation; the emulator's request ledger splits each operation by table, index and
+partition (a Query may be a free scan, an audit, a ring read, an UnownedConnections
+count or a stored-end read), so every request is charged to what it is for.
 
 Capacity units are computed from the sizes of real items read back from the emulator,
 with DynamoDB's rules (moto does not report consumed capacity faithfully):
 
 * a write costs ceil(item size / 1 KB) write request units (WRU); an update is sized
   by the larger of the item before and after;
-* a global secondary index write costs WRU for the index entry: when an update changes
-  an index key attribute, the index entry is deleted and put again (2 writes). A
-  renewal always moves ``lease_expires_at_ms``, the sort key of ``by_state_expiry``, so
-  every renewal costs the base-table write plus 2 index writes (KEYS_ONLY entries are
-  far below 1 KB: 1 WRU each);
-* an eventually consistent Query costs 0.5 read request units (RRU) per 4 KB read,
-  and at least 0.5 even when it returns nothing;
+* a global secondary index costs WRU when a write changes it (:func:`index_writes`):
+  2 when an index key attribute changes (the entry is deleted and put again), 1 when
+  the item enters or leaves a sparse index or a projected non-key attribute changes,
+  0 otherwise. Sessions: a renewal changes neither key of ``by_ring`` (ring,
+  session_id; KEYS_ONLY), so it costs no index write. Connections: an acquire or a
+  release moves ``owner_key`` (the key of ``by_owner``): 2; a checkpoint changes
+  ``last_seq``, which ``by_owner`` does not project: 0;
+* an eventually consistent Query costs 0.5 read request units (RRU) per 4 KB of what
+  it reads (index entries, for an index query), and 0.5 even when it reads nothing; a
+  strongly consistent one (the stored-end read at a takeover) 1 per 4 KB;
+* BatchGetItem costs per item: 0.5 RRU per eventually consistent item up to 4 KB;
 * BatchWriteItem costs what its items cost (it saves requests, not units).
 """
 
@@ -25,11 +38,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from wsfleet import config as cfg
-from wsfleet import metrics_names
-from wsfleet import schema
+from wsfleet import metrics_names, schema
+from wsfleet.local.emulator import request_ledger
+from wsfleet.metrics import metric_data
 from wsfleet.local.fleet import eventually
+from wsfleet.store import SessionsStore, unmarshal
 
-from .common import Result, Rig, Window, fmt, fmt_spread, md_table, median_spread
+from . import before, scaling
+from .common import Result, Rig, Stats, Window, WorkerProcess, fmt, fmt_spread, md_table, median_spread
 
 # On-demand list prices, us-east-1, Standard table class, as published after the
 # November 2024 on-demand price reduction. They change: check
@@ -42,20 +58,27 @@ PRICES = {
     "cloudwatch_put_metric_data_per_thousand": 0.01,
     "cloudwatch_custom_metric_month": 0.30,  # first 10,000 metrics
 }
-HOURS_PER_MONTH = 730
-CONNECTIONS_PER_TASK = 100  # the published design's figure, and MAX_CONNECTIONS' default
-PRODUCTION_METRICS_SECONDS = 60  # the worker's default; the benchmark publishes faster
-CUSTOM_METRICS = 2 + len(metrics_names.COUNTERS)  # + ActiveConnections, UnownedConnections; one ServiceName value
-SUB_WINDOWS = 4  # the steady window is also cut into this many, for medians and spreads
+HOURS_PER_MONTH = scaling.HOURS_PER_MONTH
 
-# The published design: one renew per heartbeat, one GetItem per connection per 10 s
-# (read as strongly consistent, 1 RRU), one PutItem per message.
-PUBLISHED_GETITEM_EVERY_S = 10
+def custom_metrics() -> tuple[int, int]:
+    """Custom metrics a worker publishes: (per service, per worker while it runs), from
+    one PutMetricData it would send (a metric is a name and a set of dimensions)."""
+    data = metric_data(service_name="s", active_connections=1, deltas=dict.fromkeys(metrics_names.COUNTERS, 0),
+                       unowned_connections=0, worker_id="w", loop_lag_p99_ms=1.0)
+    per_worker = sum(1 for d in data if any(dim["Name"] == metrics_names.DIMENSION_WORKER_ID for dim in d["Dimensions"]))
+    return len(data) - per_worker, per_worker
+
+TARGET_WRU = 20  # per connection-hour, holding, at 100 connections per worker (the issue's target)
+TARGET_RRU = 20
+HOLDING = ("renewal", "watch", "ring", "free scan", "unowned count", "audit")
+
+
+# --- DynamoDB's sizing rules ---------------------------------------------------------------
 
 
 def attribute_size(name: str, value: Any) -> int:
     """DynamoDB's size of one attribute: name bytes plus value bytes (numbers: 1 byte
-    per two significant digits, plus 1)."""
+    per two significant digits, plus 1; sets: the sum of their members)."""
     n = len(name.encode())
     if isinstance(value, bool) or value is None:
         return n + 1
@@ -64,6 +87,8 @@ def attribute_size(name: str, value: Any) -> int:
         return n + math.ceil(len(digits) / 2) + 1
     if isinstance(value, bytes):
         return n + len(value)
+    if isinstance(value, (set, frozenset)):
+        return n + sum(attribute_size("", v) for v in value)
     return n + len(str(value).encode())
 
 
@@ -79,193 +104,353 @@ def read_units_eventual(size: int) -> float:
     return 0.5 * max(1, math.ceil(size / 4096))
 
 
-def month_cost(*, per_conn_hour: Mapping[str, float], per_worker_hour: Mapping[str, float], connections: int = 1000) -> dict[str, float]:
-    """Dollars per month for ``connections`` held at CONNECTIONS_PER_TASK per task."""
-    conn_h = connections * HOURS_PER_MONTH
-    task_h = math.ceil(connections / CONNECTIONS_PER_TASK) * HOURS_PER_MONTH
-    wru = per_conn_hour.get("wru", 0) * conn_h + per_worker_hour.get("wru", 0) * task_h
-    rru = per_conn_hour.get("rru", 0) * conn_h + per_worker_hour.get("rru", 0) * task_h
-    sqs = per_worker_hour.get("sqs", 0) * task_h
-    cw = per_worker_hour.get("cloudwatch", 0) * task_h
-    out = {
-        "dynamodb_writes": wru / 1e6 * PRICES["dynamodb_wru_per_million"],
-        "dynamodb_reads": rru / 1e6 * PRICES["dynamodb_rru_per_million"],
-        "sqs": sqs / 1e6 * PRICES["sqs_requests_per_million"],
-        "cloudwatch": cw / 1e3 * PRICES["cloudwatch_put_metric_data_per_thousand"],
-    }
-    out["total"] = sum(out.values())
-    return out
+def index_writes(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, index: Mapping[str, Any]) -> int:
+    """Index writes DynamoDB makes when an item goes from ``old`` to ``new`` (None: absent),
+    for one GlobalSecondaryIndexes entry of a CreateTable spec."""
+    keys = [k["AttributeName"] for k in index["KeySchema"]]
+    was = old is not None and all(k in old for k in keys)
+    now = new is not None and all(k in new for k in keys)
+    if not (was or now):
+        return 0
+    if was != now:
+        return 1  # put into or deleted from a sparse index
+    if any(old[k] != new[k] for k in keys):
+        return 2  # the key moved: delete and put
+    projection = index["Projection"]
+    if projection["ProjectionType"] == "ALL":
+        changed = dict(old) != dict(new)
+    else:
+        changed = any(old.get(a) != new.get(a) for a in projection.get("NonKeyAttributes", ()))
+    return 1 if changed else 0
+
+
+def _index(spec: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    return next(i for i in spec["GlobalSecondaryIndexes"] if i["IndexName"] == name)
+
+
+# --- the run -------------------------------------------------------------------------------
 
 
 def settings_for(quick: bool) -> dict[str, Any]:
+    per_worker = 4 if quick else 100
+    worker: dict[str, Any] = {cfg.MAX_CONNECTIONS: 2 * per_worker}
+    if quick:
+        worker.update({
+            cfg.LEASE_SECONDS: 3, cfg.HEARTBEAT_SECONDS: 1, cfg.RECONCILE_SECONDS: 1, cfg.MAX_CLOCK_SKEW_MS: 200,
+            cfg.METRICS_SECONDS: 1, cfg.CHECKPOINT_SECONDS: 1,
+        })
     return {
-        "connections": 4 if quick else 40,
-        "rate_per_connection": 2.0 if quick else 0.5,  # messages/s per stream
-        "window_s": 3 if quick else 60,
-        "worker": {
-            cfg.LEASE_SECONDS: 3 if quick else 20,
-            cfg.HEARTBEAT_SECONDS: 1 if quick else 5,
-            cfg.RECONCILE_SECONDS: 1 if quick else 10,
-            cfg.MAX_CLOCK_SKEW_MS: 200 if quick else 1000,
-            cfg.FLUSH_INTERVAL_MS: 100,
-            cfg.METRICS_SECONDS: 0.5 if quick else 5,
-            cfg.MAX_CONNECTIONS: 100,
-        },
+        "workers": 3,  # each watches WATCH_K = 2 ring successors
+        "per_worker": per_worker,
+        "busy": 3 if quick else 30,
+        "rate_per_busy_connection": 2.0 if quick else 0.5,  # messages/s per stream
+        "intervals": 2 if quick else 3,  # stats intervals (METRICS_SECONDS each) in the steady window
+        "worker": worker,
     }
+
+
+def timings(worker: Mapping[str, Any]) -> dict[str, Any]:
+    """The worker's settings as it parses them: its defaults, and what the run sets."""
+    env = {"TABLE_NAME": "t", "SESSIONS_TABLE_NAME": "s", "MESSAGES_TABLE_NAME": "m", "QUEUE_URL": "q", "AWS_REGION": "r"}
+    c = cfg.WorkerConfig.from_env({**env, **{k: str(v) for k, v in worker.items()}})
+    return {"lease_s": c.lease_ms / 1000, "heartbeat_s": c.heartbeat_ms / 1000, "reconcile_s": c.reconcile_ms / 1000,
+            "checkpoint_s": c.checkpoint_ms / 1000, "metrics_s": c.metrics_seconds, "shards": c.state_shards,
+            "skew_ms": c.max_clock_skew_ms, "flush_ms": c.flush_interval_ms, "max_connections": c.max_connections}
+
+
+def _stats_from(w: WorkerProcess, since: float, skip: int, timeout: float) -> Stats:
+    """The worker's ``skip``-th stats line at or after ``since`` (0: the first)."""
+    def found() -> Stats | None:
+        lines = [st for st in w.stats() if st.ts >= since]
+        return lines[skip] if len(lines) > skip else None
+
+    return eventually(found, timeout, f"stats line {skip} of {w.name}", interval=0.2)
 
 
 def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     s = settings_for(quick)
-    n = s["connections"]
-    w_env = s["worker"]
-    heartbeat = float(w_env[cfg.HEARTBEAT_SECONDS])
+    t = timings(s["worker"])
+    n = s["workers"] * s["per_worker"]
     with Rig(run_dir / "cost") as rig:
-        upstream = rig.upstream(s["rate_per_connection"])
-        worker = rig.worker("w1", w_env)
-        ids = [f"cost{i:03d}" for i in range(n)]
-        rig.start_connections(ids, upstream)
-        eventually(lambda: upstream.open_sockets() == n, 60 + 2 * float(w_env[cfg.RECONCILE_SECONDS]), f"{n} sockets open")
-        # Steady: every connection has renewed at least once and batches are flowing.
-        time.sleep(heartbeat * 1.5)
-        first = worker.next_stats()
-        time.sleep(s["window_s"])
-        last = worker.next_stats()
-        lines = worker.stats_between(first, last)
-        conn_item = rig.connections.get(ids[0])
+        env = rig.aws_env
+        sessions = SessionsStore(rig.ddb, env["SESSIONS_TABLE_NAME"])
+        quiet = rig.upstream(None, "upstream-quiet")
+        busy = rig.upstream(s["rate_per_busy_connection"], "upstream-busy")
+        busy_ids = [f"busy{i:03d}" for i in range(s["busy"])]
+        quiet_ids = [f"cost{i:04d}" for i in range(n - s["busy"])]
+        workers = [rig.worker(f"w{i + 1}", s["worker"]) for i in range(s["workers"])]
+        rig.start_connections(quiet_ids[:1], quiet)  # no hint: the free scan takes it, after this read
+        free_item = rig.connections.get(quiet_ids[0])
+        rig.start_connections(busy_ids, busy, hint=True)
+        rig.start_connections(quiet_ids[1:], quiet, hint=True)
+        eventually(lambda: quiet.open_sockets() + busy.open_sockets() >= n, 120 + 3 * t["reconcile_s"], f"{n} sockets open",
+                   interval=0.5)
+        owned_item, busy_first = rig.connections.get(quiet_ids[0]), rig.connections.get(busy_ids[0])
+        steady = time.time()
+        wait = (s["intervals"] + 2) * t["metrics_s"] + 60
+        starts = [_stats_from(w, steady, 0, wait) for w in workers]
+        session_a = sessions.get(starts[0].session_id)  # (outside the ledger's window: the bench's own reads)
+        ledger0, t0 = request_ledger(rig.emulator.endpoint_url), time.time()
+        ends = [_stats_from(w, a.ts, s["intervals"], wait) for w, a in zip(workers, starts, strict=True)]
+        ledger1, t1 = request_ledger(rig.emulator.endpoint_url), time.time()
+        session_b = sessions.get(starts[0].session_id)
+        busy_last = rig.connections.get(busy_ids[0])
+        entries = [unmarshal(raw) for raw in rig.ddb.query(
+            TableName=env["TABLE_NAME"], IndexName=schema.OWNER_INDEX, KeyConditionExpression="#k = :k",
+            ExpressionAttributeNames={"#k": schema.OWNER_KEY},
+            ExpressionAttributeValues={":k": {"S": schema.owner_key_session(starts[0].session_id)}},
+        )["Items"]]
+        free_left = sum(rig.connections.count_free(shard) for shard in range(t["shards"]))
         msg = rig.ddb.query(
-            TableName=rig.aws_env["MESSAGES_TABLE_NAME"],
-            KeyConditionExpression="pk = :p",
-            ExpressionAttributeValues={":p": {"S": schema.connection_pk(ids[0])}},
-            Limit=1,
+            TableName=env["MESSAGES_TABLE_NAME"], KeyConditionExpression="pk = :p",
+            ExpressionAttributeValues={":p": {"S": schema.connection_pk(busy_ids[0])}}, Limit=1,
         )["Items"]
-    from wsfleet.store import unmarshal
+        windows = [Window.between(a, b) for a, b in zip(starts, ends, strict=True)]
+        parts = [p for w, a, b in zip(workers, starts, ends, strict=True) for p in Window.series(w.stats_between(a, b))]
+        tables = {env["TABLE_NAME"]: "connections", env["SESSIONS_TABLE_NAME"]: "sessions", env["MESSAGES_TABLE_NAME"]: "messages"}
+        own = {a.session_id for a in starts}
+    measured = {
+        "free_item": free_item, "owned_item": owned_item, "busy_first": busy_first, "busy_last": busy_last,
+        "session_a": session_a, "session_b": session_b, "index_entries": entries, "free_left": free_left,
+        "message_item": unmarshal(msg[0]) if msg else {},
+        "ledger": ledger_diff(ledger0, ledger1, tables, own), "ledger_seconds": t1 - t0,
+    }
+    return _result(s, t, windows, parts, measured, command, quick)
 
-    msg_item = unmarshal(msg[0]) if msg else {}
-    return _result(s, lines, conn_item or {}, msg_item, command, quick)
+
+def ledger_diff(a: list[dict], b: list[dict], tables: Mapping[str, str], own: set[str]) -> dict[str, dict[str, float]]:
+    """Requests (and items) per purpose between two snapshots of the emulator's ledger."""
+    def key(r: Mapping[str, Any]) -> tuple:
+        return r["op"], r["table"], r["index"], r["partition"], r["select"]
+
+    before_ = {key(r): r for r in a}
+    out: dict[str, dict[str, float]] = {}
+    for r in b:
+        old = before_.get(key(r), {"n": 0, "items": 0})
+        n, items = r["n"] - old["n"], r["items"] - old["items"]
+        if n:
+            p = out.setdefault(purpose(r, tables, own), {"op": r["op"], "n": 0, "items": 0})
+            p["n"] += n
+            p["items"] += items
+    return out
+
+
+def purpose(r: Mapping[str, Any], tables: Mapping[str, str], own: set[str]) -> str:
+    """What a request recorded by the ledger is for (see the worker's takeover and lifecycle)."""
+    op, table, index, part, select = r["op"], tables.get(r["table"], r["table"]), r["index"], r["partition"], r["select"]
+    if table == "sessions":
+        return {"UpdateItem": "renewal", "BatchGetItem": "watch", "Query": "ring"}.get(op, f"sessions {op}")
+    if table == "connections":
+        if op == "Query" and index == schema.OWNER_INDEX:
+            if select == "COUNT":
+                return "unowned count"
+            if part.startswith(schema.OWNER_KEY_FREE_PREFIX):
+                return "free scan"
+            return "audit" if part[len(schema.OWNER_KEY_SESSION_PREFIX):] in own else "drain"
+        return {"UpdateItem": "connection write", "GetItem": "audit check"}.get(op, f"connections {op}")
+    if table == "messages":
+        return {"BatchWriteItem": "messages", "Query": "stored end"}.get(op, f"messages {op}")
+    return f"{table} {op}"
 
 
 def renewals(win: Window) -> int:
-    """UpdateItem requests that were renewals (acquires and releases are UpdateItem too)."""
-    return win.ddb("UpdateItem") - win.counters["LeasesAcquired"] - win.counters["LeasesReleased"]
+    """Session renewals: the worker counts its successful ones (a retried renewal is
+    one renewal and several requests)."""
+    return win.renewals
 
 
-def _result(s: dict, lines: list, conn_item: dict, msg_item: dict, command: str, quick: bool) -> Result:
-    w_env = s["worker"]
-    heartbeat = float(w_env[cfg.HEARTBEAT_SECONDS])
-    shards = cfg.state_shards({})
-    win = Window.between(lines[0], lines[-1])
-    parts = Window.series(lines, step=max(1, (len(lines) - 1) // SUB_WINDOWS))
-    conn_hours = win.active * win.seconds / 3600
-    worker_hours = win.seconds / 3600
-    messages = win.counters["MessagesStored"]
-    batches = win.ddb("BatchWriteItem")
-    gets = win.ddb("GetItem")
-    # Every metrics publish also counts unowned connections: one COUNT Query per shard.
-    # Those follow METRICS_SECONDS (scaled to production below); the rest are the reconciler's.
-    publishes = len(lines) - 1
-    count_queries = publishes * shards
-    reconcile_queries = win.ddb("Query") - count_queries
-    spread = {
-        "renewals_per_connection_hour": median_spread(renewals(w) * 3600 / (w.active * w.seconds) for w in parts),
-        "messages_per_connection_hour": median_spread(w.counters["MessagesStored"] * 3600 / (w.active * w.seconds) for w in parts),
-        "batch_requests_per_message": median_spread(
-            w.ddb("BatchWriteItem") / w.counters["MessagesStored"] for w in parts if w.counters["MessagesStored"]
-        ),
-    }
+def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dict, command: str, quick: bool) -> Result:
+    per_worker = s["per_worker"]
+    n = s["workers"] * per_worker
+    worker_s = sum(w.seconds for w in windows)
+    worker_h = worker_s / 3600
+    total = Window.combined(windows)
+    client_per_worker_h = {op: v / worker_h for op, v in sorted(total.requests.items()) if v}
+    ledger = m["ledger"]
+    ledger_h = s["workers"] * m["ledger_seconds"] / 3600
 
-    conn_size = item_size(conn_item)
-    msg_size = item_size(msg_item)
-    renew_wru = write_units(conn_size)
-    gsi_wru_per_renew = 2  # delete + put of the index entry: the sort key moved
+    def rate(p: str) -> float:
+        """Requests per worker-hour for one purpose: the client's count of its operation,
+        split by the ledger's share of that operation."""
+        if p not in ledger:
+            return 0.0
+        op = ledger[p]["op"]
+        of_op = sum(v["n"] for v in ledger.values() if v["op"] == op)
+        return client_per_worker_h.get(f"dynamodb.{op}", 0.0) * ledger[p]["n"] / of_op
+
+    # Sizes and units, from real items.
+    sessions_spec, conn_spec = schema.sessions_table_spec("s"), schema.connections_table_spec("c")
+    session_size = max(item_size(m["session_a"] or {}), item_size(m["session_b"] or {}))
+    renew_index = index_writes(m["session_a"], m["session_b"], _index(sessions_spec, schema.RING_INDEX))
+    renew_wru = write_units(session_size) + renew_index
+    owner_index = _index(conn_spec, schema.OWNER_INDEX)
+    acquire_index = index_writes(m["free_item"], m["owned_item"], owner_index)
+    release_index = index_writes(m["owned_item"], m["free_item"], owner_index)
+    checkpoint_index = index_writes(m["busy_first"], m["busy_last"], owner_index)
+    conn_size = max(item_size(m["free_item"] or {}), item_size(m["owned_item"] or {}), item_size(m["busy_last"] or {}))
+    conn_wru = write_units(conn_size)
+    entries = m["index_entries"]
+    entry_bytes = sum(map(item_size, entries)) / len(entries) if entries else 0.0
+    watch_items = ledger["watch"]["items"] / ledger["watch"]["n"] if "watch" in ledger else 0.0
+    msg_size = item_size(m["message_item"])
     msg_wru = write_units(msg_size)
-    query_rru = read_units_eventual(0)  # steady state: no suspects, nothing returned
 
-    per_conn_hour = {
-        "renewals": spread["renewals_per_connection_hour"]["median"],
-        "batch_requests": batches / conn_hours,
-        "getitem": gets / conn_hours,
-        "messages": spread["messages_per_connection_hour"]["median"],
-    }
-    per_conn_hour["wru_renew_table"] = per_conn_hour["renewals"] * renew_wru
-    per_conn_hour["wru_renew_gsi"] = per_conn_hour["renewals"] * gsi_wru_per_renew
-    per_conn_hour["wru_messages"] = per_conn_hour["messages"] * msg_wru
-    metrics_scale = float(w_env[cfg.METRICS_SECONDS]) / PRODUCTION_METRICS_SECONDS
-    queries_per_worker_hour = reconcile_queries / worker_hours + count_queries * metrics_scale / worker_hours
-    per_worker_hour = {
-        "query": queries_per_worker_hour,
-        "reconcile_query": reconcile_queries / worker_hours,
-        "count_unowned_query": count_queries * metrics_scale / worker_hours,
-        "rru": queries_per_worker_hour * query_rru,
-        "sqs": sum(v for k, v in win.requests.items() if k.startswith("sqs.")) / worker_hours,
-        "cloudwatch": win.requests.get("cloudwatch.PutMetricData", 0) * metrics_scale / worker_hours,
-    }
-    holding = month_cost(
-        per_conn_hour={"wru": per_conn_hour["wru_renew_table"] + per_conn_hour["wru_renew_gsi"]},
-        per_worker_hour=per_worker_hour,
-    )
-    holding_no_gsi = month_cost(per_conn_hour={"wru": per_conn_hour["wru_renew_table"]}, per_worker_hour=per_worker_hour)
-    per_million_messages = 1e6 * msg_wru / 1e6 * PRICES["dynamodb_wru_per_million"]
-    published = {
-        "renewals": 3600 / heartbeat,
-        "getitem": 3600 / PUBLISHED_GETITEM_EVERY_S,
-        "requests_per_message": 1.0,
-    }
-    published_month = month_cost(
-        per_conn_hour={"wru": published["renewals"] * renew_wru, "rru": published["getitem"] * 1.0},
-        per_worker_hour={},
-    )
-    custom_metrics_month = CUSTOM_METRICS * PRICES["cloudwatch_custom_metric_month"]
-
-    rows = [
-        ["lease renewals (UpdateItem) / connection-hour", fmt_spread(spread["renewals_per_connection_hour"], 0), fmt(published["renewals"], 0),
-         f"one per heartbeat ({heartbeat:g} s)"],
-        ["GetItem / connection-hour", fmt(per_conn_hour["getitem"], 0), fmt(published["getitem"], 0),
-         "STOP is seen in the renewal's failed condition: no polling read"],
-        ["WRU / connection-hour, table", fmt(per_conn_hour["wru_renew_table"], 0), fmt(published["renewals"] * renew_wru, 0),
-         f"connection item {conn_size} B -> {renew_wru} WRU per renewal"],
-        ["WRU / connection-hour, GSI", fmt(per_conn_hour["wru_renew_gsi"], 0), "not stated",
-         "renewal moves the index sort key: delete + put of the index entry"],
-        ["RRU / connection-hour", fmt(per_worker_hour["rru"] / CONNECTIONS_PER_TASK, 1), fmt(published["getitem"] * 1.0, 0),
-         f"Query per worker-hour: {fmt(per_worker_hour['reconcile_query'], 0)} reconcile ({w_env[cfg.RECONCILE_SECONDS]} s, "
-         f"{shards} shards) + {fmt(per_worker_hour['count_unowned_query'], 0)} UnownedConnections counts (at "
-         f"METRICS_SECONDS {PRODUCTION_METRICS_SECONDS}), 0.5 RRU each, shared by {CONNECTIONS_PER_TASK} connections per task"],
-        ["DynamoDB requests / message", fmt_spread(spread["batch_requests_per_message"], 3), "1.000",
-         f"BatchWriteItem, {fmt(messages / batches if batches else None, 1)} messages per batch at "
-         f"{s['rate_per_connection']:g} msg/s per connection, FLUSH_INTERVAL_MS {w_env[cfg.FLUSH_INTERVAL_MS]}"],
-        ["WRU / message", fmt(msg_wru, 0), "1", f"message item {msg_size} B; no index"],
-        ["$ / 1,000 connections / month, holding (DynamoDB + SQS + CloudWatch requests)",
-         fmt(holding["total"], 0), fmt(published_month["total"], 0),
-         f"of which GSI {fmt(holding['total'] - holding_no_gsi['total'], 0)}; DynamoDB reads "
-         f"{fmt(holding['dynamodb_reads'], 2)}, SQS {fmt(holding['sqs'], 2)}, CloudWatch {fmt(holding['cloudwatch'], 2)}"
-         f" (+ {fmt(custom_metrics_month, 2)} for {CUSTOM_METRICS} custom metrics per service)"],
-        ["$ / million messages (writes only, storage extra)", fmt(per_million_messages, 3),
-         fmt(PRICES["dynamodb_wru_per_million"], 3), "same units; batching saves requests, not units"],
+    ops = [
+        scaling.Op("renewal", "sessions", "", "own", renewals(total) / worker_h, wru=renew_wru),
+        scaling.Op("watch", "sessions", "", "own", rate("watch"),
+                   rru=watch_items * read_units_eventual(session_size)),
+        scaling.Op("ring", "sessions", schema.RING_INDEX, "ring", rate("ring"), rru=read_units_eventual(0)),
+        scaling.Op("free scan", "connections", schema.OWNER_INDEX, "shards", rate("free scan"), rru=read_units_eventual(0)),
+        scaling.Op("unowned count", "connections", schema.OWNER_INDEX, "shards", rate("unowned count"),
+                   rru=read_units_eventual(0)),
+        scaling.Op("audit", "connections", schema.OWNER_INDEX, "own", rate("audit"),
+                   rru=read_units_eventual(int(per_worker * entry_bytes)), bytes_per_connection=entry_bytes),
     ]
-    markdown = md_table(["figure", "measured", "published design", "how"], rows)
+    by = {op.purpose: op for op in ops}
+    wru_ch = sum(op.wru * op.per_worker_hour for op in ops) / per_worker
+    rru_ch = {op.purpose: op.rru_at(per_worker) * op.per_worker_hour / per_worker for op in ops}
+    rru_total = sum(rru_ch.values())
+    ddb_req_ch = sum(op.per_worker_hour for op in ops) / per_worker
+    sqs_h = sum(v for k, v in client_per_worker_h.items() if k.startswith("sqs."))
+    cw_h = client_per_worker_h.get("cloudwatch.PutMetricData", 0.0)
+    fixed = {"sqs": sqs_h, "cloudwatch": cw_h}
+
+    # Connections that receive frames: messages and checkpoints, per busy connection-hour.
+    busy_h = s["busy"] * worker_s / len(windows) / 3600
+    messages = total.counters["MessagesStored"]
+    batches = total.ddb("BatchWriteItem")
+    msgs_per_h = messages / busy_h if busy_h else 0.0
+    # Connection writes in a steady window are checkpoints, but for a rare acquire or release.
+    connection_writes = rate("connection write") * worker_h
+    ckpt = max(0.0, connection_writes - total.counters["LeasesAcquired"] - total.counters["LeasesReleased"])
+    ckpt_per_h = ckpt / busy_h if busy_h else 0.0
+    # A connection that keeps receiving frames checkpoints every CHECKPOINT_SECONDS; a window
+    # a few of them long sees one or two per connection, so the price takes the steady rate.
+    ckpt_steady = 3600 / t["checkpoint_s"]
+    busy_wru_ch = msgs_per_h * msg_wru + ckpt_steady * (conn_wru + checkpoint_index)
+    kw = dict(shards=t["shards"], prices=PRICES, fixed_per_worker_hour=fixed)
+    month = scaling.fleet(ops, connections=1000, per_worker=per_worker, **kw)["month"]
+    month_busy = scaling.fleet(ops, connections=1000, per_worker=per_worker, message_wru_per_connection_hour=busy_wru_ch, **kw)["month"]
+    before_busy = before.COST["month_holding_per_1000"] + msgs_per_h * 1000 * HOURS_PER_MONTH / 1e6 * PRICES["dynamodb_wru_per_million"]
+
+    spread = {
+        "renewals_per_worker_hour": median_spread(renewals(w) * 3600 / w.seconds for w in parts),
+        "batch_requests_per_message": median_spread(
+            w.ddb("BatchWriteItem") / w.counters["MessagesStored"] for w in parts if w.counters["MessagesStored"]),
+    }
+
+    def judged(value: float, target: float) -> str:
+        return f"≤ {target:g}: {'met' if value <= target else 'MISSED'}"
+
+    hb, rc = t["heartbeat_s"], t["reconcile_s"]
+    service_metrics, worker_metrics = custom_metrics()
+    window_s = (t["lease_s"] - 1.5 * hb) + t["skew_ms"] / 1000
+    rows = [
+        ["session renewals (UpdateItem) / worker-hour", fmt_spread(spread["renewals_per_worker_hour"], 0), "-",
+         f"{before.COST['renewals_per_connection_hour']} per connection-hour",
+         f"one per heartbeat ({hb:g} s) per worker, whatever it holds: {renewals(total) / worker_h / per_worker:.1f} per "
+         f"connection-hour at {per_worker} per worker"],
+        ["index writes per heartbeat", str(renew_index), "0: " + ("met" if renew_index == 0 else "MISSED"),
+         f"{before.COST['index_writes_per_renewal']} per connection",
+         f"by_ring keys (ring, session_id) unchanged between two reads of a session item {m['ledger_seconds']:.0f} s apart"],
+        [f"WRU / connection-hour, holding ({per_worker} per worker)", fmt(wru_ch, 1), judged(wru_ch, TARGET_WRU),
+         f"{before.COST['wru_per_connection_hour']:,}",
+         f"session item {session_size} B -> {write_units(session_size)} WRU + {renew_index} index per renewal"],
+        [f"RRU / connection-hour, holding ({per_worker} per worker)", fmt(rru_total, 1), judged(rru_total, TARGET_RRU),
+         fmt(before.COST["rru_per_connection_hour"], 1), "the five rows below"],
+        ["- watch", fmt(rru_ch["watch"], 2), "", "-",
+         f"{fmt(by['watch'].per_worker_hour, 0)} BatchGetItem / worker-hour of {watch_items:.1f} sessions (0.5 each), "
+         f"every 60-85 % of the {window_s:g} s watch window"],
+        ["- free scan", fmt(rru_ch["free scan"], 2), "", "-",
+         f"{fmt(by['free scan'].per_worker_hour, 0)} FREE# Queries / worker-hour ({t['shards']} per scan, every 75-100 % of "
+         f"{rc:g} s), 0.5 each (free connections left: {m['free_left']})"],
+        ["- audit", fmt(rru_ch["audit"], 2), "", "-",
+         f"{fmt(by['audit'].per_worker_hour, 0)} own S# Queries / worker-hour, {per_worker} index entries of "
+         f"{entry_bytes:.0f} B -> {by['audit'].rru_at(per_worker):g} RRU each"],
+        ["- ring", fmt(rru_ch["ring"], 2), "", "-", f"{fmt(by['ring'].per_worker_hour, 0)} by_ring Queries / worker-hour, 0.5 each"],
+        ["- UnownedConnections counts", fmt(rru_ch["unowned count"], 2), "", "-",
+         f"{fmt(by['unowned count'].per_worker_hour, 0)} COUNT Queries / worker-hour ({t['shards']} per publish, "
+         f"METRICS_SECONDS {t['metrics_s']:g}), 0.5 each"],
+        ["DynamoDB requests / connection-hour, holding", fmt(ddb_req_ch, 1), "-",
+         fmt(before.COST["dynamodb_requests_per_connection_hour"], 1), f"renewal tries, watch, ring, free scan, audit, counts, / {per_worker}"],
+        ["SQS + CloudWatch requests / connection-hour", f"{fmt(sqs_h / per_worker, 1)} + {fmt(cw_h / per_worker, 2)}", "-",
+         f"{before.COST['sqs_requests_per_connection_hour']} + {before.COST['cloudwatch_requests_per_connection_hour']}",
+         f"hint long polls ({sqs_h:.0f} / worker-hour) and PutMetricData ({cw_h:.0f} / worker-hour), / {per_worker}"],
+        ["per connection taken: requests, units", f"2: {conn_wru + acquire_index} WRU + 1 RRU", "-",
+         "1 UpdateItem: 3 WRU", f"acquire UpdateItem ({conn_wru} WRU + {acquire_index} index: owner_key moves) + stored-end "
+         "Query (strongly consistent, 1 RRU)"],
+        ["per connection released: requests, units", f"1: {conn_wru + release_index} WRU", "-", "1 UpdateItem: 3 WRU",
+         f"release UpdateItem ({conn_wru} WRU + {release_index} index)"],
+        ["checkpoints / connection-hour while frames arrive", fmt(ckpt_per_h, 0), f"≤ {ckpt_steady:g}",
+         "in the renewals", f"CHECKPOINT_SECONDS {t['checkpoint_s']:g} (the window sees one or two per connection; the "
+         f"price below takes {ckpt_steady:g}); {conn_wru} WRU + {checkpoint_index} index each (last_seq is not projected)"],
+        [f"DynamoDB requests / message at {s['rate_per_busy_connection']:g} msg/s", fmt_spread(spread["batch_requests_per_message"], 3),
+         "-", "1.000", f"BatchWriteItem, {fmt(messages / batches if batches else None, 1)} messages per batch: the worker's "
+         f"one writer fills batches across its connections (FLUSH_INTERVAL_MS {t['flush_ms']}), and the local upstream "
+         "produces every stream's frames on one schedule, so they arrive together"],
+        ["WRU / message", str(msg_wru), "-", str(before.COST["wru_per_message"]), f"message item {msg_size} B; no index"],
+        ["$ / 1,000 connections / month, holding (requests)", fmt(month["total"], 2), "-", f"{before.COST['month_holding_per_1000']:,}",
+         f"DynamoDB writes {fmt(month['dynamodb_writes'], 2)} + reads {fmt(month['dynamodb_reads'], 2)} + SQS "
+         f"{fmt(month['sqs'], 2)} + CloudWatch requests {fmt(month['cloudwatch'], 2)}; custom metrics extra: "
+         f"{service_metrics} per service (${service_metrics * PRICES['cloudwatch_custom_metric_month']:.2f}) and "
+         f"{worker_metrics} per running worker (${1000 / per_worker * worker_metrics * PRICES['cloudwatch_custom_metric_month']:.2f}"
+         f" for the {1000 // per_worker} workers)"],
+        [f"$ / 1,000 connections / month, with messages ({s['rate_per_busy_connection']:g} msg/s each)", fmt(month_busy["total"], 0),
+         "-", f"{before_busy:,.0f}", f"+ {msgs_per_h:,.0f} messages and {ckpt_steady:.0f} checkpoints per connection-hour"],
+        ["$ / million messages (writes only, storage extra)", fmt(msg_wru * PRICES["dynamodb_wru_per_million"], 3), "-",
+         fmt(before.COST["month_per_million_messages"], 3), "same units; batching saves requests, not units"],
+    ]
+    message_rate = s["rate_per_busy_connection"]
+    header, srows, sraw = scaling.table(ops, message_wru_per_connection_hour=busy_wru_ch, message_rate=message_rate, **kw)
+    worst_busy = sraw[-1]["with_messages"]["binding"]
+    markdown = "\n".join([
+        md_table(["figure", "measured", "target", before.LABEL, "how"], rows),
+        "",
+        "#### Scaling (computed by `bench/scaling.py` from the counts above)",
+        "",
+        md_table(header, srows),
+        "",
+        f"- Per-partition limits: {scaling.PARTITION_RCU:,} read / {scaling.PARTITION_WCU:,} write units per second; "
+        f"per table or index {scaling.TABLE_QUOTA:,} of each by default (an adjustable quota). Every holding rate is per "
+        "worker, so each limit is reached at one fleet size: the last column names the first.",
+        f"- With messages at {message_rate:g} msg/s per connection, the messages table binds long before: at "
+        f"{sraw[-1]['with_messages']['connections']:,} connections, {worst_busy['name']} at "
+        f"{worst_busy['utilisation'] * 100:,.0f} % (full at ~{worst_busy['connections_at_limit']:,.0f} connections).",
+        f"- A START puts the index entry into one FREE#<shard> partition and its acquire deletes it: 2 index writes "
+        f"there, so a START burst is limited to about {t['shards'] * scaling.PARTITION_WCU // 2:,} per second "
+        f"(STATE_SHARDS {t['shards']} x {scaling.PARTITION_WCU:,} WCU / 2).",
+    ])
     notes = [
-        f"Steady window {win.seconds:.0f} s ({len(parts)} sub-windows: median (min-max)), {win.active} connections on one "
-        f"worker, {messages} messages; "
-        f"requests counted by the worker per operation (retries included): "
-        + ", ".join(f"{k} {v}" for k, v in win.requests.items() if v),
+        f"{s['workers']} workers, {n} connections ({per_worker} per worker on average; MAX_CONNECTIONS {t['max_connections']}), "
+        f"{s['busy']} of them receiving {message_rate:g} msg/s, the rest quiet; worker defaults otherwise: LEASE {t['lease_s']:g} s, HEARTBEAT {hb:g} s, RECONCILE "
+        f"{rc:g} s, STATE_SHARDS {t['shards']}, METRICS_SECONDS {t['metrics_s']:g}, CHECKPOINT_SECONDS {t['checkpoint_s']:g}, "
+        f"MAX_CLOCK_SKEW_MS {t['skew_ms']}, FLUSH_INTERVAL_MS {t['flush_ms']}.",
+        f"Steady window: {s['intervals']} stats intervals per worker ({worker_s / len(windows):.0f} s each, "
+        f"{len(parts)} sub-windows for medians and spreads); requests counted by the workers per operation (retries "
+        "included): " + ", ".join(f"{k} {v}" for k, v in sorted(total.requests.items()) if v) + ".",
+        "Split by the emulator's request ledger over the same period: " + ", ".join(
+            f"{p} {v['n']}" for p, v in sorted(ledger.items())) + f" ({m['ledger_seconds']:.0f} s, all workers).",
         f"Prices: {PRICES['region']} on-demand, ${PRICES['dynamodb_wru_per_million']}/M WRU, "
         f"${PRICES['dynamodb_rru_per_million']}/M RRU, SQS ${PRICES['sqs_requests_per_million']}/M requests, "
-        f"PutMetricData ${PRICES['cloudwatch_put_metric_data_per_thousand']}/1,000; check them before relying on them.",
-        f"Month = {HOURS_PER_MONTH} h; {CONNECTIONS_PER_TASK} connections per task; CloudWatch scaled to "
-        f"METRICS_SECONDS={PRODUCTION_METRICS_SECONDS} (the benchmark publishes every {w_env[cfg.METRICS_SECONDS]} s).",
+        f"PutMetricData ${PRICES['cloudwatch_put_metric_data_per_thousand']}/1,000; month = {HOURS_PER_MONTH} h; "
+        "check them before relying on them.",
     ]
+    if not total.same_session:
+        notes.append("A worker lost its session during the window (see its log): the figures include a new session's start.")
     if quick:
         notes.append("--quick: tiny sizes and fast timings; the figures show that the code runs, not the design.")
     data = {
-        "settings": s,
-        "window": vars(win),
-        "sub_windows": [vars(w) for w in parts],
-        "spread": spread,
-        "sizes": {"connection_item_bytes": conn_size, "message_item_bytes": msg_size},
-        "units": {"renew_wru": renew_wru, "gsi_wru_per_renew": gsi_wru_per_renew, "message_wru": msg_wru, "query_rru": query_rru},
-        "per_connection_hour": per_conn_hour,
-        "per_worker_hour": per_worker_hour,
-        "month_per_1000_connections": {"holding": holding, "holding_without_gsi": holding_no_gsi, "published_design": published_month},
-        "per_million_messages": per_million_messages,
+        "settings": s, "timings": t, "windows": [vars(w) for w in windows], "total": vars(total), "spread": spread,
+        "client_per_worker_hour": client_per_worker_h, "ledger": ledger, "ledger_seconds": m["ledger_seconds"],
+        "ledger_per_worker_hour": {p: v["n"] / ledger_h for p, v in ledger.items()},
+        "sizes": {"session_item_bytes": session_size, "connection_item_bytes": conn_size, "message_item_bytes": msg_size,
+                  "owner_index_entry_bytes": entry_bytes},
+        "index_writes": {"renewal": renew_index, "acquire": acquire_index, "release": release_index, "checkpoint": checkpoint_index},
+        "ops": [vars(op) for op in ops],
+        "per_connection_hour": {"wru_holding": wru_ch, "rru_holding": rru_ch, "rru_holding_total": rru_total,
+                                "dynamodb_requests_holding": ddb_req_ch, "messages": msgs_per_h, "checkpoints": ckpt_per_h},
+        "month_per_1000_connections": {"holding": month, "with_messages": month_busy},
+        "scaling": sraw,
         "prices": PRICES,
     }
     return Result("Cost", command, s, markdown, data, notes)

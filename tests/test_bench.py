@@ -1,6 +1,6 @@
 """The benchmarks run (``python -m bench <name> --quick``) and their arithmetic is right.
 
-The four quick runs go in parallel, each in a process of its own with processes of
+The five quick runs go in parallel, each in a process of its own with processes of
 its own, so the smoke test stays short; nothing here depends on how fast the machine
 is: it checks that each run finishes, prints its command and table, and writes its
 raw JSON.
@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from bench import scaling
 from bench.common import Stats, Window, distribution, md_table, median_spread, percentile
-from bench.cost import attribute_size, item_size, month_cost, read_units_eventual, write_units
+from bench.cost import PRICES, attribute_size, index_writes, item_size, read_units_eventual, write_units
+from bench.faults import session_loss
+from wsfleet import schema
+from wsfleet.leases import SessionTiming
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("failover", "cost", "capacity", "ingestion")
+BENCHMARKS = ("failover", "cost", "capacity", "ingestion", "faults")
 
 
 def test_percentile_interpolates_between_closest_ranks():
@@ -48,20 +53,70 @@ def test_capacity_units_round_up_with_a_minimum():
     assert read_units_eventual(0) == 0.5 and read_units_eventual(4097) == 1.0
 
 
-def test_month_cost_scales_per_connection_and_per_task():
-    one_wru_per_hour = month_cost(per_conn_hour={"wru": 1}, per_worker_hour={}, connections=1000)
-    assert one_wru_per_hour["dynamodb_writes"] == pytest.approx(1000 * 730 / 1e6 * 0.625)
-    per_task = month_cost(per_conn_hour={}, per_worker_hour={"sqs": 1e6 / 730}, connections=1000)
-    assert per_task["sqs"] == pytest.approx(10 * 0.40)  # 10 tasks of 100 connections
+def test_index_writes_follow_which_index_attributes_an_update_changes():
+    by_owner = schema.connections_table_spec("t")["GlobalSecondaryIndexes"][0]
+    by_ring = schema.sessions_table_spec("s")["GlobalSecondaryIndexes"][0]
+    free = {"pk": "CONN#a", "owner_key": "FREE#1", "desired_state": "STARTED", "last_seq": 0}
+    owned = {**free, "owner_key": "S#w1#1-ab"}
+    session = {"session_id": "w1#1-ab", "ring": "RING", "expires_at_ms": 1000}
+
+    assert index_writes(free, owned, by_owner) == 2  # the key moved: delete and put
+    assert index_writes({**owned, "last_seq": 5}, {**owned, "last_seq": 9}, by_owner) == 0  # not projected
+    assert index_writes(owned, {**owned, "desired_state": "STOPPED"}, by_owner) == 1  # projected: in place
+    assert index_writes({k: v for k, v in free.items() if k != "owner_key"}, free, by_owner) == 1  # enters the sparse index
+    assert index_writes(session, {**session, "expires_at_ms": 3500}, by_ring) == 0  # a renewal
+    assert index_writes(None, None, by_ring) == 0
+
+
+def test_the_fleet_scales_per_worker_rates_onto_tables_and_shared_partitions():
+    ops = [
+        scaling.Op("renewal", "sessions", "", "own", 1440, wru=1),
+        scaling.Op("free scan", "connections", "by_owner", "shards", 3600, rru=0.5),
+        scaling.Op("ring", "sessions", "by_ring", "ring", 360, rru=0.5),
+    ]
+    f = scaling.fleet(ops, connections=10_000, per_worker=100, shards=4, prices=PRICES, fixed_per_worker_hour={"sqs": 1e6 / 730})
+
+    assert f["workers"] == 100
+    assert f["tables"]["sessions"]["wru"] == pytest.approx(100 * 1440 / 3600)
+    assert f["partitions"]["connections.by_owner FREE#<shard> (each)"]["rru"] == pytest.approx(100 * 0.5 / 4)
+    assert f["partitions"]["sessions.by_ring RING"]["rru"] == pytest.approx(100 * 0.05)
+    assert f["binding"]["name"].startswith("partition connections.by_owner FREE#")
+    assert f["binding"]["connections_at_limit"] == pytest.approx(10_000 * 3000 / 12.5)
+    assert f["month"]["dynamodb_writes"] == pytest.approx(100 * 1440 * 730 / 1e6 * 0.625)
+    assert f["month"]["sqs"] == pytest.approx(100 * 0.40)  # 100 workers, 1 M requests a month each
+
+
+def test_reads_that_grow_with_what_a_worker_holds_round_up_per_4_kb():
+    audit = scaling.Op("audit", "connections", "by_owner", "own", 120, rru=0.5, bytes_per_connection=70)
+    assert audit.rru_at(50) == 0.5 and audit.rru_at(100) == 1.0 and audit.rru_at(200) == 2.0
+
+
+def test_session_loss_is_every_try_failing_until_the_deadline():
+    timing = SessionTiming(lease_ms=10_000, heartbeat_ms=2500, max_clock_skew_ms=1000)
+
+    never = session_loss(0.0, timing, rng=random.Random(1), samples=200)
+    always = session_loss(1.0, timing, rng=random.Random(1), samples=200)
+    half = session_loss(0.5, timing, rng=random.Random(1), samples=200)
+
+    twice = session_loss(0.5, timing, rng=random.Random(1), samples=200, client_retry=True)
+
+    assert never["per_hour"] == 0 and always["per_cycle"] == 1 and always["per_hour"] == 1
+    assert half["window_s"] == 6.5 and 40 <= half["tries_min"] <= half["tries_median"] <= 80
+    assert half["per_cycle"] <= 0.5 ** half["tries_min"]
+    assert twice["tries_median"] < half["tries_median"]  # botocore's 0-1 s backoff leaves fewer requests in time
 
 
 def test_window_is_the_difference_of_two_stats_lines():
-    def stats(ts, stored, updates, cpu):
-        return Stats(ts, 5, {"MessagesStored": stored}, {"dynamodb.UpdateItem": updates}, 1.0, 2.0, 50.0, cpu)
+    def stats(ts, stored, updates, cpu, renewals, session="s1"):
+        return Stats(ts, 5, {"MessagesStored": stored}, {"dynamodb.UpdateItem": updates}, 1.0, 2.0, 50.0, cpu,
+                     session_id=session, renewals=renewals)
 
-    w = Window.between(stats(10.0, 100, 7, 1.5), stats(40.0, 400, 19, 2.0))
+    w = Window.between(stats(10.0, 100, 7, 1.5, 3), stats(40.0, 400, 19, 2.0, 15))
     assert (w.seconds, w.counters["MessagesStored"], w.ddb("UpdateItem"), w.ddb_total) == (30.0, 300, 12, 12)
-    assert w.cpu_s == pytest.approx(0.5)
+    assert w.cpu_s == pytest.approx(0.5) and w.renewals == 12 and w.same_session
+    assert not Window.between(stats(0.0, 0, 0, 0.0, 1), stats(1.0, 0, 0, 0.0, 2, session="s2")).same_session
+    both = Window.combined([w, w])
+    assert (both.seconds, both.renewals, both.ddb("UpdateItem")) == (60.0, 24, 24)
 
 
 def test_md_table_formats_numbers_and_keeps_text():

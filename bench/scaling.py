@@ -1,0 +1,174 @@
+"""The fleet at scale, computed from what one benchmark run measured: pure arithmetic,
+no I/O.
+
+The cost benchmark measures, per worker-hour, how many requests of each kind a worker
+sends while holding (renewal, watch, ring, free scan, audit, UnownedConnections counts),
+which table, index and partition each one reaches, and what each costs in capacity
+units (from real item sizes). Every one of those rates is per worker, so a fleet of W
+workers sends W times as many; where they land decides what they load:
+
+* ``own``: a partition of the worker's own (its session item, its ``S#<session>``
+  partition of ``by_owner``), or of one of its ring successors: the load per partition
+  is one worker's, whatever the fleet's size;
+* ``shards``: the ``FREE#<shard>`` partitions of ``by_owner``, shared by every worker:
+  W / STATE_SHARDS workers' load on each;
+* ``ring``: the one ``RING`` partition of ``by_ring``: every worker's load on it.
+
+A partition serves at most 3,000 read units and 1,000 write units per second (one
+partition key value of an index is one partition: it never splits further), and an
+on-demand table (and each of its indexes) at most 40,000 of each per second by default
+(an adjustable account quota). Every rate grows linearly with the fleet, so each limit is
+reached at one fleet size: the smallest is the limit that binds first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+PARTITION_RCU = 3000  # read units per second per partition (eventually consistent 4 KB read = 0.5)
+PARTITION_WCU = 1000
+TABLE_QUOTA = 40000  # on-demand read or write units per second per table or index (default quota)
+HOURS_PER_MONTH = 730
+
+FLEETS = (10_000, 100_000, 1_000_000)
+PER_WORKER = (100, 200)  # MAX_CONNECTIONS: the default, and what prod runs
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kind of request a worker sends while holding, as measured."""
+
+    purpose: str  # "renewal", "watch", ...
+    table: str  # "sessions" | "connections" | "messages"
+    index: str  # "" for the table itself
+    spread: str  # "own" | "shards" | "ring" (see the module docstring)
+    per_worker_hour: float  # requests
+    wru: float = 0.0  # write units per request (index writes included)
+    rru: float = 0.0  # read units per request
+    # Read units that grow with the connections a worker holds (the audit reads every
+    # index entry of its own partition): bytes per connection; 0 when it does not grow.
+    bytes_per_connection: float = 0.0
+
+    def rru_at(self, per_worker: int) -> float:
+        if not self.bytes_per_connection:
+            return self.rru
+        return 0.5 * max(1, math.ceil(per_worker * self.bytes_per_connection / 4096))
+
+
+@dataclass(frozen=True)
+class Limit:
+    name: str
+    per_second: float
+    load: float  # units per second on it at the fleet size computed
+
+
+def fleet(
+    ops: Sequence[Op],
+    *,
+    connections: int,
+    per_worker: int,
+    shards: int,
+    prices: Mapping[str, float],
+    fixed_per_worker_hour: Mapping[str, float],
+    message_wru_per_connection_hour: float = 0.0,
+) -> dict[str, Any]:
+    """What a fleet holding ``connections`` at ``per_worker`` each sends, per table and
+    per hottest partition, what it costs per month, and which limit it meets first.
+
+    ``fixed_per_worker_hour`` holds the worker's SQS and CloudWatch requests per hour;
+    ``message_wru_per_connection_hour``, when given, adds the messages table's writes
+    (and checkpoints) of connections that receive frames."""
+    workers = math.ceil(connections / per_worker)
+    tables: dict[str, dict[str, float]] = {}
+    partitions: dict[str, dict[str, float]] = {}
+    for op in ops:
+        per_s = op.per_worker_hour / 3600
+        rru, wru = op.rru_at(per_worker) * per_s, op.wru * per_s
+        name = op.table + (f".{op.index}" if op.index else "")
+        t = tables.setdefault(name, {"requests": 0.0, "rru": 0.0, "wru": 0.0})
+        t["requests"] += per_s * workers
+        t["rru"] += rru * workers
+        t["wru"] += wru * workers
+        on_one = {"own": 1, "shards": workers / shards, "ring": workers}[op.spread]
+        key = f"{name} {_partition_label(op)}"
+        p = partitions.setdefault(key, {"rru": 0.0, "wru": 0.0})
+        p["rru"] += rru * on_one
+        p["wru"] += wru * on_one
+    if message_wru_per_connection_hour:
+        t = tables.setdefault("messages", {"requests": 0.0, "rru": 0.0, "wru": 0.0})
+        t["wru"] += message_wru_per_connection_hour * connections / 3600
+    limits = [Limit(f"partition {k}: reads", PARTITION_RCU, v["rru"]) for k, v in partitions.items()]
+    limits += [Limit(f"partition {k}: writes", PARTITION_WCU, v["wru"]) for k, v in partitions.items() if v["wru"]]
+    limits += [Limit(f"{k}: reads (table quota)", TABLE_QUOTA, v["rru"]) for k, v in tables.items() if v["rru"]]
+    limits += [Limit(f"{k}: writes (table quota)", TABLE_QUOTA, v["wru"]) for k, v in tables.items() if v["wru"]]
+    binding = max(limits, key=lambda lim: lim.load / lim.per_second)
+    month_h = HOURS_PER_MONTH
+    dollars = {
+        "dynamodb_writes": sum(t["wru"] for t in tables.values()) * 3600 * month_h / 1e6 * prices["dynamodb_wru_per_million"],
+        "dynamodb_reads": sum(t["rru"] for t in tables.values()) * 3600 * month_h / 1e6 * prices["dynamodb_rru_per_million"],
+        "sqs": fixed_per_worker_hour.get("sqs", 0) * workers * month_h / 1e6 * prices["sqs_requests_per_million"],
+        "cloudwatch": fixed_per_worker_hour.get("cloudwatch", 0) * workers * month_h / 1e3
+        * prices["cloudwatch_put_metric_data_per_thousand"],
+    }
+    dollars["total"] = sum(dollars.values())
+    return {
+        "connections": connections,
+        "per_worker": per_worker,
+        "workers": workers,
+        "tables": tables,
+        "partitions": partitions,
+        "binding": {"name": binding.name, "utilisation": binding.load / binding.per_second,
+                    "connections_at_limit": connections * binding.per_second / binding.load},
+        "month": dollars,
+    }
+
+
+def _partition_label(op: Op) -> str:
+    return {"own": "(one per worker)", "shards": "FREE#<shard> (each)", "ring": "RING"}[op.spread]
+
+
+def hottest(partitions: Mapping[str, Mapping[str, float]], prefix: str) -> float:
+    """Read units per second on the busiest partition whose name starts with ``prefix``."""
+    return max((p["rru"] for k, p in partitions.items() if k.startswith(prefix)), default=0.0)
+
+
+def table(
+    ops: Sequence[Op],
+    *,
+    shards: int,
+    prices: Mapping[str, float],
+    fixed_per_worker_hour: Mapping[str, float],
+    message_wru_per_connection_hour: float,
+    message_rate: float,
+    fleets: Iterable[int] = FLEETS,
+    per_worker: Iterable[int] = PER_WORKER,
+) -> tuple[list[str], list[list[str]], list[dict[str, Any]]]:
+    """The scaling table: (header, rows, raw results), one row per fleet size and
+    connections per worker."""
+    header = [
+        "connections", "per worker", "workers", "sessions: renewal WRU/s", "sessions: watch RRU/s",
+        "by_ring RING partition RRU/s", "by_owner FREE# partition RRU/s (each)", "by_owner S# partition RRU/s",
+        "$ / month holding", f"$ / month with messages ({message_rate:g} msg/s each)", "binds first (holding)",
+    ]
+    rows, raw = [], []
+    for n in fleets:
+        for pw in per_worker:
+            kw = dict(shards=shards, prices=prices, fixed_per_worker_hour=fixed_per_worker_hour)
+            hold = fleet(ops, connections=n, per_worker=pw, **kw)
+            busy = fleet(ops, connections=n, per_worker=pw, message_wru_per_connection_hour=message_wru_per_connection_hour, **kw)
+            raw.append({"holding": hold, "with_messages": busy})
+            b = hold["binding"]
+            rows.append([
+                f"{n:,}", str(pw), f"{hold['workers']:,}",
+                f"{hold['tables'].get('sessions', {}).get('wru', 0):,.0f}",
+                f"{hold['tables'].get('sessions', {}).get('rru', 0):,.0f}",
+                f"{hottest(hold['partitions'], 'sessions.by_ring'):,.0f} / {PARTITION_RCU:,}",
+                f"{hottest(hold['partitions'], 'connections.by_owner FREE#'):,.0f} / {PARTITION_RCU:,}",
+                f"{hottest(hold['partitions'], 'connections.by_owner (one'):,.2f}",
+                f"{hold['month']['total']:,.0f}",
+                f"{busy['month']['total']:,.0f}",
+                f"{b['name']} at {b['utilisation'] * 100:.0f} %: full at ~{b['connections_at_limit']:,.0f} connections",
+            ])
+    return header, rows, raw
