@@ -222,18 +222,28 @@ def test_stop_reaches_the_owner_through_its_session_inbox_with_no_per_connection
     async def scenario():
         async with running(cfg) as worker:
             await eventually(lambda: upstream.open_sockets("a"), what="a connected socket")
-            before = dict(worker._aws.requests)
+            reads: list[tuple[str, str]] = []
+
+            def record(params, model, **_):
+                # What reads this connection or our holdings: a GetItem or Scan of the
+                # connections table, or a query of our session's owner_key (the free
+                # scan of FREE# partitions is neither).
+                if params.get("TableName") != aws_env["TABLE_NAME"] or model.name not in ("GetItem", "Query", "Scan"):
+                    return
+                key = params.get("ExpressionAttributeValues", {}).get(":k", {}).get("S", "")
+                if model.name != "Query" or not key.startswith(schema.OWNER_KEY_FREE_PREFIX):
+                    reads.append((model.name, key))
+
+            worker._aws.dynamodb.meta.events.register("provide-client-params.dynamodb", record)
             stopped_at = time.monotonic()
             assert post(router, {"event_type": "STOP", "connection_id": "a"}) == 202
             await eventually(
-                lambda: not upstream.open_sockets("a") and conns.get("a")["lease_session"] == "",
+                lambda: not upstream.open_sockets("a") and conns.get("a")["lease_session"] == "" and "a" not in worker.runners,
                 what="socket closed, connection released",
             )
             took = time.monotonic() - stopped_at
             assert took < cfg.heartbeat_ms / 1000 + 1.0, took
-            assert "a" not in worker.runners
-            reads = {k: v - before.get(k, 0) for k, v in worker._aws.requests.items() if k in ("dynamodb.GetItem", "dynamodb.Query")}
-            assert not any(reads.values()), reads
+            assert not reads, reads
 
     asyncio.run(scenario())
     item = conns.get("a")
@@ -286,8 +296,9 @@ def test_a_dead_sessions_connections_are_taken_over_soon_after_it_expires(aws_en
         async with running(cfg) as worker:
             await eventually(lambda: {"a", "b"} <= set(worker.runners), timeout=cfg.lease_ms / 1000 + 5, what="takeover")
             took = time.time() - expires_s
-            # Ended the moment it became endable (expiry + skew), plus jitter.
-            assert took < cfg.max_clock_skew_ms / 1000 + 1.0, took
+            # Ended the moment it became endable (expiry + skew), plus jitter and a few
+            # requests on a busy machine: not a watch or scan interval later.
+            assert took < cfg.max_clock_skew_ms / 1000 + 2.0, took
             assert worker.counters.total(names.ORPHANS_RECOVERED) == 2
             assert {worker.runners[c].fence_token for c in ("a", "b")} == {2}
 

@@ -37,6 +37,8 @@ METRICS_SECONDS = "METRICS_SECONDS"
 MESSAGE_TTL_DAYS = "MESSAGE_TTL_DAYS"
 FLUSH_INTERVAL_MS = "FLUSH_INTERVAL_MS"
 ALLOWED_WS_HOSTS = "ALLOWED_WS_HOSTS"
+REBALANCE = "REBALANCE"
+REBALANCE_TOLERANCE = "REBALANCE_TOLERANCE"
 ECS_CONTAINER_METADATA_URI_V4 = "ECS_CONTAINER_METADATA_URI_V4"
 
 T = TypeVar("T")
@@ -74,6 +76,24 @@ def _int_in(env: Mapping[str, str], name: str, default: int, low: int, high: int
     value = _parsed(env, name, default, int, "a whole number")
     if not low <= value <= high:
         raise ConfigError(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in ("1", "true", "on", "yes"):
+        return True
+    if raw in ("0", "false", "off", "no"):
+        return False
+    raise ConfigError(f"{name} must be on or off (1/0, true/false), got {env.get(name)!r}")
+
+
+def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
+    value = _parsed(env, name, default, float, "a number between 0 and 1")
+    if not 0 <= value <= 1:
+        raise ConfigError(f"{name} must be between 0 and 1, got {env.get(name)!r}")
     return value
 
 
@@ -129,6 +149,8 @@ class WorkerConfig:
     # The router's allow-list: here only its exact names and addresses matter, as the
     # ones allowed to resolve to an internal address (see validation.check_resolved).
     allowed_ws_hosts: tuple[str, ...] = ()
+    rebalance: bool = True  # shed connections above this worker's fair share
+    rebalance_tolerance: float = 0.1  # band above the fair share (a fraction of it) that is left alone
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
@@ -169,6 +191,8 @@ class WorkerConfig:
             message_ttl_days=_int_in(env, MESSAGE_TTL_DAYS, 0, 0, 3650),
             flush_interval_ms=_int_in(env, FLUSH_INTERVAL_MS, 100, 0, 10_000),
             allowed_ws_hosts=allowed_ws_hosts(env),
+            rebalance=_flag(env, REBALANCE, True),
+            rebalance_tolerance=_fraction(env, REBALANCE_TOLERANCE, 0.1),
         )
 
     def default_worker_id(self) -> str:

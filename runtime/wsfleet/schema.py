@@ -52,6 +52,20 @@ STOP_INBOX = "stops"
 
 LIVE = "LIVE"
 ENDED = "ENDED"
+# Set by a renewal while its worker shuts down: it takes nothing more, and its
+# connections count as load to spread, not as capacity.
+DRAINING = "draining"
+
+# The fleet's load in one item of the sessions table (never in the ring): written every
+# few seconds by the last session of the ring from all sessions, read by every worker
+# with its watch reads, so each knows its fair share without reading every session.
+FLEET_SUMMARY_ID = "#fleet"
+FLEET_WORKERS = "workers"  # LIVE sessions taking connections (not draining)
+FLEET_ACTIVE = "active"  # connections held by all LIVE sessions
+FLEET_CAPACITY = "capacity"  # sum of max_connections of the workers taking connections
+FLEET_BELOW_SHARE = "below_share"  # connections the workers under their fair share could take
+FLEET_SUSPECTS = "suspects"  # sessions expired or ended and not yet drained: recovering
+FLEET_AT_MS = "summarized_at_ms"
 
 # Sparse index of the sessions still to be watched (LIVE ones, and ENDED ones whose
 # connections are not all taken yet), ordered by session id: a worker watches its next
@@ -86,8 +100,10 @@ PUBLIC_FIELDS = (
 )
 
 # --- queue --------------------------------------------------------------------
-# SQS message body of a START hint: {"connection_id": "..."}
+# SQS message body of a START hint: {"connection_id": "..."}; a hint for a connection a
+# worker shed to rebalance also names that worker's session: {"...", "shed_by": "..."}.
 HINT_CONNECTION_ID = "connection_id"
+HINT_SHED_BY = "shed_by"
 
 
 def connection_pk(connection_id: str) -> str:

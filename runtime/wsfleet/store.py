@@ -154,6 +154,12 @@ _PLACEHOLDERS = {
     "#ttl": schema.SESSION_TTL,
     "#in": schema.STOP_INBOX,
     "#r": schema.RING,
+    "#dr": schema.DRAINING,
+    "#fw": schema.FLEET_WORKERS,
+    "#fc": schema.FLEET_CAPACITY,
+    "#fb": schema.FLEET_BELOW_SHARE,
+    "#fs": schema.FLEET_SUSPECTS,
+    "#ft": schema.FLEET_AT_MS,
 }
 
 
@@ -258,7 +264,14 @@ class SessionsStore(_Table):
         return item
 
     def renew(
-        self, session_id: str, *, lease_ms: int, active: int, max_connections: int, stops_done: Iterable[str] = ()
+        self,
+        session_id: str,
+        *,
+        lease_ms: int,
+        active: int,
+        max_connections: int,
+        stops_done: Iterable[str] = (),
+        draining: bool = False,
     ) -> dict | RenewFailure:
         """Extend the session, report its load, and take the STOPs posted to it.
 
@@ -269,13 +282,14 @@ class SessionsStore(_Table):
         the inbox in the same write."""
         now = self._now_ms()
         done = sorted(set(stops_done))
-        update = "SET #e = :exp, #hb = :now, #a = :active, #m = :max"
+        update = "SET #e = :exp, #hb = :now, #a = :active, #m = :max, #dr = :draining"
         values: dict[str, Any] = {
             ":exp": now + lease_ms,
             ":now": now,
             ":active": active,
             ":max": max_connections,
             ":live": schema.LIVE,
+            ":draining": draining,
         }
         if done:
             update += " DELETE #in :done"
@@ -356,27 +370,49 @@ class SessionsStore(_Table):
         return unmarshal(resp["Item"]) if "Item" in resp else None
 
     def get_many(self, session_ids: Sequence[str]) -> list[dict]:
-        """Eventually consistent BatchGetItem of a few sessions (the watched ones);
-        missing ones are left out. Unprocessed keys raise TransientError."""
-        if not session_ids:
-            return []
-        try:
-            resp = self._ddb.batch_get_item(
-                RequestItems={
-                    self._table: {
-                        "Keys": [self._key(s) for s in dict.fromkeys(session_ids)],
-                        "ProjectionExpression": "#sid, #st, #e, #a, #m, #hb",
-                        "ExpressionAttributeNames": _names("#sid #st #e #a #m #hb"),
+        """Eventually consistent BatchGetItem of sessions (the watched ones, the fleet
+        summary, or all of them for the summary), 100 per request; missing ones are left
+        out. Unprocessed keys raise TransientError."""
+        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #fw, #fc, #fb, #fs, #ft"
+        out: list[dict] = []
+        ids = list(dict.fromkeys(session_ids))
+        for start in range(0, len(ids), 100):
+            try:
+                resp = self._ddb.batch_get_item(
+                    RequestItems={
+                        self._table: {
+                            "Keys": [self._key(s) for s in ids[start : start + 100]],
+                            "ProjectionExpression": projection,
+                            "ExpressionAttributeNames": _names(projection),
+                        }
                     }
-                }
+                )
+            except (ClientError, BotoCoreError) as exc:
+                if is_transient(exc):
+                    raise TransientError(f"batch_get_item: {exc}") from exc
+                raise
+            if resp.get("UnprocessedKeys", {}).get(self._table):
+                raise TransientError("batch_get_item: keys left unprocessed")
+            out.extend(unmarshal(i) for i in resp.get("Responses", {}).get(self._table, []))
+        return out
+
+    def ring(self) -> list[str]:
+        """Every session id in the watch ring, sorted (the summary's one full read)."""
+        return [
+            unmarshal(raw)[schema.SESSION_ID]
+            for page in self._query_pages(
+                IndexName=schema.RING_INDEX,
+                KeyConditionExpression="#r = :r",
+                ExpressionAttributeNames=_names("#r"),
+                ExpressionAttributeValues=marshal({":r": schema.RING_VALUE}),
             )
-        except (ClientError, BotoCoreError) as exc:
-            if is_transient(exc):
-                raise TransientError(f"batch_get_item: {exc}") from exc
-            raise
-        if resp.get("UnprocessedKeys", {}).get(self._table):
-            raise TransientError("batch_get_item: keys left unprocessed")
-        return [unmarshal(i) for i in resp.get("Responses", {}).get(self._table, [])]
+            for raw in page.get("Items", [])
+        ]
+
+    def put_summary(self, summary: Mapping[str, Any]) -> None:
+        """Write the fleet summary item (unconditional: the newest summary wins, and two
+        summarizers for a moment write the same figures)."""
+        self._call("put_item", Item=marshal({schema.SESSION_ID: schema.FLEET_SUMMARY_ID, **summary}))
 
     def ring_after(self, session_id: str, *, limit: int) -> list[str]:
         """Up to ``limit`` session ids after ``session_id`` in the watch ring (sorted,

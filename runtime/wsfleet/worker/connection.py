@@ -48,6 +48,7 @@ class EndReason(enum.Enum):
     LOST = "lost"  # our session was ENDED, or the connection is no longer ours: close, write nothing
     EXPIRED = "expired"  # the worker's deadline passed before a renewal got through: close, write nothing
     SHUTDOWN = "shutdown"  # this worker is leaving: close, flush, release, hint a peer
+    SHED = "shed"  # moved to a worker under its fair share: close, flush, release, hint
     FAILED = "failed"  # a bug in this runner: close, flush, release, so that a peer takes over
 
 
@@ -241,6 +242,10 @@ class ConnectionRunner:
     def request_shutdown(self) -> None:
         self._end(EndReason.SHUTDOWN)
 
+    def request_shed(self) -> None:
+        """Hand it over to rebalance the fleet: the graceful handoff."""
+        self._end(EndReason.SHED)
+
     def request_stop(self) -> None:
         """Its STOP arrived (through the session inbox or the owner index)."""
         self._end(EndReason.STOPPED)
@@ -269,7 +274,7 @@ class ConnectionRunner:
             await asyncio.gather(*tasks, return_exceptions=True)
         reason = self.end_reason or EndReason.SHUTDOWN
         try:
-            if reason in (EndReason.STOPPED, EndReason.SHUTDOWN, EndReason.FAILED):
+            if reason in (EndReason.STOPPED, EndReason.SHUTDOWN, EndReason.SHED, EndReason.FAILED):
                 await self._flush_and_release()
             else:
                 self._counters.add(names.LEASES_LOST)

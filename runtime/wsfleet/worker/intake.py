@@ -34,6 +34,7 @@ class Intake:
         load: Callable[[], float],
         busy: Callable[[str], bool],
         accepting: Callable[[], bool],
+        declines_shed: Callable[[str, int], bool] = lambda shed_by, receives: False,
     ) -> None:
         self.hints_sent = 0
         self._aws = aws
@@ -44,16 +45,14 @@ class Intake:
         self._load = load
         self._busy = busy
         self._accepting = accepting
+        self._declines_shed = declines_shed
 
-    async def hint(self, connection_id: str) -> None:
+    async def hint(self, connection_id: str, *, shed_by: str = "") -> None:
         """Tell peers a connection is free now, so one takes it in about a second
-        instead of at its next scan."""
+        instead of at its next scan; ``shed_by`` marks one shed to rebalance."""
+        body = {schema.HINT_CONNECTION_ID: connection_id, **({schema.HINT_SHED_BY: shed_by} if shed_by else {})}
         try:
-            await self._aws.call(
-                self._aws.sqs.send_message,
-                QueueUrl=self._queue_url,
-                MessageBody=json.dumps({schema.HINT_CONNECTION_ID: connection_id}),
-            )
+            await self._aws.call(self._aws.sqs.send_message, QueueUrl=self._queue_url, MessageBody=json.dumps(body))
             self.hints_sent += 1
         except Exception as exc:  # noqa: BLE001 - a hint is an optimisation; the free scan covers it
             self._log.warning("hint_failed", connection_id=connection_id, error=str(exc))
@@ -67,6 +66,7 @@ class Intake:
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=1,
             WaitTimeSeconds=wait_seconds,
+            AttributeNames=["ApproximateReceiveCount"],
         )
         messages = resp.get("Messages", [])
         await asyncio.gather(*(self._on_hint(m) for m in messages))
@@ -75,21 +75,24 @@ class Intake:
         return len(messages)
 
     async def _on_hint(self, message: dict[str, Any]) -> None:
-        connection_id = hinted_connection(message.get("Body", ""))
-        keep = False
+        connection_id, shed_by = parse_hint(message.get("Body", ""))
+        receives = int(message.get("Attributes", {}).get("ApproximateReceiveCount", 1))
+        keep, later = False, 0
         if connection_id is None:
             self._log.warning("bad_hint", body=message.get("Body", "")[:200])
         elif not self._accepting() or (not self._busy(connection_id) and self._room() <= 0):
             keep = True  # no room (or no session) here: give it back to the queue for a peer, now
+        elif shed_by and not self._busy(connection_id) and self._declines_shed(shed_by, receives):
+            keep, later = True, 1  # shed to rebalance: for a worker under its share
         elif not self._busy(connection_id):
-            await self._acquire(connection_id, source="hint")
+            await self._acquire(connection_id, source="rebalance" if shed_by else "hint")
         try:
             if keep:
                 await self._aws.call(
                     self._aws.sqs.change_message_visibility,
                     QueueUrl=self._queue_url,
                     ReceiptHandle=message["ReceiptHandle"],
-                    VisibilityTimeout=0,
+                    VisibilityTimeout=later,
                 )
             else:
                 # Won, lost or already ours: the hint has done its job either way.
@@ -100,9 +103,13 @@ class Intake:
             self._log.warning("hint_ack_failed", error=str(exc))
 
 
-def hinted_connection(body: str) -> str | None:
+def parse_hint(body: str) -> tuple[str | None, str]:
+    """(connection id or None if malformed, the shedding session or "")."""
     try:
-        value = json.loads(body).get(schema.HINT_CONNECTION_ID)
+        obj = json.loads(body)
+        value, shed_by = obj.get(schema.HINT_CONNECTION_ID), obj.get(schema.HINT_SHED_BY, "")
     except (ValueError, AttributeError):
-        return None
-    return value if isinstance(value, str) and value else None
+        return None, ""
+    if not isinstance(value, str) or not value:
+        return None, ""
+    return value, shed_by if isinstance(shed_by, str) else ""

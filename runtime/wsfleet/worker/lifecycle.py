@@ -27,12 +27,14 @@ from .. import metrics_names as names
 from .. import schema, tracing
 from ..aws import Aws
 from ..config import WorkerConfig
+from ..balance import declines_shed_hint
 from ..leases import SessionTiming, reconcile_pause_s
 from ..logs import JsonLogger
 from ..metrics import Counters, metric_data
 from ..store import Acquired, ConnectionsStore, MessagesStore, NotAcquired, SessionsStore, TransientError, now_ms
 from ..validation import Allowlist
 from .connection import ConnectionRunner, EndReason, Settings
+from .balancer import Balancer
 from .intake import HINT_POLLERS, Intake
 from .retry import LeaseExpired, call_until, first_of
 from .session import Lost, SessionKeeper
@@ -44,6 +46,7 @@ HINT_GRACE_S = 0.5  # at shutdown, how long our in-flight polls get to return ou
 LAG_PROBE_S = 0.25  # how often the event-loop lag probe wakes up
 AUDIT_EVERY = 3  # the owner-index audit runs every AUDIT_EVERY reconcile intervals
 AUDIT_GRACE_S = 15.0  # a connection acquired this recently may not be in the index yet
+BALANCE_EVERY = 3  # balance passes follow the summary reads (every third watch read)
 
 
 class Worker:
@@ -95,6 +98,7 @@ class Worker:
             load=self.load,
             busy=self._busy,
             accepting=self._accepting,
+            declines_shed=self._declines_shed,
         )
         self.takeover = Takeover(
             sessions=self._sessions,
@@ -109,6 +113,22 @@ class Worker:
             room=self.free,
             load=self.load,
             busy=self._busy,
+            avoid=lambda cid: self.balancer.shed_recently(cid),
+            on_summary=lambda item: self.balancer.on_summary(item),
+            clock_ms=clock_ms,
+        )
+        self.balancer = Balancer(
+            sessions=self._sessions,
+            keeper=self.keeper,
+            timing=self.timing,
+            max_connections=config.max_connections,
+            enabled=config.rebalance,
+            tolerance=config.rebalance_tolerance,
+            call=aws.call,
+            log=self._log,
+            successors=self.takeover.successors,
+            recovering=self.takeover.recovering,
+            runners=lambda: self.runners,
             clock_ms=clock_ms,
         )
         self._acquiring: set[str] = set()
@@ -131,6 +151,15 @@ class Worker:
 
     def _accepting(self) -> bool:
         return not self._stopping.is_set() and self.keeper.live()
+
+    def _declines_shed(self, shed_by: str, receives: int) -> bool:
+        return declines_shed_hint(
+            active=len(self.runners) + len(self._acquiring),
+            max_connections=self.config.max_connections,
+            fleet=self.balancer.fresh_fleet(),
+            shed_by_me=shed_by == self.keeper.session_id,
+            receives=receives,
+        )
 
     # --- taking connections ------------------------------------------------------------
 
@@ -240,6 +269,8 @@ class Worker:
         )
         if reason in (EndReason.SHUTDOWN, EndReason.FAILED):
             await self.intake.hint(runner.connection_id)
+        elif reason is EndReason.SHED:
+            await self.intake.hint(runner.connection_id, shed_by=runner.session_id)
 
     # --- what the session tells us -----------------------------------------------------
 
@@ -350,6 +381,7 @@ class Worker:
             "renewals": self.keeper.renewals,
             "active": len(self.runners),
             "sessions_ended": self.takeover.sessions_ended,
+            "shed": self.balancer.shed,
             **self.counters.totals(),
             "writer": self.writer.stats(),
             "requests": dict(self._aws.requests),
@@ -402,6 +434,7 @@ class Worker:
     def request_shutdown(self) -> None:
         if not self._stopping.is_set():
             self._log.info("shutdown_requested", active=len(self.runners))
+            self.keeper.draining = True
             self._stopping.set()
 
     async def run(self) -> None:
@@ -413,6 +446,8 @@ class Worker:
             heartbeat_ms=self.timing.heartbeat_ms,
             reconcile_ms=self.config.reconcile_ms,
             checkpoint_ms=self.config.checkpoint_ms,
+            rebalance=self.config.rebalance,
+            rebalance_tolerance=self.config.rebalance_tolerance,
         )
         keeper = asyncio.create_task(self._keep_session(), name="session")
         writer = asyncio.create_task(self.writer.run(), name="writer")
@@ -421,6 +456,11 @@ class Worker:
         loops = [
             asyncio.create_task(self._every(self.timing.watch_pause_s, self.takeover.watch_once), name="watch"),
             asyncio.create_task(self._every(reconcile, self.takeover.reconcile_once), name="reconcile"),
+            asyncio.create_task(self._every(self.timing.watch_pause_s, self.balancer.summarize_once), name="summary"),
+            asyncio.create_task(
+                self._every(lambda: BALANCE_EVERY * self.timing.watch_pause_s(), self.balancer.balance_once, wait_first=True),
+                name="balance",
+            ),
             asyncio.create_task(
                 self._every(lambda: AUDIT_EVERY * reconcile(), self.audit_once, wait_first=True), name="audit"
             ),

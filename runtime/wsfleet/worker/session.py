@@ -53,6 +53,7 @@ class SessionKeeper:
         self.deadline_mono = 0.0
         self.lost_reason: Lost | None = None
         self.renewals = 0
+        self.draining = False  # set at shutdown: the renewal tells the fleet we take nothing more
         self._sessions = sessions
         self._max = max_connections
         self._call = call
@@ -142,6 +143,7 @@ class SessionKeeper:
                         active=self._active(),
                         max_connections=self._max,
                         stops_done=done,
+                        draining=self.draining,
                     ),
                     timeout=min(left, RENEW_TIMEOUT_S),
                 )

@@ -33,6 +33,7 @@ from .session import SessionKeeper
 WATCH_K = 2  # successors each worker watches: a death is seen while either predecessor lives
 RING_REFRESH_S = 15.0  # the ring changes only when workers come and go; a newcomer is watched within this
 EMPTY_DRAINS_TO_LEAVE = 2  # the owner index is eventually consistent: see it empty twice
+SUMMARY_EVERY = 3  # the fleet summary rides along with every third watch read
 
 Call = Callable[..., Awaitable[Any]]
 Acquire = Callable[..., Awaitable[Any]]
@@ -54,6 +55,8 @@ class Takeover:
         room: Callable[[], int],
         load: Callable[[], float],
         busy: Callable[[str], bool],
+        avoid: Callable[[str], bool] = lambda _: False,
+        on_summary: Callable[[dict], None] = lambda _: None,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self.watched: dict[str, Watched] = {}
@@ -70,6 +73,9 @@ class Takeover:
         self._room = room
         self._load = load
         self._busy = busy
+        self._avoid = avoid
+        self._on_summary = on_summary
+        self._passes = 0
         self._clock_ms = clock_ms
         self._ring: list[str] = []
         self._ring_for = ""
@@ -100,6 +106,14 @@ class Takeover:
 
     # --- watching --------------------------------------------------------------------
 
+    def successors(self) -> list[str]:
+        return list(self._ring) if self._ring_for == self._keeper.session_id else []
+
+    def recovering(self) -> bool:
+        """A watched session is ENDED or has missed a renewal: a takeover is under way."""
+        now = self._clock_ms()
+        return any(w.state == schema.ENDED or self._timing.suspect(w.expires_at_ms, now) for w in self.watched.values())
+
     async def watch_once(self) -> int:
         """Read the watched sessions; schedule the end of suspect ones at their expiry and
         drain ENDED ones. Returns how many sessions it read."""
@@ -109,7 +123,13 @@ class Takeover:
         if self._ring_for != me or time.monotonic() - self._ring_at > RING_REFRESH_S:
             self._ring = await self._call(self._sessions.ring_after, me, limit=WATCH_K)
             self._ring_for, self._ring_at = me, time.monotonic()
-        items = await self._call(self._sessions.get_many, self._ring)
+        self._passes += 1
+        summary = self._passes % SUMMARY_EVERY == 1
+        items = await self._call(self._sessions.get_many, [*self._ring, *([schema.FLEET_SUMMARY_ID] if summary else [])])
+        for item in items:
+            if item[schema.SESSION_ID] == schema.FLEET_SUMMARY_ID:
+                self._on_summary(item)
+        items = [i for i in items if i[schema.SESSION_ID] != schema.FLEET_SUMMARY_ID]
         self.watched = {
             i[schema.SESSION_ID]: Watched(i[schema.SESSION_ID], i.get(schema.SESSION_STATE, ""), int(i.get(schema.EXPIRES_AT_MS, 0)))
             for i in items
@@ -221,7 +241,7 @@ class Takeover:
         found: list[str] = []
         for shard in shards:
             ids = await self._call(_take, self._connections.free(shard, limit=min(100, room + 10)), room + 10)
-            found.extend(c for c in ids if not self._busy(c))
+            found.extend(c for c in ids if not self._busy(c) and not self._avoid(c))
             if len(found) >= room:
                 break
         found = found[:room]

@@ -1,0 +1,122 @@
+"""Fair share: pure decisions for spreading connections over the fleet (no boto3, no
+asyncio).
+
+A worker's fair share is the fleet's held connections split in proportion to each
+taking worker's MAX_CONNECTIONS (workers that are shutting down take nothing and are not
+counted as capacity). A worker above its share by more than a tolerance band sheds the
+excess gradually, by the graceful handoff it already has; workers under their share take
+what is shed. No churn:
+
+* hysteresis: nothing moves while a worker is within ``tolerance`` of its share, and a
+  worker never sheds below its share;
+* a connection held for less than ``min_hold_s`` is never moved (so none moves twice);
+* nothing is shed while the fleet is recovering from a crash (a session expired or ended
+  and not yet drained);
+* at most ``max_moves`` per balance pass, so a big join does not reconnect everything
+  at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from . import schema
+from .leases import SessionTiming
+
+
+@dataclass(frozen=True)
+class FleetLoad:
+    """The fleet summary: what the last session of the ring last read of every session."""
+
+    workers: int
+    active: int
+    capacity: int
+    below_share: int
+    suspects: int
+    at_ms: int
+
+    def share(self, max_connections: int) -> float:
+        """This worker's fair share of the fleet's connections."""
+        return self.active * max_connections / self.capacity if self.capacity else 0.0
+
+    def as_item(self) -> dict[str, int]:
+        return {
+            schema.FLEET_WORKERS: self.workers,
+            schema.FLEET_ACTIVE: self.active,
+            schema.FLEET_CAPACITY: self.capacity,
+            schema.FLEET_BELOW_SHARE: self.below_share,
+            schema.FLEET_SUSPECTS: self.suspects,
+            schema.FLEET_AT_MS: self.at_ms,
+        }
+
+    @classmethod
+    def from_item(cls, item: Mapping) -> "FleetLoad":
+        return cls(
+            workers=int(item.get(schema.FLEET_WORKERS, 0)),
+            active=int(item.get(schema.FLEET_ACTIVE, 0)),
+            capacity=int(item.get(schema.FLEET_CAPACITY, 0)),
+            below_share=int(item.get(schema.FLEET_BELOW_SHARE, 0)),
+            suspects=int(item.get(schema.FLEET_SUSPECTS, 0)),
+            at_ms=int(item.get(schema.FLEET_AT_MS, 0)),
+        )
+
+
+def summarize(sessions: Iterable[Mapping], *, now_ms: int, timing: SessionTiming) -> FleetLoad:
+    """The fleet summary from every session in the ring, as read."""
+    live, suspects = [], 0
+    for s in sessions:
+        if s.get(schema.SESSION_STATE) == schema.LIVE and int(s.get(schema.EXPIRES_AT_MS, 0)) >= now_ms:
+            live.append(s)
+        else:
+            suspects += 1  # expired, or ENDED and still in the ring: not drained yet
+    takers = [s for s in live if not s.get(schema.DRAINING)]
+    active = sum(int(s.get(schema.ACTIVE, 0)) for s in live)
+    capacity = sum(int(s.get(schema.MAX_CONNECTIONS, 0)) for s in takers)
+    below = 0
+    if capacity:
+        for s in takers:
+            share = math.ceil(active * int(s.get(schema.MAX_CONNECTIONS, 0)) / capacity)
+            below += max(0, share - int(s.get(schema.ACTIVE, 0)))
+    return FleetLoad(len(takers), active, capacity, below, suspects, now_ms)
+
+
+def is_summarizer(me: str, successors: list[str]) -> bool:
+    """The last session of the ring writes the summary: its first successor wraps around
+    to the start (or it has none). Known from the ring reads it makes anyway."""
+    return not successors or successors[0] < me
+
+
+def shed_count(
+    *, active: int, max_connections: int, fleet: FleetLoad, tolerance: float, max_moves: int, recovering: bool
+) -> int:
+    """How many connections to shed now: down to (never below) the fair share, only when
+    above it by more than the tolerance band, at most ``max_moves``, never while the
+    fleet is recovering."""
+    if recovering or fleet.suspects or not fleet.capacity:
+        return 0
+    target = math.ceil(fleet.share(max_connections))
+    band = max(1, math.ceil(tolerance * target))
+    if active <= target + band:
+        return 0
+    return min(active - target, max_moves)
+
+
+def max_moves(max_connections: int) -> int:
+    """Moves per balance pass: a tenth of a worker's capacity, at least one."""
+    return max(1, math.ceil(max_connections / 10))
+
+
+def declines_shed_hint(*, active: int, max_connections: int, fleet: FleetLoad | None, shed_by_me: bool, receives: int) -> bool:
+    """Whether to leave a connection another worker shed for a worker under its share.
+    Its shedder never takes it back; a worker at or above its share leaves it while the
+    summary says some worker is under theirs. After a few receives anyone takes it, so a
+    stale summary cannot leave it bouncing."""
+    if receives > 3:
+        return False
+    if shed_by_me:
+        return True
+    if fleet is None or fleet.below_share <= 0:
+        return False
+    return active >= math.ceil(fleet.share(max_connections))

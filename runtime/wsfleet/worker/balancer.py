@@ -1,0 +1,130 @@
+"""Balancing: knowing the fleet's load and shedding what is above this worker's share.
+
+* **Summary.** The last session of the watch ring (see :func:`wsfleet.balance.is_summarizer`)
+  reads every session in the ring about every watch pause and writes the fleet summary
+  item; O(workers) for that one worker. Every worker reads the summary with its watch
+  reads (:class:`~.takeover.Takeover` fetches it every few passes), so each knows its fair
+  share without reading every session.
+* **Shedding.** A worker above its share by more than the tolerance sheds the excess
+  through the graceful handoff (close, flush, release with checkpoint, hint naming itself),
+  a few per pass; workers under their share take those hints, the shedder and workers at
+  their share leave them (:func:`wsfleet.balance.declines_shed_hint`), and the shedder's
+  own free scan skips them for a while.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Awaitable, Callable, Mapping
+
+from .. import schema
+from ..balance import FleetLoad, is_summarizer, max_moves, shed_count, summarize
+from ..leases import SessionTiming
+from ..logs import JsonLogger
+from ..store import SessionsStore, now_ms
+from .session import SessionKeeper
+
+MIN_HOLD_S = 60.0  # a connection held for less than this is never moved: none moves twice
+SUMMARY_MAX_AGE_MS = 60_000  # an older summary is not acted on (its writer may be gone)
+
+Call = Callable[..., Awaitable[Any]]
+
+
+class Balancer:
+    def __init__(
+        self,
+        *,
+        sessions: SessionsStore,
+        keeper: SessionKeeper,
+        timing: SessionTiming,
+        max_connections: int,
+        enabled: bool,
+        tolerance: float,
+        call: Call,
+        log: JsonLogger,
+        successors: Callable[[], list[str]],
+        recovering: Callable[[], bool],
+        runners: Callable[[], Mapping[str, Any]],
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
+        self.fleet: FleetLoad | None = None
+        self.shed = 0
+        self._sessions = sessions
+        self._keeper = keeper
+        self._timing = timing
+        self._max = max_connections
+        self._enabled = enabled
+        self._tolerance = tolerance
+        self._call = call
+        self._log = log
+        self._successors = successors
+        self._recovering = recovering
+        self._runners = runners
+        self._clock_ms = clock_ms
+        self._shed_at: dict[str, float] = {}
+
+    def on_summary(self, item: Mapping) -> None:
+        """The summary item, as a watch read brought it."""
+        self.fleet = FleetLoad.from_item(item)
+
+    def fresh_fleet(self) -> FleetLoad | None:
+        fleet = self.fleet
+        if fleet is None or self._clock_ms() - fleet.at_ms > SUMMARY_MAX_AGE_MS:
+            return None
+        return fleet
+
+    def shed_recently(self, connection_id: str) -> bool:
+        at = self._shed_at.get(connection_id)
+        return at is not None and time.monotonic() - at < MIN_HOLD_S
+
+    async def summarize_once(self) -> FleetLoad | None:
+        """If this is the last session of the ring, read every session in it and write
+        the fleet summary. Returns the summary it wrote, or None."""
+        me = self._keeper.session_id
+        if not self._keeper.live() or not is_summarizer(me, self._successors()):
+            return None
+        ids = await self._call(self._sessions.ring)
+        items = await self._call(self._sessions.get_many, ids)
+        fleet = summarize(items, now_ms=self._clock_ms(), timing=self._timing)
+        await self._call(self._sessions.put_summary, fleet.as_item())
+        self.fleet = fleet
+        return fleet
+
+    async def balance_once(self) -> int:
+        """Shed what is above this worker's fair share (see :func:`shed_count`), oldest
+        held first. Returns how many it asked to shed."""
+        fleet = self.fresh_fleet()
+        if not self._enabled or fleet is None or not self._keeper.live():
+            return 0
+        runners = self._runners()
+        n = shed_count(
+            active=len(runners),
+            max_connections=self._max,
+            fleet=fleet,
+            tolerance=self._tolerance,
+            max_moves=max_moves(self._max),
+            recovering=self._recovering(),
+        )
+        now = time.monotonic()
+        movable = sorted(
+            (r for r in runners.values() if r.end_reason is None and now - r.acquired_mono >= MIN_HOLD_S),
+            key=lambda r: r.acquired_mono,
+        )[:n]
+        for runner in movable:
+            self._shed_at[runner.connection_id] = now
+            runner.request_shed()
+        self._shed_at = {c: t for c, t in self._shed_at.items() if now - t < MIN_HOLD_S}
+        if movable:
+            self.shed += len(movable)
+            self._log.info(
+                "rebalance_shed",
+                count=len(movable),
+                active=len(runners),
+                share=round(fleet.share(self._max), 1),
+                fleet_active=fleet.active,
+                workers=fleet.workers,
+            )
+        return len(movable)
+
+    def hint_body_extra(self) -> dict[str, str]:
+        return {schema.HINT_SHED_BY: self._keeper.session_id}

@@ -1,0 +1,79 @@
+"""Fair share, without AWS: the fleet summary, when to shed and how much, which hints a
+worker leaves for others."""
+
+from wsfleet import schema
+from wsfleet.balance import FleetLoad, declines_shed_hint, is_summarizer, max_moves, shed_count, summarize
+from wsfleet.leases import SessionTiming
+
+T = SessionTiming(lease_ms=10_000, heartbeat_ms=2_500, max_clock_skew_ms=1_000)
+NOW = 1_000_000
+
+
+def session(sid, active, max_connections=100, *, state=schema.LIVE, expires=NOW + 8_000, draining=False):
+    return {
+        schema.SESSION_ID: sid,
+        schema.SESSION_STATE: state,
+        schema.EXPIRES_AT_MS: expires,
+        schema.ACTIVE: active,
+        schema.MAX_CONNECTIONS: max_connections,
+        schema.DRAINING: draining,
+    }
+
+
+def fleet(active, capacity, *, below=0, suspects=0, workers=2):
+    return FleetLoad(workers, active, capacity, below, suspects, NOW)
+
+
+def test_the_summary_counts_load_of_live_sessions_and_capacity_of_those_taking_connections():
+    load = summarize(
+        [session("a", 30), session("b", 10), session("c", 20, draining=True), session("d", 0, max_connections=200)],
+        now_ms=NOW,
+        timing=T,
+    )
+    assert (load.workers, load.active, load.capacity, load.suspects) == (3, 60, 400, 0)
+    # Shares: a 15, b 15, d 30: b is 5 under and d 30 under.
+    assert load.below_share == 35
+
+
+def test_expired_and_ended_sessions_still_in_the_ring_mean_the_fleet_is_recovering():
+    load = summarize([session("a", 5), session("b", 5, expires=NOW - 1), session("c", 0, state=schema.ENDED)], now_ms=NOW, timing=T)
+    assert load.suspects == 2 and load.workers == 1
+
+
+def test_the_last_session_of_the_ring_writes_the_summary():
+    assert is_summarizer("z#1", ["a#1", "b#1"])  # its successors wrap around
+    assert not is_summarizer("b#1", ["c#1", "a#1"])
+    assert is_summarizer("a#1", [])  # alone
+
+
+def test_a_worker_within_the_tolerance_band_of_its_share_sheds_nothing():
+    f = fleet(100, 500)  # share 20 per 100-connection worker
+    assert shed_count(active=22, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False) == 0
+    assert shed_count(active=23, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False) == 3
+
+
+def test_shedding_never_goes_below_the_share_and_is_capped_per_pass():
+    f = fleet(100, 800)  # share 12.5 -> 13
+    assert shed_count(active=25, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False) == 10
+    assert shed_count(active=16, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False) == 3
+    assert max_moves(100) == 10 and max_moves(5) == 1
+
+
+def test_nothing_is_shed_while_the_fleet_recovers_from_a_crash():
+    assert shed_count(active=50, max_connections=100, fleet=fleet(100, 500, suspects=1), tolerance=0.1, max_moves=10, recovering=False) == 0
+    assert shed_count(active=50, max_connections=100, fleet=fleet(100, 500), tolerance=0.1, max_moves=10, recovering=True) == 0
+
+
+def test_shed_hints_go_to_workers_under_their_share():
+    f = fleet(100, 500, below=20)
+    assert declines_shed_hint(active=0, max_connections=100, fleet=f, shed_by_me=True, receives=1)  # never take back
+    assert declines_shed_hint(active=20, max_connections=100, fleet=f, shed_by_me=False, receives=1)  # at share
+    assert not declines_shed_hint(active=5, max_connections=100, fleet=f, shed_by_me=False, receives=1)
+    assert not declines_shed_hint(active=20, max_connections=100, fleet=fleet(100, 500), shed_by_me=False, receives=1)
+    assert not declines_shed_hint(active=20, max_connections=100, fleet=f, shed_by_me=True, receives=4)  # no bouncing
+    assert not declines_shed_hint(active=20, max_connections=100, fleet=None, shed_by_me=False, receives=1)
+
+
+def test_the_summary_survives_its_round_trip_through_the_sessions_table_item():
+    f = FleetLoad(3, 60, 300, 10, 0, NOW)
+    assert FleetLoad.from_item(f.as_item()) == f

@@ -1,0 +1,62 @@
+"""Rebalancing with real workers in-process (against the emulator and a local upstream):
+a worker joining a loaded one gets its fair share by graceful handoffs, moving only the
+excess, with no gap and never two sockets; a balanced fleet moves nothing."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from wsfleet.worker import balancer
+from tests.test_worker import config, eventually, running, seqs  # noqa: F401 - shared fixtures below
+from tests.test_worker import stores, upstream  # noqa: F401
+
+
+@pytest.fixture(autouse=True)
+def short_hold(monkeypatch):
+    # Connections just taken may move after half a second here (a minute in production).
+    monkeypatch.setattr(balancer, "MIN_HOLD_S", 0.5)
+
+
+def test_a_joining_worker_gets_its_fair_share_and_only_the_excess_moves(aws_env, stores, upstream):  # noqa: F811
+    conns, msgs = stores
+    cids = [f"c{i:02d}" for i in range(12)]
+    for cid in cids:
+        conns.start(cid, upstream.url_for(cid))
+    cfg = config(aws_env, MAX_CONNECTIONS="20")
+
+    async def scenario():
+        async with running(cfg, "w1") as w1:
+            await eventually(lambda: len(w1.runners) == 12 and all(upstream.open_sockets(c) for c in cids), what="all on w1")
+            async with running(cfg, "w2") as w2:
+                await eventually(lambda: len(w2.runners) >= 5 and len(w1.runners) <= 7, timeout=25, what="balanced")
+                moved = w1.balancer.shed
+                await asyncio.sleep(3.0)  # several balance passes of a balanced fleet
+                assert (w1.balancer.shed, w2.balancer.shed) == (moved, 0)  # no churn, nothing moved back
+                assert moved == len(w2.runners) <= 7  # only the excess moved
+                await eventually(lambda: all(upstream.open_sockets(c) for c in cids), what="all connected")
+                for cid in cids:
+                    await eventually(lambda c=cid: len(seqs(msgs, c)) >= 5, what="frames stored")
+
+    asyncio.run(scenario())
+    for cid in cids:
+        stored = seqs(msgs, cid)
+        assert stored == list(range(1, len(stored) + 1)), cid
+        assert upstream.max_concurrent(cid) == 1, upstream.overlaps(cid)
+
+
+def test_with_rebalance_off_a_joining_worker_gets_only_new_connections(aws_env, stores, upstream):  # noqa: F811
+    conns, _ = stores
+    for i in range(6):
+        conns.start(f"c{i}", upstream.url_for(f"c{i}"))
+    cfg = config(aws_env, MAX_CONNECTIONS="20", REBALANCE="off")
+
+    async def scenario():
+        async with running(cfg, "w1") as w1:
+            await eventually(lambda: len(w1.runners) == 6, what="all on w1")
+            async with running(cfg, "w2") as w2:
+                await asyncio.sleep(4.0)
+                assert len(w1.runners) == 6 and not w2.runners and w1.balancer.shed == 0
+
+    asyncio.run(scenario())
