@@ -161,6 +161,8 @@ class ServiceStack(Stack):
             config.RECONCILE_SECONDS: _seconds(settings.reconcile_seconds),
             config.CHECKPOINT_SECONDS: _seconds(settings.checkpoint_seconds),
             config.MAX_CONNECTIONS: str(settings.max_connections_per_worker),
+            config.REBALANCE: "on" if settings.rebalance else "off",
+            config.REBALANCE_TOLERANCE: f"{settings.rebalance_tolerance:g}",
             config.MAX_CLOCK_SKEW_MS: str(settings.max_clock_skew_ms),
             config.METRICS_NAMESPACE: METRICS_NAMESPACE,
             config.SERVICE_NAME: settings.service_name,

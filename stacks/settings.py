@@ -58,6 +58,10 @@ class EnvironmentSettings:
     worker_cpu: int = 256  # Fargate CPU units
     worker_memory_mib: int = 512
     max_connections_per_worker: int = 100
+    # Rebalancing (REBALANCE, REBALANCE_TOLERANCE): a worker more than this fraction above
+    # its fair share hands the excess over to workers under theirs, a few at a time.
+    rebalance: bool = True
+    rebalance_tolerance: float = 0.1
     # Target tracking keeps the average ActiveConnections per task near this value;
     # the headroom up to max_connections_per_worker absorbs a failed-over task's share.
     target_connections_per_worker: int = 70
@@ -92,6 +96,8 @@ class EnvironmentSettings:
         # per-connection write per heartbeat that session leases do away with.
         if not self.checkpoint_seconds >= self.heartbeat_seconds:
             raise SettingsError("checkpoint_seconds must be at least heartbeat_seconds")
+        if not 0 <= self.rebalance_tolerance <= 1:
+            raise SettingsError("rebalance_tolerance must be between 0 and 1")
         if not 1 <= self.state_shards <= schema.MAX_STATE_SHARDS:
             raise SettingsError(f"state_shards must be between 1 and {schema.MAX_STATE_SHARDS}")
         if not self.shutdown_seconds < self.stop_timeout_seconds <= FARGATE_MAX_STOP_TIMEOUT_SECONDS:

@@ -275,6 +275,8 @@ def test_worker_environment_is_what_the_contract_names(env):
         config.RECONCILE_SECONDS,
         config.CHECKPOINT_SECONDS,
         config.MAX_CONNECTIONS,
+        config.REBALANCE,
+        config.REBALANCE_TOLERANCE,
         config.MAX_CLOCK_SKEW_MS,
         config.METRICS_NAMESPACE,
         config.SERVICE_NAME,
@@ -299,6 +301,7 @@ def test_worker_environment_passes_the_workers_own_validation(env):
     assert parsed.reconcile_ms == env.settings.reconcile_seconds * 1000
     assert parsed.checkpoint_ms == env.settings.checkpoint_seconds * 1000
     assert parsed.max_connections == env.settings.max_connections_per_worker
+    assert (parsed.rebalance, parsed.rebalance_tolerance) == (env.settings.rebalance, env.settings.rebalance_tolerance)
 
 
 def test_worker_and_router_name_the_stateful_stacks_tables(env):
