@@ -723,28 +723,26 @@ class Fleet:
 
         eventually(done, timeout, f"{len(connection_ids)} connections to be closed and released", interval=0.2)
 
-    def _seq_range(self, connection_id: str) -> tuple[int, int | None, int | None]:
-        """(row count, lowest seq, highest seq) of a connection's messages, without
-        reading them all: seq is the sort key, so count == highest with lowest 1 means
-        exactly 1..highest."""
-        key = {
+    def _stored_seqs(self, connection_id: str) -> list[int]:
+        """Every seq stored for a connection, ascending (seq is the sort key): one
+        keys-only query, paginated. moto answers a query in time that grows with the
+        whole table, so one query per connection rather than three (count, lowest,
+        highest) keeps the final audit of a long run short."""
+        kwargs: dict[str, Any] = {
             "TableName": self.aws_env["MESSAGES_TABLE_NAME"],
             "KeyConditionExpression": "#p = :p",
-            "ExpressionAttributeNames": {"#p": schema.MSG_PK},
+            "ExpressionAttributeNames": {"#p": schema.MSG_PK, "#s": schema.MSG_SK},
             "ExpressionAttributeValues": {":p": {"S": schema.connection_pk(connection_id)}},
+            "ProjectionExpression": "#s",
+            "ConsistentRead": True,
         }
-        count, kwargs = 0, dict(key, Select="COUNT")
+        seqs: list[int] = []
         while True:
             resp = self._ddb.query(**kwargs)
-            count += resp["Count"]
+            seqs.extend(int(item[schema.MSG_SK]["N"]) for item in resp.get("Items", []))
             if "LastEvaluatedKey" not in resp:
-                break
+                return seqs
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
-        ends = []
-        for forward in (True, False):
-            items = self._ddb.query(**key, ScanIndexForward=forward, Limit=1, ProjectionExpression="sk").get("Items", [])
-            ends.append(int(items[0][schema.MSG_SK]["N"]) if items else None)
-        return count, ends[0], ends[1]
 
     def audit(self, connection_ids: list[str] | set[str] | None = None) -> list[Audit]:
         """Each connection's stored seqs against its checkpoint and the upstream's books."""
@@ -752,12 +750,10 @@ class Fleet:
         states = self.scan()
         out = []
         for cid in sorted(connection_ids if connection_ids is not None else states):
-            rows, first, last = self._seq_range(cid)
-            missing: list[int] = []
-            if rows != (last or 0) or first not in (1, None):
-                # Only now read every row, to name what is missing.
-                present = {int(row[schema.MSG_SK]) for row in self.messages(cid)}
-                missing = [s for s in range(1, (last or 0) + 1) if s not in present]
+            seqs = self._stored_seqs(cid)
+            first, last = (seqs[0], seqs[-1]) if seqs else (None, None)
+            present = set(seqs)
+            missing = [s for s in range(1, (last or 0) + 1) if s not in present]
             delivered: set[int] = set()
             for record in self.upstream.sockets(cid):
                 if record.first_seq_sent is not None:
@@ -765,7 +761,7 @@ class Fleet:
             out.append(
                 Audit(
                     connection_id=cid,
-                    rows=rows,
+                    rows=len(seqs),
                     first=first,
                     last=last,
                     checkpoint=states[cid].last_seq if cid in states else 0,
