@@ -425,8 +425,8 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
         f"{s['busy']} of them receiving {message_rate:g} msg/s, the rest quiet; worker defaults otherwise: LEASE {t['lease_s']:g} s, HEARTBEAT {hb:g} s, RECONCILE "
         f"{rc:g} s, STATE_SHARDS {t['shards']}, METRICS_SECONDS {t['metrics_s']:g}, CHECKPOINT_SECONDS {t['checkpoint_s']:g}, "
         f"MAX_CLOCK_SKEW_MS {t['skew_ms']}, FLUSH_INTERVAL_MS {t['flush_ms']}.",
-        f"Steady window: {s['intervals']} stats intervals per worker ({worker_s / len(windows):.0f} s each, "
-        f"{len(parts)} sub-windows for medians and spreads); requests counted by the workers per operation (retries "
+        f"Steady window: {s['intervals']} stats intervals per worker ({worker_s / len(windows):.0f} s per worker, "
+        f"{len(parts)} sub-windows in all for medians and spreads); requests counted by the workers per operation (retries "
         "included): " + ", ".join(f"{k} {v}" for k, v in sorted(total.requests.items()) if v) + ".",
         "Split by the emulator's request ledger over the same period: " + ", ".join(
             f"{p} {v['n']}" for p, v in sorted(ledger.items())) + f" ({m['ledger_seconds']:.0f} s, all workers).",
