@@ -1,11 +1,13 @@
-"""The emulator's own paths: the throttling switch (fault injection) and the request
-ledger. Each test runs an emulator of its own, so that throttling never reaches the
+"""The emulator's own paths: the fault switch (throttling, latency, outages), the
+request ledger and the write journal. Each test runs an emulator of its own, so that throttling never reaches the
 shared one other tests use (moto's tables are shared within a process: the names are
 fresh per test)."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 import urllib.error
 import uuid
 import urllib.request
@@ -15,8 +17,11 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from wsfleet.local.emulator import FAULTS_PATH, Emulator, create_resources, faults, request_ledger, set_faults
-from wsfleet.store import ConnectionsStore, SessionsStore, TransientError, is_transient
+from wsfleet.local.emulator import (
+    FAULTS_PATH, HARNESS_MARK, Emulator, create_resources, faults, journal, record_journal, request_ledger, set_faults,
+)
+from wsfleet.store import ConnectionsStore, MessagesStore, SessionsStore, TransientError, is_transient
+from wsfleet.stream import Frame
 
 
 @pytest.fixture
@@ -112,3 +117,108 @@ def test_the_ledger_counts_requests_per_table_index_and_queried_partition(own):
     assert rows[("Query", env["TABLE_NAME"], "by_owner", "FREE#0", "")] == (2, 2)
     assert rows[("Query", env["TABLE_NAME"], "by_owner", "FREE#1", "COUNT")] == (1, 1)
     assert rows[("BatchGetItem", env["SESSIONS_TABLE_NAME"], "", "", "")] == (1, 2)
+
+
+def test_added_latency_delays_only_the_chosen_operation_and_does_not_hold_the_others_up(own):
+    url, env, client = own
+    set_faults(url, latency_ms={"GetItem": 800})
+    key = {"pk": {"S": "CONN#a"}}
+
+    slow = threading.Thread(target=lambda: client.get_item(TableName=env["TABLE_NAME"], Key=key))
+    started = time.monotonic()
+    slow.start()
+    time.sleep(0.1)
+    client.put_item(TableName=env["TABLE_NAME"], Item=key)  # while the GetItem sleeps
+    put_took = time.monotonic() - started
+    slow.join()
+
+    assert put_took < 0.6  # the delayed request sleeps before the DynamoDB lock, not inside it
+    assert time.monotonic() - started >= 0.8
+    assert faults(url)["delayed"] == {"GetItem": 1} and faults(url)["passed"] == {"PutItem": 1}
+
+
+def test_a_dynamodb_outage_fails_every_request_as_a_transient_500_until_its_window_ends(own):
+    url, env, client = own
+    set_faults(url, outage={"dynamodb": 1.0})
+    connections = ConnectionsStore(client, env["TABLE_NAME"], state_shards=4)
+
+    with pytest.raises(ClientError) as caught:
+        client.get_item(TableName=env["TABLE_NAME"], Key={"pk": {"S": "CONN#a"}})
+    assert caught.value.response["Error"]["Code"] == "InternalServerError"
+    assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
+    assert is_transient(caught.value)
+    with pytest.raises(TransientError):
+        connections.get("a")
+    assert 0 < faults(url)["outage_left_s"]["dynamodb"] <= 1.0
+
+    time.sleep(1.1)
+    assert connections.get("a") is None  # answered again, with nothing written meanwhile
+    assert faults(url)["outage_left_s"] == {}
+
+
+def test_a_hanging_outage_holds_each_request_until_the_window_ends_then_fails_it(own):
+    url, env, client = own
+    set_faults(url, outage={"dynamodb": 0.8}, outage_mode="hang")
+    started = time.monotonic()
+
+    with pytest.raises(ClientError) as caught:
+        client.get_item(TableName=env["TABLE_NAME"], Key={"pk": {"S": "CONN#a"}})
+
+    assert caught.value.response["Error"]["Code"] == "InternalServerError"
+    assert 0.6 <= time.monotonic() - started < 3
+
+
+def test_an_sqs_outage_fails_sqs_with_service_unavailable_and_leaves_dynamodb_alone(own):
+    url, env, client = own
+    sqs = boto3.client("sqs", endpoint_url=url, region_name=env["AWS_REGION"], config=Config(retries={"total_max_attempts": 1}))
+    set_faults(url, outage={"sqs": 5})
+
+    with pytest.raises(ClientError) as caught:
+        sqs.send_message(QueueUrl=env["QUEUE_URL"], MessageBody="{}")
+    assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+    client.get_item(TableName=env["TABLE_NAME"], Key={"pk": {"S": "CONN#a"}})
+
+    set_faults(url)
+    sqs.send_message(QueueUrl=env["QUEUE_URL"], MessageBody="{}")
+    assert faults(url)["outage"] == {}
+
+
+def test_the_harness_mark_exempts_a_client_from_every_fault(own):
+    url, env, client = own
+    harness = boto3.client(
+        "dynamodb", endpoint_url=url, region_name=env["AWS_REGION"],
+        config=Config(retries={"total_max_attempts": 1}, user_agent_extra=HARNESS_MARK),
+    )
+    set_faults(url, throttle=1.0, outage={"dynamodb": 5})
+
+    harness.get_item(TableName=env["TABLE_NAME"], Key={"pk": {"S": "CONN#a"}})
+    with pytest.raises(ClientError):
+        client.get_item(TableName=env["TABLE_NAME"], Key={"pk": {"S": "CONN#a"}})
+    assert faults(url)["failed"] == {"GetItem": 1}
+
+
+def test_the_journal_records_message_writes_and_acquisitions_in_the_order_they_were_applied(own):
+    url, env, client = own
+    connections = ConnectionsStore(client, env["TABLE_NAME"], state_shards=4)
+    messages = MessagesStore(client, env["MESSAGES_TABLE_NAME"])
+    connections.start("a", "ws://127.0.0.1/a")
+    messages.put_many([("a", 0, Frame(1, "{}", 5))], worker_id="before")  # not recording yet
+    record_journal(url)
+
+    connections.acquire("a", session_id="s1", worker_id="w1")
+    messages.put_many([("a", 1, Frame(1, "{}", 5)), ("a", 1, Frame(2, "{}", 5))], worker_id="w1")
+    connections.acquire("a", session_id="s2", worker_id="w2", expected_session="s1")
+    messages.put_many([("a", 1, Frame(3, "{}", 5))], worker_id="w1")
+
+    entries = [(e["op"], e["pk"], e.get("sk"), e["fence"], e["worker"]) for e in journal(url)]
+    assert entries == [
+        ("update", "CONN#a", None, 1, "w1"),
+        ("put", "CONN#a", 1, 1, "w1"),
+        ("put", "CONN#a", 2, 1, "w1"),
+        ("update", "CONN#a", None, 2, "w2"),
+        ("put", "CONN#a", 3, 1, "w1"),  # a write the checker calls stale
+    ]
+    assert [e["n"] for e in journal(url)] == [0, 1, 2, 3, 4]
+    record_journal(url, False)
+    messages.put_many([("a", 2, Frame(4, "{}", 5))], worker_id="w2")
+    assert len(journal(url)) == 5

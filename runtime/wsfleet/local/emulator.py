@@ -6,17 +6,36 @@ increments). Real DynamoDB serialises writes per item. We restore that guarantee
 serialising every DynamoDB request inside the server; other services (SQS long polls
 above all) stay concurrent.
 
-Two paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
+Three paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
 
-* ``/_wsfleet/faults``: fault injection. ``POST {"throttle": 0.5, "seed": 7}`` answers
-  half of all DynamoDB requests, picked at random, with DynamoDB's own
-  ``ThrottlingException`` (HTTP 400) until the next POST; ``{"throttle": {"UpdateItem":
-  0.9, "*": 0.1}}`` sets shares per operation (``*``: every other one); ``{"throttle":
-  0}`` switches it off. ``GET`` answers the settings and, per operation, how many
-  requests were throttled and passed since the last POST.
+* ``/_wsfleet/faults``: fault injection, switched at run time. ``POST`` a setting, which
+  replaces the previous one whole (a key left out is off):
+
+  - ``{"throttle": 0.5, "seed": 7}`` answers half of all DynamoDB requests, picked at
+    random, with DynamoDB's own ``ThrottlingException`` (HTTP 400); ``{"throttle":
+    {"UpdateItem": 0.9, "*": 0.1}}`` sets shares per operation (``*``: every other one);
+  - ``{"latency_ms": 200, "jitter_ms": 100}`` delays every DynamoDB request by 200-300 ms
+    before it is handled (per operation too, as a mapping), outside the lock that
+    serialises DynamoDB, so a slow request does not hold the others up;
+  - ``{"outage": {"dynamodb": 8, "sqs": 5}}`` fails every request to that service for
+    that many seconds from now: DynamoDB with ``InternalServerError`` (HTTP 500), SQS
+    with ``ServiceUnavailable`` (HTTP 503); with ``"outage_mode": "hang"`` a DynamoDB
+    request is held until the outage ends, then failed, as a black-holed network does.
+
+  ``{}`` switches everything off. ``GET`` answers the setting, the seconds of outage
+  left, and per operation how many requests were throttled, delayed, failed and passed
+  since the last POST. Requests whose User-Agent carries :data:`HARNESS_MARK` (the fleet
+  runner's own reads: its observer and its audit) are never faulted: the faults are for
+  the system under test, the evidence must not depend on them.
 * ``/_wsfleet/requests``: ``GET`` answers every DynamoDB request received so far,
   counted per operation, table, index and (for a Query) the partition key value, so
   that a benchmark can split its client's counts by table and index partition.
+* ``/_wsfleet/journal``: an independent history of the writes that matter to ownership,
+  in the order the serialised DynamoDB applied them. Off until ``POST {"record": true}``
+  (which also clears it); then every message stored (BatchWriteItem puts: key, fence,
+  writer) and every UpdateItem that answered an item with a ``fence_token`` (an
+  acquisition: key, fence, session) is recorded with its position and the server's
+  clock. ``GET ?since=N`` answers the entries from position N.
 
 Run standalone with ``python -m wsfleet.local.emulator`` (prints ``READY <url>``),
 or embed with :class:`Emulator` in tests.
@@ -32,9 +51,12 @@ import re
 import signal
 import sys
 import threading
+import time
 import urllib.request
 from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
+from urllib.parse import parse_qs
 
 from werkzeug.serving import make_server
 
@@ -52,30 +74,57 @@ QUEUE_NAME = "wsfleet-start"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 FAULTS_PATH = "/_wsfleet/faults"
 REQUESTS_PATH = "/_wsfleet/requests"
+JOURNAL_PATH = "/_wsfleet/journal"
+# In a client's User-Agent (botocore ``user_agent_extra``): the fleet runner's own reads,
+# never faulted.
+HARNESS_MARK = "wsfleet-harness"
+OUTAGE_SERVICES = ("dynamodb", "sqs")
 _DYNAMODB_TARGET = "DynamoDB_20120810."
 
 
 class SerializedDynamoDB:
-    """WSGI middleware: at most one DynamoDB request is handled at a time."""
+    """WSGI middleware: at most one DynamoDB request is handled at a time, and what it
+    wrote is put in the :class:`Journal` (when recording) in that same order."""
 
-    def __init__(self, app: WSGIApp) -> None:
+    def __init__(self, app: WSGIApp, journal: "Journal | None" = None) -> None:
         self._app = app
         self._lock = threading.Lock()
+        self._journal = journal
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        target = environ.get("HTTP_X_AMZ_TARGET", "")
-        if not target.startswith("DynamoDB_"):
+        op = _operation(environ)
+        if op is None:
             return self._app(environ, start_response)
+        journal = self._journal if self._journal is not None and self._journal.wants(op) else None
+        if journal is None:
+            with self._lock:
+                # Materialise the body inside the lock: the write happens while moto
+                # builds the response, not when the server sends it.
+                return list(self._app(environ, start_response))
+        request = _read_body(environ)
+        status: list[str] = []
+
+        def capture(code: str, headers: list, *exc: Any) -> Any:
+            status.append(code)
+            return start_response(code, headers, *exc)
+
         with self._lock:
-            # Materialise the body inside the lock: the write happens while moto
-            # builds the response, not when the server sends it.
-            return list(self._app(environ, start_response))
+            body = list(self._app(environ, capture))
+            if status and status[0].startswith("200"):
+                journal.record(op, request, b"".join(body))
+        return body
 
 
 def _operation(environ: dict) -> str | None:
     """The DynamoDB operation of a request ("UpdateItem"), None for other services."""
     target = environ.get("HTTP_X_AMZ_TARGET", "")
     return target[len(_DYNAMODB_TARGET):] if target.startswith(_DYNAMODB_TARGET) else None
+
+
+def _service(environ: dict) -> str:
+    """The AWS service a request is signed for ("dynamodb", "sqs", ...), "" if unsigned."""
+    match = re.search(r"Credential=[^/]*/[^/]*/[^/]*/([^/]+)/", environ.get("HTTP_AUTHORIZATION", ""))
+    return match.group(1) if match else ""
 
 
 def _json(status: str, body: Any, start_response: Callable) -> list[bytes]:
@@ -92,72 +141,227 @@ def _read_body(environ: dict) -> bytes:
     return body
 
 
+def _shares(value: float | Mapping[str, float], what: str, top: float) -> dict[str, float]:
+    """A number for every operation, or numbers by operation with ``*`` for the rest;
+    zeros dropped. Raises ValueError naming ``what`` on a value outside 0..top."""
+    shares = {"*": value} if isinstance(value, (int, float)) else dict(value)
+    for op, share in shares.items():
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share <= top:
+            raise ValueError(f"{what} of {op!r} must be a number from 0 to {top:g}, got {share!r}")
+    return {op: float(share) for op, share in shares.items() if share}
+
+
+@dataclass(frozen=True)
+class FaultSetting:
+    """What :class:`Faults` does, as POSTed (see the module docstring)."""
+
+    throttle: Mapping[str, float] = field(default_factory=dict)  # share by operation, "*": the rest
+    latency_ms: Mapping[str, float] = field(default_factory=dict)  # added delay by operation
+    jitter_ms: float = 0.0  # up to this much more, at random
+    outage: Mapping[str, float] = field(default_factory=dict)  # service -> seconds, from when it was set
+    outage_mode: str = "error"  # error | hang (DynamoDB only)
+    seed: int | None = None
+
+    @classmethod
+    def parse(cls, spec: Mapping[str, Any]) -> "FaultSetting":
+        if not isinstance(spec, Mapping):
+            raise ValueError("the fault setting must be a JSON object")
+        unknown = set(spec) - {"throttle", "latency_ms", "jitter_ms", "outage", "outage_mode", "seed"}
+        if unknown:
+            raise ValueError(f"unknown fault settings: {', '.join(sorted(unknown))}")
+        outage = spec.get("outage") or {}
+        if not isinstance(outage, Mapping) or not set(outage) <= set(OUTAGE_SERVICES):
+            raise ValueError(f"outage must map some of {', '.join(OUTAGE_SERVICES)} to seconds")
+        mode = spec.get("outage_mode", "error")
+        if mode not in ("error", "hang"):
+            raise ValueError(f"outage_mode must be error or hang, got {mode!r}")
+        jitter = spec.get("jitter_ms", 0)
+        if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 60_000:
+            raise ValueError(f"jitter_ms must be a number from 0 to 60000, got {jitter!r}")
+        return cls(
+            throttle=_shares(spec.get("throttle", 0), "throttle share", 1),
+            latency_ms=_shares(spec.get("latency_ms", 0), "latency_ms", 60_000),
+            jitter_ms=float(jitter),
+            outage=_shares(outage, "outage seconds", 3600),
+            outage_mode=mode,
+            seed=spec.get("seed"),
+        )
+
+
 class Faults:
-    """WSGI middleware: answers a configurable share of DynamoDB requests with a
-    ``ThrottlingException``, as DynamoDB does when a table or partition is over its
-    limits, without passing them on. Switched at run time through ``FAULTS_PATH``."""
+    """WSGI middleware: DynamoDB throttling, added latency and outages, and SQS outages,
+    switched at run time through ``FAULTS_PATH`` (see the module docstring). Requests
+    marked with :data:`HARNESS_MARK` pass untouched."""
 
     def __init__(self, app: WSGIApp) -> None:
         self._app = app
         self._lock = threading.Lock()
-        self._shares: dict[str, float] = {}
+        self._setting = FaultSetting()
+        self._outage_until: dict[str, float] = {}  # service -> monotonic end
         self._rng = random.Random()
-        self._seed: int | None = None
-        self._throttled: Counter[str] = Counter()
-        self._passed: Counter[str] = Counter()
+        self._counts: dict[str, Counter[str]] = {k: Counter() for k in ("throttled", "delayed", "failed", "passed")}
 
-    def set(self, throttle: float | Mapping[str, float], seed: int | None = None) -> None:
-        """A share (0..1) for every operation, or shares by operation name with ``*``
-        for the rest. Resets the counts."""
-        shares = {"*": throttle} if isinstance(throttle, (int, float)) else dict(throttle)
-        for op, share in shares.items():
-            if not isinstance(share, (int, float)) or not 0 <= share <= 1:
-                raise ValueError(f"throttle share of {op!r} must be a number from 0 to 1, got {share!r}")
+    def set(self, setting: FaultSetting) -> None:
+        """Replace the setting; resets the counts."""
+        now = time.monotonic()
         with self._lock:
-            self._shares = {op: float(share) for op, share in shares.items() if share}
-            self._seed = seed
-            self._rng = random.Random(seed)
-            self._throttled.clear()
-            self._passed.clear()
+            self._setting = setting
+            self._outage_until = {service: now + s for service, s in setting.outage.items()}
+            self._rng = random.Random(setting.seed)
+            for counter in self._counts.values():
+                counter.clear()
 
     def state(self) -> dict[str, Any]:
+        now = time.monotonic()
         with self._lock:
-            return {"throttle": dict(self._shares), "seed": self._seed,
-                    "throttled": dict(self._throttled), "passed": dict(self._passed)}
+            s = self._setting
+            return {
+                "throttle": dict(s.throttle), "latency_ms": dict(s.latency_ms), "jitter_ms": s.jitter_ms,
+                "outage": dict(s.outage), "outage_mode": s.outage_mode, "seed": s.seed,
+                "outage_left_s": {k: round(end - now, 3) for k, end in self._outage_until.items() if end > now},
+                **{name: dict(counter) for name, counter in self._counts.items()},
+            }
 
-    def _throttle(self, op: str) -> bool:
+    def _decide(self, service: str, op: str) -> tuple[str, float]:
+        """(what to do, seconds): ("outage", until) | ("throttle", 0) | ("delay", s) | ("pass", 0)."""
         with self._lock:
-            share = self._shares.get(op, self._shares.get("*", 0.0))
-            hit = share > 0 and self._rng.random() < share
-            (self._throttled if hit else self._passed)[op] += 1
-            return hit
+            s = self._setting
+            until = self._outage_until.get(service, 0.0)
+            if until > time.monotonic():
+                self._counts["failed"][op] += 1
+                return "outage", until
+            if service != "dynamodb":
+                return "pass", 0.0
+            share = s.throttle.get(op, s.throttle.get("*", 0.0))
+            if share > 0 and self._rng.random() < share:
+                self._counts["throttled"][op] += 1
+                return "throttle", 0.0
+            delay = s.latency_ms.get(op, s.latency_ms.get("*", 0.0))
+            if delay > 0 or s.jitter_ms > 0:
+                delay += s.jitter_ms * self._rng.random()
+            self._counts["delayed" if delay > 0 else "passed"][op] += 1
+            return ("delay", delay / 1000) if delay > 0 else ("pass", 0.0)
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == FAULTS_PATH:
             return self._control(environ, start_response)
-        op = _operation(environ)
-        if op is None or not self._throttle(op):
+        service = _service(environ)
+        op = _operation(environ) or environ.get("HTTP_X_AMZ_TARGET", "").rpartition(".")[2] or service
+        if service not in OUTAGE_SERVICES or HARNESS_MARK in environ.get("HTTP_USER_AGENT", ""):
+            return self._app(environ, start_response)
+        what, value = self._decide(service, op)
+        if what == "pass":
+            return self._app(environ, start_response)
+        if what == "delay":
+            time.sleep(value)  # before the DynamoDB lock is taken: others go on meanwhile
             return self._app(environ, start_response)
         _read_body(environ)  # a client sending a body expects it to be read
-        body = json.dumps({
-            "__type": "com.amazonaws.dynamodb.v20120810#ThrottlingException",
-            "message": "Rate of requests exceeds the allowed throughput.",
-        }).encode()
-        start_response("400 Bad Request", [
+        if what == "throttle":
+            return self._error(start_response, "400 Bad Request", "com.amazonaws.dynamodb.v20120810#ThrottlingException",
+                               "Rate of requests exceeds the allowed throughput.")
+        if service == "sqs":
+            return self._error(start_response, "503 Service Unavailable", "com.amazonaws.sqs#ServiceUnavailable",
+                               "The request has failed due to a temporary failure of the server.")
+        if self._setting.outage_mode == "hang":
+            time.sleep(max(0.0, value - time.monotonic()))
+        return self._error(start_response, "500 Internal Server Error", "com.amazonaws.dynamodb.v20120810#InternalServerError",
+                           "Internal server error")
+
+    def _error(self, start_response: Callable, status: str, kind: str, message: str) -> list[bytes]:
+        body = json.dumps({"__type": kind, "message": message}).encode()
+        start_response(status, [
             ("Content-Type", "application/x-amz-json-1.0"),
             ("Content-Length", str(len(body))),
-            ("x-amzn-RequestId", f"wsfleet-throttled-{self._rng.getrandbits(32):08x}"),
+            ("x-amzn-RequestId", f"wsfleet-fault-{random.getrandbits(32):08x}"),
         ])
         return [body]
 
     def _control(self, environ: dict, start_response: Callable) -> list[bytes]:
         if environ.get("REQUEST_METHOD") == "POST":
             try:
-                spec = json.loads(_read_body(environ) or b"{}")
-                self.set(spec.get("throttle", 0), spec.get("seed"))
+                self.set(FaultSetting.parse(json.loads(_read_body(environ) or b"{}")))
             except (ValueError, AttributeError, TypeError) as exc:
                 return _json("400 Bad Request", {"error": "bad_request", "message": str(exc)}, start_response)
         return _json("200 OK", self.state(), start_response)
+
+
+class Journal:
+    """The writes that decide ownership and data, in the order DynamoDB applied them
+    (recorded by :class:`SerializedDynamoDB` inside its lock). Off until switched on."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._recording = False
+        self._entries: list[dict[str, Any]] = []
+
+    def wants(self, op: str) -> bool:
+        return self._recording and op in ("BatchWriteItem", "UpdateItem")
+
+    def switch(self, record: bool) -> None:
+        with self._lock:
+            self._recording = record
+            if record:
+                self._entries.clear()
+
+    def record(self, op: str, request: bytes, response: bytes) -> None:
+        try:
+            body = json.loads(request or b"{}")
+            answer = json.loads(response or b"{}")
+        except ValueError:
+            return
+        t_ms = int(time.time() * 1000)
+        if op == "BatchWriteItem":
+            unprocessed = {json.dumps(r, sort_keys=True) for reqs in answer.get("UnprocessedItems", {}).values() for r in reqs}
+            for table, requests in body.get("RequestItems", {}).items():
+                for req in requests:
+                    item = req.get("PutRequest", {}).get("Item")
+                    if item and json.dumps(req, sort_keys=True) not in unprocessed:
+                        self._append({"op": "put", "table": table, "pk": _attr(item, schema.MSG_PK),
+                                      "sk": _attr(item, schema.MSG_SK), "fence": _attr(item, schema.MSG_FENCE_TOKEN),
+                                      "worker": _attr(item, schema.MSG_WORKER_ID), "t_ms": t_ms})
+        else:
+            item = answer.get("Attributes", {})
+            if schema.FENCE_TOKEN in item:
+                self._append({"op": "update", "table": body.get("TableName", ""), "pk": _attr(item, schema.PK),
+                              "fence": _attr(item, schema.FENCE_TOKEN), "session": _attr(item, schema.LEASE_SESSION),
+                              "worker": _attr(item, schema.LEASE_OWNER), "t_ms": t_ms})
+
+    def _append(self, entry: dict[str, Any]) -> None:
+        with self._lock:
+            entry["n"] = len(self._entries)
+            self._entries.append(entry)
+
+    def since(self, n: int, limit: int = 50_000) -> dict[str, Any]:
+        with self._lock:
+            chunk = self._entries[n : n + limit]
+            return {"recording": self._recording, "entries": chunk, "next": n + len(chunk), "total": len(self._entries)}
+
+    def __call__(self, app: WSGIApp) -> WSGIApp:
+        def control(environ: dict, start_response: Callable) -> Iterable[bytes]:
+            if environ.get("PATH_INFO") != JOURNAL_PATH:
+                return app(environ, start_response)
+            if environ.get("REQUEST_METHOD") == "POST":
+                try:
+                    self.switch(bool(json.loads(_read_body(environ) or b"{}").get("record")))
+                except (ValueError, AttributeError) as exc:
+                    return _json("400 Bad Request", {"error": "bad_request", "message": str(exc)}, start_response)
+            query = parse_qs(environ.get("QUERY_STRING", ""))
+            try:
+                since = int(query.get("since", ["0"])[0])
+            except ValueError:
+                since = 0
+            return _json("200 OK", self.since(max(0, since)), start_response)
+
+        return control
+
+
+def _attr(item: Mapping[str, Any], name: str) -> Any:
+    """A plain value from a DynamoDB JSON attribute (numbers as int)."""
+    value = item.get(name)
+    if not isinstance(value, Mapping) or not value:
+        return None
+    kind, raw = next(iter(value.items()))
+    return int(raw) if kind == "N" else raw
 
 
 class RequestLedger:
@@ -212,26 +416,59 @@ class RequestLedger:
 
 
 def build_app() -> WSGIApp:
-    """moto behind the ledger (outermost: it sees every request), the fault switch,
-    and the lock that serialises DynamoDB."""
+    """moto behind the ledger (outermost: it sees every request), the journal's control
+    path, the fault switch, and the lock that serialises DynamoDB (and journals it)."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
-    return RequestLedger(Faults(SerializedDynamoDB(DomainDispatcherApplication(create_backend_app))))
+    book = Journal()
+    return RequestLedger(book(Faults(SerializedDynamoDB(DomainDispatcherApplication(create_backend_app), book))))
 
 
-def set_faults(endpoint_url: str, *, throttle: float | Mapping[str, float], seed: int | None = None) -> dict[str, Any]:
-    """Switch the emulator's throttling (see :class:`Faults`); returns its new state."""
-    body = json.dumps({"throttle": throttle, "seed": seed}).encode()
-    req = urllib.request.Request(endpoint_url + FAULTS_PATH, data=body, method="POST",
+def _post(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as resp:
         return json.load(resp)
 
 
+def set_faults(
+    endpoint_url: str,
+    *,
+    throttle: float | Mapping[str, float] = 0,
+    latency_ms: float | Mapping[str, float] = 0,
+    jitter_ms: float = 0,
+    outage: Mapping[str, float] | None = None,
+    outage_mode: str = "error",
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """Replace the emulator's fault setting (see :class:`Faults`; no argument: all off);
+    returns its new state."""
+    return _post(endpoint_url + FAULTS_PATH, {
+        "throttle": throttle, "latency_ms": latency_ms, "jitter_ms": jitter_ms,
+        "outage": dict(outage or {}), "outage_mode": outage_mode, "seed": seed,
+    })
+
+
 def faults(endpoint_url: str) -> dict[str, Any]:
-    """The emulator's throttling settings and counts since they were last set."""
+    """The emulator's fault setting and counts since it was last set."""
     with urllib.request.urlopen(endpoint_url + FAULTS_PATH, timeout=10) as resp:
         return json.load(resp)
+
+
+def record_journal(endpoint_url: str, record: bool = True) -> None:
+    """Start (clearing it) or stop the emulator's write journal (see :class:`Journal`)."""
+    _post(endpoint_url + JOURNAL_PATH, {"record": record})
+
+
+def journal(endpoint_url: str) -> list[dict[str, Any]]:
+    """Every journal entry recorded so far, in the order DynamoDB applied the writes."""
+    out: list[dict[str, Any]] = []
+    while True:
+        with urllib.request.urlopen(f"{endpoint_url}{JOURNAL_PATH}?since={len(out)}", timeout=30) as resp:
+            page = json.load(resp)
+        out.extend(page["entries"])
+        if not page["entries"] or len(out) >= page["total"]:
+            return out
 
 
 def request_ledger(endpoint_url: str) -> list[dict[str, Any]]:
