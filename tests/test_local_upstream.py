@@ -195,6 +195,77 @@ async def test_injected_malformed_frames_arrive_once_between_the_frames_around_t
 
 
 @run
+async def test_a_stalled_stream_sends_nothing_and_answers_no_ping_then_delivers_its_backlog_in_order():
+    async with Upstream(rate=None) as up:
+        async with connect(up.url_for("s"), compression=None) as ws, connect(up.url_for("other"), compression=None) as bystander:
+            up.publish("s")
+            assert seqs(await receive(ws, 1)) == [1]
+            assert up.stall("s") == 1
+            for _ in range(3):
+                up.publish("s")
+            up.publish("other")
+            pong = await ws.ping()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(ws.recv(), 0.3)
+            assert not pong.done()  # not even a pong: open but silent
+            assert seqs(await receive(bystander, 1)) == [1]  # other streams flow
+            assert up.totals("s").sent_head == 1
+
+            up.stall("s", False)
+            assert seqs(await receive(ws, 3)) == [2, 3, 4]
+            await asyncio.wait_for(pong, 5)
+            assert up.totals("s").sent_head == 4
+
+
+@run
+async def test_a_socket_opened_on_a_stalled_stream_is_silent_too():
+    async with Upstream(rate=None) as up:
+        up.publish("s")
+        up.stall("s")
+        async with connect(up.url_for("s"), compression=None) as ws:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(ws.recv(), 0.3)
+            up.stall("s", False)
+            assert seqs(await receive(ws, 1)) == [1]
+
+
+@run
+async def test_a_slowed_stream_sends_one_frame_per_delay_and_catches_up_as_soon_as_it_is_switched_off():
+    async with Upstream(rate=None) as up:
+        for _ in range(6):
+            up.publish("s")
+        up.slow("s", 0.4)
+        async with connect(up.url_for("s"), compression=None) as ws:
+            started = time.monotonic()
+            assert seqs(await receive(ws, 3)) == [1, 2, 3]
+            assert time.monotonic() - started >= 0.75  # two delays between three frames
+            up.slow("s", 0)
+            started = time.monotonic()
+            assert seqs(await receive(ws, 3)) == [4, 5, 6]
+            assert time.monotonic() - started < 0.3  # no waiting out the last delay
+
+
+@run
+async def test_an_oversized_frame_goes_once_to_the_sockets_open_now_and_takes_no_seq():
+    async with Upstream(rate=None) as up:
+        async with connect(up.url_for("s"), compression=None, max_size=None) as ws:
+            await eventually(lambda: len(up.open_sockets("s")) == 1)
+            assert up.oversize("s", 100_000) == 1
+            up.publish("s")
+            big, first = await receive(ws, 2)
+            assert len(big) == 100_000 and first["seq"] == 1
+            assert up.sockets("s")[0].oversized_sent == 1
+        async with connect(up.url_for("s"), compression=None) as later:
+            assert seqs(await receive(later, 1)) == [1]  # never replayed
+        async with connect(up.url_for("s"), compression=None, max_size=1000) as small:
+            assert seqs(await receive(small, 1)) == [1]
+            up.oversize("s", 2000)
+            with pytest.raises(ConnectionClosedError) as closed:
+                await asyncio.wait_for(small.recv(), 5)
+            assert closed.value.sent.code == 1009  # "message too big": the reader gives up the socket
+
+
+@run
 async def test_two_hundred_streams_with_one_socket_each_all_flow():
     async with Upstream(rate=20) as up:
         names = [f"s{i}" for i in range(200)]

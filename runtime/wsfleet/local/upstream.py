@@ -20,9 +20,18 @@ the fleet is judged by: every socket per stream, with open and close times, and 
   retained one, a visible gap, as a source with limited retention would do.
 - The server ignores whatever clients send.
 
-Fault injection: :meth:`Upstream.drop` closes a stream's sockets from the server side;
-:meth:`Upstream.inject` puts a raw (malformed) text frame into a stream right after its
-current head, so every socket whose reading passes that point receives it once.
+Fault injection, at run time, per stream:
+
+* :meth:`Upstream.drop` closes a stream's sockets from the server side;
+* :meth:`Upstream.inject` puts a raw (malformed) text frame into a stream right after its
+  current head, so every socket whose reading passes that point receives it once;
+* :meth:`Upstream.stall` makes the stream hang (open but silent): its sockets, and any
+  opened meanwhile, send nothing and read nothing (so not even a pong goes back) until
+  it is switched off, when the backlog follows in order;
+* :meth:`Upstream.slow` sends the stream's frames no faster than one per ``delay_s`` (a
+  slow path: the reader falls behind, then catches up when it is switched off);
+* :meth:`Upstream.oversize` sends one text frame of the given size to the sockets open
+  now (never replayed to later ones), as a misbehaving source might.
 
 Stats: ``GET /_stats`` on the same port answers JSON (answered by websockets'
 ``process_request`` before the WebSocket handshake), so a separate process needs
@@ -96,6 +105,7 @@ class SocketRecord:
     last_seq_sent: int = 0
     first_seq_sent: int | None = None
     injected_sent: int = 0
+    oversized_sent: int = 0
     dropped: bool = False
 
 
@@ -125,6 +135,7 @@ class StreamTotals:
     overlaps: int
     frames_sent: int
     injected: int
+    sent_head: int = 0  # the highest seq sent on a socket open now (0 when none is)
 
 
 class _Stream:
@@ -143,6 +154,8 @@ class _Stream:
         self.open: dict[int, tuple[SocketRecord, ServerConnection]] = {}
         self.max_concurrent = 0
         self.overlaps: list[Overlap] = []
+        self.stalled = False
+        self.slow_s = 0.0
 
     @property
     def oldest_retained(self) -> int:
@@ -153,14 +166,14 @@ class _Stream:
 
     def append(self, frame: bytes) -> None:
         self.frames.append(frame)
-        self._notify()
+        self.notify()
 
     def inject(self, text: str) -> None:
         self.injected.setdefault(self.head, []).append(text.encode())
         self.injected_total += 1
-        self._notify()
+        self.notify()
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
         changed, self.changed = self.changed, asyncio.Event()
         changed.set()
 
@@ -175,6 +188,7 @@ class _Stream:
             overlaps=len(self.overlaps),
             frames_sent=sum(r.frames_sent for r in self.sockets),
             injected=self.injected_total,
+            sent_head=max((r.last_seq_sent for r, _ in self.open.values()), default=0),
         )
 
 
@@ -303,6 +317,53 @@ class Upstream:
                 task.add_done_callback(self._closing.discard)
         return len(s.open)
 
+    def stall(self, stream: str, on: bool = True) -> int:
+        """Hang the stream (``on``) or let it go on; returns how many sockets are open.
+        While stalled its sockets send no frame and read nothing, so a client's pings
+        go unanswered too; switched off, they read again and the backlog follows."""
+        s = self._stream(stream)
+        s.stalled = on
+        for _, ws in s.open.values():
+            self._reading(ws, not on)
+        s.notify()
+        return len(s.open)
+
+    def slow(self, stream: str, delay_s: float = 0.0) -> None:
+        """Send the stream's frames at most one per ``delay_s`` (0: as fast as they come)."""
+        if delay_s < 0:
+            raise ValueError(f"delay_s must not be negative, got {delay_s!r}")
+        s = self._stream(stream)
+        s.slow_s = delay_s
+        s.notify()
+
+    def oversize(self, stream: str, size: int) -> int:
+        """Send one text frame of ``size`` bytes to each socket open on the stream now;
+        returns how many. It takes no seq and is never replayed."""
+        s = self._streams.get(stream)
+        if s is None:
+            return 0
+        text = ("x" * size).encode()
+        for record, ws in list(s.open.values()):
+            record.oversized_sent += 1
+            task = asyncio.create_task(self._send_quietly(ws, text))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        return len(s.open)
+
+    @staticmethod
+    async def _send_quietly(ws: ServerConnection, text: bytes) -> None:
+        try:
+            await ws.send(text, text=True)
+        except ConnectionClosed:
+            pass
+
+    @staticmethod
+    def _reading(ws: ServerConnection, on: bool) -> None:
+        transport = ws.transport
+        if transport.is_closing():
+            return
+        (transport.resume_reading if on else transport.pause_reading)()
+
     # -- books (copies; never create a stream) -----------------------------------
 
     def streams(self) -> list[str]:
@@ -311,6 +372,11 @@ class Upstream:
     def produced(self, stream: str) -> int:
         s = self._streams.get(stream)
         return s.head if s else 0
+
+    def frames(self, stream: str) -> dict[int, bytes]:
+        """The stream's retained numbered frames, by seq, as sent."""
+        s = self._streams.get(stream)
+        return {s.oldest_retained + i: frame for i, frame in enumerate(s.frames)} if s else {}
 
     def sockets(self, stream: str) -> list[SocketRecord]:
         s = self._streams.get(stream)
@@ -407,6 +473,8 @@ class Upstream:
             opened_at=time.time(),
         )
         self._opened(s, record, ws)
+        if s.stalled:
+            self._reading(ws, False)
         sender = asyncio.create_task(self._send(ws, s, record))
         try:
             # Reading also notices the close: the iteration ends (or raises, after
@@ -422,14 +490,26 @@ class Upstream:
     async def _send(self, ws: ServerConnection, s: _Stream, record: SocketRecord) -> None:
         last = record.from_seq - 1  # the position in the stream: seq ``last`` is behind us
         extras_sent = 0  # injected frames after ``last`` already sent
+        sent_at = 0.0  # when the last numbered frame went (monotonic), for slow()
         try:
             while True:
+                if s.stalled:
+                    await s.changed.wait()
+                    continue
                 extras = s.injected.get(last, ())
                 if extras_sent < len(extras):
                     await ws.send(extras[extras_sent], text=True)
                     extras_sent += 1
                     record.injected_sent += 1
                 elif last < s.head:
+                    if s.slow_s > 0 and time.monotonic() < sent_at + s.slow_s:
+                        # Not yet: wake at the due time, or sooner if the setting changes.
+                        try:
+                            await asyncio.wait_for(s.changed.wait(), sent_at + s.slow_s - time.monotonic())
+                        except TimeoutError:
+                            pass
+                        continue
+                    sent_at = time.monotonic()
                     seq = max(last + 1, s.oldest_retained)
                     await ws.send(s.frame(seq), text=True)
                     last, extras_sent = seq, 0
@@ -573,11 +653,23 @@ class ThreadedUpstream:
     def drop(self, stream: str, *, abrupt: bool = True) -> int:
         return self._call(self.upstream.drop, stream, abrupt=abrupt)
 
+    def stall(self, stream: str, on: bool = True) -> int:
+        return self._call(self.upstream.stall, stream, on)
+
+    def slow(self, stream: str, delay_s: float = 0.0) -> None:
+        self._call(self.upstream.slow, stream, delay_s)
+
+    def oversize(self, stream: str, size: int) -> int:
+        return self._call(self.upstream.oversize, stream, size)
+
     def streams(self) -> list[str]:
         return self._call(self.upstream.streams)
 
     def produced(self, stream: str) -> int:
         return self._call(self.upstream.produced, stream)
+
+    def frames(self, stream: str) -> dict[int, bytes]:
+        return self._call(self.upstream.frames, stream)
 
     def sockets(self, stream: str) -> list[SocketRecord]:
         return self._call(self.upstream.sockets, stream)
