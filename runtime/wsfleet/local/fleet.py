@@ -13,6 +13,10 @@ A :class:`Fleet` owns everything it starts:
 * an observer thread that samples ownership (one Scan of the connections table, then
   one of the sessions table) and the upstream's books every ``sample_interval`` seconds.
 
+The fleet's own reads (the observer, the audit) are marked as the harness's, so the
+emulator's fault injection never reaches them; the API's router is part of the system
+and is faulted like the workers.
+
 Nothing is mocked in-process for the workers: they reach the backend, the upstream and
 each other only over loopback, as they would in ECS.
 
@@ -51,7 +55,7 @@ from .. import schema
 from ..logs import JsonLogger
 from ..store import MessagesStore, unmarshal
 from .api import LocalApi
-from .emulator import CREDENTIALS, DEFAULT_REGION, create_resources
+from .emulator import CREDENTIALS, DEFAULT_REGION, HARNESS_MARK, create_resources
 from .upstream import ThreadedUpstream
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2]  # what PYTHONPATH must hold for children
@@ -317,6 +321,8 @@ class Sample:
     produced: int  # sum of the streams' heads
     frames_sent: int  # sum over every socket ever opened (replays included)
     sessions: dict[str, SessionState] = field(default_factory=dict)
+    heads: dict[str, int] = field(default_factory=dict)  # per stream: the seq produced last
+    sent_heads: dict[str, int] = field(default_factory=dict)  # per stream: the highest seq sent on an open socket
 
     def owners(self) -> dict[str, str]:
         """Live owner per STARTED connection ("" if none)."""
@@ -401,6 +407,7 @@ class Fleet:
         emulator: EmulatorProcess | None = None,
         sample_interval: float = 0.5,
         on_sample: Callable[[Sample], None] | None = None,
+        keep_samples: bool = True,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.timing = timing
@@ -410,6 +417,7 @@ class Fleet:
         self.emulator = emulator or EmulatorProcess(self.run_dir / "emulator.log")
         self.sample_interval = sample_interval
         self._on_sample = on_sample
+        self._keep_samples = keep_samples  # off: only on_sample sees them (long runs)
         self.workers: dict[str, Process] = {}
         self.aws_env: dict[str, str] = {}
         self.upstream: ThreadedUpstream | None = None
@@ -433,7 +441,7 @@ class Fleet:
             if self._own_emulator:
                 self.emulator.start()
             self.aws_env = self.emulator.create_resources()
-            self._ddb = self._client("dynamodb")
+            self._ddb = self._client("dynamodb", harness=True)
             self.messages_store = MessagesStore(self._ddb, self.aws_env["MESSAGES_TABLE_NAME"])
             self.upstream = ThreadedUpstream(host=LOOPBACK, rate=self.rate).start()
             self._start_api()
@@ -445,7 +453,7 @@ class Fleet:
             raise
         return self
 
-    def _client(self, service: str) -> Any:
+    def _client(self, service: str, *, harness: bool = False) -> Any:
         session = boto3.session.Session(
             aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
@@ -454,7 +462,10 @@ class Fleet:
         return session.client(
             service,
             endpoint_url=self.emulator.endpoint_url,
-            config=Config(retries={"mode": "standard", "max_attempts": 5}, connect_timeout=2, read_timeout=10),
+            config=Config(
+                retries={"mode": "standard", "max_attempts": 5}, connect_timeout=2, read_timeout=10,
+                user_agent_extra=HARNESS_MARK if harness else None,
+            ),
         )
 
     def _start_api(self) -> None:
@@ -686,6 +697,8 @@ class Fleet:
             produced=sum(s["produced"] for s in stats.values()),
             frames_sent=sum(s["frames_sent"] for s in stats.values()),
             sessions=sessions,
+            heads={name: s["produced"] for name, s in stats.items()},
+            sent_heads={name: s["sent_head"] for name, s in stats.items()},
         )
 
     def _observe(self) -> None:
@@ -696,7 +709,8 @@ class Fleet:
             except Exception as exc:  # noqa: BLE001 - a missed sample must not end the run
                 log.warning("observer: sample failed: %s: %s", type(exc).__name__, exc, extra={"event": "observer_sample_failed"})
             else:
-                self.samples.append(sample)
+                if self._keep_samples:
+                    self.samples.append(sample)
                 if self._on_sample is not None:
                     self._on_sample(sample)
             next_at += self.sample_interval
