@@ -8,7 +8,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
 ENVS := dev prod
-# libfaketime: the fleet test of workers whose wall clocks disagree runs them under it.
+# libfaketime: the fleet test of workers whose wall clocks disagree, and the chaos soak's
+# clock faults, run workers under it.
 FAKETIME_LIB := /usr/lib/$(shell uname -m)-linux-gnu/faketime/libfaketime.so.1
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
@@ -22,7 +23,7 @@ export JSII_SILENCE_WARNING_KNOWN_BROKEN_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_VERSION_CHECK := 1
 
-.PHONY: all demo test lint synth cfnlint bench venv faketime clean
+.PHONY: all demo chaos test lint synth cfnlint bench venv faketime clean
 
 all: test
 
@@ -54,6 +55,17 @@ faketime: $(FAKETIME_LIB)
 ## demo: the whole fleet on this machine (embedded default), with a failover scenario
 demo: $(VENV)/.deps
 	$(PY) -m wsfleet.local.demo $(DEMO_ARGS)
+
+## chaos: seeded random faults against the whole fleet, then an audit of the invariants
+## from independent evidence; exit 1 on any violation, with the command that replays it.
+## SEED (random if unset, printed), MINUTES of chaos, WORKERS, CONNECTIONS; CHAOS_ARGS
+## for the rest (python -m wsfleet.local.chaos --help).
+MINUTES ?= 10
+WORKERS ?= 4
+CONNECTIONS ?= 40
+chaos: $(VENV)/.deps $(FAKETIME_LIB)
+	$(PY) -m wsfleet.local.chaos $(if $(SEED),--seed $(SEED)) --minutes $(MINUTES) --workers $(WORKERS) \
+	  --connections $(CONNECTIONS) $(CHAOS_ARGS)
 
 ## test: lint, unit, emulator, fleet and stack tests, then `cdk synth` of every environment
 ## and cfn-lint over the templates it writes

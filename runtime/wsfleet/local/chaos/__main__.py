@@ -1,0 +1,60 @@
+"""``python -m wsfleet.local.chaos``: a seeded chaos run against a local fleet; exit
+status 1 on any violation (the report prints the command that replays it)."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from typing import Sequence
+
+from ...logs import route_stdlib_logging
+from ..fleet import Timing
+from .run import Run, Settings
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Settings:
+    p = argparse.ArgumentParser(prog="python -m wsfleet.local.chaos", description=__doc__.split("\n")[0].strip("`"))
+    p.add_argument("--seed", type=int, default=None, help="the schedule's seed [random, printed]")
+    p.add_argument("--minutes", type=float, default=10.0, help="length of the chaos phase [10]")
+    p.add_argument("--workers", type=int, default=4, help="worker processes kept running [4]")
+    p.add_argument("--connections", type=int, default=40, help="connections STARTed [40]")
+    p.add_argument("--rate", type=float, default=2.0, help="messages per second per stream [2]")
+    d = Timing()
+    p.add_argument("--lease", type=float, default=d.lease_s, help=f"LEASE_SECONDS [{d.lease_s:g}]")
+    p.add_argument("--heartbeat", type=float, default=d.heartbeat_s, help=f"HEARTBEAT_SECONDS [{d.heartbeat_s:g}]")
+    p.add_argument("--reconcile", type=float, default=d.reconcile_s, help=f"RECONCILE_SECONDS [{d.reconcile_s:g}]")
+    p.add_argument("--skew-ms", type=int, default=d.skew_ms, help=f"MAX_CLOCK_SKEW_MS [{d.skew_ms}]")
+    p.add_argument("--flush-ms", type=int, default=d.flush_ms, help=f"FLUSH_INTERVAL_MS [{d.flush_ms}]")
+    p.add_argument("--checkpoint", type=float, default=d.checkpoint_s, help=f"CHECKPOINT_SECONDS [{d.checkpoint_s:g}]")
+    p.add_argument("--shutdown", type=float, default=d.shutdown_s, help=f"SHUTDOWN_SECONDS [{d.shutdown_s:g}]")
+    p.add_argument("--warmup", type=float, default=None, help="seconds between the last session opening and the first fault [until every session is watched]")
+    p.add_argument("--slack", type=float, default=0.0, help="seconds added to every recovery bound [0]")
+    p.add_argument("--run-dir", default=".chaos", help="where each run's logs and report go [.chaos]")
+    a = p.parse_args(argv)
+    if a.workers < 2 or a.connections < 1 or a.minutes <= 0:
+        p.error("--workers must be at least 2 (a crash needs a survivor), --connections at least 1, --minutes positive")
+    if a.lease < 2 * a.heartbeat:
+        p.error("--lease must be at least twice --heartbeat")
+    if a.skew_ms >= (a.lease - a.heartbeat) * 1000:
+        p.error("--skew-ms must be less than --lease minus --heartbeat")
+    timing = Timing(lease_s=a.lease, heartbeat_s=a.heartbeat, reconcile_s=a.reconcile, skew_ms=a.skew_ms,
+                    flush_ms=a.flush_ms, shutdown_s=a.shutdown, checkpoint_s=a.checkpoint)
+    seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1, 10**6)
+    return Settings(seed=seed, minutes=a.minutes, workers=a.workers, connections=a.connections, rate=a.rate,
+                    timing=timing, warmup_s=a.warmup, slack_s=a.slack, run_dir=a.run_dir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    # stdout is the progress and the report; library records go to stderr as JSON lines.
+    route_stdlib_logging(stream=sys.stderr, component="chaos")
+    settings = parse_args(argv)
+    try:
+        return Run(settings).run()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: every process stopped (seed {settings.seed})", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

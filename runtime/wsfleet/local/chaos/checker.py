@@ -1,0 +1,346 @@
+"""The checker: reads the evidence and the nemesis's history, never the workers' claims,
+and says what went wrong. Pure functions, no I/O.
+
+Invariants, each a kind of :class:`Violation`:
+
+* ``lost``: a connection's stored seqs are not exactly 1..checkpoint (a gap, or a
+  checkpoint past what is stored), or a frame produced well before the connection's
+  last STOP was never stored;
+* ``doubled``: a frame stored a second time, under another seq; ``corrupt``: a row
+  whose data is not what the upstream sent as that seq;
+* ``overlap``: two sockets open on one stream at once, unless every socket but one
+  belongs to a process frozen by SIGSTOP (its kernel keeps it open), and
+  ``frozen_socket``: such a socket still open well after the process was resumed;
+* ``stale_fence``: a message written, in the order DynamoDB applied it, after its
+  connection had been acquired with a higher fence (the writer had lost it), or a
+  stored row older in fence than a row below it;
+* ``not_recovered`` / ``slow_recovery``: a connection a fault affected was not whole
+  again (a new socket, or its backlog delivered, or owned with one socket) by the end,
+  or not within the fault's bound;
+* ``stop_not_closed``: a socket open on a STOPPED connection later than the STOP bound;
+* ``malformed_closed``: a malformed frame cost the connection its socket;
+* ``crash``: a worker exited without being told to, or a SIGTERM ended in an error.
+
+The workers' logs are only a cross-check (``notes``): claims the table does not back.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import statistics
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from ..fleet import Timing
+from .evidence import Evidence, Snapshot
+from .nemesis import Applied, Op
+from .schedule import Bounds
+
+VIOLATION_KINDS = (
+    "lost", "doubled", "corrupt", "overlap", "frozen_socket", "stale_fence", "not_recovered",
+    "slow_recovery", "stop_not_closed", "malformed_closed", "crash",
+)
+TAKEOVERS = ("kill", "pause", "term", "clock", "drop", "oversize", "storm", "sqs_outage")
+CATCH_UP = ("stall", "slow")
+FROZEN_CLOSE_S = 3.0  # after SIGCONT the socket closes at the next renewal tick, its close handshake 3 s at most
+MALFORMED_WATCH_S = 2.0
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    what: str  # a connection id, a fault (#n), a worker
+    detail: str
+
+
+@dataclass
+class Recovery:
+    """How long each connection a fault affected took to be whole again."""
+
+    applied: Applied
+    bound_s: float
+    took_s: dict[str, float | None]
+
+    @property
+    def done(self) -> list[float]:
+        return sorted(t for t in self.took_s.values() if t is not None)
+
+    @property
+    def time_s(self) -> float | None:
+        """The fault's recovery time: until its last affected connection was whole."""
+        return self.done[-1] if self.done and len(self.done) == len(self.took_s) else (0.0 if not self.took_s else None)
+
+
+@dataclass
+class Verdict:
+    violations: list[Violation]
+    recoveries: list[Recovery]
+    totals: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+
+    def count(self, kind: str) -> int:
+        return sum(1 for v in self.violations if v.kind == kind)
+
+    @property
+    def passed(self) -> bool:
+        return not self.violations
+
+
+def check(evidence: Evidence, applied: Sequence[Applied], ops: Sequence[Op], timing: Timing, *, slack_s: float = 0.0) -> Verdict:
+    bounds = Bounds(timing)
+    violations: list[Violation] = []
+    totals = {"stored": 0, "produced": 0}
+    for cid in evidence.connections:
+        violations += check_data(cid, evidence, ops, timing, totals)
+    violations += check_overlaps(evidence, applied, bounds)
+    violations += check_fences(evidence)
+    times = [s.t for s in evidence.snapshots]
+    recoveries = [recovery(a, evidence, bounds, slack_s, times) for a in applied]
+    for r in recoveries:
+        violations += recovery_violations(r, evidence)
+    violations += check_stops(evidence, ops, bounds)
+    for name, status, at in evidence.exits:
+        violations.append(Violation("crash", name, f"exited with status {status} at {at:.3f}, unasked"))
+    for a in applied:
+        if a.exit_status not in (None, 0):
+            violations.append(Violation("crash", a.victim, f"#{a.n} SIGTERM: exit status {a.exit_status}"))
+    totals["sockets"] = sum(len(s) for s in evidence.sockets.values())
+    totals["overlaps"] = len(evidence.overlaps)
+    totals["overlaps_excused"] = len(evidence.overlaps) - sum(1 for v in violations if v.kind == "overlap")
+    writers: dict[tuple[str, int], set[int]] = {}
+    for e in evidence.journal:
+        if e.get("op") == "put":
+            writers.setdefault((e["pk"], e["sk"]), set()).add(e["fence"])
+    totals["rewrites"] = sum(1 for fences in writers.values() if len(fences) > 1)
+    return Verdict(violations, recoveries, totals, cross_check(evidence))
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+
+def check_data(cid: str, ev: Evidence, ops: Sequence[Op], timing: Timing, totals: dict[str, int]) -> list[Violation]:
+    out = []
+    rows = sorted(ev.rows.get(cid, []), key=lambda r: r.seq)
+    frames = ev.frames.get(cid, {})
+    seqs = [r.seq for r in rows]
+    top = seqs[-1] if seqs else 0
+    checkpoint = ev.checkpoints.get(cid, 0)
+    present = set(seqs)
+    missing = [s for s in range(1, max(top, checkpoint) + 1) if s not in present]
+    if missing:
+        out.append(Violation("lost", cid, f"{len(missing)} seqs missing below {max(top, checkpoint)} "
+                             f"(checkpoint {checkpoint}), first {missing[:5]}"))
+    # Produced well before the last STOP, never stored: the socket closed with them unread
+    # only if they were sent at the very end.
+    stops = [op.t for op in ops if op.connection_id == cid and op.action == "STOP"]
+    if stops:
+        cutoff_ms = (max(stops) - timing.stop_bound_s - timing.flush_ms / 1000 - 1.0) * 1000
+        unstored = [s for s, data in frames.items() if s > top and _produced_ms(data) < cutoff_ms]
+        if unstored:
+            out.append(Violation("lost", cid, f"{len(unstored)} frames produced before the last STOP were never "
+                                 f"stored (stored 1..{top}, first unstored {min(unstored)})"))
+    for row in rows:
+        want = frames.get(row.seq)
+        if want is None or _same(row.data, want):
+            continue
+        v = _value(row.data)
+        if isinstance(v, int) and v != row.seq and v in frames and _same(row.data, frames[v]):
+            out.append(Violation("doubled", cid, f"seq {v}'s frame stored again as seq {row.seq} (fence {row.fence}, {row.worker})"))
+        else:
+            out.append(Violation("corrupt", cid, f"seq {row.seq} holds {row.data[:80]!r}, the upstream sent {want[:80]!r}"))
+    totals["stored"] += len(rows)
+    totals["produced"] += len(frames)
+    return out
+
+
+def _produced_ms(data: str) -> float:
+    try:
+        return float(json.loads(data).get("t", 0))
+    except (ValueError, AttributeError):
+        return 0.0
+
+
+def _value(data: str) -> object:
+    try:
+        return json.loads(data).get("v")
+    except (ValueError, AttributeError):
+        return None
+
+
+def _same(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return json.loads(a) == json.loads(b)
+    except ValueError:
+        return False
+
+
+# --- sockets -------------------------------------------------------------------------------------
+
+
+def check_overlaps(ev: Evidence, applied: Sequence[Applied], bounds: Bounds) -> list[Violation]:
+    out = []
+    pauses = [a for a in applied if a.kind == "pause"]
+    for o in ev.overlaps:
+        frozen = next((p for p in pauses if _excuses(p, o.started_at, o.peers, bounds)), None)
+        if frozen is None:
+            out.append(Violation("overlap", o.stream, f"{len(o.socket_ids)} sockets open at {o.started_at:.3f} "
+                                 f"(ids {list(o.socket_ids)}, peers {list(o.peers)})"))
+            continue
+        closes_by = (frozen.resumed_at or ev.end_t) + bounds.stop_s + FROZEN_CLOSE_S
+        ended = o.ended_at if o.ended_at is not None else ev.end_t
+        if ended > closes_by:
+            out.append(Violation("frozen_socket", o.stream, f"the socket of {frozen.victim} (#{frozen.n}) stayed open "
+                                 f"{ended - (frozen.resumed_at or 0):.2f}s after SIGCONT"))
+    return out
+
+
+def _excuses(pause: Applied, at: float, peers: Iterable[str], bounds: Bounds) -> bool:
+    """The overlap began while ``pause``'s process was frozen (or just after), and all
+    its sockets but one are that process's."""
+    resumed = pause.resumed_at if pause.resumed_at is not None else float("inf")
+    if not pause.started_at <= at <= resumed + bounds.stop_s + FROZEN_CLOSE_S:
+        return False
+    return len([p for p in peers if p not in pause.frozen_peers]) <= 1
+
+
+def check_stops(ev: Evidence, ops: Sequence[Op], bounds: Bounds) -> list[Violation]:
+    """A STOPPED connection's socket is closed within the STOP bound and none opens
+    until the next START."""
+    out = []
+    by_cid: dict[str, list[Op]] = {}
+    for op in sorted(ops, key=lambda o: o.t):
+        by_cid.setdefault(op.connection_id, []).append(op)
+    for cid, seq in by_cid.items():
+        for i, op in enumerate(seq):
+            if op.action != "STOP":
+                continue
+            restart = next((o.t for o in seq[i + 1:] if o.action == "START"), ev.end_t)
+            closed_by = op.t + bounds.stop_s
+            if restart <= closed_by:
+                continue  # started again before the bound: nothing to hold it to
+            for s in ev.sockets.get(cid, []):
+                closed = s.closed_at if s.closed_at is not None else ev.end_t + 1
+                if s.opened_at < restart and closed > closed_by:
+                    late = (min(closed, restart) - op.t)
+                    out.append(Violation("stop_not_closed", cid, f"socket {s.id} open {late:.2f}s after the STOP at "
+                                         f"{op.t:.3f} (bound {bounds.stop_s:.2f}s)"))
+    return out
+
+
+# --- fences --------------------------------------------------------------------------------------
+
+
+def check_fences(ev: Evidence) -> list[Violation]:
+    out = []
+    highest: dict[str, int] = {}
+    for e in ev.journal:
+        pk, fence = e.get("pk"), e.get("fence")
+        if pk is None or fence is None:
+            continue
+        if e["op"] == "put" and fence < highest.get(pk, 0):
+            out.append(Violation("stale_fence", pk, f"seq {e.get('sk')} written by {e.get('worker')} with fence {fence} "
+                                 f"after fence {highest[pk]} was acquired (journal #{e.get('n')}, t {e.get('t_ms')})"))
+        highest[pk] = max(highest.get(pk, 0), fence)
+    for cid, rows in ev.rows.items():
+        top = 0
+        for row in sorted(rows, key=lambda r: r.seq):
+            if row.fence < top:
+                out.append(Violation("stale_fence", cid, f"stored seq {row.seq} has fence {row.fence} ({row.worker}), "
+                                     f"below fence {top} of a lower seq"))
+            top = max(top, row.fence)
+    return out
+
+
+# --- recovery ------------------------------------------------------------------------------------
+
+
+def bound_for(a: Applied, bounds: Bounds) -> float:
+    bound = bounds.for_kind(a.kind)
+    if a.kind in ("kill", "pause") and (a.victim_session_age_s is None or a.victim_session_age_s < bounds.settle_s):
+        bound += bounds.unwatched_extra_s  # a session this young may not be watched yet
+    return bound
+
+
+def recovery(a: Applied, ev: Evidence, bounds: Bounds, slack_s: float, times: Sequence[float]) -> Recovery:
+    took: dict[str, float | None] = {}
+    for cid, ref in a.affected.items():
+        if a.kind in TAKEOVERS:
+            # A new socket: the victim's (killed, frozen, leaving) or the dropped one is gone.
+            opened = [s.opened_at for s in ev.sockets.get(cid, []) if s.opened_at >= ref]
+            took[cid] = min(opened) - ref if opened else None
+        elif a.kind == "malformed":
+            took[cid] = 0.0  # the socket must simply stay up: see malformed_closed
+        else:
+            took[cid] = _first_whole(ev.snapshots, times, ref, cid, caught_up=a.kind in CATCH_UP)
+    return Recovery(a, bound_for(a, bounds) + slack_s, took)
+
+
+def _first_whole(
+    snapshots: Sequence[Snapshot], times: Sequence[float], ref: float, cid: str, *, caught_up: bool
+) -> float | None:
+    """Seconds from ``ref`` to the first snapshot (from the last one before it) in which
+    the connection has a live owner and one open socket, and with ``caught_up`` that
+    socket has been sent everything produced by ``ref``; 0 if it already was at ``ref``.
+    ``times``: the snapshots' times."""
+    first = max(0, bisect.bisect_right(times, ref) - 1)
+    head = snapshots[first].heads.get(cid, 0) if snapshots and times[first] <= ref else 0
+    for s in snapshots[first:]:
+        if s.owners.get(cid) and s.open_sockets.get(cid) == 1 and (not caught_up or s.sent_heads.get(cid, 0) >= head):
+            return max(0.0, s.t - ref)
+    return None
+
+
+def recovery_violations(r: Recovery, ev: Evidence) -> list[Violation]:
+    a = r.applied
+    out = []
+    for cid, took in sorted(r.took_s.items()):
+        if took is None:
+            out.append(Violation("not_recovered", cid, f"#{a.n} {a.kind}: never whole again after {a.affected[cid]:.3f}"))
+        elif took > r.bound_s:
+            out.append(Violation("slow_recovery", cid, f"#{a.n} {a.kind}: {took:.2f}s, bound {r.bound_s:.2f}s"))
+    if a.kind == "malformed":
+        for cid, ref in a.affected.items():
+            for s in ev.sockets.get(cid, []):
+                if s.opened_at <= ref and s.closed_at is not None and ref <= s.closed_at <= ref + MALFORMED_WATCH_S and not s.dropped:
+                    out.append(Violation("malformed_closed", cid, f"#{a.n}: socket {s.id} closed {s.closed_at - ref:.2f}s after a malformed frame"))
+    return out
+
+
+# --- the workers' claims, as a cross-check only ----------------------------------------------------
+
+
+def cross_check(ev: Evidence) -> list[str]:
+    acquired = {(e["pk"], e["fence"]) for e in ev.journal if e.get("op") == "update"}
+    notes = []
+    if acquired:
+        claims = [(name, e) for name, events in ev.logs.items() for e in events if e.get("event") == "lease_acquired"]
+        unbacked = [f"{n}: {e.get('connection_id')} fence {e.get('fence_token')}" for n, e in claims
+                    if ("CONN#" + str(e.get("connection_id")), e.get("fence_token")) not in acquired]
+        if unbacked:
+            notes.append(f"{len(unbacked)} acquisitions a worker logged are not in the journal: {unbacked[:5]}")
+        notes.append(f"workers logged {len(claims)} acquisitions; the journal holds {len(acquired)} (connection, fence) pairs")
+    malformed_logged = sum(1 for events in ev.logs.values() for e in events if e.get("event") == "malformed_frame")
+    malformed_sent = sum(s.injected_sent for socks in ev.sockets.values() for s in socks)
+    notes.append(f"malformed frames: the upstream sent {malformed_sent}, the workers logged {malformed_logged} "
+                 "(a killed worker's last lines may be missing)")
+    return notes
+
+
+def kind_summary(recoveries: Sequence[Recovery]) -> dict[str, dict[str, float | int | None]]:
+    """Per fault kind: how many, recovery p50 and max (of each fault's recovery time), bound."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    for kind in dict.fromkeys(r.applied.kind for r in recoveries):
+        rs = [r for r in recoveries if r.applied.kind == kind]
+        times = [r.time_s for r in rs if r.time_s is not None]
+        out[kind] = {
+            "faults": len(rs),
+            "connections": sum(len(r.took_s) for r in rs),
+            "p50_s": statistics.median(times) if times else None,
+            "max_s": max(times) if times else None,
+            "bound_s": max(r.bound_s for r in rs),
+            "over_bound": sum(1 for r in rs if r.time_s is None or r.time_s > r.bound_s),
+        }
+    return out

@@ -1,0 +1,176 @@
+"""One chaos run, start to end: the fleet up, the schedule played, everything healed and
+STOPped, the evidence gathered and checked, the report written.
+
+The phases, as the progress lines name them: ``setup`` (workers, STARTs, every session
+watched), ``#n kind`` while fault n plays and until the next one, ``recover`` (every
+fault healed; until the fleet is whole), ``stop`` (STOP everything, until every socket
+is closed and every lease released), then the audit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from ..emulator import record_journal
+from ..fleet import Fleet, Sample, Timing, new_run_dir
+from ..report import progress_line
+from . import checker, report
+from .evidence import Snapshot, gather
+from .nemesis import Nemesis
+from .schedule import Bounds, Schedule, generate
+
+PROGRESS_EVERY_S = 10.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    seed: int
+    minutes: float = 10.0
+    workers: int = 4
+    connections: int = 40
+    rate: float = 2.0
+    timing: Timing = Timing()
+    warmup_s: float | None = None  # default: until every session is watched
+    slack_s: float = 0.0  # added to every recovery bound (a loaded machine)
+    run_dir: str = ".chaos"
+
+    def replay(self) -> str:
+        """The command that replays this run's schedule."""
+        if self.timing == Timing() and self.rate == 2.0 and self.warmup_s is None and not self.slack_s:
+            return f"make chaos SEED={self.seed} MINUTES={self.minutes:g} WORKERS={self.workers} CONNECTIONS={self.connections}"
+        t = self.timing
+        args = [
+            "--seed", self.seed, "--minutes", f"{self.minutes:g}", "--workers", self.workers, "--connections", self.connections,
+            "--rate", f"{self.rate:g}", "--lease", f"{t.lease_s:g}", "--heartbeat", f"{t.heartbeat_s:g}",
+            "--reconcile", f"{t.reconcile_s:g}", "--skew-ms", t.skew_ms, "--flush-ms", t.flush_ms,
+            "--checkpoint", f"{t.checkpoint_s:g}", "--shutdown", f"{t.shutdown_s:g}",
+        ]
+        if self.warmup_s is not None:
+            args += ["--warmup", f"{self.warmup_s:g}"]
+        if self.slack_s:
+            args += ["--slack", f"{self.slack_s:g}"]
+        return "PYTHONPATH=runtime python -m wsfleet.local.chaos " + " ".join(shlex.quote(str(a)) for a in args)
+
+    def describe(self) -> str:
+        t = self.timing
+        return (
+            f"{self.minutes:g} min, {self.workers} workers, {self.connections} connections at {self.rate:g}/s; "
+            f"lease {t.lease_s:g} s, heartbeat {t.heartbeat_s:g} s, skew {t.skew_ms} ms, reconcile {t.reconcile_s:g} s, "
+            f"checkpoint {t.checkpoint_s:g} s, flush {t.flush_ms} ms"
+        )
+
+
+class Run:
+    def __init__(self, settings: Settings, out: TextIO = sys.stdout) -> None:
+        self.s = settings
+        self.out = out
+        self.bounds = Bounds(settings.timing)
+        self.schedule: Schedule = generate(
+            seed=settings.seed, minutes=settings.minutes, workers=settings.workers,
+            connections=settings.connections, timing=settings.timing, warmup_s=settings.warmup_s,
+        )
+        self.snapshots: list[Snapshot] = []
+        self.phase = "setup"
+        self.t_origin = time.time()
+        self._printed: Sample | None = None
+        self._lock = threading.Lock()
+
+    def say(self, line: str) -> None:
+        with self._lock:
+            print(line, file=self.out, flush=True)
+
+    def stamp(self) -> str:
+        return f"[{time.time() - self.t_origin:7.1f}s]"
+
+    def on_sample(self, sample: Sample) -> None:
+        """The observer's callback: keep a snapshot; a progress line every so often."""
+        self.snapshots.append(Snapshot.of(sample))
+        if self.phase == "setup" or (self._printed and sample.t - self._printed.t < PROGRESS_EVERY_S):
+            return
+        states = {name: p.state for name, p in self.fleet.workers.items() if p.state in ("running", "paused")}
+        self.say(progress_line(sample.t - self.t_origin, self.phase, sample, self._printed, states))
+        self._printed = sample
+
+    def run(self) -> int:
+        s = self.s
+        run_dir = new_run_dir(Path(s.run_dir))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "schedule.json").write_text(self.schedule.to_json())
+        self.say(f"wsfleet chaos, seed {s.seed}: {s.describe()}; logs in {run_dir}")
+        self.say(f"replay: {s.replay()}")
+        self.say(f"schedule ({len(self.schedule.faults)} faults, from the start of the chaos phase):")
+        for line in self.schedule.lines():
+            self.say("  " + line)
+        with Fleet(run_dir=run_dir, timing=s.timing, rate=s.rate, on_sample=self.on_sample, keep_samples=False) as fleet:
+            self.fleet = fleet
+            return self._play(fleet, run_dir)
+
+    def _play(self, fleet: Fleet, run_dir: Path) -> int:
+        s = self.s
+        record_journal(fleet.emulator.endpoint_url)
+        ids = [f"c{i:03d}" for i in range(1, s.connections + 1)]
+        nemesis = Nemesis(fleet, ids, workers=s.workers, seed=s.seed, say=self.say)
+        nemesis.start_workers()
+        nemesis.start_connections(ids)
+        fleet.wait_connected(ids, timeout=60)
+        opened = max(e["ts"] for name in fleet.live_workers() for e in fleet.events(name) if e["event"] == "session_opened")
+        self._sleep_until_epoch(opened + self.schedule.warmup_s, nemesis)
+        self.say(f"{self.stamp()} every worker is up and every connection owned: the chaos phase begins")
+        began = time.monotonic()
+        for fault in self.schedule.faults:
+            self._sleep_until(began + fault.at_s, nemesis)
+            self.phase = f"#{fault.n} {fault.kind}"
+            late = time.monotonic() - began - fault.at_s
+            self.say(f"{self.stamp()} FAULT {fault.describe().split(maxsplit=2)[2]}" + (f" ({late:.1f}s late)" if late > 1 else ""))
+            applied = nemesis.play(fault)
+            if applied.victim:
+                self.say(f"{'':11}victim {applied.victim} held {len(applied.affected)}"
+                         + (f"; {applied.replacement} replaces it" if applied.replacement else "")
+                         + (f"; {applied.note}" if applied.note else ""))
+        self._sleep_until(began + s.minutes * 60, nemesis)
+        self.phase = "recover"
+        nemesis.heal_all()
+        recover_s = self.bounds.takeover_s + self.bounds.settle_s + 10
+        self.say(f"{self.stamp()} the chaos phase is over; every fault healed; waiting for the fleet to be whole (up to {recover_s:.0f}s)")
+        if not nemesis.wait_whole(recover_s):
+            self.say(f"{'':11}not whole after {recover_s:.0f}s: auditing anyway")
+        nemesis.check_exits()
+        self.phase = "stop"
+        self.say(f"{self.stamp()} STOP every connection, then audit")
+        for cid in nemesis.started():
+            nemesis.api("STOP", cid)
+        try:
+            fleet.wait_quiet(ids, timeout=self.bounds.stop_s * 2 + s.timing.lease_s + 10)
+        except TimeoutError as exc:
+            self.say(f"{'':11}{exc}; auditing anyway")
+        time.sleep(2 * fleet.sample_interval)
+        self.phase = "audit"
+        evidence = gather(fleet, ids, list(self.snapshots), nemesis.exits, time.time())
+        verdict = checker.check(evidence, nemesis.applied, nemesis.ops, s.timing, slack_s=s.slack_s)
+        lines = report.render(self.schedule, verdict, settings=s.describe(), replay=s.replay())
+        (run_dir / "report.txt").write_text("\n".join(lines) + "\n")
+        (run_dir / "report.json").write_text(report.as_json(
+            self.schedule, verdict, nemesis.applied, nemesis.ops, self.bounds,
+            settings={**dataclasses.asdict(s), "timing": dataclasses.asdict(s.timing)}, replay=s.replay(),
+        ))
+        self.say("")
+        for line in lines:
+            self.say(line)
+        self.say(f"report: {run_dir / 'report.txt'} and report.json; worker logs: {run_dir}/w*.log")
+        return 0 if verdict.passed else 1
+
+    def _sleep_until(self, mono: float, nemesis: Nemesis) -> None:
+        while (left := mono - time.monotonic()) > 0:
+            time.sleep(min(left, 0.5))
+            nemesis.check_exits()
+
+    def _sleep_until_epoch(self, epoch: float, nemesis: Nemesis) -> None:
+        self._sleep_until(time.monotonic() + max(0.0, epoch - time.time()), nemesis)
+

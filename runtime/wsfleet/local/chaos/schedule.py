@@ -1,0 +1,313 @@
+"""The generator: a seeded schedule of faults, and the bound each one is judged by.
+
+Everything here is drawn from one ``random.Random(seed)`` and the run's settings, and
+nothing else (no clock, no machine): the same seed gives the same schedule, down to the
+victims, the streams and the shares. What the fleet does under it is timing-dependent;
+the schedule is not.
+
+Faults come one at a time. Each is followed by its recovery bound and a quiet spell
+before the next one starts, so every recovery is measured against one fault. Kinds are
+dealt from a shuffled deck, so a run of N faults covers every kind before it repeats
+one. A fault that targets a worker picks a slot (one of the W worker processes the
+fleet keeps running); the runner names the processes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from ...leases import SessionTiming
+from ...worker.takeover import RING_REFRESH_S
+from ..fleet import TAKEOVER_SLACK_S, Timing
+
+# Kinds, by where the fault is injected.
+DYNAMODB = ("ddb_throttle", "ddb_latency", "ddb_outage")
+SQS = ("sqs_outage",)
+UPSTREAM = ("drop", "stall", "slow", "oversize", "malformed")
+PROCESS = ("kill", "pause", "term", "clock")
+CONTROL = ("storm",)
+KINDS = DYNAMODB + SQS + UPSTREAM + PROCESS + CONTROL
+
+# Recovery is measured from the fault's start for these, from its end (heal) for the rest.
+FROM_START = ("drop", "oversize", "malformed") + PROCESS
+
+THROTTLED_OPS = ("UpdateItem", "BatchWriteItem", "Query", "BatchGetItem", "PutItem")
+MALFORMED = ("not json", '{"data": 1}', "[]", '{"seq": "7", "data": 1}', '{"seq": 1.5}', "")
+MAX_FRAME_BYTES = 1 << 20  # the worker's (wsfleet.worker.connection.Settings.max_frame_bytes)
+# The first reconnect waits at most 0.25 s (connection.py: backoff base 0.2 s + 0.05 s).
+FIRST_RECONNECT_S = 0.25
+# The room TAKEOVER_SLACK_S keeps for a busy 2-core machine, given to the handoff too:
+# it goes through an SQS hint to a peer's long poll, and a loaded emulator slows that.
+BUSY_MACHINE_S = 1.5
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How long each kind of fault may keep a connection from being whole again, from
+    the worker timing (:class:`~wsfleet.local.fleet.Timing`)."""
+
+    timing: Timing
+
+    @property
+    def takeover_s(self) -> float:
+        """kill -9 or SIGSTOP of the owner: lease + skew + slack (Timing.crash_bound_s)."""
+        return self.timing.crash_bound_s
+
+    @property
+    def unwatched_extra_s(self) -> float:
+        """A session younger than :attr:`settle_s` may not be watched yet: a watcher
+        finds a newcomer at its next ring refresh."""
+        return RING_REFRESH_S
+
+    @property
+    def settle_s(self) -> float:
+        """How long after a session opens its crash is covered by :attr:`takeover_s`:
+        the ring refresh plus the longest pause between two watch passes (as the fleet
+        tests' ``watched_by_all``)."""
+        st = SessionTiming(round(self.timing.lease_s * 1000), round(self.timing.heartbeat_s * 1000), self.timing.skew_ms)
+        return RING_REFRESH_S + 0.85 * st.watch_window_ms() / 1000 + 0.5
+
+    @property
+    def handoff_s(self) -> float:
+        """SIGTERM with a replacement up: the graceful handoff (Timing.graceful_bound_s),
+        with the busy machine's room."""
+        return self.timing.graceful_bound_s + BUSY_MACHINE_S
+
+    @property
+    def reconnect_s(self) -> float:
+        """A socket the upstream dropped (or the worker closed on an oversized frame)
+        is reopened after the first backoff, plus the slack."""
+        return FIRST_RECONNECT_S + TAKEOVER_SLACK_S
+
+    @property
+    def catch_up_s(self) -> float:
+        """A stalled or slowed stream delivers its backlog once healed."""
+        return TAKEOVER_SLACK_S
+
+    @property
+    def stop_s(self) -> float:
+        return self.timing.stop_bound_s
+
+    @property
+    def unhinted_start_s(self) -> float:
+        """A START whose hint was lost (SQS down) is found by the FREE# scan."""
+        return self.timing.reconcile_s + TAKEOVER_SLACK_S
+
+    @property
+    def restart_s(self) -> float:
+        """A START while the STOP before it is still being carried out: the owner closes
+        and releases it (within the STOP bound), and the FREE# scan finds it then."""
+        return self.stop_s + self.unhinted_start_s
+
+    @property
+    def after_dynamodb_s(self) -> float:
+        """After a DynamoDB fault heals: a session lost in it is taken over as a crash."""
+        return self.timing.crash_bound_s
+
+    def for_kind(self, kind: str) -> float:
+        return {
+            "ddb_throttle": self.after_dynamodb_s,
+            "ddb_latency": self.after_dynamodb_s,
+            "ddb_outage": self.after_dynamodb_s,
+            "sqs_outage": self.unhinted_start_s,
+            "drop": self.reconnect_s,
+            "oversize": self.reconnect_s,
+            "malformed": 0.0,
+            "stall": self.catch_up_s,
+            "slow": self.catch_up_s,
+            "kill": self.takeover_s,
+            "pause": self.takeover_s,
+            "term": self.handoff_s,
+            "clock": self.handoff_s,
+            "storm": self.restart_s,
+        }[kind]
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One entry of the schedule. ``at_s`` is from the start of the chaos phase;
+    ``duration_s`` is how long it lasts (0: a single act). ``params`` is JSON."""
+
+    n: int
+    at_s: float
+    kind: str
+    duration_s: float
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        p = self.params
+        what = {
+            "ddb_throttle": lambda: "throttle " + ", ".join(f"{op} {share:.0%}" for op, share in p["shares"].items()),
+            "ddb_latency": lambda: f"+{p['latency_ms']} ms (+0-{p['jitter_ms']} ms) on every request",
+            "ddb_outage": lambda: f"DynamoDB down ({p['mode']})",
+            "sqs_outage": lambda: f"SQS down; STOP then START {len(p['streams'])} connections inside",
+            "drop": lambda: f"drop {len(p['streams'])} sockets ({'abrupt' if p['abrupt'] else 'clean'})",
+            "stall": lambda: f"stall {len(p['streams'])} streams",
+            "slow": lambda: f"slow {len(p['streams'])} streams to one frame per {p['delay_s']} s",
+            "oversize": lambda: f"oversized frame ({p['size']} bytes) on {len(p['streams'])} streams",
+            "malformed": lambda: f"malformed frame {p['text']!r} on {len(p['streams'])} streams",
+            "kill": lambda: f"kill -9 slot {p['slot']}, replaced after {self.duration_s} s",
+            "pause": lambda: f"SIGSTOP slot {p['slot']} for {self.duration_s} s, then SIGCONT",
+            "term": lambda: f"SIGTERM slot {p['slot']} once its replacement is up",
+            "clock": lambda: f"replace slot {p['slot']} with a worker whose clock is {p['offset_ms']:+d} ms off",
+            "storm": lambda: f"STOP/START storm on {len(p['streams'])} connections: {p['flaps']} flaps, then STOPPED {p['hold_s']} s",
+        }[self.kind]()
+        span = f" for {self.duration_s:g} s" if self.duration_s and self.kind not in ("kill", "pause") else ""
+        return f"#{self.n:<3} {self.at_s:7.1f}s {self.kind:<12} {what}{span}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    minutes: float
+    workers: int
+    connections: int
+    warmup_s: float
+    faults: tuple[Fault, ...]
+
+    def lines(self) -> list[str]:
+        return [f.describe() for f in self.faults]
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "faults": [asdict(f) for f in self.faults]}, indent=1)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for f in self.faults:
+            out[f.kind] = out.get(f.kind, 0) + 1
+        return out
+
+
+def generate(
+    *, seed: int, minutes: float, workers: int, connections: int, timing: Timing | None = None, warmup_s: float | None = None
+) -> Schedule:
+    """The schedule for a chaos phase of ``minutes``: faults back to back, each after
+    the previous one's end, its recovery bound and a quiet spell (a fifth to a half of
+    the lease). Windows are sized in leases, so a short lease gives a dense run.
+
+    ``warmup_s``: how long before the chaos phase the last worker's session opened (the
+    runner waits that long; default: until every session is watched). Worker faults wait
+    for a watched victim while there is something else to do."""
+    rng = random.Random(seed)
+    timing = timing or Timing()
+    bounds = Bounds(timing)
+    warmup_s = bounds.settle_s if warmup_s is None else warmup_s
+    total = minutes * 60
+    slots = _Slots([-warmup_s] * workers)
+    deck: list[str] = []
+    faults: list[Fault] = []
+    t = 2.0
+    while True:
+        if not deck:
+            deck = list(KINDS)
+            rng.shuffle(deck)
+        kind = next((k for k in deck if k not in PROCESS or slots.settled(t, bounds)), deck[0])
+        deck.remove(kind)
+        duration, params = _draw(kind, rng, timing, bounds, connections, slots, t)
+        ref = 0.0 if kind in FROM_START else duration
+        busy = max(duration + (bounds.stop_s if kind == "pause" else 0.0), ref + bounds.for_kind(kind))
+        if "slot" in params and slots.young(params["slot"], t, bounds):
+            busy = max(busy, bounds.takeover_s + bounds.unwatched_extra_s)
+        end = t + busy + max(1.0, rng.uniform(0.2, 0.5) * timing.lease_s)
+        if end > total:
+            break
+        faults.append(Fault(len(faults) + 1, round(t, 1), kind, duration, params))
+        slots.after(kind, params, duration, t, timing)
+        t = round(end, 1)
+    return Schedule(seed, minutes, workers, connections, round(warmup_s, 1), tuple(faults))
+
+
+@dataclass
+class _Slots:
+    """What the generator tracks of the worker slots, from its own schedule alone."""
+
+    opened: list[float]  # per slot: when its current session opened
+    skewed: int | None = None  # the one slot whose worker runs with its clock off
+
+    def young(self, slot: int, t: float, bounds: Bounds) -> bool:
+        return t - self.opened[slot] < bounds.settle_s
+
+    def settled(self, t: float, bounds: Bounds) -> list[int]:
+        return [s for s in range(len(self.opened)) if not self.young(s, t, bounds)]
+
+    def after(self, kind: str, params: Mapping[str, Any], duration: float, t: float, timing: Timing) -> None:
+        """Note which slots got a new session (and when: they are not watched at once),
+        and which one runs with its clock off."""
+        if kind in ("term", "clock", "kill"):
+            self.opened[params["slot"]] = t + duration
+            if self.skewed == params["slot"]:
+                self.skewed = None  # replaced by a worker with a true clock...
+            if kind == "clock":
+                self.skewed = params["slot"]  # ...unless the replacement is the skewed one
+        elif kind == "pause":
+            self.opened[params["slot"]] = t + duration
+        elif kind == "ddb_outage" and duration > timing.lease_s - timing.skew_ms / 1000 - timing.heartbeat_s:
+            self.opened = [t + duration] * len(self.opened)
+
+
+def _streams(rng: random.Random, connections: int, most: int) -> list[int]:
+    k = rng.randint(1, max(1, min(most, connections)))
+    return sorted(rng.sample(range(connections), k))
+
+
+def _draw(
+    kind: str, rng: random.Random, timing: Timing, bounds: Bounds, connections: int, slots: _Slots, t: float
+) -> tuple[float, dict[str, Any]]:
+    """(duration, params) of one fault of ``kind``."""
+    r = lambda a, b: round(rng.uniform(a, b), 1)  # noqa: E731
+    lease = timing.lease_s
+    few = max(1, connections // 8)
+    if kind == "ddb_throttle":
+        if rng.random() < 0.5:
+            shares = {"*": round(rng.uniform(0.1, 0.5), 2)}
+        else:
+            ops = sorted(rng.sample(THROTTLED_OPS, rng.randint(1, 3)))
+            shares = {op: round(rng.uniform(0.3, 0.9), 2) for op in ops}
+        return r(lease, 2.5 * lease), {"shares": shares}
+    if kind == "ddb_latency":
+        return r(lease, 2.5 * lease), {"latency_ms": rng.randint(50, 400), "jitter_ms": rng.randint(0, 200)}
+    if kind == "ddb_outage":
+        mode = rng.choice(("error", "hang"))
+        safe = timing.lease_s - timing.skew_ms / 1000 - timing.heartbeat_s  # costs no session
+        if rng.random() < 0.5:
+            return r(min(1.0, safe / 2), max(0.5, safe - 0.5)), {"mode": mode}
+        return r(lease, 1.5 * lease), {"mode": mode}
+    if kind == "sqs_outage":
+        stop_at = 0.5
+        start_at = round(stop_at + bounds.stop_s + 1.0, 1)
+        return r(start_at + 1, start_at + 1 + 0.7 * lease), {"streams": _streams(rng, connections, few), "stop_at_s": stop_at, "start_at_s": start_at}
+    if kind == "drop":
+        return 0.0, {"streams": _streams(rng, connections, few), "abrupt": rng.random() < 0.5}
+    if kind == "stall":
+        return r(0.4 * lease, 1.5 * lease), {"streams": _streams(rng, connections, few)}
+    if kind == "slow":
+        return r(0.5 * lease, 1.5 * lease), {"streams": _streams(rng, connections, few), "delay_s": r(0.5, 2.0)}
+    if kind == "oversize":
+        return 0.0, {"streams": _streams(rng, connections, 2), "size": MAX_FRAME_BYTES + rng.randint(1, 64 * 1024)}
+    if kind == "malformed":
+        return 0.0, {"streams": _streams(rng, connections, few), "text": rng.choice(MALFORMED)}
+    if kind in PROCESS:
+        # At most one clock is off at a time, so no two workers disagree by more than
+        # the skew margin: a clock fault goes to the slot already skewed, if any.
+        if kind == "clock" and slots.skewed is not None:
+            slot = slots.skewed
+        else:
+            slot = rng.choice(slots.settled(t, bounds) or list(range(len(slots.opened))))
+        if kind == "kill":
+            return r(0, bounds.takeover_s), {"slot": slot}
+        if kind == "pause":
+            return r(lease + timing.heartbeat_s, 1.5 * lease + timing.heartbeat_s), {"slot": slot}
+        if kind == "term":
+            return 0.0, {"slot": slot}
+        offset = rng.choice((-1, 1)) * rng.randint(round(0.3 * timing.skew_ms), timing.skew_ms)
+        return 0.0, {"slot": slot, "offset_ms": offset}
+    if kind == "storm":
+        flaps = rng.randint(0, 2)
+        gaps = [r(0, 1) for _ in range(2 * flaps)]
+        hold = r(bounds.stop_s + 1, bounds.stop_s + 1 + 0.5 * lease)
+        streams = _streams(rng, connections, max(1, connections // 2))
+        return round(sum(gaps) + hold, 1), {"streams": streams, "flaps": flaps, "gaps_s": gaps, "hold_s": hold}
+    raise ValueError(f"unknown fault kind {kind!r}")

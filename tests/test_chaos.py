@@ -1,0 +1,214 @@
+"""The chaos soak (``make chaos``): the generator replays a seed, the checker names every
+kind of violation from hand-made evidence, and a short seeded run against a real fleet
+finds none."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wsfleet.local.chaos.checker import check, kind_summary
+from wsfleet.local.chaos.evidence import Evidence, Row, Snapshot
+from wsfleet.local.chaos.nemesis import Applied, Op
+from wsfleet.local.chaos.schedule import KINDS, PROCESS, Bounds, generate
+from wsfleet.local.fleet import Timing
+from wsfleet.local.upstream import Overlap, SocketRecord
+
+TIMING = Timing()
+FAST = Timing(lease_s=3.0, heartbeat_s=0.75, reconcile_s=1.0, skew_ms=200, flush_ms=500, shutdown_s=5.0, checkpoint_s=1.0)
+
+
+# --- the generator -------------------------------------------------------------------------------
+
+
+def test_the_same_seed_replays_the_same_schedule_and_another_seed_does_not():
+    one = generate(seed=42, minutes=30, workers=4, connections=40)
+
+    assert one.to_json() == generate(seed=42, minutes=30, workers=4, connections=40).to_json()
+    assert one.lines() == generate(seed=42, minutes=30, workers=4, connections=40).lines()
+    assert one.to_json() != generate(seed=43, minutes=30, workers=4, connections=40).to_json()
+
+
+def test_faults_come_one_at_a_time_within_the_run_and_every_kind_is_dealt_before_any_repeats():
+    schedule = generate(seed=7, minutes=30, workers=4, connections=40)
+    bounds = Bounds(TIMING)
+
+    faults = schedule.faults
+    assert len(faults) >= 60
+    assert {f.kind for f in faults[: len(KINDS)]} == set(KINDS)
+    for before, after in zip(faults, faults[1:], strict=False):
+        assert after.at_s >= before.at_s + before.duration_s + 1  # healed, then a quiet spell
+        if before.kind in ("drop", "oversize", "kill", "pause", "term", "clock"):
+            assert after.at_s >= before.at_s + bounds.for_kind(before.kind)  # its recovery bound passed
+    assert faults[-1].at_s + faults[-1].duration_s <= 30 * 60
+
+
+def test_at_most_one_worker_runs_with_its_clock_off_and_worker_faults_wait_for_a_watched_victim():
+    schedule = generate(seed=5, minutes=60, workers=3, connections=12)
+    bounds = Bounds(TIMING)
+    skewed = None
+    opened = {slot: -bounds.settle_s for slot in range(3)}
+    for f in schedule.faults:
+        if f.kind == "clock":
+            assert skewed in (None, f.params["slot"])
+            skewed = f.params["slot"]
+        elif f.kind in ("kill", "term") and f.params["slot"] == skewed:
+            skewed = None
+        if f.kind in PROCESS:
+            assert f.at_s - opened[f.params["slot"]] >= bounds.settle_s, f.describe()
+            opened[f.params["slot"]] = f.at_s + f.duration_s
+        assert abs(f.params.get("offset_ms", 0)) <= TIMING.skew_ms
+
+
+# --- the checker, on hand-made evidence -------------------------------------------------------------
+
+T0 = 1_000.0  # epoch seconds of the hand-made run
+
+
+def frame(seq: int) -> str:
+    return json.dumps({"stream": "a", "t": int((T0 + seq * 0.1) * 1000), "v": seq}, separators=(",", ":"))
+
+
+def evidence(**changes) -> Evidence:
+    """Ten frames of stream "a", all stored by one owner (fence 1), one socket from the
+    START to the final STOP, owned and connected in every snapshot."""
+    ev = Evidence(
+        connections=["a"],
+        sockets={"a": [SocketRecord(1, "a", "127.0.0.1:1001", "/streams/a", 1, T0, T0 + 2.0, injected_sent=0)]},
+        overlaps=[],
+        frames={"a": {s: frame(s) for s in range(1, 11)}},
+        rows={"a": [Row(s, 1, "w1", int((T0 + s * 0.1) * 1000), frame(s)) for s in range(1, 11)]},
+        checkpoints={"a": 10},
+        journal=[{"n": 0, "op": "update", "pk": "CONN#a", "fence": 1, "worker": "w1"}]
+        + [{"n": s, "op": "put", "pk": "CONN#a", "sk": s, "fence": 1, "worker": "w1"} for s in range(1, 11)],
+        snapshots=[Snapshot(T0 + i * 0.5, {"a": "w1"}, {"a": 1}, {"a": 2 * i}, {"a": 2 * i}) for i in range(5)],
+        end_t=T0 + 5,
+    )
+    for name, value in changes.items():
+        setattr(ev, name, value)
+    return ev
+
+
+OPS = [Op(T0 - 0.1, "START", "a", 202), Op(T0 + 1.99, "STOP", "a", 202)]
+
+
+def kinds(ev: Evidence, applied=(), ops=OPS) -> list[str]:
+    return [v.kind for v in check(ev, list(applied), ops, TIMING).violations]
+
+
+def test_clean_evidence_passes():
+    verdict = check(evidence(), [], OPS, TIMING)
+    assert verdict.violations == [] and verdict.passed
+    assert verdict.totals["stored"] == verdict.totals["produced"] == 10
+
+
+def test_a_missing_seq_is_a_loss_and_so_is_a_frame_never_stored_long_before_the_stop():
+    ev = evidence()
+    ev.rows["a"] = [r for r in ev.rows["a"] if r.seq != 5]
+    assert kinds(ev) == ["lost"]
+
+    behind = evidence(checkpoints={"a": 4})
+    behind.rows["a"] = behind.rows["a"][:4]
+    late_stop = [OPS[0], Op(T0 + 10.0, "STOP", "a", 202)]  # frames 5..10 were produced well before it
+    assert kinds(behind, ops=late_stop) == ["lost"]
+    assert kinds(behind) == []  # stopped right after they were produced: in flight, not lost
+
+
+def test_a_frame_stored_again_under_another_seq_is_a_double_and_other_data_is_corruption():
+    doubled = evidence()
+    doubled.rows["a"][6] = Row(7, 1, "w1", 0, frame(3))
+    corrupt = evidence()
+    corrupt.rows["a"][6] = Row(7, 1, "w1", 0, '{"v":7}')
+    assert kinds(doubled) == ["doubled"]
+    assert kinds(corrupt) == ["corrupt"]
+
+
+def test_two_sockets_on_a_stream_are_an_overlap_unless_all_but_one_belong_to_a_frozen_worker():
+    both = Overlap("a", T0 + 1.0, (1, 2), ("127.0.0.1:1001", "127.0.0.1:2002"), ended_at=T0 + 1.5)
+    pause = Applied(1, "pause", T0 + 0.5, victim="w1", frozen_peers=["127.0.0.1:1001"], resumed_at=T0 + 1.2, affected={})
+    stranger = Applied(1, "pause", T0 + 0.5, victim="w2", frozen_peers=["127.0.0.1:3003"], resumed_at=T0 + 1.2, affected={})
+
+    assert kinds(evidence(overlaps=[both])) == ["overlap"]
+    assert kinds(evidence(overlaps=[both]), [pause]) == []
+    assert kinds(evidence(overlaps=[both]), [stranger]) == ["overlap"]
+    lingering = Overlap("a", T0 + 1.0, (1, 2), ("127.0.0.1:1001", "127.0.0.1:2002"), ended_at=T0 + 60)
+    assert kinds(evidence(overlaps=[lingering], end_t=T0 + 90), [pause]) == ["frozen_socket"]
+
+
+def test_a_message_written_after_a_higher_fence_was_acquired_is_a_stale_fence_write():
+    ev = evidence()
+    ev.journal += [
+        {"n": 11, "op": "update", "pk": "CONN#a", "fence": 2, "worker": "w2"},
+        {"n": 12, "op": "put", "pk": "CONN#a", "sk": 10, "fence": 1, "worker": "w1"},  # w1 had lost it
+    ]
+    assert kinds(ev) == ["stale_fence"]
+
+    went_back = evidence()
+    went_back.rows["a"] = [Row(r.seq, 2 if r.seq == 4 else 1, r.worker, r.received_at_ms, r.data) for r in went_back.rows["a"]]
+    assert kinds(went_back) == ["stale_fence"] * 6  # seqs 5..10 carry fence 1 above seq 4's fence 2
+
+
+def test_a_connection_not_taken_over_within_the_bound_or_never_is_a_recovery_violation():
+    kill = Applied(1, "kill", T0 + 0.5, victim="w1", victim_session_age_s=300.0, affected={"a": T0 + 0.5})
+    slow = evidence(sockets={"a": [
+        SocketRecord(1, "a", "p", "/", 1, T0, T0 + 0.5),
+        SocketRecord(2, "a", "p", "/", 5, T0 + 0.5 + TIMING.crash_bound_s + 1, T0 + 30),
+    ]}, end_t=T0 + 40)
+    ops = [OPS[0], Op(T0 + 29.0, "STOP", "a", 202)]
+    assert kinds(slow, [kill], ops) == ["slow_recovery"]
+    # A victim whose session was too young to be watched yet gets a ring refresh more.
+    young = Applied(1, "kill", T0 + 0.5, victim="w1", victim_session_age_s=1.0, affected={"a": T0 + 0.5})
+    assert kinds(slow, [young], ops) == []
+
+    never = evidence(sockets={"a": [SocketRecord(1, "a", "p", "/", 1, T0, T0 + 0.5)]}, end_t=T0 + 40)
+    assert kinds(never, [kill], ops) == ["not_recovered"]
+    assert kind_summary(check(never, [kill], ops, TIMING).recoveries)["kill"]["over_bound"] == 1
+
+
+def test_a_socket_left_open_on_a_stopped_connection_is_a_violation():
+    ops = [OPS[0], Op(T0 + 1.0, "STOP", "a", 202)]  # the socket closed at T0 + 2.0: within the bound
+    assert kinds(evidence(), ops=ops) == []
+    late = evidence(sockets={"a": [SocketRecord(1, "a", "p", "/", 1, T0, T0 + 1.0 + TIMING.stop_bound_s + 1)]})
+    assert kinds(late, ops=ops) == ["stop_not_closed"]
+
+
+def test_a_worker_that_exits_unasked_is_a_crash():
+    assert kinds(evidence(exits=[("w2", -11, T0 + 3)])) == ["crash"]
+
+
+# --- a short seeded run against a real fleet ----------------------------------------------------------
+
+FAST_ARGS = [
+    "--rate", "5", "--lease", "3", "--heartbeat", "0.75", "--reconcile", "1", "--skew-ms", "200",
+    "--flush-ms", "500", "--checkpoint", "1", "--shutdown", "5", "--warmup", "2",
+]
+# Seed 153, one minute: a STOP/START storm, a DynamoDB outage longer than the lease
+# (every session lost), an SQS outage with a START inside, SIGTERM with a replacement,
+# kill -9, SIGSTOP past the lease, and a worker with its clock off.
+SEED = 153
+
+
+@pytest.mark.timeout(300)
+def test_a_short_seeded_chaos_run_finds_no_violation(python_env, tmp_path):
+    out = tmp_path / "out.txt"
+    args = ["--seed", str(SEED), "--minutes", "1", "--workers", "3", "--connections", "9", *FAST_ARGS,
+            "--slack", "2", "--run-dir", str(tmp_path)]
+    with open(out, "wb") as log:
+        status = subprocess.run([sys.executable, "-m", "wsfleet.local.chaos", *args], env=python_env,
+                                stdout=log, stderr=subprocess.STDOUT, timeout=280).returncode
+    text = out.read_text()
+
+    assert status == 0, text
+    assert f"seed {SEED}" in text and "PASSED" in text and f"--seed {SEED}" in text
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    result = json.loads((run_dir / "report.json").read_text())
+    assert result["passed"] and set(result["violations"].values()) == {0}
+    assert [f["kind"] for f in result["faults"]] == [f.kind for f in generate(
+        seed=SEED, minutes=1, workers=3, connections=9, timing=FAST, warmup_s=2).faults]
+    assert {"storm", "ddb_outage", "sqs_outage", "term", "kill", "pause", "clock"} <= set(result["kinds"])
+    assert all(f["recovery_s"] is not None for f in result["faults"])
+    assert Path(run_dir / "schedule.json").exists()
