@@ -9,13 +9,14 @@ serves the whole module, each test has tables, queue, upstream, API and workers 
 from __future__ import annotations
 
 import dataclasses
-import glob
 import time
 
 import pytest
 
 from wsfleet.local import report
 from wsfleet.leases import SessionTiming
+from wsfleet.local.chaos.nemesis import FAKETIME_LIB
+from wsfleet.local.chaos.nemesis import clock_off_by as chaos_clock_off_by
 from wsfleet.local.fleet import EmulatorProcess, Fleet, SessionState, Timing, eventually
 from wsfleet.worker.takeover import RING_REFRESH_S
 
@@ -278,15 +279,14 @@ def test_stop_closes_the_socket_and_releases_the_lease_within_a_heartbeat(fleet)
 
 # --- wall clocks that disagree -------------------------------------------------------------
 
-FAKETIME_LIB = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)
 CLOCK_OFF_S = 0.45  # each way: the two workers' clocks disagree by 0.9 s, under the 1 s margin
 
 
 def clock_off_by(offset_s: float) -> dict[str, str]:
-    """Environment that runs a worker with its wall clock ``offset_s`` off (libfaketime).
-    Monotonic clocks are left alone, as a real wall-clock error would leave them."""
+    """Environment that runs a worker with its wall clock ``offset_s`` off (libfaketime;
+    see wsfleet.local.chaos.nemesis.clock_off_by for why its monotonic clock moves too)."""
     assert FAKETIME_LIB is not None
-    return {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": f"{offset_s:+g}", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    return chaos_clock_off_by(round(offset_s * 1000))
 
 
 def fences_never_go_back(fleet: Fleet, connection_ids) -> dict[str, list[int]]:

@@ -1,0 +1,113 @@
+"""What chaos runs found, each kept as a test of its own (``make chaos``; the seed and
+what happened are in each docstring)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from wsfleet.aws import Aws
+from wsfleet.config import WorkerConfig
+from wsfleet.local.chaos.nemesis import FAKETIME_LIB, clock_off_by
+from wsfleet.local.upstream import ThreadedUpstream
+from wsfleet.logs import JsonLogger
+from wsfleet.store import ConnectionsStore
+from wsfleet.worker.lifecycle import Worker
+
+pytestmark = pytest.mark.timeout(60)
+
+FAST = {
+    "LEASE_SECONDS": "2",
+    "HEARTBEAT_SECONDS": "0.4",
+    "RECONCILE_SECONDS": "0.5",
+    "MAX_CLOCK_SKEW_MS": "200",
+    "SHUTDOWN_SECONDS": "5",
+    "METRICS_SECONDS": "30",
+    "ALLOWED_WS_HOSTS": "127.0.0.1",
+}
+
+
+@pytest.mark.skipif(FAKETIME_LIB is None, reason="needs libfaketime (Debian: apt-get install faketime)")
+@pytest.mark.parametrize("offset_ms", [-450, 800])
+def test_a_worker_with_its_clock_off_can_still_sleep(python_env, offset_ms):
+    """Seed 3 (``--minutes 1.25 --workers 3 --connections 9``, fast timings): the worker
+    started with its clock 181 ms off (``clock``) logged ``OSError: [Errno 22] Invalid
+    argument`` from ``time.sleep`` in botocore's retry under the next fault (DynamoDB
+    throttling). libfaketime 0.9.10 with ``FAKETIME_DONT_FAKE_MONOTONIC=1`` fails every
+    ``time.sleep``: a fault of the injection, not of a clock. Its clock is off as asked,
+    and it sleeps."""
+    code = "import time; t = time.time(); m = time.monotonic(); time.sleep(0.2); print(t, time.monotonic() - m)"
+    before = time.time()
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={**python_env, **clock_off_by(offset_ms)}, capture_output=True, text=True, timeout=20
+    )
+    after = time.time()
+
+    assert out.returncode == 0, out.stderr
+    wall, slept = map(float, out.stdout.split())
+    assert before + offset_ms / 1000 - 0.1 <= wall <= after + offset_ms / 1000 + 0.1
+    assert 0.19 <= slept < 1.0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="worker/session.py renew_once and worker/lifecycle.py _keep_session handle only TransientError and "
+    "TimeoutError: any other exception from a renewal ends the session task silently, nothing drops the "
+    "connections at the deadline, and their sockets stay open after peers have taken them over",
+)
+def test_a_renewal_that_fails_with_an_unexpected_error_still_closes_every_socket_by_the_deadline(aws_env, ddb):
+    """Seed 3 (``--minutes 1.25 --workers 3 --connections 9``, fast timings). Worker w1.1
+    (under the libfaketime setting above) hit ``OSError: [Errno 22]`` inside its session
+    renewal at 41.0 s; the ``session`` task died with it, unlogged. Its session expired and
+    was ended by a watcher (``session_end_lost ... already_ended`` in w2.log at 45.99 s), w3.1
+    took c005 at 45.02 s (fence 4), but w1.1 never dropped its runners: its deadline held
+    its writes back (``deadline_passed_while_writing`` every 0.6 s) while its socket on c005
+    (and on c001, c004, c006, c008) stayed open to the end of the run: five
+    ``overlap`` and five ``stop_not_closed`` violations.
+
+    Any exception other than TransientError can do this (an OSError such as EMFILE, a
+    botocore parsing error). Here the sessions table's UpdateItem raises OSError as it
+    leaves, and the worker must still close its socket by its deadline."""
+    up = ThreadedUpstream(rate=20.0).start()
+    try:
+        cfg = WorkerConfig.from_env({**aws_env, **FAST})
+        ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4).start("a", up.url_for("a"))
+
+        async def scenario() -> None:
+            aws = Aws(cfg, threads=8)
+            worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())
+            task = asyncio.create_task(worker.run())
+
+            def broken(request, **_):
+                if json.loads(request.body or b"{}").get("TableName") == aws_env["SESSIONS_TABLE_NAME"]:
+                    raise OSError(22, "Invalid argument")
+
+            try:
+                await _until(lambda: len(up.open_sockets("a")) == 1, 10)
+                aws.dynamodb.meta.events.register("before-send.dynamodb.UpdateItem", broken)
+                broke_at = time.monotonic()
+                # Past the deadline (lease - skew after the last renewal), plus room.
+                await _until(lambda: not up.open_sockets("a"), 2.0 + 3.0)
+                assert time.monotonic() - broke_at < 2.0 + 3.0
+            finally:
+                aws.dynamodb.meta.events.unregister("before-send.dynamodb.UpdateItem", broken)
+                worker.request_shutdown()
+                await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 15)
+                aws.close()
+
+        asyncio.run(scenario())
+    finally:
+        up.stop()
+
+
+async def _until(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not true within {timeout}s")
+        await asyncio.sleep(0.05)
