@@ -70,7 +70,9 @@ class Aws:
         self.dynamodb = session.client(
             "dynamodb",
             endpoint_url=config.endpoint_url,
-            config=Config(read_timeout=5, retries={"mode": "standard", "max_attempts": 1}, **base),
+            # total_max_attempts counts the first try; standard mode's max_attempts would
+            # still allow one retry, slowing the renewal's own retry cadence.
+            config=Config(read_timeout=5, retries={"mode": "standard", "total_max_attempts": 1}, **base),
         )
         retried = dict(retries={"mode": "standard", "max_attempts": 3}, **base)
         self.sqs = session.client(

@@ -520,14 +520,24 @@ class ConnectionsStore(_Table):
             return Acquired(old)
         return NotAcquired(classify_acquire_failure(old), (old or {}).get(schema.LEASE_SESSION, ""))
 
-    def _detach(self, connection_id: str, *, condition: str, values: Mapping[str, Any], last_seq: int | None) -> dict | None:
+    def _detach(
+        self,
+        connection_id: str,
+        *,
+        condition: str,
+        values: Mapping[str, Any],
+        last_seq: int | None,
+        expect_stopped: bool = False,
+    ) -> dict | None:
         """Make the connection free (``owner_key`` FREE#shard if STARTED, removed if
         STOPPED), under ``condition``. The index key depends on the desired state, which
         a concurrent START or STOP may flip: the write names the state it expects, and
-        is tried once more with the other one. Returns the old item when the condition
-        failed for another reason (None when it landed)."""
+        is tried once more with the other one (a failed conditional write is billed, so
+        the likelier state goes first). Returns the old item when the condition failed
+        for another reason (None when it landed)."""
         old: dict | None = None
-        for state in (schema.STARTED, schema.STOPPED, schema.STARTED):
+        first, other = (schema.STOPPED, schema.STARTED) if expect_stopped else (schema.STARTED, schema.STOPPED)
+        for state in (first, other, first):
             update = "SET #o = :empty, #l = :empty, #u = :now"
             state_values: dict[str, Any] = {":empty": "", ":now": self._now_ms(), ":state": state}
             if last_seq is not None:
@@ -551,17 +561,21 @@ class ConnectionsStore(_Table):
                 return old or {}
         return old or {}
 
-    def release(self, connection_id: str, *, session_id: str, fence_token: int, last_seq: int) -> bool:
+    def release(
+        self, connection_id: str, *, session_id: str, fence_token: int, last_seq: int, stopped: bool = False
+    ) -> bool:
         """Give the connection up with a final checkpoint.
 
         Conditional on: ``lease_session`` is ours and ``fence_token`` is ours. Returns
         False when it was no longer ours (nothing written); a retry whose first attempt
-        landed returns True."""
+        landed returns True. ``stopped``: released for a STOP, so the STOPPED form of
+        the write goes first."""
         old = self._detach(
             connection_id,
             condition="#l = :session AND #f = :fence",
             values={":session": session_id, ":fence": fence_token},
             last_seq=last_seq,
+            expect_stopped=stopped,
         )
         return old is None or release_already_landed(old, fence_token)
 

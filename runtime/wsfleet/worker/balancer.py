@@ -25,6 +25,7 @@ from ..store import SessionsStore, now_ms
 from .session import SessionKeeper
 
 MIN_HOLD_S = 60.0  # a connection held for less than this is never moved: none moves twice
+SHED_COOLDOWN_S = 60.0  # the shedder's free scan leaves what it shed alone this long
 SUMMARY_MAX_AGE_MS = 60_000  # an older summary is not acted on (its writer may be gone)
 
 Call = Callable[..., Awaitable[Any]]
@@ -75,7 +76,7 @@ class Balancer:
 
     def shed_recently(self, connection_id: str) -> bool:
         at = self._shed_at.get(connection_id)
-        return at is not None and time.monotonic() - at < MIN_HOLD_S
+        return at is not None and time.monotonic() - at < SHED_COOLDOWN_S
 
     async def summarize_once(self) -> FleetLoad | None:
         """If this is the last session of the ring, read every session in it and write
@@ -113,7 +114,7 @@ class Balancer:
         for runner in movable:
             self._shed_at[runner.connection_id] = now
             runner.request_shed()
-        self._shed_at = {c: t for c, t in self._shed_at.items() if now - t < MIN_HOLD_S}
+        self._shed_at = {c: t for c, t in self._shed_at.items() if now - t < SHED_COOLDOWN_S}
         if movable:
             self.shed += len(movable)
             self._log.info(

@@ -311,6 +311,7 @@ class ConnectionRunner:
                 session_id=self.session_id,
                 fence_token=self.fence_token,
                 last_seq=self.tracker.checkpoint,
+                stopped=self.end_reason is EndReason.STOPPED,
             )
         except LeaseExpired:
             self._counters.add(names.LEASES_LOST)

@@ -47,6 +47,9 @@ LAG_PROBE_S = 0.25  # how often the event-loop lag probe wakes up
 AUDIT_EVERY = 3  # the owner-index audit runs every AUDIT_EVERY reconcile intervals
 AUDIT_GRACE_S = 15.0  # a connection acquired this recently may not be in the index yet
 BALANCE_EVERY = 3  # balance passes follow the summary reads (every third watch read)
+# Acquisitions in flight at once: a burst of thousands (a START storm, a big takeover) is
+# taken at the pace the table answers instead of flooding the request pool.
+ACQUIRE_CONCURRENCY = 8
 
 
 class Worker:
@@ -132,6 +135,7 @@ class Worker:
             clock_ms=clock_ms,
         )
         self._acquiring: set[str] = set()
+        self._acquire_slots = asyncio.Semaphore(ACQUIRE_CONCURRENCY)
         self._holders: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self._session_ready = asyncio.Event()
@@ -176,28 +180,8 @@ class Worker:
         deadline = lambda: self.keeper.deadline_for(session_id)  # noqa: E731
         self._acquiring.add(connection_id)
         try:
-            with tracing.segment("acquire", connection_id=connection_id, source=source) as span:
-                result = await call_until(
-                    self._aws.call,
-                    deadline,
-                    self._connections.acquire,
-                    log=self._log,
-                    connection_id=connection_id,
-                    session_id=session_id,
-                    worker_id=self.worker_id,
-                    expected_session=expected_session,
-                )
-                span.annotate(outcome=result.reason.value if isinstance(result, NotAcquired) else "acquired")
-                if isinstance(result, Acquired):
-                    checkpoint = int(result.item.get(schema.LAST_SEQ, 0))
-                    stored_end = await call_until(
-                        self._aws.call,
-                        deadline,
-                        self._messages.stored_end,
-                        log=self._log,
-                        connection_id=connection_id,
-                        checkpoint=checkpoint,
-                    )
+            async with self._acquire_slots:
+                result, checkpoint, stored_end = await self._acquire(connection_id, session_id, expected_session, source)
         except LeaseExpired:
             self._log.warning("acquire_gave_up", connection_id=connection_id, source=source)
             return None
@@ -243,6 +227,37 @@ class Worker:
         self._holders.add(task)
         task.add_done_callback(self._holders.discard)
         return runner
+
+    async def _acquire(
+        self, connection_id: str, session_id: str, expected_session: str, source: str
+    ) -> tuple[Acquired | NotAcquired, int, int]:
+        """The conditional acquire, then where the stored messages end (for a connection
+        taken from a crashed owner, past its last checkpoint)."""
+        deadline = lambda: self.keeper.deadline_for(session_id)  # noqa: E731
+        checkpoint = stored_end = 0
+        with tracing.segment("acquire", connection_id=connection_id, source=source) as span:
+            result = await call_until(
+                self._aws.call,
+                deadline,
+                self._connections.acquire,
+                log=self._log,
+                connection_id=connection_id,
+                session_id=session_id,
+                worker_id=self.worker_id,
+                expected_session=expected_session,
+            )
+            span.annotate(outcome=result.reason.value if isinstance(result, NotAcquired) else "acquired")
+            if isinstance(result, Acquired):
+                checkpoint = int(result.item.get(schema.LAST_SEQ, 0))
+                stored_end = await call_until(
+                    self._aws.call,
+                    deadline,
+                    self._messages.stored_end,
+                    log=self._log,
+                    connection_id=connection_id,
+                    checkpoint=checkpoint,
+                )
+        return result, checkpoint, stored_end
 
     async def _release_unheld(self, connection_id: str, item: dict, session_id: str) -> None:
         if self.keeper.deadline_for(session_id) > time.monotonic():

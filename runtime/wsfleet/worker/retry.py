@@ -12,6 +12,9 @@ from ..logs import JsonLogger
 from ..store import TransientError
 
 
+DEADLINE_POLL_S = 0.5  # how often a slow attempt re-reads the deadline
+
+
 class LeaseExpired(Exception):
     """The local lease deadline passed before the call got through: stop writing."""
 
@@ -25,20 +28,27 @@ async def call_until(
     **kwargs: Any,
 ) -> Any:
     """``await call(fn, **kwargs)``, retrying :class:`TransientError` with jittered
-    backoff until the monotonic ``deadline()`` (read afresh each attempt: a renewal
-    may extend it meanwhile). Raises :class:`LeaseExpired` once it has passed; a
-    transient fault is never reported as a lost lease."""
+    backoff until the monotonic ``deadline()``. The deadline is read afresh while an
+    attempt is in flight and before each retry (a renewal may extend it meanwhile), so a
+    slow attempt is waited for as long as the worker may still write, never abandoned
+    early. Raises :class:`LeaseExpired` once it has passed; a transient fault is never
+    reported as a lost lease."""
     attempt = 0
     while True:
-        left = deadline() - time.monotonic()
-        if left <= 0:
+        if deadline() <= time.monotonic():
             raise LeaseExpired()
+        task = asyncio.ensure_future(call(fn, **kwargs))
         try:
-            return await asyncio.wait_for(call(fn, **kwargs), timeout=left)
-        except TimeoutError:
-            raise LeaseExpired() from None
+            while not task.done():
+                left = deadline() - time.monotonic()
+                if left <= 0:
+                    raise LeaseExpired()
+                await asyncio.wait({task}, timeout=min(left, DEADLINE_POLL_S))
+            return task.result()
         except TransientError as exc:
             log.warning("transient_error", op=getattr(fn, "__name__", "?"), error=str(exc), attempt=attempt)
+        finally:
+            task.cancel()  # no-op once done; past the deadline the thread may still finish, harmlessly
         await asyncio.sleep(min(backoff_s(attempt), max(0.0, deadline() - time.monotonic())))
         attempt += 1
 

@@ -26,6 +26,7 @@ pending frames: when one is reached the receive loop waits (backpressure, counte
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ class Writer:
         self._interval = flush_interval_s
         self._cap_one = max_pending_per_connection
         self._cap_all = max_pending
+        self._concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
         self._queues: dict[str, _Queue] = {}
         # Queues with pending frames, in the order their first pending frame arrived.
@@ -199,11 +201,17 @@ class Writer:
         return max(0.0, oldest + self._interval - time.monotonic())
 
     def _take(self) -> list[tuple[_Queue, list[Frame]]]:
-        """Up to MAX_BATCH items: each ready queue's fair share first (oldest first frame
-        first), then the rest of the batch from the front."""
+        """Up to MAX_BATCH items from the queues whose first frame is oldest. When more
+        is pending than one batch holds, the ready queues are spread over as many
+        concurrent batches as the pending frames fill (a connection has one batch in
+        flight at a time, so one batch holding every busy connection would serialise
+        them all); within a batch, each queue's fair share first, then the rest from the
+        front. A queue served goes to the back."""
         ready = self._ready()
         if not ready:
             return []
+        batches = min(self._concurrency, math.ceil(sum(len(q.frames) for q in ready) / MAX_BATCH))
+        ready = ready[: max(1, math.ceil(len(ready) / max(1, batches)))]
         share = max(1, MAX_BATCH // len(ready))
         taken: dict[str, list[Frame]] = {}
         room = MAX_BATCH
@@ -240,12 +248,21 @@ class Writer:
                 self._call, lambda: min(q.deadline() for q, _ in batch), self._put, log=self._log, entries=entries
             )
         except LeaseExpired:
-            # Past the deadline: these frames are never written by us. Their connections
-            # are being dropped with the session; the next owner replays them.
+            # Past the deadline: these frames are never written by us, and their
+            # connections are being dropped with the session (the next owner replays
+            # them). Any whose deadline has moved on (it cannot, once passed, but a
+            # frame is never dropped on a guess) gets its frames back, in front.
             self._log.warning("deadline_passed_while_writing", items=len(entries))
-            for q, _ in batch:
+            now = time.monotonic()
+            for q, frames in batch:
                 q.in_flight = False
+                if q.connection_id in self._queues and q.deadline() > now:
+                    q.frames.extendleft((f, now) for f in reversed(frames))
+                    self._pending += len(frames)
+                    self._waiting[q.connection_id] = q
+                    self._waiting.move_to_end(q.connection_id, last=False)
                 q.changed.set()
+            self._wake.set()
             return
         finally:
             self._slots.release()
