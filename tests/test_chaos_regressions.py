@@ -54,12 +54,6 @@ def test_a_worker_with_its_clock_off_can_still_sleep(python_env, offset_ms):
     assert 0.19 <= slept < 1.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker/session.py renew_once and worker/lifecycle.py _keep_session handle only TransientError and "
-    "TimeoutError: any other exception from a renewal ends the session task silently, nothing drops the "
-    "connections at the deadline, and their sockets stay open after peers have taken them over",
-)
 def test_a_renewal_that_fails_with_an_unexpected_error_still_closes_every_socket_by_the_deadline(aws_env, ddb):
     """Seed 3 (``--minutes 1.25 --workers 3 --connections 9``, fast timings). Worker w1.1
     (under the libfaketime setting above) hit ``OSError: [Errno 22]`` inside its session

@@ -344,7 +344,12 @@ class Worker:
             self._session_ready.set()
             if previous:
                 self.takeover.drain_soon(previous)
-            reason = await self.keeper.run()
+            try:
+                reason = await self.keeper.run()
+            except Exception as exc:  # noqa: BLE001 - a renewal loop that dies must still drop everything
+                self._log.error("session_keeper_failed", error=f"{type(exc).__name__}: {exc}")
+                self.keeper.lose(Lost.EXPIRED)
+                reason = Lost.EXPIRED
             self._session_ready.clear()
             previous = self.keeper.session_id
             drop = EndReason.LOST if reason is Lost.ENDED else EndReason.EXPIRED

@@ -85,7 +85,8 @@ class SessionKeeper:
         assert self.lost_reason is not None
         return self.lost_reason
 
-    def _lose(self, reason: Lost, *, quiet: bool = False) -> None:
+    def lose(self, reason: Lost, *, quiet: bool = False) -> None:
+        """The session is lost: nothing more may be written under it."""
         if self.lost_reason is None:
             self.lost_reason = reason
             self.deadline_mono = 0.0
@@ -130,7 +131,7 @@ class SessionKeeper:
         while self.lost_reason is None:
             left = self.deadline_mono - time.monotonic()
             if left <= 0:
-                self._lose(Lost.EXPIRED)
+                self.lose(Lost.EXPIRED)
                 break
             sent = time.monotonic()
             done = set(self._stops_done)
@@ -151,8 +152,12 @@ class SessionKeeper:
                 self._log.warning("renew_retry", error=str(exc) or type(exc).__name__, left_s=round(left, 3))
                 await asyncio.sleep(min(self.timing.renew_retry_s(), max(0.0, self.deadline_mono - time.monotonic())))
                 continue
+            except Exception as exc:  # noqa: BLE001 - proves neither renewal nor loss: retry to the deadline
+                self._log.error("renew_error", error=f"{type(exc).__name__}: {exc}", left_s=round(left, 3))
+                await asyncio.sleep(min(self.timing.renew_retry_s(), max(0.0, self.deadline_mono - time.monotonic())))
+                continue
             if isinstance(result, RenewFailure):
-                self._lose(Lost.ENDED)
+                self.lose(Lost.ENDED)
                 break
             self.deadline_mono = self.timing.deadline_mono(sent)
             self.renewals += 1
@@ -190,5 +195,5 @@ class SessionKeeper:
         else:
             return False
         self._log.info("session_ended", session_id=self.session_id, drained=drained, by_us=ended)
-        self._lose(Lost.ENDED, quiet=True)
+        self.lose(Lost.ENDED, quiet=True)
         return True
