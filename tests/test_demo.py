@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from wsfleet.local import report
+from wsfleet.local.demo import parse_args
 from wsfleet.local.fleet import Audit, ConnState, Sample, SessionState, eventually, state_from_item
 from wsfleet.local.upstream import Overlap, SocketRecord
 
@@ -169,3 +170,10 @@ def test_the_chart_draws_one_row_per_worker_with_its_connections_over_time():
 
     rows = {line.split("|")[0].strip(): line.split("|")[1] for line in lines[1:3]}
     assert rows == {"w1": "#####:::::", "w2": "     :::::"}
+
+
+def test_the_chaos_scenario_is_offered_and_needs_a_second_worker_to_take_over():
+    args = parse_args(["--scenario", "chaos", "--seed", "7", "--workers", "2"])
+    assert (args.scenario, args.seed) == ("chaos", 7)
+    with pytest.raises(SystemExit):
+        parse_args(["--scenario", "chaos", "--workers", "1"])

@@ -16,6 +16,10 @@ connections through the API, then plays the scenario:
 * ``stop``   STOP a quarter of the connections;
 * ``burst``  START new connections and restart half of the stopped ones.
 
+``--scenario chaos`` is another kind of run: seeded random faults for ``--duration``
+seconds, then an invariant audit (what ``make chaos`` runs; see
+:mod:`wsfleet.local.chaos`), with ``--seed`` to replay one.
+
 A progress line every two seconds; at the end it STOPs everything, checks every stored
 message against the upstream and prints a report (also written to the run directory).
 Exit status 1 if the report shows data loss, a gap, two sockets on one stream (other than
@@ -25,6 +29,7 @@ a frozen one's, see ``pause``), or a connection that never came back.
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import threading
 import time
@@ -33,6 +38,8 @@ from typing import Sequence
 
 from ..logs import route_stdlib_logging
 from . import report
+from .chaos.run import Run as ChaosRun
+from .chaos.run import Settings as ChaosSettings
 from .fleet import Fleet, Sample, Timing, eventually, new_run_dir
 
 SCENARIOS = {
@@ -42,6 +49,7 @@ SCENARIOS = {
     "pause": ("pause",),
     "steady": (),
 }
+CHAOS = "chaos"  # not a list of steps: the chaos soak, seeded
 PROGRESS_EVERY_S = 2.0
 
 
@@ -269,7 +277,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m wsfleet.local.demo", description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=4, help="worker processes at the start [4]")
     p.add_argument("--connections", type=int, default=32, help="connections STARTed at the start [32]")
-    p.add_argument("--scenario", choices=sorted(SCENARIOS), default="full", help="what happens after the START [full]")
+    p.add_argument("--scenario", choices=sorted([*SCENARIOS, CHAOS]), default="full", help="what happens after the START [full]")
+    p.add_argument("--seed", type=int, default=None, help="chaos only: the fault schedule's seed [random, printed]")
     p.add_argument("--duration", type=float, default=150.0, help="seconds from the first START to the final STOP [150]")
     p.add_argument("--rate", type=float, default=2.0, help="messages per second per upstream stream [2]")
     defaults = Timing()
@@ -286,7 +295,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.workers < 1 or args.connections < 1:
         p.error("--workers and --connections must be at least 1")
-    if args.scenario in ("crash", "deploy", "pause", "full") and args.workers < 2:
+    if args.scenario in ("crash", "deploy", "pause", "full", CHAOS) and args.workers < 2:
         p.error(f"the {args.scenario} scenario needs at least 2 workers")
     if args.lease < 2 * args.heartbeat:
         p.error("--lease must be at least twice --heartbeat")
@@ -308,6 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush_ms=args.flush_ms,
         checkpoint_s=args.checkpoint,
     )
+    if args.scenario == CHAOS:
+        return _chaos(args, timing)
     run_dir = new_run_dir(Path(args.run_dir))
     demo: Demo | None = None
 
@@ -321,6 +332,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             return demo.run()
     except KeyboardInterrupt:
         print("\ninterrupted: every process stopped; logs in", run_dir, file=sys.stderr)
+        return 130
+
+
+def _chaos(args: argparse.Namespace, timing: Timing) -> int:
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
+    settings = ChaosSettings(
+        seed=seed, minutes=args.duration / 60, workers=args.workers, connections=args.connections, rate=args.rate,
+        timing=timing, run_dir=args.run_dir,
+    )
+    try:
+        return ChaosRun(settings).run()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: every process stopped (seed {seed})", file=sys.stderr)
         return 130
 
 
