@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from wsfleet.local.chaos.checker import check, kind_summary
+from wsfleet.local.chaos.checker import check
+from wsfleet.local.chaos.recovery import kind_summary
 from wsfleet.local.chaos.evidence import Evidence, Row, Snapshot
-from wsfleet.local.chaos.nemesis import Applied, Op
+from wsfleet.local.chaos.history import Applied, Op
 from wsfleet.local.chaos.schedule import KINDS, PROCESS, Bounds, generate
 from wsfleet.local.fleet import Timing
 from wsfleet.local.upstream import Overlap, SocketRecord

@@ -15,8 +15,7 @@ Invariants, each a kind of :class:`Violation`:
   connection had been acquired with a higher fence (the writer had lost it), or a
   stored row older in fence than a row below it;
 * ``not_recovered`` / ``slow_recovery``: a connection a fault affected was not whole
-  again (a new socket, or its backlog delivered, or owned with one socket) by the end,
-  or not within the fault's bound;
+  again (see :mod:`.recovery`) by the end, or not within the fault's bound;
 * ``stop_not_closed``: a socket open on a STOPPED connection later than the STOP bound;
 * ``malformed_closed``: a malformed frame cost the connection its socket;
 * ``crash``: a worker exited without being told to, or a SIGTERM ended in an error.
@@ -26,23 +25,20 @@ The workers' logs are only a cross-check (``notes``): claims the table does not 
 
 from __future__ import annotations
 
-import bisect
 import json
-import statistics
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from ..fleet import Timing
-from .evidence import Evidence, Snapshot
-from .nemesis import Applied, Op
+from .evidence import Evidence
+from .history import Applied, Op
+from .recovery import Recovery, recovery
 from .schedule import Bounds
 
 VIOLATION_KINDS = (
     "lost", "doubled", "corrupt", "overlap", "frozen_socket", "stale_fence", "not_recovered",
     "slow_recovery", "stop_not_closed", "malformed_closed", "crash",
 )
-TAKEOVERS = ("kill", "pause", "term", "clock", "drop", "oversize", "storm", "sqs_outage")
-CATCH_UP = ("stall", "slow")
 FROZEN_CLOSE_S = 3.0  # after SIGCONT the socket closes at the next renewal tick, its close handshake 3 s at most
 MALFORMED_WATCH_S = 2.0
 
@@ -52,24 +48,6 @@ class Violation:
     kind: str
     what: str  # a connection id, a fault (#n), a worker
     detail: str
-
-
-@dataclass
-class Recovery:
-    """How long each connection a fault affected took to be whole again."""
-
-    applied: Applied
-    bound_s: float
-    took_s: dict[str, float | None]
-
-    @property
-    def done(self) -> list[float]:
-        return sorted(t for t in self.took_s.values() if t is not None)
-
-    @property
-    def time_s(self) -> float | None:
-        """The fault's recovery time: until its last affected connection was whole."""
-        return self.done[-1] if self.done and len(self.done) == len(self.took_s) else (0.0 if not self.took_s else None)
 
 
 @dataclass
@@ -257,42 +235,6 @@ def check_fences(ev: Evidence) -> list[Violation]:
 # --- recovery ------------------------------------------------------------------------------------
 
 
-def bound_for(a: Applied, bounds: Bounds) -> float:
-    bound = bounds.for_kind(a.kind)
-    if a.kind in ("kill", "pause") and (a.victim_session_age_s is None or a.victim_session_age_s < bounds.settle_s):
-        bound += bounds.unwatched_extra_s  # a session this young may not be watched yet
-    return bound
-
-
-def recovery(a: Applied, ev: Evidence, bounds: Bounds, slack_s: float, times: Sequence[float]) -> Recovery:
-    took: dict[str, float | None] = {}
-    for cid, ref in a.affected.items():
-        if a.kind in TAKEOVERS:
-            # A new socket: the victim's (killed, frozen, leaving) or the dropped one is gone.
-            opened = [s.opened_at for s in ev.sockets.get(cid, []) if s.opened_at >= ref]
-            took[cid] = min(opened) - ref if opened else None
-        elif a.kind == "malformed":
-            took[cid] = 0.0  # the socket must simply stay up: see malformed_closed
-        else:
-            took[cid] = _first_whole(ev.snapshots, times, ref, cid, caught_up=a.kind in CATCH_UP)
-    return Recovery(a, bound_for(a, bounds) + slack_s, took)
-
-
-def _first_whole(
-    snapshots: Sequence[Snapshot], times: Sequence[float], ref: float, cid: str, *, caught_up: bool
-) -> float | None:
-    """Seconds from ``ref`` to the first snapshot (from the last one before it) in which
-    the connection has a live owner and one open socket, and with ``caught_up`` that
-    socket has been sent everything produced by ``ref``; 0 if it already was at ``ref``.
-    ``times``: the snapshots' times."""
-    first = max(0, bisect.bisect_right(times, ref) - 1)
-    head = snapshots[first].heads.get(cid, 0) if snapshots and times[first] <= ref else 0
-    for s in snapshots[first:]:
-        if s.owners.get(cid) and s.open_sockets.get(cid) == 1 and (not caught_up or s.sent_heads.get(cid, 0) >= head):
-            return max(0.0, s.t - ref)
-    return None
-
-
 def recovery_violations(r: Recovery, ev: Evidence) -> list[Violation]:
     a = r.applied
     out = []
@@ -327,20 +269,3 @@ def cross_check(ev: Evidence) -> list[str]:
     notes.append(f"malformed frames: the upstream sent {malformed_sent}, the workers logged {malformed_logged} "
                  "(a killed worker's last lines may be missing)")
     return notes
-
-
-def kind_summary(recoveries: Sequence[Recovery]) -> dict[str, dict[str, float | int | None]]:
-    """Per fault kind: how many, recovery p50 and max (of each fault's recovery time), bound."""
-    out: dict[str, dict[str, float | int | None]] = {}
-    for kind in dict.fromkeys(r.applied.kind for r in recoveries):
-        rs = [r for r in recoveries if r.applied.kind == kind]
-        times = [r.time_s for r in rs if r.time_s is not None]
-        out[kind] = {
-            "faults": len(rs),
-            "connections": sum(len(r.took_s) for r in rs),
-            "p50_s": statistics.median(times) if times else None,
-            "max_s": max(times) if times else None,
-            "bound_s": max(r.bound_s for r in rs),
-            "over_bound": sum(1 for r in rs if r.time_s is None or r.time_s > r.bound_s),
-        }
-    return out

@@ -27,44 +27,16 @@ import glob
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ... import schema
 from ..emulator import set_faults
 from ..fleet import Fleet, eventually
+from .history import Applied, Op
 from .schedule import Fault
 
 FAKETIME_LIB = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)
 API_PATIENCE_S = 30.0  # how long a client keeps retrying one START or STOP
-
-
-@dataclass
-class Op:
-    """One START or STOP through the API: sent at ``t``, answered ``status``."""
-
-    t: float
-    action: str  # START | STOP
-    connection_id: str
-    status: int = 0
-
-
-@dataclass
-class Applied:
-    """What the nemesis did for one fault, as it happened (epoch seconds)."""
-
-    n: int
-    kind: str
-    started_at: float
-    healed_at: float | None = None
-    victim: str = ""  # the worker process it hit
-    replacement: str = ""
-    victim_session_age_s: float | None = None  # how long the victim's live session had been open
-    affected: dict[str, float] = field(default_factory=dict)  # connection -> when its recovery is timed from
-    frozen_peers: list[str] = field(default_factory=list)  # pause: the frozen process's client addresses
-    resumed_at: float | None = None
-    exit_status: int | None = None  # term, clock: the leaving worker's
-    note: str = ""
 
 
 def clock_off_by(offset_ms: int) -> dict[str, str]:

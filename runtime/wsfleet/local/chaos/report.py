@@ -7,8 +7,9 @@ import json
 from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
-from .checker import VIOLATION_KINDS, Verdict, bound_for, kind_summary
-from .nemesis import Applied, Op
+from .checker import VIOLATION_KINDS, Verdict
+from .recovery import bound_for, kind_summary
+from .history import Applied, Op
 from .schedule import Bounds, Schedule
 
 MAX_LISTED = 25

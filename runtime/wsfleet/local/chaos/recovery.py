@@ -1,0 +1,94 @@
+"""Recovery: how long each connection a fault touched took to be whole again, against
+the fault's bound. Pure functions over the evidence and the history.
+
+"Whole" depends on the fault. After a takeover (kill, SIGSTOP, SIGTERM, the clock swap),
+a dropped or oversized socket, or a START (storm, SQS outage): a new socket on the
+stream, the upstream's books say when. After a stall or a slow stream: its socket has
+been sent everything produced until the fault healed. After a DynamoDB fault: owned by
+a live session, with one socket open (the observer's snapshots).
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from .evidence import Evidence, Snapshot
+from .history import Applied
+from .schedule import Bounds
+
+TAKEOVERS = ("kill", "pause", "term", "clock", "drop", "oversize", "storm", "sqs_outage")
+CATCH_UP = ("stall", "slow")
+
+
+@dataclass
+class Recovery:
+    """How long each connection a fault affected took to be whole again."""
+
+    applied: Applied
+    bound_s: float
+    took_s: dict[str, float | None]
+
+    @property
+    def done(self) -> list[float]:
+        return sorted(t for t in self.took_s.values() if t is not None)
+
+    @property
+    def time_s(self) -> float | None:
+        """The fault's recovery time: until its last affected connection was whole."""
+        return self.done[-1] if self.done and len(self.done) == len(self.took_s) else (0.0 if not self.took_s else None)
+
+
+def bound_for(a: Applied, bounds: Bounds) -> float:
+    bound = bounds.for_kind(a.kind)
+    if a.kind in ("kill", "pause") and (a.victim_session_age_s is None or a.victim_session_age_s < bounds.settle_s):
+        bound += bounds.unwatched_extra_s  # a session this young may not be watched yet
+    return bound
+
+
+def recovery(a: Applied, ev: Evidence, bounds: Bounds, slack_s: float, times: Sequence[float]) -> Recovery:
+    took: dict[str, float | None] = {}
+    for cid, ref in a.affected.items():
+        if a.kind in TAKEOVERS:
+            # A new socket: the victim's (killed, frozen, leaving) or the dropped one is gone.
+            opened = [s.opened_at for s in ev.sockets.get(cid, []) if s.opened_at >= ref]
+            took[cid] = min(opened) - ref if opened else None
+        elif a.kind == "malformed":
+            took[cid] = 0.0  # the socket must simply stay up: see malformed_closed
+        else:
+            took[cid] = _first_whole(ev.snapshots, times, ref, cid, caught_up=a.kind in CATCH_UP)
+    return Recovery(a, bound_for(a, bounds) + slack_s, took)
+
+
+def _first_whole(
+    snapshots: Sequence[Snapshot], times: Sequence[float], ref: float, cid: str, *, caught_up: bool
+) -> float | None:
+    """Seconds from ``ref`` to the first snapshot (from the last one before it) in which
+    the connection has a live owner and one open socket, and with ``caught_up`` that
+    socket has been sent everything produced by ``ref``; 0 if it already was at ``ref``.
+    ``times``: the snapshots' times."""
+    first = max(0, bisect.bisect_right(times, ref) - 1)
+    head = snapshots[first].heads.get(cid, 0) if snapshots and times[first] <= ref else 0
+    for s in snapshots[first:]:
+        if s.owners.get(cid) and s.open_sockets.get(cid) == 1 and (not caught_up or s.sent_heads.get(cid, 0) >= head):
+            return max(0.0, s.t - ref)
+    return None
+
+
+def kind_summary(recoveries: Sequence[Recovery]) -> dict[str, dict[str, float | int | None]]:
+    """Per fault kind: how many, recovery p50 and max (of each fault's recovery time), bound."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    for kind in dict.fromkeys(r.applied.kind for r in recoveries):
+        rs = [r for r in recoveries if r.applied.kind == kind]
+        times = [r.time_s for r in rs if r.time_s is not None]
+        out[kind] = {
+            "faults": len(rs),
+            "connections": sum(len(r.took_s) for r in rs),
+            "p50_s": statistics.median(times) if times else None,
+            "max_s": max(times) if times else None,
+            "bound_s": max(r.bound_s for r in rs),
+            "over_bound": sum(1 for r in rs if r.time_s is None or r.time_s > r.bound_s),
+        }
+    return out
