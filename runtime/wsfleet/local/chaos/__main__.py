@@ -1,5 +1,6 @@
 """``python -m wsfleet.local.chaos``: a seeded chaos run against a local fleet; exit
-status 1 on any violation (the report prints the command that replays it)."""
+status 1 on any violation (the report prints the command that replays it), 2 if the
+harness itself failed to play a fault."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ from .run import Run, Settings
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Settings:
-    p = argparse.ArgumentParser(prog="python -m wsfleet.local.chaos", description=__doc__.split("\n")[0].strip("`"))
+    p = argparse.ArgumentParser(
+        prog="python -m wsfleet.local.chaos",
+        description="Seeded random faults against a local fleet, then an audit of the invariants.",
+    )
     p.add_argument("--seed", type=int, default=None, help="the schedule's seed [random, printed]")
     p.add_argument("--minutes", type=float, default=10.0, help="length of the chaos phase [10]")
     p.add_argument("--workers", type=int, default=4, help="worker processes kept running [4]")

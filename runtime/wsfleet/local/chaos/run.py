@@ -81,6 +81,7 @@ class Run:
         self.t_origin = time.time()
         self._printed: Sample | None = None
         self._lock = threading.Lock()
+        self.errors: list[str] = []  # the harness's own failures: the run proves nothing then
 
     def say(self, line: str) -> None:
         with self._lock:
@@ -129,7 +130,13 @@ class Run:
             self.phase = f"#{fault.n} {fault.kind}"
             late = time.monotonic() - began - fault.at_s
             self.say(f"{self.stamp()} FAULT {fault.describe().split(maxsplit=2)[2]}" + (f" ({late:.1f}s late)" if late > 1 else ""))
-            applied = nemesis.play(fault)
+            try:
+                applied = nemesis.play(fault)
+            except Exception as exc:  # noqa: BLE001 - the harness failed, not the fleet: say so, go on
+                self.errors.append(f"#{fault.n} {fault.kind}: {type(exc).__name__}: {exc}")
+                self.say(f"{'':11}HARNESS ERROR {self.errors[-1]}")
+                nemesis.heal_all()
+                continue
             if applied.victim:
                 self.say(f"{'':11}victim {applied.victim} held {len(applied.affected)}"
                          + (f"; {applied.replacement} replaces it" if applied.replacement else "")
@@ -164,6 +171,9 @@ class Run:
         for line in lines:
             self.say(line)
         self.say(f"report: {run_dir / 'report.txt'} and report.json; worker logs: {run_dir}/w*.log")
+        if self.errors:
+            self.say(f"the harness failed {len(self.errors)} times (exit status 2): " + "; ".join(self.errors))
+            return 2
         return 0 if verdict.passed else 1
 
     def _sleep_until(self, mono: float, nemesis: Nemesis) -> None:
