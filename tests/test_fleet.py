@@ -56,15 +56,15 @@ def start_connections(fleet: Fleet, n: int, *, storing: int = 3) -> list[str]:
 
 
 def watched_by_all(fleet: Fleet, timing: Timing = TIMING) -> None:
-    """Until every worker is watched. A worker reads its ring successors when its session
-    opens and then every RING_REFRESH_S, so one that joined after its predecessors' last
-    read is watched only from their next refresh, and a crash bound holds only from then
-    on. No log line shows a refresh: this waits for the time one takes after the last
-    session opened (the refresh, plus the longest pause between two watch passes)."""
+    """Until every worker is watched. A worker that opens a session announces itself to
+    its predecessors in the ring, who learn it from their next renewal and read their
+    successors at their next watch pass; a crash bound holds from then on. No log line
+    shows that read: this waits for the time it takes after the last session opened (a
+    heartbeat, plus the longest pause between two watch passes, plus room)."""
     st = SessionTiming(round(timing.lease_s * 1000), round(timing.heartbeat_s * 1000), timing.skew_ms)
     last = max(e["ts"] for name in fleet.live_workers() for e in fleet.events(name) if e["event"] == "session_opened")
-    settled = last + RING_REFRESH_S + 0.85 * st.watch_window_ms() / 1000 + 0.5
-    eventually(lambda: time.time() >= settled, RING_REFRESH_S + 10, "every worker to be watched", interval=0.25)
+    settled = last + timing.heartbeat_s + 0.85 * st.watch_window_ms() / 1000 + 1.0
+    eventually(lambda: time.time() >= settled, 30, "every worker to be watched", interval=0.25)
 
 
 def busiest(fleet: Fleet) -> tuple[str, set[str]]:

@@ -153,6 +153,17 @@ def test_the_ring_lists_successors_wrapping_around_and_leaves_out_drained_sessio
     assert not sessions.leave_ring("d#1")  # a LIVE session never leaves the ring
 
 
+def test_a_newcomer_finds_its_watchers_and_their_next_renewal_says_the_ring_changed(sessions):
+    for name in ("a#1", "b#1", "c#1"):
+        _open(sessions, name)
+    assert sessions.ring_before("c#1", limit=2) == ["b#1", "a#1"]
+    assert sessions.ring_before("a#1", limit=2) == ["c#1", "b#1"]  # wraps to the end
+    assert sessions.announce("b#1")
+    assert sessions.renew("b#1", lease_ms=LEASE_MS, active=0, max_connections=10)["ring_changes"] == 1
+    sessions.end_own("a#1", worker_id="a", drained=True)
+    assert not sessions.announce("a#1")  # an ended session watches nothing
+
+
 def test_watched_sessions_are_read_in_one_batch(sessions):
     for name in ("a#1", "b#1"):
         _open(sessions, name)

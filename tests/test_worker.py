@@ -307,6 +307,23 @@ def test_a_dead_sessions_connections_are_taken_over_soon_after_it_expires(aws_en
     assert ended["state"] == schema.ENDED and ended["ended_by"]
 
 
+def test_a_worker_that_joins_is_watched_by_its_predecessor_within_a_few_seconds(aws_env, stores):
+    cfg = config(aws_env)
+
+    async def scenario():
+        async with running(cfg, "w1") as w1:
+            await eventually(lambda: w1.keeper.renewals >= 2, what="w1 renewing")
+            await w1.takeover.watch_once()  # w1 has read the ring: alone, it watches nobody
+            assert w1.takeover.successors() == []
+            async with running(cfg, "w2") as w2:
+                joined = time.monotonic()
+                await eventually(lambda: w2.keeper.session_id in w1.takeover.successors(), what="w1 watching w2")
+                # Its next renewal told w1, not its 15 s periodic ring read.
+                assert time.monotonic() - joined < 5.0
+
+    asyncio.run(scenario())
+
+
 def test_a_takeover_that_meets_a_late_last_renewal_ends_the_session_at_its_new_expiry(
     aws_env, stores, sessions, upstream
 ):

@@ -52,6 +52,9 @@ STOP_INBOX = "stops"
 
 LIVE = "LIVE"
 ENDED = "ENDED"
+# Bumped by a session that joins the ring right after this one: its watchers learn from
+# their next renewal that their successors changed, instead of at their next ring read.
+RING_CHANGES = "ring_changes"
 # Set by a renewal while its worker shuts down: it takes nothing more, and its
 # connections count as load to spread, not as capacity.
 DRAINING = "draining"

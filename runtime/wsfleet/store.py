@@ -155,6 +155,7 @@ _PLACEHOLDERS = {
     "#in": schema.STOP_INBOX,
     "#r": schema.RING,
     "#dr": schema.DRAINING,
+    "#rc": schema.RING_CHANGES,
     "#fw": schema.FLEET_WORKERS,
     "#fc": schema.FLEET_CAPACITY,
     "#fb": schema.FLEET_BELOW_SHARE,
@@ -408,6 +409,37 @@ class SessionsStore(_Table):
             )
             for raw in page.get("Items", [])
         ]
+
+    def ring_before(self, session_id: str, *, limit: int) -> list[str]:
+        """Up to ``limit`` session ids before ``session_id`` in the watch ring (nearest
+        first, wrapping to the end): the sessions that watch it."""
+        found: list[str] = []
+        for condition, start in (("#r = :r AND #sid < :me", session_id), ("#r = :r", None)):
+            values = {":r": schema.RING_VALUE, **({":me": start} if start is not None else {})}
+            resp = self._call(
+                "query",
+                IndexName=schema.RING_INDEX,
+                KeyConditionExpression=condition,
+                ExpressionAttributeNames=_names(condition),
+                ExpressionAttributeValues=marshal(values),
+                ScanIndexForward=False,
+                Limit=limit + 1,
+            )
+            for raw in resp.get("Items", []):
+                sid = unmarshal(raw)[schema.SESSION_ID]
+                if sid != session_id and sid not in found:
+                    found.append(sid)
+            if len(found) >= limit:
+                break
+        return found[:limit]
+
+    def announce(self, session_id: str) -> bool:
+        """Tell a watching session that its successors changed (its next renewal returns
+        the bumped ``ring_changes``). Conditional on: LIVE."""
+        new, _ = self._conditional_update(
+            session_id, update="ADD #rc :one", condition="#st = :live", values={":one": 1, ":live": schema.LIVE}, returns="NONE"
+        )
+        return new is not None
 
     def put_summary(self, summary: Mapping[str, Any]) -> None:
         """Write the fleet summary item (unconditional: the newest summary wins, and two

@@ -342,6 +342,7 @@ class Worker:
             if not await self.keeper.open(self._stopping):
                 return
             self._session_ready.set()
+            self.takeover.announce_soon()
             if previous:
                 self.takeover.drain_soon(previous)
             try:

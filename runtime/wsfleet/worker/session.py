@@ -54,6 +54,7 @@ class SessionKeeper:
         self.lost_reason: Lost | None = None
         self.renewals = 0
         self.draining = False  # set at shutdown: the renewal tells the fleet we take nothing more
+        self.ring_changes = 0  # bumped by newcomers right after us in the ring (see Takeover)
         self._sessions = sessions
         self._max = max_connections
         self._call = call
@@ -161,6 +162,7 @@ class SessionKeeper:
                 break
             self.deadline_mono = self.timing.deadline_mono(sent)
             self.renewals += 1
+            self.ring_changes = int(result.get(schema.RING_CHANGES, 0))
             self._stops_done -= done
             stops = set(result.get(schema.STOP_INBOX) or ()) - self._stops_done
             if stops:

@@ -31,7 +31,9 @@ from ..store import ConnectionsStore, SessionsStore, TransientError, now_ms
 from .session import SessionKeeper
 
 WATCH_K = 2  # successors each worker watches: a death is seen while either predecessor lives
-RING_REFRESH_S = 15.0  # the ring changes only when workers come and go; a newcomer is watched within this
+# The ring changes only when workers come and go. A newcomer announces itself to its
+# watchers (they re-read at once); this periodic read is the backstop.
+RING_REFRESH_S = 15.0
 EMPTY_DRAINS_TO_LEAVE = 2  # the owner index is eventually consistent: see it empty twice
 SUMMARY_EVERY = 3  # the fleet summary rides along with every third watch read
 
@@ -80,6 +82,7 @@ class Takeover:
         self._ring: list[str] = []
         self._ring_for = ""
         self._ring_at = float("-inf")
+        self._ring_changes = 0
         self._ending: dict[str, asyncio.TimerHandle] = {}
         self._draining: set[str] = set()
         self._empty: dict[str, int] = {}
@@ -120,9 +123,10 @@ class Takeover:
         me = self._keeper.session_id
         if not self._keeper.live():
             return 0
-        if self._ring_for != me or time.monotonic() - self._ring_at > RING_REFRESH_S:
+        changes = self._keeper.ring_changes
+        if self._ring_for != me or changes != self._ring_changes or time.monotonic() - self._ring_at > RING_REFRESH_S:
             self._ring = await self._call(self._sessions.ring_after, me, limit=WATCH_K)
-            self._ring_for, self._ring_at = me, time.monotonic()
+            self._ring_for, self._ring_at, self._ring_changes = me, time.monotonic(), changes
         self._passes += 1
         summary = self._passes % SUMMARY_EVERY == 1
         items = await self._call(self._sessions.get_many, [*self._ring, *([schema.FLEET_SUMMARY_ID] if summary else [])])
@@ -148,6 +152,18 @@ class Takeover:
                 self._ending[session_id] = loop.call_later(delay, self._end_due, session_id)
                 self._log.info("session_suspect", suspect=session_id, end_in_s=round(delay, 3))
         return len(items)
+
+    async def announce(self) -> int:
+        """Tell the sessions that watch ours (its predecessors in the ring) that their
+        successors changed, so a newcomer is watched from their next renewal on, not
+        from their next periodic ring read. Returns how many were told."""
+        told = 0
+        for session_id in await self._call(self._sessions.ring_before, self._keeper.session_id, limit=WATCH_K):
+            try:
+                told += bool(await self._call(self._sessions.announce, session_id))
+            except TransientError as exc:
+                self._log.warning("announce_failed", to=session_id, error=str(exc))
+        return told
 
     def _end_due(self, session_id: str) -> None:
         self._ending.pop(session_id, None)
@@ -181,6 +197,9 @@ class Takeover:
         self._log.info("session_ended_dead", ended=session_id, worker=result.get(schema.SESSION_WORKER_ID))
         await self.drain(session_id)
         return True
+
+    def announce_soon(self) -> None:
+        self._spawn(self.announce(), "announce")
 
     def drain_soon(self, session_id: str) -> None:
         self._spawn(self.drain(session_id), f"drain:{session_id}")
