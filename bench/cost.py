@@ -1,7 +1,8 @@
 """Cost: DynamoDB requests and capacity units per connection-hour and per message,
 counted at the client (each worker's own request counter) over a steady window at the
 worker's DEFAULT timings, turned into an on-demand price per 1,000 connections per
-month, and scaled to fleets of 10k to 1M connections (:mod:`bench.scaling`).
+month, and scaled to fleets of 10k to 1M connections (:mod:`wsfleet.plan`, which also reads
+the per-operation counts this benchmark writes to ``runtime/wsfleet/measured_ops.json``).
 
 Several workers (so that each has ring successors to watch) holding 100 connections each
 on average, a tenth of them receiving frames, with room to spare (MAX_CONNECTIONS 200, as
@@ -32,6 +33,7 @@ with DynamoDB's rules (moto does not report consumed capacity faithfully):
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -42,10 +44,11 @@ from wsfleet import metrics_names, schema
 from wsfleet.local.emulator import request_ledger
 from wsfleet.metrics import metric_data
 from wsfleet.local.fleet import eventually
+from wsfleet import plan
 from wsfleet.store import SessionsStore, unmarshal
 
-from . import before, scaling
-from .common import Result, Rig, Stats, Window, WorkerProcess, fmt, fmt_spread, md_table, median_spread
+from . import before
+from .common import Result, Rig, Stats, Window, WorkerProcess, fmt, fmt_spread, machine, md_table, median_spread
 
 # On-demand list prices, us-east-1, Standard table class, as published after the
 # November 2024 on-demand price reduction. They change: check
@@ -58,7 +61,7 @@ PRICES = {
     "cloudwatch_put_metric_data_per_thousand": 0.01,
     "cloudwatch_custom_metric_month": 0.30,  # first 10,000 metrics
 }
-HOURS_PER_MONTH = scaling.HOURS_PER_MONTH
+HOURS_PER_MONTH = plan.HOURS_PER_MONTH
 
 def custom_metrics() -> tuple[int, int]:
     """Custom metrics a worker publishes: (per service, per worker while it runs), from
@@ -296,14 +299,14 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
     msg_wru = write_units(msg_size)
 
     ops = [
-        scaling.Op("renewal", "sessions", "", "own", renewals(total) / worker_h, wru=renew_wru),
-        scaling.Op("watch", "sessions", "", "own", rate("watch"),
+        plan.Op("renewal", "sessions", "", "own", renewals(total) / worker_h, wru=renew_wru),
+        plan.Op("watch", "sessions", "", "own", rate("watch"),
                    rru=watch_items * read_units_eventual(session_size)),
-        scaling.Op("ring", "sessions", schema.RING_INDEX, "ring", rate("ring"), rru=read_units_eventual(0)),
-        scaling.Op("free scan", "connections", schema.OWNER_INDEX, "shards", rate("free scan"), rru=read_units_eventual(0)),
-        scaling.Op("unowned count", "connections", schema.OWNER_INDEX, "shards", rate("unowned count"),
+        plan.Op("ring", "sessions", schema.RING_INDEX, "ring", rate("ring"), rru=read_units_eventual(0)),
+        plan.Op("free scan", "connections", schema.OWNER_INDEX, "shards", rate("free scan"), rru=read_units_eventual(0)),
+        plan.Op("unowned count", "connections", schema.OWNER_INDEX, "shards", rate("unowned count"),
                    rru=read_units_eventual(0)),
-        scaling.Op("audit", "connections", schema.OWNER_INDEX, "own", rate("audit"),
+        plan.Op("audit", "connections", schema.OWNER_INDEX, "own", rate("audit"),
                    rru=read_units_eventual(int(per_worker * entry_bytes)), bytes_per_connection=entry_bytes),
     ]
     by = {op.purpose: op for op in ops}
@@ -329,8 +332,8 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
     ckpt_steady = 3600 / t["checkpoint_s"]
     busy_wru_ch = msgs_per_h * msg_wru + ckpt_steady * (conn_wru + checkpoint_index)
     kw = dict(shards=t["shards"], prices=PRICES, fixed_per_worker_hour=fixed)
-    month = scaling.fleet(ops, connections=1000, per_worker=per_worker, **kw)["month"]
-    month_busy = scaling.fleet(ops, connections=1000, per_worker=per_worker, message_wru_per_connection_hour=busy_wru_ch, **kw)["month"]
+    month = plan.fleet(ops, connections=1000, per_worker=per_worker, **kw)["month"]
+    month_busy = plan.fleet(ops, connections=1000, per_worker=per_worker, message_wru_per_connection_hour=busy_wru_ch, **kw)["month"]
     before_busy = before.COST["month_holding_per_1000"] + msgs_per_h * 1000 * HOURS_PER_MONTH / 1e6 * PRICES["dynamodb_wru_per_million"]
 
     spread = {
@@ -401,24 +404,24 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
          fmt(before.COST["month_per_million_messages"], 3), "same units; batching saves requests, not units"],
     ]
     message_rate = s["rate_per_busy_connection"]
-    header, srows, sraw = scaling.table(ops, message_wru_per_connection_hour=busy_wru_ch, message_rate=message_rate, **kw)
+    header, srows, sraw = plan.table(ops, message_wru_per_connection_hour=busy_wru_ch, message_rate=message_rate, **kw)
     worst_busy = sraw[-1]["with_messages"]["binding"]
     markdown = "\n".join([
         md_table(["figure", "measured", "target", before.LABEL, "how"], rows),
         "",
-        "#### Scaling (computed by `bench/scaling.py` from the counts above)",
+        "#### Scaling (computed by `bench/plan.py` from the counts above)",
         "",
         md_table(header, srows),
         "",
-        f"- Per-partition limits: {scaling.PARTITION_RCU:,} read / {scaling.PARTITION_WCU:,} write units per second; "
-        f"per table or index {scaling.TABLE_QUOTA:,} of each by default (an adjustable quota). Every holding rate is per "
+        f"- Per-partition limits: {plan.PARTITION_RCU:,} read / {plan.PARTITION_WCU:,} write units per second; "
+        f"per table or index {plan.TABLE_QUOTA:,} of each by default (an adjustable quota). Every holding rate is per "
         "worker, so each limit is reached at one fleet size: the last column names the first.",
         f"- With messages at {message_rate:g} msg/s per connection, the messages table binds long before: at "
         f"{sraw[-1]['with_messages']['connections']:,} connections, {worst_busy['name']} at "
         f"{worst_busy['utilisation'] * 100:,.0f} % (full at ~{worst_busy['connections_at_limit']:,.0f} connections).",
         f"- A START puts the index entry into one FREE#<shard> partition and its acquire deletes it: 2 index writes "
-        f"there, so a START burst is limited to about {t['shards'] * scaling.PARTITION_WCU // 2:,} per second "
-        f"(STATE_SHARDS {t['shards']} x {scaling.PARTITION_WCU:,} WCU / 2).",
+        f"there, so a START burst is limited to about {t['shards'] * plan.PARTITION_WCU // 2:,} per second "
+        f"(STATE_SHARDS {t['shards']} x {plan.PARTITION_WCU:,} WCU / 2).",
     ])
     notes = [
         f"{s['workers']} workers, {n} connections ({per_worker} per worker on average; MAX_CONNECTIONS {t['max_connections']}), "
@@ -453,4 +456,17 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
         "scaling": sraw,
         "prices": PRICES,
     }
+    if not quick:
+        # The CLI's `wsfleet plan` computes from these: the ops as measured, with provenance.
+        measured = plan.Measured(
+            ops=tuple(ops),
+            fixed_per_worker_hour=fixed,
+            message_wru=msg_wru,
+            checkpoint_wru=conn_wru + checkpoint_index,
+            prices=PRICES,
+            measured_with={"command": command, "commit": machine()["commit"], "date": machine()["date"], "timings": t,
+                           "per_worker": per_worker},
+        )
+        plan.MEASURED_OPS.write_text(json.dumps(measured.as_json(), indent=1) + "\n")
+        notes.append(f"Per-operation counts written to {plan.MEASURED_OPS.name} (what `wsfleet plan` computes from).")
     return Result("Cost", command, s, markdown, data, notes)

@@ -544,3 +544,34 @@ def test_pip_install_of_runtime_gives_the_package_and_the_wsfleet_command(tmp_pa
         cwd=tmp_path,
     )
     assert where.stdout.strip().startswith(site), where.stdout
+
+
+# --- plan --------------------------------------------------------------------------------
+
+
+def test_plan_sizes_a_fleet_from_the_measured_counts_without_any_aws_call(capsys):
+    from wsfleet import plan
+
+    assert main(["plan", "--connections", "100000", "--rate", "0.5", "--env", "prod", "--json"], env={}) == 0
+    out = json.loads(capsys.readouterr().out)
+    measured = plan.load_measured()
+    expected = plan.plan(measured, connections=100_000, per_worker=140, rate=0.5, shards=16, checkpoint_s=120)
+    assert out["holding"]["workers"] == 715 == expected["holding"]["workers"]
+    assert out["holding"]["month"]["total"] == pytest.approx(expected["holding"]["month"]["total"])
+    # Renewals: one write per worker per heartbeat, whatever the connections.
+    renewal = next(op for op in measured.ops if op.purpose == "renewal")
+    assert out["holding"]["tables"]["sessions"]["wru"] == pytest.approx(715 * renewal.per_worker_hour * renewal.wru / 3600)
+    assert out["with_messages"]["tables"]["messages"]["wru"] == pytest.approx(100_000 * 0.5 * measured.message_wru + 100_000 * measured.checkpoint_wru / 120)
+    assert out["measured_with"]["commit"]
+
+
+def test_plan_in_tables_names_the_limit_that_binds_first_and_where_its_figures_come_from(capsys):
+    assert main(["plan", "--connections", "10000"], env={}) == 0
+    out = capsys.readouterr().out
+    assert "10,000 connections, 70 per worker (dev): 143 workers" in out
+    assert "binds first:" in out and "from the counts measured by" in out
+
+
+def test_plan_refuses_more_per_worker_than_the_environment_allows(capsys):
+    assert main(["plan", "--connections", "100", "--per-worker", "500"], env={}) == 1
+    assert capsys.readouterr().err.strip() == "wsfleet: --per-worker 500 is above dev's MAX_CONNECTIONS (100)."

@@ -91,3 +91,15 @@ def test_app_refuses_a_missing_or_unknown_environment(new_app, env):
     app.node.set_context("env", env)
     with pytest.raises(SystemExit, match="-c env="):
         create_stacks(app)
+
+
+def test_the_operators_plan_uses_each_environments_own_settings():
+    from wsfleet import plan
+
+    for name, settings in ENVIRONMENTS.items():
+        assert plan.ENVIRONMENTS[name] == {
+            "max_per_worker": settings.max_connections_per_worker,
+            "target_per_worker": settings.target_connections_per_worker,
+            "shards": settings.state_shards,
+            "checkpoint_s": settings.checkpoint_seconds,
+        }

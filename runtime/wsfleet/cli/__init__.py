@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import config, schema
+from ..plan import ENVIRONMENTS
 from ..store import TransientError
 from . import commands
 from .errors import CliError, aws_sentence
@@ -29,6 +30,16 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of messages per second, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text!r}")
     return value
 
 
@@ -150,6 +161,28 @@ def build_parser() -> argparse.ArgumentParser:
     messages.add_argument("--from-seq", type=_seq, default=0, metavar="N", help="first seq to show [0: from the start]")
     messages.add_argument("--limit", type=_positive, default=20, metavar="N", help="at most this many [20]")
     messages.set_defaults(run=commands.messages)
+
+    plan = subcommands.add_parser(
+        "plan",
+        parents=[common],
+        help="workers, DynamoDB load and $ per month for a fleet of a given size",
+        description=(
+            "Workers needed, DynamoDB requests and capacity units per second per table and per hottest index "
+            "partition, $ per month and the limit that binds first, for N connections receiving R messages/s "
+            "each. Computed (no AWS calls) from the per-operation counts `make bench` last measured "
+            "(wsfleet/measured_ops.json) and the environment's settings."
+        ),
+    )
+    plan.add_argument("--connections", type=_positive, required=True, metavar="N", help="connections to hold")
+    plan.add_argument("--rate", type=_rate, default=0.0, metavar="R", help="messages per second per connection [0]")
+    plan.add_argument("--env", choices=sorted(ENVIRONMENTS), default="dev", help="the stacks' environment [dev]")
+    plan.add_argument(
+        "--per-worker",
+        type=_positive,
+        metavar="M",
+        help="connections per worker [the environment's scaling target: dev 70, prod 140]",
+    )
+    plan.set_defaults(run=commands.plan)
     return parser
 
 

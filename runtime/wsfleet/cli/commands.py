@@ -1,4 +1,4 @@
-"""The six commands, each ``(args, env) -> exit status``: find the fleet (``locate``),
+"""The seven commands, each ``(args, env) -> exit status``: find the fleet (``locate``),
 ask the API or read the tables (``api``, ``views``), print a table or JSON (``render``)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any, Mapping
 
+from .. import plan as planning
 from ..store import now_ms
 from . import locate, render, views
 from .api import ApiClient, ApiReply, is_local, region_in_url
@@ -87,6 +88,29 @@ def messages(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     reader = _reader(args, env, "messages")
     rows = views.messages(reader, args.connection_id, from_seq=args.from_seq, limit=args.limit)
     _emit(args, rows, render.messages(rows, args.connection_id, args.from_seq))
+    return 0
+
+
+# --- computed ---------------------------------------------------------------------------------
+
+
+def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    settings = planning.ENVIRONMENTS[args.env]
+    per_worker = args.per_worker or settings["target_per_worker"]
+    if per_worker > settings["max_per_worker"]:
+        raise CliError(
+            f"--per-worker {per_worker} is above {args.env}'s MAX_CONNECTIONS ({settings['max_per_worker']})"
+        )
+    result = planning.plan(
+        planning.load_measured(),
+        connections=args.connections,
+        per_worker=per_worker,
+        rate=args.rate,
+        shards=settings["shards"],
+        checkpoint_s=settings["checkpoint_s"],
+    )
+    result["env"] = args.env
+    _emit(args, result, render.plan(result))
     return 0
 
 

@@ -131,3 +131,36 @@ def _utc(ms: int) -> str:
 
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def plan(result: Mapping[str, Any]) -> str:
+    hold, busy = result["holding"], result["with_messages"]
+    rate = result["rate"]
+    measured = result["measured_with"]
+    rows = [
+        [name, f"{t['requests']:,.1f}", f"{t['rru']:,.1f}", f"{t['wru']:,.1f}"]
+        for name, t in sorted(busy["tables"].items())
+    ]
+    hottest = sorted(hold["partitions"].items(), key=lambda kv: -(kv[1]["rru"] + kv[1]["wru"]))
+    parts = [[name, f"{p['rru']:,.2f}", f"{p['wru']:,.2f}"] for name, p in hottest]
+    b = (busy if rate else hold)["binding"]
+    month = hold["month"]
+    lines = [
+        f"{hold['connections']:,} connections, {hold['per_worker']} per worker ({result['env']}): "
+        f"{hold['workers']:,} workers",
+        "",
+        "per second, holding" + (f" and storing {rate:g} msg/s per connection" if rate else "") + ":",
+        _indent(table(["TABLE / INDEX", "REQUESTS", "READ UNITS", "WRITE UNITS"], rows)),
+        "",
+        "per partition, holding (limits: 3,000 read / 1,000 write units per second each):",
+        _indent(table(["PARTITION", "READ UNITS", "WRITE UNITS"], parts)),
+        "",
+        f"$ per month: holding {month['total']:,.0f} (DynamoDB writes {month['dynamodb_writes']:,.0f}, "
+        f"reads {month['dynamodb_reads']:,.0f}, SQS {month['sqs']:,.0f}, CloudWatch requests {month['cloudwatch']:,.0f})"
+        + (f"; with messages {busy['month']['total']:,.0f}" if rate else ""),
+        f"binds first{' (with messages)' if rate else ''}: {b['name']} at {b['utilisation'] * 100:.1f} % "
+        f"(full at about {b['connections_at_limit']:,.0f} connections)",
+        f"from the counts measured by `{measured.get('command', '?')}` at commit {measured.get('commit', '?')} "
+        f"({measured.get('date', '?')}); prices are us-east-1 on-demand list prices: check them before relying on them",
+    ]
+    return "\n".join(lines)

@@ -1,11 +1,13 @@
-"""The fleet at scale, computed from what one benchmark run measured: pure arithmetic,
-no I/O.
+"""Capacity and cost plan: the fleet at any size, computed from the per-operation counts a
+benchmark run measured. Pure arithmetic, no AWS calls; ``wsfleet plan`` and ``make bench``
+(``bench/cost.py``) both use it.
 
 The cost benchmark measures, per worker-hour, how many requests of each kind a worker
 sends while holding (renewal, watch, ring, free scan, audit, UnownedConnections counts),
 which table, index and partition each one reaches, and what each costs in capacity
-units (from real item sizes). Every one of those rates is per worker, so a fleet of W
-workers sends W times as many; where they land decides what they load:
+units (from real item sizes); it writes them to ``measured_ops.json`` beside this module,
+with the commit and command that measured them. Every one of those rates is per worker,
+so a fleet of W workers sends W times as many; where they land decides what they load:
 
 * ``own``: a partition of the worker's own (its session item, its ``S#<session>``
   partition of ``by_owner``), or of one of its ring successors: the load per partition
@@ -21,10 +23,13 @@ on-demand table (and each of its indexes) at most 40,000 of each per second by d
 reached at one fleet size: the smallest is the limit that binds first.
 """
 
+
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 PARTITION_RCU = 3000  # read units per second per partition (eventually consistent 4 KB read = 0.5)
@@ -172,3 +177,75 @@ def table(
                 f"{b['name']} at {b['utilisation'] * 100:.0f} %: full at ~{b['connections_at_limit']:,.0f} connections",
             ])
     return header, rows, raw
+
+
+# --- the measured inputs ----------------------------------------------------------------
+
+MEASURED_OPS = Path(__file__).with_name("measured_ops.json")
+
+# The stacks' environments, as far as a plan needs them (app.py is the source; a stack
+# test checks that these agree with it).
+ENVIRONMENTS = {
+    "dev": {"max_per_worker": 100, "target_per_worker": 70, "shards": 4, "checkpoint_s": 120},
+    "prod": {"max_per_worker": 200, "target_per_worker": 140, "shards": 16, "checkpoint_s": 120},
+}
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one cost benchmark run measured, and where it came from."""
+
+    ops: tuple[Op, ...]
+    fixed_per_worker_hour: Mapping[str, float]  # SQS and CloudWatch requests
+    message_wru: float  # write units per stored message
+    checkpoint_wru: float  # write units per checkpoint (index writes included)
+    prices: Mapping[str, float]
+    measured_with: Mapping[str, Any]  # command, commit, date, timings
+
+    def message_wru_per_connection_hour(self, rate: float, checkpoint_s: float) -> float:
+        """Write units of a connection receiving ``rate`` messages per second: its
+        messages plus a checkpoint every ``checkpoint_s`` (none when quiet)."""
+        if rate <= 0:
+            return 0.0
+        return rate * 3600 * self.message_wru + 3600 / checkpoint_s * self.checkpoint_wru
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "ops": [vars(op) for op in self.ops],
+            "fixed_per_worker_hour": dict(self.fixed_per_worker_hour),
+            "message_wru": self.message_wru,
+            "checkpoint_wru": self.checkpoint_wru,
+            "prices": dict(self.prices),
+            "measured_with": dict(self.measured_with),
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Measured":
+        return cls(
+            ops=tuple(Op(**op) for op in d["ops"]),
+            fixed_per_worker_hour=d["fixed_per_worker_hour"],
+            message_wru=float(d["message_wru"]),
+            checkpoint_wru=float(d["checkpoint_wru"]),
+            prices=d["prices"],
+            measured_with=d["measured_with"],
+        )
+
+
+def load_measured(path: Path | None = None) -> Measured:
+    """The per-operation counts ``make bench`` last measured (shipped with the package)."""
+    return Measured.from_json(json.loads((path or MEASURED_OPS).read_text()))
+
+
+def plan(measured: Measured, *, connections: int, per_worker: int, rate: float, shards: int, checkpoint_s: float) -> dict[str, Any]:
+    """A fleet of ``connections`` at ``per_worker`` each, receiving ``rate`` messages per
+    second per connection: holding and with messages (see :func:`fleet`)."""
+    kw = dict(shards=shards, prices=measured.prices, fixed_per_worker_hour=measured.fixed_per_worker_hour)
+    holding = fleet(measured.ops, connections=connections, per_worker=per_worker, **kw)
+    busy = fleet(
+        measured.ops,
+        connections=connections,
+        per_worker=per_worker,
+        message_wru_per_connection_hour=measured.message_wru_per_connection_hour(rate, checkpoint_s),
+        **kw,
+    )
+    return {"holding": holding, "with_messages": busy, "rate": rate, "measured_with": dict(measured.measured_with)}
