@@ -413,25 +413,7 @@ class SessionsStore(_Table):
     def ring_before(self, session_id: str, *, limit: int) -> list[str]:
         """Up to ``limit`` session ids before ``session_id`` in the watch ring (nearest
         first, wrapping to the end): the sessions that watch it."""
-        found: list[str] = []
-        for condition, start in (("#r = :r AND #sid < :me", session_id), ("#r = :r", None)):
-            values = {":r": schema.RING_VALUE, **({":me": start} if start is not None else {})}
-            resp = self._call(
-                "query",
-                IndexName=schema.RING_INDEX,
-                KeyConditionExpression=condition,
-                ExpressionAttributeNames=_names(condition),
-                ExpressionAttributeValues=marshal(values),
-                ScanIndexForward=False,
-                Limit=limit + 1,
-            )
-            for raw in resp.get("Items", []):
-                sid = unmarshal(raw)[schema.SESSION_ID]
-                if sid != session_id and sid not in found:
-                    found.append(sid)
-            if len(found) >= limit:
-                break
-        return found[:limit]
+        return self._ring_neighbours(session_id, limit=limit, forward=False)
 
     def announce(self, session_id: str) -> bool:
         """Tell a watching session that its successors changed (its next renewal returns
@@ -449,8 +431,14 @@ class SessionsStore(_Table):
     def ring_after(self, session_id: str, *, limit: int) -> list[str]:
         """Up to ``limit`` session ids after ``session_id`` in the watch ring (sorted,
         wrapping to the start), not counting it: at most two small index queries."""
+        return self._ring_neighbours(session_id, limit=limit, forward=True)
+
+    def _ring_neighbours(self, session_id: str, *, limit: int, forward: bool) -> list[str]:
+        """The nearest ``limit`` ids on one side of ``session_id``, going round the ring:
+        one query from it in that direction, and one from the far end if that ran out."""
         found: list[str] = []
-        for condition, start in (("#r = :r AND #sid > :me", session_id), ("#r = :r", None)):
+        beyond = "#r = :r AND #sid > :me" if forward else "#r = :r AND #sid < :me"
+        for condition, start in ((beyond, session_id), ("#r = :r", None)):
             values = {":r": schema.RING_VALUE, **({":me": start} if start is not None else {})}
             resp = self._call(
                 "query",
@@ -458,6 +446,7 @@ class SessionsStore(_Table):
                 KeyConditionExpression=condition,
                 ExpressionAttributeNames=_names(condition),
                 ExpressionAttributeValues=marshal(values),
+                ScanIndexForward=forward,
                 Limit=limit + 1,
             )
             for raw in resp.get("Items", []):
@@ -467,7 +456,6 @@ class SessionsStore(_Table):
             if len(found) >= limit:
                 break
         return found[:limit]
-
 
 class ConnectionsStore(_Table):
     """The connections table: desired state, checkpoint, and which session owns it."""
