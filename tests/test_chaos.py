@@ -148,6 +148,16 @@ def test_a_message_written_after_a_higher_fence_was_acquired_is_a_stale_fence_wr
     ]
     assert kinds(ev) == ["stale_fence"]
 
+    after_end = evidence()
+    after_end.journal[0]["session"] = "w1#1"
+    after_end.journal += [
+        {"n": 11, "op": "ended", "session": "w1#1", "by": "w2#1", "worker": "w1"},  # a watcher ended it
+        {"n": 12, "op": "put", "pk": "CONN#a", "sk": 10, "fence": 1, "worker": "w1"},
+    ]
+    assert kinds(after_end) == ["stale_fence"]
+    after_end.journal[-2]["by"] = "w1"  # its own worker ended it: a write in flight may still land
+    assert kinds(after_end) == []
+
     went_back = evidence()
     went_back.rows["a"] = [Row(r.seq, 2 if r.seq == 4 else 1, r.worker, r.received_at_ms, r.data) for r in went_back.rows["a"]]
     assert kinds(went_back) == ["stale_fence"] * 6  # seqs 5..10 carry fence 1 above seq 4's fence 2

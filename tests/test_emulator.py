@@ -222,3 +222,20 @@ def test_the_journal_records_message_writes_and_acquisitions_in_the_order_they_w
     record_journal(url, False)
     messages.put_many([("a", 2, Frame(4, "{}", 5))], worker_id="w2")
     assert len(journal(url)) == 5
+
+
+def test_the_journal_records_who_ended_a_session(own):
+    url, env, client = own
+    sessions = SessionsStore(client, env["SESSIONS_TABLE_NAME"])
+    sessions.open("w1#1", worker_id="w1", lease_ms=1, max_connections=1)
+    sessions.open("w2#1", worker_id="w2", lease_ms=60_000, max_connections=1)
+    record_journal(url)
+    time.sleep(0.01)
+
+    sessions.end_expired("w1#1", ended_by="w2#1", max_clock_skew_ms=0)
+    sessions.end_own("w2#1", worker_id="w2", drained=True)
+
+    assert [(e["op"], e["session"], e["by"], e["worker"]) for e in journal(url)] == [
+        ("ended", "w1#1", "w2#1", "w1"),
+        ("ended", "w2#1", "w2", "w2"),
+    ]

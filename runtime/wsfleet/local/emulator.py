@@ -33,9 +33,10 @@ Three paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
 * ``/_wsfleet/journal``: an independent history of the writes that matter to ownership,
   in the order the serialised DynamoDB applied them. Off until ``POST {"record": true}``
   (which also clears it); then every message stored (BatchWriteItem puts: key, fence,
-  writer) and every UpdateItem that answered an item with a ``fence_token`` (an
-  acquisition: key, fence, session) is recorded with its position and the server's
-  clock. ``GET ?since=N`` answers the entries from position N.
+  writer), every UpdateItem that answered an item with a ``fence_token`` (an
+  acquisition: key, fence, session) and every one that answered an ENDED session (who
+  ended it) is recorded with its position and the server's clock. ``GET ?since=N``
+  answers the entries from position N.
 
 Run standalone with ``python -m wsfleet.local.emulator`` (prints ``READY <url>``),
 or embed with :class:`Emulator` in tests.
@@ -325,6 +326,9 @@ class Journal:
                 self._append({"op": "update", "table": body.get("TableName", ""), "pk": _attr(item, schema.PK),
                               "fence": _attr(item, schema.FENCE_TOKEN), "session": _attr(item, schema.LEASE_SESSION),
                               "worker": _attr(item, schema.LEASE_OWNER), "t_ms": t_ms})
+            elif _attr(item, schema.SESSION_STATE) == schema.ENDED and _attr(item, schema.SESSION_ID):
+                self._append({"op": "ended", "table": body.get("TableName", ""), "session": _attr(item, schema.SESSION_ID),
+                              "by": _attr(item, schema.ENDED_BY), "worker": _attr(item, schema.SESSION_WORKER_ID), "t_ms": t_ms})
 
     def _append(self, entry: dict[str, Any]) -> None:
         with self._lock:

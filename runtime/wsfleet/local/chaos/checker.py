@@ -12,8 +12,9 @@ Invariants, each a kind of :class:`Violation`:
   belongs to a process frozen by SIGSTOP (its kernel keeps it open), and
   ``frozen_socket``: such a socket still open well after the process was resumed;
 * ``stale_fence``: a message written, in the order DynamoDB applied it, after its
-  connection had been acquired with a higher fence (the writer had lost it), or a
-  stored row older in fence than a row below it;
+  connection had been acquired with a higher fence or after its writer's session had
+  been ended by a watcher (the writer had lost it), or a stored row older in fence than
+  a row below it;
 * ``not_recovered`` / ``slow_recovery``: a connection a fault affected was not whole
   again (see :mod:`.recovery`) by the end, or not within the fault's bound;
 * ``stop_not_closed``: a socket open on a STOPPED connection later than the STOP bound;
@@ -212,15 +213,30 @@ def check_stops(ev: Evidence, ops: Sequence[Op], bounds: Bounds) -> list[Violati
 
 
 def check_fences(ev: Evidence) -> list[Violation]:
+    """In the journal's order: a message written with fence F after a higher fence was
+    acquired, or after the session that acquired F was ended by a watcher (its worker had
+    stopped writing, by its own deadline, a skew margin before the watcher could end it).
+    In the table: a stored row with a lower fence than a row below it."""
     out = []
     highest: dict[str, int] = {}
+    holder: dict[tuple[str, int], str] = {}  # (pk, fence) -> the session that acquired it
+    ended: dict[str, str] = {}  # session -> who ended it, when a watcher did
     for e in ev.journal:
+        if e.get("op") == "ended" and e.get("by") != e.get("worker"):
+            ended.setdefault(e["session"], e.get("by") or "?")
+            continue
         pk, fence = e.get("pk"), e.get("fence")
         if pk is None or fence is None:
             continue
+        if e["op"] == "update" and e.get("session"):
+            holder[(pk, fence)] = e["session"]
         if e["op"] == "put" and fence < highest.get(pk, 0):
             out.append(Violation("stale_fence", pk, f"seq {e.get('sk')} written by {e.get('worker')} with fence {fence} "
                                  f"after fence {highest[pk]} was acquired (journal #{e.get('n')}, t {e.get('t_ms')})"))
+        elif e["op"] == "put" and holder.get((pk, fence)) in ended:
+            session = holder[(pk, fence)]
+            out.append(Violation("stale_fence", pk, f"seq {e.get('sk')} written by {e.get('worker')} with fence {fence} "
+                                 f"after its session {session} was ended by {ended[session]} (journal #{e.get('n')})"))
         highest[pk] = max(highest.get(pk, 0), fence)
     for cid, rows in ev.rows.items():
         top = 0
