@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from ..emulator import record_journal
+from ..emulator import record_journal, request_ledger
 from ..fleet import Fleet, Sample, Timing, new_run_dir
 from ..report import progress_line
 from . import checker, report
@@ -125,6 +125,7 @@ class Run:
         self._sleep_until_epoch(opened + self.schedule.warmup_s, nemesis)
         self.say(f"{self.stamp()} every worker is up and every connection owned: the chaos phase begins")
         began = time.monotonic()
+        before = request_ledger(fleet.emulator.endpoint_url)
         for fault in self.schedule.faults:
             self._sleep_until(began + fault.at_s, nemesis)
             self.phase = f"#{fault.n} {fault.kind}"
@@ -161,6 +162,7 @@ class Run:
         self.phase = "audit"
         evidence = gather(fleet, ids, list(self.snapshots), nemesis.exits, time.time())
         verdict = checker.check(evidence, nemesis.applied, nemesis.ops, s.timing, slack_s=s.slack_s)
+        verdict.totals.update(_load(before, request_ledger(fleet.emulator.endpoint_url), time.monotonic() - began))
         lines = report.render(self.schedule, verdict, settings=s.describe(), replay=s.replay())
         (run_dir / "report.txt").write_text("\n".join(lines) + "\n")
         (run_dir / "report.json").write_text(report.as_json(
@@ -184,3 +186,17 @@ class Run:
     def _sleep_until_epoch(self, epoch: float, nemesis: Nemesis) -> None:
         self._sleep_until(time.monotonic() + max(0.0, epoch - time.time()), nemesis)
 
+
+WRITES = ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem")
+
+
+def _load(before: list[dict], after: list[dict], seconds: float) -> dict[str, float]:
+    """What the run asked of the emulator between two ledger reads (every client, the
+    harness's reads included), against its budget of roughly 80 DynamoDB writes a second."""
+
+    def count(ledger: list[dict], ops: tuple[str, ...] | None = None) -> int:
+        return sum(row["n"] for row in ledger if ops is None or row["op"] in ops)
+
+    requests = count(after) - count(before)
+    writes = count(after, WRITES) - count(before, WRITES)
+    return {"dynamodb_requests_per_s": round(requests / seconds, 1), "dynamodb_writes_per_s": round(writes / seconds, 1)}
