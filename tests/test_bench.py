@@ -1,6 +1,6 @@
 """The benchmarks run (``python -m bench <name> --quick``) and their arithmetic is right.
 
-The five quick runs go in parallel, each in a process of its own with processes of
+The six quick runs go in parallel, each in a process of its own with processes of
 its own, so the smoke test stays short; nothing here depends on how fast the machine
 is: it checks that each run finishes, prints its command and table, and writes its
 raw JSON.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import scaling
+from wsfleet import plan
 from bench.common import Stats, Window, distribution, md_table, median_spread, percentile
 from bench.cost import PRICES, attribute_size, index_writes, item_size, read_units_eventual, write_units
 from bench.faults import session_loss
@@ -25,7 +25,7 @@ from wsfleet import schema
 from wsfleet.leases import SessionTiming
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("failover", "cost", "capacity", "ingestion", "faults")
+BENCHMARKS = ("failover", "cost", "capacity", "ingestion", "faults", "rebalance")
 
 
 def test_percentile_interpolates_between_closest_ranks():
@@ -70,11 +70,11 @@ def test_index_writes_follow_which_index_attributes_an_update_changes():
 
 def test_the_fleet_scales_per_worker_rates_onto_tables_and_shared_partitions():
     ops = [
-        scaling.Op("renewal", "sessions", "", "own", 1440, wru=1),
-        scaling.Op("free scan", "connections", "by_owner", "shards", 3600, rru=0.5),
-        scaling.Op("ring", "sessions", "by_ring", "ring", 360, rru=0.5),
+        plan.Op("renewal", "sessions", "", "own", 1440, wru=1),
+        plan.Op("free scan", "connections", "by_owner", "shards", 3600, rru=0.5),
+        plan.Op("ring", "sessions", "by_ring", "ring", 360, rru=0.5),
     ]
-    f = scaling.fleet(ops, connections=10_000, per_worker=100, shards=4, prices=PRICES, fixed_per_worker_hour={"sqs": 1e6 / 730})
+    f = plan.fleet(ops, connections=10_000, per_worker=100, shards=4, prices=PRICES, fixed_per_worker_hour={"sqs": 1e6 / 730})
 
     assert f["workers"] == 100
     assert f["tables"]["sessions"]["wru"] == pytest.approx(100 * 1440 / 3600)
@@ -87,7 +87,7 @@ def test_the_fleet_scales_per_worker_rates_onto_tables_and_shared_partitions():
 
 
 def test_reads_that_grow_with_what_a_worker_holds_round_up_per_4_kb():
-    audit = scaling.Op("audit", "connections", "by_owner", "own", 120, rru=0.5, bytes_per_connection=70)
+    audit = plan.Op("audit", "connections", "by_owner", "own", 120, rru=0.5, bytes_per_connection=70)
     assert audit.rru_at(50) == 0.5 and audit.rru_at(100) == 1.0 and audit.rru_at(200) == 2.0
 
 
