@@ -239,3 +239,36 @@ def test_the_journal_records_who_ended_a_session(own):
         ("ended", "w1#1", "w2#1", "w1"),
         ("ended", "w2#1", "w2", "w2"),
     ]
+
+
+def test_a_query_on_the_tables_own_key_reads_only_its_partition_and_answers_as_before(own, monkeypatch):
+    from moto.dynamodb.models.table import Table
+
+    url, env, client = own
+    messages = MessagesStore(client, env["MESSAGES_TABLE_NAME"])
+    for cid in ("a", "b"):
+        messages.put_many([(cid, 1, Frame(s, "{}", 5)) for s in range(1, 31)], worker_id="w")
+    listed = []
+    all_items = Table.all_items
+    monkeypatch.setattr(Table, "all_items", lambda self: listed.append(self.name) or all_items(self))
+    table = env["MESSAGES_TABLE_NAME"]
+    key = {"KeyConditionExpression": "pk = :p", "ExpressionAttributeValues": {":p": {"S": "CONN#a"}}}
+
+    pages, kwargs = [], {"TableName": table, "Limit": 12, **key}
+    while True:
+        resp = client.query(**kwargs)
+        pages.append([int(i["sk"]["N"]) for i in resp["Items"]])
+        if "LastEvaluatedKey" not in resp:
+            break
+        kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+    newest = client.query(TableName=table, ScanIndexForward=False, Limit=1, **key)["Items"]
+    above = client.query(
+        TableName=table, KeyConditionExpression="pk = :p AND sk > :s",
+        ExpressionAttributeValues={":p": {"S": "CONN#a"}, ":s": {"N": "25"}},
+    )["Items"]
+
+    assert sum(pages, []) == list(range(1, 31)) and [len(p) for p in pages[:2]] == [12, 12]
+    assert [int(i["sk"]["N"]) for i in newest] == [30]
+    assert [int(i["sk"]["N"]) for i in above] == [26, 27, 28, 29, 30]
+    assert table not in listed  # never every item of the table
+    assert messages.stored_end("a", 0) == 30

@@ -419,11 +419,42 @@ class RequestLedger:
         return [((op, body.get("TableName", ""), body.get("IndexName", ""), str(partition), body.get("Select", "")), 1)]
 
 
+def _partition_queries() -> None:
+    """Make moto read one partition for a Query on a table's own key, as DynamoDB does.
+
+    moto 5.2 answers such a Query by listing and sorting every item of the table, then
+    keeping the partition's: O(table) per request, inside the lock that serialises
+    DynamoDB. A long run's messages table holds 100,000s of rows, and every takeover reads
+    where a stream's stored messages end: queries of a second each, renewals stuck behind
+    them past their timeout, sessions lost, more takeovers. The partition's items are
+    exactly what moto keeps of that list, so the answer is the same. Idempotent."""
+    from moto.dynamodb.models.table import Table
+
+    if getattr(Table.query, "_wsfleet_partition", False):
+        return
+    query = Table.query
+
+    def partition_query(self: Any, hash_key: Any, *args: Any, **kwargs: Any) -> Any:
+        index_name = args[6] if len(args) > 6 else kwargs.get("index_name")
+        if index_name or hash_key is None or not self.range_key_attr:
+            return query(self, hash_key, *args, **kwargs)
+        partition = list(self.items.get(hash_key, {}).values())
+        self.all_items = lambda: partition  # the instance attribute shadows the method for this call
+        try:
+            return query(self, hash_key, *args, **kwargs)
+        finally:
+            del self.all_items
+
+    partition_query._wsfleet_partition = True  # type: ignore[attr-defined]
+    Table.query = partition_query
+
+
 def build_app() -> WSGIApp:
     """moto behind the ledger (outermost: it sees every request), the journal's control
     path, the fault switch, and the lock that serialises DynamoDB (and journals it)."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
+    _partition_queries()
     book = Journal()
     return RequestLedger(book(Faults(SerializedDynamoDB(DomainDispatcherApplication(create_backend_app), book))))
 
