@@ -1,4 +1,4 @@
-"""``python -m bench [failover|cost|capacity|ingestion|faults|all] [--quick] [--out DIR]``
+"""``python -m bench [failover|cost|capacity|ingestion|faults|rebalance|all] [--quick] [--out DIR]``
 
 Runs the chosen benchmarks one after another (each with processes of its own), prints
 each one's markdown table with the command that produced it, and writes the raw
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from . import capacity, cost, failover, faults, ingestion
+from . import capacity, cost, failover, faults, ingestion, rebalance
 from .common import Result, machine
 
 BENCHMARKS: dict[str, Callable[..., Result]] = {
@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "capacity": capacity.run,
     "ingestion": ingestion.run,
     "faults": faults.run,
+    "rebalance": rebalance.run,
 }
 
 
