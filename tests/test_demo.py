@@ -62,15 +62,15 @@ def test_the_demo_plays_the_full_scenario_and_passes_its_own_audit(python_env, t
     text = out.read_text()
 
     assert status == 0, text
-    for label in ("START 6", "crash: kill -9", "deploy: SIGTERM", "STOP", "START burst"):
+    for label in ("START 6", "crash: kill -9", "deploy: SIGTERM", "STOP", "START burst", "scale-out: w4 joins"):
         assert label in text
     assert "PASSED" in text and "missing seqs (gaps): 0" in text
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     result = json.loads((run_dir / "report.json").read_text())
     assert result["passed"] and result["data"]["missing"] == 0 and result["overlaps"] == []
-    assert [e["kind"] for e in result["events"]] == ["start", "crash", "deploy", "stop", "start"]
+    assert [e["kind"] for e in result["events"]] == ["start", "crash", "deploy", "stop", "start", "join"]
     assert all(not e["pending"] for e in result["events"])
-    assert {"w1.log", "w2.log", "w3.log", "report.txt"} <= {p.name for p in run_dir.iterdir()}
+    assert {"w1.log", "w2.log", "w3.log", "w4.log", "report.txt"} <= {p.name for p in run_dir.iterdir()}
 
 
 @pytest.mark.timeout(90)
@@ -142,6 +142,30 @@ def test_a_stop_is_done_when_the_socket_open_at_the_stop_has_closed():
     outcome = report.measure(event, sockets, [])
 
     assert outcome.took_s["a"] == pytest.approx(1.2) and outcome.took_s["b"] is None
+
+
+def test_a_join_counts_as_moved_only_the_connections_whose_socket_was_replaced_within_its_step():
+    event = report.Event(report.JOIN, "scale-out: w3 joins", 100.0, {"a": 100.0, "b": 100.0, "c": 100.0}, bound_s=2.0, until=150.0)
+    sockets = {
+        "a": [socket("a", 90.0, 120.0), socket("a", 120.4)],  # moved: 0.4 s without a socket
+        "b": [socket("b", 90.0)],  # stayed
+        "c": [socket("c", 90.0, 155.0), socket("c", 156.0)],  # after the step: not this join's
+    }
+    outcome = report.measure(event, sockets, [sample(110.0, a="w1", b="w1", c="w1"), sample(121.0, a="w3", b="w1", c="w1")])
+
+    assert outcome.took_s == {"a": pytest.approx(0.4)} and outcome.successors == {"a": "w3"}
+    assert outcome.pending == [] and outcome.within_bound
+
+
+def test_the_spread_after_a_fleet_change_is_judged_by_the_fleets_own_rebalancing_rule():
+    assert report.above_share({"w1": 10, "w2": 10, "w3": 10, "w4": 6}) == []  # share 9, band 1: nobody sheds
+    assert report.above_share({"w1": 15, "w2": 9, "w3": 9, "w4": 3}) == ["w1"]
+    join = report.Event(report.JOIN, "scale-out: w3 joins", 10.0, {}, until=None)
+    samples = [sample(9.0, a="w1", b="w1", c="w1", d="w2"), sample(20.0, a="w3", b="w1", c="w1", d="w2")]
+
+    lines = report.spread_lines([join], samples, ["w1", "w2", "w3"], ended_at=30.0, t_origin=0.0)
+
+    assert "w1:3 w2:1" in lines[1] and "w1:2 w2:1 w3:1" in lines[2] and "NOT balanced" not in lines[2]
 
 
 def test_only_an_overlap_during_a_pause_on_a_paused_stream_is_excused():

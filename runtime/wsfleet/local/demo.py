@@ -14,7 +14,12 @@ connections through the API, then plays the scenario:
 * ``pause``  SIGSTOP a worker past its lease, then SIGCONT it: peers take over, and the
   resumed worker must write nothing more, close its sockets and open a new session;
 * ``stop``   STOP a quarter of the connections;
-* ``burst``  START new connections and restart half of the stopped ones.
+* ``burst``  START new connections and restart half of the stopped ones;
+* ``scale_out`` start one more worker and START nothing: workers above their fair share
+  hand the excess over to it (only connections held a minute or more move), and the
+  report shows connections per worker before and after. Its step is four times as long
+  as the others: a worker reads the fleet summary and runs a balance pass each about
+  every 15 s, so the first moves come 15-50 s after the join.
 
 ``--scenario chaos`` is another kind of run: seeded random faults for ``--duration``
 seconds, then an invariant audit (what ``make chaos`` runs; see
@@ -43,12 +48,14 @@ from .chaos.run import Settings as ChaosSettings
 from .fleet import Fleet, Sample, Timing, eventually, new_run_dir
 
 SCENARIOS = {
-    "full": ("crash", "deploy", "stop", "burst"),
+    "full": ("crash", "deploy", "stop", "burst", "scale_out"),
     "crash": ("crash",),
     "deploy": ("deploy",),
     "pause": ("pause",),
+    "scale-out": ("scale_out",),
     "steady": (),
 }
+STEP_LENGTH = {"scale_out": 4}  # in step lengths: a join's first moves come 15-50 s after it
 CHAOS = "chaos"  # not a list of steps: the chaos soak, seeded
 PROGRESS_EVERY_S = 2.0
 
@@ -164,6 +171,15 @@ class Demo:
             self.say(f"           {exc}")
         return event
 
+    def scale_out(self) -> report.Event:
+        self.phase = "scale-out"
+        held = {cid for cid, owner in self.fleet.sample().owners().items() if owner}
+        (newcomer,) = self.start_workers(1)
+        at = time.time()
+        return self._record(
+            report.JOIN, f"scale-out: {newcomer} joins, no STARTs", at, dict.fromkeys(held, at), self.fleet.timing.graceful_bound_s
+        )
+
     def stop(self) -> report.Event:
         self.phase = "stop"
         running = [c for c in self.connections if c not in self._stopped]
@@ -231,20 +247,24 @@ class Demo:
         self.say(f"           try: curl -s {fleet.api.url}/connections/c001")
         self.say(f"           cli: env PYTHONPATH={Path(__file__).resolve().parents[2]} {' '.join(f'{k}={v}' for k, v in fleet.aws_env.items())} {sys.executable} -m wsfleet status  (start/stop/get: --api {fleet.api.url})")
         steps = SCENARIOS[args.scenario]
-        gap = args.duration / (len(steps) + 1)
+        gap = args.duration / (1 + sum(STEP_LENGTH.get(step, 1) for step in steps))
         began = time.time()
         self.start(self.new_ids(args.connections), f"START {args.connections}")
-        self.hold(began + gap)
-        for n, step in enumerate(steps, start=2):
+        until = began + gap
+        self.hold(until)
+        for step in steps:
             getattr(self, step)()
-            self.hold(began + gap * n)
+            until += gap * STEP_LENGTH.get(step, 1)
+            self.hold(until)
         return self.finish()
 
     def finish(self) -> int:
         fleet = self.fleet
         self.phase = "quiesce"
         running = [c for c in self.connections if c not in self._stopped]
-        self.say(f"[{time.time() - self.t_origin:6.1f}s] STOP the remaining {len(running)} connections, then audit every message")
+        ended_at = time.time()
+        report.close_steps(self.events, ended_at)
+        self.say(f"[{ended_at - self.t_origin:6.1f}s] STOP the remaining {len(running)} connections, then audit every message")
         for cid in running:
             fleet.stop_connection(cid)
         try:
@@ -260,8 +280,8 @@ class Demo:
         outcomes = [report.measure(e, sockets, samples) for e in self.events]
         summary = report.summarise(audits, frames_sent)
         overlaps = fleet.upstream.overlaps()
-        failed = report.failures(outcomes, summary, overlaps, strict=self.args.strict)
-        lines = report.render(outcomes, summary, overlaps, samples, list(fleet.workers), t_origin=self.t_origin)
+        failed = report.failures(outcomes, summary, overlaps, strict=self.args.strict, samples=samples, ended_at=ended_at)
+        lines = report.render(outcomes, summary, overlaps, samples, list(fleet.workers), t_origin=self.t_origin, ended_at=ended_at)
         text = "\n".join(lines + ["", "PASSED" if not failed else "FAILED: " + "; ".join(failed)])
         (fleet.run_dir / "report.txt").write_text(text + "\n")
         (fleet.run_dir / "report.json").write_text(
@@ -291,11 +311,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--checkpoint", type=float, default=defaults.checkpoint_s, help=f"CHECKPOINT_SECONDS [{defaults.checkpoint_s:g}]"
     )
     p.add_argument("--run-dir", default=".demo", help="where each run's logs and report go [.demo]")
-    p.add_argument("--strict", action="store_true", help="also fail when an event took longer than its bound")
+    p.add_argument("--strict", action="store_true", help="also fail when an event took longer than its bound, or a scale-out left a worker above its fair share")
     args = p.parse_args(argv)
     if args.workers < 1 or args.connections < 1:
         p.error("--workers and --connections must be at least 1")
-    if args.scenario in ("crash", "deploy", "pause", "full", CHAOS) and args.workers < 2:
+    if args.scenario in ("crash", "deploy", "pause", "full", "scale-out", CHAOS) and args.workers < 2:
         p.error(f"the {args.scenario} scenario needs at least 2 workers")
     if args.lease < 2 * args.heartbeat:
         p.error("--lease must be at least twice --heartbeat")

@@ -11,11 +11,13 @@ samples name the successor.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+from ..balance import FleetLoad, shed_count
 from .fleet import Audit, Sample
 from .upstream import Overlap, SocketRecord
 
@@ -25,8 +27,11 @@ CRASH = "crash"  # a successor opened a socket (SIGKILL of the owner)
 DEPLOY = "deploy"  # a successor opened a socket (SIGTERM of the owner, a replacement started)
 PAUSE = "pause"  # a successor opened a socket (SIGSTOP of the owner, SIGCONT later)
 STOP = "stop"  # the socket is closed (STOP through the API)
+JOIN = "join"  # a worker joined: each connection moved to rebalance opened a new socket
 TAKEOVERS = (CRASH, DEPLOY, PAUSE)
-MARKERS = {START: "S", CRASH: "K", DEPLOY: "D", PAUSE: "P", STOP: "X"}
+FLEET_CHANGES = (CRASH, DEPLOY, PAUSE, JOIN)  # steps after which the report shows the spread
+MARKERS = {START: "S", CRASH: "K", DEPLOY: "D", PAUSE: "P", STOP: "X", JOIN: "J"}
+DEFAULT_TOLERANCE = 0.1  # REBALANCE_TOLERANCE's default: what "balanced" is judged by
 
 
 @dataclass
@@ -37,7 +42,7 @@ class Event:
     affected: dict[str, float]  # connection id -> when the event reached it (epoch s)
     bound_s: float | None = None
     victim: str | None = None
-    until: float | None = None  # PAUSE: when the worker was resumed
+    until: float | None = None  # PAUSE: when the worker was resumed; JOIN: the end of its step
 
 
 @dataclass
@@ -75,6 +80,15 @@ def measure(event: Event, sockets: Mapping[str, Sequence[SocketRecord]], samples
     successors: dict[str, str] = {}
     for cid, t0 in event.affected.items():
         records = sockets.get(cid, ())
+        if event.kind == JOIN:
+            moved = socket_handoff(records, t0, event.until)
+            if moved is not None:  # the others stayed where they were (not pending)
+                closed, opened = moved
+                took[cid] = opened - closed
+                successor = _owner_after(samples, cid, opened, exclude=None)
+                if successor:
+                    successors[cid] = successor
+            continue
         if event.kind == STOP:
             open_then = [r for r in records if r.opened_at < t0 and (r.closed_at is None or r.closed_at >= t0)]
             if any(r.closed_at is None for r in open_then):
@@ -89,6 +103,33 @@ def measure(event: Event, sockets: Mapping[str, Sequence[SocketRecord]], samples
             if successor:
                 successors[cid] = successor
     return Outcome(event, took, successors)
+
+
+def socket_handoff(records: Sequence[SocketRecord], at: float, until: float | None = None) -> tuple[float, float] | None:
+    """(closed, opened): when the socket open at ``at`` closed and the next one opened,
+    both by ``until``; None if the stream was not moved. Their difference is how long
+    the stream had no socket."""
+    end = math.inf if until is None else until
+    old = [r for r in records if r.opened_at < at and r.closed_at is not None and at <= r.closed_at <= end]
+    if not old:
+        return None
+    closed = max(r.closed_at for r in old)
+    new = [r.opened_at for r in records if closed <= r.opened_at <= end]
+    return (closed, min(new)) if new else None
+
+
+def above_share(counts: Mapping[str, int], tolerance: float = DEFAULT_TOLERANCE) -> list[str]:
+    """The workers that would still shed under the fleet's own rule
+    (:func:`wsfleet.balance.shed_count`, every worker with the same MAX_CONNECTIONS): none
+    means balanced."""
+    if not counts:
+        return []
+    per_worker = 100  # the fair share does not depend on it when every worker has the same
+    fleet = FleetLoad(len(counts), sum(counts.values()), per_worker * len(counts), 0, 0, 0)
+    return sorted(
+        name for name, n in counts.items()
+        if shed_count(active=n, max_connections=per_worker, fleet=fleet, tolerance=tolerance, max_moves=n, recovering=False)
+    )
 
 
 def _owner_after(samples: Sequence[Sample], cid: str, t: float, *, exclude: str | None) -> str:
@@ -144,17 +185,84 @@ def event_table(outcomes: Sequence[Outcome], t_origin: float) -> list[str]:
     for o in outcomes:
         e = o.event
         verdict = "ok" if o.within_bound else ("NOT DONE: " + ",".join(o.pending[:4]) if o.pending else "SLOW")
-        what = "closed" if e.kind == STOP else "connected"
+        what = "moved to" if e.kind == JOIN else f"{'closed' if e.kind == STOP else 'connected'} again, now owned by"
+        conns = len(o.took_s) if e.kind == JOIN else len(e.affected)  # a join affects what it moves
         lines.append(
-            f"{e.label:<34} {e.at - t_origin:6.1f}s {len(e.affected):>5} {len(o.done):>5} "
+            f"{e.label:<34} {e.at - t_origin:6.1f}s {conns:>5} {len(o.done):>5} "
             f"{fmt_s(o.p50):>7} {fmt_s(o.max):>7} {fmt_s(e.bound_s):>7}  {verdict}"
         )
-        if e.kind in TAKEOVERS and o.successors:
+        if e.kind in (*TAKEOVERS, JOIN) and o.successors:
             spread: dict[str, int] = {}
             for owner in o.successors.values():
                 spread[owner] = spread.get(owner, 0) + 1
-            lines.append(f"{'':<4}{what} again, now owned by: " + ", ".join(f"{k} {v}" for k, v in sorted(spread.items())))
+            lines.append(f"{'':<4}{what}: " + ", ".join(f"{k} {v}" for k, v in sorted(spread.items())))
     return lines
+
+
+def _counts_at(samples: Sequence[Sample], t: float) -> tuple[float, dict[str, int]] | None:
+    """The last sample at or before ``t``: (when, connections per owning worker)."""
+    chosen = None
+    for sample in samples:
+        if sample.t > t:
+            break
+        chosen = sample
+    return (chosen.t, chosen.owned_counts()) if chosen is not None else None
+
+
+def _fmt_counts(counts: Mapping[str, int], workers: Sequence[str]) -> str:
+    names = [w for w in workers if w in counts] + sorted(set(counts) - set(workers))
+    return " ".join(f"{w}:{counts[w]}" for w in names) or "none"
+
+
+def spread_lines(
+    events: Sequence[Event], samples: Sequence[Sample], workers: Sequence[str], *, ended_at: float, t_origin: float
+) -> list[str]:
+    """Connections per worker just before each step that changes the fleet and at the end
+    of that step (just before the next event, or the final STOP), judged by the fleet's
+    own rule: balanced when no worker is above its fair share by more than the tolerance."""
+    lines = []
+    ordered = sorted(events, key=lambda e: e.at)
+    for i, e in enumerate(ordered):
+        if e.kind not in FLEET_CHANGES:
+            continue
+        end = ordered[i + 1].at if i + 1 < len(ordered) else ended_at
+        before, after = _counts_at(samples, e.at), _counts_at(samples, end)
+        if before is None or after is None or after[0] <= e.at:
+            lines.append(f"{e.label}: not enough samples")
+            continue
+        counts = after[1]
+        total = sum(counts.values())
+        above = above_share(counts)
+        share = total / len(counts) if counts else 0.0
+        verdict = "balanced" if not above else "NOT balanced: " + ", ".join(f"{w} {counts[w]}" for w in above)
+        lines.append(f"{e.label}")
+        lines.append(f"    before ({before[0] - t_origin:5.1f}s): {_fmt_counts(before[1], workers)}")
+        lines.append(
+            f"    after  ({after[0] - t_origin:5.1f}s): {_fmt_counts(counts, workers)}  "
+            f"(fair share {share:.1f}, spread {max(counts.values(), default=0) - min(counts.values(), default=0)}; {verdict})"
+        )
+    return lines
+
+
+def unbalanced_joins(events: Sequence[Event], samples: Sequence[Sample], *, ended_at: float) -> list[str]:
+    """Joins after which the fleet was still not balanced when the next step began."""
+    out = []
+    ordered = sorted(events, key=lambda e: e.at)
+    for i, e in enumerate(ordered):
+        if e.kind == JOIN:
+            after = _counts_at(samples, ordered[i + 1].at if i + 1 < len(ordered) else ended_at)
+            if after is None or above_share(after[1]):
+                out.append(e.label)
+    return out
+
+
+def close_steps(events: Sequence[Event], ended_at: float) -> None:
+    """Give each JOIN the end of its step (the next event, or the final STOP): only
+    sockets moved within it count as its moves."""
+    ordered = sorted(events, key=lambda e: e.at)
+    for i, e in enumerate(ordered):
+        if e.kind == JOIN and e.until is None:
+            e.until = ordered[i + 1].at if i + 1 < len(ordered) else ended_at
 
 
 @dataclass
@@ -275,12 +383,16 @@ def render(
     workers: Sequence[str],
     *,
     t_origin: float,
+    ended_at: float | None = None,
 ) -> list[str]:
     events = [o.event for o in outcomes]
+    spreads = spread_lines(events, samples, workers, ended_at=ended_at or samples[-1].t, t_origin=t_origin) if samples else []
     return [
-        "== failover and control (time until every affected connection was connected again, or closed for STOP)",
+        "== failover and control (time until every affected connection was connected again, or closed for STOP;",
+        "   for a join, each moved connection's time without a socket, old socket closed -> new one open)",
         *event_table(outcomes, t_origin),
         "",
+        *(["== connections per worker, before and after each step that changes the fleet", *spreads, ""] if spreads else []),
         "== data",
         *data_lines(summary, overlaps, events),
         "",
@@ -288,10 +400,21 @@ def render(
     ]
 
 
-def failures(outcomes: Sequence[Outcome], summary: DataSummary, overlaps: Sequence[Overlap], *, strict: bool) -> list[str]:
-    """Why the run counts as failed (empty: it passed)."""
+def failures(
+    outcomes: Sequence[Outcome],
+    summary: DataSummary,
+    overlaps: Sequence[Overlap],
+    *,
+    strict: bool,
+    samples: Sequence[Sample] = (),
+    ended_at: float | None = None,
+) -> list[str]:
+    """Why the run counts as failed (empty: it passed). With ``strict``, also a join
+    after which the fleet was not balanced by the next step."""
     events = [o.event for o in outcomes]
     out = []
+    if strict and samples:
+        out += [f"{label}: not balanced by the next step" for label in unbalanced_joins(events, samples, ended_at=ended_at or samples[-1].t)]
     if summary.bad or summary.missing:
         out.append(f"data: {len(summary.bad)} connections not exactly 1..checkpoint, {summary.missing} missing seqs")
     unexplained = [o for o in overlaps if excused(o, events) is None]
