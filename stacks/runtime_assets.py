@@ -43,6 +43,7 @@ _ROUTER_CODE_EXCLUDE = [
     "!wsfleet",
     "!wsfleet/**",
     "wsfleet/local",
+    "wsfleet/measured_ops.json",  # what `wsfleet plan` computes from: an operator's, not the router's
     ".dockerignore",
     "**/__pycache__",
     "**/*.pyc",
