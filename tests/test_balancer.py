@@ -30,7 +30,7 @@ def test_a_joining_worker_gets_its_fair_share_and_only_the_excess_moves(aws_env,
         async with running(cfg, "w1") as w1:
             await eventually(lambda: len(w1.runners) == 12 and all(upstream.open_sockets(c) for c in cids), what="all on w1")
             async with running(cfg, "w2") as w2:
-                await eventually(lambda: len(w2.runners) >= 5 and len(w1.runners) <= 7, timeout=25, what="balanced")
+                await eventually(lambda: len(w2.runners) >= 5 and len(w1.runners) <= 7, timeout=45, what="balanced")
                 moved = w1.balancer.shed
                 await asyncio.sleep(3.0)  # several balance passes of a balanced fleet
                 assert (w1.balancer.shed, w2.balancer.shed) == (moved, 0)  # no churn, nothing moved back
