@@ -426,8 +426,9 @@ def _partition_queries() -> None:
     keeping the partition's: O(table) per request, inside the lock that serialises
     DynamoDB. A long run's messages table holds 100,000s of rows, and every takeover reads
     where a stream's stored messages end: queries of a second each, renewals stuck behind
-    them past their timeout, sessions lost, more takeovers. The partition's items are
-    exactly what moto keeps of that list, so the answer is the same. Idempotent."""
+    them past their timeout, sessions lost, more takeovers. The partition's items (those
+    the sort key condition keeps) are exactly what moto keeps of that list, so the answer
+    is the same. Idempotent."""
     from moto.dynamodb.models.table import Table
 
     if getattr(Table.query, "_wsfleet_partition", False):
@@ -439,6 +440,11 @@ def _partition_queries() -> None:
         if index_name or hash_key is None or not self.range_key_attr:
             return query(self, hash_key, *args, **kwargs)
         partition = list(self.items.get(hash_key, {}).values())
+        comparison, values = (args[0], args[1]) if len(args) > 1 else (kwargs.get("range_comparison"), kwargs.get("range_objs"))
+        if comparison:
+            # The sort key condition, with moto's own comparison (moto applies it again):
+            # otherwise moto sizes every item of the partition before it filters them.
+            partition = [i for i in partition if i.range_key is not None and i.range_key.compare(comparison, values)]
         self.all_items = lambda: partition  # the instance attribute shadows the method for this call
         try:
             return query(self, hash_key, *args, **kwargs)
