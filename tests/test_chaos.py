@@ -180,6 +180,14 @@ def test_a_connection_not_taken_over_within_the_bound_or_never_is_a_recovery_vio
     assert kind_summary(check(never, [kill], ops, TIMING).recoveries)["kill"]["over_bound"] == 1
 
 
+def test_a_start_is_done_when_a_new_socket_opens_or_the_owner_kept_its_socket_open():
+    # Seed 300750, #33 storm: the STOP before the START never reached the owner, which
+    # kept its socket; that socket is the connection, whole again at once.
+    kept = Applied(1, "storm", T0, affected={"a": T0 + 1.0})
+    verdict = check(evidence(), [kept], OPS, TIMING)
+    assert verdict.violations == [] and verdict.recoveries[0].took_s["a"] <= 0.5
+
+
 def test_a_socket_left_open_on_a_stopped_connection_is_a_violation():
     ops = [OPS[0], Op(T0 + 1.0, "STOP", "a", 202)]  # the socket closed at T0 + 2.0: within the bound
     assert kinds(evidence(), ops=ops) == []

@@ -218,6 +218,20 @@ async def test_a_stalled_stream_sends_nothing_and_answers_no_ping_then_delivers_
 
 
 @run
+async def test_a_client_closing_its_socket_on_a_stalled_stream_is_booked_closed_when_it_does():
+    async with Upstream(rate=None) as up:
+        ws = await connect(up.url_for("s"), compression=None, close_timeout=0.2)
+        await eventually(lambda: len(up.open_sockets("s")) == 1)
+        up.stall("s")
+        await ws.close()  # no closing handshake comes back: the stream reads nothing
+        closed_at = time.time()
+        await eventually(lambda: not up.open_sockets("s"), timeout=2)
+        [record] = up.sockets("s")
+        assert record.closed_at - closed_at < 1.0
+        up.stall("s", False)
+
+
+@run
 async def test_a_socket_opened_on_a_stalled_stream_is_silent_too():
     async with Upstream(rate=None) as up:
         up.publish("s")

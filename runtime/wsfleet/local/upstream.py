@@ -27,7 +27,8 @@ Fault injection, at run time, per stream:
   current head, so every socket whose reading passes that point receives it once;
 * :meth:`Upstream.stall` makes the stream hang (open but silent): its sockets, and any
   opened meanwhile, send nothing and read nothing (so not even a pong goes back) until
-  it is switched off, when the backlog follows in order;
+  it is switched off, when the backlog follows in order. A client that closes meanwhile
+  is still booked closed when it does (the kernel is asked, as nothing is read);
 * :meth:`Upstream.slow` sends the stream's frames no faster than one per ``delay_s`` (a
   slow path: the reader falls behind, then catches up when it is switched off);
 * :meth:`Upstream.oversize` sends one text frame of the given size to the sockets open
@@ -55,6 +56,7 @@ import itertools
 import json
 import logging
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -68,6 +70,8 @@ from websockets.http11 import Request, Response
 from ..logs import route_stdlib_logging
 
 STREAM_PREFIX = "/streams/"
+STALL_POLL_S = 0.1  # how often a stalled stream asks the kernel whether its clients closed
+_TCP_PEER_CLOSED = (7, 8, 9)  # TCP_CLOSE, TCP_CLOSE_WAIT, TCP_LAST_ACK (linux/tcp_states.h)
 STATS_PATH = "/_stats"
 NOT_JSON = "not json"
 NO_SEQ = '{"data": 1}'
@@ -494,7 +498,14 @@ class Upstream:
         try:
             while True:
                 if s.stalled:
-                    await s.changed.wait()
+                    # Not reading, we would not see the client close: ask the kernel.
+                    if _peer_closed(ws):
+                        ws.transport.abort()  # the reader sees it now and books the close
+                        return
+                    try:
+                        await asyncio.wait_for(s.changed.wait(), STALL_POLL_S)
+                    except TimeoutError:
+                        pass
                     continue
                 extras = s.injected.get(last, ())
                 if extras_sent < len(extras):
@@ -549,6 +560,19 @@ class Upstream:
             for overlap in s.overlaps:
                 if overlap.ended_at is None:
                     overlap.ended_at = record.closed_at
+
+
+def _peer_closed(ws: ServerConnection) -> bool:
+    """The client has closed its end (its FIN or RST reached our kernel), whether or not
+    we have read that far (Linux TCP_INFO; False where it cannot be asked)."""
+    sock = ws.transport.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "TCP_INFO"):
+        return False
+    try:
+        state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+    except OSError:
+        return True
+    return state in _TCP_PEER_CLOSED
 
 
 def _from_seq(path: str) -> int:

@@ -1,11 +1,12 @@
 """Recovery: how long each connection a fault touched took to be whole again, against
 the fault's bound. Pure functions over the evidence and the history.
 
-"Whole" depends on the fault. After a takeover (kill, SIGSTOP, SIGTERM, the clock swap),
-a dropped or oversized socket, or a START (storm, SQS outage): a new socket on the
-stream, the upstream's books say when. After a stall or a slow stream: its socket has
-been sent everything produced until the fault healed. After a DynamoDB fault: owned by
-a live session, with one socket open (the observer's snapshots).
+"Whole" depends on the fault. After a takeover (kill, SIGSTOP, SIGTERM, the clock swap)
+or a dropped or oversized socket: a new socket on the stream, the upstream's books say
+when. After a START (storm, SQS outage): a new socket, or owned by a live session with
+one socket open (its owner may have kept it). After a stall or a slow stream: its
+socket has been sent everything produced until the fault healed. After a DynamoDB
+fault: owned by a live session, with one socket open (the observer's snapshots).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from .evidence import Evidence, Snapshot
 from .history import Applied
 from .schedule import Bounds
 
-TAKEOVERS = ("kill", "pause", "term", "clock", "drop", "oversize", "storm", "sqs_outage")
+TAKEOVERS = ("kill", "pause", "term", "clock", "drop", "oversize")
+STARTS = ("storm", "sqs_outage")  # timed from a START
 CATCH_UP = ("stall", "slow")
 
 
@@ -51,10 +53,14 @@ def bound_for(a: Applied, bounds: Bounds) -> float:
 def recovery(a: Applied, ev: Evidence, bounds: Bounds, slack_s: float, times: Sequence[float]) -> Recovery:
     took: dict[str, float | None] = {}
     for cid, ref in a.affected.items():
+        opened = [s.opened_at - ref for s in ev.sockets.get(cid, []) if s.opened_at >= ref]
         if a.kind in TAKEOVERS:
             # A new socket: the victim's (killed, frozen, leaving) or the dropped one is gone.
-            opened = [s.opened_at for s in ev.sockets.get(cid, []) if s.opened_at >= ref]
-            took[cid] = min(opened) - ref if opened else None
+            took[cid] = min(opened) if opened else None
+        elif a.kind in STARTS:
+            # A new socket, or the one its owner kept (the STOP before had not reached it).
+            whole = _first_whole(ev.snapshots, times, ref, cid, caught_up=False)
+            took[cid] = min([t for t in (*opened, whole) if t is not None], default=None)
         elif a.kind == "malformed":
             took[cid] = 0.0  # the socket must simply stay up: see malformed_closed
         else:
