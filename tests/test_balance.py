@@ -77,3 +77,36 @@ def test_shed_hints_go_to_workers_under_their_share():
 def test_the_summary_survives_its_round_trip_through_the_sessions_table_item():
     f = FleetLoad(3, 60, 300, 10, 0, NOW)
     assert FleetLoad.from_item(f.as_item()) == f
+
+
+def test_a_worker_never_sheds_on_a_summary_older_than_its_own_latest_acquisition():
+    """Regression: two workers started together read a summary from before they took
+    anything (fleet 0, share 0) and shed what they had just taken."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from wsfleet.logs import JsonLogger
+    from wsfleet.worker.balancer import Balancer
+
+    now = int(time.time() * 1000)
+    runners = {f"c{i}": SimpleNamespace(connection_id=f"c{i}", end_reason=None, acquired_mono=0.0, shed=False) for i in range(8)}
+    for r in runners.values():
+        r.request_shed = lambda r=r: setattr(r, "shed", True)
+    acquired = {"ms": now - 1_000}
+
+    def balancer(summary: FleetLoad) -> Balancer:
+        b = Balancer(
+            sessions=None, keeper=SimpleNamespace(live=lambda: True, session_id="me#1"), timing=T, max_connections=100,
+            enabled=True, tolerance=0.1, call=None, log=JsonLogger(), successors=lambda: [], recovering=lambda: False,
+            runners=lambda: runners, last_acquired_ms=lambda: acquired["ms"], clock_ms=lambda: now,
+        )
+        b.fleet = summary
+        return b
+
+    stale = FleetLoad(workers=2, active=0, capacity=200, below_share=0, suspects=0, at_ms=now - 5_000)
+    assert asyncio.run(balancer(stale).balance_once()) == 0
+    # The same worker holding 8 of a fleet's 8 on two workers, summarized after it took them: shares are 4.
+    fresh = FleetLoad(workers=2, active=8, capacity=200, below_share=4, suspects=0, at_ms=now)
+    acquired["ms"] = now - 2 * T.heartbeat_ms - 1
+    assert asyncio.run(balancer(fresh).balance_once()) == 4  # down to its share of 4 (max 10 moves per pass)

@@ -60,3 +60,35 @@ def test_with_rebalance_off_a_joining_worker_gets_only_new_connections(aws_env, 
                 assert len(w1.runners) == 6 and not w2.runners and w1.balancer.shed == 0
 
     asyncio.run(scenario())
+
+
+def test_what_workers_shed_goes_to_the_one_under_its_share_not_to_peers_at_theirs(aws_env, stores, upstream):  # noqa: F811
+    """Regression (rebalance benchmark, Findings 9): a shed connection sits free for a
+    moment, and peers at their share took it with their free scan, went above their share
+    and shed again: a join moved more than the excess."""
+    conns, msgs = stores
+    cids = [f"c{i:02d}" for i in range(12)]
+    for cid in cids:
+        conns.start(cid, upstream.url_for(cid))
+    cfg = config(aws_env, MAX_CONNECTIONS="20")  # reconcile every 0.5 s: free scans are frequent
+
+    async def scenario():
+        async with running(cfg, "w1") as w1, running(cfg, "w2") as w2:
+            await eventually(lambda: len(w1.runners) + len(w2.runners) == 12, what="all held")
+            await eventually(lambda: abs(len(w1.runners) - len(w2.runners)) <= 2, timeout=45, what="two balanced")
+            # Settled: all twelve held, and nothing shed for a few balance passes.
+            before = -1
+            while before != w1.balancer.shed + w2.balancer.shed or len(w1.runners) + len(w2.runners) != 12:
+                before = w1.balancer.shed + w2.balancer.shed
+                await asyncio.sleep(3.0)
+            async with running(cfg, "w3") as w3:
+                await eventually(lambda: len(w3.runners) >= 3, timeout=45, what="the newcomer's share")
+                await asyncio.sleep(3.0)
+                moved = w1.balancer.shed + w2.balancer.shed + w3.balancer.shed - before
+                # Only the excess moved, and all of it to the newcomer.
+                assert moved == len(w3.runners) <= 5, (moved, len(w1.runners), len(w2.runners), len(w3.runners))
+                assert max(len(w1.runners), len(w2.runners)) <= 5
+
+    asyncio.run(scenario())
+    for cid in cids:
+        assert upstream.max_concurrent(cid) == 1, upstream.overlaps(cid)

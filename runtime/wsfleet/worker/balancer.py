@@ -46,6 +46,7 @@ class Balancer:
         successors: Callable[[], list[str]],
         recovering: Callable[[], bool],
         runners: Callable[[], Mapping[str, Any]],
+        last_acquired_ms: Callable[[], int] = lambda: 0,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self.fleet: FleetLoad | None = None
@@ -61,6 +62,7 @@ class Balancer:
         self._successors = successors
         self._recovering = recovering
         self._runners = runners
+        self._last_acquired_ms = last_acquired_ms
         self._clock_ms = clock_ms
         self._shed_at: dict[str, float] = {}
 
@@ -98,6 +100,10 @@ class Balancer:
         if not self._enabled or fleet is None or not self._keeper.live():
             return 0
         runners = self._runners()
+        # A summary taken before our latest acquisition reached our session item (one
+        # renewal later) undercounts the fleet: a fleet that is filling up would shed.
+        if self._last_acquired_ms() + self._timing.heartbeat_ms >= fleet.at_ms or fleet.active < len(runners):
+            return 0
         n = shed_count(
             active=len(runners),
             max_connections=self._max,

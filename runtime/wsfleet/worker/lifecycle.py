@@ -114,6 +114,7 @@ class Worker:
             acquire=self.try_acquire,
             hint=self.intake.hint,
             room=self.free,
+            scan_room=lambda: 0 if self._declines_shed("", 1) else self.free(),
             load=self.load,
             busy=self._busy,
             avoid=lambda cid: self.balancer.shed_recently(cid),
@@ -132,8 +133,11 @@ class Worker:
             successors=self.takeover.successors,
             recovering=self.takeover.recovering,
             runners=lambda: self.runners,
+            last_acquired_ms=lambda: self._last_acquired_ms,
             clock_ms=clock_ms,
         )
+        self._last_acquired_ms = 0
+        self._clock_ms = clock_ms
         self._acquiring: set[str] = set()
         self._acquire_slots = asyncio.Semaphore(ACQUIRE_CONCURRENCY)
         self._holders: set[asyncio.Task] = set()
@@ -211,6 +215,7 @@ class Worker:
             log=self._log,
         )
         self.runners[connection_id] = runner
+        self._last_acquired_ms = self._clock_ms()
         self.counters.add(names.LEASES_ACQUIRED)
         if source in ("orphan", "unowned"):
             self.counters.add(names.ORPHANS_RECOVERED)

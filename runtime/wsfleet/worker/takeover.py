@@ -55,6 +55,7 @@ class Takeover:
         acquire: Acquire,
         hint: Callable[[str], Awaitable[None]],
         room: Callable[[], int],
+        scan_room: Callable[[], int],
         load: Callable[[], float],
         busy: Callable[[str], bool],
         avoid: Callable[[str], bool] = lambda _: False,
@@ -73,6 +74,7 @@ class Takeover:
         self._acquire = acquire
         self._hint = hint
         self._room = room
+        self._scan_room = scan_room
         self._load = load
         self._busy = busy
         self._avoid = avoid
@@ -252,9 +254,11 @@ class Takeover:
 
     async def reconcile_once(self) -> int:
         """Query every FREE# shard for STARTED connections nobody owns and try to take
-        as many as there is room for, each after a little load-weighted jitter so that
-        the least loaded worker tends to win. Returns how many it tried."""
-        room = self._room()
+        as many as there is room for (``scan_room``: none while this worker is at its fair
+        share and another is under theirs, so that what a peer shed goes to that one),
+        each after a little load-weighted jitter so that the least loaded worker tends to
+        win. Returns how many it tried."""
+        room = self._scan_room()
         if room <= 0 or not self._keeper.live():
             return 0
         shards = list(range(self._shards))
