@@ -13,6 +13,11 @@ from tests.test_worker import config, eventually, running, seqs  # noqa: F401 - 
 from tests.test_worker import stores, upstream  # noqa: F401
 
 
+# Sessions that survive a busy machine: a worker whose session expires drops and retakes
+# its connections, which are moves of another kind than the ones counted here.
+STEADY = {"LEASE_SECONDS": "4", "HEARTBEAT_SECONDS": "0.8", "MAX_CONNECTIONS": "20"}
+
+
 @pytest.fixture(autouse=True)
 def short_hold(monkeypatch):
     # Connections just taken may move after half a second here (a minute in production).
@@ -24,17 +29,19 @@ def test_a_joining_worker_gets_its_fair_share_and_only_the_excess_moves(aws_env,
     cids = [f"c{i:02d}" for i in range(12)]
     for cid in cids:
         conns.start(cid, upstream.url_for(cid))
-    cfg = config(aws_env, MAX_CONNECTIONS="20")
+    cfg = config(aws_env, **STEADY)
 
     async def scenario():
         async with running(cfg, "w1") as w1:
             await eventually(lambda: len(w1.runners) == 12 and all(upstream.open_sockets(c) for c in cids), what="all on w1")
             async with running(cfg, "w2") as w2:
-                await eventually(lambda: len(w2.runners) >= 5 and len(w1.runners) <= 7, timeout=45, what="balanced")
+                await eventually(lambda: len(w2.runners) >= 5 and len(w1.runners) <= 7, timeout=60, what="balanced")
                 moved = w1.balancer.shed
-                await asyncio.sleep(3.0)  # several balance passes of a balanced fleet
+                await asyncio.sleep(8.0)  # several balance passes of a balanced fleet
                 assert (w1.balancer.shed, w2.balancer.shed) == (moved, 0)  # no churn, nothing moved back
-                assert moved == len(w2.runners) <= 7  # only the excess moved
+                # Only the excess moved, to the newcomer (one may come back to its shedder
+                # after three refusals, which keeps a hint from bouncing on a stale summary).
+                assert 5 <= len(w2.runners) <= moved <= len(w2.runners) + 1 <= 8, (moved, len(w2.runners))
                 await eventually(lambda: all(upstream.open_sockets(c) for c in cids), what="all connected")
                 for cid in cids:
                     await eventually(lambda c=cid: len(seqs(msgs, c)) >= 5, what="frames stored")
@@ -50,13 +57,13 @@ def test_with_rebalance_off_a_joining_worker_gets_only_new_connections(aws_env, 
     conns, _ = stores
     for i in range(6):
         conns.start(f"c{i}", upstream.url_for(f"c{i}"))
-    cfg = config(aws_env, MAX_CONNECTIONS="20", REBALANCE="off")
+    cfg = config(aws_env, **STEADY, REBALANCE="off")
 
     async def scenario():
         async with running(cfg, "w1") as w1:
             await eventually(lambda: len(w1.runners) == 6, what="all on w1")
             async with running(cfg, "w2") as w2:
-                await asyncio.sleep(4.0)
+                await asyncio.sleep(10.0)  # a few balance passes
                 assert len(w1.runners) == 6 and not w2.runners and w1.balancer.shed == 0
 
     asyncio.run(scenario())
@@ -70,23 +77,24 @@ def test_what_workers_shed_goes_to_the_one_under_its_share_not_to_peers_at_their
     cids = [f"c{i:02d}" for i in range(12)]
     for cid in cids:
         conns.start(cid, upstream.url_for(cid))
-    cfg = config(aws_env, MAX_CONNECTIONS="20")  # reconcile every 0.5 s: free scans are frequent
+    cfg = config(aws_env, **STEADY)  # reconcile every 0.5 s: free scans are frequent
 
     async def scenario():
         async with running(cfg, "w1") as w1, running(cfg, "w2") as w2:
             await eventually(lambda: len(w1.runners) + len(w2.runners) == 12, what="all held")
-            await eventually(lambda: abs(len(w1.runners) - len(w2.runners)) <= 2, timeout=45, what="two balanced")
+            await eventually(lambda: abs(len(w1.runners) - len(w2.runners)) <= 2, timeout=60, what="two balanced")
             # Settled: all twelve held, and nothing shed for a few balance passes.
             before = -1
             while before != w1.balancer.shed + w2.balancer.shed or len(w1.runners) + len(w2.runners) != 12:
                 before = w1.balancer.shed + w2.balancer.shed
-                await asyncio.sleep(3.0)
+                await asyncio.sleep(8.0)
             async with running(cfg, "w3") as w3:
-                await eventually(lambda: len(w3.runners) >= 3, timeout=45, what="the newcomer's share")
-                await asyncio.sleep(3.0)
+                await eventually(lambda: len(w3.runners) >= 3, timeout=60, what="the newcomer's share")
+                await asyncio.sleep(8.0)
                 moved = w1.balancer.shed + w2.balancer.shed + w3.balancer.shed - before
-                # Only the excess moved, and all of it to the newcomer.
-                assert moved == len(w3.runners) <= 5, (moved, len(w1.runners), len(w2.runners), len(w3.runners))
+                # Only the excess moved, and (but for one, on a stale summary) to the
+                # newcomer; before the fix peers at their share took most of it.
+                assert len(w3.runners) <= moved <= len(w3.runners) + 1, (moved, len(w1.runners), len(w2.runners), len(w3.runners))
                 assert max(len(w1.runners), len(w2.runners)) <= 5
 
     asyncio.run(scenario())
