@@ -109,12 +109,6 @@ async def _until(predicate, timeout: float, what: str = "the condition") -> None
         await asyncio.sleep(0.05)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the session inbox is a set of connection ids (store.py post_stop ADD, renew DELETE of the handled "
-    "ones, worker/session.py stop_handled): a STOP posted again before the renewal that removes the first one "
-    "is removed with it, and only the owner-index audit (every 3 reconcile intervals) closes the socket",
-)
 def test_a_stop_posted_again_before_the_owner_acknowledged_the_last_one_still_closes_the_socket(aws_env, ddb, sqs):
     """Seed 300750 (``make chaos SEED=300750 MINUTES=30``), #33 storm at 1796063424.09:
     c002 STOP (-7.33 s), handled by w1.3 (-6.77 s), START (-6.42 s), re-acquired by w1.3

@@ -270,7 +270,7 @@ def test_stop_of_an_owned_connection_is_202_and_posts_it_to_the_owning_sessions_
     assert item[schema.DESIRED_STATE]["S"] == "STOPPED"
     assert item[schema.LEASE_OWNER]["S"] == "worker-a"  # the owner releases it, not the router
     assert item[schema.OWNER_KEY]["S"] == schema.owner_key_session("worker-a#1")
-    assert api.sessions.get("worker-a#1")[schema.STOP_INBOX] == {"feed-1"}
+    assert api.sessions.get("worker-a#1")[schema.STOP_INBOX] == {schema.stop_entry("feed-1", 1)}
 
 
 def test_stop_of_an_unowned_connection_takes_it_out_of_the_owner_index(api):

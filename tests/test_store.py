@@ -128,17 +128,20 @@ def test_a_slow_renewal_never_moves_the_expiry_back(sessions, clock):
 
 def test_stops_posted_to_a_session_come_back_with_its_renewal_until_handled(sessions):
     _open(sessions, "w#1")
-    assert sessions.post_stop("w#1", "c1") and sessions.post_stop("w#1", "c2")
-    assert sessions.renew("w#1", lease_ms=LEASE_MS, active=2, max_connections=10)["stops"] == {"c1", "c2"}
-    item = sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10, stops_done={"c1"})
-    assert item["stops"] == {"c2"}
-    assert "stops" not in sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10, stops_done={"c2"})
+    assert sessions.post_stop("w#1", "c1", 3) and sessions.post_stop("w#1", "c2", 1)
+    assert sessions.renew("w#1", lease_ms=LEASE_MS, active=2, max_connections=10)["stops"] == {"c1#3", "c2#1"}
+    # c1 restarted, taken again (fence 4) and stopped again before the first was acknowledged.
+    assert sessions.post_stop("w#1", "c1", 4)
+    item = sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10, stops_done={"c1#3"})
+    assert item["stops"] == {"c1#4", "c2#1"}
+    done = {"c1#4", "c2#1"}
+    assert "stops" not in sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10, stops_done=done)
 
 
 def test_a_stop_is_not_posted_to_an_ended_session(sessions):
     _open(sessions, "w#1")
     sessions.end_own("w#1", worker_id="w", drained=True)
-    assert not sessions.post_stop("w#1", "c1")
+    assert not sessions.post_stop("w#1", "c1", 1)
 
 
 def test_the_ring_lists_successors_wrapping_around_and_leaves_out_drained_sessions(sessions):

@@ -220,16 +220,16 @@ class Router:
         if outcome is StopOutcome.NOT_FOUND:
             raise _unknown_connection(connection_id)
         if stopped.lease_session:
-            fields["owner_told"] = self._tell_owner(stopped.lease_session, connection_id)
+            fields["owner_told"] = self._tell_owner(stopped.lease_session, connection_id, stopped.fence_token)
         body = {"connection_id": connection_id, "desired_state": schema.STOPPED, "outcome": outcome.value}
         return _STOP_STATUS[outcome], body
 
-    def _tell_owner(self, session_id: str, connection_id: str) -> bool:
+    def _tell_owner(self, session_id: str, connection_id: str, fence_token: int) -> bool:
         """Post the STOP to the owning session's inbox: its worker gets it with its next
         renewal, without reading the connection. The desired state is stored already, so
         a failure here only delays the STOP to the owner's next owner-index audit."""
         try:
-            return self._sessions.post_stop(session_id, connection_id)
+            return self._sessions.post_stop(session_id, connection_id, fence_token)
         except Exception as exc:  # noqa: BLE001 - the audit is the real guarantee
             self._log.warning(
                 "stop_notice_failed", connection_id=connection_id, detail=f"{type(exc).__name__}: {exc}"

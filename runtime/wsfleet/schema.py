@@ -124,6 +124,18 @@ def shard_for(connection_id: str, shards: int) -> int:
     return zlib.crc32(connection_id.encode("utf-8")) % shards
 
 
+def stop_entry(connection_id: str, fence_token: int) -> str:
+    """A STOP in a session's inbox: for one ownership of the connection (its fence), so
+    that a second STOP after a restart is a new entry, not one already acknowledged.
+    Connection ids never contain '#'."""
+    return f"{connection_id}#{fence_token}"
+
+
+def parse_stop_entry(entry: str) -> tuple[str, int]:
+    connection_id, _, fence = entry.rpartition("#")
+    return connection_id, int(fence) if fence.isdigit() else -1
+
+
 def owner_key_free(connection_id: str, shards: int) -> str:
     """The by_owner partition of a STARTED connection that nobody owns."""
     return free_partition(shard_for(connection_id, shards))

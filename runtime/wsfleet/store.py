@@ -130,6 +130,7 @@ class StopOutcome(enum.Enum):
 class Stopped:
     outcome: StopOutcome
     lease_session: str = ""  # the session to tell, when STOPPED while owned
+    fence_token: int = 0  # the ownership it was stopped under
 
 
 # Every attribute an expression names, by placeholder. DynamoDB refuses unused names,
@@ -353,15 +354,16 @@ class SessionsStore(_Table):
         )
         return new is not None
 
-    def post_stop(self, session_id: str, connection_id: str) -> bool:
-        """Post a STOP to the owning session's inbox; its worker takes it with its next
-        renewal. Conditional on: LIVE (an ENDED session's connections are taken by
-        others, whose acquire sees the STOP itself)."""
+    def post_stop(self, session_id: str, connection_id: str, fence_token: int) -> bool:
+        """Post a STOP to the owning session's inbox, for the ownership ``fence_token``
+        (see :func:`schema.stop_entry`); its worker takes it with its next renewal.
+        Conditional on: LIVE (an ENDED session's connections are taken by others, whose
+        acquire sees the STOP itself)."""
         new, _ = self._conditional_update(
             session_id,
             update="ADD #in :c",
             condition="#st = :live",
-            values={":c": {connection_id}, ":live": schema.LIVE},
+            values={":c": {schema.stop_entry(connection_id, fence_token)}, ":live": schema.LIVE},
             returns="NONE",
         )
         return new is not None
@@ -686,8 +688,8 @@ class ConnectionsStore(_Table):
     def stop(self, connection_id: str) -> Stopped:
         """Record that the connection should stop.
 
-        Conditional on: the item exists, desired_state is STARTED, and the session it is
-        attached to (read in the same loop). A free one also leaves the sparse index; an
+        Conditional on: the item exists, desired_state is STARTED, and the session and
+        fence it is attached to (read in the same loop). A free one also leaves the sparse index; an
         owned one stays attached until its owner (told through its session's inbox, see
         :meth:`SessionsStore.post_stop`) closes and releases it. Writes nothing otherwise."""
         for _ in range(5):
@@ -697,20 +699,22 @@ class ConnectionsStore(_Table):
             if item.get(schema.DESIRED_STATE) != schema.STARTED:
                 return Stopped(StopOutcome.ALREADY_STOPPED)
             session = item.get(schema.LEASE_SESSION, "")
+            fence = int(item.get(schema.FENCE_TOKEN, 0))
             new, old = self._conditional_update(
                 connection_id,
                 update="SET #s = :stopped, #u = :now" + (" REMOVE #k" if not session else ""),
-                condition="attribute_exists(#pk) AND #s = :started AND #l = :session",
+                condition="attribute_exists(#pk) AND #s = :started AND #l = :session AND #f = :fence",
                 values={
                     ":stopped": schema.STOPPED,
                     ":started": schema.STARTED,
                     ":now": self._now_ms(),
                     ":session": session,
+                    ":fence": fence,
                 },
                 returns="NONE",
             )
             if new is not None:
-                return Stopped(StopOutcome.STOPPED, session)
+                return Stopped(StopOutcome.STOPPED, session, fence)
         raise TransientError(f"stop of {connection_id!r} kept losing races; try again")
 
 

@@ -295,15 +295,17 @@ class Worker:
     # --- what the session tells us -----------------------------------------------------
 
     def _on_stops(self, stops: set[str]) -> None:
-        """STOPs posted to our session's inbox, brought back by a renewal."""
-        for connection_id in stops:
+        """STOPs posted to our session's inbox, brought back by a renewal: each for one
+        ownership (fence) of a connection."""
+        for entry in stops:
+            connection_id, fence = schema.parse_stop_entry(entry)
             if connection_id in self._acquiring:
                 continue  # not held yet: it stays in the inbox until the next renewal
             runner = self.runners.get(connection_id)
-            if runner is not None:
+            if runner is not None and runner.fence_token == fence:
                 self._log.info("stop_received", connection_id=connection_id)
                 runner.request_stop()
-            self.keeper.stop_handled(connection_id)
+            self.keeper.stop_handled(entry)
 
     async def audit_once(self) -> int:
         """Compare what the owner index says our session holds with what we hold: a
