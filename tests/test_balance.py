@@ -52,6 +52,18 @@ def test_a_worker_within_the_tolerance_band_of_its_share_sheds_nothing():
     assert shed_count(active=23, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False) == 3
 
 
+def test_a_worker_within_its_band_still_sheds_while_others_have_more_room_than_the_band():
+    # 12 over three 20-connection workers: shares 4. Two at 5 (within the band of 1) and a
+    # newcomer at 2: the newcomer has 2 of room, more than the band.
+    f = FleetLoad(3, 12, 60, below_share=2, suspects=0, at_ms=NOW)
+    assert shed_count(active=5, max_connections=20, fleet=f, tolerance=0.1, max_moves=2, recovering=False) == 1
+    settled = FleetLoad(3, 12, 60, below_share=1, suspects=0, at_ms=NOW)
+    assert shed_count(active=5, max_connections=20, fleet=settled, tolerance=0.1, max_moves=2, recovering=False) == 0
+    # A balanced fleet (shares rounded up) moves nothing: 101 over five, 21/20/20/20/20.
+    even = FleetLoad(5, 101, 500, below_share=4, suspects=0, at_ms=NOW)
+    assert shed_count(active=21, max_connections=100, fleet=even, tolerance=0.1, max_moves=10, recovering=False) == 0
+
+
 def test_shedding_never_goes_below_the_share_and_is_capped_per_pass():
     f = fleet(100, 800)  # share 12.5 -> 13
     assert shed_count(active=25, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False) == 10

@@ -91,14 +91,17 @@ def is_summarizer(me: str, successors: list[str]) -> bool:
 def shed_count(
     *, active: int, max_connections: int, fleet: FleetLoad, tolerance: float, max_moves: int, recovering: bool
 ) -> int:
-    """How many connections to shed now: down to (never below) the fair share, only when
-    above it by more than the tolerance band, at most ``max_moves``, never while the
-    fleet is recovering."""
+    """How many connections to shed now: down to (never below) the fair share, at most
+    ``max_moves``, never while the fleet is recovering; only when above the share by more
+    than the tolerance band, or above it at all while the workers under theirs have more
+    room than the band (a newcomer is filled to its share, not to its share less the
+    band). Shares are rounded up, so in a balanced fleet nobody is above theirs and
+    nothing moves."""
     if recovering or fleet.suspects or not fleet.capacity:
         return 0
     target = math.ceil(fleet.share(max_connections))
     band = max(1, math.ceil(tolerance * target))
-    if active <= target + band:
+    if active <= target or (active <= target + band and fleet.below_share <= band):
         return 0
     return min(active - target, max_moves)
 
