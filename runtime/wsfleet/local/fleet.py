@@ -35,6 +35,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -151,6 +152,22 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
+def pin_runtime(run_dir: Path) -> Path:
+    """Copy the ``wsfleet`` package into ``run_dir/runtime`` and return that directory,
+    for a long run's children to import: code edited while the run goes on must not
+    reach the workers it starts later (the API, in this process, keeps what it imported)."""
+    pinned = run_dir / "runtime"
+    shutil.copytree(RUNTIME_DIR / "wsfleet", pinned / "wsfleet", ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    return pinned
+
+
+def pinned(env: dict[str, str], runtime_dir: Path | None) -> dict[str, str]:
+    """``env`` with ``runtime_dir`` first on PYTHONPATH (None: unchanged)."""
+    if runtime_dir is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(runtime_dir), env.get("PYTHONPATH", "")])
+    return env
+
+
 def child_env(**extra: str) -> dict[str, str]:
     """This process's environment without anything that could reach real AWS, plus
     what a ``python -m wsfleet...`` child needs."""
@@ -235,8 +252,9 @@ class EmulatorProcess:
     serialised, so a fleet must not share its interpreter (and GIL) with the workers'
     backend. Several fleets may share one (each creates its own tables and queue)."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, *, runtime_dir: Path | None = None) -> None:
         self._log_path = log_path
+        self._runtime_dir = runtime_dir
         self.proc: Process | None = None
         self.endpoint_url = ""
 
@@ -244,7 +262,7 @@ class EmulatorProcess:
         self.proc = spawn(
             "emulator",
             [sys.executable, "-m", "wsfleet.local.emulator", "--host", LOOPBACK],
-            child_env(),
+            pinned(child_env(), self._runtime_dir),
             self._log_path,
         )
 
@@ -408,13 +426,15 @@ class Fleet:
         sample_interval: float = 0.5,
         on_sample: Callable[[Sample], None] | None = None,
         keep_samples: bool = True,
+        runtime_dir: Path | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.timing = timing
         self.rate = rate
         self._extra_env = dict(worker_env or {})
         self._own_emulator = emulator is None
-        self.emulator = emulator or EmulatorProcess(self.run_dir / "emulator.log")
+        self._runtime_dir = runtime_dir  # see pin_runtime
+        self.emulator = emulator or EmulatorProcess(self.run_dir / "emulator.log", runtime_dir=runtime_dir)
         self.sample_interval = sample_interval
         self._on_sample = on_sample
         self._keep_samples = keep_samples  # off: only on_sample sees them (long runs)
@@ -519,13 +539,14 @@ class Fleet:
     # -- workers -------------------------------------------------------------------------
 
     def worker_environment(self, name: str, **overrides: str) -> dict[str, str]:
-        return child_env(
+        env = child_env(
             **self.aws_env,
             **self.timing.env(),
             **{cfg.WORKER_ID: name, cfg.METRICS_SECONDS: "5"},
             **self._extra_env,
             **overrides,
         )
+        return pinned(env, self._runtime_dir)
 
     def start_worker(self, name: str, *, wait: bool = True, timeout: float = 30.0, **env_overrides: str) -> Process:
         """Start ``python -m wsfleet.worker`` as WORKER_ID ``name``; with ``wait``, return

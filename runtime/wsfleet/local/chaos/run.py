@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+import subprocess
 import sys
 import threading
 import time
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..emulator import record_journal, request_ledger
-from ..fleet import Fleet, Sample, Timing, new_run_dir
+from ..fleet import RUNTIME_DIR, Fleet, Sample, Timing, new_run_dir, pin_runtime
 from ..report import progress_line
 from . import checker, report
 from .evidence import Snapshot, gather
@@ -103,13 +104,17 @@ class Run:
         s = self.s
         run_dir = new_run_dir(Path(s.run_dir))
         run_dir.mkdir(parents=True, exist_ok=True)
+        runtime = pin_runtime(run_dir)
         (run_dir / "schedule.json").write_text(self.schedule.to_json())
         self.say(f"wsfleet chaos, seed {s.seed}: {s.describe()}; logs in {run_dir}")
+        self.say(f"code: {_version()}, copied to {runtime} for every process this run starts")
         self.say(f"replay: {s.replay()}")
         self.say(f"schedule ({len(self.schedule.faults)} faults, from the start of the chaos phase):")
         for line in self.schedule.lines():
             self.say("  " + line)
-        with Fleet(run_dir=run_dir, timing=s.timing, rate=s.rate, on_sample=self.on_sample, keep_samples=False) as fleet:
+        with Fleet(
+            run_dir=run_dir, timing=s.timing, rate=s.rate, on_sample=self.on_sample, keep_samples=False, runtime_dir=runtime
+        ) as fleet:
             self.fleet = fleet
             return self._play(fleet, run_dir)
 
@@ -188,6 +193,16 @@ class Run:
 
 
 WRITES = ("PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem")
+
+
+def _version() -> str:
+    """The commit the code is at, "+edits" if the working tree differs ("unknown" outside git)."""
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty=+edits"], cwd=RUNTIME_DIR, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
 
 
 def _load(before: list[dict], after: list[dict], seconds: float) -> dict[str, float]:
