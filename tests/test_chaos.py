@@ -231,3 +231,43 @@ def test_a_short_seeded_chaos_run_finds_no_violation(python_env, tmp_path):
     assert {"storm", "ddb_outage", "sqs_outage", "term", "kill", "pause", "clock"} <= set(result["kinds"])
     assert all(f["recovery_s"] is not None for f in result["faults"])
     assert Path(run_dir / "schedule.json").exists()
+
+
+# --- the machine under the run --------------------------------------------------------------------
+
+
+def _stat(pid: int, ppid: int, ticks: int, name: str = "python") -> str:
+    # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime ...
+    return f"{pid} ({name}) S {ppid} 1 1 0 -1 0 0 0 0 0 {ticks} 0 0 0 20 0 1 0"
+
+
+def test_the_cpu_of_this_run_is_its_process_tree_and_the_rest_of_the_machine_is_others():
+    from wsfleet.local.chaos import machine
+
+    hz = machine.CLOCK_TICKS
+    assert machine.machine_busy_s(f"cpu  {hz} 0 {hz} 99999 7 0 0 {hz} 0 0\ncpu0 1 0 0 0\n") == 3.0
+    assert machine.parse_pid_stat(_stat(7, 1, 2 * hz, name="odd) (name")) == (1, 2.0)
+    stats = [(10, _stat(10, 1, hz)), (11, _stat(11, 10, hz)), (12, _stat(12, 11, hz)), (13, _stat(13, 1, 5 * hz))]
+    assert machine.tree_cpu_s(10, stats) == 3.0  # the runner, a worker, the worker's child; not pid 13
+
+    # Seed 300750, #71 clock (3.56 s against 3.50 s): a `make test` beside the soak.
+    samples = [machine.CpuSample(T0 + i, busy_s=2.0 * i, ours_s=0.5 * i) for i in range(30)]
+    w = machine.window(samples, T0 + 3.2, T0 + 6.5)
+    assert (w.t0, w.t1) == (T0 + 3, T0 + 7) and round(w.ours, 6) == 0.5 and round(w.others, 6) == 1.5
+    m = machine.summary(samples)
+    assert m["others_mean"] == m["others_max"] == 1.5 and m["busy_windows"] == m["windows"] == 3
+
+
+def test_the_report_says_what_else_ran_while_a_fault_recovered_past_its_bound():
+    from wsfleet.local.chaos import machine, report
+
+    term = Applied(71, "clock", T0 + 0.5, victim="w1", affected={"a": T0 + 1.0})
+    ev = evidence(sockets={"a": [SocketRecord(1, "a", "p", "/", 1, T0, T0 + 1.0),
+                                 SocketRecord(2, "a", "p", "/", 4, T0 + 1.0 + 3.56, T0 + 30)]}, end_t=T0 + 40)
+    verdict = check(ev, [term], [OPS[0], Op(T0 + 29.0, "STOP", "a", 202)], TIMING)
+    assert [v.kind for v in verdict.violations] == ["slow_recovery"]
+    busy = [machine.CpuSample(T0 + i, busy_s=2.0 * i, ours_s=0.4 * i) for i in range(40)]
+    lines = report.machine_lines(verdict.recoveries, busy)
+    assert "other processes 1.60 (max 1.60" in lines[2]
+    assert lines[3] == "  #71 clock over its bound: other processes 1.60 cores, this run 0.40, while it recovered (busy machine)"
+    assert report.machine_lines(verdict.recoveries, []) == []

@@ -42,6 +42,16 @@ class Recovery:
         """The fault's recovery time: until its last affected connection was whole."""
         return self.done[-1] if self.done and len(self.done) == len(self.took_s) else (0.0 if not self.took_s else None)
 
+    def span(self) -> tuple[float, float]:
+        """From the first reference time of the fault to when its last connection was
+        whole again (its bound, for one that never was): epoch seconds."""
+        a = self.applied
+        if not a.affected:
+            return a.started_at, a.healed_at or a.started_at
+        ends = [ref + (took if took is not None else self.bound_s) for cid, ref in a.affected.items()
+                for took in [self.took_s.get(cid)]]
+        return min(a.affected.values()), max(ends)
+
 
 def bound_for(a: Applied, bounds: Bounds) -> float:
     bound = bounds.for_kind(a.kind)

@@ -7,9 +7,11 @@ import json
 from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
+from . import machine
 from .checker import VIOLATION_KINDS, Verdict
-from .recovery import bound_for, kind_summary
 from .history import Applied, Op
+from .machine import CpuSample
+from .recovery import Recovery, bound_for, kind_summary
 from .schedule import Bounds, Schedule
 
 MAX_LISTED = 25
@@ -19,7 +21,9 @@ def fmt_s(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.2f}s"
 
 
-def render(schedule: Schedule, verdict: Verdict, *, settings: str, replay: str) -> list[str]:
+def render(
+    schedule: Schedule, verdict: Verdict, *, settings: str, replay: str, cpu: Sequence[CpuSample] = ()
+) -> list[str]:
     kinds = kind_summary(verdict.recoveries)
     header = f"{'kind':<13} {'faults':>6} {'conns':>6} {'p50':>8} {'max':>8} {'bound':>8}  over bound"
     lines = [
@@ -52,9 +56,39 @@ def render(schedule: Schedule, verdict: Verdict, *, settings: str, replay: str) 
         lines.append(f"  {v.kind:<16} {v.what:<14} {v.detail}")
     if len(verdict.violations) > MAX_LISTED:
         lines.append(f"  ... and {len(verdict.violations) - MAX_LISTED} more (report.json)")
+    lines += machine_lines(verdict.recoveries, cpu)
     lines += ["", "== cross-check against the workers' own logs (not evidence)", *[f"  {n}" for n in verdict.notes], ""]
     lines.append("PASSED" if verdict.passed else f"FAILED: {len(verdict.violations)} violations")
     lines.append(f"replay: {replay}")
+    return lines
+
+
+def recovery_cpu(r: Recovery, cpu: Sequence[CpuSample]) -> machine.Window | None:
+    """CPU (cores) of this run and of every other process while ``r``'s fault recovered."""
+    return machine.window(cpu, *r.span()) if cpu else None
+
+
+def machine_lines(recoveries: Sequence[Recovery], cpu: Sequence[CpuSample]) -> list[str]:
+    """The machine's CPU over the run, and beside every fault over its bound what the
+    rest of the machine used meanwhile: the bounds assume the run has the cores."""
+    m = machine.summary(cpu)
+    if not m:
+        return []
+    lines = [
+        "",
+        f"== the machine ({m['cores']} cores; CPU in cores, from /proc; means over the run, max over 10-s windows)",
+        f"this run's processes {m['ours_mean']:.2f} (max {m['ours_max']:.2f}); other processes {m['others_mean']:.2f} "
+        f"(max {m['others_max']:.2f}, above {machine.BUSY_SHARE:g} in {m['busy_windows']} of {m['windows']} windows); "
+        f"one-minute load up to {m['load1_max']:.2f}",
+    ]
+    for r in recoveries:
+        if r.time_s is not None and r.time_s <= r.bound_s:
+            continue
+        w = recovery_cpu(r, cpu)
+        if w is not None:
+            busy = "busy" if w.others > machine.BUSY_SHARE else "quiet"
+            lines.append(f"  #{r.applied.n} {r.applied.kind} over its bound: other processes {w.others:.2f} cores, "
+                         f"this run {w.ours:.2f}, while it recovered ({busy} machine)")
     return lines
 
 
@@ -67,7 +101,12 @@ def as_json(
     *,
     settings: Mapping[str, Any],
     replay: str,
+    cpu: Sequence[CpuSample] = (),
 ) -> str:
+    def cores(r: Recovery) -> dict[str, float] | None:
+        w = recovery_cpu(r, cpu)
+        return None if w is None else {"ours": round(w.ours, 2), "others": round(w.others, 2)}
+
     return json.dumps(
         {
             "seed": schedule.seed,
@@ -84,6 +123,7 @@ def as_json(
                     "bound_s": round(bound_for(r.applied, bounds), 3),
                     "recovery_s": r.time_s,
                     "took_s": r.took_s,
+                    "cpu_cores": cores(r),
                 }
                 for r in verdict.recoveries
             ],
@@ -91,6 +131,7 @@ def as_json(
             "ops": len(ops),
             "totals": verdict.totals,
             "notes": verdict.notes,
+            "machine": machine.summary(cpu),
         },
         indent=1,
     )

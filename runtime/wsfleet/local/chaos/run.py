@@ -22,12 +22,13 @@ from typing import TextIO
 from ..emulator import record_journal, request_ledger
 from ..fleet import RUNTIME_DIR, Fleet, Sample, Timing, new_run_dir, pin_runtime
 from ..report import progress_line
-from . import checker, report
+from . import checker, machine, report
 from .evidence import Snapshot, gather
 from .nemesis import Nemesis
 from .schedule import Bounds, Schedule, generate
 
 PROGRESS_EVERY_S = 10.0
+CPU_EVERY_S = 1.0  # how often the machine's CPU is read (machine.sample)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class Run:
             connections=settings.connections, timing=settings.timing, warmup_s=settings.warmup_s,
         )
         self.snapshots: list[Snapshot] = []
+        self.cpu: list[machine.CpuSample] = []
         self.phase = "setup"
         self.t_origin = time.time()
         self._printed: Sample | None = None
@@ -94,10 +96,18 @@ class Run:
     def on_sample(self, sample: Sample) -> None:
         """The observer's callback: keep a snapshot; a progress line every so often."""
         self.snapshots.append(Snapshot.of(sample))
+        if not self.cpu or sample.t - self.cpu[-1].t >= CPU_EVERY_S:
+            reading = machine.sample(sample.t)
+            if reading is not None:
+                self.cpu.append(reading)
         if self.phase == "setup" or (self._printed and sample.t - self._printed.t < PROGRESS_EVERY_S):
             return
         states = {name: p.state for name, p in self.fleet.workers.items() if p.state in ("running", "paused")}
-        self.say(progress_line(sample.t - self.t_origin, self.phase, sample, self._printed, states))
+        line = progress_line(sample.t - self.t_origin, self.phase, sample, self._printed, states)
+        w = machine.window(self.cpu, self._printed.t, sample.t) if self._printed else None
+        if w is not None:
+            line += f" | cpu {w.ours:.1f} + others {w.others:.1f}"
+        self.say(line)
         self._printed = sample
 
     def run(self) -> int:
@@ -168,11 +178,11 @@ class Run:
         evidence = gather(fleet, ids, list(self.snapshots), nemesis.exits, time.time())
         verdict = checker.check(evidence, nemesis.applied, nemesis.ops, s.timing, slack_s=s.slack_s)
         verdict.totals.update(_load(before, request_ledger(fleet.emulator.endpoint_url), time.monotonic() - began))
-        lines = report.render(self.schedule, verdict, settings=s.describe(), replay=s.replay())
+        lines = report.render(self.schedule, verdict, settings=s.describe(), replay=s.replay(), cpu=self.cpu)
         (run_dir / "report.txt").write_text("\n".join(lines) + "\n")
         (run_dir / "report.json").write_text(report.as_json(
             self.schedule, verdict, nemesis.applied, nemesis.ops, self.bounds,
-            settings={**dataclasses.asdict(s), "timing": dataclasses.asdict(s.timing)}, replay=s.replay(),
+            settings={**dataclasses.asdict(s), "timing": dataclasses.asdict(s.timing)}, replay=s.replay(), cpu=self.cpu,
         ))
         self.say("")
         for line in lines:
