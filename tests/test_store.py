@@ -252,6 +252,24 @@ def test_release_after_stop_leaves_the_index_and_a_restart_before_it_stays_attac
     assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
 
 
+def test_only_a_clean_release_by_the_previous_owner_spares_the_next_one_the_stored_end_read(store, started):
+    first = store.acquire(started, session_id="a#1", worker_id="a")
+    assert isinstance(first, Acquired) and not first.checkpoint_is_end  # a new connection: read
+    assert store.release(started, session_id="a#1", fence_token=1, last_seq=7)
+    handed = store.acquire(started, session_id="b#1", worker_id="b")
+    assert handed.checkpoint_is_end and handed.item["last_seq"] == 7  # a handoff: nothing past 7
+    # b crashes holding it (its last batch may lie past the checkpoint); the drainer frees it
+    store.checkpoint(started, session_id="b#1", fence_token=2, last_seq=9)
+    assert store.free_orphan(started, dead_session="b#1")
+    after_crash = store.acquire(started, session_id="c#1", worker_id="c")
+    assert not after_crash.checkpoint_is_end  # the release flag names fence 1, not b's fence 2
+    store.stop(started)
+    assert store.release(started, session_id="c#1", fence_token=3, last_seq=12, stopped=True)
+    store.start(started, "ws://127.0.0.1:9/s")
+    restarted = store.acquire(started, session_id="d#1", worker_id="d")
+    assert restarted.checkpoint_is_end and restarted.item["last_seq"] == 12  # STOP, then START
+
+
 def test_checkpoint_is_stored_only_for_the_owning_session_and_fence(store, started):
     store.acquire(started, session_id="a#1", worker_id="a")
     assert store.checkpoint(started, session_id="a#1", fence_token=1, last_seq=17)

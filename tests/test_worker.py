@@ -128,6 +128,37 @@ def test_frames_are_stored_gap_free_and_checkpointed_on_release(aws_env, stores,
     assert ended["state"] == schema.ENDED and "ring" not in ended
 
 
+def test_shutdown_hands_connections_over_a_few_at_a_time_each_socket_open_until_its_own_turn(
+    aws_env, stores, upstream, monkeypatch
+):
+    import wsfleet.worker.lifecycle as lifecycle
+
+    monkeypatch.setattr(lifecycle, "HANDOFF_CONCURRENCY", 2)
+    conns, msgs = stores
+    cids = [f"h{i}" for i in range(8)]
+    for cid in cids:
+        conns.start(cid, upstream.url_for(cid))
+
+    async def scenario():
+        async with running(config(aws_env, SHUTDOWN_SECONDS="30")):
+            await eventually(lambda: all(len(seqs(msgs, c)) >= 3 for c in cids), what="3 stored each")
+
+    asyncio.run(scenario())
+    # Each connection is without a socket from the upstream's close to its release (the
+    # item's updated_at_ms): at most HANDOFF_CONCURRENCY of those windows overlap.
+    windows = []
+    for cid in cids:
+        (sock,) = upstream.sockets(cid)
+        item = conns.get(cid)
+        assert item["lease_session"] == "" and item["last_seq"] == seqs(msgs, cid)[-1]
+        windows.append((sock.closed_at, item["updated_at_ms"] / 1000))
+    assert all(closed <= released + 0.05 for closed, released in windows)
+    most = max(sum(1 for c, r in windows if c <= at < r) for at, _ in windows)
+    assert most <= 2, sorted(windows)
+    # and the handoff was paced: the last socket closed after the first release
+    assert max(c for c, _ in windows) > min(r for _, r in windows)
+
+
 def test_holding_connections_costs_one_session_renewal_per_heartbeat_and_no_connection_write(
     aws_env, stores, sessions, upstream
 ):
@@ -425,6 +456,34 @@ def test_a_start_hint_is_taken_from_the_queue_and_connected_quickly(aws_env, sto
     asyncio.run(scenario())
 
 
+
+
+def test_a_drained_sessions_connection_is_hinted_naming_it_and_the_taker_acquires_it_from_that_session(
+    aws_env, stores, sessions, upstream, sqs
+):
+    conns, _ = stores
+    for cid in ("d1", "d2"):
+        conns.start(cid, upstream.url_for(cid))
+    dead_session(sessions, conns, "dead#1", "d1", "d2", lease_ms=200)
+    time.sleep(0.5)
+    assert sessions.end_expired("dead#1", ended_by="test", max_clock_skew_ms=200)
+    assert sessions.leave_ring("dead#1")  # nobody watches it: only the hints can bring them
+    cfg = config(aws_env, RECONCILE_SECONDS="60")
+
+    async def scenario():
+        async with running(cfg) as worker:
+            await asyncio.sleep(0.2)
+            # What a drainer sends for the connections it leaves to peers: no free first.
+            await asyncio.gather(*(worker.intake.hint(c, from_session="dead#1") for c in ("d1", "d2")))
+            await eventually(lambda: all(upstream.open_sockets(c) for c in ("d1", "d2")), what="both connected")
+            for cid in ("d1", "d2"):
+                item = await asyncio.to_thread(conns.get, cid)
+                # taken once, straight from the dead session (the fence bumped once)
+                assert (item["lease_session"], item["fence_token"]) == (worker.keeper.session_id, 2)
+            return dict(worker._aws.requests)
+
+    requests = asyncio.run(scenario())
+    assert requests.get("sqs.SendMessageBatch") == 1 and not requests.get("sqs.SendMessage")  # sent together
 
 
 def test_a_worker_at_capacity_leaves_hints_for_its_peers(aws_env, stores, upstream):

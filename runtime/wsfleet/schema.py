@@ -16,6 +16,9 @@ CONNECTION_PREFIX = "CONN#"
 DESIRED_STATE = "desired_state"
 WS_URL = "ws_url"
 LAST_SEQ = "last_seq"
+# Set by a release (its last_seq is where the stored messages end: everything was flushed
+# first), removed by the next acquisition: a new owner finding it skips the stored-end read.
+CHECKPOINT_IS_END = "checkpoint_is_end"
 LEASE_OWNER = "lease_owner"  # the owning worker_id, "" when free
 LEASE_SESSION = "lease_session"  # the owning session_id, "" when free
 FENCE_TOKEN = "fence_token"
@@ -107,6 +110,7 @@ PUBLIC_FIELDS = (
 # worker shed to rebalance also names that worker's session: {"...", "shed_by": "..."}.
 HINT_CONNECTION_ID = "connection_id"
 HINT_SHED_BY = "shed_by"
+HINT_FROM_SESSION = "from_session"  # an ENDED session the connection is still attached to
 
 
 def connection_pk(connection_id: str) -> str:

@@ -98,6 +98,15 @@ def now_ms() -> int:
 class Acquired:
     item: dict  # the connection item after the acquisition
 
+    @property
+    def checkpoint_is_end(self) -> bool:
+        """The previous owner (the fence just before ours) released it after flushing
+        everything: its checkpoint is where the stored messages end, so there is nothing
+        past it to read. False after a crash, a takeover or a free of an ENDED session's
+        connection, where a last batch may lie past the checkpoint."""
+        released_by = self.item.get(schema.CHECKPOINT_IS_END)
+        return released_by is not None and int(released_by) == int(self.item[schema.FENCE_TOKEN]) - 1
+
 
 @dataclass(frozen=True)
 class NotAcquired:
@@ -140,6 +149,7 @@ _PLACEHOLDERS = {
     "#s": schema.DESIRED_STATE,
     "#w": schema.WS_URL,
     "#q": schema.LAST_SEQ,
+    "#ce": schema.CHECKPOINT_IS_END,
     "#o": schema.LEASE_OWNER,
     "#l": schema.LEASE_SESSION,
     "#f": schema.FENCE_TOKEN,
@@ -563,7 +573,9 @@ class ConnectionsStore(_Table):
             update = "SET #o = :empty, #l = :empty, #u = :now"
             state_values: dict[str, Any] = {":empty": "", ":now": self._now_ms(), ":state": state}
             if last_seq is not None:
-                update += ", #q = :seq"
+                # A release: everything was flushed first, so last_seq is where the stored
+                # messages end, as of this ownership (fence) -- see checkpoint_is_end().
+                update += ", #q = :seq, #ce = :fence"
                 state_values[":seq"] = last_seq
             if state == schema.STARTED:
                 update += ", #k = :free"

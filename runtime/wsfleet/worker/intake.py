@@ -15,11 +15,12 @@ from typing import Any, Awaitable, Callable
 
 from .. import schema
 from ..aws import SQS_WAIT_SECONDS, Aws
-from ..leases import hint_pause_s
+from ..leases import hint_pause_s, hints_per_poll
 from ..logs import JsonLogger
 
 # Idle, four polls cost 0.4 SQS requests/s per worker.
 HINT_POLLERS = 4
+SEND_BATCH = 10  # SendMessageBatch's limit
 
 
 class Intake:
@@ -37,6 +38,8 @@ class Intake:
         declines_shed: Callable[[str, int], bool] = lambda shed_by, receives: False,
     ) -> None:
         self.hints_sent = 0
+        self._outbox: list[tuple[str, str, asyncio.Future]] = []
+        self._sending: set[asyncio.Task] = set()
         self._aws = aws
         self._queue_url = queue_url
         self._log = log
@@ -47,24 +50,58 @@ class Intake:
         self._accepting = accepting
         self._declines_shed = declines_shed
 
-    async def hint(self, connection_id: str, *, shed_by: str = "") -> None:
-        """Tell peers a connection is free now, so one takes it in about a second
-        instead of at its next scan; ``shed_by`` marks one shed to rebalance."""
-        body = {schema.HINT_CONNECTION_ID: connection_id, **({schema.HINT_SHED_BY: shed_by} if shed_by else {})}
+    async def hint(self, connection_id: str, *, shed_by: str = "", from_session: str = "") -> None:
+        """Tell peers a connection is free to take now, so one takes it at once instead
+        of at its next scan; ``shed_by`` marks one shed to rebalance, ``from_session``
+        one still attached to that ENDED session (the taker's acquire is conditional on
+        it). Hints asked for in the same turn of the event loop leave together, ten to a
+        SendMessageBatch (a drain hints dozens at once). Returns once sent or given up."""
+        body = {schema.HINT_CONNECTION_ID: connection_id}
+        if shed_by:
+            body[schema.HINT_SHED_BY] = shed_by
+        if from_session:
+            body[schema.HINT_FROM_SESSION] = from_session
+        done = asyncio.get_running_loop().create_future()
+        self._outbox.append((json.dumps(body), connection_id, done))
+        if len(self._outbox) == 1:
+            asyncio.get_running_loop().call_soon(self._send_outbox)
+        await done
+
+    def _send_outbox(self) -> None:
+        batch, self._outbox = self._outbox, []
+        for i in range(0, len(batch), SEND_BATCH):
+            task = asyncio.ensure_future(self._send_batch(batch[i : i + SEND_BATCH]))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+
+    async def _send_batch(self, batch: list[tuple[str, str, asyncio.Future]]) -> None:
+        failed: dict[str, str] = {}
         try:
-            await self._aws.call(self._aws.sqs.send_message, QueueUrl=self._queue_url, MessageBody=json.dumps(body))
-            self.hints_sent += 1
+            resp = await self._aws.call(
+                self._aws.sqs.send_message_batch,
+                QueueUrl=self._queue_url,
+                Entries=[{"Id": str(n), "MessageBody": body} for n, (body, _, _) in enumerate(batch)],
+            )
+            failed = {f["Id"]: f.get("Message", f.get("Code", "failed")) for f in resp.get("Failed", [])}
         except Exception as exc:  # noqa: BLE001 - a hint is an optimisation; the free scan covers it
-            self._log.warning("hint_failed", connection_id=connection_id, error=str(exc))
+            failed = {str(n): str(exc) for n in range(len(batch))}
+        for n, (_, connection_id, done) in enumerate(batch):
+            if str(n) in failed:
+                self._log.warning("hint_failed", connection_id=connection_id, error=failed[str(n)])
+            else:
+                self.hints_sent += 1
+            if not done.done():
+                done.set_result(None)
 
     async def poll_once(self, *, wait_seconds: int = SQS_WAIT_SECONDS) -> int:
         """One long poll for a START hint; returns how many messages it handled."""
-        if self._room() <= 0:
+        room = self._room()
+        if room <= 0:
             return 0
         resp = await self._aws.poll(
             self._aws.sqs.receive_message,
             QueueUrl=self._queue_url,
-            MaxNumberOfMessages=1,
+            MaxNumberOfMessages=hints_per_poll(self._load(), room),
             WaitTimeSeconds=wait_seconds,
             AttributeNames=["ApproximateReceiveCount"],
         )
@@ -75,7 +112,7 @@ class Intake:
         return len(messages)
 
     async def _on_hint(self, message: dict[str, Any]) -> None:
-        connection_id, shed_by = parse_hint(message.get("Body", ""))
+        connection_id, shed_by, from_session = parse_hint(message.get("Body", ""))
         receives = int(message.get("Attributes", {}).get("ApproximateReceiveCount", 1))
         keep, later = False, 0
         if connection_id is None:
@@ -85,7 +122,8 @@ class Intake:
         elif shed_by and not self._busy(connection_id) and self._declines_shed(shed_by, receives):
             keep, later = True, 1  # shed to rebalance: for a worker under its share
         elif not self._busy(connection_id):
-            await self._acquire(connection_id, source="rebalance" if shed_by else "hint")
+            source = "rebalance" if shed_by else "orphan" if from_session else "hint"
+            await self._acquire(connection_id, source=source, expected_session=from_session)
         try:
             if keep:
                 await self._aws.call(
@@ -103,13 +141,16 @@ class Intake:
             self._log.warning("hint_ack_failed", error=str(exc))
 
 
-def parse_hint(body: str) -> tuple[str | None, str]:
-    """(connection id or None if malformed, the shedding session or "")."""
+def parse_hint(body: str) -> tuple[str | None, str, str]:
+    """(connection id or None if malformed, the shedding session or "", the ENDED
+    session it is still attached to or "")."""
     try:
         obj = json.loads(body)
-        value, shed_by = obj.get(schema.HINT_CONNECTION_ID), obj.get(schema.HINT_SHED_BY, "")
+        value = obj.get(schema.HINT_CONNECTION_ID)
+        shed_by, from_session = obj.get(schema.HINT_SHED_BY, ""), obj.get(schema.HINT_FROM_SESSION, "")
     except (ValueError, AttributeError):
-        return None, ""
+        return None, "", ""
     if not isinstance(value, str) or not value:
-        return None, ""
-    return value, shed_by if isinstance(shed_by, str) else ""
+        return None, "", ""
+    text = lambda v: v if isinstance(v, str) else ""  # noqa: E731
+    return value, text(shed_by), text(from_session)

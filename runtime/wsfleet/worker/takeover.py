@@ -8,8 +8,8 @@
   over at about the lease.
 * **Ending and draining.** The end is a conditional write (LIVE and expired): one winner,
   and the session can never be renewed again. Then its connections, found with one
-  ``by_owner`` query, are taken: some acquired here (each conditional on that session),
-  the rest freed and hinted so that the fleet shares the takeover. A drained session
+  ``by_owner`` query, are taken: some acquired here, the rest hinted to the fleet,
+  every acquisition conditional on that session. A drained session
   leaves the ring. A drainer that dies halfway leaves the ENDED session in the ring,
   where its watchers find it and drain it again.
 * **Free scan.** STARTED connections that nobody owns (a lost hint) are found by
@@ -53,7 +53,7 @@ class Takeover:
         call: Call,
         log: JsonLogger,
         acquire: Acquire,
-        hint: Callable[[str], Awaitable[None]],
+        hint: Callable[..., Awaitable[None]],
         room: Callable[[], int],
         scan_room: Callable[[], int],
         load: Callable[[], float],
@@ -178,6 +178,11 @@ class Takeover:
         drain it. True if this worker ended it."""
         if not self._keeper.live():
             return False
+        # Its connections are read while the end is written: a dead worker's set is
+        # frozen (only a STOP changes a row, and every acquire is conditional), so this
+        # saves a round trip between the end and the first acquisition.
+        rows = asyncio.ensure_future(self._call(self._connections.owned_by, session_id))
+        rows.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, or retried by drain()
         for attempt in range(5):
             try:
                 result = await self._call(
@@ -191,15 +196,21 @@ class Takeover:
                 self._log.warning("session_end_retry", ended=session_id, error=str(exc), attempt=attempt)
                 await asyncio.sleep(0.1 + 0.2 * random.random())
         else:
+            rows.cancel()
             return False  # the next watch pass tries again
         if isinstance(result, EndFailure):
+            rows.cancel()
             self._log.info("session_end_lost", ended=session_id, why=result.value)
             if result is EndFailure.GONE:
                 self._ring_at = float("-inf")
             return False
         self.sessions_ended += 1
         self._log.info("session_ended_dead", ended=session_id, worker=result.get(schema.SESSION_WORKER_ID))
-        await self.drain(session_id)
+        try:
+            read = await rows
+        except Exception:  # noqa: BLE001 - drain() reads it again
+            read = None
+        await self.drain(session_id, rows=read)
         return True
 
     def announce_soon(self) -> None:
@@ -208,16 +219,19 @@ class Takeover:
     def drain_soon(self, session_id: str) -> None:
         self._spawn(self.drain(session_id), f"drain:{session_id}")
 
-    async def drain(self, session_id: str) -> int:
+    async def drain(self, session_id: str, *, rows: list | None = None) -> int:
         """Take an ENDED session's connections: acquire up to :func:`drain_split` of them
-        (conditional on that session), free and hint the rest; STOPPED ones are just
-        freed. Once its owner index reads empty twice it leaves the ring. Returns how
-        many this worker acquired."""
+        (conditional on that session) and hint the rest naming the session, so that a
+        peer's acquire is conditional on it too (one write each, no free first); STOPPED
+        ones are just freed. What a lost hint leaves attached is found by the next
+        drain: the session stays in the ring until its owner index reads empty twice.
+        ``rows``: its connections, if just read. Returns how many this worker acquired."""
         if session_id in self._draining or not self._keeper.live():
             return 0
         self._draining.add(session_id)
         try:
-            rows = await self._call(self._connections.owned_by, session_id)
+            if rows is None:
+                rows = await self._call(self._connections.owned_by, session_id)
             if not rows:
                 self._empty[session_id] = self._empty.get(session_id, 0) + 1
                 if self._empty[session_id] >= EMPTY_DRAINS_TO_LEAVE and self._keeper.live():
@@ -232,23 +246,27 @@ class Takeover:
             take = drain_split(len(started), self._room())
             results = await asyncio.gather(
                 *(self._acquire(cid, source="orphan", expected_session=session_id) for cid in started[:take]),
-                *(self._free(cid, session_id, hint=True) for cid in started[take:]),
-                *(self._free(cid, session_id, hint=False) for cid in stopped),
+                *(self._hint(cid, from_session=session_id) for cid in started[take:]),
+                *(self._free(cid, session_id) for cid in stopped),
                 return_exceptions=True,
             )
             acquired = sum(1 for r in results[:take] if r is not None and not isinstance(r, BaseException))
             self._log.info(
-                "session_drain", drained=session_id, found=len(rows), acquired=acquired, freed=len(rows) - take
+                "session_drain",
+                drained=session_id,
+                found=len(rows),
+                acquired=acquired,
+                hinted=len(started) - take,
+                freed=len(stopped),
             )
             return acquired
         finally:
             self._draining.discard(session_id)
 
-    async def _free(self, connection_id: str, dead_session: str, *, hint: bool) -> None:
+    async def _free(self, connection_id: str, dead_session: str) -> None:
         if not self._keeper.live():
             return  # past our deadline nothing is written, not even on a dead session's behalf
-        if await self._call(self._connections.free_orphan, connection_id, dead_session=dead_session) and hint:
-            await self._hint(connection_id)
+        await self._call(self._connections.free_orphan, connection_id, dead_session=dead_session)
 
     # --- free scan ---------------------------------------------------------------------
 
