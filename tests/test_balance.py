@@ -2,7 +2,19 @@
 worker leaves for others."""
 
 from wsfleet import schema
-from wsfleet.balance import FleetLoad, declines_shed_hint, is_summarizer, max_moves, shed_count, summarize
+import random
+
+from wsfleet.balance import (
+    SHED_ANYONE_AFTER_S,
+    SHED_TARGET_WAIT_S,
+    FleetLoad,
+    declines_shed_hint,
+    is_summarizer,
+    max_moves,
+    shed_count,
+    shed_targets,
+    summarize,
+)
 from wsfleet.leases import SessionTiming
 
 T = SessionTiming(lease_ms=10_000, heartbeat_ms=2_500, max_clock_skew_ms=1_000)
@@ -33,6 +45,7 @@ def test_the_summary_counts_load_of_live_sessions_and_capacity_of_those_taking_c
     assert (load.workers, load.active, load.capacity, load.suspects) == (3, 60, 400, 0)
     # Shares: a 15, b 15, d 30: b is 5 under and d 30 under.
     assert load.below_share == 35
+    assert load.under == {"d": 30, "b": 5}  # named, so that shedders can send to them
 
 
 def test_expired_and_ended_sessions_still_in_the_ring_mean_the_fleet_is_recovering():
@@ -78,16 +91,42 @@ def test_nothing_is_shed_while_the_fleet_recovers_from_a_crash():
 
 def test_shed_hints_go_to_workers_under_their_share():
     f = fleet(100, 500, below=20)
-    assert declines_shed_hint(active=0, max_connections=100, fleet=f, shed_by_me=True, receives=1)  # never take back
-    assert declines_shed_hint(active=20, max_connections=100, fleet=f, shed_by_me=False, receives=1)  # at share
-    assert not declines_shed_hint(active=5, max_connections=100, fleet=f, shed_by_me=False, receives=1)
-    assert not declines_shed_hint(active=20, max_connections=100, fleet=fleet(100, 500), shed_by_me=False, receives=1)
-    assert not declines_shed_hint(active=20, max_connections=100, fleet=f, shed_by_me=True, receives=4)  # no bouncing
-    assert not declines_shed_hint(active=20, max_connections=100, fleet=None, shed_by_me=False, receives=1)
+    assert declines_shed_hint(active=0, max_connections=100, fleet=f, shed_by_me=True, age_s=0)  # never take back
+    assert declines_shed_hint(active=20, max_connections=100, fleet=f, shed_by_me=False, age_s=0)  # at share
+    assert not declines_shed_hint(active=5, max_connections=100, fleet=f, shed_by_me=False, age_s=0)
+    assert not declines_shed_hint(active=20, max_connections=100, fleet=fleet(100, 500), shed_by_me=False, age_s=0)
+    late = SHED_ANYONE_AFTER_S
+    assert not declines_shed_hint(active=20, max_connections=100, fleet=f, shed_by_me=True, age_s=late)  # no bouncing
+    assert not declines_shed_hint(active=20, max_connections=100, fleet=None, shed_by_me=False, age_s=0)
+
+
+def test_a_shed_hint_naming_its_target_is_left_to_that_worker_for_a_moment_then_to_any_under_share():
+    f = fleet(100, 500, below=20)
+    kw = dict(max_connections=100, fleet=f, shed_by_me=False, shed_to="new#1")
+    assert not declines_shed_hint(active=0, me="new#1", age_s=0, **kw)  # the target takes it
+    assert declines_shed_hint(active=5, me="other#1", age_s=0, **kw)  # under share, but not named
+    assert declines_shed_hint(active=0, me="other#1", age_s=SHED_TARGET_WAIT_S - 0.1, **kw)
+    assert not declines_shed_hint(active=5, me="other#1", age_s=SHED_TARGET_WAIT_S, **kw)  # then: any under share
+    assert declines_shed_hint(active=20, me="other#1", age_s=SHED_TARGET_WAIT_S, **kw)
+    assert not declines_shed_hint(active=20, me="other#1", age_s=SHED_ANYONE_AFTER_S, **kw)  # then: anyone
+
+
+def test_shed_connections_are_sent_to_sessions_under_share_in_proportion_to_their_deficits():
+    rng = random.Random(7)
+    sent = shed_targets({"a": 3, "b": 1}, 4, rng)
+    assert sorted(sent) == ["a", "a", "a", "b"]  # exactly the deficits
+    assert shed_targets({"a": 1}, 3, rng) == ["a", "", ""]  # beyond them: anyone under share
+    assert shed_targets({}, 2, rng) == ["", ""]
+    # Four shedders working from one summary: together they fill each to its deficit, on average
+    counts = {"a": 0, "b": 0}
+    for _ in range(2000):
+        for sid in shed_targets({"a": 15, "b": 5}, 5, rng):
+            counts[sid] += 1
+    assert 2.5 < counts["a"] / counts["b"] < 3.5
 
 
 def test_the_summary_survives_its_round_trip_through_the_sessions_table_item():
-    f = FleetLoad(3, 60, 300, 10, 0, NOW)
+    f = FleetLoad(3, 60, 300, 10, 0, NOW, {"w9#1": 10})
     assert FleetLoad.from_item(f.as_item()) == f
 
 
@@ -104,7 +143,7 @@ def test_a_worker_never_sheds_on_a_summary_older_than_its_own_latest_acquisition
     now = int(time.time() * 1000)
     runners = {f"c{i}": SimpleNamespace(connection_id=f"c{i}", end_reason=None, acquired_mono=0.0, shed=False) for i in range(8)}
     for r in runners.values():
-        r.request_shed = lambda r=r: setattr(r, "shed", True)
+        r.request_shed = lambda to="", r=r: setattr(r, "shed", True)
     acquired = {"ms": now - 1_000}
 
     def balancer(summary: FleetLoad) -> Balancer:

@@ -19,7 +19,8 @@ what is shed. No churn:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import random
+from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from . import schema
@@ -36,6 +37,9 @@ class FleetLoad:
     below_share: int
     suspects: int
     at_ms: int
+    # The sessions under their share and by how much (the largest UNDER_LISTED), so that
+    # a shedder can name where each connection it sheds should go.
+    under: Mapping[str, int] = field(default_factory=dict)
 
     def share(self, max_connections: int) -> float:
         """This worker's fair share of the fleet's connections."""
@@ -49,6 +53,7 @@ class FleetLoad:
             schema.FLEET_BELOW_SHARE: self.below_share,
             schema.FLEET_SUSPECTS: self.suspects,
             schema.FLEET_AT_MS: self.at_ms,
+            schema.FLEET_UNDER: dict(self.under),
         }
 
     @classmethod
@@ -60,6 +65,7 @@ class FleetLoad:
             below_share=int(item.get(schema.FLEET_BELOW_SHARE, 0)),
             suspects=int(item.get(schema.FLEET_SUSPECTS, 0)),
             at_ms=int(item.get(schema.FLEET_AT_MS, 0)),
+            under={str(k): int(v) for k, v in (item.get(schema.FLEET_UNDER) or {}).items()},
         )
 
 
@@ -74,12 +80,32 @@ def summarize(sessions: Iterable[Mapping], *, now_ms: int, timing: SessionTiming
     takers = [s for s in live if not s.get(schema.DRAINING)]
     active = sum(int(s.get(schema.ACTIVE, 0)) for s in live)
     capacity = sum(int(s.get(schema.MAX_CONNECTIONS, 0)) for s in takers)
-    below = 0
+    under: dict[str, int] = {}
     if capacity:
         for s in takers:
             share = math.ceil(active * int(s.get(schema.MAX_CONNECTIONS, 0)) / capacity)
-            below += max(0, share - int(s.get(schema.ACTIVE, 0)))
-    return FleetLoad(len(takers), active, capacity, below, suspects, now_ms)
+            if share > int(s.get(schema.ACTIVE, 0)):
+                under[s[schema.SESSION_ID]] = share - int(s.get(schema.ACTIVE, 0))
+    listed = dict(sorted(under.items(), key=lambda kv: (-kv[1], kv[0]))[:UNDER_LISTED])
+    return FleetLoad(len(takers), active, capacity, sum(under.values()), suspects, now_ms, listed)
+
+
+def shed_targets(under: Mapping[str, int], n: int, rng: random.Random | None = None) -> list[str]:
+    """Where to send ``n`` shed connections: sessions under their share, each chosen
+    in proportion to how far under it is (so that shedders working from one summary
+    together fill every one to its share), none more often than its deficit while the
+    deficits last. "" for any beyond what the summary lists (anyone under share)."""
+    pool = [sid for sid, deficit in sorted(under.items()) for _ in range(max(0, int(deficit)))]
+    chosen = (rng or random).sample(pool, min(n, len(pool)))
+    return chosen + [""] * (n - len(chosen))
+
+
+UNDER_LISTED = 25  # sessions under their share named in the summary (newcomers, mostly)
+# A shed hint that names its target is left to that session this long; then any worker
+# under its share may take it, and after SHED_ANYONE_AFTER_S anyone (the target may be
+# gone, or full, or the summary stale): a shed connection is never left unowned.
+SHED_TARGET_WAIT_S = 2.0
+SHED_ANYONE_AFTER_S = 4.0
 
 
 def is_summarizer(me: str, successors: list[str]) -> bool:
@@ -111,13 +137,28 @@ def max_moves(max_connections: int) -> int:
     return max(1, math.ceil(max_connections / 10))
 
 
-def declines_shed_hint(*, active: int, max_connections: int, fleet: FleetLoad | None, shed_by_me: bool, receives: int) -> bool:
-    """Whether to leave a connection another worker shed for a worker under its share.
-    Its shedder never takes it back; a worker at or above its share leaves it while the
-    summary says some worker is under theirs. After a few receives anyone takes it, so a
-    stale summary cannot leave it bouncing."""
-    if receives > 3:
+def declines_shed_hint(
+    *,
+    active: int,
+    max_connections: int,
+    fleet: FleetLoad | None,
+    shed_by_me: bool,
+    age_s: float,
+    shed_to: str = "",
+    me: str = "",
+) -> bool:
+    """Whether to leave a connection another worker shed. One that names its target
+    (``shed_to``) is the target's for ``SHED_TARGET_WAIT_S``; then, like one that names
+    none, it is for workers under their share: its shedder never takes it back and a
+    worker at or above its share leaves it while the summary says some worker is under
+    theirs. After ``SHED_ANYONE_AFTER_S`` anyone takes it, so that neither a stale
+    summary nor a target that went away leaves it bouncing."""
+    if shed_to and shed_to == me:
         return False
+    if age_s >= SHED_ANYONE_AFTER_S:
+        return False
+    if shed_to and age_s < SHED_TARGET_WAIT_S:
+        return True
     if shed_by_me:
         return True
     if fleet is None or fleet.below_share <= 0:

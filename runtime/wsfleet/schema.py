@@ -70,6 +70,7 @@ FLEET_WORKERS = "workers"  # LIVE sessions taking connections (not draining)
 FLEET_ACTIVE = "active"  # connections held by all LIVE sessions
 FLEET_CAPACITY = "capacity"  # sum of max_connections of the workers taking connections
 FLEET_BELOW_SHARE = "below_share"  # connections the workers under their fair share could take
+FLEET_UNDER = "under"  # {session_id: connections below its share}, the largest few
 FLEET_SUSPECTS = "suspects"  # sessions expired or ended and not yet drained: recovering
 FLEET_AT_MS = "summarized_at_ms"
 
@@ -110,6 +111,7 @@ PUBLIC_FIELDS = (
 # worker shed to rebalance also names that worker's session: {"...", "shed_by": "..."}.
 HINT_CONNECTION_ID = "connection_id"
 HINT_SHED_BY = "shed_by"
+HINT_SHED_TO = "shed_to"  # the session under its share a shed connection is meant for
 HINT_FROM_SESSION = "from_session"  # an ENDED session the connection is still attached to
 
 

@@ -6,10 +6,11 @@
   reads (:class:`~.takeover.Takeover` fetches it every few passes), so each knows its fair
   share without reading every session.
 * **Shedding.** A worker above its share by more than the tolerance sheds the excess
-  through the graceful handoff (close, flush, release with checkpoint, hint naming itself),
-  a few per pass; workers under their share take those hints, the shedder and workers at
-  their share leave them (:func:`wsfleet.balance.declines_shed_hint`), and the shedder's
-  own free scan skips them for a while.
+  through the graceful handoff (close, flush, release with checkpoint, hint naming itself
+  and, from the summary's list of sessions under their share, the one it is meant for),
+  a few per pass; the named worker takes it, others leave it to it for a moment (then
+  to any worker under its share: :func:`wsfleet.balance.declines_shed_hint`), and the
+  shedder's own free scan skips it for a while.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ from __future__ import annotations
 import time
 from typing import Any, Awaitable, Callable, Mapping
 
-from .. import schema
-from ..balance import FleetLoad, is_summarizer, max_moves, shed_count, summarize
+from ..balance import FleetLoad, is_summarizer, max_moves, shed_count, shed_targets, summarize
 from ..leases import SessionTiming
 from ..logs import JsonLogger
 from ..store import SessionsStore, now_ms
@@ -117,9 +117,9 @@ class Balancer:
             (r for r in runners.values() if r.end_reason is None and now - r.acquired_mono >= MIN_HOLD_S),
             key=lambda r: r.acquired_mono,
         )[:n]
-        for runner in movable:
+        for runner, to in zip(movable, shed_targets(fleet.under, len(movable)), strict=True):
             self._shed_at[runner.connection_id] = now
-            runner.request_shed()
+            runner.request_shed(to)
         self._shed_at = {c: t for c, t in self._shed_at.items() if now - t < SHED_COOLDOWN_S}
         if movable:
             self.shed += len(movable)
@@ -132,6 +132,3 @@ class Balancer:
                 workers=fleet.workers,
             )
         return len(movable)
-
-    def hint_body_extra(self) -> dict[str, str]:
-        return {schema.HINT_SHED_BY: self._keeper.session_id}

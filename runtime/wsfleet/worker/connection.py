@@ -88,6 +88,7 @@ class ConnectionRunner:
         self.session_id = session_id
         self.fence_token = fence_token
         self.acquired_mono = time.monotonic()
+        self.shed_to = ""
         self._deadline = deadline
         # Resume after what is stored gap-free (a crashed owner may have stored past its
         # last checkpoint); the next checkpoint write records it.
@@ -242,8 +243,10 @@ class ConnectionRunner:
     def request_shutdown(self) -> None:
         self._end(EndReason.SHUTDOWN)
 
-    def request_shed(self) -> None:
-        """Hand it over to rebalance the fleet: the graceful handoff."""
+    def request_shed(self, to: str = "") -> None:
+        """Hand it over to rebalance the fleet: the graceful handoff; ``to``: the session
+        under its share it is meant for ("" for any)."""
+        self.shed_to = to
         self._end(EndReason.SHED)
 
     def request_stop(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any, Awaitable, Callable
 
 from .. import schema
@@ -21,6 +22,9 @@ from ..logs import JsonLogger
 # Idle, four polls cost 0.4 SQS requests/s per worker.
 HINT_POLLERS = 4
 SEND_BATCH = 10  # SendMessageBatch's limit
+# A poll that left a shed connection for the worker it names waits this long before the
+# next, so that the named worker's polls get it (each leaving costs two SQS requests).
+TARGETED_DECLINE_PAUSE_S = 1.0
 
 
 class Intake:
@@ -35,7 +39,7 @@ class Intake:
         load: Callable[[], float],
         busy: Callable[[str], bool],
         accepting: Callable[[], bool],
-        declines_shed: Callable[[str, int], bool] = lambda shed_by, receives: False,
+        declines_shed: Callable[[str, str, float], bool] = lambda shed_by, shed_to, age_s: False,
     ) -> None:
         self.hints_sent = 0
         self._outbox: list[tuple[str, str, asyncio.Future]] = []
@@ -50,7 +54,7 @@ class Intake:
         self._accepting = accepting
         self._declines_shed = declines_shed
 
-    async def hint(self, connection_id: str, *, shed_by: str = "", from_session: str = "") -> None:
+    async def hint(self, connection_id: str, *, shed_by: str = "", shed_to: str = "", from_session: str = "") -> None:
         """Tell peers a connection is free to take now, so one takes it at once instead
         of at its next scan; ``shed_by`` marks one shed to rebalance, ``from_session``
         one still attached to that ENDED session (the taker's acquire is conditional on
@@ -59,6 +63,8 @@ class Intake:
         body = {schema.HINT_CONNECTION_ID: connection_id}
         if shed_by:
             body[schema.HINT_SHED_BY] = shed_by
+        if shed_to:
+            body[schema.HINT_SHED_TO] = shed_to
         if from_session:
             body[schema.HINT_FROM_SESSION] = from_session
         done = asyncio.get_running_loop().create_future()
@@ -103,24 +109,35 @@ class Intake:
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=hints_per_poll(self._load(), room),
             WaitTimeSeconds=wait_seconds,
-            AttributeNames=["ApproximateReceiveCount"],
+            AttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
         )
         messages = resp.get("Messages", [])
-        await asyncio.gather(*(self._on_hint(m) for m in messages))
-        if messages and self._accepting():
+        left = await asyncio.gather(*(self._on_hint(m) for m in messages))
+        if any(left) and self._accepting():
+            # We left a shed connection for the worker it names: let that one's polls
+            # find it instead of ours taking it again.
+            await asyncio.sleep(TARGETED_DECLINE_PAUSE_S)
+        elif messages and self._accepting():
             await asyncio.sleep(hint_pause_s(self._load()))
         return len(messages)
 
-    async def _on_hint(self, message: dict[str, Any]) -> None:
-        connection_id, shed_by, from_session = parse_hint(message.get("Body", ""))
-        receives = int(message.get("Attributes", {}).get("ApproximateReceiveCount", 1))
-        keep, later = False, 0
+    async def _on_hint(self, message: dict[str, Any]) -> bool:
+        """Take the hinted connection, or leave it for a peer. True if it was a shed
+        connection left for the worker it names (visible again at once)."""
+        connection_id, shed_by, from_session, shed_to = parse_hint(message.get("Body", ""))
+        attributes = message.get("Attributes", {})
+        receives = int(attributes.get("ApproximateReceiveCount", 1))
+        sent_ms = attributes.get("SentTimestamp")
+        age_s = max(0.0, time.time() - int(sent_ms) / 1000) if sent_ms else float(receives - 1)
+        keep, later, targeted = False, 0, False
         if connection_id is None:
             self._log.warning("bad_hint", body=message.get("Body", "")[:200])
         elif not self._accepting() or (not self._busy(connection_id) and self._room() <= 0):
             keep = True  # no room (or no session) here: give it back to the queue for a peer, now
-        elif shed_by and not self._busy(connection_id) and self._declines_shed(shed_by, receives):
-            keep, later = True, 1  # shed to rebalance: for a worker under its share
+        elif shed_by and not self._busy(connection_id) and self._declines_shed(shed_by, shed_to, age_s):
+            # Shed to rebalance: for the worker it names, else for one under its share.
+            keep, targeted = True, bool(shed_to)
+            later = 0 if targeted else 1
         elif not self._busy(connection_id):
             source = "rebalance" if shed_by else "orphan" if from_session else "hint"
             await self._acquire(connection_id, source=source, expected_session=from_session)
@@ -139,18 +156,19 @@ class Intake:
                 )
         except Exception as exc:  # noqa: BLE001 - it comes back after its visibility timeout
             self._log.warning("hint_ack_failed", error=str(exc))
+        return targeted
 
 
-def parse_hint(body: str) -> tuple[str | None, str, str]:
+def parse_hint(body: str) -> tuple[str | None, str, str, str]:
     """(connection id or None if malformed, the shedding session or "", the ENDED
-    session it is still attached to or "")."""
+    session it is still attached to or "", the session a shed one is meant for or "")."""
     try:
         obj = json.loads(body)
         value = obj.get(schema.HINT_CONNECTION_ID)
-        shed_by, from_session = obj.get(schema.HINT_SHED_BY, ""), obj.get(schema.HINT_FROM_SESSION, "")
+        fields = [obj.get(name, "") for name in (schema.HINT_SHED_BY, schema.HINT_FROM_SESSION, schema.HINT_SHED_TO)]
     except (ValueError, AttributeError):
-        return None, "", ""
+        return None, "", "", ""
     if not isinstance(value, str) or not value:
-        return None, "", ""
-    text = lambda v: v if isinstance(v, str) else ""  # noqa: E731
-    return value, text(shed_by), text(from_session)
+        return None, "", "", ""
+    shed_by, from_session, shed_to = (f if isinstance(f, str) else "" for f in fields)
+    return value, shed_by, from_session, shed_to

@@ -122,7 +122,7 @@ class Worker:
             acquire=self.try_acquire,
             hint=self.intake.hint,
             room=self.free,
-            scan_room=lambda: 0 if self._declines_shed("", 1) else self.free(),
+            scan_room=lambda: 0 if self._declines_shed("") else self.free(),
             load=self.load,
             busy=self._busy,
             avoid=lambda cid: self.balancer.shed_recently(cid),
@@ -169,13 +169,15 @@ class Worker:
     def _accepting(self) -> bool:
         return not self._stopping.is_set() and self.keeper.live()
 
-    def _declines_shed(self, shed_by: str, receives: int) -> bool:
+    def _declines_shed(self, shed_by: str, shed_to: str = "", age_s: float = 0.0) -> bool:
         return declines_shed_hint(
             active=len(self.runners) + len(self._acquiring),
             max_connections=self.config.max_connections,
             fleet=self.balancer.fresh_fleet(),
             shed_by_me=shed_by == self.keeper.session_id,
-            receives=receives,
+            age_s=age_s,
+            shed_to=shed_to,
+            me=self.keeper.session_id,
         )
 
     # --- taking connections ------------------------------------------------------------
@@ -308,7 +310,7 @@ class Worker:
         if reason in (EndReason.SHUTDOWN, EndReason.FAILED):
             await self.intake.hint(runner.connection_id)
         elif reason is EndReason.SHED:
-            await self.intake.hint(runner.connection_id, shed_by=runner.session_id)
+            await self.intake.hint(runner.connection_id, shed_by=runner.session_id, shed_to=runner.shed_to)
 
     # --- what the session tells us -----------------------------------------------------
 
