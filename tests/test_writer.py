@@ -16,7 +16,7 @@ from wsfleet.metrics import Counters
 from wsfleet.store import MessagesStore
 from wsfleet.stream import Frame
 from wsfleet.worker.retry import LeaseExpired
-from wsfleet.worker.writer import Writer
+from wsfleet.worker.writer import Latency, Writer, histogram_of, histogram_quantile
 
 
 class RecordingDynamoDB:
@@ -304,3 +304,68 @@ def test_a_batch_slower_than_the_deadline_it_started_with_is_kept_while_renewals
     h = run(scenario())
     assert [k[1] for r in h.ddb.requests for k in r] == [1, 2, 3, 4]
     assert h.stored["a"][-1][0] == 4
+
+
+def test_received_to_stored_latency_reflects_a_slow_table():
+    """Each frame's time from hand-over to stored batch is measured: with a table that
+    takes 0.4 s per request, every frame took at least that long, and the stats line
+    says so (lower bounds only: a busy machine can only make it slower)."""
+
+    async def scenario():
+        h = Harness(interval=0.01)
+        h.open("a", "b")
+        real = h.writer._put
+
+        def slow_put(**kw):
+            time.sleep(0.4)
+            real(**kw)
+
+        async def threaded(fn, /, **kw):
+            return await asyncio.to_thread(fn, **kw)
+
+        h.writer._put = slow_put
+        h.writer._call = threaded
+        task = asyncio.create_task(h.writer.run())
+        await h.put("a", *range(1, 31))
+        await h.put("b", *range(1, 11))
+        await until(lambda: h.counters.total(names.MESSAGES_STORED) == 40)
+        task.cancel()
+        return h
+
+    h = run(scenario())
+    lat = h.writer.stats()["received_to_stored_ms"]
+    assert lat["n"] == 40
+    assert lat["max"] >= 400 and lat["p99"] >= 400 / 1.1 and lat["p50"] >= 400 / 1.1  # 9 % wide buckets
+    assert lat["p50"] <= lat["p99"] <= lat["max"]
+    assert sum(h.writer.stats()["received_to_stored_hist"].values()) == 40
+
+
+def test_latency_histogram_percentiles_window_and_cumulative_counts():
+    now = [1000.0]
+    lat = Latency(window_s=60, slots=6, clock=lambda: now[0])
+    # 99 frames stored 50 ms after hand-over and one 2 s after, in one batch.
+    lat.record(now[0], [now[0] - 0.05] * 99 + [now[0] - 2.0])
+    s = lat.summary()
+    assert s["n"] == 100 and s["max"] == 2000.0
+    assert 50 / 1.1 <= s["p50"] <= 50 * 1.1 and 50 / 1.1 <= s["p99"] <= 50 * 1.1
+    assert lat.summary() == s  # reading is not consuming
+    first = lat.cumulative()
+
+    now[0] += 30  # a second batch, later in the window
+    lat.record(now[0], [now[0] - 0.5] * 100)
+    s = lat.summary()
+    assert s["n"] == 200 and 500 / 1.1 <= s["p99"] <= 500 * 1.1 and s["max"] == 2000.0
+
+    now[0] += 45  # the first batch's slot has left the window, the second's has not
+    s = lat.summary()
+    assert s["n"] == 100 and s["max"] == 500.0
+
+    now[0] += 60
+    assert lat.summary() == {"window_s": 60, "n": 0, "p50": None, "p99": None, "max": None}
+
+    # The cumulative histogram keeps everything; two readings subtract to a window.
+    both = histogram_of(lat.cumulative())
+    assert sum(both) == 200 and sum(histogram_of(first)) == 100
+    between = [b - a for a, b in zip(histogram_of(first), both, strict=True)]
+    assert 500 / 1.1 <= histogram_quantile(between, 99) <= 500 * 1.1
+    assert histogram_quantile([0] * len(between), 50) is None

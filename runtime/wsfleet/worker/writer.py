@@ -21,6 +21,15 @@ share from each connection before filling the rest, so a chatty connection canno
 quiet ones of batch slots. Memory is bounded by a per-connection and a per-worker cap on
 pending frames: when one is reached the receive loop waits (backpressure, counted in
 ``BackpressureWaits``), nothing is dropped.
+
+Received to stored: each pending frame keeps the monotonic time it was handed to the
+writer, and when its batch is stored, ``now - handed`` goes into a :class:`Latency`
+histogram (fixed log-spaced buckets, no allocation per frame beyond the float). The
+``stats`` line shows p50 / p99 / max over a rolling window (the last 50-60 s by default:
+six 10 s slots, the oldest one dropped as a new one starts), so reading it twice (the
+metrics publish and the log line both do) changes nothing; it also carries the
+cumulative histogram, which tools subtract between two lines for any window's
+percentiles (the benchmarks do).
 """
 
 from __future__ import annotations
@@ -28,9 +37,10 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from bisect import bisect_left
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 from .. import metrics_names as names
 from ..aws import send_deadline
@@ -42,6 +52,109 @@ from .retry import LeaseExpired, call_until, first_of
 
 Call = Callable[..., Awaitable[Any]]
 
+# Pending frames a connection, and the whole worker, may have before receive loops wait.
+MAX_PENDING_PER_CONNECTION = 1000
+MAX_PENDING = 20_000
+
+# Upper bounds (ms) of the received -> stored histogram's buckets: 8 per doubling from
+# 1 ms to 2^17 ms (about 131 s), so a bucket is 9 % wide; one more bucket beyond.
+LATENCY_BOUNDS_MS: tuple[float, ...] = tuple(2 ** (i / 8) for i in range(8 * 17 + 1))
+
+
+def latency_key(bucket: int) -> str:
+    """How a bucket is named in the stats line: its upper bound in ms (3 digits), or
+    ``inf`` for the one beyond the last bound."""
+    return f"{LATENCY_BOUNDS_MS[bucket]:.3g}" if bucket < len(LATENCY_BOUNDS_MS) else "inf"
+
+
+def histogram_quantile(counts: Sequence[int], q: float, max_ms: float | None = None) -> float | None:
+    """The q-th percentile (0..100) of a histogram over :data:`LATENCY_BOUNDS_MS` (counts
+    per bucket, the overflow bucket last), interpolated linearly inside its bucket and
+    never above ``max_ms`` when the largest value is known; None when it is empty. With
+    q 100 and no ``max_ms``: the upper bound of the highest non-empty bucket."""
+    n = sum(counts)
+    if n == 0:
+        return None
+    rank = max(1.0, q / 100 * n)
+    seen = 0
+    for b, c in enumerate(counts):
+        if c and seen + c >= rank:
+            lower = LATENCY_BOUNDS_MS[b - 1] if b > 0 else 0.0
+            if b >= len(LATENCY_BOUNDS_MS):  # beyond the last bound: only the maximum says more
+                return max_ms if max_ms is not None else lower
+            value = lower + (LATENCY_BOUNDS_MS[b] - lower) * (rank - seen) / c
+            return min(value, max_ms) if max_ms is not None else value
+        seen += c
+    return max_ms
+
+
+def histogram_of(cumulative: Mapping[str, int]) -> list[int]:
+    """A stats line's cumulative histogram (``{bound: count}``, see :func:`latency_key`)
+    back as counts per bucket."""
+    index = {latency_key(b): b for b in range(len(LATENCY_BOUNDS_MS) + 1)}
+    counts = [0] * (len(LATENCY_BOUNDS_MS) + 1)
+    for key, n in cumulative.items():
+        counts[index[key]] += n
+    return counts
+
+
+class Latency:
+    """Frame received -> stored times: a histogram per time slot (``slots`` of
+    ``window_s / slots`` seconds each, reused round-robin) for the rolling summary, and
+    one since start for tools that difference two readings."""
+
+    def __init__(self, window_s: float = 60.0, slots: int = 6, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self._slot_s = window_s / slots
+        self._clock = clock
+        width = len(LATENCY_BOUNDS_MS) + 1
+        self._counts = [[0] * width for _ in range(slots)]
+        self._max = [0.0] * slots
+        self._epoch = [-1] * slots
+        self._total = [0] * width
+
+    def record(self, now: float, handed: Iterable[float]) -> None:
+        """One stored batch: ``handed`` are its frames' hand-over times (monotonic s)."""
+        epoch = int(now // self._slot_s)
+        slot = epoch % len(self._epoch)
+        counts = self._counts[slot]
+        if self._epoch[slot] != epoch:  # a slot last used a whole window ago, or never
+            counts[:] = [0] * len(counts)
+            self._max[slot] = 0.0
+            self._epoch[slot] = epoch
+        total, bounds, top = self._total, LATENCY_BOUNDS_MS, self._max[slot]
+        for t in handed:
+            ms = (now - t) * 1000.0
+            b = bisect_left(bounds, ms)
+            counts[b] += 1
+            total[b] += 1
+            if ms > top:
+                top = ms
+        self._max[slot] = top
+
+    def summary(self) -> dict[str, Any]:
+        """n, p50, p99 and max (ms) over the slots of the rolling window."""
+        now_epoch = int(self._clock() // self._slot_s)
+        live = [s for s, e in enumerate(self._epoch) if now_epoch - len(self._epoch) < e <= now_epoch]
+        counts = [sum(col) for col in zip(*(self._counts[s] for s in live), strict=True)] if live else []
+        top = max((self._max[s] for s in live), default=0.0)
+        n = sum(counts)
+
+        def r(v: float | None) -> float | None:
+            return None if v is None else round(v, 1)
+
+        return {
+            "window_s": self.window_s,
+            "n": n,
+            "p50": r(histogram_quantile(counts, 50, top)) if n else None,
+            "p99": r(histogram_quantile(counts, 99, top)) if n else None,
+            "max": r(top) if n else None,
+        }
+
+    def cumulative(self) -> dict[str, int]:
+        """Every frame stored since start, per bucket (non-empty buckets only)."""
+        return {latency_key(b): c for b, c in enumerate(self._total) if c}
+
 
 @dataclass
 class _Queue:
@@ -49,7 +162,7 @@ class _Queue:
     fence_token: int
     deadline: Callable[[], float]
     on_stored: Callable[[int, int], None]  # (last seq stored, how many)
-    frames: deque[tuple[Frame, float]] = field(default_factory=deque)  # (frame, arrival, monotonic)
+    frames: deque[tuple[Frame, float]] = field(default_factory=deque)  # (frame, handed over: monotonic)
     in_flight: bool = False
     flushing: int = 0  # callers waiting for this queue to empty
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # room freed, or emptied
@@ -65,9 +178,10 @@ class Writer:
         counters: Counters,
         log: JsonLogger,
         flush_interval_s: float = 0.1,
-        max_pending_per_connection: int = 1000,
-        max_pending: int = 20_000,
+        max_pending_per_connection: int = MAX_PENDING_PER_CONNECTION,
+        max_pending: int = MAX_PENDING,
         concurrency: int = 4,
+        latency_window_s: float = 60.0,
     ) -> None:
         self._messages = messages
         self._call = call
@@ -88,6 +202,7 @@ class Writer:
         self._sends: set[asyncio.Task] = set()
         self.batches = 0
         self.items = 0
+        self.latency = Latency(latency_window_s)
 
     # --- what a connection calls ------------------------------------------------------
 
@@ -153,6 +268,8 @@ class Writer:
             "pending": self._pending,
             "batches": self.batches,
             "items_per_batch": round(self.items / self.batches, 2) if self.batches else None,
+            "received_to_stored_ms": self.latency.summary(),
+            "received_to_stored_hist": self.latency.cumulative(),
         }
 
     # --- the loop ---------------------------------------------------------------------
@@ -200,7 +317,7 @@ class Writer:
         oldest = min(q.frames[0][1] for q in ready)
         return max(0.0, oldest + self._interval - time.monotonic())
 
-    def _take(self) -> list[tuple[_Queue, list[Frame]]]:
+    def _take(self) -> list[tuple[_Queue, list[tuple[Frame, float]]]]:
         """Up to MAX_BATCH items from the queues whose first frame is oldest. When more
         is pending than one batch holds, the ready queues are spread over as many
         concurrent batches as the pending frames fill (a connection has one batch in
@@ -213,7 +330,7 @@ class Writer:
         batches = min(self._concurrency, math.ceil(sum(len(q.frames) for q in ready) / MAX_BATCH))
         ready = ready[: max(1, math.ceil(len(ready) / max(1, batches)))]
         share = max(1, MAX_BATCH // len(ready))
-        taken: dict[str, list[Frame]] = {}
+        taken: dict[str, list[tuple[Frame, float]]] = {}
         room = MAX_BATCH
         for limit in (share, MAX_BATCH):
             for q in ready:
@@ -222,7 +339,7 @@ class Writer:
                 have = taken.setdefault(q.connection_id, [])
                 n = min(limit - len(have), len(q.frames), room)
                 for _ in range(max(0, n)):
-                    have.append(q.frames.popleft()[0])
+                    have.append(q.frames.popleft())
                 room -= max(0, n)
         batch = []
         for q in ready:
@@ -240,8 +357,8 @@ class Writer:
             q.changed.set()
         return batch
 
-    async def _send(self, batch: list[tuple[_Queue, list[Frame]]]) -> None:
-        entries = [(q.connection_id, q.fence_token, f) for q, frames in batch for f in frames]
+    async def _send(self, batch: list[tuple[_Queue, list[tuple[Frame, float]]]]) -> None:
+        entries = [(q.connection_id, q.fence_token, f) for q, frames in batch for f, _ in frames]
         try:
             # The deadline is read afresh at every retry: renewals extend it meanwhile.
             await call_until(
@@ -251,13 +368,14 @@ class Writer:
             # Past the deadline: these frames are never written by us, and their
             # connections are being dropped with the session (the next owner replays
             # them). Any whose deadline has moved on (it cannot, once passed, but a
-            # frame is never dropped on a guess) gets its frames back, in front.
+            # frame is never dropped on a guess) gets its frames back, in front, with
+            # the times they were handed over.
             self._log.warning("deadline_passed_while_writing", items=len(entries))
             now = time.monotonic()
             for q, frames in batch:
                 q.in_flight = False
                 if q.connection_id in self._queues and q.deadline() > now:
-                    q.frames.extendleft((f, now) for f in reversed(frames))
+                    q.frames.extendleft(reversed(frames))
                     self._pending += len(frames)
                     self._waiting[q.connection_id] = q
                     self._waiting.move_to_end(q.connection_id, last=False)
@@ -268,11 +386,12 @@ class Writer:
             self._slots.release()
         self.batches += 1
         self.items += len(entries)
+        self.latency.record(time.monotonic(), (t for _, frames in batch for _, t in frames))
         self._counters.add(names.MESSAGES_STORED, len(entries))
         for q, frames in batch:
             q.in_flight = False
             if q.connection_id in self._queues:
-                q.on_stored(frames[-1].seq, len(frames))
+                q.on_stored(frames[-1][0].seq, len(frames))
             q.changed.set()
         self._wake.set()
 
