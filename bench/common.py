@@ -161,6 +161,7 @@ class Stats:
     session_id: str = ""
     renewals: int = 0  # successful session renewals since the worker started
     sessions_ended: int = 0  # dead sessions this worker ended
+    writer: dict[str, Any] = field(default_factory=dict)  # the writer's own figures (pending, latency)
 
     @classmethod
     def from_event(cls, e: Mapping[str, Any]) -> "Stats":
@@ -178,6 +179,7 @@ class Stats:
             session_id=e.get("session_id", ""),
             renewals=e.get("renewals", 0),
             sessions_ended=e.get("sessions_ended", 0),
+            writer=dict(e.get("writer") or {}),
         )
 
 
@@ -238,6 +240,24 @@ class Window:
     @property
     def ddb_total(self) -> int:
         return sum(v for k, v in self.requests.items() if k.startswith("dynamodb."))
+
+
+def latency_between(a: Stats, b: Stats) -> dict[str, Any]:
+    """Frame received (handed to the writer) -> stored, for the frames stored between two
+    stats lines: the difference of the writer's cumulative histograms (buckets 9 % wide).
+    p50 and p99 are interpolated inside their bucket; max is the upper bound of the
+    highest non-empty bucket (so at most 9 % above the true maximum)."""
+    from wsfleet.worker.writer import histogram_of, histogram_quantile
+
+    key = "received_to_stored_hist"
+    before, after = histogram_of(a.writer.get(key, {})), histogram_of(b.writer.get(key, {}))
+    counts = [y - x for x, y in zip(before, after, strict=True)]
+    return {
+        "n": sum(counts),
+        "p50": histogram_quantile(counts, 50),
+        "p99": histogram_quantile(counts, 99),
+        "max": histogram_quantile(counts, 100),
+    }
 
 
 class WorkerProcess:

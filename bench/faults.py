@@ -31,7 +31,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from wsfleet import config as cfg
 from wsfleet import schema
@@ -119,6 +119,30 @@ def session_loss(
     }
 
 
+# --- the audit ---------------------------------------------------------------------------------
+
+
+def stored_ends(
+    rig: Rig, messages: MessagesStore, ids: Sequence[str], since: Mapping[str, int] | None = None
+) -> dict[str, tuple[int, int]]:
+    """Per connection, read back from the messages table: (the highest seq stored, the
+    end of what is stored gap-free from 1). ``end < highest`` is a gap. The highest is
+    read first, so frames a live worker stores meanwhile may only raise the end: a gap
+    is never reported for a write that merely landed between the two reads. ``since``:
+    ends already read gap-free from 1 (by an earlier call or ``stored_end``), so only
+    what lies past them is read again."""
+    out = {}
+    for cid in ids:
+        newest = rig.ddb.query(
+            TableName=rig.aws_env["MESSAGES_TABLE_NAME"], KeyConditionExpression="pk = :p",
+            ExpressionAttributeValues={":p": {"S": schema.connection_pk(cid)}}, ScanIndexForward=False, Limit=1,
+            ProjectionExpression="sk",
+        )["Items"]
+        highest = int(newest[0]["sk"]["N"]) if newest else 0
+        out[cid] = (highest, messages.stored_end(cid, (since or {}).get(cid, 0)))
+    return out
+
+
 # --- the run -----------------------------------------------------------------------------------
 
 
@@ -166,18 +190,9 @@ class Scenario:
         windows = [Window.between(a, b) for a, b in zip(stats_before, stats_after, strict=True)]
         events = [e for w in self.workers for e in w.events() if e.get("ts", 0) >= on]
         throttled, passed = sum(counts["throttled"].values()), sum(counts["passed"].values())
-        gaps, behind = [], []
-        for cid in self.ids:
-            newest = rig.ddb.query(
-                TableName=rig.aws_env["MESSAGES_TABLE_NAME"], KeyConditionExpression="pk = :p",
-                ExpressionAttributeValues={":p": {"S": schema.connection_pk(cid)}}, ScanIndexForward=False, Limit=1,
-                ProjectionExpression="sk",
-            )["Items"]
-            highest = int(newest[0]["sk"]["N"]) if newest else 0
-            end = self.messages.stored_end(cid, 0)  # read second: frames stored meanwhile may only raise it
-            if end < highest:
-                gaps.append(cid)
-            behind.append(books_after.get(cid, {}).get("produced", 0) - end)
+        stored = stored_ends(rig, self.messages, self.ids)
+        gaps = [cid for cid, (highest, end) in stored.items() if end < highest]
+        behind = [books_after.get(cid, {}).get("produced", 0) - end for cid, (_, end) in stored.items()]
         retries = [e for e in events if e["event"] == "renew_retry"]
         out = {
             "share": share, "seconds": seconds, "seed": seed, "on": on, "off": off,
