@@ -272,3 +272,27 @@ def test_a_query_on_the_tables_own_key_reads_only_its_partition_and_answers_as_b
     assert [int(i["sk"]["N"]) for i in above] == [26, 27, 28, 29, 30]
     assert table not in listed  # never every item of the table
     assert messages.stored_end("a", 0) == 30
+
+
+def test_a_message_put_back_at_once_wakes_a_waiting_long_poll_as_sqs_does(own):
+    """A hint one worker leaves for another (visibility 0) must reach a poll already
+    waiting, not wait for moto's next look at the queue a second later."""
+    url, env, _ = own
+    sqs = boto3.client("sqs", endpoint_url=url, region_name=env["AWS_REGION"])
+    queue = env["QUEUE_URL"]
+    sqs.send_message(QueueUrl=queue, MessageBody="hint")
+    (taken,) = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=1, WaitTimeSeconds=0)["Messages"]
+    got: dict = {}
+
+    def wait() -> None:
+        resp = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=1, WaitTimeSeconds=10)
+        got["at"], got["messages"] = time.monotonic(), resp.get("Messages", [])
+
+    poller = threading.Thread(target=wait)
+    poller.start()
+    time.sleep(1.1)  # the poll is waiting (moto looks again every second: next at about 2.0 s)
+    put_back = time.monotonic()
+    sqs.change_message_visibility(QueueUrl=queue, ReceiptHandle=taken["ReceiptHandle"], VisibilityTimeout=0)
+    poller.join(timeout=15)
+    assert [m["Body"] for m in got["messages"]] == ["hint"]
+    assert got["at"] - put_back < 0.4  # at once; it was about 0.9 s here before

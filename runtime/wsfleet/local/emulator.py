@@ -455,12 +455,36 @@ def _partition_queries() -> None:
     Table.query = partition_query
 
 
+def _visible_again_wakes_long_polls() -> None:
+    """Make a message made visible again by ChangeMessageVisibility wake the long polls
+    waiting on its queue, as SQS does (a long poll returns as soon as a message is
+    available). moto 5.2 wakes them only when a message is sent: one put back at once
+    (visibility 0) waited up to a second, each time, for a waiting poll's next look.
+    Idempotent."""
+    from moto.sqs.models import SQSBackend
+
+    if getattr(SQSBackend.change_message_visibility, "_wsfleet_wakes", False):
+        return
+    change = SQSBackend.change_message_visibility
+
+    def change_and_wake(self: Any, queue_name: str, receipt_handle: str, visibility_timeout: int) -> None:
+        change(self, queue_name, receipt_handle, visibility_timeout)
+        if int(visibility_timeout) == 0:
+            queue = self.get_queue(queue_name)
+            with queue._messages_lock:
+                queue._messages_lock.notify_all()
+
+    change_and_wake._wsfleet_wakes = True  # type: ignore[attr-defined]
+    SQSBackend.change_message_visibility = change_and_wake
+
+
 def build_app() -> WSGIApp:
     """moto behind the ledger (outermost: it sees every request), the journal's control
     path, the fault switch, and the lock that serialises DynamoDB (and journals it)."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
     _partition_queries()
+    _visible_again_wakes_long_polls()
     book = Journal()
     return RequestLedger(book(Faults(SerializedDynamoDB(DomainDispatcherApplication(create_backend_app), book))))
 
