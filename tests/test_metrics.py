@@ -72,7 +72,7 @@ def test_loop_lag_is_a_millisecond_gauge_published_once_it_has_been_measured():
 def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatch(emulator, aws_env, ddb):
     cfg = WorkerConfig.from_env({**aws_env, "SERVICE_NAME": "wsfleet-test", "METRICS_NAMESPACE": "WsFleetTest"})
     conns = ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=cfg.state_shards)
-    for cid in ("a", "b", "c"):
+    for cid in ("a", "b", "c", "e"):
         conns.start(cid, "ws://127.0.0.1:9/x")
     conns.start("d", "ws://127.0.0.1:9/x")
     sessions = SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"])
@@ -90,6 +90,10 @@ def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatc
         await worker.takeover.watch_once()  # watches elsewhere#1 and dead#1
         worker.takeover.cancel()  # counted while still attached: stop the drain it just spawned
         worker._lag_ms.append(4.0)  # what the loop probe would have recorded
+        # A connection counts as free only once it is still free at the next count: "e"
+        # was free at the first and taken before the second, "a" stays free.
+        assert await worker.count_unowned() == 1  # only "d" (its session ENDED): "a" and "e" just seen
+        conns.acquire("e", session_id="elsewhere#1", worker_id="elsewhere")
         await worker.publish_metrics_once()
         aws.close()
 
@@ -113,4 +117,4 @@ def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatc
     assert latest("ActiveConnections") == 0
     assert latest("ActiveConnections", [*dims, {"Name": "WorkerId", "Value": "w1"}]) == 0
     assert latest("LoopLagP99") == 4.0
-    assert latest("UnownedConnections") == 2  # "a", free, and "d", on an ended session
+    assert latest("UnownedConnections") == 2  # "a", free at both counts, and "d", on an ended session

@@ -88,7 +88,9 @@ class Alarms(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
         # Each worker counts the STARTED connections nobody owns from the by_owner index:
-        # the FREE#<shard> partitions (the same for every worker) plus the connections
+        # those in the FREE#<shard> partitions (the same for every worker) at two of its
+        # samples in a row (every START and handoff passes through them for a moment, so
+        # a busy fleet always has a few there), plus the connections
         # of the sessions it watches that are ENDED or past expiry (only their watchers
         # see those), so the fleet's view is the Maximum over workers. A crashed
         # worker's connections are owned again within the failover bound (lease + skew

@@ -89,6 +89,7 @@ class Takeover:
         self._draining: set[str] = set()
         self._empty: dict[str, int] = {}
         self._tasks: set[asyncio.Task] = set()
+        self._free_seen: set[str] = set()  # FREE# at the previous count_unowned
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> None:
         task = asyncio.ensure_future(coro)
@@ -298,18 +299,28 @@ class Takeover:
         await self._acquire(connection_id, source="unowned")
 
     async def count_unowned(self) -> int:
-        """STARTED connections that nobody owns: the FREE# shards, plus those attached to
-        watched sessions that are ENDED or past their expiry (the fleet's view is the
-        Maximum over workers)."""
+        """STARTED connections that nobody owns: those in the FREE# shards now that were
+        there at this worker's previous count too (one METRICS_SECONDS earlier), plus
+        those attached to watched sessions that are ENDED or past their expiry (the
+        fleet's view is the Maximum over workers). A connection passes through FREE#
+        for a moment on every START and handoff, so a busy fleet always has a few
+        there: counting those would hold the alarm up on a steady START rate; one still
+        there a sample later has been missed by the hints and the free scans."""
         now = self._clock_ms()
-        counts = await asyncio.gather(*(self._call(self._connections.count_free, s) for s in range(self._shards)))
+        listed = await asyncio.gather(*(self._call(_all_free, self._connections, s) for s in range(self._shards)))
+        free_now = set().union(*listed)
+        stuck, self._free_seen = free_now & self._free_seen, free_now
         dead = [
             w.session_id
             for w in self.watched.values()
             if w.state == schema.ENDED or w.expires_at_ms < self._timing.endable_below_ms(now)
         ]
         owned = await asyncio.gather(*(self._call(self._connections.count_owned_by, s) for s in dead))
-        return sum(counts) + sum(owned)
+        return len(stuck) + sum(owned)
+
+
+def _all_free(connections: ConnectionsStore, shard: int) -> set[str]:
+    return set(connections.free(shard, limit=1000))
 
 
 def _take(iterable: Any, n: int) -> list:
