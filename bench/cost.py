@@ -245,8 +245,8 @@ def purpose(r: Mapping[str, Any], tables: Mapping[str, str], own: set[str]) -> s
         return {"UpdateItem": "renewal", "BatchGetItem": "watch", "Query": "ring"}.get(op, f"sessions {op}")
     if table == "connections":
         if op == "Query" and index == schema.OWNER_INDEX:
-            if select == "COUNT":
-                return "unowned count"
+            if select in ("COUNT", "SPECIFIC_ATTRIBUTES"):
+                return "unowned count"  # COUNT for a watched dead session, keys only for FREE#
             if part.startswith(schema.OWNER_KEY_FREE_PREFIX):
                 return "free scan"
             return "audit" if part[len(schema.OWNER_KEY_SESSION_PREFIX):] in own else "drain"
@@ -372,7 +372,7 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
          f"{entry_bytes:.0f} B -> {by['audit'].rru_at(per_worker):g} RRU each"],
         ["- ring", fmt(rru_ch["ring"], 2), "", "-", f"{fmt(by['ring'].per_worker_hour, 0)} by_ring Queries / worker-hour, 0.5 each"],
         ["- UnownedConnections counts", fmt(rru_ch["unowned count"], 2), "", "-",
-         f"{fmt(by['unowned count'].per_worker_hour, 0)} COUNT Queries / worker-hour ({t['shards']} per publish, "
+         f"{fmt(by['unowned count'].per_worker_hour, 0)} Queries / worker-hour ({t['shards']} per publish, keys only, "
          f"METRICS_SECONDS {t['metrics_s']:g}), 0.5 each"],
         ["DynamoDB requests / connection-hour, holding", fmt(ddb_req_ch, 1), "-",
          fmt(before.COST["dynamodb_requests_per_connection_hour"], 1), f"renewal tries, watch, ring, free scan, audit, counts, / {per_worker}"],

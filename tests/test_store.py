@@ -301,6 +301,7 @@ def test_the_owner_index_lists_a_sessions_connections_and_the_free_ones(store):
     assert store.count_owned_by("a#1") == 2
     assert sorted(c for shard in range(4) for c in store.free(shard)) == ["c3"]
     assert sum(store.count_free(shard) for shard in range(4)) == 1
+    assert set().union(*(store.free_ids(shard) for shard in range(4))) == {"c3"}
 
 
 def test_the_free_query_follows_pagination(store):

@@ -511,6 +511,19 @@ class ConnectionsStore(_Table):
             for raw in page.get("Items", []):
                 yield schema.connection_id_from_pk(unmarshal(raw)[schema.PK])
 
+    def free_ids(self, shard: int) -> set[str]:
+        """Every STARTED connection of one shard nobody owns, keys only: what the
+        UnownedConnections count compares between two of its samples."""
+        pages = self._query_pages(
+            IndexName=schema.OWNER_INDEX,
+            KeyConditionExpression="#k = :k",
+            ExpressionAttributeNames=_names("#k", "#pk"),
+            ExpressionAttributeValues=marshal({":k": schema.free_partition(shard)}),
+            Select="SPECIFIC_ATTRIBUTES",
+            ProjectionExpression="#pk",
+        )
+        return {schema.connection_id_from_pk(unmarshal(raw)[schema.PK]) for page in pages for raw in page.get("Items", [])}
+
     def count_free(self, shard: int) -> int:
         """How many STARTED connections of one shard nobody owns, without reading them."""
         return sum(p.get("Count", 0) for p in self._owner_pages(schema.free_partition(shard), Select="COUNT"))

@@ -307,7 +307,7 @@ class Takeover:
         there: counting those would hold the alarm up on a steady START rate; one still
         there a sample later has been missed by the hints and the free scans."""
         now = self._clock_ms()
-        listed = await asyncio.gather(*(self._call(_all_free, self._connections, s) for s in range(self._shards)))
+        listed = await asyncio.gather(*(self._call(self._connections.free_ids, s) for s in range(self._shards)))
         free_now = set().union(*listed)
         stuck, self._free_seen = free_now & self._free_seen, free_now
         dead = [
@@ -318,9 +318,6 @@ class Takeover:
         owned = await asyncio.gather(*(self._call(self._connections.count_owned_by, s) for s in dead))
         return len(stuck) + sum(owned)
 
-
-def _all_free(connections: ConnectionsStore, shard: int) -> set[str]:
-    return set(connections.free(shard, limit=1000))
 
 
 def _take(iterable: Any, n: int) -> list:
