@@ -231,6 +231,9 @@ def test_a_short_seeded_chaos_run_finds_no_violation(python_env, tmp_path):
     assert {"storm", "ddb_outage", "sqs_outage", "term", "kill", "pause", "clock"} <= set(result["kinds"])
     assert all(f["recovery_s"] is not None for f in result["faults"])
     assert Path(run_dir / "schedule.json").exists()
+    if Path("/proc/stat").exists():  # the machine's CPU beside the run's
+        assert "== the machine" in text and "| cpu " in text
+        assert result["machine"]["windows"] >= 1 and all(f["cpu_cores"] is not None for f in result["faults"])
 
 
 # --- the machine under the run --------------------------------------------------------------------
