@@ -231,6 +231,7 @@ def test_a_short_seeded_chaos_run_finds_no_violation(python_env, tmp_path):
     assert {"storm", "ddb_outage", "sqs_outage", "term", "kill", "pause", "clock"} <= set(result["kinds"])
     assert all(f["recovery_s"] is not None for f in result["faults"])
     assert Path(run_dir / "schedule.json").exists()
+    assert (run_dir / "runtime" / "wsfleet" / "worker" / "lifecycle.py").exists() and "copied to" in text
     if Path("/proc/stat").exists():  # the machine's CPU beside the run's
         assert "== the machine" in text and "| cpu " in text
         assert result["machine"]["windows"] >= 1 and all(f["cpu_cores"] is not None for f in result["faults"])
@@ -274,3 +275,21 @@ def test_the_report_says_what_else_ran_while_a_fault_recovered_past_its_bound():
     assert "other processes 1.60 (max 1.60" in lines[2]
     assert lines[3] == "  #71 clock over its bound: other processes 1.60 cores, this run 0.40, while it recovered (busy machine)"
     assert report.machine_lines(verdict.recoveries, []) == []
+
+
+def test_every_process_a_run_starts_imports_the_copy_of_the_package_taken_at_its_start(tmp_path):
+    """Seed 300750, 30 minutes (.chaos/20261130-190911): workers started mid-run imported
+    the working tree, where the STOP inbox format had just changed, while the run's
+    router kept the old one: 80 ``stop_not_closed`` the fleet did not cause (fixed in
+    c068159). A child started with the fleet's environment imports the copy, and the
+    copy is the package as it was."""
+    from wsfleet.local.fleet import RUNTIME_DIR, child_env, pin_runtime, pinned
+
+    runtime = pin_runtime(tmp_path)
+    code = "import wsfleet.worker.lifecycle as m, wsfleet.store as s; print(m.__file__); print(s.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=pinned(child_env(), runtime), capture_output=True,
+                         text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert all(Path(f).resolve().is_relative_to(runtime.resolve()) for f in out.stdout.split()), out.stdout
+    copied = runtime / "wsfleet" / "worker" / "lifecycle.py"
+    assert copied.read_bytes() == (RUNTIME_DIR / "wsfleet" / "worker" / "lifecycle.py").read_bytes()
