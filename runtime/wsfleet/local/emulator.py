@@ -458,9 +458,11 @@ def _partition_queries() -> None:
 def _visible_again_wakes_long_polls() -> None:
     """Make a message made visible again by ChangeMessageVisibility wake the long polls
     waiting on its queue, as SQS does (a long poll returns as soon as a message is
-    available). moto 5.2 wakes them only when a message is sent: one put back at once
-    (visibility 0) waited up to a second, each time, for a waiting poll's next look.
-    Idempotent."""
+    available). moto 5.2 wakes them only when a message is sent, and a message put back
+    with visibility 0 only becomes visible once its millisecond has passed (visible
+    means "now > visible_at"): a poll woken in that millisecond went back to sleep. It
+    waited up to a second, each time, for a waiting poll's next look. Idempotent."""
+    from moto.core.utils import unix_time_millis
     from moto.sqs.models import SQSBackend
 
     if getattr(SQSBackend.change_message_visibility, "_wsfleet_wakes", False):
@@ -472,6 +474,10 @@ def _visible_again_wakes_long_polls() -> None:
         if int(visibility_timeout) == 0:
             queue = self.get_queue(queue_name)
             with queue._messages_lock:
+                for message in queue._messages:
+                    if message.had_receipt_handle(receipt_handle):
+                        message.visible_at = min(message.visible_at, unix_time_millis() - 1)
+                        queue.pending_messages.discard(message)
                 queue._messages_lock.notify_all()
 
     change_and_wake._wsfleet_wakes = True  # type: ignore[attr-defined]

@@ -138,6 +138,7 @@ class Intake:
             # Shed to rebalance: for the worker it names, else for one under its share.
             keep, targeted = True, bool(shed_to)
             later = 0 if targeted else 1
+            self._log.info("shed_hint_left", connection_id=connection_id, shed_to=shed_to, age_s=round(age_s, 2))
         elif not self._busy(connection_id):
             source = "rebalance" if shed_by else "orphan" if from_session else "hint"
             await self._acquire(connection_id, source=source, expected_session=from_session)
