@@ -9,6 +9,7 @@ from wsfleet.balance import (
     SHED_TARGET_WAIT_S,
     FleetLoad,
     declines_shed_hint,
+    hints_per_poll,
     is_summarizer,
     max_moves,
     shed_count,
@@ -161,3 +162,13 @@ def test_a_worker_never_sheds_on_a_summary_older_than_its_own_latest_acquisition
     fresh = FleetLoad(workers=2, active=8, capacity=200, below_share=4, suspects=0, at_ms=now)
     acquired["ms"] = now - 2 * T.heartbeat_ms - 1
     assert asyncio.run(balancer(fresh).balance_once()) == 4  # down to its share of 4 (max 10 moves per pass)
+
+
+def test_a_worker_under_its_share_takes_hints_by_the_ten_and_one_at_its_share_one_at_a_time():
+    f = fleet(100, 400)  # shares of 25
+    assert hints_per_poll(active=0, max_connections=100, room=100, fleet=f) == 10  # a replacement
+    assert hints_per_poll(active=20, max_connections=100, room=80, fleet=f) == 5
+    assert hints_per_poll(active=25, max_connections=100, room=75, fleet=f) == 1
+    assert hints_per_poll(active=0, max_connections=100, room=3, fleet=f) == 3  # never past its room
+    assert hints_per_poll(active=0, max_connections=100, room=100, fleet=fleet(0, 400)) == 1  # an idle fleet
+    assert hints_per_poll(active=0, max_connections=100, room=100, fleet=None) == 1

@@ -164,3 +164,13 @@ def declines_shed_hint(
     if fleet is None or fleet.below_share <= 0:
         return False
     return active >= math.ceil(fleet.share(max_connections))
+
+
+def hints_per_poll(*, active: int, max_connections: int, room: int, fleet: FleetLoad | None) -> int:
+    """How many hints one poll asks for: as many as this worker is under its fair share
+    (up to ten, SQS's most, and never past its room), else one. A replacement or a
+    newcomer takes a drain's, a leaving worker's or a shedder's hints by the ten; a
+    worker at its share takes one at a time, so a START burst on a fleet of idle workers
+    spreads over all of them instead of landing by the ten on whichever polls first."""
+    under = math.ceil(fleet.share(max_connections)) - active if fleet else 0
+    return max(1, min(10, room, under))

@@ -201,15 +201,6 @@ def hint_pause_s(load: float, rng: random.Random | None = None) -> float:
     return 0.5 * min(max(load, 0.0), 1.0) * (rng or random).random()
 
 
-def hints_per_poll(load: float, room: int) -> int:
-    """How many hints one poll asks for: up to ten (SQS's most) when idle, falling with
-    the square of the load to one from about 70 % full, never more than the room. A
-    fresh or emptied worker takes a drain's or a leaving worker's hints by the ten; a
-    busy one leaves them to its peers."""
-    idle = 1.0 - min(max(load, 0.0), 1.0)
-    return max(1, min(10, room, int(10 * idle * idle)))
-
-
 def backoff_s(attempt: int, *, base: float = 0.1, cap: float = 5.0, rng: random.Random | None = None) -> float:
     """Full-jitter exponential backoff for the ``attempt``-th retry (0-based)."""
     r = (rng or random).random()

@@ -16,7 +16,7 @@ from typing import Any, Awaitable, Callable
 
 from .. import schema
 from ..aws import SQS_WAIT_SECONDS, Aws
-from ..leases import hint_pause_s, hints_per_poll
+from ..leases import hint_pause_s
 from ..logs import JsonLogger
 
 # Idle, four polls cost 0.4 SQS requests/s per worker.
@@ -40,6 +40,7 @@ class Intake:
         busy: Callable[[str], bool],
         accepting: Callable[[], bool],
         declines_shed: Callable[[str, str, float], bool] = lambda shed_by, shed_to, age_s: False,
+        batch: Callable[[], int] = lambda: 1,
     ) -> None:
         self.hints_sent = 0
         self._outbox: list[tuple[str, str, asyncio.Future]] = []
@@ -53,6 +54,7 @@ class Intake:
         self._busy = busy
         self._accepting = accepting
         self._declines_shed = declines_shed
+        self._batch = batch  # hints per poll
 
     async def hint(self, connection_id: str, *, shed_by: str = "", shed_to: str = "", from_session: str = "") -> None:
         """Tell peers a connection is free to take now, so one takes it at once instead
@@ -107,7 +109,7 @@ class Intake:
         resp = await self._aws.poll(
             self._aws.sqs.receive_message,
             QueueUrl=self._queue_url,
-            MaxNumberOfMessages=hints_per_poll(self._load(), room),
+            MaxNumberOfMessages=max(1, min(room, self._batch())),
             WaitTimeSeconds=wait_seconds,
             AttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
         )

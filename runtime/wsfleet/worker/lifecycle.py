@@ -27,7 +27,7 @@ from .. import metrics_names as names
 from .. import schema, tracing
 from ..aws import Aws
 from ..config import WorkerConfig
-from ..balance import declines_shed_hint
+from ..balance import declines_shed_hint, hints_per_poll
 from ..leases import SessionTiming, reconcile_pause_s
 from ..logs import JsonLogger
 from ..metrics import Counters, metric_data
@@ -110,6 +110,12 @@ class Worker:
             busy=self._busy,
             accepting=self._accepting,
             declines_shed=self._declines_shed,
+            batch=lambda: hints_per_poll(
+                active=len(self.runners) + len(self._acquiring),
+                max_connections=self.config.max_connections,
+                room=self.free(),
+                fleet=self.balancer.fresh_fleet(),
+            ),
         )
         self.takeover = Takeover(
             sessions=self._sessions,
