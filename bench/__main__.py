@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from wsfleet.local import fleet
+
 from . import capacity, cost, failover, faults, ingestion, rebalance
 from .common import Result, machine
 
@@ -44,6 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     run_dir = out / f"run-{stamp}"
     given = sys.argv[1:] if argv is None else list(argv)
     command = "PYTHONPATH=runtime:. python -m bench " + (shlex.join(given) if given else "all")
+    # Every process a benchmark starts imports a copy of the runtime taken now: code
+    # edited while a long run goes on must not reach the workers it starts later.
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fleet.RUNTIME_DIR = fleet.pin_runtime(run_dir.resolve())
     host = machine()
     print(f"# wsfleet benchmarks ({', '.join(names)}{', quick' if args.quick else ''})")
     print(f"machine: {host['nproc']} cores ({host['cpu']}), Python {host['python']}, {host['platform']}")

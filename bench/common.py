@@ -418,6 +418,11 @@ def machine() -> dict[str, Any]:
         pass
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "runtime", "bench"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        if commit and dirty:
+            commit += " + uncommitted changes under runtime/ or bench/"
     except (OSError, subprocess.SubprocessError):
         commit = ""
     return {
