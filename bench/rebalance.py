@@ -48,6 +48,9 @@ def settings_for(quick: bool) -> dict[str, Any]:
         "hold_s": 0.0 if quick else MIN_HOLD_S,  # after placement, before the join
         "balance_timeout_s": 8.0 if quick else 120.0,
         "settle_s": 2.0 if quick else 20.0,  # watched after balance, for late moves
+        # before the join: no shed for quiet_s (about three balance passes), at most quiet_timeout_s
+        "quiet_s": 0.0 if quick else 45.0,
+        "quiet_timeout_s": 0.0 if quick else 150.0,
         "steady_s": 0.0 if quick else 240.0,  # the balanced fleet, after the join of 1
         "sample_interval_s": 0.5 if quick else 1.0,
         "timing": (
@@ -123,6 +126,15 @@ class Join:
         self.say(f"{len(ids)} connections placed: {report._fmt_counts(fleet.sample().owned_counts(), old)}; "
                  f"waiting MIN_HOLD_S ({p['hold_s']:g} s) before the join")
         time.sleep(p["hold_s"])
+        # The START burst does not place evenly, and the old fleet evens itself out once
+        # its connections have been held MIN_HOLD_S: let it finish (no shed for a few
+        # balance passes) so that the join's moves are the join's.
+        quiet_since, deadline = time.time(), time.time() + p["quiet_timeout_s"]
+        while time.time() < deadline and time.time() - quiet_since < p["quiet_s"]:
+            time.sleep(1)
+            if self.sheds(quiet_since, time.time()):
+                quiet_since = time.time()
+        evened = time.time() - placed - p["hold_s"]
         before = fleet.sample().owned_counts()
         total = sum(before.values())
         share = total / (p["workers"] + self.n)
@@ -189,6 +201,7 @@ class Join:
             "not_exact": [a.connection_id for a in audits if not a.ok],
             "steady": steady,
             "placed_to_join_s": at - placed,
+            "evened_s": evened,
             "summaries": summaries,
             "sheds_s": [
                 {"worker": e["worker_id"], "t_s": round(e["ts"] - at, 2), "count": e["count"]}
@@ -259,7 +272,10 @@ def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool) -
     notes = [
         f"Per join, a fresh fleet: {p['workers']} workers, {p['connections']} connections STARTed through the API at "
         f"{p['rate_per_connection']:g} msg/s each; the join waits MIN_HOLD_S ({p['hold_s']:g} s) after they are placed (a "
-        "connection held for less is never moved), then starts the new workers and STARTs nothing.",
+        "connection held for less is never moved), then until the old workers have evened out the START burst's uneven "
+        f"placement (no shed for {p['quiet_s']:g} s, at most {p['quiet_timeout_s']:g} s: "
+        + ", ".join(f"{r['evened_s']:.0f} s" for r in results if "evened_s" in r)
+        + "), then starts the new workers and STARTs nothing.",
         f"Worker timings: lease {t['lease_s']:g} s, heartbeat {t['heartbeat_s']:g} s, reconcile {t['reconcile_s']:g} s, skew "
         f"{t['skew_ms']} ms, flush {t['flush_ms']} ms, checkpoint {t['checkpoint_s']:g} s; REBALANCE on, REBALANCE_TOLERANCE 0.1, "
         "MAX_CONNECTIONS 100 (10 moves per balance pass at most; a pass about every 3 watch pauses, 13-19 s).",
