@@ -3,6 +3,7 @@ worker leaves for others."""
 
 from wsfleet import schema
 import random
+from collections import Counter
 
 from wsfleet.balance import (
     SHED_ANYONE_AFTER_S,
@@ -112,22 +113,31 @@ def test_a_shed_hint_naming_its_target_is_left_to_that_worker_for_a_moment_then_
     assert not declines_shed_hint(active=20, me="other#1", age_s=SHED_ANYONE_AFTER_S, **kw)  # then: anyone
 
 
-def test_shed_connections_are_sent_to_sessions_under_share_in_proportion_to_their_deficits():
+def test_shedders_working_from_one_summary_fill_each_session_under_share_exactly():
+    load = summarize(
+        [session("o1", 30), session("o2", 26), session("o3", 24), session("n1", 0), session("n2", 0)],
+        now_ms=NOW,
+        timing=T,
+    )  # 80 on 5: shares of 16
+    assert load.under == {"n1": 16, "n2": 16} and load.over == {"o1": 14, "o2": 10, "o3": 8}
+    plan = Counter()
+    for me, n in load.over.items():
+        plan.update(shed_targets(load, me, n))
+    assert plan == {"n1": 16, "n2": 16}  # together: each filled to its share, none more
+    # a shedder capped per pass sheds the head of its part; the next summary plans the rest
+    assert shed_targets(load, "o2", 3) == shed_targets(load, "o2", 10)[:3]
+
+
+def test_a_shedder_missing_from_the_summary_picks_in_proportion_to_the_deficits():
     rng = random.Random(7)
-    sent = shed_targets({"a": 3, "b": 1}, 4, rng)
-    assert sorted(sent) == ["a", "a", "a", "b"]  # exactly the deficits
-    assert shed_targets({"a": 1}, 3, rng) == ["a", "", ""]  # beyond them: anyone under share
-    assert shed_targets({}, 2, rng) == ["", ""]
-    # Four shedders working from one summary: together they fill each to its deficit, on average
-    counts = {"a": 0, "b": 0}
-    for _ in range(2000):
-        for sid in shed_targets({"a": 15, "b": 5}, 5, rng):
-            counts[sid] += 1
-    assert 2.5 < counts["a"] / counts["b"] < 3.5
+    f = FleetLoad(3, 60, 300, 4, 0, NOW, {"a": 3, "b": 1})
+    assert sorted(shed_targets(f, "me", 4, rng)) == ["a", "a", "a", "b"]  # exactly the deficits
+    assert shed_targets(FleetLoad(3, 60, 300, 1, 0, NOW, {"a": 1}), "me", 3, rng) == ["a", "", ""]  # beyond: anyone
+    assert shed_targets(FleetLoad(3, 60, 300, 0, 0, NOW), "me", 2, rng) == ["", ""]
 
 
 def test_the_summary_survives_its_round_trip_through_the_sessions_table_item():
-    f = FleetLoad(3, 60, 300, 10, 0, NOW, {"w9#1": 10})
+    f = FleetLoad(3, 60, 300, 10, 0, NOW, {"w9#1": 10}, {"w1#1": 4})
     assert FleetLoad.from_item(f.as_item()) == f
 
 

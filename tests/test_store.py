@@ -180,7 +180,7 @@ def test_watched_sessions_are_read_in_one_batch(sessions):
 def test_the_fleet_summary_comes_back_whole_with_the_watch_read(sessions):
     from wsfleet.balance import FleetLoad
 
-    summary = FleetLoad(3, 60, 300, 20, 0, 123, {"w9#1": 15, "w8#1": 5})
+    summary = FleetLoad(3, 60, 300, 20, 0, 123, {"w9#1": 15, "w8#1": 5}, {"w1#1": 20})
     sessions.put_summary(summary.as_item())
     (item,) = sessions.get_many([schema.FLEET_SUMMARY_ID])
     assert FleetLoad.from_item(item) == summary  # the sessions under their share included

@@ -40,6 +40,9 @@ class FleetLoad:
     # The sessions under their share and by how much (the largest UNDER_LISTED), so that
     # a shedder can name where each connection it sheds should go.
     under: Mapping[str, int] = field(default_factory=dict)
+    # ... and those above it, by how much: every shedder working from this summary
+    # computes the same plan (shed_targets), so together they fill each exactly.
+    over: Mapping[str, int] = field(default_factory=dict)
 
     def share(self, max_connections: int) -> float:
         """This worker's fair share of the fleet's connections."""
@@ -54,6 +57,7 @@ class FleetLoad:
             schema.FLEET_SUSPECTS: self.suspects,
             schema.FLEET_AT_MS: self.at_ms,
             schema.FLEET_UNDER: dict(self.under),
+            schema.FLEET_OVER: dict(self.over),
         }
 
     @classmethod
@@ -66,6 +70,7 @@ class FleetLoad:
             suspects=int(item.get(schema.FLEET_SUSPECTS, 0)),
             at_ms=int(item.get(schema.FLEET_AT_MS, 0)),
             under={str(k): int(v) for k, v in (item.get(schema.FLEET_UNDER) or {}).items()},
+            over={str(k): int(v) for k, v in (item.get(schema.FLEET_OVER) or {}).items()},
         )
 
 
@@ -81,26 +86,43 @@ def summarize(sessions: Iterable[Mapping], *, now_ms: int, timing: SessionTiming
     active = sum(int(s.get(schema.ACTIVE, 0)) for s in live)
     capacity = sum(int(s.get(schema.MAX_CONNECTIONS, 0)) for s in takers)
     under: dict[str, int] = {}
+    over: dict[str, int] = {}
     if capacity:
         for s in takers:
             share = math.ceil(active * int(s.get(schema.MAX_CONNECTIONS, 0)) / capacity)
-            if share > int(s.get(schema.ACTIVE, 0)):
-                under[s[schema.SESSION_ID]] = share - int(s.get(schema.ACTIVE, 0))
-    listed = dict(sorted(under.items(), key=lambda kv: (-kv[1], kv[0]))[:UNDER_LISTED])
-    return FleetLoad(len(takers), active, capacity, sum(under.values()), suspects, now_ms, listed)
+            held = int(s.get(schema.ACTIVE, 0))
+            if share > held:
+                under[s[schema.SESSION_ID]] = share - held
+            elif held > share:
+                over[s[schema.SESSION_ID]] = held - share
+    return FleetLoad(
+        len(takers), active, capacity, sum(under.values()), suspects, now_ms, _largest(under), _largest(over)
+    )
 
 
-def shed_targets(under: Mapping[str, int], n: int, rng: random.Random | None = None) -> list[str]:
-    """Where to send ``n`` shed connections: sessions under their share, each chosen
-    in proportion to how far under it is (so that shedders working from one summary
-    together fill every one to its share), none more often than its deficit while the
-    deficits last. "" for any beyond what the summary lists (anyone under share)."""
-    pool = [sid for sid, deficit in sorted(under.items()) for _ in range(max(0, int(deficit)))]
-    chosen = (rng or random).sample(pool, min(n, len(pool)))
+def _largest(amounts: Mapping[str, int]) -> dict[str, int]:
+    return dict(sorted(amounts.items(), key=lambda kv: (-kv[1], kv[0]))[:UNDER_LISTED])
+
+
+def shed_targets(fleet: FleetLoad, me: str, n: int, rng: random.Random | None = None) -> list[str]:
+    """Where to send the ``n`` connections ``me`` sheds now: sessions under their share.
+
+    Every shedder working from one summary computes the same plan: the deficits laid out
+    in a row (sessions in id order, each as many times as it is under), the excesses
+    likewise, and each shedder sends its excess to the part of the row facing its own.
+    So together they fill each session exactly to its share, none more. A shedder the
+    summary does not list as over (a stale summary) picks in proportion to the
+    deficits. "" for any beyond the row (anyone under share)."""
+    row = [sid for sid, deficit in sorted(fleet.under.items()) for _ in range(max(0, int(deficit)))]
+    if me in fleet.over:
+        offset = sum(excess for sid, excess in sorted(fleet.over.items()) if sid < me)
+        chosen = row[offset : offset + n]
+    else:
+        chosen = (rng or random).sample(row, min(n, len(row)))
     return chosen + [""] * (n - len(chosen))
 
 
-UNDER_LISTED = 25  # sessions under their share named in the summary (newcomers, mostly)
+UNDER_LISTED = 25  # sessions under (and over) their share named in the summary
 # A shed hint that names its target is left to that session this long; then any worker
 # under its share may take it, and after SHED_ANYONE_AFTER_S anyone (the target may be
 # gone, or full, or the summary stale): a shed connection is never left unowned.

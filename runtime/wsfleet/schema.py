@@ -71,6 +71,7 @@ FLEET_ACTIVE = "active"  # connections held by all LIVE sessions
 FLEET_CAPACITY = "capacity"  # sum of max_connections of the workers taking connections
 FLEET_BELOW_SHARE = "below_share"  # connections the workers under their fair share could take
 FLEET_UNDER = "under"  # {session_id: connections below its share}, the largest few
+FLEET_OVER = "over"  # {session_id: connections above its share}, the largest few
 FLEET_SUSPECTS = "suspects"  # sessions expired or ended and not yet drained: recovering
 FLEET_AT_MS = "summarized_at_ms"
 

@@ -173,6 +173,7 @@ _PLACEHOLDERS = {
     "#fs": schema.FLEET_SUSPECTS,
     "#ft": schema.FLEET_AT_MS,
     "#fu": schema.FLEET_UNDER,
+    "#fo": schema.FLEET_OVER,
 }
 
 
@@ -387,7 +388,7 @@ class SessionsStore(_Table):
         """Eventually consistent BatchGetItem of sessions (the watched ones, the fleet
         summary, or all of them for the summary), 100 per request; missing ones are left
         out. Unprocessed keys raise TransientError."""
-        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #fw, #fc, #fb, #fs, #ft, #fu"
+        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #fw, #fc, #fb, #fs, #ft, #fu, #fo"
         out: list[dict] = []
         ids = list(dict.fromkeys(session_ids))
         for start in range(0, len(ids), 100):

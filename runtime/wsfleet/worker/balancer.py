@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Awaitable, Callable, Mapping
 
@@ -65,10 +66,14 @@ class Balancer:
         self._last_acquired_ms = last_acquired_ms
         self._clock_ms = clock_ms
         self._shed_at: dict[str, float] = {}
+        self.summary_arrived = asyncio.Event()
 
     def on_summary(self, item: Mapping) -> None:
-        """The summary item, as a watch read brought it."""
+        """The summary item, as a watch read brought it: a balance pass follows at once
+        (see ``Worker._balance_loop``), so a join is acted on as soon as each worker
+        reads of it, not up to a pass later."""
         self.fleet = FleetLoad.from_item(item)
+        self.summary_arrived.set()
 
     def fresh_fleet(self) -> FleetLoad | None:
         fleet = self.fleet
@@ -117,7 +122,7 @@ class Balancer:
             (r for r in runners.values() if r.end_reason is None and now - r.acquired_mono >= MIN_HOLD_S),
             key=lambda r: r.acquired_mono,
         )[:n]
-        for runner, to in zip(movable, shed_targets(fleet.under, len(movable)), strict=True):
+        for runner, to in zip(movable, shed_targets(fleet, self._keeper.session_id, len(movable)), strict=True):
             self._shed_at[runner.connection_id] = now
             runner.request_shed(to)
         self._shed_at = {c: t for c, t in self._shed_at.items() if now - t < SHED_COOLDOWN_S}

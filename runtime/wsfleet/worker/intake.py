@@ -115,9 +115,9 @@ class Intake:
         )
         messages = resp.get("Messages", [])
         left = await asyncio.gather(*(self._on_hint(m) for m in messages))
-        if any(left) and self._accepting():
-            # We left a shed connection for the worker it names: let that one's polls
-            # find it instead of ours taking it again.
+        if left and all(left) and self._accepting():
+            # We left every hint we got for the workers they name: let their polls find
+            # them instead of ours taking them again.
             await asyncio.sleep(TARGETED_DECLINE_PAUSE_S)
         elif messages and self._accepting():
             await asyncio.sleep(hint_pause_s(self._load()))

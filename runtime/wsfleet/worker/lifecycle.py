@@ -46,7 +46,6 @@ HINT_GRACE_S = 0.5  # at shutdown, how long our in-flight polls get to return ou
 LAG_PROBE_S = 0.25  # how often the event-loop lag probe wakes up
 AUDIT_EVERY = 3  # the owner-index audit runs every AUDIT_EVERY reconcile intervals
 AUDIT_GRACE_S = 15.0  # a connection acquired this recently may not be in the index yet
-BALANCE_EVERY = 3  # balance passes follow the summary reads (every third watch read)
 # Acquisitions in flight at once: a burst of thousands (a START storm, a big takeover) is
 # taken at the pace the table answers instead of flooding the request pool.
 ACQUIRE_CONCURRENCY = 8
@@ -471,6 +470,19 @@ class Worker:
             except TimeoutError:
                 pass
 
+    async def _balance_loop(self) -> None:
+        """A balance pass after each fleet summary a watch read brings (every
+        ``SUMMARY_EVERY`` watch reads)."""
+        while not self._stopping.is_set():
+            await first_of(self.balancer.summary_arrived.wait(), self._stopping.wait())
+            self.balancer.summary_arrived.clear()
+            if self._stopping.is_set() or not self.keeper.live():
+                continue
+            try:
+                await self.balancer.balance_once()
+            except Exception as exc:  # noqa: BLE001 - one failed pass must not end the loop
+                self._log.warning("loop_step_failed", step="balance_once", error=f"{type(exc).__name__}: {exc}")
+
     async def _poll_loop(self) -> None:
         while not self._stopping.is_set():
             if self.free() <= 0 or not self._session_ready.is_set():
@@ -511,10 +523,7 @@ class Worker:
             asyncio.create_task(self._every(self.timing.watch_pause_s, self.takeover.watch_once), name="watch"),
             asyncio.create_task(self._every(reconcile, self.takeover.reconcile_once), name="reconcile"),
             asyncio.create_task(self._every(self.timing.watch_pause_s, self.balancer.summarize_once), name="summary"),
-            asyncio.create_task(
-                self._every(lambda: BALANCE_EVERY * self.timing.watch_pause_s(), self.balancer.balance_once, wait_first=True),
-                name="balance",
-            ),
+            asyncio.create_task(self._balance_loop(), name="balance"),
             asyncio.create_task(
                 self._every(lambda: AUDIT_EVERY * reconcile(), self.audit_once, wait_first=True), name="audit"
             ),
