@@ -164,3 +164,57 @@ def test_a_stop_posted_again_before_the_owner_acknowledged_the_last_one_still_cl
         gate.set()
         up.stop()
 
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "worker/session.py (not the chaos harness's): a renewal attempt is abandoned after RENEW_TIMEOUT_S "
+    "(1 s) and retried, so a DynamoDB that answers every renewal in more than 1 s, but well inside the lease, "
+    "still loses every session; the data path (read timeout 5 s) goes on working meanwhile"))
+def test_a_session_survives_renewals_that_are_answered_slowly_but_inside_the_lease(aws_env, ddb):
+    """Seed 208702 (``make chaos SEED=208702 MINUTES=30``, at 5a74c5e, on a machine where
+    other processes used 1.7 of the 2 cores), #59 oversize at 1796073461.18 (c003,
+    slow_recovery 8.26 s against 2.75 s): no DynamoDB fault was on (#57's SQS outage had
+    healed 15 s before, #60's latency began 4.9 s after), but from -4.5 s every renewal of
+    all four workers ended in ``renew_retry TimeoutError`` one second after it was sent,
+    five or six times each, until each worker's deadline: sessions lost at +0.98 (w2.4), +1.28
+    (w4.3), +1.74 (w1.4) and +2.18 s (w3.1), every socket closed (40 -> 24 open, 16
+    orphans), new sessions at +3.8-5.8 s. In the same seconds the emulator answered the
+    other requests, slowly: w4.3 released the 10 connections it shed at -4.6 s between
+    -2.09 and -0.43 s (c003 at -0.77), w2.4 acquired c012 at -1.83 s and w3.1 four
+    connections at +0.68-1.96 s. c003, shed and hinted just before the oversized frame
+    was aimed at it, was taken by w2.4 as an orphan of its own lost session, at +8.25 s.
+
+    Here every sessions-table UpdateItem takes 1.3 s (lease 3 s, heartbeat 0.5 s, skew
+    0.2 s: 2.8 s from a renewal to its deadline): each renewal would be answered in time,
+    and the session should hold with its one socket."""
+    from io import StringIO
+
+    up = ThreadedUpstream(rate=20.0).start()
+    out = StringIO()
+    try:
+        cfg = WorkerConfig.from_env({**aws_env, **FAST, "LEASE_SECONDS": "3", "HEARTBEAT_SECONDS": "0.5"})
+        ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4).start("a", up.url_for("a"))
+
+        def slow(request, **_):
+            if json.loads(request.body or b"{}").get("TableName") == aws_env["SESSIONS_TABLE_NAME"]:
+                time.sleep(1.3)
+
+        async def scenario() -> None:
+            aws = Aws(cfg, threads=8)
+            worker = Worker(cfg, "w1", aws=aws, log=JsonLogger(out))
+            task = asyncio.create_task(worker.run())
+            try:
+                await _until(lambda: len(up.open_sockets("a")) == 1, 10, "connected")
+                aws.dynamodb.meta.events.register("before-send.dynamodb.UpdateItem", slow)
+                await asyncio.sleep(2 * 2.8)  # two deadlines
+                assert "session_lost" not in out.getvalue()
+                assert len(up.open_sockets("a")) == 1 and len(up.sockets("a")) == 1
+            finally:
+                aws.dynamodb.meta.events.unregister("before-send.dynamodb.UpdateItem", slow)
+                worker.request_shutdown()
+                await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 15)
+                aws.close()
+
+        asyncio.run(scenario())
+    finally:
+        up.stop()
