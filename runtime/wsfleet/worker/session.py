@@ -25,7 +25,13 @@ from ..logs import JsonLogger
 from ..store import SessionsStore, TransientError, now_ms
 
 Call = Callable[..., Awaitable[Any]]
-RENEW_TIMEOUT_S = 1.0  # a renewal not answered by then is retried (it is idempotent)
+RENEW_TIMEOUT_S = 1.0  # a renewal not answered by then gets a second try beside it (it is idempotent)
+RENEW_IN_FLIGHT = 3  # tries at once, within the lane's URGENT_THREADS (4)
+
+
+def _quiet(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved: an abandoned try's failure is not news
 
 
 class Lost(enum.Enum):
@@ -128,47 +134,76 @@ class SessionKeeper:
 
     async def renew_once(self) -> bool:
         """One renewal, retried until it lands or the deadline passes. True if renewed;
-        False if the session is lost (see :attr:`lost_reason`)."""
-        while self.lost_reason is None:
-            left = self.deadline_mono - time.monotonic()
-            if left <= 0:
-                self.lose(Lost.EXPIRED)
-                break
-            sent = time.monotonic()
-            done = set(self._stops_done)
-            try:
-                result = await asyncio.wait_for(
-                    self._call(
-                        self._sessions.renew,
-                        self.session_id,
-                        lease_ms=self.timing.lease_ms,
-                        active=self._active(),
-                        max_connections=self._max,
-                        stops_done=done,
-                        draining=self.draining,
-                    ),
-                    timeout=min(left, RENEW_TIMEOUT_S),
-                )
-            except (TransientError, TimeoutError) as exc:
-                self._log.warning("renew_retry", error=str(exc) or type(exc).__name__, left_s=round(left, 3))
-                await asyncio.sleep(min(self.timing.renew_retry_s(), max(0.0, self.deadline_mono - time.monotonic())))
-                continue
-            except Exception as exc:  # noqa: BLE001 - proves neither renewal nor loss: retry to the deadline
-                self._log.error("renew_error", error=f"{type(exc).__name__}: {exc}", left_s=round(left, 3))
-                await asyncio.sleep(min(self.timing.renew_retry_s(), max(0.0, self.deadline_mono - time.monotonic())))
-                continue
-            if isinstance(result, RenewFailure):
-                self.lose(Lost.ENDED)
-                break
-            self.deadline_mono = self.timing.deadline_mono(sent)
-            self.renewals += 1
-            self.ring_changes = int(result.get(schema.RING_CHANGES, 0))
-            self._stops_done -= done
-            stops = set(result.get(schema.STOP_INBOX) or ()) - self._stops_done
-            if stops:
-                self._on_stops(stops)
-            return True
-        return False
+        False if the session is lost (see :attr:`lost_reason`).
+
+        A try that fails fast (throttling, a 5xx) is sent again after a short pause. A
+        try not answered within ``RENEW_TIMEOUT_S`` is not given up: another is sent
+        beside it (at most ``RENEW_IN_FLIGHT`` at once) and the first answer wins, its
+        send time setting the deadline. Abandoning slow tries lost every session when the
+        table answered in 1.3 s for a few seconds (chaos, seed 208702 #59): each answer
+        came after its try had been given up, while the retries queued behind them."""
+        pending: dict[asyncio.Future, float] = {}  # try -> its send time (monotonic)
+        done = set(self._stops_done)
+        next_try = time.monotonic()
+        try:
+            while self.lost_reason is None:
+                now = time.monotonic()
+                left = self.deadline_mono - now
+                if left <= 0:
+                    self.lose(Lost.EXPIRED)
+                    break
+                if now >= next_try and len(pending) < RENEW_IN_FLIGHT:
+                    pending[asyncio.ensure_future(self._renew_try(done))] = now
+                    next_try = now + RENEW_TIMEOUT_S  # the next try: a hedge, if this one is slow
+                wait = max(0.0, min(left, next_try - time.monotonic()))
+                if not pending:  # the last try failed fast: pause before the next
+                    await asyncio.sleep(wait)
+                    continue
+                finished, _ = await asyncio.wait(list(pending), timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                for attempt in finished:
+                    sent = pending.pop(attempt)
+                    exc = attempt.exception()
+                    if exc is not None:
+                        level = self._log.warning if isinstance(exc, TransientError) else self._log.error
+                        level(
+                            "renew_retry" if isinstance(exc, TransientError) else "renew_error",
+                            error=f"{type(exc).__name__}: {exc}",
+                            left_s=round(self.deadline_mono - time.monotonic(), 3),
+                        )
+                        # it proves neither renewal nor loss: try again soon, to the deadline
+                        next_try = min(next_try, time.monotonic() + self.timing.renew_retry_s())
+                        continue
+                    result = attempt.result()
+                    if isinstance(result, RenewFailure):
+                        self.lose(Lost.ENDED)
+                        return False
+                    self.deadline_mono = max(self.deadline_mono, self.timing.deadline_mono(sent))
+                    self.renewals += 1
+                    self.ring_changes = int(result.get(schema.RING_CHANGES, 0))
+                    self._stops_done -= done
+                    stops = set(result.get(schema.STOP_INBOX) or ()) - self._stops_done
+                    if stops:
+                        self._on_stops(stops)
+                    return True
+                if not finished and pending and time.monotonic() >= next_try:
+                    self._log.warning(
+                        "renew_slow", in_flight=len(pending), left_s=round(self.deadline_mono - time.monotonic(), 3)
+                    )
+            return False
+        finally:
+            for attempt in pending:  # still in flight: their answers no longer matter
+                attempt.add_done_callback(_quiet)
+
+    async def _renew_try(self, stops_done: set[str]) -> Any:
+        return await self._call(
+            self._sessions.renew,
+            self.session_id,
+            lease_ms=self.timing.lease_ms,
+            active=self._active(),
+            max_connections=self._max,
+            stops_done=stops_done,
+            draining=self.draining,
+        )
 
     async def run(self) -> Lost:
         """Renew every heartbeat until the session is lost; returns why. Cancel it to stop
