@@ -41,6 +41,7 @@ class Intake:
         accepting: Callable[[], bool],
         declines_shed: Callable[[str, str, float], bool] = lambda shed_by, shed_to, age_s: False,
         batch: Callable[[], int] = lambda: 1,
+        ending: Callable[[str], bool] = lambda connection_id: False,
     ) -> None:
         self.hints_sent = 0
         self._outbox: list[tuple[str, str, asyncio.Future]] = []
@@ -55,6 +56,7 @@ class Intake:
         self._accepting = accepting
         self._declines_shed = declines_shed
         self._batch = batch  # hints per poll
+        self._ending = ending  # held here but being released (a STOP, a shed)
 
     async def hint(self, connection_id: str, *, shed_by: str = "", shed_to: str = "", from_session: str = "") -> None:
         """Tell peers a connection is free to take now, so one takes it at once instead
@@ -136,6 +138,10 @@ class Intake:
             self._log.warning("bad_hint", body=message.get("Body", "")[:200])
         elif not self._accepting() or (not self._busy(connection_id) and self._room() <= 0):
             keep = True  # no room (or no session) here: give it back to the queue for a peer, now
+        elif self._ending(connection_id):
+            # A START that came while we release the connection for its STOP (or a shed):
+            # it is for whoever takes it once released, us included. Look again shortly.
+            keep, later = True, 1
         elif shed_by and not self._busy(connection_id) and self._declines_shed(shed_by, shed_to, age_s):
             # Shed to rebalance: for the worker it names, else for one under its share.
             keep, targeted = True, bool(shed_to)

@@ -109,6 +109,7 @@ class Worker:
             busy=self._busy,
             accepting=self._accepting,
             declines_shed=self._declines_shed,
+            ending=lambda cid: cid in self.runners and self.runners[cid].end_reason is not None,
             batch=lambda: hints_per_poll(
                 active=len(self.runners) + len(self._acquiring),
                 max_connections=self.config.max_connections,
