@@ -1,7 +1,7 @@
 """Rebalancing on the embedded fleet: workers join a fleet that holds connections, at the
 worker's default timings (lease 10 s, heartbeat 2.5 s, reconcile 10 s, flush 100 ms,
 checkpoint 120 s) and rebalancing defaults (REBALANCE on, REBALANCE_TOLERANCE 0.1,
-MAX_CONNECTIONS 100: at most 10 moves per balance pass).
+MAX_CONNECTIONS 100: at most 20 moves per balance pass).
 
 Per join size (1 and 4 workers), a fresh :class:`~wsfleet.local.fleet.Fleet` of 4 workers
 holding 100 connections STARTed through the API; the join waits ``MIN_HOLD_S`` (60 s)
@@ -31,6 +31,7 @@ from wsfleet import schema
 from wsfleet.local import report
 from wsfleet.local.fleet import EmulatorProcess, Fleet, Timing, eventually
 from wsfleet.store import marshal, unmarshal
+from wsfleet.balance import max_moves
 from wsfleet.worker.balancer import MIN_HOLD_S
 
 from .common import Result, distribution, fmt, md_table
@@ -278,7 +279,8 @@ def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool) -
         + "), then starts the new workers and STARTs nothing.",
         f"Worker timings: lease {t['lease_s']:g} s, heartbeat {t['heartbeat_s']:g} s, reconcile {t['reconcile_s']:g} s, skew "
         f"{t['skew_ms']} ms, flush {t['flush_ms']} ms, checkpoint {t['checkpoint_s']:g} s; REBALANCE on, REBALANCE_TOLERANCE 0.1, "
-        "MAX_CONNECTIONS 100 (10 moves per balance pass at most; a pass about every 3 watch pauses, 13-19 s).",
+        f"MAX_CONNECTIONS 100 ({max_moves(100)} moves per balance pass at most; a pass after each fleet summary read, "
+        "every 3 watch pauses, 13-19 s).",
         "Time to fair share ± 1: from starting the new workers (process start included) to the first ownership sample "
         f"({p['sample_interval_s']:g} s apart) in which each new worker holds its share ± 1; last move: to the last new socket. "
         f"Watched until then and {p['settle_s']:g} s more.",

@@ -83,7 +83,7 @@ def test_shedding_never_goes_below_the_share_and_is_capped_per_pass():
     f = fleet(100, 800)  # share 12.5 -> 13
     assert shed_count(active=25, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False) == 10
     assert shed_count(active=16, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False) == 3
-    assert max_moves(100) == 10 and max_moves(5) == 1
+    assert max_moves(100) == 20 and max_moves(5) == 1
 
 
 def test_nothing_is_shed_while_the_fleet_recovers_from_a_crash():
@@ -106,6 +106,8 @@ def test_a_shed_hint_naming_its_target_is_left_to_that_worker_for_a_moment_then_
     f = fleet(100, 500, below=20)
     kw = dict(max_connections=100, fleet=f, shed_by_me=False, shed_to="new#1")
     assert not declines_shed_hint(active=0, me="new#1", age_s=0, **kw)  # the target takes it
+    assert declines_shed_hint(active=20, me="new#1", age_s=0, **kw)  # ... unless already at its share
+    assert not declines_shed_hint(active=20, me="new#1", age_s=SHED_ANYONE_AFTER_S, **kw)
     assert declines_shed_hint(active=5, me="other#1", age_s=0, **kw)  # under share, but not named
     assert declines_shed_hint(active=0, me="other#1", age_s=SHED_TARGET_WAIT_S - 0.1, **kw)
     assert not declines_shed_hint(active=5, me="other#1", age_s=SHED_TARGET_WAIT_S, **kw)  # then: any under share

@@ -155,8 +155,10 @@ def shed_count(
 
 
 def max_moves(max_connections: int) -> int:
-    """Moves per balance pass: a tenth of a worker's capacity, at least one."""
-    return max(1, math.ceil(max_connections / 10))
+    """Moves per balance pass: a fifth of a worker's capacity, at least one: a fleet at
+    40 % of its capacity that doubles its workers at once moves in one pass. A second
+    pass plans from a newer summary, which may not yet show what the first moved."""
+    return max(1, math.ceil(max_connections / 5))
 
 
 def declines_shed_hint(
@@ -176,7 +178,10 @@ def declines_shed_hint(
     theirs. After ``SHED_ANYONE_AFTER_S`` anyone takes it, so that neither a stale
     summary nor a target that went away leaves it bouncing."""
     if shed_to and shed_to == me:
-        return False
+        # Ours, unless we are at our share already (counting what we hold now, which
+        # the summary the shedder planned from may not show): then it goes on to
+        # another worker under its share rather than move again later.
+        return fleet is not None and active >= math.ceil(fleet.share(max_connections)) and age_s < SHED_ANYONE_AFTER_S
     if age_s >= SHED_ANYONE_AFTER_S:
         return False
     if shed_to and age_s < SHED_TARGET_WAIT_S:
