@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -74,31 +75,46 @@ def test_a_renewal_that_fails_with_an_unexpected_error_still_closes_every_socket
         cfg = WorkerConfig.from_env({**aws_env, **FAST})
         ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4).start("a", up.url_for("a"))
 
+        def broken(request, **_):
+            if json.loads(request.body or b"{}").get("TableName") == aws_env["SESSIONS_TABLE_NAME"]:
+                raise OSError(22, "Invalid argument")
+
         async def scenario() -> None:
-            aws = Aws(cfg, threads=8)
-            worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())
-            task = asyncio.create_task(worker.run())
-
-            def broken(request, **_):
-                if json.loads(request.body or b"{}").get("TableName") == aws_env["SESSIONS_TABLE_NAME"]:
-                    raise OSError(22, "Invalid argument")
-
-            try:
+            async with _running(cfg) as on_update_item:
                 await _until(lambda: len(up.open_sockets("a")) == 1, 10)
-                aws.dynamodb.meta.events.register("before-send.dynamodb.UpdateItem", broken)
+                on_update_item(broken)
                 broke_at = time.monotonic()
                 # Past the deadline (lease - skew after the last renewal), plus room.
                 await _until(lambda: not up.open_sockets("a"), 2.0 + 3.0)
                 assert time.monotonic() - broke_at < 2.0 + 3.0
-            finally:
-                aws.dynamodb.meta.events.unregister("before-send.dynamodb.UpdateItem", broken)
-                worker.request_shutdown()
-                await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 15)
-                aws.close()
 
         asyncio.run(scenario())
     finally:
         up.stop()
+
+
+@asynccontextmanager
+async def _running(cfg: WorkerConfig, *, log: JsonLogger | None = None):
+    """A worker ``w1`` running in this loop; yields a function that adds a before-send
+    hook to its DynamoDB UpdateItems. On exit the hooks go first, so that shutting down
+    (releases, the session's end) is not held up by them."""
+    aws = Aws(cfg, threads=8)
+    hooks = []
+
+    def on_update_item(hook) -> None:
+        aws.dynamodb.meta.events.register("before-send.dynamodb.UpdateItem", hook)
+        hooks.append(hook)
+
+    worker = Worker(cfg, "w1", aws=aws, log=log or JsonLogger())
+    task = asyncio.create_task(worker.run())
+    try:
+        yield on_update_item
+    finally:
+        for hook in hooks:
+            aws.dynamodb.meta.events.unregister("before-send.dynamodb.UpdateItem", hook)
+        worker.request_shutdown()
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 15)
+        aws.close()
 
 
 async def _until(predicate, timeout: float, what: str = "the condition") -> None:
@@ -137,27 +153,25 @@ def test_a_stop_posted_again_before_the_owner_acknowledged_the_last_one_still_cl
                 gate.wait(10)
 
         async def scenario() -> None:
-            aws = Aws(cfg, threads=8)
-            aws.dynamodb.meta.events.register("before-send.dynamodb.UpdateItem", hold_acknowledgements)
-            worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())
-            task = asyncio.create_task(worker.run())
-            try:
-                post("START")
-                await _until(lambda: len(up.open_sockets("a")) == 1, 10, "connected")
-                post("STOP")
-                await _until(lambda: not up.open_sockets("a"), 5, "closed at the first STOP")
-                post("START")
-                await _until(lambda: len(up.open_sockets("a")) == 1, 5, "connected again")
-                post("STOP")
-                stopped_at = time.monotonic()
-                gate.set()
-                await _until(lambda: not up.open_sockets("a"), 1 + 1 + 2, "closed at the second STOP")  # heartbeat + 1 s, room
-                assert time.monotonic() - stopped_at < 4
-            finally:
-                gate.set()
-                worker.request_shutdown()
-                await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 15)
-                aws.close()
+            async with _running(cfg) as on_update_item:
+                on_update_item(hold_acknowledgements)
+                try:
+                    await second_stop()
+                finally:
+                    gate.set()
+
+        async def second_stop() -> None:
+            post("START")
+            await _until(lambda: len(up.open_sockets("a")) == 1, 10, "connected")
+            post("STOP")
+            await _until(lambda: not up.open_sockets("a"), 5, "closed at the first STOP")
+            post("START")
+            await _until(lambda: len(up.open_sockets("a")) == 1, 5, "connected again")
+            post("STOP")
+            stopped_at = time.monotonic()
+            gate.set()
+            await _until(lambda: not up.open_sockets("a"), 1 + 1 + 2, "closed at the second STOP")  # heartbeat + 1 s, room
+            assert time.monotonic() - stopped_at < 4
 
         asyncio.run(scenario())
     finally:
@@ -197,20 +211,12 @@ def test_a_session_survives_renewals_that_are_answered_slowly_but_inside_the_lea
                 time.sleep(1.3)
 
         async def scenario() -> None:
-            aws = Aws(cfg, threads=8)
-            worker = Worker(cfg, "w1", aws=aws, log=JsonLogger(out))
-            task = asyncio.create_task(worker.run())
-            try:
+            async with _running(cfg, log=JsonLogger(out)) as on_update_item:
                 await _until(lambda: len(up.open_sockets("a")) == 1, 10, "connected")
-                aws.dynamodb.meta.events.register("before-send.dynamodb.UpdateItem", slow)
+                on_update_item(slow)
                 await asyncio.sleep(2 * 2.8)  # two deadlines
                 assert "session_lost" not in out.getvalue()
                 assert len(up.open_sockets("a")) == 1 and len(up.sockets("a")) == 1
-            finally:
-                aws.dynamodb.meta.events.unregister("before-send.dynamodb.UpdateItem", slow)
-                worker.request_shutdown()
-                await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 15)
-                aws.close()
 
         asyncio.run(scenario())
     finally:

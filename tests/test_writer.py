@@ -80,6 +80,21 @@ def run(coro):
     return asyncio.run(coro)
 
 
+
+def slow_table(h: Harness, seconds: float) -> None:
+    """Every batch write takes ``seconds``, in a thread as the worker's pool runs it."""
+    real = h.writer._put
+
+    def slow_put(**kw):
+        time.sleep(seconds)
+        real(**kw)
+
+    async def threaded(fn, /, **kw):
+        return await asyncio.to_thread(fn, **kw)
+
+    h.writer._put = slow_put
+    h.writer._call = threaded
+
 def test_frames_of_many_connections_share_batches_of_up_to_25():
     async def scenario():
         h = Harness()
@@ -281,17 +296,7 @@ def test_a_batch_slower_than_the_deadline_it_started_with_is_kept_while_renewals
     async def scenario():
         h = Harness(interval=0.01, deadline_s=0.4)
         h.open("a")
-        real = h.writer._put
-
-        def slow_put(**kw):
-            time.sleep(0.9)  # throttled and retried inside the store
-            real(**kw)
-
-        async def threaded(fn, /, **kw):
-            return await asyncio.to_thread(fn, **kw)
-
-        h.writer._put = slow_put
-        h.writer._call = threaded
+        slow_table(h, 0.9)  # throttled and retried inside the store
         task = asyncio.create_task(h.writer.run())
         await h.put("a", 1, 2, 3)
         await asyncio.sleep(0.2)
@@ -314,17 +319,7 @@ def test_received_to_stored_latency_reflects_a_slow_table():
     async def scenario():
         h = Harness(interval=0.01)
         h.open("a", "b")
-        real = h.writer._put
-
-        def slow_put(**kw):
-            time.sleep(0.4)
-            real(**kw)
-
-        async def threaded(fn, /, **kw):
-            return await asyncio.to_thread(fn, **kw)
-
-        h.writer._put = slow_put
-        h.writer._call = threaded
+        slow_table(h, 0.4)
         task = asyncio.create_task(h.writer.run())
         await h.put("a", *range(1, 31))
         await h.put("b", *range(1, 11))

@@ -489,11 +489,13 @@ class ConnectionsStore(_Table):
         resp = self._call("get_item", Key=self._key(connection_id), ConsistentRead=consistent)
         return unmarshal(resp["Item"]) if "Item" in resp else None
 
-    def _owner_pages(self, owner_key: str, **extra: Any) -> Iterator[dict]:
+    def _owner_pages(self, owner_key: str, *, projection: str = "", **extra: Any) -> Iterator[dict]:
+        if projection:
+            extra.update(Select="SPECIFIC_ATTRIBUTES", ProjectionExpression=projection)
         return self._query_pages(
             IndexName=schema.OWNER_INDEX,
             KeyConditionExpression="#k = :k",
-            ExpressionAttributeNames=_names("#k"),
+            ExpressionAttributeNames=_names("#k", projection),
             ExpressionAttributeValues=marshal({":k": owner_key}),
             **extra,
         )
@@ -516,14 +518,7 @@ class ConnectionsStore(_Table):
     def free_ids(self, shard: int) -> set[str]:
         """Every STARTED connection of one shard nobody owns, keys only: what the
         UnownedConnections count compares between two of its samples."""
-        pages = self._query_pages(
-            IndexName=schema.OWNER_INDEX,
-            KeyConditionExpression="#k = :k",
-            ExpressionAttributeNames=_names("#k", "#pk"),
-            ExpressionAttributeValues=marshal({":k": schema.free_partition(shard)}),
-            Select="SPECIFIC_ATTRIBUTES",
-            ProjectionExpression="#pk",
-        )
+        pages = self._owner_pages(schema.free_partition(shard), projection="#pk")
         return {schema.connection_id_from_pk(unmarshal(raw)[schema.PK]) for page in pages for raw in page.get("Items", [])}
 
     def count_free(self, shard: int) -> int:

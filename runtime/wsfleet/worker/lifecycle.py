@@ -17,6 +17,7 @@ steps tests can drive one at a time.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import resource
 import time
@@ -249,7 +250,7 @@ class Worker:
         self._holders.add(task)
         self._holding[connection_id] = task
         task.add_done_callback(self._holders.discard)
-        task.add_done_callback(self._held)
+        task.add_done_callback(functools.partial(self._held, connection_id))
         return runner
 
     async def _acquire(
@@ -299,8 +300,7 @@ class Worker:
                 pass  # it is taken with the session when that ends
         await self.intake.hint(connection_id)
 
-    def _held(self, task: asyncio.Task) -> None:
-        connection_id = task.get_name().partition(":")[2]
+    def _held(self, connection_id: str, task: asyncio.Task) -> None:
         if self._holding.get(connection_id) is task:
             del self._holding[connection_id]
 
