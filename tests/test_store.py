@@ -14,6 +14,7 @@ from botocore.awsrequest import AWSResponse
 from botocore.config import Config
 
 from wsfleet import schema
+from wsfleet import store as store_mod
 from wsfleet.leases import AcquireFailure, EndFailure, RenewFailure
 from wsfleet.store import (
     Acquired,
@@ -383,3 +384,22 @@ def test_messages_are_keyed_by_seq_so_a_replay_rewrites_not_duplicates(ddb, aws_
     assert [r["sk"] for r in rows] == list(range(1, 61))
     assert rows[0]["message_data"] == '{"v":1}' and rows[0]["worker_id"] == "a"
     assert rows[-1]["fence_token"] == 2 and rows[-1]["expires_at"] == 1_000 + 86_400
+
+
+def test_a_sessions_connections_are_listed_in_pages(store, monkeypatch):
+    monkeypatch.setattr(store_mod, "OWNER_PAGE_ITEMS", 2)
+    ids = [f"p{i}" for i in range(5)]
+    for cid in ids:
+        store.start(cid, "ws://h/x")
+        store.acquire(cid, session_id="a#1", worker_id="a")
+    queries = []
+    real = store._call
+
+    def counting(op, **kwargs):
+        if op == "query":
+            queries.append(kwargs.get("Limit"))
+        return real(op, **kwargs)
+
+    monkeypatch.setattr(store, "_call", counting)
+    assert sorted(o.connection_id for o in store.owned_by("a#1")) == ids
+    assert queries == [2, 2, 2]  # 5 rows, 2 per page: every page asked for, none twice
