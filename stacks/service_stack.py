@@ -200,7 +200,8 @@ class ServiceStack(Stack):
         """The worker opens its session (conditional PutItem) and renews and ends
         sessions (UpdateItem), reads the sessions it watches (BatchGetItem) and finds
         them in the ``by_ring`` index; it acquires, checkpoints and releases connections
-        (UpdateItem), reads one back (GetItem) and lists who owns what in the
+        (UpdateItem; checkpoints go up to 25 in a TransactWriteItems, whose Updates IAM
+        checks as UpdateItem), reads one back (GetItem) and lists who owns what in the
         ``by_owner`` index; it batch-writes messages and queries the stored end past a
         checkpoint; it consumes hints and sends them for connections it frees,
         publishes its metrics and (through the sidecar) traces."""

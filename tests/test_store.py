@@ -12,12 +12,14 @@ import boto3
 import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 from wsfleet import schema
 from wsfleet import store as store_mod
 from wsfleet.leases import AcquireFailure, EndFailure, RenewFailure
 from wsfleet.store import (
     Acquired,
+    CheckpointEntry,
     ConnectionsStore,
     MessagesStore,
     NotAcquired,
@@ -285,6 +287,51 @@ def test_checkpoint_is_stored_only_for_the_owning_session_and_fence(store, start
     assert store.checkpoint(started, session_id="a#1", fence_token=1, last_seq=17)
     assert not store.checkpoint(started, session_id="b#1", fence_token=1, last_seq=99)
     assert store.get(started)["last_seq"] == 17
+
+
+def test_checkpoints_of_several_connections_are_one_transaction_all_or_nothing(store):
+    ids = ["k0", "k1", "k2"]
+    for cid in ids:
+        store.start(cid, "ws://127.0.0.1:9/s")
+        store.acquire(cid, session_id="a#1", worker_id="a")
+    entries = [CheckpointEntry(cid, "a#1", 1, 10 + n) for n, cid in enumerate(ids)]
+    assert store.checkpoint_many(entries) == [True, True, True]
+    assert [store.get(c)["last_seq"] for c in ids] == [10, 11, 12]
+    assert store.checkpoint_many(entries) == [True, True, True]  # a retry of one that landed: the same again
+
+    # k1 changes hands: its entry fails its condition, the others were not written
+    # because of it, and the caller learns which is which.
+    store.release("k1", session_id="a#1", fence_token=1, last_seq=12)
+    later = [CheckpointEntry(cid, "a#1", 1, 20 + n) for n, cid in enumerate(ids)]
+    assert store.checkpoint_many(later) == [None, False, None]
+    assert [store.get(c)["last_seq"] for c in ids] == [10, 12, 12]  # nothing written
+    assert store.checkpoint_many([later[0], later[2]]) == [True, True]
+    assert [store.get(c)["last_seq"] for c in ids] == [20, 12, 22]
+
+
+def test_a_checkpoint_transaction_cancelled_by_a_conflict_is_transient(store, started):
+    store.acquire(started, session_id="a#1", worker_id="a")
+    conflict = {
+        "Error": {"Code": "TransactionCanceledException", "Message": "Transaction cancelled"},
+        "CancellationReasons": [{"Code": "TransactionConflict"}],
+        "ResponseMetadata": {"HTTPStatusCode": 400},
+    }
+    invalid = {**conflict, "CancellationReasons": [{"Code": "ValidationError"}]}
+
+    class Cancelling:
+        def __init__(self, response):
+            self.response = response
+
+        def transact_write_items(self, **_):
+            raise ClientError(self.response, "TransactWriteItems")
+
+    entry = CheckpointEntry(started, "a#1", 1, 5)
+    with pytest.raises(TransientError):
+        ConnectionsStore(Cancelling(conflict), "t", state_shards=4).checkpoint_many([entry])
+    with pytest.raises(ClientError):  # a malformed request is a bug, never waited out
+        ConnectionsStore(Cancelling(invalid), "t", state_shards=4).checkpoint_many([entry])
+    with pytest.raises(ValueError):
+        store.checkpoint_many([entry] * 26)
 
 
 def test_a_dead_sessions_connections_are_freed_for_the_fleet(store, started):

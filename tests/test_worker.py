@@ -200,6 +200,27 @@ def test_checkpoints_are_written_while_frames_arrive_at_most_every_checkpoint_se
     asyncio.run(scenario())
 
 
+def test_checkpoints_of_many_connections_share_transactions(aws_env, stores, upstream):
+    conns, msgs = stores
+    ids = [f"k{i}" for i in range(6)]
+    for cid in ids:
+        conns.start(cid, upstream.url_for(cid))
+
+    async def scenario():
+        async with running(config(aws_env, CHECKPOINT_SECONDS="1")) as worker:
+            await eventually(lambda: worker.checkpoints.written >= 24, timeout=30, what="four rounds of checkpoints")
+            held = [conns.get(c) for c in ids]
+            return worker.checkpoints.stats(), dict(worker._aws.requests), held
+
+    stats, requests, held = asyncio.run(scenario())
+    # Six connections ask for their checkpoints within a tenth of a second of each other
+    # (acquired together, or written together last time): they leave together, far fewer
+    # requests than checkpoints even if the first round went one by one.
+    assert stats["transactions"] <= stats["written"] / 2, stats
+    assert requests.get("dynamodb.TransactWriteItems", 0) >= stats["transactions"], requests
+    assert all(item["last_seq"] > 0 and item["lease_session"] for item in held)  # checkpoints while held
+
+
 def test_a_dropped_socket_reconnects_and_resumes_without_gap_or_duplicate(aws_env, stores, upstream):
     conns, msgs = stores
     conns.start("a", upstream.url_for("a"))

@@ -54,6 +54,13 @@ TRANSIENT_CODES = frozenset(
 )
 
 MAX_BATCH = 25  # BatchWriteItem limit
+# Checkpoints per TransactWriteItems (DynamoDB takes up to 100). 25 keeps one
+# transaction's hold on the embedded emulator's DynamoDB lock to about that of a batch.
+MAX_TRANSACTION = 25
+# Cancellation reasons of a transaction that say nothing about ownership: retry it.
+TRANSIENT_CANCEL_CODES = frozenset(
+    {"None", "TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded"}
+)
 
 
 class TransientError(Exception):
@@ -92,6 +99,16 @@ def unmarshal(item: Mapping[str, Any]) -> dict:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """One connection's checkpoint, as :meth:`ConnectionsStore.checkpoint_many` writes it."""
+
+    connection_id: str
+    session_id: str
+    fence_token: int
+    last_seq: int
 
 
 @dataclass(frozen=True)
@@ -651,6 +668,55 @@ class ConnectionsStore(_Table):
             returns="NONE",
         )
         return new is not None
+
+    def checkpoint_many(self, entries: Sequence[CheckpointEntry]) -> list[bool | None]:
+        """Store several checkpoints in one TransactWriteItems (at most
+        :data:`MAX_TRANSACTION` of them), each an Update conditional on its connection's
+        session and fence, exactly as :meth:`checkpoint` writes one.
+
+        A transaction is all or nothing. Per entry, in order: True when written, False
+        when its condition failed (the connection is no longer ours), None when it was not
+        written only because another entry failed (write it again without that one).
+        Raises :class:`TransientError` when the transaction was cancelled for reasons that
+        say nothing about ownership (a conflict with another write to one of the items,
+        throttling): the whole group may go again. A retry of a transaction that landed
+        writes the same values again under conditions that still hold."""
+        if not 0 < len(entries) <= MAX_TRANSACTION:
+            raise ValueError(f"a checkpoint transaction holds 1 to {MAX_TRANSACTION} entries, not {len(entries)}")
+        update, condition = "SET #q = :seq, #u = :now", "#l = :session AND #f = :fence"
+        now = self._now_ms()
+        items = [
+            {
+                "Update": {
+                    "TableName": self._table,
+                    "Key": self._key(e.connection_id),
+                    "UpdateExpression": update,
+                    "ConditionExpression": condition,
+                    "ExpressionAttributeNames": _names(update, condition),
+                    "ExpressionAttributeValues": marshal(
+                        {":seq": e.last_seq, ":now": now, ":session": e.session_id, ":fence": e.fence_token}
+                    ),
+                }
+            }
+            for e in entries
+        ]
+        try:
+            self._ddb.transact_write_items(TransactItems=items)
+        except (ClientError, BotoCoreError) as exc:
+            if is_transient(exc):
+                raise TransientError(f"transact_write_items: {exc}") from exc
+            if not isinstance(exc, ClientError) or exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                raise
+            codes = [r.get("Code", "None") for r in exc.response.get("CancellationReasons", [])]
+            if len(codes) != len(entries):
+                raise TransientError(f"transact_write_items: {len(codes)} reasons for {len(entries)} entries") from exc
+            if "ConditionalCheckFailed" not in codes:
+                unknown = set(codes) - TRANSIENT_CANCEL_CODES
+                if unknown:  # ValidationError and the like: a bug, not a fault to wait out
+                    raise
+                raise TransientError(f"transact_write_items cancelled: {', '.join(sorted(set(codes) - {'None'}))}") from exc
+            return [False if c == "ConditionalCheckFailed" else None for c in codes]
+        return [True] * len(entries)
 
     # --- desired state (the router) -------------------------------------------------------
 

@@ -8,8 +8,10 @@ connection, driven by one :class:`ConnectionRunner`:
 * stream: connect with ``from_seq``, receive frames and hand them to the worker's shared
   :class:`~wsfleet.worker.writer.Writer` (which batches them with other connections'
   frames), reconnect with backoff while the session holds;
-* checkpointer: store the checkpoint at most every ``checkpoint_s`` while frames are
-  stored (never for a quiet connection).
+* checkpointer: store the checkpoint at least every ``checkpoint_s`` while frames are
+  stored (never for a quiet connection), through the worker's shared
+  :class:`~wsfleet.worker.checkpoints.Checkpoints`: it asks a tenth of that early, and
+  its checkpoint leaves in a transaction with other connections' ones.
 
 The runner ends for exactly one reason (:class:`EndReason`), set by itself or by the
 worker (a STOP from the session inbox, a lost session, shutdown); its teardown closes
@@ -34,9 +36,10 @@ from .. import tracing
 from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
-from ..store import ConnectionsStore
+from ..store import CheckpointEntry, ConnectionsStore
 from ..stream import SeqTracker, parse_frame, resume_url
 from ..validation import Allowlist, Invalid, check_resolved
+from .checkpoints import Checkpoints
 from .retry import LeaseExpired, call_until
 from .writer import Writer
 
@@ -56,6 +59,9 @@ class EndReason(enum.Enum):
 class Settings:
     worker_id: str
     checkpoint_s: float = 120.0  # longest time between checkpoints while frames arrive
+    # A checkpoint is asked for this share of checkpoint_s before it is due, so that it
+    # can leave together with other connections' ones (worker.checkpoints).
+    checkpoint_gather_share: float = 0.1
     connect_timeout_s: float = 10.0
     ping_interval_s: float = 20.0
     max_frame_bytes: int = 1 << 20
@@ -80,6 +86,7 @@ class ConnectionRunner:
         call: Call,
         connections: ConnectionsStore,
         writer: Writer,
+        checkpoints: Checkpoints,
         counters: Counters,
         log: JsonLogger,
     ) -> None:
@@ -101,6 +108,7 @@ class ConnectionRunner:
         self._call = call
         self._connections = connections
         self._writer = writer
+        self._checkpoints = checkpoints
         self._counters = counters
         self._log = log.bind(connection_id=connection_id, fence_token=fence_token)
         self._stored = asyncio.Event()
@@ -211,21 +219,23 @@ class ConnectionRunner:
                 return self._end(EndReason.EXPIRED)
 
     def _checkpoint_due(self) -> bool:
+        """A checkpoint is asked for once ``checkpoint_s`` less the gathering time has
+        passed since the last one, and only if frames were stored since."""
+        s = self._s
         return (
             self.tracker.checkpoint > self._checkpoint_written
-            and time.monotonic() - self._checkpoint_at >= self._s.checkpoint_s
+            and time.monotonic() - self._checkpoint_at >= s.checkpoint_s * (1 - s.checkpoint_gather_share)
         )
 
     async def _write_checkpoint(self) -> None:
         """Store the checkpoint while holding the connection (conditional on our session
-        and fence): after a crash the next owner reads less past it."""
-        seq = self.tracker.checkpoint
-        ours = await self._until_deadline(
-            self._connections.checkpoint,
-            connection_id=self.connection_id,
-            session_id=self.session_id,
-            fence_token=self.fence_token,
-            last_seq=seq,
+        and fence), written by ``checkpoint_s`` after the last one at the latest: after a
+        crash the next owner reads less past it."""
+        seq = self.tracker.checkpoint  # stored gap-free: the value written (frames stored meanwhile wait for the next)
+        ours = await self._checkpoints.write(
+            CheckpointEntry(self.connection_id, self.session_id, self.fence_token, seq),
+            by=self._checkpoint_at + self._s.checkpoint_s,
+            deadline=self._deadline,
         )
         if not ours:
             self._log.warning("checkpoint_found_connection_gone", checkpoint=seq)

@@ -40,6 +40,7 @@ from .intake import HINT_POLLERS, Intake
 from .retry import LeaseExpired, call_until, first_of
 from .session import Lost, SessionKeeper
 from .takeover import Takeover
+from .checkpoints import Checkpoints
 from .writer import Writer
 
 SHUTDOWN_MARGIN_S = 1.0  # kept back from the budget for the final log line and exit
@@ -89,6 +90,7 @@ class Worker:
             log=self._log,
             flush_interval_s=config.flush_interval_ms / 1000,
         )
+        self.checkpoints = Checkpoints(connections=self._connections, call=aws.call, log=self._log)
         self.keeper = SessionKeeper(
             sessions=self._sessions,
             worker_id=worker_id,
@@ -229,6 +231,7 @@ class Worker:
             call=self._aws.call,
             connections=self._connections,
             writer=self.writer,
+            checkpoints=self.checkpoints,
             counters=self.counters,
             log=self._log,
         )
@@ -438,6 +441,7 @@ class Worker:
             "shed": self.balancer.shed,
             **self.counters.totals(),
             "writer": self.writer.stats(),
+            "checkpoints": self.checkpoints.stats(),
             "requests": dict(self._aws.requests),
             "loop_lag_p99_ms": round(lags[int(0.99 * (len(lags) - 1))], 2) if lags else None,
             "loop_lag_max_ms": round(lags[-1], 2) if lags else None,
@@ -518,6 +522,7 @@ class Worker:
         )
         keeper = asyncio.create_task(self._keep_session(), name="session")
         writer = asyncio.create_task(self.writer.run(), name="writer")
+        checkpoints = asyncio.create_task(self.checkpoints.run(), name="checkpoints")
         polls = [asyncio.create_task(self._poll_loop(), name=f"poll-{n}") for n in range(HINT_POLLERS)]
         reconcile = lambda: reconcile_pause_s(self.config.reconcile_ms)  # noqa: E731
         loops = [
@@ -543,6 +548,7 @@ class Worker:
         await self.shutdown(budget_s=budget)
         keeper.cancel()
         writer.cancel()
+        checkpoints.cancel()
         in_flight = [p for p in polls if not p.done()]
         if self.intake.hints_sent and in_flight:
             # Our own long polls, still in flight, may receive some of the hints we just
@@ -553,7 +559,7 @@ class Worker:
             await asyncio.wait(in_flight, timeout=max(0.0, min(HINT_GRACE_S, left)))
         for p in polls:
             p.cancel()
-        await asyncio.gather(keeper, writer, *polls, *loops, return_exceptions=True)
+        await asyncio.gather(keeper, writer, checkpoints, *polls, *loops, return_exceptions=True)
         self._log.info(
             "shutdown_complete",
             took_s=round(time.monotonic() - started, 3),
