@@ -162,6 +162,7 @@ class Stats:
     renewals: int = 0  # successful session renewals since the worker started
     sessions_ended: int = 0  # dead sessions this worker ended
     writer: dict[str, Any] = field(default_factory=dict)  # the writer's own figures (pending, latency)
+    checkpoints: dict[str, Any] = field(default_factory=dict)  # checkpoint transactions and checkpoints written
 
     @classmethod
     def from_event(cls, e: Mapping[str, Any]) -> "Stats":
@@ -180,6 +181,7 @@ class Stats:
             renewals=e.get("renewals", 0),
             sessions_ended=e.get("sessions_ended", 0),
             writer=dict(e.get("writer") or {}),
+            checkpoints=dict(e.get("checkpoints") or {}),
         )
 
 

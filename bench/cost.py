@@ -250,7 +250,8 @@ def purpose(r: Mapping[str, Any], tables: Mapping[str, str], own: set[str]) -> s
             if part.startswith(schema.OWNER_KEY_FREE_PREFIX):
                 return "free scan"
             return "audit" if part[len(schema.OWNER_KEY_SESSION_PREFIX):] in own else "drain"
-        return {"UpdateItem": "connection write", "GetItem": "audit check"}.get(op, f"connections {op}")
+        return {"UpdateItem": "connection write", "GetItem": "audit check",
+                "TransactWriteItems": "checkpoints"}.get(op, f"connections {op}")
     if table == "messages":
         return {"BatchWriteItem": "messages", "Query": "stored end"}.get(op, f"messages {op}")
     return f"{table} {op}"
@@ -323,14 +324,17 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
     messages = total.counters["MessagesStored"]
     batches = total.ddb("BatchWriteItem")
     msgs_per_h = messages / busy_h if busy_h else 0.0
-    # Connection writes in a steady window are checkpoints, but for a rare acquire or release.
-    connection_writes = rate("connection write") * worker_h
-    ckpt = max(0.0, connection_writes - total.counters["LeasesAcquired"] - total.counters["LeasesReleased"])
+    # Checkpoints leave up to 25 in a TransactWriteItems: the ledger counts its items.
+    ckpt_ledger = ledger.get("checkpoints", {"n": 0, "items": 0})
+    ckpt = ckpt_ledger["items"]  # the ledger's window is the stats windows' (all workers)
     ckpt_per_h = ckpt / busy_h if busy_h else 0.0
+    ckpt_fill = ckpt_ledger["items"] / ckpt_ledger["n"] if ckpt_ledger["n"] else None
     # A connection that keeps receiving frames checkpoints every CHECKPOINT_SECONDS; a window
     # a few of them long sees one or two per connection, so the price takes the steady rate.
+    # A transactional write costs twice the units of a plain one.
     ckpt_steady = 3600 / t["checkpoint_s"]
-    busy_wru_ch = msgs_per_h * msg_wru + ckpt_steady * (conn_wru + checkpoint_index)
+    ckpt_wru = 2 * conn_wru + checkpoint_index
+    busy_wru_ch = msgs_per_h * msg_wru + ckpt_steady * ckpt_wru
     kw = dict(shards=t["shards"], prices=PRICES, fixed_per_worker_hour=fixed)
     month = plan.fleet(ops, connections=1000, per_worker=per_worker, **kw)["month"]
     month_busy = plan.fleet(ops, connections=1000, per_worker=per_worker, message_wru_per_connection_hour=busy_wru_ch, **kw)["month"]
@@ -386,7 +390,8 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
          f"release UpdateItem ({conn_wru} WRU + {release_index} index)"],
         ["checkpoints / connection-hour while frames arrive", fmt(ckpt_per_h, 0), f"≤ {ckpt_steady:g}",
          "in the renewals", f"CHECKPOINT_SECONDS {t['checkpoint_s']:g} (the window sees one or two per connection; the "
-         f"price below takes {ckpt_steady:g}); {conn_wru} WRU + {checkpoint_index} index each (last_seq is not projected)"],
+         f"price below takes {ckpt_steady:g}); in TransactWriteItems of {fmt(ckpt_fill, 1)} on average: "
+         f"2 x {conn_wru} WRU (transactional) + {checkpoint_index} index each (last_seq is not projected)"],
         [f"DynamoDB requests / message at {s['rate_per_busy_connection']:g} msg/s", fmt_spread(spread["batch_requests_per_message"], 3),
          "-", "1.000", f"BatchWriteItem, {fmt(messages / batches if batches else None, 1)} messages per batch: the worker's "
          f"one writer fills batches across its connections (FLUSH_INTERVAL_MS {t['flush_ms']}), and the local upstream "

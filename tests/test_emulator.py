@@ -20,7 +20,7 @@ from botocore.exceptions import ClientError
 from wsfleet.local.emulator import (
     FAULTS_PATH, HARNESS_MARK, Emulator, create_resources, faults, journal, record_journal, request_ledger, set_faults,
 )
-from wsfleet.store import ConnectionsStore, MessagesStore, SessionsStore, TransientError, is_transient
+from wsfleet.store import CheckpointEntry, ConnectionsStore, MessagesStore, SessionsStore, TransientError, is_transient
 from wsfleet.stream import Frame
 
 
@@ -110,13 +110,18 @@ def test_the_ledger_counts_requests_per_table_index_and_queried_partition(own):
     list(connections.free(0))
     connections.count_free(1)
     client.batch_get_item(RequestItems={env["SESSIONS_TABLE_NAME"]: {"Keys": [{"session_id": {"S": "x"}}, {"session_id": {"S": "y"}}]}})
+    connections.start("b", "ws://127.0.0.1/b")
+    connections.acquire("a", session_id="s#1", worker_id="s")
+    connections.acquire("b", session_id="s#1", worker_id="s")
+    assert connections.checkpoint_many([CheckpointEntry(c, "s#1", 1, 3) for c in ("a", "b")]) == [True, True]
 
     rows = {(r["op"], r["table"], r["index"], r["partition"], r["select"]): (r["n"], r["items"]) for r in request_ledger(url)}
 
-    assert rows[("PutItem", env["TABLE_NAME"], "", "", "")] == (1, 1)
+    assert rows[("PutItem", env["TABLE_NAME"], "", "", "")] == (2, 2)
     assert rows[("Query", env["TABLE_NAME"], "by_owner", "FREE#0", "")] == (2, 2)
     assert rows[("Query", env["TABLE_NAME"], "by_owner", "FREE#1", "COUNT")] == (1, 1)
     assert rows[("BatchGetItem", env["SESSIONS_TABLE_NAME"], "", "", "")] == (1, 2)
+    assert rows[("TransactWriteItems", env["TABLE_NAME"], "", "", "")] == (1, 2)  # one request, two checkpoints
 
 
 def test_added_latency_delays_only_the_chosen_operation_and_does_not_hold_the_others_up(own):

@@ -403,13 +403,16 @@ class RequestLedger:
 
     def _keys(self, op: str, body: Mapping[str, Any]) -> list[tuple[tuple[str, str, str, str, str], int]]:
         """(op, table, index, partition, select) and how many items it names; a batch
-        is counted once per table it touches."""
+        or a transaction is counted once per table it touches."""
         if op in ("BatchGetItem", "BatchWriteItem"):
             out = []
             for table, spec in body.get("RequestItems", {}).items():
                 items = spec.get("Keys", []) if isinstance(spec, Mapping) else spec
                 out.append(((op, table, "", "", ""), len(items)))
             return out
+        if op in ("TransactWriteItems", "TransactGetItems"):
+            tables = Counter(next(iter(entry.values())).get("TableName", "") for entry in body.get("TransactItems", []))
+            return [((op, table, "", "", ""), n) for table, n in tables.items()]
         partition = ""
         if op == "Query":
             match = self._PARTITION.match(body.get("KeyConditionExpression", ""))
