@@ -18,7 +18,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from wsfleet.local.emulator import (
-    FAULTS_PATH, HARNESS_MARK, Emulator, create_resources, faults, journal, record_journal, request_ledger, set_faults,
+    FAULTS_PATH, HARNESS_MARK, Emulator, create_resources, faults, freeze_survivors, journal, record_journal, request_ledger, set_faults,
 )
 from wsfleet.store import CheckpointEntry, ConnectionsStore, MessagesStore, SessionsStore, TransientError, is_transient
 from wsfleet.stream import Frame
@@ -435,3 +435,23 @@ def test_the_transaction_patch_is_idempotent(own):
     _fill(client, env["TABLE_NAME"], 2)
     client.transact_write_items(TransactItems=[_checkpoint(env["TABLE_NAME"], "c0", 3), _checkpoint(env["TABLE_NAME"], "c1", 3)])
     assert client.get_item(TableName=env["TABLE_NAME"], Key={"pk": {"S": "CONN#c1"}})["Item"]["last_seq"] == {"N": "3"}
+
+
+def test_the_standalone_servers_collector_leaves_what_survived_alone():
+    import gc
+
+    stop = threading.Event()
+    freezer = threading.Thread(target=freeze_survivors, args=(stop, 0.05), daemon=True)
+    try:
+        gc.unfreeze()
+        kept = [object() for _ in range(1000)]  # alive now: frozen at the next pass
+        freezer.start()
+        deadline = time.monotonic() + 10
+        while gc.get_freeze_count() < len(kept) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gc.get_freeze_count() >= len(kept)  # a full collection no longer walks them
+    finally:
+        stop.set()
+        freezer.join(timeout=5)
+        gc.unfreeze()  # this test process's collector back as it was
+    assert not freezer.is_alive()
