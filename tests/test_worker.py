@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from contextlib import asynccontextmanager
 
@@ -529,6 +530,35 @@ def test_a_worker_at_capacity_leaves_hints_for_its_peers(aws_env, stores, upstre
     assert conns.get("b")["lease_session"] == ""
 
 
+def test_a_full_workers_hint_pollers_wait_instead_of_spinning(aws_env, stores, upstream):
+    conns, _ = stores
+    cfg = config(aws_env, MAX_CONNECTIONS="2", RECONCILE_SECONDS="60")
+    for cid in ("a", "b", "c"):
+        conns.start(cid, upstream.url_for(cid))
+
+    async def scenario():
+        async with running(cfg) as worker:
+            await eventually(lambda: len(worker.runners) == 2, what="full")
+            looks, real = [], worker.free
+
+            def counted() -> int:
+                if sys._getframe(1).f_code.co_name == "_poll_loop":
+                    looks.append(time.monotonic())
+                return real()
+
+            worker.free = counted
+            await asyncio.sleep(2.0)
+            full_looks = len(looks)
+            worker.runners[sorted(worker.runners)[0]].request_stop()  # room for one more
+            await eventually(lambda: "c" in worker.runners, timeout=15, what="the third taken once there was room")
+            return full_looks
+
+    full_looks = asyncio.run(scenario())
+    # Four pollers over 2 s: a look or two each per FULL_RECHECK_S, not one every 50 ms
+    # (about 320 looks when they woke on the session being ready).
+    assert full_looks <= 40, full_looks
+
+
 def test_transient_failures_are_retried_until_they_succeed():
     calls = []
 
@@ -612,7 +642,8 @@ def test_renewals_failing_past_the_deadline_stop_all_writes_then_a_new_session_t
         async with running(cfg) as worker:
             await eventually(lambda: upstream.open_sockets("a") and len(seqs(msgs, "a")) >= 5, what="connected")
             first = worker.keeper.session_id
-            worker._aws.dynamodb.meta.events.register("before-send.dynamodb", throttle)
+            for client in worker._aws.dynamodb_clients:
+                client.meta.events.register("before-send.dynamodb", throttle)
             throttle.on = True  # every DynamoDB request, message writes included
             await eventually(lambda: worker.keeper.lost_reason is not None, timeout=5, what="the deadline to pass")
             await eventually(lambda: not upstream.open_sockets("a"), what="the socket closed")
@@ -646,7 +677,8 @@ def test_a_worker_whose_clock_is_off_by_less_than_the_skew_margin_never_overlaps
         async with running(cfg, "slow", clock_ms=lambda: int(time.time() * 1000) - off) as holder:
             await eventually(lambda: len(holder.runners) == 2 and len(seqs(msgs, "a")) >= 5, what="held")
             async with running(cfg, "fast", clock_ms=lambda: int(time.time() * 1000) + off) as taker:
-                holder._aws.dynamodb.meta.events.register("before-send.dynamodb", throttle)
+                for client in holder._aws.dynamodb_clients:
+                    client.meta.events.register("before-send.dynamodb", throttle)
                 throttle.on = True  # the holder stalls: no renewal and no write gets through
                 await eventually(lambda: len(taker.runners) == 2, timeout=8, what="the takeover")
                 await eventually(lambda: all(len(seqs(msgs, c)) >= upstream.produced(c) - 30 for c in ("a", "b")))

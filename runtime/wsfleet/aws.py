@@ -74,6 +74,17 @@ class Aws:
             # still allow one retry, slowing the renewal's own retry cadence.
             config=Config(read_timeout=5, retries={"mode": "standard", "total_max_attempts": 1}, **base),
         )
+        # Message writes, the worker's hottest request, go through a client of their own
+        # that skips botocore's parameter validation (~0.6 ms of CPU per BatchWriteItem,
+        # 0.07 ms per message at 100 x 2 msg/s): their items are built by MessagesStore
+        # from typed values, and DynamoDB validates them again. Every other request keeps
+        # the client-side check. Same timeouts, retries and hooks.
+        self.dynamodb_writes = session.client(
+            "dynamodb",
+            endpoint_url=config.endpoint_url,
+            config=Config(read_timeout=5, retries={"mode": "standard", "total_max_attempts": 1},
+                          parameter_validation=False, **base),
+        )
         retried = dict(retries={"mode": "standard", "max_attempts": 3}, **base)
         self.sqs = session.client(
             "sqs", endpoint_url=config.endpoint_url, config=Config(read_timeout=SQS_WAIT_SECONDS + 10, **retried)
@@ -88,9 +99,15 @@ class Aws:
         # Requests as sent on the wire (retries included), per "service.Operation": what
         # the bill and the cost benchmark count.
         self.requests: Counter[str] = Counter()
-        for client in (self.dynamodb, self.sqs, self.cloudwatch):
+        for client in (self.dynamodb, self.dynamodb_writes, self.sqs, self.cloudwatch):
             client.meta.events.register("request-created", self._count)
-        self.dynamodb.meta.events.register("before-send.dynamodb", _refuse_after_deadline)
+        for client in self.dynamodb_clients:
+            client.meta.events.register("before-send.dynamodb", _refuse_after_deadline)
+
+    @property
+    def dynamodb_clients(self) -> tuple[Any, Any]:
+        """Both DynamoDB clients: for a hook that must see every DynamoDB request."""
+        return self.dynamodb, self.dynamodb_writes
 
     def _count(self, event_name: str = "", **_: Any) -> None:
         # "request-created.<service>.<Operation>", emitted once per attempt.

@@ -199,9 +199,11 @@ class ConnectionRunner:
         await self._writer.put(self.connection_id, frame)  # waits while the writer is full
 
     def _on_stored(self, seq: int, count: int) -> None:
-        """The writer stored this connection's frames up to ``seq`` (a gap-free prefix)."""
+        """The writer stored this connection's frames up to ``seq`` (a gap-free prefix);
+        the checkpointer is woken only once a checkpoint may be due (not at every batch)."""
         self.tracker.stored(seq)
-        self._stored.set()
+        if time.monotonic() - self._checkpoint_at >= self._s.checkpoint_s * (1 - self._s.checkpoint_gather_share):
+            self._stored.set()
 
     async def _checkpointer(self) -> None:
         # The end reason, not cancellation alone, stops this loop: on Python 3.11,

@@ -46,6 +46,7 @@ from .writer import Writer
 SHUTDOWN_MARGIN_S = 1.0  # kept back from the budget for the final log line and exit
 HINT_GRACE_S = 0.5  # at shutdown, how long our in-flight polls get to return our own hints
 LAG_PROBE_S = 0.25  # how often the event-loop lag probe wakes up
+FULL_RECHECK_S = 1.0  # a full worker's hint pollers look again at least this often
 AUDIT_EVERY = 3  # the owner-index audit runs every AUDIT_EVERY reconcile intervals
 AUDIT_GRACE_S = 15.0  # a connection acquired this recently may not be in the index yet
 # Acquisitions in flight at once: a burst of thousands (a START storm, a big takeover) is
@@ -76,7 +77,7 @@ class Worker:
         self._connections = ConnectionsStore(
             aws.dynamodb, config.table_name, state_shards=config.state_shards, clock_ms=clock_ms
         )
-        self._messages = MessagesStore(aws.dynamodb, config.messages_table_name, ttl_days=config.message_ttl_days)
+        self._messages = MessagesStore(aws.dynamodb_writes, config.messages_table_name, ttl_days=config.message_ttl_days)
         self._settings = Settings(
             worker_id=worker_id,
             checkpoint_s=config.checkpoint_ms / 1000,
@@ -211,6 +212,7 @@ class Worker:
             return None
         finally:
             self._acquiring.discard(connection_id)
+            self._capacity_freed.set()
         if isinstance(result, NotAcquired):
             self._log.info("acquire_lost", connection_id=connection_id, source=source, why=result.reason.value)
             return None
@@ -490,11 +492,21 @@ class Worker:
 
     async def _poll_loop(self) -> None:
         while not self._stopping.is_set():
-            if self.free() <= 0 or not self._session_ready.is_set():
+            if not self._session_ready.is_set():
+                await first_of(self._session_ready.wait(), self._stopping.wait())
+                continue
+            if self.free() <= 0:
+                # Full: wait for a connection to end or an acquisition to fail (a
+                # backstop re-check every FULL_RECHECK_S). Waking on the session being
+                # ready, as this once did, spun the pollers 20 times a second each.
                 self._capacity_freed.clear()
-                await first_of(self._capacity_freed.wait(), self._session_ready.wait(), self._stopping.wait())
-                if self.free() <= 0 or not self._session_ready.is_set():
-                    await asyncio.sleep(0.05)
+                if self.free() <= 0:
+                    try:
+                        await asyncio.wait_for(
+                            first_of(self._capacity_freed.wait(), self._stopping.wait()), timeout=FULL_RECHECK_S
+                        )
+                    except TimeoutError:
+                        pass
                 continue
             try:
                 await self.intake.poll_once()
