@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import time
 from contextlib import asynccontextmanager
 
@@ -530,33 +529,43 @@ def test_a_worker_at_capacity_leaves_hints_for_its_peers(aws_env, stores, upstre
     assert conns.get("b")["lease_session"] == ""
 
 
-def test_a_full_workers_hint_pollers_wait_instead_of_spinning(aws_env, stores, upstream):
-    conns, _ = stores
-    cfg = config(aws_env, MAX_CONNECTIONS="2", RECONCILE_SECONDS="60")
-    for cid in ("a", "b", "c"):
-        conns.start(cid, upstream.url_for(cid))
+def test_a_full_workers_hint_pollers_wait_instead_of_spinning(aws_env):
+    cfg = config(aws_env, MAX_CONNECTIONS="2")
 
     async def scenario():
-        async with running(cfg) as worker:
-            await eventually(lambda: len(worker.runners) == 2, what="full")
-            looks, real = [], worker.free
+        aws = Aws(cfg, threads=2)
+        worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())
+        room, looks, polls = [0], [], []
 
-            def counted() -> int:
-                if sys._getframe(1).f_code.co_name == "_poll_loop":
-                    looks.append(time.monotonic())
-                return real()
+        def free() -> int:
+            looks.append(time.monotonic())
+            return room[0]
 
-            worker.free = counted
-            await asyncio.sleep(2.0)
-            full_looks = len(looks)
-            worker.runners[sorted(worker.runners)[0]].request_stop()  # room for one more
-            await eventually(lambda: "c" in worker.runners, timeout=15, what="the third taken once there was room")
-            return full_looks
+        async def poll_once(*_, **__) -> int:
+            polls.append(time.monotonic())
+            await asyncio.sleep(0.05)
+            return 0
 
-    full_looks = asyncio.run(scenario())
-    # Four pollers over 2 s: a look or two each per FULL_RECHECK_S, not one every 50 ms
-    # (about 320 looks when they woke on the session being ready).
-    assert full_looks <= 40, full_looks
+        worker.free = free
+        worker.intake.poll_once = poll_once
+        worker._session_ready.set()
+        poller = asyncio.create_task(worker._poll_loop())
+        await asyncio.sleep(2.0)  # full, with a live session
+        full = (len(looks), len(polls))
+        room[0] = 1
+        worker._capacity_freed.set()  # a connection ended
+        await eventually(lambda: polls, timeout=5, what="polling again once there is room")
+        worker._stopping.set()
+        poller.cancel()
+        await asyncio.gather(poller, return_exceptions=True)
+        aws.close()
+        return full
+
+    looks, polls = asyncio.run(scenario())
+    # Full for 2 s: a look at the room per FULL_RECHECK_S (and one per wake-up), no poll;
+    # about 80 looks when the poller woke on the session being ready every 50 ms.
+    assert polls == 0
+    assert looks <= 8, looks
 
 
 def test_transient_failures_are_retried_until_they_succeed():
