@@ -86,30 +86,29 @@ def test_a_full_transaction_leaves_at_once():
     assert [len(t) for t in store.transactions] == [4]  # the other two wait for their time
 
 
-def test_a_connection_no_longer_ours_is_told_and_the_rest_go_again_without_it():
+def due_now(store: RecordingStore, n: int) -> list[bool]:
+    """``n`` checkpoints due at once, each awaited; their outcomes in order."""
+
     async def scenario():
-        store = RecordingStore(gone={"c1"})
         cp, task = await started(store)
         now = time.monotonic()
-        results = await asyncio.gather(*(cp.write(entry(f"c{i}"), by=now, deadline=far) for i in range(3)))
+        results = await asyncio.gather(*(cp.write(entry(f"c{i}"), by=now, deadline=far) for i in range(n)))
         task.cancel()
-        return store, results
+        return results
 
-    store, results = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+def test_a_connection_no_longer_ours_is_told_and_the_rest_go_again_without_it():
+    store = RecordingStore(gone={"c1"})
+    results = due_now(store, 3)
     assert results == [True, False, True]
     assert [[e.connection_id for e in t] for t in store.transactions] == [["c0", "c1", "c2"], ["c0", "c2"]]
 
 
 def test_a_cancelled_transaction_goes_again_whole_after_a_backoff():
-    async def scenario():
-        store = RecordingStore(conflicts=2)
-        cp, task = await started(store)
-        now = time.monotonic()
-        results = await asyncio.gather(*(cp.write(entry(f"c{i}"), by=now, deadline=far) for i in range(2)))
-        task.cancel()
-        return store, results
-
-    store, results = asyncio.run(scenario())
+    store = RecordingStore(conflicts=2)
+    results = due_now(store, 2)
     assert results == [True, True] and [len(t) for t in store.transactions] == [2, 2, 2]
 
 
