@@ -113,19 +113,24 @@ def test_frames_of_many_connections_share_batches_of_up_to_25():
     assert h.counters.total(names.MESSAGES_STORED) == 30
 
 
-def test_many_quiet_connections_fill_whole_batches_not_halves():
+def written_after_queueing(frames: dict[str, list[int]]) -> Harness:
+    """Queue every connection's frames first, then run the writer until all are stored."""
+
     async def scenario():
         h = Harness(interval=0.05)
-        cids = [f"q{i}" for i in range(30)]
-        h.open(*cids)
-        for cid in cids:
-            await h.put(cid, 1)
+        h.open(*frames)
+        for cid, seqs in frames.items():
+            await h.put(cid, *seqs)
         task = asyncio.create_task(h.writer.run())
-        await until(lambda: h.counters.total(names.MESSAGES_STORED) == 30)
+        await until(lambda: h.counters.total(names.MESSAGES_STORED) == sum(map(len, frames.values())))
         task.cancel()
         return h
 
-    h = run(scenario())
+    return run(scenario())
+
+
+def test_many_quiet_connections_fill_whole_batches_not_halves():
+    h = written_after_queueing({f"q{i}": [1] for i in range(30)})
     # One frame each from 30 connections: a full batch of 25, then the other 5 (not two
     # concurrent batches of 15, which at 1,000 quiet connections cost 20 % more requests).
     assert [len(r) for r in h.ddb.requests] == [25, 5]
@@ -189,18 +194,7 @@ def test_a_connections_items_leave_in_seq_order_one_batch_in_flight_at_a_time():
 
 
 def test_busy_connections_are_written_in_concurrent_batches():
-    async def scenario():
-        h = Harness(interval=0.05)
-        cids = [f"b{i}" for i in range(8)]
-        h.open(*cids)
-        for cid in cids:
-            await h.put(cid, *range(1, 26))
-        task = asyncio.create_task(h.writer.run())
-        await until(lambda: h.counters.total(names.MESSAGES_STORED) == 200)
-        task.cancel()
-        return h
-
-    h = run(scenario())
+    h = written_after_queueing({f"b{i}": list(range(1, 26)) for i in range(8)})
     # 200 frames of 8 connections: full batches of 2 connections each, not one batch of 8
     # at a time.
     assert all(len(r) == 25 for r in h.ddb.requests) and len(h.ddb.requests) == 8

@@ -67,23 +67,17 @@ class Aws:
         # One attempt per DynamoDB call: the worker retries transient failures itself
         # (wsfleet.worker.retry), with backoff bounded by the lease deadline. botocore's
         # own retries would sleep up to seconds inside a call, past a short lease.
-        self.dynamodb = session.client(
-            "dynamodb",
-            endpoint_url=config.endpoint_url,
-            # total_max_attempts counts the first try; standard mode's max_attempts would
-            # still allow one retry, slowing the renewal's own retry cadence.
-            config=Config(read_timeout=5, retries={"mode": "standard", "total_max_attempts": 1}, **base),
-        )
+        # total_max_attempts counts the first try; standard mode's max_attempts would
+        # still allow one retry, slowing the renewal's own retry cadence.
+        once = dict(read_timeout=5, retries={"mode": "standard", "total_max_attempts": 1}, **base)
+        self.dynamodb = session.client("dynamodb", endpoint_url=config.endpoint_url, config=Config(**once))
         # Message writes, the worker's hottest request, go through a client of their own
         # that skips botocore's parameter validation (~0.6 ms of CPU per BatchWriteItem,
         # 0.07 ms per message at 100 x 2 msg/s): their items are built by MessagesStore
         # from typed values, and DynamoDB validates them again. Every other request keeps
         # the client-side check. Same timeouts, retries and hooks.
         self.dynamodb_writes = session.client(
-            "dynamodb",
-            endpoint_url=config.endpoint_url,
-            config=Config(read_timeout=5, retries={"mode": "standard", "total_max_attempts": 1},
-                          parameter_validation=False, **base),
+            "dynamodb", endpoint_url=config.endpoint_url, config=Config(parameter_validation=False, **once)
         )
         retried = dict(retries={"mode": "standard", "max_attempts": 3}, **base)
         self.sqs = session.client(
@@ -99,7 +93,7 @@ class Aws:
         # Requests as sent on the wire (retries included), per "service.Operation": what
         # the bill and the cost benchmark count.
         self.requests: Counter[str] = Counter()
-        for client in (self.dynamodb, self.dynamodb_writes, self.sqs, self.cloudwatch):
+        for client in (*self.dynamodb_clients, self.sqs, self.cloudwatch):
             client.meta.events.register("request-created", self._count)
         for client in self.dynamodb_clients:
             client.meta.events.register("before-send.dynamodb", _refuse_after_deadline)

@@ -656,23 +656,15 @@ class ConnectionsStore(_Table):
         return self._detach(connection_id, condition="#l = :dead", values={":dead": dead_session}, last_seq=None) is None
 
     def checkpoint(self, connection_id: str, *, session_id: str, fence_token: int, last_seq: int) -> bool:
-        """Store ``last_seq`` while holding the connection (no index key moves).
-
-        Conditional on: ``lease_session`` and ``fence_token`` are ours. Returns False if
-        the connection is no longer ours."""
-        new, _ = self._conditional_update(
-            connection_id,
-            update="SET #q = :seq, #u = :now",
-            condition="#l = :session AND #f = :fence",
-            values={":seq": last_seq, ":now": self._now_ms(), ":session": session_id, ":fence": fence_token},
-            returns="NONE",
-        )
-        return new is not None
+        """Store ``last_seq`` while holding the connection (no index key moves): a
+        :meth:`checkpoint_many` of one. Conditional on: ``lease_session`` and
+        ``fence_token`` are ours. Returns False if the connection is no longer ours."""
+        return self.checkpoint_many([CheckpointEntry(connection_id, session_id, fence_token, last_seq)]) == [True]
 
     def checkpoint_many(self, entries: Sequence[CheckpointEntry]) -> list[bool | None]:
         """Store several checkpoints in one TransactWriteItems (at most
         :data:`MAX_TRANSACTION` of them), each an Update conditional on its connection's
-        session and fence, exactly as :meth:`checkpoint` writes one.
+        session and fence (``lease_session`` and ``fence_token``), no index key moving.
 
         A transaction is all or nothing. Per entry, in order: True when written, False
         when its condition failed (the connection is no longer ours), None when it was not

@@ -34,7 +34,7 @@ from typing import Any, Awaitable, Callable
 
 from ..logs import JsonLogger
 from ..store import MAX_TRANSACTION, CheckpointEntry, ConnectionsStore
-from .retry import LeaseExpired, call_until
+from .retry import LeaseExpired, call_until, woken_or_timeout
 
 Call = Callable[..., Awaitable[Any]]
 
@@ -90,11 +90,7 @@ class Checkpoints:
                 continue
             left = min(a.by for a in self._waiting.values()) - time.monotonic()
             if len(self._waiting) < self._batch and left > 0:
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout=left)
-                except TimeoutError:
-                    pass
+                await woken_or_timeout(self._wake, left)
                 continue
             group = sorted(self._waiting.values(), key=lambda a: a.by)[: self._batch]
             for ask in group:

@@ -202,8 +202,13 @@ class ConnectionRunner:
         """The writer stored this connection's frames up to ``seq`` (a gap-free prefix);
         the checkpointer is woken only once a checkpoint may be due (not at every batch)."""
         self.tracker.stored(seq)
-        if time.monotonic() - self._checkpoint_at >= self._s.checkpoint_s * (1 - self._s.checkpoint_gather_share):
+        if self._time_to_ask():
             self._stored.set()
+
+    def _time_to_ask(self) -> bool:
+        """``checkpoint_s`` less the gathering time has passed since the last checkpoint."""
+        s = self._s
+        return time.monotonic() - self._checkpoint_at >= s.checkpoint_s * (1 - s.checkpoint_gather_share)
 
     async def _checkpointer(self) -> None:
         # The end reason, not cancellation alone, stops this loop: on Python 3.11,
@@ -221,13 +226,9 @@ class ConnectionRunner:
                 return self._end(EndReason.EXPIRED)
 
     def _checkpoint_due(self) -> bool:
-        """A checkpoint is asked for once ``checkpoint_s`` less the gathering time has
-        passed since the last one, and only if frames were stored since."""
-        s = self._s
-        return (
-            self.tracker.checkpoint > self._checkpoint_written
-            and time.monotonic() - self._checkpoint_at >= s.checkpoint_s * (1 - s.checkpoint_gather_share)
-        )
+        """A checkpoint is asked for once it is time to, and only if frames were stored
+        since the last one."""
+        return self.tracker.checkpoint > self._checkpoint_written and self._time_to_ask()
 
     async def _write_checkpoint(self) -> None:
         """Store the checkpoint while holding the connection (conditional on our session

@@ -34,13 +34,13 @@ from ..logs import JsonLogger
 from ..metrics import Counters, metric_data
 from ..store import Acquired, ConnectionsStore, MessagesStore, NotAcquired, SessionsStore, TransientError, now_ms
 from ..validation import Allowlist
-from .connection import ConnectionRunner, EndReason, Settings
 from .balancer import Balancer
+from .checkpoints import Checkpoints
+from .connection import ConnectionRunner, EndReason, Settings
 from .intake import HINT_POLLERS, Intake
 from .retry import LeaseExpired, call_until, first_of
 from .session import Lost, SessionKeeper
 from .takeover import Takeover
-from .checkpoints import Checkpoints
 from .writer import Writer
 
 SHUTDOWN_MARGIN_S = 1.0  # kept back from the budget for the final log line and exit

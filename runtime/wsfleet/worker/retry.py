@@ -53,6 +53,16 @@ async def call_until(
         attempt += 1
 
 
+async def woken_or_timeout(event: asyncio.Event, timeout: float) -> None:
+    """Clear ``event``, then wait until it is set again or ``timeout`` seconds pass: a
+    loop that sleeps until its next deadline unless something new arrives first."""
+    event.clear()
+    try:
+        await asyncio.wait_for(event.wait(), timeout=timeout)
+    except TimeoutError:
+        pass
+
+
 async def first_of(*aws: Any) -> None:
     """Wait until the first of the awaitables completes; cancel the others."""
     tasks = [asyncio.ensure_future(a) for a in aws]

@@ -48,7 +48,7 @@ from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import MAX_BATCH, MessagesStore
 from ..stream import Frame
-from .retry import LeaseExpired, call_until, first_of
+from .retry import LeaseExpired, call_until, first_of, woken_or_timeout
 
 Call = Callable[..., Awaitable[Any]]
 
@@ -284,11 +284,7 @@ class Writer:
                     await self._wake.wait()
                     continue
                 if delay > 0:
-                    self._wake.clear()
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), timeout=delay)
-                    except TimeoutError:
-                        pass
+                    await woken_or_timeout(self._wake, delay)
                     continue
                 await self._slots.acquire()
                 batch = self._take()
