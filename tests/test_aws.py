@@ -25,6 +25,17 @@ def test_a_write_whose_deadline_passed_before_it_left_is_refused_and_never_sent(
     assert msgs.read_all("c1") == []
 
 
+def test_a_write_whose_deadline_passes_after_botocore_checked_it_is_refused_at_the_socket(aws, aws_env):
+    # A freeze after the before-send hook (the connect, a wait for the GIL, a SIGSTOP):
+    # a later before-send handler that outlives the deadline stands in for it.
+    msgs = MessagesStore(aws.dynamodb_writes, aws_env["MESSAGES_TABLE_NAME"])
+    aws.dynamodb_writes.meta.events.register("before-send.dynamodb", lambda **_: time.sleep(0.1))
+    with send_deadline(time.monotonic() + 0.05), pytest.raises(SendDeadlinePassed):
+        msgs.put_many([("c1", 1, Frame(1, "1", 0))], worker_id="w")
+    assert msgs.read_all("c1") == []
+    assert aws.requests["dynamodb.BatchWriteItem"] == 1  # refused once, not retried into a second refusal
+
+
 def test_a_write_within_its_deadline_goes_through_and_the_deadline_ends_with_the_block(aws, aws_env):
     msgs = MessagesStore(aws.dynamodb, aws_env["MESSAGES_TABLE_NAME"])
     with send_deadline(time.monotonic() + 30):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import threading
 import time
 from collections import Counter
@@ -39,12 +40,17 @@ class SendDeadlinePassed(TransientError):
 @contextmanager
 def send_deadline(deadline_mono: float) -> Iterator[None]:
     """In this thread, refuse to send DynamoDB requests once the monotonic deadline has
-    passed, checked by a botocore hook right before each attempt goes on the wire.
+    passed, checked as late as Python can: right before each ``sendall`` of the request's
+    bytes, once its connection is made.
 
     Message writes are not conditional, so this is what keeps a worker that was frozen
     (SIGSTOP, a long GC or VM pause) between deciding to write and sending from writing
-    after its lease ran out: the check runs after the freeze, not before it. It narrows
-    the window to the few microseconds between the hook and the socket write."""
+    after its lease ran out: the check runs after the freeze, not before it. Two checks:
+    botocore's ``before-send`` hook refuses before a connection is even taken, and an
+    audit hook on ``http.client.send`` refuses after the connect (the emulator closes
+    every connection, so each request connects anew) and after any wait for the GIL on
+    the way. What is left is the few bytecodes between that hook and the system call;
+    ``python -m bench pauses`` measures how often a frozen writer still lands a batch."""
     _send_deadline.value = deadline_mono
     try:
         yield
@@ -56,6 +62,28 @@ def _refuse_after_deadline(**_: Any) -> None:
     deadline = getattr(_send_deadline, "value", None)
     if deadline is not None and time.monotonic() >= deadline:
         raise SendDeadlinePassed("lease deadline passed before the request was sent")
+
+
+def _refuse_at_the_socket(event: str, _args: tuple) -> None:
+    """An audit hook: http.client raises ``http.client.send`` right before each
+    ``sock.sendall``, plain or TLS, in the thread that sends. Raising aborts the send;
+    botocore hands the caller an HTTPClientError whose ``error`` is the refusal (see
+    :func:`wsfleet.store.unwrap_refusal`), and the half-sent connection is discarded."""
+    if event == "http.client.send":
+        _refuse_after_deadline()
+
+
+_socket_check = threading.Lock()
+_socket_check_installed = False
+
+
+def _install_socket_check() -> None:
+    """Once per process: audit hooks cannot be removed, and one is enough."""
+    global _socket_check_installed
+    with _socket_check:
+        if not _socket_check_installed:
+            sys.addaudithook(_refuse_at_the_socket)
+            _socket_check_installed = True
 
 
 class Aws:
@@ -97,6 +125,7 @@ class Aws:
             client.meta.events.register("request-created", self._count)
         for client in self.dynamodb_clients:
             client.meta.events.register("before-send.dynamodb", _refuse_after_deadline)
+        _install_socket_check()
 
     @property
     def dynamodb_clients(self) -> tuple[Any, Any]:

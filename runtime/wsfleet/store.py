@@ -75,6 +75,13 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, BotoCoreError)  # timeouts, connection errors, ...
 
 
+def unwrap_refusal(exc: BaseException) -> TransientError | None:
+    """Our own refusal raised inside botocore's HTTP send (the send deadline's socket
+    check, :mod:`wsfleet.aws`), which botocore wraps in an HTTPClientError."""
+    cause = getattr(exc, "kwargs", {}).get("error")
+    return cause if isinstance(cause, TransientError) else None
+
+
 def _condition_failed(exc: ClientError) -> bool:
     return exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
 
@@ -847,6 +854,8 @@ class MessagesStore:
             try:
                 resp = self._ddb.batch_write_item(RequestItems={self._table: requests})
             except (ClientError, BotoCoreError) as exc:
+                if refused := unwrap_refusal(exc):
+                    raise refused from None  # past its deadline: a retry here would be refused too
                 if not is_transient(exc):
                     raise
                 resp = {"UnprocessedItems": {self._table: requests}}
