@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from wsfleet.local.chaos.checker import check
+from wsfleet.local.chaos.checker import IN_FLIGHT_AFTER_RESUME_S, check
 from wsfleet.local.chaos.recovery import kind_summary
 from wsfleet.local.chaos.evidence import Evidence, Row, Snapshot
 from wsfleet.local.chaos.history import Applied, Op
@@ -161,6 +161,33 @@ def test_a_message_written_after_a_higher_fence_was_acquired_is_a_stale_fence_wr
     went_back = evidence()
     went_back.rows["a"] = [Row(r.seq, 2 if r.seq == 4 else 1, r.worker, r.received_at_ms, r.data) for r in went_back.rows["a"]]
     assert kinds(went_back) == ["stale_fence"] * 6  # seqs 5..10 carry fence 1 above seq 4's fence 2
+
+
+def test_a_stale_write_is_excused_only_as_a_request_in_flight_when_its_writer_froze():
+    pause = Applied(1, "pause", T0 + 1.0, victim="w1", resumed_at=T0 + 4.0, affected={})
+
+    def late(t_s: float, received_s: float, worker: str = "w1") -> Evidence:
+        ev = evidence()
+        ev.journal += [
+            {"n": 11, "op": "update", "pk": "CONN#a", "fence": 2, "worker": "w2"},
+            *({"n": 11 + s, "op": "put", "pk": "CONN#a", "sk": s, "fence": 2, "worker": "w2"} for s in (8, 9, 10)),
+            # w1's request for seq 9, received before the freeze, lands over w2's row:
+            {"n": 22, "op": "put", "pk": "CONN#a", "sk": 9, "fence": 1, "worker": worker,
+             "t_ms": int(t_s * 1000), "received_ms": int(received_s * 1000)},
+        ]
+        # ...so the table holds it, older in fence than seq 8 below it.
+        ev.rows["a"][7:] = [Row(8, 2, "w2", 0, frame(8)), Row(9, 1, worker, int(received_s * 1000), frame(9)), Row(10, 2, "w2", 0, frame(10))]
+        return ev
+
+    in_flight = late(T0 + 4.1, T0 + 0.9)
+    assert kinds(in_flight, [pause]) == []
+    verdict = check(in_flight, [pause], OPS, TIMING)
+    assert verdict.totals["late_in_flight"] == 1
+    both = ["stale_fence"] * 2  # the write, and the row it left
+    assert kinds(in_flight) == both  # no freeze to explain it
+    assert kinds(late(T0 + 4.0 + IN_FLIGHT_AFTER_RESUME_S + 1, T0 + 0.9), [pause]) == both  # long after waking
+    assert kinds(late(T0 + 4.1, T0 + 1.5), [pause]) == both  # a frame of the frozen time: received after
+    assert kinds(late(T0 + 4.1, T0 + 0.9, worker="w3"), [pause]) == both  # someone else's freeze
 
 
 def test_a_connection_not_taken_over_within_the_bound_or_never_is_a_recovery_violation():

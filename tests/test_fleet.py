@@ -15,6 +15,7 @@ import pytest
 
 from wsfleet.local import report
 from wsfleet.leases import SessionTiming
+from wsfleet.local.chaos.checker import IN_FLIGHT_AFTER_RESUME_S
 from wsfleet.local.chaos.nemesis import FAKETIME_LIB
 from wsfleet.local.chaos.nemesis import clock_off_by as chaos_clock_off_by
 from wsfleet.local.fleet import EmulatorProcess, Fleet, SessionState, Timing, eventually
@@ -178,6 +179,25 @@ def victims_rows(fleet: Fleet, victim: str, connection_ids) -> dict[str, dict[in
     }
 
 
+def late_rows(before: dict, after: dict) -> dict[str, list[int]]:
+    """Per connection, the seqs whose row (as :func:`victims_rows` shows it) changed."""
+    return {c: late for c in after if (late := sorted(s for s in after[c] if after[c][s] != before[c].get(s)))}
+
+
+def in_flight_at_the_freeze(fleet: Fleet, victim: str, connection_ids, before: dict, paused_at: float, resumed_at: float) -> dict:
+    """``victim``'s rows once a request it had in flight when it froze has surely landed:
+    past its last deadline check, a request can still be frozen in the few bytecodes
+    before the send system call, and it goes out as the process wakes. What changed
+    since ``before`` (taken while it was frozen) must be only that: frames received
+    before the freeze (the same data its successor stores, which the final audit checks),
+    landed by IN_FLIGHT_AFTER_RESUME_S after the SIGCONT (the chaos checker's rule)."""
+    time.sleep(max(0.0, resumed_at + IN_FLIGHT_AFTER_RESUME_S - time.time()))
+    woke = victims_rows(fleet, victim, connection_ids)
+    late = {c: {s: woke[c][s] for s in seqs} for c, seqs in late_rows(before, woke).items()}
+    assert all(received <= paused_at * 1000 + 5 for rows in late.values() for _, received in rows.values()), late
+    return woke
+
+
 def test_a_worker_paused_past_its_lease_writes_nothing_more_and_comes_back_with_a_new_session(fleet):
     start_workers(fleet, "w1", "w2")
     ids = start_connections(fleet, 6)
@@ -211,6 +231,7 @@ def test_a_worker_paused_past_its_lease_writes_nothing_more_and_comes_back_with_
     )[-1]
     assert new_session != old_session
     assert fleet.sessions()[new_session].live_at(int(time.time() * 1000))
+    woke = in_flight_at_the_freeze(fleet, victim, affected, before, paused_at, event.until)
     # Let every successor write a few more batches: any late write of the victim would land by then.
     marks = {c: s.last_seq for c, s in fleet.scan().items() if c in affected}
     eventually(lambda: all(fleet.scan()[c].last_seq >= marks[c] + 2 * RATE for c in affected), 10, "the successors to store more")
@@ -218,10 +239,9 @@ def test_a_worker_paused_past_its_lease_writes_nothing_more_and_comes_back_with_
     after = victims_rows(fleet, victim, affected)
     # Nothing the victim received after its pause began was ever written...
     assert all(received <= paused_at * 1000 + 5 for rows in after.values() for _, received in rows.values())
-    # ...nothing it had decided to write before the freeze went out after it (the
-    # deadline is checked as each request leaves: wsfleet.aws.send_deadline)...
-    late = {c: sorted(s for s in after[c] if after[c][s] != before[c].get(s)) for c in affected}
-    assert not any(late.values()), f"{victim} wrote after a successor took over: {late}"
+    # ...and nothing it had decided to write before the freeze went out once it was awake
+    # (the deadline is checked as each request leaves: wsfleet.aws.send_deadline)...
+    assert after == woke, f"{victim} wrote after it woke up: {late_rows(woke, after)}"
     # ...and every row it wrote carries an older fence than its successor's.
     assert all(fence < successor_fences[c] for c in affected for fence, _ in after[c].values())
     for cid in affected:
@@ -344,8 +364,11 @@ def test_workers_whose_wall_clocks_disagree_by_less_than_the_skew_margin_never_o
         eventually(
             lambda: len([e for e in fleet.events("behind") if e["event"] == "session_opened"]) > opened, 10, "behind's new session"
         )
+        woke = in_flight_at_the_freeze(fleet, "behind", victim_holds, before, paused_at, pause.until)
+        marks = {c: s.last_seq for c, s in fleet.scan().items() if c in victim_holds}
+        eventually(lambda: all(fleet.scan()[c].last_seq >= marks[c] + 2 * RATE for c in victim_holds), 10, "the successors to store more")
         after = victims_rows(fleet, "behind", victim_holds)
-        assert after == before, "the frozen worker wrote after it woke up"
+        assert after == woke, f"the frozen worker wrote after it woke up: {late_rows(woke, after)}"
         assert all(fence < successor_fences[c] for c in victim_holds for fence, _ in after[c].values())
 
         # Now the one ahead dies, and the one behind (under a new session) takes it all:

@@ -319,7 +319,8 @@ class Journal:
                     if item and json.dumps(req, sort_keys=True) not in unprocessed:
                         self._append({"op": "put", "table": table, "pk": _attr(item, schema.MSG_PK),
                                       "sk": _attr(item, schema.MSG_SK), "fence": _attr(item, schema.MSG_FENCE_TOKEN),
-                                      "worker": _attr(item, schema.MSG_WORKER_ID), "t_ms": t_ms})
+                                      "worker": _attr(item, schema.MSG_WORKER_ID), "t_ms": t_ms,
+                                      "received_ms": _attr(item, schema.RECEIVED_AT_MS)})
         else:
             item = answer.get("Attributes", {})
             if schema.FENCE_TOKEN in item:

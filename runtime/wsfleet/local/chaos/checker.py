@@ -14,7 +14,11 @@ Invariants, each a kind of :class:`Violation`:
 * ``stale_fence``: a message written, in the order DynamoDB applied it, after its
   connection had been acquired with a higher fence or after its writer's session had
   been ended by a watcher (the writer had lost it), or a stored row older in fence than
-  a row below it;
+  a row below it; unless the writer was frozen by a SIGSTOP, every frame the write
+  carries was received before the freeze began, and it landed within
+  ``IN_FLIGHT_AFTER_RESUME_S`` of the SIGCONT: a request already past its deadline
+  checks when the process froze (see ``wsfleet.aws.send_deadline``; the same frames
+  as its successor's, which ``corrupt`` and ``doubled`` check);
 * ``not_recovered`` / ``slow_recovery``: a connection a fault affected was not whole
   again (see :mod:`.recovery`) by the end, or not within the fault's bound;
 * ``stop_not_closed``: a socket open on a STOPPED connection later than the STOP bound;
@@ -30,6 +34,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from ... import schema
 from ..fleet import Timing
 from .evidence import Evidence
 from .history import Applied, Op
@@ -42,6 +47,9 @@ VIOLATION_KINDS = (
 )
 FROZEN_CLOSE_S = 3.0  # after SIGCONT the socket closes at the next renewal tick, its close handshake 3 s at most
 MALFORMED_WATCH_S = 2.0
+# A frozen writer's request that had passed its last deadline check lands as soon as the
+# process runs again: it needs the GIL back, one send, and its turn at the emulator's lock.
+IN_FLIGHT_AFTER_RESUME_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,7 @@ def check(evidence: Evidence, applied: Sequence[Applied], ops: Sequence[Op], tim
     for cid in evidence.connections:
         violations += check_data(cid, evidence, ops, timing, totals)
     violations += check_overlaps(evidence, applied, bounds)
-    violations += check_fences(evidence)
+    violations += check_fences(evidence, applied, totals)
     times = [s.t for s in evidence.snapshots]
     recoveries = [recovery(a, evidence, bounds, slack_s, times) for a in applied]
     for r in recoveries:
@@ -212,15 +220,20 @@ def check_stops(ev: Evidence, ops: Sequence[Op], bounds: Bounds) -> list[Violati
 # --- fences --------------------------------------------------------------------------------------
 
 
-def check_fences(ev: Evidence) -> list[Violation]:
+def check_fences(ev: Evidence, applied: Sequence[Applied] = (), totals: dict[str, int] | None = None) -> list[Violation]:
     """In the journal's order: a message written with fence F after a higher fence was
     acquired, or after the session that acquired F was ended by a watcher (its worker had
     stopped writing, by its own deadline, a skew margin before the watcher could end it).
-    In the table: a stored row with a lower fence than a row below it."""
+    In the table: a stored row with a lower fence than a row below it. A write in flight
+    when its writer froze (:func:`in_flight_at_freeze`) is excused in both."""
     out = []
+    totals = {} if totals is None else totals
+    totals.setdefault("late_in_flight", 0)
+    pauses = [a for a in applied if a.kind == "pause"]
     highest: dict[str, int] = {}
     holder: dict[tuple[str, int], str] = {}  # (pk, fence) -> the session that acquired it
     ended: dict[str, str] = {}  # session -> who ended it, when a watcher did
+    last_put: dict[tuple[str, int], bool] = {}  # (pk, seq) -> whether its last write was excused
     for e in ev.journal:
         if e.get("op") == "ended" and e.get("by") != e.get("worker"):
             ended.setdefault(e["session"], e.get("by") or "?")
@@ -230,22 +243,43 @@ def check_fences(ev: Evidence) -> list[Violation]:
             continue
         if e["op"] == "update" and e.get("session"):
             holder[(pk, fence)] = e["session"]
-        if e["op"] == "put" and fence < highest.get(pk, 0):
-            out.append(Violation("stale_fence", pk, f"seq {e.get('sk')} written by {e.get('worker')} with fence {fence} "
-                                 f"after fence {highest[pk]} was acquired (journal #{e.get('n')}, t {e.get('t_ms')})"))
-        elif e["op"] == "put" and holder.get((pk, fence)) in ended:
-            session = holder[(pk, fence)]
-            out.append(Violation("stale_fence", pk, f"seq {e.get('sk')} written by {e.get('worker')} with fence {fence} "
-                                 f"after its session {session} was ended by {ended[session]} (journal #{e.get('n')})"))
+        if e["op"] == "put":
+            stale = None
+            if fence < highest.get(pk, 0):
+                stale = f"after fence {highest[pk]} was acquired (journal #{e.get('n')}, t {e.get('t_ms')})"
+            elif holder.get((pk, fence)) in ended:
+                session = holder[(pk, fence)]
+                stale = f"after its session {session} was ended by {ended[session]} (journal #{e.get('n')})"
+            excused = stale is not None and in_flight_at_freeze(e, pauses) is not None
+            last_put[(pk, e.get("sk"))] = excused
+            totals["late_in_flight"] += excused
+            if stale is not None and not excused:
+                out.append(Violation("stale_fence", pk, f"seq {e.get('sk')} written by {e.get('worker')} with fence {fence} {stale}"))
         highest[pk] = max(highest.get(pk, 0), fence)
     for cid, rows in ev.rows.items():
         top = 0
         for row in sorted(rows, key=lambda r: r.seq):
+            if last_put.get((schema.connection_pk(cid), row.seq)):
+                continue  # landed late, as a frozen writer woke: excused above
             if row.fence < top:
                 out.append(Violation("stale_fence", cid, f"stored seq {row.seq} has fence {row.fence} ({row.worker}), "
                                      f"below fence {top} of a lower seq"))
             top = max(top, row.fence)
     return out
+
+
+def in_flight_at_freeze(put: dict, pauses: Iterable[Applied]) -> Applied | None:
+    """The SIGSTOP that explains a late message write, if any: it froze the writer, the
+    frame was received before the freeze began, and the write landed just after the
+    SIGCONT. Between its last deadline check and its send a request can still be frozen
+    (the few bytecodes before the system call); once running it is sent at once."""
+    t_s = put.get("t_ms", 0) / 1000
+    received_s = put.get("received_ms", float("inf")) / 1000
+    for p in pauses:
+        if p.victim == put.get("worker") and p.resumed_at is not None and received_s <= p.started_at \
+                and p.resumed_at <= t_s <= p.resumed_at + IN_FLIGHT_AFTER_RESUME_S:
+            return p
+    return None
 
 
 # --- recovery ------------------------------------------------------------------------------------

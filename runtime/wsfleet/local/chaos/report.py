@@ -46,6 +46,7 @@ def render(
         f"upstream produced {t['produced']} frames; {t['stored']} rows stored; {t['sockets']} sockets opened; "
         f"{t.get('rewrites', 0)} rows rewritten by a later owner (a replay after a takeover: same key, same data)",
         f"two sockets on one stream while a worker was frozen (its kernel kept the socket): {t['overlaps_excused']}",
+        f"messages a frozen worker had already sent, landing as it woke (older fence, same data): {t.get('late_in_flight', 0)}",
         f"DynamoDB load from the chaos phase on: {t.get('dynamodb_requests_per_s', '-')} requests/s, "
         f"{t.get('dynamodb_writes_per_s', '-')} writes/s (the emulator's budget: about 80 writes/s)",
         "",
