@@ -75,31 +75,30 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
 def _freeze_again_and_again(endpoint_url: str, check: str, pauses: int, rng: random.Random, run_dir: Path) -> dict[str, Any]:
     env = create_resources(endpoint_url, table_name=f"pauses-c-{check}", sessions_table_name=f"pauses-s-{check}",
                            messages_table_name=f"pauses-m-{check}", queue_name=f"pauses-q-{check}")
-    log = open(run_dir / f"pauses-{check}.log", "w")
-    child = subprocess.Popen(
-        [sys.executable, "-m", "bench.pauses", json.dumps(env), check],
-        env=fleet.child_env(**env), stdout=subprocess.PIPE, stderr=log, text=True,
-    )
-    try:
-        if child.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"the writer did not start: see {log.name}")
-        record_journal(endpoint_url)
-        time.sleep(1.0)
-        windows = []
-        for _ in range(pauses):
-            time.sleep(rng.uniform(0.3, 0.6))
-            stopped = time.time()
-            os.kill(child.pid, signal.SIGSTOP)
-            time.sleep(FREEZE_S)
-            resumed = time.time()
-            os.kill(child.pid, signal.SIGCONT)
-            # Past every deadline the writer held at the freeze, until its renewals resume.
-            windows.append((stopped + DEADLINE_S + 0.05, resumed + QUIET_S - 0.1))
-        time.sleep(QUIET_S)
-    finally:
-        child.kill()
-        child.wait()
-        log.close()
+    with open(run_dir / f"pauses-{check}.log", "w") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "bench.pauses", json.dumps(env), check],
+            env=fleet.child_env(**env), stdout=subprocess.PIPE, stderr=log, text=True,
+        )
+        try:
+            if child.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the writer did not start: see {log.name}")
+            record_journal(endpoint_url)
+            time.sleep(1.0)
+            windows = []
+            for _ in range(pauses):
+                time.sleep(rng.uniform(0.3, 0.6))
+                stopped = time.time()
+                os.kill(child.pid, signal.SIGSTOP)
+                time.sleep(FREEZE_S)
+                resumed = time.time()
+                os.kill(child.pid, signal.SIGCONT)
+                # Past every deadline the writer held at the freeze, until its renewals resume.
+                windows.append((stopped + DEADLINE_S + 0.05, resumed + QUIET_S - 0.1))
+            time.sleep(QUIET_S)
+        finally:
+            child.kill()
+            child.wait()
     table = env["MESSAGES_TABLE_NAME"]
     batches = sorted({(e["t_ms"], e["worker"]) for e in journal(endpoint_url) if e.get("op") == "put" and e.get("table") == table})
     record_journal(endpoint_url, record=False)

@@ -73,17 +73,11 @@ def _refuse_at_the_socket(event: str, _args: tuple) -> None:
         _refuse_after_deadline()
 
 
-_socket_check = threading.Lock()
-_socket_check_installed = False
-
-
+@functools.cache
 def _install_socket_check() -> None:
-    """Once per process: audit hooks cannot be removed, and one is enough."""
-    global _socket_check_installed
-    with _socket_check:
-        if not _socket_check_installed:
-            sys.addaudithook(_refuse_at_the_socket)
-            _socket_check_installed = True
+    """Once per process: audit hooks cannot be removed, and one is enough (two, from a
+    race of the first calls, would only check twice)."""
+    sys.addaudithook(_refuse_at_the_socket)
 
 
 class Aws:

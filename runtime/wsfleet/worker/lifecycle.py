@@ -499,14 +499,13 @@ class Worker:
                 # Full: wait for a connection to end or an acquisition to fail (a
                 # backstop re-check every FULL_RECHECK_S). Waking on the session being
                 # ready, as this once did, spun the pollers 20 times a second each.
-                self._capacity_freed.clear()
-                if self.free() <= 0:
-                    try:
-                        await asyncio.wait_for(
-                            first_of(self._capacity_freed.wait(), self._stopping.wait()), timeout=FULL_RECHECK_S
-                        )
-                    except TimeoutError:
-                        pass
+                self._capacity_freed.clear()  # no await since free() looked: nothing was missed
+                try:
+                    await asyncio.wait_for(
+                        first_of(self._capacity_freed.wait(), self._stopping.wait()), timeout=FULL_RECHECK_S
+                    )
+                except TimeoutError:
+                    pass
                 continue
             try:
                 await self.intake.poll_once()

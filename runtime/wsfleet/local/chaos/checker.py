@@ -220,15 +220,15 @@ def check_stops(ev: Evidence, ops: Sequence[Op], bounds: Bounds) -> list[Violati
 # --- fences --------------------------------------------------------------------------------------
 
 
-def check_fences(ev: Evidence, applied: Sequence[Applied] = (), totals: dict[str, int] | None = None) -> list[Violation]:
+def check_fences(ev: Evidence, applied: Sequence[Applied], totals: dict[str, int]) -> list[Violation]:
     """In the journal's order: a message written with fence F after a higher fence was
     acquired, or after the session that acquired F was ended by a watcher (its worker had
     stopped writing, by its own deadline, a skew margin before the watcher could end it).
     In the table: a stored row with a lower fence than a row below it. A write in flight
-    when its writer froze (:func:`in_flight_at_freeze`) is excused in both."""
+    when its writer froze (:func:`in_flight_at_freeze`) is excused in both, and counted
+    in ``totals["late_in_flight"]``."""
     out = []
-    totals = {} if totals is None else totals
-    totals.setdefault("late_in_flight", 0)
+    totals["late_in_flight"] = 0
     pauses = [a for a in applied if a.kind == "pause"]
     highest: dict[str, int] = {}
     holder: dict[tuple[str, int], str] = {}  # (pk, fence) -> the session that acquired it
