@@ -434,7 +434,7 @@ def test_messages_are_keyed_by_seq_so_a_replay_rewrites_not_duplicates(ddb, aws_
 
 
 def test_a_sessions_connections_are_listed_in_pages(store, monkeypatch):
-    monkeypatch.setattr(store_mod, "OWNER_PAGE_ITEMS", 2)
+    monkeypatch.setattr(store_mod.connections, "OWNER_PAGE_ITEMS", 2)
     ids = [f"p{i}" for i in range(5)]
     for cid in ids:
         store.start(cid, "ws://h/x")

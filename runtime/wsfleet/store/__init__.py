@@ -1,0 +1,49 @@
+"""DynamoDB adapter: every read and conditional write of the three tables, and nothing else.
+
+One module per table (:mod:`.sessions`, :mod:`.connections`, :mod:`.messages`), what
+they share in :mod:`.base`. Each write says in its docstring what it is conditional on.
+A lost race comes back as a value (a ``NotAcquired``, a ``RenewFailure``, an
+``EndFailure``, a router outcome); a transient fault (throttling, timeout, 5xx,
+connection error) is raised as :class:`TransientError`, so that no caller can mistake
+one for the other. The calls are synchronous boto3: the worker runs them in threads
+(see ``wsfleet.aws``), the Lambda router calls them directly.
+"""
+
+from .base import TRANSIENT_CODES, TransientError, is_transient, marshal, now_ms, unmarshal, unwrap_refusal
+from .connections import (
+    MAX_TRANSACTION,
+    OWNER_PAGE_ITEMS,
+    Acquired,
+    CheckpointEntry,
+    ConnectionsStore,
+    NotAcquired,
+    Owned,
+    StartOutcome,
+    Stopped,
+    StopOutcome,
+)
+from .messages import MAX_BATCH, MessagesStore
+from .sessions import SessionsStore
+
+__all__ = [
+    "MAX_BATCH",
+    "MAX_TRANSACTION",
+    "OWNER_PAGE_ITEMS",
+    "TRANSIENT_CODES",
+    "Acquired",
+    "CheckpointEntry",
+    "ConnectionsStore",
+    "MessagesStore",
+    "NotAcquired",
+    "Owned",
+    "SessionsStore",
+    "StartOutcome",
+    "StopOutcome",
+    "Stopped",
+    "TransientError",
+    "is_transient",
+    "marshal",
+    "now_ms",
+    "unmarshal",
+    "unwrap_refusal",
+]

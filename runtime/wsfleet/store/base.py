@@ -1,0 +1,176 @@
+"""What every table adapter shares: transient faults told apart from lost races,
+(un)marshalling, expression placeholders, and :class:`_Table`, whose conditional
+update returns the old item when its condition fails."""
+
+from __future__ import annotations
+
+import re
+import time
+from decimal import Decimal
+from typing import Any, Callable, Iterator, Mapping
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .. import schema
+
+_ser = TypeSerializer()
+_de = TypeDeserializer()
+
+# Error codes that mean "try again", never "you lost".
+TRANSIENT_CODES = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "Throttling",
+        "RequestLimitExceeded",
+        "InternalServerError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "TransactionInProgressException",
+        "LimitExceededException",
+        "RequestThrottled",
+    }
+)
+
+# Cancellation reasons of a transaction that say nothing about ownership: retry it.
+TRANSIENT_CANCEL_CODES = frozenset(
+    {"None", "TransactionConflict", "ThrottlingError", "ProvisionedThroughputExceeded", "RequestLimitExceeded"}
+)
+
+
+class TransientError(Exception):
+    """A request failed in a way that says nothing about ownership; retry it."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, ClientError):
+        err = exc.response.get("Error", {})
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return err.get("Code") in TRANSIENT_CODES or status >= 500
+    return isinstance(exc, BotoCoreError)  # timeouts, connection errors, ...
+
+
+def unwrap_refusal(exc: BaseException) -> TransientError | None:
+    """Our own refusal raised inside botocore's HTTP send (the send deadline's socket
+    check, :mod:`wsfleet.aws`), which botocore wraps in an HTTPClientError."""
+    cause = getattr(exc, "kwargs", {}).get("error")
+    return cause if isinstance(cause, TransientError) else None
+
+
+def _condition_failed(exc: ClientError) -> bool:
+    return exc.response.get("Error", {}).get("Code") == "ConditionalCheckFailedException"
+
+
+def _old_item(exc: ClientError) -> dict | None:
+    item = exc.response.get("Item")
+    return unmarshal(item) if item else None
+
+
+def marshal(values: Mapping[str, Any]) -> dict:
+    return {k: _ser.serialize(v) for k, v in values.items()}
+
+
+def unmarshal(item: Mapping[str, Any]) -> dict:
+    out = {}
+    for k, v in item.items():
+        value = _de.deserialize(v)
+        # Numbers come back as Decimal; every number we store is an integer.
+        out[k] = int(value) if isinstance(value, Decimal) else value
+    return out
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+# Every attribute an expression names, by placeholder. DynamoDB refuses unused names,
+# so each request carries only the placeholders its expressions use.
+_PLACEHOLDERS = {
+    "#pk": schema.PK,
+    "#s": schema.DESIRED_STATE,
+    "#w": schema.WS_URL,
+    "#q": schema.LAST_SEQ,
+    "#ce": schema.CHECKPOINT_IS_END,
+    "#o": schema.LEASE_OWNER,
+    "#l": schema.LEASE_SESSION,
+    "#f": schema.FENCE_TOKEN,
+    "#k": schema.OWNER_KEY,
+    "#u": schema.UPDATED_AT_MS,
+    "#sid": schema.SESSION_ID,
+    "#st": schema.SESSION_STATE,
+    "#e": schema.EXPIRES_AT_MS,
+    "#hb": schema.HEARTBEAT_AT_MS,
+    "#a": schema.ACTIVE,
+    "#m": schema.MAX_CONNECTIONS,
+    "#by": schema.ENDED_BY,
+    "#ttl": schema.SESSION_TTL,
+    "#in": schema.STOP_INBOX,
+    "#r": schema.RING,
+    "#dr": schema.DRAINING,
+    "#rc": schema.RING_CHANGES,
+    "#fw": schema.FLEET_WORKERS,
+    "#fc": schema.FLEET_CAPACITY,
+    "#fb": schema.FLEET_BELOW_SHARE,
+    "#fs": schema.FLEET_SUSPECTS,
+    "#ft": schema.FLEET_AT_MS,
+    "#fu": schema.FLEET_UNDER,
+    "#fo": schema.FLEET_OVER,
+}
+
+
+def _names(*expressions: str) -> dict[str, str]:
+    used = set(re.findall(r"#[a-z]+", " ".join(expressions)))
+    return {k: v for k, v in _PLACEHOLDERS.items() if k in used}
+
+
+class _Table:
+    """One table: calls with transient faults told apart, and conditional updates that
+    return the old item when their condition fails."""
+
+    key_name = ""
+
+    def __init__(self, client: Any, table_name: str, *, clock_ms: Callable[[], int] = now_ms):
+        self._ddb = client
+        self._table = table_name
+        self._now_ms = clock_ms
+
+    def _call(self, op: str, **kwargs: Any) -> dict:
+        try:
+            return getattr(self._ddb, op)(TableName=self._table, **kwargs)
+        except (ClientError, BotoCoreError) as exc:
+            if is_transient(exc):
+                raise TransientError(f"{op}: {exc}") from exc
+            raise
+
+    def _key(self, key: str) -> dict:
+        return marshal({self.key_name: key})
+
+    def _conditional_update(
+        self, key: str, *, update: str, condition: str, values: Mapping[str, Any], returns: str = "ALL_NEW"
+    ) -> tuple[dict | None, dict | None]:
+        """(new item, None) on success, (None, old item or None) when the condition failed."""
+        try:
+            resp = self._call(
+                "update_item",
+                Key=self._key(key),
+                UpdateExpression=update,
+                ConditionExpression=condition,
+                ExpressionAttributeNames=_names(update, condition),
+                ExpressionAttributeValues=marshal(values),
+                ReturnValues=returns,
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            if _condition_failed(exc):
+                return None, _old_item(exc)
+            raise
+        return unmarshal(resp.get("Attributes", {})), None
+
+    def _query_pages(self, **kwargs: Any) -> Iterator[dict]:
+        while True:
+            resp = self._call("query", **kwargs)
+            yield resp
+            if "LastEvaluatedKey" not in resp:
+                return
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]

@@ -1,0 +1,405 @@
+"""The connections table: desired state (the router), ownership and checkpoints (the
+workers). Every write is conditional; a lost race comes back as a value."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .. import schema
+from ..leases import AcquireFailure, acquire_already_landed, classify_acquire_failure, release_already_landed
+from .base import (
+    TRANSIENT_CANCEL_CODES,
+    TransientError,
+    _condition_failed,
+    _names,
+    _old_item,
+    _Table,
+    is_transient,
+    marshal,
+    now_ms,
+    unmarshal,
+)
+
+# Checkpoints per TransactWriteItems (DynamoDB takes up to 100). 25 keeps one
+# transaction's hold on the embedded emulator's DynamoDB lock to about that of a batch.
+MAX_TRANSACTION = 25
+
+
+@dataclass(frozen=True)
+class CheckpointEntry:
+    """One connection's checkpoint, as :meth:`ConnectionsStore.checkpoint_many` writes it."""
+
+    connection_id: str
+    session_id: str
+    fence_token: int
+    last_seq: int
+
+
+@dataclass(frozen=True)
+class Acquired:
+    item: dict  # the connection item after the acquisition
+
+    @property
+    def checkpoint_is_end(self) -> bool:
+        """The previous owner (the fence just before ours) released it after flushing
+        everything: its checkpoint is where the stored messages end, so there is nothing
+        past it to read. False after a crash, a takeover or a free of an ENDED session's
+        connection, where a last batch may lie past the checkpoint."""
+        released_by = self.item.get(schema.CHECKPOINT_IS_END)
+        return released_by is not None and int(released_by) == int(self.item[schema.FENCE_TOKEN]) - 1
+
+
+@dataclass(frozen=True)
+class NotAcquired:
+    reason: AcquireFailure
+    lease_session: str = ""  # the session it is attached to, when HELD
+
+
+@dataclass(frozen=True)
+class Owned:
+    """A row of the by_owner index: what a session holds, as the index last saw it."""
+
+    connection_id: str
+    desired_state: str
+
+
+class StartOutcome(enum.Enum):
+    CREATED = "created"  # new connection: 202
+    RESTARTED = "restarted"  # was STOPPED, now STARTED again: 202
+    UNCHANGED = "unchanged"  # already STARTED with this ws_url: 200
+    CONFLICT = "conflict"  # already STARTED with another ws_url: 409
+
+
+class StopOutcome(enum.Enum):
+    STOPPED = "stopped"  # 202
+    ALREADY_STOPPED = "already_stopped"  # 200
+    NOT_FOUND = "not_found"  # 404
+
+
+@dataclass(frozen=True)
+class Stopped:
+    outcome: StopOutcome
+    lease_session: str = ""  # the session to tell, when STOPPED while owned
+    fence_token: int = 0  # the ownership it was stopped under
+
+
+# Items per page when a session's connections are listed (the audit every 30 s, a
+# drain). DynamoDB would answer a whole worker's holding (1,000 rows of about 100 bytes)
+# in one request; the embedded emulator takes about 0.45 s to serialise such a page,
+# inside the lock every DynamoDB request waits for, and every frame stored meanwhile
+# waits with it. Pages of 100 hold it about 50 ms each, for 9 more requests per audit.
+OWNER_PAGE_ITEMS = 100
+
+
+class ConnectionsStore(_Table):
+    """The connections table: desired state, checkpoint, and which session owns it."""
+
+    key_name = schema.PK
+
+    def __init__(self, client: Any, table_name: str, *, state_shards: int, clock_ms: Callable[[], int] = now_ms):
+        super().__init__(client, table_name, clock_ms=clock_ms)
+        self._shards = state_shards
+
+    def _key(self, key: str) -> dict:
+        return marshal({schema.PK: schema.connection_pk(key)})
+
+    # --- reads -------------------------------------------------------------------------
+
+    def get(self, connection_id: str, *, consistent: bool = True) -> dict | None:
+        resp = self._call("get_item", Key=self._key(connection_id), ConsistentRead=consistent)
+        return unmarshal(resp["Item"]) if "Item" in resp else None
+
+    def _owner_pages(self, owner_key: str, *, projection: str = "", **extra: Any) -> Iterator[dict]:
+        if projection:
+            extra.update(Select="SPECIFIC_ATTRIBUTES", ProjectionExpression=projection)
+        return self._query_pages(
+            IndexName=schema.OWNER_INDEX,
+            KeyConditionExpression="#k = :k",
+            ExpressionAttributeNames=_names("#k", projection),
+            ExpressionAttributeValues=marshal({":k": owner_key}),
+            **extra,
+        )
+
+    def owned_by(self, session_id: str) -> list[Owned]:
+        """Every connection attached to a session, as the by_owner index has it, in
+        pages of :data:`OWNER_PAGE_ITEMS`."""
+        return [
+            Owned(schema.connection_id_from_pk(row[schema.PK]), row.get(schema.DESIRED_STATE, ""))
+            for page in self._owner_pages(schema.owner_key_session(session_id), Limit=OWNER_PAGE_ITEMS)
+            for row in map(unmarshal, page.get("Items", []))
+        ]
+
+    def free(self, shard: int, *, limit: int = 100) -> Iterator[str]:
+        """STARTED connections nobody owns, of one index shard, ``limit`` per request."""
+        for page in self._owner_pages(schema.free_partition(shard), Limit=limit):
+            for raw in page.get("Items", []):
+                yield schema.connection_id_from_pk(unmarshal(raw)[schema.PK])
+
+    def free_ids(self, shard: int) -> set[str]:
+        """Every STARTED connection of one shard nobody owns, keys only: what the
+        UnownedConnections count compares between two of its samples."""
+        pages = self._owner_pages(schema.free_partition(shard), projection="#pk")
+        return {schema.connection_id_from_pk(unmarshal(raw)[schema.PK]) for page in pages for raw in page.get("Items", [])}
+
+    def count_free(self, shard: int) -> int:
+        """How many STARTED connections of one shard nobody owns, without reading them."""
+        return sum(p.get("Count", 0) for p in self._owner_pages(schema.free_partition(shard), Select="COUNT"))
+
+    def count_owned_by(self, session_id: str) -> int:
+        return sum(p.get("Count", 0) for p in self._owner_pages(schema.owner_key_session(session_id), Select="COUNT"))
+
+    # --- ownership writes --------------------------------------------------------------
+
+    def acquire(
+        self, connection_id: str, *, session_id: str, worker_id: str, expected_session: str = ""
+    ) -> Acquired | NotAcquired:
+        """Attach the connection to our session.
+
+        Conditional on: the item exists, desired_state is STARTED, and ``lease_session``
+        is ``expected_session``: "" (free) or an ENDED session whose connections we are
+        taking. Session ids are never reused and an ENDED session is never renewed, so
+        this pins the exact ownership epoch that was read, as a fence read would.
+        Increments ``fence_token`` and moves ``owner_key`` to our session. Exactly one
+        of any number of racing callers succeeds; a retry whose first attempt landed
+        counts as success."""
+        new, old = self._conditional_update(
+            connection_id,
+            update="SET #o = :me, #l = :session, #k = :key, #u = :now ADD #f :one",
+            condition="attribute_exists(#pk) AND #s = :started AND #l = :expected",
+            values={
+                ":me": worker_id,
+                ":session": session_id,
+                ":key": schema.owner_key_session(session_id),
+                ":now": self._now_ms(),
+                ":one": 1,
+                ":started": schema.STARTED,
+                ":expected": expected_session,
+            },
+        )
+        if new is not None:
+            return Acquired(new)
+        if acquire_already_landed(old, session_id):
+            return Acquired(old)
+        return NotAcquired(classify_acquire_failure(old), (old or {}).get(schema.LEASE_SESSION, ""))
+
+    def _detach(
+        self,
+        connection_id: str,
+        *,
+        condition: str,
+        values: Mapping[str, Any],
+        last_seq: int | None,
+        expect_stopped: bool = False,
+    ) -> dict | None:
+        """Make the connection free (``owner_key`` FREE#shard if STARTED, removed if
+        STOPPED), under ``condition``. The index key depends on the desired state, which
+        a concurrent START or STOP may flip: the write names the state it expects, and
+        is tried once more with the other one (a failed conditional write is billed, so
+        the likelier state goes first). Returns the old item when the condition failed
+        for another reason (None when it landed)."""
+        old: dict | None = None
+        first, other = (schema.STOPPED, schema.STARTED) if expect_stopped else (schema.STARTED, schema.STOPPED)
+        for state in (first, other, first):
+            update = "SET #o = :empty, #l = :empty, #u = :now"
+            state_values: dict[str, Any] = {":empty": "", ":now": self._now_ms(), ":state": state}
+            if last_seq is not None:
+                # A release: everything was flushed first, so last_seq is where the stored
+                # messages end, as of this ownership (fence) -- see checkpoint_is_end().
+                update += ", #q = :seq, #ce = :fence"
+                state_values[":seq"] = last_seq
+            if state == schema.STARTED:
+                update += ", #k = :free"
+                state_values[":free"] = schema.owner_key_free(connection_id, self._shards)
+            else:
+                update += " REMOVE #k"
+            new, old = self._conditional_update(
+                connection_id,
+                update=update,
+                condition=f"{condition} AND #s = :state",
+                values={**values, **state_values},
+                returns="NONE",
+            )
+            if new is not None:
+                return None
+            if old is None or old.get(schema.DESIRED_STATE) == state:
+                return old or {}
+        return old or {}
+
+    def release(
+        self, connection_id: str, *, session_id: str, fence_token: int, last_seq: int, stopped: bool = False
+    ) -> bool:
+        """Give the connection up with a final checkpoint.
+
+        Conditional on: ``lease_session`` is ours and ``fence_token`` is ours. Returns
+        False when it was no longer ours (nothing written); a retry whose first attempt
+        landed returns True. ``stopped``: released for a STOP, so the STOPPED form of
+        the write goes first."""
+        old = self._detach(
+            connection_id,
+            condition="#l = :session AND #f = :fence",
+            values={":session": session_id, ":fence": fence_token},
+            last_seq=last_seq,
+            expect_stopped=stopped,
+        )
+        return old is None or release_already_landed(old, fence_token)
+
+    def free_orphan(self, connection_id: str, *, dead_session: str) -> bool:
+        """Free a connection of an ENDED session without taking it (its checkpoint stays
+        as the dead owner left it; whoever takes it finds the stored end past it).
+
+        Conditional on: ``lease_session`` is the dead session."""
+        return self._detach(connection_id, condition="#l = :dead", values={":dead": dead_session}, last_seq=None) is None
+
+    def checkpoint(self, connection_id: str, *, session_id: str, fence_token: int, last_seq: int) -> bool:
+        """Store ``last_seq`` while holding the connection (no index key moves): a
+        :meth:`checkpoint_many` of one. Conditional on: ``lease_session`` and
+        ``fence_token`` are ours. Returns False if the connection is no longer ours."""
+        return self.checkpoint_many([CheckpointEntry(connection_id, session_id, fence_token, last_seq)]) == [True]
+
+    def checkpoint_many(self, entries: Sequence[CheckpointEntry]) -> list[bool | None]:
+        """Store several checkpoints in one TransactWriteItems (at most
+        :data:`MAX_TRANSACTION` of them), each an Update conditional on its connection's
+        session and fence (``lease_session`` and ``fence_token``), no index key moving.
+
+        A transaction is all or nothing. Per entry, in order: True when written, False
+        when its condition failed (the connection is no longer ours), None when it was not
+        written only because another entry failed (write it again without that one).
+        Raises :class:`TransientError` when the transaction was cancelled for reasons that
+        say nothing about ownership (a conflict with another write to one of the items,
+        throttling): the whole group may go again. A retry of a transaction that landed
+        writes the same values again under conditions that still hold."""
+        if not 0 < len(entries) <= MAX_TRANSACTION:
+            raise ValueError(f"a checkpoint transaction holds 1 to {MAX_TRANSACTION} entries, not {len(entries)}")
+        update, condition = "SET #q = :seq, #u = :now", "#l = :session AND #f = :fence"
+        now = self._now_ms()
+        items = [
+            {
+                "Update": {
+                    "TableName": self._table,
+                    "Key": self._key(e.connection_id),
+                    "UpdateExpression": update,
+                    "ConditionExpression": condition,
+                    "ExpressionAttributeNames": _names(update, condition),
+                    "ExpressionAttributeValues": marshal(
+                        {":seq": e.last_seq, ":now": now, ":session": e.session_id, ":fence": e.fence_token}
+                    ),
+                }
+            }
+            for e in entries
+        ]
+        try:
+            self._ddb.transact_write_items(TransactItems=items)
+        except (ClientError, BotoCoreError) as exc:
+            if is_transient(exc):
+                raise TransientError(f"transact_write_items: {exc}") from exc
+            if not isinstance(exc, ClientError) or exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                raise
+            codes = [r.get("Code", "None") for r in exc.response.get("CancellationReasons", [])]
+            if len(codes) != len(entries):
+                raise TransientError(f"transact_write_items: {len(codes)} reasons for {len(entries)} entries") from exc
+            if "ConditionalCheckFailed" not in codes:
+                unknown = set(codes) - TRANSIENT_CANCEL_CODES
+                if unknown:  # ValidationError and the like: a bug, not a fault to wait out
+                    raise
+                raise TransientError(f"transact_write_items cancelled: {', '.join(sorted(set(codes) - {'None'}))}") from exc
+            return [False if c == "ConditionalCheckFailed" else None for c in codes]
+        return [True] * len(entries)
+
+    # --- desired state (the router) -------------------------------------------------------
+
+    def start(self, connection_id: str, ws_url: str) -> StartOutcome:
+        """Record that the connection should run.
+
+        A new connection is created free (``owner_key`` FREE#shard) with a conditional
+        put (``attribute_not_exists``). A STOPPED one is flipped with an update
+        conditional on ``desired_state = STOPPED`` and on the session it is attached to
+        (if free, it goes back into FREE#shard; if a session still holds it, it stays
+        attached), keeping its checkpoint and fence. A STARTED one is never written, so
+        a repeated or concurrent START cannot disturb its owner. Losing a race re-reads
+        the outcome from the item it lost to."""
+        for _ in range(5):
+            now = self._now_ms()
+            item = {
+                schema.PK: schema.connection_pk(connection_id),
+                schema.DESIRED_STATE: schema.STARTED,
+                schema.WS_URL: ws_url,
+                schema.LAST_SEQ: 0,
+                schema.LEASE_OWNER: "",
+                schema.LEASE_SESSION: "",
+                schema.FENCE_TOKEN: 0,
+                schema.OWNER_KEY: schema.owner_key_free(connection_id, self._shards),
+                schema.UPDATED_AT_MS: now,
+                schema.CREATED_AT_MS: now,
+            }
+            try:
+                self._call(
+                    "put_item",
+                    Item=marshal(item),
+                    ConditionExpression="attribute_not_exists(#pk)",
+                    ExpressionAttributeNames=_names("#pk"),
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+                return StartOutcome.CREATED
+            except ClientError as exc:
+                if not _condition_failed(exc):
+                    raise
+                old = _old_item(exc)
+            if old is None:
+                continue  # deleted between our write and its failure: try again
+            if old.get(schema.DESIRED_STATE) == schema.STARTED:
+                return StartOutcome.UNCHANGED if old.get(schema.WS_URL) == ws_url else StartOutcome.CONFLICT
+            session = old.get(schema.LEASE_SESSION, "")
+            update = "SET #s = :started, #w = :url, #u = :now" + (", #k = :free" if not session else "")
+            new, _ = self._conditional_update(
+                connection_id,
+                update=update,
+                condition="#s = :stopped AND #l = :session",
+                values={
+                    ":started": schema.STARTED,
+                    ":stopped": schema.STOPPED,
+                    ":url": ws_url,
+                    ":session": session,
+                    ":now": now,
+                    **({":free": schema.owner_key_free(connection_id, self._shards)} if not session else {}),
+                },
+                returns="NONE",
+            )
+            if new is not None:
+                return StartOutcome.RESTARTED
+        raise TransientError(f"start of {connection_id!r} kept losing races; try again")
+
+    def stop(self, connection_id: str) -> Stopped:
+        """Record that the connection should stop.
+
+        Conditional on: the item exists, desired_state is STARTED, and the session and
+        fence it is attached to (read in the same loop). A free one also leaves the sparse index; an
+        owned one stays attached until its owner (told through its session's inbox, see
+        :meth:`SessionsStore.post_stop`) closes and releases it. Writes nothing otherwise."""
+        for _ in range(5):
+            item = self.get(connection_id)
+            if item is None:
+                return Stopped(StopOutcome.NOT_FOUND)
+            if item.get(schema.DESIRED_STATE) != schema.STARTED:
+                return Stopped(StopOutcome.ALREADY_STOPPED)
+            session = item.get(schema.LEASE_SESSION, "")
+            fence = int(item.get(schema.FENCE_TOKEN, 0))
+            new, old = self._conditional_update(
+                connection_id,
+                update="SET #s = :stopped, #u = :now" + (" REMOVE #k" if not session else ""),
+                condition="attribute_exists(#pk) AND #s = :started AND #l = :session AND #f = :fence",
+                values={
+                    ":stopped": schema.STOPPED,
+                    ":started": schema.STARTED,
+                    ":now": self._now_ms(),
+                    ":session": session,
+                    ":fence": fence,
+                },
+                returns="NONE",
+            )
+            if new is not None:
+                return Stopped(StopOutcome.STOPPED, session, fence)
+        raise TransientError(f"stop of {connection_id!r} kept losing races; try again")

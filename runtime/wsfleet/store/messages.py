@@ -1,0 +1,113 @@
+"""The messages table: one item per (connection, seq)."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any, Callable, Sequence
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .. import schema
+from ..stream import Frame, contiguous_end
+from .base import TransientError, is_transient, marshal, unmarshal, unwrap_refusal
+
+MAX_BATCH = 25  # BatchWriteItem limit
+
+
+class MessagesStore:
+    """The messages table: one item per (connection, seq)."""
+
+    def __init__(self, client: Any, table_name: str, *, ttl_days: int = 0, sleep: Callable[[float], None] = time.sleep):
+        self._ddb = client
+        self._table = table_name
+        self._ttl_s = ttl_days * 86400
+        self._sleep = sleep
+
+    def put(self, connection_id: str, frames: Sequence[Frame], *, fence_token: int, worker_id: str) -> None:
+        """Store one connection's frames (see :meth:`put_many`)."""
+        self.put_many([(connection_id, fence_token, f) for f in frames], worker_id=worker_id)
+
+    def put_many(self, entries: Sequence[tuple[str, int, Frame]], *, worker_id: str) -> None:
+        """Store (connection_id, fence_token, frame) entries of any connections, keyed by
+        seq (a replay rewrites the same key, never adds a row), 25 per BatchWriteItem.
+
+        BatchWriteItem is not conditional: the caller must check its deadline first.
+        Unprocessed items are retried with jittered backoff; a batch that still does not
+        go through raises :class:`TransientError` and the caller retries it whole."""
+        for start in range(0, len(entries), MAX_BATCH):
+            requests = []
+            for connection_id, fence_token, f in entries[start : start + MAX_BATCH]:
+                item = {
+                    schema.MSG_PK: schema.connection_pk(connection_id),
+                    schema.MSG_SK: f.seq,
+                    schema.MESSAGE_DATA: f.data_json,
+                    schema.MSG_FENCE_TOKEN: fence_token,
+                    schema.MSG_WORKER_ID: worker_id,
+                    schema.RECEIVED_AT_MS: f.received_at_ms,
+                }
+                if self._ttl_s:
+                    item[schema.MESSAGE_TTL_ATTRIBUTE] = f.received_at_ms // 1000 + self._ttl_s
+                requests.append({"PutRequest": {"Item": marshal(item)}})
+            self._write(requests)
+
+    def _write(self, requests: list) -> None:
+        for attempt in range(8):
+            try:
+                resp = self._ddb.batch_write_item(RequestItems={self._table: requests})
+            except (ClientError, BotoCoreError) as exc:
+                if refused := unwrap_refusal(exc):
+                    raise refused from None  # past its deadline: a retry here would be refused too
+                if not is_transient(exc):
+                    raise
+                resp = {"UnprocessedItems": {self._table: requests}}
+            requests = resp.get("UnprocessedItems", {}).get(self._table, [])
+            if not requests:
+                return
+            self._sleep(random.uniform(0.5, 1.0) * min(2.0, 0.05 * 2**attempt))
+        raise TransientError(f"{len(requests)} messages still unprocessed after retries")
+
+    def stored_end(self, connection_id: str, checkpoint: int) -> int:
+        """The end of what is stored gap-free from ``checkpoint``: the highest seq s such
+        that every seq in (checkpoint, s] has a row. A new owner resumes after it, so a
+        dead owner's writes past its last checkpoint are neither lost nor stored twice,
+        and a last batch that was only partly written (UnprocessedItems) is replayed from
+        its first hole. Strongly consistent; reads keys only, page by page, and stops at
+        the first hole."""
+        end = checkpoint
+        kwargs: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "#p = :p AND #s > :c",
+            "ExpressionAttributeNames": {"#p": schema.MSG_PK, "#s": schema.MSG_SK},
+            "ExpressionAttributeValues": marshal({":p": schema.connection_pk(connection_id), ":c": checkpoint}),
+            "ProjectionExpression": "#s",
+            "ConsistentRead": True,
+            "Limit": 500,
+        }
+        while True:
+            try:
+                resp = self._ddb.query(**kwargs)
+            except (ClientError, BotoCoreError) as exc:
+                if is_transient(exc):
+                    raise TransientError(f"query: {exc}") from exc
+                raise
+            end, complete = contiguous_end(end, (int(unmarshal(i)[schema.MSG_SK]) for i in resp.get("Items", [])))
+            if not complete or "LastEvaluatedKey" not in resp:
+                return end
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    def read_all(self, connection_id: str) -> list[dict]:
+        """Every stored message of a connection in seq order (tests, demo reports)."""
+        out: list[dict] = []
+        kwargs: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "#p = :p",
+            "ExpressionAttributeNames": {"#p": schema.MSG_PK},
+            "ExpressionAttributeValues": marshal({":p": schema.connection_pk(connection_id)}),
+        }
+        while True:
+            resp = self._ddb.query(**kwargs)
+            out.extend(unmarshal(i) for i in resp.get("Items", []))
+            if "LastEvaluatedKey" not in resp:
+                return out
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]

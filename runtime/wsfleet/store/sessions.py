@@ -1,0 +1,250 @@
+"""The worker sessions table: one item per worker run (an etcd-style lease), the watch
+ring, the STOP inbox and the fleet summary item."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Sequence
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from .. import schema
+from ..leases import EndFailure, RenewFailure, classify_end_failure, classify_renew_failure
+from .base import TransientError, _condition_failed, _names, _old_item, _Table, is_transient, marshal, unmarshal
+
+
+class SessionsStore(_Table):
+    """The worker sessions table: one item per worker run, renewed every heartbeat.
+
+    The verbs of an etcd lease: :meth:`open` (grant), :meth:`renew` (keep-alive),
+    :meth:`end_own` and :meth:`end_expired` (revoke), :meth:`get` (time-to-live).
+    """
+
+    key_name = schema.SESSION_ID
+
+    def open(self, session_id: str, *, worker_id: str, lease_ms: int, max_connections: int) -> dict:
+        """Create a LIVE session in the watch ring.
+
+        Conditional on: no item with this id (ids are unique per run; a retry of a put
+        that landed finds its own item and returns it)."""
+        now = self._now_ms()
+        item = {
+            schema.SESSION_ID: session_id,
+            schema.SESSION_WORKER_ID: worker_id,
+            schema.SESSION_STATE: schema.LIVE,
+            schema.EXPIRES_AT_MS: now + lease_ms,
+            schema.HEARTBEAT_AT_MS: now,
+            schema.STARTED_AT_MS: now,
+            schema.ACTIVE: 0,
+            schema.MAX_CONNECTIONS: max_connections,
+            schema.RING: schema.RING_VALUE,
+        }
+        try:
+            self._call(
+                "put_item",
+                Item=marshal(item),
+                ConditionExpression="attribute_not_exists(#sid)",
+                ExpressionAttributeNames=_names("#sid"),
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except ClientError as exc:
+            if not _condition_failed(exc):
+                raise
+            old = _old_item(exc)
+            if old is None or old.get(schema.SESSION_WORKER_ID) != worker_id:
+                raise
+            return old
+        return item
+
+    def renew(
+        self,
+        session_id: str,
+        *,
+        lease_ms: int,
+        active: int,
+        max_connections: int,
+        stops_done: Iterable[str] = (),
+        draining: bool = False,
+    ) -> dict | RenewFailure:
+        """Extend the session, report its load, and take the STOPs posted to it.
+
+        Conditional on: the session is LIVE and its expiry not past the new one (a slow,
+        superseded renewal never moves it back). Returns the item as renewed (its ``stops``
+        are the STOPs not yet handled); on failure, why (ENDED / gone). Idempotent: a
+        retry of a renewal that landed succeeds again. ``stops_done`` are removed from
+        the inbox in the same write."""
+        now = self._now_ms()
+        done = sorted(set(stops_done))
+        update = "SET #e = :exp, #hb = :now, #a = :active, #m = :max, #dr = :draining"
+        values: dict[str, Any] = {
+            ":exp": now + lease_ms,
+            ":now": now,
+            ":active": active,
+            ":max": max_connections,
+            ":live": schema.LIVE,
+            ":draining": draining,
+        }
+        if done:
+            update += " DELETE #in :done"
+            values[":done"] = set(done)
+        new, old = self._conditional_update(session_id, update=update, condition="#st = :live AND #e <= :exp", values=values)
+        if new is None and old is not None and old.get(schema.SESSION_STATE) == schema.LIVE:
+            # A later renewal of ours landed first (this one was slow): never move the
+            # expiry back, and this says nothing about ownership.
+            raise TransientError("renew: a later renewal already landed")
+        return new if new is not None else classify_renew_failure(old)
+
+    def end_expired(self, session_id: str, *, ended_by: str, max_clock_skew_ms: int) -> dict | EndFailure:
+        """End another worker's dead session, so that it can never be renewed again and
+        its connections may be taken. It stays in the watch ring until drained.
+
+        Conditional on: LIVE and ``expires_at_ms`` more than ``max_clock_skew_ms`` in the
+        past by our clock. Exactly one of any number of racing callers succeeds; the
+        others learn whether it was renewed after all or ended by someone else."""
+        now = self._now_ms()
+        new, old = self._conditional_update(
+            session_id,
+            update="SET #st = :ended, #by = :me, #ttl = :ttl",
+            condition="#st = :live AND #e < :cutoff",
+            values={
+                ":ended": schema.ENDED,
+                ":live": schema.LIVE,
+                ":me": ended_by,
+                ":ttl": now // 1000 + schema.ENDED_SESSION_TTL_S,
+                ":cutoff": now - max_clock_skew_ms,
+            },
+        )
+        return new if new is not None else classify_end_failure(old)
+
+    def end_own(self, session_id: str, *, worker_id: str, drained: bool) -> bool:
+        """End our own session: at a clean exit, or after our deadline passed. When
+        ``drained`` (we released everything) it also leaves the watch ring; otherwise it
+        stays there so that watchers take what is left at once.
+
+        Conditional on: LIVE. Returns False if it was ENDED already (or is gone)."""
+        now = self._now_ms()
+        new, old = self._conditional_update(
+            session_id,
+            update="SET #st = :ended, #by = :me, #ttl = :ttl" + (" REMOVE #r" if drained else ""),
+            condition="#st = :live",
+            values={
+                ":ended": schema.ENDED,
+                ":live": schema.LIVE,
+                ":me": worker_id,
+                ":ttl": now // 1000 + schema.ENDED_SESSION_TTL_S,
+            },
+        )
+        return new is not None
+
+    def leave_ring(self, session_id: str) -> bool:
+        """Take a drained session out of the watch ring.
+
+        Conditional on: ENDED (a LIVE session is never dropped from watching)."""
+        new, _ = self._conditional_update(
+            session_id, update="REMOVE #r", condition="#st = :ended", values={":ended": schema.ENDED}, returns="NONE"
+        )
+        return new is not None
+
+    def post_stop(self, session_id: str, connection_id: str, fence_token: int) -> bool:
+        """Post a STOP to the owning session's inbox, for the ownership ``fence_token``
+        (see :func:`schema.stop_entry`); its worker takes it with its next renewal.
+        Conditional on: LIVE (an ENDED session's connections are taken by others, whose
+        acquire sees the STOP itself)."""
+        new, _ = self._conditional_update(
+            session_id,
+            update="ADD #in :c",
+            condition="#st = :live",
+            values={":c": {schema.stop_entry(connection_id, fence_token)}, ":live": schema.LIVE},
+            returns="NONE",
+        )
+        return new is not None
+
+    def get(self, session_id: str, *, consistent: bool = True) -> dict | None:
+        resp = self._call("get_item", Key=self._key(session_id), ConsistentRead=consistent)
+        return unmarshal(resp["Item"]) if "Item" in resp else None
+
+    def get_many(self, session_ids: Sequence[str]) -> list[dict]:
+        """Eventually consistent BatchGetItem of sessions (the watched ones, the fleet
+        summary, or all of them for the summary), 100 per request; missing ones are left
+        out. Unprocessed keys raise TransientError."""
+        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #fw, #fc, #fb, #fs, #ft, #fu, #fo"
+        out: list[dict] = []
+        ids = list(dict.fromkeys(session_ids))
+        for start in range(0, len(ids), 100):
+            try:
+                resp = self._ddb.batch_get_item(
+                    RequestItems={
+                        self._table: {
+                            "Keys": [self._key(s) for s in ids[start : start + 100]],
+                            "ProjectionExpression": projection,
+                            "ExpressionAttributeNames": _names(projection),
+                        }
+                    }
+                )
+            except (ClientError, BotoCoreError) as exc:
+                if is_transient(exc):
+                    raise TransientError(f"batch_get_item: {exc}") from exc
+                raise
+            if resp.get("UnprocessedKeys", {}).get(self._table):
+                raise TransientError("batch_get_item: keys left unprocessed")
+            out.extend(unmarshal(i) for i in resp.get("Responses", {}).get(self._table, []))
+        return out
+
+    def ring(self) -> list[str]:
+        """Every session id in the watch ring, sorted (the summary's one full read)."""
+        return [
+            unmarshal(raw)[schema.SESSION_ID]
+            for page in self._query_pages(
+                IndexName=schema.RING_INDEX,
+                KeyConditionExpression="#r = :r",
+                ExpressionAttributeNames=_names("#r"),
+                ExpressionAttributeValues=marshal({":r": schema.RING_VALUE}),
+            )
+            for raw in page.get("Items", [])
+        ]
+
+    def ring_before(self, session_id: str, *, limit: int) -> list[str]:
+        """Up to ``limit`` session ids before ``session_id`` in the watch ring (nearest
+        first, wrapping to the end): the sessions that watch it."""
+        return self._ring_neighbours(session_id, limit=limit, forward=False)
+
+    def announce(self, session_id: str) -> bool:
+        """Tell a watching session that its successors changed (its next renewal returns
+        the bumped ``ring_changes``). Conditional on: LIVE."""
+        new, _ = self._conditional_update(
+            session_id, update="ADD #rc :one", condition="#st = :live", values={":one": 1, ":live": schema.LIVE}, returns="NONE"
+        )
+        return new is not None
+
+    def put_summary(self, summary: Mapping[str, Any]) -> None:
+        """Write the fleet summary item (unconditional: the newest summary wins, and two
+        summarizers for a moment write the same figures)."""
+        self._call("put_item", Item=marshal({schema.SESSION_ID: schema.FLEET_SUMMARY_ID, **summary}))
+
+    def ring_after(self, session_id: str, *, limit: int) -> list[str]:
+        """Up to ``limit`` session ids after ``session_id`` in the watch ring (sorted,
+        wrapping to the start), not counting it: at most two small index queries."""
+        return self._ring_neighbours(session_id, limit=limit, forward=True)
+
+    def _ring_neighbours(self, session_id: str, *, limit: int, forward: bool) -> list[str]:
+        """The nearest ``limit`` ids on one side of ``session_id``, going round the ring:
+        one query from it in that direction, and one from the far end if that ran out."""
+        found: list[str] = []
+        beyond = "#r = :r AND #sid > :me" if forward else "#r = :r AND #sid < :me"
+        for condition, start in ((beyond, session_id), ("#r = :r", None)):
+            values = {":r": schema.RING_VALUE, **({":me": start} if start is not None else {})}
+            resp = self._call(
+                "query",
+                IndexName=schema.RING_INDEX,
+                KeyConditionExpression=condition,
+                ExpressionAttributeNames=_names(condition),
+                ExpressionAttributeValues=marshal(values),
+                ScanIndexForward=forward,
+                Limit=limit + 1,
+            )
+            for raw in resp.get("Items", []):
+                sid = unmarshal(raw)[schema.SESSION_ID]
+                if sid != session_id and sid not in found:
+                    found.append(sid)
+            if len(found) >= limit:
+                break
+        return found[:limit]
