@@ -11,6 +11,7 @@ import boto3
 import pytest
 
 from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources
+from wsfleet.store import SessionsStore
 
 REGION = "us-east-1"
 _names = itertools.count()
@@ -60,3 +61,13 @@ def python_env() -> dict[str, str]:
     env["AWS_XRAY_SDK_ENABLED"] = "false"
     env["ALLOWED_WS_HOSTS"] = "127.0.0.1"  # the local upstream's address
     return env
+
+
+def open_sessions(ddb, aws_env: dict[str, str], *session_ids: str, lease_ms: int = 600_000) -> None:
+    """LIVE sessions for tests that attach connections to hand-made session ids (an
+    acquire is conditional on the acquirer's session being LIVE). The worker id is the
+    part before ``#``; an id already open is left as it is."""
+    sessions = SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"])
+    for session_id in session_ids:
+        if sessions.get(session_id) is None:
+            sessions.open(session_id, worker_id=session_id.split("#")[0], lease_ms=lease_ms, max_connections=100)

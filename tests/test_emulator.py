@@ -23,6 +23,8 @@ from wsfleet.local.emulator import (
 from wsfleet.store import CheckpointEntry, ConnectionsStore, MessagesStore, SessionsStore, TransientError, is_transient
 from wsfleet.stream import Frame
 
+from tests.conftest import open_sessions
+
 
 @pytest.fixture
 def own():
@@ -104,7 +106,8 @@ def test_a_bad_setting_is_refused_and_changes_nothing(own):
 
 def test_the_ledger_counts_requests_per_table_index_and_queried_partition(own):
     url, env, client = own
-    connections = ConnectionsStore(client, env["TABLE_NAME"], state_shards=4)
+    connections = ConnectionsStore(client, env["TABLE_NAME"], state_shards=4, sessions_table_name=env["SESSIONS_TABLE_NAME"])
+    open_sessions(client, env, "s#1")
     connections.start("a", "ws://127.0.0.1/a")
     list(connections.free(0))
     list(connections.free(0))
@@ -121,7 +124,11 @@ def test_the_ledger_counts_requests_per_table_index_and_queried_partition(own):
     assert rows[("Query", env["TABLE_NAME"], "by_owner", "FREE#0", "")] == (2, 2)
     assert rows[("Query", env["TABLE_NAME"], "by_owner", "FREE#1", "COUNT")] == (1, 1)
     assert rows[("BatchGetItem", env["SESSIONS_TABLE_NAME"], "", "", "")] == (1, 2)
-    assert rows[("TransactWriteItems", env["TABLE_NAME"], "", "", "")] == (1, 2)  # one request, two checkpoints
+    # Two acquisitions (one connection and its session's LIVE check each), then one
+    # request for two checkpoints.
+    assert rows[("TransactWriteItems", env["TABLE_NAME"], "", "", "")] == (3, 4)
+    assert rows[("TransactWriteItems", env["SESSIONS_TABLE_NAME"], "", "", "")] == (2, 2)
+    assert rows[("BatchGetItem", env["TABLE_NAME"], "", "", "")] == (2, 2)  # each acquisition's read
 
 
 def test_added_latency_delays_only_the_chosen_operation_and_does_not_hold_the_others_up(own):
@@ -204,10 +211,11 @@ def test_the_harness_mark_exempts_a_client_from_every_fault(own):
 
 def test_the_journal_records_message_writes_and_acquisitions_in_the_order_they_were_applied(own):
     url, env, client = own
-    connections = ConnectionsStore(client, env["TABLE_NAME"], state_shards=4)
+    connections = ConnectionsStore(client, env["TABLE_NAME"], state_shards=4, sessions_table_name=env["SESSIONS_TABLE_NAME"])
     messages = MessagesStore(client, env["MESSAGES_TABLE_NAME"])
     connections.start("a", "ws://127.0.0.1/a")
     messages.put_many([("a", 0, Frame(1, "{}", 5))], worker_id="before")  # not recording yet
+    open_sessions(client, env, "s1", "s2")
     record_journal(url)
 
     connections.acquire("a", session_id="s1", worker_id="w1")
@@ -215,14 +223,15 @@ def test_the_journal_records_message_writes_and_acquisitions_in_the_order_they_w
     connections.acquire("a", session_id="s2", worker_id="w2", expected_session="s1")
     messages.put_many([("a", 1, Frame(3, "{}", 5))], worker_id="w1")
 
-    entries = [(e["op"], e["pk"], e.get("sk"), e["fence"], e["worker"]) for e in journal(url)]
-    assert entries == [
+    entries = [(e["op"], e["pk"], e.get("sk"), e["fence"], e["worker"], e.get("session")) for e in journal(url)]
+    assert [e[:5] for e in entries] == [
         ("update", "CONN#a", None, 1, "w1"),
         ("put", "CONN#a", 1, 1, "w1"),
         ("put", "CONN#a", 2, 1, "w1"),
         ("update", "CONN#a", None, 2, "w2"),
         ("put", "CONN#a", 3, 1, "w1"),  # a write the checker calls stale
     ]
+    assert [e[5] for e in entries if e[0] == "update"] == ["s1", "s2"]  # each acquirer's session
     assert [e["n"] for e in journal(url)] == [0, 1, 2, 3, 4]
     record_journal(url, False)
     messages.put_many([("a", 2, Frame(4, "{}", 5))], worker_id="w2")

@@ -12,7 +12,7 @@ from wsfleet.leases import (
     Watched,
     acquire_already_landed,
     backoff_s,
-    classify_acquire_failure,
+    acquire_refusal,
     classify_end_failure,
     classify_renew_failure,
     drain_split,
@@ -77,9 +77,13 @@ def test_failures_say_why():
     assert classify_end_failure(None) is EndFailure.GONE
     assert classify_end_failure({"state": "ENDED"}) is EndFailure.ALREADY_ENDED
     assert classify_end_failure({"state": "LIVE"}) is EndFailure.RENEWED
-    assert classify_acquire_failure(None) is AcquireFailure.NOT_FOUND
-    assert classify_acquire_failure({"desired_state": "STOPPED"}) is AcquireFailure.STOPPED
-    assert classify_acquire_failure({"desired_state": "STARTED", "lease_session": "b#1"}) is AcquireFailure.HELD
+    assert acquire_refusal(None, expected_session="") is AcquireFailure.NOT_FOUND
+    assert acquire_refusal({"desired_state": "STOPPED", "lease_session": ""}, expected_session="") is AcquireFailure.STOPPED
+    started = {"desired_state": "STARTED", "lease_session": "b#1"}
+    assert acquire_refusal(started, expected_session="") is AcquireFailure.HELD
+    assert acquire_refusal(started, expected_session="a#1") is AcquireFailure.HELD
+    assert acquire_refusal(started, expected_session="b#1") is None  # taken as the ENDED session it is attached to
+    assert acquire_refusal({"desired_state": "STARTED", "lease_session": ""}, expected_session="") is None
 
 
 def test_retries_of_writes_that_already_landed_are_recognised():

@@ -27,7 +27,10 @@ from wsfleet.store import (
     StopOutcome,
     TransientError,
 )
+from wsfleet.local.emulator import journal, record_journal
 from wsfleet.stream import Frame
+
+from tests.conftest import open_sessions
 
 LEASE_MS = 10_000
 SKEW_MS = 1_000
@@ -50,7 +53,10 @@ def clock():
 
 @pytest.fixture
 def store(ddb, aws_env, clock):
-    return ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4, clock_ms=clock)
+    open_sessions(ddb, aws_env, "a#1", "b#1", "c#1", "d#1")  # the acquirers below: LIVE
+    return ConnectionsStore(
+        ddb, aws_env["TABLE_NAME"], state_shards=4, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"], clock_ms=clock
+    )
 
 
 @pytest.fixture
@@ -191,8 +197,12 @@ def test_the_fleet_summary_comes_back_whole_with_the_watch_read(sessions):
 
 def test_twenty_racing_workers_produce_exactly_one_winner(emulator, aws_env, started):
     # Each racer has its own client (own connection pool), as separate workers would.
+    open_sessions(_client(emulator), aws_env, *(f"w{i}#1" for i in range(20)))
+
     def racer(i: int):
-        s = ConnectionsStore(_client(emulator), aws_env["TABLE_NAME"], state_shards=4)
+        s = ConnectionsStore(
+            _client(emulator), aws_env["TABLE_NAME"], state_shards=4, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"]
+        )
         barrier.wait()
         return s.acquire(started, session_id=f"w{i}#1", worker_id=f"w{i}")
 
@@ -205,6 +215,103 @@ def test_twenty_racing_workers_produce_exactly_one_winner(emulator, aws_env, sta
     item = ConnectionsStore(_client(emulator), aws_env["TABLE_NAME"], state_shards=4).get(started)
     assert item["fence_token"] == 1
     assert item["lease_owner"] == winners[0].item["lease_owner"]
+
+
+def test_no_acquire_attaches_a_connection_to_a_session_that_is_not_live(store, sessions, started):
+    sessions.end_own("a#1", worker_id="a", drained=False)
+    before = store.get(started)
+
+    ended = store.acquire(started, session_id="a#1", worker_id="a")
+    gone = store.acquire(started, session_id="never-opened#1", worker_id="x")
+
+    assert ended.reason is AcquireFailure.NOT_LIVE and gone.reason is AcquireFailure.NOT_LIVE
+    assert store.get(started) == before  # still free: nothing written
+
+
+def test_acquisitions_racing_the_end_of_their_session_all_land_before_it(emulator, aws_env, ddb, store, sessions):
+    # The end of a session and its worker's acquisitions race. In the order the table
+    # applied them (the emulator's journal), no acquisition for the session comes after
+    # its end: a late one is refused by the session's LIVE check, not merely unlikely.
+    ids = [f"r{i}" for i in range(12)]
+    for cid in ids:
+        store.start(cid, "ws://127.0.0.1:9/s")
+    sessions.open("late#1", worker_id="late", lease_ms=LEASE_MS, max_connections=100)
+    record_journal(emulator.endpoint_url)
+    barrier = threading.Barrier(len(ids) + 1)
+
+    def acquire(cid: str):
+        s = ConnectionsStore(
+            _client(emulator), aws_env["TABLE_NAME"], state_shards=4, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"]
+        )
+        barrier.wait()
+        return s.acquire(cid, session_id="late#1", worker_id="late")
+
+    def end():
+        barrier.wait()
+        time.sleep(0.02)  # into the middle of the burst
+        return SessionsStore(_client(emulator), aws_env["SESSIONS_TABLE_NAME"]).end_own("late#1", worker_id="late", drained=False)
+
+    try:
+        with ThreadPoolExecutor(len(ids) + 1) as pool:
+            ended = pool.submit(end)
+            results = list(pool.map(acquire, ids))
+        entries = journal(emulator.endpoint_url)
+    finally:
+        record_journal(emulator.endpoint_url, False)
+    assert ended.result()
+    end_at = next(e["n"] for e in entries if e["op"] == "ended" and e["session"] == "late#1")
+    landed = [e for e in entries if e["op"] == "update" and e["session"] == "late#1"]
+    assert all(e["n"] < end_at for e in landed)
+    answers = dict(zip(ids, results, strict=True))
+    won = sorted(f"CONN#{cid}" for cid, r in answers.items() if isinstance(r, Acquired))
+    refused = {cid: r for cid, r in answers.items() if not isinstance(r, Acquired)}
+    assert sorted(e["pk"] for e in landed) == won
+    assert all(r.reason is AcquireFailure.NOT_LIVE for r in refused.values())
+    assert all(store.get(cid)["lease_session"] == "" for cid in refused)
+
+
+def test_several_connections_are_acquired_in_one_transaction_each_answered_for_itself(store):
+    for cid in ("free", "held", "stopped", "mine", "theirs-ended"):
+        store.start(cid, "ws://127.0.0.1:9/s")
+    store.acquire("held", session_id="b#1", worker_id="b")
+    store.stop("stopped")
+    store.acquire("mine", session_id="a#1", worker_id="a")
+    store.acquire("theirs-ended", session_id="c#1", worker_id="c")
+
+    wanted = [("free", ""), ("held", ""), ("stopped", ""), ("mine", ""), ("missing", ""), ("theirs-ended", "c#1")]
+    results = dict(zip([cid for cid, _ in wanted], store.acquire_many(wanted, session_id="a#1", worker_id="a"), strict=True))
+
+    got = {cid: (r.item["fence_token"] if isinstance(r, Acquired) else r.reason) for cid, r in results.items()}
+    assert got == {
+        "free": 1,
+        "held": AcquireFailure.HELD,
+        "stopped": AcquireFailure.STOPPED,
+        "mine": 1,  # already ours: a retry of an acquire that landed
+        "missing": AcquireFailure.NOT_FOUND,
+        "theirs-ended": 2,
+    }
+    for cid in ("free", "theirs-ended"):  # what the answer says is what the table holds
+        assert store.get(cid) == results[cid].item
+
+
+def test_a_connection_that_changes_between_the_read_and_the_transaction_is_answered_as_it_became(ddb, aws_env, store):
+    for cid in ("x", "y"):
+        store.start(cid, "ws://127.0.0.1:9/s")
+    racer = ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"])
+
+    def meanwhile(**_):  # b takes y after a's read, before a's transaction
+        ddb.meta.events.unregister("before-call.dynamodb.TransactWriteItems", meanwhile)
+        assert isinstance(racer.acquire("y", session_id="b#1", worker_id="b"), Acquired)
+
+    ddb.meta.events.register("before-call.dynamodb.TransactWriteItems", meanwhile)
+    try:
+        x, y = store.acquire_many([("x", ""), ("y", "")], session_id="a#1", worker_id="a")
+    finally:
+        ddb.meta.events.unregister("before-call.dynamodb.TransactWriteItems", meanwhile)
+
+    assert isinstance(x, Acquired) and store.get("x")["lease_session"] == "a#1"
+    assert y.reason is AcquireFailure.HELD and y.lease_session == "b#1"
+    assert store.get("y")["fence_token"] == 1  # b's acquisition only
 
 
 def test_acquire_attaches_to_the_session_moves_the_owner_key_and_bumps_the_fence(store, started):

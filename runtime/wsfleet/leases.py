@@ -100,6 +100,7 @@ class AcquireFailure(enum.Enum):
     HELD = "held"  # attached to another session than the one we expected
     STOPPED = "stopped"  # desired state is STOPPED
     NOT_FOUND = "not_found"  # no such connection
+    NOT_LIVE = "not_live"  # the acquirer's own session is not LIVE: nothing may be attached to it
 
 
 def classify_renew_failure(old: Mapping | None) -> RenewFailure:
@@ -114,12 +115,16 @@ def classify_end_failure(old: Mapping | None) -> EndFailure:
     return EndFailure.RENEWED
 
 
-def classify_acquire_failure(old: Mapping | None) -> AcquireFailure:
-    if old is None:
+def acquire_refusal(item: Mapping | None, *, expected_session: str) -> AcquireFailure | None:
+    """Why a connection, as read, may not be taken as ``expected_session``'s ("" for a
+    free one), or None if it may (STARTED and attached to exactly that session)."""
+    if item is None:
         return AcquireFailure.NOT_FOUND
-    if old.get(schema.DESIRED_STATE) != schema.STARTED:
+    if item.get(schema.DESIRED_STATE) != schema.STARTED:
         return AcquireFailure.STOPPED
-    return AcquireFailure.HELD
+    if item.get(schema.LEASE_SESSION, "") != expected_session:
+        return AcquireFailure.HELD
+    return None
 
 
 def acquire_already_landed(old: Mapping | None, session_id: str) -> bool:

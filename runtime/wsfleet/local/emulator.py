@@ -33,9 +33,10 @@ Three paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
 * ``/_wsfleet/journal``: an independent history of the writes that matter to ownership,
   in the order the serialised DynamoDB applied them. Off until ``POST {"record": true}``
   (which also clears it); then every message stored (BatchWriteItem puts: key, fence,
-  writer), every UpdateItem that answered an item with a ``fence_token`` (an
-  acquisition: key, fence, session) and every one that answered an ENDED session (who
-  ended it) is recorded with its position and the server's clock. ``GET ?since=N``
+  writer), every acquisition (a TransactWriteItems Update that sets ``fence_token``, or
+  an UpdateItem that answered an item with one: key, fence, session) and every
+  UpdateItem that answered an ENDED session (who ended it) is recorded with its position
+  and the server's clock. ``GET ?since=N``
   answers the entries from position N.
 
 Run standalone with ``python -m wsfleet.local.emulator`` (prints ``READY <url>``),
@@ -296,7 +297,7 @@ class Journal:
         self._entries: list[dict[str, Any]] = []
 
     def wants(self, op: str) -> bool:
-        return self._recording and op in ("BatchWriteItem", "UpdateItem")
+        return self._recording and op in ("BatchWriteItem", "UpdateItem", "TransactWriteItems")
 
     def switch(self, record: bool) -> None:
         with self._lock:
@@ -321,6 +322,17 @@ class Journal:
                                       "sk": _attr(item, schema.MSG_SK), "fence": _attr(item, schema.MSG_FENCE_TOKEN),
                                       "worker": _attr(item, schema.MSG_WORKER_ID), "t_ms": t_ms,
                                       "received_ms": _attr(item, schema.RECEIVED_AT_MS)})
+        elif op == "TransactWriteItems":
+            # A transaction answers no attributes: an acquisition is read from the
+            # Update itself, which sets the new fence (store.ConnectionsStore.acquire_many).
+            for entry in body.get("TransactItems", []):
+                update = entry.get("Update") or {}
+                values = _assignments(update)
+                if schema.FENCE_TOKEN in values:
+                    self._append({"op": "update", "table": update.get("TableName", ""),
+                                  "pk": _attr(update.get("Key", {}), schema.PK), "fence": values[schema.FENCE_TOKEN],
+                                  "session": values.get(schema.LEASE_SESSION), "worker": values.get(schema.LEASE_OWNER),
+                                  "t_ms": t_ms})
         else:
             item = answer.get("Attributes", {})
             if schema.FENCE_TOKEN in item:
@@ -358,6 +370,19 @@ class Journal:
             return _json("200 OK", self.since(max(0, since)), start_response)
 
         return control
+
+
+def _assignments(update: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``SET name = :value`` parts of an Update's expression, as plain values by
+    attribute name (other clauses and computed values are left out)."""
+    names = update.get("ExpressionAttributeNames") or {}
+    values = update.get("ExpressionAttributeValues") or {}
+    set_clause = re.split(r"\b(?:REMOVE|ADD|DELETE)\b", update.get("UpdateExpression", ""))[0]
+    found = {}
+    for placeholder, value in re.findall(r"(#\w+)\s*=\s*(:\w+)", set_clause):
+        if placeholder in names and value in values:
+            found[names[placeholder]] = _attr(values, value)
+    return found
 
 
 def _attr(item: Mapping[str, Any], name: str) -> Any:

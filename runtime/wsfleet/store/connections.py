@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import schema
-from ..leases import AcquireFailure, acquire_already_landed, classify_acquire_failure, release_already_landed
+from ..leases import AcquireFailure, acquire_already_landed, acquire_refusal, release_already_landed
 from .base import (
     TRANSIENT_CANCEL_CODES,
     TransientError,
@@ -27,6 +27,9 @@ from .base import (
 # Checkpoints per TransactWriteItems (DynamoDB takes up to 100). 25 keeps one
 # transaction's hold on the embedded emulator's DynamoDB lock to about that of a batch.
 MAX_TRANSACTION = 25
+# An acquire whose items keep changing between its read and its transaction (a START or
+# STOP landing in between, each time) gives up after this many transactions.
+ACQUIRE_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -100,9 +103,20 @@ class ConnectionsStore(_Table):
 
     key_name = schema.PK
 
-    def __init__(self, client: Any, table_name: str, *, state_shards: int, clock_ms: Callable[[], int] = now_ms):
+    def __init__(
+        self,
+        client: Any,
+        table_name: str,
+        *,
+        state_shards: int,
+        sessions_table_name: str = "",
+        clock_ms: Callable[[], int] = now_ms,
+    ) -> None:
         super().__init__(client, table_name, clock_ms=clock_ms)
         self._shards = state_shards
+        # Where acquire checks that the acquirer's session is LIVE; the router, which
+        # never acquires, needs none.
+        self._sessions_table = sessions_table_name
 
     def _key(self, key: str) -> dict:
         return marshal({schema.PK: schema.connection_pk(key)})
@@ -157,34 +171,164 @@ class ConnectionsStore(_Table):
     def acquire(
         self, connection_id: str, *, session_id: str, worker_id: str, expected_session: str = ""
     ) -> Acquired | NotAcquired:
-        """Attach the connection to our session.
+        """Attach one connection to our session: :meth:`acquire_many` of one."""
+        return self.acquire_many([(connection_id, expected_session)], session_id=session_id, worker_id=worker_id)[0]
 
-        Conditional on: the item exists, desired_state is STARTED, and ``lease_session``
-        is ``expected_session``: "" (free) or an ENDED session whose connections we are
-        taking. Session ids are never reused and an ENDED session is never renewed, so
-        this pins the exact ownership epoch that was read, as a fence read would.
-        Increments ``fence_token`` and moves ``owner_key`` to our session. Exactly one
-        of any number of racing callers succeeds; a retry whose first attempt landed
-        counts as success."""
-        new, old = self._conditional_update(
-            connection_id,
-            update="SET #o = :me, #l = :session, #k = :key, #u = :now ADD #f :one",
-            condition="attribute_exists(#pk) AND #s = :started AND #l = :expected",
-            values={
-                ":me": worker_id,
+    def acquire_many(
+        self, wanted: Sequence[tuple[str, str]], *, session_id: str, worker_id: str
+    ) -> list[Acquired | NotAcquired]:
+        """Attach connections to our session: ``wanted`` are (connection id, expected
+        session) pairs, at most :data:`MAX_TRANSACTION`.
+
+        The items are read first (strongly consistent, one BatchGetItem): one already
+        attached to our session is ours (a retry of an acquire that landed), one that may
+        not be taken is answered without a write. The rest are taken in one
+        TransactWriteItems, each Update conditional on the version read: the item
+        exists, desired_state is STARTED, ``lease_session`` is the expected session ("" for
+        a free one, or an ENDED session whose connections we are taking), and
+        ``fence_token`` and ``ws_url`` are as read. Session ids are never reused and an
+        ENDED session is never renewed, so this pins the exact ownership epoch that was
+        read. Each sets ``fence_token`` to the next one and moves ``owner_key`` to our
+        session. The same transaction holds a ConditionCheck that our own session is
+        LIVE: no connection is ever attached to a session that has ended (whose watchers
+        may have drained it and taken it out of the ring), however late the request
+        arrives.
+
+        All or nothing: if our session is not LIVE, every entry still to take is
+        NOT_LIVE; an entry whose item changed since the read is answered from the item it
+        failed on (or tried again with it, if it may still be taken), and the others go
+        again without it. Exactly one of any number of racing callers acquires a
+        connection. Raises :class:`TransientError` for faults that say nothing about
+        ownership; the caller retries the whole call, and what landed meanwhile is then
+        read as ours."""
+        if not self._sessions_table:
+            raise ValueError("acquire needs the sessions table (ConnectionsStore(sessions_table_name=...))")
+        wanted = list(dict.fromkeys(wanted))
+        if not 0 < len(wanted) <= MAX_TRANSACTION:
+            raise ValueError(f"an acquire transaction holds 1 to {MAX_TRANSACTION} connections, not {len(wanted)}")
+        answers: dict[str, Acquired | NotAcquired] = {}
+        todo: dict[str, tuple[str, dict]] = {}  # connection id -> (expected session, item as read)
+
+        def judge(cid: str, expected: str, item: dict | None) -> None:
+            if acquire_already_landed(item, session_id):
+                answers[cid] = Acquired(item)
+            elif (why := acquire_refusal(item, expected_session=expected)) is not None:
+                answers[cid] = NotAcquired(why, (item or {}).get(schema.LEASE_SESSION, ""))
+            else:
+                todo[cid] = (expected, item)
+
+        reads = self._read_many([cid for cid, _ in wanted])
+        for cid, expected in wanted:
+            judge(cid, expected, reads[cid])
+        for _ in range(ACQUIRE_ROUNDS):
+            if not todo:
+                break
+            now = self._now_ms()
+            taken = {cid: _taken(item, session_id=session_id, worker_id=worker_id, now_ms=now) for cid, (_, item) in todo.items()}
+            reasons = self._transact(self._acquire_items(todo, taken, session_id=session_id))
+            if reasons is None:
+                answers.update((cid, Acquired(item)) for cid, item in taken.items())
+                todo.clear()
+            elif reasons[0].get("Code") == "ConditionalCheckFailed":
+                answers.update((cid, NotAcquired(AcquireFailure.NOT_LIVE)) for cid in todo)
+                todo.clear()
+            else:
+                for (cid, (expected, _)), reason in zip(list(todo.items()), reasons[1:], strict=True):
+                    if reason.get("Code") == "ConditionalCheckFailed":
+                        del todo[cid]
+                        judge(cid, expected, unmarshal(reason["Item"]) if reason.get("Item") else None)
+        if todo:
+            raise TransientError(f"acquire of {', '.join(todo)}: the items kept changing; try again")
+        return [answers[cid] for cid, _ in wanted]
+
+    def _acquire_items(self, todo: Mapping[str, tuple[str, dict]], taken: Mapping[str, dict], *, session_id: str) -> list[dict]:
+        """The acquire transaction: our session's LIVE check first, then one Update per
+        connection, pinned to the version read."""
+        live = "#st = :live"
+        update = "SET #o = :me, #l = :session, #k = :key, #u = :now, #f = :next"
+        condition = "attribute_exists(#pk) AND #s = :started AND #l = :expected AND #f = :fence AND #w = :url"
+        items: list[dict] = [
+            {
+                "ConditionCheck": {
+                    "TableName": self._sessions_table,
+                    "Key": marshal({schema.SESSION_ID: session_id}),
+                    "ConditionExpression": live,
+                    "ExpressionAttributeNames": _names(live),
+                    "ExpressionAttributeValues": marshal({":live": schema.LIVE}),
+                }
+            }
+        ]
+        for cid, (expected, item) in todo.items():
+            new = taken[cid]
+            values = {
+                ":me": new[schema.LEASE_OWNER],
                 ":session": session_id,
-                ":key": schema.owner_key_session(session_id),
-                ":now": self._now_ms(),
-                ":one": 1,
+                ":key": new[schema.OWNER_KEY],
+                ":now": new[schema.UPDATED_AT_MS],
+                ":next": new[schema.FENCE_TOKEN],
                 ":started": schema.STARTED,
-                ":expected": expected_session,
-            },
-        )
-        if new is not None:
-            return Acquired(new)
-        if acquire_already_landed(old, session_id):
-            return Acquired(old)
-        return NotAcquired(classify_acquire_failure(old), (old or {}).get(schema.LEASE_SESSION, ""))
+                ":expected": expected,
+                ":fence": int(item.get(schema.FENCE_TOKEN, 0)),
+                ":url": item.get(schema.WS_URL, ""),
+            }
+            items.append(
+                {
+                    "Update": {
+                        "TableName": self._table,
+                        "Key": self._key(cid),
+                        "UpdateExpression": update,
+                        "ConditionExpression": condition,
+                        "ExpressionAttributeNames": _names(update, condition),
+                        "ExpressionAttributeValues": marshal(values),
+                        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                    }
+                }
+            )
+        return items
+
+    def _transact(self, items: list[dict]) -> list[dict] | None:
+        """TransactWriteItems: None when it landed, else the cancellation reasons (one per
+        item, in order) when some condition failed. Raises TransientError when it was
+        cancelled only for reasons that say nothing about ownership (a conflict with
+        another write to one of its items, throttling)."""
+        try:
+            self._ddb.transact_write_items(TransactItems=items)
+        except (ClientError, BotoCoreError) as exc:
+            if is_transient(exc):
+                raise TransientError(f"transact_write_items: {exc}") from exc
+            if not isinstance(exc, ClientError) or exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                raise
+            reasons = exc.response.get("CancellationReasons", [])
+            if len(reasons) != len(items):
+                raise TransientError(f"transact_write_items: {len(reasons)} reasons for {len(items)} items") from exc
+            codes = {r.get("Code", "None") for r in reasons}
+            if "ConditionalCheckFailed" not in codes:
+                if codes - TRANSIENT_CANCEL_CODES:  # ValidationError and the like: a bug, not a fault to wait out
+                    raise
+                raise TransientError(f"transact_write_items cancelled: {', '.join(sorted(codes - {'None'}))}") from exc
+            return reasons
+        return None
+
+    def _read_many(self, connection_ids: Sequence[str]) -> dict[str, dict | None]:
+        """Strongly consistent BatchGetItem of whole connection items (at most 100);
+        None for one that does not exist."""
+        if not connection_ids:
+            return {}
+        try:
+            resp = self._ddb.batch_get_item(
+                RequestItems={self._table: {"Keys": [self._key(c) for c in connection_ids], "ConsistentRead": True}}
+            )
+        except (ClientError, BotoCoreError) as exc:
+            if is_transient(exc):
+                raise TransientError(f"batch_get_item: {exc}") from exc
+            raise
+        if resp.get("UnprocessedKeys", {}).get(self._table):
+            raise TransientError("batch_get_item: keys left unprocessed")
+        found = {
+            schema.connection_id_from_pk(item[schema.PK]): item
+            for item in map(unmarshal, resp.get("Responses", {}).get(self._table, []))
+        }
+        return {c: found.get(c) for c in connection_ids}
 
     def _detach(
         self,
@@ -291,23 +435,10 @@ class ConnectionsStore(_Table):
             }
             for e in entries
         ]
-        try:
-            self._ddb.transact_write_items(TransactItems=items)
-        except (ClientError, BotoCoreError) as exc:
-            if is_transient(exc):
-                raise TransientError(f"transact_write_items: {exc}") from exc
-            if not isinstance(exc, ClientError) or exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
-                raise
-            codes = [r.get("Code", "None") for r in exc.response.get("CancellationReasons", [])]
-            if len(codes) != len(entries):
-                raise TransientError(f"transact_write_items: {len(codes)} reasons for {len(entries)} entries") from exc
-            if "ConditionalCheckFailed" not in codes:
-                unknown = set(codes) - TRANSIENT_CANCEL_CODES
-                if unknown:  # ValidationError and the like: a bug, not a fault to wait out
-                    raise
-                raise TransientError(f"transact_write_items cancelled: {', '.join(sorted(set(codes) - {'None'}))}") from exc
-            return [False if c == "ConditionalCheckFailed" else None for c in codes]
-        return [True] * len(entries)
+        reasons = self._transact(items)
+        if reasons is None:
+            return [True] * len(entries)
+        return [False if r.get("Code") == "ConditionalCheckFailed" else None for r in reasons]
 
     # --- desired state (the router) -------------------------------------------------------
 
@@ -403,3 +534,15 @@ class ConnectionsStore(_Table):
             if new is not None:
                 return Stopped(StopOutcome.STOPPED, session, fence)
         raise TransientError(f"stop of {connection_id!r} kept losing races; try again")
+
+
+def _taken(item: Mapping[str, Any], *, session_id: str, worker_id: str, now_ms: int) -> dict:
+    """The connection item as an acquisition by ``session_id`` leaves it."""
+    return {
+        **item,
+        schema.LEASE_OWNER: worker_id,
+        schema.LEASE_SESSION: session_id,
+        schema.OWNER_KEY: schema.owner_key_session(session_id),
+        schema.UPDATED_AT_MS: now_ms,
+        schema.FENCE_TOKEN: int(item.get(schema.FENCE_TOKEN, 0)) + 1,
+    }

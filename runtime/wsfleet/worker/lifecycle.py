@@ -75,7 +75,11 @@ class Worker:
         self._log = log.bind(worker_id=worker_id)
         self._sessions = SessionsStore(aws.dynamodb, config.sessions_table_name, clock_ms=clock_ms)
         self._connections = ConnectionsStore(
-            aws.dynamodb, config.table_name, state_shards=config.state_shards, clock_ms=clock_ms
+            aws.dynamodb,
+            config.table_name,
+            state_shards=config.state_shards,
+            sessions_table_name=config.sessions_table_name,
+            clock_ms=clock_ms,
         )
         self._messages = MessagesStore(aws.dynamodb_writes, config.messages_table_name, ttl_days=config.message_ttl_days)
         self._settings = Settings(
