@@ -11,7 +11,8 @@ import boto3
 import pytest
 
 from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources
-from wsfleet.store import SessionsStore
+from wsfleet.local.upstream import ThreadedUpstream
+from wsfleet.store import ConnectionsStore, MessagesStore, SessionsStore
 
 REGION = "us-east-1"
 _names = itertools.count()
@@ -49,6 +50,27 @@ def ddb(emulator):
 @pytest.fixture
 def sqs(emulator):
     return boto3.client("sqs", endpoint_url=emulator.endpoint_url, region_name=REGION)
+
+
+@pytest.fixture
+def upstream():
+    """A local upstream producing 20 frames a second on every stream asked for."""
+    with ThreadedUpstream(rate=20.0) as up:
+        yield up
+
+
+@pytest.fixture
+def stores(ddb, aws_env):
+    """(connections, messages) stores on this test's tables."""
+    return (
+        ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"]),
+        MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"]),
+    )
+
+
+@pytest.fixture
+def sessions(ddb, aws_env):
+    return SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"])
 
 
 @pytest.fixture

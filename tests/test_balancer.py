@@ -10,7 +10,6 @@ import pytest
 
 from wsfleet.worker import balancer
 from tests.test_worker import config, eventually, running, seqs  # noqa: F401 - shared fixtures below
-from tests.test_worker import stores, upstream  # noqa: F401
 
 
 # Sessions that survive a busy machine: a worker whose session expires drops and retakes
@@ -24,7 +23,7 @@ def short_hold(monkeypatch):
     monkeypatch.setattr(balancer, "MIN_HOLD_S", 0.5)
 
 
-def test_a_joining_worker_gets_its_fair_share_and_only_the_excess_moves(aws_env, stores, upstream):  # noqa: F811
+def test_a_joining_worker_gets_its_fair_share_and_only_the_excess_moves(aws_env, stores, upstream):
     conns, msgs = stores
     cids = [f"c{i:02d}" for i in range(12)]
     for cid in cids:
@@ -53,7 +52,7 @@ def test_a_joining_worker_gets_its_fair_share_and_only_the_excess_moves(aws_env,
         assert upstream.max_concurrent(cid) == 1, upstream.overlaps(cid)
 
 
-def test_with_rebalance_off_a_joining_worker_gets_only_new_connections(aws_env, stores, upstream):  # noqa: F811
+def test_with_rebalance_off_a_joining_worker_gets_only_new_connections(aws_env, stores, upstream):
     conns, _ = stores
     for i in range(6):
         conns.start(f"c{i}", upstream.url_for(f"c{i}"))
@@ -69,7 +68,7 @@ def test_with_rebalance_off_a_joining_worker_gets_only_new_connections(aws_env, 
     asyncio.run(scenario())
 
 
-def test_what_workers_shed_goes_to_the_one_under_its_share_not_to_peers_at_theirs(aws_env, stores, upstream):  # noqa: F811
+def test_what_workers_shed_goes_to_the_one_under_its_share_not_to_peers_at_theirs(aws_env, stores, upstream):
     """Regression (rebalance benchmark, Findings 9): a shed connection sits free for a
     moment, and peers at their share took it with their free scan, went above their share
     and shed again: a join moved more than the excess."""

@@ -83,7 +83,9 @@ def open_session(ddb, aws_env, worker_id: str, *, ago_ms: int = 0, lease_ms: int
 
 def acquire(ddb, aws_env, connection_id: str, session_id: str, worker_id: str, *, ago_ms: int = 0) -> None:
     clock = now_ms() - ago_ms
-    store = ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4, clock_ms=lambda: clock)
+    store = ConnectionsStore(
+        ddb, aws_env["TABLE_NAME"], state_shards=4, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"], clock_ms=lambda: clock
+    )
     assert isinstance(store.acquire(connection_id, session_id=session_id, worker_id=worker_id), Acquired)
 
 

@@ -247,7 +247,7 @@ def test_the_journal_records_who_ended_a_session(own):
     time.sleep(0.01)
 
     sessions.end_expired("w1#1", ended_by="w2#1", max_clock_skew_ms=0)
-    sessions.end_own("w2#1", worker_id="w2", drained=True)
+    sessions.end_own("w2#1", worker_id="w2")
 
     assert [(e["op"], e["session"], e["by"], e["worker"]) for e in journal(url)] == [
         ("ended", "w1#1", "w2#1", "w1"),

@@ -71,16 +71,18 @@ def test_loop_lag_is_a_millisecond_gauge_published_once_it_has_been_measured():
 
 def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatch(emulator, aws_env, ddb):
     cfg = WorkerConfig.from_env({**aws_env, "SERVICE_NAME": "wsfleet-test", "METRICS_NAMESPACE": "WsFleetTest"})
-    conns = ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=cfg.state_shards)
+    conns = ConnectionsStore(
+        ddb, aws_env["TABLE_NAME"], state_shards=cfg.state_shards, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"]
+    )
     for cid in ("a", "b", "c", "e"):
         conns.start(cid, "ws://127.0.0.1:9/x")
     conns.start("d", "ws://127.0.0.1:9/x")
     sessions = SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"])
     sessions.open("elsewhere#1", worker_id="elsewhere", lease_ms=60_000, max_connections=10)
     conns.acquire("c", session_id="elsewhere#1", worker_id="elsewhere")  # owned by a live session: not counted
-    conns.acquire("d", session_id="dead#1", worker_id="dead")  # its session is gone: counted by its watcher
     sessions.open("dead#1", worker_id="dead", lease_ms=60_000, max_connections=10)
-    sessions.end_own("dead#1", worker_id="dead", drained=False)
+    conns.acquire("d", session_id="dead#1", worker_id="dead")  # its session is ended below: counted by its watcher
+    sessions.end_own("dead#1", worker_id="dead")
     conns.stop("b")  # not STARTED: not counted
 
     async def publish():

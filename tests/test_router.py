@@ -40,7 +40,9 @@ class Api:
         self.sqs = sqs
         self.logs = io.StringIO()
         self.router = Router(self.config, ddb_for_router or ddb, sqs, logger=JsonLogger(self.logs))
-        self.store = ConnectionsStore(ddb, self.config.table_name, state_shards=self.config.state_shards)
+        self.store = ConnectionsStore(
+            ddb, self.config.table_name, state_shards=self.config.state_shards, sessions_table_name=self.config.sessions_table_name
+        )
         self.sessions = SessionsStore(ddb, self.config.sessions_table_name)
 
     def call(self, event: dict) -> tuple[int, dict]:
@@ -284,7 +286,7 @@ def test_stop_of_an_unowned_connection_takes_it_out_of_the_owner_index(api):
 def test_stop_still_succeeds_when_the_owners_session_has_ended_and_logs_nothing_alarming(api):
     api.start("feed-1")
     api.hold_lease("feed-1", last_seq=5)
-    api.sessions.end_own("worker-a#1", worker_id="worker-a", drained=False)
+    api.sessions.end_own("worker-a#1", worker_id="worker-a")
 
     status, _ = api.stop("feed-1")
 

@@ -149,7 +149,7 @@ def test_stops_posted_to_a_session_come_back_with_its_renewal_until_handled(sess
 
 def test_a_stop_is_not_posted_to_an_ended_session(sessions):
     _open(sessions, "w#1")
-    sessions.end_own("w#1", worker_id="w", drained=True)
+    sessions.end_own("w#1", worker_id="w")
     assert not sessions.post_stop("w#1", "c1", 1)
 
 
@@ -158,7 +158,7 @@ def test_the_ring_lists_successors_wrapping_around_and_leaves_out_drained_sessio
         _open(sessions, name)
     assert sessions.ring_after("b#1", limit=2) == ["c#1", "d#1"]
     assert sessions.ring_after("d#1", limit=2) == ["a#1", "b#1"]
-    sessions.end_own("c#1", worker_id="c", drained=False)
+    sessions.end_own("c#1", worker_id="c")
     assert sessions.ring_after("b#1", limit=1) == ["c#1"]  # ENDED but not drained: still watched
     assert sessions.leave_ring("c#1")
     assert sessions.ring_after("b#1", limit=2) == ["d#1", "a#1"]
@@ -172,7 +172,7 @@ def test_a_newcomer_finds_its_watchers_and_their_next_renewal_says_the_ring_chan
     assert sessions.ring_before("a#1", limit=2) == ["c#1", "b#1"]  # wraps to the end
     assert sessions.announce("b#1")
     assert sessions.renew("b#1", lease_ms=LEASE_MS, active=0, max_connections=10)["ring_changes"] == 1
-    sessions.end_own("a#1", worker_id="a", drained=True)
+    sessions.end_own("a#1", worker_id="a")
     assert not sessions.announce("a#1")  # an ended session watches nothing
 
 
@@ -218,7 +218,7 @@ def test_twenty_racing_workers_produce_exactly_one_winner(emulator, aws_env, sta
 
 
 def test_no_acquire_attaches_a_connection_to_a_session_that_is_not_live(store, sessions, started):
-    sessions.end_own("a#1", worker_id="a", drained=False)
+    sessions.end_own("a#1", worker_id="a")
     before = store.get(started)
 
     ended = store.acquire(started, session_id="a#1", worker_id="a")
@@ -249,7 +249,7 @@ def test_acquisitions_racing_the_end_of_their_session_all_land_before_it(emulato
     def end():
         barrier.wait()
         time.sleep(0.02)  # into the middle of the burst
-        return SessionsStore(_client(emulator), aws_env["SESSIONS_TABLE_NAME"]).end_own("late#1", worker_id="late", drained=False)
+        return SessionsStore(_client(emulator), aws_env["SESSIONS_TABLE_NAME"]).end_own("late#1", worker_id="late")
 
     try:
         with ThreadPoolExecutor(len(ids) + 1) as pool:

@@ -36,25 +36,6 @@ FAST = {
 
 
 @pytest.fixture
-def upstream():
-    with ThreadedUpstream(rate=20.0) as up:
-        yield up
-
-
-@pytest.fixture
-def stores(ddb, aws_env):
-    return (
-        ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4),
-        MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"]),
-    )
-
-
-@pytest.fixture
-def sessions(ddb, aws_env):
-    return SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"])
-
-
-@pytest.fixture
 def router(aws_env, ddb, sqs):
     return Router.from_env({**aws_env, "ALLOWED_WS_HOSTS": "127.0.0.1"}, ddb=ddb, sqs=sqs)
 
@@ -420,7 +401,7 @@ def test_a_taker_that_died_halfway_leaves_nothing_stuck(aws_env, stores, session
         conns.start(cid, upstream.url_for(cid))
     dead_session(sessions, conns, "dead#1", *cids, lease_ms=cfg.lease_ms)
     # A taker ended dead#1, took two of its six connections, and died itself.
-    sessions.end_own("dead#1", worker_id="dead", drained=False)
+    sessions.end_own("dead#1", worker_id="dead")
     taker = dead_session(sessions, conns, "taker#1", lease_ms=cfg.lease_ms)
     for cid in cids[:2]:
         assert isinstance(conns.acquire(cid, session_id="taker#1", worker_id="taker", expected_session="dead#1"), Acquired)

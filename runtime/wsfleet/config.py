@@ -26,6 +26,7 @@ WORKER_ID = "WORKER_ID"
 LEASE_SECONDS = "LEASE_SECONDS"
 HEARTBEAT_SECONDS = "HEARTBEAT_SECONDS"
 RECONCILE_SECONDS = "RECONCILE_SECONDS"
+SWEEP_SECONDS = "SWEEP_SECONDS"
 CHECKPOINT_SECONDS = "CHECKPOINT_SECONDS"
 MAX_CONNECTIONS = "MAX_CONNECTIONS"
 MAX_CLOCK_SKEW_MS = "MAX_CLOCK_SKEW_MS"
@@ -151,6 +152,7 @@ class WorkerConfig:
     allowed_ws_hosts: tuple[str, ...] = ()
     rebalance: bool = True  # shed connections above this worker's fair share
     rebalance_tolerance: float = 0.1  # band above the fair share (a fraction of it) that is left alone
+    sweep_ms: int = 600_000  # the fleet's reachability sweep starts a pass over every connection this often
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
@@ -193,6 +195,7 @@ class WorkerConfig:
             allowed_ws_hosts=allowed_ws_hosts(env),
             rebalance=_flag(env, REBALANCE, True),
             rebalance_tolerance=_fraction(env, REBALANCE_TOLERANCE, 0.1),
+            sweep_ms=round(_positive_float(env, SWEEP_SECONDS, 600.0) * 1000),
         )
 
     def default_worker_id(self) -> str:

@@ -142,6 +142,36 @@ def release_already_landed(old: Mapping | None, fence_token: int) -> bool:
     return old is not None and old.get(schema.LEASE_SESSION, "") == "" and int(old.get(schema.FENCE_TOKEN, -1)) == fence_token
 
 
+# --- reachability ----------------------------------------------------------------------
+
+
+class Unreachable(enum.Enum):
+    """Why no worker would ever take a connection (each is a broken invariant)."""
+
+    NOT_IN_FREE_POOL = "not_in_free_pool"  # STARTED, attached to nobody, in no FREE# partition
+    SESSION_GONE = "session_gone"  # attached to a session whose item is gone (TTL, deleted)
+    SESSION_LEFT_RING = "session_left_ring"  # attached to a session nobody watches any more
+
+
+def unreachable(connection: Mapping, session: Mapping | None) -> Unreachable | None:
+    """The reachability invariant, for one connection as read and the session it is
+    attached to (None if that session's item is gone): None when some worker will take
+    or already holds it, else why none will.
+
+    Every connection is always reachable: free and STARTED in a ``FREE#`` partition (a
+    free scan finds it), free and STOPPED (nothing to take), or attached to a session in
+    the watch ring: a LIVE one (its worker, or its watchers once it dies), or an ENDED
+    one not yet drained. A STOPPED connection attached to a session counts too: its
+    release is still to come, and a START would keep the attachment."""
+    session_id = connection.get(schema.LEASE_SESSION, "")
+    if not session_id:
+        free = str(connection.get(schema.OWNER_KEY, "")).startswith(schema.OWNER_KEY_FREE_PREFIX)
+        return None if free or connection.get(schema.DESIRED_STATE) != schema.STARTED else Unreachable.NOT_IN_FREE_POOL
+    if session is None:
+        return Unreachable.SESSION_GONE
+    return None if session.get(schema.RING) == schema.RING_VALUE else Unreachable.SESSION_LEFT_RING
+
+
 # --- watching: the ring --------------------------------------------------------------
 
 

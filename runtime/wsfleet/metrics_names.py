@@ -23,6 +23,10 @@ MALFORMED_FRAMES = "MalformedFrames"
 LOOP_LAG_P99 = "LoopLagP99"
 # Receive loops that had to wait because the worker's writer was at its pending cap.
 BACKPRESSURE_WAITS = "BackpressureWaits"
+# Connections the fleet's reachability sweep found that no worker would ever take (free
+# but in no FREE# partition, or attached to a session out of the watch ring), each one
+# repaired as found: any at all is a broken invariant (worker.sweep).
+UNREACHABLE_CONNECTIONS = "UnreachableConnections"
 
 COUNTERS = (
     LEASES_ACQUIRED,
@@ -33,4 +37,5 @@ COUNTERS = (
     MESSAGES_STORED,
     MALFORMED_FRAMES,
     BACKPRESSURE_WAITS,
+    UNREACHABLE_CONNECTIONS,
 )

@@ -166,6 +166,22 @@ class ConnectionsStore(_Table):
     def count_owned_by(self, session_id: str) -> int:
         return sum(p.get("Count", 0) for p in self._owner_pages(schema.owner_key_session(session_id), Select="COUNT"))
 
+    def sweep_page(self, start: Mapping | None, *, limit: int) -> tuple[list[dict], dict | None]:
+        """One page of a Scan of every connection, as the reachability sweep reads it:
+        (items with their key, desired state, session and owner key; the key to start the
+        next page from, or None after the last). Eventually consistent: a caller acts
+        only on what a consistent read confirms."""
+        projection = "#pk, #s, #l, #k"
+        kwargs: dict[str, Any] = {
+            "ProjectionExpression": projection,
+            "ExpressionAttributeNames": _names(projection),
+            "Limit": limit,
+        }
+        if start:
+            kwargs["ExclusiveStartKey"] = dict(start)
+        resp = self._call("scan", **kwargs)
+        return [unmarshal(i) for i in resp.get("Items", [])], resp.get("LastEvaluatedKey")
+
     # --- ownership writes --------------------------------------------------------------
 
     def acquire(
@@ -217,7 +233,7 @@ class ConnectionsStore(_Table):
             else:
                 todo[cid] = (expected, item)
 
-        reads = self._read_many([cid for cid, _ in wanted])
+        reads = self.get_many([cid for cid, _ in wanted])
         for cid, expected in wanted:
             judge(cid, expected, reads[cid])
         for _ in range(ACQUIRE_ROUNDS):
@@ -309,7 +325,7 @@ class ConnectionsStore(_Table):
             return reasons
         return None
 
-    def _read_many(self, connection_ids: Sequence[str]) -> dict[str, dict | None]:
+    def get_many(self, connection_ids: Sequence[str]) -> dict[str, dict | None]:
         """Strongly consistent BatchGetItem of whole connection items (at most 100);
         None for one that does not exist."""
         if not connection_ids:

@@ -115,16 +115,17 @@ class SessionsStore(_Table):
         )
         return new if new is not None else classify_end_failure(old)
 
-    def end_own(self, session_id: str, *, worker_id: str, drained: bool) -> bool:
-        """End our own session: at a clean exit, or after our deadline passed. When
-        ``drained`` (we released everything) it also leaves the watch ring; otherwise it
-        stays there so that watchers take what is left at once.
+    def end_own(self, session_id: str, *, worker_id: str) -> bool:
+        """End our own session: at a clean exit, or after our deadline passed. It stays in
+        the watch ring: only :meth:`leave_ring` takes it out, once its connections are
+        known to be gone (a session leaves the ring only when nothing is attached to it,
+        and an acquisition may have landed without its worker learning of it).
 
         Conditional on: LIVE. Returns False if it was ENDED already (or is gone)."""
         now = self._now_ms()
         new, old = self._conditional_update(
             session_id,
-            update="SET #st = :ended, #by = :me, #ttl = :ttl" + (" REMOVE #r" if drained else ""),
+            update="SET #st = :ended, #by = :me, #ttl = :ttl",
             condition="#st = :live",
             values={
                 ":ended": schema.ENDED,
@@ -141,6 +142,20 @@ class SessionsStore(_Table):
         Conditional on: ENDED (a LIVE session is never dropped from watching)."""
         new, _ = self._conditional_update(
             session_id, update="REMOVE #r", condition="#st = :ended", values={":ended": schema.ENDED}, returns="NONE"
+        )
+        return new is not None
+
+    def rejoin_ring(self, session_id: str) -> bool:
+        """Put a LIVE session that is missing from the watch ring back in it (the
+        reachability sweep's repair: a LIVE session is always watched).
+
+        Conditional on: LIVE."""
+        new, _ = self._conditional_update(
+            session_id,
+            update="SET #r = :ring",
+            condition="#st = :live",
+            values={":ring": schema.RING_VALUE, ":live": schema.LIVE},
+            returns="NONE",
         )
         return new is not None
 
@@ -166,7 +181,7 @@ class SessionsStore(_Table):
         """Eventually consistent BatchGetItem of sessions (the watched ones, the fleet
         summary, or all of them for the summary), 100 per request; missing ones are left
         out. Unprocessed keys raise TransientError."""
-        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #fw, #fc, #fb, #fs, #ft, #fu, #fo"
+        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #r, #fw, #fc, #fb, #fs, #ft, #fu, #fo"
         out: list[dict] = []
         ids = list(dict.fromkeys(session_ids))
         for start in range(0, len(ids), 100):

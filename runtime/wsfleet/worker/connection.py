@@ -104,6 +104,7 @@ class ConnectionRunner:
         self._checkpoint_at = time.monotonic()
         self.connected = asyncio.Event()
         self.end_reason: EndReason | None = None
+        self.detached = False  # the release answered: it is no longer attached to our session
         self._s = settings
         self._call = call
         self._connections = connections
@@ -333,6 +334,7 @@ class ConnectionRunner:
             self._counters.add(names.LEASES_LOST)
             self._log.warning("deadline_passed_before_release", unwritten=self._writer.close(self.connection_id))
             return
+        self.detached = True  # released now, or found no longer ours
         if released:
             self._counters.add(names.LEASES_RELEASED)
             self._log.info("lease_released", checkpoint=self.tracker.checkpoint, why=self.end_reason.value)

@@ -34,12 +34,14 @@ from ..logs import JsonLogger
 from ..metrics import Counters, metric_data
 from ..store import Acquired, ConnectionsStore, MessagesStore, NotAcquired, SessionsStore, TransientError, now_ms
 from ..validation import Allowlist
+from .attached import Attachments
 from .balancer import Balancer
 from .checkpoints import Checkpoints
 from .connection import ConnectionRunner, EndReason, Settings
 from .intake import HINT_POLLERS, Intake
 from .retry import LeaseExpired, call_until, first_of
 from .session import Lost, SessionKeeper
+from .sweep import PAGE_PAUSE_S, Sweeper
 from .takeover import Takeover
 from .writer import Writer
 
@@ -125,6 +127,9 @@ class Worker:
                 fleet=self.balancer.fresh_fleet(),
             ),
         )
+        self.attachments = Attachments(
+            connections=self._connections, sessions=self._sessions, call=aws.call, hint=self.intake.hint, log=self._log
+        )
         self.takeover = Takeover(
             sessions=self._sessions,
             connections=self._connections,
@@ -157,6 +162,17 @@ class Worker:
             runners=lambda: self.runners,
             last_acquired_ms=lambda: self._last_acquired_ms,
             clock_ms=clock_ms,
+        )
+        self.sweeper = Sweeper(
+            connections=self._connections,
+            sessions=self._sessions,
+            keeper=self.keeper,
+            successors=self.takeover.successors,
+            call=aws.call,
+            hint=self.intake.hint,
+            counters=self.counters,
+            log=self._log,
+            sweep_s=config.sweep_ms / 1000,
         )
         self._last_acquired_ms = 0
         self._clock_ms = clock_ms
@@ -208,9 +224,12 @@ class Worker:
         session_id = self.keeper.session_id
         deadline = lambda: self.keeper.deadline_for(session_id)  # noqa: E731
         self._acquiring.add(connection_id)
+        self.attachments.trying(connection_id)
         try:
             async with self._acquire_slots:
-                result, checkpoint, stored_end = await self._acquire(connection_id, session_id, expected_session, source)
+                result, checkpoint, stored_end, sent = await self._acquire(
+                    connection_id, session_id, expected_session, source
+                )
         except LeaseExpired:
             self._log.warning("acquire_gave_up", connection_id=connection_id, source=source)
             return None
@@ -218,6 +237,8 @@ class Worker:
             self._acquiring.discard(connection_id)
             self._capacity_freed.set()
         if isinstance(result, NotAcquired):
+            if sent == 1:  # refused by the only request sent: none can land later
+                self.attachments.settled(connection_id)
             self._log.info("acquire_lost", connection_id=connection_id, source=source, why=result.reason.value)
             return None
         item = result.item
@@ -264,17 +285,25 @@ class Worker:
 
     async def _acquire(
         self, connection_id: str, session_id: str, expected_session: str, source: str
-    ) -> tuple[Acquired | NotAcquired, int, int]:
+    ) -> tuple[Acquired | NotAcquired, int, int, int]:
         """The conditional acquire, then where the stored messages end: past its last
         checkpoint for a connection taken from a crashed owner; no read when its last
-        owner released it cleanly (a handoff, a shed, a STOP then START)."""
+        owner released it cleanly (a handoff, a shed, a STOP then START). Also returns
+        how many acquire requests were sent (a retry follows an answer that was lost,
+        whose request may yet land)."""
         deadline = lambda: self.keeper.deadline_for(session_id)  # noqa: E731
-        checkpoint = stored_end = 0
+        checkpoint = stored_end = sent = 0
+
+        def acquire(**kwargs: Any) -> Acquired | NotAcquired:
+            nonlocal sent
+            sent += 1
+            return self._connections.acquire(**kwargs)
+
         with tracing.segment("acquire", connection_id=connection_id, source=source) as span:
             result = await call_until(
                 self._aws.call,
                 deadline,
-                self._connections.acquire,
+                acquire,
                 log=self._log,
                 connection_id=connection_id,
                 session_id=session_id,
@@ -293,20 +322,21 @@ class Worker:
                     connection_id=connection_id,
                     checkpoint=checkpoint,
                 )
-        return result, checkpoint, stored_end
+        return result, checkpoint, stored_end, sent
 
     async def _release_unheld(self, connection_id: str, item: dict, session_id: str) -> None:
         if self.keeper.deadline_for(session_id) > time.monotonic():
             try:
-                await self._aws.call(
+                if await self._aws.call(
                     self._connections.release,
                     connection_id=connection_id,
                     session_id=session_id,
                     fence_token=int(item[schema.FENCE_TOKEN]),
                     last_seq=int(item.get(schema.LAST_SEQ, 0)),
-                )
+                ):
+                    self.attachments.settled(connection_id)
             except TransientError:
-                pass  # it is taken with the session when that ends
+                pass  # still attached: freed at our exit, or taken with the session when that ends
         await self.intake.hint(connection_id)
 
     def _held(self, connection_id: str, task: asyncio.Task) -> None:
@@ -319,6 +349,8 @@ class Worker:
         finally:
             self.runners.pop(runner.connection_id, None)
             self._capacity_freed.set()
+            if runner.detached and self.attachments.session_id == runner.session_id:
+                self.attachments.settled(runner.connection_id)
         self._log.info(
             "connection_ended", connection_id=runner.connection_id, why=reason.value, active=len(self.runners)
         )
@@ -370,6 +402,7 @@ class Worker:
             item = await self._aws.call(self._connections.get, connection_id)
             if item is None or item.get(schema.LEASE_SESSION) != session_id:
                 self._log.warning("connection_no_longer_ours", connection_id=connection_id)
+                self.attachments.settled(connection_id)
                 runner.drop(EndReason.LOST)
                 fixed += 1
         return fixed
@@ -383,6 +416,7 @@ class Worker:
         while not self._stopping.is_set():
             if not await self.keeper.open(self._stopping):
                 return
+            self.attachments.reset(self.keeper.session_id)
             self._session_ready.set()
             self.takeover.announce_soon()
             if previous:
@@ -401,7 +435,7 @@ class Worker:
             pending = [t for t in self._holders if not t.done()]
             if pending:
                 await asyncio.wait(pending, timeout=5)
-            if reason is Lost.EXPIRED and not await self.keeper.end(drained=False):
+            if reason is Lost.EXPIRED and not await self.keeper.end():
                 previous = ""  # still LIVE for all we know: its watchers end it at expiry
 
     # --- metrics -------------------------------------------------------------------------
@@ -445,6 +479,7 @@ class Worker:
             "active": len(self.runners),
             "sessions_ended": self.takeover.sessions_ended,
             "shed": self.balancer.shed,
+            "sweep": self.sweeper.stats(),
             **self.counters.totals(),
             "writer": self.writer.stats(),
             "checkpoints": self.checkpoints.stats(),
@@ -545,6 +580,7 @@ class Worker:
             asyncio.create_task(self._every(reconcile, self.takeover.reconcile_once), name="reconcile"),
             asyncio.create_task(self._every(self.timing.watch_pause_s, self.balancer.summarize_once), name="summary"),
             asyncio.create_task(self._balance_loop(), name="balance"),
+            asyncio.create_task(self._every(lambda: PAGE_PAUSE_S, self.sweeper.step), name="sweep"),
             asyncio.create_task(
                 self._every(lambda: AUDIT_EVERY * reconcile(), self.audit_once, wait_first=True), name="audit"
             ),
@@ -601,8 +637,10 @@ class Worker:
     async def shutdown(self, *, budget_s: float) -> None:
         """Hand every connection over (:meth:`_hand_over`: close, flush, checkpoint,
         release, hint, a few at a time) while the session is still renewed; then end
-        the session. Whatever is not done within the budget stays attached to the ended
-        session, which its watchers drain at once."""
+        the session, free what is still attached to it and take it out of the ring
+        (:meth:`.attached.Attachments.leave_ring_when_clear`). Whatever is not done within
+        the budget stays attached to the ended session, still in the ring, which its
+        watchers drain at once."""
         started = time.monotonic()
         self._stopping.set()
         await self._hand_over(paced_until=started + HANDOFF_PACED_SHARE * budget_s)
@@ -612,8 +650,16 @@ class Worker:
             _, late = await asyncio.wait(pending, timeout=max(0.1, left))
             if late:
                 self._log.warning("shutdown_budget_exceeded", unfinished=len(late))
-        if self.keeper.session_id and self.keeper.lost_reason is None:
-            await self.keeper.end(drained=not self.runners)
+        session_id = self.keeper.session_id
+        if session_id and self.keeper.lost_reason is None and await self.keeper.end():
+            left = budget_s - (time.monotonic() - started)
+            try:
+                await asyncio.wait_for(
+                    self.attachments.leave_ring_when_clear(session_id, held=lambda c: c in self.runners),
+                    timeout=max(0.1, left),
+                )
+            except Exception as exc:  # noqa: BLE001 - the session stays in the ring: its watchers drain it
+                self._log.warning("session_left_in_ring", session_id=session_id, error=f"{type(exc).__name__}: {exc}")
         # The last counters and ActiveConnections, within what is left of the budget.
         left = budget_s - (time.monotonic() - started)
         try:

@@ -216,21 +216,21 @@ class SessionKeeper:
                 return self.lost_reason
             await asyncio.sleep(max(0.0, heartbeat - (time.monotonic() - sent)))
 
-    async def end(self, *, drained: bool) -> bool:
+    async def end(self) -> bool:
         """End our own session (clean exit, or after our deadline passed): it can never
-        be renewed again, so whatever is still attached may be taken at once. Best
-        effort: if it fails, the session simply expires. True if it is ENDED now."""
+        be renewed again, and no acquisition can land on it any more. It stays in the
+        watch ring, so that whatever is still attached is drained (see
+        :mod:`.attached`). Best effort: if it fails, the session simply expires. True if
+        it is ENDED now."""
         for attempt in range(3):
             try:
-                ended = await self._call(
-                    self._sessions.end_own, self.session_id, worker_id=self.worker_id, drained=drained
-                )
+                ended = await self._call(self._sessions.end_own, self.session_id, worker_id=self.worker_id)
                 break
             except TransientError as exc:
                 self._log.warning("session_end_failed", session_id=self.session_id, error=str(exc), attempt=attempt)
                 await asyncio.sleep(backoff_s(attempt))
         else:
             return False
-        self._log.info("session_ended", session_id=self.session_id, drained=drained, by_us=ended)
+        self._log.info("session_ended", session_id=self.session_id, by_us=ended)
         self.lose(Lost.ENDED, quiet=True)
         return True

@@ -1,0 +1,96 @@
+"""What may be attached to this worker's session without a runner holding it, and
+taking the session out of the watch ring only once nothing is.
+
+Every STARTED connection must stay reachable: free (``FREE#``), attached to a LIVE
+session, or attached to an ENDED session that is still in the ring, where its watchers
+drain it. A session may leave the ring only when nothing is attached to it. Its own
+worker cannot learn that from the owner index alone (eventually consistent), and a
+connection can be attached with no runner knowing: an acquisition cancelled by SIGTERM
+while its request was in flight, one whose answer was lost, a release that gave up at
+the deadline. So the worker keeps, per session, the connections it has tried to
+acquire and not yet seen leave (:class:`Attachments`). At a clean exit it ends its
+session first (an acquisition conditional on the session being LIVE can no longer land),
+then reads each of those consistently, frees what is still attached (and hints it), and
+only then leaves the ring. Whatever it cannot settle in its budget stays in the ring, for
+its watchers to drain.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+from .. import schema
+from ..logs import JsonLogger
+from ..store import ConnectionsStore, SessionsStore
+
+Call = Callable[..., Awaitable[Any]]
+READ_BATCH = 100  # BatchGetItem's limit
+
+
+class Attachments:
+    def __init__(
+        self,
+        *,
+        connections: ConnectionsStore,
+        sessions: SessionsStore,
+        call: Call,
+        hint: Callable[..., Awaitable[None]],
+        log: JsonLogger,
+    ) -> None:
+        self.session_id = ""
+        self._maybe: set[str] = set()
+        self._connections = connections
+        self._sessions = sessions
+        self._call = call
+        self._hint = hint
+        self._log = log
+
+    def reset(self, session_id: str) -> None:
+        """A new session: nothing can be attached to it yet."""
+        self.session_id = session_id
+        self._maybe.clear()
+
+    def trying(self, connection_id: str) -> None:
+        """An acquisition for the current session is about to be sent."""
+        self._maybe.add(connection_id)
+
+    def settled(self, connection_id: str) -> None:
+        """Known not to be attached to the current session: released, freed, taken by
+        another, or refused by the one and only acquire request sent for it."""
+        self._maybe.discard(connection_id)
+
+    def maybe(self) -> set[str]:
+        return set(self._maybe)
+
+    async def leave_ring_when_clear(self, session_id: str, *, held: Callable[[str], bool]) -> bool:
+        """After our own session ``session_id`` ENDED: free whatever is still attached to
+        it with no runner of ours (``held``) and leave the ring if nothing is. Returns
+        True if it left the ring. Raises what the store raises (the caller bounds it by
+        its budget); the session then stays in the ring, which is always safe.
+
+        The writes are on an ENDED session's behalf, as any drainer's: each free is
+        conditional on the connection still being attached to it, and nobody else can
+        hold such a connection."""
+        candidates = sorted(self._maybe) if session_id == self.session_id else []
+        attached: list[str] = []
+        for start in range(0, len(candidates), READ_BATCH):
+            items = await self._call(self._connections.get_many, candidates[start : start + READ_BATCH])
+            attached += [c for c, item in items.items() if item is not None and item.get(schema.LEASE_SESSION) == session_id]
+        # The owner index too: a connection attached by a path this worker did not
+        # track would show there (eventually).
+        indexed = {row.connection_id for row in await self._call(self._connections.owned_by, session_id)}
+        left: list[str] = []
+        freed = 0
+        for connection_id in sorted(set(attached) | indexed):
+            if held(connection_id):
+                left.append(connection_id)  # its socket may still be open: the watchers take it after
+                continue
+            if await self._call(self._connections.free_orphan, connection_id, dead_session=session_id):
+                freed += 1
+                await self._hint(connection_id)
+        if left:
+            self._log.warning("session_left_in_ring", session_id=session_id, attached=len(left))
+            return False
+        gone = await self._call(self._sessions.leave_ring, session_id)
+        self._log.info("session_left_ring", session_id=session_id, checked=len(candidates), freed=freed, left_ring=gone)
+        return gone

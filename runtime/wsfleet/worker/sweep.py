@@ -1,0 +1,150 @@
+"""The reachability sweep: every connection checked against the invariant, once for the
+whole fleet.
+
+The invariant (:func:`wsfleet.leases.unreachable`): every connection is free in a
+``FREE#`` partition, free and STOPPED, or attached to a session in the watch ring. The
+fleet keeps it by construction (acquisitions are conditional on the acquirer's session
+being LIVE, a session leaves the ring only once nothing is attached to it); this sweep is
+how production *sees* that it holds. The fleet's summarizer (the last session of the ring,
+:func:`wsfleet.balance.is_summarizer`) pages through the connections table, at most one
+page of ``SWEEP_PAGE_ITEMS`` a second, a whole pass every ``SWEEP_SECONDS`` at most. A
+connection that looks unreachable is read again consistently, with its session, and only
+if it still is: counted (``UnreachableConnections``, which has an alarm), logged, and
+repaired. Repairs are conditional writes that any worker may make: a connection of an
+ENDED (or deleted) session is freed for the fleet and hinted, as a drain does; a LIVE
+session missing from the ring is put back in it; a free STARTED connection outside the
+free pool is put back in it.
+
+Cost: a Scan reads whole items (about 300 bytes each), so a pass costs about 0.04 read
+units per connection; at one pass every 600 s, about 0.25 RRU per connection-hour.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Awaitable, Callable, Mapping
+
+from .. import metrics_names as names
+from .. import schema
+from ..balance import is_summarizer
+from ..leases import Unreachable, unreachable
+from ..logs import JsonLogger
+from ..metrics import Counters
+from ..store import ConnectionsStore, SessionsStore
+from .session import SessionKeeper
+
+SWEEP_PAGE_ITEMS = 200
+PAGE_PAUSE_S = 1.0  # between two pages of a pass: at most SWEEP_PAGE_ITEMS a second
+
+Call = Callable[..., Awaitable[Any]]
+
+
+class Sweeper:
+    def __init__(
+        self,
+        *,
+        connections: ConnectionsStore,
+        sessions: SessionsStore,
+        keeper: SessionKeeper,
+        successors: Callable[[], list[str]],
+        call: Call,
+        hint: Callable[..., Awaitable[None]],
+        counters: Counters,
+        log: JsonLogger,
+        sweep_s: float,
+        page_items: int = SWEEP_PAGE_ITEMS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.passes = 0
+        self.found = 0
+        self._connections = connections
+        self._sessions = sessions
+        self._keeper = keeper
+        self._successors = successors
+        self._call = call
+        self._hint = hint
+        self._counters = counters
+        self._log = log
+        self._sweep_s = sweep_s
+        self._page = page_items
+        self._clock = clock
+        self._sweeping = False
+        self._cursor: dict | None = None
+        self._started = float("-inf")
+        self._scanned = 0
+        self._found_in_pass = 0
+
+    async def step(self) -> int:
+        """If this worker sweeps for the fleet and a pass is under way or due: one page.
+        Returns how many unreachable connections it found (and repaired)."""
+        if not self._keeper.live() or not is_summarizer(self._keeper.session_id, self._successors()):
+            self._sweeping = False  # another worker sweeps now; a pass starts over here if it comes back
+            return 0
+        if not self._sweeping:
+            if self._clock() - self._started < self._sweep_s:
+                return 0
+            self._sweeping, self._cursor, self._started = True, None, self._clock()
+            self._scanned = self._found_in_pass = 0
+        items, self._cursor = await self._call(self._connections.sweep_page, self._cursor, limit=self._page)
+        self._scanned += len(items)
+        found = await self.check(items)
+        self._found_in_pass += found
+        if self._cursor is None:
+            self._sweeping = False
+            self.passes += 1
+            self._log.info(
+                "sweep_done",
+                scanned=self._scanned,
+                unreachable=self._found_in_pass,
+                took_s=round(self._clock() - self._started, 1),
+            )
+        return found
+
+    async def check(self, items: list[dict]) -> int:
+        """Check connections as a page read them; confirm, count and repair the
+        unreachable ones. Returns how many were."""
+        ids = sorted({i[schema.LEASE_SESSION] for i in items if i.get(schema.LEASE_SESSION)})
+        read = await self._call(self._sessions.get_many, ids) if ids else []
+        sessions = {s[schema.SESSION_ID]: s for s in read}
+        found = 0
+        for item in items:
+            if unreachable(item, sessions.get(item.get(schema.LEASE_SESSION, ""))) is not None:
+                found += await self._confirm_and_repair(schema.connection_id_from_pk(item[schema.PK]))
+        return found
+
+    async def _confirm_and_repair(self, connection_id: str) -> int:
+        item = await self._call(self._connections.get, connection_id)
+        if item is None:
+            return 0
+        session_id = item.get(schema.LEASE_SESSION, "")
+        session = await self._call(self._sessions.get, session_id) if session_id else None
+        why = unreachable(item, session)
+        if why is None:
+            return 0  # the page was stale: it moved on meanwhile
+        self.found += 1
+        self._counters.add(names.UNREACHABLE_CONNECTIONS)
+        repaired = await self._repair(connection_id, item, session, why)
+        self._log.error(
+            "unreachable_connection",
+            connection_id=connection_id,
+            why=why.value,
+            session_id=session_id,
+            session_state=(session or {}).get(schema.SESSION_STATE),
+            desired_state=item.get(schema.DESIRED_STATE),
+            repaired=repaired,
+        )
+        return 1
+
+    async def _repair(self, connection_id: str, item: Mapping, session: Mapping | None, why: Unreachable) -> bool:
+        if why is Unreachable.NOT_IN_FREE_POOL:
+            return await self._call(self._connections.free_orphan, connection_id, dead_session="")
+        session_id = item[schema.LEASE_SESSION]
+        if session is not None and session.get(schema.SESSION_STATE) == schema.LIVE:
+            return await self._call(self._sessions.rejoin_ring, session_id)  # its worker holds the socket
+        freed = await self._call(self._connections.free_orphan, connection_id, dead_session=session_id)
+        if freed and item.get(schema.DESIRED_STATE) == schema.STARTED:
+            await self._hint(connection_id)
+        return freed
+
+    def stats(self) -> dict[str, Any]:
+        return {"passes": self.passes, "unreachable": self.found}

@@ -1,0 +1,99 @@
+"""A clean exit never leaves a connection where nothing watches it: the worker ends its
+session (no acquisition can land on it after that), frees whatever is still attached with
+no runner of its own, and only then takes the session out of the watch ring."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from wsfleet import schema
+from wsfleet.leases import unreachable
+
+from tests.test_worker import config, eventually, running
+
+
+def reachable(conns, sessions_store, cid: str) -> bool:
+    item = conns.get(cid)
+    session_id = item.get(schema.LEASE_SESSION, "")
+    return unreachable(item, sessions_store.get(session_id) if session_id else None) is None
+
+
+def test_an_acquisition_answered_only_after_the_session_ended_is_freed_before_the_session_leaves_the_ring(
+    aws_env, stores, sessions, upstream
+):
+    # SIGTERM arrives while an acquisition is in flight: the write lands, its answer comes
+    # back only after the worker ended its session, so no runner ever holds it.
+    conns, _ = stores
+    conns.start("late", upstream.url_for("late"))
+    landed, answer = threading.Event(), threading.Event()
+
+    def hold_the_answer(**_):
+        landed.set()
+        answer.wait(10)
+
+    async def scenario():
+        cfg = config(aws_env, RECONCILE_SECONDS="60")  # no free scan, no audit: only the hint brings it
+        async with running(cfg) as worker:
+            worker._aws.dynamodb.meta.events.register("after-call.dynamodb.TransactWriteItems", hold_the_answer)
+            await worker.takeover.reconcile_once()  # there is no hint: the free scan is asked once, by hand
+            await asyncio.to_thread(landed.wait, 10)
+            session_id = worker.keeper.session_id
+            assert conns.get("late")[schema.LEASE_SESSION] == session_id and "late" not in worker.runners
+            worker.request_shutdown()
+            await eventually(lambda: sessions.get(session_id)["state"] == schema.ENDED, what="the session ended")
+            answer.set()
+            return session_id
+
+    session_id = asyncio.run(scenario())
+    item = conns.get("late")
+    assert item[schema.LEASE_SESSION] == "" and item[schema.OWNER_KEY] == schema.owner_key_free("late", 4)
+    assert "ring" not in sessions.get(session_id)  # left the ring only once nothing was attached
+    assert reachable(conns, sessions, "late")
+
+
+def test_a_connection_attached_without_the_workers_knowledge_is_found_through_the_owner_index_at_exit(
+    aws_env, stores, sessions, upstream
+):
+    conns, _ = stores
+    conns.start("stray", upstream.url_for("stray"))
+
+    async def scenario():
+        async with running(config(aws_env, RECONCILE_SECONDS="60")) as worker:
+            await eventually(lambda: worker.keeper.session_id, what="a session")
+            session_id = worker.keeper.session_id
+            # As if an earlier acquisition's answer had been lost and nothing tracked it.
+            await asyncio.to_thread(conns.acquire, "stray", session_id=session_id, worker_id="w1")
+            await eventually(lambda: any(r.connection_id == "stray" for r in conns.owned_by(session_id)), what="indexed")
+            return session_id
+
+    session_id = asyncio.run(scenario())
+    assert conns.get("stray")[schema.LEASE_SESSION] == ""
+    assert "ring" not in sessions.get(session_id)
+    assert reachable(conns, sessions, "stray")
+
+
+def test_a_session_with_a_connection_still_held_at_the_end_of_the_budget_stays_in_the_ring(
+    aws_env, stores, sessions, upstream
+):
+    conns, _ = stores
+    conns.start("slow", upstream.url_for("slow"))
+
+    async def scenario():
+        async with running(config(aws_env, SHUTDOWN_SECONDS="2")) as worker:
+            await eventually(lambda: "slow" in worker.runners and worker.runners["slow"].connected.is_set(), what="held")
+            runner = worker.runners["slow"]
+
+            async def never_flushes() -> None:
+                await asyncio.sleep(30)
+
+            runner.flush = never_flushes  # its handover outlasts the budget
+            return worker.keeper.session_id
+
+    started = time.monotonic()
+    session_id = asyncio.run(scenario())
+    assert time.monotonic() - started < 15
+    assert sessions.get(session_id)["state"] == schema.ENDED
+    assert sessions.get(session_id).get("ring") == schema.RING_VALUE  # still watched: its watchers drain it
+    assert reachable(conns, sessions, "slow")
