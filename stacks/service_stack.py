@@ -132,6 +132,7 @@ class ServiceStack(Stack):
             max_connections_per_worker=settings.max_connections_per_worker,
             alarms=self.alarms.all,
             unowned_alarm=self.alarms.unowned_connections,
+            unreachable_alarm=self.alarms.unreachable_connections,
             api=self.api.rest_api,
             router=self.router.function,
             start_queue=start_queue,

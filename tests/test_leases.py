@@ -12,6 +12,7 @@ from wsfleet.leases import (
     Watched,
     acquire_already_landed,
     backoff_s,
+    Unreachable,
     acquire_refusal,
     classify_end_failure,
     classify_renew_failure,
@@ -21,6 +22,7 @@ from wsfleet.leases import (
     reconcile_pause_s,
     release_already_landed,
     successors,
+    unreachable,
     takeover_jitter_s,
     watch_plan,
 )
@@ -152,3 +154,20 @@ def test_pacing_is_jittered_within_bounds():
     assert hint_pause_s(0.0, rng) == 0.0
     assert all(0 <= hint_pause_s(1.0, rng) <= 0.5 for _ in range(100))
     assert all(0 <= backoff_s(n, rng=rng) <= 5.0 for n in range(40))
+
+
+def test_a_connection_is_reachable_only_in_the_free_pool_or_attached_to_a_session_in_the_ring():
+    live = {"state": "LIVE", "ring": "RING"}
+    ended_in_ring = {"state": "ENDED", "ring": "RING"}
+    left = {"state": "ENDED"}
+    free = {"desired_state": "STARTED", "lease_session": "", "owner_key": "FREE#3"}
+    assert unreachable(free, None) is None
+    assert unreachable({"desired_state": "STOPPED", "lease_session": ""}, None) is None  # nothing to take
+    assert unreachable({"desired_state": "STARTED", "lease_session": ""}, None) is Unreachable.NOT_IN_FREE_POOL
+    for state in ("STARTED", "STOPPED"):  # a STOPPED one still waits for its release
+        held = {"desired_state": state, "lease_session": "s#1", "owner_key": "S#s#1"}
+        assert unreachable(held, live) is None
+        assert unreachable(held, ended_in_ring) is None  # its watchers drain it
+        assert unreachable(held, left) is Unreachable.SESSION_LEFT_RING
+        assert unreachable(held, None) is Unreachable.SESSION_GONE
+        assert unreachable(held, {"state": "LIVE"}) is Unreachable.SESSION_LEFT_RING  # LIVE but unwatched

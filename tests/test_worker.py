@@ -709,3 +709,30 @@ def test_an_exactly_listed_host_name_may_resolve_to_loopback(aws_env, stores, up
             await eventually(lambda: len(seqs(msgs, "a")) >= 3, what="frames stored")
 
     asyncio.run(scenario())
+
+
+def test_a_lost_session_aborts_its_sockets_at_once_even_when_the_upstream_stalls_the_close_handshake(
+    aws_env, stores, sessions, upstream
+):
+    # The next owner may connect as soon as the session is ended: waiting for a close
+    # handshake (up to seconds, or for ever from a stalled upstream) would leave two
+    # sockets on the stream meanwhile.
+    conns, _ = stores
+    conns.start("a", upstream.url_for("a"))
+    cfg = config(aws_env)
+
+    async def scenario():
+        async with running(cfg) as worker:
+            await eventually(lambda: upstream.open_sockets("a"), what="connected")
+            upstream.stall("a")  # from now on it answers nothing, not even a close frame
+            ended_at = time.time()
+            assert await asyncio.to_thread(sessions.end_own, worker.keeper.session_id, worker_id="someone")
+            await eventually(lambda: not upstream.open_sockets("a"), timeout=10, what="the socket closed")
+            upstream.stall("a", False)
+            return ended_at
+
+    ended_at = asyncio.run(scenario())
+    first = upstream.sockets("a")[0]
+    # The worker learns it at its next renewal (one heartbeat), then aborts: no 1 s
+    # handshake wait, let alone the 3 s it used to allow.
+    assert first.closed_at - ended_at < cfg.heartbeat_ms / 1000 + 0.9

@@ -6,6 +6,7 @@
 * Are callers getting 5xx from the API?
 * Is the fleet out of room? (the service has sat at its maximum task count)
 * Is a STARTED connection without an owner for longer than a failover should take?
+* Did the reachability sweep find a connection that no worker would ever take?
 """
 
 from __future__ import annotations
@@ -121,12 +122,32 @@ class Alarms(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.BREACHING,
         )
 
+        # The fleet's reachability sweep (one worker, the summarizer) counts every
+        # connection it finds that no worker would ever take, and repairs it. The
+        # invariant is kept by construction, so any count at all is a bug to look into.
+        self.unreachable_connections = self._any_in_period(
+            "UnreachableConnections",
+            alarm_name=f"{prefix}-connections-unreachable",
+            alarm_description=(
+                "The reachability sweep found connections that no worker would ever take (and repaired them): "
+                "look for its unreachable_connection log lines."
+            ),
+            metric=cloudwatch.Metric(
+                namespace=metrics_namespace,
+                metric_name=metrics_names.UNREACHABLE_CONNECTIONS,
+                dimensions_map={metrics_names.DIMENSION_SERVICE_NAME: service_name},
+                period=five_minutes,
+                statistic=cloudwatch.Stats.SUM,
+            ),
+        )
+
         self.all = (
             self.dead_letters,
             self.router_errors,
             self.api_server_errors,
             self.at_max_capacity,
             self.unowned_connections,
+            self.unreachable_connections,
         )
         if alarm_topic_arn is not None:
             topic = sns.Topic.from_topic_arn(self, "Topic", alarm_topic_arn)

@@ -1,7 +1,8 @@
 """The fleet's CloudWatch dashboard: one page an operator reads top to bottom.
 
 1. the alarms' states;
-2. connections: per worker, in total, and unowned (against its alarm);
+2. connections: per worker, in total, unowned (against its alarm) and unreachable (what
+   the reachability sweep found and repaired, against its alarm);
 3. what the workers do: leases acquired, lost and released, orphans recovered,
    messages stored, reconnects, malformed frames, backpressure waits, event-loop lag;
 4. the API (requests, 4xx, 5xx, latency) and the router (errors, throttles, duration);
@@ -48,6 +49,7 @@ class OperationsDashboard(Construct):
         max_connections_per_worker: int,
         alarms: Sequence[cloudwatch.Alarm],
         unowned_alarm: cloudwatch.Alarm,
+        unreachable_alarm: cloudwatch.Alarm,
         api: apigw.RestApi,
         router: lambda_.IFunction,
         start_queue: sqs.IQueue,
@@ -74,6 +76,14 @@ class OperationsDashboard(Construct):
         )
         self.dashboard.add_widgets(
             *self._connections(target_connections_per_worker, max_connections_per_worker, unowned_alarm)
+        )
+        self.dashboard.add_widgets(
+            cloudwatch.GraphWidget(
+                title="Unreachable connections found and repaired by the sweep (per 5 minutes)",
+                left=[self._worker_metric(names.UNREACHABLE_CONNECTIONS, _SUM, "unreachable", Duration.minutes(5))],
+                left_annotations=[unreachable_alarm.to_annotation()],
+                width=24,
+            )
         )
         self.dashboard.add_widgets(
             self._graph(
@@ -239,13 +249,15 @@ class OperationsDashboard(Construct):
             self._graph("DynamoDB consumed write capacity (units per minute)", writes),
         ]
 
-    def _worker_metric(self, metric_name: str, statistic: str, label: str) -> cloudwatch.Metric:
+    def _worker_metric(
+        self, metric_name: str, statistic: str, label: str, period: Duration = PERIOD
+    ) -> cloudwatch.Metric:
         """One of the workers' metrics for the whole service (dimension ServiceName)."""
         return cloudwatch.Metric(
             namespace=self._namespace,
             metric_name=metric_name,
             dimensions_map={names.DIMENSION_SERVICE_NAME: self._service_name},
-            period=PERIOD,
+            period=period,
             statistic=statistic,
             label=label,
         )

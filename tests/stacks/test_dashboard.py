@@ -11,6 +11,8 @@ import json
 import re
 from typing import Any
 
+import pytest
+
 from wsfleet import metrics, metrics_names, schema
 
 NAMESPACE = metrics_names.DEFAULT_NAMESPACE
@@ -127,16 +129,17 @@ def test_active_connections_are_drawn_per_worker_and_in_total_from_the_per_worke
     assert f"SUM({search})" in searches
 
 
-def test_the_unowned_graph_draws_its_alarms_threshold(env):
+@pytest.mark.parametrize("metric", [metrics_names.UNOWNED_CONNECTIONS, metrics_names.UNREACHABLE_CONNECTIONS])
+def test_the_unowned_and_unreachable_graphs_draw_their_alarms_thresholds(env, metric):
     alarm = next(
         a["Properties"]
         for a in env.service_template.find_resources("AWS::CloudWatch::Alarm").values()
-        if a["Properties"].get("MetricName") == metrics_names.UNOWNED_CONNECTIONS
+        if a["Properties"].get("MetricName") == metric
     )
     widget = next(
         w
         for w in _body(env).widgets()
-        if any(e[:2] == [NAMESPACE, metrics_names.UNOWNED_CONNECTIONS] for e in w["properties"].get("metrics", []))
+        if any(e[:2] == [NAMESPACE, metric] for e in w["properties"].get("metrics", []))
     )
     assert [a["value"] for a in widget["properties"]["annotations"]["horizontal"]] == [alarm["Threshold"]]
 

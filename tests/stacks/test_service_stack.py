@@ -508,6 +508,19 @@ def test_alarm_when_the_service_sits_at_max_capacity(env):
     assert alarm["Threshold"] == env.settings.max_workers
 
 
+def test_alarm_when_the_reachability_sweep_finds_any_connection_no_worker_would_take(env):
+    alarm = _alarm(env, "connections-unreachable")
+    assert alarm["Namespace"] == metrics_names.DEFAULT_NAMESPACE
+    assert alarm["Dimensions"] == [
+        {"Name": metrics_names.DIMENSION_SERVICE_NAME, "Value": env.settings.service_name}
+    ]
+    assert alarm["MetricName"] == metrics_names.UNREACHABLE_CONNECTIONS
+    # Only the sweeping worker counts, and every one found is a broken invariant.
+    assert alarm["Statistic"] == "Sum"
+    assert alarm["Threshold"] == 1 and alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert alarm["EvaluationPeriods"] == 1 and alarm["TreatMissingData"] == "notBreaching"
+
+
 def test_alarm_when_connections_stay_unowned_past_the_failover_bound(env):
     alarm = _alarm(env, "connections-unowned")
     assert alarm["Namespace"] == metrics_names.DEFAULT_NAMESPACE

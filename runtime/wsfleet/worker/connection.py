@@ -44,6 +44,7 @@ from .retry import LeaseExpired, call_until
 from .writer import Writer
 
 RECONNECT_CAP_S = 10.0
+CLOSE_TIMEOUT_S = 1.0  # a graceful close waits this long for the upstream's half of the handshake
 
 
 class EndReason(enum.Enum):
@@ -151,7 +152,7 @@ class ConnectionRunner:
                         open_timeout=self._s.connect_timeout_s,
                         ping_interval=self._s.ping_interval_s,
                         ping_timeout=self._s.ping_interval_s,
-                        close_timeout=2,
+                        close_timeout=CLOSE_TIMEOUT_S,
                         max_size=self._s.max_frame_bytes,
                     )
                 async with ws:
@@ -284,8 +285,10 @@ class ConnectionRunner:
         finally:
             # Close the socket before anything else: the lease may be released (or
             # already taken) next, and a stream must never have two sockets. The
-            # stream task sees end_reason and does not reconnect.
-            await self._close_socket()
+            # stream task sees end_reason and does not reconnect. A lost or expired
+            # session's sockets are aborted at once: the next owner may connect any
+            # moment now, and a close handshake would keep ours open meanwhile.
+            await self._close_socket(abort=self.end_reason in (EndReason.LOST, EndReason.EXPIRED))
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -306,14 +309,20 @@ class ConnectionRunner:
             self._log.error("runner_task_failed", task=task.get_name(), error=f"{type(exc).__name__}: {exc}")
             self._end(EndReason.FAILED)
 
-    async def _close_socket(self) -> None:
+    async def _close_socket(self, *, abort: bool) -> None:
+        """Close the socket: with a close handshake bounded by ``CLOSE_TIMEOUT_S`` (an
+        upstream that stalls it is cut off), or, when ``abort``, by dropping the TCP
+        connection at once."""
         ws = self._ws
         if ws is not None:
-            try:
-                await asyncio.wait_for(ws.close(), timeout=3)
-            except Exception:  # noqa: BLE001 - closing is best effort; abort the transport
+            if abort:
                 ws.transport.abort()
-        self._log.info("socket_closed")
+            else:
+                try:
+                    await asyncio.wait_for(ws.close(), timeout=CLOSE_TIMEOUT_S)
+                except Exception:  # noqa: BLE001 - closing is best effort; abort the transport
+                    ws.transport.abort()
+        self._log.info("socket_closed", aborted=abort)
 
     async def _flush_and_release(self) -> None:
         with tracing.segment("release", connection_id=self.connection_id, why=self.end_reason.value):
