@@ -50,3 +50,40 @@ def test_requests_are_counted_per_operation_as_sent(aws, aws_env):
     aws.dynamodb.describe_table(TableName=aws_env["TABLE_NAME"])
     aws.sqs.get_queue_attributes(QueueUrl=aws_env["QUEUE_URL"])
     assert aws.requests["dynamodb.DescribeTable"] == 1 and aws.requests["sqs.GetQueueAttributes"] == 1
+
+
+def test_a_poll_result_that_arrives_after_its_awaiter_gave_up_goes_to_on_abandoned(aws):
+    import asyncio
+    import threading
+
+    release, given_back = threading.Event(), []
+
+    def slow_poll():
+        release.wait(10)
+        return {"Messages": [{"ReceiptHandle": "h1"}]}
+
+    async def scenario():
+        task = asyncio.ensure_future(aws.poll(slow_poll, on_abandoned=given_back.append))
+        await asyncio.sleep(0.05)
+        task.cancel()  # shutdown cancels the poller while its request is in flight
+        release.set()
+        for _ in range(100):
+            if given_back:
+                return
+            await asyncio.sleep(0.02)
+
+    asyncio.run(scenario())
+    assert given_back == [{"Messages": [{"ReceiptHandle": "h1"}]}]
+
+
+def test_a_poll_result_that_is_taken_is_not_given_back(aws):
+    import asyncio
+
+    given_back = []
+
+    async def scenario():
+        return await aws.poll(lambda: {"Messages": []}, on_abandoned=given_back.append)
+
+    assert asyncio.run(scenario()) == {"Messages": []}
+    time.sleep(0.1)
+    assert given_back == []

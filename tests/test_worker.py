@@ -736,3 +736,35 @@ def test_a_lost_session_aborts_its_sockets_at_once_even_when_the_upstream_stalls
     # The worker learns it at its next renewal (one heartbeat), then aborts: no 1 s
     # handshake wait, let alone the 3 s it used to allow.
     assert first.closed_at - ended_at < cfg.heartbeat_ms / 1000 + 0.9
+
+
+def test_hints_a_leaving_workers_own_polls_receive_after_it_stopped_waiting_are_visible_again_at_once(
+    aws_env, stores, sqs, upstream
+):
+    # Its four long polls are in flight when it hands its connections over: SQS gives
+    # them its own handover hints, which nobody takes any more. They must go back to the
+    # queue at once, not stay invisible for the 30 s visibility timeout.
+    conns, _ = stores
+    cids = [f"h{i}" for i in range(6)]
+    for cid in cids:
+        conns.start(cid, upstream.url_for(cid))
+    queue = aws_env["QUEUE_URL"]
+
+    async def scenario():
+        async with running(config(aws_env)) as worker:
+            await worker.takeover.reconcile_once()
+            await eventually(lambda: set(worker.runners) == set(cids), what="all held")
+            await asyncio.to_thread(sqs.purge_queue, QueueUrl=queue)
+
+    asyncio.run(scenario())
+
+    def counts() -> tuple[int, int]:
+        attrs = sqs.get_queue_attributes(
+            QueueUrl=queue, AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+        )["Attributes"]
+        return int(attrs["ApproximateNumberOfMessages"]), int(attrs["ApproximateNumberOfMessagesNotVisible"])
+
+    deadline = time.monotonic() + 5
+    while counts() != (len(cids), 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert counts() == (len(cids), 0)  # every handover hint visible, for a peer

@@ -28,6 +28,7 @@ from .store import TransientError
 T = TypeVar("T")
 
 SQS_WAIT_SECONDS = 10
+SETTLE_WAIT_S = 5.0  # how long a poll's thread waits for the loop to take its result
 URGENT_THREADS = 4  # the session renewal's own lane: retries may overlap slow tries (read timeout 5 s)
 
 _send_deadline = threading.local()
@@ -146,20 +147,40 @@ class Aws:
         with tracing.subsegment(getattr(fn, "__qualname__", "aws_call")):
             return await loop.run_in_executor(pool, functools.partial(fn, *args, **kwargs))
 
-    async def poll(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    async def poll(
+        self,
+        fn: Callable[..., T],
+        /,
+        *args: Any,
+        on_abandoned: Callable[[T], None] | None = None,
+        **kwargs: Any,
+    ) -> T:
         """Run a long poll in a daemon thread of its own: it never takes a pool thread
-        from a lease renewal, and a poll in flight at exit does not hold the process
-        (its messages simply become visible again)."""
+        from a lease renewal, and a poll in flight at exit does not hold the process.
+        A result that nobody takes any more (its awaiter was cancelled, the loop is
+        closed or does not answer within ``SETTLE_WAIT_S``) goes to ``on_abandoned``
+        in that thread, so that the messages it received are given back at once instead
+        of staying invisible for their visibility timeout."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        decided = threading.Event()
+        claim = threading.Lock()
+        claimed_by: list[str] = []  # the first of the loop and the thread to claim the result has it
+
+        def take(by: str) -> bool:
+            with claim:
+                claimed_by.append(by)
+                return claimed_by[0] == by
 
         def settle(result: Any, exc: BaseException | None) -> None:
-            if future.done():
-                return
-            if exc is not None:
-                future.set_exception(exc)
-            else:
-                future.set_result(result)
+            if not future.done():  # else cancelled: the thread gives it back
+                if not take("loop"):
+                    future.set_exception(TransientError("the poll's result was given back: the loop was too slow"))
+                elif exc is not None:
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+            decided.set()
 
         def work() -> None:
             try:
@@ -168,8 +189,14 @@ class Aws:
                 result, exc = None, e
             try:
                 loop.call_soon_threadsafe(settle, result, exc)
+                decided.wait(SETTLE_WAIT_S)
             except RuntimeError:
                 pass  # the loop is closed: nobody is waiting any more
+            if take("thread") and exc is None and on_abandoned is not None:
+                try:
+                    on_abandoned(result)
+                except Exception:  # noqa: BLE001 - what cannot be given back reappears after its timeout
+                    pass
 
         threading.Thread(target=work, name="sqs-poll", daemon=True).start()
         return await future

@@ -110,6 +110,7 @@ class Intake:
             return 0
         resp = await self._aws.poll(
             self._aws.sqs.receive_message,
+            on_abandoned=self._give_back,
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=max(1, min(room, self._batch())),
             WaitTimeSeconds=wait_seconds,
@@ -124,6 +125,23 @@ class Intake:
         elif messages and self._accepting():
             await asyncio.sleep(hint_pause_s(self._load()))
         return len(messages)
+
+    def _give_back(self, resp: dict[str, Any]) -> None:
+        """Hints a poll received after we stopped waiting for it (cancelled at shutdown):
+        visible again at once, for a peer, instead of after the visibility timeout. A
+        leaving worker's own polls would otherwise swallow its handover hints. Runs in
+        the poll's thread."""
+        messages = resp.get("Messages", [])
+        for start in range(0, len(messages), SEND_BATCH):
+            self._aws.sqs.change_message_visibility_batch(
+                QueueUrl=self._queue_url,
+                Entries=[
+                    {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 0}
+                    for n, m in enumerate(messages[start : start + SEND_BATCH])
+                ],
+            )
+        if messages:
+            self._log.info("hints_given_back", count=len(messages))
 
     async def _on_hint(self, message: dict[str, Any]) -> bool:
         """Take the hinted connection, or leave it for a peer. True if it was a shed
