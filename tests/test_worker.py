@@ -739,11 +739,16 @@ def test_a_lost_session_aborts_its_sockets_at_once_even_when_the_upstream_stalls
 
 
 def test_hints_a_leaving_workers_own_polls_receive_after_it_stopped_waiting_are_visible_again_at_once(
-    aws_env, stores, sqs, upstream
+    aws_env, stores, sqs, upstream, monkeypatch
 ):
     # Its four long polls are in flight when it hands its connections over: SQS gives
     # them its own handover hints, which nobody takes any more. They must go back to the
-    # queue at once, not stay invisible for the 30 s visibility timeout.
+    # queue at once, not stay invisible for the 30 s visibility timeout. (The worker
+    # waits a moment for its polls to return before cancelling them; on a busy machine
+    # they return later than that. No wait at all makes every such hint late.)
+    import wsfleet.worker.lifecycle as lifecycle
+
+    monkeypatch.setattr(lifecycle, "HINT_GRACE_S", 0.0)
     conns, _ = stores
     cids = [f"h{i}" for i in range(6)]
     for cid in cids:
@@ -752,9 +757,17 @@ def test_hints_a_leaving_workers_own_polls_receive_after_it_stopped_waiting_are_
 
     async def scenario():
         async with running(config(aws_env)) as worker:
+            receive = worker._aws.sqs.receive_message
+
+            def slow_answer(**kwargs):  # what a poll received reaches the worker 0.5 s later
+                resp = receive(**kwargs)
+                time.sleep(0.5)
+                return resp
+
+            worker._aws.sqs.receive_message = slow_answer  # before its first poll
+            await eventually(lambda: worker.keeper.live(), what="a session")
             await worker.takeover.reconcile_once()
             await eventually(lambda: set(worker.runners) == set(cids), what="all held")
-            await asyncio.to_thread(sqs.purge_queue, QueueUrl=queue)
 
     asyncio.run(scenario())
 
