@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -18,7 +19,7 @@ from wsfleet.leases import SessionTiming
 from wsfleet.local.chaos.checker import IN_FLIGHT_AFTER_RESUME_S
 from wsfleet.local.chaos.nemesis import FAKETIME_LIB
 from wsfleet.local.chaos.nemesis import clock_off_by as chaos_clock_off_by
-from wsfleet.local.fleet import EmulatorProcess, Fleet, SessionState, Timing, eventually
+from wsfleet.local.fleet import EmulatorProcess, Fleet, SessionState, Timing, eventually, reachability_violations
 from wsfleet.worker.takeover import RING_REFRESH_S
 
 pytestmark = pytest.mark.timeout(120)
@@ -153,6 +154,49 @@ def test_a_terminated_worker_hands_its_connections_over_well_before_its_lease_wo
     # Everything released, it ended its own session: nobody had to wait for it to expire.
     assert {(s.state, s.ended_by) for s in fleet.sessions_of(victim).values()} == {("ENDED", victim)}
     assert fleet.upstream.overlaps() == []  # closed before released, so never two sockets
+    stop_all_and_audit(fleet, ids)
+
+
+def test_sigterm_during_a_start_burst_leaves_every_connection_reachable_and_soon_owned(fleet):
+    # Acquisitions in flight when SIGTERM arrives land on a session that is about to
+    # end, with no runner to hold them: the leaving worker frees them before its session
+    # leaves the ring (or leaves it in the ring for its watchers), never in between.
+    start_workers(fleet, "w1", "w2")
+    ids = [f"b{i}" for i in range(1, 41)]
+    with ThreadPoolExecutor(8) as pool:  # STARTs arrive eight at a time, as from a busy caller
+        first = list(pool.map(fleet.start_connection, ids[:16]))
+        rest = pool.map(fleet.start_connection, ids[16:])
+        fleet.terminate("w1", timeout=TIMING.shutdown_s + 5)  # mid-burst, acquisitions in flight
+        assert first + list(rest) == [202] * len(ids)
+
+    fleet.wait_connected(ids, timeout=TIMING.graceful_bound_s + 2 * TIMING.reconcile_s + TIMING.lease_s + 10)
+    assert fleet.owned_by("w2") == set(ids)
+    assert reachability_violations(fleet.samples) == []
+    assert {s.in_ring for s in fleet.sessions_of("w1").values()} == {False}  # drained: out of the ring
+    assert fleet.upstream.overlaps() == []
+    stop_all_and_audit(fleet, ids)
+
+
+def test_sigterm_of_the_worker_draining_a_dead_workers_session_leaves_nothing_unreachable(fleet):
+    start_workers(fleet, "w1", "w2", "w3")
+    ids = start_connections(fleet, 12)
+    watched_by_all(fleet)
+    victim, affected = busiest(fleet)
+    others = [n for n in ("w1", "w2", "w3") if n != victim]
+    killed_at = fleet.kill(victim)
+
+    def drainer() -> str | None:
+        return next((n for n in others if any(e["event"] == "session_ended_dead" for e in fleet.events(n))), None)
+
+    draining = eventually(drainer, TIMING.crash_bound_s + 5, "a watcher to end the dead session", interval=0.05)
+    fleet.terminate(draining, timeout=TIMING.shutdown_s + 5)  # while it drains
+    survivor = next(n for n in others if n != draining)
+
+    fleet.wait_connected(ids, timeout=TIMING.crash_bound_s + TIMING.lease_s + 10)
+    assert fleet.owned_by(survivor) == set(ids)
+    assert reachability_violations(fleet.samples) == []
+    assert time.time() - killed_at < 60
+    assert fleet.upstream.overlaps() == []
     stop_all_and_audit(fleet, ids)
 
 

@@ -53,6 +53,7 @@ from botocore.config import Config
 
 from .. import config as cfg
 from .. import schema
+from ..leases import unreachable
 from ..logs import JsonLogger
 from ..store import MessagesStore, unmarshal
 from .api import LocalApi
@@ -309,6 +310,7 @@ class SessionState:
     heartbeat_at_ms: int = 0
     started_at_ms: int = 0
     ended_by: str = ""  # the session (of a watcher) or the worker id (its own) that ended it
+    in_ring: bool = False  # in the watch ring: LIVE, or ENDED and not yet drained
 
     def live_at(self, now_ms: int) -> bool:
         return self.state == schema.LIVE and self.expires_at_ms > now_ms
@@ -324,6 +326,7 @@ class ConnState:
     expires_at_ms: int  # that session's expiry while it is LIVE, else 0 (as GET /connections says)
     fence_token: int
     last_seq: int
+    owner_key: str = ""  # the by_owner partition: S#<session>, FREE#<shard>, or "" (none)
 
     def owned_at(self, now_ms: int) -> str:
         """The owner if it is attached to a session that is LIVE and unexpired at
@@ -373,6 +376,7 @@ def session_from_item(item: Mapping[str, Any]) -> SessionState:
         heartbeat_at_ms=int(item.get(schema.HEARTBEAT_AT_MS, 0)),
         started_at_ms=int(item.get(schema.STARTED_AT_MS, 0)),
         ended_by=item.get(schema.ENDED_BY, ""),
+        in_ring=item.get(schema.RING) == schema.RING_VALUE,
     )
 
 
@@ -386,7 +390,39 @@ def state_from_item(item: Mapping[str, Any], sessions: Mapping[str, SessionState
         expires_at_ms=session.expires_at_ms if session is not None and session.state == schema.LIVE else 0,
         fence_token=int(item.get(schema.FENCE_TOKEN, 0)),
         last_seq=int(item.get(schema.LAST_SEQ, 0)),
+        owner_key=item.get(schema.OWNER_KEY, ""),
     )
+
+
+def unreachable_in(sessions: Mapping[str, SessionState], connections: Mapping[str, ConnState]) -> dict[str, str]:
+    """Connections no worker would ever take (:func:`wsfleet.leases.unreachable`), by
+    why, from ``sessions`` read BEFORE ``connections``: a session out of the ring never
+    comes back into it, so a connection read attached to one after it was seen out is
+    unreachable then. (Read the other way round, a drain that frees a connection and
+    then takes its session out of the ring would look like a violation.) A session
+    missing from ``sessions`` is newer than that read, not gone: it is left out."""
+    found = {}
+    for cid, c in connections.items():
+        session = sessions.get(c.session) if c.session else None
+        if c.session and session is None:
+            continue
+        item = {schema.DESIRED_STATE: c.desired_state, schema.LEASE_SESSION: c.session, schema.OWNER_KEY: c.owner_key}
+        raw = None if session is None else {schema.SESSION_STATE: session.state, **({schema.RING: schema.RING_VALUE} if session.in_ring else {})}
+        why = unreachable(item, raw)
+        if why is not None:
+            found[cid] = why.value
+    return found
+
+
+def reachability_violations(samples: list["Sample"]) -> list[tuple[float, str, str]]:
+    """(time, connection, why) for every connection found unreachable between two
+    consecutive samples: the first one's sessions (each sample reads its connections,
+    then its sessions) against the next one's connections."""
+    return [
+        (cur.t, cid, why)
+        for prev, cur in itertools.pairwise(samples)
+        for cid, why in unreachable_in(prev.sessions, cur.connections).items()
+    ]
 
 
 @dataclass
