@@ -4,6 +4,7 @@ index), and message writes."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -359,6 +360,35 @@ def test_the_owner_index_lists_a_sessions_connections_and_the_free_ones(store):
     assert sorted(c for shard in range(4) for c in store.free(shard)) == ["c3"]
     assert sum(store.count_free(shard) for shard in range(4)) == 1
     assert set().union(*(store.free_ids(shard) for shard in range(4))) == {"c3"}
+
+
+def _answer_once(client, operation: str, status: int, body: dict) -> None:
+    """Answer the next ``operation`` call of ``client`` with this error, before it is sent."""
+    left = [1]
+
+    class Raw:
+        def stream(self, **_):
+            yield json.dumps(body).encode()
+
+    def hook(request, **_):
+        if left:
+            left.pop()
+            return AWSResponse(request.url, status, {"x-amzn-RequestId": "injected"}, Raw())
+        return None
+
+    client.meta.events.register(f"before-send.dynamodb.{operation}", hook)
+
+
+def test_a_write_refused_while_a_transaction_holds_the_item_is_transient_so_a_renewal_retries(sessions, ddb):
+    _open(sessions, "w#1")
+    _answer_once(ddb, "UpdateItem", 400, {
+        "__type": "com.amazonaws.dynamodb.v20120810#TransactionConflictException",
+        "message": "Transaction is ongoing for the item",
+    })
+
+    with pytest.raises(TransientError):
+        sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10)
+    assert sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10)["state"] == schema.LIVE
 
 
 def test_the_free_query_follows_pagination(store):

@@ -7,18 +7,16 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ClientError
 
 from .. import schema
 from ..leases import AcquireFailure, acquire_already_landed, classify_acquire_failure, release_already_landed
 from .base import (
-    TRANSIENT_CANCEL_CODES,
     TransientError,
     _condition_failed,
     _names,
     _old_item,
     _Table,
-    is_transient,
     marshal,
     now_ms,
     unmarshal,
@@ -274,40 +272,21 @@ class ConnectionsStore(_Table):
         writes the same values again under conditions that still hold."""
         if not 0 < len(entries) <= MAX_TRANSACTION:
             raise ValueError(f"a checkpoint transaction holds 1 to {MAX_TRANSACTION} entries, not {len(entries)}")
-        update, condition = "SET #q = :seq, #u = :now", "#l = :session AND #f = :fence"
         now = self._now_ms()
-        items = [
-            {
-                "Update": {
-                    "TableName": self._table,
-                    "Key": self._key(e.connection_id),
-                    "UpdateExpression": update,
-                    "ConditionExpression": condition,
-                    "ExpressionAttributeNames": _names(update, condition),
-                    "ExpressionAttributeValues": marshal(
-                        {":seq": e.last_seq, ":now": now, ":session": e.session_id, ":fence": e.fence_token}
-                    ),
-                }
-            }
-            for e in entries
-        ]
-        try:
-            self._ddb.transact_write_items(TransactItems=items)
-        except (ClientError, BotoCoreError) as exc:
-            if is_transient(exc):
-                raise TransientError(f"transact_write_items: {exc}") from exc
-            if not isinstance(exc, ClientError) or exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
-                raise
-            codes = [r.get("Code", "None") for r in exc.response.get("CancellationReasons", [])]
-            if len(codes) != len(entries):
-                raise TransientError(f"transact_write_items: {len(codes)} reasons for {len(entries)} entries") from exc
-            if "ConditionalCheckFailed" not in codes:
-                unknown = set(codes) - TRANSIENT_CANCEL_CODES
-                if unknown:  # ValidationError and the like: a bug, not a fault to wait out
-                    raise
-                raise TransientError(f"transact_write_items cancelled: {', '.join(sorted(set(codes) - {'None'}))}") from exc
-            return [False if c == "ConditionalCheckFailed" else None for c in codes]
-        return [True] * len(entries)
+        reasons = self._transact(
+            [
+                self._transact_update(
+                    e.connection_id,
+                    update="SET #q = :seq, #u = :now",
+                    condition="#l = :session AND #f = :fence",
+                    values={":seq": e.last_seq, ":now": now, ":session": e.session_id, ":fence": e.fence_token},
+                )
+                for e in entries
+            ]
+        )
+        if reasons is None:
+            return [True] * len(entries)
+        return [False if r["Code"] == "ConditionalCheckFailed" else None for r in reasons]
 
     # --- desired state (the router) -------------------------------------------------------
 
