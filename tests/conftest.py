@@ -10,7 +10,7 @@ import uuid
 import boto3
 import pytest
 
-from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources
+from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources, set_faults
 
 REGION = "us-east-1"
 _names = itertools.count()
@@ -60,3 +60,27 @@ def python_env() -> dict[str, str]:
     env["AWS_XRAY_SDK_ENABLED"] = "false"
     env["ALLOWED_WS_HOSTS"] = "127.0.0.1"  # the local upstream's address
     return env
+
+
+@pytest.fixture
+def lose_first_answer(emulator):
+    """``arm(client, ambiguous)``: make requests of the operations in ``ambiguous`` (shares,
+    as the emulator's fault switch takes them) applied and then answered 500, until
+    ``client`` has had its first such answer: its SDK retries, and everyone else, are
+    answered again. Returns the list that operation's name goes in. Off at teardown."""
+    url = emulator.endpoint_url
+
+    def arm(client, ambiguous: dict[str, float]) -> list[str]:
+        lost: list[str] = []
+
+        def switch_off(operation, response=None, **_):
+            if not lost and response is not None and response[0].status_code == 500:
+                lost.append(operation.name)
+                set_faults(url)
+
+        client.meta.events.register("needs-retry.dynamodb", switch_off)
+        set_faults(url, ambiguous=ambiguous)
+        return lost
+
+    yield arm
+    set_faults(url)

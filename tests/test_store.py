@@ -18,6 +18,7 @@ from botocore.exceptions import ClientError
 from wsfleet import schema
 from wsfleet import store as store_mod
 from wsfleet.leases import AcquireFailure, EndFailure, RenewFailure
+from wsfleet.local.emulator import set_faults
 from wsfleet.store import (
     Acquired,
     CheckpointEntry,
@@ -25,6 +26,7 @@ from wsfleet.store import (
     MessagesStore,
     NotAcquired,
     SessionsStore,
+    Stopped,
     StopOutcome,
     TransientError,
 )
@@ -226,9 +228,9 @@ def test_an_attached_connection_is_taken_only_as_the_ended_sessions_it_is_attach
     assert isinstance(taken, Acquired) and taken.item["fence_token"] == 2
 
 
-def test_acquire_of_unknown_or_stopped_connection_says_why(store, started):
+def test_acquire_of_unknown_or_stopped_connection_says_why(store, started, sessions):
     assert store.acquire("nope", session_id="a#1", worker_id="a").reason is AcquireFailure.NOT_FOUND
-    store.stop(started)
+    store.stop(started, sessions=sessions)
     assert store.acquire(started, session_id="a#1", worker_id="a").reason is AcquireFailure.STOPPED
 
 
@@ -249,23 +251,23 @@ def test_release_frees_with_a_final_checkpoint_only_for_the_owning_session_and_f
     assert store.release(started, session_id="a#1", fence_token=1, last_seq=42)  # a retry that landed
 
 
-def test_release_after_stop_leaves_the_index_and_a_restart_before_it_stays_attached(store, started):
+def test_release_after_stop_leaves_the_index_and_a_restart_before_it_stays_attached(store, started, sessions):
     store.acquire(started, session_id="a#1", worker_id="a")
-    assert store.stop(started).lease_session == "a#1"
+    assert store.stop(started, sessions=sessions).lease_session == "a#1"
     assert store.get(started)["owner_key"] == "S#a#1"  # still attached until its owner releases
     assert store.release(started, session_id="a#1", fence_token=1, last_seq=3)
     assert "owner_key" not in store.get(started)
     store.start(started, "ws://127.0.0.1:9/s")
     assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
     store.acquire(started, session_id="b#1", worker_id="b")
-    store.stop(started)
+    store.stop(started, sessions=sessions)
     store.start(started, "ws://127.0.0.1:9/s")  # restarted before its owner released
     assert store.get(started)["owner_key"] == "S#b#1"
     assert store.release(started, session_id="b#1", fence_token=2, last_seq=5)
     assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
 
 
-def test_only_a_clean_release_by_the_previous_owner_spares_the_next_one_the_stored_end_read(store, started):
+def test_only_a_clean_release_by_the_previous_owner_spares_the_next_one_the_stored_end_read(store, started, sessions):
     first = store.acquire(started, session_id="a#1", worker_id="a")
     assert isinstance(first, Acquired) and not first.checkpoint_is_end  # a new connection: read
     assert store.release(started, session_id="a#1", fence_token=1, last_seq=7)
@@ -276,7 +278,7 @@ def test_only_a_clean_release_by_the_previous_owner_spares_the_next_one_the_stor
     assert store.free_orphan(started, dead_session="b#1")
     after_crash = store.acquire(started, session_id="c#1", worker_id="c")
     assert not after_crash.checkpoint_is_end  # the release flag names fence 1, not b's fence 2
-    store.stop(started)
+    store.stop(started, sessions=sessions)
     assert store.release(started, session_id="c#1", fence_token=3, last_seq=12, stopped=True)
     store.start(started, "ws://127.0.0.1:9/s")
     restarted = store.acquire(started, session_id="d#1", worker_id="d")
@@ -335,23 +337,23 @@ def test_a_checkpoint_transaction_cancelled_by_a_conflict_is_transient(store, st
         store.checkpoint_many([entry] * 26)
 
 
-def test_a_dead_sessions_connections_are_freed_for_the_fleet(store, started):
+def test_a_dead_sessions_connections_are_freed_for_the_fleet(store, started, sessions):
     store.start("c2", "ws://127.0.0.1:9/s")
     store.acquire(started, session_id="a#1", worker_id="a")
     store.acquire("c2", session_id="a#1", worker_id="a")
-    store.stop("c2")
+    store.stop("c2", sessions=sessions)
     assert not store.free_orphan(started, dead_session="x#1")
     assert store.free_orphan(started, dead_session="a#1") and store.free_orphan("c2", dead_session="a#1")
     assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
     assert "owner_key" not in store.get("c2")
 
 
-def test_the_owner_index_lists_a_sessions_connections_and_the_free_ones(store):
+def test_the_owner_index_lists_a_sessions_connections_and_the_free_ones(store, sessions):
     for cid in ("c1", "c2", "c3"):
         store.start(cid, "ws://h/x")
     store.acquire("c1", session_id="a#1", worker_id="a")
     store.acquire("c2", session_id="a#1", worker_id="a")
-    store.stop("c2")
+    store.stop("c2", sessions=sessions)
     assert sorted((o.connection_id, o.desired_state) for o in store.owned_by("a#1")) == [
         ("c1", schema.STARTED),
         ("c2", schema.STOPPED),
@@ -360,6 +362,15 @@ def test_the_owner_index_lists_a_sessions_connections_and_the_free_ones(store):
     assert sorted(c for shard in range(4) for c in store.free(shard)) == ["c3"]
     assert sum(store.count_free(shard) for shard in range(4)) == 1
     assert set().union(*(store.free_ids(shard) for shard in range(4))) == {"c3"}
+
+
+# --- desired state: the router's writes, each correct when its answer is lost ------------
+
+
+def _record_calls(client) -> list[str]:
+    calls: list[str] = []
+    client.meta.events.register("before-call.dynamodb", lambda model, **_: calls.append(model.name))
+    return calls
 
 
 def _answer_once(client, operation: str, status: int, body: dict) -> None:
@@ -377,6 +388,108 @@ def _answer_once(client, operation: str, status: int, body: dict) -> None:
         return None
 
     client.meta.events.register(f"before-send.dynamodb.{operation}", hook)
+
+
+def test_stop_of_an_attached_connection_stores_it_and_its_owners_notice_in_one_transaction(
+    store, sessions, started, ddb
+):
+    _open(sessions, "a#1")
+    store.acquire(started, session_id="a#1", worker_id="a")
+    calls = _record_calls(ddb)
+
+    stopped = store.stop(started, sessions=sessions)
+
+    assert stopped == Stopped(StopOutcome.STOPPED, "a#1", 1, told=True)
+    assert calls == ["GetItem", "TransactWriteItems"]  # one write: no crash can come between the two
+    item = store.get(started)
+    assert (item["desired_state"], item["owner_key"]) == (schema.STOPPED, "S#a#1")  # its owner releases it
+    assert sessions.get("a#1")["stops"] == {schema.stop_entry(started, 1)}
+
+
+def test_stop_of_a_connection_whose_session_is_not_live_stores_the_state_alone(store, sessions, started):
+    _open(sessions, "a#1")
+    store.acquire(started, session_id="a#1", worker_id="a")
+    sessions.end_own("a#1", worker_id="a", drained=False)
+    store.start("c2", "ws://127.0.0.1:9/s")
+    store.acquire("c2", session_id="gone#1", worker_id="gone")  # a session item that no longer exists
+
+    assert store.stop(started, sessions=sessions) == Stopped(StopOutcome.STOPPED, "a#1", 1, told=False)
+    assert store.stop("c2", sessions=sessions) == Stopped(StopOutcome.STOPPED, "gone#1", 1, told=False)
+    assert store.get(started)["desired_state"] == store.get("c2")["desired_state"] == schema.STOPPED
+    assert "stops" not in sessions.get("a#1")  # its drainers see STOPPED themselves
+
+
+def test_stop_of_a_stopped_connection_still_attached_to_a_live_session_posts_its_notice_again(store, sessions, started):
+    _open(sessions, "a#1")
+    store.acquire(started, session_id="a#1", worker_id="a")
+    store.stop(started, sessions=sessions)
+    entry = schema.stop_entry(started, 1)
+    sessions.renew("a#1", lease_ms=LEASE_MS, active=1, max_connections=10, stops_done={entry})  # taken by its worker
+    assert "stops" not in sessions.get("a#1")
+
+    again = store.stop(started, sessions=sessions)
+
+    assert again == Stopped(StopOutcome.ALREADY_STOPPED, "a#1", 1, told=True)
+    assert sessions.get("a#1")["stops"] == {entry}
+    assert store.stop(started, sessions=sessions).told and sessions.get("a#1")["stops"] == {entry}  # one entry
+    sessions.end_own("a#1", worker_id="a", drained=False)
+    assert store.stop(started, sessions=sessions) == Stopped(StopOutcome.ALREADY_STOPPED, "a#1", 1, told=False)
+
+
+def test_a_stop_transaction_that_landed_with_its_answer_lost_is_already_stopped_with_its_notice_posted_once(
+    emulator, aws_env, sessions, lose_first_answer
+):
+    router_ddb = boto3.client(  # the router's retry policy
+        "dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1",
+        config=Config(retries={"mode": "standard", "total_max_attempts": 3}),
+    )
+    store = ConnectionsStore(router_ddb, aws_env["TABLE_NAME"], state_shards=4)
+    store.start("c1", "ws://127.0.0.1:9/s")
+    _open(sessions, "a#1")
+    store.acquire("c1", session_id="a#1", worker_id="a")
+    lost = lose_first_answer(router_ddb, {"TransactWriteItems": 1.0})
+
+    stopped = store.stop("c1", sessions=sessions)
+
+    assert lost == ["TransactWriteItems"]
+    # the SDK's retry failed its condition against the first try's write (DynamoDB would
+    # answer it from the ClientRequestToken; moto does not): a STOP already made, told again
+    assert stopped == Stopped(StopOutcome.ALREADY_STOPPED, "a#1", 1, told=True)
+    assert sessions.get("a#1")["stops"] == {"c1#1"}
+
+
+def test_a_stop_whose_every_try_lost_its_answer_fails_transient_and_its_retry_is_already_stopped(
+    emulator, aws_env, sessions, store, started
+):
+    no_retries = boto3.client(
+        "dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1",
+        config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
+    )
+    _open(sessions, "a#1")
+    store.acquire(started, session_id="a#1", worker_id="a")
+    set_faults(emulator.endpoint_url, ambiguous={"TransactWriteItems": 1.0})
+    try:
+        with pytest.raises(TransientError):  # the router answers 503: try again
+            ConnectionsStore(no_retries, aws_env["TABLE_NAME"], state_shards=4).stop(started, sessions=sessions)
+    finally:
+        set_faults(emulator.endpoint_url)
+    assert sessions.get("a#1")["stops"] == {"c1#1"}  # applied, notice and all
+
+    assert store.stop(started, sessions=sessions) == Stopped(StopOutcome.ALREADY_STOPPED, "a#1", 1, told=True)
+
+
+def test_a_stop_transaction_cancelled_by_a_conflict_on_the_session_goes_again(store, sessions, started, ddb):
+    _open(sessions, "a#1")
+    store.acquire(started, session_id="a#1", worker_id="a")
+    _answer_once(ddb, "TransactWriteItems", 400, {
+        "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+        "Message": "Transaction cancelled, please refer cancellation reasons for specific reasons [None, TransactionConflict]",
+        "CancellationReasons": [{"Code": "None"}, {"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"}],
+    })
+    calls = _record_calls(ddb)
+
+    assert store.stop(started, sessions=sessions) == Stopped(StopOutcome.STOPPED, "a#1", 1, told=True)
+    assert calls == ["GetItem", "TransactWriteItems", "TransactWriteItems"]
 
 
 def test_a_write_refused_while_a_transaction_holds_the_item_is_transient_so_a_renewal_retries(sessions, ddb):
@@ -399,12 +512,12 @@ def test_the_free_query_follows_pagination(store):
     assert sorted(found) == sorted(ids)
 
 
-def test_start_never_touches_a_started_connection_and_stop_of_unknown_writes_nothing(store, started):
+def test_start_never_touches_a_started_connection_and_stop_of_unknown_writes_nothing(store, started, sessions):
     store.acquire(started, session_id="a#1", worker_id="a")
     before = store.get(started)
     store.start(started, "ws://127.0.0.1:9/s")
     assert store.get(started) == before
-    assert store.stop("nope").outcome is StopOutcome.NOT_FOUND and store.get("nope") is None
+    assert store.stop("nope", sessions=sessions).outcome is StopOutcome.NOT_FOUND and store.get("nope") is None
 
 
 def _throttling(left: dict):

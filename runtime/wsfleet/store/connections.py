@@ -4,14 +4,17 @@ workers). Every write is conditional; a lost race comes back as a value."""
 from __future__ import annotations
 
 import enum
+import random
+import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from botocore.exceptions import ClientError
 
 from .. import schema
 from ..leases import AcquireFailure, acquire_already_landed, classify_acquire_failure, release_already_landed
 from .base import (
+    TransactionCancelled,
     TransientError,
     _condition_failed,
     _names,
@@ -21,6 +24,9 @@ from .base import (
     now_ms,
     unmarshal,
 )
+
+if TYPE_CHECKING:
+    from .sessions import SessionsStore
 
 # Checkpoints per TransactWriteItems (DynamoDB takes up to 100). 25 keeps one
 # transaction's hold on the embedded emulator's DynamoDB lock to about that of a batch.
@@ -81,9 +87,18 @@ class StopOutcome(enum.Enum):
 @dataclass(frozen=True)
 class Stopped:
     outcome: StopOutcome
-    lease_session: str = ""  # the session to tell, when STOPPED while owned
+    lease_session: str = ""  # the session it is attached to, if any
     fence_token: int = 0  # the ownership it was stopped under
+    told: bool = False  # the STOP is in that session's inbox (False: it is not LIVE, or there is none)
 
+
+# A STOP's transaction conflicts with any other one on its owner's session item (DynamoDB
+# cancels one of the two): it goes again after a pause with full jitter, doubling from
+# STOP_CONFLICT_PAUSE_S up to the cap. Eight tries pause 1.8 s at most (0.9 s on average),
+# well inside the router's 10 s; then the caller gets a 503 and tries again.
+STOP_TRIES = 8
+STOP_CONFLICT_PAUSE_S = 0.02
+STOP_CONFLICT_PAUSE_CAP_S = 0.4
 
 # Items per page when a session's connections are listed (the audit every 30 s, a
 # drain). DynamoDB would answer a whole worker's holding (1,000 rows of about 100 bytes)
@@ -351,34 +366,60 @@ class ConnectionsStore(_Table):
                 return StartOutcome.RESTARTED
         raise TransientError(f"start of {connection_id!r} kept losing races; try again")
 
-    def stop(self, connection_id: str) -> Stopped:
-        """Record that the connection should stop.
+    def stop(self, connection_id: str, *, sessions: SessionsStore) -> Stopped:
+        """Record that the connection should stop, and tell its owner in the same write.
 
         Conditional on: the item exists, desired_state is STARTED, and the session and
-        fence it is attached to (read in the same loop). A free one also leaves the sparse index; an
-        owned one stays attached until its owner (told through its session's inbox, see
-        :meth:`SessionsStore.post_stop`) closes and releases it. Writes nothing otherwise."""
-        for _ in range(5):
-            item = self.get(connection_id)
+        fence it is attached to (as read). Attached to a session: one TransactWriteItems
+        of that update and the STOP notice in the session's inbox
+        (:meth:`SessionsStore.stop_notice`, conditional on LIVE), so that neither a lost
+        answer nor a crash between two writes can leave it STOPPED with its owner untold;
+        if that session is not LIVE, the update alone (whoever takes or frees an ENDED
+        session's connections sees STOPPED itself). Free: the update alone, which also
+        takes it out of the sparse index. Already STOPPED and still attached (a retry of
+        a STOP that landed with its answer lost, or a STOP stored without its notice):
+        the notice is posted again (:meth:`SessionsStore.post_stop`, idempotent). Losing
+        a race re-reads from the item it lost to."""
+        item = self.get(connection_id)
+        for attempt in range(STOP_TRIES):
             if item is None:
                 return Stopped(StopOutcome.NOT_FOUND)
-            if item.get(schema.DESIRED_STATE) != schema.STARTED:
-                return Stopped(StopOutcome.ALREADY_STOPPED)
             session = item.get(schema.LEASE_SESSION, "")
             fence = int(item.get(schema.FENCE_TOKEN, 0))
-            new, old = self._conditional_update(
-                connection_id,
-                update="SET #s = :stopped, #u = :now" + (" REMOVE #k" if not session else ""),
-                condition="attribute_exists(#pk) AND #s = :started AND #l = :session AND #f = :fence",
-                values={
+            if item.get(schema.DESIRED_STATE) != schema.STARTED:
+                told = bool(session) and sessions.post_stop(session, connection_id, fence)
+                return Stopped(StopOutcome.ALREADY_STOPPED, session, fence, told)
+            stop = {
+                "update": "SET #s = :stopped, #u = :now" + (" REMOVE #k" if not session else ""),
+                "condition": "attribute_exists(#pk) AND #s = :started AND #l = :session AND #f = :fence",
+                "values": {
                     ":stopped": schema.STOPPED,
                     ":started": schema.STARTED,
                     ":now": self._now_ms(),
                     ":session": session,
                     ":fence": fence,
                 },
-                returns="NONE",
-            )
+            }
+            if session:
+                try:
+                    reasons = self._transact(
+                        [
+                            self._transact_update(connection_id, **stop, return_old=True),
+                            sessions.stop_notice(session, connection_id, fence),
+                        ]
+                    )
+                except TransactionCancelled:
+                    # Another STOP's transaction held the session item (a burst of STOPs
+                    # of one worker's connections): nothing was written, go again shortly.
+                    time.sleep(random.uniform(0, min(STOP_CONFLICT_PAUSE_CAP_S, STOP_CONFLICT_PAUSE_S * 2**attempt)))
+                    continue
+                if reasons is None:
+                    return Stopped(StopOutcome.STOPPED, session, fence, told=True)
+                if reasons[0]["Code"] == "ConditionalCheckFailed":
+                    item = reasons[0].get("Item") or self.get(connection_id)
+                    continue
+            new, old = self._conditional_update(connection_id, **stop, returns="NONE")
             if new is not None:
                 return Stopped(StopOutcome.STOPPED, session, fence)
+            item = old
         raise TransientError(f"stop of {connection_id!r} kept losing races; try again")
