@@ -25,6 +25,7 @@ from wsfleet.store import (
     ConnectionsStore,
     MessagesStore,
     NotAcquired,
+    Released,
     SessionsStore,
     Stopped,
     StopOutcome,
@@ -502,6 +503,25 @@ def test_a_write_refused_while_a_transaction_holds_the_item_is_transient_so_a_re
     with pytest.raises(TransientError):
         sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10)
     assert sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10)["state"] == schema.LIVE
+
+
+def test_release_says_which_form_landed_without_a_read(store, sessions, started, ddb):
+    store.acquire(started, session_id="a#1", worker_id="a")
+    store.stop(started, sessions=sessions)
+    store.start(started, "ws://127.0.0.1:9/s")  # a START came before its owner released it
+    calls = _record_calls(ddb)
+
+    released = store.release(started, session_id="a#1", fence_token=1, last_seq=4, stopped=True)
+
+    assert released is Released.FREE and released
+    assert calls == ["UpdateItem", "UpdateItem"]  # the STOPPED form, then the STARTED one; no read
+    assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
+    assert store.release(started, session_id="a#1", fence_token=1, last_seq=4) is Released.FREE  # a retry that landed
+    store.acquire(started, session_id="b#1", worker_id="b")
+    store.stop(started, sessions=sessions)
+    assert store.release(started, session_id="b#1", fence_token=2, last_seq=6, stopped=True) is Released.STOPPED
+    lost = store.release(started, session_id="b#1", fence_token=1, last_seq=6)
+    assert lost is Released.LOST and not lost
 
 
 def test_the_free_query_follows_pagination(store):

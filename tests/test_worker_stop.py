@@ -1,6 +1,7 @@
-"""STOP through the router against an in-process worker (the emulator, a local upstream):
-a STOP reaches its owner within heartbeat + 1 s whatever happens to the router's writes
-(an answer lost, the Lambda dying after its first write).
+"""STOP and START through the router against an in-process worker (the emulator, a local
+upstream): a STOP reaches its owner within heartbeat + 1 s whatever happens to the
+router's writes (an answer lost, the Lambda dying after its first write), and a START
+right after a STOP connects, to the START's ws_url, as soon as the owner has released.
 
 The workers here scan and audit only every minute, so nothing but the STOP notice and
 the hints can be what makes them act in time."""
@@ -22,6 +23,7 @@ from tests.test_worker import stores, upstream  # noqa: F401 - fixtures
 HEARTBEAT_S = 0.4  # FAST
 ROOM_S = 1.0  # for a busy 2-core machine
 STOP_BOUND_S = HEARTBEAT_S + 1.0 + ROOM_S
+START_TARGET_S = 2.0  # locally, from the release
 WRITES = ("PutItem", "UpdateItem", "TransactWriteItems")  # what the router writes with
 
 
@@ -48,6 +50,13 @@ async def held(worker, upstream, cid: str):  # noqa: F811
     await eventually(lambda: upstream.open_sockets(cid) and cid in worker.runners, what=f"{cid} held and connected")
     (sock,) = upstream.open_sockets(cid)
     return worker.runners[cid], sock
+
+
+async def just_renewed(worker) -> None:
+    """Return right after a renewal landed: the next is a heartbeat away, so a STOP sent
+    now reaches the owner only after a START sent with it has been hinted."""
+    before = worker.keeper.renewals
+    await eventually(lambda: worker.keeper.renewals > before, what="a renewal")
 
 
 async def stopped_in_time(worker, runner, upstream, sock, *, sent_at: float):  # noqa: F811
@@ -120,3 +129,57 @@ def test_a_router_that_dies_right_after_its_first_write_still_gets_the_stop_to_t
 
     asyncio.run(scenario())
     assert conns.get("a")["desired_state"] == "STOPPED"
+
+
+# --- a START right after a STOP -----------------------------------------------------------
+
+
+def test_stop_then_start_with_a_new_url_within_100ms_moves_the_stream_to_the_new_url_at_the_release(
+    aws_env, stores, upstream, lambda_router  # noqa: F811
+):
+    conns, _ = stores
+    router, _ = lambda_router
+    old_url, new_url = upstream.url_for("a"), upstream.url_for("a-v2")
+    conns.start("a", old_url)
+
+    async def scenario():
+        async with running(slow_scans(aws_env)) as worker:
+            runner, sock = await held(worker, upstream, "a")
+            await just_renewed(worker)
+            sent_at = time.time()
+            assert await asyncio.to_thread(post, router, {"event_type": "STOP", "connection_id": "a"}) == 202
+            start = {"event_type": "START", "connection_id": "a", "ws_url": new_url}
+            assert await asyncio.to_thread(post, router, start) == 202
+            closed = await stopped_in_time(worker, runner, upstream, sock, sent_at=sent_at)
+            await eventually(lambda: upstream.open_sockets("a-v2"), timeout=8, what="a socket to the new url")
+            (new,) = upstream.sockets("a-v2")
+            assert new.opened_at - closed.closed_at < START_TARGET_S, new.opened_at - closed.closed_at
+            assert worker.runners["a"].ws_url == new_url
+
+    asyncio.run(scenario())
+    assert len(upstream.sockets("a")) == 1  # the old url never got another socket
+    assert conns.get("a")["ws_url"] == new_url
+
+
+def test_a_start_right_after_a_stop_connects_within_the_start_target_of_the_release(
+    aws_env, stores, upstream, lambda_router  # noqa: F811
+):
+    conns, _ = stores
+    router, _ = lambda_router
+    conns.start("a", upstream.url_for("a"))
+
+    async def scenario():
+        async with running(slow_scans(aws_env)) as worker:
+            runner, sock = await held(worker, upstream, "a")
+            await just_renewed(worker)
+            sent_at = time.time()
+            assert await asyncio.to_thread(post, router, {"event_type": "STOP", "connection_id": "a"}) == 202
+            start = {"event_type": "START", "connection_id": "a", "ws_url": upstream.url_for("a")}
+            assert await asyncio.to_thread(post, router, start) == 202
+            closed = await stopped_in_time(worker, runner, upstream, sock, sent_at=sent_at)
+            await eventually(lambda: len(upstream.sockets("a")) == 2, timeout=8, what="connected again")
+            new = upstream.sockets("a")[1]
+            assert new.opened_at - closed.closed_at < START_TARGET_S, new.opened_at - closed.closed_at
+
+    asyncio.run(scenario())
+    assert upstream.max_concurrent("a") == 1

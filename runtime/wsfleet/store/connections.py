@@ -71,6 +71,17 @@ class Owned:
     desired_state: str
 
 
+class Released(enum.Enum):
+    """How a release landed; false when it did not."""
+
+    FREE = "free"  # STARTED (a START came meanwhile): in its FREE# partition, for anyone to take now
+    STOPPED = "stopped"  # STOPPED: out of the owner index
+    LOST = "lost"  # no longer ours: nothing written
+
+    def __bool__(self) -> bool:
+        return self is not Released.LOST
+
+
 class StartOutcome(enum.Enum):
     CREATED = "created"  # new connection: 202
     RESTARTED = "restarted"  # was STOPPED, now STARTED again: 202
@@ -207,13 +218,14 @@ class ConnectionsStore(_Table):
         values: Mapping[str, Any],
         last_seq: int | None,
         expect_stopped: bool = False,
-    ) -> dict | None:
+    ) -> tuple[str | None, dict]:
         """Make the connection free (``owner_key`` FREE#shard if STARTED, removed if
         STOPPED), under ``condition``. The index key depends on the desired state, which
         a concurrent START or STOP may flip: the write names the state it expects, and
         is tried once more with the other one (a failed conditional write is billed, so
-        the likelier state goes first). Returns the old item when the condition failed
-        for another reason (None when it landed)."""
+        the likelier state goes first). Returns (the desired state of the form that
+        landed, {}), or (None, the old item, {} if gone) when the condition failed for
+        another reason."""
         old: dict | None = None
         first, other = (schema.STOPPED, schema.STARTED) if expect_stopped else (schema.STARTED, schema.STOPPED)
         for state in (first, other, first):
@@ -237,35 +249,41 @@ class ConnectionsStore(_Table):
                 returns="NONE",
             )
             if new is not None:
-                return None
+                return state, {}
             if old is None or old.get(schema.DESIRED_STATE) == state:
-                return old or {}
-        return old or {}
+                return None, old or {}
+        return None, old or {}
 
     def release(
         self, connection_id: str, *, session_id: str, fence_token: int, last_seq: int, stopped: bool = False
-    ) -> bool:
+    ) -> Released:
         """Give the connection up with a final checkpoint.
 
-        Conditional on: ``lease_session`` is ours and ``fence_token`` is ours. Returns
-        False when it was no longer ours (nothing written); a retry whose first attempt
-        landed returns True. ``stopped``: released for a STOP, so the STOPPED form of
-        the write goes first."""
-        old = self._detach(
+        Conditional on: ``lease_session`` is ours and ``fence_token`` is ours. Returns how
+        it landed: FREE when a START came meanwhile (STARTED: the releaser hints it, as
+        nobody else will), STOPPED, or LOST when it was no longer ours (nothing written);
+        a retry whose first attempt landed reports the state it finds. ``stopped``:
+        released for a STOP, so the STOPPED form of the write goes first."""
+        landed, old = self._detach(
             connection_id,
             condition="#l = :session AND #f = :fence",
             values={":session": session_id, ":fence": fence_token},
             last_seq=last_seq,
             expect_stopped=stopped,
         )
-        return old is None or release_already_landed(old, fence_token)
+        if landed is None and release_already_landed(old, fence_token):
+            landed = old.get(schema.DESIRED_STATE)
+        if landed is None:
+            return Released.LOST
+        return Released.FREE if landed == schema.STARTED else Released.STOPPED
 
     def free_orphan(self, connection_id: str, *, dead_session: str) -> bool:
         """Free a connection of an ENDED session without taking it (its checkpoint stays
         as the dead owner left it; whoever takes it finds the stored end past it).
 
         Conditional on: ``lease_session`` is the dead session."""
-        return self._detach(connection_id, condition="#l = :dead", values={":dead": dead_session}, last_seq=None) is None
+        landed, _ = self._detach(connection_id, condition="#l = :dead", values={":dead": dead_session}, last_seq=None)
+        return landed is not None
 
     def checkpoint(self, connection_id: str, *, session_id: str, fence_token: int, last_seq: int) -> bool:
         """Store ``last_seq`` while holding the connection (no index key moves): a

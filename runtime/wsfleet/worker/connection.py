@@ -36,7 +36,7 @@ from .. import tracing
 from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
-from ..store import CheckpointEntry, ConnectionsStore
+from ..store import CheckpointEntry, ConnectionsStore, Released
 from ..stream import SeqTracker, parse_frame, resume_url
 from ..validation import Allowlist, Invalid, check_resolved
 from .checkpoints import Checkpoints
@@ -104,6 +104,7 @@ class ConnectionRunner:
         self._checkpoint_at = time.monotonic()
         self.connected = asyncio.Event()
         self.end_reason: EndReason | None = None
+        self.freed = False  # released STARTED (a START came meanwhile): free for anyone, so hinted
         self._s = settings
         self._call = call
         self._connections = connections
@@ -333,6 +334,7 @@ class ConnectionRunner:
             self._counters.add(names.LEASES_LOST)
             self._log.warning("deadline_passed_before_release", unwritten=self._writer.close(self.connection_id))
             return
+        self.freed = released is Released.FREE
         if released:
             self._counters.add(names.LEASES_RELEASED)
             self._log.info("lease_released", checkpoint=self.tracker.checkpoint, why=self.end_reason.value)

@@ -318,8 +318,8 @@ class Worker:
         self._log.info(
             "connection_ended", connection_id=runner.connection_id, why=reason.value, active=len(self.runners)
         )
-        if reason in (EndReason.SHUTDOWN, EndReason.FAILED):
-            await self.intake.hint(runner.connection_id)
+        if reason in (EndReason.SHUTDOWN, EndReason.FAILED) or (reason is EndReason.STOPPED and runner.freed):
+            await self.intake.hint(runner.connection_id)  # STOPPED yet freed: a START's hint found us holding it
         elif reason is EndReason.SHED:
             await self.intake.hint(runner.connection_id, shed_by=runner.session_id, shed_to=runner.shed_to)
 
