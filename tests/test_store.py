@@ -27,6 +27,8 @@ from wsfleet.store import (
     NotAcquired,
     Released,
     SessionsStore,
+    Started,
+    StartOutcome,
     Stopped,
     StopOutcome,
     TransientError,
@@ -503,6 +505,34 @@ def test_a_write_refused_while_a_transaction_holds_the_item_is_transient_so_a_re
     with pytest.raises(TransientError):
         sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10)
     assert sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10)["state"] == schema.LIVE
+
+
+def test_start_says_whether_it_left_the_connection_unowned_so_that_every_such_start_hints_it(store, sessions):
+    url = "ws://127.0.0.1:9/s"
+    assert store.start("c1", url) == Started(StartOutcome.CREATED, unowned=True)
+    assert store.start("c1", url) == Started(StartOutcome.UNCHANGED, unowned=True)  # e.g. a retry of a lost answer
+    store.acquire("c1", session_id="a#1", worker_id="a")
+    assert store.start("c1", url) == Started(StartOutcome.UNCHANGED, unowned=False)
+    assert store.start("c1", url + "2") == Started(StartOutcome.CONFLICT, unowned=False)
+    store.stop("c1", sessions=sessions)
+    assert store.start("c1", url) == Started(StartOutcome.RESTARTED, unowned=False)  # its owner hints it
+    store.stop("c1", sessions=sessions)
+    store.release("c1", session_id="a#1", fence_token=1, last_seq=0, stopped=True)
+    assert store.start("c1", url) == Started(StartOutcome.RESTARTED, unowned=True)
+
+
+def test_a_start_whose_put_landed_with_its_answer_lost_reads_unchanged_and_unowned(
+    emulator, aws_env, lose_first_answer
+):
+    router_ddb = boto3.client(
+        "dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1",
+        config=Config(retries={"mode": "standard", "total_max_attempts": 3}),
+    )
+    store = ConnectionsStore(router_ddb, aws_env["TABLE_NAME"], state_shards=4)
+    lost = lose_first_answer(router_ddb, {"PutItem": 1.0})
+
+    assert store.start("c1", "ws://127.0.0.1:9/s") == Started(StartOutcome.UNCHANGED, unowned=True)
+    assert lost == ["PutItem"]
 
 
 def test_release_says_which_form_landed_without_a_read(store, sessions, started, ddb):

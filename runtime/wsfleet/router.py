@@ -1,7 +1,7 @@
 """The event router: API Gateway (REST, proxy integration) in, desired state out.
 
-``POST /events`` records START / STOP in the connections table and, after a START that
-changed something, drops a hint on the queue so that a worker picks the connection up
+``POST /events`` records START / STOP in the connections table. A START that leaves the
+connection STARTED with no owner drops a hint on the queue so that a worker picks it up
 at once. The hint is only an accelerator: if SendMessage fails the request still
 succeeds, because the workers' orphan reconciler finds every STARTED connection
 without an owner anyway. A STOP of an owned connection is posted to the owning session's
@@ -202,7 +202,8 @@ class Router:
     # --- the three operations ------------------------------------------------------
 
     def _start(self, connection_id: str, ws_url: str, fields: dict[str, Any]) -> tuple[int, dict]:
-        outcome = self._store.start(connection_id, ws_url)
+        started = self._store.start(connection_id, ws_url)
+        outcome = started.outcome
         fields["outcome"] = outcome.value
         if outcome is StartOutcome.CONFLICT:
             raise HttpError(
@@ -211,7 +212,11 @@ class Router:
                 f"Connection {connection_id} is already STARTED with a different ws_url; "
                 "STOP it before starting it with a new one.",
             )
-        if outcome in (StartOutcome.CREATED, StartOutcome.RESTARTED):
+        if started.unowned:
+            # Also on UNCHANGED: a retry whose first write landed with its answer lost
+            # reads UNCHANGED, and the connection still waits for its first owner. One
+            # still attached to an owner (restarted before its STOP's release) is hinted
+            # by that owner when it releases it.
             fields["hint_sent"] = self._send_hint(connection_id)
         body = {"connection_id": connection_id, "desired_state": schema.STARTED, "outcome": outcome.value}
         return _START_STATUS[outcome], body

@@ -89,6 +89,12 @@ class StartOutcome(enum.Enum):
     CONFLICT = "conflict"  # already STARTED with another ws_url: 409
 
 
+@dataclass(frozen=True)
+class Started:
+    outcome: StartOutcome
+    unowned: bool = False  # STARTED and attached to no session: worth a hint
+
+
 class StopOutcome(enum.Enum):
     STOPPED = "stopped"  # 202
     ALREADY_STOPPED = "already_stopped"  # 200
@@ -323,16 +329,19 @@ class ConnectionsStore(_Table):
 
     # --- desired state (the router) -------------------------------------------------------
 
-    def start(self, connection_id: str, ws_url: str) -> StartOutcome:
+    def start(self, connection_id: str, ws_url: str) -> Started:
         """Record that the connection should run.
 
         A new connection is created free (``owner_key`` FREE#shard) with a conditional
         put (``attribute_not_exists``). A STOPPED one is flipped with an update
         conditional on ``desired_state = STOPPED`` and on the session it is attached to
         (if free, it goes back into FREE#shard; if a session still holds it, it stays
-        attached), keeping its checkpoint and fence. A STARTED one is never written, so
-        a repeated or concurrent START cannot disturb its owner. Losing a race re-reads
-        the outcome from the item it lost to."""
+        attached: its owner, told of the STOP, releases it and hints it), keeping its
+        checkpoint and fence. A STARTED one is never written, so a repeated or concurrent
+        START cannot disturb its owner. Losing a race re-reads the outcome from the item
+        it lost to; so does a retry of a write that landed with its answer lost, which
+        reads UNCHANGED. ``unowned`` in the result: STARTED and attached to no session
+        (whatever the outcome), so that a hint, even a repeated one, is never missing."""
         for _ in range(5):
             now = self._now_ms()
             item = {
@@ -355,16 +364,17 @@ class ConnectionsStore(_Table):
                     ExpressionAttributeNames=_names("#pk"),
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
-                return StartOutcome.CREATED
+                return Started(StartOutcome.CREATED, unowned=True)
             except ClientError as exc:
                 if not _condition_failed(exc):
                     raise
                 old = _old_item(exc)
             if old is None:
                 continue  # deleted between our write and its failure: try again
-            if old.get(schema.DESIRED_STATE) == schema.STARTED:
-                return StartOutcome.UNCHANGED if old.get(schema.WS_URL) == ws_url else StartOutcome.CONFLICT
             session = old.get(schema.LEASE_SESSION, "")
+            if old.get(schema.DESIRED_STATE) == schema.STARTED:
+                same = old.get(schema.WS_URL) == ws_url
+                return Started(StartOutcome.UNCHANGED if same else StartOutcome.CONFLICT, unowned=same and not session)
             update = "SET #s = :started, #w = :url, #u = :now" + (", #k = :free" if not session else "")
             new, _ = self._conditional_update(
                 connection_id,
@@ -381,7 +391,7 @@ class ConnectionsStore(_Table):
                 returns="NONE",
             )
             if new is not None:
-                return StartOutcome.RESTARTED
+                return Started(StartOutcome.RESTARTED, unowned=not session)
         raise TransientError(f"start of {connection_id!r} kept losing races; try again")
 
     def stop(self, connection_id: str, *, sessions: SessionsStore) -> Stopped:
