@@ -10,7 +10,7 @@ import uuid
 import boto3
 import pytest
 
-from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources
+from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources, set_faults
 from wsfleet.local.upstream import ThreadedUpstream
 from wsfleet.store import ConnectionsStore, MessagesStore, SessionsStore
 
@@ -93,3 +93,27 @@ def open_sessions(ddb, aws_env: dict[str, str], *session_ids: str, lease_ms: int
     for session_id in session_ids:
         if sessions.get(session_id) is None:
             sessions.open(session_id, worker_id=session_id.split("#")[0], lease_ms=lease_ms, max_connections=100)
+
+
+@pytest.fixture
+def lose_first_answer(emulator):
+    """``arm(client, ambiguous)``: make requests of the operations in ``ambiguous`` (shares,
+    as the emulator's fault switch takes them) applied and then answered 500, until
+    ``client`` has had its first such answer: its SDK retries, and everyone else, are
+    answered again. Returns the list that operation's name goes in. Off at teardown."""
+    url = emulator.endpoint_url
+
+    def arm(client, ambiguous: dict[str, float]) -> list[str]:
+        lost: list[str] = []
+
+        def switch_off(operation, response=None, **_):
+            if not lost and response is not None and response[0].status_code == 500:
+                lost.append(operation.name)
+                set_faults(url)
+
+        client.meta.events.register("needs-retry.dynamodb", switch_off)
+        set_faults(url, ambiguous=ambiguous)
+        return lost
+
+    yield arm
+    set_faults(url)

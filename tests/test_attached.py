@@ -97,3 +97,23 @@ def test_a_session_with_a_connection_still_held_at_the_end_of_the_budget_stays_i
     assert sessions.get(session_id)["state"] == schema.ENDED
     assert sessions.get(session_id).get("ring") == schema.RING_VALUE  # still watched: its watchers drain it
     assert reachable(conns, sessions, "slow")
+
+
+def test_a_stopped_connection_attached_with_no_runner_is_freed_by_the_audit(aws_env, stores, sessions, upstream):
+    # An acquisition whose answer was lost, then the connection's STOP: its notice finds
+    # no runner, and nothing would ever release it while the worker lives.
+    conns, _ = stores
+    conns.start("quiet", upstream.url_for("quiet"))
+
+    async def scenario():
+        async with running(config(aws_env, RECONCILE_SECONDS="60")) as worker:
+            await eventually(lambda: worker.keeper.live(), what="a session")
+            session_id = worker.keeper.session_id
+            await asyncio.to_thread(conns.acquire, "quiet", session_id=session_id, worker_id="w1")
+            await asyncio.to_thread(conns.stop, "quiet", sessions=sessions)
+            await eventually(lambda: any(r.connection_id == "quiet" for r in conns.owned_by(session_id)), what="indexed")
+            assert await worker.audit_once() == 1
+            item = conns.get("quiet")
+            assert item[schema.LEASE_SESSION] == "" and schema.OWNER_KEY not in item
+
+    asyncio.run(scenario())

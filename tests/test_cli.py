@@ -299,7 +299,7 @@ def fleet(ddb, aws_env, conns):
     c4 STARTED and free; c5 STOPPED."""
     for cid in ("c1", "c2", "c3", "c4", "c5"):
         conns.start(cid, URL + cid)
-    conns.stop("c5")
+    conns.stop("c5", sessions=SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"]))
     w1 = open_session(ddb, aws_env, "w1")
     SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"]).renew(w1, lease_ms=60_000, active=2, max_connections=100)
     acquire(ddb, aws_env, "c1", w1, "w1", ago_ms=50_000)

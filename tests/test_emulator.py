@@ -1,7 +1,7 @@
-"""The emulator's own paths: the fault switch (throttling, latency, outages), the
-request ledger and the write journal. Each test runs an emulator of its own, so that throttling never reaches the
-shared one other tests use (moto's tables are shared within a process: the names are
-fresh per test)."""
+"""The emulator's own paths: the fault switch (throttling, latency, outages, ambiguous
+requests), the request ledger and the write journal. Each test runs an emulator of its
+own, so that faults never reach the shared one other tests use (moto's tables are shared
+within a process: the names are fresh per test)."""
 
 from __future__ import annotations
 
@@ -201,12 +201,117 @@ def test_the_harness_mark_exempts_a_client_from_every_fault(own):
         "dynamodb", endpoint_url=url, region_name=env["AWS_REGION"],
         config=Config(retries={"total_max_attempts": 1}, user_agent_extra=HARNESS_MARK),
     )
-    set_faults(url, throttle=1.0, outage={"dynamodb": 5})
+    set_faults(url, throttle=1.0, outage={"dynamodb": 5}, ambiguous=1.0)
 
     harness.get_item(TableName=env["TABLE_NAME"], Key={"pk": {"S": "CONN#a"}})
+    harness.put_item(TableName=env["TABLE_NAME"], Item={"pk": {"S": "CONN#h"}})  # answered, not made ambiguous
     with pytest.raises(ClientError):
         client.get_item(TableName=env["TABLE_NAME"], Key={"pk": {"S": "CONN#a"}})
-    assert faults(url)["failed"] == {"GetItem": 1}
+    assert faults(url)["failed"] == {"GetItem": 1} and faults(url)["ambiguous"] == {}
+
+
+# --- ambiguous requests: applied, then answered 500 ---------------------------------------
+
+
+def test_an_ambiguous_write_is_applied_then_answered_with_a_transient_500(own):
+    url, env, client = own
+    set_faults(url, ambiguous={"PutItem": 1.0})
+    sessions = SessionsStore(client, env["SESSIONS_TABLE_NAME"])
+
+    with pytest.raises(ClientError) as caught:
+        client.put_item(TableName=env["TABLE_NAME"], Item={"pk": {"S": "CONN#a"}})
+    assert caught.value.response["Error"]["Code"] == "InternalServerError"
+    assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
+    assert is_transient(caught.value)
+    with pytest.raises(TransientError):
+        sessions.open("s1", worker_id="w", lease_ms=1000, max_connections=1)
+
+    set_faults(url)
+    assert "Item" in client.get_item(TableName=env["TABLE_NAME"], Key={"pk": {"S": "CONN#a"}})  # it was written
+    assert sessions.get("s1")["worker_id"] == "w"
+
+
+def test_an_sdk_retry_of_an_ambiguous_conditional_write_meets_its_own_write(own):
+    url, env, _ = own
+    retrying = boto3.client(
+        "dynamodb", endpoint_url=url, region_name=env["AWS_REGION"],
+        config=Config(retries={"mode": "standard", "total_max_attempts": 3}),
+    )
+    set_faults(url, ambiguous={"PutItem": 1.0})
+
+    with pytest.raises(ClientError) as caught:
+        retrying.put_item(
+            TableName=env["TABLE_NAME"], Item={"pk": {"S": "CONN#a"}}, ConditionExpression="attribute_not_exists(pk)"
+        )
+
+    # the first try landed and lost its answer; the retry was refused by the first try's
+    # write, and a refused request keeps its own answer
+    assert caught.value.response["Error"]["Code"] == "ConditionalCheckFailedException"
+    assert faults(url)["ambiguous"] == {"PutItem": 1} and faults(url)["passed"] == {"PutItem": 1}
+
+
+def test_ambiguous_shares_follow_the_setting_per_operation_and_a_seed_replays_them(own):
+    url, env, client = own
+
+    def run(seed: int) -> list[bool]:
+        set_faults(url, ambiguous={"GetItem": 0.5}, seed=seed)
+        outcomes = []
+        for _ in range(100):
+            try:
+                client.get_item(TableName=env["TABLE_NAME"], Key={"pk": {"S": "CONN#a"}})
+                outcomes.append(False)
+            except ClientError:
+                outcomes.append(True)
+        client.query(  # another operation: untouched
+            TableName=env["TABLE_NAME"], KeyConditionExpression="pk = :k", ExpressionAttributeValues={":k": {"S": "x"}}
+        )
+        return outcomes
+
+    first = run(seed=3)
+
+    assert 25 <= sum(first) <= 75
+    assert faults(url)["ambiguous"] == {"GetItem": sum(first)}
+    assert faults(url)["passed"] == {"GetItem": 100 - sum(first), "Query": 1}
+    assert run(seed=3) == first
+
+
+def test_an_ambiguous_sqs_send_is_sent_then_answered_500(own):
+    url, env, _ = own
+    sqs = boto3.client("sqs", endpoint_url=url, region_name=env["AWS_REGION"], config=Config(retries={"total_max_attempts": 1}))
+    set_faults(url, ambiguous={"SendMessage": 1.0})
+
+    with pytest.raises(ClientError) as caught:
+        sqs.send_message(QueueUrl=env["QUEUE_URL"], MessageBody="hint")
+    assert caught.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
+    assert is_transient(caught.value)
+
+    set_faults(url)
+    received = sqs.receive_message(QueueUrl=env["QUEUE_URL"], WaitTimeSeconds=0)["Messages"]
+    assert [m["Body"] for m in received] == ["hint"]
+
+
+def test_an_ambiguous_write_is_journaled_as_applied(own):
+    url, env, client = own
+    connections = ConnectionsStore(client, env["TABLE_NAME"], state_shards=4, sessions_table_name=env["SESSIONS_TABLE_NAME"])
+    connections.start("a", "ws://127.0.0.1/a")
+    open_sessions(client, env, "s1")
+    record_journal(url)
+    set_faults(url, ambiguous={"TransactWriteItems": 1.0})
+
+    with pytest.raises(TransientError):
+        connections.acquire("a", session_id="s1", worker_id="w1")
+
+    assert [(e["op"], e["pk"], e["fence"], e["session"]) for e in journal(url)] == [("update", "CONN#a", 1, "s1")]
+
+
+def test_an_ambiguous_share_outside_0_to_1_is_refused(own):
+    url, _, _ = own
+    req = urllib.request.Request(url + FAULTS_PATH, data=json.dumps({"ambiguous": {"PutItem": 1.5}}).encode(), method="POST")
+
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=5)
+
+    assert refused.value.code == 400 and "ambiguous share" in refused.value.read().decode()
 
 
 def test_the_journal_records_message_writes_and_acquisitions_in_the_order_they_were_applied(own):

@@ -83,7 +83,7 @@ def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatc
     sessions.open("dead#1", worker_id="dead", lease_ms=60_000, max_connections=10)
     conns.acquire("d", session_id="dead#1", worker_id="dead")  # its session is ended below: counted by its watcher
     sessions.end_own("dead#1", worker_id="dead")
-    conns.stop("b")  # not STARTED: not counted
+    conns.stop("b", sessions=sessions)  # not STARTED: not counted
 
     async def publish():
         aws = Aws(cfg, threads=2)

@@ -4,6 +4,7 @@ index), and message writes."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,13 +18,18 @@ from botocore.exceptions import ClientError
 from wsfleet import schema
 from wsfleet import store as store_mod
 from wsfleet.leases import AcquireFailure, EndFailure, RenewFailure
+from wsfleet.local.emulator import set_faults
 from wsfleet.store import (
     Acquired,
     CheckpointEntry,
     ConnectionsStore,
     MessagesStore,
     NotAcquired,
+    Released,
     SessionsStore,
+    Started,
+    StartOutcome,
+    Stopped,
     StopOutcome,
     TransientError,
 )
@@ -53,7 +59,10 @@ def clock():
 
 @pytest.fixture
 def store(ddb, aws_env, clock):
-    open_sessions(ddb, aws_env, "a#1", "b#1", "c#1", "d#1")  # the acquirers below: LIVE
+    # The acquirers below, LIVE by the test's clock (a renewal never moves an expiry back).
+    opener = SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"], clock_ms=clock)
+    for name in ("a#1", "b#1", "c#1", "d#1"):
+        opener.open(name, worker_id=name.split("#")[0], lease_ms=LEASE_MS, max_connections=10)
     return ConnectionsStore(
         ddb, aws_env["TABLE_NAME"], state_shards=4, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"], clock_ms=clock
     )
@@ -270,11 +279,11 @@ def test_acquisitions_racing_the_end_of_their_session_all_land_before_it(emulato
     assert all(store.get(cid)["lease_session"] == "" for cid in refused)
 
 
-def test_several_connections_are_acquired_in_one_transaction_each_answered_for_itself(store):
+def test_several_connections_are_acquired_in_one_transaction_each_answered_for_itself(store, sessions):
     for cid in ("free", "held", "stopped", "mine", "theirs-ended"):
         store.start(cid, "ws://127.0.0.1:9/s")
     store.acquire("held", session_id="b#1", worker_id="b")
-    store.stop("stopped")
+    store.stop("stopped", sessions=sessions)
     store.acquire("mine", session_id="a#1", worker_id="a")
     store.acquire("theirs-ended", session_id="c#1", worker_id="c")
 
@@ -332,9 +341,9 @@ def test_an_attached_connection_is_taken_only_as_the_ended_sessions_it_is_attach
     assert isinstance(taken, Acquired) and taken.item["fence_token"] == 2
 
 
-def test_acquire_of_unknown_or_stopped_connection_says_why(store, started):
+def test_acquire_of_unknown_or_stopped_connection_says_why(store, started, sessions):
     assert store.acquire("nope", session_id="a#1", worker_id="a").reason is AcquireFailure.NOT_FOUND
-    store.stop(started)
+    store.stop(started, sessions=sessions)
     assert store.acquire(started, session_id="a#1", worker_id="a").reason is AcquireFailure.STOPPED
 
 
@@ -355,23 +364,23 @@ def test_release_frees_with_a_final_checkpoint_only_for_the_owning_session_and_f
     assert store.release(started, session_id="a#1", fence_token=1, last_seq=42)  # a retry that landed
 
 
-def test_release_after_stop_leaves_the_index_and_a_restart_before_it_stays_attached(store, started):
+def test_release_after_stop_leaves_the_index_and_a_restart_before_it_stays_attached(store, started, sessions):
     store.acquire(started, session_id="a#1", worker_id="a")
-    assert store.stop(started).lease_session == "a#1"
+    assert store.stop(started, sessions=sessions).lease_session == "a#1"
     assert store.get(started)["owner_key"] == "S#a#1"  # still attached until its owner releases
     assert store.release(started, session_id="a#1", fence_token=1, last_seq=3)
     assert "owner_key" not in store.get(started)
     store.start(started, "ws://127.0.0.1:9/s")
     assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
     store.acquire(started, session_id="b#1", worker_id="b")
-    store.stop(started)
+    store.stop(started, sessions=sessions)
     store.start(started, "ws://127.0.0.1:9/s")  # restarted before its owner released
     assert store.get(started)["owner_key"] == "S#b#1"
     assert store.release(started, session_id="b#1", fence_token=2, last_seq=5)
     assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
 
 
-def test_only_a_clean_release_by_the_previous_owner_spares_the_next_one_the_stored_end_read(store, started):
+def test_only_a_clean_release_by_the_previous_owner_spares_the_next_one_the_stored_end_read(store, started, sessions):
     first = store.acquire(started, session_id="a#1", worker_id="a")
     assert isinstance(first, Acquired) and not first.checkpoint_is_end  # a new connection: read
     assert store.release(started, session_id="a#1", fence_token=1, last_seq=7)
@@ -382,7 +391,7 @@ def test_only_a_clean_release_by_the_previous_owner_spares_the_next_one_the_stor
     assert store.free_orphan(started, dead_session="b#1")
     after_crash = store.acquire(started, session_id="c#1", worker_id="c")
     assert not after_crash.checkpoint_is_end  # the release flag names fence 1, not b's fence 2
-    store.stop(started)
+    store.stop(started, sessions=sessions)
     assert store.release(started, session_id="c#1", fence_token=3, last_seq=12, stopped=True)
     store.start(started, "ws://127.0.0.1:9/s")
     restarted = store.acquire(started, session_id="d#1", worker_id="d")
@@ -441,23 +450,23 @@ def test_a_checkpoint_transaction_cancelled_by_a_conflict_is_transient(store, st
         store.checkpoint_many([entry] * 26)
 
 
-def test_a_dead_sessions_connections_are_freed_for_the_fleet(store, started):
+def test_a_dead_sessions_connections_are_freed_for_the_fleet(store, started, sessions):
     store.start("c2", "ws://127.0.0.1:9/s")
     store.acquire(started, session_id="a#1", worker_id="a")
     store.acquire("c2", session_id="a#1", worker_id="a")
-    store.stop("c2")
+    store.stop("c2", sessions=sessions)
     assert not store.free_orphan(started, dead_session="x#1")
     assert store.free_orphan(started, dead_session="a#1") and store.free_orphan("c2", dead_session="a#1")
     assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
     assert "owner_key" not in store.get("c2")
 
 
-def test_the_owner_index_lists_a_sessions_connections_and_the_free_ones(store):
+def test_the_owner_index_lists_a_sessions_connections_and_the_free_ones(store, sessions):
     for cid in ("c1", "c2", "c3"):
         store.start(cid, "ws://h/x")
     store.acquire("c1", session_id="a#1", worker_id="a")
     store.acquire("c2", session_id="a#1", worker_id="a")
-    store.stop("c2")
+    store.stop("c2", sessions=sessions)
     assert sorted((o.connection_id, o.desired_state) for o in store.owned_by("a#1")) == [
         ("c1", schema.STARTED),
         ("c2", schema.STOPPED),
@@ -468,6 +477,197 @@ def test_the_owner_index_lists_a_sessions_connections_and_the_free_ones(store):
     assert set().union(*(store.free_ids(shard) for shard in range(4))) == {"c3"}
 
 
+# --- desired state: the router's writes, each correct when its answer is lost ------------
+
+
+def _record_calls(client) -> list[str]:
+    calls: list[str] = []
+    client.meta.events.register("before-call.dynamodb", lambda model, **_: calls.append(model.name))
+    return calls
+
+
+def _answer_once(client, operation: str, status: int, body: dict) -> None:
+    """Answer the next ``operation`` call of ``client`` with this error, before it is sent."""
+    left = [1]
+
+    class Raw:
+        def stream(self, **_):
+            yield json.dumps(body).encode()
+
+    def hook(request, **_):
+        if left:
+            left.pop()
+            return AWSResponse(request.url, status, {"x-amzn-RequestId": "injected"}, Raw())
+        return None
+
+    client.meta.events.register(f"before-send.dynamodb.{operation}", hook)
+
+
+def test_stop_of_an_attached_connection_stores_it_and_its_owners_notice_in_one_transaction(
+    store, sessions, started, ddb
+):
+    _open(sessions, "a#1")
+    store.acquire(started, session_id="a#1", worker_id="a")
+    calls = _record_calls(ddb)
+
+    stopped = store.stop(started, sessions=sessions)
+
+    assert stopped == Stopped(StopOutcome.STOPPED, "a#1", 1, told=True)
+    assert calls == ["GetItem", "TransactWriteItems"]  # one write: no crash can come between the two
+    item = store.get(started)
+    assert (item["desired_state"], item["owner_key"]) == (schema.STOPPED, "S#a#1")  # its owner releases it
+    assert sessions.get("a#1")["stops"] == {schema.stop_entry(started, 1)}
+
+
+def test_stop_of_a_connection_whose_session_is_not_live_stores_the_state_alone(ddb, aws_env, store, sessions, started):
+    _open(sessions, "a#1")
+    store.acquire(started, session_id="a#1", worker_id="a")
+    sessions.end_own("a#1", worker_id="a")
+    store.start("c2", "ws://127.0.0.1:9/s")
+    _open(sessions, "gone#1")
+    store.acquire("c2", session_id="gone#1", worker_id="gone")
+    ddb.delete_item(TableName=aws_env["SESSIONS_TABLE_NAME"], Key={"session_id": {"S": "gone#1"}})  # no longer exists
+
+    assert store.stop(started, sessions=sessions) == Stopped(StopOutcome.STOPPED, "a#1", 1, told=False)
+    assert store.stop("c2", sessions=sessions) == Stopped(StopOutcome.STOPPED, "gone#1", 1, told=False)
+    assert store.get(started)["desired_state"] == store.get("c2")["desired_state"] == schema.STOPPED
+    assert "stops" not in sessions.get("a#1")  # its drainers see STOPPED themselves
+
+
+def test_stop_of_a_stopped_connection_still_attached_to_a_live_session_posts_its_notice_again(store, sessions, started):
+    _open(sessions, "a#1")
+    store.acquire(started, session_id="a#1", worker_id="a")
+    store.stop(started, sessions=sessions)
+    entry = schema.stop_entry(started, 1)
+    sessions.renew("a#1", lease_ms=LEASE_MS, active=1, max_connections=10, stops_done={entry})  # taken by its worker
+    assert "stops" not in sessions.get("a#1")
+
+    again = store.stop(started, sessions=sessions)
+
+    assert again == Stopped(StopOutcome.ALREADY_STOPPED, "a#1", 1, told=True)
+    assert sessions.get("a#1")["stops"] == {entry}
+    assert store.stop(started, sessions=sessions).told and sessions.get("a#1")["stops"] == {entry}  # one entry
+    sessions.end_own("a#1", worker_id="a")
+    assert store.stop(started, sessions=sessions) == Stopped(StopOutcome.ALREADY_STOPPED, "a#1", 1, told=False)
+
+
+def test_a_stop_transaction_that_landed_with_its_answer_lost_is_already_stopped_with_its_notice_posted_once(
+    emulator, aws_env, sessions, lose_first_answer
+):
+    router_ddb = boto3.client(  # the router's retry policy
+        "dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1",
+        config=Config(retries={"mode": "standard", "total_max_attempts": 3}),
+    )
+    store = ConnectionsStore(
+        router_ddb, aws_env["TABLE_NAME"], state_shards=4, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"]
+    )
+    store.start("c1", "ws://127.0.0.1:9/s")
+    _open(sessions, "a#1")
+    store.acquire("c1", session_id="a#1", worker_id="a")
+    lost = lose_first_answer(router_ddb, {"TransactWriteItems": 1.0})
+
+    stopped = store.stop("c1", sessions=sessions)
+
+    assert lost == ["TransactWriteItems"]
+    # the SDK's retry failed its condition against the first try's write (DynamoDB would
+    # answer it from the ClientRequestToken; moto does not): a STOP already made, told again
+    assert stopped == Stopped(StopOutcome.ALREADY_STOPPED, "a#1", 1, told=True)
+    assert sessions.get("a#1")["stops"] == {"c1#1"}
+
+
+def test_a_stop_whose_every_try_lost_its_answer_fails_transient_and_its_retry_is_already_stopped(
+    emulator, aws_env, sessions, store, started
+):
+    no_retries = boto3.client(
+        "dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1",
+        config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
+    )
+    _open(sessions, "a#1")
+    store.acquire(started, session_id="a#1", worker_id="a")
+    set_faults(emulator.endpoint_url, ambiguous={"TransactWriteItems": 1.0})
+    try:
+        with pytest.raises(TransientError):  # the router answers 503: try again
+            ConnectionsStore(no_retries, aws_env["TABLE_NAME"], state_shards=4).stop(started, sessions=sessions)
+    finally:
+        set_faults(emulator.endpoint_url)
+    assert sessions.get("a#1")["stops"] == {"c1#1"}  # applied, notice and all
+
+    assert store.stop(started, sessions=sessions) == Stopped(StopOutcome.ALREADY_STOPPED, "a#1", 1, told=True)
+
+
+def test_a_stop_transaction_cancelled_by_a_conflict_on_the_session_goes_again(store, sessions, started, ddb):
+    _open(sessions, "a#1")
+    store.acquire(started, session_id="a#1", worker_id="a")
+    _answer_once(ddb, "TransactWriteItems", 400, {
+        "__type": "com.amazonaws.dynamodb.v20120810#TransactionCanceledException",
+        "Message": "Transaction cancelled, please refer cancellation reasons for specific reasons [None, TransactionConflict]",
+        "CancellationReasons": [{"Code": "None"}, {"Code": "TransactionConflict", "Message": "Transaction is ongoing for the item"}],
+    })
+    calls = _record_calls(ddb)
+
+    assert store.stop(started, sessions=sessions) == Stopped(StopOutcome.STOPPED, "a#1", 1, told=True)
+    assert calls == ["GetItem", "TransactWriteItems", "TransactWriteItems"]
+
+
+def test_a_write_refused_while_a_transaction_holds_the_item_is_transient_so_a_renewal_retries(sessions, ddb):
+    _open(sessions, "w#1")
+    _answer_once(ddb, "UpdateItem", 400, {
+        "__type": "com.amazonaws.dynamodb.v20120810#TransactionConflictException",
+        "message": "Transaction is ongoing for the item",
+    })
+
+    with pytest.raises(TransientError):
+        sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10)
+    assert sessions.renew("w#1", lease_ms=LEASE_MS, active=0, max_connections=10)["state"] == schema.LIVE
+
+
+def test_start_says_whether_it_left_the_connection_unowned_so_that_every_such_start_hints_it(store, sessions):
+    url = "ws://127.0.0.1:9/s"
+    assert store.start("c1", url) == Started(StartOutcome.CREATED, unowned=True)
+    assert store.start("c1", url) == Started(StartOutcome.UNCHANGED, unowned=True)  # e.g. a retry of a lost answer
+    store.acquire("c1", session_id="a#1", worker_id="a")
+    assert store.start("c1", url) == Started(StartOutcome.UNCHANGED, unowned=False)
+    assert store.start("c1", url + "2") == Started(StartOutcome.CONFLICT, unowned=False)
+    store.stop("c1", sessions=sessions)
+    assert store.start("c1", url) == Started(StartOutcome.RESTARTED, unowned=False)  # its owner hints it
+    store.stop("c1", sessions=sessions)
+    store.release("c1", session_id="a#1", fence_token=1, last_seq=0, stopped=True)
+    assert store.start("c1", url) == Started(StartOutcome.RESTARTED, unowned=True)
+
+
+def test_a_start_whose_put_landed_with_its_answer_lost_reads_unchanged_and_unowned(
+    emulator, aws_env, lose_first_answer
+):
+    router_ddb = boto3.client(
+        "dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1",
+        config=Config(retries={"mode": "standard", "total_max_attempts": 3}),
+    )
+    store = ConnectionsStore(router_ddb, aws_env["TABLE_NAME"], state_shards=4)
+    lost = lose_first_answer(router_ddb, {"PutItem": 1.0})
+
+    assert store.start("c1", "ws://127.0.0.1:9/s") == Started(StartOutcome.UNCHANGED, unowned=True)
+    assert lost == ["PutItem"]
+
+
+def test_release_says_which_form_landed_without_a_read(store, sessions, started, ddb):
+    store.acquire(started, session_id="a#1", worker_id="a")
+    store.stop(started, sessions=sessions)
+    store.start(started, "ws://127.0.0.1:9/s")  # a START came before its owner released it
+    calls = _record_calls(ddb)
+
+    released = store.release(started, session_id="a#1", fence_token=1, last_seq=4, stopped=True)
+
+    assert released is Released.FREE and released
+    assert calls == ["UpdateItem", "UpdateItem"]  # the STOPPED form, then the STARTED one; no read
+    assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
+    assert store.release(started, session_id="a#1", fence_token=1, last_seq=4) is Released.FREE  # a retry that landed
+    store.acquire(started, session_id="b#1", worker_id="b")
+    store.stop(started, sessions=sessions)
+    assert store.release(started, session_id="b#1", fence_token=2, last_seq=6, stopped=True) is Released.STOPPED
+    lost = store.release(started, session_id="b#1", fence_token=1, last_seq=6)
+    assert lost is Released.LOST and not lost
+
+
 def test_the_free_query_follows_pagination(store):
     ids = [f"p{i}" for i in range(7)]
     for cid in ids:
@@ -476,12 +676,12 @@ def test_the_free_query_follows_pagination(store):
     assert sorted(found) == sorted(ids)
 
 
-def test_start_never_touches_a_started_connection_and_stop_of_unknown_writes_nothing(store, started):
+def test_start_never_touches_a_started_connection_and_stop_of_unknown_writes_nothing(store, started, sessions):
     store.acquire(started, session_id="a#1", worker_id="a")
     before = store.get(started)
     store.start(started, "ws://127.0.0.1:9/s")
     assert store.get(started) == before
-    assert store.stop("nope").outcome is StopOutcome.NOT_FOUND and store.get("nope") is None
+    assert store.stop("nope", sessions=sessions).outcome is StopOutcome.NOT_FOUND and store.get("nope") is None
 
 
 def _throttling(left: dict):

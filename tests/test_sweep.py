@@ -50,7 +50,7 @@ def fleet(stores, sessions, ddb, aws_env):
         conns.start(cid, url)
         if session:
             conns.acquire(cid, session_id=session, worker_id=session.split("#")[0])
-    conns.stop("stopped-left")
+    conns.stop("stopped-left", sessions=sessions)
     table = aws_env["TABLE_NAME"]
     ddb.update_item(TableName=table, Key={"pk": {"S": "CONN#no-key"}}, UpdateExpression="REMOVE owner_key")
     for name in ("ended#1", "left#1", "gone#1"):
@@ -78,6 +78,7 @@ def sweeper(fleet, sessions, *, successors=(), clock=None, hints=None, counters=
         log=JsonLogger(),
         sweep_s=600,
         page_items=3,  # several pages per pass
+        first_pass_s=0,
         clock=clock or Clock(),
     )
 

@@ -1,10 +1,13 @@
 """The event router: API Gateway (REST, proxy integration) in, desired state out.
 
-``POST /events`` records START / STOP in the connections table and, after a START that
-changed something, drops a hint on the queue so that a worker picks the connection up
+``POST /events`` records START / STOP in the connections table. A START that leaves the
+connection STARTED with no owner drops a hint on the queue so that a worker picks it up
 at once. The hint is only an accelerator: if SendMessage fails the request still
 succeeds, because the workers' orphan reconciler finds every STARTED connection
-without an owner anyway. ``GET /connections/{connection_id}`` returns the public state.
+without an owner anyway. A STOP of an owned connection is posted to the owning session's
+inbox in the same write (see :meth:`ConnectionsStore.stop`), so that no lost answer and
+no crash of this function can keep it from the owner. ``GET /connections/{connection_id}``
+returns the public state.
 
 Every request is validated completely before the first write, so a 4xx never writes.
 Store writes are conditional (see :mod:`wsfleet.store`), so concurrent requests for
@@ -199,7 +202,8 @@ class Router:
     # --- the three operations ------------------------------------------------------
 
     def _start(self, connection_id: str, ws_url: str, fields: dict[str, Any]) -> tuple[int, dict]:
-        outcome = self._store.start(connection_id, ws_url)
+        started = self._store.start(connection_id, ws_url)
+        outcome = started.outcome
         fields["outcome"] = outcome.value
         if outcome is StartOutcome.CONFLICT:
             raise HttpError(
@@ -208,33 +212,25 @@ class Router:
                 f"Connection {connection_id} is already STARTED with a different ws_url; "
                 "STOP it before starting it with a new one.",
             )
-        if outcome in (StartOutcome.CREATED, StartOutcome.RESTARTED):
+        if started.unowned:
+            # Also on UNCHANGED: a retry whose first write landed with its answer lost
+            # reads UNCHANGED, and the connection still waits for its first owner. One
+            # still attached to an owner (restarted before its STOP's release) is hinted
+            # by that owner when it releases it.
             fields["hint_sent"] = self._send_hint(connection_id)
         body = {"connection_id": connection_id, "desired_state": schema.STARTED, "outcome": outcome.value}
         return _START_STATUS[outcome], body
 
     def _stop(self, connection_id: str, fields: dict[str, Any]) -> tuple[int, dict]:
-        stopped = self._store.stop(connection_id)
+        stopped = self._store.stop(connection_id, sessions=self._sessions)
         outcome = stopped.outcome
         fields["outcome"] = outcome.value
         if outcome is StopOutcome.NOT_FOUND:
             raise _unknown_connection(connection_id)
         if stopped.lease_session:
-            fields["owner_told"] = self._tell_owner(stopped.lease_session, connection_id, stopped.fence_token)
+            fields["owner_told"] = stopped.told
         body = {"connection_id": connection_id, "desired_state": schema.STOPPED, "outcome": outcome.value}
         return _STOP_STATUS[outcome], body
-
-    def _tell_owner(self, session_id: str, connection_id: str, fence_token: int) -> bool:
-        """Post the STOP to the owning session's inbox: its worker gets it with its next
-        renewal, without reading the connection. The desired state is stored already, so
-        a failure here only delays the STOP to the owner's next owner-index audit."""
-        try:
-            return self._sessions.post_stop(session_id, connection_id, fence_token)
-        except Exception as exc:  # noqa: BLE001 - the audit is the real guarantee
-            self._log.warning(
-                "stop_notice_failed", connection_id=connection_id, detail=f"{type(exc).__name__}: {exc}"
-            )
-            return False
 
     def _get_connection(self, raw_id: object, fields: dict[str, Any]) -> tuple[int, dict]:
         connection_id = _valid(check_connection_id, raw_id)

@@ -20,13 +20,22 @@ Three paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
   - ``{"outage": {"dynamodb": 8, "sqs": 5}}`` fails every request to that service for
     that many seconds from now: DynamoDB with ``InternalServerError`` (HTTP 500), SQS
     with ``ServiceUnavailable`` (HTTP 503); with ``"outage_mode": "hang"`` a DynamoDB
-    request is held until the outage ends, then failed, as a black-holed network does.
+    request is held until the outage ends, then failed, as a black-holed network does;
+  - ``{"ambiguous": {"UpdateItem": 0.5, "TransactWriteItems": 1, "*": 0.1}, "seed": 7}``
+    makes that share of requests *ambiguous*: the request is applied as usual (DynamoDB
+    inside the lock that serialises it, journal included; an SQS message is sent, or
+    received and hidden), then its answer is replaced by an HTTP 500
+    (``InternalServerError``; SQS: ``InternalError``), which the SDKs retry as they would
+    a timeout. ``*`` covers every other operation of both services. A request the service
+    refused (a failed condition, say) was not applied, and keeps its own answer.
 
   ``{}`` switches everything off. ``GET`` answers the setting, the seconds of outage
-  left, and per operation how many requests were throttled, delayed, failed and passed
-  since the last POST. Requests whose User-Agent carries :data:`HARNESS_MARK` (the fleet
-  runner's own reads: its observer and its audit) are never faulted: the faults are for
-  the system under test, the evidence must not depend on them.
+  left, and per operation how many requests were failed (by an outage), throttled, made
+  ambiguous, delayed and passed since the last POST: a DynamoDB request is counted once,
+  under the first of these that applies; an SQS request only when failed or ambiguous.
+  Requests whose User-Agent carries :data:`HARNESS_MARK` (the fleet runner's own reads:
+  its observer and its audit) are never faulted: the faults are for the system under
+  test, the evidence must not depend on them.
 * ``/_wsfleet/requests``: ``GET`` answers every DynamoDB request received so far,
   counted per operation, table, index and (for a Query) the partition key value, so
   that a benchmark can split its client's counts by table and index partition.
@@ -162,13 +171,14 @@ class FaultSetting:
     jitter_ms: float = 0.0  # up to this much more, at random
     outage: Mapping[str, float] = field(default_factory=dict)  # service -> seconds, from when it was set
     outage_mode: str = "error"  # error | hang (DynamoDB only)
+    ambiguous: Mapping[str, float] = field(default_factory=dict)  # share applied then answered 500, by operation
     seed: int | None = None
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> "FaultSetting":
         if not isinstance(spec, Mapping):
             raise ValueError("the fault setting must be a JSON object")
-        unknown = set(spec) - {"throttle", "latency_ms", "jitter_ms", "outage", "outage_mode", "seed"}
+        unknown = set(spec) - {"throttle", "latency_ms", "jitter_ms", "outage", "outage_mode", "ambiguous", "seed"}
         if unknown:
             raise ValueError(f"unknown fault settings: {', '.join(sorted(unknown))}")
         outage = spec.get("outage") or {}
@@ -186,14 +196,15 @@ class FaultSetting:
             jitter_ms=float(jitter),
             outage=_shares(outage, "outage seconds", 3600),
             outage_mode=mode,
+            ambiguous=_shares(spec.get("ambiguous", 0), "ambiguous share", 1),
             seed=spec.get("seed"),
         )
 
 
 class Faults:
-    """WSGI middleware: DynamoDB throttling, added latency and outages, and SQS outages,
-    switched at run time through ``FAULTS_PATH`` (see the module docstring). Requests
-    marked with :data:`HARNESS_MARK` pass untouched."""
+    """WSGI middleware: DynamoDB throttling, added latency and outages, SQS outages, and
+    ambiguous requests of both, switched at run time through ``FAULTS_PATH`` (see the
+    module docstring). Requests marked with :data:`HARNESS_MARK` pass untouched."""
 
     def __init__(self, app: WSGIApp) -> None:
         self._app = app
@@ -201,7 +212,9 @@ class Faults:
         self._setting = FaultSetting()
         self._outage_until: dict[str, float] = {}  # service -> monotonic end
         self._rng = random.Random()
-        self._counts: dict[str, Counter[str]] = {k: Counter() for k in ("throttled", "delayed", "failed", "passed")}
+        self._counts: dict[str, Counter[str]] = {
+            k: Counter() for k in ("throttled", "delayed", "failed", "ambiguous", "passed")
+        }
 
     def set(self, setting: FaultSetting) -> None:
         """Replace the setting; resets the counts."""
@@ -219,30 +232,35 @@ class Faults:
             s = self._setting
             return {
                 "throttle": dict(s.throttle), "latency_ms": dict(s.latency_ms), "jitter_ms": s.jitter_ms,
-                "outage": dict(s.outage), "outage_mode": s.outage_mode, "seed": s.seed,
+                "outage": dict(s.outage), "outage_mode": s.outage_mode, "ambiguous": dict(s.ambiguous), "seed": s.seed,
                 "outage_left_s": {k: round(end - now, 3) for k, end in self._outage_until.items() if end > now},
                 **{name: dict(counter) for name, counter in self._counts.items()},
             }
 
-    def _decide(self, service: str, op: str) -> tuple[str, float]:
-        """(what to do, seconds): ("outage", until) | ("throttle", 0) | ("delay", s) | ("pass", 0)."""
+    def _decide(self, service: str, op: str) -> tuple[str, float, bool]:
+        """(what to do, seconds, lose the answer): ("outage", until, False) |
+        ("throttle", 0, False) | ("delay", s, ambiguous) | ("pass", 0, ambiguous). An
+        ambiguous request is counted once its answer is known (:meth:`_lose_answer`)."""
         with self._lock:
             s = self._setting
             until = self._outage_until.get(service, 0.0)
             if until > time.monotonic():
                 self._counts["failed"][op] += 1
-                return "outage", until
-            if service != "dynamodb":
-                return "pass", 0.0
-            share = s.throttle.get(op, s.throttle.get("*", 0.0))
-            if share > 0 and self._rng.random() < share:
-                self._counts["throttled"][op] += 1
-                return "throttle", 0.0
-            delay = s.latency_ms.get(op, s.latency_ms.get("*", 0.0))
-            if delay > 0 or s.jitter_ms > 0:
-                delay += s.jitter_ms * self._rng.random()
-            self._counts["delayed" if delay > 0 else "passed"][op] += 1
-            return ("delay", delay / 1000) if delay > 0 else ("pass", 0.0)
+                return "outage", until, False
+            delay = 0.0
+            if service == "dynamodb":
+                share = s.throttle.get(op, s.throttle.get("*", 0.0))
+                if share > 0 and self._rng.random() < share:
+                    self._counts["throttled"][op] += 1
+                    return "throttle", 0.0, False
+                delay = s.latency_ms.get(op, s.latency_ms.get("*", 0.0))
+                if delay > 0 or s.jitter_ms > 0:
+                    delay += s.jitter_ms * self._rng.random()
+            share = s.ambiguous.get(op, s.ambiguous.get("*", 0.0))
+            ambiguous = share > 0 and self._rng.random() < share
+            if service == "dynamodb" and not ambiguous:
+                self._counts["delayed" if delay > 0 else "passed"][op] += 1
+            return ("delay", delay / 1000, ambiguous) if delay > 0 else ("pass", 0.0, ambiguous)
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == FAULTS_PATH:
@@ -251,11 +269,12 @@ class Faults:
         op = _operation(environ) or environ.get("HTTP_X_AMZ_TARGET", "").rpartition(".")[2] or service
         if service not in OUTAGE_SERVICES or HARNESS_MARK in environ.get("HTTP_USER_AGENT", ""):
             return self._app(environ, start_response)
-        what, value = self._decide(service, op)
-        if what == "pass":
-            return self._app(environ, start_response)
+        what, value, ambiguous = self._decide(service, op)
         if what == "delay":
             time.sleep(value)  # before the DynamoDB lock is taken: others go on meanwhile
+        if what in ("pass", "delay"):
+            if ambiguous:
+                return self._lose_answer(environ, start_response, service, op, delayed=what == "delay")
             return self._app(environ, start_response)
         _read_body(environ)  # a client sending a body expects it to be read
         if what == "throttle":
@@ -266,6 +285,36 @@ class Faults:
                                "The request has failed due to a temporary failure of the server.")
         if self._setting.outage_mode == "hang":
             time.sleep(max(0.0, value - time.monotonic()))
+        return self._internal_error(start_response, service)
+
+    def _lose_answer(
+        self, environ: dict, start_response: Callable, service: str, op: str, *, delayed: bool
+    ) -> Iterable[bytes]:
+        """Apply the request, then answer a 500 in place of what the service answered,
+        as when a response is lost on the way back. A request the service refused was
+        not applied: it keeps its own answer (and is counted as delayed or passed)."""
+        answer: list[tuple[str, list]] = []
+        written: list[bytes] = []
+
+        def capture(status: str, headers: list, *exc: Any) -> Callable[[bytes], None]:
+            answer[:] = [(status, headers)]
+            return written.append
+
+        body = written + list(self._app(environ, capture))  # the whole answer: the write is done
+        status, headers = answer[0]
+        applied = status.startswith("2")
+        if applied or service == "dynamodb":
+            with self._lock:
+                self._counts["ambiguous" if applied else "delayed" if delayed else "passed"][op] += 1
+        if applied:
+            return self._internal_error(start_response, service)
+        start_response(status, headers)
+        return body
+
+    def _internal_error(self, start_response: Callable, service: str) -> list[bytes]:
+        if service == "sqs":
+            return self._error(start_response, "500 Internal Server Error", "com.amazonaws.sqs#InternalError",
+                               "We encountered an internal error. Please try again.")
         return self._error(start_response, "500 Internal Server Error", "com.amazonaws.dynamodb.v20120810#InternalServerError",
                            "Internal server error")
 
@@ -637,13 +686,14 @@ def set_faults(
     jitter_ms: float = 0,
     outage: Mapping[str, float] | None = None,
     outage_mode: str = "error",
+    ambiguous: float | Mapping[str, float] = 0,
     seed: int | None = None,
 ) -> dict[str, Any]:
     """Replace the emulator's fault setting (see :class:`Faults`; no argument: all off);
     returns its new state."""
     return _post(endpoint_url + FAULTS_PATH, {
         "throttle": throttle, "latency_ms": latency_ms, "jitter_ms": jitter_ms,
-        "outage": dict(outage or {}), "outage_mode": outage_mode, "seed": seed,
+        "outage": dict(outage or {}), "outage_mode": outage_mode, "ambiguous": ambiguous, "seed": seed,
     })
 
 

@@ -28,6 +28,9 @@ TRANSIENT_CODES = frozenset(
         "InternalFailure",
         "ServiceUnavailable",
         "TransactionInProgressException",
+        # A write to an item that a transaction holds at that moment (a renewal while the
+        # router's STOP transaction posts to the same session's inbox).
+        "TransactionConflictException",
         "LimitExceededException",
         "RequestThrottled",
     }
@@ -41,6 +44,11 @@ TRANSIENT_CANCEL_CODES = frozenset(
 
 class TransientError(Exception):
     """A request failed in a way that says nothing about ownership; retry it."""
+
+
+class TransactionCancelled(TransientError):
+    """A transaction was cancelled for reasons that say nothing about its conditions (a
+    conflict with another transaction on one of its items, throttling): it may go again."""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -146,6 +154,26 @@ class _Table:
     def _key(self, key: str) -> dict:
         return marshal({self.key_name: key})
 
+    def _update(self, key: str, *, update: str, condition: str, values: Mapping[str, Any]) -> dict:
+        """A conditional update of one item, as UpdateItem and a transaction's Update take it."""
+        return {
+            "Key": self._key(key),
+            "UpdateExpression": update,
+            "ConditionExpression": condition,
+            "ExpressionAttributeNames": _names(update, condition),
+            "ExpressionAttributeValues": marshal(values),
+        }
+
+    def _transact_update(
+        self, key: str, *, update: str, condition: str, values: Mapping[str, Any], return_old: bool = False
+    ) -> dict:
+        """The same as one entry of a TransactWriteItems (which may span tables);
+        ``return_old``: if its condition fails, its cancellation reason carries the old item."""
+        params = self._update(key, update=update, condition=condition, values=values)
+        if return_old:
+            params["ReturnValuesOnConditionCheckFailure"] = "ALL_OLD"
+        return {"Update": {"TableName": self._table, **params}}
+
     def _conditional_update(
         self, key: str, *, update: str, condition: str, values: Mapping[str, Any], returns: str = "ALL_NEW"
     ) -> tuple[dict | None, dict | None]:
@@ -153,11 +181,7 @@ class _Table:
         try:
             resp = self._call(
                 "update_item",
-                Key=self._key(key),
-                UpdateExpression=update,
-                ConditionExpression=condition,
-                ExpressionAttributeNames=_names(update, condition),
-                ExpressionAttributeValues=marshal(values),
+                **self._update(key, update=update, condition=condition, values=values),
                 ReturnValues=returns,
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
@@ -166,6 +190,36 @@ class _Table:
                 return None, _old_item(exc)
             raise
         return unmarshal(resp.get("Attributes", {})), None
+
+    def _transact(self, items: list[dict]) -> list[dict] | None:
+        """One TransactWriteItems. None when it landed; when a condition failed, every
+        entry's cancellation reason, in order (``Code`` "ConditionalCheckFailed", or
+        "None" for an entry that was fine; ``Item``, unmarshalled, where the entry asked
+        for the old item). Raises :class:`TransactionCancelled` when cancelled for other
+        reasons (nothing was written; it may go again) and :class:`TransientError` on a
+        transient fault. botocore gives every call a ClientRequestToken, so that its own
+        retries of a transaction that landed succeed again on DynamoDB (moto ignores the
+        token: there such a retry fails its conditions, as a later call would)."""
+        try:
+            self._ddb.transact_write_items(TransactItems=items)
+        except (ClientError, BotoCoreError) as exc:
+            if is_transient(exc):
+                raise TransientError(f"transact_write_items: {exc}") from exc
+            if not isinstance(exc, ClientError) or exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
+                raise
+            reasons = [
+                {**r, "Code": r.get("Code", "None"), **({"Item": unmarshal(r["Item"])} if r.get("Item") else {})}
+                for r in exc.response.get("CancellationReasons", [])
+            ]
+            if len(reasons) != len(items):
+                raise TransactionCancelled(f"transact_write_items: {len(reasons)} reasons for {len(items)} entries") from exc
+            codes = {r["Code"] for r in reasons}
+            if "ConditionalCheckFailed" in codes:
+                return reasons
+            if codes - TRANSIENT_CANCEL_CODES:  # ValidationError and the like: a bug, not a fault to wait out
+                raise
+            raise TransactionCancelled(f"transact_write_items cancelled: {', '.join(sorted(codes - {'None'}))}") from exc
+        return None
 
     def _query_pages(self, **kwargs: Any) -> Iterator[dict]:
         while True:

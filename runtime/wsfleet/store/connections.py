@@ -4,15 +4,17 @@ workers). Every write is conditional; a lost race comes back as a value."""
 from __future__ import annotations
 
 import enum
+import random
+import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import schema
 from ..leases import AcquireFailure, acquire_already_landed, acquire_refusal, release_already_landed
 from .base import (
-    TRANSIENT_CANCEL_CODES,
+    TransactionCancelled,
     TransientError,
     _condition_failed,
     _names,
@@ -23,6 +25,9 @@ from .base import (
     now_ms,
     unmarshal,
 )
+
+if TYPE_CHECKING:
+    from .sessions import SessionsStore
 
 # Checkpoints per TransactWriteItems (DynamoDB takes up to 100). 25 keeps one
 # transaction's hold on the embedded emulator's DynamoDB lock to about that of a batch.
@@ -70,11 +75,28 @@ class Owned:
     desired_state: str
 
 
+class Released(enum.Enum):
+    """How a release landed; false when it did not."""
+
+    FREE = "free"  # STARTED (a START came meanwhile): in its FREE# partition, for anyone to take now
+    STOPPED = "stopped"  # STOPPED: out of the owner index
+    LOST = "lost"  # no longer ours: nothing written
+
+    def __bool__(self) -> bool:
+        return self is not Released.LOST
+
+
 class StartOutcome(enum.Enum):
     CREATED = "created"  # new connection: 202
     RESTARTED = "restarted"  # was STOPPED, now STARTED again: 202
     UNCHANGED = "unchanged"  # already STARTED with this ws_url: 200
     CONFLICT = "conflict"  # already STARTED with another ws_url: 409
+
+
+@dataclass(frozen=True)
+class Started:
+    outcome: StartOutcome
+    unowned: bool = False  # STARTED and attached to no session: worth a hint
 
 
 class StopOutcome(enum.Enum):
@@ -86,9 +108,18 @@ class StopOutcome(enum.Enum):
 @dataclass(frozen=True)
 class Stopped:
     outcome: StopOutcome
-    lease_session: str = ""  # the session to tell, when STOPPED while owned
+    lease_session: str = ""  # the session it is attached to, if any
     fence_token: int = 0  # the ownership it was stopped under
+    told: bool = False  # the STOP is in that session's inbox (False: it is not LIVE, or there is none)
 
+
+# A STOP's transaction conflicts with any other one on its owner's session item (DynamoDB
+# cancels one of the two): it goes again after a pause with full jitter, doubling from
+# STOP_CONFLICT_PAUSE_S up to the cap. Eight tries pause 1.8 s at most (0.9 s on average),
+# well inside the router's 10 s; then the caller gets a 503 and tries again.
+STOP_TRIES = 8
+STOP_CONFLICT_PAUSE_S = 0.02
+STOP_CONFLICT_PAUSE_CAP_S = 0.4
 
 # Items per page when a session's connections are listed (the audit every 30 s, a
 # drain). DynamoDB would answer a whole worker's holding (1,000 rows of about 100 bytes)
@@ -252,7 +283,7 @@ class ConnectionsStore(_Table):
                 for (cid, (expected, _)), reason in zip(list(todo.items()), reasons[1:], strict=True):
                     if reason.get("Code") == "ConditionalCheckFailed":
                         del todo[cid]
-                        judge(cid, expected, unmarshal(reason["Item"]) if reason.get("Item") else None)
+                        judge(cid, expected, reason.get("Item"))
         if todo:
             raise TransientError(f"acquire of {', '.join(todo)}: the items kept changing; try again")
         return [answers[cid] for cid, _ in wanted]
@@ -287,43 +318,8 @@ class ConnectionsStore(_Table):
                 ":fence": int(item.get(schema.FENCE_TOKEN, 0)),
                 ":url": item.get(schema.WS_URL, ""),
             }
-            items.append(
-                {
-                    "Update": {
-                        "TableName": self._table,
-                        "Key": self._key(cid),
-                        "UpdateExpression": update,
-                        "ConditionExpression": condition,
-                        "ExpressionAttributeNames": _names(update, condition),
-                        "ExpressionAttributeValues": marshal(values),
-                        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
-                    }
-                }
-            )
+            items.append(self._transact_update(cid, update=update, condition=condition, values=values, return_old=True))
         return items
-
-    def _transact(self, items: list[dict]) -> list[dict] | None:
-        """TransactWriteItems: None when it landed, else the cancellation reasons (one per
-        item, in order) when some condition failed. Raises TransientError when it was
-        cancelled only for reasons that say nothing about ownership (a conflict with
-        another write to one of its items, throttling)."""
-        try:
-            self._ddb.transact_write_items(TransactItems=items)
-        except (ClientError, BotoCoreError) as exc:
-            if is_transient(exc):
-                raise TransientError(f"transact_write_items: {exc}") from exc
-            if not isinstance(exc, ClientError) or exc.response.get("Error", {}).get("Code") != "TransactionCanceledException":
-                raise
-            reasons = exc.response.get("CancellationReasons", [])
-            if len(reasons) != len(items):
-                raise TransientError(f"transact_write_items: {len(reasons)} reasons for {len(items)} items") from exc
-            codes = {r.get("Code", "None") for r in reasons}
-            if "ConditionalCheckFailed" not in codes:
-                if codes - TRANSIENT_CANCEL_CODES:  # ValidationError and the like: a bug, not a fault to wait out
-                    raise
-                raise TransientError(f"transact_write_items cancelled: {', '.join(sorted(codes - {'None'}))}") from exc
-            return reasons
-        return None
 
     def get_many(self, connection_ids: Sequence[str]) -> dict[str, dict | None]:
         """Strongly consistent BatchGetItem of whole connection items (at most 100);
@@ -354,13 +350,14 @@ class ConnectionsStore(_Table):
         values: Mapping[str, Any],
         last_seq: int | None,
         expect_stopped: bool = False,
-    ) -> dict | None:
+    ) -> tuple[str | None, dict]:
         """Make the connection free (``owner_key`` FREE#shard if STARTED, removed if
         STOPPED), under ``condition``. The index key depends on the desired state, which
         a concurrent START or STOP may flip: the write names the state it expects, and
         is tried once more with the other one (a failed conditional write is billed, so
-        the likelier state goes first). Returns the old item when the condition failed
-        for another reason (None when it landed)."""
+        the likelier state goes first). Returns (the desired state of the form that
+        landed, {}), or (None, the old item, {} if gone) when the condition failed for
+        another reason."""
         old: dict | None = None
         first, other = (schema.STOPPED, schema.STARTED) if expect_stopped else (schema.STARTED, schema.STOPPED)
         for state in (first, other, first):
@@ -384,35 +381,41 @@ class ConnectionsStore(_Table):
                 returns="NONE",
             )
             if new is not None:
-                return None
+                return state, {}
             if old is None or old.get(schema.DESIRED_STATE) == state:
-                return old or {}
-        return old or {}
+                return None, old or {}
+        return None, old or {}
 
     def release(
         self, connection_id: str, *, session_id: str, fence_token: int, last_seq: int, stopped: bool = False
-    ) -> bool:
+    ) -> Released:
         """Give the connection up with a final checkpoint.
 
-        Conditional on: ``lease_session`` is ours and ``fence_token`` is ours. Returns
-        False when it was no longer ours (nothing written); a retry whose first attempt
-        landed returns True. ``stopped``: released for a STOP, so the STOPPED form of
-        the write goes first."""
-        old = self._detach(
+        Conditional on: ``lease_session`` is ours and ``fence_token`` is ours. Returns how
+        it landed: FREE when a START came meanwhile (STARTED: the releaser hints it, as
+        nobody else will), STOPPED, or LOST when it was no longer ours (nothing written);
+        a retry whose first attempt landed reports the state it finds. ``stopped``:
+        released for a STOP, so the STOPPED form of the write goes first."""
+        landed, old = self._detach(
             connection_id,
             condition="#l = :session AND #f = :fence",
             values={":session": session_id, ":fence": fence_token},
             last_seq=last_seq,
             expect_stopped=stopped,
         )
-        return old is None or release_already_landed(old, fence_token)
+        if landed is None and release_already_landed(old, fence_token):
+            landed = old.get(schema.DESIRED_STATE)
+        if landed is None:
+            return Released.LOST
+        return Released.FREE if landed == schema.STARTED else Released.STOPPED
 
     def free_orphan(self, connection_id: str, *, dead_session: str) -> bool:
         """Free a connection of an ENDED session without taking it (its checkpoint stays
         as the dead owner left it; whoever takes it finds the stored end past it).
 
         Conditional on: ``lease_session`` is the dead session."""
-        return self._detach(connection_id, condition="#l = :dead", values={":dead": dead_session}, last_seq=None) is None
+        landed, _ = self._detach(connection_id, condition="#l = :dead", values={":dead": dead_session}, last_seq=None)
+        return landed is not None
 
     def checkpoint(self, connection_id: str, *, session_id: str, fence_token: int, last_seq: int) -> bool:
         """Store ``last_seq`` while holding the connection (no index key moves): a
@@ -434,40 +437,37 @@ class ConnectionsStore(_Table):
         writes the same values again under conditions that still hold."""
         if not 0 < len(entries) <= MAX_TRANSACTION:
             raise ValueError(f"a checkpoint transaction holds 1 to {MAX_TRANSACTION} entries, not {len(entries)}")
-        update, condition = "SET #q = :seq, #u = :now", "#l = :session AND #f = :fence"
         now = self._now_ms()
-        items = [
-            {
-                "Update": {
-                    "TableName": self._table,
-                    "Key": self._key(e.connection_id),
-                    "UpdateExpression": update,
-                    "ConditionExpression": condition,
-                    "ExpressionAttributeNames": _names(update, condition),
-                    "ExpressionAttributeValues": marshal(
-                        {":seq": e.last_seq, ":now": now, ":session": e.session_id, ":fence": e.fence_token}
-                    ),
-                }
-            }
-            for e in entries
-        ]
-        reasons = self._transact(items)
+        reasons = self._transact(
+            [
+                self._transact_update(
+                    e.connection_id,
+                    update="SET #q = :seq, #u = :now",
+                    condition="#l = :session AND #f = :fence",
+                    values={":seq": e.last_seq, ":now": now, ":session": e.session_id, ":fence": e.fence_token},
+                )
+                for e in entries
+            ]
+        )
         if reasons is None:
             return [True] * len(entries)
-        return [False if r.get("Code") == "ConditionalCheckFailed" else None for r in reasons]
+        return [False if r["Code"] == "ConditionalCheckFailed" else None for r in reasons]
 
     # --- desired state (the router) -------------------------------------------------------
 
-    def start(self, connection_id: str, ws_url: str) -> StartOutcome:
+    def start(self, connection_id: str, ws_url: str) -> Started:
         """Record that the connection should run.
 
         A new connection is created free (``owner_key`` FREE#shard) with a conditional
         put (``attribute_not_exists``). A STOPPED one is flipped with an update
         conditional on ``desired_state = STOPPED`` and on the session it is attached to
         (if free, it goes back into FREE#shard; if a session still holds it, it stays
-        attached), keeping its checkpoint and fence. A STARTED one is never written, so
-        a repeated or concurrent START cannot disturb its owner. Losing a race re-reads
-        the outcome from the item it lost to."""
+        attached: its owner, told of the STOP, releases it and hints it), keeping its
+        checkpoint and fence. A STARTED one is never written, so a repeated or concurrent
+        START cannot disturb its owner. Losing a race re-reads the outcome from the item
+        it lost to; so does a retry of a write that landed with its answer lost, which
+        reads UNCHANGED. ``unowned`` in the result: STARTED and attached to no session
+        (whatever the outcome), so that a hint, even a repeated one, is never missing."""
         for _ in range(5):
             now = self._now_ms()
             item = {
@@ -490,16 +490,17 @@ class ConnectionsStore(_Table):
                     ExpressionAttributeNames=_names("#pk"),
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
-                return StartOutcome.CREATED
+                return Started(StartOutcome.CREATED, unowned=True)
             except ClientError as exc:
                 if not _condition_failed(exc):
                     raise
                 old = _old_item(exc)
             if old is None:
                 continue  # deleted between our write and its failure: try again
-            if old.get(schema.DESIRED_STATE) == schema.STARTED:
-                return StartOutcome.UNCHANGED if old.get(schema.WS_URL) == ws_url else StartOutcome.CONFLICT
             session = old.get(schema.LEASE_SESSION, "")
+            if old.get(schema.DESIRED_STATE) == schema.STARTED:
+                same = old.get(schema.WS_URL) == ws_url
+                return Started(StartOutcome.UNCHANGED if same else StartOutcome.CONFLICT, unowned=same and not session)
             update = "SET #s = :started, #w = :url, #u = :now" + (", #k = :free" if not session else "")
             new, _ = self._conditional_update(
                 connection_id,
@@ -516,39 +517,65 @@ class ConnectionsStore(_Table):
                 returns="NONE",
             )
             if new is not None:
-                return StartOutcome.RESTARTED
+                return Started(StartOutcome.RESTARTED, unowned=not session)
         raise TransientError(f"start of {connection_id!r} kept losing races; try again")
 
-    def stop(self, connection_id: str) -> Stopped:
-        """Record that the connection should stop.
+    def stop(self, connection_id: str, *, sessions: SessionsStore) -> Stopped:
+        """Record that the connection should stop, and tell its owner in the same write.
 
         Conditional on: the item exists, desired_state is STARTED, and the session and
-        fence it is attached to (read in the same loop). A free one also leaves the sparse index; an
-        owned one stays attached until its owner (told through its session's inbox, see
-        :meth:`SessionsStore.post_stop`) closes and releases it. Writes nothing otherwise."""
-        for _ in range(5):
-            item = self.get(connection_id)
+        fence it is attached to (as read). Attached to a session: one TransactWriteItems
+        of that update and the STOP notice in the session's inbox
+        (:meth:`SessionsStore.stop_notice`, conditional on LIVE), so that neither a lost
+        answer nor a crash between two writes can leave it STOPPED with its owner untold;
+        if that session is not LIVE, the update alone (whoever takes or frees an ENDED
+        session's connections sees STOPPED itself). Free: the update alone, which also
+        takes it out of the sparse index. Already STOPPED and still attached (a retry of
+        a STOP that landed with its answer lost, or a STOP stored without its notice):
+        the notice is posted again (:meth:`SessionsStore.post_stop`, idempotent). Losing
+        a race re-reads from the item it lost to."""
+        item = self.get(connection_id)
+        for attempt in range(STOP_TRIES):
             if item is None:
                 return Stopped(StopOutcome.NOT_FOUND)
-            if item.get(schema.DESIRED_STATE) != schema.STARTED:
-                return Stopped(StopOutcome.ALREADY_STOPPED)
             session = item.get(schema.LEASE_SESSION, "")
             fence = int(item.get(schema.FENCE_TOKEN, 0))
-            new, old = self._conditional_update(
-                connection_id,
-                update="SET #s = :stopped, #u = :now" + (" REMOVE #k" if not session else ""),
-                condition="attribute_exists(#pk) AND #s = :started AND #l = :session AND #f = :fence",
-                values={
+            if item.get(schema.DESIRED_STATE) != schema.STARTED:
+                told = bool(session) and sessions.post_stop(session, connection_id, fence)
+                return Stopped(StopOutcome.ALREADY_STOPPED, session, fence, told)
+            stop = {
+                "update": "SET #s = :stopped, #u = :now" + (" REMOVE #k" if not session else ""),
+                "condition": "attribute_exists(#pk) AND #s = :started AND #l = :session AND #f = :fence",
+                "values": {
                     ":stopped": schema.STOPPED,
                     ":started": schema.STARTED,
                     ":now": self._now_ms(),
                     ":session": session,
                     ":fence": fence,
                 },
-                returns="NONE",
-            )
+            }
+            if session:
+                try:
+                    reasons = self._transact(
+                        [
+                            self._transact_update(connection_id, **stop, return_old=True),
+                            sessions.stop_notice(session, connection_id, fence),
+                        ]
+                    )
+                except TransactionCancelled:
+                    # Another STOP's transaction held the session item (a burst of STOPs
+                    # of one worker's connections): nothing was written, go again shortly.
+                    time.sleep(random.uniform(0, min(STOP_CONFLICT_PAUSE_CAP_S, STOP_CONFLICT_PAUSE_S * 2**attempt)))
+                    continue
+                if reasons is None:
+                    return Stopped(StopOutcome.STOPPED, session, fence, told=True)
+                if reasons[0]["Code"] == "ConditionalCheckFailed":
+                    item = reasons[0].get("Item") or self.get(connection_id)
+                    continue
+            new, old = self._conditional_update(connection_id, **stop, returns="NONE")
             if new is not None:
                 return Stopped(StopOutcome.STOPPED, session, fence)
+            item = old
         raise TransientError(f"stop of {connection_id!r} kept losing races; try again")
 
 

@@ -162,16 +162,24 @@ class SessionsStore(_Table):
     def post_stop(self, session_id: str, connection_id: str, fence_token: int) -> bool:
         """Post a STOP to the owning session's inbox, for the ownership ``fence_token``
         (see :func:`schema.stop_entry`); its worker takes it with its next renewal.
-        Conditional on: LIVE (an ENDED session's connections are taken by others, whose
-        acquire sees the STOP itself)."""
-        new, _ = self._conditional_update(
-            session_id,
-            update="ADD #in :c",
-            condition="#st = :live",
-            values={":c": {schema.stop_entry(connection_id, fence_token)}, ":live": schema.LIVE},
-            returns="NONE",
-        )
+        Conditional on: LIVE (an ENDED session's connections are taken or freed by
+        others, who see the STOP themselves). Returns False when not LIVE. Idempotent (a
+        set ADD): a retry, or a second post of one STOP, leaves one entry."""
+        new, _ = self._conditional_update(session_id, **self._stop_notice(connection_id, fence_token), returns="NONE")
         return new is not None
+
+    def stop_notice(self, session_id: str, connection_id: str, fence_token: int) -> dict:
+        """:meth:`post_stop` as an entry of a TransactWriteItems, so that a STOP and its
+        notice are one write (see :meth:`ConnectionsStore.stop`). Conditional on: LIVE."""
+        return self._transact_update(session_id, **self._stop_notice(connection_id, fence_token))
+
+    @staticmethod
+    def _stop_notice(connection_id: str, fence_token: int) -> dict[str, Any]:
+        return {
+            "update": "ADD #in :c",
+            "condition": "#st = :live",
+            "values": {":c": {schema.stop_entry(connection_id, fence_token)}, ":live": schema.LIVE},
+        }
 
     def get(self, session_id: str, *, consistent: bool = True) -> dict | None:
         resp = self._call("get_item", Key=self._key(session_id), ConsistentRead=consistent)

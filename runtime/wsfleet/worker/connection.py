@@ -36,7 +36,7 @@ from .. import tracing
 from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
-from ..store import CheckpointEntry, ConnectionsStore
+from ..store import CheckpointEntry, ConnectionsStore, Released
 from ..stream import SeqTracker, parse_frame, resume_url
 from ..validation import Allowlist, Invalid, check_resolved
 from .checkpoints import Checkpoints
@@ -106,6 +106,7 @@ class ConnectionRunner:
         self.connected = asyncio.Event()
         self.end_reason: EndReason | None = None
         self.detached = False  # the release answered: it is no longer attached to our session
+        self.freed = False  # released STARTED (a START came meanwhile): free for anyone, so hinted
         self._s = settings
         self._call = call
         self._connections = connections
@@ -344,6 +345,7 @@ class ConnectionRunner:
             self._log.warning("deadline_passed_before_release", unwritten=self._writer.close(self.connection_id))
             return
         self.detached = True  # released now, or found no longer ours
+        self.freed = released is Released.FREE
         if released:
             self._counters.add(names.LEASES_RELEASED)
             self._log.info("lease_released", checkpoint=self.tracker.checkpoint, why=self.end_reason.value)

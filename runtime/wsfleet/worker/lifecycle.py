@@ -354,8 +354,8 @@ class Worker:
         self._log.info(
             "connection_ended", connection_id=runner.connection_id, why=reason.value, active=len(self.runners)
         )
-        if reason in (EndReason.SHUTDOWN, EndReason.FAILED):
-            await self.intake.hint(runner.connection_id)
+        if reason in (EndReason.SHUTDOWN, EndReason.FAILED) or (reason is EndReason.STOPPED and runner.freed):
+            await self.intake.hint(runner.connection_id)  # STOPPED yet freed: a START's hint found us holding it
         elif reason is EndReason.SHED:
             await self.intake.hint(runner.connection_id, shed_by=runner.session_id, shed_to=runner.shed_to)
 
@@ -377,8 +377,9 @@ class Worker:
     async def audit_once(self) -> int:
         """Compare what the owner index says our session holds with what we hold: a
         STOP we missed is acted on, a connection attached to us that we do not hold
-        (an acquire whose answer was lost) is adopted, one we hold that is no longer
-        ours (checked with a read) is dropped. Returns how many it corrected."""
+        (an acquire whose answer was lost) is adopted if STARTED and freed if STOPPED,
+        one we hold that is no longer ours (checked with a read) is dropped. Returns how
+        many it corrected."""
         session_id = self.keeper.session_id
         if not self.keeper.live():
             return 0
@@ -394,6 +395,14 @@ class Worker:
             elif runner is None and connection_id not in self._acquiring and state == schema.STARTED:
                 self._log.warning("adopting_attached_connection", connection_id=connection_id)
                 await self.try_acquire(connection_id, source="audit", expected_session=session_id)
+                fixed += 1
+            elif runner is None and connection_id not in self._acquiring:
+                # STOPPED and attached to us with no runner (an acquisition whose answer
+                # was lost, then its STOP): nobody holds a socket, so free it, as its
+                # release would have (conditional on it still being attached to us).
+                self._log.warning("freeing_stopped_attached_connection", connection_id=connection_id)
+                if await self._aws.call(self._connections.free_orphan, connection_id, dead_session=session_id):
+                    self.attachments.settled(connection_id)
                 fixed += 1
         now = time.monotonic()
         for connection_id, runner in list(self.runners.items()):

@@ -53,8 +53,11 @@ class Sweeper:
         log: JsonLogger,
         sweep_s: float,
         page_items: int = SWEEP_PAGE_ITEMS,
+        first_pass_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``first_pass_s``: when the first pass may start, from now (a whole ``sweep_s``
+        by default: a fleet that restarts its workers does not sweep at every restart)."""
         self.passes = 0
         self.found = 0
         self._connections = connections
@@ -70,7 +73,7 @@ class Sweeper:
         self._clock = clock
         self._sweeping = False
         self._cursor: dict | None = None
-        self._started = float("-inf")
+        self._started = clock() - sweep_s + (sweep_s if first_pass_s is None else first_pass_s)
         self._scanned = 0
         self._found_in_pass = 0
 
