@@ -22,7 +22,7 @@ from .connections import (
     Stopped,
     StopOutcome,
 )
-from .messages import MAX_BATCH, MessagesStore
+from .messages import MAX_BATCH, InvalidItem, MessagesStore
 from .sessions import SessionsStore
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "Acquired",
     "CheckpointEntry",
     "ConnectionsStore",
+    "InvalidItem",
     "MessagesStore",
     "NotAcquired",
     "Owned",
