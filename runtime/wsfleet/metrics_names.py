@@ -23,6 +23,11 @@ MALFORMED_FRAMES = "MalformedFrames"
 LOOP_LAG_P99 = "LoopLagP99"
 # Receive loops that had to wait because the worker's writer was at its pending cap.
 BACKPRESSURE_WAITS = "BackpressureWaits"
+# Exceptions a long-lived loop met that were neither transient nor handled where they
+# arose (worker.supervision): each was logged with its traceback and the loop went on.
+LOOP_ERRORS = "LoopErrors"
+# Frames neither stored nor stored as a skip marker (the table refused the marker too).
+FRAMES_DROPPED = "FramesDropped"
 
 COUNTERS = (
     LEASES_ACQUIRED,
@@ -33,4 +38,6 @@ COUNTERS = (
     MESSAGES_STORED,
     MALFORMED_FRAMES,
     BACKPRESSURE_WAITS,
+    LOOP_ERRORS,
+    FRAMES_DROPPED,
 )
