@@ -18,6 +18,8 @@ LEASES_RELEASED = "LeasesReleased"
 ORPHANS_RECOVERED = "OrphansRecovered"
 RECONNECTS = "Reconnects"
 MESSAGES_STORED = "MessagesStored"
+# Frames not stored as sent (wsfleet.stream.Problem): skipped (no usable seq), stored as a
+# skip marker, or stored escaped (a lone surrogate).
 MALFORMED_FRAMES = "MalformedFrames"
 # The worker's event-loop lag, 99th percentile of the last two minutes of probes (ms).
 LOOP_LAG_P99 = "LoopLagP99"
