@@ -56,8 +56,8 @@ class Supervisor:
 
     async def keep(self, loop: str, run: Callable[[], Awaitable[T]]) -> T:
         """``await run()`` until it returns; each time it raises, report it and run it
-        again after a backoff (which starts over once it ran that long without failing).
-        Cancelling it cancels the loop."""
+        again after a backoff (which starts over when a run had lasted longer than the
+        cap). Cancelling it cancels the loop."""
         attempt = 0
         while True:
             started = time.monotonic()
