@@ -9,8 +9,11 @@ import asyncio
 import time
 
 import pytest
+from botocore.exceptions import ClientError
 
+from wsfleet import metrics_names as names
 from wsfleet.logs import JsonLogger
+from wsfleet.metrics import Counters
 from wsfleet.store import CheckpointEntry, TransientError
 from wsfleet.worker.checkpoints import Checkpoints
 from wsfleet.worker.retry import LeaseExpired
@@ -21,13 +24,16 @@ class RecordingStore:
     cancel the rest of their transaction); ``conflicts`` transactions are cancelled as
     a whole first."""
 
-    def __init__(self, gone: set[str] = frozenset(), conflicts: int = 0) -> None:
+    def __init__(self, gone: set[str] = frozenset(), conflicts: int = 0, errors: list[Exception] = ()) -> None:
         self.transactions: list[list[CheckpointEntry]] = []
         self.gone = set(gone)
         self.conflicts = conflicts
+        self.errors = list(errors)  # raised, one per transaction, before any answer
 
     def checkpoint_many(self, entries):
         self.transactions.append(list(entries))
+        if self.errors:
+            raise self.errors.pop(0)
         if self.conflicts:
             self.conflicts -= 1
             raise TransientError("cancelled: TransactionConflict")
@@ -44,8 +50,8 @@ def entry(cid: str, seq: int = 7) -> CheckpointEntry:
     return CheckpointEntry(cid, "s#1", 1, seq)
 
 
-async def started(store: RecordingStore, **kw) -> tuple[Checkpoints, asyncio.Task]:
-    cp = Checkpoints(connections=store, call=direct_call, log=JsonLogger(), **kw)
+async def started(store: RecordingStore, counters: Counters | None = None, **kw) -> tuple[Checkpoints, asyncio.Task]:
+    cp = Checkpoints(connections=store, call=direct_call, counters=counters or Counters(), log=JsonLogger(), **kw)
     return cp, asyncio.create_task(cp.run())
 
 
@@ -140,3 +146,34 @@ def test_a_checkpoint_whose_runner_stopped_waiting_is_not_sent():
     store, done = asyncio.run(scenario())
     assert done is True
     assert [[e.connection_id for e in t] for t in store.transactions] == [["c1"]]
+
+
+def test_an_unexpected_error_is_counted_and_the_checkpoints_go_again_and_later_ones_too():
+    async def scenario():
+        store = RecordingStore(errors=[RuntimeError("a bug in the store")])
+        counters = Counters()
+        cp, task = await started(store, counters)
+        first = await asyncio.wait_for(cp.write(entry("c0"), by=time.monotonic(), deadline=far), timeout=5)
+        later = await asyncio.wait_for(cp.write(entry("c1", 9), by=time.monotonic(), deadline=far), timeout=5)
+        alive = not task.done()
+        task.cancel()
+        return store, counters, first, later, alive
+
+    store, counters, first, later, alive = asyncio.run(scenario())
+    assert (first, later, alive) == (True, True, True)
+    assert [[e.connection_id for e in t] for t in store.transactions] == [["c0"], ["c0"], ["c1"]]
+    assert counters.total(names.LOOP_ERRORS) == 1
+
+
+def test_an_error_that_is_not_about_ownership_is_retried_until_the_deadline_then_the_writer_hears_so():
+    async def scenario():
+        denied = ClientError({"Error": {"Code": "AccessDeniedException", "Message": "deploying"}}, "TransactWriteItems")
+        store = RecordingStore(errors=[denied] * 1000)
+        cp, task = await started(store)
+        deadline = time.monotonic() + 1.0
+        with pytest.raises(LeaseExpired):
+            await asyncio.wait_for(cp.write(entry("c0"), by=time.monotonic(), deadline=lambda: deadline), timeout=5)
+        task.cancel()
+        return store
+
+    assert len(asyncio.run(scenario()).transactions) > 1  # tried again, with a backoff, until then

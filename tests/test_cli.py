@@ -438,6 +438,15 @@ def test_messages_shows_a_page_from_a_seq(capsys, ddb, aws_env):
     assert run(capsys, aws_env, "messages", "c1", "--limit", "0")[0] == 2
 
 
+def test_messages_shows_a_skip_marker_as_skipped_with_its_reason(capsys, ddb, aws_env):
+    MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"]).put(
+        "c1", [Frame(1, "{}", 1_700_000_000_000), Frame(2, None, 1_700_000_000_000)], fence_token=1, worker_id="w1"
+    )
+    rows = run_json(capsys, aws_env, "messages", "c1")
+    assert [(r["seq"], r.get("data"), r.get("skipped")) for r in rows] == [(1, {}, None), (2, None, "malformed")]
+    assert run(capsys, aws_env, "messages", "c1")[1].splitlines()[2].endswith("(skipped: malformed)")
+
+
 # --- where the tables and the API are -----------------------------------------------------------------
 
 

@@ -195,6 +195,16 @@ async def test_injected_malformed_frames_arrive_once_between_the_frames_around_t
 
 
 @run
+async def test_injected_bytes_go_out_as_they_are_in_a_text_frame_even_when_not_utf8():
+    async with Upstream(rate=None) as up:
+        async with connect(up.url_for("s"), compression=None) as ws:
+            up.inject("s", b'{"seq": 1, "data": "\xc3\xa9"}')
+            up.inject("s", b'{"seq": 2, "data": "\xff"}')
+            assert await asyncio.wait_for(ws.recv(), 5) == '{"seq": 1, "data": "é"}'  # a text frame: decoded
+            assert await asyncio.wait_for(ws.recv(decode=False), 5) == b'{"seq": 2, "data": "\xff"}'
+
+
+@run
 async def test_a_stalled_stream_sends_nothing_and_answers_no_ping_then_delivers_its_backlog_in_order():
     async with Upstream(rate=None) as up:
         async with connect(up.url_for("s"), compression=None) as ws, connect(up.url_for("other"), compression=None) as bystander:

@@ -757,3 +757,23 @@ def test_a_sessions_connections_are_listed_in_pages(store, monkeypatch):
     monkeypatch.setattr(store, "_call", counting)
     assert sorted(o.connection_id for o in store.owned_by("a#1")) == ids
     assert queries == [2, 2, 2]  # 5 rows, 2 per page: every page asked for, none twice
+
+
+def test_a_skip_marker_is_an_item_with_no_data_that_says_why(ddb, aws_env):
+    msgs = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"])
+    msgs.put("c1", [Frame(1, "{}", 1), Frame(2, None, 1, data_bytes=500_000), Frame(3, None, 1)], fence_token=1, worker_id="a")
+    rows = {r["sk"]: r for r in msgs.read_all("c1")}
+    assert rows[2]["skipped"] == schema.SKIPPED_MALFORMED and rows[2]["data_bytes"] == 500_000
+    assert "message_data" not in rows[2] and "data_bytes" not in rows[3]
+    assert msgs.stored_end("c1", 0) == 3  # a marker counts as stored: no owner stops at it
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [Frame(10**40, "{}", 1), Frame(1, "x" * 500_000, 1)],  # a key beyond 38 digits; an item over 400 KB
+    ids=["client refuses", "table refuses"],
+)
+def test_an_item_the_store_refuses_is_invalid_not_transient(ddb, aws_env, frame):
+    msgs = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"], sleep=lambda _: None)
+    with pytest.raises(store_mod.InvalidItem):
+        msgs.put("c1", [Frame(2, "{}", 1), frame], fence_token=1, worker_id="a")

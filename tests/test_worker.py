@@ -245,6 +245,99 @@ def test_malformed_frames_are_counted_and_skipped_and_the_connection_stays_up(aw
 
 
 
+def test_frames_that_once_bounced_a_connection_are_skipped_and_the_stream_goes_on_with_one_socket_and_fence(
+    aws_env, stores
+):
+    """Regression (issue 17): a lone surrogate (a JavaScript producer cutting an emoji in
+    half) and 3,000-deep nesting made the parser raise; the runner ended FAILED and the
+    connection bounced from owner to owner, nothing past the bad seq ever stored. A seq of
+    10^40 wedged the writer; invalid UTF-8 failed the socket (1007) at every reconnect."""
+    conns, msgs = stores
+    with ThreadedUpstream(rate=None) as up:
+        frames = [
+            *('{"seq": %d, "data": {"v": %d}}' % (n, n) for n in range(1, 5)),
+            '{"seq": 5, "data": "\\ud83d"}',  # stored escaped
+            '{"seq": 6, "data": %s}' % ("[" * 3000 + "]" * 3000),  # a skip marker at 6
+            '{"seq": %d, "data": 1}' % 10**40,  # no usable seq: only counted
+            b'{"seq": 7, "data": "\xff"}',  # invalid UTF-8: a skip marker at 7
+            *('{"seq": %d, "data": {"v": %d}}' % (n, n) for n in range(8, 11)),
+        ]
+        for frame in frames:
+            up.inject("a", frame)
+        for _ in range(10):
+            up.publish("b")  # a healthy stream, its frames in the same batches
+        conns.start("a", up.url_for("a"))
+        conns.start("b", up.url_for("b"))
+
+        async def scenario():
+            async with running(config(aws_env, FLUSH_INTERVAL_MS="200")) as worker:
+                await eventually(lambda: seqs(msgs, "a") == list(range(1, 11)), what="every seq of a stored")
+                await eventually(lambda: len(seqs(msgs, "b")) == 10, what="b's first frames")
+                for _ in range(10):
+                    up.publish("b")
+                await eventually(lambda: len(seqs(msgs, "b")) == 20, what="b's later frames")
+                return worker.counters.totals()
+
+        totals = asyncio.run(scenario())
+        assert len(up.sockets("a")) == 1 and len(up.sockets("b")) == 1  # never reconnected
+    rows = {r["sk"]: r for r in msgs.read_all("a")}
+    assert {r["fence_token"] for r in rows.values()} == {1} and conns.get("a")["fence_token"] == 1
+    assert rows[5]["message_data"] == '"\\ud83d"'
+    assert rows[6]["skipped"] == rows[7]["skipped"] == "malformed" and "message_data" not in rows[6]
+    assert rows[8]["message_data"] == '{"v":8}'
+    assert totals[names.MALFORMED_FRAMES] == 4 and totals[names.LOOP_ERRORS] == 0
+    assert conns.get("a")["last_seq"] == 10  # released past the markers: no owner ever stops at them
+
+
+def test_an_unexpected_error_in_the_stream_loop_costs_a_reconnect_not_the_connection(
+    aws_env, stores, upstream, monkeypatch
+):
+    from wsfleet.worker.connection import ConnectionRunner
+
+    real, calls = ConnectionRunner._resolve, []
+
+    async def failing_once(self):
+        calls.append(self.connection_id)
+        if len(calls) == 1:
+            raise UnicodeError("label too long")  # what getaddrinfo raises for some host names
+        return await real(self)
+
+    monkeypatch.setattr(ConnectionRunner, "_resolve", failing_once)
+    conns, msgs = stores
+    conns.start("a", upstream.url_for("a"))
+
+    async def scenario():
+        async with running(config(aws_env)) as worker:
+            await eventually(lambda: len(seqs(msgs, "a")) >= 5, what="frames after the error")
+            return worker.counters.totals()
+
+    totals = asyncio.run(scenario())
+    assert totals[names.LOOP_ERRORS] == 1 and totals[names.LEASES_ACQUIRED] == 1
+    assert calls == ["a", "a"] and len(upstream.sockets("a")) == 1
+    assert conns.get("a")["fence_token"] == 1
+
+
+def test_a_loop_step_that_raises_is_logged_with_its_traceback_counted_and_run_again(aws_env, upstream, capsys):
+    async def scenario():
+        async with running(config(aws_env)) as worker:
+            real, calls = worker.takeover.reconcile_once, []
+
+            async def failing_once():
+                calls.append(time.monotonic())
+                if len(calls) == 1:
+                    raise RuntimeError("a bug in a scan")
+                return await real()
+
+            worker.takeover.reconcile_once = failing_once
+            await eventually(lambda: len(calls) >= 3, what="the step run again")
+            return worker.counters.total(names.LOOP_ERRORS)
+
+    assert asyncio.run(scenario()) == 1
+    errors = [json.loads(line) for line in capsys.readouterr().out.splitlines() if '"loop_error"' in line]
+    assert [(e["level"], e["loop"], e["error"]) for e in errors] == [("error", "reconcile", "RuntimeError: a bug in a scan")]
+    assert "Traceback (most recent call last)" in errors[0]["traceback"] and "failing_once" in errors[0]["traceback"]
+
+
 def test_stop_reaches_the_owner_through_its_session_inbox_with_no_per_connection_read(
     aws_env, stores, upstream, router
 ):

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
 from wsfleet import metrics_names as names
 from wsfleet.logs import JsonLogger
@@ -20,21 +21,35 @@ from wsfleet.worker.writer import Latency, Writer, histogram_of, histogram_quant
 
 
 class RecordingDynamoDB:
-    """Answers BatchWriteItem like DynamoDB, records each request, and can leave items
-    unprocessed or hold requests until released."""
+    """Answers BatchWriteItem like DynamoDB, records each request and what it stored, and
+    can leave items unprocessed, refuse a request holding a given item (as DynamoDB
+    refuses a whole batch for one invalid item), or fail requests with given errors."""
 
     def __init__(self) -> None:
         self.requests: list[list[tuple[str, int]]] = []
+        self.items: dict[tuple[str, int], dict] = {}
         self.unprocess_once: set[tuple[str, int]] = set()
-        self.gate: asyncio.Event | None = None
+        self.refuse_data: set[str] = set()  # items with this message_data
+        self.refuse_keys: set[tuple[str, int]] = set()  # any item with this key, markers too
+        self.errors: list[Exception] = []  # raised one per request, before anything is stored
 
     def batch_write_item(self, RequestItems: dict[str, Any]) -> dict[str, Any]:
         (table, reqs), = RequestItems.items()
-        keys = [(r["PutRequest"]["Item"]["pk"]["S"], int(r["PutRequest"]["Item"]["sk"]["N"])) for r in reqs]
+        items = [r["PutRequest"]["Item"] for r in reqs]
+        keys = [(i["pk"]["S"], int(i["sk"]["N"])) for i in items]
         self.requests.append(keys)
+        if self.errors:
+            raise self.errors.pop(0)
+        if any(i.get("message_data", {}).get("S") in self.refuse_data for i in items) or self.refuse_keys & set(keys):
+            raise client_error("ValidationException", "Item size has exceeded the maximum allowed size")
         left = [r for r, k in zip(reqs, keys, strict=True) if k in self.unprocess_once]
         self.unprocess_once -= set(keys)
+        self.items.update((k, i) for k, i, r in zip(keys, items, reqs, strict=True) if r not in left)
         return {"UnprocessedItems": {table: left} if left else {}}
+
+
+def client_error(code: str, message: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": message}}, "BatchWriteItem")
 
 
 async def direct_call(fn, /, *args, **kwargs):
@@ -64,9 +79,14 @@ class Harness:
                 cid, fence_token=1, deadline=lambda: self.deadline, on_stored=lambda s, n, c=cid: self.stored[c].append((s, n))
             )
 
-    async def put(self, cid: str, *seqs: int) -> None:
+    async def put(self, cid: str, *seqs: int, data: str = "{}") -> None:
         for seq in seqs:
-            await self.writer.put(cid, Frame(seq, "{}", 1))
+            await self.writer.put(cid, Frame(seq, data, 1))
+
+    def idle(self) -> bool:
+        """No queue left in flight, every batch slot free."""
+        in_flight = any(q.in_flight for q in self.writer._queues.values())
+        return not in_flight and self.writer._slots._value == self.writer._concurrency
 
 
 async def until(predicate, timeout: float = 5.0) -> None:
@@ -377,3 +397,132 @@ def test_latency_histogram_percentiles_window_and_cumulative_counts():
     between = [b - a for a, b in zip(histogram_of(first), both, strict=True)]
     assert 500 / 1.1 <= histogram_quantile(between, 99) <= 500 * 1.1
     assert histogram_quantile([0] * len(between), 50) is None
+
+
+# --- whatever the store answers ------------------------------------------------------------
+
+
+def test_an_item_the_store_refuses_becomes_a_skip_marker_and_the_rest_of_its_batch_is_stored():
+    async def scenario():
+        h = Harness(interval=0.05)
+        h.open("a", "b")
+        h.ddb.refuse_data = {'"too big"'}
+        task = asyncio.create_task(h.writer.run())
+        await h.put("a", 1, 2)
+        await h.put("a", 3, data='"too big"')
+        await h.put("a", 4)
+        await h.put("b", 1, 2, 3)  # a healthy connection sharing the batch
+        await until(lambda: h.stored["a"] and h.stored["b"])
+        alive = not task.done()
+        task.cancel()
+        return h, alive
+
+    h, alive = run(scenario())
+    assert alive and h.idle()
+    assert h.stored == {"a": [(4, 4)], "b": [(3, 3)]}  # every seq accounted for, the checkpoint goes on
+    assert sorted(h.ddb.items) == [("CONN#a", s) for s in (1, 2, 3, 4)] + [("CONN#b", s) for s in (1, 2, 3)]
+    marker = h.ddb.items[("CONN#a", 3)]
+    assert marker["skipped"] == {"S": "malformed"} and "message_data" not in marker
+    assert marker["data_bytes"] == {"N": str(len('"too big"'))}
+    assert h.counters.total(names.MALFORMED_FRAMES) == 1 and h.counters.total(names.FRAMES_DROPPED) == 0
+
+
+def test_a_seq_no_dynamodb_number_holds_is_dropped_and_counted_and_its_batch_is_stored():
+    """Regression (issue 17): a seq of 10^40 made the client refuse the whole batch and
+    the writer kept its queues in flight for good, a healthy stream sharing the batch
+    with them. Not even its marker can be stored (the key is the seq)."""
+
+    async def scenario():
+        h = Harness(interval=0.05)
+        h.open("a", "b")
+        task = asyncio.create_task(h.writer.run())
+        await h.put("a", 4, 10**40)
+        await h.put("b", 1, 2)
+        await until(lambda: h.stored["a"] and h.stored["b"])
+        await h.put("a", 10**40 + 1)  # (the parser never lets such a seq through: this is the last line)
+        await h.put("b", 3)
+        await until(lambda: len(h.stored["b"]) == 2)
+        task.cancel()
+        return h
+
+    h = run(scenario())
+    assert h.idle()
+    assert h.stored["b"] == [(2, 2), (3, 1)]
+    assert ("CONN#a", 4) in h.ddb.items
+    assert h.counters.total(names.FRAMES_DROPPED) == 2 and h.counters.total(names.MALFORMED_FRAMES) == 2
+
+
+def test_access_denied_for_a_while_is_retried_nothing_is_dropped_and_the_loop_lives():
+    async def scenario():
+        h = Harness(interval=0.05)
+        h.open("a")
+        h.ddb.errors = [client_error("AccessDeniedException", "not yet")] * 3  # a deploy replacing the role
+        task = asyncio.create_task(h.writer.run())
+        await h.put("a", 1, 2, 3)
+        await until(lambda: h.stored["a"])
+        await h.put("a", 4)
+        await h.writer.flush("a")
+        alive = not task.done()
+        task.cancel()
+        return h, alive
+
+    h, alive = run(scenario())
+    assert alive and h.idle()
+    assert h.ddb.requests == [[("CONN#a", s) for s in (1, 2, 3)]] * 4 + [[("CONN#a", 4)]]
+    assert sorted(h.ddb.items) == [("CONN#a", s) for s in (1, 2, 3, 4)] and h.stored["a"] == [(3, 3), (4, 1)]
+    assert h.counters.total(names.LOOP_ERRORS) == 3 and h.counters.total(names.MALFORMED_FRAMES) == 0
+
+
+def test_an_arbitrary_exception_from_a_put_is_counted_and_the_writer_goes_on():
+    async def scenario():
+        h = Harness(interval=0.05)
+        h.open("a")
+        real, calls = h.writer._put, []
+
+        def failing_once(**kw):
+            calls.append(len(kw["entries"]))
+            if len(calls) == 1:
+                raise KeyError("a bug")
+            real(**kw)
+
+        h.writer._put = failing_once
+        task = asyncio.create_task(h.writer.run())
+        await h.put("a", 1, 2)
+        await until(lambda: h.stored["a"])
+        await h.put("a", 3)
+        await h.writer.flush("a")
+        alive = not task.done()
+        task.cancel()
+        return h, alive, calls
+
+    h, alive, calls = run(scenario())
+    assert alive and h.idle() and calls == [2, 2, 1]
+    assert h.stored["a"] == [(2, 2), (3, 1)]
+    assert h.counters.total(names.LOOP_ERRORS) == 1
+
+
+def test_a_flush_waits_as_long_as_renewals_keep_moving_the_deadline():
+    """Regression (issue 17): the flush computed its headroom once, from the deadline at
+    its start, and gave up with LeaseExpired while renewals kept moving the deadline: the
+    release then failed and the connection sat attached to the session."""
+
+    async def scenario():
+        h = Harness(interval=30.0, deadline_s=0.3)
+        h.open("a")
+        slow_table(h, 1.0)
+        task = asyncio.create_task(h.writer.run())
+
+        async def renewals():
+            while True:
+                h.deadline = time.monotonic() + 0.3
+                await asyncio.sleep(0.05)
+
+        renewing = asyncio.create_task(renewals())
+        await h.put("a", 1)
+        await h.writer.flush("a")  # a batch of 1 s, under a deadline never more than 0.3 s away
+        renewing.cancel()
+        task.cancel()
+        return h
+
+    h = run(scenario())
+    assert h.stored["a"] == [(1, 1)]

@@ -18,6 +18,8 @@ LEASES_RELEASED = "LeasesReleased"
 ORPHANS_RECOVERED = "OrphansRecovered"
 RECONNECTS = "Reconnects"
 MESSAGES_STORED = "MessagesStored"
+# Frames not stored as sent (wsfleet.stream.Problem): skipped (no usable seq), stored as a
+# skip marker, or stored escaped (a lone surrogate).
 MALFORMED_FRAMES = "MalformedFrames"
 # The worker's event-loop lag, 99th percentile of the last two minutes of probes (ms).
 LOOP_LAG_P99 = "LoopLagP99"
@@ -27,6 +29,11 @@ BACKPRESSURE_WAITS = "BackpressureWaits"
 # but in no FREE# partition, or attached to a session out of the watch ring), each one
 # repaired as found: any at all is a broken invariant (worker.sweep).
 UNREACHABLE_CONNECTIONS = "UnreachableConnections"
+# Exceptions a long-lived loop met that were neither transient nor handled where they
+# arose (worker.supervision): each was logged with its traceback and the loop went on.
+LOOP_ERRORS = "LoopErrors"
+# Frames neither stored nor stored as a skip marker (the table refused the marker too).
+FRAMES_DROPPED = "FramesDropped"
 
 COUNTERS = (
     LEASES_ACQUIRED,
@@ -38,4 +45,6 @@ COUNTERS = (
     MALFORMED_FRAMES,
     BACKPRESSURE_WAITS,
     UNREACHABLE_CONNECTIONS,
+    LOOP_ERRORS,
+    FRAMES_DROPPED,
 )

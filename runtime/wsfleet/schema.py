@@ -92,6 +92,11 @@ MESSAGE_DATA = "message_data"
 MSG_FENCE_TOKEN = "fence_token"
 MSG_WORKER_ID = "worker_id"
 RECEIVED_AT_MS = "received_at_ms"
+# A skip marker: an item with no data that stands for a seq whose frame could not be
+# stored, so that the stored seqs stay gap-free (CONTRACT.md section 4).
+SKIPPED = "skipped"  # why: one of the SKIPPED_* reasons
+DATA_BYTES = "data_bytes"  # how large the skipped data was, where known
+SKIPPED_MALFORMED = "malformed"
 MESSAGE_TTL_ATTRIBUTE = "expires_at"  # epoch seconds; only written when a TTL is configured
 
 # The public fields returned by GET /connections/{id}.

@@ -1,41 +1,187 @@
 """The upstream stream, as pure decisions: parse frames, drop replays, track the
-checkpoint, build the resume URL. No I/O."""
+checkpoint, build the resume URL. No I/O.
+
+The frame rules (CONTRACT.md section 3): a frame never fails a connection. Whatever an
+upstream sends, :func:`parse_frame` returns either a :class:`Frame` to store or a
+:class:`Rejected` to count, and never raises. A frame whose seq can be read but whose data
+cannot be stored becomes a skip marker at that seq (a :class:`Frame` with no data), so the
+stored messages stay gap-free and no owner ever stops at it; a frame with no usable seq
+is only counted. :class:`Problem` names each class; the README's table says what happens
+to each.
+"""
 
 from __future__ import annotations
 
+import enum
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from typing import Iterable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 MAX_MESSAGE_BYTES = 350_000  # stay well inside DynamoDB's 400 KB item limit
+MAX_SEQ = 2**63 - 1  # a seq is a non-negative integer below 2^63
+# Deepest nesting of arrays and objects a frame may have (the frame's own object is 1).
+# Deeper data is skipped: it bounds parsing, and what is stored stays readable by
+# consumers whose parsers limit depth (serde_json: 128; .NET's default is 64).
+MAX_DEPTH = 128
+# How far into a frame that json cannot read (too deep, an integer too long) a scan
+# looks for its top-level seq: a bound on the time such a frame can cost.
+SEQ_SCAN_CHARS = 1 << 16
+
+
+class Problem(enum.Enum):
+    """Why a frame is not stored exactly as sent. Counted (``MalformedFrames``) and logged."""
+
+    # No usable seq: counted and skipped, nothing stored.
+    NOT_JSON = "not_json"  # not JSON text: garbage, truncated, trailing data
+    NOT_AN_OBJECT = "not_an_object"  # JSON, but an array, a string, a number...
+    BAD_SEQ = "bad_seq"  # seq missing, or not an integer in 0..2^63-1 (bool, float, string, 10^40)
+    # A seq and data that cannot be stored: a skip marker at the seq (no seq found: as above).
+    INVALID_UTF8 = "invalid_utf8"  # bytes that are not UTF-8 (read with U+FFFD to find the seq)
+    TOO_DEEP = "too_deep"  # nested deeper than MAX_DEPTH
+    NUMBER_TOO_LONG = "number_too_long"  # an integer of more than 4,300 digits (Python refuses it)
+    NOT_FINITE = "not_finite"  # NaN, Infinity (not JSON) or a number beyond a double (1e400)
+    TOO_LARGE = "too_large"  # data over MAX_MESSAGE_BYTES as compact JSON
+    STORE_REFUSED = "store_refused"  # the table refused the item (the writer makes the marker)
+    # Stored, but not byte for byte.
+    LONE_SURROGATE = "lone_surrogate"  # half a UTF-16 pair (a cut emoji): stored as a \\uXXXX escape
 
 
 @dataclass(frozen=True)
 class Frame:
+    """One seq to store: its data as compact JSON, or, when ``data_json`` is None, a
+    skip marker (CONTRACT.md section 4)."""
+
     seq: int
-    data_json: str  # the frame's data as compact JSON
+    data_json: str | None
     received_at_ms: int
+    problem: Problem | None = None  # why it is not stored as sent
+    data_bytes: int | None = None  # a marker's: how large the data it skips is, where known
+
+    @property
+    def is_marker(self) -> bool:
+        return self.data_json is None
+
+    def as_marker(self, problem: Problem) -> Frame:
+        """The skip marker that stands in for this frame."""
+        size = self.data_bytes if self.data_json is None else len(self.data_json.encode("utf-8", "replace"))
+        return replace(self, data_json=None, problem=problem, data_bytes=size)
 
 
-def parse_frame(text: str | bytes, received_at_ms: int) -> Frame | None:
-    """Parse an upstream text frame ``{"seq": <int>, "data": <any>}``; None if malformed
-    (binary, not JSON, not an object, no non-negative integer seq, or too large to store)."""
-    if not isinstance(text, str):
-        return None
+@dataclass(frozen=True)
+class Rejected:
+    """A frame with no usable seq: nothing is stored."""
+
+    problem: Problem
+    size: int  # bytes (or characters, for text given as str)
+
+
+def parse_frame(message: str | bytes, received_at_ms: int) -> Frame | Rejected:
+    """Read an upstream frame ``{"seq": <int>, "data": <any JSON>}``: a :class:`Frame`
+    (its data as compact JSON, or a skip marker), or :class:`Rejected`. Never raises.
+
+    The worker reads every frame as bytes (text frames are not decoded by the socket, so
+    invalid UTF-8 cannot fail the connection); a binary frame is read the same way."""
+    problem: Problem | None = None
+    if isinstance(message, str):
+        text = message
+    else:
+        try:
+            text = message.decode("utf-8")
+        except UnicodeDecodeError:
+            text = message.decode("utf-8", "replace")
+            problem = Problem.INVALID_UTF8
     try:
         obj = json.loads(text)
-    except ValueError:
-        return None
+    except json.JSONDecodeError:
+        return Rejected(problem or Problem.NOT_JSON, len(message))
+    except RecursionError:  # deeper than the interpreter's stack allows (about 1,000)
+        return _by_scan(text, problem or Problem.TOO_DEEP, received_at_ms, len(message))
+    except ValueError:  # JSON beyond what Python takes: an integer over 4,300 digits
+        return _by_scan(text, problem or Problem.NUMBER_TOO_LONG, received_at_ms, len(message))
     if not isinstance(obj, dict):
-        return None
+        return Rejected(problem or Problem.NOT_AN_OBJECT, len(message))
     seq = obj.get("seq")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+    if type(seq) is not int or not 0 <= seq <= MAX_SEQ:  # bool is a subclass of int: excluded
+        return Rejected(problem or Problem.BAD_SEQ, len(message))
+    if problem is None and text.count("[") + text.count("{") > MAX_DEPTH and _deeper_than(obj, MAX_DEPTH):
+        problem = Problem.TOO_DEEP  # (fewer brackets than that, in strings or not, cannot nest deeper)
+    if problem is not None:
+        return Frame(seq, None, received_at_ms, problem)
+    return _stored(seq, obj.get("data"), received_at_ms)
+
+
+# Built once: json.dumps with arguments builds an encoder per call (4 us of the 9 a frame took).
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+def _stored(seq: int, data: object, received_at_ms: int) -> Frame:
+    try:
+        data_json = _COMPACT.encode(data)
+    except ValueError:  # NaN or Infinity (as literals, or 1e400 read as inf): not JSON
+        return Frame(seq, None, received_at_ms, Problem.NOT_FINITE)
+    problem = None
+    try:
+        size = len(data_json.encode("utf-8"))
+    except UnicodeEncodeError:
+        # A lone surrogate cannot be UTF-8 (nor a DynamoDB string): every non-ASCII
+        # character escaped instead, the same JSON value, nothing lost.
+        data_json = _COMPACT_ASCII.encode(data)
+        size = len(data_json)
+        problem = Problem.LONE_SURROGATE
+    if size > MAX_MESSAGE_BYTES:
+        return Frame(seq, None, received_at_ms, Problem.TOO_LARGE, data_bytes=size)
+    return Frame(seq, data_json, received_at_ms, problem)
+
+
+# A JSON string, unterminated ones included (to the end of the text), so that a scan
+# never backtracks: every match either closes or runs to the end.
+_STRING = re.compile(r'"[^"\\]*+(?:\\[\s\S]?+[^"\\]*+)*+(?:"|\Z)')
+_COLON = re.compile(r"\s*:")
+_INT_VALUE = re.compile(r"\s*:\s*(-?[0-9]+)(?![0-9.eE])")  # a key's value, if an integer literal
+
+
+def _deeper_than(obj: object, limit: int) -> bool:
+    """Whether arrays and objects nest more than ``limit`` levels in ``obj`` (itself level
+    1), level by level without recursion; it stops at the last level it needs."""
+    level = [obj]
+    for _ in range(limit):
+        deeper = []
+        for container in level:
+            for value in container.values() if type(container) is dict else container:
+                if type(value) is dict or type(value) is list:
+                    deeper.append(value)
+        if not deeper:
+            return False
+        level = deeper
+    return True
+
+
+def _by_scan(text: str, problem: Problem, received_at_ms: int, size: int) -> Frame | Rejected:
+    """A frame json cannot read: a skip marker at its top-level seq if a scan of its
+    first SEQ_SCAN_CHARS finds one."""
+    seq = _top_level_seq(text[:SEQ_SCAN_CHARS])
+    return Rejected(problem, size) if seq is None else Frame(seq, None, received_at_ms, problem)
+
+
+def _top_level_seq(text: str) -> int | None:
+    """The value of the top-level ``"seq"`` key (the last one, as json keeps the last of
+    duplicate keys) if it is an integer in range, found by walking the strings and the
+    brackets between them; None otherwise. It does not check that the rest is JSON."""
+    depth, pos, found = 0, 0, None
+    for m in _STRING.finditer(text):
+        gap = text[pos : m.start()]
+        depth += gap.count("{") + gap.count("[") - gap.count("}") - gap.count("]")
+        pos = m.end()
+        if depth == 1 and m.group() == '"seq"' and _COLON.match(text, pos):
+            value = _INT_VALUE.match(text, pos)
+            found = value.group(1) if value else None
+    if found is None or len(found.lstrip("-")) > len(str(MAX_SEQ)):
         return None
-    data_json = json.dumps(obj.get("data"), separators=(",", ":"), ensure_ascii=False)
-    if len(data_json.encode("utf-8")) > MAX_MESSAGE_BYTES:
-        return None
-    return Frame(seq, data_json, received_at_ms)
+    seq = int(found)
+    return seq if 0 <= seq <= MAX_SEQ else None
 
 
 def resume_url(ws_url: str, from_seq: int) -> str:

@@ -7,6 +7,8 @@
 * Is the fleet out of room? (the service has sat at its maximum task count)
 * Is a STARTED connection without an owner for longer than a failover should take?
 * Did the reachability sweep find a connection that no worker would ever take?
+* Did a worker loop meet an error it was not built for? (``LoopErrors``: each one is a
+  ``loop_error`` log line with its traceback; the loop went on)
 """
 
 from __future__ import annotations
@@ -141,6 +143,24 @@ class Alarms(Construct):
             ),
         )
 
+        # Transient faults (throttling, timeouts, 5xx) are not counted: one error is news.
+        self.loop_errors = self._any_in_period(
+            "LoopErrors",
+            alarm_name=f"{prefix}-worker-loop-errors",
+            alarm_description=(
+                "A worker loop met an error that was neither transient nor handled where it arose "
+                "(AccessDenied, a missing table, a bug): search the worker logs for loop_error, which "
+                "carries the traceback. The loop went on, retrying with backoff."
+            ),
+            metric=cloudwatch.Metric(
+                namespace=metrics_namespace,
+                metric_name=metrics_names.LOOP_ERRORS,
+                dimensions_map={metrics_names.DIMENSION_SERVICE_NAME: service_name},
+                period=five_minutes,
+                statistic=cloudwatch.Stats.SUM,
+            ),
+        )
+
         self.all = (
             self.dead_letters,
             self.router_errors,
@@ -148,6 +168,7 @@ class Alarms(Construct):
             self.at_max_capacity,
             self.unowned_connections,
             self.unreachable_connections,
+            self.loop_errors,
         )
         if alarm_topic_arn is not None:
             topic = sns.Topic.from_topic_arn(self, "Topic", alarm_topic_arn)

@@ -4,7 +4,8 @@
 2. connections: per worker, in total, unowned (against its alarm) and unreachable (what
    the reachability sweep found and repaired, against its alarm);
 3. what the workers do: leases acquired, lost and released, orphans recovered,
-   messages stored, reconnects, malformed frames, backpressure waits, event-loop lag;
+   messages stored, reconnects, malformed frames, backpressure waits, loop errors and
+   frames dropped, event-loop lag;
 4. the API (requests, 4xx, 5xx, latency) and the router (errors, throttles, duration);
 5. the START-hint queue (oldest hint's age) and its dead-letter queue (depth);
 6. DynamoDB per table (and per index): throttling, consumed read and write capacity.
@@ -94,8 +95,11 @@ class OperationsDashboard(Construct):
                     self._worker_metric(names.LEASES_LOST, _SUM, "lost"),
                     self._worker_metric(names.ORPHANS_RECOVERED, _SUM, "orphans recovered"),
                 ],
+                width=6,
             ),
-            self._graph("Messages stored (per minute)", [self._worker_metric(names.MESSAGES_STORED, _SUM, "stored")]),
+            self._graph(
+                "Messages stored (per minute)", [self._worker_metric(names.MESSAGES_STORED, _SUM, "stored")], width=6
+            ),
             self._graph(
                 "Upstream trouble (per minute)",
                 [
@@ -103,6 +107,17 @@ class OperationsDashboard(Construct):
                     self._worker_metric(names.MALFORMED_FRAMES, _SUM, "malformed frames"),
                     self._worker_metric(names.BACKPRESSURE_WAITS, _SUM, "backpressure waits"),
                 ],
+                width=6,
+            ),
+            # Both should stay at zero: each loop error has a loop_error log line with its
+            # traceback (and an alarm); a dropped frame, a frame_dropped line.
+            self._graph(
+                "Worker errors (per minute)",
+                [
+                    self._worker_metric(names.LOOP_ERRORS, _SUM, "loop errors"),
+                    self._worker_metric(names.FRAMES_DROPPED, _SUM, "frames dropped"),
+                ],
+                width=6,
             ),
         )
         self.dashboard.add_widgets(

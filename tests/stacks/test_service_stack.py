@@ -537,3 +537,14 @@ def test_alarm_when_connections_stay_unowned_past_the_failover_bound(env):
     bound = env.settings.failover_bound_seconds
     assert alarm["EvaluationPeriods"] == math.ceil(bound / alarm["Period"]) + 2
     assert alarm["TreatMissingData"] == "breaching"
+
+
+def test_alarm_on_any_worker_loop_error(env):
+    alarm = _alarm(env, "worker-loop-errors")
+    assert (alarm["Namespace"], alarm["MetricName"]) == (metrics_names.DEFAULT_NAMESPACE, metrics_names.LOOP_ERRORS)
+    assert alarm["Dimensions"] == [
+        {"Name": metrics_names.DIMENSION_SERVICE_NAME, "Value": env.settings.service_name}
+    ]
+    assert alarm["Statistic"] == "Sum" and alarm["Threshold"] == 1
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold" and alarm["EvaluationPeriods"] == 1
+    assert alarm["TreatMissingData"] == "notBreaching"  # no worker reporting is the unowned alarm's to say

@@ -115,10 +115,15 @@ def messages(rows: Sequence[Mapping[str, Any]], connection_id: str, from_seq: in
     return table(
         ("SEQ", "RECEIVED (UTC)", "FENCE", "WORKER", "DATA"),
         [
-            (r["seq"], _utc(r["received_at_ms"]), r["fence_token"], r["worker_id"], _clip(json.dumps(r["data"]), 60))
+            (r["seq"], _utc(r["received_at_ms"]), r["fence_token"], r["worker_id"], _clip(_content(r), 60))
             for r in rows
         ],
     )
+
+
+def _content(row: Mapping[str, Any]) -> str:
+    return f"(skipped: {row['skipped']})" if "skipped" in row else json.dumps(row["data"])
+
 
 def _when(ms: int, now: int) -> str:
     """An epoch-ms time as an operator reads it: "in 8.2s" or "3.1s ago"."""

@@ -145,18 +145,22 @@ def _connection_rows(items: Sequence[dict], sessions: Mapping[str, Session], now
 
 
 def messages(reader: FleetReader, connection_id: str, *, from_seq: int, limit: int) -> list[dict]:
-    """Stored frames in seq order, each frame's data parsed back from its JSON text."""
+    """Stored frames in seq order, each frame's data parsed back from its JSON text, or
+    ``skipped`` (why) for a skip marker."""
     rows = []
     for item in reader.messages(connection_id, from_seq=from_seq, limit=limit):
-        raw = item.get(schema.MESSAGE_DATA, "")
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            data = raw
+        if schema.SKIPPED in item:
+            content: dict[str, Any] = {"skipped": item[schema.SKIPPED]}
+        else:
+            raw = item.get(schema.MESSAGE_DATA, "")
+            try:
+                content = {"data": json.loads(raw)}
+            except ValueError:
+                content = {"data": raw}
         rows.append(
             {
                 "seq": int(item[schema.MSG_SK]),
-                "data": data,
+                **content,
                 "fence_token": int(item.get(schema.MSG_FENCE_TOKEN, 0)),
                 "worker_id": item.get(schema.MSG_WORKER_ID, ""),
                 "received_at_ms": int(item.get(schema.RECEIVED_AT_MS, 0)),

@@ -24,7 +24,8 @@ Fault injection, at run time, per stream:
 
 * :meth:`Upstream.drop` closes a stream's sockets from the server side;
 * :meth:`Upstream.inject` puts a raw (malformed) text frame into a stream right after its
-  current head, so every socket whose reading passes that point receives it once;
+  current head, so every socket whose reading passes that point receives it once; given
+  bytes, it sends them as they are (invalid UTF-8 in a text frame, as a broken producer may);
 * :meth:`Upstream.stall` makes the stream hang (open but silent): its sockets, and any
   opened meanwhile, send nothing and read nothing (so not even a pong goes back) until
   it is switched off, when the backlog follows in order. A client that closes meanwhile
@@ -172,8 +173,8 @@ class _Stream:
         self.frames.append(frame)
         self.notify()
 
-    def inject(self, text: str) -> None:
-        self.injected.setdefault(self.head, []).append(text.encode())
+    def inject(self, text: str | bytes) -> None:
+        self.injected.setdefault(self.head, []).append(text if isinstance(text, bytes) else text.encode())
         self.injected_total += 1
         self.notify()
 
@@ -290,13 +291,13 @@ class Upstream:
         """Append one frame now (``data`` defaults to the generated shape); returns its seq."""
         return self._produce(self._stream(stream), data)
 
-    def inject(self, stream: str, text: str = NOT_JSON) -> None:
+    def inject(self, stream: str, text: str | bytes = NOT_JSON) -> None:
         """Insert a raw text frame right after the stream's current head, taking no seq.
 
         Every socket, open or future, whose reading passes that point receives it
         once, before the next numbered frame: any socket with ``from_seq <= head + 1``.
         So a client that reconnects with ``from_seq = head + 1`` receives it again.
-        See :data:`MALFORMED_FRAMES`.
+        ``text`` given as bytes is sent as it is, UTF-8 or not. See :data:`MALFORMED_FRAMES`.
         """
         self._stream(stream).inject(text)
 
@@ -671,7 +672,7 @@ class ThreadedUpstream:
     def publish(self, stream: str, data: Any = None) -> int:
         return self._call(self.upstream.publish, stream, data)
 
-    def inject(self, stream: str, text: str = NOT_JSON) -> None:
+    def inject(self, stream: str, text: str | bytes = NOT_JSON) -> None:
         self._call(self.upstream.inject, stream, text)
 
     def drop(self, stream: str, *, abrupt: bool = True) -> int:

@@ -24,7 +24,7 @@ from .connections import (
     Stopped,
     StopOutcome,
 )
-from .messages import MAX_BATCH, MessagesStore
+from .messages import MAX_BATCH, InvalidItem, MessagesStore
 from .sessions import SessionsStore
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "Acquired",
     "CheckpointEntry",
     "ConnectionsStore",
+    "InvalidItem",
     "MessagesStore",
     "NotAcquired",
     "Owned",

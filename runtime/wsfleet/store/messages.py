@@ -15,6 +15,13 @@ from .base import TransientError, is_transient, marshal, unmarshal, unwrap_refus
 MAX_BATCH = 25  # BatchWriteItem limit
 
 
+class InvalidItem(Exception):
+    """The store refuses the items themselves (DynamoDB's ValidationException, or a value
+    the client cannot serialise, such as a number beyond 38 digits): sent again, they
+    fail again. Neither transient nor a lost race: the caller splits the batch to find
+    the item, and stores a skip marker in its place."""
+
+
 class MessagesStore:
     """The messages table: one item per (connection, seq)."""
 
@@ -30,25 +37,35 @@ class MessagesStore:
 
     def put_many(self, entries: Sequence[tuple[str, int, Frame]], *, worker_id: str) -> None:
         """Store (connection_id, fence_token, frame) entries of any connections, keyed by
-        seq (a replay rewrites the same key, never adds a row), 25 per BatchWriteItem.
+        seq (a replay rewrites the same key, never adds a row), 25 per BatchWriteItem; a
+        frame with no data is stored as a skip marker.
 
         BatchWriteItem is not conditional: the caller must check its deadline first.
         Unprocessed items are retried with jittered backoff; a batch that still does not
-        go through raises :class:`TransientError` and the caller retries it whole."""
+        go through raises :class:`TransientError` and the caller retries it whole. Items
+        the table or the client refuses raise :class:`InvalidItem`."""
         for start in range(0, len(entries), MAX_BATCH):
             requests = []
             for connection_id, fence_token, f in entries[start : start + MAX_BATCH]:
                 item = {
                     schema.MSG_PK: schema.connection_pk(connection_id),
                     schema.MSG_SK: f.seq,
-                    schema.MESSAGE_DATA: f.data_json,
                     schema.MSG_FENCE_TOKEN: fence_token,
                     schema.MSG_WORKER_ID: worker_id,
                     schema.RECEIVED_AT_MS: f.received_at_ms,
                 }
+                if f.data_json is not None:
+                    item[schema.MESSAGE_DATA] = f.data_json
+                else:
+                    item[schema.SKIPPED] = schema.SKIPPED_MALFORMED
+                    if f.data_bytes is not None:
+                        item[schema.DATA_BYTES] = f.data_bytes
                 if self._ttl_s:
                     item[schema.MESSAGE_TTL_ATTRIBUTE] = f.received_at_ms // 1000 + self._ttl_s
-                requests.append({"PutRequest": {"Item": marshal(item)}})
+                try:
+                    requests.append({"PutRequest": {"Item": marshal(item)}})
+                except (TypeError, ValueError, ArithmeticError) as exc:  # decimal's signals are ArithmeticErrors
+                    raise InvalidItem(f"{connection_id} seq {f.seq}: {type(exc).__name__}: {exc}") from exc
             self._write(requests)
 
     def _write(self, requests: list) -> None:
@@ -58,6 +75,8 @@ class MessagesStore:
             except (ClientError, BotoCoreError) as exc:
                 if refused := unwrap_refusal(exc):
                     raise refused from None  # past its deadline: a retry here would be refused too
+                if isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") == "ValidationException":
+                    raise InvalidItem(str(exc)) from exc
                 if not is_transient(exc):
                     raise
                 resp = {"UnprocessedItems": {self._table: requests}}

@@ -19,6 +19,10 @@ as LOST, as after a lone checkpoint); the others were not written only because o
 and go again at once without it. A conflict with another write to one of the items, or
 throttling, cancels the whole group: it goes again after a jittered backoff, until the
 worker's deadline (then :class:`~wsfleet.worker.retry.LeaseExpired`, as for any write).
+Any other failure (AccessDenied during a deploy, a bug) is logged, counted in
+``LoopErrors`` and the group sent again after a capped backoff, until the deadline
+(:class:`~wsfleet.worker.supervision.Supervisor`): every checkpoint asked for is
+answered or asked again, and the loop never ends but by cancellation.
 
 Cost. A transactional write costs 2 write units per item where UpdateItem costs 1: at one
 checkpoint per connection every 120 s, 0.017 WRU per connection-second against the 0.5
@@ -33,8 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from ..logs import JsonLogger
+from ..metrics import Counters
 from ..store import MAX_TRANSACTION, CheckpointEntry, ConnectionsStore
 from .retry import LeaseExpired, call_until, woken_or_timeout
+from .supervision import Supervisor
 
 Call = Callable[..., Awaitable[Any]]
 
@@ -49,10 +55,19 @@ class _Ask:
 
 
 class Checkpoints:
-    def __init__(self, *, connections: ConnectionsStore, call: Call, log: JsonLogger, batch: int = MAX_TRANSACTION) -> None:
+    def __init__(
+        self,
+        *,
+        connections: ConnectionsStore,
+        call: Call,
+        counters: Counters,
+        log: JsonLogger,
+        batch: int = MAX_TRANSACTION,
+    ) -> None:
         self._connections = connections
         self._call = call
         self._log = log
+        self._supervisor = Supervisor(log=log, counters=counters)
         self._batch = batch
         self._waiting: dict[tuple[str, int], _Ask] = {}  # by (connection id, fence)
         self._wake = asyncio.Event()
@@ -95,19 +110,17 @@ class Checkpoints:
             group = sorted(self._waiting.values(), key=lambda a: a.by)[: self._batch]
             for ask in group:
                 del self._waiting[(ask.entry.connection_id, ask.entry.fence_token)]
-            await self._send(group)
+            try:
+                await self._send(group)
+            finally:
+                for ask in group:  # not answered (cancelled, or a bug past the retries): asked again
+                    if not ask.answer.done() and not ask.abandoned:
+                        self._waiting.setdefault((ask.entry.connection_id, ask.entry.fence_token), ask)
 
     async def _send(self, group: list[_Ask]) -> None:
         while group:
-            entries = [a.entry for a in group]
             try:
-                outcomes = await call_until(
-                    self._call,
-                    lambda g=group: min(a.deadline() for a in g),
-                    self._connections.checkpoint_many,
-                    log=self._log,
-                    entries=entries,
-                )
+                outcomes = await self._transact(group)
             except LeaseExpired:
                 for ask in group:
                     if not ask.answer.done():
@@ -122,6 +135,24 @@ class Checkpoints:
                     self.written += ok
                     ask.answer.set_result(ok)
             group = [a for a in again if not a.abandoned]
+
+    async def _transact(self, group: list[_Ask]) -> list[bool | None]:
+        """One transaction of the group's checkpoints, sent until it gets an answer or the
+        earliest deadline among them passes: per checkpoint, True (written), False (not
+        ours) or None (not written because of another item)."""
+
+        def deadline() -> float:
+            return min(a.deadline() for a in group)
+
+        async def once() -> list[bool | None]:
+            entries = [a.entry for a in group]
+            checkpoint_many = self._connections.checkpoint_many
+            outcomes = await call_until(self._call, deadline, checkpoint_many, log=self._log, entries=entries)
+            if len(outcomes) != len(entries):
+                raise RuntimeError(f"{len(outcomes)} outcomes for {len(entries)} checkpoints")
+            return outcomes
+
+        return await self._supervisor.retry("checkpoints", once, deadline=deadline)
 
     def stats(self) -> dict[str, Any]:
         return {"waiting": len(self._waiting), "transactions": self.transactions, "written": self.written}

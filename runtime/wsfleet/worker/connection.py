@@ -7,15 +7,22 @@ connection, driven by one :class:`ConnectionRunner`:
 
 * stream: connect with ``from_seq``, receive frames and hand them to the worker's shared
   :class:`~wsfleet.worker.writer.Writer` (which batches them with other connections'
-  frames), reconnect with backoff while the session holds;
+  frames), reconnect with backoff while the session holds. A frame never fails the
+  connection: one that cannot be parsed or stored is counted and skipped (or stored as a
+  skip marker, see :mod:`wsfleet.stream`), and whatever goes wrong handling one frame
+  costs only that frame; an unexpected error in the loop itself costs a reconnect under
+  the same ownership, never the lease;
 * checkpointer: store the checkpoint at least every ``checkpoint_s`` while frames are
   stored (never for a quiet connection), through the worker's shared
   :class:`~wsfleet.worker.checkpoints.Checkpoints`: it asks a tenth of that early, and
   its checkpoint leaves in a transaction with other connections' ones.
 
+Both tasks run under a :class:`~wsfleet.worker.supervision.Supervisor`: an exception
+is logged with its traceback, counted in ``LoopErrors``, and the task goes on.
+
 The runner ends for exactly one reason (:class:`EndReason`), set by itself or by the
-worker (a STOP from the session inbox, a lost session, shutdown); its teardown closes
-the socket first and only then releases, so a stream never has two sockets.
+worker (a STOP from the session inbox, a lost session, shutdown, a shed); its teardown
+closes the socket first and only then releases, so a stream never has two sockets.
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ import asyncio
 import enum
 import socket
 import time
+import traceback
 from urllib.parse import urlsplit
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidHandshake, InvalidURI
 
 from .. import metrics_names as names
 from .. import tracing
@@ -37,14 +45,17 @@ from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import CheckpointEntry, ConnectionsStore, Released
-from ..stream import SeqTracker, parse_frame, resume_url
+from ..stream import Problem, Rejected, SeqTracker, parse_frame, resume_url
 from ..validation import Allowlist, Invalid, check_resolved
 from .checkpoints import Checkpoints
 from .retry import LeaseExpired, call_until
+from .supervision import Supervisor
 from .writer import Writer
 
 RECONNECT_CAP_S = 10.0
 CLOSE_TIMEOUT_S = 1.0  # a graceful close waits this long for the upstream's half of the handshake
+FRAME_LOG_EVERY_S = 60.0  # a connection logs each class of bad frame at most this often
+UNEXPECTED = "unexpected"  # the log class of an error of ours while handling a frame
 
 
 class EndReason(enum.Enum):
@@ -53,7 +64,6 @@ class EndReason(enum.Enum):
     EXPIRED = "expired"  # the worker's deadline passed before a renewal got through: close, write nothing
     SHUTDOWN = "shutdown"  # this worker is leaving: close, flush, release, hint a peer
     SHED = "shed"  # moved to a worker under its fair share: close, flush, release, hint
-    FAILED = "failed"  # a bug in this runner: close, flush, release, so that a peer takes over
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,11 @@ class ConnectionRunner:
         self._checkpoints = checkpoints
         self._counters = counters
         self._log = log.bind(connection_id=connection_id, fence_token=fence_token)
+        self._supervisor = Supervisor(log=self._log, counters=counters)
+        self._frame_logs = LogSampler(FRAME_LOG_EVERY_S)
+        # Reconnect backoff: grows until a frame is accepted (not merely until a connect
+        # succeeds), so an upstream that closes each socket at once is not hammered.
+        self._attempt = 0
         self._stored = asyncio.Event()
         self._ended = asyncio.Event()
         self._ws: ClientConnection | None = None
@@ -139,7 +154,6 @@ class ConnectionRunner:
     # --- the socket --------------------------------------------------------------------
 
     async def _stream(self) -> None:
-        attempt = 0
         while self.live() and self.end_reason is None:
             url = resume_url(self.ws_url, self.tracker.next_seq)
             try:
@@ -159,26 +173,33 @@ class ConnectionRunner:
                 async with ws:
                     self._ws = ws
                     self.connected.set()
-                    self._log.info("connected", from_seq=self.tracker.next_seq, attempt=attempt)
-                    attempt = 0
-                    async for message in ws:
-                        await self._receive(message)
-                    code = ws.close_code
+                    self._log.info("connected", from_seq=self.tracker.next_seq, attempt=self._attempt)
+                    try:
+                        while True:
+                            # Bytes, text frames too: decoding them, the socket would fail the
+                            # connection (1007) on invalid UTF-8, a bad frame for the parser.
+                            await self._receive(await ws.recv(decode=False))
+                    except ConnectionClosedOK:
+                        pass
+                code = ws.close_code
             except Invalid as exc:
                 code = None
-                self._log.error("upstream_refused", error=exc.message, attempt=attempt)
+                self._log.error("upstream_refused", error=exc.message, attempt=self._attempt)
             except (OSError, TimeoutError, InvalidURI, InvalidHandshake, ConnectionClosed) as exc:
                 code = None
-                self._log.warning("socket_error", error=f"{type(exc).__name__}: {exc}", attempt=attempt)
+                self._log.warning("socket_error", error=f"{type(exc).__name__}: {exc}", attempt=self._attempt)
+            except Exception as exc:  # noqa: BLE001 - a bug costs a reconnect, never the lease
+                code = None
+                self._supervisor.report("stream", exc, attempt=self._attempt)
             finally:
                 self._ws = None
                 self.connected.clear()
             if self.end_reason is not None:
                 return
-            delay = min(RECONNECT_CAP_S, backoff_s(attempt, base=0.2, cap=RECONNECT_CAP_S) + 0.05)
+            delay = min(RECONNECT_CAP_S, backoff_s(self._attempt, base=0.2, cap=RECONNECT_CAP_S) + 0.05)
             self._counters.add(names.RECONNECTS)
             self._log.info("reconnecting", close_code=code, in_s=round(delay, 3), from_seq=self.tracker.next_seq)
-            attempt += 1
+            self._attempt += 1
             await asyncio.sleep(delay)
 
     async def _resolve(self) -> tuple[str, int]:
@@ -191,15 +212,39 @@ class ConnectionRunner:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         return check_resolved(host, list(dict.fromkeys(info[4][0] for info in infos)), self._s.allowlist), port
 
-    async def _receive(self, message: str | bytes) -> None:
-        frame = parse_frame(message, int(time.time() * 1000))
-        if frame is None:
-            self._counters.add(names.MALFORMED_FRAMES)
-            self._log.warning("malformed_frame", size=len(message))
+    async def _receive(self, message: bytes) -> None:
+        """Hand one frame to the writer (or count it and skip it). Nothing it meets ends
+        the socket: an error of ours costs this frame only, logged and counted."""
+        try:
+            frame = parse_frame(message, int(time.time() * 1000))
+            if isinstance(frame, Rejected):
+                self._counters.add(names.MALFORMED_FRAMES)
+                return self._frame_problem(frame.problem, size=frame.size, stored="nothing")
+            if frame.problem is not None:
+                self._counters.add(names.MALFORMED_FRAMES)
+                stored = "skip_marker" if frame.is_marker else "escaped"
+                self._frame_problem(frame.problem, size=len(message), seq=frame.seq, stored=stored)
+            if not self.tracker.accept(frame.seq):
+                return  # a replay of a frame already in hand
+            self._attempt = 0
+            await self._writer.put(self.connection_id, frame)  # waits while the writer is full
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one frame never costs the connection
+            self._counters.add(names.LOOP_ERRORS)
+            self._frame_problem(UNEXPECTED, size=len(message), error=f"{type(exc).__name__}: {exc}", exc=exc)
+
+    def _frame_problem(self, problem: Problem | str, *, exc: BaseException | None = None, **fields: object) -> None:
+        """Log a bad frame, at most once per FRAME_LOG_EVERY_S per class, saying how many
+        of that class were not logged since (``suppressed``)."""
+        name = problem.value if isinstance(problem, Problem) else problem
+        suppressed = self._frame_logs.take(name, time.monotonic())
+        if suppressed is None:
             return
-        if not self.tracker.accept(frame.seq):
-            return  # a replay of a frame already in hand
-        await self._writer.put(self.connection_id, frame)  # waits while the writer is full
+        if exc is not None:
+            fields["traceback"] = "".join(traceback.format_exception(exc))
+        level = self._log.error if exc is not None else self._log.warning
+        level("malformed_frame" if exc is None else "frame_error", problem=name, suppressed=suppressed, **fields)
 
     def _on_stored(self, seq: int, count: int) -> None:
         """The writer stored this connection's frames up to ``seq`` (a gap-free prefix);
@@ -275,12 +320,11 @@ class ConnectionRunner:
 
     async def run(self) -> EndReason:
         """Hold the connection until one end reason, then tear down accordingly."""
+        keep = self._supervisor.keep
         tasks = [
-            asyncio.create_task(self._stream(), name=f"stream:{self.connection_id}"),
-            asyncio.create_task(self._checkpointer(), name=f"checkpointer:{self.connection_id}"),
+            asyncio.create_task(keep("stream", self._stream), name=f"stream:{self.connection_id}"),
+            asyncio.create_task(keep("checkpointer", self._checkpointer), name=f"checkpointer:{self.connection_id}"),
         ]
-        for t in tasks:
-            t.add_done_callback(self._task_done)
         try:
             await self._ended.wait()
         finally:
@@ -295,7 +339,7 @@ class ConnectionRunner:
             await asyncio.gather(*tasks, return_exceptions=True)
         reason = self.end_reason or EndReason.SHUTDOWN
         try:
-            if reason in (EndReason.STOPPED, EndReason.SHUTDOWN, EndReason.SHED, EndReason.FAILED):
+            if reason in (EndReason.STOPPED, EndReason.SHUTDOWN, EndReason.SHED):
                 await self._flush_and_release()
             else:
                 self._counters.add(names.LEASES_LOST)
@@ -303,12 +347,6 @@ class ConnectionRunner:
         finally:
             self._writer.close(self.connection_id)
         return reason
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            exc = task.exception()
-            self._log.error("runner_task_failed", task=task.get_name(), error=f"{type(exc).__name__}: {exc}")
-            self._end(EndReason.FAILED)
 
     async def _close_socket(self, *, abort: bool) -> None:
         """Close the socket: with a close handshake bounded by ``CLOSE_TIMEOUT_S`` (an
@@ -332,13 +370,19 @@ class ConnectionRunner:
     async def _flush_and_release_traced(self) -> None:
         try:
             await self.flush()
-            released = await self._until_deadline(
-                self._connections.release,
-                connection_id=self.connection_id,
-                session_id=self.session_id,
-                fence_token=self.fence_token,
-                last_seq=self.tracker.checkpoint,
-                stopped=self.end_reason is EndReason.STOPPED,
+            # An error that says nothing about ownership (AccessDenied mid-deploy) is tried
+            # again until the deadline: a connection we hold is never left unreleased early.
+            released = await self._supervisor.retry(
+                "release",
+                lambda: self._until_deadline(
+                    self._connections.release,
+                    connection_id=self.connection_id,
+                    session_id=self.session_id,
+                    fence_token=self.fence_token,
+                    last_seq=self.tracker.checkpoint,
+                    stopped=self.end_reason is EndReason.STOPPED,
+                ),
+                deadline=self._deadline,
             )
         except LeaseExpired:
             self._counters.add(names.LEASES_LOST)
@@ -352,3 +396,22 @@ class ConnectionRunner:
         else:
             self._counters.add(names.LEASES_LOST)
             self._log.warning("release_found_lease_gone", checkpoint=self.tracker.checkpoint)
+
+
+class LogSampler:
+    """At most one log line per key per ``period_s``, counting the ones held back."""
+
+    def __init__(self, period_s: float) -> None:
+        self._period = period_s
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def take(self, key: str, now: float) -> int | None:
+        """None: hold this one back. Else log it, with how many were held back since the
+        last line of that key."""
+        last = self._last.get(key)
+        if last is not None and now - last < self._period:
+            self._held[key] = self._held.get(key, 0) + 1
+            return None
+        self._last[key] = now
+        return self._held.pop(key, 0)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import random
 import resource
 import time
 from collections import deque
@@ -41,6 +40,7 @@ from .connection import ConnectionRunner, EndReason, Settings
 from .intake import HINT_POLLERS, Intake
 from .retry import LeaseExpired, call_until, first_of
 from .session import Lost, SessionKeeper
+from .supervision import Supervisor
 from .sweep import PAGE_PAUSE_S, Sweeper
 from .takeover import Takeover
 from .writer import Writer
@@ -75,6 +75,7 @@ class Worker:
         self.runners: dict[str, ConnectionRunner] = {}
         self._aws = aws
         self._log = log.bind(worker_id=worker_id)
+        self.supervisor = Supervisor(log=self._log, counters=self.counters)
         self._sessions = SessionsStore(aws.dynamodb, config.sessions_table_name, clock_ms=clock_ms)
         self._connections = ConnectionsStore(
             aws.dynamodb,
@@ -97,7 +98,9 @@ class Worker:
             log=self._log,
             flush_interval_s=config.flush_interval_ms / 1000,
         )
-        self.checkpoints = Checkpoints(connections=self._connections, call=aws.call, log=self._log)
+        self.checkpoints = Checkpoints(
+            connections=self._connections, call=aws.call, counters=self.counters, log=self._log
+        )
         self.keeper = SessionKeeper(
             sessions=self._sessions,
             worker_id=worker_id,
@@ -354,7 +357,7 @@ class Worker:
         self._log.info(
             "connection_ended", connection_id=runner.connection_id, why=reason.value, active=len(self.runners)
         )
-        if reason in (EndReason.SHUTDOWN, EndReason.FAILED) or (reason is EndReason.STOPPED and runner.freed):
+        if reason is EndReason.SHUTDOWN or (reason is EndReason.STOPPED and runner.freed):
             await self.intake.hint(runner.connection_id)  # STOPPED yet freed: a START's hint found us holding it
         elif reason is EndReason.SHED:
             await self.intake.hint(runner.connection_id, shed_by=runner.session_id, shed_to=runner.shed_to)
@@ -430,12 +433,8 @@ class Worker:
             self.takeover.announce_soon()
             if previous:
                 self.takeover.drain_soon(previous)
-            try:
-                reason = await self.keeper.run()
-            except Exception as exc:  # noqa: BLE001 - a renewal loop that dies must still drop everything
-                self._log.error("session_keeper_failed", error=f"{type(exc).__name__}: {exc}")
-                self.keeper.lose(Lost.EXPIRED)
-                reason = Lost.EXPIRED
+            # A renewal loop that raises runs again: the deadline alone says when the session is lost.
+            reason = await self.supervisor.keep("session", self.keeper.run)
             self._session_ready.clear()
             previous = self.keeper.session_id
             drop = EndReason.LOST if reason is Lost.ENDED else EndReason.EXPIRED
@@ -515,10 +514,7 @@ class Worker:
                 await first_of(self._session_ready.wait(), self._stopping.wait())
                 continue
             if not (first and wait_first) and self.keeper.live():
-                try:
-                    await step()
-                except Exception as exc:  # noqa: BLE001 - one failed step must not end the loop
-                    self._log.warning("loop_step_failed", step=step.__name__, error=f"{type(exc).__name__}: {exc}")
+                await step()  # one that raises is run again by the supervisor (see run())
             first = False
             try:
                 await asyncio.wait_for(self._stopping.wait(), timeout=pause_s())
@@ -533,10 +529,7 @@ class Worker:
             self.balancer.summary_arrived.clear()
             if self._stopping.is_set() or not self.keeper.live():
                 continue
-            try:
-                await self.balancer.balance_once()
-            except Exception as exc:  # noqa: BLE001 - one failed pass must not end the loop
-                self._log.warning("loop_step_failed", step="balance_once", error=f"{type(exc).__name__}: {exc}")
+            await self.balancer.balance_once()
 
     async def _poll_loop(self) -> None:
         while not self._stopping.is_set():
@@ -555,11 +548,12 @@ class Worker:
                 except TimeoutError:
                     pass
                 continue
-            try:
-                await self.intake.poll_once()
-            except Exception as exc:  # noqa: BLE001
-                self._log.warning("poll_failed", error=f"{type(exc).__name__}: {exc}")
-                await asyncio.sleep(1 + random.random())
+            await self.intake.poll_once()
+
+    def _supervised(self, name: str, loop: Callable[[], Any]) -> asyncio.Task:
+        """A task running ``loop`` under the supervisor: an exception it raises is logged
+        and counted, and the loop runs again after a backoff."""
+        return asyncio.create_task(self.supervisor.keep(name, loop), name=name)
 
     def request_shutdown(self) -> None:
         if not self._stopping.is_set():
@@ -580,24 +574,22 @@ class Worker:
             rebalance_tolerance=self.config.rebalance_tolerance,
         )
         keeper = asyncio.create_task(self._keep_session(), name="session")
-        writer = asyncio.create_task(self.writer.run(), name="writer")
-        checkpoints = asyncio.create_task(self.checkpoints.run(), name="checkpoints")
-        polls = [asyncio.create_task(self._poll_loop(), name=f"poll-{n}") for n in range(HINT_POLLERS)]
+        writer = self._supervised("writer", self.writer.run)
+        checkpoints = self._supervised("checkpoints", self.checkpoints.run)
+        polls = [self._supervised(f"poll-{n}", self._poll_loop) for n in range(HINT_POLLERS)]
         reconcile = lambda: reconcile_pause_s(self.config.reconcile_ms)  # noqa: E731
+        watch = self.timing.watch_pause_s
+        audit = lambda: AUDIT_EVERY * reconcile()  # noqa: E731
+        metrics = lambda: self.config.metrics_seconds  # noqa: E731
         loops = [
-            asyncio.create_task(self._every(self.timing.watch_pause_s, self.takeover.watch_once), name="watch"),
-            asyncio.create_task(self._every(reconcile, self.takeover.reconcile_once), name="reconcile"),
-            asyncio.create_task(self._every(self.timing.watch_pause_s, self.balancer.summarize_once), name="summary"),
-            asyncio.create_task(self._balance_loop(), name="balance"),
-            asyncio.create_task(self._every(lambda: PAGE_PAUSE_S, self.sweeper.step), name="sweep"),
-            asyncio.create_task(
-                self._every(lambda: AUDIT_EVERY * reconcile(), self.audit_once, wait_first=True), name="audit"
-            ),
-            asyncio.create_task(
-                self._every(lambda: self.config.metrics_seconds, self.publish_metrics_once, wait_first=True),
-                name="metrics",
-            ),
-            asyncio.create_task(self._probe_lag(), name="lag-probe"),
+            self._supervised("watch", lambda: self._every(watch, self.takeover.watch_once)),
+            self._supervised("reconcile", lambda: self._every(reconcile, self.takeover.reconcile_once)),
+            self._supervised("summary", lambda: self._every(watch, self.balancer.summarize_once)),
+            self._supervised("balance", self._balance_loop),
+            self._supervised("sweep", lambda: self._every(lambda: PAGE_PAUSE_S, self.sweeper.step)),
+            self._supervised("audit", lambda: self._every(audit, self.audit_once, wait_first=True)),
+            self._supervised("metrics", lambda: self._every(metrics, self.publish_metrics_once, wait_first=True)),
+            self._supervised("lag-probe", self._probe_lag),
         ]
         await self._stopping.wait()
         started = time.monotonic()

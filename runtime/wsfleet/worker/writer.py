@@ -16,6 +16,19 @@ What stays per connection:
 * nothing is sent past the worker's deadline (checked by ``send_deadline`` as each
   request leaves).
 
+Whatever the store answers, no batch holds up the others and no queue stays in flight:
+
+* a batch the store refuses as invalid (a ValidationException, or a value the client
+  cannot serialise) is split in halves until the item is found; that item is stored as a
+  skip marker instead (counted in ``MalformedFrames``), and a marker refused too is
+  dropped, counted in ``FramesDropped`` and logged as an error;
+* any other failure that is not transient (AccessDenied or ResourceNotFound during a
+  deploy, a bug) is logged, counted in ``LoopErrors`` and the batch sent again after a
+  capped backoff, until the deadline: its queues wait, nothing is dropped;
+* a connection's queue leaves ``in_flight`` and the batch frees its slot whatever
+  happened; frames not stored (the deadline passed, or the send was cancelled) go back
+  to the front of their queue.
+
 Fairness: queues are served oldest-first-frame first, and a batch takes at most its fair
 share from each connection before filling the rest, so a chatty connection cannot starve
 quiet ones of batch slots. Memory is bounded by a per-connection and a per-worker cap on
@@ -46,9 +59,10 @@ from .. import metrics_names as names
 from ..aws import send_deadline
 from ..logs import JsonLogger
 from ..metrics import Counters
-from ..store import MAX_BATCH, MessagesStore
-from ..stream import Frame
-from .retry import LeaseExpired, call_until, first_of, woken_or_timeout
+from ..store import MAX_BATCH, InvalidItem, MessagesStore
+from ..stream import Frame, Problem
+from .retry import DEADLINE_POLL_S, LeaseExpired, call_until, first_of, woken_or_timeout
+from .supervision import Supervisor
 
 Call = Callable[..., Awaitable[Any]]
 
@@ -188,6 +202,7 @@ class Writer:
         self._worker_id = worker_id
         self._counters = counters
         self._log = log
+        self._supervisor = Supervisor(log=log, counters=counters)
         self._interval = flush_interval_s
         self._cap_one = max_pending_per_connection
         self._cap_all = max_pending
@@ -231,7 +246,8 @@ class Writer:
 
     async def flush(self, connection_id: str) -> None:
         """Return once every frame queued so far for the connection is stored (sent at once,
-        not after the flush interval). Raises :class:`LeaseExpired` if the deadline passes."""
+        not after the flush interval). Raises :class:`LeaseExpired` if the deadline passes:
+        read afresh at every step of the wait, as renewals move it meanwhile."""
         q = self._queues.get(connection_id)
         if q is None:
             return
@@ -241,12 +257,8 @@ class Writer:
                 left = q.deadline() - time.monotonic()
                 if left <= 0:
                     raise LeaseExpired()
-                q.changed.clear()
                 self._wake.set()
-                try:
-                    await asyncio.wait_for(q.changed.wait(), timeout=left)
-                except TimeoutError:
-                    raise LeaseExpired() from None
+                await woken_or_timeout(q.changed, min(left, DEADLINE_POLL_S))
         finally:
             q.flushing -= 1
 
@@ -275,7 +287,8 @@ class Writer:
     # --- the loop ---------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Send batches until cancelled."""
+        """Send batches until cancelled, which cancels the batches in flight. An exception
+        ends only this loop (the worker's supervisor runs it again): batches in flight go on."""
         try:
             while True:
                 delay = self._due_in()
@@ -287,7 +300,11 @@ class Writer:
                     await woken_or_timeout(self._wake, delay)
                     continue
                 await self._slots.acquire()
-                batch = self._take()
+                try:
+                    batch = self._take()
+                except BaseException:
+                    self._slots.release()
+                    raise
                 if not batch:
                     self._slots.release()
                     self._wake.clear()
@@ -295,10 +312,16 @@ class Writer:
                     continue
                 task = asyncio.create_task(self._send(batch))
                 self._sends.add(task)
-                task.add_done_callback(self._sends.discard)
-        finally:
+                task.add_done_callback(self._send_done)
+        except asyncio.CancelledError:
             for task in self._sends:
                 task.cancel()
+            raise
+
+    def _send_done(self, task: asyncio.Task) -> None:
+        self._sends.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._supervisor.report("writer", task.exception())
 
     def _ready(self) -> list[_Queue]:
         return [q for q in self._waiting.values() if not q.in_flight and q.frames]
@@ -366,41 +389,75 @@ class Writer:
 
     async def _send(self, batch: list[tuple[_Queue, list[tuple[Frame, float]]]]) -> None:
         entries = [(q.connection_id, q.fence_token, f) for q, frames in batch for f, _ in frames]
+        stored = False
         try:
             # The deadline is read afresh at every retry: renewals extend it meanwhile.
-            await call_until(
-                self._call, lambda: min(q.deadline() for q, _ in batch), self._put, log=self._log, entries=entries
-            )
+            await self._store(entries, lambda: min(q.deadline() for q, _ in batch))
+            stored = True
         except LeaseExpired:
-            # Past the deadline: these frames are never written by us, and their
-            # connections are being dropped with the session (the next owner replays
-            # them). Any whose deadline has moved on (it cannot, once passed, but a
-            # frame is never dropped on a guess) gets its frames back, in front, with
-            # the times they were handed over.
             self._log.warning("deadline_passed_while_writing", items=len(entries))
-            now = time.monotonic()
-            for q, frames in batch:
-                q.in_flight = False
-                if q.connection_id in self._queues and q.deadline() > now:
+        finally:
+            self._slots.release()
+            self._sent(batch, stored)
+
+    def _sent(self, batch: list[tuple[_Queue, list[tuple[Frame, float]]]], stored: bool) -> None:
+        """The batch is over: its queues may send again. Stored, each connection hears up to
+        which seq; not stored (past the deadline, or cancelled), the frames go back in
+        front of their queues with the times they were handed over. Past the deadline they
+        are never written by us, and their connections are being dropped with the session
+        (the next owner replays them); any whose deadline has moved on (it cannot, once
+        passed, but a frame is never dropped on a guess) gets them back."""
+        now = time.monotonic()
+        for q, _ in batch:
+            q.in_flight = False
+        if stored:
+            self.batches += 1
+            self.items += sum(len(frames) for _, frames in batch)
+            self.latency.record(now, (t for _, frames in batch for _, t in frames))
+            self._counters.add(names.MESSAGES_STORED, sum(len(frames) for _, frames in batch))
+        for q, frames in batch:
+            q.changed.set()
+            if q.connection_id not in self._queues:
+                continue  # closed meanwhile: its runner is gone
+            if not stored:
+                if q.deadline() > now:
                     q.frames.extendleft(reversed(frames))
                     self._pending += len(frames)
                     self._waiting[q.connection_id] = q
                     self._waiting.move_to_end(q.connection_id, last=False)
-                q.changed.set()
-            self._wake.set()
-            return
-        finally:
-            self._slots.release()
-        self.batches += 1
-        self.items += len(entries)
-        self.latency.record(time.monotonic(), (t for _, frames in batch for _, t in frames))
-        self._counters.add(names.MESSAGES_STORED, len(entries))
-        for q, frames in batch:
-            q.in_flight = False
-            if q.connection_id in self._queues:
+                continue
+            try:
                 q.on_stored(frames[-1][0].seq, len(frames))
-            q.changed.set()
+            except Exception as exc:  # noqa: BLE001 - one runner's callback must not cost the others theirs
+                self._supervisor.report("writer", exc, connection_id=q.connection_id)
         self._wake.set()
+
+    async def _store(self, entries: list[tuple[str, int, Frame]], deadline: Callable[[], float]) -> None:
+        """Store the entries whatever the store answers (see the module docstring): raises
+        only :class:`LeaseExpired`, once the deadline has passed."""
+        try:
+            await self._supervisor.retry(
+                "writer",
+                lambda: call_until(self._call, deadline, self._put, log=self._log, entries=entries),
+                deadline=deadline,
+                passes=(InvalidItem,),
+            )
+            return
+        except InvalidItem as exc:
+            refused = exc
+        if len(entries) > 1:
+            half = len(entries) // 2
+            await self._store(entries[:half], deadline)
+            await self._store(entries[half:], deadline)
+            return
+        ((connection_id, fence_token, frame),) = entries
+        if frame.is_marker:
+            self._counters.add(names.FRAMES_DROPPED)
+            self._log.error("frame_dropped", connection_id=connection_id, seq=frame.seq, error=str(refused))
+            return
+        self._counters.add(names.MALFORMED_FRAMES)
+        self._log.warning("frame_refused_by_store", connection_id=connection_id, seq=frame.seq, error=str(refused))
+        await self._store([(connection_id, fence_token, frame.as_marker(Problem.STORE_REFUSED))], deadline)
 
     def _put(self, *, entries: list[tuple[str, int, Frame]]) -> None:
         # Runs in a pool thread, possibly long after it was queued (or after a freeze):

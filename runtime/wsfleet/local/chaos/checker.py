@@ -314,8 +314,10 @@ def cross_check(ev: Evidence) -> list[str]:
         if unbacked:
             notes.append(f"{len(unbacked)} acquisitions a worker logged are not in the journal: {unbacked[:5]}")
         notes.append(f"workers logged {len(claims)} acquisitions; the journal holds {len(acquired)} (connection, fence) pairs")
-    malformed_logged = sum(1 for events in ev.logs.values() for e in events if e.get("event") == "malformed_frame")
+    # A worker logs each class of bad frame once a minute per connection, with the count it held back.
+    malformed_logged = sum(1 + int(e.get("suppressed", 0)) for events in ev.logs.values() for e in events
+                           if e.get("event") == "malformed_frame")
     malformed_sent = sum(s.injected_sent for socks in ev.sockets.values() for s in socks)
     notes.append(f"malformed frames: the upstream sent {malformed_sent}, the workers logged {malformed_logged} "
-                 "(a killed worker's last lines may be missing)")
+                 "(a killed worker's last lines, and the ones held back since its last line, may be missing)")
     return notes
