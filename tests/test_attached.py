@@ -58,13 +58,17 @@ def test_a_connection_attached_without_the_workers_knowledge_is_found_through_th
 ):
     conns, _ = stores
     conns.start("stray", upstream.url_for("stray"))
+    sessions.open("other#1", worker_id="other", lease_ms=60_000, max_connections=10)
+    conns.acquire("stray", session_id="other#1", worker_id="other")  # never free: no scan of ours takes it
 
     async def scenario():
         async with running(config(aws_env, RECONCILE_SECONDS="60")) as worker:
-            await eventually(lambda: worker.keeper.session_id, what="a session")
+            await eventually(lambda: worker.keeper.live(), what="a session")
             session_id = worker.keeper.session_id
             # As if an earlier acquisition's answer had been lost and nothing tracked it.
-            await asyncio.to_thread(conns.acquire, "stray", session_id=session_id, worker_id="w1")
+            await asyncio.to_thread(
+                conns.acquire, "stray", session_id=session_id, worker_id="w1", expected_session="other#1"
+            )
             await eventually(lambda: any(r.connection_id == "stray" for r in conns.owned_by(session_id)), what="indexed")
             return session_id
 
@@ -104,12 +108,16 @@ def test_a_stopped_connection_attached_with_no_runner_is_freed_by_the_audit(aws_
     # no runner, and nothing would ever release it while the worker lives.
     conns, _ = stores
     conns.start("quiet", upstream.url_for("quiet"))
+    sessions.open("other#1", worker_id="other", lease_ms=60_000, max_connections=10)
+    conns.acquire("quiet", session_id="other#1", worker_id="other")  # never free: no scan of ours takes it
 
     async def scenario():
         async with running(config(aws_env, RECONCILE_SECONDS="60")) as worker:
             await eventually(lambda: worker.keeper.live(), what="a session")
             session_id = worker.keeper.session_id
-            await asyncio.to_thread(conns.acquire, "quiet", session_id=session_id, worker_id="w1")
+            await asyncio.to_thread(
+                conns.acquire, "quiet", session_id=session_id, worker_id="w1", expected_session="other#1"
+            )
             await asyncio.to_thread(conns.stop, "quiet", sessions=sessions)
             await eventually(lambda: any(r.connection_id == "quiet" for r in conns.owned_by(session_id)), what="indexed")
             assert await worker.audit_once() == 1
