@@ -266,9 +266,13 @@ def test_a_worker_paused_past_its_lease_writes_nothing_more_and_comes_back_with_
         lambda: affected <= {e.get("connection_id") for e in fleet.events(victim) if e["event"] == "connection_dropped"},
         10, f"{victim} to drop its connections",
     )
-    frozen = [r for c in affected for r in fleet.upstream.sockets(c) if r.opened_at < paused_at]
+    frozen = {(c, r.id) for c in affected for r in fleet.upstream.sockets(c) if r.opened_at < paused_at}
     assert frozen
-    eventually(lambda: all(r.closed_at for r in frozen), 10, "the frozen sockets to close")
+    eventually(  # the books are read again each time: sockets() answers copies
+        lambda: all(r.closed_at for c in affected for r in fleet.upstream.sockets(c) if (c, r.id) in frozen),
+        10,
+        "the frozen sockets to close",
+    )
     # ...and opens a NEW session, in its log and in the sessions table.
     new_session = eventually(
         lambda: [e["session_id"] for e in fleet.events(victim) if e["event"] == "session_opened"][opened:], 10, "a new session"
