@@ -73,7 +73,7 @@ def custom_metrics() -> tuple[int, int]:
 
 TARGET_WRU = 20  # per connection-hour, holding, at 100 connections per worker (the target)
 TARGET_RRU = 20
-HOLDING = ("renewal", "watch", "ring", "free scan", "unowned count", "audit")
+HOLDING = ("renewal", "watch", "ring", "free scan", "unowned count", "audit", "sweep")
 
 
 # --- DynamoDB's sizing rules ---------------------------------------------------------------
@@ -158,6 +158,7 @@ def timings(worker: Mapping[str, Any]) -> dict[str, Any]:
     c = cfg.WorkerConfig.from_env({**env, **{k: str(v) for k, v in worker.items()}})
     return {"lease_s": c.lease_ms / 1000, "heartbeat_s": c.heartbeat_ms / 1000, "reconcile_s": c.reconcile_ms / 1000,
             "checkpoint_s": c.checkpoint_ms / 1000, "metrics_s": c.metrics_seconds, "shards": c.state_shards,
+            "sweep_s": c.sweep_ms / 1000,
             "skew_ms": c.max_clock_skew_ms, "flush_ms": c.flush_interval_ms, "max_connections": c.max_connections}
 
 
@@ -309,6 +310,12 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
                    rru=read_units_eventual(0)),
         plan.Op("audit", "connections", schema.OWNER_INDEX, "own", rate("audit"),
                    rru=read_units_eventual(int(per_worker * entry_bytes)), bytes_per_connection=entry_bytes),
+        # The reachability sweep: one worker for the fleet Scans every connection item once
+        # per SWEEP_SECONDS (its first pass waits a whole interval, so a window this short
+        # sees none): priced from its design and real item sizes, as a worker's share of
+        # the Scan. The sessions its pages name (a page of 200 spans a few workers: one
+        # BatchGetItem of a few items) add about 0.05 RRU per connection-hour, left out.
+        plan.Op("sweep", "connections", "", "own", 3600 / t["sweep_s"], bytes_per_connection=conn_size),
     ]
     by = {op.purpose: op for op in ops}
     wru_ch = sum(op.wru * op.per_worker_hour for op in ops) / per_worker
@@ -378,14 +385,19 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
         ["- UnownedConnections counts", fmt(rru_ch["unowned count"], 2), "", "-",
          f"{fmt(by['unowned count'].per_worker_hour, 0)} Queries / worker-hour ({t['shards']} per publish, keys only, "
          f"METRICS_SECONDS {t['metrics_s']:g}), 0.5 each"],
+        ["- reachability sweep", fmt(rru_ch["sweep"], 2), "", "-",
+         f"a Scan of every connection ({conn_size} B each) per SWEEP_SECONDS ({t['sweep_s']:g} s), by one worker for "
+         "the fleet; priced from its design (the window is shorter than a pass)"],
         ["DynamoDB requests / connection-hour, holding", fmt(ddb_req_ch, 1), "-",
          fmt(before.COST["dynamodb_requests_per_connection_hour"], 1), f"renewal tries, watch, ring, free scan, audit, counts, / {per_worker}"],
         ["SQS + CloudWatch requests / connection-hour", f"{fmt(sqs_h / per_worker, 1)} + {fmt(cw_h / per_worker, 2)}", "-",
          f"{before.COST['sqs_requests_per_connection_hour']} + {before.COST['cloudwatch_requests_per_connection_hour']}",
          f"hint long polls ({sqs_h:.0f} / worker-hour) and PutMetricData ({cw_h:.0f} / worker-hour), / {per_worker}"],
-        ["per connection taken: requests, units", f"2: {conn_wru + acquire_index} WRU + 1 RRU", "-",
-         "1 UpdateItem: 3 WRU", f"acquire UpdateItem ({conn_wru} WRU + {acquire_index} index: owner_key moves) + stored-end "
-         "Query (strongly consistent, 1 RRU)"],
+        ["per connection taken: requests, units", f"3: {2 * conn_wru + acquire_index + 2} WRU + 2 RRU", "-",
+         "2: 3 WRU + 1 RRU", f"consistent read (BatchGetItem, 1 RRU), then a TransactWriteItems: the connection's Update "
+         f"(2 x {conn_wru} WRU, transactional, + {acquire_index} index: owner_key moves) and the ConditionCheck that "
+         "the acquirer's session is LIVE (2 WRU; one per transaction of up to 25); + the stored-end Query (strongly "
+         "consistent, 1 RRU) unless the last owner released it cleanly"],
         ["per connection released: requests, units", f"1: {conn_wru + release_index} WRU", "-", "1 UpdateItem: 3 WRU",
          f"release UpdateItem ({conn_wru} WRU + {release_index} index)"],
         ["checkpoints / connection-hour while frames arrive", fmt(ckpt_per_h, 0), f"≤ {ckpt_steady:g}",

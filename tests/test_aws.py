@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from wsfleet import clock
 from wsfleet.aws import Aws, SendDeadlinePassed, send_deadline
 from wsfleet.config import WorkerConfig
 from wsfleet.store import MessagesStore, TransientError
@@ -19,7 +20,7 @@ def aws(aws_env):
 
 def test_a_write_whose_deadline_passed_before_it_left_is_refused_and_never_sent(aws, aws_env):
     msgs = MessagesStore(aws.dynamodb, aws_env["MESSAGES_TABLE_NAME"])
-    with send_deadline(time.monotonic() - 0.001), pytest.raises(SendDeadlinePassed) as refused:
+    with send_deadline(clock.now() - 0.001), pytest.raises(SendDeadlinePassed) as refused:
         msgs.put("c1", [Frame(1, "1", 0)], fence_token=1, worker_id="w")
     assert isinstance(refused.value, TransientError)  # never read as a lost lease
     assert msgs.read_all("c1") == []
@@ -30,7 +31,7 @@ def test_a_write_whose_deadline_passes_after_botocore_checked_it_is_refused_at_t
     # a later before-send handler that outlives the deadline stands in for it.
     msgs = MessagesStore(aws.dynamodb_writes, aws_env["MESSAGES_TABLE_NAME"])
     aws.dynamodb_writes.meta.events.register("before-send.dynamodb", lambda **_: time.sleep(0.1))
-    with send_deadline(time.monotonic() + 0.05), pytest.raises(SendDeadlinePassed):
+    with send_deadline(clock.now() + 0.05), pytest.raises(SendDeadlinePassed):
         msgs.put_many([("c1", 1, Frame(1, "1", 0))], worker_id="w")
     assert msgs.read_all("c1") == []
     assert aws.requests["dynamodb.BatchWriteItem"] == 1  # refused once, not retried into a second refusal
@@ -38,9 +39,9 @@ def test_a_write_whose_deadline_passes_after_botocore_checked_it_is_refused_at_t
 
 def test_a_write_within_its_deadline_goes_through_and_the_deadline_ends_with_the_block(aws, aws_env):
     msgs = MessagesStore(aws.dynamodb, aws_env["MESSAGES_TABLE_NAME"])
-    with send_deadline(time.monotonic() + 30):
+    with send_deadline(clock.now() + 30):
         msgs.put("c1", [Frame(1, "1", 0)], fence_token=1, worker_id="w")
-    with send_deadline(time.monotonic() - 1):
+    with send_deadline(clock.now() - 1):
         pass
     msgs.put("c1", [Frame(2, "2", 0)], fence_token=1, worker_id="w")  # no deadline outside the block
     assert [r["sk"] for r in msgs.read_all("c1")] == [1, 2]

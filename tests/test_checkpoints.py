@@ -6,11 +6,11 @@ store's own transaction is tested against the emulator in test_store.py)."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from botocore.exceptions import ClientError
 
+from wsfleet import clock
 from wsfleet import metrics_names as names
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
@@ -56,18 +56,18 @@ async def started(store: RecordingStore, counters: Counters | None = None, **kw)
 
 
 def far() -> float:
-    return time.monotonic() + 60
+    return clock.now() + 60
 
 
 def test_checkpoints_asked_for_together_leave_in_one_transaction_by_the_earliest_time():
     async def scenario():
         store = RecordingStore()
         cp, task = await started(store)
-        now = time.monotonic()
+        now = clock.now()
         asks = [cp.write(entry(f"c{i}"), by=now + 0.3 + i * 0.1, deadline=far) for i in range(5)]
-        began = time.monotonic()
+        began = clock.now()
         results = await asyncio.gather(*asks)
-        took = time.monotonic() - began
+        took = clock.now() - began
         task.cancel()
         return store, results, took
 
@@ -81,7 +81,7 @@ def test_a_full_transaction_leaves_at_once():
     async def scenario():
         store = RecordingStore()
         cp, task = await started(store, batch=4)
-        asks = [asyncio.ensure_future(cp.write(entry(f"c{i}"), by=time.monotonic() + 30, deadline=far)) for i in range(6)]
+        asks = [asyncio.ensure_future(cp.write(entry(f"c{i}"), by=clock.now() + 30, deadline=far)) for i in range(6)]
         await asyncio.wait_for(asyncio.gather(*asks[:4]), timeout=5)
         task.cancel()
         for a in asks[4:]:
@@ -97,7 +97,7 @@ def due_now(store: RecordingStore, n: int) -> list[bool]:
 
     async def scenario():
         cp, task = await started(store)
-        now = time.monotonic()
+        now = clock.now()
         results = await asyncio.gather(*(cp.write(entry(f"c{i}"), by=now, deadline=far) for i in range(n)))
         task.cancel()
         return results
@@ -122,9 +122,9 @@ def test_past_the_deadline_a_checkpoint_is_not_written_and_its_writer_hears_so()
     async def scenario():
         store = RecordingStore(conflicts=1000)
         cp, task = await started(store)
-        deadline = time.monotonic() + 0.5
+        deadline = clock.now() + 0.5
         with pytest.raises(LeaseExpired):
-            await cp.write(entry("c0"), by=time.monotonic(), deadline=lambda: deadline)
+            await cp.write(entry("c0"), by=clock.now(), deadline=lambda: deadline)
         task.cancel()
         return store
 
@@ -136,10 +136,10 @@ def test_a_checkpoint_whose_runner_stopped_waiting_is_not_sent():
     async def scenario():
         store = RecordingStore()
         cp, task = await started(store)
-        ask = asyncio.ensure_future(cp.write(entry("c0"), by=time.monotonic() + 0.3, deadline=far))
+        ask = asyncio.ensure_future(cp.write(entry("c0"), by=clock.now() + 0.3, deadline=far))
         await asyncio.sleep(0.05)
         ask.cancel()  # the runner ended (its release writes the final checkpoint)
-        done = await cp.write(entry("c1"), by=time.monotonic() + 0.3, deadline=far)
+        done = await cp.write(entry("c1"), by=clock.now() + 0.3, deadline=far)
         task.cancel()
         return store, done
 
@@ -153,8 +153,8 @@ def test_an_unexpected_error_is_counted_and_the_checkpoints_go_again_and_later_o
         store = RecordingStore(errors=[RuntimeError("a bug in the store")])
         counters = Counters()
         cp, task = await started(store, counters)
-        first = await asyncio.wait_for(cp.write(entry("c0"), by=time.monotonic(), deadline=far), timeout=5)
-        later = await asyncio.wait_for(cp.write(entry("c1", 9), by=time.monotonic(), deadline=far), timeout=5)
+        first = await asyncio.wait_for(cp.write(entry("c0"), by=clock.now(), deadline=far), timeout=5)
+        later = await asyncio.wait_for(cp.write(entry("c1", 9), by=clock.now(), deadline=far), timeout=5)
         alive = not task.done()
         task.cancel()
         return store, counters, first, later, alive
@@ -170,9 +170,9 @@ def test_an_error_that_is_not_about_ownership_is_retried_until_the_deadline_then
         denied = ClientError({"Error": {"Code": "AccessDeniedException", "Message": "deploying"}}, "TransactWriteItems")
         store = RecordingStore(errors=[denied] * 1000)
         cp, task = await started(store)
-        deadline = time.monotonic() + 1.0
+        deadline = clock.now() + 1.0
         with pytest.raises(LeaseExpired):
-            await asyncio.wait_for(cp.write(entry("c0"), by=time.monotonic(), deadline=lambda: deadline), timeout=5)
+            await asyncio.wait_for(cp.write(entry("c0"), by=clock.now(), deadline=lambda: deadline), timeout=5)
         task.cancel()
         return store
 

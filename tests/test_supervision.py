@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import time
 
 import pytest
 
+from wsfleet import clock
 from wsfleet import metrics_names as names
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
@@ -35,7 +35,7 @@ def test_a_loop_that_raises_is_logged_with_its_traceback_counted_and_run_again()
     runs = []
 
     async def step() -> str:
-        runs.append(time.monotonic())
+        runs.append(clock.now())
         if len(runs) == 1:
             raise RuntimeError("a bug")
         return "done"
@@ -68,7 +68,7 @@ def test_a_loop_that_keeps_failing_backs_off_and_goes_on():
     runs = []
 
     async def step() -> None:
-        runs.append(time.monotonic())
+        runs.append(clock.now())
         if len(runs) < 4:
             raise KeyError("again")
 
@@ -100,20 +100,20 @@ def test_a_call_is_tried_again_until_it_succeeds():
             raise PermissionError("AccessDenied")
         return 7
 
-    got = asyncio.run(s.supervisor.retry("writer", call, deadline=lambda: time.monotonic() + 60))
+    got = asyncio.run(s.supervisor.retry("writer", call, deadline=lambda: clock.now() + 60))
     assert got == 7 and len(calls) == 3 and s.counters.total(names.LOOP_ERRORS) == 2
 
 
 def test_a_call_is_tried_again_only_until_the_deadline():
     s = Logged()
-    deadline = time.monotonic() + 0.5
+    deadline = clock.now() + 0.5
 
     async def call() -> None:
         raise PermissionError("AccessDenied")
 
     with pytest.raises(LeaseExpired):
         asyncio.run(s.supervisor.retry("checkpoints", call, deadline=lambda: deadline))
-    assert time.monotonic() >= deadline and s.counters.total(names.LOOP_ERRORS) >= 1
+    assert clock.now() >= deadline and s.counters.total(names.LOOP_ERRORS) >= 1
 
 
 @pytest.mark.parametrize("exc", [LeaseExpired(), InvalidItem("refused")])
@@ -124,5 +124,5 @@ def test_what_the_caller_handles_goes_straight_to_it(exc):
         raise exc
 
     with pytest.raises(type(exc)):
-        asyncio.run(s.supervisor.retry("writer", call, deadline=lambda: time.monotonic() + 60, passes=(InvalidItem,)))
+        asyncio.run(s.supervisor.retry("writer", call, deadline=lambda: clock.now() + 60, passes=(InvalidItem,)))
     assert s.lines() == []

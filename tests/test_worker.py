@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 import pytest
 from botocore.awsrequest import AWSResponse
 
+from wsfleet import clock
 from wsfleet import metrics_names as names
 from wsfleet.aws import Aws
 from wsfleet.config import WorkerConfig
@@ -651,7 +652,7 @@ def test_transient_failures_are_retried_until_they_succeed():
             raise TransientError("throttled")
         return "ok"
 
-    result = asyncio.run(call_until(call, lambda: time.monotonic() + 10, len, log=JsonLogger(), x=1))
+    result = asyncio.run(call_until(call, lambda: clock.now() + 10, len, log=JsonLogger(), x=1))
     assert result == "ok" and len(calls) == 3
 
 
@@ -660,10 +661,10 @@ def test_transient_failures_past_the_lease_deadline_end_in_lease_expired_not_los
     async def call(fn, **kwargs):
         raise TransientError("throttled")
 
-    deadline = time.monotonic() + 0.3
+    deadline = clock.now() + 0.3
     with pytest.raises(LeaseExpired):
         asyncio.run(call_until(call, lambda: deadline, len, log=JsonLogger()))
-    assert time.monotonic() < deadline + 0.5
+    assert clock.now() < deadline + 0.5
 
 
 

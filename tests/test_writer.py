@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from wsfleet import clock
 from wsfleet import metrics_names as names
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
@@ -60,7 +61,7 @@ class Harness:
     def __init__(self, *, interval: float = 0.05, deadline_s: float = 60.0, **caps: Any) -> None:
         self.ddb = RecordingDynamoDB()
         self.counters = Counters()
-        self.deadline = time.monotonic() + deadline_s
+        self.deadline = clock.now() + deadline_s
         self.stored: dict[str, list[tuple[int, int]]] = {}
         self.writer = Writer(
             messages=MessagesStore(self.ddb, "msgs", sleep=lambda _: None),
@@ -90,9 +91,9 @@ class Harness:
 
 
 async def until(predicate, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = clock.now() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, "timed out"
+        assert clock.now() < deadline, "timed out"
         await asyncio.sleep(0.005)
 
 
@@ -162,14 +163,14 @@ def test_a_lone_frame_waits_the_flush_interval_and_a_full_batch_leaves_at_once()
         h = Harness(interval=1.5)
         h.open("a", "b")
         task = asyncio.create_task(h.writer.run())
-        t0 = time.monotonic()
+        t0 = clock.now()
         await h.put("a", 1)
         await until(lambda: h.stored["a"])
-        lone = time.monotonic() - t0
-        t1 = time.monotonic()
+        lone = clock.now() - t0
+        t1 = clock.now()
         await h.put("b", *range(1, 26))
         await until(lambda: h.stored["b"])
-        full = time.monotonic() - t1
+        full = clock.now() - t1
         task.cancel()
         return lone, full
 
@@ -283,9 +284,9 @@ def test_flush_sends_that_connections_frames_now_instead_of_after_the_interval()
         task = asyncio.create_task(h.writer.run())
         await h.put("a", 1, 2)
         await h.put("b", 1)
-        t0 = time.monotonic()
+        t0 = clock.now()
         await h.writer.flush("a")
-        took = time.monotonic() - t0
+        took = clock.now() - t0
         task.cancel()
         return h, took
 
@@ -333,7 +334,7 @@ def test_a_batch_slower_than_the_deadline_it_started_with_is_kept_while_renewals
         task = asyncio.create_task(h.writer.run())
         await h.put("a", 1, 2, 3)
         await asyncio.sleep(0.2)
-        h.deadline = time.monotonic() + 5  # a renewal landed meanwhile
+        h.deadline = clock.now() + 5  # a renewal landed meanwhile
         await h.put("a", 4)
         await h.writer.flush("a")
         task.cancel()
@@ -514,7 +515,7 @@ def test_a_flush_waits_as_long_as_renewals_keep_moving_the_deadline():
 
         async def renewals():
             while True:
-                h.deadline = time.monotonic() + 0.3
+                h.deadline = clock.now() + 0.3
                 await asyncio.sleep(0.05)
 
         renewing = asyncio.create_task(renewals())

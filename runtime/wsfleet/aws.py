@@ -12,7 +12,6 @@ import asyncio
 import functools
 import sys
 import threading
-import time
 from collections import Counter
 from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import boto3
 from botocore.config import Config
 
-from . import tracing
+from . import clock, tracing
 from .config import WorkerConfig
 from .store import TransientError
 
@@ -40,7 +39,7 @@ class SendDeadlinePassed(TransientError):
 
 @contextmanager
 def send_deadline(deadline_mono: float) -> Iterator[None]:
-    """In this thread, refuse to send DynamoDB requests once the monotonic deadline has
+    """In this thread, refuse to send DynamoDB requests once the deadline (:func:`wsfleet.clock.now`) has
     passed, checked as late as Python can: right before each ``sendall`` of the request's
     bytes, once its connection is made.
 
@@ -61,7 +60,7 @@ def send_deadline(deadline_mono: float) -> Iterator[None]:
 
 def _refuse_after_deadline(**_: Any) -> None:
     deadline = getattr(_send_deadline, "value", None)
-    if deadline is not None and time.monotonic() >= deadline:
+    if deadline is not None and clock.now() >= deadline:
         raise SendDeadlinePassed("lease deadline passed before the request was sent")
 
 

@@ -11,8 +11,10 @@ Times come in two kinds and are never mixed:
 
 * wall-clock epoch milliseconds (``*_ms``) are what is stored in DynamoDB and compared
   between workers; clocks can disagree by up to ``max_clock_skew_ms``;
-* monotonic seconds (``*_mono``) are what a worker uses to decide, on its own, when its
-  session has run out. They never jump, so a paused or slow worker errs on the safe side.
+* deadline-clock seconds (``*_mono``, from :func:`wsfleet.clock.now`) are what a worker
+  uses to decide, on its own, when its session has run out. They never jump with the
+  wall clock and they count time the machine spent suspended, so a paused, slow or
+  suspended worker errs on the safe side.
 """
 
 from __future__ import annotations

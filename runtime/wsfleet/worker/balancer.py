@@ -16,9 +16,9 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, Awaitable, Callable, Mapping
 
+from .. import clock
 from ..balance import FleetLoad, is_summarizer, max_moves, shed_count, shed_targets, summarize
 from ..leases import SessionTiming
 from ..logs import JsonLogger
@@ -83,7 +83,7 @@ class Balancer:
 
     def shed_recently(self, connection_id: str) -> bool:
         at = self._shed_at.get(connection_id)
-        return at is not None and time.monotonic() - at < SHED_COOLDOWN_S
+        return at is not None and clock.now() - at < SHED_COOLDOWN_S
 
     async def summarize_once(self) -> FleetLoad | None:
         """If this is the last session of the ring, read every session in it and write
@@ -117,7 +117,7 @@ class Balancer:
             max_moves=max_moves(self._max),
             recovering=self._recovering(),
         )
-        now = time.monotonic()
+        now = clock.now()
         movable = sorted(
             (r for r in runners.values() if r.end_reason is None and now - r.acquired_mono >= MIN_HOLD_S),
             key=lambda r: r.acquired_mono,

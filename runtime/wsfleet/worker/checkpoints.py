@@ -32,10 +32,10 @@ of its 0.5 msg/s of messages.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from .. import clock
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import MAX_TRANSACTION, CheckpointEntry, ConnectionsStore
@@ -48,7 +48,7 @@ Call = Callable[..., Awaitable[Any]]
 @dataclass
 class _Ask:
     entry: CheckpointEntry
-    by: float  # monotonic: written by then at the latest
+    by: float  # clock.now() seconds: written by then at the latest
     deadline: Callable[[], float]
     abandoned: bool = False  # its writer stopped waiting (the runner is ending): not sent again
     answer: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -75,7 +75,7 @@ class Checkpoints:
         self.written = 0
 
     async def write(self, entry: CheckpointEntry, *, by: float, deadline: Callable[[], float]) -> bool:
-        """Have ``entry`` written, with others, by the monotonic time ``by`` (or sooner).
+        """Have ``entry`` written, with others, by the time ``by`` (:func:`wsfleet.clock.now`) (or sooner).
         True once written, False if the connection is no longer ours. Raises
         :class:`LeaseExpired` once the deadline has passed unwritten. Cancelled before its
         transaction left, the checkpoint is not written. A connection (one fence) has one
@@ -103,7 +103,7 @@ class Checkpoints:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            left = min(a.by for a in self._waiting.values()) - time.monotonic()
+            left = min(a.by for a in self._waiting.values()) - clock.now()
             if len(self._waiting) < self._batch and left > 0:
                 await woken_or_timeout(self._wake, left)
                 continue

@@ -39,6 +39,7 @@ from typing import Any, Awaitable, Callable
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidHandshake, InvalidURI
 
+from .. import clock
 from .. import metrics_names as names
 from .. import tracing
 from ..leases import backoff_s
@@ -105,14 +106,14 @@ class ConnectionRunner:
         self.ws_url = ws_url
         self.session_id = session_id
         self.fence_token = fence_token
-        self.acquired_mono = time.monotonic()
+        self.acquired_mono = clock.now()
         self.shed_to = ""
         self._deadline = deadline
         # Resume after what is stored gap-free (a crashed owner may have stored past its
         # last checkpoint); the next checkpoint write records it.
         self.tracker = SeqTracker(max(checkpoint, stored_end))
         self._checkpoint_written = checkpoint
-        self._checkpoint_at = time.monotonic()
+        self._checkpoint_at = clock.now()
         self.connected = asyncio.Event()
         self.end_reason: EndReason | None = None
         self.detached = False  # the release answered: it is no longer attached to our session
@@ -141,7 +142,7 @@ class ConnectionRunner:
         return self._deadline()
 
     def live(self) -> bool:
-        return time.monotonic() < self._deadline()
+        return clock.now() < self._deadline()
 
     def _end(self, reason: EndReason) -> None:
         if self.end_reason is None:
@@ -238,7 +239,7 @@ class ConnectionRunner:
         """Log a bad frame, at most once per FRAME_LOG_EVERY_S per class, saying how many
         of that class were not logged since (``suppressed``)."""
         name = problem.value if isinstance(problem, Problem) else problem
-        suppressed = self._frame_logs.take(name, time.monotonic())
+        suppressed = self._frame_logs.take(name, clock.now())
         if suppressed is None:
             return
         if exc is not None:
@@ -256,7 +257,7 @@ class ConnectionRunner:
     def _time_to_ask(self) -> bool:
         """``checkpoint_s`` less the gathering time has passed since the last checkpoint."""
         s = self._s
-        return time.monotonic() - self._checkpoint_at >= s.checkpoint_s * (1 - s.checkpoint_gather_share)
+        return clock.now() - self._checkpoint_at >= s.checkpoint_s * (1 - s.checkpoint_gather_share)
 
     async def _checkpointer(self) -> None:
         # The end reason, not cancellation alone, stops this loop: on Python 3.11,
@@ -292,7 +293,7 @@ class ConnectionRunner:
             self._log.warning("checkpoint_found_connection_gone", checkpoint=seq)
             return self._end(EndReason.LOST)
         self._checkpoint_written = seq
-        self._checkpoint_at = time.monotonic()
+        self._checkpoint_at = clock.now()
 
     async def flush(self) -> None:
         """Return once every accepted frame is stored (the writer sends this connection's

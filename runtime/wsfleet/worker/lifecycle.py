@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import resource
-import time
 from collections import deque
 from typing import Any, Callable
 
+from .. import clock
 from .. import metrics_names as names
 from .. import schema, tracing
 from ..aws import Aws
@@ -328,7 +328,7 @@ class Worker:
         return result, checkpoint, stored_end, sent
 
     async def _release_unheld(self, connection_id: str, item: dict, session_id: str) -> None:
-        if self.keeper.deadline_for(session_id) > time.monotonic():
+        if self.keeper.deadline_for(session_id) > clock.now():
             try:
                 if await self._aws.call(
                     self._connections.release,
@@ -407,7 +407,7 @@ class Worker:
                 if await self._aws.call(self._connections.free_orphan, connection_id, dead_session=session_id):
                     self.attachments.settled(connection_id)
                 fixed += 1
-        now = time.monotonic()
+        now = clock.now()
         for connection_id, runner in list(self.runners.items()):
             if connection_id in listed or now - runner.acquired_mono < AUDIT_GRACE_S or runner.session_id != session_id:
                 continue
@@ -501,9 +501,9 @@ class Worker:
     async def _probe_lag(self) -> None:
         """How late the loop wakes a sleeper: the delay every socket and the renewal see."""
         while True:
-            before = time.monotonic()
+            before = clock.now()
             await asyncio.sleep(LAG_PROBE_S)
-            self._lag_ms.append(max(0.0, (time.monotonic() - before - LAG_PROBE_S) * 1000))
+            self._lag_ms.append(max(0.0, (clock.now() - before - LAG_PROBE_S) * 1000))
 
     # --- the loops ---------------------------------------------------------------------
 
@@ -592,7 +592,7 @@ class Worker:
             self._supervised("lag-probe", self._probe_lag),
         ]
         await self._stopping.wait()
-        started = time.monotonic()
+        started = clock.now()
         for task in loops:
             task.cancel()
         self.takeover.cancel()
@@ -607,27 +607,27 @@ class Worker:
             # sent, and SQS hands a new message to a waiting poll at once: give them a
             # moment to return, so that the intake puts those hints straight back for a
             # peer instead of leaving them invisible for a visibility timeout.
-            left = budget - (time.monotonic() - started)
+            left = budget - (clock.now() - started)
             await asyncio.wait(in_flight, timeout=max(0.0, min(HINT_GRACE_S, left)))
         for p in polls:
             p.cancel()
         await asyncio.gather(keeper, writer, checkpoints, *polls, *loops, return_exceptions=True)
         self._log.info(
             "shutdown_complete",
-            took_s=round(time.monotonic() - started, 3),
+            took_s=round(clock.now() - started, 3),
             left=len(self.runners),
             **self.counters.totals(),
         )
 
     async def _hand_over(self, *, paced_until: float) -> None:
         """Ask every runner to shut down (close, flush, release with checkpoint, hint),
-        ``HANDOFF_CONCURRENCY`` at a time until ``paced_until`` (monotonic), then all the
+        ``HANDOFF_CONCURRENCY`` at a time until ``paced_until`` (:func:`wsfleet.clock.now`), then all the
         rest at once. Returns when the last one has been asked."""
         in_flight: set[asyncio.Task] = set()
         for connection_id, runner in list(self.runners.items()):
-            while len(in_flight) >= HANDOFF_CONCURRENCY and time.monotonic() < paced_until:
+            while len(in_flight) >= HANDOFF_CONCURRENCY and clock.now() < paced_until:
                 _, in_flight = await asyncio.wait(
-                    in_flight, timeout=paced_until - time.monotonic(), return_when=asyncio.FIRST_COMPLETED
+                    in_flight, timeout=paced_until - clock.now(), return_when=asyncio.FIRST_COMPLETED
                 )
             holder = self._holding.get(connection_id)
             if holder is None or holder.done() or self.runners.get(connection_id) is not runner:
@@ -642,18 +642,18 @@ class Worker:
         (:meth:`.attached.Attachments.leave_ring_when_clear`). Whatever is not done within
         the budget stays attached to the ended session, still in the ring, which its
         watchers drain at once."""
-        started = time.monotonic()
+        started = clock.now()
         self._stopping.set()
         await self._hand_over(paced_until=started + HANDOFF_PACED_SHARE * budget_s)
         pending = [t for t in self._holders if not t.done()]
         if pending:
-            left = budget_s - (time.monotonic() - started)
+            left = budget_s - (clock.now() - started)
             _, late = await asyncio.wait(pending, timeout=max(0.1, left))
             if late:
                 self._log.warning("shutdown_budget_exceeded", unfinished=len(late))
         session_id = self.keeper.session_id
         if session_id and self.keeper.lost_reason is None and await self.keeper.end():
-            left = budget_s - (time.monotonic() - started)
+            left = budget_s - (clock.now() - started)
             try:
                 await asyncio.wait_for(
                     self.attachments.leave_ring_when_clear(session_id, held=lambda c: c in self.runners),
@@ -662,7 +662,7 @@ class Worker:
             except Exception as exc:  # noqa: BLE001 - the session stays in the ring: its watchers drain it
                 self._log.warning("session_left_in_ring", session_id=session_id, error=f"{type(exc).__name__}: {exc}")
         # The last counters and ActiveConnections, within what is left of the budget.
-        left = budget_s - (time.monotonic() - started)
+        left = budget_s - (clock.now() - started)
         try:
             await asyncio.wait_for(self.publish_metrics_once(count_unowned=False), timeout=max(0.1, left))
         except TimeoutError:

@@ -4,9 +4,9 @@ the first of several events."""
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any, Awaitable, Callable
 
+from .. import clock
 from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..store import TransientError
@@ -28,19 +28,19 @@ async def call_until(
     **kwargs: Any,
 ) -> Any:
     """``await call(fn, **kwargs)``, retrying :class:`TransientError` with jittered
-    backoff until the monotonic ``deadline()``. The deadline is read afresh while an
+    backoff until the ``deadline()`` (:func:`wsfleet.clock.now`). The deadline is read afresh while an
     attempt is in flight and before each retry (a renewal may extend it meanwhile), so a
     slow attempt is waited for as long as the worker may still write, never abandoned
     early. Raises :class:`LeaseExpired` once it has passed; a transient fault is never
     reported as a lost lease."""
     attempt = 0
     while True:
-        if deadline() <= time.monotonic():
+        if deadline() <= clock.now():
             raise LeaseExpired()
         task = asyncio.ensure_future(call(fn, **kwargs))
         try:
             while not task.done():
-                left = deadline() - time.monotonic()
+                left = deadline() - clock.now()
                 if left <= 0:
                     raise LeaseExpired()
                 await asyncio.wait({task}, timeout=min(left, DEADLINE_POLL_S))
@@ -49,7 +49,7 @@ async def call_until(
             log.warning("transient_error", op=getattr(fn, "__name__", "?"), error=str(exc), attempt=attempt)
         finally:
             task.cancel()  # no-op once done; past the deadline the thread may still finish, harmlessly
-        await asyncio.sleep(min(backoff_s(attempt), max(0.0, deadline() - time.monotonic())))
+        await asyncio.sleep(min(backoff_s(attempt), max(0.0, deadline() - clock.now())))
         attempt += 1
 
 

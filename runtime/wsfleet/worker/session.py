@@ -2,8 +2,9 @@
 
 One :class:`SessionKeeper` per worker process opens a session, renews it every heartbeat
 with one conditional write that also reports the worker's load and brings back the
-STOPs posted to it, and keeps the worker's single deadline: the monotonic send time of
-the last successful renewal, plus the lease, less the skew margin. Past the deadline, or
+STOPs posted to it, and keeps the worker's single deadline: the send time of the last
+successful renewal (:func:`wsfleet.clock.now`, which counts suspended time), plus the
+lease, less the skew margin. Past the deadline, or
 once the session is found ENDED, the session is *lost*: every connection attached to it
 is gone, and nothing may be written for any of them.
 
@@ -16,10 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
 from typing import Any, Awaitable, Callable
 
-from .. import schema
+from .. import clock, schema
 from ..leases import RenewFailure, SessionTiming, backoff_s, new_session_id
 from ..logs import JsonLogger
 from ..store import SessionsStore, TransientError, now_ms
@@ -74,7 +74,7 @@ class SessionKeeper:
     # --- the one deadline ----------------------------------------------------------------
 
     def live(self) -> bool:
-        return self.lost_reason is None and time.monotonic() < self.deadline_mono
+        return self.lost_reason is None and clock.now() < self.deadline_mono
 
     def deadline_for(self, session_id: str) -> float:
         """The deadline that governs writes for a connection acquired under
@@ -109,7 +109,7 @@ class SessionKeeper:
         attempt = 0
         while not stopping.is_set():
             session_id = new_session_id(self.worker_id, self._clock_ms())
-            sent = time.monotonic()
+            sent = clock.now()
             try:
                 await self._call(
                     self._sessions.open,
@@ -142,12 +142,12 @@ class SessionKeeper:
         send time setting the deadline. Abandoning slow tries lost every session when the
         table answered in 1.3 s for a few seconds (chaos, seed 208702 #59): each answer
         came after its try had been given up, while the retries queued behind them."""
-        pending: dict[asyncio.Future, float] = {}  # try -> its send time (monotonic)
+        pending: dict[asyncio.Future, float] = {}  # try -> its send time (clock.now())
         done = set(self._stops_done)
-        next_try = time.monotonic()
+        next_try = clock.now()
         try:
             while self.lost_reason is None:
-                now = time.monotonic()
+                now = clock.now()
                 left = self.deadline_mono - now
                 if left <= 0:
                     self.lose(Lost.EXPIRED)
@@ -155,7 +155,7 @@ class SessionKeeper:
                 if now >= next_try and len(pending) < RENEW_IN_FLIGHT:
                     pending[asyncio.ensure_future(self._renew_try(done))] = now
                     next_try = now + RENEW_TIMEOUT_S  # the next try: a hedge, if this one is slow
-                wait = max(0.0, min(left, next_try - time.monotonic()))
+                wait = max(0.0, min(left, next_try - clock.now()))
                 if not pending:  # the last try failed fast: pause before the next
                     await asyncio.sleep(wait)
                     continue
@@ -168,10 +168,10 @@ class SessionKeeper:
                         level(
                             "renew_retry" if isinstance(exc, TransientError) else "renew_error",
                             error=f"{type(exc).__name__}: {exc}",
-                            left_s=round(self.deadline_mono - time.monotonic(), 3),
+                            left_s=round(self.deadline_mono - clock.now(), 3),
                         )
                         # it proves neither renewal nor loss: try again soon, to the deadline
-                        next_try = min(next_try, time.monotonic() + self.timing.renew_retry_s())
+                        next_try = min(next_try, clock.now() + self.timing.renew_retry_s())
                         continue
                     result = attempt.result()
                     if isinstance(result, RenewFailure):
@@ -185,9 +185,9 @@ class SessionKeeper:
                     if stops:
                         self._on_stops(stops)
                     return True
-                if not finished and pending and time.monotonic() >= next_try:
+                if not finished and pending and clock.now() >= next_try:
                     self._log.warning(
-                        "renew_slow", in_flight=len(pending), left_s=round(self.deadline_mono - time.monotonic(), 3)
+                        "renew_slow", in_flight=len(pending), left_s=round(self.deadline_mono - clock.now(), 3)
                     )
             return False
         finally:
@@ -210,11 +210,11 @@ class SessionKeeper:
         renewing (at shutdown, after everything is released)."""
         heartbeat = self.timing.heartbeat_ms / 1000
         while True:
-            sent = time.monotonic()
+            sent = clock.now()
             if not await self.renew_once():
                 assert self.lost_reason is not None
                 return self.lost_reason
-            await asyncio.sleep(max(0.0, heartbeat - (time.monotonic() - sent)))
+            await asyncio.sleep(max(0.0, heartbeat - (clock.now() - sent)))
 
     async def end(self) -> bool:
         """End our own session (clean exit, or after our deadline passed): it can never

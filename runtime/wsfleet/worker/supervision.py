@@ -20,10 +20,10 @@ waits, and nothing is dropped.
 from __future__ import annotations
 
 import asyncio
-import time
 import traceback
 from typing import Any, Awaitable, Callable, TypeVar
 
+from .. import clock
 from .. import metrics_names as names
 from ..leases import backoff_s
 from ..logs import JsonLogger
@@ -60,11 +60,11 @@ class Supervisor:
         cap). Cancelling it cancels the loop."""
         attempt = 0
         while True:
-            started = time.monotonic()
+            started = clock.now()
             try:
                 return await run()
             except Exception as exc:  # noqa: BLE001 - whatever it was, the loop goes on
-                if time.monotonic() - started > LOOP_BACKOFF_CAP_S:
+                if clock.now() - started > LOOP_BACKOFF_CAP_S:
                     attempt = 0  # it had been running: a new fault, not the same one again
                 delay = backoff_s(attempt, base=LOOP_BACKOFF_BASE_S, cap=LOOP_BACKOFF_CAP_S)
                 self.report(loop, exc, attempt=attempt, retry_in_s=round(delay, 3))
@@ -81,7 +81,7 @@ class Supervisor:
     ) -> T:
         """``await call()`` until it returns. :class:`LeaseExpired` and the ``passes``
         exceptions go to the caller; any other is reported and the call made again after
-        a backoff, until the monotonic ``deadline()`` (read afresh each time: renewals move
+        a backoff, until the ``deadline()`` (:func:`wsfleet.clock.now`) (read afresh each time: renewals move
         it), then :class:`LeaseExpired`."""
         attempt = 0
         while True:
@@ -92,10 +92,10 @@ class Supervisor:
             except Exception as exc:  # noqa: BLE001 - not about ownership: wait, then again
                 delay = min(
                     backoff_s(attempt, base=RETRY_BACKOFF_BASE_S, cap=RETRY_BACKOFF_CAP_S),
-                    max(0.0, deadline() - time.monotonic()),
+                    max(0.0, deadline() - clock.now()),
                 )
                 self.report(loop, exc, attempt=attempt, retry_in_s=round(delay, 3))
             await asyncio.sleep(delay)
-            if deadline() <= time.monotonic():
+            if deadline() <= clock.now():
                 raise LeaseExpired()
             attempt += 1

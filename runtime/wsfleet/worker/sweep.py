@@ -21,9 +21,9 @@ units per connection; at one pass every 600 s, about 0.25 RRU per connection-hou
 
 from __future__ import annotations
 
-import time
 from typing import Any, Awaitable, Callable, Mapping
 
+from .. import clock
 from .. import metrics_names as names
 from .. import schema
 from ..balance import is_summarizer
@@ -54,7 +54,7 @@ class Sweeper:
         sweep_s: float,
         page_items: int = SWEEP_PAGE_ITEMS,
         first_pass_s: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = clock.now,
     ) -> None:
         """``first_pass_s``: when the first pass may start, from now (a whole ``sweep_s``
         by default: a fleet that restarts its workers does not sweep at every restart)."""

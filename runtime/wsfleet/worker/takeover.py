@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from itertools import islice
 from typing import Any, Awaitable, Callable
 
-from .. import schema
+from .. import clock, schema
 from ..leases import EndFailure, SessionTiming, Watched, drain_split, takeover_jitter_s, watch_plan
 from ..logs import JsonLogger
 from ..store import ConnectionsStore, SessionsStore, TransientError, now_ms
@@ -130,9 +129,9 @@ class Takeover:
         if not self._keeper.live():
             return 0
         changes = self._keeper.ring_changes
-        if self._ring_for != me or changes != self._ring_changes or time.monotonic() - self._ring_at > RING_REFRESH_S:
+        if self._ring_for != me or changes != self._ring_changes or clock.now() - self._ring_at > RING_REFRESH_S:
             self._ring = await self._call(self._sessions.ring_after, me, limit=WATCH_K)
-            self._ring_for, self._ring_at, self._ring_changes = me, time.monotonic(), changes
+            self._ring_for, self._ring_at, self._ring_changes = me, clock.now(), changes
         self._passes += 1
         summary = self._passes % SUMMARY_EVERY == 1
         items = await self._call(self._sessions.get_many, [*self._ring, *([schema.FLEET_SUMMARY_ID] if summary else [])])

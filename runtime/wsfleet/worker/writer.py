@@ -35,7 +35,7 @@ quiet ones of batch slots. Memory is bounded by a per-connection and a per-worke
 pending frames: when one is reached the receive loop waits (backpressure, counted in
 ``BackpressureWaits``), nothing is dropped.
 
-Received to stored: each pending frame keeps the monotonic time it was handed to the
+Received to stored: each pending frame keeps the time (:func:`wsfleet.clock.now`) it was handed to the
 writer, and when its batch is stored, ``now - handed`` goes into a :class:`Latency`
 histogram (fixed log-spaced buckets, no allocation per frame beyond the float). The
 ``stats`` line shows p50 / p99 / max over a rolling window (the last 50-60 s by default:
@@ -49,12 +49,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from bisect import bisect_left
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
+from .. import clock
 from .. import metrics_names as names
 from ..aws import send_deadline
 from ..logs import JsonLogger
@@ -117,7 +117,7 @@ class Latency:
     ``window_s / slots`` seconds each, reused round-robin) for the rolling summary, and
     one since start for tools that difference two readings."""
 
-    def __init__(self, window_s: float = 60.0, slots: int = 6, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, window_s: float = 60.0, slots: int = 6, clock: Callable[[], float] = clock.now) -> None:
         self.window_s = window_s
         self._slot_s = window_s / slots
         self._clock = clock
@@ -128,7 +128,7 @@ class Latency:
         self._total = [0] * width
 
     def record(self, now: float, handed: Iterable[float]) -> None:
-        """One stored batch: ``handed`` are its frames' hand-over times (monotonic s)."""
+        """One stored batch: ``handed`` are its frames' hand-over times (clock.now() s)."""
         epoch = int(now // self._slot_s)
         slot = epoch % len(self._epoch)
         counts = self._counts[slot]
@@ -176,7 +176,7 @@ class _Queue:
     fence_token: int
     deadline: Callable[[], float]
     on_stored: Callable[[int, int], None]  # (last seq stored, how many)
-    frames: deque[tuple[Frame, float]] = field(default_factory=deque)  # (frame, handed over: monotonic)
+    frames: deque[tuple[Frame, float]] = field(default_factory=deque)  # (frame, handed over: clock.now())
     in_flight: bool = False
     flushing: int = 0  # callers waiting for this queue to empty
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # room freed, or emptied
@@ -237,7 +237,7 @@ class Writer:
             await first_of(q.changed.wait(), self._room.wait())
             if connection_id not in self._queues:
                 return  # closed while waiting: the connection is being dropped
-        q.frames.append((frame, time.monotonic()))
+        q.frames.append((frame, clock.now()))
         self._pending += 1
         if connection_id not in self._waiting:
             self._waiting[connection_id] = q
@@ -254,7 +254,7 @@ class Writer:
         q.flushing += 1
         try:
             while q.frames or q.in_flight:
-                left = q.deadline() - time.monotonic()
+                left = q.deadline() - clock.now()
                 if left <= 0:
                     raise LeaseExpired()
                 self._wake.set()
@@ -334,7 +334,7 @@ class Writer:
         if sum(len(q.frames) for q in ready) >= MAX_BATCH or any(q.flushing for q in ready):
             return 0.0
         oldest = min(q.frames[0][1] for q in ready)
-        return max(0.0, oldest + self._interval - time.monotonic())
+        return max(0.0, oldest + self._interval - clock.now())
 
     def _take(self) -> list[tuple[_Queue, list[tuple[Frame, float]]]]:
         """Up to MAX_BATCH items from the queues whose first frame is oldest. When more
@@ -407,7 +407,7 @@ class Writer:
         are never written by us, and their connections are being dropped with the session
         (the next owner replays them); any whose deadline has moved on (it cannot, once
         passed, but a frame is never dropped on a guess) gets them back."""
-        now = time.monotonic()
+        now = clock.now()
         for q, _ in batch:
             q.in_flight = False
         if stored:
