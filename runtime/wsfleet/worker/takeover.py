@@ -89,7 +89,6 @@ class Takeover:
         self._empty: dict[str, int] = {}
         self._tasks: set[asyncio.Task] = set()
         self._free_seen: set[str] = set()  # FREE# at the previous count_unowned
-        self._scan_seen: set[str] = set()  # FREE# at the previous free scan
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> None:
         task = asyncio.ensure_future(coro)
@@ -272,20 +271,14 @@ class Takeover:
     # --- free scan ---------------------------------------------------------------------
 
     async def reconcile_once(self) -> int:
-        """Query the FREE# shards for STARTED connections nobody owns and try to take as
-        many as there is room for, each after a little load-weighted jitter so that the
-        least loaded worker tends to win. Returns how many it tried.
-
-        One found free for the first time is left alone while this worker is at its fair
-        share and another is under theirs (``scan_room`` is 0), so that what a peer shed
-        goes to that one. One that was already free at this worker's previous scan is
-        taken whatever the shares say: those under their share have missed it for a
-        whole scan, and the summary that says they are under it may be stale (it can
-        list a worker that has just died)."""
-        room = self._room()
+        """Query every FREE# shard for STARTED connections nobody owns and try to take
+        as many as there is room for (``scan_room``: none while this worker is at its fair
+        share and another is under theirs, so that what a peer shed goes to that one),
+        each after a little load-weighted jitter so that the least loaded worker tends to
+        win. Returns how many it tried."""
+        room = self._scan_room()
         if room <= 0 or not self._keeper.live():
             return 0
-        fresh_room = min(room, self._scan_room())
         shards = list(range(self._shards))
         random.shuffle(shards)
         found: list[str] = []
@@ -294,13 +287,11 @@ class Takeover:
             found.extend(c for c in ids if not self._busy(c) and not self._avoid(c))
             if len(found) >= room:
                 break
-        seen, self._scan_seen = self._scan_seen, set(found)
-        overdue = [c for c in found if c in seen][:room]
-        take = overdue + [c for c in found if c not in seen][: max(0, min(fresh_room, room - len(overdue)))]
-        if take:
-            self._log.info("unowned_found", count=len(take), overdue=len(overdue))
-            await asyncio.gather(*(self._jittered_acquire(c) for c in take), return_exceptions=True)
-        return len(take)
+        found = found[:room]
+        if found:
+            self._log.info("unowned_found", count=len(found))
+            await asyncio.gather(*(self._jittered_acquire(c) for c in found), return_exceptions=True)
+        return len(found)
 
     async def _jittered_acquire(self, connection_id: str) -> None:
         await asyncio.sleep(takeover_jitter_s(self._load()))
