@@ -55,6 +55,15 @@ def test_expired_and_ended_sessions_still_in_the_ring_mean_the_fleet_is_recoveri
     assert load.suspects == 2 and load.workers == 1
 
 
+def test_a_session_that_missed_a_renewal_is_not_listed_under_its_share_while_it_expires():
+    # A worker killed a moment ago is LIVE and unexpired for up to a lease; listed as
+    # under its share, it would have the others leave free connections to it meanwhile.
+    missed = NOW + T.lease_ms - T.heartbeat_ms * 2  # its last renewal was two heartbeats ago
+    load = summarize([session("a", 30), session("b", 30), session("dead", 0, expires=missed)], now_ms=NOW, timing=T)
+    assert "dead" not in load.under and load.workers == 2 and load.capacity == 200
+    assert load.below_share == 0  # a and b are at their shares of 60 between them
+
+
 def test_the_last_session_of_the_ring_writes_the_summary():
     assert is_summarizer("z#1", ["a#1", "b#1"])  # its successors wrap around
     assert not is_summarizer("b#1", ["c#1", "a#1"])

@@ -876,31 +876,3 @@ def test_hints_a_leaving_workers_own_polls_receive_after_it_stopped_waiting_are_
         time.sleep(0.1)
     assert counts() == (len(cids), 0)  # every handover hint visible, for a peer
 
-
-def test_a_free_connection_missed_for_a_whole_scan_is_taken_even_while_a_stale_summary_says_others_are_under_share(
-    aws_env, stores
-):
-    # The summary still lists a worker that has just died as under its share, so a
-    # worker at its own share leaves fresh free connections to it: but one still free at
-    # the next scan has been missed, and waits no longer.
-    from wsfleet.balance import FleetLoad
-
-    conns, _ = stores
-    conns.start("handed", "ws://127.0.0.1:9/gone")  # free, and nobody hinted it
-
-    def stale() -> FleetLoad:  # fresh by its time stamp, and says ghost#1 is under its share
-        return FleetLoad(2, 0, 8, 2, 0, int(time.time() * 1000), under={"ghost#1": 2}, over={})
-
-    async def scenario():
-        async with running(config(aws_env, RECONCILE_SECONDS="60", MAX_CONNECTIONS="4")) as worker:
-            worker.balancer.fleet = stale()  # before its first scan
-            await eventually(lambda: worker.keeper.live(), what="a session")
-            assert worker._declines_shed("")  # at its share (0 of 0) while another is under
-            for _ in range(3):  # the first scan that sees it leaves it; the next takes it
-                if conns.get("handed")["lease_session"] == worker.keeper.session_id:
-                    break
-                worker.balancer.fleet = stale()
-                await worker.takeover.reconcile_once()  # returns once its acquisitions are answered
-            assert conns.get("handed")["lease_session"] == worker.keeper.session_id
-
-    asyncio.run(scenario())

@@ -75,14 +75,21 @@ class FleetLoad:
 
 
 def summarize(sessions: Iterable[Mapping], *, now_ms: int, timing: SessionTiming) -> FleetLoad:
-    """The fleet summary from every session in the ring, as read."""
+    """The fleet summary from every session in the ring, as read. A session that missed
+    a renewal (:meth:`SessionTiming.suspect`) still counts its connections, but takes
+    none: its worker is probably gone, and a summary listing it under its share would
+    have the others leave free connections to it until it expired."""
     live, suspects = [], 0
     for s in sessions:
         if s.get(schema.SESSION_STATE) == schema.LIVE and int(s.get(schema.EXPIRES_AT_MS, 0)) >= now_ms:
             live.append(s)
         else:
             suspects += 1  # expired, or ENDED and still in the ring: not drained yet
-    takers = [s for s in live if not s.get(schema.DRAINING)]
+    takers = [
+        s
+        for s in live
+        if not s.get(schema.DRAINING) and not timing.suspect(int(s.get(schema.EXPIRES_AT_MS, 0)), now_ms)
+    ]
     active = sum(int(s.get(schema.ACTIVE, 0)) for s in live)
     capacity = sum(int(s.get(schema.MAX_CONNECTIONS, 0)) for s in takers)
     under: dict[str, int] = {}
