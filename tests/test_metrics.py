@@ -91,6 +91,7 @@ def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatc
         assert await worker.keeper.open(asyncio.Event())
         await worker.takeover.watch_once()  # watches elsewhere#1 and dead#1
         worker.takeover.cancel()  # counted while still attached: stop the drain it just spawned
+        await worker.balancer.summarize_once()  # the last in the ring: it counts for the fleet, dead#1 included
         worker._lag_ms.append(4.0)  # what the loop probe would have recorded
         # A connection counts as free only once it is still free at the next count: "e"
         # was free at the first and taken before the second, "a" stays free.
@@ -120,3 +121,25 @@ def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatc
     assert latest("ActiveConnections", [*dims, {"Name": "WorkerId", "Value": "w1"}]) == 0
     assert latest("LoopLagP99") == 4.0
     assert latest("UnownedConnections") == 2  # "a", free at both counts, and "d", on an ended session
+
+
+def test_only_the_last_session_of_the_ring_counts_unowned_connections_for_the_fleet(aws_env, ddb):
+    cfg = WorkerConfig.from_env(aws_env)
+    sessions = SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"])
+
+    async def scenario():
+        aws = Aws(cfg, threads=2)
+        worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())
+        assert await worker.keeper.open(asyncio.Event())
+        await worker.takeover.watch_once()
+        assert await worker.count_unowned() == 0  # alone: it counts
+        sessions.open("zz#1", worker_id="zz", lease_ms=60_000, max_connections=10)  # a later session joins
+        assert sessions.announce(worker.keeper.session_id)  # as a newcomer tells its watchers
+        assert await worker.keeper.renew_once()  # which brings the news
+        await worker.takeover.watch_once()
+        assert worker.takeover.successors() == ["zz#1"]
+        assert await worker.count_unowned() is None  # not the last of the ring any more: zz#1 counts
+        worker.takeover.cancel()
+        aws.close()
+
+    asyncio.run(scenario())

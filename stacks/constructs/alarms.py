@@ -90,12 +90,12 @@ class Alarms(Construct):
             evaluation_periods=3,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
-        # Each worker counts the STARTED connections nobody owns from the by_owner index:
-        # those in the FREE#<shard> partitions (the same for every worker) at two of its
-        # samples in a row (every START and handoff passes through them for a moment, so
-        # a busy fleet always has a few there), plus the connections
-        # of the sessions it watches that are ENDED or past expiry (only their watchers
-        # see those), so the fleet's view is the Maximum over workers. A crashed
+        # One worker (the fleet's summarizer, which reads every session) counts the STARTED
+        # connections nobody owns from the by_owner index: those in the FREE#<shard>
+        # partitions at two of its samples in a row (every START and handoff passes
+        # through them for a moment, so a busy fleet always has a few there), plus the
+        # connections of every session in the ring that is ENDED or past expiry. The
+        # others publish no count; the Maximum over workers is that one's. A crashed
         # worker's connections are owned again within the failover bound (lease + skew
         # margin + watch window + 2 x reconcile, see EnvironmentSettings). An episode of
         # d seconds can show in ceil(d / 60) + 1 consecutive one-minute periods (it may

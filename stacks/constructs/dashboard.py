@@ -209,9 +209,9 @@ class OperationsDashboard(Construct):
                 width=8,
             ),
             self._graph("Active connections, total", [total]),
-            # The alarm's own metric (Maximum over the workers) with its threshold drawn.
+            # The alarm's own metric (one worker counts for the fleet) with its threshold drawn.
             cloudwatch.GraphWidget(
-                title="Unowned connections (max over workers)",
+                title="Unowned connections (counted by the fleet's summarizer)",
                 left=[self._worker_metric(names.UNOWNED_CONNECTIONS, _MAX, "unowned")],
                 left_annotations=[unowned_alarm.to_annotation()],
                 width=8,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, Mapping
 
-from .. import clock
+from .. import clock, schema
 from ..balance import FleetLoad, is_summarizer, max_moves, shed_count, shed_targets, summarize
 from ..leases import SessionTiming
 from ..logs import JsonLogger
@@ -51,6 +51,7 @@ class Balancer:
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self.fleet: FleetLoad | None = None
+        self.dead_sessions: list[str] = []  # ENDED or expired sessions still in the ring, as the summary read them
         self.shed = 0
         self._sessions = sessions
         self._keeper = keeper
@@ -93,7 +94,14 @@ class Balancer:
             return None
         ids = await self._call(self._sessions.ring)
         items = await self._call(self._sessions.get_many, ids)
-        fleet = summarize(items, now_ms=self._clock_ms(), timing=self._timing)
+        now = self._clock_ms()
+        fleet = summarize(items, now_ms=now, timing=self._timing)
+        self.dead_sessions = [
+            i[schema.SESSION_ID]
+            for i in items
+            if i.get(schema.SESSION_STATE) == schema.ENDED
+            or int(i.get(schema.EXPIRES_AT_MS, 0)) < self._timing.endable_below_ms(now)
+        ]
         await self._call(self._sessions.put_summary, fleet.as_item())
         self.fleet = fleet
         return fleet

@@ -27,7 +27,7 @@ from .. import metrics_names as names
 from .. import schema, tracing
 from ..aws import Aws
 from ..config import WorkerConfig
-from ..balance import declines_shed_hint, hints_per_poll
+from ..balance import declines_shed_hint, hints_per_poll, is_summarizer
 from ..leases import SessionTiming, reconcile_pause_s
 from ..logs import JsonLogger
 from ..metrics import Counters, metric_data
@@ -449,10 +449,13 @@ class Worker:
     # --- metrics -------------------------------------------------------------------------
 
     async def count_unowned(self) -> int | None:
-        """STARTED connections nobody owns as this worker sees them; None if the count
-        failed (the alarm then sees a gap, not a false zero)."""
+        """STARTED connections nobody owns, counted for the whole fleet by its summarizer
+        (the last session of the ring, which reads every session); None from any other
+        worker, and if the count failed (the alarm then sees a gap, not a false zero)."""
+        if not is_summarizer(self.keeper.session_id, self.takeover.successors()):
+            return None
         try:
-            return await self.takeover.count_unowned()
+            return await self.takeover.count_unowned(self.balancer.dead_sessions)
         except Exception as exc:  # noqa: BLE001 - metrics must never take the worker down
             self._log.warning("count_unowned_failed", error=str(exc))
             return None

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import random
 from itertools import islice
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Iterable
 
 from .. import clock, schema
 from ..leases import EndFailure, SessionTiming, Watched, drain_split, takeover_jitter_s, watch_plan
@@ -297,26 +297,20 @@ class Takeover:
         await asyncio.sleep(takeover_jitter_s(self._load()))
         await self._acquire(connection_id, source="unowned")
 
-    async def count_unowned(self) -> int:
+    async def count_unowned(self, dead: Iterable[str]) -> int:
         """STARTED connections that nobody owns: those in the FREE# shards now that were
         there at this worker's previous count too (one METRICS_SECONDS earlier), plus
-        those attached to watched sessions that are ENDED or past their expiry (the
-        fleet's view is the Maximum over workers). A connection passes through FREE#
-        for a moment on every START and handoff, so a busy fleet always has a few
-        there: counting those would hold the alarm up on a steady START rate; one still
-        there a sample later has been missed by the hints and the free scans."""
-        now = self._clock_ms()
+        those attached to the ``dead`` sessions (ENDED, or past their expiry and the skew
+        margin, and not drained yet). A connection passes through FREE# for a moment on
+        every START and handoff, so a busy fleet always has a few there: counting those
+        would hold the alarm up on a steady START rate; one still there a sample later
+        has been missed by the hints and the free scans. One worker counts for the fleet
+        (the summarizer, which reads every session anyway)."""
         listed = await asyncio.gather(*(self._call(self._connections.free_ids, s) for s in range(self._shards)))
         free_now = set().union(*listed)
         stuck, self._free_seen = free_now & self._free_seen, free_now
-        dead = [
-            w.session_id
-            for w in self.watched.values()
-            if w.state == schema.ENDED or w.expires_at_ms < self._timing.endable_below_ms(now)
-        ]
         owned = await asyncio.gather(*(self._call(self._connections.count_owned_by, s) for s in dead))
         return len(stuck) + sum(owned)
-
 
 
 def _take(iterable: Any, n: int) -> list:
