@@ -15,6 +15,7 @@ class Op:
     action: str  # START | STOP
     connection_id: str
     status: int = 0
+    ws_url: str = ""  # a START's
 
 
 @dataclass
@@ -26,6 +27,8 @@ class Applied:
     started_at: float
     healed_at: float | None = None
     victim: str = ""  # the worker process it hit
+    drainer: str = ""  # drain_term: the watcher SIGTERMed while it drained the victim's session
+    trigger: str = ""  # close_stall: what closed the stalled sockets (stop, term, lost)
     replacement: str = ""
     victim_session_age_s: float | None = None  # how long the victim's live session had been open
     affected: dict[str, float] = field(default_factory=dict)  # connection -> when its recovery is timed from
@@ -33,3 +36,5 @@ class Applied:
     resumed_at: float | None = None
     exit_status: int | None = None  # term, clock: the leaving worker's
     note: str = ""
+    # byzantine: per stream, the seqs its bad frames took and their class (byzantine.CLASSES)
+    sent: dict[str, dict[int, str]] = field(default_factory=dict)
