@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from wsfleet.local.chaos.byzantine import CLASSES, backwards
+from wsfleet.local.chaos.byzantine import CLASSES, MARKER, NOTHING, backwards
 from wsfleet.local.chaos.checker import IN_FLIGHT_AFTER_RESUME_S, check
 from wsfleet.local.chaos.recovery import kind_summary
 from wsfleet.local.chaos.evidence import Evidence, Row, Snapshot, frame_data
@@ -19,6 +19,7 @@ from wsfleet.local.chaos.history import Applied, Op
 from wsfleet.local.chaos.schedule import KINDS, Bounds, generate
 from wsfleet.local.fleet import ConnState, Sample, SessionState, Timing
 from wsfleet.local.upstream import Overlap, SocketRecord
+from wsfleet.stream import Frame, Rejected, parse_frame
 
 TIMING = Timing()
 FAST = Timing(lease_s=3.0, heartbeat_s=0.75, reconcile_s=1.0, skew_ms=200, flush_ms=500, shutdown_s=5.0, checkpoint_s=1.0)
@@ -273,6 +274,18 @@ def byzantine(seq: int, name: str) -> str | None:
     return frame_data(CLASSES[name].make(seq, "a"))
 
 
+@pytest.mark.parametrize("name", sorted(CLASSES))
+def test_what_the_checker_expects_of_each_byzantine_frame_is_what_the_worker_parser_makes_of_it(name):
+    # The checker judges by byzantine.CLASSES, never by the parser; this keeps the two
+    # telling the same story (README's frame table) when either changes.
+    made = parse_frame(CLASSES[name].make(7, "a"), 0)
+    want = CLASSES[name].expect
+    if want == NOTHING:
+        assert isinstance(made, Rejected)
+    else:
+        assert isinstance(made, Frame) and made.seq == 7 and made.is_marker == (want == MARKER)
+
+
 def test_a_byzantine_frame_is_stored_escaped_or_as_a_skip_marker_at_its_seq_as_the_frame_rules_say():
     ev = evidence()
     ev.frames["a"][4], ev.frames["a"][5] = byzantine(4, "lone_surrogate"), byzantine(5, "deep_3000")
@@ -343,6 +356,8 @@ def flipped(old_socket: SocketRecord, *more: SocketRecord) -> tuple[Evidence, li
 
 
 def test_every_socket_is_to_the_url_the_connection_names_and_the_old_one_closes_within_the_stop_bound():
+    """Issue 17, item 4: a STOP whose notice was lost, then a START with a new ws_url,
+    left the old owner streaming the OLD url into the connection until the next handoff."""
     clean, ops = flipped(SocketRecord(1, "a", "p", "/", 1, T0, T0 + 2.5))
     assert kinds(clean, ops=ops) == []
     lingering, ops = flipped(SocketRecord(1, "a", "p", "/", 1, T0, T0 + 2.0 + TIMING.stop_bound_s + 1))
