@@ -109,7 +109,7 @@ def check(evidence: Evidence, applied: Sequence[Applied], ops: Sequence[Op], tim
     times = [s.t for s in evidence.snapshots]
     recoveries = [recovery(a, evidence, bounds, slack_s, times) for a in applied]
     for r in recoveries:
-        violations += recovery_violations(r, evidence)
+        violations += recovery_violations(r, evidence, ops)
     violations += check_stops(evidence, ops, bounds, applied)
     violations += check_urls(evidence, ops, bounds, totals)
     violations += check_reachability(evidence)
@@ -292,9 +292,12 @@ def _excuses(pause: Applied, at: float, peers: Iterable[str], bounds: Bounds) ->
 
 def check_stops(ev: Evidence, ops: Sequence[Op], bounds: Bounds, applied: Sequence[Applied] = ()) -> list[Violation]:
     """A STOPPED connection's socket is closed within the STOP bound and none opens
-    until the next START. A STOP of a stream that stalls the close handshake (a
-    close_stall's) has ``CLOSE_TIMEOUT_S`` more: a graceful close waits that long for the
-    upstream's half before cutting it off."""
+    until the next START. The bound runs from the STOP's answer: the contract's runs from
+    when the router recorded it, which is at or before its answer, and under DynamoDB
+    faults the router may take seconds to record it (botocore backs off on a 500). A STOP
+    of a stream that stalls the close handshake (a close_stall's) has
+    ``CLOSE_TIMEOUT_S`` more: a graceful close waits that long for the upstream's half
+    before cutting it off."""
     stalled = [(a.started_at, a.healed_at or ev.end_t, a.affected) for a in applied if a.trigger == "stop"]
     out = []
     by_cid: dict[str, list[Op]] = {}
@@ -305,7 +308,7 @@ def check_stops(ev: Evidence, ops: Sequence[Op], bounds: Bounds, applied: Sequen
             if op.action != "STOP":
                 continue
             restart = next((o.t for o in seq[i + 1:] if o.action == "START"), ev.end_t)
-            closed_by = op.t + bounds.stop_s
+            closed_by = op.recorded_by + bounds.stop_s
             if any(t0 <= op.t <= t1 and cid in which for t0, t1, which in stalled):
                 closed_by += CLOSE_TIMEOUT_S
             if restart <= closed_by:
@@ -334,7 +337,8 @@ def check_urls(ev: Evidence, ops: Sequence[Op], bounds: Bounds, totals: dict[str
             continue
         epochs = [(op.t, stream_name(op.ws_url)) for op in starts]
         times = [t for t, _ in epochs]
-        stop_before = {i: max((op.t for op in mine if op.action == "STOP" and op.t <= t), default=None)
+        # The STOP before each START, by when it was recorded at the latest (see check_stops).
+        stop_before = {i: max((op.recorded_by for op in mine if op.action == "STOP" and op.t <= t), default=None)
                        for i, (t, _) in enumerate(epochs)}
         sockets = ev.sockets_of(cid)
         for r in sockets:
@@ -460,7 +464,9 @@ def in_flight_at_freeze(put: dict, pauses: Iterable[Applied]) -> Applied | None:
 # --- recovery ------------------------------------------------------------------------------------
 
 
-def recovery_violations(r: Recovery, ev: Evidence) -> list[Violation]:
+def recovery_violations(r: Recovery, ev: Evidence, ops: Sequence[Op]) -> list[Violation]:
+    """Connections not whole again (in time), and a bad frame's socket that closed soon
+    after it, unless it was dropped or a STOP sent meanwhile closed it."""
     a = r.applied
     out = []
     for cid, took in sorted(r.took_s.items()):
@@ -470,8 +476,10 @@ def recovery_violations(r: Recovery, ev: Evidence) -> list[Violation]:
             out.append(Violation("slow_recovery", cid, f"#{a.n} {a.kind}: {took:.2f}s, bound {r.bound_s:.2f}s"))
     if a.kind in FRAMES:
         for cid, ref in a.affected.items():
+            stops = [op.t for op in ops if op.connection_id == cid and op.action == "STOP"]
             for s in ev.sockets_of(cid):
-                if s.opened_at <= ref and s.closed_at is not None and ref <= s.closed_at <= ref + MALFORMED_WATCH_S and not s.dropped:
+                if s.opened_at <= ref and s.closed_at is not None and ref <= s.closed_at <= ref + MALFORMED_WATCH_S \
+                        and not s.dropped and not any(ref <= t <= s.closed_at for t in stops):
                     out.append(Violation("malformed_closed", cid, f"#{a.n} {a.kind}: socket {s.id} closed "
                                          f"{s.closed_at - ref:.2f}s after a bad frame"))
     return out

@@ -9,13 +9,20 @@ from dataclasses import dataclass, field
 
 @dataclass
 class Op:
-    """One START or STOP through the API: sent at ``t``, answered ``status``."""
+    """One START or STOP through the API: sent at ``t``, answered ``status`` at
+    ``answered_at`` (0: not known; the router may take seconds under DynamoDB faults)."""
 
     t: float
     action: str  # START | STOP
     connection_id: str
     status: int = 0
     ws_url: str = ""  # a START's
+    answered_at: float = 0.0
+
+    @property
+    def recorded_by(self) -> float:
+        """When the router had recorded it at the latest: its answer (or, not known, its send)."""
+        return self.answered_at or self.t
 
 
 @dataclass

@@ -86,6 +86,9 @@ class Nemesis:
     def streams_of(cid: str) -> list[str]:
         return [cid, cid + TWIN]
 
+    def _other_stream(self, cid: str) -> str:
+        return next(s for s in self.streams_of(cid) if s != self.url[cid])
+
     def stream_map(self) -> dict[str, list[str]]:
         """Per connection, the streams it may have a socket on, the one its ws_url names first."""
         return {cid: [self.url[cid], *(s for s in self.streams_of(cid) if s != self.url[cid])] for cid in self.ids}
@@ -108,6 +111,7 @@ class Nemesis:
             time.sleep(0.2)
         if op.status >= 400:
             raise RuntimeError(f"{action} {cid} answered {op.status}: {json.dumps(answer)}")
+        op.answered_at = time.time()
         self.desired[cid] = "STARTED" if action == "START" else "STOPPED"
         if action == "START":
             self.url[cid] = stream or self.url[cid]
@@ -157,17 +161,20 @@ class Nemesis:
         return applied
 
     def _ambiguous(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
-        """A share of every DynamoDB and SQS request applied, then answered 500; STOPs and
-        STARTs sent inside, so that the router's writes are among them."""
+        """A share of every DynamoDB and SQS request applied, then answered 500 (more of
+        the ownership writes); STOPs sent inside, so that the router's writes are among
+        them, then STARTs with a new url: a STOP whose notice got lost would leave the
+        old owner on the old url."""
         p = fault.params
         chosen = [c for c in self._streams(fault) if self.desired[c] == "STARTED"]
-        set_faults(self._endpoint, ambiguous={"*": p["share"]}, seed=self.seed * 1000 + fault.n)
+        shares = {"*": p["share"], "UpdateItem": p["writes"], "TransactWriteItems": p["writes"]}
+        set_faults(self._endpoint, ambiguous=shares, seed=self.seed * 1000 + fault.n)
         until(p["stop_at_s"])
         for cid in chosen:
             self.api("STOP", cid)
         until(p["start_at_s"])
         for cid in chosen:
-            self.api("START", cid)
+            self.api("START", cid, stream=self._other_stream(cid))
         until(fault.duration_s)
         set_faults(self._endpoint)
         applied.healed_at = time.time()
@@ -459,8 +466,7 @@ class Nemesis:
         for cid in [c for c in self._streams(fault) if self.desired[c] == "STARTED"]:
             self.api("STOP", cid)
             time.sleep(fault.params["gap_s"])
-            other = next(s for s in self.streams_of(cid) if s != self.url[cid])
-            applied.affected[cid] = self.api("START", cid, stream=other).t
+            applied.affected[cid] = self.api("START", cid, stream=self._other_stream(cid)).t
         applied.healed_at = time.time()
 
     def wait_whole(self, timeout: float) -> bool:

@@ -189,8 +189,9 @@ class Fault:
                 "term": f"stall {p.get('few')} streams of slot {p.get('slot')}, then SIGTERM it",
                 "lost": f"stall {p.get('few')} streams of slot {p.get('slot')}, then SIGSTOP it {self.duration_s:g} s",
             }[p["trigger"]],
-            "ambiguous": lambda: f"{p['share']:.0%} of every DynamoDB and SQS request applied, then answered 500; "
-                                 f"STOP then START {len(p['streams'])} connections inside",
+            "ambiguous": lambda: f"{p['share']:.0%} of every DynamoDB and SQS request ({p['writes']:.0%} of UpdateItem and "
+                                 f"TransactWriteItems) applied, then answered 500; STOP {len(p['streams'])} connections "
+                                 "inside, then START them with a new url",
             "kill": lambda: f"kill -9 slot {p['slot']}, replaced after {self.duration_s} s",
             "pause": lambda: f"SIGSTOP slot {p['slot']} for {self.duration_s} s, then SIGCONT",
             "term": lambda: f"SIGTERM slot {p['slot']} once its replacement is up",
@@ -390,9 +391,12 @@ def _draw(
     if kind == "ambiguous":
         stop_at = 0.5
         start_at = round(stop_at + bounds.stop_s + 1.0, 1)
-        share = round(rng.uniform(0.05, 0.3), 2)
+        # Every request may lose its answer; the ownership writes (the router's STOP and
+        # START among them) more often than the rest.
+        share, writes = round(rng.uniform(0.05, 0.3), 2), round(rng.uniform(0.2, 0.6), 2)
         return max(r(lease, 1.5 * lease), round(start_at + 1.0, 1)), {
-            "share": share, "streams": _streams(rng, connections, few), "stop_at_s": stop_at, "start_at_s": start_at}
+            "share": share, "writes": writes, "streams": _streams(rng, connections, few), "stop_at_s": stop_at,
+            "start_at_s": start_at}
     if kind == "flip":
         return 0.0, {"streams": _streams(rng, connections, few), "gap_s": round(rng.uniform(0, 0.1), 3)}
     if kind in PROCESS:
