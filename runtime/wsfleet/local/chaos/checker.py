@@ -3,6 +3,8 @@ and says what went wrong. Pure functions, no I/O.
 
 Invariants, each a kind of :class:`Violation`:
 
+The stored data (``lost``, ``doubled``, ``corrupt``) is judged in :mod:`.data`.
+
 * ``lost``: a connection's stored seqs are not exactly 1..checkpoint (a gap, or a
   checkpoint past what is stored), or a frame produced well before the connection's
   last STOP was never stored. A seq the upstream itself skipped is owed by nobody: one
@@ -45,18 +47,17 @@ The workers' logs are only a cross-check (``notes``): claims the table does not 
 from __future__ import annotations
 
 import bisect
-import json
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Sequence
 
 from ... import schema
 from ...worker.connection import CLOSE_TIMEOUT_S
 from ..fleet import Timing, reachability_violations
-from ..upstream import SocketRecord, stream_name
-from .byzantine import CLASSES, MARKER
-from .evidence import Evidence, Row
+from ..upstream import stream_name
+from .data import byzantine_expectations, check_data
+from .evidence import Evidence
 from .history import Applied, Op
-from .moves import REASONS, moves
+from .moves import REASONS, Move, moves
 from .recovery import Recovery, recovery
 from .schedule import FRAMES, Bounds
 
@@ -69,7 +70,6 @@ VIOLATION_KINDS = (
 # the STOP bound covers that tick, this the upstream's noticing.
 FROZEN_CLOSE_S = 0.5
 MALFORMED_WATCH_S = 2.0
-UPSTREAM_GAP = "upstream_gap"  # a skip marker for a range the upstream skipped (CONTRACT.md section 4)
 # A frozen writer's request that had passed its last deadline check lands as soon as the
 # process runs again: it needs the GIL back, one send, and its turn at the emulator's lock.
 IN_FLIGHT_AFTER_RESUME_S = 3.0
@@ -103,7 +103,8 @@ def check(evidence: Evidence, applied: Sequence[Applied], ops: Sequence[Op], tim
     totals = {"stored": 0, "produced": 0}
     expected = byzantine_expectations(applied)
     for cid in evidence.connections:
-        violations += check_data(cid, evidence, ops, timing, totals, expected)
+        found = check_data(cid, evidence, ops, timing, totals, expected)
+        violations += [Violation(kind, cid, detail) for kind, detail in found]
     violations += check_overlaps(evidence, applied, bounds)
     violations += check_fences(evidence, applied, totals)
     times = [s.t for s in evidence.snapshots]
@@ -128,132 +129,6 @@ def check(evidence: Evidence, applied: Sequence[Applied], ops: Sequence[Op], tim
             writers.setdefault((e["pk"], e["sk"]), set()).add(e["fence"])
     totals["rewrites"] = sum(1 for fences in writers.values() if len(fences) > 1)
     return Verdict(violations, recoveries, totals, cross_check(evidence))
-
-
-# --- data ----------------------------------------------------------------------------------------
-
-
-def byzantine_expectations(applied: Sequence[Applied]) -> dict[tuple[str, int], str]:
-    """(stream, seq) -> what the frame rules make of the byzantine frame sent as that seq
-    (:data:`.byzantine.ESCAPED` or :data:`.byzantine.MARKER`), from the history."""
-    return {(stream, seq): CLASSES[name].expect for a in applied for stream, sent in a.sent.items() for seq, name in sent.items()}
-
-
-def upstream_skipped(sockets: Iterable[SocketRecord], frames: Mapping[str, Mapping[int, object]]) -> set[int]:
-    """Seqs a socket that asked for them went past without sending, by the upstream's
-    books: below the first seq it sent (a replay from a later seq than asked), or never
-    produced by its stream (a forward jump). Nobody owes those."""
-    holes = {name: set(range(1, max(f, default=0) + 1)) - f.keys() for name, f in frames.items()}
-    out: set[int] = set()
-    for r in sockets:
-        if r.first_seq_sent is None:
-            continue
-        out.update(range(r.from_seq, r.first_seq_sent))
-        out.update(s for s in holes.get(r.stream, ()) if r.from_seq <= s <= r.last_seq_sent)
-    return out
-
-
-def check_data(cid: str, ev: Evidence, ops: Sequence[Op], timing: Timing, totals: dict[str, int],
-               expected: Mapping[tuple[str, int], str] | None = None) -> list[Violation]:
-    expected = expected or {}
-    out = []
-    streams = ev.streams_of(cid)
-    frames = {s: ev.frames.get(s, {}) for s in streams}
-    produced_top = max((max(f, default=0) for f in frames.values()), default=0)
-    skipped = upstream_skipped(ev.sockets_of(cid), frames)
-    rows = sorted(ev.rows.get(cid, []), key=lambda r: r.seq)
-    for row in rows:
-        problem = _row_problem(row, streams, frames, expected, skipped)
-        if problem is not None:
-            out.append(Violation(problem[0], cid, problem[1]))
-    present = {r.seq for r in rows}
-    top = max((r.seq for r in rows if 1 <= r.seq <= produced_top), default=0)
-    checkpoint = ev.checkpoints.get(cid, 0)
-    if checkpoint > produced_top:
-        out.append(Violation("lost", cid, f"checkpoint {checkpoint} is past anything the upstream produced ({produced_top})"))
-    end = max(top, min(checkpoint, produced_top))
-    missing = [s for s in range(1, end + 1) if s not in present and s not in skipped]
-    if missing:
-        out.append(Violation("lost", cid, f"{len(missing)} seqs missing below {end} "
-                             f"(checkpoint {checkpoint}), first {missing[:5]}"))
-    # Produced well before the last STOP, never stored: the socket closed with them unread
-    # only if they were sent at the very end.
-    stops = [op.t for op in ops if op.connection_id == cid and op.action == "STOP"]
-    if stops:
-        last_stop = max(stops)
-        cutoff_ms = (last_stop - timing.stop_bound_s - timing.flush_ms / 1000 - 1.0) * 1000
-        current = _stream_at(cid, last_stop, ops, streams)
-        unstored = [s for s, data in frames.get(current, {}).items()
-                    if s > top and s not in skipped and data is not None and _produced_ms(data) < cutoff_ms]
-        if unstored:
-            out.append(Violation("lost", cid, f"{len(unstored)} frames produced before the last STOP were never "
-                                 f"stored (stored 1..{top}, first unstored {min(unstored)})"))
-    totals["stored"] += len(rows)
-    read = [s for s in streams if ev.sockets.get(s)] or streams[:1]
-    totals["produced"] += sum(len(frames[s]) for s in read)
-    return out
-
-
-def _row_problem(row: Row, streams: Sequence[str], frames: Mapping[str, Mapping[int, str | None]],
-                 expected: Mapping[tuple[str, int], str], skipped: set[int]) -> tuple[str, str] | None:
-    """(kind, detail) of what is wrong with one stored row, None if nothing is."""
-    sent = [s for s in streams if row.seq in frames[s]]
-    if row.skipped:
-        if row.skipped == schema.SKIPPED_MALFORMED and any(expected.get((s, row.seq)) == MARKER for s in sent):
-            return None
-        if row.skipped == UPSTREAM_GAP and row.seq in skipped:
-            return None
-        return "corrupt", f"seq {row.seq} is a skip marker ({row.skipped}); the upstream sent {_sent(frames, sent, row.seq)}"
-    if not sent:
-        return "corrupt", f"seq {row.seq} holds {row.data[:80]!r}; the upstream never produced that seq"
-    named = _field(row.data, "stream")
-    stream = named if named in sent else sent[0]
-    if expected.get((stream, row.seq)) == MARKER:
-        return "corrupt", f"seq {row.seq} holds {row.data[:80]!r}; the upstream sent a frame the rules make a skip marker"
-    want = frames[stream][row.seq]
-    if want is not None and _same(row.data, want):
-        return None
-    v = _field(row.data, "v")
-    if isinstance(v, int) and v != row.seq and v in frames[stream] and _same(row.data, frames[stream][v] or ""):
-        return "doubled", f"seq {v}'s frame stored again as seq {row.seq} (fence {row.fence}, {row.worker})"
-    return "corrupt", f"seq {row.seq} holds {row.data[:80]!r}, the upstream sent {_sent(frames, sent, row.seq)}"
-
-
-def _sent(frames: Mapping[str, Mapping[int, str | None]], sent: Sequence[str], seq: int) -> str:
-    if not sent:
-        return "nothing as that seq"
-    data = frames[sent[0]][seq]
-    return repr(data[:80]) if data is not None else "a byzantine frame"
-
-
-def _stream_at(cid: str, t: float, ops: Sequence[Op], streams: Sequence[str]) -> str:
-    """The stream the connection's ws_url named at ``t`` (its last START's)."""
-    starts = [op for op in ops if op.connection_id == cid and op.action == "START" and op.ws_url and op.t <= t]
-    return stream_name(max(starts, key=lambda op: op.t).ws_url) if starts else streams[0]
-
-
-def _produced_ms(data: str) -> float:
-    try:
-        return float(json.loads(data).get("t", 0))
-    except (ValueError, AttributeError):
-        return 0.0
-
-
-def _field(data: str, name: str) -> object:
-    """A member of a row's data, if it is a JSON object (None otherwise)."""
-    try:
-        return json.loads(data).get(name)
-    except (ValueError, AttributeError):
-        return None
-
-
-def _same(a: str, b: str) -> bool:
-    if a == b:
-        return True
-    try:
-        return json.loads(a) == json.loads(b)
-    except ValueError:
-        return False
 
 
 # --- sockets -------------------------------------------------------------------------------------
@@ -290,7 +165,7 @@ def _excuses(pause: Applied, at: float, peers: Iterable[str], bounds: Bounds) ->
     return len([p for p in peers if p not in pause.frozen_peers]) <= 1
 
 
-def check_stops(ev: Evidence, ops: Sequence[Op], bounds: Bounds, applied: Sequence[Applied] = ()) -> list[Violation]:
+def check_stops(ev: Evidence, ops: Sequence[Op], bounds: Bounds, applied: Sequence[Applied]) -> list[Violation]:
     """A STOPPED connection's socket is closed within the STOP bound and none opens
     until the next START. The bound runs from the STOP's answer: the contract's runs from
     when the router recorded it, which is at or before its answer, and under DynamoDB
@@ -384,7 +259,7 @@ def check_moves(ev: Evidence, applied: Sequence[Applied], ops: Sequence[Op], bou
     found = moves(ev.journal, applied, ops, bounds)
     for reason in REASONS:
         totals[f"moves_{reason}"] = sum(1 for m in found if m.why == reason)
-    bounced: dict[str, list] = {}
+    bounced: dict[str, list[Move]] = {}
     for m in found:
         if m.why is None:
             bounced.setdefault(schema.connection_id_from_pk(m.pk), []).append(m)
