@@ -11,10 +11,9 @@ Three parts kept apart, as Jepsen keeps them:
   the API) and writes down what it did and to whom (:mod:`.history`);
 * :mod:`.checker`: reads only :mod:`.evidence` (the upstream's books, the tables, the
   emulator's write journal, the observer's samples) beside that history, and names
-  every violation, the stored data (:mod:`.data`), recovery times against their
-  bounds (:mod:`.recovery`) and moves of
-  ownership nothing explains (:mod:`.moves`) included; the workers' logs are a
-  cross-check, never evidence.
+  every violation: the stored data (:mod:`.data`), recovery times against their bounds
+  (:mod:`.recovery`) and moves of ownership nothing explains (:mod:`.moves`) included;
+  the workers' logs are a cross-check, never evidence.
 
 :mod:`.run` plays a whole run on a :class:`~wsfleet.local.fleet.Fleet`; :mod:`.report`
 renders what it found.
