@@ -380,9 +380,10 @@ class Nemesis:
         victim = self._victim(fault, applied)
         applied.replacement = self._replace(p["slot"])
         chosen = [c for c in self._streams(fault) if self.desired[c] == "STARTED"]
+        stopped = time.monotonic()
         for cid in chosen:
             self.api("STOP", cid)
-        until(fault.duration_s)  # closed and released: they start afresh
+        time.sleep(max(0.0, stopped + fault.duration_s - time.monotonic()))  # closed and released: they start afresh
         with ThreadPoolExecutor(p["threads"], thread_name_prefix="burst") as pool:
             starts = [pool.submit(self.api, "START", cid) for cid in chosen]
             pending, answered = set(starts), 0
