@@ -15,7 +15,7 @@ import pytest
 
 from wsfleet.aws import Aws
 from wsfleet.config import WorkerConfig
-from wsfleet.local.chaos.nemesis import FAKETIME_LIB, clock_off_by
+from wsfleet.local.chaos.workers import FAKETIME_LIB, clock_off_by
 from wsfleet.local.upstream import ThreadedUpstream
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router

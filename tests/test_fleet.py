@@ -17,8 +17,8 @@ import pytest
 from wsfleet.local import report
 from wsfleet.leases import SessionTiming
 from wsfleet.local.chaos.checker import IN_FLIGHT_AFTER_RESUME_S
-from wsfleet.local.chaos.nemesis import FAKETIME_LIB
-from wsfleet.local.chaos.nemesis import clock_off_by as chaos_clock_off_by
+from wsfleet.local.chaos.workers import FAKETIME_LIB
+from wsfleet.local.chaos.workers import clock_off_by as chaos_clock_off_by
 from wsfleet.local.fleet import EmulatorProcess, Fleet, SessionState, Timing, eventually, reachability_violations
 from wsfleet.worker.takeover import RING_REFRESH_S
 

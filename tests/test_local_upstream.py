@@ -205,6 +205,48 @@ async def test_injected_bytes_go_out_as_they_are_in_a_text_frame_even_when_not_u
 
 
 @run
+async def test_a_raw_frame_takes_the_next_seq_and_is_replayed_as_sent():
+    async with Upstream(rate=None) as up:
+        up.publish("s")
+        assert up.publish_raw("s", lambda seq: b'{"seq": %d, "data": "\xff"}' % seq) == 2
+        up.publish("s")
+        async with connect(up.url_for("s") + "?from_seq=2", compression=None) as ws:
+            assert await asyncio.wait_for(ws.recv(decode=False), 5) == b'{"seq": 2, "data": "\xff"}'
+            assert seqs(await receive(ws, 1)) == [3]
+        assert up.frames("s")[2] == b'{"seq": 2, "data": "\xff"}' and up.produced("s") == 3
+
+
+@run
+async def test_skipped_seqs_never_exist_and_no_socket_is_sent_them():
+    async with Upstream(rate=None) as up:
+        async with connect(up.url_for("s"), compression=None) as live:
+            up.publish("s")
+            assert up.skip("s", 3) == 4
+            up.publish("s")
+            assert seqs(await receive(live, 2)) == [1, 5]
+        async with connect(up.url_for("s") + "?from_seq=2", compression=None) as replay:
+            assert seqs(await receive(replay, 1)) == [5]
+        assert sorted(up.frames("s")) == [1, 5] and up.produced("s") == 5
+        assert [(r.first_seq_sent, r.last_seq_sent, r.frames_sent) for r in up.sockets("s")] == [(1, 5, 2), (5, 5, 1)]
+
+
+@run
+async def test_the_next_socket_replays_from_another_seq_than_asked_and_its_record_says_so():
+    async with Upstream(rate=None) as up:
+        for _ in range(10):
+            up.publish("s")
+        up.replay_from("s", -3)
+        async with connect(up.url_for("s") + "?from_seq=6", compression=None) as early:
+            assert seqs(await receive(early, 2)) == [3, 4]
+        up.replay_from("s", 2)
+        async with connect(up.url_for("s") + "?from_seq=6", compression=None) as late:
+            assert seqs(await receive(late, 1)) == [8]
+        async with connect(up.url_for("s") + "?from_seq=6", compression=None) as honest:  # once only
+            assert seqs(await receive(honest, 1)) == [6]
+        assert [(r.from_seq, r.offset, r.first_seq_sent) for r in up.sockets("s")] == [(6, -3, 3), (6, 2, 8), (6, 0, 6)]
+
+
+@run
 async def test_a_stalled_stream_sends_nothing_and_answers_no_ping_then_delivers_its_backlog_in_order():
     async with Upstream(rate=None) as up:
         async with connect(up.url_for("s"), compression=None) as ws, connect(up.url_for("other"), compression=None) as bystander:

@@ -46,7 +46,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 import boto3
 from botocore.config import Config
@@ -414,7 +414,19 @@ def unreachable_in(sessions: Mapping[str, SessionState], connections: Mapping[st
     return found
 
 
-def reachability_violations(samples: list["Sample"]) -> list[tuple[float, str, str]]:
+class Observed(Protocol):
+    """What the reachability check reads of an observer sample (a :class:`Sample`, or a
+    chaos run's snapshot of one)."""
+
+    @property
+    def t(self) -> float: ...
+    @property
+    def connections(self) -> Mapping[str, ConnState]: ...
+    @property
+    def sessions(self) -> Mapping[str, SessionState]: ...
+
+
+def reachability_violations(samples: Sequence[Observed]) -> list[tuple[float, str, str]]:
     """(time, connection, why) for every connection found unreachable between two
     consecutive samples: the first one's sessions (each sample reads its connections,
     then its sessions) against the next one's connections."""
@@ -785,12 +797,19 @@ class Fleet:
 
         eventually(done, timeout, f"{len(connection_ids)} connections to be owned and connected", interval=0.2)
 
-    def wait_quiet(self, connection_ids: list[str] | set[str], *, timeout: float) -> None:
-        """Until none has an open socket or a session (after STOPs, before the audit)."""
+    def wait_quiet(
+        self, connection_ids: list[str] | set[str], *, timeout: float, streams: Mapping[str, list[str]] | None = None
+    ) -> None:
+        """Until none has an open socket or a session (after STOPs, before the audit).
+        ``streams``: per connection, every stream it may have a socket on (default: the
+        one named after it)."""
 
         def done() -> bool:
             states = self.scan()
-            return all(not self.upstream.open_sockets(c) and not states[c].session for c in connection_ids)
+            return all(
+                not any(self.upstream.open_sockets(s) for s in (streams or {}).get(c, [c])) and not states[c].session
+                for c in connection_ids
+            )
 
         eventually(done, timeout, f"{len(connection_ids)} connections to be closed and released", interval=0.2)
 

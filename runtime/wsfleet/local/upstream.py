@@ -33,7 +33,13 @@ Fault injection, at run time, per stream:
 * :meth:`Upstream.slow` sends the stream's frames no faster than one per ``delay_s`` (a
   slow path: the reader falls behind, then catches up when it is switched off);
 * :meth:`Upstream.oversize` sends one text frame of the given size to the sockets open
-  now (never replayed to later ones), as a misbehaving source might.
+  now (never replayed to later ones), as a misbehaving source might;
+* :meth:`Upstream.publish_raw` produces the stream's next seq as raw bytes of the caller's
+  making (a byzantine frame that still takes its seq: the books keep it as sent);
+* :meth:`Upstream.skip` moves the stream's head forward without producing the seqs in
+  between: they never exist, no socket is ever sent them, the books do not hold them;
+* :meth:`Upstream.replay_from` makes the next socket opened on the stream start some seqs
+  before or after the ``from_seq`` it asked for (its record keeps both).
 
 Stats: ``GET /_stats`` on the same port answers JSON (answered by websockets'
 ``process_request`` before the WebSocket handshake), so a separate process needs
@@ -71,7 +77,9 @@ from websockets.http11 import Request, Response
 from ..logs import route_stdlib_logging
 
 STREAM_PREFIX = "/streams/"
-STALL_POLL_S = 0.1  # how often a stalled stream asks the kernel whether its clients closed
+# How often a stalled stream asks the kernel whether its clients closed: the books' close
+# time of such a socket is late by at most this.
+STALL_POLL_S = 0.02
 _TCP_PEER_CLOSED = (7, 8, 9)  # TCP_CLOSE, TCP_CLOSE_WAIT, TCP_LAST_ACK (linux/tcp_states.h)
 STATS_PATH = "/_stats"
 NOT_JSON = "not json"
@@ -112,6 +120,7 @@ class SocketRecord:
     injected_sent: int = 0
     oversized_sent: int = 0
     dropped: bool = False
+    offset: int = 0  # replay_from: it started this many seqs after from_seq (before, if negative)
 
 
 @dataclass
@@ -148,7 +157,8 @@ class _Stream:
 
     def __init__(self, name: str, history: int | None) -> None:
         self.name = name
-        self.frames: collections.deque[bytes] = collections.deque(maxlen=history)
+        # Seq oldest_retained + i is frames[i]; None for a seq skipped (never produced).
+        self.frames: collections.deque[bytes | None] = collections.deque(maxlen=history)
         self.head = 0
         # Raw frames to send after seq ``k`` (0: before seq 1), in injection order.
         self.injected: dict[int, list[bytes]] = {}
@@ -161,15 +171,16 @@ class _Stream:
         self.overlaps: list[Overlap] = []
         self.stalled = False
         self.slow_s = 0.0
+        self.next_offset = 0  # replay_from, for the next socket opened
 
     @property
     def oldest_retained(self) -> int:
         return self.head - len(self.frames) + 1
 
-    def frame(self, seq: int) -> bytes:
+    def frame(self, seq: int) -> bytes | None:
         return self.frames[seq - self.oldest_retained]
 
-    def append(self, frame: bytes) -> None:
+    def append(self, frame: bytes | None) -> None:
         self.frames.append(frame)
         self.notify()
 
@@ -291,6 +302,35 @@ class Upstream:
         """Append one frame now (``data`` defaults to the generated shape); returns its seq."""
         return self._produce(self._stream(stream), data)
 
+    def publish_raw(self, stream: str, make: Callable[[int], bytes]) -> int:
+        """Produce the stream's next seq as the bytes ``make(seq)`` returns, sent as they
+        are in a text frame (UTF-8 or not, JSON or not); returns its seq. The books keep
+        it as the frame of that seq, as :meth:`publish` does."""
+        s = self._stream(stream)
+        seq = s.head + 1
+        s.head = seq
+        s.append(make(seq))
+        return seq
+
+    def skip(self, stream: str, count: int) -> int:
+        """Move the stream's head ``count`` seqs forward without producing them (an
+        upstream that jumps ahead); returns the new head. Those seqs never exist: no
+        socket is sent them and :meth:`frames` does not hold them."""
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count!r}")
+        s = self._stream(stream)
+        for _ in range(count):
+            s.head += 1
+            s.append(None)
+        return s.head
+
+    def replay_from(self, stream: str, offset: int) -> None:
+        """Make the next socket opened on the stream start ``offset`` seqs after the
+        ``from_seq`` it asks for (before it, if negative; never before seq 1), as an
+        upstream that replays from the wrong place. Its record keeps ``from_seq`` as
+        asked and the ``offset``; what it was sent shows in ``first_seq_sent``."""
+        self._stream(stream).next_offset = offset
+
     def inject(self, stream: str, text: str | bytes = NOT_JSON) -> None:
         """Insert a raw text frame right after the stream's current head, taking no seq.
 
@@ -379,9 +419,9 @@ class Upstream:
         return s.head if s else 0
 
     def frames(self, stream: str) -> dict[int, bytes]:
-        """The stream's retained numbered frames, by seq, as sent."""
+        """The stream's retained numbered frames, by seq, as sent (a skipped seq has none)."""
         s = self._streams.get(stream)
-        return {s.oldest_retained + i: frame for i, frame in enumerate(s.frames)} if s else {}
+        return {s.oldest_retained + i: frame for i, frame in enumerate(s.frames) if frame is not None} if s else {}
 
     def sockets(self, stream: str) -> list[SocketRecord]:
         s = self._streams.get(stream)
@@ -476,7 +516,9 @@ class Upstream:
             path=ws.request.path,
             from_seq=_from_seq(ws.request.path),
             opened_at=time.time(),
+            offset=s.next_offset,
         )
+        s.next_offset = 0
         self._opened(s, record, ws)
         if s.stalled:
             self._reading(ws, False)
@@ -493,7 +535,7 @@ class Upstream:
             self._closed(s, record)
 
     async def _send(self, ws: ServerConnection, s: _Stream, record: SocketRecord) -> None:
-        last = record.from_seq - 1  # the position in the stream: seq ``last`` is behind us
+        last = max(0, record.from_seq - 1 + record.offset)  # the position in the stream: seq ``last`` is behind us
         extras_sent = 0  # injected frames after ``last`` already sent
         sent_at = 0.0  # when the last numbered frame went (monotonic), for slow()
         try:
@@ -521,9 +563,13 @@ class Upstream:
                         except TimeoutError:
                             pass
                         continue
-                    sent_at = time.monotonic()
                     seq = max(last + 1, s.oldest_retained)
-                    await ws.send(s.frame(seq), text=True)
+                    frame = s.frame(seq)
+                    if frame is None:  # skipped: never produced, nothing to send
+                        last, extras_sent = seq, 0
+                        continue
+                    sent_at = time.monotonic()
+                    await ws.send(frame, text=True)
                     last, extras_sent = seq, 0
                     record.frames_sent += 1
                     record.last_seq_sent = seq
@@ -671,6 +717,15 @@ class ThreadedUpstream:
 
     def publish(self, stream: str, data: Any = None) -> int:
         return self._call(self.upstream.publish, stream, data)
+
+    def publish_raw(self, stream: str, make: Callable[[int], bytes]) -> int:
+        return self._call(self.upstream.publish_raw, stream, make)
+
+    def skip(self, stream: str, count: int) -> int:
+        return self._call(self.upstream.skip, stream, count)
+
+    def replay_from(self, stream: str, offset: int) -> None:
+        self._call(self.upstream.replay_from, stream, offset)
 
     def inject(self, stream: str, text: str | bytes = NOT_JSON) -> None:
         self._call(self.upstream.inject, stream, text)

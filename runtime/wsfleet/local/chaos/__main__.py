@@ -12,6 +12,7 @@ from typing import Sequence
 from ...logs import route_stdlib_logging
 from ..fleet import Timing
 from .run import Run, Settings
+from .schedule import KINDS, dealt_kinds
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Settings:
@@ -35,6 +36,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     p.add_argument("--warmup", type=float, default=None, help="seconds between the last session opening and the first fault [until every session is watched]")
     p.add_argument("--slack", type=float, default=0.0, help="seconds added to every recovery bound [0]")
     p.add_argument("--run-dir", default=".chaos", help="where each run's logs and report go [.chaos]")
+    p.add_argument("--kinds", default=None, help=f"comma-separated fault kinds to deal [all: {','.join(KINDS)}]")
     a = p.parse_args(argv)
     if a.workers < 2 or a.connections < 1 or a.minutes <= 0:
         p.error("--workers must be at least 2 (a crash needs a survivor), --connections at least 1, --minutes positive")
@@ -42,11 +44,16 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         p.error("--lease must be at least twice --heartbeat")
     if a.skew_ms >= (a.lease - a.heartbeat) * 1000:
         p.error("--skew-ms must be less than --lease minus --heartbeat")
+    kinds = tuple(k.strip() for k in a.kinds.split(",") if k.strip()) if a.kinds is not None else None
+    try:
+        dealt_kinds(kinds, a.workers)
+    except ValueError as exc:
+        p.error(f"--kinds: {exc}")
     timing = Timing(lease_s=a.lease, heartbeat_s=a.heartbeat, reconcile_s=a.reconcile, skew_ms=a.skew_ms,
                     flush_ms=a.flush_ms, shutdown_s=a.shutdown, checkpoint_s=a.checkpoint)
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1, 10**6)
     return Settings(seed=seed, minutes=a.minutes, workers=a.workers, connections=a.connections, rate=a.rate,
-                    timing=timing, warmup_s=a.warmup, slack_s=a.slack, run_dir=a.run_dir)
+                    timing=timing, warmup_s=a.warmup, slack_s=a.slack, run_dir=a.run_dir, kinds=kinds)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

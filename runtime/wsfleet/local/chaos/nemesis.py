@@ -3,19 +3,29 @@ it did, when, and to whom (the history the checker reads beside the evidence).
 
 Where each fault is injected:
 
-* DynamoDB throttling, added latency and outages, and SQS outages: the emulator's fault
-  switch (:func:`wsfleet.local.emulator.set_faults`). Workers and the API's router are
-  faulted; the fleet runner's own reads are not.
-* Socket drops, stalls, slow sends, oversized and malformed frames: the upstream's run-time
-  controls, per stream.
-* kill -9, SIGSTOP/SIGCONT, SIGTERM with a replacement: signals to the worker processes.
-  A slot always runs one worker: a killed one is replaced after the fault's duration, a
-  terminated one once its replacement is up.
+* DynamoDB throttling, added latency and outages, SQS outages, and ambiguous writes (a
+  share of every DynamoDB and SQS request applied, then answered 500): the emulator's
+  fault switch (:func:`wsfleet.local.emulator.set_faults`). Workers and the API's router
+  are faulted (the STARTs and STOPs sent inside an ambiguous window go through it); the
+  fleet runner's own reads are not.
+* Socket drops, stalls, slow sends, oversized, malformed and byzantine frames
+  (:mod:`.byzantine`), seq jumps, replays from another seq than asked, and closes the
+  upstream stalls (its stream answers nothing, close frames included, when a STOP, a
+  handoff or a lost session closes the socket): the upstream's run-time controls, per
+  stream.
+* kill -9, SIGSTOP/SIGCONT, SIGTERM with a replacement, SIGTERM of the watcher that
+  drains a killed worker's session (as soon as it logs ``session_ended_dead``), SIGTERM
+  in the middle of a burst of STARTs: signals to the worker processes. A slot always
+  runs one worker: a killed one is replaced after the fault's duration, a terminated one
+  once its replacement is up (a drainer: at once).
 * A wall clock off by up to MAX_CLOCK_SKEW_MS: the slot's worker is replaced (as at a
   deploy) by one running under libfaketime (``FAKETIME=+0.8``): the whole process's
   wall clock, SigV4 signing included, is off. Without libfaketime the replacement runs
   on the true clock and the fault says so.
-* STOP/START storms: the API, as a client would (retrying 5xx and 429 until answered).
+* STOP/START storms, and a STOP followed within 100 ms by a START with a new url (the
+  connection's other stream: each connection has two, its own and a twin, and its ws_url
+  names one of them at a time): the API, as a client would (retrying 5xx and 429 until
+  answered).
 
 The ownership reads it makes to name a fault's victims (which connections a worker held
 when it was hit) come from the connections table, never from the worker.
@@ -23,69 +33,36 @@ when it was hit) come from the connections table, never from the worker.
 
 from __future__ import annotations
 
-import glob
 import json
-import os
+import random
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any, Callable, Sequence
 
 from ... import schema
 from ..emulator import set_faults
 from ..fleet import Fleet, eventually
+from .byzantine import CLASSES, backwards
 from .history import Applied, Op
-from .schedule import Fault
+from .schedule import Bounds, Fault
+from .workers import FAKETIME_LIB, clock_off_by, log_lines_from, log_size, tcp_peers
 
-FAKETIME_LIB = next(iter(sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))), None)
 API_PATIENCE_S = 30.0  # how long a client keeps retrying one START or STOP
-
-
-def clock_off_by(offset_ms: int) -> dict[str, str]:
-    """Environment that runs a worker with its wall clock ``offset_ms`` off (libfaketime).
-
-    The monotonic clock is shifted by the same constant, which changes no interval the
-    worker measures. Leaving it alone (``FAKETIME_DONT_FAKE_MONOTONIC=1``) would be the
-    obvious choice, but with it libfaketime 0.9.10 fails every ``time.sleep`` (Python
-    sleeps with an absolute CLOCK_MONOTONIC ``clock_nanosleep``) with EINVAL: a worker
-    whose botocore retries cannot sleep, which no real clock error causes."""
-    if FAKETIME_LIB is None:
-        return {}
-    return {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME": f"{offset_ms / 1000:+.3f}"}
-
-
-def tcp_peers(pid: int, port: int) -> list[str]:
-    """The ``127.0.0.1:<local port>`` of every TCP connection process ``pid`` holds to
-    ``port`` on loopback: how the upstream names that process's sockets (from /proc)."""
-    inodes = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-        with open(f"/proc/{pid}/net/tcp") as table:
-            rows = table.read().splitlines()[1:]
-    except OSError:
-        return []
-    peers = []
-    for row in rows:
-        parts = row.split()
-        local, remote, inode = parts[1], parts[2], parts[9]
-        if inode in inodes and int(remote.split(":")[1], 16) == port:
-            peers.append(f"127.0.0.1:{int(local.split(':')[1], 16)}")
-    return sorted(peers)
+TWIN = "~b"  # a connection's second stream is its own name with this after it
+DRAINER_POLL_S = 0.05  # how often the workers' new log lines are read for session_ended_dead
 
 
 class Nemesis:
     def __init__(self, fleet: Fleet, connection_ids: Sequence[str], *, workers: int, seed: int, say: Callable[[str], None]) -> None:
         self.fleet = fleet
+        self.bounds = Bounds(fleet.timing)
         self.ids = list(connection_ids)
         self.seed = seed
         self.say = say
         self.slots = [f"w{i + 1}" for i in range(workers)]  # the worker each slot runs now
         self._generation = [0] * workers
         self.desired = {cid: "" for cid in self.ids}
+        self.url = {cid: cid for cid in self.ids}  # the stream each connection's ws_url names
         self.ops: list[Op] = []
         self.applied: list[Applied] = []
         self.exits: list[tuple[str, int, float]] = []  # (worker, status, when noticed): not our doing
@@ -101,15 +78,28 @@ class Nemesis:
 
     def start_connections(self, ids: Sequence[str]) -> None:
         for cid in ids:
-            self.fleet.upstream.create_stream(cid)
+            for stream in self.streams_of(cid):  # both produce from now on: a flip finds its frames there
+                self.fleet.upstream.create_stream(stream)
             self.api("START", cid)
 
-    def api(self, action: str, cid: str) -> Op:
-        """START or STOP through the API, retried on 5xx and 429 as a client would."""
+    @staticmethod
+    def streams_of(cid: str) -> list[str]:
+        return [cid, cid + TWIN]
+
+    def _other_stream(self, cid: str) -> str:
+        return next(s for s in self.streams_of(cid) if s != self.url[cid])
+
+    def stream_map(self) -> dict[str, list[str]]:
+        """Per connection, the streams it may have a socket on, the one its ws_url names first."""
+        return {cid: [self.url[cid], *(s for s in self.streams_of(cid) if s != self.url[cid])] for cid in self.ids}
+
+    def api(self, action: str, cid: str, *, stream: str | None = None) -> Op:
+        """START or STOP through the API, retried on 5xx and 429 as a client would. A
+        START names the connection's current stream, or ``stream`` (a new url)."""
         op = Op(time.time(), action, cid)
         body: dict[str, Any] = {"event_type": action, "connection_id": cid}
         if action == "START":
-            body["ws_url"] = self.fleet.ws_url(cid)
+            body["ws_url"] = op.ws_url = self.fleet.ws_url(stream or self.url[cid])
         deadline = time.monotonic() + API_PATIENCE_S
         while True:
             try:
@@ -121,7 +111,10 @@ class Nemesis:
             time.sleep(0.2)
         if op.status >= 400:
             raise RuntimeError(f"{action} {cid} answered {op.status}: {json.dumps(answer)}")
+        op.answered_at = time.time()
         self.desired[cid] = "STARTED" if action == "START" else "STOPPED"
+        if action == "START":
+            self.url[cid] = stream or self.url[cid]
         self.ops.append(op)
         return op
 
@@ -146,8 +139,9 @@ class Nemesis:
         except OSError:
             pass
         for cid in self.ids:
-            self.fleet.upstream.stall(cid, False)
-            self.fleet.upstream.slow(cid, 0.0)
+            for stream in self.streams_of(cid):
+                self.fleet.upstream.stall(stream, False)
+                self.fleet.upstream.slow(stream, 0.0)
         for name, proc in self.fleet.workers.items():
             if proc.state == "paused":
                 self.fleet.resume(name)
@@ -165,6 +159,26 @@ class Nemesis:
         self.applied.append(applied)
         getattr(self, f"_{fault.kind}")(fault, applied, until)
         return applied
+
+    def _ambiguous(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
+        """A share of every DynamoDB and SQS request applied, then answered 500 (more of
+        the ownership writes); STOPs sent inside, so that the router's writes are among
+        them, then STARTs with a new url: a STOP whose notice got lost would leave the
+        old owner on the old url."""
+        p = fault.params
+        chosen = [c for c in self._streams(fault) if self.desired[c] == "STARTED"]
+        shares = {"*": p["share"], "UpdateItem": p["writes"], "TransactWriteItems": p["writes"]}
+        set_faults(self._endpoint, ambiguous=shares, seed=self.seed * 1000 + fault.n)
+        until(p["stop_at_s"])
+        for cid in chosen:
+            self.api("STOP", cid)
+        until(p["start_at_s"])
+        for cid in chosen:
+            self.api("START", cid, stream=self._other_stream(cid))
+        until(fault.duration_s)
+        set_faults(self._endpoint)
+        applied.healed_at = time.time()
+        applied.affected = dict.fromkeys(self.started(), applied.healed_at)
 
     def _window(self, fault: Fault, applied: Applied, until: Callable[[float], None], **setting: Any) -> None:
         set_faults(self._endpoint, seed=self.seed * 1000 + fault.n, **setting)
@@ -202,24 +216,63 @@ class Nemesis:
     def _drop(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
         for cid in self._streams(fault):
             applied.affected[cid] = time.time()
-            self.fleet.upstream.drop(cid, abrupt=fault.params["abrupt"])
+            self.fleet.upstream.drop(self.url[cid], abrupt=fault.params["abrupt"])
 
     def _oversize(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
         for cid in self._streams(fault):
             applied.affected[cid] = time.time()
-            self.fleet.upstream.oversize(cid, fault.params["size"])
+            self.fleet.upstream.oversize(self.url[cid], fault.params["size"])
 
     def _malformed(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
         for cid in self._streams(fault):
             applied.affected[cid] = time.time()
-            self.fleet.upstream.inject(cid, fault.params["text"])
+            self.fleet.upstream.inject(self.url[cid], fault.params["text"])
+
+    def _byzantine(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
+        """Every class of bad frame, in the schedule's order: a numbered one takes the
+        stream's next seq (the books keep which, for the checker), the others none."""
+        for cid in self._streams(fault):
+            stream = self.url[cid]
+            applied.affected[cid] = time.time()
+            for name in fault.params["classes"]:
+                make = CLASSES[name].make
+                if CLASSES[name].numbered:
+                    seq = self.fleet.upstream.publish_raw(stream, lambda seq, make=make, stream=stream: make(seq, stream))
+                    applied.sent.setdefault(stream, {})[seq] = name
+                else:
+                    self.fleet.upstream.inject(stream, make(0, stream))
+
+    def _seq_jump(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
+        """Forwards: the stream skips seqs (never produced). Backwards: a frame with an
+        old seq (the head itself for -1) and other data than it had, to be dropped."""
+        jump = fault.params["jump"]
+        for cid in self._streams(fault):
+            stream = self.url[cid]
+            applied.affected[cid] = time.time()
+            if jump > 0:
+                self.fleet.upstream.skip(stream, jump)
+            else:
+                head = self.fleet.upstream.produced(stream)
+                self.fleet.upstream.inject(stream, backwards(max(1, head + 1 + jump), stream))
+
+    def _replay_offset(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
+        """The next socket of each stream starts ``offset`` seqs off the from_seq it asks
+        for; dropping the socket open now makes the owner ask at once."""
+        for cid in self._streams(fault):
+            if self.desired[cid] != "STARTED":
+                continue  # nobody would ask soon: the offset would wait for another fault
+            self.fleet.upstream.replay_from(self.url[cid], fault.params["offset"])
+            applied.affected[cid] = time.time()
+            self.fleet.upstream.drop(self.url[cid], abrupt=fault.params["abrupt"])
 
     def _stall(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
-        self._upstream_window(fault, applied, until, lambda cid, on: self.fleet.upstream.stall(cid, on))
+        self._upstream_window(fault, applied, until, lambda cid, on: self.fleet.upstream.stall(self.url[cid], on))
 
     def _slow(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
         delay = fault.params["delay_s"]
-        self._upstream_window(fault, applied, until, lambda cid, on: self.fleet.upstream.slow(cid, delay if on else 0.0))
+        self._upstream_window(
+            fault, applied, until, lambda cid, on: self.fleet.upstream.slow(self.url[cid], delay if on else 0.0)
+        )
 
     def _upstream_window(self, fault: Fault, applied: Applied, until: Callable[[float], None], switch: Callable[[str, bool], Any]) -> None:
         chosen = self._streams(fault)
@@ -285,6 +338,110 @@ class Nemesis:
     def _upstream_port(self) -> int:
         return int(self.fleet.upstream.url.rsplit(":", 1)[1])
 
+    def _drain_term(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
+        """kill -9 the victim; SIGTERM the watcher that ends its session as soon as it
+        says so (``session_ended_dead``), while it drains; replace both."""
+        victim = self._victim(fault, applied)
+        held = self.fleet.owned_by(victim)
+        watchers = {name: log_size(self.fleet.workers[name].log_path) for name in self.fleet.live_workers() if name != victim}
+        at = self.fleet.kill(victim)
+        applied.affected = dict.fromkeys(held, at)
+        drainer = self._drainer(victim, watchers, timeout=self.bounds.takeover_s + 5)
+        if drainer is None:
+            applied.note = "no watcher said it ended the victim's session in time: nobody to SIGTERM"
+        else:
+            applied.drainer = drainer
+            its_own = self.fleet.owned_by(drainer)
+            term_at, applied.exit_status = self.fleet.terminate(drainer, timeout=self.fleet.timing.shutdown_s + 10)
+            for cid in its_own:
+                applied.affected.setdefault(cid, term_at)
+            self._replace(self.slots.index(drainer))
+        until(fault.duration_s)
+        applied.replacement = self._replace(fault.params["slot"])
+        applied.healed_at = time.time()
+
+    def _drainer(self, victim: str, offsets: dict[str, int], *, timeout: float) -> str | None:
+        """The first of the workers whose logs grow past ``offsets`` to log that it ended
+        ``victim``'s session (only the new lines are read: a long run's logs are large)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, offset in offsets.items():
+                lines, offsets[name] = log_lines_from(self.fleet.workers[name].log_path, offset)
+                if any(e.get("event") == "session_ended_dead" and e.get("worker") == victim for e in lines):
+                    return name
+            time.sleep(DRAINER_POLL_S)
+        return None
+
+    def _burst_term(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
+        """With the victim's replacement up: STOP the streams, then START them again from
+        several threads at once, and SIGTERM the victim once ``term_after`` of those STARTs
+        were answered (the rest are still being sent)."""
+        p = fault.params
+        victim = self._victim(fault, applied)
+        applied.replacement = self._replace(p["slot"])
+        chosen = [c for c in self._streams(fault) if self.desired[c] == "STARTED"]
+        stopped = time.monotonic()
+        for cid in chosen:
+            self.api("STOP", cid)
+        time.sleep(max(0.0, stopped + fault.duration_s - time.monotonic()))  # closed and released: they start afresh
+        with ThreadPoolExecutor(p["threads"], thread_name_prefix="burst") as pool:
+            starts = [pool.submit(self.api, "START", cid) for cid in chosen]
+            pending, answered = set(starts), 0
+            while pending and answered < p["term_after"]:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                answered += len(done)
+            held = self.fleet.owned_by(victim)
+            at, applied.exit_status = self.fleet.terminate(victim, timeout=self.fleet.timing.shutdown_s + 10)
+        for start in starts:
+            op = start.result()
+            applied.affected[op.connection_id] = op.t
+        for cid in held:
+            applied.affected.setdefault(cid, at)
+        applied.healed_at = time.time()
+
+    def _close_stall(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
+        """Streams that stall (answer nothing, close frames included) when something
+        closes their sockets: a STOP (then a START), a handoff at SIGTERM, or a lost
+        session (SIGSTOP past the lease, then SIGCONT)."""
+        p = fault.params
+        applied.trigger = p["trigger"]
+        up = self.fleet.upstream
+        if p["trigger"] == "stop":
+            chosen = [c for c in self._streams(fault) if self.desired[c] == "STARTED"]
+            for cid in chosen:
+                up.stall(self.url[cid], True)
+            for cid in chosen:
+                self.api("STOP", cid)
+            until(fault.duration_s)
+            for cid in chosen:
+                applied.affected[cid] = self.api("START", cid).t
+            for cid in chosen:
+                up.stall(self.url[cid], False)
+            applied.healed_at = time.time()
+            return
+        victim = self._victim(fault, applied)
+        if p["trigger"] == "term":
+            applied.replacement = self._replace(p["slot"])
+        held = self.fleet.owned_by(victim)
+        stalled = [self.url[cid] for cid in random.Random(self.seed * 1000 + fault.n).sample(sorted(held), min(p["few"], len(held)))]
+        for stream in stalled:
+            up.stall(stream, True)
+        if p["trigger"] == "term":
+            at, applied.exit_status = self.fleet.terminate(victim, timeout=self.fleet.timing.shutdown_s + 10)
+            applied.affected = dict.fromkeys(held, at)
+        else:
+            at = self.fleet.pause(victim)
+            applied.affected = dict.fromkeys(held, at)
+            applied.frozen_peers = tcp_peers(self.fleet.workers[victim].pid, self._upstream_port())
+            until(fault.duration_s)
+            applied.resumed_at = self.fleet.resume(victim)
+            # Still stalled while it wakes and learns its session is lost: its sockets must
+            # go at once (aborted), not after a close handshake the stream never answers.
+            time.sleep(self.bounds.stop_s + 1.0)
+        for stream in stalled:
+            up.stall(stream, False)
+        applied.healed_at = time.time()
+
     # --- the API -----------------------------------------------------------------------------------
 
     def _storm(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
@@ -305,6 +462,14 @@ class Nemesis:
             applied.affected[cid] = self.api("START", cid).t
         applied.healed_at = time.time()
 
+    def _flip(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
+        """Per connection: STOP, then within ``gap_s`` a START naming its other stream."""
+        for cid in [c for c in self._streams(fault) if self.desired[c] == "STARTED"]:
+            self.api("STOP", cid)
+            time.sleep(fault.params["gap_s"])
+            applied.affected[cid] = self.api("START", cid, stream=self._other_stream(cid)).t
+        applied.healed_at = time.time()
+
     def wait_whole(self, timeout: float) -> bool:
         """Until every STARTED connection has one open socket and a live owner, and
         every STOPPED one none (False if the timeout passed first)."""
@@ -314,7 +479,7 @@ class Nemesis:
             t, states, _ = self.fleet.read_ownership()
             now = int(t * 1000)
             for cid in self.ids:
-                sockets = len(self.fleet.upstream.open_sockets(cid))
+                sockets = sum(len(self.fleet.upstream.open_sockets(s)) for s in self.streams_of(cid))
                 if cid in want and (sockets != 1 or not states[cid].owned_at(now)):
                     return False
                 if cid not in want and sockets:
@@ -326,3 +491,4 @@ class Nemesis:
             return True
         except TimeoutError:
             return False
+

@@ -1,12 +1,16 @@
 """Recovery: how long each connection a fault touched took to be whole again, against
 the fault's bound. Pure functions over the evidence and the history.
 
-"Whole" depends on the fault. After a takeover (kill, SIGSTOP, SIGTERM, the clock swap)
-or a dropped or oversized socket: a new socket on the stream, the upstream's books say
-when. After a START (storm, SQS outage): a new socket, or owned by a live session with
-one socket open (its owner may have kept it). After a stall or a slow stream: its
-socket has been sent everything produced until the fault healed. After a DynamoDB
-fault: owned by a live session, with one socket open (the observer's snapshots).
+"Whole" depends on the fault. After a takeover (kill, SIGSTOP, SIGTERM, the clock swap,
+SIGTERM during a drain or a START burst, a close the upstream stalls) or a dropped or
+oversized socket (or one dropped to replay from another seq), or a START with a new
+url: a new socket on the connection's streams, the upstream's books say when. After a
+START (storm, SQS outage): a new socket, or owned by a live session with one socket
+open (its owner may have kept it). After a stall or a slow stream: its socket has been
+sent everything produced until the fault healed. After a DynamoDB fault (ambiguous
+writes included): owned by a live session, with one socket open (the observer's
+snapshots). After a bad frame: nothing to recover, the socket must stay up (the
+checker's ``malformed_closed``).
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from typing import Sequence
 
 from .evidence import Evidence, Snapshot
 from .history import Applied
-from .schedule import Bounds
+from .schedule import FRAMES, Bounds
 
-TAKEOVERS = ("kill", "pause", "term", "clock", "drop", "oversize")
+TAKEOVERS = (
+    "kill", "pause", "term", "clock", "drop", "oversize", "replay_offset", "drain_term", "burst_term", "close_stall", "flip",
+)
 STARTS = ("storm", "sqs_outage")  # timed from a START
 CATCH_UP = ("stall", "slow")
 
@@ -54,8 +60,9 @@ class Recovery:
 
 
 def bound_for(a: Applied, bounds: Bounds) -> float:
-    bound = bounds.for_kind(a.kind)
-    if a.kind in ("kill", "pause") and (a.victim_session_age_s is None or a.victim_session_age_s < bounds.settle_s):
+    bound = bounds.for_kind(a.kind, a.trigger)
+    crash = a.kind in ("kill", "pause", "drain_term") or a.trigger == "lost"
+    if crash and (a.victim_session_age_s is None or a.victim_session_age_s < bounds.settle_s):
         bound += bounds.unwatched_extra_s  # a session this young may not be watched yet
     return bound
 
@@ -63,7 +70,7 @@ def bound_for(a: Applied, bounds: Bounds) -> float:
 def recovery(a: Applied, ev: Evidence, bounds: Bounds, slack_s: float, times: Sequence[float]) -> Recovery:
     took: dict[str, float | None] = {}
     for cid, ref in a.affected.items():
-        opened = [s.opened_at - ref for s in ev.sockets.get(cid, []) if s.opened_at >= ref]
+        opened = [s.opened_at - ref for s in ev.sockets_of(cid) if s.opened_at >= ref]
         if a.kind in TAKEOVERS:
             # A new socket: the victim's (killed, frozen, leaving) or the dropped one is gone.
             took[cid] = min(opened) if opened else None
@@ -71,7 +78,7 @@ def recovery(a: Applied, ev: Evidence, bounds: Bounds, slack_s: float, times: Se
             # A new socket, or the one its owner kept (the STOP before had not reached it).
             whole = _first_whole(ev.snapshots, times, ref, cid, caught_up=False)
             took[cid] = min([t for t in (*opened, whole) if t is not None], default=None)
-        elif a.kind == "malformed":
+        elif a.kind in FRAMES:
             took[cid] = 0.0  # the socket must simply stay up: see malformed_closed
         else:
             took[cid] = _first_whole(ev.snapshots, times, ref, cid, caught_up=a.kind in CATCH_UP)

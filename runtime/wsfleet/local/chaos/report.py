@@ -11,6 +11,7 @@ from . import machine
 from .checker import VIOLATION_KINDS, Verdict
 from .history import Applied, Op
 from .machine import CpuSample
+from .moves import REASONS
 from .recovery import Recovery, bound_for, kind_summary
 from .schedule import Bounds, Schedule
 
@@ -47,6 +48,12 @@ def render(
         f"{t.get('rewrites', 0)} rows rewritten by a later owner (a replay after a takeover: same key, same data)",
         f"two sockets on one stream while a worker was frozen (its kernel kept the socket): {t['overlaps_excused']}",
         f"messages a frozen worker had already sent, landing as it woke (older fence, same data): {t.get('late_in_flight', 0)}",
+        f"ownership moves (acquisitions) {sum(t.get(f'moves_{r}', 0) for r in REASONS)}: first {t.get('moves_first', 0)}, "
+        f"after the holder's session ended {t.get('moves_ended', 0)}, after a START or STOP {t.get('moves_api', 0)}, "
+        f"after a process fault on the holder {t.get('moves_process', 0)}, in or after a DynamoDB fault "
+        f"{t.get('moves_emulator', 0)}, sheds {t.get('moves_shed', 0)}; unexplained: see bounce",
+        f"sockets to an old url opened before its owner could know of the STOP (within the STOP bound): "
+        f"{t.get('old_url_reconnects', 0)}",
         f"DynamoDB load from the chaos phase on: {t.get('dynamodb_requests_per_s', '-')} requests/s, "
         f"{t.get('dynamodb_writes_per_s', '-')} writes/s (the emulator's budget: about 80 writes/s)",
         "",

@@ -42,10 +42,11 @@ class Settings:
     warmup_s: float | None = None  # default: until every session is watched
     slack_s: float = 0.0  # added to every recovery bound (a loaded machine)
     run_dir: str = ".chaos"
+    kinds: tuple[str, ...] | None = None  # the kinds the deck deals (default: every one)
 
     def replay(self) -> str:
         """The command that replays this run's schedule."""
-        if self.timing == Timing() and self.rate == 2.0 and self.warmup_s is None and not self.slack_s:
+        if self.timing == Timing() and self.rate == 2.0 and self.warmup_s is None and not self.slack_s and self.kinds is None:
             return f"make chaos SEED={self.seed} MINUTES={self.minutes:g} WORKERS={self.workers} CONNECTIONS={self.connections}"
         t = self.timing
         args = [
@@ -58,6 +59,8 @@ class Settings:
             args += ["--warmup", f"{self.warmup_s:g}"]
         if self.slack_s:
             args += ["--slack", f"{self.slack_s:g}"]
+        if self.kinds is not None:
+            args += ["--kinds", ",".join(self.kinds)]
         return "PYTHONPATH=runtime python -m wsfleet.local.chaos " + " ".join(shlex.quote(str(a)) for a in args)
 
     def describe(self) -> str:
@@ -66,6 +69,7 @@ class Settings:
             f"{self.minutes:g} min, {self.workers} workers, {self.connections} connections at {self.rate:g}/s; "
             f"lease {t.lease_s:g} s, heartbeat {t.heartbeat_s:g} s, skew {t.skew_ms} ms, reconcile {t.reconcile_s:g} s, "
             f"checkpoint {t.checkpoint_s:g} s, flush {t.flush_ms} ms"
+            + (f"; kinds {', '.join(self.kinds)}" if self.kinds is not None else "")
         )
 
 
@@ -76,7 +80,7 @@ class Run:
         self.bounds = Bounds(settings.timing)
         self.schedule: Schedule = generate(
             seed=settings.seed, minutes=settings.minutes, workers=settings.workers,
-            connections=settings.connections, timing=settings.timing, warmup_s=settings.warmup_s,
+            connections=settings.connections, timing=settings.timing, warmup_s=settings.warmup_s, kinds=settings.kinds,
         )
         self.snapshots: list[Snapshot] = []
         self.cpu: list[machine.CpuSample] = []
@@ -85,6 +89,7 @@ class Run:
         self._printed: Sample | None = None
         self._lock = threading.Lock()
         self.errors: list[str] = []  # the harness's own failures: the run proves nothing then
+        self.nemesis: Nemesis | None = None
 
     def say(self, line: str) -> None:
         with self._lock:
@@ -95,7 +100,8 @@ class Run:
 
     def on_sample(self, sample: Sample) -> None:
         """The observer's callback: keep a snapshot; a progress line every so often."""
-        self.snapshots.append(Snapshot.of(sample))
+        streams = self.nemesis.stream_map() if self.nemesis is not None else None
+        self.snapshots.append(Snapshot.of(sample, streams, self.snapshots[-1] if self.snapshots else None))
         if not self.cpu or sample.t - self.cpu[-1].t >= CPU_EVERY_S:
             reading = machine.sample(sample.t)
             if reading is not None:
@@ -132,7 +138,7 @@ class Run:
         s = self.s
         record_journal(fleet.emulator.endpoint_url)
         ids = [f"c{i:03d}" for i in range(1, s.connections + 1)]
-        nemesis = Nemesis(fleet, ids, workers=s.workers, seed=s.seed, say=self.say)
+        nemesis = self.nemesis = Nemesis(fleet, ids, workers=s.workers, seed=s.seed, say=self.say)
         nemesis.start_workers()
         nemesis.start_connections(ids)
         fleet.wait_connected(ids, timeout=60)
@@ -156,6 +162,7 @@ class Run:
             if applied.victim:
                 self.say(f"{'':11}victim {applied.victim} held {len(applied.affected)}"
                          + (f"; {applied.replacement} replaces it" if applied.replacement else "")
+                         + (f"; {applied.drainer}, draining it, got SIGTERM" if applied.drainer else "")
                          + (f"; {applied.note}" if applied.note else ""))
         self._sleep_until(began + s.minutes * 60, nemesis)
         self.phase = "recover"
@@ -170,12 +177,14 @@ class Run:
         for cid in nemesis.started():
             nemesis.api("STOP", cid)
         try:
-            fleet.wait_quiet(ids, timeout=self.bounds.stop_s * 2 + s.timing.lease_s + 10)
+            fleet.wait_quiet(ids, timeout=self.bounds.stop_s * 2 + s.timing.lease_s + 10,
+                             streams={cid: nemesis.streams_of(cid) for cid in ids})
         except TimeoutError as exc:
             self.say(f"{'':11}{exc}; auditing anyway")
         time.sleep(2 * fleet.sample_interval)
         self.phase = "audit"
-        evidence = gather(fleet, ids, list(self.snapshots), nemesis.exits, time.time())
+        evidence = gather(fleet, ids, list(self.snapshots), nemesis.exits, time.time(),
+                          streams={cid: nemesis.streams_of(cid) for cid in ids})
         verdict = checker.check(evidence, nemesis.applied, nemesis.ops, s.timing, slack_s=s.slack_s)
         verdict.totals.update(_load(before, request_ledger(fleet.emulator.endpoint_url), time.monotonic() - began))
         lines = report.render(self.schedule, verdict, settings=s.describe(), replay=s.replay(), cpu=self.cpu)
