@@ -434,6 +434,26 @@ def test_a_dead_sessions_connections_are_taken_over_soon_after_it_expires(aws_en
     assert ended["state"] == schema.ENDED and ended["ended_by"]
 
 
+def test_a_drain_takes_its_share_in_one_read_and_one_transaction_per_25_connections(aws_env, stores, sessions):
+    # Each acquisition is a read and a transaction with the session's LIVE check; one by
+    # one, a drain of 30 would be 60 requests queued at the table while the crash bound runs.
+    conns, _ = stores
+    cfg = config(aws_env, MAX_CONNECTIONS="60")  # the drainer takes min(30, half its room): all 30
+    cids = [f"d{i}" for i in range(30)]
+    for cid in cids:
+        conns.start(cid, "ws://127.0.0.1:9/quiet")  # nothing listens: only the acquisitions matter here
+    dead_session(sessions, conns, "dead#1", *cids, lease_ms=cfg.lease_ms)
+
+    async def scenario():
+        async with running(cfg) as worker:
+            await eventually(lambda: set(cids) <= set(worker.runners), timeout=cfg.lease_ms / 1000 + 5, what="takeover")
+            return worker.acquirer.batches, dict(worker._aws.requests)
+
+    batches, requests = asyncio.run(scenario())
+    assert batches <= 3  # 25 and 5, and room for one more on a busy machine
+    assert requests.get("dynamodb.TransactWriteItems", 0) <= batches + 2  # + checkpoints, if any
+
+
 def test_a_worker_that_joins_is_watched_by_its_predecessor_within_a_few_seconds(aws_env, stores):
     cfg = config(aws_env)
 

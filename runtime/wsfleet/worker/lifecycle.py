@@ -20,7 +20,7 @@ import asyncio
 import functools
 import resource
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from .. import clock
 from .. import metrics_names as names
@@ -31,8 +31,18 @@ from ..balance import declines_shed_hint, hints_per_poll, is_summarizer
 from ..leases import SessionTiming, reconcile_pause_s
 from ..logs import JsonLogger
 from ..metrics import Counters, metric_data
-from ..store import Acquired, ConnectionsStore, MessagesStore, NotAcquired, SessionsStore, TransientError, now_ms
+from ..store import (
+    MAX_TRANSACTION,
+    Acquired,
+    ConnectionsStore,
+    MessagesStore,
+    NotAcquired,
+    SessionsStore,
+    TransientError,
+    now_ms,
+)
 from ..validation import Allowlist
+from .acquirer import Acquirer
 from .attached import Attachments
 from .balancer import Balancer
 from .checkpoints import Checkpoints
@@ -52,8 +62,9 @@ FULL_RECHECK_S = 1.0  # a full worker's hint pollers look again at least this of
 AUDIT_EVERY = 3  # the owner-index audit runs every AUDIT_EVERY reconcile intervals
 AUDIT_GRACE_S = 15.0  # a connection acquired this recently may not be in the index yet
 # Acquisitions in flight at once: a burst of thousands (a START storm, a big takeover) is
-# taken at the pace the table answers instead of flooding the request pool.
-ACQUIRE_CONCURRENCY = 8
+# taken at the pace the table answers instead of flooding the request pool. Those asked
+# for together leave in transactions of MAX_TRANSACTION (worker.acquirer): four of them.
+ACQUIRE_CONCURRENCY = 4 * MAX_TRANSACTION
 # At shutdown, connections are handed over this many at a time: each socket stays open
 # (its frames stored) until its own close, flush, release and hint, so a connection is
 # without a socket only for its own handoff, not for everyone's. Closing them all at once
@@ -98,6 +109,7 @@ class Worker:
             log=self._log,
             flush_interval_s=config.flush_interval_ms / 1000,
         )
+        self.acquirer = Acquirer(connections=self._connections, call=aws.call, worker_id=worker_id)
         self.checkpoints = Checkpoints(
             connections=self._connections, call=aws.call, counters=self.counters, log=self._log
         )
@@ -297,20 +309,19 @@ class Worker:
         deadline = lambda: self.keeper.deadline_for(session_id)  # noqa: E731
         checkpoint = stored_end = sent = 0
 
-        def acquire(**kwargs: Any) -> Acquired | NotAcquired:
+        async def acquire(**kwargs: Any) -> Acquired | NotAcquired:
             nonlocal sent
             sent += 1
-            return self._connections.acquire(**kwargs)
+            return await self.acquirer.acquire(**kwargs)
 
         with tracing.segment("acquire", connection_id=connection_id, source=source) as span:
             result = await call_until(
-                self._aws.call,
+                _direct,
                 deadline,
                 acquire,
                 log=self._log,
                 connection_id=connection_id,
                 session_id=session_id,
-                worker_id=self.worker_id,
                 expected_session=expected_session,
             )
             span.annotate(outcome=result.reason.value if isinstance(result, NotAcquired) else "acquired")
@@ -671,3 +682,7 @@ class Worker:
         except TimeoutError:
             self._log.warning("final_metrics_timed_out")
 
+
+def _direct(fn: Callable[..., Awaitable[Any]], /, **kwargs: Any) -> Awaitable[Any]:
+    """``call_until``'s ``call`` for a step that is already async (no thread)."""
+    return fn(**kwargs)
