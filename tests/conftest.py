@@ -3,11 +3,14 @@ session, and fresh tables and queue per test so tests never see each other's ite
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import uuid
 
 import boto3
+import botocore.loaders
+import botocore.session
 import pytest
 
 from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources
@@ -18,6 +21,30 @@ _names = itertools.count()
 # boto3 clients in the test process must never reach real AWS.
 os.environ.update(CREDENTIALS)
 os.environ.setdefault("AWS_DEFAULT_REGION", REGION)
+
+
+# botocore parses its JSON models once per Session (its loader caches them), and the
+# runtime makes a Session per owner of clients: the router, each worker, each call of
+# create_resources. The tests make hundreds of those; parsing the same files again was
+# half of the router tests' time. In this process one loader serves every Session, as
+# one Session's loader serves all its clients in production.
+class _PathsOnce(list):
+    """A loader's search paths; boto3 appends its own to the loader of every Session it
+    makes, which with one shared loader would grow the list by one per Session."""
+
+    def append(self, path: str) -> None:
+        if path not in self:
+            super().append(path)
+
+
+@functools.cache
+def _shared_loader(search_path_string: str | None = None) -> botocore.loaders.Loader:
+    loader = botocore.loaders.create_loader(search_path_string)
+    loader._search_paths = _PathsOnce(loader.search_paths)
+    return loader
+
+
+botocore.session.create_loader = _shared_loader
 
 
 @pytest.fixture(scope="session")
