@@ -123,6 +123,7 @@ def test_md_table_formats_numbers_and_keeps_text():
     assert md_table(["a", "b"], [[1.234, "x"]]).splitlines()[2] == "| 1.23 | x |"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_every_benchmark_runs_at_tiny_size_and_writes_its_results(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTEST_"))}

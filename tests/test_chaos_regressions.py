@@ -22,7 +22,7 @@ from wsfleet.router import Router
 from wsfleet.store import ConnectionsStore
 from wsfleet.worker.lifecycle import Worker
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
 
 FAST = {
     "LEASE_SECONDS": "2",

@@ -497,6 +497,7 @@ def test_the_wrong_stack_is_named_in_one_sentence(capsys, aws_env, stacks):
 # --- the command ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_python_dash_m_wsfleet_fails_with_a_sentence_and_no_traceback(python_env):
     result = subprocess.run(
         [sys.executable, "-m", "wsfleet", "status"], env=python_env, capture_output=True, text=True, timeout=30
@@ -506,6 +507,7 @@ def test_python_dash_m_wsfleet_fails_with_a_sentence_and_no_traceback(python_env
     assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_pip_install_of_runtime_gives_the_package_and_the_wsfleet_command(tmp_path):
     # A copy, so the build's own files never land in the work tree.
     source = tmp_path / "runtime"
