@@ -15,7 +15,7 @@ import pytest
 
 from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources
 
-pytest_plugins = ("tests.markers", "pytester")  # pytester: the markers tests run pytest
+pytest_plugins = ("tests.markers", "tests.scheduling", "pytester")  # pytester: the markers tests run pytest
 
 REGION = "us-east-1"
 _names = itertools.count()
