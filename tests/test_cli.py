@@ -181,7 +181,8 @@ class Capture:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # Polled every 50 ms, not 0.5 s: shutdown() waits for the loop to notice.
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def send(self, request):
         """Deliver a request meant for elsewhere here, its headers (Host too) untouched."""
