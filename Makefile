@@ -15,6 +15,10 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# The venv is installed without byte-compiling (pip compiles the whole of aws-cdk-lib,
+# 45 s, though the stacks import a few of its modules); Python compiles what is
+# imported, once, which it can only keep if it may write its caches.
+unexport PYTHONDONTWRITEBYTECODE
 # Node 20 is older than jsii likes; the banner is noise, not a problem.
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
@@ -23,14 +27,13 @@ export JSII_SILENCE_WARNING_KNOWN_BROKEN_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_VERSION_CHECK := 1
 
-.PHONY: all demo chaos test lint synth cfnlint bench venv faketime clean
+.PHONY: all demo chaos test check lint synth cfnlint bench venv faketime clean
 
 all: test
 
 $(VENV)/.deps: requirements.txt requirements-dev.txt runtime/requirements.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-compile -r requirements-dev.txt
 	touch $@
 
 node_modules/.deps: package.json package-lock.json
@@ -68,10 +71,18 @@ chaos: $(VENV)/.deps $(FAKETIME_LIB)
 	  --connections $(CONNECTIONS) $(CHAOS_ARGS)
 
 ## test: lint, unit, emulator, fleet and stack tests, then `cdk synth` of every environment
-## and cfn-lint over the templates it writes
+## and cfn-lint over the templates it writes; the 15 slowest tests are listed at the end.
+## TEST_WORKERS pytest-xdist workers (more than the cores: most fleet tests wait on leases
+## and handoffs rather than compute); PYTEST_ARGS for the rest.
+TEST_WORKERS ?= 4
 test: $(VENV)/.deps node_modules/.deps $(FAKETIME_LIB) lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory cfnlint
+
+## check: the inner loop, under a minute: lint, then every test that is not slow (unit,
+## emulator and stack snapshot tests; no process started, no worker run: tests/markers.py)
+check: $(VENV)/.deps lint
+	$(PY) -m pytest -n 2 -m "not slow" --durations=5 $(PYTEST_ARGS)
 
 ## lint: ruff (pyflakes, bugbear; ruff.toml)
 lint: $(VENV)/.deps
