@@ -74,10 +74,17 @@ chaos: $(VENV)/.deps $(FAKETIME_LIB)
 ## and cfn-lint over the templates it writes; the 15 slowest tests are listed at the end.
 ## TEST_WORKERS pytest-xdist workers (more than the cores: most fleet tests wait on leases
 ## and handoffs rather than compute); PYTEST_ARGS for the rest.
+## `make cfnlint` runs beside pytest, where the fleet tests leave the cores idle while
+## they wait; its output is printed after pytest's.
 TEST_WORKERS ?= 4
 test: $(VENV)/.deps node_modules/.deps $(FAKETIME_LIB) lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory cfnlint
+	@log=$$(mktemp); \
+	echo "make cfnlint > $$log &"; $(MAKE) --no-print-directory cfnlint > $$log 2>&1 & cfnlint=$$!; \
+	echo "$(PY) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)"; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS); tests=$$?; \
+	wait $$cfnlint; linted=$$?; cat $$log; rm -f $$log; \
+	if [ $$linted -ne 0 ]; then echo "make cfnlint failed" >&2; fi; \
+	exit $$(( tests || linted ))
 
 ## check: the inner loop, under a minute: lint, then every test that is not slow (unit,
 ## emulator and stack snapshot tests; no process started, no worker run: tests/markers.py)
@@ -88,12 +95,13 @@ check: $(VENV)/.deps lint
 lint: $(VENV)/.deps
 	$(VENV)/bin/ruff check .
 
-## synth: `cdk synth` of every environment through the real aws-cdk CLI
+## synth: `cdk synth` of every environment through the real aws-cdk CLI, side by side
 synth: $(VENV)/.deps node_modules/.deps
-	@for env in $(ENVS); do \
+	@pids=; for env in $(ENVS); do \
 	  echo "cdk synth -c env=$$env"; \
-	  $(CDK) synth -c env=$$env --output cdk.out/$$env --quiet || exit 1; \
-	done
+	  $(CDK) synth -c env=$$env --output cdk.out/$$env --quiet & pids="$$pids $$!"; \
+	done; \
+	failed=0; for pid in $$pids; do wait $$pid || failed=1; done; exit $$failed
 
 ## cfnlint: `make synth`, then cfn-lint over every template it wrote: no error, no warning
 ## but the rules .cfnlintrc ignores (each with its reason)
