@@ -27,7 +27,7 @@ export JSII_SILENCE_WARNING_KNOWN_BROKEN_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_VERSION_CHECK := 1
 
-.PHONY: all demo chaos test check lint synth cfnlint bench venv faketime clean
+.PHONY: all demo chaos test check setup lint synth cfnlint bench venv faketime clean
 
 all: test
 
@@ -55,6 +55,10 @@ $(FAKETIME_LIB):
 
 faketime: $(FAKETIME_LIB)
 
+# What make test needs, installed side by side (pip, npm and apt-get mostly wait on the network).
+setup:
+	@$(MAKE) --no-print-directory -j3 $(VENV)/.deps node_modules/.deps $(FAKETIME_LIB)
+
 ## demo: the whole fleet on this machine (embedded default), with a failover scenario
 demo: $(VENV)/.deps
 	$(PY) -m wsfleet.local.demo $(DEMO_ARGS)
@@ -77,7 +81,7 @@ chaos: $(VENV)/.deps $(FAKETIME_LIB)
 ## `make cfnlint` runs beside pytest, where the fleet tests leave the cores idle while
 ## they wait; its output is printed after pytest's.
 TEST_WORKERS ?= 4
-test: $(VENV)/.deps node_modules/.deps $(FAKETIME_LIB) lint
+test: setup lint
 	@log=$$(mktemp); \
 	echo "make cfnlint > $$log &"; $(MAKE) --no-print-directory cfnlint > $$log 2>&1 & cfnlint=$$!; \
 	echo "$(PY) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)"; \
