@@ -1,5 +1,5 @@
-"""Shared fixtures: one local AWS emulator (moto server, DynamoDB serialised) per test
-session, and fresh tables and queue per test so tests never see each other's items."""
+"""Shared fixtures: a local AWS emulator (moto server, DynamoDB serialised), and fresh
+tables and queue per test so tests never see each other's items."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import botocore.session
 import pytest
 
 from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources
+from wsfleet.local.fleet import EmulatorProcess
 
 pytest_plugins = ("tests.markers", "tests.scheduling", "pytester")  # pytester: the markers tests run pytest
 
@@ -50,8 +51,21 @@ botocore.session.create_loader = _shared_loader
 
 
 @pytest.fixture(scope="session")
-def emulator():
+def emulator_thread():
     with Emulator() as emu:
+        yield emu
+
+
+@pytest.fixture(scope="module")
+def emulator(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """The emulator a module's tests reach: a thread of this process (one per session),
+    except for a module of slow tests, which gets a process of its own. Those run
+    workers' loops in this process, and moto holds the GIL while it answers: sharing it,
+    a worker missed renewals of its 2 s lease whenever the machine was busy."""
+    if request.node.get_closest_marker("slow") is None:
+        yield request.getfixturevalue("emulator_thread")
+        return
+    with EmulatorProcess(tmp_path_factory.mktemp("emulator") / "emulator.log") as emu:
         yield emu
 
 
