@@ -15,9 +15,9 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
-# The venv is installed without byte-compiling (pip compiles the whole of aws-cdk-lib,
-# 45 s, though the stacks import a few of its modules); Python compiles what is
-# imported, once, which it can only keep if it may write its caches.
+# The venv is installed without byte-compiling: pip compiles every file of every package,
+# 45 s on one core here, two thirds of it aws-cdk-lib, most of which is never imported.
+# Python compiles what is imported, once, which it can only keep if it may write caches.
 unexport PYTHONDONTWRITEBYTECODE
 # Node 20 is older than jsii likes; the banner is noise, not a problem.
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
