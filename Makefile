@@ -15,6 +15,10 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 export PYTHONPATH := $(CURDIR)/runtime:$(CURDIR)
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# The venv is installed without byte-compiling: pip compiles every file of every package,
+# 45 s on one core here, two thirds of it aws-cdk-lib, most of which is never imported.
+# Python compiles what is imported, once, which it can only keep if it may write caches.
+unexport PYTHONDONTWRITEBYTECODE
 # Node 20 is older than jsii likes; the banner is noise, not a problem.
 export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION := 1
@@ -23,14 +27,13 @@ export JSII_SILENCE_WARNING_KNOWN_BROKEN_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_VERSION_CHECK := 1
 
-.PHONY: all demo chaos test lint synth cfnlint bench venv faketime clean
+.PHONY: all demo chaos test check setup lint synth cfnlint bench venv faketime clean
 
 all: test
 
 $(VENV)/.deps: requirements.txt requirements-dev.txt runtime/requirements.txt
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements-dev.txt
+	$(PY) -m pip install --quiet --no-compile -r requirements-dev.txt
 	touch $@
 
 node_modules/.deps: package.json package-lock.json
@@ -52,6 +55,10 @@ $(FAKETIME_LIB):
 
 faketime: $(FAKETIME_LIB)
 
+# What make test needs, installed side by side (pip, npm and apt-get mostly wait on the network).
+setup:
+	@$(MAKE) --no-print-directory -j3 $(VENV)/.deps node_modules/.deps $(FAKETIME_LIB)
+
 ## demo: the whole fleet on this machine (embedded default), with a failover scenario
 demo: $(VENV)/.deps
 	$(PY) -m wsfleet.local.demo $(DEMO_ARGS)
@@ -68,21 +75,38 @@ chaos: $(VENV)/.deps $(FAKETIME_LIB)
 	  --connections $(CONNECTIONS) $(CHAOS_ARGS)
 
 ## test: lint, unit, emulator, fleet and stack tests, then `cdk synth` of every environment
-## and cfn-lint over the templates it writes
-test: $(VENV)/.deps node_modules/.deps $(FAKETIME_LIB) lint
-	$(PY) -m pytest $(PYTEST_ARGS)
-	$(MAKE) --no-print-directory cfnlint
+## and cfn-lint over the templates it writes; the 15 slowest tests are listed at the end.
+## TEST_WORKERS pytest-xdist workers (more than the cores: most fleet tests wait on leases
+## and handoffs rather than compute); PYTEST_ARGS for the rest.
+## `make cfnlint` runs beside pytest, where the fleet tests leave the cores idle while
+## they wait, at a lower priority so as not to slow the tests that measure time; its
+## output is printed after pytest's.
+TEST_WORKERS ?= 4
+test: setup lint
+	@log=$$(mktemp); \
+	echo "nice make cfnlint > $$log &"; nice -n 10 $(MAKE) --no-print-directory cfnlint > $$log 2>&1 & cfnlint=$$!; \
+	echo "$(PY) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)"; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS); tests=$$?; \
+	wait $$cfnlint; linted=$$?; cat $$log; rm -f $$log; \
+	if [ $$linted -ne 0 ]; then echo "make cfnlint failed" >&2; fi; \
+	exit $$(( tests || linted ))
+
+## check: the inner loop, under a minute: lint, then every test that is not slow (unit,
+## emulator and stack snapshot tests; no process started, no worker run: tests/markers.py)
+check: $(VENV)/.deps lint
+	$(PY) -m pytest -n 2 -m "not slow" --durations=5 $(PYTEST_ARGS)
 
 ## lint: ruff (pyflakes, bugbear; ruff.toml)
 lint: $(VENV)/.deps
 	$(VENV)/bin/ruff check .
 
-## synth: `cdk synth` of every environment through the real aws-cdk CLI
+## synth: `cdk synth` of every environment through the real aws-cdk CLI, side by side
 synth: $(VENV)/.deps node_modules/.deps
-	@for env in $(ENVS); do \
+	@pids=; for env in $(ENVS); do \
 	  echo "cdk synth -c env=$$env"; \
-	  $(CDK) synth -c env=$$env --output cdk.out/$$env --quiet || exit 1; \
-	done
+	  $(CDK) synth -c env=$$env --output cdk.out/$$env --quiet & pids="$$pids $$!"; \
+	done; \
+	failed=0; for pid in $$pids; do wait $$pid || failed=1; done; exit $$failed
 
 ## cfnlint: `make synth`, then cfn-lint over every template it wrote: no error, no warning
 ## but the rules .cfnlintrc ignores (each with its reason)

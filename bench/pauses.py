@@ -45,7 +45,7 @@ CHECKS = {"socket": "before-send and socket (as shipped)", "before-send": "befor
 
 
 def settings_for(quick: bool) -> dict[str, Any]:
-    return {"pauses": 12 if quick else 300, "freeze_s": FREEZE_S, "deadline_s": DEADLINE_S, "writers": WRITERS,
+    return {"pauses": 4 if quick else 300, "freeze_s": FREEZE_S, "deadline_s": DEADLINE_S, "writers": WRITERS,
             "seed": random.SystemRandom().getrandbits(32)}
 
 

@@ -8,10 +8,14 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from wsfleet import schema
 from wsfleet.leases import unreachable
 
 from tests.test_worker import config, eventually, running
+
+pytestmark = pytest.mark.slow  # workers run their loops here
 
 
 def reachable(conns, sessions_store, cid: str) -> bool:

@@ -11,6 +11,8 @@ import pytest
 from wsfleet.worker import balancer
 from tests.test_worker import config, eventually, running, seqs  # noqa: F401 - shared fixtures below
 
+pytestmark = pytest.mark.slow
+
 
 # Sessions that survive a busy machine: a worker whose session expires drops and retakes
 # its connections, which are moves of another kind than the ones counted here.

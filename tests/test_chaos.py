@@ -489,6 +489,7 @@ NEW_KINDS = ("byzantine", "seq_jump", "replay_offset", "close_stall", "ambiguous
 SEED = 862
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_short_seeded_chaos_run_finds_no_violation(python_env, tmp_path):
     out = tmp_path / "out.txt"
@@ -559,6 +560,7 @@ def test_the_report_says_what_else_ran_while_a_fault_recovered_past_its_bound():
     assert report.machine_lines(verdict.recoveries, []) == []
 
 
+@pytest.mark.slow
 def test_every_process_a_run_starts_imports_the_copy_of_the_package_taken_at_its_start(tmp_path):
     """Seed 300750, 30 minutes (.chaos/20261130-190911): workers started mid-run imported
     the working tree, where the STOP inbox format had just changed, while the run's

@@ -183,7 +183,8 @@ class Capture:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = "http://127.0.0.1:%d" % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # Polled every 50 ms, not 0.5 s: shutdown() waits for the loop to notice.
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def send(self, request):
         """Deliver a request meant for elsewhere here, its headers (Host too) untouched."""
@@ -508,6 +509,7 @@ def test_the_wrong_stack_is_named_in_one_sentence(capsys, aws_env, stacks):
 # --- the command ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_python_dash_m_wsfleet_fails_with_a_sentence_and_no_traceback(python_env):
     result = subprocess.run(
         [sys.executable, "-m", "wsfleet", "status"], env=python_env, capture_output=True, text=True, timeout=30
@@ -517,6 +519,7 @@ def test_python_dash_m_wsfleet_fails_with_a_sentence_and_no_traceback(python_env
     assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_pip_install_of_runtime_gives_the_package_and_the_wsfleet_command(tmp_path):
     # A copy, so the build's own files never land in the work tree.
     source = tmp_path / "runtime"

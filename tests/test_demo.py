@@ -54,6 +54,7 @@ def still_running(pid: int, started: str) -> bool:
     return fields[19] == started and fields[0] != "Z"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_the_demo_plays_the_full_scenario_and_passes_its_own_audit(python_env, tmp_path):
     out = tmp_path / "out.txt"
@@ -73,6 +74,7 @@ def test_the_demo_plays_the_full_scenario_and_passes_its_own_audit(python_env, t
     assert {"w1.log", "w2.log", "w3.log", "w4.log", "report.txt"} <= {p.name for p in run_dir.iterdir()}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["ctrl-c", "sigterm", "sigkill"])
 def test_stopping_the_demo_leaves_no_process_behind(python_env, tmp_path, signum):

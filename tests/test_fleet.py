@@ -22,7 +22,7 @@ from wsfleet.local.chaos.workers import clock_off_by as chaos_clock_off_by
 from wsfleet.local.fleet import EmulatorProcess, Fleet, SessionState, Timing, eventually, reachability_violations
 from wsfleet.worker.takeover import RING_REFRESH_S
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 TIMING = Timing(lease_s=3.0, heartbeat_s=0.75, reconcile_s=1.0, skew_ms=200, flush_ms=500, shutdown_s=5.0, checkpoint_s=1.0)
 RATE = 5.0  # messages per second per stream

@@ -170,6 +170,7 @@ def test_router_behind_http_answers_errors_as_json(router_api):
     assert request(router_api, "GET", "/nowhere")[0] == 404
 
 
+@pytest.mark.slow
 def test_process_prints_ready_and_serves_the_router(python_env, router_env):
     proc = subprocess.Popen(
         [sys.executable, "-m", "wsfleet.local.api", "--port", "0"],
@@ -190,6 +191,7 @@ def test_process_prints_ready_and_serves_the_router(python_env, router_env):
         assert proc.wait(10) == 0
 
 
+@pytest.mark.slow
 def test_process_with_a_bad_setting_exits_at_start_up_naming_the_variable(python_env, router_env):
     env = {k: v for k, v in {**python_env, **router_env}.items() if k != "TABLE_NAME"}
     done = subprocess.run(

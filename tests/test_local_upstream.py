@@ -372,6 +372,7 @@ def test_threaded_upstream_serves_synchronous_callers():
         assert up.totals("s").frames_sent == 1
 
 
+@pytest.mark.slow
 def test_process_prints_ready_and_serves_streams(python_env):
     proc = subprocess.Popen(
         [sys.executable, "-m", "wsfleet.local.upstream", "--port", "0", "--rate", "50"],

@@ -138,6 +138,7 @@ raise RuntimeError("the end")
 """
 
 
+@pytest.mark.slow
 def test_a_process_that_warns_and_fails_every_way_prints_only_json_lines(python_env):
     proc = subprocess.run(
         [sys.executable, "-c", MISBEHAVING_PROGRAM], env=python_env, capture_output=True, text=True, timeout=30

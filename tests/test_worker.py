@@ -25,6 +25,8 @@ from wsfleet.stream import Frame
 from wsfleet.worker.lifecycle import Worker
 from wsfleet.worker.retry import LeaseExpired, call_until
 
+pytestmark = pytest.mark.slow
+
 FAST = {
     "LEASE_SECONDS": "2",
     "HEARTBEAT_SECONDS": "0.4",

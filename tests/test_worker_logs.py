@@ -15,6 +15,8 @@ from wsfleet.local.fleet import eventually
 from wsfleet.local.upstream import ThreadedUpstream
 from wsfleet.router import Router
 
+pytestmark = pytest.mark.slow
+
 # The X-Ray SDK polls for sampling rules when the first segment opens, then every
 # 5 minutes, and has no setting for that. This runs the worker with the SDK's interval
 # cut to 1 s, appending a line to the file named in argv[1] after each poll so that the

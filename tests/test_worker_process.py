@@ -8,10 +8,13 @@ import subprocess
 import sys
 import time
 
+import pytest
 
 from wsfleet.local.upstream import ThreadedUpstream
 from wsfleet import schema
 from wsfleet.store import ConnectionsStore, MessagesStore, SessionsStore
+
+pytestmark = pytest.mark.slow
 
 
 def wait_for(predicate, timeout: float, what: str):

@@ -19,6 +19,8 @@ from wsfleet.router import Router, make_client
 from wsfleet.worker.connection import EndReason
 from tests.test_worker import config, eventually, post, running
 
+pytestmark = pytest.mark.slow  # workers run their loops here
+
 HEARTBEAT_S = 0.4  # FAST
 ROOM_S = 1.0  # for a busy 2-core machine
 STOP_BOUND_S = HEARTBEAT_S + 1.0 + ROOM_S

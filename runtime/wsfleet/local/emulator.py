@@ -760,7 +760,10 @@ class Emulator:
                 """One line per request would drown the fleet's own logs."""
 
         self._server = make_server(host, port, build_app(), threaded=True, request_handler=QuietHandler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="moto-server", daemon=True)
+        # Stops within 50 ms (the local API's interval too): tests start and stop many.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="moto-server", daemon=True
+        )
         self._stop = threading.Event()
         self._freezer = (
             threading.Thread(target=freeze_survivors, args=(self._stop,), name="gc-freezer", daemon=True)
