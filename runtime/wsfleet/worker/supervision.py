@@ -81,8 +81,8 @@ class Supervisor:
     ) -> T:
         """``await call()`` until it returns. :class:`LeaseExpired` and the ``passes``
         exceptions go to the caller; any other is reported and the call made again after
-        a backoff, until the ``deadline()`` (:func:`wsfleet.clock.now`) (read afresh each time: renewals move
-        it), then :class:`LeaseExpired`."""
+        a backoff, until the ``deadline()`` (on :func:`wsfleet.clock.now`, read afresh each
+        time: renewals move it), then :class:`LeaseExpired`."""
         attempt = 0
         while True:
             try:
