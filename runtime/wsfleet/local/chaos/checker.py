@@ -109,8 +109,9 @@ def check(evidence: Evidence, applied: Sequence[Applied], ops: Sequence[Op], tim
     violations += check_fences(evidence, applied, totals)
     times = [s.t for s in evidence.snapshots]
     recoveries = [recovery(a, evidence, bounds, slack_s, times) for a in applied]
+    handoffs = explained_moves(evidence, applied, ops, bounds)
     for r in recoveries:
-        violations += recovery_violations(r, evidence, ops)
+        violations += recovery_violations(r, evidence, ops, handoffs, bounds)
     violations += check_stops(evidence, ops, bounds, applied)
     violations += check_urls(evidence, ops, bounds, totals)
     violations += check_reachability(evidence)
@@ -339,9 +340,23 @@ def in_flight_at_freeze(put: dict, pauses: Iterable[Applied]) -> Applied | None:
 # --- recovery ------------------------------------------------------------------------------------
 
 
-def recovery_violations(r: Recovery, ev: Evidence, ops: Sequence[Op]) -> list[Violation]:
+def explained_moves(ev: Evidence, applied: Sequence[Applied], ops: Sequence[Op], bounds: Bounds) -> dict[str, list[float]]:
+    """By connection id: when each move that something else explains happened (the
+    acquisitions the bounce detector accepts, :mod:`.moves`), the first ones left out."""
+    out: dict[str, list[float]] = {}
+    for m in moves(ev.journal, applied, ops, bounds):
+        if m.why not in (None, "first"):
+            out.setdefault(schema.connection_id_from_pk(m.pk), []).append(m.t)
+    return out
+
+
+def recovery_violations(
+    r: Recovery, ev: Evidence, ops: Sequence[Op], handoffs: dict[str, list[float]], bounds: Bounds
+) -> list[Violation]:
     """Connections not whole again (in time), and a bad frame's socket that closed soon
-    after it, unless it was dropped or a STOP sent meanwhile closed it."""
+    after it, unless it was dropped, a STOP sent meanwhile closed it, or it was handed
+    over for a reason of its own (a shed, a SIGTERM: a move the bounce detector explains
+    followed the close within the handoff bound)."""
     a = r.applied
     out = []
     for cid, took in sorted(r.took_s.items()):
@@ -354,7 +369,8 @@ def recovery_violations(r: Recovery, ev: Evidence, ops: Sequence[Op]) -> list[Vi
             stops = [op.t for op in ops if op.connection_id == cid and op.action == "STOP"]
             for s in ev.sockets_of(cid):
                 if s.opened_at <= ref and s.closed_at is not None and ref <= s.closed_at <= ref + MALFORMED_WATCH_S \
-                        and not s.dropped and not any(ref <= t <= s.closed_at for t in stops):
+                        and not s.dropped and not any(ref <= t <= s.closed_at for t in stops) \
+                        and not any(s.closed_at <= t <= s.closed_at + bounds.handoff_s for t in handoffs.get(cid, ())):
                     out.append(Violation("malformed_closed", cid, f"#{a.n} {a.kind}: socket {s.id} closed "
                                          f"{s.closed_at - ref:.2f}s after a bad frame"))
     return out
