@@ -17,10 +17,12 @@ class Store:
 
     def __init__(self, fail: Exception | None = None) -> None:
         self.calls: list[list[tuple[str, str]]] = []
+        self.known: list[dict] = []
         self.fail = fail
 
-    def acquire_many(self, wanted, *, session_id, worker_id):
+    def acquire_many(self, wanted, *, session_id, worker_id, known=None):
         self.calls.append(list(wanted))
+        self.known.append(dict(known or {}))
         if self.fail is not None:
             raise self.fail
         return [
@@ -74,6 +76,21 @@ def test_acquisitions_for_different_sessions_or_expected_sessions_are_told_apart
     results = asyncio.run(scenario())
     assert store.calls == [[("a", ""), ("b", "dead#1")], [("c", "")]]
     assert [r.item["s"] for r in results] == ["me#1", "me#1", "me#2"]
+
+
+def test_what_a_clean_release_hint_says_of_a_connection_goes_with_it():
+    store = Store()
+    acquirer = Acquirer(connections=store, call=direct, worker_id="w1")
+    released = {"pk": "CONN#a", "fence_token": 4}
+
+    async def scenario():
+        await asyncio.gather(
+            acquirer.acquire(connection_id="a", session_id="me#1", known=released),
+            acquirer.acquire(connection_id="b", session_id="me#1"),
+        )
+
+    asyncio.run(scenario())
+    assert store.known == [{"a": released}]  # "b" is read as usual
 
 
 def test_a_batch_that_failed_fails_every_asker_with_its_error_and_the_next_turn_is_a_new_batch():

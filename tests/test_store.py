@@ -323,6 +323,41 @@ def test_a_connection_that_changes_between_the_read_and_the_transaction_is_answe
     assert store.get("y")["fence_token"] == 1  # b's acquisition only
 
 
+def test_a_clean_release_hints_state_saves_the_read_and_a_stale_one_is_corrected_by_the_cancellation(ddb, store):
+    for cid in ("same", "moved", "new-url"):
+        store.start(cid, "ws://127.0.0.1:9/s")
+        store.acquire(cid, session_id="a#1", worker_id="a")
+        assert store.release(cid, session_id="a#1", fence_token=1, last_seq=7)
+    hinted = {cid: schema.item_from_released(cid, schema.released_state(1, "ws://127.0.0.1:9/s", 7))
+              for cid in ("same", "moved", "new-url")}
+    store.acquire("moved", session_id="c#1", worker_id="c")  # taken and given back since the hint
+    assert store.release("moved", session_id="c#1", fence_token=2, last_seq=9)
+    store.stop("new-url", sessions=SessionsStore(ddb, store._sessions_table))
+    store.start("new-url", "ws://127.0.0.1:9/other")  # STOP, then START elsewhere, while free
+    reads = []
+    ddb.meta.events.register("before-call.dynamodb.BatchGetItem", lambda **kw: reads.append(1))
+    try:
+        got = dict(zip(hinted, store.acquire_many([(c, "") for c in hinted], session_id="b#1", worker_id="b", known=hinted),
+                       strict=True))
+    finally:
+        ddb.meta.events.unregister("before-call.dynamodb.BatchGetItem")
+    assert reads == []  # every item taken as the hint said, no read first
+    assert (got["same"].item["fence_token"], got["same"].checkpoint_is_end, got["same"].item["last_seq"]) == (2, True, 7)
+    assert (got["moved"].item["fence_token"], got["moved"].item["last_seq"]) == (3, 9)  # as it really was
+    assert got["new-url"].item["ws_url"] == "ws://127.0.0.1:9/other"  # never the hint's old url
+    for cid, result in got.items():  # what the answer says is what the table holds
+        item = store.get(cid)
+        assert {k: item[k] for k in result.item} == result.item
+
+
+def test_a_hints_released_state_is_taken_only_when_well_formed():
+    good = schema.released_state(3, "wss://x/y", 10)
+    assert schema.item_from_released("c", good)["checkpoint_is_end"] == 3
+    for bad in (None, "x", {}, {**good, "fence_token": "3"}, {**good, "last_seq": -1}, {**good, "ws_url": 5},
+                {**good, "fence_token": True}):
+        assert schema.item_from_released("c", bad) is None
+
+
 def test_acquire_attaches_to_the_session_moves_the_owner_key_and_bumps_the_fence(store, started):
     assert store.get(started)["owner_key"] == schema.owner_key_free(started, 4)
     won = store.acquire(started, session_id="a#1", worker_id="a")

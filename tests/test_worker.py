@@ -456,6 +456,31 @@ def test_a_drain_takes_its_share_in_one_read_and_one_transaction_per_25_connecti
     assert requests.get("dynamodb.TransactWriteItems", 0) <= batches + 2  # + checkpoints, if any
 
 
+def test_a_clean_handoffs_hint_carries_the_state_its_release_wrote_so_the_taker_needs_no_read(
+    aws_env, stores, sqs, upstream
+):
+    conns, msgs = stores
+    for cid in ("a", "b"):
+        conns.start(cid, upstream.url_for(cid))
+
+    async def scenario():
+        async with running(config(aws_env, RECONCILE_SECONDS="60")) as worker:
+            await worker.takeover.reconcile_once()
+            await eventually(lambda: all(len(seqs(msgs, c)) >= 5 for c in ("a", "b")), what="storing")
+
+    asyncio.run(scenario())  # a clean exit: each connection released, then hinted
+    bodies = {}
+    while len(bodies) < 2:
+        resp = sqs.receive_message(QueueUrl=aws_env["QUEUE_URL"], MaxNumberOfMessages=10, WaitTimeSeconds=2)
+        assert resp.get("Messages"), bodies
+        bodies.update((b["connection_id"], b) for b in (json.loads(m["Body"]) for m in resp["Messages"]))
+    for cid in ("a", "b"):
+        item = conns.get(cid)
+        released = bodies[cid][schema.HINT_RELEASED]
+        assert released == schema.released_state(item["fence_token"], item["ws_url"], item["last_seq"])
+        assert item["checkpoint_is_end"] == item["fence_token"] and item["lease_session"] == ""
+
+
 def test_a_worker_that_joins_is_watched_by_its_predecessor_within_a_few_seconds(aws_env, stores):
     cfg = config(aws_env)
 

@@ -49,7 +49,9 @@ class CheckpointEntry:
 
 @dataclass(frozen=True)
 class Acquired:
-    item: dict  # the connection item after the acquisition
+    # The connection item after the acquisition: whole when it was read, or the fields a
+    # clean release's hint carries (schema.item_from_released) when it was taken as that.
+    item: dict
 
     @property
     def checkpoint_is_end(self) -> bool:
@@ -222,12 +224,20 @@ class ConnectionsStore(_Table):
         return self.acquire_many([(connection_id, expected_session)], session_id=session_id, worker_id=worker_id)[0]
 
     def acquire_many(
-        self, wanted: Sequence[tuple[str, str]], *, session_id: str, worker_id: str
+        self,
+        wanted: Sequence[tuple[str, str]],
+        *,
+        session_id: str,
+        worker_id: str,
+        known: Mapping[str, dict] | None = None,
     ) -> list[Acquired | NotAcquired]:
         """Attach connections to our session: ``wanted`` are (connection id, expected
-        session) pairs, at most :data:`MAX_TRANSACTION`.
+        session) pairs, at most :data:`MAX_TRANSACTION`; ``known``: items as a clean
+        release's hint says it left them (:func:`schema.item_from_released`), taken as
+        read (the transaction's pin checks them; one that changed is read from its
+        cancellation, as a race lost between a read and the transaction is).
 
-        The items are read first (strongly consistent, one BatchGetItem): one already
+        The other items are read first (strongly consistent, one BatchGetItem): one already
         attached to our session is ours (a retry of an acquire that landed), one that may
         not be taken is answered without a write. The rest are taken in one
         TransactWriteItems, each Update conditional on the version read: the item
@@ -264,9 +274,10 @@ class ConnectionsStore(_Table):
             else:
                 todo[cid] = (expected, item)
 
-        reads = self.get_many([cid for cid, _ in wanted])
+        known = known or {}
+        reads = self.get_many([cid for cid, _ in wanted if cid not in known])
         for cid, expected in wanted:
-            judge(cid, expected, reads[cid])
+            judge(cid, expected, known[cid] if cid in known else reads[cid])
         for _ in range(ACQUIRE_ROUNDS):
             if not todo:
                 break

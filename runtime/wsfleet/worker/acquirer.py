@@ -33,18 +33,20 @@ class Acquirer:
         self._connections = connections
         self._call = call
         self._worker_id = worker_id
-        self._waiting: dict[str, list[tuple[str, str, asyncio.Future]]] = {}  # by session id
+        self._waiting: dict[str, list[tuple[str, str, dict | None, asyncio.Future]]] = {}  # by session id
         self._sending: set[asyncio.Task] = set()
 
-    async def acquire(self, *, connection_id: str, session_id: str, expected_session: str = "") -> Acquired | NotAcquired:
+    async def acquire(
+        self, *, connection_id: str, session_id: str, expected_session: str = "", known: dict | None = None
+    ) -> Acquired | NotAcquired:
         """Attach ``connection_id`` to ``session_id`` (see ``acquire_many`` for the
-        conditions), in one request with the others asked for in this turn of the loop.
-        Raises what the batch's request raised (a TransientError: retry it)."""
+        conditions and ``known``), in one request with the others asked for in this turn
+        of the loop. Raises what the batch's request raised (a TransientError: retry it)."""
         loop = asyncio.get_running_loop()
         answer: asyncio.Future = loop.create_future()
         if not self._waiting:
             loop.call_soon(self._send_waiting)
-        self._waiting.setdefault(session_id, []).append((connection_id, expected_session, answer))
+        self._waiting.setdefault(session_id, []).append((connection_id, expected_session, known, answer))
         return await answer
 
     def _send_waiting(self) -> None:
@@ -55,25 +57,26 @@ class Acquirer:
                 self._sending.add(task)
                 task.add_done_callback(self._sending.discard)
 
-    async def _send(self, session_id: str, asks: list[tuple[str, str, asyncio.Future]]) -> None:
+    async def _send(self, session_id: str, asks: list[tuple[str, str, dict | None, asyncio.Future]]) -> None:
         # One connection asked twice in a turn (a hint and a free scan) is sent once.
-        wanted = list(dict.fromkeys((cid, expected) for cid, expected, _ in asks))
+        wanted = list(dict.fromkeys((cid, expected) for cid, expected, _, _ in asks))
+        known = {cid: item for cid, _, item, _ in asks if item is not None}
         try:
             results = await self._call(
-                self._connections.acquire_many, wanted, session_id=session_id, worker_id=self._worker_id
+                self._connections.acquire_many, wanted, session_id=session_id, worker_id=self._worker_id, known=known
             )
         except asyncio.CancelledError:
-            for _, _, answer in asks:
+            for *_, answer in asks:
                 answer.cancel()
             raise
         except Exception as exc:  # noqa: BLE001 - every asker gets it, and decides
-            for _, _, answer in asks:
+            for *_, answer in asks:
                 if not answer.done():
                     answer.set_exception(exc)
             return
         self.batches += 1
         self.acquisitions += len(wanted)
         by_key = dict(zip(wanted, results, strict=True))
-        for cid, expected, answer in asks:
+        for cid, expected, _, answer in asks:
             if not answer.done():
                 answer.set_result(by_key[(cid, expected)])

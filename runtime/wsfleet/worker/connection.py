@@ -117,7 +117,7 @@ class ConnectionRunner:
         self.connected = asyncio.Event()
         self.end_reason: EndReason | None = None
         self.detached = False  # the release answered: it is no longer attached to our session
-        self.freed = False  # released STARTED (a START came meanwhile): free for anyone, so hinted
+        self.freed = False  # released STARTED: free for anyone, in its FREE# partition (hinted with its state)
         self._s = settings
         self._call = call
         self._connections = connections

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Mapping
 
 from .. import schema
 from ..aws import SQS_WAIT_SECONDS, Aws
@@ -58,19 +59,31 @@ class Intake:
         self._batch = batch  # hints per poll
         self._ending = ending  # held here but being released (a STOP, a shed)
 
-    async def hint(self, connection_id: str, *, shed_by: str = "", shed_to: str = "", from_session: str = "") -> None:
+    async def hint(
+        self,
+        connection_id: str,
+        *,
+        shed_by: str = "",
+        shed_to: str = "",
+        from_session: str = "",
+        released: Mapping[str, Any] | None = None,
+    ) -> None:
         """Tell peers a connection is free to take now, so one takes it at once instead
         of at its next scan; ``shed_by`` marks one shed to rebalance, ``from_session``
         one still attached to that ENDED session (the taker's acquire is conditional on
-        it). Hints asked for in the same turn of the event loop leave together, ten to a
-        SendMessageBatch (a drain hints dozens at once). Returns once sent or given up."""
-        body = {schema.HINT_CONNECTION_ID: connection_id}
+        it), ``released`` the state a clean release left it in (see
+        :func:`schema.released_state`). Hints asked for in the same turn of the event
+        loop leave together, ten to a SendMessageBatch (a drain hints dozens at once).
+        Returns once sent or given up."""
+        body: dict[str, Any] = {schema.HINT_CONNECTION_ID: connection_id}
         if shed_by:
             body[schema.HINT_SHED_BY] = shed_by
         if shed_to:
             body[schema.HINT_SHED_TO] = shed_to
         if from_session:
             body[schema.HINT_FROM_SESSION] = from_session
+        if released:
+            body[schema.HINT_RELEASED] = dict(released)
         done = asyncio.get_running_loop().create_future()
         self._outbox.append((json.dumps(body), connection_id, done))
         if len(self._outbox) == 1:
@@ -146,7 +159,8 @@ class Intake:
     async def _on_hint(self, message: dict[str, Any]) -> bool:
         """Take the hinted connection, or leave it for a peer. True if it was a shed
         connection left for the worker it names (visible again at once)."""
-        connection_id, shed_by, from_session, shed_to = parse_hint(message.get("Body", ""))
+        hint = parse_hint(message.get("Body", ""))
+        connection_id, shed_by, from_session, shed_to = hint.connection_id, hint.shed_by, hint.from_session, hint.shed_to
         attributes = message.get("Attributes", {})
         receives = int(attributes.get("ApproximateReceiveCount", 1))
         sent_ms = attributes.get("SentTimestamp")
@@ -167,7 +181,7 @@ class Intake:
             self._log.info("shed_hint_left", connection_id=connection_id, shed_to=shed_to, age_s=round(age_s, 2))
         elif not self._busy(connection_id):
             source = "rebalance" if shed_by else "orphan" if from_session else "hint"
-            await self._acquire(connection_id, source=source, expected_session=from_session)
+            await self._acquire(connection_id, source=source, expected_session=from_session, known=hint.released)
         try:
             if keep:
                 await self._aws.call(
@@ -186,16 +200,26 @@ class Intake:
         return targeted
 
 
-def parse_hint(body: str) -> tuple[str | None, str, str, str]:
-    """(connection id or None if malformed, the shedding session or "", the ENDED
-    session it is still attached to or "", the session a shed one is meant for or "")."""
+@dataclass(frozen=True)
+class Hint:
+    connection_id: str | None  # None when the body is malformed
+    shed_by: str = ""  # the shedding session
+    from_session: str = ""  # the ENDED session it is still attached to
+    shed_to: str = ""  # the session a shed one is meant for
+    released: dict | None = None  # the connection item as its clean release left it
+
+
+def parse_hint(body: str) -> Hint:
+    """A hint's body, read leniently: anything malformed beyond the connection id is
+    left out (a hint is only ever a suggestion; the conditional acquire decides)."""
     try:
         obj = json.loads(body)
         value = obj.get(schema.HINT_CONNECTION_ID)
         fields = [obj.get(name, "") for name in (schema.HINT_SHED_BY, schema.HINT_FROM_SESSION, schema.HINT_SHED_TO)]
+        released = obj.get(schema.HINT_RELEASED)
     except (ValueError, AttributeError):
-        return None, "", "", ""
+        return Hint(None)
     if not isinstance(value, str) or not value:
-        return None, "", "", ""
+        return Hint(None)
     shed_by, from_session, shed_to = (f if isinstance(f, str) else "" for f in fields)
-    return value, shed_by, from_session, shed_to
+    return Hint(value, shed_by, from_session, shed_to, schema.item_from_released(value, released))

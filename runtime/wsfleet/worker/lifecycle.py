@@ -228,7 +228,7 @@ class Worker:
     # --- taking connections ------------------------------------------------------------
 
     async def try_acquire(
-        self, connection_id: str, *, source: str, expected_session: str = ""
+        self, connection_id: str, *, source: str, expected_session: str = "", known: dict | None = None
     ) -> ConnectionRunner | None:
         """Attach the connection to our session if we have room (conditional on it being
         free, or on the ENDED session ``expected_session`` it is attached to), find where
@@ -243,7 +243,7 @@ class Worker:
         try:
             async with self._acquire_slots:
                 result, checkpoint, stored_end, sent = await self._acquire(
-                    connection_id, session_id, expected_session, source
+                    connection_id, session_id, expected_session, source, known
                 )
         except LeaseExpired:
             self._log.warning("acquire_gave_up", connection_id=connection_id, source=source)
@@ -299,7 +299,7 @@ class Worker:
         return runner
 
     async def _acquire(
-        self, connection_id: str, session_id: str, expected_session: str, source: str
+        self, connection_id: str, session_id: str, expected_session: str, source: str, known: dict | None = None
     ) -> tuple[Acquired | NotAcquired, int, int, int]:
         """The conditional acquire, then where the stored messages end: past its last
         checkpoint for a connection taken from a crashed owner; no read when its last
@@ -323,6 +323,7 @@ class Worker:
                 connection_id=connection_id,
                 session_id=session_id,
                 expected_session=expected_session,
+                known=known,
             )
             span.annotate(outcome=result.reason.value if isinstance(result, NotAcquired) else "acquired")
             if isinstance(result, Acquired):
@@ -368,10 +369,17 @@ class Worker:
         self._log.info(
             "connection_ended", connection_id=runner.connection_id, why=reason.value, active=len(self.runners)
         )
+        # The state the release left it in, when it landed free: the taker needs no read.
+        released = (
+            schema.released_state(runner.fence_token, runner.ws_url, runner.tracker.checkpoint) if runner.freed else None
+        )
+        # A STOP's release that landed free: a START came meanwhile, and its hint found us holding it.
         if reason is EndReason.SHUTDOWN or (reason is EndReason.STOPPED and runner.freed):
-            await self.intake.hint(runner.connection_id)  # STOPPED yet freed: a START's hint found us holding it
+            await self.intake.hint(runner.connection_id, released=released)
         elif reason is EndReason.SHED:
-            await self.intake.hint(runner.connection_id, shed_by=runner.session_id, shed_to=runner.shed_to)
+            await self.intake.hint(
+                runner.connection_id, shed_by=runner.session_id, shed_to=runner.shed_to, released=released
+            )
 
     # --- what the session tells us -----------------------------------------------------
 
