@@ -59,3 +59,20 @@ def test_each_task_traces_its_own_segment_with_its_calls_as_subsegments(emitter)
 def test_without_worker_configuration_segments_are_silent_no_ops():
     with tracing.segment("acquire", connection_id="a") as span:
         assert not span.recording
+
+
+def test_where_the_variable_switches_x_ray_off_no_call_reaches_for_the_sdk(monkeypatch):
+    # As in a process started with AWS_XRAY_SDK_ENABLED=false (the local fleet's
+    # workers): the SDK was never imported, so none of its names exist here.
+    monkeypatch.setattr(tracing, "ENABLED", False)
+    for name in ("xray_recorder", "global_sdk_config", "patch", "LambdaContext"):
+        monkeypatch.delattr(tracing, name)
+    monkeypatch.setattr(tracing, "_configured", False)
+
+    tracing.configure("wsfleet-test")
+    tracing.configure_worker("wsfleet-test")
+    assert not tracing.in_lambda()
+    with tracing.segment("acquire", connection_id="a") as span:
+        span.annotate(outcome="acquired")
+        with tracing.subsegment("ConnectionsStore.acquire") as inner:
+            assert not span.recording and not inner.recording

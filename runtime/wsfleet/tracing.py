@@ -73,7 +73,7 @@ def segment(name: str, **annotations: str | int | float | bool | None) -> Iterat
     no-op :class:`Span` when the SDK is disabled or not configured for the worker.
     Open and close it in one task, and start no tasks inside it."""
     recording = ENABLED and _task_context()
-    with _span(xray_recorder.in_segment, name, recording, annotations) as span:
+    with _span("in_segment", name, recording, annotations) as span:
         yield span
 
 
@@ -108,16 +108,16 @@ def subsegment(name: str, **annotations: str | int | float | bool | None) -> Ite
     disabled or no segment is open. An exception escaping the block is recorded on the
     subsegment and re-raised."""
     recording = ENABLED and xray_recorder.get_trace_entity() is not None
-    with _span(xray_recorder.in_subsegment, name, recording, annotations) as span:
+    with _span("in_subsegment", name, recording, annotations) as span:
         yield span
 
 
 @contextmanager
-def _span(open_entity: Any, name: str, recording: bool, annotations: dict[str, Any]) -> Iterator[Span]:
+def _span(opener: str, name: str, recording: bool, annotations: dict[str, Any]) -> Iterator[Span]:
     if not (recording and global_sdk_config.sdk_enabled()):  # recording implies ENABLED
         yield Span()
         return
-    with open_entity(name) as entity:
+    with getattr(xray_recorder, opener)(name) as entity:
         span = Span(entity)
         span.annotate(**annotations)
         yield span
