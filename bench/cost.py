@@ -426,7 +426,7 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
     markdown = "\n".join([
         md_table(["figure", "measured", "target", before.LABEL, "how"], rows),
         "",
-        "#### Scaling (computed by `bench/plan.py` from the counts above)",
+        "#### Scaling (computed by `wsfleet/plan.py` from the counts above)",
         "",
         md_table(header, srows),
         "",
