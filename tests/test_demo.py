@@ -21,8 +21,18 @@ FAST = ["--lease", "3", "--heartbeat", "0.75", "--reconcile", "1", "--skew-ms", 
 def demo(args: list[str], env: dict[str, str], out: Path) -> subprocess.Popen:
     with open(out, "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "wsfleet.local.demo", *args], env=env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "wsfleet.local.demo", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=as_a_terminal_starts_it,
         )
+
+
+def as_a_terminal_starts_it() -> None:
+    """The demo as a terminal runs it, in the foreground: SIGINT at its default. A shell
+    without job control starts background commands with SIGINT ignored (`make test &`,
+    a CI step run in the background), every process below inherits that, and Python
+    leaves a SIGINT it started with ignored ignored: the Ctrl-C test would then send a
+    signal the demo never sees."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def children_of(pid: int) -> dict[int, str]:
