@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import time
 from decimal import Decimal
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from botocore.exceptions import BotoCoreError, ClientError
@@ -153,6 +153,20 @@ class _Table:
 
     def _key(self, key: str) -> dict:
         return marshal({self.key_name: key})
+
+    def _batch_get(self, keys: Sequence[str], **options: Any) -> list[dict]:
+        """One BatchGetItem of up to 100 of this table's items (``options``: its per-table
+        settings, ConsistentRead, ProjectionExpression...), unmarshalled; missing ones are
+        left out. A transient fault, or keys left unprocessed, raise TransientError."""
+        try:
+            resp = self._ddb.batch_get_item(RequestItems={self._table: {"Keys": [self._key(k) for k in keys], **options}})
+        except (ClientError, BotoCoreError) as exc:
+            if is_transient(exc):
+                raise TransientError(f"batch_get_item: {exc}") from exc
+            raise
+        if resp.get("UnprocessedKeys", {}).get(self._table):
+            raise TransientError("batch_get_item: keys left unprocessed")
+        return [unmarshal(item) for item in resp.get("Responses", {}).get(self._table, [])]
 
     def _update(self, key: str, *, update: str, condition: str, values: Mapping[str, Any]) -> dict:
         """A conditional update of one item, as UpdateItem and a transaction's Update take it."""

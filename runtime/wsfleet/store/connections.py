@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ClientError
 
 from .. import schema
 from ..leases import AcquireFailure, acquire_already_landed, acquire_refusal, release_already_landed
@@ -20,7 +20,6 @@ from .base import (
     _names,
     _old_item,
     _Table,
-    is_transient,
     marshal,
     now_ms,
     unmarshal,
@@ -337,19 +336,9 @@ class ConnectionsStore(_Table):
         None for one that does not exist."""
         if not connection_ids:
             return {}
-        try:
-            resp = self._ddb.batch_get_item(
-                RequestItems={self._table: {"Keys": [self._key(c) for c in connection_ids], "ConsistentRead": True}}
-            )
-        except (ClientError, BotoCoreError) as exc:
-            if is_transient(exc):
-                raise TransientError(f"batch_get_item: {exc}") from exc
-            raise
-        if resp.get("UnprocessedKeys", {}).get(self._table):
-            raise TransientError("batch_get_item: keys left unprocessed")
         found = {
             schema.connection_id_from_pk(item[schema.PK]): item
-            for item in map(unmarshal, resp.get("Responses", {}).get(self._table, []))
+            for item in self._batch_get(connection_ids, ConsistentRead=True)
         }
         return {c: found.get(c) for c in connection_ids}
 

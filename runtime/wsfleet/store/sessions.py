@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping, Sequence
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ClientError
 
 from .. import schema
 from ..leases import EndFailure, RenewFailure, classify_end_failure, classify_renew_failure
-from .base import TransientError, _condition_failed, _names, _old_item, _Table, is_transient, marshal, unmarshal
+from .base import TransientError, _condition_failed, _names, _old_item, _Table, marshal, unmarshal
 
 
 class SessionsStore(_Table):
@@ -193,23 +193,11 @@ class SessionsStore(_Table):
         out: list[dict] = []
         ids = list(dict.fromkeys(session_ids))
         for start in range(0, len(ids), 100):
-            try:
-                resp = self._ddb.batch_get_item(
-                    RequestItems={
-                        self._table: {
-                            "Keys": [self._key(s) for s in ids[start : start + 100]],
-                            "ProjectionExpression": projection,
-                            "ExpressionAttributeNames": _names(projection),
-                        }
-                    }
+            out.extend(
+                self._batch_get(
+                    ids[start : start + 100], ProjectionExpression=projection, ExpressionAttributeNames=_names(projection)
                 )
-            except (ClientError, BotoCoreError) as exc:
-                if is_transient(exc):
-                    raise TransientError(f"batch_get_item: {exc}") from exc
-                raise
-            if resp.get("UnprocessedKeys", {}).get(self._table):
-                raise TransientError("batch_get_item: keys left unprocessed")
-            out.extend(unmarshal(i) for i in resp.get("Responses", {}).get(self._table, []))
+            )
         return out
 
     def ring(self) -> list[str]:
