@@ -163,17 +163,14 @@ class Aws:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         decided = threading.Event()
-        claim = threading.Lock()
-        claimed_by: list[str] = []  # the first of the loop and the thread to claim the result has it
+        claim = threading.Lock()  # the first of the loop and the thread to take it has the result
 
-        def take(by: str) -> bool:
-            with claim:
-                claimed_by.append(by)
-                return claimed_by[0] == by
+        def take() -> bool:
+            return claim.acquire(blocking=False)
 
         def settle(result: Any, exc: BaseException | None) -> None:
             if not future.done():  # else cancelled: the thread gives it back
-                if not take("loop"):
+                if not take():
                     future.set_exception(TransientError("the poll's result was given back: the loop was too slow"))
                 elif exc is not None:
                     future.set_exception(exc)
@@ -191,7 +188,7 @@ class Aws:
                 decided.wait(SETTLE_WAIT_S)
             except RuntimeError:
                 pass  # the loop is closed: nobody is waiting any more
-            if take("thread") and exc is None and on_abandoned is not None:
+            if take() and exc is None and on_abandoned is not None:
                 try:
                     on_abandoned(result)
                 except Exception:  # noqa: BLE001 - what cannot be given back reappears after its timeout

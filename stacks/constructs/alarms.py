@@ -27,6 +27,8 @@ from constructs import Construct
 
 from wsfleet import metrics_names
 
+from .worker_metrics import worker_metric
+
 _GE = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
 
 
@@ -50,6 +52,9 @@ class Alarms(Construct):
         super().__init__(scope, id)
         one_minute = Duration.minutes(1)
         five_minutes = Duration.minutes(5)
+
+        def service_metric(name: str, period: Duration, statistic: str) -> cloudwatch.Metric:
+            return worker_metric(metrics_namespace, service_name, name, period=period, statistic=statistic)
 
         self.dead_letters = self._any_in_period(
             "DeadLetters",
@@ -111,13 +116,7 @@ class Alarms(Construct):
                 f"STARTED connections have had no owner for longer than the failover bound "
                 f"({failover_bound.to_seconds():.0f} s)."
             ),
-            metric=cloudwatch.Metric(
-                namespace=metrics_namespace,
-                metric_name=metrics_names.UNOWNED_CONNECTIONS,
-                dimensions_map={metrics_names.DIMENSION_SERVICE_NAME: service_name},
-                period=one_minute,
-                statistic=cloudwatch.Stats.MAXIMUM,
-            ),
+            metric=service_metric(metrics_names.UNOWNED_CONNECTIONS, one_minute, cloudwatch.Stats.MAXIMUM),
             threshold=1,
             comparison_operator=_GE,
             evaluation_periods=periods,
@@ -134,13 +133,7 @@ class Alarms(Construct):
                 "The reachability sweep found connections that no worker would ever take (and repaired them): "
                 "look for its unreachable_connection log lines."
             ),
-            metric=cloudwatch.Metric(
-                namespace=metrics_namespace,
-                metric_name=metrics_names.UNREACHABLE_CONNECTIONS,
-                dimensions_map={metrics_names.DIMENSION_SERVICE_NAME: service_name},
-                period=five_minutes,
-                statistic=cloudwatch.Stats.SUM,
-            ),
+            metric=service_metric(metrics_names.UNREACHABLE_CONNECTIONS, five_minutes, cloudwatch.Stats.SUM),
         )
 
         # Transient faults (throttling, timeouts, 5xx) are not counted: one error is news.
@@ -152,13 +145,7 @@ class Alarms(Construct):
                 "(AccessDenied, a missing table, a bug): search the worker logs for loop_error, which "
                 "carries the traceback. The loop went on, retrying with backoff."
             ),
-            metric=cloudwatch.Metric(
-                namespace=metrics_namespace,
-                metric_name=metrics_names.LOOP_ERRORS,
-                dimensions_map={metrics_names.DIMENSION_SERVICE_NAME: service_name},
-                period=five_minutes,
-                statistic=cloudwatch.Stats.SUM,
-            ),
+            metric=service_metric(metrics_names.LOOP_ERRORS, five_minutes, cloudwatch.Stats.SUM),
         )
 
         self.all = (

@@ -11,7 +11,8 @@
 6. DynamoDB per table (and per index): throttling, consumed read and write capacity.
 
 The worker's metrics are named by ``wsfleet.metrics_names``, the constants it publishes
-with. Every graph is per minute, the interval at which the workers publish. The
+with. Every graph is per minute, the interval at which the workers publish, but the
+unreachable one, per 5 minutes like its alarm (the sweep's counts are rare). The
 dashboard itself costs $3 a month beyond an account's first three.
 """
 
@@ -28,6 +29,8 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from wsfleet import metrics_names as names
+
+from .worker_metrics import worker_metric
 
 PERIOD = Duration.minutes(1)
 _SUM = cloudwatch.Stats.SUM
@@ -267,15 +270,7 @@ class OperationsDashboard(Construct):
     def _worker_metric(
         self, metric_name: str, statistic: str, label: str, period: Duration = PERIOD
     ) -> cloudwatch.Metric:
-        """One of the workers' metrics for the whole service (dimension ServiceName)."""
-        return cloudwatch.Metric(
-            namespace=self._namespace,
-            metric_name=metric_name,
-            dimensions_map={names.DIMENSION_SERVICE_NAME: self._service_name},
-            period=period,
-            statistic=statistic,
-            label=label,
-        )
+        return worker_metric(self._namespace, self._service_name, metric_name, period=period, statistic=statistic, label=label)
 
     @staticmethod
     def _graph(title: str, left: Sequence[cloudwatch.IMetric], *, width: int = 8) -> cloudwatch.GraphWidget:

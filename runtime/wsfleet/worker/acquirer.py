@@ -29,7 +29,6 @@ Call = Callable[..., Awaitable[Any]]
 class Acquirer:
     def __init__(self, *, connections: ConnectionsStore, call: Call, worker_id: str) -> None:
         self.batches = 0
-        self.acquisitions = 0
         self._connections = connections
         self._call = call
         self._worker_id = worker_id
@@ -75,7 +74,6 @@ class Acquirer:
                     answer.set_exception(exc)
             return
         self.batches += 1
-        self.acquisitions += len(wanted)
         by_key = dict(zip(wanted, results, strict=True))
         for cid, expected, _, answer in asks:
             if not answer.done():

@@ -59,9 +59,6 @@ class Attachments:
         another, or refused by the one and only acquire request sent for it."""
         self._maybe.discard(connection_id)
 
-    def maybe(self) -> set[str]:
-        return set(self._maybe)
-
     async def leave_ring_when_clear(self, session_id: str, *, held: Callable[[str], bool]) -> bool:
         """After our own session ``session_id`` ENDED: free whatever is still attached to
         it with no runner of ours (``held``) and leave the ring if nothing is. Returns

@@ -73,7 +73,7 @@ class Sweeper:
         self._clock = clock
         self._sweeping = False
         self._cursor: dict | None = None
-        self._started = clock() - sweep_s + (sweep_s if first_pass_s is None else first_pass_s)
+        self._started = clock() if first_pass_s is None else clock() - sweep_s + first_pass_s
         self._scanned = 0
         self._found_in_pass = 0
 

@@ -109,13 +109,14 @@ def check(evidence: Evidence, applied: Sequence[Applied], ops: Sequence[Op], tim
     violations += check_fences(evidence, applied, totals)
     times = [s.t for s in evidence.snapshots]
     recoveries = [recovery(a, evidence, bounds, slack_s, times) for a in applied]
-    handoffs = explained_moves(evidence, applied, ops, bounds)
+    found = moves(evidence.journal, applied, ops, bounds)
+    handoffs = explained_moves(found)
     for r in recoveries:
         violations += recovery_violations(r, evidence, ops, handoffs, bounds)
     violations += check_stops(evidence, ops, bounds, applied)
     violations += check_urls(evidence, ops, bounds, totals)
     violations += check_reachability(evidence)
-    violations += check_moves(evidence, applied, ops, bounds, totals)
+    violations += check_moves(found, totals)
     for name, status, at in evidence.exits:
         violations.append(Violation("crash", name, f"exited with status {status} at {at:.3f}, unasked"))
     for a in applied:
@@ -253,11 +254,10 @@ def check_reachability(ev: Evidence) -> list[Violation]:
     ]
 
 
-def check_moves(ev: Evidence, applied: Sequence[Applied], ops: Sequence[Op], bounds: Bounds,
-                totals: dict[str, int]) -> list[Violation]:
-    """Every acquisition explained (:mod:`.moves`): one violation per connection that
-    moved with nothing to explain it; ``totals["moves_<reason>"]`` counts the rest."""
-    found = moves(ev.journal, applied, ops, bounds)
+def check_moves(found: Sequence[Move], totals: dict[str, int]) -> list[Violation]:
+    """Every acquisition explained (``found``: :func:`.moves.moves`): one violation per
+    connection that moved with nothing to explain it; ``totals["moves_<reason>"]``
+    counts the rest."""
     for reason in REASONS:
         totals[f"moves_{reason}"] = sum(1 for m in found if m.why == reason)
     bounced: dict[str, list[Move]] = {}
@@ -340,11 +340,11 @@ def in_flight_at_freeze(put: dict, pauses: Iterable[Applied]) -> Applied | None:
 # --- recovery ------------------------------------------------------------------------------------
 
 
-def explained_moves(ev: Evidence, applied: Sequence[Applied], ops: Sequence[Op], bounds: Bounds) -> dict[str, list[float]]:
+def explained_moves(found: Sequence[Move]) -> dict[str, list[float]]:
     """By connection id: when each move that something else explains happened (the
-    acquisitions the bounce detector accepts, :mod:`.moves`), the first ones left out."""
+    acquisitions the bounce detector accepts, ``found``), the first ones left out."""
     out: dict[str, list[float]] = {}
-    for m in moves(ev.journal, applied, ops, bounds):
+    for m in found:
         if m.why not in (None, "first"):
             out.setdefault(schema.connection_id_from_pk(m.pk), []).append(m.t)
     return out
