@@ -23,6 +23,8 @@ if ENABLED:
     from aws_xray_sdk.core import patch, xray_recorder
     from aws_xray_sdk.core.lambda_launcher import LambdaContext
 
+    from .xray_context import TaskContext
+
     xray_recorder.configure(context_missing="IGNORE_ERROR")
 
 _lock = threading.Lock()
@@ -58,8 +60,6 @@ def configure_worker(service: str) -> None:
     global _configured
     if not ENABLED:
         return
-    from .xray_context import TaskContext
-
     with _lock:
         if _configured:
             return
@@ -72,15 +72,9 @@ def segment(name: str, **annotations: str | int | float | bool | None) -> Iterat
     """A segment of its own (a worker's unit of work: acquire, connect, release), or a
     no-op :class:`Span` when the SDK is disabled or not configured for the worker.
     Open and close it in one task, and start no tasks inside it."""
-    recording = ENABLED and _task_context()
+    recording = ENABLED and isinstance(xray_recorder.context, TaskContext)
     with _span("in_segment", name, recording, annotations) as span:
         yield span
-
-
-def _task_context() -> bool:
-    from .xray_context import TaskContext
-
-    return isinstance(xray_recorder.context, TaskContext)
 
 
 class Span:

@@ -4,7 +4,6 @@ workers). Every write is conditional; a lost race comes back as a value."""
 from __future__ import annotations
 
 import enum
-import random
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 from botocore.exceptions import ClientError
 
 from .. import schema
-from ..leases import AcquireFailure, acquire_already_landed, acquire_refusal, release_already_landed
+from ..leases import AcquireFailure, acquire_already_landed, acquire_refusal, backoff_s, release_already_landed
 from .base import (
     TransactionCancelled,
     TransientError,
@@ -565,7 +564,7 @@ class ConnectionsStore(_Table):
                 except TransactionCancelled:
                     # Another STOP's transaction held the session item (a burst of STOPs
                     # of one worker's connections): nothing was written, go again shortly.
-                    time.sleep(random.uniform(0, min(STOP_CONFLICT_PAUSE_CAP_S, STOP_CONFLICT_PAUSE_S * 2**attempt)))
+                    time.sleep(backoff_s(attempt, base=STOP_CONFLICT_PAUSE_S, cap=STOP_CONFLICT_PAUSE_CAP_S))
                     continue
                 if reasons is None:
                     return Stopped(StopOutcome.STOPPED, session, fence, told=True)
