@@ -154,7 +154,7 @@ def settings_for(quick: bool) -> dict[str, Any]:
 
 def timings(worker: Mapping[str, Any]) -> dict[str, Any]:
     """The worker's settings as it parses them: its defaults, and what the run sets."""
-    env = {"TABLE_NAME": "t", "SESSIONS_TABLE_NAME": "s", "MESSAGES_TABLE_NAME": "m", "QUEUE_URL": "q", "AWS_REGION": "r"}
+    env = {"TABLE_NAME": "t", "SESSIONS_TABLE_NAME": "s", "MESSAGES_TABLE_NAME": "m", "MESSAGES_BUCKET_NAME": "b", "QUEUE_URL": "q", "AWS_REGION": "r"}
     c = cfg.WorkerConfig.from_env({**env, **{k: str(v) for k, v in worker.items()}})
     return {"lease_s": c.lease_ms / 1000, "heartbeat_s": c.heartbeat_ms / 1000, "reconcile_s": c.reconcile_ms / 1000,
             "checkpoint_s": c.checkpoint_ms / 1000, "metrics_s": c.metrics_seconds, "shards": c.state_shards,

@@ -66,7 +66,7 @@ from .faults import stored_ends
 
 def worker_defaults() -> cfg.WorkerConfig:
     """The worker's configuration when nothing optional is set."""
-    required = {cfg.TABLE_NAME: "-", cfg.SESSIONS_TABLE_NAME: "-", cfg.MESSAGES_TABLE_NAME: "-", cfg.QUEUE_URL: "-",
+    required = {cfg.TABLE_NAME: "-", cfg.SESSIONS_TABLE_NAME: "-", cfg.MESSAGES_TABLE_NAME: "-", cfg.MESSAGES_BUCKET_NAME: "-", cfg.QUEUE_URL: "-",
                 cfg.AWS_REGION: "-"}
     return cfg.WorkerConfig.from_env(required)
 

@@ -74,7 +74,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
 
 def _freeze_again_and_again(endpoint_url: str, check: str, pauses: int, rng: random.Random, run_dir: Path) -> dict[str, Any]:
     env = create_resources(endpoint_url, table_name=f"pauses-c-{check}", sessions_table_name=f"pauses-s-{check}",
-                           messages_table_name=f"pauses-m-{check}", queue_name=f"pauses-q-{check}")
+                           messages_table_name=f"pauses-m-{check}", messages_bucket_name=f"pauses-m-{check}", queue_name=f"pauses-q-{check}")
     with open(run_dir / f"pauses-{check}.log", "w") as log:
         child = subprocess.Popen(
             [sys.executable, "-m", "bench.pauses", json.dumps(env), check],

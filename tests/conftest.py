@@ -81,6 +81,7 @@ def aws_env(emulator) -> dict[str, str]:
         table_name=f"conn-{suffix}",
         sessions_table_name=f"sess-{suffix}",
         messages_table_name=f"msg-{suffix}",
+        messages_bucket_name=f"msg-{suffix}",
         queue_name=f"start-{suffix}",
     )
 

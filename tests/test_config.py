@@ -8,6 +8,7 @@ BASE = {
     "TABLE_NAME": "t",
     "SESSIONS_TABLE_NAME": "s",
     "MESSAGES_TABLE_NAME": "m",
+    "MESSAGES_BUCKET_NAME": "b",
     "QUEUE_URL": "http://q",
     "AWS_REGION": "eu-west-1",
 }
@@ -25,6 +26,7 @@ def test_worker_defaults_follow_the_contract():
     )
     assert c.metrics_namespace == "WsFleet" and c.state_shards == 4 and c.worker_id is None
     assert c.endpoint_url is None and c.region == "eu-west-1"
+    assert c.max_frame_bytes == 32 * 1024 * 1024 and c.messages_bucket_name == "b"
 
 
 def test_fractional_seconds_are_accepted_for_fast_local_runs():
@@ -39,6 +41,9 @@ def test_fractional_seconds_are_accepted_for_fast_local_runs():
         ({"SESSIONS_TABLE_NAME": ""}, "SESSIONS_TABLE_NAME"),
         ({"CHECKPOINT_SECONDS": "0"}, "CHECKPOINT_SECONDS"),
         ({"MESSAGES_TABLE_NAME": " "}, "MESSAGES_TABLE_NAME"),
+        ({"MESSAGES_BUCKET_NAME": ""}, "MESSAGES_BUCKET_NAME"),
+        ({"MAX_FRAME_BYTES": "1000"}, "MAX_FRAME_BYTES"),
+        ({"MAX_FRAME_BYTES": "32MiB"}, "MAX_FRAME_BYTES"),
         ({"QUEUE_URL": ""}, "QUEUE_URL"),
         ({"AWS_REGION": ""}, "AWS_REGION"),
         ({"AWS_ENDPOINT_URL": "localhost:5000"}, "AWS_ENDPOINT_URL"),

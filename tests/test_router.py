@@ -681,7 +681,7 @@ def test_handler_with_a_bad_state_shards_names_it(lambda_env):
 
 
 def test_router_clients_use_standard_retries():
-    config = RouterConfig.from_env({"TABLE_NAME": "t", "SESSIONS_TABLE_NAME": "s", "QUEUE_URL": "q", "AWS_REGION": "us-east-1"})
+    config = RouterConfig.from_env({"TABLE_NAME": "t", "SESSIONS_TABLE_NAME": "s", "MESSAGES_TABLE_NAME": "m", "MESSAGES_BUCKET_NAME": "b", "QUEUE_URL": "q", "AWS_REGION": "us-east-1"})
     for service in ("dynamodb", "sqs"):
         retries = make_client(service, config).meta.config.retries
         assert (retries["mode"], retries["total_max_attempts"]) == ("standard", 3)

@@ -18,6 +18,8 @@ from . import metrics_names, schema
 TABLE_NAME = "TABLE_NAME"
 SESSIONS_TABLE_NAME = "SESSIONS_TABLE_NAME"
 MESSAGES_TABLE_NAME = "MESSAGES_TABLE_NAME"
+MESSAGES_BUCKET_NAME = "MESSAGES_BUCKET_NAME"
+MAX_FRAME_BYTES = "MAX_FRAME_BYTES"
 QUEUE_URL = "QUEUE_URL"
 AWS_REGION = "AWS_REGION"
 AWS_DEFAULT_REGION = "AWS_DEFAULT_REGION"
@@ -41,6 +43,11 @@ ALLOWED_WS_HOSTS = "ALLOWED_WS_HOSTS"
 REBALANCE = "REBALANCE"
 REBALANCE_TOLERANCE = "REBALANCE_TOLERANCE"
 ECS_CONTAINER_METADATA_URI_V4 = "ECS_CONTAINER_METADATA_URI_V4"
+
+DEFAULT_MAX_FRAME_BYTES = 32 * 1024 * 1024
+# A frame limit below the largest item's data would make no frame large; above this,
+# one frame is more than a task's memory.
+MIN_MAX_FRAME_BYTES, MAX_MAX_FRAME_BYTES = 4096, 512 * 1024 * 1024
 
 T = TypeVar("T")
 
@@ -129,6 +136,7 @@ class WorkerConfig:
     table_name: str
     sessions_table_name: str
     messages_table_name: str
+    messages_bucket_name: str
     queue_url: str
     region: str
     endpoint_url: str | None
@@ -153,6 +161,7 @@ class WorkerConfig:
     rebalance: bool = True  # shed connections above this worker's fair share
     rebalance_tolerance: float = 0.1  # band above the fair share (a fraction of it) that is left alone
     sweep_ms: int = 600_000  # the fleet's reachability sweep starts a pass over every connection this often
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # the WebSocket frame limit
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
@@ -174,6 +183,7 @@ class WorkerConfig:
             table_name=_required(env, TABLE_NAME),
             sessions_table_name=_required(env, SESSIONS_TABLE_NAME),
             messages_table_name=_required(env, MESSAGES_TABLE_NAME),
+            messages_bucket_name=_required(env, MESSAGES_BUCKET_NAME),
             queue_url=_required(env, QUEUE_URL),
             region=_region(env),
             endpoint_url=_endpoint(env),
@@ -196,6 +206,7 @@ class WorkerConfig:
             rebalance=_flag(env, REBALANCE, True),
             rebalance_tolerance=_fraction(env, REBALANCE_TOLERANCE, 0.1),
             sweep_ms=round(_positive_float(env, SWEEP_SECONDS, 600.0) * 1000),
+            max_frame_bytes=_int_in(env, MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES, MAX_MAX_FRAME_BYTES),
         )
 
     def default_worker_id(self) -> str:
@@ -206,6 +217,8 @@ class WorkerConfig:
 class RouterConfig:
     table_name: str
     sessions_table_name: str
+    messages_table_name: str
+    messages_bucket_name: str
     queue_url: str
     region: str
     endpoint_url: str | None
@@ -219,6 +232,8 @@ class RouterConfig:
         return cls(
             table_name=_required(env, TABLE_NAME),
             sessions_table_name=_required(env, SESSIONS_TABLE_NAME),
+            messages_table_name=_required(env, MESSAGES_TABLE_NAME),
+            messages_bucket_name=_required(env, MESSAGES_BUCKET_NAME),
             queue_url=_required(env, QUEUE_URL),
             region=_region(env),
             endpoint_url=_endpoint(env),

@@ -96,8 +96,43 @@ RECEIVED_AT_MS = "received_at_ms"
 # stored, so that the stored seqs stay gap-free (CONTRACT.md section 4).
 SKIPPED = "skipped"  # why: one of the SKIPPED_* reasons
 DATA_BYTES = "data_bytes"  # how large the skipped data was, where known
-SKIPPED_MALFORMED = "malformed"
+SKIPPED_MALFORMED = "malformed"  # a frame the parser could read a seq from, but not its data
+SKIPPED_OVER_FRAME_LIMIT = "over_frame_limit"  # a frame over MAX_FRAME_BYTES, after a bounded number of tries
+SKIPPED_UPSTREAM_GAP = "upstream_gap"  # seqs the upstream skipped (a range: see SKIP_TO)
+SKIPPED_REASONS = (SKIPPED_MALFORMED, SKIPPED_OVER_FRAME_LIMIT, SKIPPED_UPSTREAM_GAP)
+# An upstream_gap marker stands for the seqs from its own (sk) to this one, inclusive;
+# every other marker stands for its own seq only.
+SKIP_TO = "skip_to"
+# Data too large for an item: stored as an S3 object (written before the item), the item
+# holds where, how large and its SHA-256 (hex) instead of MESSAGE_DATA.
+DATA_REF = "data_ref"  # s3://<bucket>/<key>
+DATA_SHA256 = "data_sha256"
+# Sparse GSI of the messages table: only skip markers have its sort key (SKIPPED), so a
+# Query of one connection's partition counts its markers without reading its messages.
+MARKERS_INDEX = "markers"
+# Objects of large data: under this prefix (the worker's S3 grant is limited to it), one
+# object per (connection, seq); a replay rewrites the same key.
+MESSAGE_OBJECTS_PREFIX = "messages/"
 MESSAGE_TTL_ATTRIBUTE = "expires_at"  # epoch seconds; only written when a TTL is configured
+
+
+
+def message_object_key(connection_id: str, seq: int) -> str:
+    """The S3 key of a (connection, seq)'s large data: zero-padded so keys list in seq order."""
+    return f"{MESSAGE_OBJECTS_PREFIX}{connection_id}/{seq:020d}"
+
+
+def data_ref(bucket: str, key: str) -> str:
+    return f"s3://{bucket}/{key}"
+
+
+def parse_data_ref(ref: str) -> tuple[str, str]:
+    """(bucket, key) of a DATA_REF; ValueError if it is not an s3:// reference."""
+    if not ref.startswith("s3://") or "/" not in ref[5:]:
+        raise ValueError(f"not an s3:// reference: {ref!r}")
+    bucket, key = ref[5:].split("/", 1)
+    return bucket, key
+
 
 # The public fields returned by GET /connections/{id}.
 # lease_expires_at_ms is not stored on the connection: it is its session's expiry.
@@ -246,9 +281,20 @@ def messages_table_spec(table_name: str) -> dict[str, Any]:
         "AttributeDefinitions": [
             {"AttributeName": MSG_PK, "AttributeType": "S"},
             {"AttributeName": MSG_SK, "AttributeType": "N"},
+            {"AttributeName": SKIPPED, "AttributeType": "S"},
         ],
         "KeySchema": [
             {"AttributeName": MSG_PK, "KeyType": "HASH"},
             {"AttributeName": MSG_SK, "KeyType": "RANGE"},
+        ],
+        "GlobalSecondaryIndexes": [
+            {
+                "IndexName": MARKERS_INDEX,
+                "KeySchema": [
+                    {"AttributeName": MSG_PK, "KeyType": "HASH"},
+                    {"AttributeName": SKIPPED, "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            }
         ],
     }

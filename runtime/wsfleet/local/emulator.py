@@ -80,6 +80,7 @@ DEFAULT_REGION = "us-east-1"
 TABLE_NAME = "wsfleet-connections"
 SESSIONS_TABLE_NAME = "wsfleet-sessions"
 MESSAGES_TABLE_NAME = "wsfleet-messages"
+MESSAGES_BUCKET_NAME = "wsfleet-messages"
 QUEUE_NAME = "wsfleet-start"
 # moto accepts any credentials; these make boto3 sign requests without a profile.
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
@@ -801,9 +802,10 @@ def create_resources(
     table_name: str = TABLE_NAME,
     sessions_table_name: str = SESSIONS_TABLE_NAME,
     messages_table_name: str = MESSAGES_TABLE_NAME,
+    messages_bucket_name: str = MESSAGES_BUCKET_NAME,
     queue_name: str = QUEUE_NAME,
 ) -> dict[str, str]:
-    """Create the tables (from :mod:`wsfleet.schema`) and the queue; return the
+    """Create the tables (from :mod:`wsfleet.schema`), the bucket and the queue; return the
     environment variables the worker and the router need to reach them."""
     import boto3
 
@@ -821,6 +823,11 @@ def create_resources(
     ddb.create_table(**schema.messages_table_spec(messages_table_name))
     sqs = session.client("sqs", endpoint_url=endpoint_url)
     queue_url = sqs.create_queue(QueueName=queue_name, Attributes={"VisibilityTimeout": "30"})["QueueUrl"]
+    s3 = session.client("s3", endpoint_url=endpoint_url)
+    if region == "us-east-1":
+        s3.create_bucket(Bucket=messages_bucket_name)
+    else:
+        s3.create_bucket(Bucket=messages_bucket_name, CreateBucketConfiguration={"LocationConstraint": region})
     return {
         "AWS_ENDPOINT_URL": endpoint_url,
         "AWS_REGION": region,
@@ -828,6 +835,7 @@ def create_resources(
         "TABLE_NAME": table_name,
         "SESSIONS_TABLE_NAME": sessions_table_name,
         "MESSAGES_TABLE_NAME": messages_table_name,
+        "MESSAGES_BUCKET_NAME": messages_bucket_name,
         "QUEUE_URL": queue_url,
     }
 

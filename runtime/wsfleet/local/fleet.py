@@ -283,6 +283,7 @@ class EmulatorProcess:
             table_name=f"wsfleet-connections-{suffix}",
             sessions_table_name=f"wsfleet-sessions-{suffix}",
             messages_table_name=f"wsfleet-messages-{suffix}",
+            messages_bucket_name=f"wsfleet-messages-{suffix}",
             queue_name=f"wsfleet-start-{suffix}",
         )
 
