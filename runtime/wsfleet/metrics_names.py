@@ -34,6 +34,11 @@ UNREACHABLE_CONNECTIONS = "UnreachableConnections"
 LOOP_ERRORS = "LoopErrors"
 # Frames neither stored nor stored as a skip marker (the table refused the marker too).
 FRAMES_DROPPED = "FramesDropped"
+# Skip markers stored (any reason: over_frame_limit, malformed, upstream_gap): seqs whose
+# data the users will not get. A gap marker counts once, however many seqs it covers.
+SKIPPED_FRAMES = "SkippedFrames"
+# Data stored as an S3 object instead of inline (over an item's size), and their bytes.
+LARGE_FRAMES = "LargeFrames"
 
 COUNTERS = (
     LEASES_ACQUIRED,
@@ -47,4 +52,6 @@ COUNTERS = (
     UNREACHABLE_CONNECTIONS,
     LOOP_ERRORS,
     FRAMES_DROPPED,
+    SKIPPED_FRAMES,
+    LARGE_FRAMES,
 )
