@@ -589,3 +589,33 @@ def test_plan_in_tables_names_the_limit_that_binds_first_and_where_its_figures_c
 def test_plan_refuses_more_per_worker_than_the_environment_allows(capsys):
     assert main(["plan", "--connections", "100", "--per-worker", "500"], env={}) == 1
     assert capsys.readouterr().err.strip() == "wsfleet: --per-worker 500 is above dev's MAX_CONNECTIONS (100)."
+
+
+def test_plan_prices_a_large_frame_through_s3_against_inline_where_an_item_can_hold_it(capsys):
+    from wsfleet import plan
+
+    argv = ["plan", "--connections", "1000", "--env", "prod", "--large-rate", "0.01", "--large-bytes", "2000000", "--json"]
+    assert main(argv, env={}) == 0
+    out = json.loads(capsys.readouterr().out)
+    by_size = {c["bytes"]: c for c in out["large_frame_cost"]}
+    assert set(by_size) == {350_000, 1 << 20, 2_000_000, 32 << 20}
+    wru = plan.load_measured().prices["dynamodb_wru_per_million"]
+    small, big = by_size[350_000], by_size[32 << 20]
+    # Per million frames: a PUT is $5, the pointer item one write unit; inline, the item's
+    # 342 write units (1 KB each). Storage for prod's 30 days of retention.
+    assert small["per_million_s3"]["put"] == pytest.approx(5.0)
+    assert small["per_million_s3"]["pointer_item"] == pytest.approx(wru)
+    assert small["per_million_inline"]["write"] == pytest.approx(342 * wru)
+    assert small["per_million_s3"]["storage"] == pytest.approx(350_000 / 1e9 * 0.023 * 30 / (730 / 24) * 1e6)
+    assert big["per_million_inline"] is None  # no item holds 32 MiB
+    month = out["large_frames"]
+    assert month["puts_per_second"] == pytest.approx(10.0)
+    assert month["frames_per_month"] == pytest.approx(10.0 * 3600 * 730)
+    assert month["dollars_s3"] == pytest.approx(month["frames_per_month"] / 1e6 * by_size[2_000_000]["per_million_s3"]["total"])
+
+
+def test_plan_in_tables_shows_what_a_large_frame_costs(capsys):
+    assert main(["plan", "--connections", "1000"], env={}) == 0
+    out = capsys.readouterr().out
+    assert "$ per million large frames (kept 3 days" in out
+    assert "32 MiB" in out and "over the 400 KB item limit" in out

@@ -102,4 +102,5 @@ def test_the_operators_plan_uses_each_environments_own_settings():
             "target_per_worker": settings.target_connections_per_worker,
             "shards": settings.state_shards,
             "checkpoint_s": settings.checkpoint_seconds,
+            "message_ttl_days": settings.message_ttl_days,
         }

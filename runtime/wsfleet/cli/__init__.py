@@ -182,6 +182,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="M",
         help="connections per worker [the environment's scaling target: dev 70, prod 140]",
     )
+    plan.add_argument(
+        "--large-rate",
+        type=_rate,
+        default=0.0,
+        metavar="R",
+        help="large frames (stored in S3) per second per connection, on top of --rate [0]",
+    )
+    plan.add_argument(
+        "--large-bytes",
+        type=_positive,
+        default=1 << 20,
+        metavar="B",
+        help="size of a large frame's data in bytes [1048576]",
+    )
     plan.set_defaults(run=commands.plan)
     return parser
 

@@ -94,6 +94,10 @@ def messages(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 # --- computed ---------------------------------------------------------------------------------
 
 
+# Sizes the plan prices a large frame at: the largest inline item, and two over any item.
+LARGE_EXAMPLE_SIZES = (350_000, 1 << 20, 32 << 20)
+
+
 def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     settings = planning.ENVIRONMENTS[args.env]
     per_worker = args.per_worker or settings["target_per_worker"]
@@ -110,6 +114,18 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         checkpoint_s=settings["checkpoint_s"],
     )
     result["env"] = args.env
+    if args.large_rate:
+        result["large_frames"] = planning.large_frames_month(
+            connections=args.connections,
+            rate=args.large_rate,
+            size_bytes=args.large_bytes,
+            prices=planning.load_measured().prices,
+            retention_days=settings["message_ttl_days"],
+        )
+    result["large_frame_cost"] = [
+        planning.large_frame_cost(size, prices=planning.load_measured().prices, retention_days=settings["message_ttl_days"])
+        for size in sorted({LARGE_EXAMPLE_SIZES[0], args.large_bytes, *LARGE_EXAMPLE_SIZES[1:]})
+    ]
     _emit(args, result, render.plan(result))
     return 0
 

@@ -168,4 +168,44 @@ def plan(result: Mapping[str, Any]) -> str:
         f"from the counts measured by `{measured.get('command', '?')}` at commit {measured.get('commit', '?')} "
         f"({measured.get('date', '?')}); prices are us-east-1 on-demand list prices: check them before relying on them",
     ]
+    lines += _large_frames(result)
     return "\n".join(lines)
+
+
+def _large_frames(result: Mapping[str, Any]) -> list[str]:
+    costs = result.get("large_frame_cost") or []
+    if not costs:
+        return []
+
+    def money(v: float | None) -> str:
+        return "-" if v is None else f"{v:,.2f}"
+
+    rows = []
+    for c in costs:
+        s3, inline = c["per_million_s3"], c["per_million_inline"]
+        rows.append([
+            _size(c["bytes"]), money(s3["put"] + s3["pointer_item"]), money(s3["reads"]), money(s3["storage"]), money(s3["total"]),
+            money(inline and inline["write"]), money(inline and inline["reads"]), money(inline and inline["storage"]),
+            money(inline and inline["total"]) if inline else "over the 400 KB item limit",
+        ])
+    days = costs[0]["retention_days"]
+    lines = [
+        "",
+        f"$ per million large frames (kept {days:g} days, read once; S3 Standard list prices; transfer out extra):",
+        _indent(table(["DATA", "S3: PUT + ITEM", "S3: READ", "S3: STORAGE", "S3: TOTAL",
+                       "INLINE: WRITE", "INLINE: READ", "INLINE: STORAGE", "INLINE: TOTAL"], rows)),
+    ]
+    big = result.get("large_frames")
+    if big:
+        lines.append(
+            f"large frames: {_size(big['per_frame']['bytes'])} each, {big['frames_per_month']:,.0f} per month "
+            f"({big['puts_per_second']:,.1f} S3 PUTs/s, {big['stored_gb']:,.0f} GB stored): ${big['dollars_s3']:,.0f} per month"
+        )
+    return lines
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n / 1000:,.0f} KB" if n >= 1000 else f"{n} B"
