@@ -42,7 +42,8 @@ class StatefulStack(Stack):
             removal_policy=settings.removal_policy,
         )
         # What operators and `wsfleet --stack` find by name. The service stack's references
-        # go through the outputs CDK makes for them, which these leave as they are.
+        # go through the outputs CDK makes for them, which these leave as they are, but for
+        # the bucket's name, which it reads from MessagesBucketName (see output_value).
         tables = self.tables
         for output_id, value, description in (
             (stack_outputs.CONNECTIONS_TABLE_NAME, tables.connections.table_name, "The connections table (TABLE_NAME)"),
