@@ -14,6 +14,7 @@ from stacks import nag
 from stacks.service_stack import ServiceStack
 from stacks.settings import EnvironmentSettings
 from stacks.stateful_stack import StatefulStack
+from wsfleet import stack_outputs
 
 ENVIRONMENTS = {
     settings.name: settings
@@ -35,6 +36,7 @@ ENVIRONMENTS = {
             use_fargate_spot=True,
             shutdown_seconds=25,
             stop_timeout_seconds=45,
+            max_frame_bytes=32 * 1024 * 1024,
             allowed_ws_hosts=("*.example.com",),
             api_rate_limit=20,
             api_burst_limit=40,
@@ -59,6 +61,7 @@ ENVIRONMENTS = {
             use_fargate_spot=False,
             shutdown_seconds=25,
             stop_timeout_seconds=60,
+            max_frame_bytes=32 * 1024 * 1024,
             allowed_ws_hosts=("*.example.com",),
             api_rate_limit=200,
             api_burst_limit=400,
@@ -82,6 +85,7 @@ def create_stacks(app: App) -> tuple[StatefulStack, ServiceStack]:
         connections_table=stateful.tables.connections,
         sessions_table=stateful.tables.sessions,
         messages_table=stateful.tables.messages,
+        messages_bucket_name=stateful.output_value(stack_outputs.MESSAGES_BUCKET_NAME),
         start_queue=stateful.start_queue.queue,
         dead_letter_queue=stateful.start_queue.dead_letter_queue,
     )

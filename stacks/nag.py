@@ -7,9 +7,10 @@ produces it, with the reason it is accepted. ``cdk synth`` fails on anything els
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
-from aws_cdk import Acknowledgment, App, Validations
+from aws_cdk import Acknowledgment, App, Stack, Validations
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
@@ -34,6 +35,15 @@ def _acknowledge(construct: IConstruct, rule_id: str, reason: str) -> None:
 
 
 def acknowledge_stateful_findings(stack: "StatefulStack", settings: EnvironmentSettings) -> None:
+    _acknowledge(
+        stack.messages_bucket.bucket,
+        "AwsSolutions-S1",
+        "No server access logs: every object is written by the worker task role and read "
+        "through GETs the router presigns with its own role, only for IAM-authenticated API "
+        "callers whose requests the API's access log records (caller, time, connection). An "
+        "access-log bucket would be a second bucket, itself unlogged, recording what those "
+        "logs already attribute; turn on CloudTrail S3 data events for an object-level audit.",
+    )
     if not settings.retain_data:
         for table in (stack.tables.connections, stack.tables.sessions, stack.tables.messages):
             _acknowledge(
@@ -72,6 +82,13 @@ def acknowledge_service_findings(stack: "ServiceStack", settings: EnvironmentSet
         "tracing) use '*': X-Ray has no resource-level permissions. Data access is "
         "granted on the table and queue ARNs.",
     )
+    objects = _wildcard_resource(stack, stack.message_objects_arn)
+    _acknowledge(
+        stack.router.role,
+        objects,
+        "s3:GetObject on the objects under the messages prefix, the router's presigned "
+        "reads of large message data: one object per (connection, seq), so no fixed ARN.",
+    )
     task_definition = stack.workers.task_definition
     _acknowledge(
         task_definition.task_role,
@@ -80,6 +97,13 @@ def acknowledge_service_findings(stack: "ServiceStack", settings: EnvironmentSet
         "limited to the fleet's namespace by a condition) and the X-Ray daemon's write "
         "and sampling calls (no resource-level permissions) use '*'. Data access is "
         "granted on the table, index and queue ARNs.",
+    )
+    _acknowledge(
+        task_definition.task_role,
+        objects,
+        "s3:PutObject on the objects under the messages prefix, where the worker stores data "
+        "too large for an item: one object per (connection, seq), so no fixed ARN; nothing "
+        "else in the bucket, and no other S3 action.",
     )
     _acknowledge(
         task_definition.execution_role,
@@ -94,3 +118,29 @@ def acknowledge_service_findings(stack: "ServiceStack", settings: EnvironmentSet
         "limits), which is how the worker is configured (CONTRACT section 2); there are "
         "no secrets to move to Secrets Manager.",
     )
+
+
+def _wildcard_resource(scope: IConstruct, arn: str) -> str:
+    """cdk-nag's AwsSolutions-IAM5 finding for a resource ARN with a wildcard in it. The
+    finding names the ARN as cdk-nag writes a CloudFormation reference out flat: joins
+    joined, ``Ref``/``GetAtt`` as ``<name>``/``<resource.attribute>``, ``${...}`` as
+    ``<...>``, any other function (a cross-stack ``Fn::GetStackOutput``) as its JSON."""
+
+    def flat(node: Any) -> str:
+        if isinstance(node, str):
+            return node.replace("${", "<").replace("}", ">")
+        if "Fn::Join" in node:
+            delimiter, items = node["Fn::Join"]
+            return delimiter.join(flat(item) for item in items)
+        if "Fn::Sub" in node:
+            return flat(node["Fn::Sub"])
+        if "Fn::GetAtt" in node:
+            resource, attribute = node["Fn::GetAtt"]
+            return f"<{flat(resource)}.{flat(attribute)}>"
+        if "Fn::ImportValue" in node:
+            return flat(node["Fn::ImportValue"])
+        if "Ref" in node:
+            return f"<{flat(node['Ref'])}>"
+        return json.dumps(node, separators=(",", ":"), ensure_ascii=False)
+
+    return f"AwsSolutions-IAM5[Resource::{flat(Stack.of(scope).resolve(arn))}]"

@@ -1,5 +1,5 @@
 """The service stack: network, API, router, worker fleet, alarms and dashboard, wired to the
-stateful stack's tables and queue. Every grant is made here, action by action, from
+stateful stack's tables, bucket and queue. Every grant is made here, action by action, from
 what the runtime does (see the docstrings of the two grant methods)."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from aws_cdk import CfnOutput, Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
@@ -37,6 +38,7 @@ class ServiceStack(Stack):
         connections_table: dynamodb.ITable,
         sessions_table: dynamodb.ITable,
         messages_table: dynamodb.ITable,
+        messages_bucket_name: str,
         start_queue: sqs.IQueue,
         dead_letter_queue: sqs.IQueue,
         **kwargs: Any,
@@ -45,6 +47,10 @@ class ServiceStack(Stack):
         self.connections_table = connections_table
         self.sessions_table = sessions_table
         self.messages_table = messages_table
+        # By the stateful stack's output (StatefulStack.output_value), not a CDK
+        # reference: the objects ARN in the grants below is then the string cdk-nag sees,
+        # and stacks/nag.py can acknowledge its prefix wildcard by name.
+        self.messages_bucket = s3.Bucket.from_bucket_name(self, "MessagesBucket", messages_bucket_name)
         self.start_queue = start_queue
 
         self.network = Network(
@@ -61,6 +67,8 @@ class ServiceStack(Stack):
             environment={
                 config.TABLE_NAME: connections_table.table_name,
                 config.SESSIONS_TABLE_NAME: sessions_table.table_name,
+                config.MESSAGES_TABLE_NAME: messages_table.table_name,
+                config.MESSAGES_BUCKET_NAME: self.messages_bucket.bucket_name,
                 config.QUEUE_URL: start_queue.queue_url,
                 config.ALLOWED_WS_HOSTS: ",".join(settings.allowed_ws_hosts),
                 config.STATE_SHARDS: str(settings.state_shards),
@@ -138,7 +146,11 @@ class ServiceStack(Stack):
             start_queue=start_queue,
             dead_letter_queue=dead_letter_queue,
             tables={"connections": connections_table, "sessions": sessions_table, "messages": messages_table},
-            indexes={"connections": [schema.OWNER_INDEX], "sessions": [schema.RING_INDEX]},
+            indexes={
+                "connections": [schema.OWNER_INDEX],
+                "sessions": [schema.RING_INDEX],
+                "messages": [schema.MARKERS_INDEX],
+            },
         )
         CfnOutput(
             self,
@@ -155,6 +167,7 @@ class ServiceStack(Stack):
             config.TABLE_NAME: self.connections_table.table_name,
             config.SESSIONS_TABLE_NAME: self.sessions_table.table_name,
             config.MESSAGES_TABLE_NAME: self.messages_table.table_name,
+            config.MESSAGES_BUCKET_NAME: self.messages_bucket.bucket_name,
             config.QUEUE_URL: self.start_queue.queue_url,
             config.AWS_REGION: self.region,
             config.LEASE_SECONDS: _seconds(settings.lease_seconds),
@@ -171,6 +184,7 @@ class ServiceStack(Stack):
             config.SHUTDOWN_SECONDS: str(settings.shutdown_seconds),
             config.METRICS_SECONDS: str(settings.metrics_seconds),
             config.MESSAGE_TTL_DAYS: str(settings.message_ttl_days),
+            config.MAX_FRAME_BYTES: str(settings.max_frame_bytes),
             # The router's allow-list: the worker lets only exactly listed hosts resolve
             # to internal addresses (validation.check_resolved).
             config.ALLOWED_WS_HOSTS: ",".join(settings.allowed_ws_hosts),
@@ -180,7 +194,9 @@ class ServiceStack(Stack):
         """The router reads a connection and writes its desired state (conditional
         PutItem/UpdateItem); for a STOP of an owned connection it posts to the owning
         session's inbox (UpdateItem), for a GET it reads that session's expiry
-        (GetItem); it sends START hints."""
+        (GetItem) and counts the connection's skip markers in the ``markers`` index
+        (Query); it reads pages of messages (Query) and presigns GETs of their large
+        data, which S3 authorizes as the router's own GetObject; it sends START hints."""
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
@@ -194,6 +210,18 @@ class ServiceStack(Stack):
             )
         )
         role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:Query"],
+                resources=[
+                    self.messages_table.table_arn,
+                    _index_arn(self.messages_table, schema.MARKERS_INDEX),
+                ],
+            )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.message_objects_arn])
+        )
+        role.add_to_principal_policy(
             iam.PolicyStatement(actions=["sqs:SendMessage"], resources=[self.start_queue.queue_arn])
         )
 
@@ -204,8 +232,10 @@ class ServiceStack(Stack):
         (UpdateItem; checkpoints go up to 25 in a TransactWriteItems, whose Updates IAM
         checks as UpdateItem), reads one back (GetItem) and lists who owns what in the
         ``by_owner`` index; it batch-writes messages and queries the stored end past a
-        checkpoint; it consumes hints and sends them for connections it frees,
-        publishes its metrics and (through the sidecar) traces."""
+        checkpoint; it stores data too large for an item as an object under the
+        bucket's messages prefix (PutObject: S3 authorizes a multipart upload's parts
+        with it too) before the item; it consumes hints and sends them for connections
+        it frees, publishes its metrics and (through the sidecar) traces."""
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
@@ -235,6 +265,9 @@ class ServiceStack(Stack):
                 actions=["dynamodb:BatchWriteItem", "dynamodb:Query"],
                 resources=[self.messages_table.table_arn],
             )
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["s3:PutObject"], resources=[self.message_objects_arn])
         )
         role.add_to_principal_policy(
             iam.PolicyStatement(
@@ -270,6 +303,11 @@ class ServiceStack(Stack):
                 resources=["*"],
             )
         )
+
+    @property
+    def message_objects_arn(self) -> str:
+        """The objects under the messages prefix, and nothing else in the bucket."""
+        return self.messages_bucket.arn_for_objects(f"{schema.MESSAGE_OBJECTS_PREFIX}*")
 
 
 def _index_arn(table: dynamodb.ITable, index_name: str) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_logs as logs
 
-from wsfleet import schema
+from wsfleet import config, schema
 from wsfleet.leases import SessionTiming
 
 # Fargate rejects a container stopTimeout above 120 s.
@@ -43,7 +43,9 @@ class EnvironmentSettings:
 
     # --- data ----------------------------------------------------------------------
     retain_data: bool = False  # prod: RETAIN, deletion protection, point-in-time recovery
-    message_ttl_days: int = 7  # messages expire through DynamoDB TTL; 0 keeps them forever
+    # Messages expire through DynamoDB TTL, and the messages bucket's objects with them;
+    # 0 keeps both for ever.
+    message_ttl_days: int = 7
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_WEEK
 
     # --- session timing (the worker's LEASE_SECONDS, ...; see CONTRACT section 2) ------
@@ -71,6 +73,8 @@ class EnvironmentSettings:
     shutdown_seconds: int = 25  # the worker's graceful-shutdown budget (SHUTDOWN_SECONDS)
     stop_timeout_seconds: int = 45  # container stopTimeout: SIGKILL after this
     metrics_seconds: int = 60
+    # The WebSocket frame limit (MAX_FRAME_BYTES): a larger frame becomes a skip marker.
+    max_frame_bytes: int = config.DEFAULT_MAX_FRAME_BYTES
 
     # --- router and API ----------------------------------------------------------------
     allowed_ws_hosts: tuple[str, ...] = ()  # empty: the router accepts no upstream at all
@@ -113,6 +117,11 @@ class EnvironmentSettings:
             raise SettingsError(
                 f"worker_cpu={self.worker_cpu} with worker_memory_mib={self.worker_memory_mib} "
                 "is not a Fargate task size"
+            )
+        if not config.MIN_MAX_FRAME_BYTES <= self.max_frame_bytes <= config.MAX_MAX_FRAME_BYTES:
+            raise SettingsError(
+                f"max_frame_bytes must be between {config.MIN_MAX_FRAME_BYTES} and {config.MAX_MAX_FRAME_BYTES} "
+                "(what the worker accepts as MAX_FRAME_BYTES)"
             )
         if self.message_ttl_days < 0:
             raise SettingsError("message_ttl_days must be 0 (no expiry) or more")

@@ -1,5 +1,5 @@
-"""The stateful stack: the tables (connections, worker sessions, messages) and the
-START queue.
+"""The stateful stack: the tables (connections, worker sessions, messages), the
+messages bucket (data too large for an item) and the START queue.
 
 Kept apart from the service stack so that the service can be replaced, or its stack
 deleted and recreated, without touching data; its resources keep fixed logical ids.
@@ -10,10 +10,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from aws_cdk import CfnOutput, Duration, Stack
+from aws_cdk import CfnOutput, Duration, Fn, Stack
 from constructs import Construct
 
 from stacks import nag
+from stacks.constructs.messages_bucket import MessagesBucket
 from stacks.constructs.queue import StartQueue
 from stacks.constructs.tables import Tables
 from stacks.settings import EnvironmentSettings
@@ -27,6 +28,9 @@ class StatefulStack(Stack):
     def __init__(self, scope: Construct, id: str, *, settings: EnvironmentSettings, **kwargs: Any) -> None:
         super().__init__(scope, id, termination_protection=settings.retain_data, **kwargs)
         self.tables = Tables(self, "Tables", retain_data=settings.retain_data)
+        self.messages_bucket = MessagesBucket(
+            self, "MessagesBucket", retain_data=settings.retain_data, message_ttl_days=settings.message_ttl_days
+        )
         self.start_queue = StartQueue(
             self,
             "StartQueue",
@@ -38,13 +42,25 @@ class StatefulStack(Stack):
             removal_policy=settings.removal_policy,
         )
         # What operators and `wsfleet --stack` find by name. The service stack's references
-        # go through the outputs CDK makes for them, which these leave as they are.
+        # go through the outputs CDK makes for them, which these leave as they are, but for
+        # the bucket's name, which it reads from MessagesBucketName (see output_value).
         tables = self.tables
         for output_id, value, description in (
             (stack_outputs.CONNECTIONS_TABLE_NAME, tables.connections.table_name, "The connections table (TABLE_NAME)"),
             (stack_outputs.SESSIONS_TABLE_NAME, tables.sessions.table_name, "The sessions table (SESSIONS_TABLE_NAME)"),
             (stack_outputs.MESSAGES_TABLE_NAME, tables.messages.table_name, "The messages table (MESSAGES_TABLE_NAME)"),
+            (
+                stack_outputs.MESSAGES_BUCKET_NAME,
+                self.messages_bucket.bucket.bucket_name,
+                "The bucket of message data too large for an item (MESSAGES_BUCKET_NAME)",
+            ),
             (stack_outputs.START_QUEUE_URL, self.start_queue.queue.queue_url, "The START-hint queue (QUEUE_URL)"),
         ):
             CfnOutput(self, output_id, value=value, description=description)
         nag.acknowledge_stateful_findings(self, settings)
+
+    def output_value(self, output_id: str) -> str:
+        """One of the outputs above as another stack reads it: ``Fn::GetStackOutput`` by
+        its fixed id, the same expression at construction as in the template (a CDK
+        reference is rewritten at synthesis to an output id CDK generates)."""
+        return Fn.get_stack_output(self.stack_name, output_id, self.region)

@@ -9,6 +9,13 @@
 * Did the reachability sweep find a connection that no worker would ever take?
 * Did a worker loop meet an error it was not built for? (``LoopErrors``: each one is a
   ``loop_error`` log line with its traceback; the loop went on)
+
+No alarm on ``SkippedFrames`` (skip markers stored: seqs whose data users will not get),
+though it is graphed: one count mixes reasons nobody here can act on (an upstream's
+malformed frames; the gaps of an upstream that cannot replay, ``resume: none``, which
+appear at every reconnect by design) with the one an operator can (``over_frame_limit``:
+raise ``max_frame_bytes``), so no threshold would tell them apart. A per-reason count
+would make an alarm on ``over_frame_limit`` at 1 worth having.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The REST API in front of the router: ``POST /events`` and
-``GET /connections/{connection_id}`` (CONTRACT section 2), IAM (SigV4) auth on both.
+"""The REST API in front of the router: ``POST /events``,
+``GET /connections/{connection_id}`` and ``GET /connections/{connection_id}/messages``
+(CONTRACT section 2), IAM (SigV4) auth on every one.
 
 API Gateway rejects a body that cannot be an event before it costs a Lambda call; the
 schema is deliberately looser than the router, so it never refuses what the CONTRACT
@@ -123,11 +124,24 @@ class EventsApi(Construct):
             request_validator=validator,
             request_models={"application/json": event_model},
         )
-        self.rest_api.root.add_resource("connections").add_resource("{connection_id}").add_method(
+        connection = self.rest_api.root.add_resource("connections").add_resource("{connection_id}")
+        connection.add_method(
             "GET",
             integration,
             request_validator=validator,
             request_parameters={"method.request.path.connection_id": True},
+        )
+        # The paging parameters are optional and the router checks their values (400):
+        # declared here so that the API documents them, not required.
+        connection.add_resource("messages").add_method(
+            "GET",
+            integration,
+            request_validator=validator,
+            request_parameters={
+                "method.request.path.connection_id": True,
+                "method.request.querystring.after_seq": False,
+                "method.request.querystring.limit": False,
+            },
         )
 
         self.rest_api.add_gateway_response(

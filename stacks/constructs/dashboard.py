@@ -4,8 +4,9 @@
 2. connections: per worker, in total, unowned (against its alarm) and unreachable (what
    the reachability sweep found and repaired, against its alarm);
 3. what the workers do: leases acquired, lost and released, orphans recovered,
-   messages stored, reconnects, malformed frames, backpressure waits, loop errors and
-   frames dropped, event-loop lag;
+   messages stored (and how many of them as S3 objects), reconnects, malformed frames,
+   skip markers stored, backpressure waits, loop errors and frames dropped, event-loop
+   lag;
 4. the API (requests, 4xx, 5xx, latency) and the router (errors, throttles, duration);
 5. the START-hint queue (oldest hint's age) and its dead-letter queue (depth);
 6. DynamoDB per table (and per index): throttling, consumed read and write capacity.
@@ -101,13 +102,21 @@ class OperationsDashboard(Construct):
                 width=6,
             ),
             self._graph(
-                "Messages stored (per minute)", [self._worker_metric(names.MESSAGES_STORED, _SUM, "stored")], width=6
+                "Messages stored (per minute)",
+                [
+                    self._worker_metric(names.MESSAGES_STORED, _SUM, "stored"),
+                    self._worker_metric(names.LARGE_FRAMES, _SUM, "of which large (S3 objects)"),
+                ],
+                width=6,
             ),
+            # Skip markers are seqs whose data users will not get; no alarm on them: the
+            # metric mixes the reasons (see stacks/constructs/alarms.py).
             self._graph(
                 "Upstream trouble (per minute)",
                 [
                     self._worker_metric(names.RECONNECTS, _SUM, "reconnects"),
                     self._worker_metric(names.MALFORMED_FRAMES, _SUM, "malformed frames"),
+                    self._worker_metric(names.SKIPPED_FRAMES, _SUM, "skip markers stored"),
                     self._worker_metric(names.BACKPRESSURE_WAITS, _SUM, "backpressure waits"),
                 ],
                 width=6,

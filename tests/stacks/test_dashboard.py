@@ -129,6 +129,30 @@ def test_active_connections_are_drawn_per_worker_and_in_total_from_the_per_worke
     assert f"SUM({search})" in searches
 
 
+def _widget_drawing(env, metric: str) -> dict:
+    (widget,) = [
+        w for w in _body(env).widgets() if any(e[:2] == [NAMESPACE, metric] for e in w["properties"].get("metrics", []))
+    ]
+    return widget
+
+
+def _drawn(widget: dict) -> set[str]:
+    return {e[1] for e in widget["properties"]["metrics"] if e[0] == NAMESPACE}
+
+
+@pytest.mark.parametrize(
+    "metric, beside",
+    [
+        # Seqs users will not get, next to the frames the parser could not take.
+        (metrics_names.SKIPPED_FRAMES, metrics_names.MALFORMED_FRAMES),
+        # How many of the stored messages went to S3.
+        (metrics_names.LARGE_FRAMES, metrics_names.MESSAGES_STORED),
+    ],
+)
+def test_skip_markers_and_large_frames_are_drawn_beside_what_they_qualify(env, metric, beside):
+    assert beside in _drawn(_widget_drawing(env, metric))
+
+
 @pytest.mark.parametrize("metric", [metrics_names.UNOWNED_CONNECTIONS, metrics_names.UNREACHABLE_CONNECTIONS])
 def test_the_unowned_and_unreachable_graphs_draw_their_alarms_thresholds(env, metric):
     alarm = next(
@@ -161,7 +185,11 @@ def test_api_router_and_queues_are_graphed(env):
 
 def test_dynamodb_throttling_and_consumed_capacity_per_table_and_index(env):
     body = _body(env)
-    indexes = {"connections_table": [schema.OWNER_INDEX], "sessions_table": [schema.RING_INDEX], "messages_table": []}
+    indexes = {
+        "connections_table": [schema.OWNER_INDEX],
+        "sessions_table": [schema.RING_INDEX],
+        "messages_table": [schema.MARKERS_INDEX],
+    }
     for table, its_indexes in indexes.items():
         name = getattr(env.service, table).table_name
         on_table = {"TableName": _ref(env, name)}

@@ -14,8 +14,9 @@ from aws_cdk.assertions import Match
 
 from stacks import runtime_assets
 from stacks.constructs.api import EVENT_SCHEMA, INVALID_EVENT_MESSAGE
+from stacks.constructs.messages_bucket import MESSAGES_BUCKET_LOGICAL_ID
 from stacks.settings import FARGATE_MAX_STOP_TIMEOUT_SECONDS
-from wsfleet import config, metrics, metrics_names, schema
+from wsfleet import config, metrics, metrics_names, schema, stack_outputs
 from wsfleet.leases import SessionTiming
 
 # --- helpers ---------------------------------------------------------------------------
@@ -74,11 +75,34 @@ def _dynamodb_grants(env, statements: list[dict]) -> dict[str, set[str]]:
     for table in ("connections_table", "sessions_table", "messages_table"):
         arn = getattr(stack, table).table_arn
         names[json.dumps(stack.resolve(arn), sort_keys=True)] = table
-        for index in (schema.OWNER_INDEX, schema.RING_INDEX):
+        for index in (schema.OWNER_INDEX, schema.RING_INDEX, schema.MARKERS_INDEX):
             names[json.dumps(stack.resolve(f"{arn}/index/{index}"), sort_keys=True)] = f"{table}/index/{index}"
     grants: dict[str, set[str]] = {}
     for statement in statements:
         actions = [a for a in _actions(statement) if a.startswith("dynamodb:")]
+        if actions:
+            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            for resource in resources:
+                grants.setdefault(names[json.dumps(resource, sort_keys=True)], set()).update(actions)
+    return grants
+
+
+def _s3_grants(env, statements: list[dict]) -> dict[str, set[str]]:
+    """S3 actions by what they are granted on: "<bucket>", "<bucket>/*" (every object) or
+    "<bucket>/<messages prefix>*", the messages bucket as the service stack names it. Any
+    other resource fails."""
+    bucket = env.service.messages_bucket
+    names = {
+        json.dumps(env.service.resolve(arn), sort_keys=True): name
+        for arn, name in (
+            (bucket.bucket_arn, "<bucket>"),
+            (bucket.arn_for_objects("*"), "<bucket>/*"),
+            (bucket.arn_for_objects(f"{schema.MESSAGE_OBJECTS_PREFIX}*"), f"<bucket>/{schema.MESSAGE_OBJECTS_PREFIX}*"),
+        )
+    }
+    grants: dict[str, set[str]] = {}
+    for statement in statements:
+        actions = [a for a in _actions(statement) if a.startswith("s3:")]
         if actions:
             resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
             for resource in resources:
@@ -134,6 +158,60 @@ def test_get_connection_requires_its_path_parameter(env):
             "RequestValidatorId": Match.any_value(),
         },
     )
+
+
+def _path_of(env, resource_id: dict) -> str:
+    """The full path of an API resource (a Ref), walked up its parents to the root."""
+    resources = env.service_template.find_resources("AWS::ApiGateway::Resource")
+    parts = []
+    while "Ref" in resource_id and resource_id["Ref"] in resources:
+        props = resources[resource_id["Ref"]]["Properties"]
+        parts.insert(0, props["PathPart"])
+        resource_id = props["ParentId"]
+    assert resource_id == {"Fn::GetAtt": [_only(_resources(env, "AWS::ApiGateway::RestApi"))[0], "RootResourceId"]}
+    return "/" + "/".join(parts)
+
+
+def test_the_api_has_the_contract_routes_each_iam_authorized_and_proxied_to_the_router(env):
+    routes = {}
+    for method in _resources(env, "AWS::ApiGateway::Method").values():
+        props = method["Properties"]
+        routes[(props["HttpMethod"], _path_of(env, props["ResourceId"]))] = props
+    assert set(routes) == {
+        ("POST", "/events"),
+        ("GET", "/connections/{connection_id}"),
+        ("GET", "/connections/{connection_id}/messages"),
+    }
+    router_arn = env.service.resolve(env.service.router.function.function_arn)
+    for props in routes.values():
+        assert props["AuthorizationType"] == "AWS_IAM"
+        assert props["Integration"]["Type"] == "AWS_PROXY"
+        assert router_arn in props["Integration"]["Uri"]["Fn::Join"][1]
+
+
+def test_get_messages_requires_its_path_parameter_and_documents_the_optional_paging_ones(env):
+    env.service_template.has_resource_properties(
+        "AWS::ApiGateway::Method",
+        {
+            "HttpMethod": "GET",
+            "RequestParameters": {
+                "method.request.path.connection_id": True,
+                "method.request.querystring.after_seq": False,
+                "method.request.querystring.limit": False,
+            },
+            "RequestValidatorId": Match.any_value(),
+        },
+    )
+
+
+def test_api_gateway_may_invoke_the_router_on_the_messages_route(env):
+    # LambdaIntegration adds one permission per method; the stage-scoped source ARN ends
+    # in the method and path (path parameters as "*").
+    source_arns = [
+        "".join(p if isinstance(p, str) else "" for p in perm["Properties"]["SourceArn"]["Fn::Join"][1])
+        for perm in _resources(env, "AWS::Lambda::Permission").values()
+    ]
+    assert any(arn.endswith("/GET/connections/*/messages") for arn in source_arns), source_arns
 
 
 def _event_model(env) -> dict:
@@ -232,6 +310,8 @@ def test_router_environment_is_what_the_contract_names(env):
     assert set(variables) == {
         config.TABLE_NAME,
         config.SESSIONS_TABLE_NAME,
+        config.MESSAGES_TABLE_NAME,
+        config.MESSAGES_BUCKET_NAME,
         config.QUEUE_URL,
         config.ALLOWED_WS_HOSTS,
         config.STATE_SHARDS,
@@ -240,14 +320,30 @@ def test_router_environment_is_what_the_contract_names(env):
     assert variables[config.STATE_SHARDS] == str(env.settings.state_shards)
 
 
-def test_router_may_only_write_connections_post_stops_to_sessions_and_send_hints(env):
+def test_router_environment_passes_the_routers_own_validation(env):
+    variables = _router(env)["Environment"]["Variables"]
+    literal = {k: v for k, v in variables.items() if isinstance(v, str)}
+    tokens = {k: "resolved-at-deploy" for k, v in variables.items() if not isinstance(v, str)}
+    # Lambda sets AWS_REGION itself.
+    parsed = config.RouterConfig.from_env({**literal, **tokens, config.AWS_REGION: "us-east-1"})
+    assert parsed.state_shards == env.settings.state_shards
+    assert parsed.messages_table_name == parsed.messages_bucket_name == "resolved-at-deploy"
+
+
+def test_router_may_write_connections_post_stops_read_messages_and_send_hints_only(env):
     statements = _statements_of_role(env, _router(env)["Role"])
     assert _dynamodb_grants(env, statements) == {
         # START and STOP: conditional writes of the desired state; GET reads it.
         "connections_table": {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"},
         # STOP posts to the owning session's inbox; GET reads that session's expiry.
         "sessions_table": {"dynamodb:GetItem", "dynamodb:UpdateItem"},
+        # GET .../messages reads a page; nothing writes messages but the workers.
+        "messages_table": {"dynamodb:Query"},
+        # GET counts the connection's skip markers.
+        f"messages_table/index/{schema.MARKERS_INDEX}": {"dynamodb:Query"},
     }
+    # Presigned GETs of large data are authorized as the router's own GetObject.
+    assert _s3_grants(env, statements) == {f"<bucket>/{schema.MESSAGE_OBJECTS_PREFIX}*": {"s3:GetObject"}}
     assert _granted(statements, "sqs:") == {"sqs:SendMessage"}
     assert _granted(statements, "logs:") == {"logs:CreateLogStream", "logs:PutLogEvents"}
     assert _granted(statements, "xray:") == {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
@@ -284,6 +380,8 @@ def test_worker_environment_is_what_the_contract_names(env):
         config.SHUTDOWN_SECONDS,
         config.METRICS_SECONDS,
         config.MESSAGE_TTL_DAYS,
+        config.MESSAGES_BUCKET_NAME,
+        config.MAX_FRAME_BYTES,
         config.ALLOWED_WS_HOSTS,
     }
     # The same allow-list as the router's: the worker checks what the host names resolve to.
@@ -302,6 +400,8 @@ def test_worker_environment_passes_the_workers_own_validation(env):
     assert parsed.checkpoint_ms == env.settings.checkpoint_seconds * 1000
     assert parsed.max_connections == env.settings.max_connections_per_worker
     assert (parsed.rebalance, parsed.rebalance_tolerance) == (env.settings.rebalance, env.settings.rebalance_tolerance)
+    assert parsed.max_frame_bytes == env.settings.max_frame_bytes == config.DEFAULT_MAX_FRAME_BYTES
+    assert parsed.message_ttl_days == env.settings.message_ttl_days
 
 
 def test_worker_and_router_name_the_stateful_stacks_tables(env):
@@ -313,8 +413,21 @@ def test_worker_and_router_name_the_stateful_stacks_tables(env):
         (config.MESSAGES_TABLE_NAME, stack.messages_table),
     ):
         assert worker[variable] == stack.resolve(table.table_name)
-        if variable in router:
-            assert router[variable] == worker[variable]
+        assert router[variable] == worker[variable]
+
+
+def test_worker_and_router_name_the_bucket_the_stateful_stack_outputs(env):
+    worker, router = _worker_environment(env), _router(env)["Environment"]["Variables"]
+    assert worker[config.MESSAGES_BUCKET_NAME] == router[config.MESSAGES_BUCKET_NAME] == {
+        "Fn::GetStackOutput": {
+            "StackName": env.stateful.stack_name,
+            "OutputName": stack_outputs.MESSAGES_BUCKET_NAME,
+            "Region": {"Ref": "AWS::Region"},
+        }
+    }
+    env.stateful_template.has_output(
+        stack_outputs.MESSAGES_BUCKET_NAME, {"Value": {"Ref": MESSAGES_BUCKET_LOGICAL_ID}}
+    )
 
 
 def test_worker_and_router_agree_on_state_shards(env):
@@ -436,6 +549,11 @@ def test_worker_may_use_only_the_dynamodb_calls_it_makes(env):
     }
 
 
+def test_worker_may_only_put_objects_under_the_messages_prefix(env):
+    assert _s3_grants(env, _worker_statements(env)) == {f"<bucket>/{schema.MESSAGE_OBJECTS_PREFIX}*": {"s3:PutObject"}}
+    assert schema.message_object_key("c1", 7).startswith(schema.MESSAGE_OBJECTS_PREFIX)
+
+
 def test_worker_may_only_consume_and_send_hints_on_its_queue(env):
     assert _granted(_worker_statements(env), "sqs:") == {
         "sqs:ReceiveMessage",
@@ -464,7 +582,7 @@ def test_no_policy_grants_a_wildcard_action(env, stack):
 
 def test_data_actions_are_never_granted_on_every_resource(env):
     for statement in _all_statements(env.service_template):
-        if any(a.startswith(("dynamodb:", "sqs:")) for a in _actions(statement)):
+        if any(a.startswith(("dynamodb:", "sqs:", "s3:")) for a in _actions(statement)):
             resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
             assert "*" not in resources, statement
 

@@ -11,6 +11,7 @@ from aws_cdk import Stack
 
 from app import ENVIRONMENTS, create_stacks
 from stacks.settings import EnvironmentSettings, SettingsError
+from wsfleet import config
 from wsfleet.leases import reconcile_pause_s
 
 
@@ -37,11 +38,20 @@ def test_dev_and_prod_exist_and_prod_keeps_its_data():
         ({"state_shards": 0}, "state_shards"),
         ({"nat_gateways": 0}, "nat_gateways"),
         ({"name": "Prod"}, "name"),
+        ({"message_ttl_days": -1}, "message_ttl_days"),
     ],
 )
 def test_inconsistent_settings_are_refused_with_the_setting_named(change, named):
     with pytest.raises(SettingsError, match=named):
         dataclasses.replace(ENVIRONMENTS["dev"], **change)
+
+
+def test_max_frame_bytes_takes_exactly_the_range_the_worker_accepts():
+    for limit in (config.MIN_MAX_FRAME_BYTES, config.DEFAULT_MAX_FRAME_BYTES, config.MAX_MAX_FRAME_BYTES):
+        assert dataclasses.replace(ENVIRONMENTS["dev"], max_frame_bytes=limit).max_frame_bytes == limit
+    for limit in (config.MIN_MAX_FRAME_BYTES - 1, config.MAX_MAX_FRAME_BYTES + 1):
+        with pytest.raises(SettingsError, match="max_frame_bytes"):
+            dataclasses.replace(ENVIRONMENTS["dev"], max_frame_bytes=limit)
 
 
 def test_settings_are_keyword_only_and_frozen():

@@ -1,14 +1,18 @@
 """The stateful stack: the connections, sessions and messages tables shaped exactly as
-wsfleet.schema says (CONTRACT section 4), data kept in prod, and a START queue with a
-dead-letter queue, encryption and TLS only."""
+wsfleet.schema says (CONTRACT section 4), the messages bucket, data kept in prod, and a
+START queue with a dead-letter queue, encryption and TLS only."""
 
 from __future__ import annotations
 
-from aws_cdk.assertions import Match
+import json
 
+from aws_cdk.assertions import Match, Template
+
+from stacks.constructs.messages_bucket import ABORT_INCOMPLETE_UPLOADS_AFTER, MESSAGES_BUCKET_LOGICAL_ID
 from stacks.constructs.queue import DEAD_LETTER_LOGICAL_ID, QUEUE_LOGICAL_ID
 from stacks.constructs.tables import CONNECTIONS_LOGICAL_ID, MESSAGES_LOGICAL_ID, SESSIONS_LOGICAL_ID
-from stacks.stateful_stack import MAX_HINT_RECEIVES
+from stacks.settings import EnvironmentSettings
+from stacks.stateful_stack import MAX_HINT_RECEIVES, StatefulStack
 from wsfleet import schema
 
 WORKER_LONG_POLL_SECONDS = 10  # the worker's ReceiveMessage WaitTimeSeconds
@@ -86,6 +90,23 @@ def test_ring_index_orders_the_sessions_by_id_keys_only(env):
     assert table["TimeToLiveSpecification"] == {"AttributeName": schema.SESSION_TTL, "Enabled": True}
 
 
+def test_markers_index_is_sparse_on_skipped_keys_only(env):
+    table = _table(env, MESSAGES_LOGICAL_ID)
+    assert {"AttributeName": schema.SKIPPED, "AttributeType": "S"} in table["AttributeDefinitions"]
+    # Only skip markers carry `skipped`: the index holds them and nothing else, and GET
+    # counts a connection's markers from it without reading its messages.
+    assert table["GlobalSecondaryIndexes"] == [
+        {
+            "IndexName": schema.MARKERS_INDEX,
+            "KeySchema": [
+                {"AttributeName": schema.MSG_PK, "KeyType": "HASH"},
+                {"AttributeName": schema.SKIPPED, "KeyType": "RANGE"},
+            ],
+            "Projection": {"ProjectionType": "KEYS_ONLY"},
+        }
+    ]
+
+
 def test_tables_and_queues_keep_fixed_logical_ids(env):
     resources = env.stateful_template.to_json()["Resources"]
     assert resources[CONNECTIONS_LOGICAL_ID]["Type"] == "AWS::DynamoDB::Table"
@@ -93,6 +114,7 @@ def test_tables_and_queues_keep_fixed_logical_ids(env):
     assert resources[MESSAGES_LOGICAL_ID]["Type"] == "AWS::DynamoDB::Table"
     assert resources[QUEUE_LOGICAL_ID]["Type"] == "AWS::SQS::Queue"
     assert resources[DEAD_LETTER_LOGICAL_ID]["Type"] == "AWS::SQS::Queue"
+    assert resources[MESSAGES_BUCKET_LOGICAL_ID]["Type"] == "AWS::S3::Bucket"
 
 
 def test_prod_retains_tables_with_deletion_protection_and_point_in_time_recovery(prod):
@@ -162,3 +184,92 @@ def test_hint_visibility_outlasts_the_long_poll_and_a_lease(env):
 def test_service_stack_deploys_after_the_stateful_stack(env):
     artifact = env.assembly.get_stack_by_name(env.service.stack_name)
     assert env.stateful.artifact_id in [d.id for d in artifact.dependencies]
+
+
+# --- the messages bucket ------------------------------------------------------------------
+
+
+def _bucket(env) -> dict:
+    return env.stateful_template.to_json()["Resources"][MESSAGES_BUCKET_LOGICAL_ID]
+
+
+def test_messages_bucket_is_encrypted_private_and_owner_only(env):
+    props = _bucket(env)["Properties"]
+    assert props["BucketEncryption"] == {
+        "ServerSideEncryptionConfiguration": [{"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
+    }
+    assert props["PublicAccessBlockConfiguration"] == {
+        "BlockPublicAcls": True,
+        "BlockPublicPolicy": True,
+        "IgnorePublicAcls": True,
+        "RestrictPublicBuckets": True,
+    }
+    assert props["OwnershipControls"] == {"Rules": [{"ObjectOwnership": "BucketOwnerEnforced"}]}
+    # A replay rewrites the same key: no versions to keep.
+    assert "VersioningConfiguration" not in props
+
+
+def test_messages_bucket_refuses_plain_http_and_old_tls(env):
+    policies = env.stateful_template.find_resources(
+        "AWS::S3::BucketPolicy", {"Properties": {"Bucket": {"Ref": MESSAGES_BUCKET_LOGICAL_ID}}}
+    )
+    assert len(policies) == 1
+    statements = next(iter(policies.values()))["Properties"]["PolicyDocument"]["Statement"]
+    bucket_and_objects = [
+        {"Fn::GetAtt": [MESSAGES_BUCKET_LOGICAL_ID, "Arn"]},
+        {"Fn::Join": ["", [{"Fn::GetAtt": [MESSAGES_BUCKET_LOGICAL_ID, "Arn"]}, "/*"]]},
+    ]
+    denies = [s for s in statements if s["Effect"] == "Deny"]
+    assert {
+        "Effect": "Deny",
+        "Principal": {"AWS": "*"},
+        "Action": "s3:*",
+        "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+        "Resource": bucket_and_objects,
+    } in denies
+    assert {
+        "Effect": "Deny",
+        "Principal": {"AWS": "*"},
+        "Action": "s3:*",
+        "Condition": {"NumericLessThan": {"s3:TlsVersion": 1.2}},
+        "Resource": bucket_and_objects,
+    } in denies
+    # Nothing in the bucket policy lets anyone in: the roles' own policies do.
+    for allow in (s for s in statements if s["Effect"] == "Allow"):
+        assert "Fn::GetAtt" in json.dumps(allow["Principal"]), allow  # only the dev auto-delete role
+
+
+def test_messages_bucket_objects_expire_with_the_message_ttl(env):
+    rules = _bucket(env)["Properties"]["LifecycleConfiguration"]["Rules"]
+    assert rules == [
+        {
+            "Id": "messages",
+            "Status": "Enabled",
+            "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": ABORT_INCOMPLETE_UPLOADS_AFTER.to_days()},
+            "ExpirationInDays": env.settings.message_ttl_days,
+        }
+    ]
+    assert env.settings.message_ttl_days > 0
+
+
+def test_messages_bucket_keeps_objects_for_ever_when_messages_have_no_ttl(new_app):
+    app = new_app("dev")
+    stack = StatefulStack(app, "keep-stateful", settings=EnvironmentSettings(name="keep", message_ttl_days=0))
+    bucket = Template.from_stack(stack).to_json()["Resources"][MESSAGES_BUCKET_LOGICAL_ID]
+    (rule,) = bucket["Properties"]["LifecycleConfiguration"]["Rules"]
+    assert "ExpirationInDays" not in rule and "Expiration" not in json.dumps(rule)
+    # Incomplete uploads go all the same.
+    assert rule["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 1}
+
+
+def test_prod_retains_the_messages_bucket(prod):
+    bucket = _bucket(prod)
+    assert (bucket["DeletionPolicy"], bucket["UpdateReplacePolicy"]) == ("Retain", "Retain")
+    assert not prod.stateful_template.find_resources("Custom::S3AutoDeleteObjects")
+
+
+def test_dev_messages_bucket_is_emptied_and_deleted_with_the_stack(dev):
+    bucket = _bucket(dev)
+    assert bucket["DeletionPolicy"] == "Delete"
+    auto_delete = dev.stateful_template.find_resources("Custom::S3AutoDeleteObjects")
+    assert [r["Properties"]["BucketName"] for r in auto_delete.values()] == [{"Ref": MESSAGES_BUCKET_LOGICAL_ID}]
