@@ -203,8 +203,10 @@ def test_cancelled_mid_upload_the_frames_stay_queued_and_the_next_run_stores_the
     assert rig.keys() == ["messages/c/00000000000000000001"]  # one object, however many uploads
 
 
-def test_an_upload_whose_deadline_passes_is_refused_and_its_item_never_written(rig):
+def test_past_its_deadline_an_upload_is_refused_at_the_socket_and_goes_on_only_if_the_deadline_moves_on(rig):
     rig.hold_uploads()
+    answered = threading.Event()  # the held request is over, whatever became of it
+    rig.aws.s3.meta.events.register("needs-retry.s3", lambda **_: answered.set())
 
     async def scenario():
         rig.deadline = clock.now() + 1.0  # and no renewal moves it: it passes while the upload is held
@@ -215,12 +217,15 @@ def test_an_upload_whose_deadline_passes_is_refused_and_its_item_never_written(r
         with pytest.raises(LeaseExpired):
             await rig.writer.flush("c")
         rig.release.set()  # the held request now meets the socket check
-        await until(lambda: rig.writer.stats()["uploading"] == 0, what="the upload given up")
+        await until(answered.is_set, what="the held request refused")
+        assert rig.keys() == [] and rig.rows("c") == {}
+        assert rig.writer.stats()["pending"] == 1  # still queued, never dropped on a guess
+        rig.deadline = clock.now() + 60  # a renewal answered late after all: it is ours again
+        await until(lambda: rig.stored["c"] == 1, what="stored once the deadline moved on")
         task.cancel()
 
     asyncio.run(scenario())
-    assert rig.keys() == [] and rig.rows("c") == {}
-    assert rig.writer.stats()["pending"] == 1  # unsent: the connection is dropped with the session
+    assert rig.keys() == ["messages/c/00000000000000000001"] and sorted(rig.rows("c")) == [1]
 
 
 def test_data_over_the_frame_limit_is_stored_as_an_over_frame_limit_marker(aws_env):

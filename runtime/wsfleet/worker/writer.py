@@ -540,14 +540,24 @@ class Writer:
         task.add_done_callback(functools.partial(self._upload_done, q, frame.seq))
 
     async def _store_object(self, q: _Queue, frame: Frame) -> None:
-        """Upload until stored, whatever S3 answers, as :meth:`_store` does for items;
-        raises :class:`LeaseExpired` once the connection's deadline has passed."""
-        async with self._upload_slots:
-            stored = await self._supervisor.retry(
-                "writer",
-                lambda: call_until(self._call, q.deadline, self._put_object, log=self._log, q=q, frame=frame),
-                deadline=q.deadline,
-            )
+        """Upload until stored, whatever S3 answers, as :meth:`_store` does for items.
+        Past the connection's deadline it sends nothing; the frame stays queued, and the
+        connection is being dropped with the session (the next owner replays it), which
+        cancels this. Should the deadline move on after all (a renewal answered late),
+        it goes on: a frame is never left without its upload on a guess."""
+        while True:
+            try:
+                async with self._upload_slots:
+                    stored = await self._supervisor.retry(
+                        "writer",
+                        lambda: call_until(self._call, q.deadline, self._put_object, log=self._log, q=q, frame=frame),
+                        deadline=q.deadline,
+                    )
+                break
+            except LeaseExpired:
+                self._log.warning("deadline_passed_while_uploading", connection_id=q.connection_id, seq=frame.seq)
+                while q.deadline() <= clock.now():
+                    await asyncio.sleep(DEADLINE_POLL_S)
         q.objects[frame.seq] = stored
         self._wake.set()
 
@@ -562,15 +572,8 @@ class Writer:
         self._uploads.discard(task)
         if q.uploads.get(seq) is task:
             del q.uploads[seq]
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if isinstance(exc, LeaseExpired):
-            # The frame stays queued, unsent; its connection is being dropped with the
-            # session (the next owner replays it), as for a batch past the deadline.
-            self._log.warning("deadline_passed_while_uploading", connection_id=q.connection_id, seq=seq)
-        elif exc is not None:
-            self._supervisor.report("writer", exc, connection_id=q.connection_id)
+        if not task.cancelled() and task.exception() is not None:
+            self._supervisor.report("writer", task.exception(), connection_id=q.connection_id)
 
 
 def _awaiting_object(q: _Queue, frame: Frame) -> bool:
