@@ -466,9 +466,8 @@ class Writer:
             self._counters.add(names.MESSAGES_STORED, sum(len(frames) for _, frames in batch))
             large = 0
             for q, frames in batch:
-                for f, _ in frames:
-                    if q.objects.pop(f.seq, None) is not None:
-                        large += 1
+                if q.objects:  # (most queues never have any: no work per frame for them)
+                    large += sum(q.objects.pop(f.seq, None) is not None for f, _ in frames)
             if large:
                 self._counters.add(names.LARGE_FRAMES, large)
         for q, frames in batch:
