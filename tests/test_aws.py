@@ -7,7 +7,7 @@ import pytest
 from wsfleet import clock
 from wsfleet.aws import Aws, SendDeadlinePassed, send_deadline
 from wsfleet.config import WorkerConfig
-from wsfleet.store import MessagesStore, TransientError
+from wsfleet.store import MessagesStore, ObjectsStore, TransientError
 from wsfleet.stream import Frame
 
 
@@ -45,6 +45,34 @@ def test_a_write_within_its_deadline_goes_through_and_the_deadline_ends_with_the
         pass
     msgs.put("c1", [Frame(2, "2", 0)], fence_token=1, worker_id="w")  # no deadline outside the block
     assert [r["sk"] for r in msgs.read_all("c1")] == [1, 2]
+
+
+def objects_in(aws, aws_env) -> list[str]:
+    listed = aws.s3.list_objects_v2(Bucket=aws_env["MESSAGES_BUCKET_NAME"])
+    return [o["Key"] for o in listed.get("Contents", [])]
+
+
+def test_an_upload_whose_deadline_passed_before_it_left_is_refused_and_never_sent(aws, aws_env):
+    objects = ObjectsStore(aws.s3, aws_env["MESSAGES_BUCKET_NAME"])
+    with send_deadline(clock.now() - 0.001), pytest.raises(SendDeadlinePassed):
+        objects.put("c1", 1, '"' + "x" * 400_000 + '"')
+    assert objects_in(aws, aws_env) == [] and aws.requests["s3.PutObject"] == 1  # refused once, not retried
+
+
+def test_an_upload_whose_deadline_passes_after_botocore_checked_it_is_refused_at_the_socket(aws, aws_env):
+    objects = ObjectsStore(aws.s3, aws_env["MESSAGES_BUCKET_NAME"])
+    aws.s3.meta.events.register("before-send.s3", lambda **_: time.sleep(0.1))
+    with send_deadline(clock.now() + 0.05), pytest.raises(SendDeadlinePassed):
+        objects.put("c1", 1, '"' + "x" * 400_000 + '"')
+    assert objects_in(aws, aws_env) == [] and aws.requests["s3.PutObject"] == 1
+
+
+def test_an_upload_within_its_deadline_is_stored_and_counted(aws, aws_env):
+    objects = ObjectsStore(aws.s3, aws_env["MESSAGES_BUCKET_NAME"])
+    with send_deadline(clock.now() + 30):
+        stored = objects.put("c1", 1, '"' + "x" * 400_000 + '"')
+    assert objects_in(aws, aws_env) == ["messages/c1/00000000000000000001"]
+    assert objects.get(stored.ref) == b'"' + b"x" * 400_000 + b'"' and aws.requests["s3.PutObject"] == 1
 
 
 def test_requests_are_counted_per_operation_as_sent(aws, aws_env):

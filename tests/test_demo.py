@@ -6,13 +6,14 @@ import json
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from wsfleet.local import report
 from wsfleet.local.demo import parse_args
-from wsfleet.local.fleet import Audit, ConnState, Sample, SessionState, eventually, state_from_item
+from wsfleet.local.fleet import Audit, ConnState, LargeFrame, Sample, SessionState, eventually, state_from_item
 from wsfleet.local.upstream import Overlap, SocketRecord
 
 FAST = ["--lease", "3", "--heartbeat", "0.75", "--reconcile", "1", "--skew-ms", "200", "--checkpoint", "1", "--rate", "5"]
@@ -76,9 +77,12 @@ def test_the_demo_plays_the_full_scenario_and_passes_its_own_audit(python_env, t
     for label in ("START 6", "crash: kill -9", "deploy: SIGTERM", "STOP", "START burst", "scale-out: w4 joins"):
         assert label in text
     assert "PASSED" in text and "missing seqs (gaps): 0" in text
+    assert "large frame: c001" in text and "matches what the upstream sent" in text
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     result = json.loads((run_dir / "report.json").read_text())
     assert result["passed"] and result["data"]["missing"] == 0 and result["overlaps"] == []
+    large = result["large_frame"]
+    assert large["ok"] and large["stored"] == "object" and large["read_bytes"] == large["sent_bytes"] > 3 * 2**20
     assert [e["kind"] for e in result["events"]] == ["start", "crash", "deploy", "stop", "start", "join"]
     assert all(not e["pending"] for e in result["events"])
     assert {"w1.log", "w2.log", "w3.log", "w4.log", "report.txt"} <= {p.name for p in run_dir.iterdir()}
@@ -198,6 +202,17 @@ def test_a_gap_in_the_messages_or_an_unexplained_overlap_fails_the_run():
     assert report.failures([], report.summarise([clean], 5), [], strict=False) == []
     assert report.failures([], report.summarise([clean, gap], 10), [], strict=False)
     assert report.failures([], report.summarise([clean], 5), [Overlap("a", 1.0, (1, 2), ("p", "q"))], strict=False)
+
+
+def test_a_large_frame_read_back_other_than_sent_fails_the_run():
+    sent = dict(connection_id="c001", seq=7, sent_bytes=100, sent_sha256="ab" * 32)
+    good = LargeFrame(**sent, stored="object", data_ref="s3://b/messages/c001/7", item_bytes=100,
+                      item_sha256="ab" * 32, read_bytes=100, read_sha256="ab" * 32)
+    assert good.ok and "matches what the upstream sent" in report.large_frame_lines(good)[1]
+    assert report.failures([], report.summarise([], 0), [], strict=False, large=good) == []
+    for bad in (replace(good, read_sha256="cd" * 32), replace(good, read_bytes=99, item_bytes=99),
+                replace(good, stored="marker"), replace(good, stored="absent")):
+        assert not bad.ok and report.failures([], report.summarise([], 0), [], strict=False, large=bad)
 
 
 def test_the_chart_draws_one_row_per_worker_with_its_connections_over_time():

@@ -804,11 +804,13 @@ def test_a_skip_marker_is_an_item_with_no_data_that_says_why(ddb, aws_env):
 
 
 @pytest.mark.parametrize(
-    "frame",
-    [Frame(10**40, "{}", 1), Frame(1, "x" * 500_000, 1)],  # a key beyond 38 digits; an item over 400 KB
+    ("connection_id", "frame"),
+    # A seq beyond 38 digits; a partition key over 2,048 bytes (large data never reaches
+    # the table: it goes to its object first, see test_objects.py).
+    [("c1", Frame(10**40, "{}", 1)), ("c" * 3000, Frame(1, "{}", 1))],
     ids=["client refuses", "table refuses"],
 )
-def test_an_item_the_store_refuses_is_invalid_not_transient(ddb, aws_env, frame):
+def test_an_item_the_store_refuses_is_invalid_not_transient(ddb, aws_env, connection_id, frame):
     msgs = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"], sleep=lambda _: None)
     with pytest.raises(store_mod.InvalidItem):
-        msgs.put("c1", [Frame(2, "{}", 1), frame], fence_token=1, worker_id="a")
+        msgs.put(connection_id, [Frame(2, "{}", 1), frame], fence_token=1, worker_id="a")

@@ -78,7 +78,6 @@ FRAME_CLASSES = [
     ('{"seq": 5, "data": [-Infinity]}', marker(Problem.NOT_FINITE)),
     ('{"seq": 5, "data": 1e400}', marker(Problem.NOT_FINITE)),
     ('{"seq": 5, "data": %s}' % ("9" * 5000), marker(Problem.NUMBER_TOO_LONG)),
-    ('{"seq": 5, "data": "%s"}' % ("x" * MAX_MESSAGE_BYTES), marker(Problem.TOO_LARGE)),
     # Stored.
     ('{"seq": 5, "data": "\\ud83d"}', stored('"\\ud83d"', Problem.LONE_SURROGATE)),  # half an emoji, escaped
     ('{"seq": 5, "data": {"\\udc00é": 1}}', stored('{"\\udc00\\u00e9":1}', Problem.LONE_SURROGATE)),
@@ -92,6 +91,7 @@ FRAME_CLASSES = [
     ('{"seq": 5, "seq": 6, "data": 1}', stored("1", seq=6)),  # duplicate keys: the last wins, as in json
     ('{"seq": 5, "data": 1, "extra": [1]}', stored("1")),
     (b'{"seq": 5, "data": "\xc3\xa9"}', stored('"é"')),  # bytes, as the worker reads every frame
+    ('{"seq": 5, "data": "%s"}' % ("x" * MAX_MESSAGE_BYTES), stored('"%s"' % ("x" * MAX_MESSAGE_BYTES))),  # over an item: S3
 ]
 
 
@@ -104,12 +104,15 @@ def test_each_class_of_frame_is_stored_skipped_with_a_marker_or_rejected(frame, 
         assert isinstance(got, Frame) and got.is_marker
         assert (got.seq, got.received_at_ms, got.problem) == (expected[1], 123, expected[2])
     else:
-        assert got == Frame(expected[1], expected[2], 123, expected[3])
+        assert got == Frame(expected[1], expected[2], 123, expected[3], data_bytes=len(expected[2].encode()))
 
 
-def test_a_marker_for_oversized_data_says_how_large_it_was():
-    got = parse_frame('{"seq": 1, "data": "%s"}' % ("x" * MAX_MESSAGE_BYTES), 0)
-    assert got.is_marker and got.data_bytes == MAX_MESSAGE_BYTES + 2
+def test_data_larger_than_an_item_is_kept_whole_with_its_stored_size():
+    data = {"text": "é" * MAX_MESSAGE_BYTES, "n": [1, 2]}
+    got = parse_frame(json.dumps({"seq": 1, "data": data}, indent=2), 0)
+    assert not got.is_marker and got.problem is None
+    assert json.loads(got.data_json) == data and got.data_json == json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    assert got.data_bytes == len(got.data_json.encode("utf-8")) > 2 * MAX_MESSAGE_BYTES  # UTF-8 bytes, not characters
 
 
 def test_the_depth_limit_counts_the_frames_own_object():
@@ -142,8 +145,7 @@ def test_hostile_bytes_never_make_the_parser_raise():
         if isinstance(got, Frame):
             assert 0 <= got.seq <= MAX_SEQ
             if not got.is_marker:
-                size = len(got.data_json.encode("utf-8"))  # raises on a lone surrogate
-                assert size <= MAX_MESSAGE_BYTES
+                assert got.data_bytes == len(got.data_json.encode("utf-8"))  # raises on a lone surrogate
                 json.loads(got.data_json, parse_constant=not_json)
 
 

@@ -8,6 +8,7 @@ import asyncio
 import time
 from typing import Any
 
+import boto3
 import pytest
 from botocore.exceptions import ClientError
 
@@ -15,7 +16,7 @@ from wsfleet import clock
 from wsfleet import metrics_names as names
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
-from wsfleet.store import MessagesStore
+from wsfleet.store import MessagesStore, ObjectsStore
 from wsfleet.stream import Frame
 from wsfleet.worker.retry import LeaseExpired
 from wsfleet.worker.writer import Latency, Writer, histogram_of, histogram_quantile
@@ -65,6 +66,9 @@ class Harness:
         self.stored: dict[str, list[tuple[int, int]]] = {}
         self.writer = Writer(
             messages=MessagesStore(self.ddb, "msgs", sleep=lambda _: None),
+            # No bucket here (port 9 refuses): these tests have no large data; those
+            # that do are in test_large_frames.py, against the emulator.
+            objects=ObjectsStore(boto3.client("s3", endpoint_url="http://127.0.0.1:9", region_name="us-east-1"), "none"),
             call=direct_call,
             worker_id="w1",
             counters=self.counters,

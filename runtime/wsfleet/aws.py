@@ -34,16 +34,17 @@ _send_deadline = threading.local()
 
 
 class SendDeadlinePassed(TransientError):
-    """A DynamoDB request was about to leave after its caller's lease deadline."""
+    """A DynamoDB or S3 request was about to leave after its caller's lease deadline."""
 
 
 @contextmanager
 def send_deadline(deadline_mono: float) -> Iterator[None]:
-    """In this thread, refuse to send DynamoDB requests once the deadline (:func:`wsfleet.clock.now`) has
+    """In this thread, refuse to send DynamoDB and S3 requests once the deadline (:func:`wsfleet.clock.now`) has
     passed, checked as late as Python can: right before each ``sendall`` of the request's
-    bytes, once its connection is made.
+    bytes, once its connection is made (an S3 upload's body is checked again as it
+    leaves, after the ``100-continue`` wait).
 
-    Message writes are not conditional, so this is what keeps a worker that was frozen
+    Message writes and object uploads are not conditional, so this is what keeps a worker that was frozen
     (SIGSTOP, a long GC or VM pause) between deciding to write and sending from writing
     after its lease ran out: the check runs after the freeze, not before it. Two checks:
     botocore's ``before-send`` hook refuses before a connection is even taken, and an
@@ -101,6 +102,10 @@ class Aws:
         self.dynamodb_writes = session.client(
             "dynamodb", endpoint_url=config.endpoint_url, config=Config(parameter_validation=False, **once)
         )
+        # Large message data (wsfleet.store.objects): one attempt, retried by the worker
+        # like the message writes, under the same deadline checks. The read timeout is
+        # per socket operation, not per upload, so 32 MiB bodies fit it.
+        self.s3 = session.client("s3", endpoint_url=config.endpoint_url, config=Config(**once))
         retried = dict(retries={"mode": "standard", "max_attempts": 3}, **base)
         self.sqs = session.client(
             "sqs", endpoint_url=config.endpoint_url, config=Config(read_timeout=SQS_WAIT_SECONDS + 10, **retried)
@@ -115,10 +120,11 @@ class Aws:
         # Requests as sent on the wire (retries included), per "service.Operation": what
         # the bill and the cost benchmark count.
         self.requests: Counter[str] = Counter()
-        for client in (*self.dynamodb_clients, self.sqs, self.cloudwatch):
+        for client in (*self.dynamodb_clients, self.s3, self.sqs, self.cloudwatch):
             client.meta.events.register("request-created", self._count)
         for client in self.dynamodb_clients:
             client.meta.events.register("before-send.dynamodb", _refuse_after_deadline)
+        self.s3.meta.events.register("before-send.s3", _refuse_after_deadline)
         _install_socket_check()
 
     @property

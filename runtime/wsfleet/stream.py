@@ -19,7 +19,9 @@ from dataclasses import dataclass, replace
 from typing import Iterable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-MAX_MESSAGE_BYTES = 350_000  # stay well inside DynamoDB's 400 KB item limit
+# Data up to this size (compact JSON, UTF-8) is stored inline in its item, well inside
+# DynamoDB's 400 KB item limit; larger data goes to an S3 object (wsfleet.store.objects).
+MAX_MESSAGE_BYTES = 350_000
 MAX_SEQ = 2**63 - 1  # a seq is a non-negative integer below 2^63
 # Deepest nesting of arrays and objects a frame may have (the frame's own object is 1).
 # Deeper data is skipped: it bounds parsing, and what is stored stays readable by
@@ -42,7 +44,7 @@ class Problem(enum.Enum):
     TOO_DEEP = "too_deep"  # nested deeper than MAX_DEPTH
     NUMBER_TOO_LONG = "number_too_long"  # an integer of more than 4,300 digits (Python refuses it)
     NOT_FINITE = "not_finite"  # NaN, Infinity (not JSON) or a number beyond a double (1e400)
-    TOO_LARGE = "too_large"  # data over MAX_MESSAGE_BYTES as compact JSON
+    TOO_LARGE = "too_large"  # data over MAX_FRAME_BYTES as compact JSON (the writer makes the marker)
     STORE_REFUSED = "store_refused"  # the table refused the item (the writer makes the marker)
     # Stored, but not byte for byte.
     LONE_SURROGATE = "lone_surrogate"  # half a UTF-16 pair (a cut emoji): stored as a \\uXXXX escape
@@ -57,7 +59,9 @@ class Frame:
     data_json: str | None
     received_at_ms: int
     problem: Problem | None = None  # why it is not stored as sent
-    data_bytes: int | None = None  # a marker's: how large the data it skips is, where known
+    # The data's size as compact JSON in UTF-8 (what is stored); a marker's: how large
+    # the data it skips is, where known.
+    data_bytes: int | None = None
 
     @property
     def is_marker(self) -> bool:
@@ -131,9 +135,7 @@ def _stored(seq: int, data: object, received_at_ms: int) -> Frame:
         data_json = _COMPACT_ASCII.encode(data)
         size = len(data_json)
         problem = Problem.LONE_SURROGATE
-    if size > MAX_MESSAGE_BYTES:
-        return Frame(seq, None, received_at_ms, Problem.TOO_LARGE, data_bytes=size)
-    return Frame(seq, data_json, received_at_ms, problem)
+    return Frame(seq, data_json, received_at_ms, problem, data_bytes=size)
 
 
 # A JSON string, unterminated ones included (to the end of the text), so that a scan

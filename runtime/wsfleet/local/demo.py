@@ -25,10 +25,15 @@ connections through the API, then plays the scenario:
 seconds, then an invariant audit (what ``make chaos`` runs; see
 :mod:`wsfleet.local.chaos`), with ``--seed`` to replay one.
 
+Right after the first START, the first connection's upstream sends one frame of
+LARGE_FRAME_BYTES of data, too large for a DynamoDB item: it is stored as an S3 object,
+and the report reads it back and compares its size and SHA-256 with what was sent.
+
 A progress line every two seconds; at the end it STOPs everything, checks every stored
 message against the upstream and prints a report (also written to the run directory).
 Exit status 1 if the report shows data loss, a gap, two sockets on one stream (other than
-a frozen one's, see ``pause``), or a connection that never came back.
+a frozen one's, see ``pause``), a connection that never came back, or a large frame not
+read back as sent.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ SCENARIOS = {
 STEP_LENGTH = {"scale_out": 4}  # in step lengths: a join's first moves come 15-50 s after it
 CHAOS = "chaos"  # not a list of steps: the chaos soak, seeded
 PROGRESS_EVERY_S = 2.0
+LARGE_FRAME_BYTES = 3 * 1024 * 1024  # the demo's one large frame: an S3 object, not an item
 
 
 class Demo:
@@ -75,6 +81,7 @@ class Demo:
         self._next_id = 1
         self._next_worker = 1
         self._progress: list[Sample] = []  # the samples progress lines were printed for
+        self.large: tuple[str, int] | None = None  # (connection, seq) of the large frame sent
         self._print_lock = threading.Lock()
 
     def say(self, line: str) -> None:
@@ -126,6 +133,12 @@ class Demo:
                 self.connections.append(cid)
         self._await(event)
         return event
+
+    def send_large_frame(self) -> None:
+        cid = self.connections[0]
+        seq = self.fleet.upstream.publish(cid, {"kind": "large frame", "text": "x" * LARGE_FRAME_BYTES})
+        self.large = (cid, seq)
+        self.say(f"           large frame: {cid} seq {seq}, {LARGE_FRAME_BYTES / 2**20:g} MiB of data: stored through S3")
 
     def crash(self) -> report.Event:
         self.phase = "crash"
@@ -250,6 +263,7 @@ class Demo:
         gap = args.duration / (1 + sum(STEP_LENGTH.get(step, 1) for step in steps))
         began = time.time()
         self.start(self.new_ids(args.connections), f"START {args.connections}")
+        self.send_large_frame()
         until = began + gap
         self.hold(until)
         for step in steps:
@@ -274,18 +288,25 @@ class Demo:
         time.sleep(2 * fleet.sample_interval)  # let the observer see the quiet fleet
         self.phase = "audit"
         audits = fleet.audit(self.connections)
+        large = fleet.large_frame(*self.large) if self.large else None
         sockets = self._sockets(self.connections)
         samples = list(fleet.samples)
         frames_sent = sum(r.frames_sent for records in sockets.values() for r in records)
         outcomes = [report.measure(e, sockets, samples) for e in self.events]
         summary = report.summarise(audits, frames_sent)
         overlaps = fleet.upstream.overlaps()
-        failed = report.failures(outcomes, summary, overlaps, strict=self.args.strict, samples=samples, ended_at=ended_at)
-        lines = report.render(outcomes, summary, overlaps, samples, list(fleet.workers), t_origin=self.t_origin, ended_at=ended_at)
+        failed = report.failures(
+            outcomes, summary, overlaps, strict=self.args.strict, samples=samples, ended_at=ended_at, large=large
+        )
+        lines = report.render(
+            outcomes, summary, overlaps, samples, list(fleet.workers), t_origin=self.t_origin, ended_at=ended_at, large=large
+        )
         text = "\n".join(lines + ["", "PASSED" if not failed else "FAILED: " + "; ".join(failed)])
         (fleet.run_dir / "report.txt").write_text(text + "\n")
         (fleet.run_dir / "report.json").write_text(
-            report.as_json(outcomes, summary, audits, overlaps, samples, t_origin=self.t_origin, settings=vars(self.args), failed=failed)
+            report.as_json(
+                outcomes, summary, audits, overlaps, samples, t_origin=self.t_origin, settings=vars(self.args), failed=failed, large=large
+            )
         )
         self.say("")
         self.say(text)

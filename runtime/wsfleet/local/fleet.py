@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import hashlib
 import itertools
 import json
 import logging
@@ -55,7 +56,7 @@ from .. import config as cfg
 from .. import schema
 from ..leases import unreachable
 from ..logs import JsonLogger
-from ..store import MessagesStore, unmarshal
+from ..store import MessagesStore, ObjectsStore, unmarshal
 from .api import LocalApi
 from .emulator import CREDENTIALS, DEFAULT_REGION, HARNESS_MARK, create_resources
 from .upstream import ThreadedUpstream
@@ -458,6 +459,29 @@ class Audit:
         return not self.missing and self.rows == self.checkpoint and (self.last or 0) == self.checkpoint
 
 
+@dataclass
+class LargeFrame:
+    """One frame of large data: what the upstream sent (its books) against what the
+    fleet stored and reads back (the item, then its S3 object)."""
+
+    connection_id: str
+    seq: int
+    sent_bytes: int  # the data's compact JSON, UTF-8
+    sent_sha256: str
+    stored: str  # "object", "inline", "marker" or "absent"
+    data_ref: str | None = None
+    item_bytes: int | None = None  # what the item says
+    item_sha256: str | None = None
+    read_bytes: int | None = None  # what the object read back holds
+    read_sha256: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Stored as an object that holds exactly what was sent, as its item says."""
+        sent = (self.sent_bytes, self.sent_sha256)
+        return self.stored == "object" and (self.item_bytes, self.item_sha256) == sent == (self.read_bytes, self.read_sha256)
+
+
 # --- the fleet ------------------------------------------------------------------------------------
 
 
@@ -512,6 +536,7 @@ class Fleet:
             self.aws_env = self.emulator.create_resources()
             self._ddb = self._client("dynamodb", harness=True)
             self.messages_store = MessagesStore(self._ddb, self.aws_env["MESSAGES_TABLE_NAME"])
+            self.objects_store = ObjectsStore(self._client("s3", harness=True), self.aws_env["MESSAGES_BUCKET_NAME"])
             self.upstream = ThreadedUpstream(host=LOOPBACK, rate=self.rate).start()
             self._start_api()
             self._observing.set()
@@ -755,6 +780,25 @@ class Fleet:
 
     def messages(self, connection_id: str) -> list[dict]:
         return self.messages_store.read_all(connection_id)
+
+    def large_frame(self, connection_id: str, seq: int) -> LargeFrame:
+        """Read one seq back (through its S3 object if it has one) against the upstream's
+        book of what it sent."""
+        assert self.upstream is not None
+        sent = json.dumps(json.loads(self.upstream.frames(connection_id)[seq])["data"], separators=(",", ":"), ensure_ascii=False)
+        sent_bytes = sent.encode("utf-8")
+        out = LargeFrame(connection_id, seq, len(sent_bytes), hashlib.sha256(sent_bytes).hexdigest(), stored="absent")
+        item = next((r for r in self.messages(connection_id) if r[schema.MSG_SK] == seq), None)
+        if item is None:
+            return out
+        if schema.DATA_REF not in item:
+            out.stored = "inline" if schema.MESSAGE_DATA in item else "marker"
+            return out
+        body = self.objects_store.get(item[schema.DATA_REF])
+        out.stored, out.data_ref = "object", item[schema.DATA_REF]
+        out.item_bytes, out.item_sha256 = item.get(schema.DATA_BYTES), item.get(schema.DATA_SHA256)
+        out.read_bytes, out.read_sha256 = len(body), hashlib.sha256(body).hexdigest()
+        return out
 
     def sample(self) -> Sample:
         assert self.upstream is not None

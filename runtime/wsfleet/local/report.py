@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from ..balance import FleetLoad, shed_count
-from .fleet import Audit, Sample
+from .fleet import Audit, LargeFrame, Sample
 from .upstream import Overlap, SocketRecord
 
 # Event kinds, and what "done" means for the connections each affects.
@@ -323,6 +323,19 @@ def data_lines(summary: DataSummary, overlaps: Sequence[Overlap], events: Sequen
     return lines
 
 
+def large_frame_lines(large: LargeFrame) -> list[str]:
+    """The large frame the demo sent, read back through its S3 object."""
+    head = f"large frame: {large.connection_id} seq {large.seq}, {large.sent_bytes:,} bytes of data sent"
+    if large.stored != "object":
+        return [f"{head}; stored: {large.stored} (expected an S3 object)"]
+    verdict = "matches what the upstream sent" if large.ok else "DOES NOT match what the upstream sent"
+    return [
+        f"{head}, stored as {large.data_ref}",
+        f"  read back {large.read_bytes:,} bytes (item says {large.item_bytes:,}), SHA-256 {large.read_sha256} "
+        f"(item {'the same' if large.item_sha256 == large.read_sha256 else large.item_sha256}): {verdict}",
+    ]
+
+
 def _ramp() -> str:
     blocks = " ▁▂▃▄▅▆▇█"
     try:
@@ -384,6 +397,7 @@ def render(
     *,
     t_origin: float,
     ended_at: float | None = None,
+    large: LargeFrame | None = None,
 ) -> list[str]:
     events = [o.event for o in outcomes]
     spreads = spread_lines(events, samples, workers, ended_at=ended_at or samples[-1].t, t_origin=t_origin) if samples else []
@@ -395,6 +409,7 @@ def render(
         *(["== connections per worker, before and after each step that changes the fleet", *spreads, ""] if spreads else []),
         "== data",
         *data_lines(summary, overlaps, events),
+        *(large_frame_lines(large) if large is not None else []),
         "",
         *ownership_chart(samples, workers, events, t_origin=t_origin),
     ]
@@ -408,6 +423,7 @@ def failures(
     strict: bool,
     samples: Sequence[Sample] = (),
     ended_at: float | None = None,
+    large: LargeFrame | None = None,
 ) -> list[str]:
     """Why the run counts as failed (empty: it passed). With ``strict``, also a join
     after which the fleet was not balanced by the next step."""
@@ -420,6 +436,8 @@ def failures(
     unexplained = [o for o in overlaps if excused(o, events) is None]
     if unexplained:
         out.append(f"{len(unexplained)} moments with two sockets on one stream")
+    if large is not None and not large.ok:
+        out.append(f"large frame {large.connection_id} seq {large.seq}: not read back as sent")
     for o in outcomes:
         if o.pending:
             out.append(f"{o.event.label}: {len(o.pending)} connections never done")
@@ -438,6 +456,7 @@ def as_json(
     t_origin: float,
     settings: Mapping[str, Any],
     failed: Sequence[str],
+    large: LargeFrame | None = None,
 ) -> str:
     return json.dumps(
         {
@@ -459,6 +478,7 @@ def as_json(
                 for o in outcomes
             ],
             "data": asdict(summary),
+            "large_frame": {**asdict(large), "ok": large.ok} if large is not None else None,
             "connections": [asdict(a) for a in audits],
             "overlaps": [asdict(o) for o in overlaps],
             "series": [

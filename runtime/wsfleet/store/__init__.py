@@ -1,7 +1,9 @@
-"""DynamoDB adapter: every read and conditional write of the three tables, and nothing else.
+"""Storage adapter: every read and conditional write of the three tables, the messages
+bucket's objects, and nothing else.
 
 One module per table (:mod:`.sessions`, :mod:`.connections`, :mod:`.messages`), what
-they share in :mod:`.base`. Each write says in its docstring what it is conditional on.
+they share in :mod:`.base`; large data's objects in :mod:`.objects`. Each write says in
+its docstring what it is conditional on.
 A lost race comes back as a value (a ``NotAcquired``, a ``RenewFailure``, an
 ``EndFailure``, a router outcome); a transient fault (throttling, timeout, 5xx,
 connection error) is raised as :class:`TransientError`, so that no caller can mistake
@@ -25,6 +27,7 @@ from .connections import (
     StopOutcome,
 )
 from .messages import MAX_BATCH, InvalidItem, MessagesStore
+from .objects import CorruptObject, ObjectsStore, StoredObject, data_size, needs_object
 from .sessions import SessionsStore
 
 __all__ = [
@@ -35,9 +38,11 @@ __all__ = [
     "Acquired",
     "CheckpointEntry",
     "ConnectionsStore",
+    "CorruptObject",
     "InvalidItem",
     "MessagesStore",
     "NotAcquired",
+    "ObjectsStore",
     "Owned",
     "Released",
     "SessionsStore",
@@ -45,9 +50,12 @@ __all__ = [
     "Started",
     "StopOutcome",
     "Stopped",
+    "StoredObject",
     "TransientError",
+    "data_size",
     "is_transient",
     "marshal",
+    "needs_object",
     "now_ms",
     "unmarshal",
     "unwrap_refusal",

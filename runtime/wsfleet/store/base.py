@@ -33,6 +33,9 @@ TRANSIENT_CODES = frozenset(
         "TransactionConflictException",
         "LimitExceededException",
         "RequestThrottled",
+        # S3 (the messages bucket): SlowDown is a 503, RequestTimeout a 400.
+        "SlowDown",
+        "RequestTimeout",
     }
 )
 

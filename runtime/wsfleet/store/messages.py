@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import schema
-from ..stream import Frame, contiguous_end
+from ..stream import Frame, Problem, contiguous_end
 from .base import TransientError, is_transient, marshal, unmarshal, unwrap_refusal
+from .objects import StoredObject, needs_object
 
 MAX_BATCH = 25  # BatchWriteItem limit
 
@@ -35,10 +36,18 @@ class MessagesStore:
         """Store one connection's frames (see :meth:`put_many`)."""
         self.put_many([(connection_id, fence_token, f) for f in frames], worker_id=worker_id)
 
-    def put_many(self, entries: Sequence[tuple[str, int, Frame]], *, worker_id: str) -> None:
+    def put_many(
+        self,
+        entries: Sequence[tuple[str, int, Frame]],
+        *,
+        worker_id: str,
+        objects: Mapping[tuple[str, int], StoredObject] | None = None,
+    ) -> None:
         """Store (connection_id, fence_token, frame) entries of any connections, keyed by
         seq (a replay rewrites the same key, never adds a row), 25 per BatchWriteItem; a
-        frame with no data is stored as a skip marker.
+        frame with no data is stored as a skip marker. Data too large for an item must
+        already be in its object (``objects``, by (connection_id, seq): see
+        :mod:`.objects`); its item holds the object's ref, size and SHA-256 instead.
 
         BatchWriteItem is not conditional: the caller must check its deadline first.
         Unprocessed items are retried with jittered backoff; a batch that still does not
@@ -54,10 +63,19 @@ class MessagesStore:
                     schema.MSG_WORKER_ID: worker_id,
                     schema.RECEIVED_AT_MS: f.received_at_ms,
                 }
-                if f.data_json is not None:
+                if needs_object(f):
+                    stored = (objects or {}).get((connection_id, f.seq))
+                    if stored is None:  # a bug of the caller's: never an item that points at nothing
+                        raise ValueError(f"{connection_id} seq {f.seq}: large data stored before its object")
+                    item[schema.DATA_REF] = stored.ref
+                    item[schema.DATA_BYTES] = stored.size
+                    item[schema.DATA_SHA256] = stored.sha256
+                elif f.data_json is not None:
                     item[schema.MESSAGE_DATA] = f.data_json
                 else:
-                    item[schema.SKIPPED] = schema.SKIPPED_MALFORMED
+                    item[schema.SKIPPED] = (
+                        schema.SKIPPED_OVER_FRAME_LIMIT if f.problem is Problem.TOO_LARGE else schema.SKIPPED_MALFORMED
+                    )
                     if f.data_bytes is not None:
                         item[schema.DATA_BYTES] = f.data_bytes
                 if self._ttl_s:

@@ -42,6 +42,7 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidH
 from .. import clock
 from .. import metrics_names as names
 from .. import tracing
+from ..config import DEFAULT_MAX_FRAME_BYTES
 from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
@@ -76,7 +77,7 @@ class Settings:
     checkpoint_gather_share: float = 0.1
     connect_timeout_s: float = 10.0
     ping_interval_s: float = 20.0
-    max_frame_bytes: int = 1 << 20
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # the worker's is config.max_frame_bytes
     allowlist: Allowlist = Allowlist.of(())  # hosts allowed to resolve to internal addresses
 
 

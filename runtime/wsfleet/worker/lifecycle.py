@@ -37,6 +37,7 @@ from ..store import (
     ConnectionsStore,
     MessagesStore,
     NotAcquired,
+    ObjectsStore,
     SessionsStore,
     TransientError,
     now_ms,
@@ -100,9 +101,12 @@ class Worker:
             worker_id=worker_id,
             checkpoint_s=config.checkpoint_ms / 1000,
             allowlist=Allowlist.of(config.allowed_ws_hosts),
+            max_frame_bytes=config.max_frame_bytes,
         )
         self.writer = Writer(
             messages=self._messages,
+            objects=ObjectsStore(aws.s3, config.messages_bucket_name),
+            max_data_bytes=config.max_frame_bytes,
             call=aws.call,
             worker_id=worker_id,
             counters=self.counters,

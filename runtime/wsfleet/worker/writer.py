@@ -16,6 +16,24 @@ What stays per connection:
 * nothing is sent past the worker's deadline (checked by ``send_deadline`` as each
   request leaves).
 
+Data too large for an item (over ``stream.MAX_MESSAGE_BYTES``) goes to an S3 object
+first (:mod:`wsfleet.store.objects`), and its item, which points at the object, is
+written only once the object is stored:
+
+* the upload starts as soon as the frame is queued, worker-wide at most
+  ``upload_concurrency`` at a time, in a task of its own, not in a batch: a 32 MiB upload
+  holds no batch slot, so the small frames of other connections go on being written
+  while it runs, and once it is stored the frame's small item joins an ordinary batch;
+* a connection's queue is sent from its front only up to its first frame whose object is
+  not stored yet: its later frames wait behind it, so its seq order and the gap-free
+  checkpoint are as for any frame;
+* the frame stays in its queue until its item is stored: an upload that fails is retried
+  like a batch (until the deadline), and a cancelled one is started again when the loop
+  runs again; a stored object is kept for the item's retries and never uploaded twice by
+  one owner (a replay after a takeover rewrites the same key);
+* data over ``max_data_bytes`` (the frame limit: re-encoding can grow data that was
+  escaped) is stored as an ``over_frame_limit`` skip marker instead.
+
 Whatever the store answers, no batch holds up the others and no queue stays in flight:
 
 * a batch the store refuses as invalid (a ValidationException, or a value the client
@@ -48,6 +66,7 @@ percentiles (the benchmarks do).
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from bisect import bisect_left
 from collections import OrderedDict, deque
@@ -59,7 +78,8 @@ from .. import metrics_names as names
 from ..aws import send_deadline
 from ..logs import JsonLogger
 from ..metrics import Counters
-from ..store import MAX_BATCH, InvalidItem, MessagesStore
+from ..config import DEFAULT_MAX_FRAME_BYTES
+from ..store import MAX_BATCH, InvalidItem, MessagesStore, ObjectsStore, StoredObject, data_size, needs_object
 from ..stream import Frame, Problem
 from .retry import DEADLINE_POLL_S, LeaseExpired, call_until, first_of, woken_or_timeout
 from .supervision import Supervisor
@@ -69,6 +89,8 @@ Call = Callable[..., Awaitable[Any]]
 # Pending frames a connection, and the whole worker, may have before receive loops wait.
 MAX_PENDING_PER_CONNECTION = 1000
 MAX_PENDING = 20_000
+# Large-data uploads in flight at once, worker-wide: each holds a pool thread.
+UPLOAD_CONCURRENCY = 4
 
 # Upper bounds (ms) of the received -> stored histogram's buckets: 8 per doubling from
 # 1 ms to 2^17 ms (about 131 s), so a bucket is 9 % wide; one more bucket beyond.
@@ -179,6 +201,8 @@ class _Queue:
     frames: deque[tuple[Frame, float]] = field(default_factory=deque)  # (frame, handed over: clock.now())
     in_flight: bool = False
     flushing: int = 0  # callers waiting for this queue to empty
+    objects: dict[int, StoredObject] = field(default_factory=dict)  # by seq: large data stored, its item not yet
+    uploads: dict[int, asyncio.Task] = field(default_factory=dict)  # by seq: large data being stored
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # room freed, or emptied
 
 
@@ -187,6 +211,7 @@ class Writer:
         self,
         *,
         messages: MessagesStore,
+        objects: ObjectsStore,
         call: Call,
         worker_id: str,
         counters: Counters,
@@ -195,9 +220,15 @@ class Writer:
         max_pending_per_connection: int = MAX_PENDING_PER_CONNECTION,
         max_pending: int = MAX_PENDING,
         concurrency: int = 4,
+        upload_concurrency: int = UPLOAD_CONCURRENCY,
+        max_data_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         latency_window_s: float = 60.0,
     ) -> None:
         self._messages = messages
+        self._objects = objects
+        self._max_data_bytes = max_data_bytes
+        self._upload_slots = asyncio.Semaphore(upload_concurrency)
+        self._uploads: set[asyncio.Task] = set()
         self._call = call
         self._worker_id = worker_id
         self._counters = counters
@@ -225,8 +256,13 @@ class Writer:
         self._queues[connection_id] = _Queue(connection_id, fence_token, deadline, on_stored)
 
     async def put(self, connection_id: str, frame: Frame) -> None:
-        """Queue one frame; waits while the connection's or the worker's cap is reached."""
+        """Queue one frame; waits while the connection's or the worker's cap is reached.
+        Large data starts its upload at once."""
         q = self._queues[connection_id]
+        if frame.data_json is not None and data_size(frame) > self._max_data_bytes:
+            self._counters.add(names.MALFORMED_FRAMES)
+            self._log.warning("frame_over_limit", connection_id=connection_id, seq=frame.seq, data_bytes=data_size(frame))
+            frame = frame.as_marker(Problem.TOO_LARGE)
         waited = False
         while len(q.frames) >= self._cap_one or self._pending >= self._cap_all:
             if not waited:
@@ -239,6 +275,8 @@ class Writer:
                 return  # closed while waiting: the connection is being dropped
         q.frames.append((frame, clock.now()))
         self._pending += 1
+        if needs_object(frame):
+            self._upload(q, frame)
         if connection_id not in self._waiting:
             self._waiting[connection_id] = q
         if self._pending >= MAX_BATCH or len(self._waiting) == 1:
@@ -271,6 +309,8 @@ class Writer:
         dropped = len(q.frames)
         self._pending -= dropped
         q.frames.clear()
+        for task in q.uploads.values():
+            task.cancel()
         q.changed.set()
         self._room.set()
         return dropped
@@ -278,6 +318,7 @@ class Writer:
     def stats(self) -> dict[str, Any]:
         return {
             "pending": self._pending,
+            "uploading": len(self._uploads),
             "batches": self.batches,
             "items_per_batch": round(self.items / self.batches, 2) if self.batches else None,
             "received_to_stored_ms": self.latency.summary(),
@@ -288,7 +329,12 @@ class Writer:
 
     async def run(self) -> None:
         """Send batches until cancelled, which cancels the batches in flight. An exception
-        ends only this loop (the worker's supervisor runs it again): batches in flight go on."""
+        ends only this loop (the worker's supervisor runs it again): batches and uploads in
+        flight go on. Uploads cancelled with an earlier run start again."""
+        for q in self._queues.values():
+            for frame, _ in q.frames:
+                if needs_object(frame):
+                    self._upload(q, frame)
         try:
             while True:
                 delay = self._due_in()
@@ -314,7 +360,7 @@ class Writer:
                 self._sends.add(task)
                 task.add_done_callback(self._send_done)
         except asyncio.CancelledError:
-            for task in self._sends:
+            for task in (*self._sends, *self._uploads):
                 task.cancel()
             raise
 
@@ -324,7 +370,7 @@ class Writer:
             self._supervisor.report("writer", task.exception())
 
     def _ready(self) -> list[_Queue]:
-        return [q for q in self._waiting.values() if not q.in_flight and q.frames]
+        return [q for q in self._waiting.values() if not q.in_flight and q.frames and not _awaiting_object(q, q.frames[0][0])]
 
     def _due_in(self) -> float | None:
         """Seconds until a batch is due (0: now), or None when nothing can be sent."""
@@ -368,9 +414,11 @@ class Writer:
                     break
                 have = taken.setdefault(q.connection_id, [])
                 n = min(limit - len(have), len(q.frames), room)
-                for _ in range(max(0, n)):
+                moved = 0
+                while moved < n and not _awaiting_object(q, q.frames[0][0]):  # up to a frame still uploading
                     have.append(q.frames.popleft())
-                room -= max(0, n)
+                    moved += 1
+                room -= moved
         batch = []
         for q in ready:
             frames = taken.get(q.connection_id) or []
@@ -389,10 +437,11 @@ class Writer:
 
     async def _send(self, batch: list[tuple[_Queue, list[tuple[Frame, float]]]]) -> None:
         entries = [(q.connection_id, q.fence_token, f) for q, frames in batch for f, _ in frames]
+        objects = {(q.connection_id, f.seq): q.objects[f.seq] for q, frames in batch for f, _ in frames if needs_object(f)}
         stored = False
         try:
             # The deadline is read afresh at every retry: renewals extend it meanwhile.
-            await self._store(entries, lambda: min(q.deadline() for q, _ in batch))
+            await self._store(entries, lambda: min(q.deadline() for q, _ in batch), objects)
             stored = True
         except LeaseExpired:
             self._log.warning("deadline_passed_while_writing", items=len(entries))
@@ -415,6 +464,12 @@ class Writer:
             self.items += sum(len(frames) for _, frames in batch)
             self.latency.record(now, (t for _, frames in batch for _, t in frames))
             self._counters.add(names.MESSAGES_STORED, sum(len(frames) for _, frames in batch))
+            large = 0
+            for q, frames in batch:
+                if q.objects:  # (most queues never have any: no work per frame for them)
+                    large += sum(q.objects.pop(f.seq, None) is not None for f, _ in frames)
+            if large:
+                self._counters.add(names.LARGE_FRAMES, large)
         for q, frames in batch:
             q.changed.set()
             if q.connection_id not in self._queues:
@@ -432,13 +487,19 @@ class Writer:
                 self._supervisor.report("writer", exc, connection_id=q.connection_id)
         self._wake.set()
 
-    async def _store(self, entries: list[tuple[str, int, Frame]], deadline: Callable[[], float]) -> None:
+    async def _store(
+        self,
+        entries: list[tuple[str, int, Frame]],
+        deadline: Callable[[], float],
+        objects: Mapping[tuple[str, int], StoredObject],
+    ) -> None:
         """Store the entries whatever the store answers (see the module docstring): raises
-        only :class:`LeaseExpired`, once the deadline has passed."""
+        only :class:`LeaseExpired`, once the deadline has passed. ``objects``: the stored
+        objects of the large ones."""
         try:
             await self._supervisor.retry(
                 "writer",
-                lambda: call_until(self._call, deadline, self._put, log=self._log, entries=entries),
+                lambda: call_until(self._call, deadline, self._put, log=self._log, entries=entries, objects=objects),
                 deadline=deadline,
                 passes=(InvalidItem,),
             )
@@ -447,8 +508,8 @@ class Writer:
             refused = exc
         if len(entries) > 1:
             half = len(entries) // 2
-            await self._store(entries[:half], deadline)
-            await self._store(entries[half:], deadline)
+            await self._store(entries[:half], deadline, objects)
+            await self._store(entries[half:], deadline, objects)
             return
         ((connection_id, fence_token, frame),) = entries
         if frame.is_marker:
@@ -457,12 +518,64 @@ class Writer:
             return
         self._counters.add(names.MALFORMED_FRAMES)
         self._log.warning("frame_refused_by_store", connection_id=connection_id, seq=frame.seq, error=str(refused))
-        await self._store([(connection_id, fence_token, frame.as_marker(Problem.STORE_REFUSED))], deadline)
+        await self._store([(connection_id, fence_token, frame.as_marker(Problem.STORE_REFUSED))], deadline, objects)
 
-    def _put(self, *, entries: list[tuple[str, int, Frame]]) -> None:
+    def _put(self, *, entries: list[tuple[str, int, Frame]], objects: Mapping[tuple[str, int], StoredObject]) -> None:
         # Runs in a pool thread, possibly long after it was queued (or after a freeze):
         # the deadline is checked as each request leaves, not when the write was decided.
         deadline = min(self._queues[c].deadline() if c in self._queues else 0.0 for c, _, _ in entries)
         with send_deadline(deadline):
-            self._messages.put_many(entries, worker_id=self._worker_id)
+            self._messages.put_many(entries, worker_id=self._worker_id, objects=objects)
+
+    # --- large data ---------------------------------------------------------------------
+
+    def _upload(self, q: _Queue, frame: Frame) -> None:
+        """Start storing a large frame's object, unless it is stored or on its way."""
+        if frame.seq in q.objects or frame.seq in q.uploads:
+            return
+        task = asyncio.create_task(self._store_object(q, frame))
+        q.uploads[frame.seq] = task
+        self._uploads.add(task)
+        task.add_done_callback(functools.partial(self._upload_done, q, frame.seq))
+
+    async def _store_object(self, q: _Queue, frame: Frame) -> None:
+        """Upload until stored, whatever S3 answers, as :meth:`_store` does for items.
+        Past the connection's deadline it sends nothing; the frame stays queued, and the
+        connection is being dropped with the session (the next owner replays it), which
+        cancels this. Should the deadline move on after all (a renewal answered late),
+        it goes on: a frame is never left without its upload on a guess."""
+        while True:
+            try:
+                async with self._upload_slots:
+                    stored = await self._supervisor.retry(
+                        "writer",
+                        lambda: call_until(self._call, q.deadline, self._put_object, log=self._log, q=q, frame=frame),
+                        deadline=q.deadline,
+                    )
+                break
+            except LeaseExpired:
+                self._log.warning("deadline_passed_while_uploading", connection_id=q.connection_id, seq=frame.seq)
+                while q.deadline() <= clock.now():
+                    await asyncio.sleep(DEADLINE_POLL_S)
+        q.objects[frame.seq] = stored
+        self._wake.set()
+
+    def _put_object(self, *, q: _Queue, frame: Frame) -> StoredObject:
+        # In a pool thread, as _put: a connection closed meanwhile (a new owner may have
+        # it) has no deadline left.
+        assert frame.data_json is not None
+        with send_deadline(q.deadline() if self._queues.get(q.connection_id) is q else 0.0):
+            return self._objects.put(q.connection_id, frame.seq, frame.data_json)
+
+    def _upload_done(self, q: _Queue, seq: int, task: asyncio.Task) -> None:
+        self._uploads.discard(task)
+        if q.uploads.get(seq) is task:
+            del q.uploads[seq]
+        if not task.cancelled() and task.exception() is not None:
+            self._supervisor.report("writer", task.exception(), connection_id=q.connection_id)
+
+
+def _awaiting_object(q: _Queue, frame: Frame) -> bool:
+    """Whether the frame's item must wait: its data needs an object not stored yet."""
+    return needs_object(frame) and frame.seq not in q.objects
 

@@ -1,0 +1,122 @@
+"""Large frames through the whole worker: a real local upstream sends them, the worker
+(in-process, its own AWS clients) stores them through S3 and the messages table of the
+emulator; crashes are a dead session that left its writes behind, as in test_worker.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import boto3
+import pytest
+
+from tests.conftest import REGION
+from tests.test_worker import config, dead_session, eventually, running
+from wsfleet import metrics_names as names
+from wsfleet import schema
+from wsfleet.local.upstream import ThreadedUpstream
+from wsfleet.store import ObjectsStore
+from wsfleet.stream import Frame
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def upstream():
+    """Frames only from publish(): each test says exactly what the upstream holds."""
+    with ThreadedUpstream(rate=None) as up:
+        yield up
+
+
+@pytest.fixture
+def s3(emulator):
+    return boto3.client("s3", endpoint_url=emulator.endpoint_url, region_name=REGION)
+
+
+@pytest.fixture
+def objects(s3, aws_env):
+    return ObjectsStore(s3, aws_env["MESSAGES_BUCKET_NAME"])
+
+
+def compact(data: object) -> str:
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+def blob(size: int, seq: int) -> dict:
+    return {"seq_was": seq, "text": "ü€" + "y" * size}
+
+
+def object_keys(s3, bucket: str) -> list[str]:
+    return [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
+
+
+def test_a_500_kb_and_a_20_mb_frame_are_stored_whole_and_read_back_byte_for_byte(aws_env, stores, s3, objects, upstream):
+    conns, msgs = stores
+    data = {1: {"v": 1}, 2: blob(500_000, 2), 3: {"v": 3}, 4: blob(20 * 1024 * 1024, 4), 5: {"v": 5}}
+    for seq, d in data.items():
+        assert upstream.publish("a", d) == seq
+    conns.start("a", upstream.url_for("a"))
+    cfg = config(aws_env)
+
+    async def scenario():
+        async with running(cfg) as worker:
+            await eventually(lambda: len(msgs.read_all("a")) == 5, timeout=60, what="five stored")
+            # A reconnect whose upstream replays from before the large frames: the replays
+            # are dropped, nothing is uploaded again.
+            upstream.replay_from("a", -4)
+            upstream.drop("a")
+            await eventually(lambda: len(upstream.sockets("a")) == 2, what="the reconnect")
+            upstream.publish("a", {"v": 6})
+            await eventually(lambda: len(msgs.read_all("a")) == 6, what="the frame after the replay")
+            assert worker.counters.total(names.LARGE_FRAMES) == 2
+            assert worker._aws.requests["s3.PutObject"] == 2
+
+    asyncio.run(scenario())
+    rows = {r["sk"]: r for r in msgs.read_all("a")}
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6]
+    for seq in (2, 4):
+        assert schema.MESSAGE_DATA not in rows[seq]
+        assert rows[seq][schema.DATA_REF] == f"s3://{objects.bucket}/{schema.message_object_key('a', seq)}"
+        assert rows[seq][schema.DATA_BYTES] == len(compact(data[seq]).encode())
+        assert objects.data_of(rows[seq]) == compact(data[seq])  # size and SHA-256 checked too
+    assert rows[1][schema.MESSAGE_DATA] == compact(data[1])
+    assert object_keys(s3, objects.bucket) == [schema.message_object_key("a", 2), schema.message_object_key("a", 4)]
+    assert conns.get("a")["last_seq"] == 6
+
+
+def test_after_a_crash_around_a_large_frame_the_new_owner_resumes_with_no_gap_and_no_double(
+    aws_env, stores, sessions, s3, objects, upstream
+):
+    """Two connections whose owner died at a large frame (seq 3, 600 KB): on "obj" after
+    its object was stored but before its item; on "item" after both. The taker resumes
+    "obj" at the large frame, rewriting the same object, and "item" after it."""
+    conns, msgs = stores
+    cfg = config(aws_env)
+    data = {cid: {1: {"v": 1}, 2: {"v": 2}, 3: blob(600_000, 3), 4: {"v": 4}, 5: {"v": 5}} for cid in ("obj", "item")}
+    for cid in data:
+        for d in data[cid].values():
+            upstream.publish(cid, d)
+        conns.start(cid, upstream.url_for(cid))
+    dead_session(sessions, conns, "dead#1", *data, lease_ms=cfg.lease_ms)
+    for cid, items in (("obj", [1, 2]), ("item", [1, 2, 3])):
+        conns.checkpoint(cid, session_id="dead#1", fence_token=1, last_seq=1)
+        stored = objects.put(cid, 3, compact(data[cid][3]))  # the dead owner's upload
+        frames = [Frame(s, compact(data[cid][s]), 1) for s in items]
+        msgs.put_many([(cid, 1, f) for f in frames], worker_id="dead", objects={(cid, 3): stored})
+
+    async def scenario():
+        async with running(cfg) as worker:
+            await eventually(lambda: set(data) <= set(worker.runners), timeout=cfg.lease_ms / 1000 + 10, what="takeover")
+            await eventually(lambda: all(len(msgs.read_all(c)) == 5 for c in data), timeout=30, what="all five, each")
+            assert worker._aws.requests["s3.PutObject"] == 1  # "obj"'s large frame, again; not "item"'s
+
+    asyncio.run(scenario())
+    assert upstream.sockets("obj")[0].from_seq == 3 and upstream.sockets("item")[0].from_seq == 4
+    for cid in data:
+        rows = {r["sk"]: r for r in msgs.read_all(cid)}
+        assert sorted(rows) == [1, 2, 3, 4, 5]
+        assert objects.data_of(rows[3]) == compact(data[cid][3])
+        assert [objects.data_of(rows[s]) for s in (1, 2, 4, 5)] == [compact(data[cid][s]) for s in (1, 2, 4, 5)]
+    assert object_keys(s3, objects.bucket) == [schema.message_object_key("item", 3), schema.message_object_key("obj", 3)]
+    assert msgs.read_all("obj")[2]["fence_token"] == 2  # written by the taker
+    assert msgs.read_all("item")[2]["fence_token"] == 1  # the dead owner's, left alone
