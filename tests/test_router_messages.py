@@ -13,9 +13,10 @@ from typing import Any
 import boto3
 import pytest
 
-from tests.test_router import URL, Api, assert_error, get_event
+from tests.test_router import ALLOWED, URL, Api, assert_error, get_event, inject_dynamodb_error
 from wsfleet import message_pages, schema
-from wsfleet.router import make_presigner
+from wsfleet.config import RouterConfig
+from wsfleet.router import make_client, make_presigner
 from wsfleet.store import MessagesStore, marshal
 from wsfleet.stream import MAX_SEQ, Frame
 
@@ -327,6 +328,21 @@ def test_a_read_logs_one_line_with_the_connection_and_how_many_entries(api, stor
     line = api.log_lines()[-1]
     assert (line["event"], line["connection_id"], line["status"], line["messages"]) == ("request", "c1", 200, 2)
     assert line["route"] == "/connections/{connection_id}/messages"
+
+
+def test_a_throttled_read_is_retried_then_answered_503_and_the_skipped_count_too(aws_env, ddb, sqs, emulator):
+    config = RouterConfig.from_env({**aws_env, "ALLOWED_WS_HOSTS": ALLOWED})
+    router_ddb = make_client("dynamodb", config)  # the production retry policy
+    attempts = inject_dynamodb_error(router_ddb, "Query", status=400, code="ThrottlingException")
+    api = Api(aws_env, ddb, sqs, ddb_for_router=router_ddb)
+    api.start("c1")
+    Stored(api, aws_env, emulator).inline("c1", [1])
+
+    for event in (messages_event("c1"), get_event("c1")):
+        resp = api.router.handle(event)
+        assert resp["headers"]["Retry-After"] == "1"
+        assert_error(resp["statusCode"], json.loads(resp["body"]), 503, "service_unavailable")
+    assert len(attempts) == 6
 
 
 def test_a_read_writes_nothing(api, stored):

@@ -175,7 +175,7 @@ class Router:
                 result = error_response(
                     503,
                     "service_unavailable",
-                    "The connections table is busy or unavailable; retry the request with backoff.",
+                    "DynamoDB is busy or unavailable; retry the request with backoff.",
                     {"Retry-After": "1"},
                 )
             except Exception as exc:  # the contract: a JSON 500, never a traceback to the caller
