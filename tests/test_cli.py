@@ -17,7 +17,7 @@ import sysconfig
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import boto3
 import pytest
@@ -190,7 +190,7 @@ class Capture:
     def send(self, request):
         """Deliver a request meant for elsewhere here, its headers (Host too) untouched."""
         target = urlsplit(request.full_url)
-        request.full_url = self.url + target.path
+        request.full_url = self.url + target.path + (f"?{target.query}" if target.query else "")
         return urlopen(request, direct=True)
 
 
@@ -205,12 +205,14 @@ def capture():
 def expected_signature(secret: str, request: dict, signed: list[str], amz_date: str, scope: str) -> str:
     """SigV4 computed from the request as received, with hashlib and hmac only."""
     headers = {name.lower(): " ".join(value.split()) for name, value in request["headers"].items()}
+    path, _, query = request["path"].partition("?")
+    pairs = sorted((quote(k, safe="-_.~"), quote(v, safe="-_.~")) for k, v in parse_qsl(query, keep_blank_values=True))
     canonical = "\n".join(
         [
             request["method"],
             # The path as sent, URI-encoded once more ("twice" in AWS's words, S3 aside).
-            quote(request["path"], safe="/~"),
-            "",
+            quote(path, safe="/~"),
+            "&".join(f"{k}={v}" for k, v in pairs),
             "".join(f"{name}:{headers[name]}\n" for name in signed),
             ";".join(signed),
             hashlib.sha256(request["body"]).hexdigest(),
@@ -267,6 +269,21 @@ def test_a_get_is_signed_with_the_region_given_when_the_host_names_none(capture)
     assert request["path"] == "/connections/c-1:x"
     auth = AUTH.fullmatch(request["headers"]["Authorization"])
     assert auth["scope"].endswith("/ap-southeast-2/execute-api/aws4_request")
+    assert auth["sig"] == expected_signature(
+        "secret", request, auth["signed"].split(";"), request["headers"]["X-Amz-Date"], auth["scope"]
+    )
+
+
+def test_a_page_of_messages_is_signed_with_its_query_string(capture):
+    credentials = Credentials("AKIDEXAMPLE", "secret", "token")
+    url = "https://abc123.execute-api.eu-west-1.amazonaws.com/v1"
+    ApiClient(url, credentials=credentials, region=region_in_url(url), send=capture.send).messages(
+        "c1", after_seq=-1, limit=1000
+    )
+
+    [request] = capture.requests
+    assert request["path"] == "/v1/connections/c1/messages?after_seq=-1&limit=1000"
+    auth = AUTH.fullmatch(request["headers"]["Authorization"])
     assert auth["sig"] == expected_signature(
         "secret", request, auth["signed"].split(";"), request["headers"]["X-Amz-Date"], auth["scope"]
     )
