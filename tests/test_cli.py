@@ -29,6 +29,7 @@ from wsfleet.cli import reading, render
 from wsfleet.cli.api import ApiClient, region_in_url, urlopen
 from wsfleet.cli.errors import CliError
 from wsfleet.local.api import LocalApi
+from wsfleet.local.emulator import set_faults
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router
 from wsfleet.store import Acquired, ConnectionsStore, MessagesStore, SessionsStore, marshal, now_ms
@@ -550,7 +551,7 @@ def test_messages_errors_are_one_sentence_and_a_non_zero_exit(capsys, aws_env, a
 
 
 def test_messages_from_an_api_out_of_reach_is_one_sentence(capsys, aws_env):
-    code, out, err = run(capsys, aws_env, "messages", "c1", "--api", "http://127.0.0.1:9", "--follow")
+    code, out, err = run(capsys, aws_env, "messages", "c1", "--api", "http://127.0.0.1:9")
     assert (code, out) == (1, "")
     assert err.startswith("wsfleet: cannot reach the API at http://127.0.0.1:9/connections/c1/messages?after_seq=-1")
 
@@ -603,6 +604,52 @@ def test_follow_waits_for_a_hole_at_the_end_and_then_moves_past_it(ddb, aws_env,
     assert polls[:3] == [[1, 2], [1, 2], [1, 2, 3, 4, 5, 8]]  # the range marker covers 5-7
     assert polls[3 : 2 + reading.HOLE_POLLS] == [[1, 2, 3, 4, 5, 8]] * (reading.HOLE_POLLS - 1)
     assert polls[-1] == [1, 2, 3, 4, 5, 8, 10]
+
+
+def test_follow_rides_out_a_few_failed_polls_and_goes_on(ddb, aws_env, api, emulator):
+    ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4).start("c1", URL + "c1")
+    put_messages(ddb, aws_env, "c1", [1])
+    shown: list[int] = []
+    polls: list[list[int]] = []
+
+    def pause(_: float) -> None:
+        polls.append(list(shown))
+        if len(polls) == 1:
+            set_faults(emulator.endpoint_url, throttle={"Query": 1.0})  # the router answers 503
+        elif len(polls) == 3:
+            set_faults(emulator.endpoint_url)
+            put_messages(ddb, aws_env, "c1", [2])
+        elif len(polls) == 4:
+            raise KeyboardInterrupt
+
+    statuses: list[int] = []
+
+    class Recording(ApiClient):
+        def messages(self, *args, **kwargs):
+            reply = super().messages(*args, **kwargs)
+            statuses.append(reply.status)
+            return reply
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            reading.read(
+                Recording(api.url), "c1", after_seq=-1, limit=None, show=lambda e: shown.append(e["seq"]),
+                follow=True, sleep=pause,
+            )
+    finally:
+        set_faults(emulator.endpoint_url)
+    assert statuses == [200, 503, 503, 200]
+    assert polls == [[1], [1], [1], [1, 2]]
+
+
+def test_follow_gives_up_after_its_retries_with_the_last_failure(aws_env):
+    pauses: list[float] = []
+    with pytest.raises(CliError, match="cannot reach the API"):
+        reading.read(
+            ApiClient("http://127.0.0.1:9"), "c1", after_seq=-1, limit=None, show=print,
+            follow=True, sleep=pauses.append,
+        )
+    assert len(pauses) == reading.FOLLOW_RETRIES
 
 
 def test_follow_stops_at_its_limit(capsys, ddb, aws_env, api):

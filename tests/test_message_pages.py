@@ -41,6 +41,13 @@ def test_anything_else_is_invalid_with_a_sentence(query):
     assert raised.value.message.endswith(".") and next(iter(query)) in raised.value.message
 
 
+def test_junk_from_a_direct_invocation_is_invalid_not_a_crash():
+    for query, multi in (("after_seq=1", None), ({"limit": 5}, None), ({}, ["x"]), ({"x" * 10_000: "1"}, None)):
+        with pytest.raises(Invalid) as raised:
+            page_request(query, multi)
+        assert len(raised.value.message) < 200
+
+
 def test_entries_have_the_contract_shapes():
     assert entry(inline(4, {"a": [1, "é"]}), presign) == {"seq": 4, "data": {"a": [1, "é"]}}
     ref = {

@@ -48,15 +48,17 @@ def page_request(query: Mapping[str, str] | None, multi: Mapping[str, list[str]]
     """The page asked for by an API Gateway event's ``queryStringParameters`` (and
     ``multiValueQueryStringParameters``, to refuse a parameter given twice rather than
     silently keep its last value). Raises :class:`Invalid` with a sentence."""
-    query = query or {}
+    query, multi = query or {}, multi or {}
+    if not isinstance(query, Mapping) or not isinstance(multi, Mapping):  # a direct invocation's junk
+        raise Invalid("invalid_query", "The query string parameters must be a map of names to values.")
     for name in query:
         if name not in PARAMETERS:
             raise Invalid(
                 "unknown_parameter",
-                f"Unknown query parameter {name!r}; this route takes {AFTER_SEQ} and {LIMIT}.",
+                f"Unknown query parameter {_shown(name)}; this route takes {AFTER_SEQ} and {LIMIT}.",
             )
-    for name, values in (multi or {}).items():
-        if name in PARAMETERS and len(values or ()) > 1:
+    for name, values in multi.items():
+        if name in PARAMETERS and isinstance(values, list) and len(values) > 1:
             raise Invalid("repeated_parameter", f"The query parameter {name} must be given at most once.")
     return PageRequest(
         after_seq=_integer(query, AFTER_SEQ, FIRST_AFTER_SEQ, FIRST_AFTER_SEQ, MAX_SEQ),
@@ -69,9 +71,14 @@ def _integer(query: Mapping[str, str], name: str, default: int, low: int, high: 
         return default
     raw = query[name]
     if not isinstance(raw, str) or not _INTEGER.fullmatch(raw) or not low <= int(raw) <= high:
-        shown = raw if isinstance(raw, str) and len(raw) <= 40 else f"{str(raw)[:40]}..."
-        raise Invalid(f"invalid_{name}", f"{name} must be an integer from {low} to {high}, got {shown!r}.")
+        raise Invalid(f"invalid_{name}", f"{name} must be an integer from {low} to {high}, got {_shown(raw)}.")
     return int(raw)
+
+
+def _shown(value: object) -> str:
+    """A caller's value quoted in a sentence, cut short: it may be any length."""
+    text = repr(value)
+    return text if len(text) <= 42 else text[:40] + "..."
 
 
 def entry(item: Mapping[str, Any], presign: Callable[[str, str], str]) -> dict[str, Any]:

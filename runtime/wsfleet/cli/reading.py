@@ -19,6 +19,10 @@ MAX_PAGE = 1000  # the API's largest limit
 # still in flight (one batch's items land one by one): a follower waits this many polls
 # for it before it shows what lies past the hole.
 HOLE_POLLS = 3
+# A follower outlives a brief outage: an API out of reach, throttled or answering 5xx is
+# asked again at the next poll, up to this many times in a row, before it gives up.
+FOLLOW_RETRIES = 5
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 Entry = dict[str, Any]
 
@@ -39,17 +43,30 @@ def read(
     """Show the entries after ``after_seq`` in seq order, at most ``limit`` (None: no
     limit); returns how many were shown. Without ``follow`` it returns at the end of
     what is stored; with it, it polls every ``interval`` seconds until ``limit`` or
-    until interrupted (KeyboardInterrupt is the caller's). An API error or an object
-    that does not match its hash raises :class:`CliError`."""
+    until interrupted (KeyboardInterrupt is the caller's), riding out up to
+    :data:`FOLLOW_RETRIES` failed polls in a row. An API error or an object that does
+    not match its hash raises :class:`CliError`."""
     fetch = fetch or _fetch
     shown = 0
+    failures = 0  # polls in a row that failed in a way worth retrying (follow only)
     covered: int | None = None  # the last seq the entries shown account for
     hole: tuple[int, int] | None = None  # (the seq before a hole at the end, polls it was seen)
     while limit is None or shown < limit:
         want = MAX_PAGE if limit is None else min(MAX_PAGE, limit - shown)
-        reply = client.messages(connection_id, after_seq=after_seq, limit=want)
-        if not reply.ok:
+        retry = follow and failures < FOLLOW_RETRIES
+        try:
+            reply = client.messages(connection_id, after_seq=after_seq, limit=want)
+        except CliError:  # the API out of reach
+            if not retry:
+                raise
+            reply = None
+        if reply is not None and not reply.ok and not (retry and reply.status in _RETRY_STATUSES):
             raise CliError(reply.sentence())
+        if reply is None or not reply.ok:
+            failures += 1
+            sleep(interval)
+            continue
+        failures = 0
         entries, next_after_seq = _page(reply.body)
         if follow and next_after_seq is None:
             kept, before_hole = _gap_free(entries, covered)
