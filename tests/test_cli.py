@@ -532,6 +532,16 @@ def test_follow_urls_refuses_data_that_does_not_match_its_hash(capsys, ddb, aws_
     assert err.count("\n") == 1
 
 
+def test_follow_urls_names_the_seq_whose_object_is_missing(capsys, ddb, aws_env, api):
+    run(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url)
+    key = schema.message_object_key("c1", 4)  # an item whose object was never written
+    ref = {schema.DATA_REF: schema.data_ref(aws_env["MESSAGES_BUCKET_NAME"], key), schema.DATA_BYTES: 9}
+    put_item(ddb, aws_env, "c1", 4, **ref, **{schema.DATA_SHA256: "0" * 64})
+
+    code, out, err = run(capsys, aws_env, "messages", "c1", "--api", api.url, "--follow-urls")
+    assert (code, out, err) == (1, "", "wsfleet: seq 4: fetching its data_url answered HTTP 404.\n")
+
+
 @pytest.mark.parametrize(
     "argv, sentence",
     [

@@ -3,8 +3,8 @@ API, and the fleet as the tables record it (workers, ownership, checkpoints).
 
 Two ways in, as the fleet has them. ``start``, ``stop``, ``get`` and ``messages`` go
 through the API like any caller (``api``, ``reading``). ``status`` and ``connections``
-only read the tables (``fleet``, ``views``), found through the worker's environment variables or a
-stack's outputs (``locate``); they never write. Here: the command line and the one
+only read the tables (``fleet``, ``views``), found through the worker's environment
+variables or a stack's outputs (``locate``); they never write. Here: the command line and the one
 sentence an operator sees when something fails.
 """
 

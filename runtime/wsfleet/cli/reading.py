@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+import urllib.parse
 import urllib.request
 from typing import Any, Callable
 
@@ -115,13 +116,21 @@ def _gap_free(entries: list[Entry], covered: int | None) -> tuple[int, int | Non
 
 
 def _fetch(url: str) -> tuple[int, bytes]:
-    return urlopen(urllib.request.Request(url, method="GET"), direct=is_local(url))
+    try:
+        return urlopen(urllib.request.Request(url, method="GET"), direct=is_local(url))
+    except CliError:
+        # Not the API's sentence, and not the URL either: it grants a read while valid.
+        host = urllib.parse.urlsplit(url).netloc
+        raise CliError(f"cannot reach {host} to fetch a data_url") from None
 
 
 def _resolved(entry: Entry, fetch: Callable[[str], tuple[int, bytes]]) -> Entry:
     """A ``data_url`` entry as ``{"seq", "data"}``, its object fetched and checked."""
     seq = entry["seq"]
-    status, raw = fetch(entry["data_url"])
+    try:
+        status, raw = fetch(entry["data_url"])
+    except CliError as error:
+        raise CliError(f"seq {seq}: {error}") from None
     if status != 200:
         hint = " (its URL has expired: read the page again)" if status == 403 else ""
         raise CliError(f"seq {seq}: fetching its data_url answered HTTP {status}{hint}")
