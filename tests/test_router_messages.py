@@ -197,10 +197,11 @@ def test_skipped_counts_every_marker_of_the_connection_and_no_other(api, stored)
     assert api.get("c3")[1]["skipped"] == 0
 
 
-def test_large_data_is_a_presigned_url_that_returns_it_byte_for_byte(api, stored):
+@pytest.mark.parametrize("size", [500_000, 20_000_000])
+def test_large_data_is_a_presigned_url_that_returns_it_byte_for_byte(api, stored, size):
     api.start("c1")
-    data = json.dumps({"blob": "ü" * 300_000, "n": list(range(1000))}, ensure_ascii=False).encode()
-    assert len(data) > 500_000
+    data = json.dumps({"blob": "ü" * (size // 2), "n": list(range(1000))}, ensure_ascii=False).encode()
+    assert len(data) > size
     stored.inline("c1", [1])
     digest = stored.large("c1", 2, data)
     stored.inline("c1", [3])
