@@ -17,7 +17,7 @@ import sysconfig
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import boto3
 import pytest
@@ -30,8 +30,7 @@ from wsfleet.cli.errors import CliError
 from wsfleet.local.api import LocalApi
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router
-from wsfleet.store import Acquired, ConnectionsStore, MessagesStore, SessionsStore, now_ms
-from wsfleet.stream import Frame
+from wsfleet.store import Acquired, ConnectionsStore, SessionsStore, now_ms
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -189,7 +188,7 @@ class Capture:
     def send(self, request):
         """Deliver a request meant for elsewhere here, its headers (Host too) untouched."""
         target = urlsplit(request.full_url)
-        request.full_url = self.url + target.path
+        request.full_url = self.url + target.path + (f"?{target.query}" if target.query else "")
         return urlopen(request, direct=True)
 
 
@@ -204,12 +203,14 @@ def capture():
 def expected_signature(secret: str, request: dict, signed: list[str], amz_date: str, scope: str) -> str:
     """SigV4 computed from the request as received, with hashlib and hmac only."""
     headers = {name.lower(): " ".join(value.split()) for name, value in request["headers"].items()}
+    path, _, query = request["path"].partition("?")
+    pairs = sorted((quote(k, safe="-_.~"), quote(v, safe="-_.~")) for k, v in parse_qsl(query, keep_blank_values=True))
     canonical = "\n".join(
         [
             request["method"],
             # The path as sent, URI-encoded once more ("twice" in AWS's words, S3 aside).
-            quote(request["path"], safe="/~"),
-            "",
+            quote(path, safe="/~"),
+            "&".join(f"{k}={v}" for k, v in pairs),
             "".join(f"{name}:{headers[name]}\n" for name in signed),
             ";".join(signed),
             hashlib.sha256(request["body"]).hexdigest(),
@@ -266,6 +267,21 @@ def test_a_get_is_signed_with_the_region_given_when_the_host_names_none(capture)
     assert request["path"] == "/connections/c-1:x"
     auth = AUTH.fullmatch(request["headers"]["Authorization"])
     assert auth["scope"].endswith("/ap-southeast-2/execute-api/aws4_request")
+    assert auth["sig"] == expected_signature(
+        "secret", request, auth["signed"].split(";"), request["headers"]["X-Amz-Date"], auth["scope"]
+    )
+
+
+def test_a_page_of_messages_is_signed_with_its_query_string(capture):
+    credentials = Credentials("AKIDEXAMPLE", "secret", "token")
+    url = "https://abc123.execute-api.eu-west-1.amazonaws.com/v1"
+    ApiClient(url, credentials=credentials, region=region_in_url(url), send=capture.send).messages(
+        "c1", after_seq=-1, limit=1000
+    )
+
+    [request] = capture.requests
+    assert request["path"] == "/v1/connections/c1/messages?after_seq=-1&limit=1000"
+    auth = AUTH.fullmatch(request["headers"]["Authorization"])
     assert auth["sig"] == expected_signature(
         "secret", request, auth["signed"].split(";"), request["headers"]["X-Amz-Date"], auth["scope"]
     )
@@ -416,38 +432,6 @@ def test_connections_of_one_worker_come_from_its_sessions(capsys, aws_env, fleet
     assert run(capsys, aws_env, "connections", "--worker", "nobody")[1].strip() == "no connections"
 
 
-def test_messages_shows_a_page_from_a_seq(capsys, ddb, aws_env):
-    store = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"])
-    frames = [
-        Frame(seq, json.dumps({"v": seq}, separators=(",", ":")), 1_700_000_000_000 + seq) for seq in range(1, 31)
-    ]
-    store.put("c1", frames, fence_token=3, worker_id="w1")
-
-    rows = run_json(capsys, aws_env, "messages", "c1", "--from-seq", "5", "--limit", "12")
-
-    assert [r["seq"] for r in rows] == list(range(5, 17))
-    assert rows[0] == {
-        "seq": 5,
-        "data": {"v": 5},
-        "fence_token": 3,
-        "worker_id": "w1",
-        "received_at_ms": 1_700_000_000_005,
-    }
-    code, out, _ = run(capsys, aws_env, "messages", "c1", "--limit", "2")
-    assert code == 0 and out.splitlines()[1].split() == ["1", "2023-11-14", "22:13:20.001Z", "3", "w1", '{"v":', "1}"]
-    assert "no messages stored for c2 from seq 0" in run(capsys, aws_env, "messages", "c2")[1]
-    assert run(capsys, aws_env, "messages", "c1", "--limit", "0")[0] == 2
-
-
-def test_messages_shows_a_skip_marker_as_skipped_with_its_reason(capsys, ddb, aws_env):
-    MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"]).put(
-        "c1", [Frame(1, "{}", 1_700_000_000_000), Frame(2, None, 1_700_000_000_000)], fence_token=1, worker_id="w1"
-    )
-    rows = run_json(capsys, aws_env, "messages", "c1")
-    assert [(r["seq"], r.get("data"), r.get("skipped")) for r in rows] == [(1, {}, None), (2, None, "malformed")]
-    assert run(capsys, aws_env, "messages", "c1")[1].splitlines()[2].endswith("(skipped: malformed)")
-
-
 # --- where the tables and the API are -----------------------------------------------------------------
 
 
@@ -459,7 +443,7 @@ def test_table_commands_without_the_tables_name_the_missing_variables(capsys, aw
 
 
 def test_a_table_that_does_not_exist_is_one_sentence(capsys, aws_env):
-    code, _, err = run(capsys, {**aws_env, "MESSAGES_TABLE_NAME": "nope"}, "messages", "c1")
+    code, _, err = run(capsys, {**aws_env, "TABLE_NAME": "nope"}, "connections")
     assert code == 1 and "ResourceNotFoundException" in err and "check the table names" in err and err.count("\n") == 1
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from wsfleet.local.api import CONNECTION_RESOURCE, EVENTS_RESOURCE, LocalApi
+from wsfleet.local.api import CONNECTION_RESOURCE, EVENTS_RESOURCE, MESSAGES_RESOURCE, LocalApi
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -86,7 +86,20 @@ def test_get_connection_carries_the_id_as_a_path_parameter_and_the_query(api, re
     assert event["multiValueQueryStringParameters"] == {"v": ["1", "2"], "w": [""]}
 
 
-@pytest.mark.parametrize("path", ["/nope", "/connections/a/b", "/connections/", "/events/x"])
+def test_get_messages_carries_the_id_as_a_path_parameter_and_the_decoded_query(api, recorder):
+    request(api, "GET", "/connections/c-1:x/messages?after_seq=%2D1&limit=5&limit=6")
+
+    event = recorder.event
+    assert event["resource"] == MESSAGES_RESOURCE and event["path"] == "/connections/c-1:x/messages"
+    assert event["pathParameters"] == {"connection_id": "c-1:x"}
+    assert event["requestContext"]["resourcePath"] == MESSAGES_RESOURCE
+    assert event["queryStringParameters"] == {"after_seq": "-1", "limit": "6"}
+    assert event["multiValueQueryStringParameters"] == {"after_seq": ["-1"], "limit": ["5", "6"]}
+
+
+@pytest.mark.parametrize(
+    "path", ["/nope", "/connections/a/b", "/connections/", "/events/x", "/connections//messages", "/connections/a/b/messages"]
+)
 def test_unknown_path_reaches_the_handler_with_the_raw_path_as_resource(api, recorder, path):
     recorder.response = {"statusCode": 404, "body": '{"error": "not_found"}'}
     status, _, raw = request(api, "GET", path)
@@ -168,6 +181,24 @@ def test_router_behind_http_answers_errors_as_json(router_api):
     status, _, raw = request(router_api, "POST", "/events", "{not json")
     assert status == 400 and set(json.loads(raw)) == {"error", "message"}
     assert request(router_api, "GET", "/nowhere")[0] == 404
+
+
+def test_router_behind_http_serves_pages_of_messages(router_api, router_env, ddb):
+    from wsfleet.store import MessagesStore
+    from wsfleet.stream import Frame
+
+    assert post_event(router_api, event_type="START", connection_id="c1", ws_url="ws://127.0.0.1:9/s")[0] == 202
+    frames = [Frame(seq, f'{{"v":{seq}}}', 1_700_000_000_000) for seq in range(1, 6)]
+    MessagesStore(ddb, router_env["MESSAGES_TABLE_NAME"]).put("c1", frames, fence_token=1, worker_id="w1")
+
+    status, _, raw = request(router_api, "GET", "/connections/c1/messages?after_seq=1&limit=3")
+    assert status == 200
+    assert json.loads(raw) == {"messages": [{"seq": s, "data": {"v": s}} for s in (2, 3, 4)], "next_after_seq": 4}
+    status, _, raw = request(router_api, "GET", "/connections/c1/messages?after_seq=4")
+    assert (status, json.loads(raw)) == (200, {"messages": [{"seq": 5, "data": {"v": 5}}], "next_after_seq": None})
+    status, _, raw = request(router_api, "GET", "/connections/c1/messages?limit=3&limit=4")
+    assert (status, json.loads(raw)["error"]) == (400, "repeated_parameter")
+    assert request(router_api, "GET", "/connections/nobody/messages")[0] == 404
 
 
 @pytest.mark.slow

@@ -7,7 +7,9 @@ succeeds, because the workers' orphan reconciler finds every STARTED connection
 without an owner anyway. A STOP of an owned connection is posted to the owning session's
 inbox in the same write (see :meth:`ConnectionsStore.stop`), so that no lost answer and
 no crash of this function can keep it from the owner. ``GET /connections/{connection_id}``
-returns the public state.
+returns the public state; ``GET /connections/{connection_id}/messages`` a page of what is
+stored (:mod:`wsfleet.message_pages`), large data as presigned S3 URLs: presigning is
+computed here from the function's own credentials, no S3 request.
 
 Every request is validated completely before the first write, so a 4xx never writes.
 Store writes are conditional (see :mod:`wsfleet.store`), so concurrent requests for
@@ -30,10 +32,10 @@ from urllib.parse import unquote
 import boto3
 from botocore.config import Config
 
-from . import schema, tracing
+from . import message_pages, schema, tracing
 from .config import ConfigError, RouterConfig
 from .logs import JsonLogger, route_stdlib_logging
-from .store import ConnectionsStore, SessionsStore, StartOutcome, StopOutcome, TransientError
+from .store import ConnectionsStore, MessagesStore, SessionsStore, StartOutcome, StopOutcome, TransientError
 from .validation import Allowlist, Invalid, check_connection_id, check_ws_url
 
 MAX_BODY_BYTES = 16 * 1024
@@ -41,8 +43,10 @@ SERVICE_NAME = "wsfleet-router"
 
 EVENTS = "/events"
 CONNECTION = "/connections/{connection_id}"
-ROUTES: Mapping[str, tuple[str, ...]] = {EVENTS: ("POST",), CONNECTION: ("GET",)}
+MESSAGES = "/connections/{connection_id}/messages"
+ROUTES: Mapping[str, tuple[str, ...]] = {EVENTS: ("POST",), CONNECTION: ("GET",), MESSAGES: ("GET",)}
 _CONNECTION_PREFIX = "/connections/"
+_MESSAGES_SUFFIX = "/messages"
 
 # Standard retries ride out throttling and 5xx before we answer 503. DynamoDB and SQS
 # answer in milliseconds; the short timeouts keep three attempts and their backoff
@@ -89,6 +93,24 @@ def make_client(service: str, config: RouterConfig) -> Any:
     )
 
 
+def make_presigner(config: RouterConfig) -> Any:
+    """The S3 client that presigns data URLs (it never sends a request). SigV4 on the
+    bucket's regional host: botocore would otherwise presign for the global
+    ``s3.amazonaws.com``, which redirects outside us-east-1 and breaks the signature
+    (boto/boto3#2728). An endpoint override (the emulator) is addressed path-style."""
+    if config.endpoint_url:
+        endpoint, style = config.endpoint_url, "path"
+    else:
+        suffix = "amazonaws.com.cn" if config.region.startswith("cn-") else "amazonaws.com"
+        endpoint, style = f"https://s3.{config.region}.{suffix}", "virtual"
+    return boto3.session.Session().client(
+        "s3",
+        region_name=config.region,
+        endpoint_url=endpoint,
+        config=CLIENT_CONFIG.merge(Config(signature_version="s3v4", s3={"addressing_style": style})),
+    )
+
+
 class Router:
     def __init__(
         self,
@@ -96,12 +118,16 @@ class Router:
         ddb: Any,
         sqs: Any,
         *,
+        s3: Any = None,
         logger: JsonLogger | None = None,
     ) -> None:
+        """``s3``: the client that presigns data URLs [one built from ``config``]."""
         self._config = config
         self._store = ConnectionsStore(ddb, config.table_name, state_shards=config.state_shards)
         self._sessions = SessionsStore(ddb, config.sessions_table_name)
+        self._messages = MessagesStore(ddb, config.messages_table_name)
         self._sqs = sqs
+        self._s3 = s3 if s3 is not None else make_presigner(config)
         self._allowlist = Allowlist.of(config.allowed_ws_hosts)
         self._log = logger or JsonLogger(component="router")
 
@@ -112,6 +138,7 @@ class Router:
         *,
         ddb: Any = None,
         sqs: Any = None,
+        s3: Any = None,
         logger: JsonLogger | None = None,
     ) -> "Router":
         """Configuration from the environment; clients given here win over building them."""
@@ -120,6 +147,7 @@ class Router:
             config,
             ddb if ddb is not None else make_client("dynamodb", config),
             sqs if sqs is not None else make_client("sqs", config),
+            s3=s3,
             logger=logger,
         )
 
@@ -147,7 +175,7 @@ class Router:
                 result = error_response(
                     503,
                     "service_unavailable",
-                    "The connections table is busy or unavailable; retry the request with backoff.",
+                    "DynamoDB is busy or unavailable; retry the request with backoff.",
                     {"Retry-After": "1"},
                 )
             except Exception as exc:  # the contract: a JSON 500, never a traceback to the caller
@@ -185,6 +213,8 @@ class Router:
             )
         if route == EVENTS:
             return self._post_event(_json_body(event), fields)
+        if route == MESSAGES:
+            return self._get_messages(path_id, event, fields)
         return self._get_connection(path_id, fields)
 
     def _post_event(self, body: dict, fields: dict[str, Any]) -> tuple[int, dict]:
@@ -199,7 +229,7 @@ class Router:
             return self._start(connection_id, ws_url, fields)
         return self._stop(connection_id, fields)
 
-    # --- the three operations ------------------------------------------------------
+    # --- the four operations -------------------------------------------------------
 
     def _start(self, connection_id: str, ws_url: str, fields: dict[str, Any]) -> tuple[int, dict]:
         started = self._store.start(connection_id, ws_url)
@@ -242,7 +272,31 @@ class Router:
         session_id = item.get(schema.LEASE_SESSION, "")
         session = self._sessions.get(session_id, consistent=False) if session_id else None
         item[schema.LEASE_EXPIRES_AT_MS] = int((session or {}).get(schema.EXPIRES_AT_MS, 0))
+        item[schema.SKIPPED_COUNT] = self._messages.count_markers(connection_id)
         return 200, {"connection_id": connection_id, **{name: item.get(name) for name in schema.PUBLIC_FIELDS}}
+
+    def _get_messages(self, raw_id: object, event: Mapping[str, Any], fields: dict[str, Any]) -> tuple[int, dict]:
+        """A page of the connection's stored messages after ``after_seq``; reads only."""
+        connection_id = _valid(check_connection_id, raw_id)
+        fields["connection_id"] = connection_id
+        try:
+            page = message_pages.page_request(
+                event.get("queryStringParameters"), event.get("multiValueQueryStringParameters")
+            )
+        except Invalid as exc:
+            raise HttpError(400, exc.code, exc.message) from None
+        if self._store.get(connection_id) is None:
+            raise _unknown_connection(connection_id)
+        items = self._messages.read_after(connection_id, page.after_seq, batch=page.limit + 1)
+        body = message_pages.build_page(items, limit=page.limit, presign=self._presign)
+        fields["outcome"] = "found"
+        fields["messages"] = len(body["messages"])
+        return 200, body
+
+    def _presign(self, bucket: str, key: str) -> str:
+        return self._s3.generate_presigned_url(
+            "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=message_pages.DATA_URL_SECONDS
+        )
 
     def _send_hint(self, connection_id: str) -> bool:
         """Tell the workers now rather than at their next orphan scan. The desired state
@@ -267,19 +321,23 @@ def _route(event: Mapping[str, Any]) -> tuple[str, object]:
     resource = event.get("resource")
     if resource in ROUTES:
         params = event.get("pathParameters") or {}
-        raw = params.get("connection_id") if resource == CONNECTION else None
+        raw = params.get("connection_id") if resource in (CONNECTION, MESSAGES) else None
     else:
         path = str(event.get("path") or "")
         tail = path[len(_CONNECTION_PREFIX):] if path.startswith(_CONNECTION_PREFIX) else ""
+        listed = tail[: -len(_MESSAGES_SUFFIX)] if tail.endswith(_MESSAGES_SUFFIX) else ""
         if path == EVENTS:
             resource, raw = EVENTS, None
         elif tail and "/" not in tail:
             resource, raw = CONNECTION, tail
+        elif listed and "/" not in listed:
+            resource, raw = MESSAGES, listed
         else:
             raise HttpError(
                 404,
                 "not_found",
-                f"No route for {path or 'this path'}; use POST /events or GET /connections/{{connection_id}}.",
+                f"No route for {path or 'this path'}; use POST /events, GET /connections/{{connection_id}} "
+                "or GET /connections/{connection_id}/messages.",
             )
     # A client may percent-encode ':' in the path. '%' is not allowed in an id, so
     # decoding cannot turn one valid id into another.

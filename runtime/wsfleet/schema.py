@@ -137,6 +137,7 @@ def parse_data_ref(ref: str) -> tuple[str, str]:
 # The public fields returned by GET /connections/{id}.
 # lease_expires_at_ms is not stored on the connection: it is its session's expiry.
 LEASE_EXPIRES_AT_MS = "lease_expires_at_ms"
+SKIPPED_COUNT = "skipped"  # nor is this: the count of its skip markers (MARKERS_INDEX)
 PUBLIC_FIELDS = (
     DESIRED_STATE,
     WS_URL,
@@ -145,6 +146,7 @@ PUBLIC_FIELDS = (
     FENCE_TOKEN,
     LAST_SEQ,
     UPDATED_AT_MS,
+    SKIPPED_COUNT,
 )
 
 # --- queue --------------------------------------------------------------------

@@ -1,10 +1,10 @@
-"""The operators' CLI, ``wsfleet``: START, STOP and GET through the API, and the fleet
-as the tables record it (workers, ownership, checkpoints, stored messages).
+"""The operators' CLI, ``wsfleet``: START, STOP, GET and the stored messages through the
+API, and the fleet as the tables record it (workers, ownership, checkpoints).
 
-Two ways in, as the fleet has them. ``start``, ``stop`` and ``get`` go through the API
-like any caller (``api``). ``status``, ``connections`` and ``messages`` only read the
-tables (``fleet``, ``views``), found through the worker's environment variables or a
-stack's outputs (``locate``); they never write. Here: the command line and the one
+Two ways in, as the fleet has them. ``start``, ``stop``, ``get`` and ``messages`` go
+through the API like any caller (``api``, ``reading``). ``status`` and ``connections``
+only read the tables (``fleet``, ``views``), found through the worker's environment
+variables or a stack's outputs (``locate``); they never write. Here: the command line and the one
 sentence an operator sees when something fails.
 """
 
@@ -20,7 +20,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .. import config, schema
 from ..plan import ENVIRONMENTS
 from ..store import TransientError
-from . import commands
+from ..stream import MAX_SEQ
+from . import commands, render
 from .errors import CliError, aws_sentence
 
 PROG = "wsfleet"
@@ -45,8 +46,18 @@ def _rate(text: str) -> float:
 
 def _seq(text: str) -> int:
     value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    if not 0 <= value <= MAX_SEQ:
+        raise argparse.ArgumentTypeError(f"must be a seq from 0 to {MAX_SEQ}, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
     return value
 
 
@@ -153,13 +164,35 @@ def build_parser() -> argparse.ArgumentParser:
 
     messages = subcommands.add_parser(
         "messages",
-        parents=[tables],
-        help="a connection's stored messages",
-        description="A connection's stored messages in seq order (a Query of the messages table).",
+        parents=[api],
+        help="a connection's stored messages (GET /connections/ID/messages)",
+        description=(
+            "A connection's stored messages in seq order, read page by page through GET "
+            "/connections/{connection_id}/messages: one line each, its seq and its data (clipped to "
+            f"{render.MESSAGE_WIDTH} characters), or a skip marker with its reason, or large data (kept in S3) "
+            "with its size. With --json, one JSON object a line: the API's entries, whole."
+        ),
     )
     messages.add_argument("connection_id", metavar="CONNECTION_ID")
-    messages.add_argument("--from-seq", type=_seq, default=0, metavar="N", help="first seq to show [0: from the start]")
-    messages.add_argument("--limit", type=_positive, default=20, metavar="N", help="at most this many [20]")
+    messages.add_argument(
+        "--from-seq", type=_seq, default=0, metavar="N", help="first seq to show (after_seq N-1) [0: from the start]"
+    )
+    messages.add_argument(
+        "--limit", type=_positive, metavar="N", help="show at most this many [20; without limit with --follow]"
+    )
+    messages.add_argument(
+        "--follow",
+        action="store_true",
+        help="at the end of what is stored, keep polling for new messages like tail -f, until Ctrl-C (exit 0)",
+    )
+    messages.add_argument(
+        "--interval", type=_seconds, default=2.0, metavar="S", help="seconds between polls with --follow [2]"
+    )
+    messages.add_argument(
+        "--follow-urls",
+        action="store_true",
+        help="fetch large data from its data_url and show it as data, after checking its size and SHA-256",
+    )
     messages.set_defaults(run=commands.messages)
 
     plan = subcommands.add_parser(

@@ -1,6 +1,6 @@
-"""The API as any caller reaches it: ``POST /events`` and ``GET /connections/{id}`` over
-HTTP, signed with SigV4 for ``execute-api`` by botocore's signer, except a local API on
-loopback, which has no authorizer."""
+"""The API as any caller reaches it: ``POST /events``, ``GET /connections/{id}`` and
+``GET /connections/{id}/messages`` over HTTP, signed with SigV4 for ``execute-api`` by
+botocore's signer, except a local API on loopback, which has no authorizer."""
 
 from __future__ import annotations
 
@@ -103,8 +103,11 @@ class ApiClient:
         return self.request("POST", "/events", {"event_type": "STOP", "connection_id": connection_id})
 
     def get(self, connection_id: str) -> ApiReply:
-        # Ids are A-Za-z0-9._:- ; anything else is encoded, and the router answers 400.
-        return self.request("GET", "/connections/" + urllib.parse.quote(connection_id, safe=":"))
+        return self.request("GET", _connection_path(connection_id))
+
+    def messages(self, connection_id: str, *, after_seq: int, limit: int) -> ApiReply:
+        query = urllib.parse.urlencode({"after_seq": after_seq, "limit": limit})
+        return self.request("GET", f"{_connection_path(connection_id)}/messages?{query}")
 
     def request(self, method: str, path: str, payload: Mapping[str, Any] | None = None) -> ApiReply:
         url = self.base_url + path
@@ -128,6 +131,11 @@ class ApiClient:
         assert self._signer is not None
         self._signer.add_auth(request)
         return dict(request.headers.items())
+
+
+def _connection_path(connection_id: str) -> str:
+    # Ids are A-Za-z0-9._:- ; anything else is encoded, and the router answers 400.
+    return "/connections/" + urllib.parse.quote(connection_id, safe=":")
 
 
 def _json_object(raw: bytes) -> dict:

@@ -9,10 +9,12 @@ from typing import Any, Mapping
 
 from .. import plan as planning
 from ..store import now_ms
-from . import locate, render, views
+from . import locate, reading, render, views
 from .api import ApiClient, ApiReply, is_local, region_in_url
 from .errors import CliError
 from .fleet import FleetReader
+
+DEFAULT_MESSAGES = 20  # what `wsfleet messages` shows without --limit or --follow
 
 # --- through the API ---------------------------------------------------------------------
 
@@ -56,6 +58,36 @@ def get(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return _reply(args, reply, render.connection(reply.body, now_ms()))
 
 
+def messages(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Entries as they come, a line each (JSON Lines with --json), each flushed so that
+    a pipe sees it at once; Ctrl-C ends --follow with status 0."""
+    client = _api(args, env)
+
+    def show(entry: dict) -> None:
+        line = json.dumps(entry, ensure_ascii=False, separators=(",", ":")) if args.json else render.message(entry)
+        print(line, flush=True)
+
+    limit = args.limit if args.limit is not None or args.follow else DEFAULT_MESSAGES
+    try:
+        shown = reading.read(
+            client,
+            args.connection_id,
+            after_seq=args.from_seq - 1,
+            limit=limit,
+            show=show,
+            follow=args.follow,
+            interval=args.interval,
+            fetch_urls=args.follow_urls,
+        )
+    except KeyboardInterrupt:
+        if not args.follow:
+            raise
+        return 0
+    if not shown and not args.json:
+        print(f"no messages stored for {args.connection_id} from seq {args.from_seq}")
+    return 0
+
+
 # --- from the tables -------------------------------------------------------------------------
 
 
@@ -81,13 +113,6 @@ def connections(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     now = now_ms()
     rows = views.connections(reader, now, worker=args.worker, state=args.state)
     _emit(args, rows, render.connections(rows, now))
-    return 0
-
-
-def messages(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    reader = _reader(args, env, "messages")
-    rows = views.messages(reader, args.connection_id, from_seq=args.from_seq, limit=args.limit)
-    _emit(args, rows, render.messages(rows, args.connection_id, args.from_seq))
     return 0
 
 

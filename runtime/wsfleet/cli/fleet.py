@@ -1,7 +1,7 @@
 """The table commands' reads. Every one goes through the store where it has one (who
 owns what, through the ``by_owner`` index); the few it lacks are here: a Scan of the
 sessions table, a Scan of the connections table (counts, or every item), a BatchGetItem
-of connections, a page of messages. They only read.
+of connections. They only read.
 """
 
 from __future__ import annotations
@@ -150,21 +150,4 @@ class FleetReader:
                 ExpressionAttributeValues=marshal({":s": state}),
             )
         return [unmarshal(raw) for page in self._pages("scan", **kwargs) for raw in page.get("Items", [])]
-
-    def messages(self, connection_id: str, *, from_seq: int, limit: int) -> list[dict]:
-        """Stored messages of a connection, in seq order from ``from_seq``."""
-        out: list[dict] = []
-        pages = self._pages(
-            "query",
-            TableName=self.tables.messages,
-            KeyConditionExpression="#p = :p AND #s >= :from",
-            ExpressionAttributeNames={"#p": schema.MSG_PK, "#s": schema.MSG_SK},
-            ExpressionAttributeValues=marshal({":p": schema.connection_pk(connection_id), ":from": from_seq}),
-            Limit=limit,
-        )
-        for page in pages:
-            out.extend(map(unmarshal, page.get("Items", [])))
-            if len(out) >= limit:
-                break
-        return out[:limit]
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
 from .. import schema
@@ -109,29 +108,29 @@ def connections(rows: Sequence[Mapping[str, Any]], now: int) -> str:
     )
 
 
-def messages(rows: Sequence[Mapping[str, Any]], connection_id: str, from_seq: int) -> str:
-    if not rows:
-        return f"no messages stored for {connection_id} from seq {from_seq}"
-    return table(
-        ("SEQ", "RECEIVED (UTC)", "FENCE", "WORKER", "DATA"),
-        [
-            (r["seq"], _utc(r["received_at_ms"]), r["fence_token"], r["worker_id"], _clip(_content(r), 60))
-            for r in rows
-        ],
-    )
+MESSAGE_WIDTH = 200  # characters of data a line shows; --json shows it whole
 
 
-def _content(row: Mapping[str, Any]) -> str:
-    return f"(skipped: {row['skipped']})" if "skipped" in row else json.dumps(row["data"])
+def message(entry: Mapping[str, Any]) -> str:
+    """One entry of the read API as one line: its seq, then its data (clipped), or
+    what stands in its place: a skip marker (why, which seqs, how large) or large data
+    not fetched."""
+    seq = entry["seq"]
+    if "skipped" in entry:
+        details = [str(entry["skipped"])]
+        if "to_seq" in entry:
+            details.append(f"seqs {seq}-{entry['to_seq']}")
+        if "data_bytes" in entry:
+            details.append(f"{entry['data_bytes']:,} bytes")
+        return f"{seq}  (skipped: {', '.join(details)})"
+    if "data_url" in entry:
+        return f"{seq}  (large data: {entry.get('data_bytes', 0):,} bytes at its data_url; --follow-urls fetches it)"
+    return f"{seq}  {_clip(json.dumps(entry.get('data'), ensure_ascii=False, separators=(',', ':')), MESSAGE_WIDTH)}"
 
 
 def _when(ms: int, now: int) -> str:
     """An epoch-ms time as an operator reads it: "in 8.2s" or "3.1s ago"."""
     return f"in {duration((ms - now) / 1000)}" if ms > now else f"{duration((now - ms) / 1000)} ago"
-
-
-def _utc(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
 
 
 def _clip(text: str, width: int) -> str:

@@ -1,11 +1,10 @@
 """What the table commands show, as the data ``--json`` prints: the fleet at a glance
-(``status``), connections with their owners, a page of stored messages. Each reads
-through a :class:`FleetReader` and decides what the items mean at ``now``; none renders.
+(``status``) and connections with their owners. Each reads through a
+:class:`FleetReader` and decides what the items mean at ``now``; none renders.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping, Sequence
 
 from .. import schema
@@ -139,31 +138,6 @@ def _connection_rows(items: Sequence[dict], sessions: Mapping[str, Session], now
                 "fence_token": int(item.get(schema.FENCE_TOKEN, 0)),
                 "last_seq": int(item.get(schema.LAST_SEQ, 0)),
                 "updated_at_ms": int(item.get(schema.UPDATED_AT_MS, 0)),
-            }
-        )
-    return rows
-
-
-def messages(reader: FleetReader, connection_id: str, *, from_seq: int, limit: int) -> list[dict]:
-    """Stored frames in seq order, each frame's data parsed back from its JSON text, or
-    ``skipped`` (why) for a skip marker."""
-    rows = []
-    for item in reader.messages(connection_id, from_seq=from_seq, limit=limit):
-        if schema.SKIPPED in item:
-            content: dict[str, Any] = {"skipped": item[schema.SKIPPED]}
-        else:
-            raw = item.get(schema.MESSAGE_DATA, "")
-            try:
-                content = {"data": json.loads(raw)}
-            except ValueError:
-                content = {"data": raw}
-        rows.append(
-            {
-                "seq": int(item[schema.MSG_SK]),
-                **content,
-                "fence_token": int(item.get(schema.MSG_FENCE_TOKEN, 0)),
-                "worker_id": item.get(schema.MSG_WORKER_ID, ""),
-                "received_at_ms": int(item.get(schema.RECEIVED_AT_MS, 0)),
             }
         )
     return rows

@@ -11,8 +11,9 @@ The process reads the router's variables (TABLE_NAME, QUEUE_URL, AWS_ENDPOINT_UR
 AWS_REGION, ALLOWED_WS_HOSTS, STATE_SHARDS) through :class:`wsfleet.config.RouterConfig`
 and fails at start-up, naming the variable, when one is bad.
 
-What it mimics: the resources ``/events`` and ``/connections/{connection_id}``; any
-other path is still handed to the handler, with ``resource`` set to the raw path (a
+What it mimics: the resources ``/events``, ``/connections/{connection_id}`` and
+``/connections/{connection_id}/messages``, with the query string in
+``queryStringParameters`` and ``multiValueQueryStringParameters`` (decoded); any other path is still handed to the handler, with ``resource`` set to the raw path (a
 greedy proxy resource would do the same), so the router answers the 404. Path
 parameters are passed as they appear in the URL (not percent-decoded). A handler that
 raises or returns a malformed response is answered 502 ``{"message": "Internal server
@@ -39,7 +40,9 @@ from ..logs import JsonLogger, route_stdlib_logging
 
 EVENTS_RESOURCE = "/events"
 CONNECTION_RESOURCE = "/connections/{connection_id}"
+MESSAGES_RESOURCE = "/connections/{connection_id}/messages"
 _CONNECTION_PREFIX = "/connections/"
+_MESSAGES_SUFFIX = "/messages"
 MAX_BODY_BYTES = 10 * 1024 * 1024  # API Gateway's payload limit
 STAGE = "local"
 
@@ -52,9 +55,14 @@ def resource_for(path: str) -> tuple[str, dict[str, str] | None]:
     """The API Gateway resource a path matches, and its path parameters."""
     if path == EVENTS_RESOURCE:
         return EVENTS_RESOURCE, None
+    if not path.startswith(_CONNECTION_PREFIX):
+        return path, None
     rest = path[len(_CONNECTION_PREFIX):]
-    if path.startswith(_CONNECTION_PREFIX) and rest and "/" not in rest:
+    if rest and "/" not in rest:
         return CONNECTION_RESOURCE, {"connection_id": rest}
+    listed = rest[: -len(_MESSAGES_SUFFIX)] if rest.endswith(_MESSAGES_SUFFIX) else ""
+    if listed and "/" not in listed:
+        return MESSAGES_RESOURCE, {"connection_id": listed}
     return path, None
 
 

@@ -258,7 +258,7 @@ class Demo:
         self.start_workers(args.workers)
         self.say(f"           API: {fleet.api.url}   upstream: {fleet.upstream.url}   backend: {fleet.emulator.endpoint_url}")
         self.say(f"           try: curl -s {fleet.api.url}/connections/c001")
-        self.say(f"           cli: env PYTHONPATH={Path(__file__).resolve().parents[2]} {' '.join(f'{k}={v}' for k, v in fleet.aws_env.items())} {sys.executable} -m wsfleet status  (start/stop/get: --api {fleet.api.url})")
+        self.say(f"           cli: env PYTHONPATH={Path(__file__).resolve().parents[2]} {' '.join(f'{k}={v}' for k, v in fleet.aws_env.items())} {sys.executable} -m wsfleet status  (start/stop/get/messages: --api {fleet.api.url})")
         steps = SCENARIOS[args.scenario]
         gap = args.duration / (1 + sum(STEP_LENGTH.get(step, 1) for step in steps))
         began = time.time()

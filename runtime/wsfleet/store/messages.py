@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -148,3 +148,64 @@ class MessagesStore:
             if "LastEvaluatedKey" not in resp:
                 return out
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    def read_after(self, connection_id: str, after_seq: int, *, batch: int) -> Iterator[dict]:
+        """A connection's items with seq > ``after_seq``, ascending, read lazily: one
+        Query of at most ``batch`` items at a time, the next only when the caller asks
+        for more, so a reader that stops early (a full page) pays for one Query.
+        Strongly consistent: a reader following the stream sees every item whose write
+        was acknowledged, not an older state of the partition. Only the attributes a
+        reader is shown are read (not the fence or the worker)."""
+        names = {
+            "#p": schema.MSG_PK,
+            "#s": schema.MSG_SK,
+            "#d": schema.MESSAGE_DATA,
+            "#r": schema.DATA_REF,
+            "#b": schema.DATA_BYTES,
+            "#h": schema.DATA_SHA256,
+            "#k": schema.SKIPPED,
+            "#t": schema.SKIP_TO,
+        }
+        kwargs: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "#p = :p AND #s > :a",
+            "ExpressionAttributeNames": names,
+            "ExpressionAttributeValues": marshal({":p": schema.connection_pk(connection_id), ":a": after_seq}),
+            "ProjectionExpression": "#s, #d, #r, #b, #h, #k, #t",
+            "ConsistentRead": True,
+            "Limit": batch,
+        }
+        while True:
+            resp = self._query(kwargs)
+            yield from (unmarshal(i) for i in resp.get("Items", []))
+            if "LastEvaluatedKey" not in resp:
+                return
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    def count_markers(self, connection_id: str) -> int:
+        """How many skip markers a connection has: a COUNT Query of its partition of the
+        sparse markers index (only markers are in it), so no message is read. Eventually
+        consistent, as every GSI read is."""
+        kwargs: dict[str, Any] = {
+            "TableName": self._table,
+            "IndexName": schema.MARKERS_INDEX,
+            "KeyConditionExpression": "#p = :p",
+            "ExpressionAttributeNames": {"#p": schema.MSG_PK},
+            "ExpressionAttributeValues": marshal({":p": schema.connection_pk(connection_id)}),
+            "Select": "COUNT",
+        }
+        count = 0
+        while True:
+            resp = self._query(kwargs)
+            count += int(resp.get("Count", 0))
+            if "LastEvaluatedKey" not in resp:
+                return count
+            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+    def _query(self, kwargs: dict[str, Any]) -> dict:
+        try:
+            return self._ddb.query(**kwargs)
+        except (ClientError, BotoCoreError) as exc:
+            if is_transient(exc):
+                raise TransientError(f"query: {exc}") from exc
+            raise
