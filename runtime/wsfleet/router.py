@@ -93,17 +93,18 @@ def make_client(service: str, config: RouterConfig) -> Any:
     )
 
 
-def make_presigner(config: RouterConfig) -> Any:
+def make_presigner(config: RouterConfig, session: Any = None) -> Any:
     """The S3 client that presigns data URLs (it never sends a request). SigV4 on the
     bucket's regional host: botocore would otherwise presign for the global
     ``s3.amazonaws.com``, which redirects outside us-east-1 and breaks the signature
-    (boto/boto3#2728). An endpoint override (the emulator) is addressed path-style."""
+    (boto/boto3#2728). An endpoint override (the emulator) is addressed path-style.
+    ``session``: the boto3 session whose credentials sign [a new default one]."""
     if config.endpoint_url:
         endpoint, style = config.endpoint_url, "path"
     else:
         suffix = "amazonaws.com.cn" if config.region.startswith("cn-") else "amazonaws.com"
         endpoint, style = f"https://s3.{config.region}.{suffix}", "virtual"
-    return boto3.session.Session().client(
+    return (session or boto3.session.Session()).client(
         "s3",
         region_name=config.region,
         endpoint_url=endpoint,

@@ -563,12 +563,19 @@ class Fleet:
         )
 
     def _start_api(self) -> None:
-        from ..router import Router
+        from ..router import Router, make_presigner
 
         env = {**self.aws_env, cfg.ALLOWED_WS_HOSTS: LOOPBACK}
         self._api_log = open(self.run_dir / "api.log", "a", buffering=1)
+        # The data URLs it presigns are signed with the emulator's credentials, which
+        # this process has in aws_env, not in its own environment.
+        signing = boto3.session.Session(
+            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"], aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"]
+        )
         router = Router.from_env(
-            env, ddb=self._client("dynamodb"), sqs=self._client("sqs"), logger=JsonLogger(self._api_log, component="router")
+            env, ddb=self._client("dynamodb"), sqs=self._client("sqs"),
+            s3=make_presigner(cfg.RouterConfig.from_env(env), session=signing),
+            logger=JsonLogger(self._api_log, component="router"),
         )
         self.api = LocalApi(router.handle, LOOPBACK, 0).start()
 
@@ -782,21 +789,25 @@ class Fleet:
         return self.messages_store.read_all(connection_id)
 
     def large_frame(self, connection_id: str, seq: int) -> LargeFrame:
-        """Read one seq back (through its S3 object if it has one) against the upstream's
-        book of what it sent."""
+        """Read one seq back as a user does, through the read API (GET
+        /connections/{id}/messages, then the entry's presigned data_url), against the
+        upstream's book of what it sent and what the item says."""
         assert self.upstream is not None
         sent = json.dumps(json.loads(self.upstream.frames(connection_id)[seq])["data"], separators=(",", ":"), ensure_ascii=False)
         sent_bytes = sent.encode("utf-8")
         out = LargeFrame(connection_id, seq, len(sent_bytes), hashlib.sha256(sent_bytes).hexdigest(), stored="absent")
-        item = next((r for r in self.messages(connection_id) if r[schema.MSG_SK] == seq), None)
-        if item is None:
+        status, page = self.request("GET", f"/connections/{connection_id}/messages?after_seq={seq - 1}&limit=1")
+        entry = next((e for e in page.get("messages", []) if e.get("seq") == seq), None) if status == 200 else None
+        if entry is None:
             return out
-        if schema.DATA_REF not in item:
-            out.stored = "inline" if schema.MESSAGE_DATA in item else "marker"
+        if "data_url" not in entry:
+            out.stored = "marker" if "skipped" in entry else "inline"
             return out
-        body = self.objects_store.get(item[schema.DATA_REF])
-        out.stored, out.data_ref = "object", item[schema.DATA_REF]
-        out.item_bytes, out.item_sha256 = item.get(schema.DATA_BYTES), item.get(schema.DATA_SHA256)
+        with urllib.request.urlopen(entry["data_url"], timeout=30) as resp:
+            body = resp.read()
+        item = next((r for r in self.messages(connection_id) if r[schema.MSG_SK] == seq), {})
+        out.stored, out.data_ref = "object", item.get(schema.DATA_REF)
+        out.item_bytes, out.item_sha256 = entry.get("data_bytes"), entry.get("data_sha256")
         out.read_bytes, out.read_sha256 = len(body), hashlib.sha256(body).hexdigest()
         return out
 

@@ -324,14 +324,14 @@ def data_lines(summary: DataSummary, overlaps: Sequence[Overlap], events: Sequen
 
 
 def large_frame_lines(large: LargeFrame) -> list[str]:
-    """The large frame the demo sent, read back through its S3 object."""
+    """The large frame the demo sent, read back through the read API and its presigned data_url."""
     head = f"large frame: {large.connection_id} seq {large.seq}, {large.sent_bytes:,} bytes of data sent"
     if large.stored != "object":
         return [f"{head}; stored: {large.stored} (expected an S3 object)"]
     verdict = "matches what the upstream sent" if large.ok else "DOES NOT match what the upstream sent"
     return [
         f"{head}, stored as {large.data_ref}",
-        f"  read back {large.read_bytes:,} bytes (item says {large.item_bytes:,}), SHA-256 {large.read_sha256} "
+        f"  read back through GET /connections/{large.connection_id}/messages and its data_url: {large.read_bytes:,} bytes (item says {large.item_bytes:,}), SHA-256 {large.read_sha256} "
         f"(item {'the same' if large.item_sha256 == large.read_sha256 else large.item_sha256}): {verdict}",
     ]
 
