@@ -38,7 +38,8 @@ class MessagesStore:
     def put_many(self, entries: Sequence[tuple[str, int, Frame]], *, worker_id: str) -> None:
         """Store (connection_id, fence_token, frame) entries of any connections, keyed by
         seq (a replay rewrites the same key, never adds a row), 25 per BatchWriteItem; a
-        frame with no data is stored as a skip marker.
+        frame with no data is stored as a skip marker: its reason, ``data_bytes`` where
+        known, and ``skip_to`` for a range.
 
         BatchWriteItem is not conditional: the caller must check its deadline first.
         Unprocessed items are retried with jittered backoff; a batch that still does not
@@ -57,9 +58,11 @@ class MessagesStore:
                 if f.data_json is not None:
                     item[schema.MESSAGE_DATA] = f.data_json
                 else:
-                    item[schema.SKIPPED] = schema.SKIPPED_MALFORMED
+                    item[schema.SKIPPED] = f.reason
                     if f.data_bytes is not None:
                         item[schema.DATA_BYTES] = f.data_bytes
+                    if f.skip_to is not None:
+                        item[schema.SKIP_TO] = f.skip_to
                 if self._ttl_s:
                     item[schema.MESSAGE_TTL_ATTRIBUTE] = f.received_at_ms // 1000 + self._ttl_s
                 try:
@@ -88,18 +91,22 @@ class MessagesStore:
 
     def stored_end(self, connection_id: str, checkpoint: int) -> int:
         """The end of what is stored gap-free from ``checkpoint``: the highest seq s such
-        that every seq in (checkpoint, s] has a row. A new owner resumes after it, so a
-        dead owner's writes past its last checkpoint are neither lost nor stored twice,
-        and a last batch that was only partly written (UnprocessedItems) is replayed from
-        its first hole. Strongly consistent; reads keys only, page by page, and stops at
-        the first hole."""
+        that every seq in (checkpoint, s] has a row or lies in a range marker's
+        (seq..skip_to). A new owner resumes after it, so a dead owner's writes past its
+        last checkpoint are neither lost nor stored twice, a last batch that was only
+        partly written (UnprocessedItems) is replayed from its first hole, and a skipped
+        range is never asked for again. Strongly consistent; reads keys and ``skip_to``
+        only, page by page, and stops at the first hole.
+
+        A checkpoint is never inside a range (the writer reports a range's end as stored,
+        and owners resume after it), so the ranges that matter start past it."""
         end = checkpoint
         kwargs: dict[str, Any] = {
             "TableName": self._table,
             "KeyConditionExpression": "#p = :p AND #s > :c",
-            "ExpressionAttributeNames": {"#p": schema.MSG_PK, "#s": schema.MSG_SK},
+            "ExpressionAttributeNames": {"#p": schema.MSG_PK, "#s": schema.MSG_SK, "#t": schema.SKIP_TO},
             "ExpressionAttributeValues": marshal({":p": schema.connection_pk(connection_id), ":c": checkpoint}),
-            "ProjectionExpression": "#s",
+            "ProjectionExpression": "#s, #t",
             "ConsistentRead": True,
             "Limit": 500,
         }
@@ -110,7 +117,7 @@ class MessagesStore:
                 if is_transient(exc):
                     raise TransientError(f"query: {exc}") from exc
                 raise
-            end, complete = contiguous_end(end, (int(unmarshal(i)[schema.MSG_SK]) for i in resp.get("Items", [])))
+            end, complete = contiguous_end(end, map(_span, resp.get("Items", [])))
             if not complete or "LastEvaluatedKey" not in resp:
                 return end
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
@@ -130,3 +137,10 @@ class MessagesStore:
             if "LastEvaluatedKey" not in resp:
                 return out
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+
+
+def _span(raw: dict) -> tuple[int, int]:
+    """(seq, last seq it stands for) of a stored item: a range marker's skip_to, or its seq."""
+    item = unmarshal(raw)
+    seq = int(item[schema.MSG_SK])
+    return seq, max(seq, int(item.get(schema.SKIP_TO, seq)))
