@@ -99,6 +99,7 @@ class Worker:
         self._settings = Settings(
             worker_id=worker_id,
             checkpoint_s=config.checkpoint_ms / 1000,
+            max_frame_bytes=config.max_frame_bytes,
             allowlist=Allowlist.of(config.allowed_ws_hosts),
         )
         self.writer = Writer(
