@@ -288,12 +288,22 @@ def test_a_frame_over_the_limit_right_after_a_gap_costs_the_tries_for_each_seq_u
     assert sockets == 4 * OVER_LIMIT_TRIES + 1  # the first socket (1, 2, then the big one) counts its close
 
 
+def test_the_gap_free_end_stops_at_the_first_hole():
+    def one_each(*seqs):
+        return [(s, s) for s in seqs]
+
+    assert contiguous_end(10, one_each(11, 12, 13)) == (13, True)
+    assert contiguous_end(10, one_each(11, 12, 14)) == (12, False)
+    assert contiguous_end(10, one_each(9, 10, 11)) == (11, True)
+    assert contiguous_end(10, []) == (10, True)
+
+
 def test_the_gap_free_end_goes_through_range_markers():
     assert contiguous_end(4, [(5, 9), (10, 10), (11, 11)]) == (11, True)
     assert contiguous_end(4, [(5, 5), (6, 20), (8, 8), (21, 21)]) == (21, True)  # an item inside a range
     assert contiguous_end(4, [(5, 9), (11, 11)]) == (9, False)
     assert contiguous_end(10, [(12, 12)]) == (10, False)
-    assert contiguous_end(10, []) == (10, True)
+    assert contiguous_end(10, [(3, 11), (12, 12)]) == (12, True)  # a range from below the start
 
 
 def test_hostile_frames_with_jumps_and_replays_leave_the_queued_seqs_gap_free():
