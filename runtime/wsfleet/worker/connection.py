@@ -226,6 +226,7 @@ class ConnectionRunner:
         at the resume point (:meth:`SeqTracker.closed_over_limit`); once given up, its
         marker is queued and the next connect asks for the seq after it. The backoff is
         left growing: a marker is not a frame accepted."""
+        # The frame's length from its header, plus the message's earlier fragments if any.
         size = exc.size + (exc.current_size or 0) if exc.size is not None else None
         marker = self.tracker.closed_over_limit(int(time.time() * 1000), size)
         if marker is None:
