@@ -147,8 +147,15 @@ def test_an_upstream_gap_is_stored_as_one_range_marker_and_the_checkpoint_and_st
     assert [(s["reason"], s["seq"], s["skip_to"]) for s in skips] == [("upstream_gap", 4, 1003)]
 
 
+@pytest.mark.parametrize(
+    ("dead_stored", "from_seqs"),
+    [
+        ("both markers", [11]),  # neither the range nor the big frame asked for again
+        ("the gap marker", [10] * OVER_LIMIT_TRIES + [11]),  # died before giving up 10: the new owner does
+    ],
+)
 def test_a_new_owner_after_a_crash_right_after_markers_resumes_past_them_without_a_loop_gap_or_double(
-    aws_env, stores, sessions
+    aws_env, stores, sessions, dead_stored, from_seqs
 ):
     conns, msgs = stores
     cfg = config(aws_env)
@@ -161,34 +168,32 @@ def test_a_new_owner_after_a_crash_right_after_markers_resumes_past_them_without
             up.publish("a")  # 11..15
         conns.start("a", up.url_for("a"))
         dead_session(sessions, conns, "dead#1", "a", lease_ms=cfg.lease_ms)
-        # The dead owner stored up to its markers, then died with its checkpoint at 3.
+        # The dead owner stored past its checkpoint (3), its markers too, then died.
         conns.checkpoint("a", session_id="dead#1", fence_token=1, last_seq=3)
         sent = up.frames("a")
-        msgs.put(
-            "a",
-            [
-                *(Frame(n, json.dumps(json.loads(sent[n])["data"], separators=(",", ":")), 1) for n in range(1, 6)),
-                upstream_gap(6, 9, 1),
-                Frame(10, None, 1, Problem.OVER_FRAME_LIMIT, data_bytes=len(sent[10])),
-            ],
-            fence_token=1,
-            worker_id="dead",
-        )
+        dead = [
+            *(Frame(n, json.dumps(json.loads(sent[n])["data"], separators=(",", ":")), 1) for n in range(1, 6)),
+            upstream_gap(6, 9, 1),
+            Frame(10, None, 1, Problem.OVER_FRAME_LIMIT, data_bytes=len(sent[10])),
+        ]
+        msgs.put("a", dead if dead_stored == "both markers" else dead[:-1], fence_token=1, worker_id="dead")
 
         async def scenario():
             async with running(cfg) as worker:
                 await eventually(lambda: "a" in worker.runners, timeout=cfg.lease_ms / 1000 + 5, what="takeover")
-                await eventually(lambda: covered_end(msgs, "a") == 15, what="frames past the markers")
+                await eventually(lambda: covered_end(msgs, "a") == 15, timeout=30, what="frames past the markers")
                 return worker.counters.totals()
 
         totals = asyncio.run(scenario())
         sockets = up.sockets("a")
-    assert [s.from_seq for s in sockets] == [11]  # neither the range nor the big frame asked for again
+    assert [s.from_seq for s in sockets] == from_seqs
     stored = rows(msgs, "a")
-    assert sorted(stored) == [*range(1, 7), *range(10, 16)]
-    assert {s: r["fence_token"] for s, r in stored.items() if s <= 10} == dict.fromkeys([*range(1, 7), 10], 1)
+    assert sorted(stored) == [*range(1, 7), *range(10, 16)]  # no double: one item per seq, the range one item
+    assert {stored[s]["fence_token"] for s in range(1, 7)} == {1}  # the dead owner's, never rewritten
+    assert stored[10]["skipped"] == schema.SKIPPED_OVER_FRAME_LIMIT
+    assert stored[10]["fence_token"] == (1 if dead_stored == "both markers" else 2)
     assert {stored[s]["fence_token"] for s in range(11, 16)} == {2}
-    assert totals[names.SKIPPED_FRAMES] == 0
+    assert totals[names.SKIPPED_FRAMES] == (0 if dead_stored == "both markers" else 1)
     assert conns.get("a")["last_seq"] == 15
 
 
