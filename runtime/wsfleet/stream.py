@@ -257,14 +257,14 @@ class SeqTracker:
     are a prefix of them, so the checkpoint (the end of what is stored) has no hole below it.
 
     The caller queues what :meth:`to_store` returns and only then calls :meth:`accept`:
-    a frame lost between the two (the queueing cancelled, or failing) is not in hand,
-    and the next frame's gap marker covers its seq, never a silent hole.
+    a frame lost between the two (the queueing cancelled, or failing: a bug of ours,
+    counted in LoopErrors) is not in hand, and the next frame's gap marker covers its
+    seq. The marker then blames the upstream wrongly, but there is no silent hole.
     """
 
-    def __init__(self, checkpoint: int, *, over_limit_tries: int = OVER_LIMIT_TRIES) -> None:
+    def __init__(self, checkpoint: int) -> None:
         self.checkpoint = checkpoint
         self.last_accepted = checkpoint
-        self._tries = over_limit_tries
         self._over_limit_closes = 0  # at next_seq, since the last frame accepted (or marker)
 
     @property
@@ -292,20 +292,20 @@ class SeqTracker:
     def closed_over_limit(self, received_at_ms: int, size: int | None = None) -> Frame | None:
         """The socket was closed for a frame over its limit (``size`` bytes, if known):
         the over_frame_limit marker to store at ``next_seq`` once that happened
-        ``over_limit_tries`` times there with no frame accepted in between, else None.
+        OVER_LIMIT_TRIES times there with no frame accepted in between, else None.
 
         The upstream sends from ``from_seq`` up, so the first frame from ``next_seq``
         on is the one too large: at that seq, or past a gap the upstream had right there
         (then ``next_seq`` is a seq it never produced). Either way ``next_seq`` holds
         nothing that could be stored, and a marker there hides nothing. A frame k seqs
-        past such a gap costs ``(k + 1) * over_limit_tries`` closes, one marker per seq:
+        past such a gap costs ``(k + 1) * OVER_LIMIT_TRIES`` closes, one marker per seq:
         finite, never an endless loop. It cannot be fewer: the upstream gives no seq for
         a frame the socket never reads, and a range marker would be a guess that could
         hide a frame that exists. Nor fewer tries after a first marker: a frame over the
         limit that the upstream sends once, not as that seq (a glitch), must cost a
         reconnect, not a frame that comes after it."""
         self._over_limit_closes += 1
-        if self._over_limit_closes < self._tries:
+        if self._over_limit_closes < OVER_LIMIT_TRIES:
             return None
         return Frame(self.next_seq, None, received_at_ms, Problem.OVER_FRAME_LIMIT, data_bytes=size)
 
