@@ -26,7 +26,6 @@ from wsfleet.leases import (
     takeover_jitter_s,
     watch_plan,
 )
-from wsfleet.stream import contiguous_end
 
 T = SessionTiming(lease_ms=10_000, heartbeat_ms=2_500, max_clock_skew_ms=1_000)
 
@@ -132,13 +131,6 @@ def test_a_drainer_keeps_half_its_room_and_frees_the_rest_for_the_fleet():
     assert drain_split(100, 30) == 15
     assert drain_split(5, 0) == 0
     assert drain_split(5, 1) == 1
-
-
-def test_the_gap_free_end_stops_at_the_first_hole():
-    assert contiguous_end(10, [11, 12, 13]) == (13, True)
-    assert contiguous_end(10, [11, 12, 14]) == (12, False)
-    assert contiguous_end(10, [9, 10, 11]) == (11, True)
-    assert contiguous_end(10, []) == (10, True)
 
 
 def test_busier_workers_wait_longer_before_racing_for_a_dead_session():

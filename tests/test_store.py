@@ -34,7 +34,7 @@ from wsfleet.store import (
     TransientError,
 )
 from wsfleet.local.emulator import journal, record_journal
-from wsfleet.stream import Frame
+from wsfleet.stream import Frame, Problem, upstream_gap
 
 from tests.conftest import open_sessions
 
@@ -801,6 +801,41 @@ def test_a_skip_marker_is_an_item_with_no_data_that_says_why(ddb, aws_env):
     assert rows[2]["skipped"] == schema.SKIPPED_MALFORMED and rows[2]["data_bytes"] == 500_000
     assert "message_data" not in rows[2] and "data_bytes" not in rows[3]
     assert msgs.stored_end("c1", 0) == 3  # a marker counts as stored: no owner stops at it
+
+
+def test_every_marker_is_stored_with_its_reason_and_a_gap_with_its_range(ddb, aws_env):
+    msgs = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"])
+    msgs.put(
+        "c1",
+        [
+            Frame(1, None, 1, Problem.TOO_DEEP),
+            Frame(2, None, 1, Problem.STORE_REFUSED, data_bytes=9),
+            upstream_gap(3, 10**18, 1),
+            Frame(10**18 + 1, None, 1, Problem.OVER_FRAME_LIMIT, data_bytes=2_000_000),
+            Frame(10**18 + 2, "{}", 1),
+        ],
+        fence_token=1,
+        worker_id="a",
+    )
+    rows = msgs.read_all("c1")
+    assert [(r["sk"], r.get("skipped"), r.get("skip_to"), r.get("data_bytes")) for r in rows] == [
+        (1, schema.SKIPPED_MALFORMED, None, None),
+        (2, schema.SKIPPED_MALFORMED, None, 9),
+        (3, schema.SKIPPED_UPSTREAM_GAP, 10**18, None),
+        (10**18 + 1, schema.SKIPPED_OVER_FRAME_LIMIT, None, 2_000_000),
+        (10**18 + 2, None, None, None),
+    ]
+    assert msgs.stored_end("c1", 0) == 10**18 + 2  # one range item stands for 10^18 seqs
+
+
+def test_the_stored_end_goes_through_a_range_and_stops_at_the_hole_after_it(ddb, aws_env):
+    msgs = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"])
+    msgs.put("c1", [Frame(1, "{}", 1), upstream_gap(2, 40, 1), Frame(41, "{}", 1), Frame(43, "{}", 1)], fence_token=1, worker_id="a")
+    assert msgs.stored_end("c1", 0) == 41
+    assert msgs.stored_end("c1", 1) == 41
+    assert msgs.stored_end("c1", 40) == 41  # a checkpoint at the range's end
+    msgs.put("c1", [upstream_gap(42, 42, 1)], fence_token=2, worker_id="b")
+    assert msgs.stored_end("c1", 0) == 43
 
 
 @pytest.mark.parametrize(

@@ -7,16 +7,20 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
+from wsfleet import schema
 from wsfleet.stream import (
     MAX_DEPTH,
     MAX_MESSAGE_BYTES,
     MAX_SEQ,
+    OVER_LIMIT_TRIES,
     Frame,
     Problem,
     Rejected,
     SeqTracker,
+    contiguous_end,
     parse_frame,
     resume_url,
+    upstream_gap,
 )
 
 
@@ -160,13 +164,171 @@ def test_resume_url_sets_from_seq_and_keeps_other_query_parameters():
     assert parse_qsl(parts.query, keep_blank_values=True) == [("token", "abc"), ("x", ""), ("from_seq", "42")]
 
 
-def test_tracker_drops_replays_and_counts_upstream_gaps():
+def test_tracker_drops_replays_and_puts_one_gap_marker_before_a_frame_that_jumps_ahead():
     t = SeqTracker(checkpoint=10)
     assert t.next_seq == 11
-    assert not t.accept(10)
-    assert t.accept(11) and t.accept(13)
-    assert not t.accept(12)
-    assert t.gaps == 1 and t.next_seq == 14
+    assert t.to_store(Frame(10, "1", 0)) == [] and not t.accept(10)
+    assert t.to_store(Frame(11, "1", 0)) == [Frame(11, "1", 0)] and t.accept(11)
+    assert t.to_store(Frame(14, "1", 7)) == [Frame(12, None, 7, Problem.UPSTREAM_GAP, skip_to=13), Frame(14, "1", 7)]
+    assert t.next_seq == 12  # asking changes nothing: only accept does
+    assert t.accept(14) and t.to_store(Frame(12, "1", 0)) == [] and t.next_seq == 15
+
+
+def test_a_jump_of_any_length_costs_one_marker():
+    t = SeqTracker(checkpoint=0)
+    gap, frame = t.to_store(Frame(10**18, "1", 0))
+    assert (gap.seq, gap.end, gap.reason, gap.is_marker) == (1, 10**18 - 1, schema.SKIPPED_UPSTREAM_GAP, True)
+    assert frame.end == 10**18
+    with pytest.raises(ValueError):
+        upstream_gap(5, 4, 0)
+
+
+def test_a_frame_lost_before_it_was_accepted_is_covered_by_the_next_frames_gap_marker():
+    t = SeqTracker(checkpoint=0)
+    t.accept(1)
+    t.to_store(Frame(2, "1", 0))  # its queueing failed: never accepted
+    gap, _ = t.to_store(Frame(3, "1", 0))
+    assert (gap.seq, gap.end) == (2, 2)
+
+
+def test_every_marker_says_its_reason():
+    reasons = {p: Frame(1, None, 0, p).reason for p in Problem}
+    assert reasons.pop(Problem.UPSTREAM_GAP) == schema.SKIPPED_UPSTREAM_GAP
+    assert reasons.pop(Problem.OVER_FRAME_LIMIT) == schema.SKIPPED_OVER_FRAME_LIMIT
+    assert reasons.pop(Problem.TOO_LARGE) == schema.SKIPPED_OVER_FRAME_LIMIT  # over the limit once re-encoded
+    assert set(reasons.values()) == {schema.SKIPPED_MALFORMED}  # every parser class, and the store's refusal
+    assert Frame(1, None, 0).reason == schema.SKIPPED_MALFORMED
+
+
+def test_a_frame_over_the_limit_is_given_up_after_a_bounded_number_of_closes_at_one_resume_point():
+    t = SeqTracker(checkpoint=4)
+    assert OVER_LIMIT_TRIES == 3
+    assert t.closed_over_limit(9, 2_000_000) is None
+    assert t.closed_over_limit(9, 2_000_000) is None
+    marker = t.closed_over_limit(9, 2_000_001)
+    assert marker == Frame(5, None, 9, Problem.OVER_FRAME_LIMIT, data_bytes=2_000_001)
+    assert marker.reason == schema.SKIPPED_OVER_FRAME_LIMIT and t.next_seq == 5  # not until it is queued
+    t.skip_over_limit(marker)
+    assert t.next_seq == 6
+    assert t.closed_over_limit(9) is None and t.closed_over_limit(9) is None  # the next seq: counted afresh
+    assert t.closed_over_limit(9).seq == 6
+    with pytest.raises(ValueError):
+        t.skip_over_limit(marker)  # not where the stream is
+
+
+def test_an_accepted_frame_starts_the_count_again():
+    t = SeqTracker(checkpoint=0)
+    t.closed_over_limit(0)
+    t.closed_over_limit(0)
+    t.accept(1)  # the upstream sent it once, not as that seq: it went on
+    assert t.closed_over_limit(0) is None and t.closed_over_limit(0) is None
+    t.closed_over_limit(0)
+    t.skip_over_limit(t.closed_over_limit(0))
+    assert t.next_seq == 3
+
+
+def run_model_upstream(frames: dict[int, str], head: int, glitches: set[int], rng: random.Random):
+    """Drive a SeqTracker as the worker does against a model upstream that sends, from
+    any from_seq, its frames from there up in order ('big' ones close the socket, as
+    websockets does over max_size; a seq it lacks is never sent). ``glitches``: socket
+    numbers on which it first sends a frame over the limit that takes no seq (sent
+    once, never again; fewer than OVER_LIMIT_TRIES in a row, or they would cost a seq).
+    Returns (what was queued, sockets opened)."""
+    t, queued, sockets = SeqTracker(checkpoint=0), [], 0
+    last = max(frames)
+    while t.next_seq <= last:  # past the last frame, a socket waits for the next one
+        sockets += 1
+        assert sockets < 10 * head + 50, "the loop does not converge"
+        if sockets in glitches:
+            closed = True
+        else:
+            closed = False
+            for seq in range(t.next_seq, head + 1):
+                if seq not in frames:
+                    continue
+                if frames[seq] == "big":
+                    closed = True
+                    break
+                out = t.to_store(Frame(seq, frames[seq], 0))
+                queued.extend(out)
+                t.accept(seq)
+                if rng.random() < 0.1:  # the socket drops now and then
+                    break
+        if closed and (marker := t.closed_over_limit(0)) is not None:
+            queued.append(marker)
+            t.skip_over_limit(marker)
+    return queued, sockets
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_frames_over_the_limit_among_gaps_and_glitches_converge_hide_no_frame_and_leave_no_hole(seed):
+    """Whatever mix of frames, frames over the limit (one after a gap of k seqs too),
+    seqs the upstream never produced and glitches: the loop ends after a bounded number
+    of sockets, every seq up to the last frame is queued once, in order (as data or inside a
+    marker), and every frame that could be stored is stored as data."""
+    rng = random.Random(seed)
+    head = rng.randrange(20, 80)
+    kinds = rng.choices(["ok", "big", "missing"], weights=[6, 1, 2], k=head)
+    frames = {seq: ('{"v":%d}' % seq if kind == "ok" else "big") for seq, kind in enumerate(kinds, 1) if kind != "missing"}
+    glitches = {n for n in rng.sample(range(1, 40), 8) if n % OVER_LIMIT_TRIES}  # never 3 in a row
+    queued, sockets = run_model_upstream(frames, head, glitches, rng)
+    covered = contiguous_end(0, ((f.seq, f.end) for f in queued))
+    assert covered == (max(frames), True) and [f.seq for f in queued] == sorted({f.seq for f in queued})
+    assert {f.seq for f in queued if not f.is_marker} == {s for s, d in frames.items() if d != "big"}
+    bigs = sum(1 for d in frames.values() if d == "big")
+    assert sockets <= (head + 1) * OVER_LIMIT_TRIES + len(glitches)
+    assert any(f.problem is Problem.OVER_FRAME_LIMIT for f in queued) == (bigs > 0)
+
+
+def test_a_frame_over_the_limit_right_after_a_gap_costs_the_tries_for_each_seq_up_to_it():
+    frames = {1: "1", 2: "1", 6: "big", 7: "1"}  # 3..5 never produced
+    queued, sockets = run_model_upstream(frames, 7, set(), random.Random(1))
+    assert [(f.seq, f.end, f.reason if f.is_marker else "data") for f in queued] == [
+        (1, 1, "data"), (2, 2, "data"),
+        (3, 3, "over_frame_limit"), (4, 4, "over_frame_limit"), (5, 5, "over_frame_limit"), (6, 6, "over_frame_limit"),
+        (7, 7, "data"),
+    ]  # the upstream gives no seq for a frame the socket never reads: each seq tried is given up in turn
+    assert sockets == 4 * OVER_LIMIT_TRIES + 1  # the first socket (1, 2, then the big one) counts its close
+
+
+def test_the_gap_free_end_stops_at_the_first_hole():
+    def one_each(*seqs):
+        return [(s, s) for s in seqs]
+
+    assert contiguous_end(10, one_each(11, 12, 13)) == (13, True)
+    assert contiguous_end(10, one_each(11, 12, 14)) == (12, False)
+    assert contiguous_end(10, one_each(9, 10, 11)) == (11, True)
+    assert contiguous_end(10, []) == (10, True)
+
+
+def test_the_gap_free_end_goes_through_range_markers():
+    assert contiguous_end(4, [(5, 9), (10, 10), (11, 11)]) == (11, True)
+    assert contiguous_end(4, [(5, 5), (6, 20), (8, 8), (21, 21)]) == (21, True)  # an item inside a range
+    assert contiguous_end(4, [(5, 9), (11, 11)]) == (9, False)
+    assert contiguous_end(10, [(12, 12)]) == (10, False)
+    assert contiguous_end(10, [(3, 11), (12, 12)]) == (12, True)  # a range from below the start
+
+
+def test_hostile_frames_with_jumps_and_replays_leave_the_queued_seqs_gap_free():
+    """Parsed hostile frames at random seqs (replays, jumps up to 10^18): what the
+    tracker asks to store covers every seq from the checkpoint to the last accepted
+    once, in order, whatever came."""
+    rng = random.Random(7)
+    seeds = [frame if isinstance(frame, bytes) else frame.encode() for frame, _ in FRAME_CLASSES]
+    t, queued, seq = SeqTracker(checkpoint=3), [], 3
+    for _ in range(2000):
+        seq = max(0, seq + rng.choice((-5, -1, 0, 1, 1, 1, 2, 50, 10**rng.randrange(1, 18))))
+        seq = min(seq, MAX_SEQ)
+        raw = rng.choice(seeds).replace(b'"seq": 5', b'"seq": %d' % seq)
+        got = parse_frame(raw, 0)
+        if isinstance(got, Rejected):
+            continue
+        out = t.to_store(got)
+        queued.extend(out)
+        if out:
+            assert t.accept(got.seq)
+    assert contiguous_end(3, ((f.seq, f.end) for f in queued)) == (t.last_accepted, True)
+    assert all(f.is_marker for f in queued if f.problem is Problem.UPSTREAM_GAP)
 
 
 def test_checkpoint_moves_only_with_stored_frames():

@@ -17,7 +17,7 @@ from wsfleet import metrics_names as names
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
 from wsfleet.store import MessagesStore, ObjectsStore
-from wsfleet.stream import Frame
+from wsfleet.stream import Frame, Problem, upstream_gap
 from wsfleet.worker.retry import LeaseExpired
 from wsfleet.worker.writer import Latency, Writer, histogram_of, histogram_quantile
 
@@ -262,6 +262,51 @@ def test_unprocessed_items_are_retried_and_the_checkpoint_waits_for_all_of_them(
     assert h.stored["a"] == [(4, 4)]  # reported once, after item 3 got through too
 
 
+def test_a_range_marker_is_reported_stored_to_its_end_and_each_marker_counted_once_stored():
+    async def scenario():
+        h = Harness(interval=0.05)
+        h.open("a")
+        h.ddb.unprocess_once = {("CONN#a", 2)}  # the range's item comes back once: retried, counted once
+        task = asyncio.create_task(h.writer.run())
+        await h.writer.put("a", Frame(1, "{}", 1), upstream_gap(2, 99, 1))
+        await h.writer.flush("a")
+        await h.writer.put("a", Frame(100, "{}", 1), Frame(101, None, 1, Problem.OVER_FRAME_LIMIT, data_bytes=5))
+        await h.writer.put("a", Frame(102, None, 1, Problem.TOO_DEEP))
+        await h.writer.flush("a")
+        task.cancel()
+        return h
+
+    h = run(scenario())
+    assert h.stored["a"][0] == (99, 2)  # a checkpoint past 99 covers seqs stored as one range item
+    assert h.stored["a"][-1][0] == 102
+    assert h.ddb.items[("CONN#a", 2)]["skip_to"] == {"N": "99"}
+    assert h.ddb.items[("CONN#a", 101)]["skipped"] == {"S": "over_frame_limit"}
+    assert h.counters.total(names.SKIPPED_FRAMES) == 3 and h.counters.total(names.MALFORMED_FRAMES) == 0
+
+
+def test_frames_put_together_are_queued_together_or_not_at_all():
+    async def scenario():
+        h = Harness(interval=10.0, max_pending_per_connection=2)
+        h.open("a")
+        await h.put("a", 1, 2)
+        putter = asyncio.create_task(h.writer.put("a", upstream_gap(3, 5, 1), Frame(6, "{}", 1)))
+        await until(lambda: h.counters.total(names.BACKPRESSURE_WAITS) == 1)
+        putter.cancel()  # the receive loop torn down while it waits
+        await asyncio.gather(putter, return_exceptions=True)
+        pending_after_cancel = h.writer.stats()["pending"]
+        task = asyncio.create_task(h.writer.run())
+        await asyncio.wait_for(h.writer.flush("a"), 5)
+        await asyncio.wait_for(h.writer.put("a", upstream_gap(3, 5, 1), Frame(6, "{}", 1)), 5)
+        await asyncio.wait_for(h.writer.flush("a"), 5)
+        task.cancel()
+        return h, pending_after_cancel
+
+    h, pending_after_cancel = run(scenario())
+    assert pending_after_cancel == 2  # neither of the two
+    assert [k[1] for r in h.ddb.requests for k in r] == [1, 2, 3, 6]
+    assert h.stored["a"] == [(2, 2), (6, 2)]
+
+
 def test_a_full_connection_makes_its_receive_loop_wait_and_nothing_is_dropped():
     async def scenario():
         h = Harness(interval=10.0, max_pending_per_connection=5)
@@ -430,6 +475,7 @@ def test_an_item_the_store_refuses_becomes_a_skip_marker_and_the_rest_of_its_bat
     assert marker["skipped"] == {"S": "malformed"} and "message_data" not in marker
     assert marker["data_bytes"] == {"N": str(len('"too big"'))}
     assert h.counters.total(names.MALFORMED_FRAMES) == 1 and h.counters.total(names.FRAMES_DROPPED) == 0
+    assert h.counters.total(names.SKIPPED_FRAMES) == 1  # the marker the split found, once stored
 
 
 def test_a_seq_no_dynamodb_number_holds_is_dropped_and_counted_and_its_batch_is_stored():
@@ -455,6 +501,7 @@ def test_a_seq_no_dynamodb_number_holds_is_dropped_and_counted_and_its_batch_is_
     assert h.stored["b"] == [(2, 2), (3, 1)]
     assert ("CONN#a", 4) in h.ddb.items
     assert h.counters.total(names.FRAMES_DROPPED) == 2 and h.counters.total(names.MALFORMED_FRAMES) == 2
+    assert h.counters.total(names.SKIPPED_FRAMES) == 0  # a marker never stored is not counted
 
 
 def test_access_denied_for_a_while_is_retried_nothing_is_dropped_and_the_loop_lives():

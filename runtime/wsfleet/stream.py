@@ -8,6 +8,11 @@ cannot be stored becomes a skip marker at that seq (a :class:`Frame` with no dat
 stored messages stay gap-free and no owner ever stops at it; a frame with no usable seq
 is only counted. :class:`Problem` names each class; the README's table says what happens
 to each.
+
+No silent holes: every seq up to the checkpoint is stored, as data or as a marker. Seqs the
+upstream jumps over become one ``upstream_gap`` marker (a range, :func:`upstream_gap`);
+a frame over the socket's limit, sent again at every resume, becomes an
+``over_frame_limit`` marker after a bounded number of closes (:meth:`SeqTracker.closed_over_limit`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import re
 from dataclasses import dataclass, replace
 from typing import Iterable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from . import schema
 
 # Data up to this size (compact JSON, UTF-8) is stored inline in its item, well inside
 # DynamoDB's 400 KB item limit; larger data goes to an S3 object (wsfleet.store.objects).
@@ -30,6 +37,11 @@ MAX_DEPTH = 128
 # How far into a frame that json cannot read (too deep, an integer too long) a scan
 # looks for its top-level seq: a bound on the time such a frame can cost.
 SEQ_SCAN_CHARS = 1 << 16
+# Closes for a frame over the socket's limit, at one resume point with no frame accepted
+# in between, before the seq there is given up as an over_frame_limit marker. More than
+# one, so that a frame the upstream sent once (not as that seq, never again) costs a
+# reconnect, not a seq.
+OVER_LIMIT_TRIES = 3
 
 
 class Problem(enum.Enum):
@@ -46,6 +58,10 @@ class Problem(enum.Enum):
     NOT_FINITE = "not_finite"  # NaN, Infinity (not JSON) or a number beyond a double (1e400)
     TOO_LARGE = "too_large"  # data over MAX_FRAME_BYTES as compact JSON (the writer makes the marker)
     STORE_REFUSED = "store_refused"  # the table refused the item (the writer makes the marker)
+    # Not a frame's content: seqs the stream went past (markers made by SeqTracker and the
+    # worker, not by the parser; counted in SkippedFrames, not MalformedFrames).
+    UPSTREAM_GAP = "upstream_gap"  # a frame's seq jumped ahead: one marker for the seqs in between
+    OVER_FRAME_LIMIT = "over_frame_limit"  # closed the socket (1009) at the same resume point, again and again
     # Stored, but not byte for byte.
     LONE_SURROGATE = "lone_surrogate"  # half a UTF-16 pair (a cut emoji): stored as a \\uXXXX escape
 
@@ -62,15 +78,43 @@ class Frame:
     # The data's size as compact JSON in UTF-8 (what is stored); a marker's: how large
     # the data it skips is, where known.
     data_bytes: int | None = None
+    skip_to: int | None = None  # an upstream_gap marker's last seq: it stands for seq..skip_to
 
     @property
     def is_marker(self) -> bool:
         return self.data_json is None
 
+    @property
+    def end(self) -> int:
+        """The last seq this item stands for: its own, or a range marker's ``skip_to``."""
+        return self.seq if self.skip_to is None else self.skip_to
+
+    @property
+    def reason(self) -> str:
+        """A marker's ``skipped`` reason (schema.SKIPPED_*): a gap is ``upstream_gap``, a
+        frame over MAX_FRAME_BYTES (on the socket, or once re-encoded) ``over_frame_limit``,
+        every other parser class, and the store's refusal, ``malformed``."""
+        return _REASONS.get(self.problem, schema.SKIPPED_MALFORMED)
+
     def as_marker(self, problem: Problem) -> Frame:
         """The skip marker that stands in for this frame."""
         size = self.data_bytes if self.data_json is None else len(self.data_json.encode("utf-8", "replace"))
         return replace(self, data_json=None, problem=problem, data_bytes=size)
+
+
+_REASONS = {
+    Problem.UPSTREAM_GAP: schema.SKIPPED_UPSTREAM_GAP,
+    Problem.OVER_FRAME_LIMIT: schema.SKIPPED_OVER_FRAME_LIMIT,
+    Problem.TOO_LARGE: schema.SKIPPED_OVER_FRAME_LIMIT,  # over the limit once re-encoded
+}
+
+
+def upstream_gap(first: int, last: int, received_at_ms: int) -> Frame:
+    """The one marker for seqs ``first..last`` that the upstream went past: a jump of
+    10^18 seqs costs one item, like a jump of one."""
+    if not first <= last:
+        raise ValueError(f"an empty gap: {first}..{last}")
+    return Frame(first, None, received_at_ms, Problem.UPSTREAM_GAP, skip_to=last)
 
 
 @dataclass(frozen=True)
@@ -194,16 +238,16 @@ def resume_url(ws_url: str, from_seq: int) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
-def contiguous_end(start: int, seqs: Iterable[int]) -> tuple[int, bool]:
-    """Walk ascending stored seqs from ``start``: (the last seq reached without a hole,
-    whether every seq given was reached). Seqs at or below ``start`` are skipped."""
+def contiguous_end(start: int, items: Iterable[tuple[int, int]]) -> tuple[int, bool]:
+    """Walk stored items from ``start``, as (seq, last seq it stands for) pairs in
+    ascending seq (a range marker covers seq..its skip_to, any other item its own seq):
+    (the last seq reached without a hole, whether every item given was reached). What
+    lies at or below the end reached so far is passed over."""
     end = start
-    for seq in seqs:
-        if seq <= end:
-            continue
-        if seq != end + 1:
+    for seq, last in items:
+        if seq > end + 1:
             return end, False
-        end = seq
+        end = max(end, last)
     return end, True
 
 
@@ -212,27 +256,72 @@ class SeqTracker:
 
     Frames are accepted in increasing seq order; a replayed seq (at or below the last
     accepted) is dropped, so a reconnect or takeover never writes a row twice within
-    one ownership. Stored frames are a prefix of accepted ones, so the checkpoint (the
-    last stored seq) has no unstored frame below it.
+    one ownership. Every seq up to ``last_accepted`` is in hand as a frame or a marker
+    (:meth:`to_store` puts a gap marker before a frame that jumps ahead), and stored ones
+    are a prefix of them, so the checkpoint (the end of what is stored) has no hole below it.
+
+    The caller queues what :meth:`to_store` returns and only then calls :meth:`accept`:
+    a frame lost between the two (the queueing cancelled, or failing: a bug of ours,
+    counted in LoopErrors) is not in hand, and the next frame's gap marker covers its
+    seq. The marker then blames the upstream wrongly, but there is no silent hole.
     """
 
     def __init__(self, checkpoint: int) -> None:
         self.checkpoint = checkpoint
         self.last_accepted = checkpoint
-        self.gaps = 0  # times the upstream skipped seqs
+        self._over_limit_closes = 0  # at next_seq, since the last frame accepted (or marker)
 
     @property
     def next_seq(self) -> int:
-        """Where to resume the socket: frames up to ``last_accepted`` are in hand."""
+        """Where to resume the socket: seqs up to ``last_accepted`` are in hand."""
         return self.last_accepted + 1
 
+    def to_store(self, frame: Frame) -> list[Frame]:
+        """What a received frame asks to store: nothing for a replay; the frame, after one
+        upstream_gap marker for the seqs it jumped over, if any. Changes nothing."""
+        if frame.seq <= self.last_accepted:
+            return []
+        if frame.seq > self.next_seq:
+            return [upstream_gap(self.next_seq, frame.seq - 1, frame.received_at_ms), frame]
+        return [frame]
+
     def accept(self, seq: int) -> bool:
+        """A frame at ``seq`` is queued (with its gap marker, if any); False for a replay."""
         if seq <= self.last_accepted:
             return False
-        if seq > self.last_accepted + 1:
-            self.gaps += 1
         self.last_accepted = seq
+        self._over_limit_closes = 0
         return True
 
-    def stored(self, seq: int) -> None:
-        self.checkpoint = max(self.checkpoint, seq)
+    def closed_over_limit(self, received_at_ms: int, size: int | None = None) -> Frame | None:
+        """The socket was closed for a frame over its limit (``size`` bytes, if known):
+        the over_frame_limit marker to store at ``next_seq`` once that happened
+        OVER_LIMIT_TRIES times there with no frame accepted in between, else None.
+
+        The upstream sends from ``from_seq`` up, so the first frame from ``next_seq``
+        on is the one too large: at that seq, or past a gap the upstream had right there
+        (then ``next_seq`` is a seq it never produced). Either way ``next_seq`` holds
+        nothing that could be stored, and a marker there hides nothing. A frame k seqs
+        past such a gap costs ``(k + 1) * OVER_LIMIT_TRIES`` closes, one marker per seq:
+        finite, never an endless loop. It cannot be fewer: the upstream gives no seq for
+        a frame the socket never reads, and a range marker would be a guess that could
+        hide a frame that exists. Nor fewer tries after a first marker: a frame over the
+        limit that the upstream sends once, not as that seq (a glitch), must cost a
+        reconnect, not a frame that comes after it."""
+        self._over_limit_closes += 1
+        if self._over_limit_closes < OVER_LIMIT_TRIES:
+            return None
+        return Frame(self.next_seq, None, received_at_ms, Problem.OVER_FRAME_LIMIT, data_bytes=size)
+
+    def skip_over_limit(self, marker: Frame) -> None:
+        """The over_frame_limit marker from :meth:`closed_over_limit` is queued: resume
+        after it, counting closes at the next seq from zero. (Not a frame accepted: the
+        caller's reconnect backoff goes on growing.)"""
+        if marker.seq != self.next_seq:
+            raise ValueError(f"marker at {marker.seq}, expected {self.next_seq}")
+        self.last_accepted = marker.seq
+        self._over_limit_closes = 0
+
+    def stored(self, end: int) -> None:
+        """Stored up to ``end``, gap-free (a range marker's: the end of its range)."""
+        self.checkpoint = max(self.checkpoint, end)

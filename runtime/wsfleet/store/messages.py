@@ -45,9 +45,10 @@ class MessagesStore:
     ) -> None:
         """Store (connection_id, fence_token, frame) entries of any connections, keyed by
         seq (a replay rewrites the same key, never adds a row), 25 per BatchWriteItem; a
-        frame with no data is stored as a skip marker. Data too large for an item must
-        already be in its object (``objects``, by (connection_id, seq): see
-        :mod:`.objects`); its item holds the object's ref, size and SHA-256 instead.
+        frame with no data is stored as a skip marker: its reason, ``data_bytes`` where
+        known, and ``skip_to`` for a range. Data too large for an item must already be in
+        its object (``objects``, by (connection_id, seq): see :mod:`.objects`); its item
+        holds the object's ref, size and SHA-256 instead.
 
         BatchWriteItem is not conditional: the caller must check its deadline first.
         Unprocessed items are retried with jittered backoff; a batch that still does not
@@ -73,11 +74,11 @@ class MessagesStore:
                 elif f.data_json is not None:
                     item[schema.MESSAGE_DATA] = f.data_json
                 else:
-                    item[schema.SKIPPED] = (
-                        schema.SKIPPED_OVER_FRAME_LIMIT if f.problem is Problem.TOO_LARGE else schema.SKIPPED_MALFORMED
-                    )
+                    item[schema.SKIPPED] = f.reason
                     if f.data_bytes is not None:
                         item[schema.DATA_BYTES] = f.data_bytes
+                    if f.skip_to is not None:
+                        item[schema.SKIP_TO] = f.skip_to
                 if self._ttl_s:
                     item[schema.MESSAGE_TTL_ATTRIBUTE] = f.received_at_ms // 1000 + self._ttl_s
                 try:
@@ -106,18 +107,22 @@ class MessagesStore:
 
     def stored_end(self, connection_id: str, checkpoint: int) -> int:
         """The end of what is stored gap-free from ``checkpoint``: the highest seq s such
-        that every seq in (checkpoint, s] has a row. A new owner resumes after it, so a
-        dead owner's writes past its last checkpoint are neither lost nor stored twice,
-        and a last batch that was only partly written (UnprocessedItems) is replayed from
-        its first hole. Strongly consistent; reads keys only, page by page, and stops at
-        the first hole."""
+        that every seq in (checkpoint, s] has a row or lies in a range marker's
+        (seq..skip_to). A new owner resumes after it, so a dead owner's writes past its
+        last checkpoint are neither lost nor stored twice, a last batch that was only
+        partly written (UnprocessedItems) is replayed from its first hole, and a skipped
+        range is never asked for again. Strongly consistent; reads keys and ``skip_to``
+        only, page by page, and stops at the first hole.
+
+        A checkpoint is never inside a range (the writer reports a range's end as stored,
+        and owners resume after it), so the ranges that matter start past it."""
         end = checkpoint
         kwargs: dict[str, Any] = {
             "TableName": self._table,
             "KeyConditionExpression": "#p = :p AND #s > :c",
-            "ExpressionAttributeNames": {"#p": schema.MSG_PK, "#s": schema.MSG_SK},
+            "ExpressionAttributeNames": {"#p": schema.MSG_PK, "#s": schema.MSG_SK, "#t": schema.SKIP_TO},
             "ExpressionAttributeValues": marshal({":p": schema.connection_pk(connection_id), ":c": checkpoint}),
-            "ProjectionExpression": "#s",
+            "ProjectionExpression": "#s, #t",
             "ConsistentRead": True,
             "Limit": 500,
         }
@@ -128,7 +133,7 @@ class MessagesStore:
                 if is_transient(exc):
                     raise TransientError(f"query: {exc}") from exc
                 raise
-            end, complete = contiguous_end(end, (int(unmarshal(i)[schema.MSG_SK]) for i in resp.get("Items", [])))
+            end, complete = contiguous_end(end, map(_span, resp.get("Items", [])))
             if not complete or "LastEvaluatedKey" not in resp:
                 return end
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
@@ -209,3 +214,9 @@ class MessagesStore:
             if is_transient(exc):
                 raise TransientError(f"query: {exc}") from exc
             raise
+
+def _span(raw: dict) -> tuple[int, int]:
+    """(seq, last seq it stands for) of a stored item: a range marker's skip_to, or its seq."""
+    item = unmarshal(raw)
+    seq = int(item[schema.MSG_SK])
+    return seq, max(seq, int(item.get(schema.SKIP_TO, seq)))

@@ -11,7 +11,10 @@ connection, driven by one :class:`ConnectionRunner`:
   connection: one that cannot be parsed or stored is counted and skipped (or stored as a
   skip marker, see :mod:`wsfleet.stream`), and whatever goes wrong handling one frame
   costs only that frame; an unexpected error in the loop itself costs a reconnect under
-  the same ownership, never the lease;
+  the same ownership, never the lease. No silent holes: seqs the upstream jumps over are
+  stored as one ``upstream_gap`` marker before the frame, and a frame over the socket's
+  limit that closes it at the same resume point ``OVER_LIMIT_TRIES`` times becomes an
+  ``over_frame_limit`` marker, the stream resuming after it;
 * checkpointer: store the checkpoint at least every ``checkpoint_s`` while frames are
   stored (never for a quiet connection), through the worker's shared
   :class:`~wsfleet.worker.checkpoints.Checkpoints`: it asks a tenth of that early, and
@@ -37,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidHandshake, InvalidURI
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidHandshake, InvalidURI, PayloadTooBig
 
 from .. import clock
 from .. import metrics_names as names
@@ -47,7 +50,7 @@ from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import CheckpointEntry, ConnectionsStore, Released
-from ..stream import Problem, Rejected, SeqTracker, parse_frame, resume_url
+from ..stream import Frame, Problem, Rejected, SeqTracker, parse_frame, resume_url
 from ..validation import Allowlist, Invalid, check_resolved
 from .checkpoints import Checkpoints
 from .retry import LeaseExpired, call_until
@@ -157,6 +160,7 @@ class ConnectionRunner:
 
     async def _stream(self) -> None:
         while self.live() and self.end_reason is None:
+            over_limit: PayloadTooBig | None = None
             url = resume_url(self.ws_url, self.tracker.next_seq)
             try:
                 with tracing.segment("connect", connection_id=self.connection_id, from_seq=self.tracker.next_seq):
@@ -189,6 +193,8 @@ class ConnectionRunner:
                 self._log.error("upstream_refused", error=exc.message, attempt=self._attempt)
             except (OSError, TimeoutError, InvalidURI, InvalidHandshake, ConnectionClosed) as exc:
                 code = None
+                if isinstance(exc, ConnectionClosed) and isinstance(exc.__cause__, PayloadTooBig):
+                    over_limit = exc.__cause__  # we closed it (1009): a frame over max_frame_bytes
                 self._log.warning("socket_error", error=f"{type(exc).__name__}: {exc}", attempt=self._attempt)
             except Exception as exc:  # noqa: BLE001 - a bug costs a reconnect, never the lease
                 code = None
@@ -198,6 +204,8 @@ class ConnectionRunner:
                 self.connected.clear()
             if self.end_reason is not None:
                 return
+            if over_limit is not None:
+                await self._closed_over_limit(over_limit)
             delay = min(RECONNECT_CAP_S, backoff_s(self._attempt, base=0.2, cap=RECONNECT_CAP_S) + 0.05)
             self._counters.add(names.RECONNECTS)
             self._log.info("reconnecting", close_code=code, in_s=round(delay, 3), from_seq=self.tracker.next_seq)
@@ -214,9 +222,24 @@ class ConnectionRunner:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
         return check_resolved(host, list(dict.fromkeys(info[4][0] for info in infos)), self._s.allowlist), port
 
+    async def _closed_over_limit(self, exc: PayloadTooBig) -> None:
+        """The socket closed for a frame over its limit: counted toward giving up the seq
+        at the resume point (:meth:`SeqTracker.closed_over_limit`); once given up, its
+        marker is queued and the next connect asks for the seq after it. The backoff is
+        left growing: a marker is not a frame accepted."""
+        # The frame's length from its header, plus the message's earlier fragments if any.
+        size = exc.size + (exc.current_size or 0) if exc.size is not None else None
+        marker = self.tracker.closed_over_limit(int(time.time() * 1000), size)
+        if marker is None:
+            return
+        self._skip_problem(marker, size=size)
+        await self._writer.put(self.connection_id, marker)
+        self.tracker.skip_over_limit(marker)
+
     async def _receive(self, message: bytes) -> None:
-        """Hand one frame to the writer (or count it and skip it). Nothing it meets ends
-        the socket: an error of ours costs this frame only, logged and counted."""
+        """Hand one frame to the writer (or count it and skip it), after a gap marker if
+        it jumps ahead. Nothing it meets ends the socket: an error of ours costs this
+        frame only, logged and counted, and the next frame's gap marker covers its seq."""
         try:
             frame = parse_frame(message, int(time.time() * 1000))
             if isinstance(frame, Rejected):
@@ -226,10 +249,14 @@ class ConnectionRunner:
                 self._counters.add(names.MALFORMED_FRAMES)
                 stored = "skip_marker" if frame.is_marker else "escaped"
                 self._frame_problem(frame.problem, size=len(message), seq=frame.seq, stored=stored)
-            if not self.tracker.accept(frame.seq):
+            frames = self.tracker.to_store(frame)
+            if not frames:
                 return  # a replay of a frame already in hand
+            if frames[0].problem is Problem.UPSTREAM_GAP:
+                self._skip_problem(frames[0])
+            await self._writer.put(self.connection_id, *frames)  # waits while the writer is full
+            self.tracker.accept(frame.seq)  # in hand once queued (see SeqTracker)
             self._attempt = 0
-            await self._writer.put(self.connection_id, frame)  # waits while the writer is full
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - one frame never costs the connection
@@ -248,8 +275,17 @@ class ConnectionRunner:
         level = self._log.error if exc is not None else self._log.warning
         level("malformed_frame" if exc is None else "frame_error", problem=name, suppressed=suppressed, **fields)
 
+    def _skip_problem(self, marker: Frame, **fields: object) -> None:
+        """Log a marker the stream makes (a gap, a frame over the limit), sampled like bad
+        frames: ``skip_marker`` with its reason and the seqs it stands for."""
+        suppressed = self._frame_logs.take(marker.reason, clock.now())
+        if suppressed is not None:
+            self._log.warning(
+                "skip_marker", reason=marker.reason, seq=marker.seq, skip_to=marker.end, suppressed=suppressed, **fields
+            )
+
     def _on_stored(self, seq: int, count: int) -> None:
-        """The writer stored this connection's frames up to ``seq`` (a gap-free prefix);
+        """The writer stored this connection's seqs up to ``seq`` (a gap-free prefix);
         the checkpointer is woken only once a checkpoint may be due (not at every batch)."""
         self.tracker.stored(seq)
         if self._time_to_ask():

@@ -100,8 +100,8 @@ class Worker:
         self._settings = Settings(
             worker_id=worker_id,
             checkpoint_s=config.checkpoint_ms / 1000,
-            allowlist=Allowlist.of(config.allowed_ws_hosts),
             max_frame_bytes=config.max_frame_bytes,
+            allowlist=Allowlist.of(config.allowed_ws_hosts),
         )
         self.writer = Writer(
             messages=self._messages,

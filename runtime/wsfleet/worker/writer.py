@@ -11,8 +11,8 @@ What stays per connection:
   batches: a connection has at most one batch in flight, and its items are taken from
   the front of its queue;
 * the checkpoint only covers a gap-free prefix: ``on_stored`` is called with the last seq
-  of a connection's items once all of them are stored (UnprocessedItems are retried by the
-  store, with jittered backoff, before that);
+  a connection's items stand for (a range marker's ``skip_to``) once all of them are
+  stored (UnprocessedItems are retried by the store, with jittered backoff, before that);
 * nothing is sent past the worker's deadline (checked by ``send_deadline`` as each
   request leaves).
 
@@ -40,6 +40,8 @@ Whatever the store answers, no batch holds up the others and no queue stays in f
   cannot serialise) is split in halves until the item is found; that item is stored as a
   skip marker instead (counted in ``MalformedFrames``), and a marker refused too is
   dropped, counted in ``FramesDropped`` and logged as an error;
+* every skip marker stored, whoever made it (the parser, the stream, that split), is
+  counted in ``SkippedFrames`` once the store has it;
 * any other failure that is not transient (AccessDenied or ResourceNotFound during a
   deploy, a bug) is logged, counted in ``LoopErrors`` and the batch sent again after a
   capped backoff, until the deadline: its queues wait, nothing is dropped;
@@ -255,14 +257,12 @@ class Writer:
     def open(self, connection_id: str, *, fence_token: int, deadline: Callable[[], float], on_stored: Callable[[int, int], None]) -> None:
         self._queues[connection_id] = _Queue(connection_id, fence_token, deadline, on_stored)
 
-    async def put(self, connection_id: str, frame: Frame) -> None:
-        """Queue one frame; waits while the connection's or the worker's cap is reached.
-        Large data starts its upload at once."""
+    async def put(self, connection_id: str, *frames: Frame) -> None:
+        """Queue frames of one connection, in seq order; waits while the connection's or
+        the worker's cap is reached, then queues them all at once (no await between
+        them: a cancelled put queues none). Large data starts its upload at once."""
         q = self._queues[connection_id]
-        if frame.data_json is not None and data_size(frame) > self._max_data_bytes:
-            self._counters.add(names.MALFORMED_FRAMES)
-            self._log.warning("frame_over_limit", connection_id=connection_id, seq=frame.seq, data_bytes=data_size(frame))
-            frame = frame.as_marker(Problem.TOO_LARGE)
+        frames = tuple(self._within_limit(connection_id, f) for f in frames)
         waited = False
         while len(q.frames) >= self._cap_one or self._pending >= self._cap_all:
             if not waited:
@@ -273,14 +273,25 @@ class Writer:
             await first_of(q.changed.wait(), self._room.wait())
             if connection_id not in self._queues:
                 return  # closed while waiting: the connection is being dropped
-        q.frames.append((frame, clock.now()))
-        self._pending += 1
-        if needs_object(frame):
-            self._upload(q, frame)
+        now = clock.now()
+        q.frames.extend((frame, now) for frame in frames)
+        self._pending += len(frames)
+        for frame in frames:
+            if needs_object(frame):
+                self._upload(q, frame)
         if connection_id not in self._waiting:
             self._waiting[connection_id] = q
         if self._pending >= MAX_BATCH or len(self._waiting) == 1:
             self._wake.set()
+
+    def _within_limit(self, connection_id: str, frame: Frame) -> Frame:
+        """The frame, or its over_frame_limit marker if its data grew over the frame
+        limit once re-encoded (escaping can)."""
+        if frame.data_json is not None and data_size(frame) > self._max_data_bytes:
+            self._counters.add(names.MALFORMED_FRAMES)
+            self._log.warning("frame_over_limit", connection_id=connection_id, seq=frame.seq, data_bytes=data_size(frame))
+            return frame.as_marker(Problem.TOO_LARGE)
+        return frame
 
     async def flush(self, connection_id: str) -> None:
         """Return once every frame queued so far for the connection is stored (sent at once,
@@ -482,7 +493,7 @@ class Writer:
                     self._waiting.move_to_end(q.connection_id, last=False)
                 continue
             try:
-                q.on_stored(frames[-1][0].seq, len(frames))
+                q.on_stored(frames[-1][0].end, len(frames))
             except Exception as exc:  # noqa: BLE001 - one runner's callback must not cost the others theirs
                 self._supervisor.report("writer", exc, connection_id=q.connection_id)
         self._wake.set()
@@ -503,9 +514,12 @@ class Writer:
                 deadline=deadline,
                 passes=(InvalidItem,),
             )
-            return
         except InvalidItem as exc:
             refused = exc
+        else:
+            if markers := sum(1 for _, _, f in entries if f.is_marker):
+                self._counters.add(names.SKIPPED_FRAMES, markers)
+            return
         if len(entries) > 1:
             half = len(entries) // 2
             await self._store(entries[:half], deadline, objects)

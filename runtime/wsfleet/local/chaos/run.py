@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from ... import config as cfg
 from ..emulator import record_journal, request_ledger
 from ..fleet import RUNTIME_DIR, Fleet, Sample, Timing, new_run_dir, pin_runtime
 from ..report import progress_line
 from . import checker, machine, report
 from .evidence import Snapshot, gather
 from .nemesis import Nemesis
-from .schedule import Bounds, Schedule, generate
+from .schedule import MAX_FRAME_BYTES, Bounds, Schedule, generate
 
 PROGRESS_EVERY_S = 10.0
 CPU_EVERY_S = 1.0  # how often the machine's CPU is read (machine.sample)
@@ -129,7 +130,13 @@ class Run:
         for line in self.schedule.lines():
             self.say("  " + line)
         with Fleet(
-            run_dir=run_dir, timing=s.timing, rate=s.rate, on_sample=self.on_sample, keep_samples=False, runtime_dir=runtime
+            run_dir=run_dir,
+            timing=s.timing,
+            rate=s.rate,
+            on_sample=self.on_sample,
+            keep_samples=False,
+            runtime_dir=runtime,
+            worker_env={cfg.MAX_FRAME_BYTES: str(MAX_FRAME_BYTES)},  # the limit the oversize faults exceed
         ) as fleet:
             self.fleet = fleet
             return self._play(fleet, run_dir)

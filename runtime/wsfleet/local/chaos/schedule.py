@@ -42,7 +42,7 @@ FROM_START = ("drop", "oversize", "replay_offset", "flip", "kill", "pause", "ter
 
 THROTTLED_OPS = ("UpdateItem", "BatchWriteItem", "Query", "BatchGetItem", "PutItem")
 MALFORMED = ("not json", '{"data": 1}', "[]", '{"seq": "7", "data": 1}', '{"seq": 1.5}', "")
-MAX_FRAME_BYTES = 1 << 20  # the worker's (wsfleet.worker.connection.Settings.max_frame_bytes)
+MAX_FRAME_BYTES = 1 << 20  # the chaos workers' MAX_FRAME_BYTES (run.py sets it), which oversize faults exceed
 # The first reconnect waits at most 0.25 s (connection.py: backoff base 0.2 s + 0.05 s).
 FIRST_RECONNECT_S = 0.25
 # The room TAKEOVER_SLACK_S keeps for a busy 2-core machine, given to the handoff too:
