@@ -108,7 +108,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     s = settings_for(quick)
     n, busy = s["connections"], s["busy_connections"]
     w_env = s["worker"]
-    config = cfg.WorkerConfig.from_env({"TABLE_NAME": "t", "SESSIONS_TABLE_NAME": "s", "MESSAGES_TABLE_NAME": "m",
+    config = cfg.WorkerConfig.from_env({"TABLE_NAME": "t", "SESSIONS_TABLE_NAME": "s", "MESSAGES_TABLE_NAME": "m", "MESSAGES_BUCKET_NAME": "b",
                                         "QUEUE_URL": "q", "AWS_REGION": "r", **{k: str(v) for k, v in w_env.items()}})
     heartbeat = config.heartbeat_ms / 1000
     connect_timeout = 300 + 3 * config.reconcile_ms / 1000
