@@ -102,3 +102,33 @@ def test_a_page_reads_one_item_past_its_limit_to_know_there_is_more():
     assert (page["next_after_seq"], taken) == (3, [1, 2, 3, 4])
     assert build_page(iter([inline(1, 1), inline(2, 2)]), limit=2, presign=presign)["next_after_seq"] is None
     assert build_page(iter([]), limit=2, presign=presign) == {"messages": [], "next_after_seq": None}
+
+
+def expired(seq: int, at_s: int) -> dict:
+    return {**inline(seq, seq), schema.MESSAGE_TTL_ATTRIBUTE: at_s}
+
+
+def test_items_past_their_expiry_are_passed_over_and_paging_goes_past_them():
+    # DynamoDB deletes an expired item days later, and its S3 object may be gone by then.
+    now = 1_000_000
+    items = [expired(1, now - 1), inline(2, 2), expired(3, now - 5), expired(4, now + 60), inline(5, 5)]
+    page = build_page(iter(items), limit=10, presign=presign, now_s=now)
+    assert [e["seq"] for e in page["messages"]] == [2, 4, 5] and page["next_after_seq"] is None
+    page = build_page(iter(items), limit=1, presign=presign, now_s=now)
+    assert [e["seq"] for e in page["messages"]] == [2] and page["next_after_seq"] == 2
+    # A page that ends at its limit right after passing expired items goes on past them.
+    page = build_page(iter(items[2:]), limit=1, presign=presign, now_s=now)
+    assert [e["seq"] for e in page["messages"]] == [4] and page["next_after_seq"] == 4
+
+
+def test_a_long_expired_stretch_ends_the_page_early_with_a_next_after_seq_past_it():
+    now = 1_000_000
+    read: list[int] = []
+
+    def items():
+        for s in range(1, 10_000):
+            read.append(s)
+            yield expired(s, now - 1)
+
+    page = build_page(items(), limit=100, presign=presign, now_s=now, max_expired=50)
+    assert page == {"messages": [], "next_after_seq": 50} and len(read) == 50

@@ -31,6 +31,11 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 # Under Lambda's 6 MB response limit with room for the envelope and headers.
 MAX_PAGE_BYTES = 4_000_000
+# Items past their expiry (MESSAGE_TTL_DAYS) that DynamoDB has not deleted yet (it takes
+# up to a few days) are not shown: their S3 object may be gone already. A page passes at
+# most this many of them before it ends, so a request over a long expired stretch stays
+# short; next_after_seq then points past them.
+MAX_EXPIRED_PASSED = 1000
 # How long a data_url stays valid. A URL presigned with a role's temporary credentials
 # stops working when those expire, if that comes first.
 DATA_URL_SECONDS = 900
@@ -130,19 +135,31 @@ def build_page(
     limit: int,
     presign: Callable[[str, str], str],
     max_bytes: int = MAX_PAGE_BYTES,
+    now_s: float | None = None,
+    max_expired: int = MAX_EXPIRED_PASSED,
 ) -> dict[str, Any]:
     """``{"messages": [...], "next_after_seq": N or None}`` from items in seq order,
     at most ``limit`` entries and ``max_bytes`` (the first entry always). ``items`` is
     read one past what the page takes (the store reads ``limit + 1`` per Query) to tell
-    a full page with more after it (``next_after_seq``: its last seq) from the end of
-    what is stored now (None)."""
+    a full page with more after it (``next_after_seq``: the last seq it passed) from the
+    end of what is stored now (None). With ``now_s``, items expired by then are passed
+    over (at most ``max_expired`` of them, then the page ends)."""
     entries: list[dict[str, Any]] = []
     used = _ENVELOPE
     more = False
+    passed: int | None = None  # the last seq this page went past: an entry's, or an expired item's
+    expired = 0
     for item in items:
         if len(entries) >= limit:
             more = True
             break
+        if now_s is not None and _expired(item, now_s):
+            expired += 1
+            passed = int(item[schema.MSG_SK])
+            if expired >= max_expired:
+                more = True
+                break
+            continue
         one = entry(item, presign)
         size = payload_bytes(json.dumps(one, separators=(",", ":"))) + 1  # and its comma
         if entries and used + size > max_bytes:
@@ -150,4 +167,10 @@ def build_page(
             break
         entries.append(one)
         used += size
-    return {"messages": entries, "next_after_seq": entries[-1]["seq"] if more else None}
+        passed = one["seq"]
+    return {"messages": entries, "next_after_seq": passed if more else None}
+
+
+def _expired(item: Mapping[str, Any], now_s: float) -> bool:
+    expires = item.get(schema.MESSAGE_TTL_ATTRIBUTE)
+    return expires is not None and int(expires) < now_s

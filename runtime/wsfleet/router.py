@@ -289,7 +289,7 @@ class Router:
         if self._store.get(connection_id) is None:
             raise _unknown_connection(connection_id)
         items = self._messages.read_after(connection_id, page.after_seq, batch=page.limit + 1)
-        body = message_pages.build_page(items, limit=page.limit, presign=self._presign)
+        body = message_pages.build_page(items, limit=page.limit, presign=self._presign, now_s=time.time())
         fields["outcome"] = "found"
         fields["messages"] = len(body["messages"])
         return 200, body

@@ -170,13 +170,14 @@ class MessagesStore:
             "#h": schema.DATA_SHA256,
             "#k": schema.SKIPPED,
             "#t": schema.SKIP_TO,
+            "#e": schema.MESSAGE_TTL_ATTRIBUTE,
         }
         kwargs: dict[str, Any] = {
             "TableName": self._table,
             "KeyConditionExpression": "#p = :p AND #s > :a",
             "ExpressionAttributeNames": names,
             "ExpressionAttributeValues": marshal({":p": schema.connection_pk(connection_id), ":a": after_seq}),
-            "ProjectionExpression": "#s, #d, #r, #b, #h, #k, #t",
+            "ProjectionExpression": "#s, #d, #r, #b, #h, #k, #t, #e",
             "ConsistentRead": True,
             "Limit": batch,
         }
