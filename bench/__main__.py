@@ -1,4 +1,4 @@
-"""``python -m bench [failover|cost|capacity|ingestion|faults|rebalance|pauses|all] [--quick] [--out DIR]``
+"""``python -m bench [failover|cost|capacity|ingestion|faults|rebalance|pauses|largeframes|all] [--quick] [--out DIR]``
 
 Runs the chosen benchmarks one after another (each with processes of its own), prints
 each one's markdown table with the command that produced it, and writes the raw
@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from wsfleet.local import fleet
 
-from . import capacity, cost, failover, faults, ingestion, pauses, rebalance
+from . import capacity, cost, failover, faults, ingestion, largeframes, pauses, rebalance
 from .common import Result, machine
 
 BENCHMARKS: dict[str, Callable[..., Result]] = {
@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "faults": faults.run,
     "rebalance": rebalance.run,
     "pauses": pauses.run,
+    "largeframes": largeframes.run,
 }
 
 

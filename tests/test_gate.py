@@ -67,6 +67,7 @@ def test_six_sockets_sending_large_frames_share_two_slots_and_every_frame_arrive
                     up.publish(name, big(seq))
             go = asyncio.Event()
             got: dict[str, list[int]] = {n: [] for n in names}
+            order: list[int] = []
             conns = {}
 
             async def consume(name: str) -> None:
@@ -77,6 +78,7 @@ def test_six_sockets_sending_large_frames_share_two_slots_and_every_frame_arrive
                         frame = json.loads(await ws.recv(decode=False))
                         assert frame["data"].startswith(f"{frame['seq']:08d}")
                         got[name].append(frame["seq"])
+                        order.append(frame["seq"])
                         await asyncio.sleep(0)  # as the receive loop hands it on
 
             tasks = [asyncio.create_task(consume(n)) for n in names]
@@ -86,9 +88,12 @@ def test_six_sockets_sending_large_frames_share_two_slots_and_every_frame_arrive
             assert all(c.held_max <= ALLOWANCE + READ_CHUNK for c in conns.values() if not c.has_slot)
             go.set()
             await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S)
-            return gate, got, conns
+            return gate, got, conns, order
 
-    gate, got, conns = asyncio.run(scenario())
+    gate, got, conns, order = asyncio.run(scenario())
+    # Turns: a socket with large frames back to back gives its slot to the waiters after
+    # each one, so every stream gets its first frame before any gets its third.
+    assert max(i for i, seq in enumerate(order) if seq == 1) < min(i for i, seq in enumerate(order) if seq == 3)
     assert got == {n: [1, 2, 3] for n in got}
     assert gate.high_water == 2 and gate.holding() == 0 and gate.waiting() == 0
     assert gate.waits >= 4

@@ -28,7 +28,9 @@ Invariants (tests/test_gate.py):
 * at most ``slots`` sockets hold a slot (``high_water`` never exceeds it);
 * a slot holder is never paused by the gate, so it can always finish its frame; the
   writer drains whatever it hands on without the gate, so no cycle of waits exists;
-* a slot is given back when the socket holds no more than the allowance again, and
+* a slot is given back when the socket holds no more than the allowance again, or,
+  when others wait, once its large message is handed on (first come, first served:
+  a stream of large frames back to back does not keep its slot for ever), and
   always when its connection is lost or its ``async with`` is left (error, cancel):
   a socket that dies mid-frame frees its slot; a waiter that dies leaves the queue.
 
@@ -152,6 +154,7 @@ class GatedConnection(ClientConnection):
         self._closing = False  # our close began: never paused by us (see close)
         self._assembling = 0  # bytes of a fragmented message recv has not returned yet
         self._out = 0  # bytes of the message recv returned, until the next recv
+        self._handed_large = False  # that message needed a slot: its turn ends at the next recv
         self._data_at = 0.0  # loop time of the last bytes read: the peer is alive
 
     # --- what the socket holds ------------------------------------------------------------
@@ -244,10 +247,17 @@ class GatedConnection(ClientConnection):
     async def recv(self, decode: bool | None = None) -> Any:
         # Called again: the last message was handed on (or dropped).
         self._out = 0
+        if self._handed_large and self.has_slot and self.gate.waiting():
+            # Its turn is over: the slot goes to the first waiter, and this socket, if its
+            # next frame is large too, queues behind the others (no stream starves).
+            self.has_slot = False
+            self.gate._leave(self)
+        self._handed_large = False
         self._check()
         message = await super().recv(decode)
         self._assembling = 0
         self._out = len(message)
+        self._handed_large = self._out > self.gate.allowance
         self._check()
         return message
 
