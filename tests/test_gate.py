@@ -123,8 +123,8 @@ class HalfFrameServer:
     ``size``-byte text frame and ``sent`` bytes of its payload, and nothing more: a
     socket that dies mid-frame when :meth:`abort` cuts it."""
 
-    def __init__(self, size: int, sent: int) -> None:
-        self.size, self.sent = size, sent
+    def __init__(self, size: int, sent: int, whole_first: int = 0) -> None:
+        self.size, self.sent, self.whole_first = size, sent, whole_first
         self.writers: list[asyncio.StreamWriter] = []
 
     async def start(self) -> str:
@@ -137,7 +137,8 @@ class HalfFrameServer:
         accept = base64.b64encode(hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest())
         writer.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                      b"Sec-WebSocket-Accept: " + accept + b"\r\n\r\n")
-        writer.write(struct.pack("!BBQ", 0x81, 127, self.size) + b"z" * self.sent)
+        whole = struct.pack("!BBQ", 0x81, 127, self.whole_first) + b'"' + b"w" * (self.whole_first - 2) + b'"' if self.whole_first else b""
+        writer.write(whole + struct.pack("!BBQ", 0x81, 127, self.size) + b"z" * self.sent)
         self.writers.append(writer)
         await writer.drain()
 
@@ -174,6 +175,31 @@ def test_a_socket_that_dies_mid_frame_gives_its_slot_to_the_next_waiter():
             server.abort(2)  # a waiter that dies leaves the queue
             await until(lambda: gate.waiting() == 0, "the dead waiter to leave the queue")
             assert second.has_slot and not third.has_slot
+            return gate
+        finally:
+            await server.stop()
+
+    gate = asyncio.run(scenario())
+    assert gate.high_water == 1
+
+
+def test_a_socket_whose_large_message_was_handed_on_gives_its_slot_to_a_waiter():
+    async def scenario():
+        gate = ReceiveGate(slots=1, allowance=ALLOWANCE)
+        # Each socket gets one whole large frame, then half of another, back to back.
+        server = HalfFrameServer(size=8 * FRAME, sent=FRAME, whole_first=FRAME)
+        url = await server.start()
+        try:
+            first = await connect(url, max_size=16 * FRAME, **connect_options(gate))
+            assert len(await first.recv()) == FRAME and first.has_slot
+            second = await connect(url, max_size=16 * FRAME, **connect_options(gate))
+            await until(lambda: gate.waiting() == 1, "the second socket to wait")
+            # The first socket's loop asks for its next message: its turn is over.
+            nxt = asyncio.create_task(first.recv())
+            await until(lambda: second.has_slot, "the slot to pass to the waiter")
+            await until(lambda: gate.waiting() == 1, "the first socket to queue again for its next frame")
+            assert not first.has_slot and len(await second.recv()) == FRAME
+            nxt.cancel()
             return gate
         finally:
             await server.stop()
