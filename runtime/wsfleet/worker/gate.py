@@ -14,6 +14,10 @@ internals, which this module relies on (checked by tests/test_gate.py):
 * ``protocol.current_size``: the size so far of a fragmented message (its fragments move
   into ``Assembler.get``'s own list, out of sight, until the message is whole);
 * ``recv_messages.frames.queue``: whole frames waiting for ``recv``;
+* the data frames ``process_event`` hands the assembler, whose ``bytearray`` payloads
+  are emptied once ``recv`` has joined them into its message (the parser keeps a
+  reference to the last frame until the next one is whole: one large frame per socket
+  otherwise);
 * ``recv_messages.pause`` / ``.resume``: the assembler's flow control callbacks (its
   frame queue's high-water mark, ``max_queue``), replaced so that reading is paused
   while either the queue is full or the socket waits for a slot, and resumed only when
@@ -53,12 +57,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any, Callable
 
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import CloseCode
+from websockets.frames import DATA_OPCODES, CloseCode, Frame
 
 
 class ReceiveGate:
@@ -155,6 +159,7 @@ class GatedConnection(ClientConnection):
         self._assembling = 0  # bytes of a fragmented message recv has not returned yet
         self._out = 0  # bytes of the message recv returned, until the next recv
         self._handed_large = False  # that message needed a slot: its turn ends at the next recv
+        self._delivered: deque[Frame] = deque()  # data frames given to the assembler, in order
         self._data_at = 0.0  # loop time of the last bytes read: the peer is alive
 
     # --- what the socket holds ------------------------------------------------------------
@@ -233,6 +238,21 @@ class GatedConnection(ClientConnection):
             self._assembling = max(self._assembling, size)
         self._check()
 
+    def process_event(self, event: Any) -> None:
+        super().process_event(event)
+        if isinstance(event, Frame) and event.opcode in DATA_OPCODES:
+            self._delivered.append(event)
+
+    def _release_consumed(self) -> None:
+        """Empty the payload of every frame recv has consumed: websockets' parser keeps
+        its last frame in a local variable until the next frame is whole, so without
+        this every socket that ever received a large frame keeps one (the receive loop
+        has its own copy, the joined message)."""
+        for _ in range(len(self._delivered) - len(self.recv_messages.frames)):
+            data = self._delivered.popleft().data
+            if isinstance(data, bytearray):
+                data.clear()
+
     def connection_lost(self, exc: Exception | None) -> None:
         try:
             super().connection_lost(exc)
@@ -255,6 +275,7 @@ class GatedConnection(ClientConnection):
         self._handed_large = False
         self._check()
         message = await super().recv(decode)
+        self._release_consumed()
         self._assembling = 0
         self._out = len(message)
         self._handed_large = self._out > self.gate.allowance
