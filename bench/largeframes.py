@@ -41,7 +41,7 @@ RSS_STOP_MB = 3072  # an unbounded run is stopped here: the figure is then "at l
 
 def settings_for(quick: bool) -> dict[str, Any]:
     return {
-        "connections": 2 if quick else 8,
+        "connections": [2] if quick else [8, 16],
         "frame_bytes": (1 << 20) if quick else cfg.DEFAULT_MAX_FRAME_BYTES,
         # quick: a budget of 4 MiB gives one receive slot for 1 MiB frames (two frames a slot).
         "budget_bytes": (4 << 20) if quick else TASK_MEMORY_MIB * (1 << 20) // 2,
@@ -82,8 +82,8 @@ def vm(pid: int) -> dict[str, float]:
     return out
 
 
-def run_one(run_dir: Path, s: dict[str, Any], budget: int | None) -> dict[str, Any]:
-    n, size = s["connections"], s["frame_bytes"]
+def run_one(run_dir: Path, s: dict[str, Any], n: int, budget: int | None) -> dict[str, Any]:
+    size = s["frame_bytes"]
     with Rig(run_dir) as rig:
         upstream = LargeUpstream(run_dir, size)
         try:
@@ -142,11 +142,13 @@ def run_one(run_dir: Path, s: dict[str, Any], budget: int | None) -> dict[str, A
 def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     s = settings_for(quick)
     runs = {}
-    for label, budget in (("bounded", s["budget_bytes"]), ("off", None)):
-        print(f"    {label}: {s['connections']} x {s['frame_bytes'] >> 20} MiB frames", flush=True)
-        runs[label] = run_one(run_dir / f"largeframes-{label}", s, budget)
+    for n in s["connections"]:
+        for label, budget in (("bounded", s["budget_bytes"]), ("off", None)):
+            print(f"    {label}: {n} x {s['frame_bytes'] >> 20} MiB frames", flush=True)
+            runs[f"{n} {label}"] = run_one(run_dir / f"largeframes-{n}-{label}", s, n, budget)
     rows = []
-    for label, r in runs.items():
+    for key, r in runs.items():
+        label = f"{r['connections']} connections, " + key.split()[1]
         lat = r.get("latency_ms") or {"n": 0}
         gate = r["gate"] or {}
         peak = f"{r['vm_hwm_mb']:.0f}" + (f" (stopped at {RSS_STOP_MB} MB)" if r["stopped_at_rss_cap"] else "")
@@ -162,20 +164,23 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
             f"{fmt(lat.get('p50'), 0)} / {fmt(lat.get('p99'), 0)} / {fmt(lat.get('max'), 0)}" if lat["n"] else "-",
             fmt(r.get("reconnects"), 0),
         ])
-    header = ["run", "MAX_BUFFERED_BYTES", "receive slots (high-water, waits)", "peak RSS MB (VmHWM)",
+    header = ["run (frames at the limit, back to back)", "MAX_BUFFERED_BYTES", "receive slots (high-water, waits)", "peak RSS MB (VmHWM)",
               "max sampled VmRSS MB", "of a 512 MiB task", "frames/s", "MB/s", "received -> stored p50 / p99 / max ms",
               "reconnects"]
-    b, o = runs["bounded"], runs["off"]
-    ratio = o["vm_hwm_mb"] / b["vm_hwm_mb"] if b["vm_hwm_mb"] else None
+    ratios = []
+    for n in s["connections"]:
+        b, o = runs[f"{n} bounded"], runs[f"{n} off"]
+        ratios.append(f"{n} connections {fmt(o['vm_hwm_mb'] / b['vm_hwm_mb'], 1)}x"
+                      + (" (at least: the unbounded run was stopped at the cap)" if o["stopped_at_rss_cap"] else ""))
     notes = [
-        f"{s['connections']} connections, each sent frames of {s['frame_bytes']:,} bytes back to back by "
+        f"{' and '.join(map(str, s['connections']))} connections, each sent frames of {s['frame_bytes']:,} bytes back to back by "
         f"bench.large_upstream; one worker (MAX_FRAME_BYTES = the frame size), fresh emulator per run; window "
         f"{s['window_s']:g} s after {s['warmup_s']:g} s warm-up; VmRSS sampled every {s['sample_s']:g} s.",
-        f"Peak RSS unbounded / bounded: {fmt(ratio, 1)}x"
-        + (" (at least: the unbounded run was stopped at the cap)" if o["stopped_at_rss_cap"] else "") + ".",
+        "Peak RSS unbounded / bounded: " + ", ".join(ratios) + ".",
         "Until the writer stores large data in S3, a frame over 350 KB is stored as a skip marker: these figures "
         "are the receive path (socket buffers, the gate, parsing); the writer held "
-        f"{fmt(b['writer_pending_bytes_max'], 0)} bytes at most in the bounded run.",
+        + ", ".join(f"{fmt(r['writer_pending_bytes_max'], 0)}" for k, r in runs.items() if k.endswith("bounded"))
+        + " bytes at most in the bounded runs.",
         "Received -> stored: from the hand-over to the writer to the stored batch (the time a frame waits for a "
         "receive slot is before it, in the frames/s).",
     ]
