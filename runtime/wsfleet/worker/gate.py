@@ -43,9 +43,13 @@ Read-ahead: a socket stops reading while the messages waiting for its receive lo
 slot holder holds one large message and at most one read of the next, not ``max_queue``
 large frames while its loop waits for the writer.
 
-Keepalive: a socket paused for a slot (or for read-ahead) cannot read the upstream's pong, and a large frame
-on a slow link delays it as long as the frame takes. websockets' keepalive would then
-close a live socket (1011), so :meth:`GatedConnection.keepalive` waits for a pong
+Closing: the close handshake needs the upstream's close frame read, so once our close
+begins the socket is never paused by us and does not queue for a slot (what arrives
+meanwhile is bounded by the close timeout); a slot it holds is kept until it is done.
+
+Keepalive: a socket paused for a slot (or for read-ahead) cannot read the upstream's
+pong, and a large frame on a slow link delays it as long as the frame takes. websockets'
+keepalive would then close a live socket (1011), so :meth:`GatedConnection.keepalive` waits for a pong
 without a timeout while we hold reading paused, and counts bytes arriving as the peer
 being alive: it fails the connection only when neither a pong nor any byte came for
 ``ping_timeout`` while the socket was reading. It still pings a paused socket: the
