@@ -29,6 +29,28 @@ def test_worker_defaults_follow_the_contract():
     assert c.max_frame_bytes == 32 * 1024 * 1024 and c.messages_bucket_name == "b"
 
 
+def test_the_buffered_bytes_budget_defaults_to_half_the_task_memory_and_can_be_set_or_switched_off(tmp_path):
+    from wsfleet.worker import budget
+
+    assert WorkerConfig.from_env(BASE).max_buffered_bytes == budget.default_budget_bytes(budget.task_memory_bytes())
+    assert WorkerConfig.from_env({**BASE, "MAX_BUFFERED_BYTES": "67108864"}).max_buffered_bytes == 64 << 20
+    assert WorkerConfig.from_env({**BASE, "MAX_BUFFERED_BYTES": "off"}).max_buffered_bytes is None
+    limit = tmp_path / "memory.max"
+    limit.write_text("536870912\n")
+    assert budget.default_budget_bytes(budget.task_memory_bytes(limit)) == 256 << 20
+    limit.write_text("max\n")
+    assert budget.task_memory_bytes(limit) is None and budget.default_budget_bytes(None) == budget.FALLBACK_BYTES
+    assert budget.task_memory_bytes(tmp_path / "absent") is None
+
+
+def test_the_budget_gives_the_sockets_slots_for_whole_frames_and_the_writer_the_rest():
+    from wsfleet.worker.budget import MemoryBudget
+
+    b = MemoryBudget(total_bytes=256 << 20, max_frame_bytes=32 << 20)
+    assert (b.receive_slots, b.writer_bytes) == (2, 128 << 20)
+    assert MemoryBudget(total_bytes=8 << 20, max_frame_bytes=32 << 20).receive_slots == 1  # a frame at the limit still gets in
+
+
 def test_fractional_seconds_are_accepted_for_fast_local_runs():
     c = WorkerConfig.from_env({**BASE, "LEASE_SECONDS": "2.5", "HEARTBEAT_SECONDS": "0.5", "MAX_CLOCK_SKEW_MS": "200"})
     assert (c.lease_ms, c.heartbeat_ms) == (2_500, 500)
@@ -44,6 +66,8 @@ def test_fractional_seconds_are_accepted_for_fast_local_runs():
         ({"MESSAGES_BUCKET_NAME": ""}, "MESSAGES_BUCKET_NAME"),
         ({"MAX_FRAME_BYTES": "1000"}, "MAX_FRAME_BYTES"),
         ({"MAX_FRAME_BYTES": "32MiB"}, "MAX_FRAME_BYTES"),
+        ({"MAX_BUFFERED_BYTES": "1000"}, "MAX_BUFFERED_BYTES"),
+        ({"MAX_BUFFERED_BYTES": "256MiB"}, "MAX_BUFFERED_BYTES"),
         ({"QUEUE_URL": ""}, "QUEUE_URL"),
         ({"AWS_REGION": ""}, "AWS_REGION"),
         ({"AWS_ENDPOINT_URL": "localhost:5000"}, "AWS_ENDPOINT_URL"),

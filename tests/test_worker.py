@@ -923,3 +923,34 @@ def test_hints_a_leaving_workers_own_polls_receive_after_it_stopped_waiting_are_
         time.sleep(0.1)
     assert counts() == (len(cids), 0)  # every handover hint visible, for a peer
 
+
+
+def test_frames_over_the_socket_allowance_on_every_connection_share_the_receive_slots_and_are_all_stored(aws_env, stores):
+    """MAX_BUFFERED_BYTES 1 MiB with 256 KiB frames: one receive slot (worker.budget).
+    Four streams each have five 150 KB frames waiting when their sockets open: every
+    frame is stored whole and in order, never more than one socket holds a large frame,
+    and the writer never holds more than its share (or one frame)."""
+    conns, msgs = stores
+    streams = ("a", "b", "c", "d")
+    with ThreadedUpstream(rate=None) as up:
+        payload = {s: [f"{s}{seq}-" + "p" * 150_000 for seq in range(1, 6)] for s in streams}
+        for s in streams:
+            up.create_stream(s)
+            for data in payload[s]:
+                up.publish(s, data)
+            conns.start(s, up.url_for(s))
+
+        async def scenario():
+            cfg = config(aws_env, MAX_FRAME_BYTES=str(256 * 1024), MAX_BUFFERED_BYTES=str(1 << 20))
+            async with running(cfg) as worker:
+                assert worker.gate is not None and worker.gate.slots == 1
+                await eventually(lambda: all(len(seqs(msgs, s)) == 5 for s in streams), 60, "every frame stored")
+                return worker.gate.stats(), worker.writer.stats()
+
+        gate, writer = asyncio.run(scenario())
+    for s in streams:
+        rows = msgs.read_all(s)
+        assert [r["sk"] for r in rows] == [1, 2, 3, 4, 5]
+        assert [json.loads(r["message_data"]) for r in rows] == payload[s]
+    assert gate["high_water"] == 1 and gate["granted"] >= len(streams)  # each socket held it, one at a time
+    assert writer["pending_bytes_max"] <= max(512 * 1024, 150_010)

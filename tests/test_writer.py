@@ -578,3 +578,77 @@ def test_a_flush_waits_as_long_as_renewals_keep_moving_the_deadline():
 
     h = run(scenario())
     assert h.stored["a"] == [(1, 1)]
+
+
+def test_the_byte_cap_makes_receive_loops_wait_until_data_is_stored_and_nothing_is_dropped():
+    async def scenario():
+        h = Harness(interval=10.0, max_pending_bytes=3000)
+        h.open("a", "b")
+        data = '"' + "x" * 998 + '"'  # 1000 characters
+        putter_a = asyncio.create_task(h.put("a", 1, 2, 3, 4, data=data))
+        putter_b = asyncio.create_task(h.put("b", 1, 2, data=data))
+        await until(lambda: h.writer.stats()["pending_bytes"] == 3000 and h.counters.total(names.BACKPRESSURE_WAITS) >= 1)
+        assert not (putter_a.done() and putter_b.done())
+        task = asyncio.create_task(h.writer.run())
+        await asyncio.wait_for(asyncio.gather(putter_a, putter_b), 30)
+        await h.writer.flush("a")
+        await h.writer.flush("b")
+        task.cancel()
+        return h
+
+    h = run(scenario())
+    stored = sorted(k for r in h.ddb.requests for k in r)
+    assert stored == [("CONN#a", s) for s in (1, 2, 3, 4)] + [("CONN#b", s) for s in (1, 2)]
+    assert h.writer.stats()["pending_bytes"] == 0 and h.writer.stats()["pending_bytes_max"] <= 3000
+
+
+def test_a_frame_larger_than_the_byte_cap_is_taken_when_the_writer_holds_nothing():
+    async def scenario():
+        h = Harness(interval=0.01, max_pending_bytes=100)
+        h.open("a")
+        task = asyncio.create_task(h.writer.run())
+        await asyncio.wait_for(h.put("a", 1, 2, data='"' + "y" * 500 + '"'), 30)
+        await h.writer.flush("a")
+        task.cancel()
+        return h
+
+    h = run(scenario())
+    assert h.stored["a"] and h.stored["a"][-1][0] == 2 and h.writer.stats()["pending_bytes_max"] == 502
+
+
+def test_data_in_flight_counts_against_the_byte_cap_until_it_is_stored():
+    async def scenario():
+        h = Harness(interval=0.01, max_pending_bytes=1500)
+        slow_table(h, 0.3)
+        h.open("a", "b")
+        task = asyncio.create_task(h.writer.run())
+        await h.put("a", 1, data='"' + "z" * 998 + '"')
+        await until(lambda: any(q.in_flight for q in h.writer._queues.values()))
+        putter = asyncio.create_task(h.put("b", 1, data='"' + "z" * 998 + '"'))
+        await asyncio.sleep(0)
+        in_flight_blocked = not putter.done()
+        await asyncio.wait_for(putter, 30)
+        await h.writer.flush("b")
+        task.cancel()
+        return h, in_flight_blocked
+
+    h, blocked = run(scenario())
+    assert blocked and h.stored["b"] == [(1, 1)] and h.writer.stats()["pending_bytes_max"] <= 1500
+
+
+def test_closing_a_connection_gives_back_the_bytes_of_its_pending_and_in_flight_frames():
+    async def scenario():
+        h = Harness(interval=0.01, max_pending_bytes=10_000)
+        slow_table(h, 0.2)
+        h.open("a")
+        task = asyncio.create_task(h.writer.run())
+        await h.put("a", 1, data='"' + "q" * 98 + '"')
+        await until(lambda: any(q.in_flight for q in h.writer._queues.values()))
+        await h.put("a", 2, data='"' + "q" * 98 + '"')
+        h.writer.close("a")
+        await until(h.idle)
+        task.cancel()
+        return h
+
+    h = run(scenario())
+    assert h.writer.stats()["pending_bytes"] == 0

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, TypeVar
 
 from . import metrics_names, schema
+from .worker import budget
 
 # Variable names, shared with the CDK stacks that set them.
 TABLE_NAME = "TABLE_NAME"
@@ -20,6 +21,7 @@ SESSIONS_TABLE_NAME = "SESSIONS_TABLE_NAME"
 MESSAGES_TABLE_NAME = "MESSAGES_TABLE_NAME"
 MESSAGES_BUCKET_NAME = "MESSAGES_BUCKET_NAME"
 MAX_FRAME_BYTES = "MAX_FRAME_BYTES"
+MAX_BUFFERED_BYTES = "MAX_BUFFERED_BYTES"
 QUEUE_URL = "QUEUE_URL"
 AWS_REGION = "AWS_REGION"
 AWS_DEFAULT_REGION = "AWS_DEFAULT_REGION"
@@ -48,6 +50,9 @@ DEFAULT_MAX_FRAME_BYTES = 32 * 1024 * 1024
 # A frame limit below the largest item's data would make no frame large; above this,
 # one frame is more than a task's memory.
 MIN_MAX_FRAME_BYTES, MAX_MAX_FRAME_BYTES = 4096, 512 * 1024 * 1024
+# The worker's budget of frame bytes held at once (worker.budget); "off" only to compare
+# with the unbounded behaviour (the benchmark's baseline).
+MIN_MAX_BUFFERED_BYTES, MAX_MAX_BUFFERED_BYTES = 1024 * 1024, 1 << 40
 
 T = TypeVar("T")
 
@@ -119,6 +124,16 @@ def _endpoint(env: Mapping[str, str]) -> str | None:
     return url or None
 
 
+def max_buffered_bytes(env: Mapping[str, str]) -> int | None:
+    """``MAX_BUFFERED_BYTES``: a whole number of bytes, ``off`` (None: no byte bound), or
+    by default half the task's memory (its cgroup limit), else 256 MiB."""
+    raw = env.get(MAX_BUFFERED_BYTES, "").strip()
+    if raw.lower() == "off":
+        return None
+    default = budget.default_budget_bytes(budget.task_memory_bytes())
+    return _int_in(env, MAX_BUFFERED_BYTES, default, MIN_MAX_BUFFERED_BYTES, MAX_MAX_BUFFERED_BYTES)
+
+
 def allowed_ws_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
     hosts = tuple(h.strip().lower() for h in env.get(ALLOWED_WS_HOSTS, "").split(",") if h.strip())
     for host in hosts:
@@ -162,6 +177,9 @@ class WorkerConfig:
     rebalance_tolerance: float = 0.1  # band above the fair share (a fraction of it) that is left alone
     sweep_ms: int = 600_000  # the fleet's reachability sweep starts a pass over every connection this often
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # the WebSocket frame limit
+    # Frame bytes held at once, sockets and writer (worker.budget); None: unbounded
+    # (websockets' default queue, no receive gate, the writer's count caps only).
+    max_buffered_bytes: int | None = budget.FALLBACK_BYTES
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
@@ -207,6 +225,7 @@ class WorkerConfig:
             rebalance_tolerance=_fraction(env, REBALANCE_TOLERANCE, 0.1),
             sweep_ms=round(_positive_float(env, SWEEP_SECONDS, 600.0) * 1000),
             max_frame_bytes=_int_in(env, MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES, MAX_MAX_FRAME_BYTES),
+            max_buffered_bytes=max_buffered_bytes(env),
         )
 
     def default_worker_id(self) -> str:

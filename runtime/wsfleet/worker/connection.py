@@ -53,6 +53,7 @@ from ..store import CheckpointEntry, ConnectionsStore, Released
 from ..stream import Frame, Problem, Rejected, SeqTracker, parse_frame, resume_url
 from ..validation import Allowlist, Invalid, check_resolved
 from .checkpoints import Checkpoints
+from .gate import ReceiveGate, connect_options
 from .retry import LeaseExpired, call_until
 from .supervision import Supervisor
 from .writer import Writer
@@ -82,6 +83,7 @@ class Settings:
     ping_interval_s: float = 20.0
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # the worker's is config.max_frame_bytes
     allowlist: Allowlist = Allowlist.of(())  # hosts allowed to resolve to internal addresses
+    gate: ReceiveGate | None = None  # the worker's receive slots for large frames; None: unbounded
 
 
 Call = Callable[..., Awaitable[Any]]
@@ -175,6 +177,7 @@ class ConnectionRunner:
                         ping_timeout=self._s.ping_interval_s,
                         close_timeout=CLOSE_TIMEOUT_S,
                         max_size=self._s.max_frame_bytes,
+                        **connect_options(self._s.gate),  # the worker's byte budget (worker.gate)
                     )
                 async with ws:
                     self._ws = ws

@@ -46,8 +46,10 @@ from ..validation import Allowlist
 from .acquirer import Acquirer
 from .attached import Attachments
 from .balancer import Balancer
+from .budget import MemoryBudget
 from .checkpoints import Checkpoints
 from .connection import ConnectionRunner, EndReason, Settings
+from .gate import ReceiveGate
 from .intake import HINT_POLLERS, Intake
 from .retry import LeaseExpired, call_until, first_of
 from .session import Lost, SessionKeeper
@@ -97,11 +99,20 @@ class Worker:
             clock_ms=clock_ms,
         )
         self._messages = MessagesStore(aws.dynamodb_writes, config.messages_table_name, ttl_days=config.message_ttl_days)
+        # Frame bytes held at once (worker.budget): the sockets' share through the
+        # receive gate, the writer's as its byte cap. None: unbounded (a comparison only).
+        self.budget = (
+            MemoryBudget(config.max_buffered_bytes, config.max_frame_bytes) if config.max_buffered_bytes else None
+        )
+        self.gate = (
+            ReceiveGate(slots=self.budget.receive_slots, allowance=self.budget.allowance_bytes) if self.budget else None
+        )
         self._settings = Settings(
             worker_id=worker_id,
             checkpoint_s=config.checkpoint_ms / 1000,
             max_frame_bytes=config.max_frame_bytes,
             allowlist=Allowlist.of(config.allowed_ws_hosts),
+            gate=self.gate,
         )
         self.writer = Writer(
             messages=self._messages,
@@ -112,6 +123,7 @@ class Worker:
             counters=self.counters,
             log=self._log,
             flush_interval_s=config.flush_interval_ms / 1000,
+            max_pending_bytes=self.budget.writer_bytes if self.budget else None,
         )
         self.acquirer = Acquirer(connections=self._connections, call=aws.call, worker_id=worker_id)
         self.checkpoints = Checkpoints(
@@ -516,6 +528,8 @@ class Worker:
             "sweep": self.sweeper.stats(),
             **self.counters.totals(),
             "writer": self.writer.stats(),
+            "budget": self.budget.describe() if self.budget else None,
+            "gate": self.gate.stats() if self.gate else None,
             "checkpoints": self.checkpoints.stats(),
             "requests": dict(self._aws.requests),
             "loop_lag_p99_ms": round(lags[int(0.99 * (len(lags) - 1))], 2) if lags else None,

@@ -52,8 +52,12 @@ Whatever the store answers, no batch holds up the others and no queue stays in f
 Fairness: queues are served oldest-first-frame first, and a batch takes at most its fair
 share from each connection before filling the rest, so a chatty connection cannot starve
 quiet ones of batch slots. Memory is bounded by a per-connection and a per-worker cap on
-pending frames: when one is reached the receive loop waits (backpressure, counted in
-``BackpressureWaits``), nothing is dropped.
+pending frames, and by a cap on the bytes of data held (``max_pending_bytes``, the
+writer's share of the worker's budget, :mod:`wsfleet.worker.budget`): counted from the
+hand-over until the frame is stored or given up, in flight included, so that large data
+being uploaded still counts. When a cap is reached the receive loop waits (backpressure,
+counted in ``BackpressureWaits``), nothing is dropped; a frame is always taken when the
+writer holds no bytes, so one larger than the cap cannot wedge it.
 
 Received to stored: each pending frame keeps the time (:func:`wsfleet.clock.now`) it was handed to the
 writer, and when its batch is stored, ``now - handed`` goes into a :class:`Latency`
@@ -208,6 +212,14 @@ class _Queue:
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # room freed, or emptied
 
 
+def frame_bytes(frame: Frame) -> int:
+    """The data a pending frame holds: its size when known, else its compact JSON's
+    length (characters: what the string holds for ASCII, without encoding a copy)."""
+    if frame.data_json is None:
+        return 0  # a marker holds no data, whatever size it records
+    return frame.data_bytes if frame.data_bytes is not None else len(frame.data_json)
+
+
 class Writer:
     def __init__(
         self,
@@ -221,6 +233,7 @@ class Writer:
         flush_interval_s: float = 0.1,
         max_pending_per_connection: int = MAX_PENDING_PER_CONNECTION,
         max_pending: int = MAX_PENDING,
+        max_pending_bytes: int | None = None,
         concurrency: int = 4,
         upload_concurrency: int = UPLOAD_CONCURRENCY,
         max_data_bytes: int = DEFAULT_MAX_FRAME_BYTES,
@@ -239,6 +252,9 @@ class Writer:
         self._interval = flush_interval_s
         self._cap_one = max_pending_per_connection
         self._cap_all = max_pending
+        self._cap_bytes = max_pending_bytes
+        self._bytes = 0  # data of frames handed over and not yet stored or given up
+        self.bytes_high_water = 0
         self._concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
         self._queues: dict[str, _Queue] = {}
@@ -263,8 +279,9 @@ class Writer:
         them: a cancelled put queues none). Large data starts its upload at once."""
         q = self._queues[connection_id]
         frames = tuple(self._within_limit(connection_id, f) for f in frames)
+        size = sum(frame_bytes(f) for f in frames)
         waited = False
-        while len(q.frames) >= self._cap_one or self._pending >= self._cap_all:
+        while len(q.frames) >= self._cap_one or self._pending >= self._cap_all or self._over_bytes(size):
             if not waited:
                 self._counters.add(names.BACKPRESSURE_WAITS)
                 waited = True
@@ -276,6 +293,8 @@ class Writer:
         now = clock.now()
         q.frames.extend((frame, now) for frame in frames)
         self._pending += len(frames)
+        self._bytes += size
+        self.bytes_high_water = max(self.bytes_high_water, self._bytes)
         for frame in frames:
             if needs_object(frame):
                 self._upload(q, frame)
@@ -292,6 +311,17 @@ class Writer:
             self._log.warning("frame_over_limit", connection_id=connection_id, seq=frame.seq, data_bytes=data_size(frame))
             return frame.as_marker(Problem.TOO_LARGE)
         return frame
+
+    def _over_bytes(self, size: int) -> bool:
+        """Taking ``size`` more bytes would pass the byte cap (never when none are held)."""
+        return self._cap_bytes is not None and self._bytes > 0 and self._bytes + size > self._cap_bytes
+
+    def _release(self, frames: Iterable[tuple[Frame, float]]) -> None:
+        """These frames' data is no longer ours to hold: stored, or given up."""
+        freed = sum(frame_bytes(f) for f, _ in frames)
+        if freed:
+            self._bytes -= freed
+            self._room.set()
 
     async def flush(self, connection_id: str) -> None:
         """Return once every frame queued so far for the connection is stored (sent at once,
@@ -319,6 +349,7 @@ class Writer:
         self._waiting.pop(connection_id, None)
         dropped = len(q.frames)
         self._pending -= dropped
+        self._release(q.frames)
         q.frames.clear()
         for task in q.uploads.values():
             task.cancel()
@@ -330,6 +361,8 @@ class Writer:
         return {
             "pending": self._pending,
             "uploading": len(self._uploads),
+            "pending_bytes": self._bytes,
+            "pending_bytes_max": self.bytes_high_water,
             "batches": self.batches,
             "items_per_batch": round(self.items / self.batches, 2) if self.batches else None,
             "received_to_stored_ms": self.latency.summary(),
@@ -483,15 +516,19 @@ class Writer:
                 self._counters.add(names.LARGE_FRAMES, large)
         for q, frames in batch:
             q.changed.set()
-            if q.connection_id not in self._queues:
-                continue  # closed meanwhile: its runner is gone
+            if self._queues.get(q.connection_id) is not q:
+                self._release(frames)
+                continue  # closed meanwhile (and perhaps opened again): its runner is gone
             if not stored:
                 if q.deadline() > now:
                     q.frames.extendleft(reversed(frames))
                     self._pending += len(frames)
                     self._waiting[q.connection_id] = q
                     self._waiting.move_to_end(q.connection_id, last=False)
+                else:
+                    self._release(frames)
                 continue
+            self._release(frames)
             try:
                 q.on_stored(frames[-1][0].end, len(frames))
             except Exception as exc:  # noqa: BLE001 - one runner's callback must not cost the others theirs

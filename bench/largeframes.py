@@ -1,0 +1,189 @@
+"""Large frames: a worker's memory when every connection sends frames at the limit.
+
+One worker process against the emulator and an upstream (bench.large_upstream) that
+sends every stream frames of ``MAX_FRAME_BYTES`` back to back, as fast as the worker
+reads them. Twice, each with a fresh emulator, upstream and worker:
+
+* bounded: the worker's budget (``MAX_BUFFERED_BYTES``, set to what a 512 MiB task gets
+  by default: half of it) with its receive gate and the writer's byte cap;
+* off: ``MAX_BUFFERED_BYTES=off``, the behaviour before the budget (websockets' queue of
+  16 frames per socket, no gate, the writer's count caps only). A run whose worker
+  passes ``RSS_STOP_MB`` is stopped there, and says so.
+
+Per run: the worker's resident memory sampled from ``/proc/<pid>/status`` (VmRSS every
+``sample_s``, and VmHWM, the kernel's peak, at the end) against the budget and the task
+memory; large frames handled per second and MB/s (the writer's MessagesStored over a
+window between two stats lines); received -> stored p50 / p99 / max (from the hand-over
+to the writer to the stored batch: the writer's histogram); the gate's high-water mark
+of slots held and how often a socket waited for one.
+
+Until data over an item's size goes to S3, each of these frames is stored as a skip
+marker (``too_large``): the figures are the receive path's (socket, gate, parse). Once the
+writer uploads large data, the same run goes through the upload, and the writer's byte
+cap (``pending_bytes_max``) shows in the table too.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from wsfleet import config as cfg
+from wsfleet.local.fleet import eventually, spawn, stop_process, child_env
+
+from .common import Result, Rig, Window, fmt, latency_between, md_table
+
+TASK_MEMORY_MIB = 512  # the dev worker task's memory (app.py, stacks.settings default)
+RSS_STOP_MB = 3072  # an unbounded run is stopped here: the figure is then "at least"
+
+
+def settings_for(quick: bool) -> dict[str, Any]:
+    return {
+        "connections": [2] if quick else [8, 16],
+        "frame_bytes": (1 << 20) if quick else cfg.DEFAULT_MAX_FRAME_BYTES,
+        # quick: a budget of 4 MiB gives one receive slot for 1 MiB frames (two frames a slot).
+        "budget_bytes": (4 << 20) if quick else TASK_MEMORY_MIB * (1 << 20) // 2,
+        "warmup_s": 1.0 if quick else 5.0,
+        "window_s": 2.0 if quick else 30.0,
+        "sample_s": 0.05 if quick else 0.1,
+        "worker": {cfg.METRICS_SECONDS: 0.5 if quick else 2},
+    }
+
+
+class LargeUpstream:
+    def __init__(self, run_dir: Path, frame_bytes: int) -> None:
+        argv = [sys.executable, "-m", "bench.large_upstream", "--frame-bytes", str(frame_bytes)]
+        self.proc = spawn("large-upstream", argv, child_env(), run_dir / "large-upstream.log")
+
+        def ready() -> str | None:
+            if not self.proc.alive():
+                raise RuntimeError(f"the upstream exited at start-up; see {self.proc.log_path}")
+            return next((line.split()[1] for line in self.proc.lines() if line.startswith("READY ")), None)
+
+        self.url = eventually(ready, 30, "the large-frame upstream to be READY", interval=0.05)
+
+    def url_for(self, stream: str) -> str:
+        return f"{self.url}/streams/{stream}"
+
+    def stop(self) -> None:
+        stop_process(self.proc, grace_s=2)
+
+
+def vm(pid: int) -> dict[str, float]:
+    """VmRSS and VmHWM (MB) of a live process, from /proc/<pid>/status."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":", 1)
+                out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def run_one(run_dir: Path, s: dict[str, Any], n: int, budget: int | None) -> dict[str, Any]:
+    size = s["frame_bytes"]
+    with Rig(run_dir) as rig:
+        upstream = LargeUpstream(run_dir, size)
+        try:
+            worker = rig.worker("w1", {
+                **s["worker"],
+                cfg.MAX_FRAME_BYTES: size,
+                cfg.MAX_BUFFERED_BYTES: budget if budget is not None else "off",
+                cfg.MAX_CONNECTIONS: max(n, 10),
+            })
+            ids = [f"big{i:02d}" for i in range(n)]
+            rig.start_connections(ids, upstream, hint=True)  # type: ignore[arg-type]
+            eventually(lambda: (st := worker.stats()) and st[-1].active == n, 120, f"{n} connections held", interval=0.2)
+            time.sleep(s["warmup_s"])
+            a = worker.next_stats()
+            samples, stopped, end = [], False, time.monotonic() + s["window_s"]
+            while time.monotonic() < end:
+                rss = vm(worker.pid)["VmRSS"]
+                samples.append(rss)
+                if rss > RSS_STOP_MB:
+                    stopped = True
+                    break
+                time.sleep(s["sample_s"])
+            b = worker.next_stats() if not stopped else None
+            peak = vm(worker.pid)["VmHWM"]
+            last = worker.events("stats")[-1]
+        finally:
+            upstream.stop()
+    result: dict[str, Any] = {
+        "budget_bytes": budget,
+        "connections": n,
+        "frame_bytes": size,
+        "rss_mb_max_sampled": max(samples) if samples else None,
+        "rss_mb_samples": samples,
+        "vm_hwm_mb": peak,
+        "stopped_at_rss_cap": stopped,
+        "gate": last.get("gate"),
+        "budget": last.get("budget"),
+        "writer_pending_bytes_max": (last.get("writer") or {}).get("pending_bytes_max"),
+    }
+    if b is not None:
+        win = Window.between(a, b)
+        frames = win.counters["MessagesStored"]
+        result.update({
+            "window_s": win.seconds,
+            "frames": frames,
+            "frames_per_s": frames / win.seconds,
+            "mb_per_s": frames * size / win.seconds / 1e6,
+            "latency_ms": latency_between(a, b),
+            "backpressure_waits": win.counters["BackpressureWaits"],
+            "malformed_frames": win.counters["MalformedFrames"],
+            "reconnects": win.counters["Reconnects"],
+        })
+    return result
+
+
+def run(*, quick: bool, run_dir: Path, command: str) -> Result:
+    s = settings_for(quick)
+    runs = {}
+    for n in s["connections"]:
+        for label, budget in (("bounded", s["budget_bytes"]), ("off", None)):
+            print(f"    {label}: {n} x {s['frame_bytes'] >> 20} MiB frames", flush=True)
+            runs[f"{n} {label}"] = run_one(run_dir / f"largeframes-{n}-{label}", s, n, budget)
+    rows = []
+    for key, r in runs.items():
+        label = f"{r['connections']} connections, " + key.split()[1]
+        lat = r.get("latency_ms") or {"n": 0}
+        gate = r["gate"] or {}
+        peak = f"{r['vm_hwm_mb']:.0f}" + (f" (stopped at {RSS_STOP_MB} MB)" if r["stopped_at_rss_cap"] else "")
+        rows.append([
+            label,
+            "off" if r["budget_bytes"] is None else f"{r['budget_bytes'] >> 20} MiB",
+            f"{gate['slots']} (max held {gate['high_water']}, {gate['waits']} waits)" if gate else "-",
+            peak,
+            fmt(r["rss_mb_max_sampled"], 0),
+            f"{r['vm_hwm_mb'] / TASK_MEMORY_MIB * 100:.0f} %",
+            fmt(r.get("frames_per_s"), 2),
+            fmt(r.get("mb_per_s"), 0),
+            f"{fmt(lat.get('p50'), 0)} / {fmt(lat.get('p99'), 0)} / {fmt(lat.get('max'), 0)}" if lat["n"] else "-",
+            fmt(r.get("reconnects"), 0),
+        ])
+    header = ["run (frames at the limit, back to back)", "MAX_BUFFERED_BYTES", "receive slots (high-water, waits)", "peak RSS MB (VmHWM)",
+              "max sampled VmRSS MB", "of a 512 MiB task", "frames/s", "MB/s", "received -> stored p50 / p99 / max ms",
+              "reconnects"]
+    ratios = []
+    for n in s["connections"]:
+        b, o = runs[f"{n} bounded"], runs[f"{n} off"]
+        ratios.append(f"{n} connections {fmt(o['vm_hwm_mb'] / b['vm_hwm_mb'], 1)}x"
+                      + (" (at least: the unbounded run was stopped at the cap)" if o["stopped_at_rss_cap"] else ""))
+    notes = [
+        f"{' and '.join(map(str, s['connections']))} connections, each sent frames of {s['frame_bytes']:,} bytes back to back by "
+        f"bench.large_upstream; one worker (MAX_FRAME_BYTES = the frame size), fresh emulator per run; window "
+        f"{s['window_s']:g} s after {s['warmup_s']:g} s warm-up; VmRSS sampled every {s['sample_s']:g} s.",
+        "Peak RSS unbounded / bounded: " + ", ".join(ratios) + ".",
+        "Until the writer stores large data in S3, a frame over 350 KB is stored as a skip marker: these figures "
+        "are the receive path (socket buffers, the gate, parsing); the writer held "
+        + ", ".join(f"{fmt(r['writer_pending_bytes_max'], 0)}" for k, r in runs.items() if k.endswith("bounded"))
+        + " bytes at most in the bounded runs.",
+        "Received -> stored: from the hand-over to the writer to the stored batch (the time a frame waits for a "
+        "receive slot is before it, in the frames/s).",
+    ]
+    if quick:
+        notes.append("--quick: tiny sizes; the figures show that the code runs, not the design.")
+    return Result("Large frames: worker memory", command, s, md_table(header, rows), {"runs": runs}, notes)
