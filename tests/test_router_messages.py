@@ -188,10 +188,10 @@ def test_skipped_counts_every_marker_of_the_connection_and_no_other(api, stored)
     api.start("c1")
     api.start("c2")
     stored.inline("c1", range(1, 50))
-    for seq in range(50, 1300):
+    for seq in range(50, 110):
         stored.marker("c1", seq, schema.SKIPPED_MALFORMED)
     stored.marker("c2", 1, schema.SKIPPED_MALFORMED)
-    assert api.get("c1")[1]["skipped"] == 1250
+    assert api.get("c1")[1]["skipped"] == 60
     assert api.get("c2")[1]["skipped"] == 1
     api.start("c3")
     assert api.get("c3")[1]["skipped"] == 0

@@ -582,7 +582,7 @@ def test_a_flush_waits_as_long_as_renewals_keep_moving_the_deadline():
 
 def test_the_byte_cap_makes_receive_loops_wait_until_data_is_stored_and_nothing_is_dropped():
     async def scenario():
-        h = Harness(interval=10.0, max_pending_bytes=3000)
+        h = Harness(interval=0.05, max_pending_bytes=3000)
         h.open("a", "b")
         data = '"' + "x" * 998 + '"'  # 1000 characters
         putter_a = asyncio.create_task(h.put("a", 1, 2, 3, 4, data=data))
