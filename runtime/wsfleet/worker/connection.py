@@ -243,15 +243,19 @@ class ConnectionRunner:
         """Hand one frame to the writer (or count it and skip it), after a gap marker if
         it jumps ahead. Nothing it meets ends the socket: an error of ours costs this
         frame only, logged and counted, and the next frame's gap marker covers its seq."""
+        size = len(message)
         try:
             frame = parse_frame(message, int(time.time() * 1000))
+            # The raw bytes are not needed past parsing: not held while the put below
+            # waits for the writer's room (for a frame at the limit, 32 MiB a socket).
+            del message
             if isinstance(frame, Rejected):
                 self._counters.add(names.MALFORMED_FRAMES)
                 return self._frame_problem(frame.problem, size=frame.size, stored="nothing")
             if frame.problem is not None:
                 self._counters.add(names.MALFORMED_FRAMES)
                 stored = "skip_marker" if frame.is_marker else "escaped"
-                self._frame_problem(frame.problem, size=len(message), seq=frame.seq, stored=stored)
+                self._frame_problem(frame.problem, size=size, seq=frame.seq, stored=stored)
             frames = self.tracker.to_store(frame)
             if not frames:
                 return  # a replay of a frame already in hand
@@ -264,7 +268,7 @@ class ConnectionRunner:
             raise
         except Exception as exc:  # noqa: BLE001 - one frame never costs the connection
             self._counters.add(names.LOOP_ERRORS)
-            self._frame_problem(UNEXPECTED, size=len(message), error=f"{type(exc).__name__}: {exc}", exc=exc)
+            self._frame_problem(UNEXPECTED, size=size, error=f"{type(exc).__name__}: {exc}", exc=exc)
 
     def _frame_problem(self, problem: Problem | str, *, exc: BaseException | None = None, **fields: object) -> None:
         """Log a bad frame, at most once per FRAME_LOG_EVERY_S per class, saying how many

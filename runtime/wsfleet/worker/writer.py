@@ -214,10 +214,12 @@ class _Queue:
 
 def frame_bytes(frame: Frame) -> int:
     """The data a pending frame holds: its size when known, else its compact JSON's
-    length (characters: what the string holds for ASCII, without encoding a copy)."""
+    length (characters: what the string holds for ASCII, without encoding a copy).
+    Large data counts twice: its upload encodes a copy of it (the request's body)."""
     if frame.data_json is None:
         return 0  # a marker holds no data, whatever size it records
-    return frame.data_bytes if frame.data_bytes is not None else len(frame.data_json)
+    size = frame.data_bytes if frame.data_bytes is not None else len(frame.data_json)
+    return 2 * size if needs_object(frame) else size
 
 
 class Writer:
