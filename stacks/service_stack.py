@@ -20,7 +20,7 @@ from stacks.constructs.api import EventsApi
 from stacks.constructs.dashboard import OperationsDashboard
 from stacks.constructs.network import Network
 from stacks.constructs.router import Router
-from stacks.constructs.worker_service import WorkerService
+from stacks.constructs.worker_service import XRAY_DAEMON_MEMORY_MIB, WorkerService
 from stacks.settings import EnvironmentSettings
 from wsfleet import config, metrics_names, schema, stack_outputs
 
@@ -185,6 +185,10 @@ class ServiceStack(Stack):
             config.METRICS_SECONDS: str(settings.metrics_seconds),
             config.MESSAGE_TTL_DAYS: str(settings.message_ttl_days),
             config.MAX_FRAME_BYTES: str(settings.max_frame_bytes),
+            # Half the worker's memory (the task's, less the X-Ray daemon's reservation) for
+            # frame bytes, set here: the worker's own default reads its cgroup limit, and
+            # on Fargate the container may see none (then it would take 256 MiB).
+            config.MAX_BUFFERED_BYTES: str((settings.worker_memory_mib - XRAY_DAEMON_MEMORY_MIB) * 1024 * 1024 // 2),
             # The router's allow-list: the worker lets only exactly listed hosts resolve
             # to internal addresses (validation.check_resolved).
             config.ALLOWED_WS_HOSTS: ",".join(settings.allowed_ws_hosts),

@@ -21,6 +21,7 @@ from stacks import runtime_assets
 
 XRAY_DAEMON_IMAGE = "public.ecr.aws/xray/aws-xray-daemon:3.x"
 XRAY_DAEMON_PORT = 2000
+XRAY_DAEMON_MEMORY_MIB = 64  # the daemon's reservation: the worker's memory is the task's less this
 
 # Scale out quickly when connections pile up; scale in slowly, because every task
 # removed hands its connections over (a reconnect and a replay for each).
@@ -89,7 +90,7 @@ class WorkerService(Construct):
             # Losing traces must not stop a task that holds leases.
             essential=False,
             cpu=32,
-            memory_reservation_mib=64,
+            memory_reservation_mib=XRAY_DAEMON_MEMORY_MIB,
             port_mappings=[ecs.PortMapping(container_port=XRAY_DAEMON_PORT, protocol=ecs.Protocol.UDP)],
             logging=ecs.LogDrivers.aws_logs(
                 stream_prefix="xray",

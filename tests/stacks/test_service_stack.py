@@ -382,6 +382,7 @@ def test_worker_environment_is_what_the_contract_names(env):
         config.MESSAGE_TTL_DAYS,
         config.MESSAGES_BUCKET_NAME,
         config.MAX_FRAME_BYTES,
+        config.MAX_BUFFERED_BYTES,
         config.ALLOWED_WS_HOSTS,
     }
     # The same allow-list as the router's: the worker checks what the host names resolve to.
@@ -402,6 +403,9 @@ def test_worker_environment_passes_the_workers_own_validation(env):
     assert (parsed.rebalance, parsed.rebalance_tolerance) == (env.settings.rebalance, env.settings.rebalance_tolerance)
     assert parsed.max_frame_bytes == env.settings.max_frame_bytes == config.DEFAULT_MAX_FRAME_BYTES
     assert parsed.message_ttl_days == env.settings.message_ttl_days
+    # Frame bytes: half the worker container's memory (the task's, less the X-Ray
+    # daemon's reservation), whatever cgroup limit the container sees on Fargate.
+    assert parsed.max_buffered_bytes == (env.settings.worker_memory_mib - 64) * 1024 * 1024 // 2
 
 
 def test_worker_and_router_name_the_stateful_stacks_tables(env):
