@@ -17,10 +17,12 @@ window between two stats lines); received -> stored p50 / p99 / max (from the ha
 to the writer to the stored batch: the writer's histogram); the gate's high-water mark
 of slots held and how often a socket waited for one.
 
-Until data over an item's size goes to S3, each of these frames is stored as a skip
-marker (``too_large``): the figures are the receive path's (socket, gate, parse). Once the
-writer uploads large data, the same run goes through the upload, and the writer's byte
-cap (``pending_bytes_max``) shows in the table too.
+Each of these frames goes through the writer's upload to S3 (the emulator's), then its
+item; the writer's byte cap (``pending_bytes_max``) is in the raw results.
+
+Then, by size: two connections sending frames of 300 KB (stored inline), 1, 8 and 32 MiB
+(stored as S3 objects), each back to back, bounded: frames/s, MB/s and received ->
+stored, so that inline and S3 compare in one run.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ def settings_for(quick: bool) -> dict[str, Any]:
         "window_s": 2.0 if quick else 30.0,
         "sample_s": 0.05 if quick else 0.1,
         "worker": {cfg.METRICS_SECONDS: 0.5 if quick else 2},
+        # Throughput and store latency by size, two connections each, bounded: data that
+        # fits an item (inline) against data stored through S3.
+        "sweep_connections": 2,
+        "sweep_sizes": [300_000] if quick else [300_000, 1 << 20, 8 << 20, 32 << 20],
+        "sweep_window_s": 2.0 if quick else 20.0,
     }
 
 
@@ -82,14 +89,14 @@ def vm(pid: int) -> dict[str, float]:
     return out
 
 
-def run_one(run_dir: Path, s: dict[str, Any], n: int, budget: int | None) -> dict[str, Any]:
-    size = s["frame_bytes"]
+def run_one(run_dir: Path, s: dict[str, Any], n: int, budget: int | None, size: int | None = None) -> dict[str, Any]:
+    size = size or s["frame_bytes"]
     with Rig(run_dir) as rig:
         upstream = LargeUpstream(run_dir, size)
         try:
             worker = rig.worker("w1", {
                 **s["worker"],
-                cfg.MAX_FRAME_BYTES: size,
+                cfg.MAX_FRAME_BYTES: max(size, s["frame_bytes"]),
                 cfg.MAX_BUFFERED_BYTES: budget if budget is not None else "off",
                 cfg.MAX_CONNECTIONS: max(n, 10),
             })
@@ -177,13 +184,33 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
         f"bench.large_upstream; one worker (MAX_FRAME_BYTES = the frame size), fresh emulator per run; window "
         f"{s['window_s']:g} s after {s['warmup_s']:g} s warm-up; VmRSS sampled every {s['sample_s']:g} s.",
         "Peak RSS unbounded / bounded: " + ", ".join(ratios) + ".",
-        "Until the writer stores large data in S3, a frame over 350 KB is stored as a skip marker: these figures "
-        "are the receive path (socket buffers, the gate, parsing); the writer held "
+        "Every frame goes through the writer's S3 upload, then its item; the writer held (large data counted twice: "
+        "the frame and its upload's body) "
         + ", ".join(f"{fmt(r['writer_pending_bytes_max'], 0)}" for k, r in runs.items() if k.endswith("bounded"))
         + " bytes at most in the bounded runs.",
         "Received -> stored: from the hand-over to the writer to the stored batch (the time a frame waits for a "
         "receive slot is before it, in the frames/s).",
     ]
+    sweep, sweep_rows = {}, []
+    for size in s["sweep_sizes"]:
+        print(f"    by size: {s['sweep_connections']} x {size:,} B frames", flush=True)
+        r = run_one(run_dir / f"largeframes-size-{size}", {**s, "window_s": s["sweep_window_s"]},
+                    s["sweep_connections"], s["budget_bytes"], size)
+        sweep[size] = r
+        lat = r.get("latency_ms") or {"n": 0}
+        sweep_rows.append([
+            f"{size:,}", "inline (item)" if size <= 350_000 else "S3 object + item",
+            fmt(r.get("frames_per_s"), 2), fmt(r.get("mb_per_s"), 0),
+            f"{fmt(lat.get('p50'), 0)} / {fmt(lat.get('p99'), 0)} / {fmt(lat.get('max'), 0)}" if lat["n"] else "-",
+            f"{r['vm_hwm_mb']:.0f}",
+        ])
+    sweep_header = ["frame bytes", "stored as", "frames/s", "MB/s", "received -> stored p50 / p99 / max ms", "peak RSS MB"]
+    notes.append(
+        f"By size: {s['sweep_connections']} connections, frames of each size back to back, bounded, window "
+        f"{s['sweep_window_s']:g} s each; inline data is one item of a BatchWriteItem, larger data one S3 PUT "
+        "(the emulator's) and then its item."
+    )
     if quick:
         notes.append("--quick: tiny sizes; the figures show that the code runs, not the design.")
-    return Result("Large frames: worker memory", command, s, md_table(header, rows), {"runs": runs}, notes)
+    table = md_table(header, rows) + "\n\nThroughput and store latency by frame size:\n\n" + md_table(sweep_header, sweep_rows)
+    return Result("Large frames: worker memory", command, s, table, {"runs": runs, "by_size": sweep}, notes)
