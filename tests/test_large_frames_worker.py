@@ -5,12 +5,16 @@ emulator; crashes are a dead session that left its writes behind, as in test_wor
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
+import urllib.request
 
 import boto3
 import pytest
 
 from tests.conftest import REGION
+from tests.test_router import Api
+from tests.test_router_messages import messages_event
 from tests.test_worker import config, dead_session, eventually, running
 from wsfleet import metrics_names as names
 from wsfleet import schema
@@ -50,7 +54,7 @@ def object_keys(s3, bucket: str) -> list[str]:
     return [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
 
 
-def test_a_500_kb_and_a_20_mb_frame_are_stored_whole_and_read_back_byte_for_byte(aws_env, stores, s3, objects, upstream):
+def test_a_500_kb_and_a_20_mb_frame_are_stored_whole_and_read_back_byte_for_byte(aws_env, stores, s3, objects, upstream, ddb, sqs):
     conns, msgs = stores
     data = {1: {"v": 1}, 2: blob(500_000, 2), 3: {"v": 3}, 4: blob(20 * 1024 * 1024, 4), 5: {"v": 5}}
     for seq, d in data.items():
@@ -82,6 +86,20 @@ def test_a_500_kb_and_a_20_mb_frame_are_stored_whole_and_read_back_byte_for_byte
     assert rows[1][schema.MESSAGE_DATA] == compact(data[1])
     assert object_keys(s3, objects.bucket) == [schema.message_object_key("a", 2), schema.message_object_key("a", 4)]
     assert conns.get("a")["last_seq"] == 6
+
+    # And as a user reads them: the read API's page, each large one through its data_url.
+    api = Api(aws_env, ddb, sqs)
+    status, page = api.call(messages_event("a"))
+    assert status == 200 and [e["seq"] for e in page["messages"]] == [1, 2, 3, 4, 5, 6]
+    for entry in page["messages"]:
+        sent = compact(data[entry["seq"]]).encode() if entry["seq"] in data else compact({"v": 6}).encode()
+        if entry["seq"] in (2, 4):
+            with urllib.request.urlopen(entry["data_url"], timeout=60) as resp:
+                body = resp.read()
+            assert body == sent and entry["data_bytes"] == len(sent)
+            assert entry["data_sha256"] == hashlib.sha256(sent).hexdigest()
+        else:
+            assert compact(entry["data"]).encode() == sent
 
 
 def test_after_a_crash_around_a_large_frame_the_new_owner_resumes_with_no_gap_and_no_double(
