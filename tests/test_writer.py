@@ -377,13 +377,16 @@ def test_a_batch_slower_than_the_deadline_it_started_with_is_kept_while_renewals
     checkpoint moved past the hole."""
 
     async def scenario():
-        h = Harness(interval=0.01, deadline_s=0.4)
+        # The renewal lands 0.2 s in, well before the 1 s deadline (a busy machine can
+        # stretch that sleep by most of a second and the test still means what it says),
+        # and the batch takes 1.5 s, past the deadline it was sent with.
+        h = Harness(interval=0.01, deadline_s=1.0)
         h.open("a")
-        slow_table(h, 0.9)  # throttled and retried inside the store
+        slow_table(h, 1.5)  # throttled and retried inside the store
         task = asyncio.create_task(h.writer.run())
         await h.put("a", 1, 2, 3)
         await asyncio.sleep(0.2)
-        h.deadline = clock.now() + 5  # a renewal landed meanwhile
+        h.deadline = clock.now() + 10  # a renewal landed meanwhile
         await h.put("a", 4)
         await h.writer.flush("a")
         task.cancel()
