@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import schema
-from ..stream import Frame, Problem, contiguous_end
+from ..stream import Frame, contiguous_end
 from .base import TransientError, is_transient, marshal, unmarshal, unwrap_refusal
 from .objects import StoredObject, needs_object
 
