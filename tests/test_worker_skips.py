@@ -66,7 +66,7 @@ def test_a_frame_over_the_limit_costs_a_few_sockets_then_a_marker_at_its_seq_and
                 for _ in range(4):
                     up.publish("a")
                 await eventually(lambda: covered_end(msgs, "a") == 10, what="later frames stored")
-                return worker.counters.totals()
+            return worker.counters.totals()  # once stopped: every count of what it stored is in
 
         totals = asyncio.run(scenario())
         sockets = up.sockets("a")
@@ -103,7 +103,7 @@ def test_a_frame_over_the_limit_right_after_an_upstream_gap_still_converges(aws_
         async def scenario():
             async with running(config(aws_env)) as worker:
                 await eventually(lambda: covered_end(msgs, "a") == 4, timeout=60, what="past the big frame")
-                return worker.counters.totals()
+            return worker.counters.totals()  # once stopped: every count of what it stored is in
 
         totals = asyncio.run(scenario())
         sockets = up.sockets("a")
@@ -132,7 +132,7 @@ def test_an_upstream_gap_is_stored_as_one_range_marker_and_the_checkpoint_and_st
         async def scenario():
             async with running(config(aws_env)) as worker:
                 await eventually(lambda: covered_end(msgs, "a") == 1006, what="past the gap")
-                return worker.counters.totals()
+            return worker.counters.totals()  # once stopped: every count of what it stored is in
 
         totals = asyncio.run(scenario())
         assert len(up.sockets("a")) == 1  # a gap never costs the socket
@@ -182,7 +182,7 @@ def test_a_new_owner_after_a_crash_right_after_markers_resumes_past_them_without
             async with running(cfg) as worker:
                 await eventually(lambda: "a" in worker.runners, timeout=cfg.lease_ms / 1000 + 5, what="takeover")
                 await eventually(lambda: covered_end(msgs, "a") == 15, timeout=30, what="frames past the markers")
-                return worker.counters.totals()
+            return worker.counters.totals()  # once stopped: every count of what it stored is in
 
         totals = asyncio.run(scenario())
         sockets = up.sockets("a")
@@ -240,7 +240,7 @@ def test_a_seeded_hostile_mix_never_fails_the_connection_and_leaves_no_hole(aws_
         async def scenario():
             async with running(config(aws_env)) as worker:
                 await eventually(lambda: covered_end(msgs, "a") == head, timeout=90, what=f"the head {head} (seed {seed})")
-                return worker.counters.totals()
+            return worker.counters.totals()  # once stopped: every count of what it stored is in
 
         totals = asyncio.run(scenario())
         frames = up.frames("a")
