@@ -44,10 +44,10 @@ def settings_for(quick: bool) -> dict[str, Any]:
     return {
         "requests_per_page": 3 if quick else 30,
         "inline_bytes": 1000,
-        "inline_messages": 1200,  # enough for a page of 1,000 after the first 100
+        "inline_messages": 150 if quick else 1200,  # enough for a page of 1,000 after the first 100
         "large_messages": 10,
-        "large_bytes": (1 << 20) if quick else (8 << 20),
-        "big_inline_messages": 6 if quick else 30,
+        "large_bytes": 400_000 if quick else (8 << 20),  # over an item: an S3 object either way
+        "big_inline_messages": 2 if quick else 30,
         "big_inline_bytes": 300_000,
     }
 
