@@ -262,16 +262,7 @@ def sessions_table_spec(table_name: str) -> dict[str, Any]:
             {"AttributeName": RING, "AttributeType": "S"},
         ],
         "KeySchema": [{"AttributeName": SESSION_ID, "KeyType": "HASH"}],
-        "GlobalSecondaryIndexes": [
-            {
-                "IndexName": RING_INDEX,
-                "KeySchema": [
-                    {"AttributeName": RING, "KeyType": "HASH"},
-                    {"AttributeName": SESSION_ID, "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "KEYS_ONLY"},
-            }
-        ],
+        "GlobalSecondaryIndexes": [_keys_only_index(RING_INDEX, RING, SESSION_ID)],
     }
 
 
@@ -285,18 +276,16 @@ def messages_table_spec(table_name: str) -> dict[str, Any]:
             {"AttributeName": MSG_SK, "AttributeType": "N"},
             {"AttributeName": SKIPPED, "AttributeType": "S"},
         ],
-        "KeySchema": [
-            {"AttributeName": MSG_PK, "KeyType": "HASH"},
-            {"AttributeName": MSG_SK, "KeyType": "RANGE"},
-        ],
-        "GlobalSecondaryIndexes": [
-            {
-                "IndexName": MARKERS_INDEX,
-                "KeySchema": [
-                    {"AttributeName": MSG_PK, "KeyType": "HASH"},
-                    {"AttributeName": SKIPPED, "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "KEYS_ONLY"},
-            }
-        ],
+        "KeySchema": _key_schema(MSG_PK, MSG_SK),
+        "GlobalSecondaryIndexes": [_keys_only_index(MARKERS_INDEX, MSG_PK, SKIPPED)],
     }
+
+
+def _key_schema(hash_key: str, range_key: str) -> list[dict[str, str]]:
+    return [{"AttributeName": hash_key, "KeyType": "HASH"}, {"AttributeName": range_key, "KeyType": "RANGE"}]
+
+
+def _keys_only_index(name: str, hash_key: str, range_key: str) -> dict[str, Any]:
+    """A GSI that projects the keys only: it holds nothing its items do not key on."""
+    keys = _key_schema(hash_key, range_key)
+    return {"IndexName": name, "KeySchema": keys, "Projection": {"ProjectionType": "KEYS_ONLY"}}
