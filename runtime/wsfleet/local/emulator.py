@@ -795,6 +795,18 @@ class Emulator:
         self.stop()
 
 
+def emulator_session(region: str = DEFAULT_REGION) -> Any:
+    """A boto3 session that signs with :data:`CREDENTIALS`, whatever this process's own
+    environment holds: for clients of the emulator, and for URLs presigned for it."""
+    import boto3
+
+    return boto3.session.Session(
+        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        region_name=region,
+    )
+
+
 def create_resources(
     endpoint_url: str,
     *,
@@ -807,13 +819,7 @@ def create_resources(
 ) -> dict[str, str]:
     """Create the tables (from :mod:`wsfleet.schema`), the bucket and the queue; return the
     environment variables the worker and the router need to reach them."""
-    import boto3
-
-    session = boto3.session.Session(
-        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        region_name=region,
-    )
+    session = emulator_session(region)
     ddb = session.client("dynamodb", endpoint_url=endpoint_url)
     ddb.create_table(**schema.connections_table_spec(table_name))
     ddb.create_table(**schema.sessions_table_spec(sessions_table_name))

@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
-import boto3
 from botocore.config import Config
 
 from .. import config as cfg
@@ -58,7 +57,7 @@ from ..leases import unreachable
 from ..logs import JsonLogger
 from ..store import MessagesStore, ObjectsStore, unmarshal
 from .api import LocalApi
-from .emulator import CREDENTIALS, DEFAULT_REGION, HARNESS_MARK, create_resources
+from .emulator import DEFAULT_REGION, HARNESS_MARK, create_resources, emulator_session
 from .upstream import ThreadedUpstream
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2]  # what PYTHONPATH must hold for children
@@ -548,12 +547,7 @@ class Fleet:
         return self
 
     def _client(self, service: str, *, harness: bool = False) -> Any:
-        session = boto3.session.Session(
-            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-            region_name=self.aws_env.get("AWS_REGION", DEFAULT_REGION),
-        )
-        return session.client(
+        return emulator_session(self.aws_env.get("AWS_REGION", DEFAULT_REGION)).client(
             service,
             endpoint_url=self.emulator.endpoint_url,
             config=Config(
@@ -569,9 +563,7 @@ class Fleet:
         self._api_log = open(self.run_dir / "api.log", "a", buffering=1)
         # The data URLs it presigns are signed with the emulator's credentials, which
         # this process has in aws_env, not in its own environment.
-        signing = boto3.session.Session(
-            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"], aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"]
-        )
+        signing = emulator_session(self.aws_env.get("AWS_REGION", DEFAULT_REGION))
         router = Router.from_env(
             env, ddb=self._client("dynamodb"), sqs=self._client("sqs"),
             s3=make_presigner(cfg.RouterConfig.from_env(env), session=signing),
