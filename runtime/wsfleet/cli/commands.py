@@ -9,6 +9,7 @@ from typing import Any, Mapping
 
 from .. import plan as planning
 from ..store import now_ms
+from ..stream import MAX_MESSAGE_BYTES
 from . import locate, reading, render, views
 from .api import ApiClient, ApiReply, is_local, region_in_url
 from .errors import CliError
@@ -120,7 +121,7 @@ def connections(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 # Sizes the plan prices a large frame at: the largest inline item, and two over any item.
-LARGE_EXAMPLE_SIZES = (350_000, 1 << 20, 32 << 20)
+LARGE_EXAMPLE_SIZES = (MAX_MESSAGE_BYTES, 1 << 20, 32 << 20)
 
 
 def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -130,8 +131,10 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         raise CliError(
             f"--per-worker {per_worker} is above {args.env}'s MAX_CONNECTIONS ({settings['max_per_worker']})"
         )
+    measured = planning.load_measured()
+    retention_days = settings["message_ttl_days"]
     result = planning.plan(
-        planning.load_measured(),
+        measured,
         connections=args.connections,
         per_worker=per_worker,
         rate=args.rate,
@@ -144,12 +147,12 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             connections=args.connections,
             rate=args.large_rate,
             size_bytes=args.large_bytes,
-            prices=planning.load_measured().prices,
-            retention_days=settings["message_ttl_days"],
+            prices=measured.prices,
+            retention_days=retention_days,
         )
     result["large_frame_cost"] = [
-        planning.large_frame_cost(size, prices=planning.load_measured().prices, retention_days=settings["message_ttl_days"])
-        for size in sorted({LARGE_EXAMPLE_SIZES[0], args.large_bytes, *LARGE_EXAMPLE_SIZES[1:]})
+        planning.large_frame_cost(size, prices=measured.prices, retention_days=retention_days)
+        for size in sorted({*LARGE_EXAMPLE_SIZES, args.large_bytes})
     ]
     _emit(args, result, render.plan(result))
     return 0
