@@ -34,11 +34,15 @@ def _positive(text: str) -> int:
     return value
 
 
-def _rate(text: str) -> float:
+def _number(text: str, unit: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of messages per second, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"must be a number of {unit}, got {text!r}") from None
+
+
+def _rate(text: str) -> float:
+    value = _number(text, "messages per second")
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be zero or more, got {text!r}")
     return value
@@ -52,10 +56,7 @@ def _seq(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    value = _number(text, "seconds")
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
     return value
