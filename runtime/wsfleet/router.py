@@ -316,6 +316,20 @@ class Router:
 # --- request parsing (pure) -------------------------------------------------------------
 
 
+def match_path(path: str) -> tuple[str, str | None] | None:
+    """The route template a raw path matches, as API Gateway's resources do, and its
+    raw (not percent-decoded) connection_id or None; None when no route matches."""
+    if path == EVENTS:
+        return EVENTS, None
+    tail = path[len(_CONNECTION_PREFIX):] if path.startswith(_CONNECTION_PREFIX) else ""
+    if tail and "/" not in tail:
+        return CONNECTION, tail
+    listed = tail[: -len(_MESSAGES_SUFFIX)] if tail.endswith(_MESSAGES_SUFFIX) else ""
+    if listed and "/" not in listed:
+        return MESSAGES, listed
+    return None
+
+
 def _route(event: Mapping[str, Any]) -> tuple[str, object]:
     """(route template, raw connection_id or None). The resource template decides when
     API Gateway gives one of ours; otherwise (a greedy proxy resource) the path does."""
@@ -325,21 +339,15 @@ def _route(event: Mapping[str, Any]) -> tuple[str, object]:
         raw = params.get("connection_id") if resource in (CONNECTION, MESSAGES) else None
     else:
         path = str(event.get("path") or "")
-        tail = path[len(_CONNECTION_PREFIX):] if path.startswith(_CONNECTION_PREFIX) else ""
-        listed = tail[: -len(_MESSAGES_SUFFIX)] if tail.endswith(_MESSAGES_SUFFIX) else ""
-        if path == EVENTS:
-            resource, raw = EVENTS, None
-        elif tail and "/" not in tail:
-            resource, raw = CONNECTION, tail
-        elif listed and "/" not in listed:
-            resource, raw = MESSAGES, listed
-        else:
+        matched = match_path(path)
+        if matched is None:
             raise HttpError(
                 404,
                 "not_found",
                 f"No route for {path or 'this path'}; use POST /events, GET /connections/{{connection_id}} "
                 "or GET /connections/{connection_id}/messages.",
             )
+        resource, raw = matched
     # A client may percent-encode ':' in the path. '%' is not allowed in an id, so
     # decoding cannot turn one valid id into another.
     if isinstance(raw, str) and "%" in raw:

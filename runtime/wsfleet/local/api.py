@@ -36,13 +36,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
+from .. import router
+from ..config import ConfigError
 from ..logs import JsonLogger, route_stdlib_logging
 
-EVENTS_RESOURCE = "/events"
-CONNECTION_RESOURCE = "/connections/{connection_id}"
-MESSAGES_RESOURCE = "/connections/{connection_id}/messages"
-_CONNECTION_PREFIX = "/connections/"
-_MESSAGES_SUFFIX = "/messages"
+# The router's resources (its route templates), as the stack's API declares them.
+EVENTS_RESOURCE = router.EVENTS
+CONNECTION_RESOURCE = router.CONNECTION
+MESSAGES_RESOURCE = router.MESSAGES
 MAX_BODY_BYTES = 10 * 1024 * 1024  # API Gateway's payload limit
 STAGE = "local"
 
@@ -53,17 +54,11 @@ log = logging.getLogger(__name__)
 
 def resource_for(path: str) -> tuple[str, dict[str, str] | None]:
     """The API Gateway resource a path matches, and its path parameters."""
-    if path == EVENTS_RESOURCE:
-        return EVENTS_RESOURCE, None
-    if not path.startswith(_CONNECTION_PREFIX):
+    matched = router.match_path(path)
+    if matched is None:
         return path, None
-    rest = path[len(_CONNECTION_PREFIX):]
-    if rest and "/" not in rest:
-        return CONNECTION_RESOURCE, {"connection_id": rest}
-    listed = rest[: -len(_MESSAGES_SUFFIX)] if rest.endswith(_MESSAGES_SUFFIX) else ""
-    if listed and "/" not in listed:
-        return MESSAGES_RESOURCE, {"connection_id": listed}
-    return path, None
+    resource, connection_id = matched
+    return resource, None if connection_id is None else {"connection_id": connection_id}
 
 
 def build_event(
@@ -257,18 +252,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     route_stdlib_logging(component="local-api")
 
-    from ..config import ConfigError
-    from ..router import Router
-
     try:
-        router = Router.from_env()
+        app = router.Router.from_env()
     except ConfigError as error:
         JsonLogger(sys.stderr, component="local-api").error("config_error", message=str(error))
         return 2
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    api = LocalApi(router.handle, args.host, args.port).start()
+    api = LocalApi(app.handle, args.host, args.port).start()
     print(f"READY {api.url}", flush=True)
     stop.wait()
     api.stop()
