@@ -797,7 +797,10 @@ class Fleet:
             return out
         with urllib.request.urlopen(entry["data_url"], timeout=30) as resp:
             body = resp.read()
-        item = next((r for r in self.messages(connection_id) if r[schema.MSG_SK] == seq), {})
+        # Its item: the first after seq - 1 (one Query of one item, not the whole partition).
+        item = next(self.messages_store.read_after(connection_id, seq - 1, batch=1), {})
+        if item.get(schema.MSG_SK) != seq:
+            item = {}
         out.stored, out.data_ref = "object", item.get(schema.DATA_REF)
         out.item_bytes, out.item_sha256 = entry.get("data_bytes"), entry.get("data_sha256")
         out.read_bytes, out.read_sha256 = len(body), hashlib.sha256(body).hexdigest()
