@@ -127,12 +127,7 @@ class MessagesStore:
             "Limit": 500,
         }
         while True:
-            try:
-                resp = self._ddb.query(**kwargs)
-            except (ClientError, BotoCoreError) as exc:
-                if is_transient(exc):
-                    raise TransientError(f"query: {exc}") from exc
-                raise
+            resp = self._query(kwargs)
             end, complete = contiguous_end(end, map(_span, resp.get("Items", [])))
             if not complete or "LastEvaluatedKey" not in resp:
                 return end
@@ -215,6 +210,7 @@ class MessagesStore:
             if is_transient(exc):
                 raise TransientError(f"query: {exc}") from exc
             raise
+
 
 def _span(raw: dict) -> tuple[int, int]:
     """(seq, last seq it stands for) of a stored item: a range marker's skip_to, or its seq."""
