@@ -213,12 +213,10 @@ class _Queue:
 
 
 def frame_bytes(frame: Frame) -> int:
-    """The data a pending frame holds: its size when known, else its compact JSON's
-    length (characters: what the string holds for ASCII, without encoding a copy).
-    Large data counts twice: its upload encodes a copy of it (the request's body)."""
-    if frame.data_json is None:
-        return 0  # a marker holds no data, whatever size it records
-    size = frame.data_bytes if frame.data_bytes is not None else len(frame.data_json)
+    """The data a pending frame holds (:func:`data_size`: none for a marker, whatever size
+    it records). Large data counts twice: its upload encodes a copy of it (the request's
+    body)."""
+    size = data_size(frame)
     return 2 * size if needs_object(frame) else size
 
 
@@ -308,9 +306,9 @@ class Writer:
     def _within_limit(self, connection_id: str, frame: Frame) -> Frame:
         """The frame, or its over_frame_limit marker if its data grew over the frame
         limit once re-encoded (escaping can)."""
-        if frame.data_json is not None and data_size(frame) > self._max_data_bytes:
+        if (size := data_size(frame)) > self._max_data_bytes:
             self._counters.add(names.MALFORMED_FRAMES)
-            self._log.warning("frame_over_limit", connection_id=connection_id, seq=frame.seq, data_bytes=data_size(frame))
+            self._log.warning("frame_over_limit", connection_id=connection_id, seq=frame.seq, data_bytes=size)
             return frame.as_marker(Problem.TOO_LARGE)
         return frame
 
