@@ -77,7 +77,7 @@ import math
 from bisect import bisect_left
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from .. import clock
 from .. import metrics_names as names
@@ -91,6 +91,7 @@ from .retry import DEADLINE_POLL_S, LeaseExpired, call_until, first_of, woken_or
 from .supervision import Supervisor
 
 Call = Callable[..., Awaitable[Any]]
+T = TypeVar("T")
 
 # Pending frames a connection, and the whole worker, may have before receive loops wait.
 MAX_PENDING_PER_CONNECTION = 1000
@@ -545,12 +546,7 @@ class Writer:
         only :class:`LeaseExpired`, once the deadline has passed. ``objects``: the stored
         objects of the large ones."""
         try:
-            await self._supervisor.retry(
-                "writer",
-                lambda: call_until(self._call, deadline, self._put, log=self._log, entries=entries, objects=objects),
-                deadline=deadline,
-                passes=(InvalidItem,),
-            )
+            await self._until_done(self._put, deadline, passes=(InvalidItem,), entries=entries, objects=objects)
         except InvalidItem as exc:
             refused = exc
         else:
@@ -570,6 +566,26 @@ class Writer:
         self._counters.add(names.MALFORMED_FRAMES)
         self._log.warning("frame_refused_by_store", connection_id=connection_id, seq=frame.seq, error=str(refused))
         await self._store([(connection_id, fence_token, frame.as_marker(Problem.STORE_REFUSED))], deadline, objects)
+
+    async def _until_done(
+        self,
+        fn: Callable[..., T],
+        deadline: Callable[[], float],
+        /,
+        *,
+        passes: tuple[type[Exception], ...] = (),
+        **kwargs: Any,
+    ) -> T:
+        """``fn(**kwargs)`` in the pool until it returns, for items and objects alike: a
+        transient fault retried with jittered backoff (:func:`call_until`), any other
+        reported and retried after a capped backoff (the supervisor), until the
+        deadline, then :class:`LeaseExpired`. The ``passes`` exceptions go to the caller."""
+        return await self._supervisor.retry(
+            "writer",
+            lambda: call_until(self._call, deadline, fn, log=self._log, **kwargs),
+            deadline=deadline,
+            passes=passes,
+        )
 
     def _put(self, *, entries: list[tuple[str, int, Frame]], objects: Mapping[tuple[str, int], StoredObject]) -> None:
         # Runs in a pool thread, possibly long after it was queued (or after a freeze):
@@ -598,11 +614,7 @@ class Writer:
         while True:
             try:
                 async with self._upload_slots:
-                    stored = await self._supervisor.retry(
-                        "writer",
-                        lambda: call_until(self._call, q.deadline, self._put_object, log=self._log, q=q, frame=frame),
-                        deadline=q.deadline,
-                    )
+                    stored = await self._until_done(self._put_object, q.deadline, q=q, frame=frame)
                 break
             except LeaseExpired:
                 self._log.warning("deadline_passed_while_uploading", connection_id=q.connection_id, seq=frame.seq)
