@@ -297,8 +297,7 @@ class Writer:
         self._bytes += size
         self.bytes_high_water = max(self.bytes_high_water, self._bytes)
         for frame in frames:
-            if needs_object(frame):
-                self._upload(q, frame)
+            self._upload(q, frame)
         if connection_id not in self._waiting:
             self._waiting[connection_id] = q
         if self._pending >= MAX_BATCH or len(self._waiting) == 1:
@@ -378,8 +377,7 @@ class Writer:
         flight go on. Uploads cancelled with an earlier run start again."""
         for q in self._queues.values():
             for frame, _ in q.frames:
-                if needs_object(frame):
-                    self._upload(q, frame)
+                self._upload(q, frame)
         try:
             while True:
                 delay = self._due_in()
@@ -597,8 +595,9 @@ class Writer:
     # --- large data ---------------------------------------------------------------------
 
     def _upload(self, q: _Queue, frame: Frame) -> None:
-        """Start storing a large frame's object, unless it is stored or on its way."""
-        if frame.seq in q.objects or frame.seq in q.uploads:
+        """Start storing a large frame's object, unless it needs none, or it is stored or
+        on its way."""
+        if not needs_object(frame) or frame.seq in q.objects or frame.seq in q.uploads:
             return
         task = asyncio.create_task(self._store_object(q, frame))
         q.uploads[frame.seq] = task
