@@ -323,8 +323,7 @@ class SeqTracker:
         caller's reconnect backoff goes on growing.)"""
         if marker.seq != self.next_seq:
             raise ValueError(f"marker at {marker.seq}, expected {self.next_seq}")
-        self.last_accepted = marker.seq
-        self._over_limit_closes = 0
+        self.accept(marker.seq)
 
     def stored(self, end: int) -> None:
         """Stored up to ``end``, gap-free (a range marker's: the end of its range)."""
