@@ -98,7 +98,9 @@ class Frame:
 
     def as_marker(self, problem: Problem) -> Frame:
         """The skip marker that stands in for this frame."""
-        size = self.data_bytes if self.data_json is None else len(self.data_json.encode("utf-8", "replace"))
+        size = self.data_bytes
+        if size is None and self.data_json is not None:  # a frame built by hand: a parsed one knows its size
+            size = len(self.data_json.encode("utf-8", "replace"))
         return replace(self, data_json=None, problem=problem, data_bytes=size)
 
 
@@ -321,8 +323,7 @@ class SeqTracker:
         caller's reconnect backoff goes on growing.)"""
         if marker.seq != self.next_seq:
             raise ValueError(f"marker at {marker.seq}, expected {self.next_seq}")
-        self.last_accepted = marker.seq
-        self._over_limit_closes = 0
+        self.accept(marker.seq)
 
     def stored(self, end: int) -> None:
         """Stored up to ``end``, gap-free (a range marker's: the end of its range)."""

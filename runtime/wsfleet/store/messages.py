@@ -10,7 +10,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import schema
 from ..stream import Frame, contiguous_end
-from .base import TransientError, is_transient, marshal, unmarshal, unwrap_refusal
+from .base import TransientError, _Table, is_transient, marshal, unmarshal, unwrap_refusal
 from .objects import StoredObject, needs_object
 
 MAX_BATCH = 25  # BatchWriteItem limit
@@ -23,12 +23,11 @@ class InvalidItem(Exception):
     the item, and stores a skip marker in its place."""
 
 
-class MessagesStore:
+class MessagesStore(_Table):
     """The messages table: one item per (connection, seq)."""
 
     def __init__(self, client: Any, table_name: str, *, ttl_days: int = 0, sleep: Callable[[float], None] = time.sleep):
-        self._ddb = client
-        self._table = table_name
+        super().__init__(client, table_name)
         self._ttl_s = ttl_days * 86400
         self._sleep = sleep
 
@@ -117,26 +116,19 @@ class MessagesStore:
         A checkpoint is never inside a range (the writer reports a range's end as stored,
         and owners resume after it), so the ranges that matter start past it."""
         end = checkpoint
-        kwargs: dict[str, Any] = {
-            "TableName": self._table,
-            "KeyConditionExpression": "#p = :p AND #s > :c",
-            "ExpressionAttributeNames": {"#p": schema.MSG_PK, "#s": schema.MSG_SK, "#t": schema.SKIP_TO},
-            "ExpressionAttributeValues": marshal({":p": schema.connection_pk(connection_id), ":c": checkpoint}),
-            "ProjectionExpression": "#s, #t",
-            "ConsistentRead": True,
-            "Limit": 500,
-        }
-        while True:
-            try:
-                resp = self._ddb.query(**kwargs)
-            except (ClientError, BotoCoreError) as exc:
-                if is_transient(exc):
-                    raise TransientError(f"query: {exc}") from exc
-                raise
+        pages = self._query_pages(
+            KeyConditionExpression="#p = :p AND #s > :c",
+            ExpressionAttributeNames={"#p": schema.MSG_PK, "#s": schema.MSG_SK, "#t": schema.SKIP_TO},
+            ExpressionAttributeValues=marshal({":p": schema.connection_pk(connection_id), ":c": checkpoint}),
+            ProjectionExpression="#s, #t",
+            ConsistentRead=True,
+            Limit=500,
+        )
+        for resp in pages:
             end, complete = contiguous_end(end, map(_span, resp.get("Items", [])))
-            if not complete or "LastEvaluatedKey" not in resp:
-                return end
-            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+            if not complete:
+                break
+        return end
 
     def read_all(self, connection_id: str) -> list[dict]:
         """Every stored message of a connection in seq order (tests, demo reports)."""
@@ -172,49 +164,30 @@ class MessagesStore:
             "#t": schema.SKIP_TO,
             "#e": schema.MESSAGE_TTL_ATTRIBUTE,
         }
-        kwargs: dict[str, Any] = {
-            "TableName": self._table,
-            "KeyConditionExpression": "#p = :p AND #s > :a",
-            "ExpressionAttributeNames": names,
-            "ExpressionAttributeValues": marshal({":p": schema.connection_pk(connection_id), ":a": after_seq}),
-            "ProjectionExpression": "#s, #d, #r, #b, #h, #k, #t, #e",
-            "ConsistentRead": True,
-            "Limit": batch,
-        }
-        while True:
-            resp = self._query(kwargs)
+        pages = self._query_pages(
+            KeyConditionExpression="#p = :p AND #s > :a",
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues=marshal({":p": schema.connection_pk(connection_id), ":a": after_seq}),
+            ProjectionExpression="#s, #d, #r, #b, #h, #k, #t, #e",
+            ConsistentRead=True,
+            Limit=batch,
+        )
+        for resp in pages:
             yield from (unmarshal(i) for i in resp.get("Items", []))
-            if "LastEvaluatedKey" not in resp:
-                return
-            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
     def count_markers(self, connection_id: str) -> int:
         """How many skip markers a connection has: a COUNT Query of its partition of the
         sparse markers index (only markers are in it), so no message is read. Eventually
         consistent, as every GSI read is."""
-        kwargs: dict[str, Any] = {
-            "TableName": self._table,
-            "IndexName": schema.MARKERS_INDEX,
-            "KeyConditionExpression": "#p = :p",
-            "ExpressionAttributeNames": {"#p": schema.MSG_PK},
-            "ExpressionAttributeValues": marshal({":p": schema.connection_pk(connection_id)}),
-            "Select": "COUNT",
-        }
-        count = 0
-        while True:
-            resp = self._query(kwargs)
-            count += int(resp.get("Count", 0))
-            if "LastEvaluatedKey" not in resp:
-                return count
-            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
+        pages = self._query_pages(
+            IndexName=schema.MARKERS_INDEX,
+            KeyConditionExpression="#p = :p",
+            ExpressionAttributeNames={"#p": schema.MSG_PK},
+            ExpressionAttributeValues=marshal({":p": schema.connection_pk(connection_id)}),
+            Select="COUNT",
+        )
+        return sum(int(resp.get("Count", 0)) for resp in pages)
 
-    def _query(self, kwargs: dict[str, Any]) -> dict:
-        try:
-            return self._ddb.query(**kwargs)
-        except (ClientError, BotoCoreError) as exc:
-            if is_transient(exc):
-                raise TransientError(f"query: {exc}") from exc
-            raise
 
 def _span(raw: dict) -> tuple[int, int]:
     """(seq, last seq it stands for) of a stored item: a range marker's skip_to, or its seq."""

@@ -125,8 +125,7 @@ class ReceiveGate:
         """The socket needs no slot any more (or is gone): give back its slot, or leave
         the queue; the freed slot goes to the first waiter."""
         self._waiting.pop(conn, None)
-        if conn in self._holders:
-            self._holders.discard(conn)
+        self._holders.discard(conn)
         while self._waiting and len(self._holders) < self.slots:
             nxt, _ = self._waiting.popitem(last=False)
             self._hold(nxt)

@@ -77,7 +77,7 @@ import math
 from bisect import bisect_left
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from .. import clock
 from .. import metrics_names as names
@@ -91,6 +91,7 @@ from .retry import DEADLINE_POLL_S, LeaseExpired, call_until, first_of, woken_or
 from .supervision import Supervisor
 
 Call = Callable[..., Awaitable[Any]]
+T = TypeVar("T")
 
 # Pending frames a connection, and the whole worker, may have before receive loops wait.
 MAX_PENDING_PER_CONNECTION = 1000
@@ -213,12 +214,10 @@ class _Queue:
 
 
 def frame_bytes(frame: Frame) -> int:
-    """The data a pending frame holds: its size when known, else its compact JSON's
-    length (characters: what the string holds for ASCII, without encoding a copy).
-    Large data counts twice: its upload encodes a copy of it (the request's body)."""
-    if frame.data_json is None:
-        return 0  # a marker holds no data, whatever size it records
-    size = frame.data_bytes if frame.data_bytes is not None else len(frame.data_json)
+    """The data a pending frame holds (:func:`data_size`: none for a marker, whatever size
+    it records). Large data counts twice: its upload encodes a copy of it (the request's
+    body)."""
+    size = data_size(frame)
     return 2 * size if needs_object(frame) else size
 
 
@@ -298,8 +297,7 @@ class Writer:
         self._bytes += size
         self.bytes_high_water = max(self.bytes_high_water, self._bytes)
         for frame in frames:
-            if needs_object(frame):
-                self._upload(q, frame)
+            self._upload(q, frame)
         if connection_id not in self._waiting:
             self._waiting[connection_id] = q
         if self._pending >= MAX_BATCH or len(self._waiting) == 1:
@@ -308,9 +306,9 @@ class Writer:
     def _within_limit(self, connection_id: str, frame: Frame) -> Frame:
         """The frame, or its over_frame_limit marker if its data grew over the frame
         limit once re-encoded (escaping can)."""
-        if frame.data_json is not None and data_size(frame) > self._max_data_bytes:
+        if (size := data_size(frame)) > self._max_data_bytes:
             self._counters.add(names.MALFORMED_FRAMES)
-            self._log.warning("frame_over_limit", connection_id=connection_id, seq=frame.seq, data_bytes=data_size(frame))
+            self._log.warning("frame_over_limit", connection_id=connection_id, seq=frame.seq, data_bytes=size)
             return frame.as_marker(Problem.TOO_LARGE)
         return frame
 
@@ -379,8 +377,7 @@ class Writer:
         flight go on. Uploads cancelled with an earlier run start again."""
         for q in self._queues.values():
             for frame, _ in q.frames:
-                if needs_object(frame):
-                    self._upload(q, frame)
+                self._upload(q, frame)
         try:
             while True:
                 delay = self._due_in()
@@ -547,12 +544,7 @@ class Writer:
         only :class:`LeaseExpired`, once the deadline has passed. ``objects``: the stored
         objects of the large ones."""
         try:
-            await self._supervisor.retry(
-                "writer",
-                lambda: call_until(self._call, deadline, self._put, log=self._log, entries=entries, objects=objects),
-                deadline=deadline,
-                passes=(InvalidItem,),
-            )
+            await self._until_done(self._put, deadline, passes=(InvalidItem,), entries=entries, objects=objects)
         except InvalidItem as exc:
             refused = exc
         else:
@@ -573,6 +565,26 @@ class Writer:
         self._log.warning("frame_refused_by_store", connection_id=connection_id, seq=frame.seq, error=str(refused))
         await self._store([(connection_id, fence_token, frame.as_marker(Problem.STORE_REFUSED))], deadline, objects)
 
+    async def _until_done(
+        self,
+        fn: Callable[..., T],
+        deadline: Callable[[], float],
+        /,
+        *,
+        passes: tuple[type[Exception], ...] = (),
+        **kwargs: Any,
+    ) -> T:
+        """``fn(**kwargs)`` in the pool until it returns, for items and objects alike: a
+        transient fault retried with jittered backoff (:func:`call_until`), any other
+        reported and retried after a capped backoff (the supervisor), until the
+        deadline, then :class:`LeaseExpired`. The ``passes`` exceptions go to the caller."""
+        return await self._supervisor.retry(
+            "writer",
+            lambda: call_until(self._call, deadline, fn, log=self._log, **kwargs),
+            deadline=deadline,
+            passes=passes,
+        )
+
     def _put(self, *, entries: list[tuple[str, int, Frame]], objects: Mapping[tuple[str, int], StoredObject]) -> None:
         # Runs in a pool thread, possibly long after it was queued (or after a freeze):
         # the deadline is checked as each request leaves, not when the write was decided.
@@ -583,8 +595,9 @@ class Writer:
     # --- large data ---------------------------------------------------------------------
 
     def _upload(self, q: _Queue, frame: Frame) -> None:
-        """Start storing a large frame's object, unless it is stored or on its way."""
-        if frame.seq in q.objects or frame.seq in q.uploads:
+        """Start storing a large frame's object, unless it needs none, or it is stored or
+        on its way."""
+        if not needs_object(frame) or frame.seq in q.objects or frame.seq in q.uploads:
             return
         task = asyncio.create_task(self._store_object(q, frame))
         q.uploads[frame.seq] = task
@@ -600,11 +613,7 @@ class Writer:
         while True:
             try:
                 async with self._upload_slots:
-                    stored = await self._supervisor.retry(
-                        "writer",
-                        lambda: call_until(self._call, q.deadline, self._put_object, log=self._log, q=q, frame=frame),
-                        deadline=q.deadline,
-                    )
+                    stored = await self._until_done(self._put_object, q.deadline, q=q, frame=frame)
                 break
             except LeaseExpired:
                 self._log.warning("deadline_passed_while_uploading", connection_id=q.connection_id, seq=frame.seq)
