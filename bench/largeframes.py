@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from wsfleet import config as cfg
-from wsfleet.local.fleet import eventually, spawn, stop_process, child_env
+from wsfleet.local.fleet import eventually
 
-from .common import Result, Rig, Window, fmt, latency_between, md_table
+from .common import ReadyUpstream, Result, Rig, Window, fmt, latency_between, md_table
 
 TASK_MEMORY_MIB = 512  # the dev worker task's memory (app.py, stacks.settings default)
 RSS_STOP_MB = 3072  # an unbounded run is stopped here: the figure is then "at least"
@@ -61,23 +61,14 @@ def settings_for(quick: bool) -> dict[str, Any]:
     }
 
 
-class LargeUpstream:
+class LargeUpstream(ReadyUpstream):
+    """``python -m bench.large_upstream``: frames of ``frame_bytes`` back to back."""
+
+    grace_s = 2.0
+
     def __init__(self, run_dir: Path, frame_bytes: int) -> None:
         argv = [sys.executable, "-m", "bench.large_upstream", "--frame-bytes", str(frame_bytes)]
-        self.proc = spawn("large-upstream", argv, child_env(), run_dir / "large-upstream.log")
-
-        def ready() -> str | None:
-            if not self.proc.alive():
-                raise RuntimeError(f"the upstream exited at start-up; see {self.proc.log_path}")
-            return next((line.split()[1] for line in self.proc.lines() if line.startswith("READY ")), None)
-
-        self.url = eventually(ready, 30, "the large-frame upstream to be READY", interval=0.05)
-
-    def url_for(self, stream: str) -> str:
-        return f"{self.url}/streams/{stream}"
-
-    def stop(self) -> None:
-        stop_process(self.proc, grace_s=2)
+        super().__init__(run_dir, "large-upstream", argv, "the large-frame upstream")
 
 
 def vm(pid: int) -> dict[str, float]:
