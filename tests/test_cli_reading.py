@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import threading
+from typing import Any, Callable
 
 import boto3
 import pytest
@@ -157,26 +158,38 @@ def test_messages_from_an_api_out_of_reach_is_one_sentence(capsys, aws_env):
     assert err.startswith("wsfleet: cannot reach the API at http://127.0.0.1:9/connections/c1/messages?after_seq=-1")
 
 
-def test_follow_polls_past_the_end_and_shows_what_arrives(ddb, aws_env, api):
-    """In process, with the pauses between polls as the moments things happen."""
-    ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4).start("c1", URL + "c1")
-    put_messages(ddb, aws_env, "c1", [1, 2])
+def follow_polls(client: ApiClient, step: Callable[[int, float], None], **kwargs: Any) -> list[list[int]]:
+    """Follows "c1" in process, the pauses between polls being the moments things happen:
+    at the n-th pause, ``step(n, seconds)`` runs, and ends the follow by raising
+    KeyboardInterrupt. What had been shown at each pause, in order."""
     shown: list[int] = []
     polls: list[list[int]] = []
 
     def pause(seconds: float) -> None:
-        assert seconds == 0.5
         polls.append(list(shown))
-        if len(polls) == 1:
-            put_messages(ddb, aws_env, "c1", [3, 4])
-        elif len(polls) == 2:
-            raise KeyboardInterrupt
+        step(len(polls), seconds)
 
     with pytest.raises(KeyboardInterrupt):
         reading.read(
-            ApiClient(api.url), "c1", after_seq=-1, limit=None, show=lambda e: shown.append(e["seq"]),
-            follow=True, interval=0.5, sleep=pause,
+            client, "c1", after_seq=-1, limit=None, show=lambda e: shown.append(e["seq"]), follow=True, sleep=pause,
+            **kwargs,
         )
+    return polls
+
+
+def test_follow_polls_past_the_end_and_shows_what_arrives(ddb, aws_env, api):
+    """In process, with the pauses between polls as the moments things happen."""
+    ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4).start("c1", URL + "c1")
+    put_messages(ddb, aws_env, "c1", [1, 2])
+
+    def step(n: int, seconds: float) -> None:
+        assert seconds == 0.5
+        if n == 1:
+            put_messages(ddb, aws_env, "c1", [3, 4])
+        elif n == 2:
+            raise KeyboardInterrupt
+
+    polls = follow_polls(ApiClient(api.url), step, interval=0.5)
     assert polls == [[1, 2], [1, 2, 3, 4]]
 
 
@@ -185,23 +198,16 @@ def test_follow_waits_for_a_hole_at_the_end_and_then_moves_past_it(ddb, aws_env,
     put_messages(ddb, aws_env, "c1", [1, 2, 4])
     put_item(ddb, aws_env, "c1", 5, **{schema.SKIPPED: "upstream_gap", schema.SKIP_TO: 7})
     put_messages(ddb, aws_env, "c1", [8])
-    shown: list[int] = []
-    polls: list[list[int]] = []
 
-    def pause(_: float) -> None:
-        polls.append(list(shown))
-        if len(polls) == 2:
+    def step(n: int, _: float) -> None:
+        if n == 2:
             put_messages(ddb, aws_env, "c1", [3])  # the write in flight lands
-        if len(polls) == 3:
+        if n == 3:
             put_messages(ddb, aws_env, "c1", [10])  # a hole that is never filled
-        if len(polls) == 4 + reading.HOLE_POLLS:
+        if n == 4 + reading.HOLE_POLLS:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
-        reading.read(
-            ApiClient(api.url), "c1", after_seq=-1, limit=None, show=lambda e: shown.append(e["seq"]),
-            follow=True, sleep=pause,
-        )
+    polls = follow_polls(ApiClient(api.url), step)
     assert polls[:3] == [[1, 2], [1, 2], [1, 2, 3, 4, 5, 8]]  # the range marker covers 5-7
     assert polls[3 : 2 + reading.HOLE_POLLS] == [[1, 2, 3, 4, 5, 8]] * (reading.HOLE_POLLS - 1)
     assert polls[-1] == [1, 2, 3, 4, 5, 8, 10]
@@ -210,17 +216,14 @@ def test_follow_waits_for_a_hole_at_the_end_and_then_moves_past_it(ddb, aws_env,
 def test_follow_rides_out_a_few_failed_polls_and_goes_on(ddb, aws_env, api, emulator):
     ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4).start("c1", URL + "c1")
     put_messages(ddb, aws_env, "c1", [1])
-    shown: list[int] = []
-    polls: list[list[int]] = []
 
-    def pause(_: float) -> None:
-        polls.append(list(shown))
-        if len(polls) == 1:
+    def step(n: int, _: float) -> None:
+        if n == 1:
             set_faults(emulator.endpoint_url, throttle={"Query": 1.0})  # the router answers 503
-        elif len(polls) == 3:
+        elif n == 3:
             set_faults(emulator.endpoint_url)
             put_messages(ddb, aws_env, "c1", [2])
-        elif len(polls) == 4:
+        elif n == 4:
             raise KeyboardInterrupt
 
     statuses: list[int] = []
@@ -232,11 +235,7 @@ def test_follow_rides_out_a_few_failed_polls_and_goes_on(ddb, aws_env, api, emul
             return reply
 
     try:
-        with pytest.raises(KeyboardInterrupt):
-            reading.read(
-                Recording(api.url), "c1", after_seq=-1, limit=None, show=lambda e: shown.append(e["seq"]),
-                follow=True, sleep=pause,
-            )
+        polls = follow_polls(Recording(api.url), step)
     finally:
         set_faults(emulator.endpoint_url)
     assert statuses == [200, 503, 503, 200]
