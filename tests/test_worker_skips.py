@@ -13,7 +13,8 @@ import random
 
 import pytest
 
-from tests.test_worker import FAST, dead_session, eventually, running
+from tests import test_worker
+from tests.test_worker import dead_session, eventually, running
 from wsfleet import metrics_names as names
 from wsfleet import schema
 from wsfleet.config import WorkerConfig
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.slow
 LIMIT = 4096  # MAX_FRAME_BYTES: its minimum, so that a frame over it is cheap to make
 
 
-def config(aws_env, **overrides) -> WorkerConfig:
-    return WorkerConfig.from_env({**aws_env, **FAST, "MAX_FRAME_BYTES": str(LIMIT), **overrides})
+def config(aws_env) -> WorkerConfig:
+    return test_worker.config(aws_env, MAX_FRAME_BYTES=str(LIMIT))
 
 
 def big(seq: int) -> bytes:
