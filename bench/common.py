@@ -337,20 +337,18 @@ class Rig:
         try:
             self.emulator.start()
             self.aws_env = self.emulator.create_resources()
-            self.ddb = boto3.session.Session(
+            # The emulator's credentials and region, for the clients this process makes.
+            self.session = boto3.session.Session(
                 aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
                 aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
                 region_name=self.aws_env.get("AWS_REGION", DEFAULT_REGION),
-            ).client(
+            )
+            self.ddb = self.session.client(
                 "dynamodb",
                 endpoint_url=self.emulator.endpoint_url,
                 config=Config(retries={"mode": "standard", "max_attempts": 8}, read_timeout=30),
             )
-            self.sqs = boto3.session.Session(
-                aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                region_name=self.aws_env.get("AWS_REGION", DEFAULT_REGION),
-            ).client("sqs", endpoint_url=self.emulator.endpoint_url)
+            self.sqs = self.session.client("sqs", endpoint_url=self.emulator.endpoint_url)
             self.connections = ConnectionsStore(
                 self.ddb, self.aws_env["TABLE_NAME"], state_shards=cfg.state_shards(self.aws_env)
             )

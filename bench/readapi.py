@@ -26,11 +26,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-import boto3
-
 from wsfleet import config as cfg
 from wsfleet.local.api import LocalApi
-from wsfleet.local.emulator import CREDENTIALS, DEFAULT_REGION
 from wsfleet.local.fleet import LOOPBACK
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router, make_presigner
@@ -68,12 +65,7 @@ def _timed(n: int, fn: Callable[[], Any]) -> tuple[list[float], Any]:
 def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     s = settings_for(quick)
     with Rig(run_dir / "readapi") as rig:
-        session = boto3.session.Session(
-            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-            region_name=rig.aws_env.get("AWS_REGION", DEFAULT_REGION),
-        )
-        s3 = session.client("s3", endpoint_url=rig.emulator.endpoint_url)
+        s3 = rig.session.client("s3", endpoint_url=rig.emulator.endpoint_url)
         messages = MessagesStore(rig.ddb, rig.aws_env["MESSAGES_TABLE_NAME"])
         objects = ObjectsStore(s3, rig.aws_env["MESSAGES_BUCKET_NAME"])
         now = int(time.time() * 1000)
@@ -102,7 +94,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
         env = {**rig.aws_env, cfg.ALLOWED_WS_HOSTS: LOOPBACK}
         with open(run_dir / "readapi" / "router.log", "a", buffering=1) as log:
             router = Router.from_env(
-                env, ddb=rig.ddb, sqs=rig.sqs, s3=make_presigner(cfg.RouterConfig.from_env(env), session=session),
+                env, ddb=rig.ddb, sqs=rig.sqs, s3=make_presigner(cfg.RouterConfig.from_env(env), session=rig.session),
                 logger=JsonLogger(log, component="router"),
             )
             with LocalApi(router.handle, LOOPBACK, 0) as api:
