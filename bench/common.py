@@ -271,6 +271,11 @@ def latency_between(a: Stats, b: Stats) -> dict[str, Any]:
     }
 
 
+def latency_cell(lat: dict[str, Any]) -> str:
+    """A table cell of :func:`latency_between`'s p50 / p99 / max in ms, or "-" for no frames."""
+    return f"{fmt(lat['p50'], 0)} / {fmt(lat['p99'], 0)} / {fmt(lat['max'], 0)}" if lat["n"] else "-"
+
+
 class WorkerProcess:
     """``python -m wsfleet.worker`` with its JSON log in a file; stats read from the log."""
 

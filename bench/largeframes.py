@@ -34,8 +34,9 @@ from typing import Any
 
 from wsfleet import config as cfg
 from wsfleet.local.fleet import eventually
+from wsfleet.stream import MAX_MESSAGE_BYTES
 
-from .common import ReadyUpstream, Result, Rig, Window, fmt, latency_between, md_table
+from .common import ReadyUpstream, Result, Rig, Window, fmt, latency_between, latency_cell, md_table
 
 TASK_MEMORY_MIB = 512  # the dev worker task's memory (app.py, stacks.settings default)
 RSS_STOP_MB = 3072  # an unbounded run is stopped here: the figure is then "at least"
@@ -162,7 +163,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
             f"{r['vm_hwm_mb'] / TASK_MEMORY_MIB * 100:.0f} %",
             fmt(r.get("frames_per_s"), 2),
             fmt(r.get("mb_per_s"), 0),
-            f"{fmt(lat.get('p50'), 0)} / {fmt(lat.get('p99'), 0)} / {fmt(lat.get('max'), 0)}" if lat["n"] else "-",
+            latency_cell(lat),
             fmt(r.get("reconnects"), 0),
         ])
     header = ["run (frames at the limit, back to back)", "MAX_BUFFERED_BYTES", "receive slots (high-water, waits)", "peak RSS MB (VmHWM)",
@@ -195,9 +196,9 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
         sweep[size] = r
         lat = r.get("latency_ms") or {"n": 0}
         sweep_rows.append([
-            f"{size:,}", "inline (item)" if size <= 350_000 else "S3 object + item",
+            f"{size:,}", "inline (item)" if size <= MAX_MESSAGE_BYTES else "S3 object + item",
             fmt(r.get("frames_per_s"), 2), fmt(r.get("mb_per_s"), 0),
-            f"{fmt(lat.get('p50'), 0)} / {fmt(lat.get('p99'), 0)} / {fmt(lat.get('max'), 0)}" if lat["n"] else "-",
+            latency_cell(lat),
             f"{r['vm_hwm_mb']:.0f}",
         ])
     sweep_header = ["frame bytes", "stored as", "frames/s", "MB/s", "received -> stored p50 / p99 / max ms", "peak RSS MB"]
