@@ -62,6 +62,11 @@ def _timed(n: int, fn: Callable[[], Any]) -> tuple[list[float], Any]:
     return times, last
 
 
+def _ms(d: dict[str, Any]) -> list[str]:
+    """The p50, p90 and max cells (ms) of a distribution of seconds."""
+    return [fmt(d[k] * 1000, 0) for k in ("p50", "p90", "max")]
+
+
 def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     s = settings_for(quick)
     with Rig(run_dir / "readapi") as rig:
@@ -117,8 +122,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
                     times, (size, body) = _timed(n, lambda p=path: get(p))
                     d = distribution(times)
                     raw[label] = {"path": path, "bytes": size, "entries": len(body["messages"]), "seconds": d}
-                    rows.append([label, len(body["messages"]), f"{size / 1e6:.2f}", fmt(d["p50"] * 1000, 0),
-                                 fmt(d["p90"] * 1000, 0), fmt(d["max"] * 1000, 0)])
+                    rows.append([label, len(body["messages"]), f"{size / 1e6:.2f}", *_ms(d)])
                 _, body = get("/connections/mixed/messages?after_seq=0&limit=100")
                 url = next(e["data_url"] for e in body["messages"] if "data_url" in e)
 
@@ -129,8 +133,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
                 times, size = _timed(n, fetch)
                 d = distribution(times)
                 raw["data_url fetch"] = {"bytes": size, "seconds": d}
-                rows.append([f"one data_url ({size / 2**20:g} MiB object)", 1, f"{size / 1e6:.2f}", fmt(d["p50"] * 1000, 0),
-                             fmt(d["p90"] * 1000, 0), fmt(d["max"] * 1000, 0)])
+                rows.append([f"one data_url ({size / 2**20:g} MiB object)", 1, f"{size / 1e6:.2f}", *_ms(d)])
 
     table = md_table(["request", "entries", "response MB", "p50 ms", "p90 ms", "max ms"], rows)
     notes = [
