@@ -117,12 +117,13 @@ def proc_rss_mb(pid: int) -> float:
         return int(f.read().split()[1]) * PAGE_MB
 
 
-class UpstreamProcess:
-    """``python -m wsfleet.local.upstream`` in a process of its own: its CPU is then not
-    the worker's, and its books come over HTTP (``GET /_stats``)."""
+class ReadyUpstream:
+    """An upstream in a process of its own (its CPU is then not the worker's), started
+    from ``argv``: it prints ``READY <ws url>`` once it listens."""
 
-    def __init__(self, run_dir: Path, *, rate: float | None, name: str = "upstream") -> None:
-        argv = [sys.executable, "-m", "wsfleet.local.upstream", "--port", "0", "--rate", f"{rate or 0:g}"]
+    grace_s = 5.0  # what stop() gives it before a kill
+
+    def __init__(self, run_dir: Path, name: str, argv: list[str], what: str = "the upstream") -> None:
         self.proc = spawn(name, argv, child_env(), run_dir / f"{name}.log")
 
         def ready() -> str | None:
@@ -130,10 +131,21 @@ class UpstreamProcess:
                 raise RuntimeError(f"the upstream exited at start-up; see {self.proc.log_path}")
             return next((line.split()[1] for line in self.proc.lines() if line.startswith("READY ")), None)
 
-        self.url = eventually(ready, 30, "the upstream to be READY", interval=0.05)
+        self.url = eventually(ready, 30, f"{what} to be READY", interval=0.05)
 
     def url_for(self, stream: str) -> str:
         return self.url + stream_path(stream)
+
+    def stop(self) -> None:
+        stop_process(self.proc, grace_s=self.grace_s)
+
+
+class UpstreamProcess(ReadyUpstream):
+    """``python -m wsfleet.local.upstream``; its books come over HTTP (``GET /_stats``)."""
+
+    def __init__(self, run_dir: Path, *, rate: float | None, name: str = "upstream") -> None:
+        argv = [sys.executable, "-m", "wsfleet.local.upstream", "--port", "0", "--rate", f"{rate or 0:g}"]
+        super().__init__(run_dir, name, argv)
 
     def stats(self) -> dict[str, Any]:
         with urllib.request.urlopen(self.url.replace("ws://", "http://") + "/_stats", timeout=30) as resp:
@@ -141,9 +153,6 @@ class UpstreamProcess:
 
     def open_sockets(self) -> int:
         return sum(s["open_sockets"] for s in self.stats()["streams"].values())
-
-    def stop(self) -> None:
-        stop_process(self.proc, grace_s=5)
 
 
 @dataclass(frozen=True)
@@ -262,6 +271,11 @@ def latency_between(a: Stats, b: Stats) -> dict[str, Any]:
     }
 
 
+def latency_cell(lat: dict[str, Any]) -> str:
+    """A table cell of :func:`latency_between`'s p50 / p99 / max in ms, or "-" for no frames."""
+    return f"{fmt(lat['p50'], 0)} / {fmt(lat['p99'], 0)} / {fmt(lat['max'], 0)}" if lat["n"] else "-"
+
+
 class WorkerProcess:
     """``python -m wsfleet.worker`` with its JSON log in a file; stats read from the log."""
 
@@ -328,20 +342,18 @@ class Rig:
         try:
             self.emulator.start()
             self.aws_env = self.emulator.create_resources()
-            self.ddb = boto3.session.Session(
+            # The emulator's credentials and region, for the clients this process makes.
+            self.session = boto3.session.Session(
                 aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
                 aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
                 region_name=self.aws_env.get("AWS_REGION", DEFAULT_REGION),
-            ).client(
+            )
+            self.ddb = self.session.client(
                 "dynamodb",
                 endpoint_url=self.emulator.endpoint_url,
                 config=Config(retries={"mode": "standard", "max_attempts": 8}, read_timeout=30),
             )
-            self.sqs = boto3.session.Session(
-                aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                region_name=self.aws_env.get("AWS_REGION", DEFAULT_REGION),
-            ).client("sqs", endpoint_url=self.emulator.endpoint_url)
+            self.sqs = self.session.client("sqs", endpoint_url=self.emulator.endpoint_url)
             self.connections = ConnectionsStore(
                 self.ddb, self.aws_env["TABLE_NAME"], state_shards=cfg.state_shards(self.aws_env)
             )

@@ -56,6 +56,7 @@ from .common import (
     fmt,
     fmt_spread,
     latency_between,
+    latency_cell,
     md_table,
     median_spread,
     proc_cpu_s,
@@ -389,10 +390,6 @@ def verdicts(lv: dict[str, Any]) -> list[str]:
     else:
         out.append(f"p99 ≤ {bound} ms: {'met' if p99 is not None and p99 <= bound else 'MISSED'}")
     return out
-
-
-def latency_cell(lat: dict[str, Any]) -> str:
-    return f"{fmt(lat['p50'], 0)} / {fmt(lat['p99'], 0)} / {fmt(lat['max'], 0)}" if lat["n"] else "-"
 
 
 def run(*, quick: bool, run_dir: Path, command: str) -> Result:

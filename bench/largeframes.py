@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from wsfleet import config as cfg
-from wsfleet.local.fleet import eventually, spawn, stop_process, child_env
+from wsfleet.local.fleet import eventually
+from wsfleet.stream import MAX_MESSAGE_BYTES
 
-from .common import Result, Rig, Window, fmt, latency_between, md_table
+from .common import ReadyUpstream, Result, Rig, Window, fmt, latency_between, latency_cell, md_table
 
 TASK_MEMORY_MIB = 512  # the dev worker task's memory (app.py, stacks.settings default)
 RSS_STOP_MB = 3072  # an unbounded run is stopped here: the figure is then "at least"
@@ -61,23 +62,14 @@ def settings_for(quick: bool) -> dict[str, Any]:
     }
 
 
-class LargeUpstream:
+class LargeUpstream(ReadyUpstream):
+    """``python -m bench.large_upstream``: frames of ``frame_bytes`` back to back."""
+
+    grace_s = 2.0
+
     def __init__(self, run_dir: Path, frame_bytes: int) -> None:
         argv = [sys.executable, "-m", "bench.large_upstream", "--frame-bytes", str(frame_bytes)]
-        self.proc = spawn("large-upstream", argv, child_env(), run_dir / "large-upstream.log")
-
-        def ready() -> str | None:
-            if not self.proc.alive():
-                raise RuntimeError(f"the upstream exited at start-up; see {self.proc.log_path}")
-            return next((line.split()[1] for line in self.proc.lines() if line.startswith("READY ")), None)
-
-        self.url = eventually(ready, 30, "the large-frame upstream to be READY", interval=0.05)
-
-    def url_for(self, stream: str) -> str:
-        return f"{self.url}/streams/{stream}"
-
-    def stop(self) -> None:
-        stop_process(self.proc, grace_s=2)
+        super().__init__(run_dir, "large-upstream", argv, "the large-frame upstream")
 
 
 def vm(pid: int) -> dict[str, float]:
@@ -171,7 +163,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
             f"{r['vm_hwm_mb'] / TASK_MEMORY_MIB * 100:.0f} %",
             fmt(r.get("frames_per_s"), 2),
             fmt(r.get("mb_per_s"), 0),
-            f"{fmt(lat.get('p50'), 0)} / {fmt(lat.get('p99'), 0)} / {fmt(lat.get('max'), 0)}" if lat["n"] else "-",
+            latency_cell(lat),
             fmt(r.get("reconnects"), 0),
         ])
     header = ["run (frames at the limit, back to back)", "MAX_BUFFERED_BYTES", "receive slots (high-water, waits)", "peak RSS MB (VmHWM)",
@@ -204,9 +196,9 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
         sweep[size] = r
         lat = r.get("latency_ms") or {"n": 0}
         sweep_rows.append([
-            f"{size:,}", "inline (item)" if size <= 350_000 else "S3 object + item",
+            f"{size:,}", "inline (item)" if size <= MAX_MESSAGE_BYTES else "S3 object + item",
             fmt(r.get("frames_per_s"), 2), fmt(r.get("mb_per_s"), 0),
-            f"{fmt(lat.get('p50'), 0)} / {fmt(lat.get('p99'), 0)} / {fmt(lat.get('max'), 0)}" if lat["n"] else "-",
+            latency_cell(lat),
             f"{r['vm_hwm_mb']:.0f}",
         ])
     sweep_header = ["frame bytes", "stored as", "frames/s", "MB/s", "received -> stored p50 / p99 / max ms", "peak RSS MB"]

@@ -26,11 +26,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
-import boto3
-
 from wsfleet import config as cfg
 from wsfleet.local.api import LocalApi
-from wsfleet.local.emulator import CREDENTIALS, DEFAULT_REGION
 from wsfleet.local.fleet import LOOPBACK
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router, make_presigner
@@ -65,15 +62,15 @@ def _timed(n: int, fn: Callable[[], Any]) -> tuple[list[float], Any]:
     return times, last
 
 
+def _ms(d: dict[str, Any]) -> list[str]:
+    """The p50, p90 and max cells (ms) of a distribution of seconds."""
+    return [fmt(d[k] * 1000, 0) for k in ("p50", "p90", "max")]
+
+
 def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     s = settings_for(quick)
     with Rig(run_dir / "readapi") as rig:
-        session = boto3.session.Session(
-            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-            region_name=rig.aws_env.get("AWS_REGION", DEFAULT_REGION),
-        )
-        s3 = session.client("s3", endpoint_url=rig.emulator.endpoint_url)
+        s3 = rig.session.client("s3", endpoint_url=rig.emulator.endpoint_url)
         messages = MessagesStore(rig.ddb, rig.aws_env["MESSAGES_TABLE_NAME"])
         objects = ObjectsStore(s3, rig.aws_env["MESSAGES_BUCKET_NAME"])
         now = int(time.time() * 1000)
@@ -102,7 +99,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
         env = {**rig.aws_env, cfg.ALLOWED_WS_HOSTS: LOOPBACK}
         with open(run_dir / "readapi" / "router.log", "a", buffering=1) as log:
             router = Router.from_env(
-                env, ddb=rig.ddb, sqs=rig.sqs, s3=make_presigner(cfg.RouterConfig.from_env(env), session=session),
+                env, ddb=rig.ddb, sqs=rig.sqs, s3=make_presigner(cfg.RouterConfig.from_env(env), session=rig.session),
                 logger=JsonLogger(log, component="router"),
             )
             with LocalApi(router.handle, LOOPBACK, 0) as api:
@@ -125,8 +122,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
                     times, (size, body) = _timed(n, lambda p=path: get(p))
                     d = distribution(times)
                     raw[label] = {"path": path, "bytes": size, "entries": len(body["messages"]), "seconds": d}
-                    rows.append([label, len(body["messages"]), f"{size / 1e6:.2f}", fmt(d["p50"] * 1000, 0),
-                                 fmt(d["p90"] * 1000, 0), fmt(d["max"] * 1000, 0)])
+                    rows.append([label, len(body["messages"]), f"{size / 1e6:.2f}", *_ms(d)])
                 _, body = get("/connections/mixed/messages?after_seq=0&limit=100")
                 url = next(e["data_url"] for e in body["messages"] if "data_url" in e)
 
@@ -137,8 +133,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
                 times, size = _timed(n, fetch)
                 d = distribution(times)
                 raw["data_url fetch"] = {"bytes": size, "seconds": d}
-                rows.append([f"one data_url ({size / 2**20:g} MiB object)", 1, f"{size / 1e6:.2f}", fmt(d["p50"] * 1000, 0),
-                             fmt(d["p90"] * 1000, 0), fmt(d["max"] * 1000, 0)])
+                rows.append([f"one data_url ({size / 2**20:g} MiB object)", 1, f"{size / 1e6:.2f}", *_ms(d)])
 
     table = md_table(["request", "entries", "response MB", "p50 ms", "p90 ms", "max ms"], rows)
     notes = [

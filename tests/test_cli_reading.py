@@ -5,66 +5,41 @@ section 4 gives them."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import sys
 import threading
+from typing import Any, Callable
 
-import boto3
 import pytest
 
 from tests import test_cli
 from tests.test_cli import URL, run
+from tests.test_router_messages import Stored
 from wsfleet import schema
 from wsfleet.cli import reading, render
 from wsfleet.cli.api import ApiClient
 from wsfleet.cli.errors import CliError
 from wsfleet.local.emulator import set_faults
-from wsfleet.store import ConnectionsStore, MessagesStore, marshal
-from wsfleet.stream import Frame
+from wsfleet.store import ConnectionsStore
 
 pytestmark = pytest.mark.timeout(120)
 
 api = test_cli.api  # the fixture: the router behind the local API
 
 
-def put_messages(ddb, aws_env, connection_id: str, seqs) -> None:
-    frames = [Frame(seq, json.dumps({"v": seq}, separators=(",", ":")), 1_700_000_000_000 + seq) for seq in seqs]
-    MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"]).put(connection_id, frames, fence_token=3, worker_id="w1")
-
-
-def put_item(ddb, aws_env, connection_id: str, seq: int, **attributes) -> None:
-    """A messages item in the contract's shape (markers, S3 data), as the worker writes it."""
-    item = {schema.MSG_PK: schema.connection_pk(connection_id), schema.MSG_SK: seq, schema.MSG_FENCE_TOKEN: 1}
-    ddb.put_item(TableName=aws_env["MESSAGES_TABLE_NAME"], Item=marshal({**item, **attributes}))
-
-
-def put_large(ddb, aws_env, emulator, connection_id: str, seq: int, data: bytes) -> None:
-    key = schema.message_object_key(connection_id, seq)
-    bucket = aws_env["MESSAGES_BUCKET_NAME"]
-    s3 = boto3.client("s3", endpoint_url=emulator.endpoint_url, region_name=aws_env["AWS_REGION"])
-    s3.put_object(Bucket=bucket, Key=key, Body=data, ContentType="application/json")
-    put_item(
-        ddb,
-        aws_env,
-        connection_id,
-        seq,
-        **{
-            schema.DATA_REF: schema.data_ref(bucket, key),
-            schema.DATA_BYTES: len(data),
-            schema.DATA_SHA256: hashlib.sha256(data).hexdigest(),
-        },
-    )
+@pytest.fixture
+def stored(ddb, aws_env, emulator) -> Stored:
+    return Stored(ddb, aws_env, emulator)
 
 
 def json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-def test_messages_reads_pages_through_the_api_from_a_seq(capsys, ddb, aws_env, api, monkeypatch):
+def test_messages_reads_pages_through_the_api_from_a_seq(capsys, aws_env, api, stored, monkeypatch):
     run(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url)
-    put_messages(ddb, aws_env, "c1", range(1, 31))
+    stored.inline("c1", range(1, 31))
     monkeypatch.setattr(reading, "MAX_PAGE", 7)  # several pages for one command
 
     code, out, err = run(capsys, aws_env, "messages", "c1", "--api", api.url, "--from-seq", "5", "--limit", "12", "--json")
@@ -83,14 +58,14 @@ def test_messages_reads_pages_through_the_api_from_a_seq(capsys, ddb, aws_env, a
     assert run(capsys, aws_env, "messages", "c1", "--api", api.url, "--from-seq", "-1")[0] == 2
 
 
-def test_messages_shows_markers_and_large_data_and_fetches_it_with_follow_urls(capsys, ddb, aws_env, api, emulator):
+def test_messages_shows_markers_and_large_data_and_fetches_it_with_follow_urls(capsys, aws_env, api, stored, emulator):
     run(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url)
     big = json.dumps({"text": "ü" * 400_000}, ensure_ascii=False).encode()
-    put_messages(ddb, aws_env, "c1", [1, 9])
-    put_item(ddb, aws_env, "c1", 2, **{schema.SKIPPED: "over_frame_limit", schema.DATA_BYTES: 40_000_000})
-    put_item(ddb, aws_env, "c1", 3, **{schema.SKIPPED: "upstream_gap", schema.SKIP_TO: 6})
-    put_item(ddb, aws_env, "c1", 7, **{schema.SKIPPED: "malformed"})
-    put_large(ddb, aws_env, emulator, "c1", 8, big)
+    stored.inline("c1", [1, 9])
+    stored.marker("c1", 2, "over_frame_limit", **{schema.DATA_BYTES: 40_000_000})
+    stored.marker("c1", 3, "upstream_gap", **{schema.SKIP_TO: 6})
+    stored.marker("c1", 7, "malformed")
+    stored.large("c1", 8, big)
 
     code, out, _ = run(capsys, aws_env, "messages", "c1", "--api", api.url)
     assert code == 0 and out.splitlines() == [
@@ -111,11 +86,10 @@ def test_messages_shows_markers_and_large_data_and_fetches_it_with_follow_urls(c
     assert out.splitlines()[0].startswith('8  {"text":"üüü') and len(out.splitlines()[0]) == 3 + render.MESSAGE_WIDTH
 
 
-def test_follow_urls_refuses_data_that_does_not_match_its_hash(capsys, ddb, aws_env, api, emulator):
+def test_follow_urls_refuses_data_that_does_not_match_its_hash(capsys, aws_env, api, stored):
     run(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url)
-    put_large(ddb, aws_env, emulator, "c1", 1, b'{"a":1}')
-    s3 = boto3.client("s3", endpoint_url=emulator.endpoint_url, region_name=aws_env["AWS_REGION"])
-    s3.put_object(Bucket=aws_env["MESSAGES_BUCKET_NAME"], Key=schema.message_object_key("c1", 1), Body=b'{"a":2}')
+    stored.large("c1", 1, b'{"a":1}')
+    stored.s3.put_object(Bucket=aws_env["MESSAGES_BUCKET_NAME"], Key=schema.message_object_key("c1", 1), Body=b'{"a":2}')
 
     code, out, err = run(capsys, aws_env, "messages", "c1", "--api", api.url, "--follow-urls")
     assert (code, out) == (1, "")
@@ -123,11 +97,11 @@ def test_follow_urls_refuses_data_that_does_not_match_its_hash(capsys, ddb, aws_
     assert err.count("\n") == 1
 
 
-def test_follow_urls_names_the_seq_whose_object_is_missing(capsys, ddb, aws_env, api):
+def test_follow_urls_names_the_seq_whose_object_is_missing(capsys, aws_env, api, stored):
     run(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url)
     key = schema.message_object_key("c1", 4)  # an item whose object was never written
     ref = {schema.DATA_REF: schema.data_ref(aws_env["MESSAGES_BUCKET_NAME"], key), schema.DATA_BYTES: 9}
-    put_item(ddb, aws_env, "c1", 4, **ref, **{schema.DATA_SHA256: "0" * 64})
+    stored.item("c1", 4, **ref, **{schema.DATA_SHA256: "0" * 64})
 
     code, out, err = run(capsys, aws_env, "messages", "c1", "--api", api.url, "--follow-urls")
     assert (code, out, err) == (1, "", "wsfleet: seq 4: fetching its data_url answered HTTP 404.\n")
@@ -157,70 +131,72 @@ def test_messages_from_an_api_out_of_reach_is_one_sentence(capsys, aws_env):
     assert err.startswith("wsfleet: cannot reach the API at http://127.0.0.1:9/connections/c1/messages?after_seq=-1")
 
 
-def test_follow_polls_past_the_end_and_shows_what_arrives(ddb, aws_env, api):
-    """In process, with the pauses between polls as the moments things happen."""
-    ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4).start("c1", URL + "c1")
-    put_messages(ddb, aws_env, "c1", [1, 2])
+def follow_polls(client: ApiClient, step: Callable[[int, float], None], **kwargs: Any) -> list[list[int]]:
+    """Follows "c1" in process, the pauses between polls being the moments things happen:
+    at the n-th pause, ``step(n, seconds)`` runs, and ends the follow by raising
+    KeyboardInterrupt. What had been shown at each pause, in order."""
     shown: list[int] = []
     polls: list[list[int]] = []
 
     def pause(seconds: float) -> None:
-        assert seconds == 0.5
         polls.append(list(shown))
-        if len(polls) == 1:
-            put_messages(ddb, aws_env, "c1", [3, 4])
-        elif len(polls) == 2:
-            raise KeyboardInterrupt
+        step(len(polls), seconds)
 
     with pytest.raises(KeyboardInterrupt):
         reading.read(
-            ApiClient(api.url), "c1", after_seq=-1, limit=None, show=lambda e: shown.append(e["seq"]),
-            follow=True, interval=0.5, sleep=pause,
+            client, "c1", after_seq=-1, limit=None, show=lambda e: shown.append(e["seq"]), follow=True, sleep=pause,
+            **kwargs,
         )
+    return polls
+
+
+def test_follow_polls_past_the_end_and_shows_what_arrives(ddb, aws_env, api, stored):
+    """In process, with the pauses between polls as the moments things happen."""
+    ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4).start("c1", URL + "c1")
+    stored.inline("c1", [1, 2])
+
+    def step(n: int, seconds: float) -> None:
+        assert seconds == 0.5
+        if n == 1:
+            stored.inline("c1", [3, 4])
+        elif n == 2:
+            raise KeyboardInterrupt
+
+    polls = follow_polls(ApiClient(api.url), step, interval=0.5)
     assert polls == [[1, 2], [1, 2, 3, 4]]
 
 
-def test_follow_waits_for_a_hole_at_the_end_and_then_moves_past_it(ddb, aws_env, api):
+def test_follow_waits_for_a_hole_at_the_end_and_then_moves_past_it(ddb, aws_env, api, stored):
     ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4).start("c1", URL + "c1")
-    put_messages(ddb, aws_env, "c1", [1, 2, 4])
-    put_item(ddb, aws_env, "c1", 5, **{schema.SKIPPED: "upstream_gap", schema.SKIP_TO: 7})
-    put_messages(ddb, aws_env, "c1", [8])
-    shown: list[int] = []
-    polls: list[list[int]] = []
+    stored.inline("c1", [1, 2, 4])
+    stored.marker("c1", 5, "upstream_gap", **{schema.SKIP_TO: 7})
+    stored.inline("c1", [8])
 
-    def pause(_: float) -> None:
-        polls.append(list(shown))
-        if len(polls) == 2:
-            put_messages(ddb, aws_env, "c1", [3])  # the write in flight lands
-        if len(polls) == 3:
-            put_messages(ddb, aws_env, "c1", [10])  # a hole that is never filled
-        if len(polls) == 4 + reading.HOLE_POLLS:
+    def step(n: int, _: float) -> None:
+        if n == 2:
+            stored.inline("c1", [3])  # the write in flight lands
+        if n == 3:
+            stored.inline("c1", [10])  # a hole that is never filled
+        if n == 4 + reading.HOLE_POLLS:
             raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):
-        reading.read(
-            ApiClient(api.url), "c1", after_seq=-1, limit=None, show=lambda e: shown.append(e["seq"]),
-            follow=True, sleep=pause,
-        )
+    polls = follow_polls(ApiClient(api.url), step)
     assert polls[:3] == [[1, 2], [1, 2], [1, 2, 3, 4, 5, 8]]  # the range marker covers 5-7
     assert polls[3 : 2 + reading.HOLE_POLLS] == [[1, 2, 3, 4, 5, 8]] * (reading.HOLE_POLLS - 1)
     assert polls[-1] == [1, 2, 3, 4, 5, 8, 10]
 
 
-def test_follow_rides_out_a_few_failed_polls_and_goes_on(ddb, aws_env, api, emulator):
+def test_follow_rides_out_a_few_failed_polls_and_goes_on(ddb, aws_env, api, stored, emulator):
     ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4).start("c1", URL + "c1")
-    put_messages(ddb, aws_env, "c1", [1])
-    shown: list[int] = []
-    polls: list[list[int]] = []
+    stored.inline("c1", [1])
 
-    def pause(_: float) -> None:
-        polls.append(list(shown))
-        if len(polls) == 1:
+    def step(n: int, _: float) -> None:
+        if n == 1:
             set_faults(emulator.endpoint_url, throttle={"Query": 1.0})  # the router answers 503
-        elif len(polls) == 3:
+        elif n == 3:
             set_faults(emulator.endpoint_url)
-            put_messages(ddb, aws_env, "c1", [2])
-        elif len(polls) == 4:
+            stored.inline("c1", [2])
+        elif n == 4:
             raise KeyboardInterrupt
 
     statuses: list[int] = []
@@ -232,11 +208,7 @@ def test_follow_rides_out_a_few_failed_polls_and_goes_on(ddb, aws_env, api, emul
             return reply
 
     try:
-        with pytest.raises(KeyboardInterrupt):
-            reading.read(
-                Recording(api.url), "c1", after_seq=-1, limit=None, show=lambda e: shown.append(e["seq"]),
-                follow=True, sleep=pause,
-            )
+        polls = follow_polls(Recording(api.url), step)
     finally:
         set_faults(emulator.endpoint_url)
     assert statuses == [200, 503, 503, 200]
@@ -253,23 +225,23 @@ def test_follow_gives_up_after_its_retries_with_the_last_failure(aws_env):
     assert len(pauses) == reading.FOLLOW_RETRIES
 
 
-def test_follow_stops_at_its_limit(capsys, ddb, aws_env, api):
+def test_follow_stops_at_its_limit(capsys, aws_env, api, stored):
     run(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url)
-    put_messages(ddb, aws_env, "c1", range(1, 6))
+    stored.inline("c1", range(1, 6))
     code, out, _ = run(capsys, aws_env, "messages", "c1", "--api", api.url, "--follow", "--limit", "3", "--json")
     assert code == 0 and [e["seq"] for e in json_lines(out)] == [1, 2, 3]
 
 
 @pytest.mark.slow
 def test_the_follow_command_prints_a_message_stored_after_it_started_and_ctrl_c_ends_it_with_0(
-    ddb, aws_env, api, python_env
+    ddb, aws_env, api, stored, python_env
 ):
     import queue
     import signal
 
     run_env = {**python_env, "AWS_REGION": aws_env["AWS_REGION"]}
     ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4).start("c1", URL + "c1")
-    put_messages(ddb, aws_env, "c1", [1])
+    stored.inline("c1", [1])
     proc = subprocess.Popen(
         [sys.executable, "-m", "wsfleet", "messages", "c1", "--api", api.url, "--follow", "--interval", "0.2"],
         env=run_env,
@@ -281,7 +253,7 @@ def test_the_follow_command_prints_a_message_stored_after_it_started_and_ctrl_c_
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     try:
         assert lines.get(timeout=30) == '1  {"v":1}\n'
-        put_messages(ddb, aws_env, "c1", [2])
+        stored.inline("c1", [2])
         assert lines.get(timeout=30) == '2  {"v":2}\n'
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0

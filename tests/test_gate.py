@@ -127,9 +127,10 @@ class HalfFrameServer:
         self.size, self.sent, self.whole_first = size, sent, whole_first
         self.writers: list[asyncio.StreamWriter] = []
 
-    async def start(self) -> str:
+    async def __aenter__(self) -> HalfFrameServer:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        return f"ws://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/"
+        self.url = f"ws://127.0.0.1:{self.server.sockets[0].getsockname()[1]}/"
+        return self
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         request = await reader.readuntil(b"\r\n\r\n")
@@ -145,7 +146,7 @@ class HalfFrameServer:
     def abort(self, i: int) -> None:
         self.writers[i].transport.abort()
 
-    async def stop(self) -> None:
+    async def __aexit__(self, *exc_info) -> None:
         for w in self.writers:
             w.transport.abort()
         self.server.close()
@@ -155,9 +156,8 @@ class HalfFrameServer:
 def test_a_socket_that_dies_mid_frame_gives_its_slot_to_the_next_waiter():
     async def scenario():
         gate = ReceiveGate(slots=1, allowance=ALLOWANCE)
-        server = HalfFrameServer(size=8 * FRAME, sent=FRAME)
-        url = await server.start()
-        try:
+        async with HalfFrameServer(size=8 * FRAME, sent=FRAME) as server:
+            url = server.url
             first = await connect(url, max_size=16 * FRAME, close_timeout=1, **connect_options(gate))
             await until(lambda: first.has_slot, "the first socket to take the slot mid-frame")
             second = await connect(url, max_size=16 * FRAME, close_timeout=1, **connect_options(gate))
@@ -176,8 +176,6 @@ def test_a_socket_that_dies_mid_frame_gives_its_slot_to_the_next_waiter():
             await until(lambda: gate.waiting() == 0, "the dead waiter to leave the queue")
             assert second.has_slot and not third.has_slot
             return gate
-        finally:
-            await server.stop()
 
     gate = asyncio.run(scenario())
     assert gate.high_water == 1
@@ -187,9 +185,8 @@ def test_a_socket_whose_large_message_was_handed_on_gives_its_slot_to_a_waiter()
     async def scenario():
         gate = ReceiveGate(slots=1, allowance=ALLOWANCE)
         # Each socket gets one whole large frame, then half of another, back to back.
-        server = HalfFrameServer(size=8 * FRAME, sent=FRAME, whole_first=FRAME)
-        url = await server.start()
-        try:
+        async with HalfFrameServer(size=8 * FRAME, sent=FRAME, whole_first=FRAME) as server:
+            url = server.url
             first = await connect(url, max_size=16 * FRAME, **connect_options(gate))
             assert len(await first.recv()) == FRAME and first.has_slot
             second = await connect(url, max_size=16 * FRAME, **connect_options(gate))
@@ -201,8 +198,6 @@ def test_a_socket_whose_large_message_was_handed_on_gives_its_slot_to_a_waiter()
             assert not first.has_slot and len(await second.recv()) == FRAME
             nxt.cancel()
             return gate
-        finally:
-            await server.stop()
 
     gate = asyncio.run(scenario())
     assert gate.high_water == 1
@@ -211,9 +206,8 @@ def test_a_socket_whose_large_message_was_handed_on_gives_its_slot_to_a_waiter()
 def test_a_receive_loop_cancelled_mid_frame_frees_its_slot():
     async def scenario():
         gate = ReceiveGate(slots=1, allowance=ALLOWANCE)
-        server = HalfFrameServer(size=8 * FRAME, sent=FRAME)
-        url = await server.start()
-        try:
+        async with HalfFrameServer(size=8 * FRAME, sent=FRAME) as server:
+            url = server.url
             holding = asyncio.Event()
 
             async def loop() -> None:
@@ -229,8 +223,6 @@ def test_a_receive_loop_cancelled_mid_frame_frees_its_slot():
             with pytest.raises(asyncio.CancelledError):
                 await task
             return gate
-        finally:
-            await server.stop()
 
     gate = asyncio.run(scenario())
     assert gate.holding() == 0 and gate.waiting() == 0

@@ -16,6 +16,8 @@ import uuid
 
 import pytest
 
+from tests.test_objects import keys
+from tests.test_worker import eventually
 from wsfleet import clock, schema
 from wsfleet import metrics_names as names
 from wsfleet.aws import Aws
@@ -83,7 +85,7 @@ class Rig:
         self.aws.s3.meta.events.register("before-send.s3", hold)
 
     def keys(self) -> list[str]:
-        return [o["Key"] for o in self.aws.s3.list_objects_v2(Bucket=self.bucket).get("Contents", [])]
+        return keys(self.aws.s3, self.bucket)
 
     def rows(self, cid: str) -> dict[int, dict]:
         return {r["sk"]: r for r in self.msgs.read_all(cid)}
@@ -100,11 +102,8 @@ def rig(aws_env):
     r.close()
 
 
-async def until(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = clock.now() + timeout
-    while not await asyncio.to_thread(predicate):
-        assert clock.now() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
+async def until(predicate, what: str) -> None:
+    await eventually(predicate, timeout=30.0, what=what)
 
 
 def test_a_large_frame_is_stored_as_an_object_before_its_item_and_reads_back_byte_for_byte(rig):

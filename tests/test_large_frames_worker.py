@@ -9,20 +9,22 @@ import hashlib
 import json
 import urllib.request
 
-import boto3
 import pytest
 
-from tests.conftest import REGION
+from tests import test_objects
+from tests.test_objects import keys
 from tests.test_router import Api
 from tests.test_router_messages import messages_event
 from tests.test_worker import config, dead_session, eventually, running
 from wsfleet import metrics_names as names
 from wsfleet import schema
 from wsfleet.local.upstream import ThreadedUpstream
-from wsfleet.store import ObjectsStore
 from wsfleet.stream import Frame
 
 pytestmark = pytest.mark.slow
+
+s3 = test_objects.s3  # the fixtures: a client of the emulator's S3, the messages bucket's store
+objects = test_objects.objects
 
 
 @pytest.fixture
@@ -32,26 +34,12 @@ def upstream():
         yield up
 
 
-@pytest.fixture
-def s3(emulator):
-    return boto3.client("s3", endpoint_url=emulator.endpoint_url, region_name=REGION)
-
-
-@pytest.fixture
-def objects(s3, aws_env):
-    return ObjectsStore(s3, aws_env["MESSAGES_BUCKET_NAME"])
-
-
 def compact(data: object) -> str:
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
 def blob(size: int, seq: int) -> dict:
     return {"seq_was": seq, "text": "ü€" + "y" * size}
-
-
-def object_keys(s3, bucket: str) -> list[str]:
-    return [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
 
 
 def test_a_500_kb_and_a_20_mb_frame_are_stored_whole_and_read_back_byte_for_byte(aws_env, stores, s3, objects, upstream, ddb, sqs):
@@ -85,7 +73,7 @@ def test_a_500_kb_and_a_20_mb_frame_are_stored_whole_and_read_back_byte_for_byte
         assert rows[seq][schema.DATA_BYTES] == len(compact(data[seq]).encode())
         assert objects.data_of(rows[seq]) == compact(data[seq])  # size and SHA-256 checked too
     assert rows[1][schema.MESSAGE_DATA] == compact(data[1])
-    assert object_keys(s3, objects.bucket) == [schema.message_object_key("a", 2), schema.message_object_key("a", 4)]
+    assert keys(s3, objects.bucket) == [schema.message_object_key("a", 2), schema.message_object_key("a", 4)]
     assert conns.get("a")["last_seq"] == 6
 
     # And as a user reads them: the read API's page, each large one through its data_url.
@@ -136,6 +124,6 @@ def test_after_a_crash_around_a_large_frame_the_new_owner_resumes_with_no_gap_an
         assert sorted(rows) == [1, 2, 3, 4, 5]
         assert objects.data_of(rows[3]) == compact(data[cid][3])
         assert [objects.data_of(rows[s]) for s in (1, 2, 4, 5)] == [compact(data[cid][s]) for s in (1, 2, 4, 5)]
-    assert object_keys(s3, objects.bucket) == [schema.message_object_key("item", 3), schema.message_object_key("obj", 3)]
+    assert keys(s3, objects.bucket) == [schema.message_object_key("item", 3), schema.message_object_key("obj", 3)]
     assert msgs.read_all("obj")[2]["fence_token"] == 2  # written by the taker
     assert msgs.read_all("item")[2]["fence_token"] == 1  # the dead owner's, left alone

@@ -39,11 +39,11 @@ class Stored:
     """Writes a connection's messages as the worker stores them: inline through the
     store, S3 data and markers item by item in the contract's shape."""
 
-    def __init__(self, api: Api, env: dict[str, str], emulator: Any) -> None:
-        self.ddb = api.ddb
+    def __init__(self, ddb: Any, env: dict[str, str], emulator: Any) -> None:
+        self.ddb = ddb
         self.table = env["MESSAGES_TABLE_NAME"]
         self.bucket = env["MESSAGES_BUCKET_NAME"]
-        self.store = MessagesStore(api.ddb, self.table)
+        self.store = MessagesStore(ddb, self.table)
         self.s3 = boto3.client("s3", endpoint_url=emulator.endpoint_url, region_name=env["AWS_REGION"])
 
     def inline(self, connection_id: str, seqs: Any, data: Any = None) -> None:
@@ -53,7 +53,7 @@ class Stored:
         ]
         self.store.put(connection_id, frames, fence_token=1, worker_id="w1")
 
-    def _item(self, connection_id: str, seq: int, **attributes: Any) -> None:
+    def item(self, connection_id: str, seq: int, **attributes: Any) -> None:
         item = {schema.MSG_PK: schema.connection_pk(connection_id), schema.MSG_SK: seq, schema.MSG_FENCE_TOKEN: 1}
         self.ddb.put_item(TableName=self.table, Item=marshal({**item, **attributes}))
 
@@ -62,7 +62,7 @@ class Stored:
         key = schema.message_object_key(connection_id, seq)
         self.s3.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
         digest = hashlib.sha256(data).hexdigest()
-        self._item(
+        self.item(
             connection_id,
             seq,
             **{
@@ -74,7 +74,7 @@ class Stored:
         return digest
 
     def marker(self, connection_id: str, seq: int, reason: str, **attributes: Any) -> None:
-        self._item(connection_id, seq, **{schema.SKIPPED: reason, **attributes})
+        self.item(connection_id, seq, **{schema.SKIPPED: reason, **attributes})
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def api(aws_env, ddb, sqs) -> Api:
 
 @pytest.fixture
 def stored(api, aws_env, emulator) -> Stored:
-    return Stored(api, aws_env, emulator)
+    return Stored(api.ddb, aws_env, emulator)
 
 
 def read(api: Api, connection_id: str, **query: Any) -> tuple[int, dict]:
@@ -224,7 +224,7 @@ def test_reading_large_data_sends_no_s3_request(aws_env, ddb, sqs, emulator):
     api = Api(aws_env, ddb, sqs)
     api.router = type(api.router)(api.config, ddb, sqs, s3=presigner)
     api.start("c1")
-    Stored(api, aws_env, emulator).large("c1", 1, b'{"a":1}')
+    Stored(api.ddb, aws_env, emulator).large("c1", 1, b'{"a":1}')
     assert read(api, "c1")[1]["messages"][0]["data_bytes"] == 7
     assert sent == []
 
@@ -337,7 +337,7 @@ def test_a_throttled_read_is_retried_then_answered_503_and_the_skipped_count_too
     attempts = inject_dynamodb_error(router_ddb, "Query", status=400, code="ThrottlingException")
     api = Api(aws_env, ddb, sqs, ddb_for_router=router_ddb)
     api.start("c1")
-    Stored(api, aws_env, emulator).inline("c1", [1])
+    Stored(api.ddb, aws_env, emulator).inline("c1", [1])
 
     for event in (messages_event("c1"), get_event("c1")):
         resp = api.router.handle(event)

@@ -13,7 +13,8 @@ import random
 
 import pytest
 
-from tests.test_worker import FAST, dead_session, eventually, running
+from tests import test_worker
+from tests.test_worker import dead_session, eventually, running
 from wsfleet import metrics_names as names
 from wsfleet import schema
 from wsfleet.config import WorkerConfig
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.slow
 LIMIT = 4096  # MAX_FRAME_BYTES: its minimum, so that a frame over it is cheap to make
 
 
-def config(aws_env, **overrides) -> WorkerConfig:
-    return WorkerConfig.from_env({**aws_env, **FAST, "MAX_FRAME_BYTES": str(LIMIT), **overrides})
+def config(aws_env) -> WorkerConfig:
+    return test_worker.config(aws_env, MAX_FRAME_BYTES=str(LIMIT))
 
 
 def big(seq: int) -> bytes:
@@ -44,6 +45,18 @@ def covered_end(msgs, cid: str) -> int:
     items = sorted(rows(msgs, cid).items())
     end, _ = contiguous_end(0, ((s, int(r.get("skip_to", s))) for s, r in items))
     return end
+
+
+def run_until(cfg: WorkerConfig, predicate, what: str, timeout: float = 10.0) -> dict[str, int]:
+    """Runs a worker until ``predicate`` holds; its counters' totals once it has stopped
+    (then every count of what it stored is in)."""
+
+    async def scenario():
+        async with running(cfg) as worker:
+            await eventually(predicate, timeout=timeout, what=what)
+        return worker.counters.totals()
+
+    return asyncio.run(scenario())
 
 
 def logged(capsys, event: str) -> list[dict]:
@@ -100,12 +113,7 @@ def test_a_frame_over_the_limit_right_after_an_upstream_gap_still_converges(aws_
         up.publish("a")  # 4
         conns.start("a", up.url_for("a"))
 
-        async def scenario():
-            async with running(config(aws_env)) as worker:
-                await eventually(lambda: covered_end(msgs, "a") == 4, timeout=60, what="past the big frame")
-            return worker.counters.totals()  # once stopped: every count of what it stored is in
-
-        totals = asyncio.run(scenario())
+        totals = run_until(config(aws_env), lambda: covered_end(msgs, "a") == 4, timeout=60, what="past the big frame")
         sockets = up.sockets("a")
     stored = rows(msgs, "a")
     # The socket never reads the big frame's seq: seq 2 is given up first (it holds
@@ -129,12 +137,7 @@ def test_an_upstream_gap_is_stored_as_one_range_marker_and_the_checkpoint_and_st
             up.publish("a")
         conns.start("a", up.url_for("a"))
 
-        async def scenario():
-            async with running(config(aws_env)) as worker:
-                await eventually(lambda: covered_end(msgs, "a") == 1006, what="past the gap")
-            return worker.counters.totals()  # once stopped: every count of what it stored is in
-
-        totals = asyncio.run(scenario())
+        totals = run_until(config(aws_env), lambda: covered_end(msgs, "a") == 1006, what="past the gap")
         assert len(up.sockets("a")) == 1  # a gap never costs the socket
     stored = rows(msgs, "a")
     assert sorted(stored) == [1, 2, 3, 4, 1004, 1005, 1006]  # one item for 1,000 seqs
@@ -237,12 +240,9 @@ def test_a_seeded_hostile_mix_never_fails_the_connection_and_leaves_no_hole(aws_
         head = up.produced("a")
         conns.start("a", up.url_for("a"))
 
-        async def scenario():
-            async with running(config(aws_env)) as worker:
-                await eventually(lambda: covered_end(msgs, "a") == head, timeout=90, what=f"the head {head} (seed {seed})")
-            return worker.counters.totals()  # once stopped: every count of what it stored is in
-
-        totals = asyncio.run(scenario())
+        totals = run_until(
+            config(aws_env), lambda: covered_end(msgs, "a") == head, timeout=90, what=f"the head {head} (seed {seed})"
+        )
         frames = up.frames("a")
     stored = rows(msgs, "a")
     assert {s for s, r in stored.items() if "message_data" in r} == storable

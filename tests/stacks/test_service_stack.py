@@ -67,6 +67,19 @@ def _granted(statements: list[dict], prefix: str) -> set[str]:
     return {a for s in statements for a in _actions(s) if a.startswith(prefix)}
 
 
+def _grants_by_name(statements: list[dict], prefix: str, names: dict[str, str]) -> dict[str, set[str]]:
+    """The ``prefix`` actions by the name ``names`` gives (keyed by its resolved JSON) to each
+    resource they are granted on. A resource without a name fails."""
+    grants: dict[str, set[str]] = {}
+    for statement in statements:
+        actions = [a for a in _actions(statement) if a.startswith(prefix)]
+        if actions:
+            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            for resource in resources:
+                grants.setdefault(names[json.dumps(resource, sort_keys=True)], set()).update(actions)
+    return grants
+
+
 def _dynamodb_grants(env, statements: list[dict]) -> dict[str, set[str]]:
     """DynamoDB actions by what they are granted on: "<table>" or "<table>/index/<name>",
     tables named by their attribute on the service stack. Any other resource fails."""
@@ -77,14 +90,7 @@ def _dynamodb_grants(env, statements: list[dict]) -> dict[str, set[str]]:
         names[json.dumps(stack.resolve(arn), sort_keys=True)] = table
         for index in (schema.OWNER_INDEX, schema.RING_INDEX, schema.MARKERS_INDEX):
             names[json.dumps(stack.resolve(f"{arn}/index/{index}"), sort_keys=True)] = f"{table}/index/{index}"
-    grants: dict[str, set[str]] = {}
-    for statement in statements:
-        actions = [a for a in _actions(statement) if a.startswith("dynamodb:")]
-        if actions:
-            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
-            for resource in resources:
-                grants.setdefault(names[json.dumps(resource, sort_keys=True)], set()).update(actions)
-    return grants
+    return _grants_by_name(statements, "dynamodb:", names)
 
 
 def _s3_grants(env, statements: list[dict]) -> dict[str, set[str]]:
@@ -100,14 +106,7 @@ def _s3_grants(env, statements: list[dict]) -> dict[str, set[str]]:
             (bucket.arn_for_objects(f"{schema.MESSAGE_OBJECTS_PREFIX}*"), f"<bucket>/{schema.MESSAGE_OBJECTS_PREFIX}*"),
         )
     }
-    grants: dict[str, set[str]] = {}
-    for statement in statements:
-        actions = [a for a in _actions(statement) if a.startswith("s3:")]
-        if actions:
-            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
-            for resource in resources:
-                grants.setdefault(names[json.dumps(resource, sort_keys=True)], set()).update(actions)
-    return grants
+    return _grants_by_name(statements, "s3:", names)
 
 
 def _all_statements(template) -> list[dict]:
