@@ -23,13 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-import boto3
 from botocore.config import Config
 
 from wsfleet import config as cfg
 from wsfleet import schema
 from wsfleet.local.api import build_event
-from wsfleet.local.emulator import CREDENTIALS, DEFAULT_REGION
+from wsfleet.local.emulator import DEFAULT_REGION, emulator_session
 from wsfleet.local.fleet import LOOPBACK, EmulatorProcess, Process, child_env, eventually, spawn, stop_process
 from wsfleet.local.upstream import stream_path
 from wsfleet.logs import JsonLogger
@@ -343,11 +342,7 @@ class Rig:
             self.emulator.start()
             self.aws_env = self.emulator.create_resources()
             # The emulator's credentials and region, for the clients this process makes.
-            self.session = boto3.session.Session(
-                aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-                region_name=self.aws_env.get("AWS_REGION", DEFAULT_REGION),
-            )
+            self.session = emulator_session(self.aws_env.get("AWS_REGION", DEFAULT_REGION))
             self.ddb = self.session.client(
                 "dynamodb",
                 endpoint_url=self.emulator.endpoint_url,
