@@ -8,11 +8,13 @@ misconfigured task fails at start-up with one readable line instead of later.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass
 from typing import Callable, Mapping, TypeVar
 
 from . import metrics_names, schema
+from .upstream_spec import SECRET_NAME_CHARS
 from .worker import budget
 
 # Variable names, shared with the CDK stacks that set them.
@@ -45,6 +47,7 @@ ALLOWED_WS_HOSTS = "ALLOWED_WS_HOSTS"
 REBALANCE = "REBALANCE"
 REBALANCE_TOLERANCE = "REBALANCE_TOLERANCE"
 ECS_CONTAINER_METADATA_URI_V4 = "ECS_CONTAINER_METADATA_URI_V4"
+UPSTREAM_SECRET_PREFIX = "UPSTREAM_SECRET_PREFIX"
 
 DEFAULT_MAX_FRAME_BYTES = 32 * 1024 * 1024
 # A frame limit below the largest item's data would make no frame large; above this,
@@ -142,6 +145,18 @@ def allowed_ws_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
     return hosts
 
 
+def upstream_secret_prefix(env: Mapping[str, str]) -> str:
+    """The Secrets Manager name prefix that ``secret_headers`` ARNs must be under; empty:
+    no secret is allowed. The stacks grant the worker GetSecretValue on the same prefix."""
+    prefix = env.get(UPSTREAM_SECRET_PREFIX, "").strip()
+    if len(prefix) > 256 or not re.fullmatch(r"[%s]*" % SECRET_NAME_CHARS, prefix):
+        raise ConfigError(
+            f"{UPSTREAM_SECRET_PREFIX} must be a Secrets Manager name prefix (letters, digits and /_+=.@-, "
+            f"at most 256), got {prefix!r}"
+        )
+    return prefix
+
+
 def state_shards(env: Mapping[str, str]) -> int:
     return _int_in(env, STATE_SHARDS, schema.DEFAULT_STATE_SHARDS, 1, schema.MAX_STATE_SHARDS)
 
@@ -180,6 +195,7 @@ class WorkerConfig:
     # Frame bytes held at once, sockets and writer (worker.budget); None: unbounded
     # (websockets' default queue, no receive gate, the writer's count caps only).
     max_buffered_bytes: int | None = budget.FALLBACK_BYTES
+    upstream_secret_prefix: str = ""  # secret_headers ARNs must name secrets under it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
@@ -226,6 +242,7 @@ class WorkerConfig:
             sweep_ms=round(_positive_float(env, SWEEP_SECONDS, 600.0) * 1000),
             max_frame_bytes=_int_in(env, MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES, MAX_MAX_FRAME_BYTES),
             max_buffered_bytes=max_buffered_bytes(env),
+            upstream_secret_prefix=upstream_secret_prefix(env),
         )
 
     def default_worker_id(self) -> str:
@@ -243,6 +260,7 @@ class RouterConfig:
     endpoint_url: str | None
     allowed_ws_hosts: tuple[str, ...]
     state_shards: int
+    upstream_secret_prefix: str = ""  # secret_headers ARNs must name secrets under it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "RouterConfig":
@@ -258,4 +276,5 @@ class RouterConfig:
             endpoint_url=_endpoint(env),
             allowed_ws_hosts=hosts,
             state_shards=state_shards(env),
+            upstream_secret_prefix=upstream_secret_prefix(env),
         )

@@ -39,6 +39,18 @@ FRAMES_DROPPED = "FramesDropped"
 SKIPPED_FRAMES = "SkippedFrames"
 # Data stored as an S3 object instead of inline (over an item's size), and their bytes.
 LARGE_FRAMES = "LargeFrames"
+# Handshakes the upstream refused (HTTP 401/403 after the secrets were fetched again,
+# another 4xx, a secret that cannot be read, a stored upstream this worker refuses):
+# each is followed by a long wait (worker.connection REFUSED_RETRY_S), never a storm.
+UPSTREAM_REFUSALS = "UpstreamRefusals"
+# Connections whose last connect attempt was refused, at publish time (a gauge: the
+# alarm on credentials that stopped working reads it).
+REFUSED_CONNECTIONS = "RefusedConnections"
+# GetSecretValue calls the worker made (each priced by `wsfleet plan`).
+SECRET_FETCHES = "SecretFetches"
+# Seqs stored as upstream_gap markers: what the upstream went past (resume none after a
+# takeover or reconnect, or seqs it never produced). A marker counts its whole range.
+MISSED_SEQS = "MissedSeqs"
 
 COUNTERS = (
     LEASES_ACQUIRED,
@@ -54,4 +66,7 @@ COUNTERS = (
     FRAMES_DROPPED,
     SKIPPED_FRAMES,
     LARGE_FRAMES,
+    UPSTREAM_REFUSALS,
+    SECRET_FETCHES,
+    MISSED_SEQS,
 )

@@ -25,6 +25,14 @@ FENCE_TOKEN = "fence_token"
 OWNER_KEY = "owner_key"  # by_owner partition key, see owner_key_*()
 UPDATED_AT_MS = "updated_at_ms"
 CREATED_AT_MS = "created_at_ms"
+# The START's upstream object (wsfleet.upstream_spec.Upstream.item(): non-default keys,
+# secret ARNs only, never values); absent for the default protocol.
+UPSTREAM = "upstream"
+# Why the owner cannot connect (a handshake refused after re-fetching its secrets, a
+# secret it cannot read, ...), with no secret in it, and since when; removed by the owner
+# once a frame is accepted again. Written conditional on session and fence.
+LAST_ERROR = "last_error"
+LAST_ERROR_AT_MS = "last_error_at_ms"
 
 STARTED = "STARTED"
 STOPPED = "STOPPED"
@@ -147,6 +155,9 @@ PUBLIC_FIELDS = (
     LAST_SEQ,
     UPDATED_AT_MS,
     SKIPPED_COUNT,
+    UPSTREAM,
+    LAST_ERROR,
+    LAST_ERROR_AT_MS,
 )
 
 # --- queue --------------------------------------------------------------------
