@@ -662,7 +662,7 @@ def test_start_says_whether_it_left_the_connection_unowned_so_that_every_such_st
     assert store.start("c1", url) == Started(StartOutcome.UNCHANGED, unowned=True)  # e.g. a retry of a lost answer
     store.acquire("c1", session_id="a#1", worker_id="a")
     assert store.start("c1", url) == Started(StartOutcome.UNCHANGED, unowned=False)
-    assert store.start("c1", url + "2") == Started(StartOutcome.CONFLICT, unowned=False)
+    assert store.start("c1", url + "2") == Started(StartOutcome.CONFLICT, differs=(schema.WS_URL,))
     store.stop("c1", sessions=sessions)
     assert store.start("c1", url) == Started(StartOutcome.RESTARTED, unowned=False)  # its owner hints it
     store.stop("c1", sessions=sessions)

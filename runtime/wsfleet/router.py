@@ -11,6 +11,10 @@ returns the public state; ``GET /connections/{connection_id}/messages`` a page o
 stored (:mod:`wsfleet.message_pages`), large data as presigned S3 URLs: presigning is
 computed here from the function's own credentials, no S3 request.
 
+A START's optional ``upstream`` object is validated by :func:`wsfleet.upstream_spec.parse`
+and stored in its stored form (secret ARNs, never values); a different one on a STARTED
+connection is a 409, as a different ws_url is.
+
 Every request is validated completely before the first write, so a 4xx never writes.
 Store writes are conditional (see :mod:`wsfleet.store`), so concurrent requests for
 one connection need no coordination here.
@@ -32,7 +36,7 @@ from urllib.parse import unquote
 import boto3
 from botocore.config import Config
 
-from . import message_pages, schema, tracing
+from . import message_pages, schema, tracing, upstream_spec
 from .config import ConfigError, RouterConfig
 from .logs import JsonLogger, route_stdlib_logging
 from .store import ConnectionsStore, MessagesStore, SessionsStore, StartOutcome, StopOutcome, TransientError
@@ -227,21 +231,25 @@ class Router:
         fields["connection_id"] = connection_id
         if event_type == "START":
             ws_url = _valid(check_ws_url, _field(body, "ws_url"), self._allowlist)
-            return self._start(connection_id, ws_url, fields)
+            upstream = _valid_upstream(body.get("upstream"), self._config.upstream_secret_prefix)
+            return self._start(connection_id, ws_url, upstream, fields)
         return self._stop(connection_id, fields)
 
     # --- the four operations -------------------------------------------------------
 
-    def _start(self, connection_id: str, ws_url: str, fields: dict[str, Any]) -> tuple[int, dict]:
-        started = self._store.start(connection_id, ws_url)
+    def _start(
+        self, connection_id: str, ws_url: str, upstream: upstream_spec.Upstream, fields: dict[str, Any]
+    ) -> tuple[int, dict]:
+        started = self._store.start(connection_id, ws_url, upstream.item())
         outcome = started.outcome
         fields["outcome"] = outcome.value
         if outcome is StartOutcome.CONFLICT:
+            differs = " and ".join(started.differs) or "settings"
             raise HttpError(
                 409,
                 "conflict",
-                f"Connection {connection_id} is already STARTED with a different ws_url; "
-                "STOP it before starting it with a new one.",
+                f"Connection {connection_id} is already STARTED with a different {differs}; "
+                "STOP it, then START it again to apply the new one.",
             )
         if started.unowned:
             # Also on UNCHANGED: a retry whose first write landed with its answer lost
@@ -274,6 +282,8 @@ class Router:
         session = self._sessions.get(session_id, consistent=False) if session_id else None
         item[schema.LEASE_EXPIRES_AT_MS] = int((session or {}).get(schema.EXPIRES_AT_MS, 0))
         item[schema.SKIPPED_COUNT] = self._messages.count_markers(connection_id)
+        # The stored form: ARNs, never a secret's value (none is ever stored); {} for the default.
+        item[schema.UPSTREAM] = item.get(schema.UPSTREAM) or {}
         return 200, {"connection_id": connection_id, **{name: item.get(name) for name in schema.PUBLIC_FIELDS}}
 
     def _get_messages(self, raw_id: object, event: Mapping[str, Any], fields: dict[str, Any]) -> tuple[int, dict]:
@@ -391,6 +401,14 @@ def _field(body: Mapping[str, Any], name: str) -> Any:
 def _valid(check: Callable[..., str], *args: Any) -> str:
     try:
         return check(*args)
+    except Invalid as exc:
+        raise HttpError(400, exc.code, exc.message) from None
+
+
+def _valid_upstream(value: object, secret_prefix: str) -> upstream_spec.Upstream:
+    """The START's ``upstream`` (absent or null: the default protocol), or a 400."""
+    try:
+        return upstream_spec.parse(value, secret_prefix=secret_prefix)
     except Invalid as exc:
         raise HttpError(400, exc.code, exc.message) from None
 

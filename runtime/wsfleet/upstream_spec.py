@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .pointer import Pointer, PointerError
+from .pointer import MAX_POINTER_LENGTH, MAX_POINTER_TOKENS, Pointer, PointerError
 from .stream import resume_url
 from .validation import Invalid
 
@@ -139,6 +139,7 @@ class Field:
     repeat: bool  # the flag may be given several times (one entry each)
     help: str  # one sentence, for the CLI and the README
     check: Callable[[Any, "_Context"], Any] = field(repr=False, compare=False, default=lambda v, c: v)
+    choices: tuple[str, ...] = ()  # the only values it takes, when it is one of a few
 
 
 @dataclass(frozen=True)
@@ -150,11 +151,15 @@ def _fail(key: str, message: str, code: str = INVALID) -> Invalid:
     return Invalid(code, f"upstream.{key}: {message}")
 
 
+def _clip(value: object, width: int = 80) -> object:
+    return value[:width] + "..." if isinstance(value, str) and len(value) > width else value
+
+
 def _check_header_name(key: str, name: object) -> str:
     if not isinstance(name, str) or not _TOKEN.fullmatch(name) or len(name) > MAX_HEADER_NAME:
         raise _fail(
             key,
-            f"header name {name!r} is not an HTTP token (letters, digits and !#$%&'*+-.^_`|~, at most {MAX_HEADER_NAME}).",
+            f"header name {_clip(name)!r} is not an HTTP token (letters, digits and !#$%&'*+-.^_`|~, at most {MAX_HEADER_NAME}).",
         )
     lower = name.lower()
     if lower in _RESERVED_HEADERS or lower.startswith(_RESERVED_HEADER_PREFIX):
@@ -184,16 +189,20 @@ def _check_headers(value: object, ctx: _Context) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def parse_secret_ref(text: object, secret_prefix: str, key: str = "secret_headers") -> SecretRef:
-    """``ARN`` or ``ARN#json-key``, the secret's name under ``secret_prefix``."""
+def parse_secret_ref(text: object, secret_prefix: str, key: str = "secret_headers", *, header: str = "") -> SecretRef:
+    """``ARN`` or ``ARN#json-key``, the secret's name under ``secret_prefix``. ``header``:
+    the header it is for, named in the error. A value that is not an ARN is never
+    repeated in the error: it may be the secret itself, pasted in by mistake."""
+    where = f"the value of {header}" if header else "a secret"
     if not isinstance(text, str):
-        raise _fail(key, "a secret must be a Secrets Manager ARN string (optionally ARN#json-key).")
+        raise _fail(key, f"{where} must be a Secrets Manager ARN string (optionally ARN#json-key).")
     arn, sep, json_key = text.partition("#")
     match = _SECRET_ARN.fullmatch(arn)
     if match is None:
         raise _fail(
             key,
-            f"{arn[:200]!r} is not a Secrets Manager secret ARN (arn:aws:secretsmanager:<region>:<account>:secret:<name>).",
+            f"{where} is not a Secrets Manager secret ARN (arn:aws:secretsmanager:<region>:<account>:secret:<name>"
+            ", optionally #json-key); give the secret's ARN, never its value.",
         )
     if sep and not _JSON_KEY.fullmatch(json_key):
         raise _fail(key, f"the JSON key after '#' must be 1 to {MAX_JSON_KEY} printable ASCII characters.")
@@ -210,7 +219,7 @@ def parse_secret_ref(text: object, secret_prefix: str, key: str = "secret_header
 
 def _check_secret_headers(value: object, ctx: _Context) -> tuple[tuple[str, SecretRef], ...]:
     return tuple(
-        (_check_header_name("secret_headers", name), parse_secret_ref(ref, ctx.secret_prefix))
+        (_check_header_name("secret_headers", name), parse_secret_ref(ref, ctx.secret_prefix, header=name))
         for name, ref in _mapping("secret_headers", value).items()
     )
 
@@ -220,7 +229,7 @@ def _check_subprotocols(value: object, ctx: _Context) -> tuple[str, ...]:
         raise _fail("subprotocols", f"must be a list of 1 to {MAX_SUBPROTOCOLS} subprotocol names.")
     for name in value:
         if not isinstance(name, str) or not _TOKEN.fullmatch(name) or len(name) > MAX_HEADER_NAME:
-            raise _fail("subprotocols", f"{name!r} is not a subprotocol name (an HTTP token).")
+            raise _fail("subprotocols", f"{_clip(name)!r} is not a subprotocol name (an HTTP token).")
     if len(set(value)) != len(value):
         raise _fail("subprotocols", "lists a subprotocol twice.")
     return tuple(value)
@@ -258,7 +267,7 @@ def _check_resume(value: object, ctx: _Context) -> Resume:
     try:
         return Resume(value)
     except ValueError:
-        raise _fail("resume", f"must be one of {', '.join(r.value for r in Resume)}, got {value!r}.") from None
+        raise _fail("resume", f"must be one of {', '.join(r.value for r in Resume)}, got {_clip(value)!r}.") from None
 
 
 FIELDS: tuple[Field, ...] = (
@@ -333,6 +342,7 @@ FIELDS: tuple[Field, ...] = (
         "How a reconnect resumes: the from_seq query parameter, only the open message's {from_seq}, "
         "or none (the upstream cannot replay; what was missed is stored as an upstream_gap marker).",
         _check_resume,
+        tuple(r.value for r in Resume),
     ),
 )
 FIELD_NAMES = tuple(f.key for f in FIELDS)
@@ -364,3 +374,32 @@ def parse(value: object, *, secret_prefix: str) -> Upstream:
     if upstream.resume is Resume.OPEN_MESSAGE and FROM_SEQ not in (upstream.open_message or ""):
         raise _fail("resume", "open_message resumes only through an open_message that contains {from_seq}.")
     return upstream
+
+
+# --- the README's table ------------------------------------------------------------------
+
+
+def markdown_table() -> str:
+    """The README's table of the ``upstream`` keys and their limits, from :data:`FIELDS`
+    (a test fails when the README's copy differs)."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    rows = [
+        "| key | type | default | `wsfleet start` flag | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for f in FIELDS:
+        flag = f"`{f.flag} {f.metavar}`" + (" (repeatable)" if f.repeat else "")
+        if f.choices:
+            flag = f"`{f.flag} {'|'.join(f.choices)}`"
+        default = f"`{f.default}`" if f.default else "none"
+        rows.append(f"| `{f.key}` | {cell(f.type)} | {default} | {cell(flag)} | {cell(f.help)} |")
+    limits = (
+        f"Limits: at most {MAX_HEADERS} headers and secret_headers together, names of at most {MAX_HEADER_NAME} "
+        f"characters, values of at most {MAX_HEADER_VALUE}; at most {MAX_SUBPROTOCOLS} subprotocols; an open_message "
+        f"of at most {MAX_OPEN_MESSAGE} characters; a JSON key after `#` of at most {MAX_JSON_KEY}; pointers of at "
+        f"most {MAX_POINTER_LENGTH} characters and {MAX_POINTER_TOKENS} tokens."
+    )
+    return "\n".join(rows) + "\n\n" + limits

@@ -89,14 +89,20 @@ class Released(enum.Enum):
 class StartOutcome(enum.Enum):
     CREATED = "created"  # new connection: 202
     RESTARTED = "restarted"  # was STOPPED, now STARTED again: 202
-    UNCHANGED = "unchanged"  # already STARTED with this ws_url: 200
-    CONFLICT = "conflict"  # already STARTED with another ws_url: 409
+    UNCHANGED = "unchanged"  # already STARTED with this ws_url and upstream: 200
+    CONFLICT = "conflict"  # already STARTED with another ws_url or upstream: 409
 
 
 @dataclass(frozen=True)
 class Started:
     outcome: StartOutcome
     unowned: bool = False  # STARTED and attached to no session: worth a hint
+    differs: tuple[str, ...] = ()  # on CONFLICT: the attributes that differ (schema.WS_URL, schema.UPSTREAM)
+
+
+# The attributes only a restart names besides the base placeholders: it sets or removes
+# upstream, and removes the last owner's last_error, which was about the old settings.
+_RESTART_NAMES = {"#up": schema.UPSTREAM, "#le": schema.LAST_ERROR, "#lt": schema.LAST_ERROR_AT_MS}
 
 
 class StopOutcome(enum.Enum):
@@ -454,19 +460,26 @@ class ConnectionsStore(_Table):
 
     # --- desired state (the router) -------------------------------------------------------
 
-    def start(self, connection_id: str, ws_url: str) -> Started:
-        """Record that the connection should run.
+    def start(self, connection_id: str, ws_url: str, upstream: Mapping[str, Any] | None = None) -> Started:
+        """Record that the connection should run, with ``ws_url`` and ``upstream`` (the
+        stored form, :meth:`wsfleet.upstream_spec.Upstream.item`; None or ``{}`` for the
+        default protocol, stored as no attribute).
 
         A new connection is created free (``owner_key`` FREE#shard) with a conditional
         put (``attribute_not_exists``). A STOPPED one is flipped with an update
         conditional on ``desired_state = STOPPED`` and on the session it is attached to
         (if free, it goes back into FREE#shard; if a session still holds it, it stays
         attached: its owner, told of the STOP, releases it and hints it), keeping its
-        checkpoint and fence. A STARTED one is never written, so a repeated or concurrent
-        START cannot disturb its owner. Losing a race re-reads the outcome from the item
-        it lost to; so does a retry of a write that landed with its answer lost, which
-        reads UNCHANGED. ``unowned`` in the result: STARTED and attached to no session
-        (whatever the outcome), so that a hint, even a repeated one, is never missing."""
+        checkpoint and fence; it takes the new ``ws_url`` and ``upstream`` (set, or
+        removed for the default) and loses any ``last_error``, which was about the old
+        ones. A STARTED one is never written, so a repeated or concurrent START cannot
+        disturb its owner: the same ``ws_url`` and ``upstream`` are UNCHANGED, another
+        is a CONFLICT naming what differs. Losing a race re-reads the outcome from the
+        item it lost to; so does a retry of a write that landed with its answer lost,
+        which finds its own ``ws_url`` and ``upstream`` and reads UNCHANGED. ``unowned``
+        in the result: STARTED and attached to no session (whatever the outcome), so
+        that a hint, even a repeated one, is never missing."""
+        wanted = dict(upstream or {})
         for _ in range(5):
             now = self._now_ms()
             item = {
@@ -480,6 +493,7 @@ class ConnectionsStore(_Table):
                 schema.OWNER_KEY: schema.owner_key_free(connection_id, self._shards),
                 schema.UPDATED_AT_MS: now,
                 schema.CREATED_AT_MS: now,
+                **({schema.UPSTREAM: wanted} if wanted else {}),
             }
             try:
                 self._call(
@@ -498,10 +512,21 @@ class ConnectionsStore(_Table):
                 continue  # deleted between our write and its failure: try again
             session = old.get(schema.LEASE_SESSION, "")
             if old.get(schema.DESIRED_STATE) == schema.STARTED:
-                same = old.get(schema.WS_URL) == ws_url
-                return Started(StartOutcome.UNCHANGED if same else StartOutcome.CONFLICT, unowned=same and not session)
+                # An item written before upstream existed has none: the default, {}.
+                differs = tuple(
+                    name
+                    for name, same in (
+                        (schema.WS_URL, old.get(schema.WS_URL) == ws_url),
+                        (schema.UPSTREAM, (old.get(schema.UPSTREAM) or {}) == wanted),
+                    )
+                    if not same
+                )
+                if differs:
+                    return Started(StartOutcome.CONFLICT, differs=differs)
+                return Started(StartOutcome.UNCHANGED, unowned=not session)
             update = "SET #s = :started, #w = :url, #u = :now" + (", #k = :free" if not session else "")
-            new, _ = self._conditional_update(
+            update += ", #up = :upstream REMOVE #le, #lt" if wanted else " REMOVE #up, #le, #lt"
+            params = self._update(
                 connection_id,
                 update=update,
                 condition="#s = :stopped AND #l = :session",
@@ -512,11 +537,17 @@ class ConnectionsStore(_Table):
                     ":session": session,
                     ":now": now,
                     **({":free": schema.owner_key_free(connection_id, self._shards)} if not session else {}),
+                    **({":upstream": wanted} if wanted else {}),
                 },
-                returns="NONE",
             )
-            if new is not None:
-                return Started(StartOutcome.RESTARTED, unowned=not session)
+            params["ExpressionAttributeNames"].update(_RESTART_NAMES)
+            try:
+                self._call("update_item", **params)
+            except ClientError as exc:
+                if not _condition_failed(exc):
+                    raise
+                continue  # it changed since we read it: the next put reads what it became
+            return Started(StartOutcome.RESTARTED, unowned=not session)
         raise TransientError(f"start of {connection_id!r} kept losing races; try again")
 
     def stop(self, connection_id: str, *, sessions: SessionsStore) -> Stopped:
