@@ -21,7 +21,7 @@ from .. import config, schema
 from ..plan import ENVIRONMENTS
 from ..store import TransientError
 from ..stream import MAX_SEQ
-from . import commands, render
+from . import commands, render, upstream_flags
 from .errors import CliError, aws_sentence
 
 PROG = "wsfleet"
@@ -107,10 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
         "start",
         parents=[api],
         help="START a connection (POST /events)",
-        description="START a connection: it is created, or restarted from its checkpoint if STOPPED.",
+        description=(
+            "START a connection: it is created, or restarted from its checkpoint if STOPPED. A STARTED connection "
+            "keeps its ws_url and upstream: STOP it, then START it again, to change them."
+        ),
     )
     start.add_argument("connection_id", metavar="CONNECTION_ID")
     start.add_argument("ws_url", metavar="WS_URL", help="ws:// or wss:// URL of the upstream stream")
+    upstream_flags.add_flags(start)
     start.set_defaults(run=commands.start)
 
     stop = subcommands.add_parser(
@@ -142,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
             "costs what the table's size does: an operator's tool, not a monitor). STARTED but unowned: the FREE# "
             "partitions of the by_owner index (free for: since updated_at_ms) and the connections still attached to a "
             "session that expired or ended (unowned for: since that session's expiry), each checked against its item. "
+            "Refused by their upstream: STARTED connections whose owner wrote a last_error (from the same Scan). "
             "Oldest checkpoint: the owned STARTED connection whose updated_at_ms is oldest; updated_at_ms is the best "
             "proxy the table has (acquire and release write it too, and a connection receiving no frames is not "
             "checkpointed, so an idle one shows its acquisition)."
@@ -154,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[tables],
         help="connections, with owner, fence and checkpoint",
         description=(
-            "Connections with their owner, fence token, checkpoint (last_seq) and last update. With --worker, the "
+            "Connections with their owner, fence token, checkpoint (last_seq) and last update, and their upstream "
+            "and last_error when any has one. With --worker, the "
             "connections attached to that worker's sessions (by_owner index queries, then a BatchGetItem); without it, "
             "a paginated Scan of the connections table."
         ),

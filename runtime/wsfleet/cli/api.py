@@ -94,10 +94,12 @@ class ApiClient:
             self._signer = SigV4Auth(credentials, API_SERVICE, region)
         self._send = send or (lambda request: urlopen(request, direct=local))
 
-    def start(self, connection_id: str, ws_url: str) -> ApiReply:
-        return self.request(
-            "POST", "/events", {"event_type": "START", "connection_id": connection_id, "ws_url": ws_url}
-        )
+    def start(self, connection_id: str, ws_url: str, upstream: Mapping[str, Any] | None = None) -> ApiReply:
+        """``upstream``: the START's upstream object; None sends none (the default protocol)."""
+        body: dict[str, Any] = {"event_type": "START", "connection_id": connection_id, "ws_url": ws_url}
+        if upstream is not None:
+            body["upstream"] = dict(upstream)
+        return self.request("POST", "/events", body)
 
     def stop(self, connection_id: str) -> ApiReply:
         return self.request("POST", "/events", {"event_type": "STOP", "connection_id": connection_id})

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 from .. import plan as planning
 from ..store import now_ms
 from ..stream import MAX_MESSAGE_BYTES
-from . import locate, reading, render, views
+from . import locate, reading, render, upstream_flags, views
 from .api import ApiClient, ApiReply, is_local, region_in_url
 from .errors import CliError
 from .fleet import FleetReader
@@ -45,7 +45,8 @@ def _event_line(reply: ApiReply) -> str:
 
 
 def start(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    reply = _api(args, env).start(args.connection_id, args.ws_url)
+    upstream = upstream_flags.upstream_of(args)  # before any request: a bad flag sends nothing
+    reply = _api(args, env).start(args.connection_id, args.ws_url, upstream)
     return _reply(args, reply, _event_line(reply))
 
 

@@ -68,6 +68,7 @@ class ScanSummary:
     by_state: dict[str, int]
     oldest_owned: dict | None  # the owned STARTED item updated longest ago
     free_shards: frozenset[int]  # FREE#<shard> partitions seen
+    refused: tuple[dict, ...] = ()  # STARTED items with a last_error (key, last_error, last_error_at_ms)
 
 
 class FleetReader:
@@ -101,12 +102,15 @@ class FleetReader:
         by_state: dict[str, int] = {}
         oldest: dict | None = None
         free_shards: set[int] = set()
+        refused: list[dict] = []
         names = {
             "#s": schema.DESIRED_STATE,
             "#u": schema.UPDATED_AT_MS,
             "#l": schema.LEASE_SESSION,
             "#k": schema.OWNER_KEY,
             "#p": schema.PK,
+            "#e": schema.LAST_ERROR,
+            "#t": schema.LAST_ERROR_AT_MS,
         }
         for page in self._pages(
             "scan",
@@ -125,7 +129,9 @@ class FleetReader:
                     oldest is None or item.get(schema.UPDATED_AT_MS, 0) < oldest.get(schema.UPDATED_AT_MS, 0)
                 ):
                     oldest = item
-        return ScanSummary(by_state, oldest, frozenset(free_shards))
+                if state == schema.STARTED and item.get(schema.LAST_ERROR):
+                    refused.append(item)
+        return ScanSummary(by_state, oldest, frozenset(free_shards), tuple(refused))
 
     def items(self, connection_ids: Sequence[str]) -> dict[str, dict]:
         """The connection items, BatchGetItem by a hundred (missing ones left out)."""

@@ -62,6 +62,11 @@ def status(view: Mapping[str, Any]) -> str:
             for u in unowned
         ]
         lines.append(_indent(table(("CONNECTION", "WHERE", "FOR"), rows)))
+    refused = view["refused"]
+    lines.append(f"STARTED and refused by their upstream: {len(refused)}")
+    if refused:
+        rows = [(r["connection_id"], duration(r["since_s"]) + " ago", _clip(r["last_error"], ERROR_WIDTH)) for r in refused]
+        lines.append(_indent(table(("CONNECTION", "SINCE", "LAST ERROR"), rows)))
     oldest = view["oldest_checkpoint"]
     if oldest:
         lines.append(
@@ -82,30 +87,63 @@ def connection(body: Mapping[str, Any], now: int) -> str:
     for key, value in body.items():
         if key == schema.LEASE_EXPIRES_AT_MS and isinstance(value, int):
             value = f"{value}  ({_when(value, now) if value else 'free'})"
-        elif key == schema.UPDATED_AT_MS and isinstance(value, int) and value:
+        elif key in (schema.UPDATED_AT_MS, schema.LAST_ERROR_AT_MS) and isinstance(value, int) and value:
             value = f"{value}  ({_when(value, now)})"
+        elif key == schema.UPSTREAM and isinstance(value, dict):
+            # Its stored form: secret ARNs, never values. {} is the default protocol.
+            value = json.dumps(value, separators=(",", ":")) if value else "default"
         rows.append((key, "-" if value in ("", None) else value))
     return table(("FIELD", "VALUE"), rows)
 
 
 def connections(rows: Sequence[Mapping[str, Any]], now: int) -> str:
+    """One line per connection; UPSTREAM and LAST ERROR columns only when a row has one."""
     if not rows:
         return "no connections"
-    return table(
-        ("CONNECTION", "STATE", "OWNER", "FENCE", "LAST SEQ", "UPDATED", "WS URL"),
+    headers = ["CONNECTION", "STATE", "OWNER", "FENCE", "LAST SEQ", "UPDATED", "WS URL"]
+    cells = [
         [
-            (
-                r["connection_id"],
-                r["desired_state"],
-                r["owner"],
-                r["fence_token"],
-                r["last_seq"],
-                duration((now - r["updated_at_ms"]) / 1000) + " ago",
-                r["ws_url"],
-            )
-            for r in rows
-        ],
-    )
+            r["connection_id"],
+            r["desired_state"],
+            r["owner"],
+            r["fence_token"],
+            r["last_seq"],
+            duration((now - r["updated_at_ms"]) / 1000) + " ago",
+            r["ws_url"],
+        ]
+        for r in rows
+    ]
+    if any(r.get("upstream") for r in rows):
+        headers.append("UPSTREAM")
+        for row, r in zip(cells, rows, strict=True):
+            row.append(upstream_summary(r.get("upstream") or {}))
+    if any(r.get("last_error") for r in rows):
+        headers.append("LAST ERROR")
+        for row, r in zip(cells, rows, strict=True):
+            row.append(_clip(r["last_error"], ERROR_WIDTH) if r.get("last_error") else "-")
+    return table(headers, cells)
+
+
+ERROR_WIDTH = 80  # characters of a last_error a table line shows; --json shows it whole
+
+
+def upstream_summary(upstream: Mapping[str, Any]) -> str:
+    """A connection's upstream in a few words: the resume mode, the pointers that are not
+    the default, and header names (never a value, secret or not); "default" for {}."""
+    if not upstream:
+        return "default"
+    parts = [f"resume={upstream.get('resume', 'query')}"]
+    for key, short in (("seq_pointer", "seq"), ("data_pointer", "data")):
+        if key in upstream:
+            parts.append(f"{short}={upstream[key] or '(whole)'}")
+    for key, short in (("headers", "headers"), ("secret_headers", "secrets")):
+        if upstream.get(key):
+            parts.append(f"{short}={','.join(upstream[key])}")
+    if upstream.get("subprotocols"):
+        parts.append(f"subprotocols={','.join(upstream['subprotocols'])}")
+    if "open_message" in upstream:
+        parts.append("open_message")
+    return " ".join(parts)
 
 
 MESSAGE_WIDTH = 200  # characters of data a line shows; --json shows it whole

@@ -87,6 +87,16 @@ def status(reader: FleetReader, now: int) -> dict:
             "total": sum(summary.by_state.values()),
         },
         "unowned": sorted(unowned, key=lambda u: -u["unowned_for_s"]),
+        # STARTED connections whose owner cannot connect (the upstream refused it, or a
+        # secret could not be read), as the owner last wrote it: longest first.
+        "refused": [
+            {
+                "connection_id": schema.connection_id_from_pk(item[schema.PK]),
+                "last_error": item[schema.LAST_ERROR],
+                "since_s": _age_s(now, int(item.get(schema.LAST_ERROR_AT_MS, now))),
+            }
+            for item in sorted(summary.refused, key=lambda i: int(i.get(schema.LAST_ERROR_AT_MS, now)))
+        ],
         "oldest_checkpoint": None
         if oldest is None
         else {
@@ -138,6 +148,10 @@ def _connection_rows(items: Sequence[dict], sessions: Mapping[str, Session], now
                 "fence_token": int(item.get(schema.FENCE_TOKEN, 0)),
                 "last_seq": int(item.get(schema.LAST_SEQ, 0)),
                 "updated_at_ms": int(item.get(schema.UPDATED_AT_MS, 0)),
+                # The stored form (secret ARNs, never values); {} for the default protocol.
+                "upstream": item.get(schema.UPSTREAM) or {},
+                "last_error": item.get(schema.LAST_ERROR),
+                "last_error_at_ms": item.get(schema.LAST_ERROR_AT_MS),
             }
         )
     return rows
