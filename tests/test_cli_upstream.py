@@ -7,10 +7,14 @@ from __future__ import annotations
 import io
 import json
 import re
+import shlex
+from pathlib import Path
 
+import boto3
 import pytest
 
 from tests.test_cli import URL, run, run_json
+from tests.test_router import post_event
 from wsfleet import schema
 from wsfleet.cli import build_parser
 from wsfleet.cli.api import ApiClient
@@ -235,3 +239,47 @@ def test_status_lists_the_started_connections_refused_by_their_upstream_longest_
     out = run(capsys, aws_env, "status")[1]
     assert "STARTED and refused by their upstream: 2" in out
     assert re.search(r"^\s+c2\s+2m\d\ds ago\s+handshake refused: HTTP 403$", out, re.MULTILINE)
+
+
+# --- the README's worked examples -------------------------------------------------------------
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+LOCAL_PREFIX = "wsfleet/local/"  # the embedded default's, which the examples use
+
+
+def worked_examples() -> list[tuple[str, list[str]]]:
+    """(curl body, wsfleet start argv) of each worked example, ``$ARN`` left in place."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("**Worked examples, one per resume mode.**") : text.index("### Reading what was stored")]
+    section = section.replace("\\\n", " ")  # shell line continuations
+    bodies = [m.replace("'\"$ARN\"'", "$ARN") for m in re.findall(r"-XPOST \S+ -d '((?:[^']|'\"\$ARN\"')*)'", section)]
+    commands = [shlex.split(line)[1:] for line in re.findall(r"^wsfleet start .*$", section, re.MULTILINE)]
+    return list(zip(bodies, commands, strict=True))
+
+
+def test_the_readmes_worked_examples_are_accepted_and_each_curl_body_is_the_same_start_as_its_command(
+    capsys, aws_env, emulator
+):
+    examples = worked_examples()
+    assert len(examples) == 3
+    secrets = boto3.client("secretsmanager", endpoint_url=emulator.endpoint_url, region_name="us-east-1")
+    arn = secrets.create_secret(Name=LOCAL_PREFIX + f"feed-api-key-{now_ms()}", SecretString="s3cret-1")["ARN"]
+    router = Router.from_env(
+        {**aws_env, "ALLOWED_WS_HOSTS": "127.0.0.1", "UPSTREAM_SECRET_PREFIX": LOCAL_PREFIX},
+        logger=JsonLogger(io.StringIO(), component="router"),
+    )
+    resumes = []
+    with LocalApi(router.handle) as api:
+        for body, argv in examples:
+            start = json.loads(body.replace("$ARN", arn))
+            assert start["event_type"] == "START"
+            resp = router.handle(post_event(json.dumps(start)))
+            assert resp["statusCode"] == 202, resp["body"]
+
+            argv = [arg.replace("$ARN", arn) for arg in argv]
+            argv[argv.index("--api") + 1] = api.url
+            code, out, err = run(capsys, aws_env, *argv)
+            assert (code, err) == (0, ""), err
+            assert out.strip() == f"{start['connection_id']}: STARTED (unchanged), HTTP 200"
+            resumes.append(get_body(capsys, aws_env, api, start["connection_id"])["upstream"].get("resume", "query"))
+    assert resumes == ["query", "open_message", "none"]
