@@ -5,6 +5,7 @@ stored in its stored form (ARNs, never values), compared like ws_url, returned b
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -216,6 +217,52 @@ def test_a_create_whose_write_lost_its_answer_reads_its_own_upstream_and_is_200(
     assert lost == ["PutItem"]
     assert (status, body["outcome"]) == (200, "unchanged")
     assert api.get("feed-1")[1]["upstream"] == UPSTREAM
+
+
+def race(api: Api, connection_id: str, upstreams: list[object]) -> list[tuple[int, object]]:
+    """START the connection once per upstream, all at once; (status, upstream) of each."""
+    barrier = threading.Barrier(len(upstreams))
+    results: list[tuple[int, object]] = []
+    lock = threading.Lock()
+
+    def one(upstream: object) -> None:
+        barrier.wait()
+        status, _ = start(api, connection_id, upstream)
+        with lock:
+            results.append((status, upstream))
+
+    threads = [threading.Thread(target=one, args=(u,)) for u in upstreams]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(results) == len(upstreams)
+    return results
+
+
+def assert_one_winner(api: Api, connection_id: str, results: list[tuple[int, object]], won: int) -> None:
+    """Exactly one START won (``won``); the others found its upstream: 200 when they
+    asked for the same, 409 otherwise. The item holds the winner's upstream."""
+    [at] = [i for i, (status, _) in enumerate(results) if status == won]
+    winner = results[at][1]
+    others = results[:at] + results[at + 1 :]
+    assert [status for status, _ in others] == [200 if upstream == winner else 409 for _, upstream in others]
+    assert api.get(connection_id)[1]["upstream"] == winner
+
+
+def test_concurrent_starts_of_a_new_connection_with_different_upstreams_store_exactly_one(api):
+    a, b = {"resume": "none"}, {"seq_pointer": "/u"}
+    results = race(api, "feed-race", [a, b, dict(a), dict(b), a, b])
+    assert_one_winner(api, "feed-race", results, 202)
+    assert len(api.items()) == 1
+
+
+def test_concurrent_restarts_with_different_upstreams_apply_exactly_one(api):
+    start(api, "feed-race", UPSTREAM)
+    api.stop("feed-race")
+    a, b = {"resume": "none"}, {"seq_pointer": "/u"}
+    results = race(api, "feed-race", [a, b, dict(a), dict(b)])
+    assert_one_winner(api, "feed-race", results, 202)
 
 
 # --- 400: refused before any write ------------------------------------------------------------
