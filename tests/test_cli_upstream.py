@@ -227,11 +227,11 @@ def test_status_lists_the_started_connections_refused_by_their_upstream_longest_
     for cid in ("c1", "c2", "c3"):
         store.start(cid, URL + cid)
     note_error(ddb, aws_env, "c1", "handshake refused: HTTP 401", now_ms() - 5_000)
-    note_error(ddb, aws_env, "c2", "handshake refused: HTTP 403", now_ms() - 125_000)
+    note_error(ddb, aws_env, "c2", "handshake refused:\n HTTP 403", now_ms() - 125_000)  # shown on one line
 
     view = run_json(capsys, aws_env, "status")
     assert [(r["connection_id"], r["last_error"]) for r in view["refused"]] == [
-        ("c2", "handshake refused: HTTP 403"),
+        ("c2", "handshake refused:\n HTTP 403"),
         ("c1", "handshake refused: HTTP 401"),
     ]
     assert 125 <= view["refused"][0]["since_s"] < 200

@@ -65,7 +65,10 @@ def status(view: Mapping[str, Any]) -> str:
     refused = view["refused"]
     lines.append(f"STARTED and refused by their upstream: {len(refused)}")
     if refused:
-        rows = [(r["connection_id"], duration(r["since_s"]) + " ago", _clip(r["last_error"], ERROR_WIDTH)) for r in refused]
+        rows = [
+            (r["connection_id"], duration(r["since_s"]) + " ago", _clip(_one_line(r["last_error"]), ERROR_WIDTH))
+            for r in refused
+        ]
         lines.append(_indent(table(("CONNECTION", "SINCE", "LAST ERROR"), rows)))
     oldest = view["oldest_checkpoint"]
     if oldest:
@@ -89,6 +92,8 @@ def connection(body: Mapping[str, Any], now: int) -> str:
             value = f"{value}  ({_when(value, now) if value else 'free'})"
         elif key in (schema.UPDATED_AT_MS, schema.LAST_ERROR_AT_MS) and isinstance(value, int) and value:
             value = f"{value}  ({_when(value, now)})"
+        elif key == schema.LAST_ERROR and isinstance(value, str):
+            value = _one_line(value)
         elif key == schema.UPSTREAM and isinstance(value, dict):
             # Its stored form: secret ARNs, never values. {} is the default protocol.
             value = json.dumps(value, separators=(",", ":")) if value else "default"
@@ -120,7 +125,7 @@ def connections(rows: Sequence[Mapping[str, Any]], now: int) -> str:
     if any(r.get("last_error") for r in rows):
         headers.append("LAST ERROR")
         for row, r in zip(cells, rows, strict=True):
-            row.append(_clip(r["last_error"], ERROR_WIDTH) if r.get("last_error") else "-")
+            row.append(_clip(_one_line(r["last_error"]), ERROR_WIDTH) if r.get("last_error") else "-")
     return table(headers, cells)
 
 
@@ -169,6 +174,11 @@ def message(entry: Mapping[str, Any]) -> str:
 def _when(ms: int, now: int) -> str:
     """An epoch-ms time as an operator reads it: "in 8.2s" or "3.1s ago"."""
     return f"in {duration((ms - now) / 1000)}" if ms > now else f"{duration((now - ms) / 1000)} ago"
+
+
+def _one_line(text: str) -> str:
+    """A worker's error text on one table line, whatever whitespace it holds."""
+    return " ".join(text.split())
 
 
 def _clip(text: str, width: int) -> str:
