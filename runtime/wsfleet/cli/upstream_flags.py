@@ -27,7 +27,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
         kwargs: dict[str, Any] = {
             "dest": f.key,
             "metavar": f.metavar,
-            "help": f.help + (" Give the flag once per entry." if f.repeat else ""),
+            "help": (f.help + (" Give the flag once per entry." if f.repeat else "")).replace("%", "%%"),
         }
         if f.type == OBJECT:
             kwargs["type"] = _pair(f)
