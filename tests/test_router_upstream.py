@@ -324,7 +324,7 @@ def test_a_secret_value_given_instead_of_an_arn_is_never_repeated_in_the_answer_
 
 
 def test_with_no_secret_prefix_configured_every_secret_header_is_refused(aws_env, ddb, sqs):
-    api = Api(aws_env, ddb, sqs)  # UPSTREAM_SECRET_PREFIX unset
+    api = Api(aws_env, ddb, sqs, UPSTREAM_SECRET_PREFIX="")
 
     status, body = start(api, "feed-1", {"secret_headers": {"Authorization": ARN}})
 
