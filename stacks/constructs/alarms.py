@@ -39,9 +39,12 @@ from wsfleet import metrics_names
 from .worker_metrics import worker_metric
 
 _GE = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
-# Minutes in a row with a refused connection before the credentials alarm fires: a refusal
-# retried (about every minute) five times over.
-REFUSED_PERIODS = 5
+# Minutes with a refused connection, out of a window one minute longer, before the
+# credentials alarm fires: a refusal retried (about every minute) five times over. The
+# spare minute is for the one-minute period that gets no datapoint: a worker publishes
+# every METRICS_SECONDS plus the time publishing takes, so its datapoints drift across
+# period boundaries, and a missing datapoint counts as not breaching.
+REFUSED_MINUTES = 5
 
 
 class Alarms(Construct):
@@ -164,7 +167,7 @@ class Alarms(Construct):
         # (after the re-fetch of their secrets, for a 401/403); such a connection retries
         # about once a minute. One refusal that the next retry gets past (a rotation that
         # had not reached the upstream yet) shows for a minute or two; a refusal in
-        # every one of REFUSED_PERIODS minutes is credentials that stopped working (or a
+        # REFUSED_MINUTES minutes of a window is credentials that stopped working (or a
         # wrong ARN, an upstream that turned the key away). The Maximum over workers:
         # any worker with any such connection. No worker reporting is the unowned alarm's.
         self.refused_connections = cloudwatch.Alarm(
@@ -179,7 +182,8 @@ class Alarms(Construct):
             metric=service_metric(metrics_names.REFUSED_CONNECTIONS, one_minute, cloudwatch.Stats.MAXIMUM),
             threshold=1,
             comparison_operator=_GE,
-            evaluation_periods=REFUSED_PERIODS,
+            evaluation_periods=REFUSED_MINUTES + 1,
+            datapoints_to_alarm=REFUSED_MINUTES,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
 

@@ -11,7 +11,7 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 import app as cdk_app
-from stacks.constructs.alarms import REFUSED_PERIODS
+from stacks.constructs.alarms import REFUSED_MINUTES
 from stacks.settings import EnvironmentSettings, SettingsError
 from wsfleet import config, metrics_names, upstream_spec, validation
 
@@ -230,13 +230,14 @@ def test_alarm_when_connections_stay_refused_for_minutes_in_a_row(env):
         metrics_names.REFUSED_CONNECTIONS,
     )
     assert alarm["Dimensions"] == [{"Name": metrics_names.DIMENSION_SERVICE_NAME, "Value": env.settings.service_name}]
-    # A gauge per worker: any worker with any refused connection, in every one of the
-    # periods (a refused connection retries about once a minute, so one that gets through
-    # at its next retry never fires it).
+    # A gauge per worker: any worker with any refused connection, in 5 one-minute periods
+    # (a refused connection retries about once a minute, so one that gets through at its
+    # next retry or the one after never fires it) out of 6: a worker's datapoints drift
+    # across minute boundaries, and the minute left without one must not reset the count.
     assert alarm["Statistic"] == "Maximum" and alarm["Period"] == 60
     assert alarm["Threshold"] == 1 and alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
-    assert alarm["EvaluationPeriods"] == REFUSED_PERIODS >= 3
-    assert alarm.get("DatapointsToAlarm", REFUSED_PERIODS) == REFUSED_PERIODS
+    assert alarm["DatapointsToAlarm"] == REFUSED_MINUTES == 5
+    assert alarm["EvaluationPeriods"] == REFUSED_MINUTES + 1
     assert alarm["TreatMissingData"] == "notBreaching"
     assert "last_error" in alarm["AlarmDescription"]
 
