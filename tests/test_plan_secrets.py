@@ -41,6 +41,8 @@ def _simulated_fetches_per_hour(*, workers: int, per_worker: int, secrets: int, 
     [
         (1, 1.0),  # one shared secret, connects far more often than the cache period: ~one per period
         (10, 1.0),  # in between: the cache saves about half the fetches
+        (30, 1.0),  # uneven: some secrets have many connections on a worker, some few
+        (100, 1.0),
         (1000, 1.0),  # nearly a secret per connection: about one fetch per connect
         (10, 0.05),  # rare connects: one fetch per connect
     ],
@@ -58,8 +60,10 @@ def test_cached_fetches_match_a_simulation_of_the_workers_cache(secrets, reconne
         workers=workers, per_worker=per_worker, secrets=secrets, reconnects=reconnects,
         cache_s=plan.SECRET_CACHE_SECONDS, hours=400 / reconnects, seed=20,
     )
-    # 12 workers x ~40,000 connects each: the sampling error is well under 3 %.
-    assert result["calls_per_hour"]["cached"] == pytest.approx(simulated, rel=0.03)
+    # 12 workers x ~40,000 connects each: the sampling error is about 1 %. (The rate at the
+    # average number of connections per secret, instead of the expectation over it, is
+    # 3-4 % high at 30 and 100 secrets.)
+    assert result["calls_per_hour"]["cached"] == pytest.approx(simulated, rel=0.02)
     assert result["calls_per_hour"]["total"] == result["calls_per_hour"]["cached"]
 
 
@@ -98,6 +102,15 @@ def test_a_connection_refused_for_good_costs_a_fetch_per_retry():
     assert refused["calls_per_hour"]["refused"] == pytest.approx(10 * 60)
     assert refused["month"]["calls"] - quiet["month"]["calls"] == pytest.approx(10 * 60 * 730 / 10_000 * 0.05)
     assert refused["month"]["calls"] - quiet["month"]["calls"] == pytest.approx(2.19)
+
+
+def test_the_expectation_over_how_many_connections_name_each_secret_by_hand():
+    # Two connections, two secrets: a given secret is named by one of them with
+    # probability 1/2 and by both with 1/4.
+    f = plan.cached_fetch_rate
+    assert plan.cached_fetches_per_worker(2, 2, 6.0, 300) == pytest.approx(2 * (0.5 * f(6.0, 300) + 0.25 * f(12.0, 300)))
+    assert f(6.0, 300) == pytest.approx(6 / 1.5) and f(12.0, 300) == pytest.approx(12 / 2)
+    assert plan.cached_fetches_per_worker(0, 2, 6.0, 300) == plan.cached_fetches_per_worker(2, 0, 6.0, 300) == 0
 
 
 def test_distinct_secrets_per_worker():
