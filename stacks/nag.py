@@ -112,7 +112,7 @@ def acknowledge_service_findings(stack: "ServiceStack", settings: EnvironmentSet
             "secretsmanager:GetSecretValue on the secrets under the environment's "
             "upstream_secret_prefix (UPSTREAM_SECRET_PREFIX), in this account and region: "
             "callers name them per connection in START's secret_headers, so no fixed ARN; "
-            "the router refuses any other ARN, and no other Secrets Manager action is granted.",
+            "the router refuses ARNs under any other prefix, and no other Secrets Manager action is granted.",
         )
     _acknowledge(
         task_definition.execution_role,

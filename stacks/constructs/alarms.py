@@ -175,7 +175,8 @@ class Alarms(Construct):
             "RefusedConnections",
             alarm_name=f"{prefix}-upstream-refused",
             alarm_description=(
-                "Upstreams have refused connections for several minutes in a row (401/403 after the secrets "
+                f"Upstreams have refused connections in {REFUSED_MINUTES} of the last {REFUSED_MINUTES + 1} "
+                "minutes (401/403 after the secrets "
                 "were fetched again, another 4xx, a secret that cannot be read): GET /connections/<id> shows "
                 "each one's last_error; fix the secret or the grant, the worker retries about once a minute."
             ),
