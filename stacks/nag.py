@@ -105,6 +105,15 @@ def acknowledge_service_findings(stack: "ServiceStack", settings: EnvironmentSet
         "too large for an item: one object per (connection, seq), so no fixed ARN; nothing "
         "else in the bucket, and no other S3 action.",
     )
+    if settings.secret_prefix:
+        _acknowledge(
+            task_definition.task_role,
+            _wildcard_resource(stack, stack.upstream_secrets_arn),
+            "secretsmanager:GetSecretValue on the secrets under the environment's "
+            "upstream_secret_prefix (UPSTREAM_SECRET_PREFIX), in this account and region: "
+            "callers name them per connection in START's secret_headers, so no fixed ARN; "
+            "the router refuses ARNs under any other prefix, and no other Secrets Manager action is granted.",
+        )
     _acknowledge(
         task_definition.execution_role,
         "AwsSolutions-IAM5[Resource::*]",
@@ -115,8 +124,9 @@ def acknowledge_service_findings(stack: "ServiceStack", settings: EnvironmentSet
         task_definition,
         "AwsSolutions-ECS2",
         "The environment holds only non-secret configuration (resource names, timings, "
-        "limits), which is how the worker is configured (CONTRACT section 2); there are "
-        "no secrets to move to Secrets Manager.",
+        "limits, the allowed secret name prefix), which is how the worker is configured "
+        "(CONTRACT section 2); upstream credentials are already in Secrets Manager, read by "
+        "the worker at connect time, never through the task environment.",
     )
 
 

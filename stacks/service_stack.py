@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import CfnOutput, Duration, Stack
+from aws_cdk import ArnFormat, CfnOutput, Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
@@ -44,6 +44,7 @@ class ServiceStack(Stack):
         **kwargs: Any,
     ) -> None:
         super().__init__(scope, id, **kwargs)
+        self._secret_prefix = settings.secret_prefix
         self.connections_table = connections_table
         self.sessions_table = sessions_table
         self.messages_table = messages_table
@@ -72,6 +73,8 @@ class ServiceStack(Stack):
                 config.QUEUE_URL: start_queue.queue_url,
                 config.ALLOWED_WS_HOSTS: ",".join(settings.allowed_ws_hosts),
                 config.STATE_SHARDS: str(settings.state_shards),
+                # The router only checks that secret_headers ARNs are under it; it reads no secret.
+                config.UPSTREAM_SECRET_PREFIX: settings.secret_prefix,
             },
             log_retention=settings.log_retention,
             removal_policy=settings.removal_policy,
@@ -115,6 +118,7 @@ class ServiceStack(Stack):
             removal_policy=settings.removal_policy,
         )
         self.grant_worker(self.workers.task_definition.task_role)
+        self.grant_worker_secrets(self.workers.task_definition.task_role, settings)
 
         self.alarms = Alarms(
             self,
@@ -141,6 +145,7 @@ class ServiceStack(Stack):
             alarms=self.alarms.all,
             unowned_alarm=self.alarms.unowned_connections,
             unreachable_alarm=self.alarms.unreachable_connections,
+            refused_alarm=self.alarms.refused_connections,
             api=self.api.rest_api,
             router=self.router.function,
             start_queue=start_queue,
@@ -192,6 +197,8 @@ class ServiceStack(Stack):
             # The router's allow-list: the worker lets only exactly listed hosts resolve
             # to internal addresses (validation.check_resolved).
             config.ALLOWED_WS_HOSTS: ",".join(settings.allowed_ws_hosts),
+            # The same prefix as the router's: a stored upstream naming another secret is refused.
+            config.UPSTREAM_SECRET_PREFIX: settings.secret_prefix,
         }
 
     def grant_router(self, role: iam.IRole) -> None:
@@ -306,6 +313,42 @@ class ServiceStack(Stack):
                 ],
                 resources=["*"],
             )
+        )
+
+    def grant_worker_secrets(self, role: iam.IRole, settings: EnvironmentSettings) -> None:
+        """The worker reads the values of ``secret_headers`` at connect time
+        (GetSecretValue), only of secrets of this account and region under the allowed
+        prefix; with no prefix, nothing. Secrets encrypted with a customer-managed key
+        need kms:Decrypt on it too: granted on the listed keys only, only when Secrets
+        Manager calls KMS on the worker's behalf, and only for secrets under the prefix
+        (Secrets Manager's encryption context names the secret's ARN)."""
+        if not settings.secret_prefix:
+            return
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=[self.upstream_secrets_arn])
+        )
+        if settings.upstream_secret_kms_key_arns:
+            role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    actions=["kms:Decrypt"],
+                    resources=list(settings.upstream_secret_kms_key_arns),
+                    conditions={
+                        "StringEquals": {"kms:ViaService": f"secretsmanager.{self.region}.amazonaws.com"},
+                        "StringLike": {"kms:EncryptionContext:SecretARN": self.upstream_secrets_arn},
+                    },
+                )
+            )
+
+    @property
+    def upstream_secrets_arn(self) -> str:
+        """The secrets under UPSTREAM_SECRET_PREFIX, in this account and region. The
+        wildcard also covers the six characters Secrets Manager appends to a name."""
+        prefix = self._secret_prefix
+        return self.format_arn(
+            service="secretsmanager",
+            resource="secret",
+            resource_name=f"{prefix}*",
+            arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
 
     @property

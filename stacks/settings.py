@@ -22,6 +22,8 @@ from wsfleet.leases import SessionTiming
 FARGATE_MAX_STOP_TIMEOUT_SECONDS = 120
 
 _NAME = re.compile(r"^[a-z][a-z0-9-]{0,19}$")
+# An alias would not do: IAM authorizes kms:Decrypt on the key's own ARN.
+_KMS_KEY_ARN = re.compile(r"arn:aws[a-z-]*:kms:[a-z0-9-]+:[0-9]{12}:key/[A-Za-z0-9-]{1,128}")
 _FARGATE_MEMORY_MIB = {
     256: (512, 1024, 2048),
     512: range(1024, 4097, 1024),
@@ -81,6 +83,15 @@ class EnvironmentSettings:
     api_rate_limit: int = 50  # requests per second, stage-wide
     api_burst_limit: int = 100
 
+    # --- upstream credentials ----------------------------------------------------------
+    # The Secrets Manager name prefix START's secret_headers ARNs must be under
+    # (UPSTREAM_SECRET_PREFIX of the router and the worker); the worker may read exactly the
+    # secrets of this account and region under it. None: wsfleet/<name>/; "": no secret at all.
+    upstream_secret_prefix: str | None = None
+    # Customer-managed KMS keys of those secrets, if any (the aws/secretsmanager key needs no
+    # grant): the worker may decrypt with them only through Secrets Manager, for those secrets.
+    upstream_secret_kms_key_arns: tuple[str, ...] = ()
+
     # --- network ---------------------------------------------------------------------
     nat_gateways: int = 1  # 1: cheapest; one per AZ: no single-AZ egress outage
 
@@ -129,6 +140,31 @@ class EnvironmentSettings:
             raise SettingsError("api_rate_limit must be positive and at most api_burst_limit")
         if not 1 <= self.nat_gateways <= 2:
             raise SettingsError("nat_gateways must be 1 or 2 (the VPC spans two AZs)")
+        self._check_secrets()
+
+    def _check_secrets(self) -> None:
+        prefix = self.secret_prefix
+        try:
+            parsed = config.upstream_secret_prefix({config.UPSTREAM_SECRET_PREFIX: prefix})
+        except config.ConfigError as error:
+            raise SettingsError(f"upstream_secret_prefix: {error}") from None
+        if parsed != prefix:  # the runtime strips blanks: the grant must be on what it checks
+            raise SettingsError(f"upstream_secret_prefix must not start or end with blanks, got {prefix!r}")
+        for arn in self.upstream_secret_kms_key_arns:
+            if not _KMS_KEY_ARN.fullmatch(arn):
+                raise SettingsError(
+                    f"upstream_secret_kms_key_arns entries must be KMS key ARNs "
+                    f"(arn:aws:kms:<region>:<account>:key/<id>), got {arn!r}"
+                )
+        if self.upstream_secret_kms_key_arns and not prefix:
+            raise SettingsError("upstream_secret_kms_key_arns needs an upstream_secret_prefix: no secret is allowed")
+
+    @property
+    def secret_prefix(self) -> str:
+        """UPSTREAM_SECRET_PREFIX: the setting, or by default ``wsfleet/<name>/``."""
+        if self.upstream_secret_prefix is None:
+            return f"wsfleet/{self.name}/"
+        return self.upstream_secret_prefix
 
     @property
     def removal_policy(self) -> RemovalPolicy:

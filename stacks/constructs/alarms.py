@@ -9,6 +9,8 @@
 * Did the reachability sweep find a connection that no worker would ever take?
 * Did a worker loop meet an error it was not built for? (``LoopErrors``: each one is a
   ``loop_error`` log line with its traceback; the loop went on)
+* Have an upstream's credentials stopped working? (connections whose connects keep being
+  refused, ``RefusedConnections``: GET shows each one's ``last_error``)
 
 No alarm on ``SkippedFrames`` (skip markers stored: seqs whose data users will not get),
 though it is graphed: one count mixes reasons nobody here can act on (an upstream's
@@ -37,6 +39,12 @@ from wsfleet import metrics_names
 from .worker_metrics import worker_metric
 
 _GE = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
+# Minutes with a refused connection, out of a window one minute longer, before the
+# credentials alarm fires: a refusal retried (about every minute) five times over. The
+# spare minute is for the one-minute period that gets no datapoint: a worker publishes
+# every METRICS_SECONDS plus the time publishing takes, so its datapoints drift across
+# period boundaries, and a missing datapoint counts as not breaching.
+REFUSED_MINUTES = 5
 
 
 class Alarms(Construct):
@@ -155,6 +163,31 @@ class Alarms(Construct):
             metric=service_metric(metrics_names.LOOP_ERRORS, five_minutes, cloudwatch.Stats.SUM),
         )
 
+        # Each worker publishes how many of its connections had their last connect refused
+        # (after the re-fetch of their secrets, for a 401/403); such a connection retries
+        # about once a minute. One refusal that the next retry gets past (a rotation that
+        # had not reached the upstream yet) shows for a minute or two; a refusal in
+        # REFUSED_MINUTES minutes of a window is credentials that stopped working (or a
+        # wrong ARN, an upstream that turned the key away). The Maximum over workers:
+        # any worker with any such connection. No worker reporting is the unowned alarm's.
+        self.refused_connections = cloudwatch.Alarm(
+            self,
+            "RefusedConnections",
+            alarm_name=f"{prefix}-upstream-refused",
+            alarm_description=(
+                f"Upstreams have refused connections in {REFUSED_MINUTES} of the last {REFUSED_MINUTES + 1} "
+                "minutes (401/403 after the secrets "
+                "were fetched again, another 4xx, a secret that cannot be read): GET /connections/<id> shows "
+                "each one's last_error; fix the secret or the grant, the worker retries about once a minute."
+            ),
+            metric=service_metric(metrics_names.REFUSED_CONNECTIONS, one_minute, cloudwatch.Stats.MAXIMUM),
+            threshold=1,
+            comparison_operator=_GE,
+            evaluation_periods=REFUSED_MINUTES + 1,
+            datapoints_to_alarm=REFUSED_MINUTES,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+
         self.all = (
             self.dead_letters,
             self.router_errors,
@@ -163,6 +196,7 @@ class Alarms(Construct):
             self.unowned_connections,
             self.unreachable_connections,
             self.loop_errors,
+            self.refused_connections,
         )
         if alarm_topic_arn is not None:
             topic = sns.Topic.from_topic_arn(self, "Topic", alarm_topic_arn)

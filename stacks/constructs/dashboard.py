@@ -5,8 +5,9 @@
    the reachability sweep found and repaired, against its alarm);
 3. what the workers do: leases acquired, lost and released, orphans recovered,
    messages stored (and how many of them as S3 objects), reconnects, malformed frames,
-   skip markers stored, backpressure waits, loop errors and frames dropped, event-loop
-   lag;
+   skip markers stored, backpressure waits, loop errors and frames dropped;
+   upstreams: connections refused (against their alarm), refusals, secret fetches and
+   seqs missed; event-loop lag;
 4. the API (requests, 4xx, 5xx, latency) and the router (errors, throttles, duration);
 5. the START-hint queue (oldest hint's age) and its dead-letter queue (depth);
 6. DynamoDB per table (and per index): throttling, consumed read and write capacity.
@@ -55,6 +56,7 @@ class OperationsDashboard(Construct):
         alarms: Sequence[cloudwatch.Alarm],
         unowned_alarm: cloudwatch.Alarm,
         unreachable_alarm: cloudwatch.Alarm,
+        refused_alarm: cloudwatch.Alarm,
         api: apigw.RestApi,
         router: lambda_.IFunction,
         start_queue: sqs.IQueue,
@@ -132,6 +134,7 @@ class OperationsDashboard(Construct):
                 width=6,
             ),
         )
+        self.dashboard.add_widgets(*self._upstreams(refused_alarm))
         self.dashboard.add_widgets(
             self._graph(
                 "Event-loop lag, p99 of each worker (ms)",
@@ -227,6 +230,31 @@ class OperationsDashboard(Construct):
                 left=[self._worker_metric(names.UNOWNED_CONNECTIONS, _MAX, "unowned")],
                 left_annotations=[unowned_alarm.to_annotation()],
                 width=8,
+            ),
+        ]
+
+    def _upstreams(self, refused_alarm: cloudwatch.Alarm) -> list[cloudwatch.IWidget]:
+        # Refusals, and the fetches of the secrets they are about (each GetSecretValue is
+        # priced by `wsfleet plan`: a fetch per secret per worker per cache period, plus one
+        # after each 401/403); MissedSeqs counts every seq an upstream went past (resume
+        # none), where SkippedFrames counts the markers.
+        return [
+            cloudwatch.GraphWidget(
+                title="Connections refused by their upstream (most on one worker)",
+                left=[self._worker_metric(names.REFUSED_CONNECTIONS, _MAX, "refused connections")],
+                left_annotations=[refused_alarm.to_annotation()],
+                width=8,
+            ),
+            self._graph(
+                "Upstream refusals and secret fetches (per minute)",
+                [
+                    self._worker_metric(names.UPSTREAM_REFUSALS, _SUM, "refusals"),
+                    self._worker_metric(names.SECRET_FETCHES, _SUM, "GetSecretValue calls"),
+                ],
+            ),
+            self._graph(
+                "Seqs missed by upstreams that cannot replay (per minute)",
+                [self._worker_metric(names.MISSED_SEQS, _SUM, "missed seqs")],
             ),
         ]
 

@@ -143,6 +143,8 @@ def _drawn(widget: dict) -> set[str]:
 @pytest.mark.parametrize(
     "metric, beside",
     [
+        # The secret fetches beside the refusals that force some of them.
+        (metrics_names.SECRET_FETCHES, metrics_names.UPSTREAM_REFUSALS),
         # Seqs users will not get, next to the frames the parser could not take.
         (metrics_names.SKIPPED_FRAMES, metrics_names.MALFORMED_FRAMES),
         # How many of the stored messages went to S3.
@@ -153,8 +155,11 @@ def test_skip_markers_and_large_frames_are_drawn_beside_what_they_qualify(env, m
     assert beside in _drawn(_widget_drawing(env, metric))
 
 
-@pytest.mark.parametrize("metric", [metrics_names.UNOWNED_CONNECTIONS, metrics_names.UNREACHABLE_CONNECTIONS])
-def test_the_unowned_and_unreachable_graphs_draw_their_alarms_thresholds(env, metric):
+@pytest.mark.parametrize(
+    "metric",
+    [metrics_names.UNOWNED_CONNECTIONS, metrics_names.UNREACHABLE_CONNECTIONS, metrics_names.REFUSED_CONNECTIONS],
+)
+def test_the_unowned_unreachable_and_refused_graphs_draw_their_alarms_thresholds(env, metric):
     alarm = next(
         a["Properties"]
         for a in env.service_template.find_resources("AWS::CloudWatch::Alarm").values()
@@ -166,6 +171,23 @@ def test_the_unowned_and_unreachable_graphs_draw_their_alarms_thresholds(env, me
         if any(e[:2] == [NAMESPACE, metric] for e in w["properties"].get("metrics", []))
     )
     assert [a["value"] for a in widget["properties"]["annotations"]["horizontal"]] == [alarm["Threshold"]]
+
+
+def test_the_upstream_metrics_are_graphed_for_the_service(env):
+    """RefusedConnections is a gauge (the worker's count at publish time): drawn as the
+    most on one worker, like its alarm; the others are counters, summed per minute."""
+    body = _body(env)
+    service = {metrics_names.DIMENSION_SERVICE_NAME: env.settings.service_name}
+    stats = {}
+    for widget in body.widgets():
+        for entry in widget["properties"].get("metrics", []):
+            if len(entry) > 2 and entry[0] == NAMESPACE and isinstance(entry[-1], dict):
+                stats[entry[1]] = entry[-1].get("stat")
+    for name in (metrics_names.UPSTREAM_REFUSALS, metrics_names.SECRET_FETCHES, metrics_names.MISSED_SEQS):
+        assert body.metrics(NAMESPACE, name) == [service], name
+        assert stats[name] == "Sum", name
+    assert body.metrics(NAMESPACE, metrics_names.REFUSED_CONNECTIONS) == [service]
+    assert stats[metrics_names.REFUSED_CONNECTIONS] == "Maximum"
 
 
 def test_api_router_and_queues_are_graphed(env):

@@ -314,6 +314,7 @@ def test_router_environment_is_what_the_contract_names(env):
         config.QUEUE_URL,
         config.ALLOWED_WS_HOSTS,
         config.STATE_SHARDS,
+        config.UPSTREAM_SECRET_PREFIX,
     }
     assert variables[config.ALLOWED_WS_HOSTS] == ",".join(env.settings.allowed_ws_hosts)
     assert variables[config.STATE_SHARDS] == str(env.settings.state_shards)
@@ -326,6 +327,7 @@ def test_router_environment_passes_the_routers_own_validation(env):
     # Lambda sets AWS_REGION itself.
     parsed = config.RouterConfig.from_env({**literal, **tokens, config.AWS_REGION: "us-east-1"})
     assert parsed.state_shards == env.settings.state_shards
+    assert parsed.upstream_secret_prefix == env.settings.secret_prefix
     assert parsed.messages_table_name == parsed.messages_bucket_name == "resolved-at-deploy"
 
 
@@ -346,6 +348,8 @@ def test_router_may_write_connections_post_stops_read_messages_and_send_hints_on
     assert _granted(statements, "sqs:") == {"sqs:SendMessage"}
     assert _granted(statements, "logs:") == {"logs:CreateLogStream", "logs:PutLogEvents"}
     assert _granted(statements, "xray:") == {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+    # It checks secret_headers ARNs against the prefix; it never reads a secret.
+    assert _granted(statements, "secretsmanager:") == _granted(statements, "kms:") == set()
 
 
 # --- worker ----------------------------------------------------------------------------
@@ -383,6 +387,7 @@ def test_worker_environment_is_what_the_contract_names(env):
         config.MAX_FRAME_BYTES,
         config.MAX_BUFFERED_BYTES,
         config.ALLOWED_WS_HOSTS,
+        config.UPSTREAM_SECRET_PREFIX,
     }
     # The same allow-list as the router's: the worker checks what the host names resolve to.
     assert variables[config.ALLOWED_WS_HOSTS] == _router(env)["Environment"]["Variables"][config.ALLOWED_WS_HOSTS]
@@ -402,6 +407,7 @@ def test_worker_environment_passes_the_workers_own_validation(env):
     assert (parsed.rebalance, parsed.rebalance_tolerance) == (env.settings.rebalance, env.settings.rebalance_tolerance)
     assert parsed.max_frame_bytes == env.settings.max_frame_bytes == config.DEFAULT_MAX_FRAME_BYTES
     assert parsed.message_ttl_days == env.settings.message_ttl_days
+    assert parsed.upstream_secret_prefix == env.settings.secret_prefix
     # Frame bytes: half the worker container's memory (the task's, less the X-Ray
     # daemon's reservation), whatever cgroup limit the container sees on Fargate.
     assert parsed.max_buffered_bytes == (env.settings.worker_memory_mib - 64) * 1024 * 1024 // 2

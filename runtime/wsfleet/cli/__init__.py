@@ -48,6 +48,20 @@ def _rate(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {value}")
+    return value
+
+
+def _per_hour(text: str) -> float:
+    value = _number(text, "times per hour")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be zero or more, got {text!r}")
+    return value
+
+
 def _seq(text: str) -> int:
     value = int(text)
     if not 0 <= value <= MAX_SEQ:
@@ -209,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Workers needed, DynamoDB requests and capacity units per second per table and per hottest index "
             "partition, $ per month and the limit that binds first, for N connections receiving R messages/s "
-            "each. Computed (no AWS calls) from the per-operation counts `make bench` last measured "
+            "each; with --secrets, the Secrets Manager calls and $ of the connections' secret_headers. Computed "
+            "(no AWS calls) from the per-operation counts `make bench` last measured "
             "(wsfleet/measured_ops.json) and the environment's settings."
         ),
     )
@@ -235,6 +250,27 @@ def build_parser() -> argparse.ArgumentParser:
         default=1 << 20,
         metavar="B",
         help="size of a large frame's data in bytes [1048576]",
+    )
+    plan.add_argument(
+        "--secrets",
+        type=_count,
+        default=0,
+        metavar="S",
+        help="distinct Secrets Manager secrets the connections' secret_headers name, one per connection [0]",
+    )
+    plan.add_argument(
+        "--reconnects",
+        type=_per_hour,
+        default=1.0,
+        metavar="R",
+        help="connects per connection per hour: reconnects, takeovers, handoffs [1]",
+    )
+    plan.add_argument(
+        "--refused",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="connections whose upstream keeps refusing them (each fetches its secret at every retry) [0]",
     )
     plan.set_defaults(run=commands.plan)
     return parser

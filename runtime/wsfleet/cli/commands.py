@@ -151,6 +151,16 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             prices=measured.prices,
             retention_days=retention_days,
         )
+    if args.refused > args.connections:
+        raise CliError(f"--refused {args.refused} is more than --connections {args.connections}")
+    if args.secrets:
+        result["secrets"] = planning.secrets_month(
+            connections=args.connections,
+            per_worker=per_worker,
+            secrets=args.secrets,
+            reconnects_per_hour=args.reconnects,
+            refused=args.refused,
+        )
     result["large_frame_cost"] = [
         planning.large_frame_cost(size, prices=measured.prices, retention_days=retention_days)
         for size in sorted({*LARGE_EXAMPLE_SIZES, args.large_bytes})

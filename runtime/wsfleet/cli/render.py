@@ -215,8 +215,24 @@ def plan(result: Mapping[str, Any]) -> str:
         f"from the counts measured by `{measured.get('command', '?')}` at commit {measured.get('commit', '?')} "
         f"({measured.get('date', '?')}); prices are us-east-1 on-demand list prices: check them before relying on them",
     ]
+    lines += _secrets(result.get("secrets"))
     lines += _large_frames(result)
     return "\n".join(lines)
+
+
+def _secrets(s: Mapping[str, Any] | None) -> list[str]:
+    if not s:
+        return ["Secrets Manager: no secret_headers priced (--secrets N [--reconnects R] [--refused N])"]
+    calls, month = s["calls_per_hour"], s["month"]
+    refused = f", {s['refused']:,} refused ({calls['refused']:,.0f} calls/h)" if s["refused"] else ""
+    return [
+        f"Secrets Manager: {s['secrets']:,} secret{'s' if s['secrets'] != 1 else ''} "
+        f"({s['secrets_per_worker']:,.1f} per worker), "
+        f"{s['reconnects_per_hour']:g} connects per connection-hour, a value cached {s['cache_s']:g} s per worker"
+        f"{refused}: {calls['total']:,.0f} GetSecretValue calls/h ({s['calls_per_connection_hour']:.3g} per connection-hour); "
+        f"$ per month {month['total']:,.2f} (calls {month['calls']:,.2f}, secrets {month['secrets']:,.2f}), "
+        f"${s['per_connection_hour'] * 1e6:,.2f} per million connection-hours",
+    ]
 
 
 def _large_frames(result: Mapping[str, Any]) -> list[str]:
