@@ -225,7 +225,7 @@ def test_hostile_bytes_never_make_the_parser_raise_whatever_the_shape():
     shapes = [NESTED, WHOLE, shape("/0", "/1"), shape("/a/0/b", "/a")]
     pieces = [b"[", b"{", b"]", b"}", b'"', b"\\", b'"meta":', b'"u":', b'{"sequence":', b"\xff", b"NaN", b"9" * 4400]
     seeds = [f.encode() if isinstance(f, str) else f for _, f, _ in SHAPED]
-    for n in range(2000):
+    for _round in range(2000):
         frame = bytearray(rng.choice(seeds)[:3000])
         for _ in range(rng.randrange(1, 5)):
             at = rng.randrange(len(frame) + 1)
