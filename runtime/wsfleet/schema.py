@@ -173,13 +173,18 @@ HINT_FROM_SESSION = "from_session"  # an ENDED session the connection is still a
 HINT_RELEASED = "released"
 
 
-def released_state(fence_token: int, ws_url: str, last_seq: int, upstream: Any = None) -> dict[str, Any]:
+def released_state(
+    fence_token: int, ws_url: str, last_seq: int, upstream: Any = None, last_error: str | None = None
+) -> dict[str, Any]:
     """A hint's ``released``: what a clean release wrote (its fence, which it marks as
-    the stored end), the ws_url it was running and its upstream item (absent for the
-    default protocol)."""
+    the stored end), the ws_url it was running, its upstream item (absent for the
+    default protocol) and its last_error as the releaser knew it (absent: none), which
+    the taker removes once it connects."""
     out: dict[str, Any] = {FENCE_TOKEN: fence_token, WS_URL: ws_url, LAST_SEQ: last_seq}
     if upstream:
         out[UPSTREAM] = dict(upstream)
+    if last_error is not None:
+        out[LAST_ERROR] = last_error
     return out
 
 
@@ -209,6 +214,8 @@ def item_from_released(connection_id: str, released: Any) -> dict[str, Any] | No
     }
     if upstream is not None:
         item[UPSTREAM] = upstream
+    if isinstance(released.get(LAST_ERROR), str):
+        item[LAST_ERROR] = released[LAST_ERROR]
     return item
 
 

@@ -371,6 +371,14 @@ class SeqTracker:
             raise ValueError(f"marker at {marker.seq}, expected {self.next_seq}")
         self.accept(marker.seq)
 
+    def start_at(self, end: int) -> None:
+        """A stream that cannot replay, with nothing in hand yet, starts after ``end``
+        (its first frame's seq less one): the seqs up to it were never asked for, so
+        they are no gap to mark."""
+        if self.last_accepted != 0 or self.checkpoint != 0:
+            raise ValueError(f"a stream with seqs in hand (up to {self.last_accepted}) cannot start anew")
+        self.checkpoint = self.last_accepted = end
+
     def stored(self, end: int) -> None:
         """Stored up to ``end``, gap-free (a range marker's: the end of its range)."""
         self.checkpoint = max(self.checkpoint, end)
