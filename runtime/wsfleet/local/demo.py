@@ -320,9 +320,10 @@ class Demo:
         audits = fleet.audit(self.connections)
         large = fleet.large_frame(*self.large) if self.large else None
         kinds = self.kinds.audit() if self.kinds is not None else []
-        sockets = self._sockets(self.connections)
+        sockets = self._sockets(self.connections + self.kind_ids)
         samples = list(fleet.samples)
-        frames_sent = sum(r.frames_sent for records in sockets.values() for r in records)
+        # The data summary is the default-protocol connections' (the kinds have their own audit).
+        frames_sent = sum(r.frames_sent for cid in self.connections for r in sockets[cid])
         outcomes = [report.measure(e, sockets, samples) for e in self.events]
         summary = report.summarise(audits, frames_sent)
         overlaps = fleet.upstream.overlaps()
