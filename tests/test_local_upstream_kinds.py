@@ -226,6 +226,9 @@ def test_expected_data_of_byzantine_frames_is_none():
     assert stored_data(NESTED, b'{"meta": {"sequence": 1}}') is None
     assert stored_data(FLAT, b"[1]") is None
     assert stored_data("default", b'{"seq": 1, "data": null}') == "null"
+    assert stored_data("default", b'{"seq": 1, "data": NaN}') is None  # not JSON: the worker makes a marker
+    assert stored_data("default", b'{"seq": 1, "data": "\\ud83d\xc3\xa9"}') == '"\\ud83d\\u00e9"'  # escaped, as stored
+    assert stored_data("default", '{"seq": 1, "data": "é"}'.encode()) == '"é"'
 
 
 @run

@@ -34,7 +34,10 @@ KIND_PARAMS = ("auth", "subprotocol", "subscribe", "shape", "replay")
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110: header names, subprotocols
 MAX_CLOSE_REASON = 120  # bytes; a close frame's reason must fit in 123
-_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+# As the worker stores data: compact, UTF-8, and NaN/Infinity are not JSON (a skip marker).
+# A lone surrogate cannot be UTF-8: such data is stored with every non-ASCII character escaped.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 class BadRequest(ValueError):
@@ -196,6 +199,11 @@ def stored_data(shape: str, frame: bytes) -> str | None:
             return None
         data = obj["data"]
     try:
-        return _COMPACT.encode(data)
+        text = _COMPACT.encode(data)
     except ValueError:
         return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _COMPACT_ASCII.encode(data)
+    return text
