@@ -38,14 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import (
-    ConnectionClosed,
-    ConnectionClosedOK,
-    InvalidHandshake,
-    InvalidStatus,
-    InvalidURI,
-    PayloadTooBig,
-)
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidHandshake, InvalidURI, PayloadTooBig
 
 from .. import clock
 from .. import metrics_names as names
@@ -56,21 +49,13 @@ from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import CheckpointEntry, ConnectionsStore, Released
 from ..stream import Frame, FrameShape, Problem, Rejected, SeqTracker, parse_frame
-from ..validation import Allowlist, Invalid
+from ..validation import Allowlist
 from .checkpoints import Checkpoints
 from .gate import ReceiveGate
 from .retry import LeaseExpired, call_until
-from .secrets import Resolved, SecretError, Secrets, SecretUnavailable
-from .supervision import Supervisor
-from .upstream_socket import (
-    CLOSE_TIMEOUT_S,
-    REFUSED_RETRY_S,
-    Refused,
-    SocketOptions,
-    open_socket,
-    refusal,
-    refused_pause_s,
-)
+from .secrets import Secrets, SecretUnavailable
+from .supervision import LogSampler, Supervisor
+from .upstream_socket import CLOSE_TIMEOUT_S, REFUSED_RETRY_S, Dialer, Refused, SocketOptions, refused_pause_s
 from .writer import Writer
 
 RECONNECT_CAP_S = 10.0
@@ -133,17 +118,18 @@ class ConnectionRunner:
     ) -> None:
         self.connection_id = connection_id
         self.ws_url = ws_url
-        # The stored upstream item (for the release's hint) and what it says; one this
-        # worker refuses (a secret outside its prefix) is a refusal at every connect.
+        # The stored upstream item (for the release's hint) and what it says.
         self.upstream_item: dict = upstream or {}
-        self._upstream_refused: Refused | None = None
-        try:
-            self.upstream = upstream_spec.parse(upstream or None, secret_prefix=settings.upstream_secret_prefix)
-        except Invalid as exc:
-            self.upstream = upstream_spec.DEFAULT
-            self._upstream_refused = Refused(f"the stored upstream is refused by this worker: {exc.message}")
+        self._dialer = Dialer(
+            ws_url,
+            upstream,
+            options=settings.socket_options,
+            secret_prefix=settings.upstream_secret_prefix,
+            secrets=secrets,
+            log=log.bind(connection_id=connection_id, fence_token=fence_token),
+        )
+        self.upstream = self._dialer.upstream
         self._shape = FrameShape(self.upstream.seq_pointer, self.upstream.data_pointer)
-        self._secrets = secrets
         self.refused = False  # the last connect was refused (the RefusedConnections gauge)
         self.last_error = last_error  # the item's last_error, as far as this ownership knows
         self.session_id = session_id
@@ -167,8 +153,6 @@ class ConnectionRunner:
         self._checkpoints = checkpoints
         self._counters = counters
         self._log = log.bind(connection_id=connection_id, fence_token=fence_token)
-        if self._upstream_refused is not None:
-            self._log.error("stored_upstream_refused", error=self._upstream_refused.text)
         self._supervisor = Supervisor(log=self._log, counters=counters)
         self._frame_logs = LogSampler(FRAME_LOG_EVERY_S)
         # Reconnect backoff: grows until a frame is accepted (not merely until a connect
@@ -205,7 +189,7 @@ class ConnectionRunner:
             from_seq = self.tracker.next_seq
             try:
                 with tracing.segment("connect", connection_id=self.connection_id, from_seq=from_seq):
-                    ws = await self._open(from_seq)
+                    ws = await self._dialer.open(from_seq)
                 async with ws:
                     self._ws = ws
                     self.connected.set()
@@ -247,48 +231,6 @@ class ConnectionRunner:
             self._log.info("reconnecting", close_code=code, in_s=round(delay, 3), from_seq=self.tracker.next_seq)
             self._attempt += 1
             await self._pause(delay)
-
-    async def _open(self, from_seq: int) -> ClientConnection:
-        """The socket, as the upstream asks for it. A 401/403 is answered once by
-        fetching the secrets again (newer than the ones refused) and trying again at
-        once; a refusal (that one again, another 4xx, a secret that cannot be read, a
-        host not allowed, a stored upstream refused) raises :class:`Refused`."""
-        if self._upstream_refused is not None:
-            raise self._upstream_refused
-        secret = await self._secret_values()
-        for again in (False, True):
-            try:
-                return await open_socket(
-                    self.ws_url,
-                    upstream=self.upstream,
-                    from_seq=from_seq,
-                    secret_headers=secret.headers,
-                    options=self._s.socket_options,
-                )
-            except InvalidStatus as exc:
-                refused = refusal(exc)
-                if refused is None:
-                    raise
-                if again or not (refused.auth and self.upstream.secret_headers):
-                    raise refused from None
-                self._log.info("refreshing_secrets_after_refusal", status=exc.response.status_code)
-                secret = await self._secret_values(refresh_since=secret.fetched_at)
-            except Invalid as exc:  # the host resolves where it may not (validation.check_resolved)
-                raise Refused(exc.message) from None
-        raise AssertionError("unreachable: the second try returns or raises")
-
-    async def _secret_values(self, *, refresh_since: float | None = None) -> Resolved:
-        """The secret header values (fetched again first if newer than ``refresh_since``
-        are wanted); a secret that cannot be used is a refusal."""
-        refs = self.upstream.secret_headers
-        if not refs:
-            return Resolved((), clock.now())
-        try:
-            if refresh_since is not None:
-                await self._secrets.refresh([ref.arn for _, ref in refs], since=refresh_since)
-            return await self._secrets.resolve(refs)
-        except SecretError as exc:
-            raise Refused(str(exc)) from None
 
     async def _pause(self, delay: float) -> None:
         """Wait ``delay`` seconds, or less if the connection ends meanwhile (a STOP,
@@ -584,21 +526,3 @@ class ConnectionRunner:
             self._counters.add(names.LEASES_LOST)
             self._log.warning("release_found_lease_gone", checkpoint=self.tracker.checkpoint)
 
-
-class LogSampler:
-    """At most one log line per key per ``period_s``, counting the ones held back."""
-
-    def __init__(self, period_s: float) -> None:
-        self._period = period_s
-        self._last: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
-    def take(self, key: str, now: float) -> int | None:
-        """None: hold this one back. Else log it, with how many were held back since the
-        last line of that key."""
-        last = self._last.get(key)
-        if last is not None and now - last < self._period:
-            self._held[key] = self._held.get(key, 0) + 1
-            return None
-        self._last[key] = now
-        return self._held.pop(key, 0)

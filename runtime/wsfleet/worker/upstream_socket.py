@@ -28,9 +28,12 @@ from urllib.parse import urlsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
+from .. import clock, upstream_spec
+from ..logs import JsonLogger
 from ..upstream_spec import Upstream
-from ..validation import Allowlist, check_resolved
+from ..validation import Allowlist, Invalid, check_resolved
 from .gate import ReceiveGate, connect_options
+from .secrets import Resolved, SecretError, Secrets
 
 REFUSED_RETRY_S = 60.0  # how long a refused connection waits before it tries again
 REFUSED_JITTER = 0.2  # +-20%: connections refused together do not all come back together
@@ -125,3 +128,73 @@ async def open_socket(
         max_size=options.max_frame_bytes,
         **connect_options(options.gate),  # the worker's byte budget (worker.gate)
     )
+
+
+class Dialer:
+    """How one connection opens its socket: its upstream (parsed from the stored item
+    with this worker's secret prefix; one it refuses is a refusal at every connect), its
+    secret header values, and the refusal rule."""
+
+    def __init__(
+        self,
+        ws_url: str,
+        upstream_item: dict | None,
+        *,
+        options: SocketOptions,
+        secret_prefix: str,
+        secrets: Secrets,
+        log: JsonLogger,
+    ) -> None:
+        self._ws_url = ws_url
+        self._options = options
+        self._secrets = secrets
+        self._log = log
+        self._refused: Refused | None = None
+        try:
+            self.upstream = upstream_spec.parse(upstream_item or None, secret_prefix=secret_prefix)
+        except Invalid as exc:
+            self.upstream = upstream_spec.DEFAULT
+            self._refused = Refused(f"the stored upstream is refused by this worker: {exc.message}")
+            log.error("stored_upstream_refused", error=self._refused.text)
+
+    async def open(self, from_seq: int) -> ClientConnection:
+        """The socket, as the upstream asks for it. A 401/403 is answered once by
+        fetching the secrets again (newer than the ones refused) and trying again at
+        once; a refusal (that one again, another 4xx, a secret that cannot be read, a
+        host not allowed, a stored upstream refused) raises :class:`Refused`."""
+        if self._refused is not None:
+            raise self._refused
+        secret = await self._secret_values()
+        for again in (False, True):
+            try:
+                return await open_socket(
+                    self._ws_url,
+                    upstream=self.upstream,
+                    from_seq=from_seq,
+                    secret_headers=secret.headers,
+                    options=self._options,
+                )
+            except InvalidStatus as exc:
+                refused = refusal(exc)
+                if refused is None:
+                    raise
+                if again or not (refused.auth and self.upstream.secret_headers):
+                    raise refused from None
+                self._log.info("refreshing_secrets_after_refusal", status=exc.response.status_code)
+                secret = await self._secret_values(refresh_since=secret.fetched_at)
+            except Invalid as exc:  # the host resolves where it may not (validation.check_resolved)
+                raise Refused(exc.message) from None
+        raise AssertionError("unreachable: the second try returns or raises")
+
+    async def _secret_values(self, *, refresh_since: float | None = None) -> Resolved:
+        """The secret header values (fetched again first when values newer than
+        ``refresh_since`` are wanted); a secret that cannot be used is a refusal."""
+        refs = self.upstream.secret_headers
+        if not refs:
+            return Resolved((), clock.now())
+        try:
+            if refresh_since is not None:
+                await self._secrets.refresh([ref.arn for _, ref in refs], since=refresh_since)
+            return await self._secrets.resolve(refs)
+        except SecretError as exc:
+            raise Refused(str(exc)) from None
