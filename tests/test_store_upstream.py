@@ -115,3 +115,9 @@ def test_last_error_is_written_by_its_owner_only_and_only_when_it_changes(store)
     assert schema.LAST_ERROR not in item and schema.LAST_ERROR_AT_MS not in item
     assert not store.note_error("gone", session_id="b#1", fence_token=2, text="x")  # no item: not ours
     assert store.get("gone") is None  # and nothing written
+
+
+def test_a_hint_carries_the_releasers_last_error_for_the_taker_to_clear():
+    hinted = schema.item_from_released("c", schema.released_state(3, URL, 10, OLD, "HTTP 403"))
+    assert hinted[schema.LAST_ERROR] == "HTTP 403"
+    assert schema.LAST_ERROR not in schema.item_from_released("c", schema.released_state(3, URL, 10, OLD))

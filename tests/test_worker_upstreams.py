@@ -341,3 +341,58 @@ def test_a_nested_seq_pointer_and_a_whole_frame_data_pointer(aws_env, stores, dd
         expected = up.expected_data(cid)
         assert [r["sk"] for r in rows] == list(range(1, len(rows) + 1))
         assert all(r[schema.MESSAGE_DATA] == expected[r["sk"]] for r in rows)
+
+
+def test_resume_none_after_a_takeover_marks_what_the_dead_owner_and_nobody_received(
+    aws_env, stores, sessions, ddb, quiet_upstream, captured
+):
+    """Taken from a dead owner: the one that had stored up to 3 gets the seqs it missed
+    as one marker; the one that never stored anything starts where the upstream is."""
+    from tests.test_worker import dead_session
+
+    conns, msgs = stores
+    up = quiet_upstream
+    none = {"resume": "none"}
+    for cid in ("had", "never"):
+        start(conns, ddb, aws_env, cid, up.url_for(cid) + "?replay=none", none)
+        for _ in range(6):
+            up.publish(cid)  # 1..6 while its owner is dead
+    cfg = config(aws_env)
+    dead_session(sessions, conns, "dead#1", "had", "never", lease_ms=cfg.lease_ms)
+    assert conns.checkpoint("had", session_id="dead#1", fence_token=1, last_seq=3)
+
+    async def scenario():
+        async with running(cfg, JsonLogger(captured.stream)) as worker:
+            await eventually(lambda: up.open_sockets("had") and up.open_sockets("never"), timeout=15, what="taken")
+            for cid in ("had", "never"):
+                up.publish(cid)  # 7
+                up.publish(cid)  # 8
+            await eventually(lambda: all(seqs(msgs, c)[-1:] == [8] for c in ("had", "never")), what="stored")
+            return worker.counters.total(names.MISSED_SEQS)
+
+    missed = asyncio.run(scenario())
+    had = msgs.read_all("had")
+    assert [(r["sk"], r.get(schema.SKIP_TO), r.get(schema.SKIPPED)) for r in had] == [
+        (4, 6, schema.SKIPPED_UPSTREAM_GAP), (7, None, None), (8, None, None)
+    ]
+    assert [r["sk"] for r in msgs.read_all("never")] == [7, 8]  # no marker for 1..6: never asked for
+    assert conns.get("never")["last_seq"] == 8
+    assert missed == 3
+
+
+def test_a_stored_upstream_this_worker_refuses_is_a_refusal_not_a_crash(
+    emulator, aws_env, stores, ddb, lively_upstream, captured
+):
+    conns, _ = stores
+    outside = "arn:aws:secretsmanager:us-east-1:123456789012:secret:elsewhere/key-AbCdEf"
+    start(conns, ddb, aws_env, "o", lively_upstream.url_for("o"), {"secret_headers": {AUTH: outside}})
+
+    async def scenario():
+        async with running(config(aws_env), JsonLogger(captured.stream), refused_retry_s=30) as worker:
+            await eventually(lambda: schema.LAST_ERROR in (conns.get("o") or {}), what="last_error")
+            assert "o" in worker.runners and worker.counters.total(names.LOOP_ERRORS) == 0
+
+    asyncio.run(scenario())
+    error = conns.get("o")[schema.LAST_ERROR]
+    assert error.startswith("the stored upstream is refused by this worker") and "wsfleet/local/" in error
+    assert lively_upstream.sockets("o") == []
