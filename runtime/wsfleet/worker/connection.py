@@ -5,9 +5,14 @@ The connection is attached to the worker's session; keeping that alive is the
 worker's one deadline (``deadline()``): past it, nothing is written. Two tasks per
 connection, driven by one :class:`ConnectionRunner`:
 
-* stream: connect with ``from_seq``, receive frames and hand them to the worker's shared
-  :class:`~wsfleet.worker.writer.Writer` (which batches them with other connections'
-  frames), reconnect with backoff while the session holds. A frame never fails the
+* stream: connect as the connection's upstream asks (:mod:`.upstream_socket`: the URL
+  with ``from_seq`` or not, headers, secret headers, subprotocols; its open message sent
+  right after), receive frames (read where its pointers say) and hand them to the
+  worker's shared :class:`~wsfleet.worker.writer.Writer` (which batches them with other
+  connections' frames), reconnect with backoff while the session holds. A refused
+  handshake waits ``refused_retry_s`` instead, shown in the item's ``last_error`` until a
+  frame is accepted again. An upstream that cannot replay (``resume: none``) starts,
+  for a connection that never had a frame, where the upstream is. A frame never fails the
   connection: one that cannot be parsed or stored is counted and skipped (or stored as a
   skip marker, see :mod:`wsfleet.stream`), and whatever goes wrong handling one frame
   costs only that frame; an unexpected error in the loop itself costs a reconnect under
