@@ -111,3 +111,37 @@ def test_a_missing_secret_is_an_error_naming_the_arn(emulator, client):
     with pytest.raises(SecretError, match="ResourceNotFound"):
         asyncio.run(secrets.resolve([("A", SecretRef(missing))]))
     assert counters.total(names.SECRET_FETCHES) == 1
+
+
+def test_a_caller_cancelled_while_waiting_does_not_cancel_the_fetch_the_others_share(emulator, client):
+    _, arn = new_secret(emulator, "shared")
+    secrets, counters = cache(client)
+    ref = [("A", SecretRef(arn))]
+
+    async def scenario():
+        leaving = asyncio.ensure_future(secrets.resolve(ref))
+        staying = asyncio.ensure_future(secrets.resolve(ref))
+        await asyncio.sleep(0)  # both wait on the one fetch
+        leaving.cancel()  # its connection stopped meanwhile
+        return await staying, leaving
+
+    got, leaving = asyncio.run(scenario())
+    assert got.headers == (("A", "shared"),) and leaving.cancelled()
+    assert counters.total(names.SECRET_FETCHES) == 1
+
+
+def test_after_a_refusal_every_secret_the_handshake_used_is_fetched_again(emulator, client):
+    a_name, a = new_secret(emulator, "a1")
+    b_name, b = new_secret(emulator, "b1")
+    secrets, counters = cache(client)
+    refs = [("A", SecretRef(a)), ("B", SecretRef(b))]
+
+    async def scenario():
+        used = await secrets.resolve(refs)
+        put_secret(emulator.endpoint_url, a_name, "a2")
+        put_secret(emulator.endpoint_url, b_name, "b2")
+        await secrets.refresh([a, b], since=used.fetched_at)
+        return await secrets.resolve(refs)
+
+    assert asyncio.run(scenario()).headers == (("A", "a2"), ("B", "b2"))
+    assert counters.total(names.SECRET_FETCHES) == 4

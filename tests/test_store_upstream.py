@@ -5,10 +5,12 @@ owner's last_error (written only by its ownership, only when it changes)."""
 
 from __future__ import annotations
 
+import boto3
 import pytest
+from botocore.config import Config
 
 from wsfleet import schema
-from wsfleet.store import Acquired, ConnectionsStore, SessionsStore, marshal
+from wsfleet.store import Acquired, ConnectionsStore, SessionsStore, TransientError, marshal
 
 from tests.conftest import open_sessions
 
@@ -121,3 +123,25 @@ def test_a_hint_carries_the_releasers_last_error_for_the_taker_to_clear():
     hinted = schema.item_from_released("c", schema.released_state(3, URL, 10, OLD, "HTTP 403"))
     assert hinted[schema.LAST_ERROR] == "HTTP 403"
     assert schema.LAST_ERROR not in schema.item_from_released("c", schema.released_state(3, URL, 10, OLD))
+
+
+def test_last_error_writes_whose_answers_are_lost_read_as_done_when_tried_again(emulator, aws_env, store, lose_first_answer):
+    """As the worker calls them: one attempt per call (a lost answer is a TransientError),
+    tried again by call_until, which finds the write landed: done, not "no longer ours"."""
+    once = boto3.client(
+        "dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1",
+        config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
+    )
+    worker_store = ConnectionsStore(once, aws_env["TABLE_NAME"], state_shards=4, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"])
+    released(store, "c", None)
+    assert isinstance(store.acquire("c", session_id="b#1", worker_id="b"), Acquired)
+    for write in (
+        lambda: worker_store.note_error("c", session_id="b#1", fence_token=2, text="HTTP 403"),
+        lambda: worker_store.clear_error("c", session_id="b#1", fence_token=2),
+    ):
+        lost = lose_first_answer(once, {"UpdateItem": 1.0})
+        with pytest.raises(TransientError):
+            write()
+        assert lost == ["UpdateItem"]
+        assert write()  # landed the first time: the retry says done
+    assert schema.LAST_ERROR not in store.get("c")

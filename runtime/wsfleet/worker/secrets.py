@@ -51,8 +51,9 @@ class _Value:
 
 @dataclass(frozen=True)
 class Resolved:
-    """Secret header values for one handshake, and when the oldest of them was fetched
-    (what a refresh after a refusal must be newer than)."""
+    """Secret header values for one handshake, and when the newest of them was fetched:
+    after a refusal every value used is fetched again unless one newer than that is
+    there already (fetched for another connection refused the same way)."""
 
     headers: tuple[tuple[str, str], ...]
     fetched_at: float
@@ -80,7 +81,7 @@ class Secrets:
         pairs = list(secret_headers)
         values = await asyncio.gather(*(self._value(ref.arn, newer_than=None) for _, ref in pairs))
         headers = tuple((name, _field(ref, value)) for (name, ref), value in zip(pairs, values, strict=True))
-        return Resolved(headers, min((v.fetched_at for v in values), default=clock.now()))
+        return Resolved(headers, max((v.fetched_at for v in values), default=clock.now()))
 
     async def refresh(self, arns: Iterable[str], since: float) -> None:
         """Make sure the values of ``arns`` are newer than ``since`` (the ``fetched_at``
