@@ -396,3 +396,24 @@ def test_a_stored_upstream_this_worker_refuses_is_a_refusal_not_a_crash(
     error = conns.get("o")[schema.LAST_ERROR]
     assert error.startswith("the stored upstream is refused by this worker") and "wsfleet/local/" in error
     assert lively_upstream.sockets("o") == []
+
+
+def test_a_clean_handoffs_hint_carries_the_upstream_so_the_taker_opens_it_the_same_way(
+    aws_env, stores, ddb, sqs, lively_upstream, captured
+):
+    conns, msgs = stores
+    nested = {"seq_pointer": "/meta/sequence", "data_pointer": "/payload"}
+    start(conns, ddb, aws_env, "h", lively_upstream.url_for("h") + "?shape=nested", nested)
+
+    async def scenario():
+        async with running(config(aws_env, RECONCILE_SECONDS="60"), JsonLogger(captured.stream)) as worker:
+            await worker.takeover.reconcile_once()
+            await eventually(lambda: len(seqs(msgs, "h")) >= 5, what="storing")
+
+    asyncio.run(scenario())  # a clean exit: released, then hinted
+    resp = sqs.receive_message(QueueUrl=aws_env["QUEUE_URL"], MaxNumberOfMessages=10, WaitTimeSeconds=5)
+    bodies = [json.loads(m["Body"]) for m in resp.get("Messages", [])]
+    item = conns.get("h")
+    assert [b[schema.HINT_RELEASED] for b in bodies if b["connection_id"] == "h"] == [
+        schema.released_state(item["fence_token"], item["ws_url"], item["last_seq"], nested)
+    ]
