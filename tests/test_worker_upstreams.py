@@ -417,3 +417,34 @@ def test_a_clean_handoffs_hint_carries_the_upstream_so_the_taker_opens_it_the_sa
     assert [b[schema.HINT_RELEASED] for b in bodies if b["connection_id"] == "h"] == [
         schema.released_state(item["fence_token"], item["ws_url"], item["last_seq"], nested)
     ]
+
+
+def test_a_secrets_manager_outage_is_a_fault_that_passes_not_a_refusal(
+    emulator, aws_env, stores, ddb, lively_upstream, captured
+):
+    from wsfleet.local.emulator import set_faults
+
+    conns, msgs = stores
+    up = lively_upstream
+    value = f"key-{uuid.uuid4().hex}"
+    up.set_credentials([value])
+    _, arn = secret_arn(emulator, value)
+    start(conns, ddb, aws_env, "o", up.url_for("o") + f"?auth={AUTH}", {"secret_headers": {AUTH: arn}})
+    set_faults(emulator.endpoint_url, outage={"secretsmanager": 600})  # seconds: until switched off
+    try:
+
+        async def scenario():
+            async with running(config(aws_env), JsonLogger(captured.stream), refused_retry_s=60) as worker:
+                await eventually(
+                    lambda: len([e for e in captured.events("socket_error") if "could not be read" in e["error"]]) >= 2,
+                    what="retried with the reconnect backoff",
+                )
+                assert worker.counters.total(names.UPSTREAM_REFUSALS) == 0
+                set_faults(emulator.endpoint_url)
+                await eventually(lambda: len(seqs(msgs, "o")) >= 5, what="frames once Secrets Manager is back")
+
+        asyncio.run(scenario())
+    finally:
+        set_faults(emulator.endpoint_url)
+    assert schema.LAST_ERROR not in conns.get("o") and up.refusals("o") == {}
+    assert value not in captured.lines() + every_item(ddb, aws_env)
