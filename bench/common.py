@@ -35,6 +35,8 @@ from wsfleet.logs import JsonLogger
 from wsfleet.router import Router
 from wsfleet.store import ConnectionsStore
 
+from .kinds import DEFAULT, DEFAULT_KIND, UpstreamKind
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_MB = os.sysconf("SC_PAGE_SIZE") / (1 << 20)
 
@@ -140,10 +142,12 @@ class ReadyUpstream:
 
 
 class UpstreamProcess(ReadyUpstream):
-    """``python -m wsfleet.local.upstream``; its books come over HTTP (``GET /_stats``)."""
+    """``python -m wsfleet.local.upstream``; its books come over HTTP (``GET /_stats``).
+    ``credentials``: what its ``auth=`` streams accept."""
 
-    def __init__(self, run_dir: Path, *, rate: float | None, name: str = "upstream") -> None:
+    def __init__(self, run_dir: Path, *, rate: float | None, name: str = "upstream", credentials: Sequence[str] = ()) -> None:
         argv = [sys.executable, "-m", "wsfleet.local.upstream", "--port", "0", "--rate", f"{rate or 0:g}"]
+        argv += [arg for value in credentials for arg in ("--credential", value)]
         super().__init__(run_dir, name, argv)
 
     def stats(self) -> dict[str, Any]:
@@ -374,8 +378,8 @@ class Rig:
         assert self.emulator.proc is not None
         return self.emulator.proc.pid
 
-    def upstream(self, rate: float | None, name: str = "upstream") -> UpstreamProcess:
-        u = UpstreamProcess(self.run_dir, rate=rate, name=name)
+    def upstream(self, rate: float | None, name: str = "upstream", credentials: Sequence[str] = ()) -> UpstreamProcess:
+        u = UpstreamProcess(self.run_dir, rate=rate, name=name, credentials=credentials)
         self.upstreams.append(u)
         return u
 
@@ -386,9 +390,17 @@ class Rig:
         w.wait_started()
         return w
 
-    def start_connections(self, ids: Iterable[str], upstream: UpstreamProcess, *, hint: bool = False) -> None:
+    def start_connections(
+        self, ids: Iterable[str], upstream: UpstreamProcess, *, hint: bool = False, kind: UpstreamKind = DEFAULT
+    ) -> None:
         """The router's START write for each; with ``hint``, also its SQS hint (without,
-        the worker's reconcile finds them)."""
+        the worker's reconcile finds them). Another kind than the default goes through
+        the event router itself (which validates and stores its upstream object, and hints)."""
+        if kind.name != DEFAULT_KIND:
+            for cid in ids:
+                self.post_event({"event_type": "START", "connection_id": cid, "ws_url": kind.ws_url(upstream.url_for(cid)),
+                                 "upstream": kind.upstream()})
+            return
         for cid in ids:
             self.connections.start(cid, upstream.url_for(cid))
             if hint:

@@ -17,6 +17,11 @@ this process) and the workers' JSON logs:
 Crash and handoff are repeated (``rounds``), each time on the then busiest worker, and
 the per-connection times are pooled; the per-round medians show the spread.
 
+Each setting runs twice: with the default upstream protocol, and with authenticated,
+subscribe-style upstreams (issue 20: a secret header fetched from Secrets Manager, the
+resume point only in a subscribe open message), whose takeover pays for the secret
+fetch and the subscribe round trip.
+
 With session leases a crash is taken over when the dead worker's session expires: its
 watchers (ring predecessors) saw it miss renewals, end it at expiry + skew, and drain it
 (acquiring some connections and hinting the rest to the fleet). A STOP reaches the
@@ -38,6 +43,7 @@ from wsfleet.local.fleet import EmulatorProcess, Fleet, Timing, eventually
 
 from . import before
 from .common import Result, distribution, fmt, md_table, median_spread
+from .kinds import AUTH_SUBSCRIBE, DEFAULT, UpstreamKind
 
 
 @dataclass(frozen=True)
@@ -84,9 +90,10 @@ def settings_for(quick: bool) -> dict[str, Any]:
 class Scenario:
     """One setting's run on one fleet."""
 
-    def __init__(self, fleet: Fleet, p: dict[str, Any]) -> None:
+    def __init__(self, fleet: Fleet, p: dict[str, Any], kind: UpstreamKind = DEFAULT) -> None:
         self.fleet = fleet
         self.p = p
+        self.kind = kind
         self.timing = fleet.timing
         self._next_worker = 1
 
@@ -139,8 +146,11 @@ class Scenario:
     # -- events ------------------------------------------------------------------------------
 
     def start(self, ids: list[str], gap_s: float = 0.0) -> report.Outcome:
-        event = self._send(report.START, "START", self.fleet.start_connection, ids, gap_s)
+        event = self._send(report.START, "START", self._start_one, ids, gap_s)
         return self.wait_done(event, 60 + self.timing.reconcile_s * 2)
+
+    def _start_one(self, cid: str) -> int:
+        return self.fleet.start_connection(cid, self.kind.ws_url(self.fleet.ws_url(cid)), upstream=self.kind.upstream())
 
     def stop(self, ids: list[str], gap_s: float) -> report.Outcome:
         event = self._send(report.STOP, "STOP", self.fleet.stop_connection, ids, gap_s)
@@ -256,7 +266,8 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     p = settings_for(quick)
     results = []
     with EmulatorProcess(run_dir / "failover-emulator.log") as emulator:
-        for i, st in enumerate(QUICK_SETTINGS if quick else SETTINGS):
+        runs = [(st, kind) for st in (QUICK_SETTINGS if quick else SETTINGS) for kind in ("default", AUTH_SUBSCRIBE)]
+        for i, (st, kind_name) in enumerate(runs):
             timing = Timing(
                 lease_s=st.lease_s, heartbeat_s=st.heartbeat_s, reconcile_s=st.reconcile_s,
                 skew_ms=p["skew_ms"], flush_ms=p["flush_ms"], shutdown_s=p["shutdown_s"],
@@ -266,8 +277,11 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
                 run_dir=run_dir / f"failover-{i}", timing=timing, rate=p["rate_per_connection"], emulator=emulator,
                 sample_interval=2.0, worker_env={cfg.MAX_CONNECTIONS: str(cap)},
             ) as fleet:
-                out = Scenario(fleet, p).run()
+                kind = UpstreamKind.auth_subscribe(emulator.endpoint_url) if kind_name == AUTH_SUBSCRIBE else DEFAULT
+                fleet.upstream.set_credentials(kind.credentials)
+                out = Scenario(fleet, p, kind).run()
             out["setting"] = vars(st)
+            out["kind"] = kind_name
             out["bounds"] = {"crash_s": timing.crash_bound_s, "graceful_s": timing.graceful_bound_s,
                              "start_s": timing.start_bound_s, "stop_s": timing.stop_bound_s}
             results.append(out)
@@ -292,8 +306,9 @@ def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool) -
               + ": p50 / p99 / max"]
     rows = []
     summary = []
-    b = before.FAILOVER
     for r in results:
+        # The figures before session leases were all taken with the default protocol.
+        b = before.FAILOVER if r.get("kind", "default") == "default" else dict.fromkeys(before.FAILOVER, "-")
         st = Setting(**r["setting"])
         t = targets(st)
         bound = r["bounds"]
@@ -305,7 +320,8 @@ def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool) -
         no_socket = pooled(r["handoffs"], "no_socket_s")
         stop = [v for v in r["stop_s"].values() if v is not None]
         rows += [
-            [f"**{st.label}**", "", "", "", "", "", "", "", ""],
+            [f"**{st.label}" + (", authenticated + subscribe upstreams" if r.get("kind", "default") != "default" else "")
+             + "**", "", "", "", "", "", "", "", ""],
             _row(f"START -> connected, burst of {len(r['start_burst_s'])}", burst, bound["start_s"],
                  judged(burst, *t["start"]), b["start_burst"]),
             _row("START -> connected, one at a time", one, bound["start_s"], judged(one, *t["start"]), b["start_one"]),
@@ -326,12 +342,13 @@ def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool) -
             for c in r["crashes"]
             if c.get("ended_s") is not None and c.get("endable_s") is not None and c["socket_s"]
         )
+        label = st.label + (" (authenticated + subscribe)" if r.get("kind", "default") != "default" else "")
         if phases:
-            summary.append(f"{st.label}: each crash, killed {phases} (the contract's floor is 'endable': expiry + skew)")
+            summary.append(f"{label}: each crash, killed {phases} (the contract's floor is 'endable': expiry + skew)")
         pending = sum(len(c["pending"]) for c in r["crashes"]) + sum(len(h["pending"]) for h in r["handoffs"])
         exits = ", ".join(f"{h['exit_s']:.1f}" for h in r["handoffs"])
         summary.append(
-            f"{st.label}: victims held {', '.join(str(c['connections']) for c in r['crashes'])} (crash) and "
+            f"{label}: victims held {', '.join(str(c['connections']) for c in r['crashes'])} (crash) and "
             f"{', '.join(str(h['connections']) for h in r['handoffs'])} (SIGTERM) connections; SIGTERM -> exit {exits} s; "
             f"connections never taken over: {pending}; moments with two sockets on one stream: {r['overlaps']}"
         )
@@ -345,6 +362,9 @@ def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool) -
         "STOP -> closed <= heartbeat + 1 s; START -> connected p99 <= 0.5 s. This design's bounds (wsfleet.local.fleet.Timing): "
         "crash = lease + skew + takeover slack; handoff = min(2 s, lease / 2); START 2 s; STOP = heartbeat + 1 s.",
         "Before: per-connection leases at lease 20 / heartbeat 5 / reconcile 10 s (the defaults then) and at 10 / 2.5 / 5 s.",
+        "Authenticated + subscribe (issue 20): each START names a Secrets Manager secret in secret_headers (the local "
+        "upstream refuses a handshake without its value) and resumes only through a subscribe open message the upstream "
+        "waits for; the same run again, on a fleet of its own.",
         *summary,
     ]
     if quick:

@@ -63,6 +63,7 @@ from .common import (
     proc_rss_mb,
 )
 from .faults import stored_ends
+from .kinds import AUTH_SUBSCRIBE, DEFAULT, DEFAULT_KIND, UpstreamKind
 
 
 def worker_defaults() -> cfg.WorkerConfig:
@@ -80,6 +81,9 @@ FLUSH_MS = DEFAULTS.flush_interval_ms  # FLUSH_INTERVAL_MS's default (100)
 LEVELS = [(10, 5.0, 100), (10, 20.0, 100), (10, 100.0, 100), (20, 100.0, 100), (10, 20.0, 1000),
           (100, 2.0, FLUSH_MS), (1000, 0.5, FLUSH_MS), (1000, 0.05, FLUSH_MS)]
 QUICK_LEVELS = [(2, 10.0, 100)]
+# The same, with authenticated subscribe-style upstreams (issue 20): a secret header from
+# Secrets Manager and the resume point only in the open message, beside the default row.
+KIND_LEVELS = [(100, 2.0, FLUSH_MS)]
 
 # Issue 9's targets per row: (connections, rate) -> (DynamoDB requests / message, worker CPU ms / message).
 TARGETS = {(100, 2.0): (0.1, 0.5), (1000, 0.5): (0.05, None)}
@@ -97,6 +101,7 @@ CYCLE_WINDOW_S = DEFAULTS.checkpoint_ms / 1000 + 10
 def settings_for(quick: bool) -> dict[str, Any]:
     return {
         "levels": QUICK_LEVELS if quick else LEVELS,
+        "kind_levels": QUICK_LEVELS if quick else KIND_LEVELS,
         "warmup_s": 0.5 if quick else 5,
         "window_s": 2 if quick else 30,
         "cycle_window_s": 2 if quick else CYCLE_WINDOW_S,
@@ -118,22 +123,23 @@ def settings_for(quick: bool) -> dict[str, Any]:
     }
 
 
-def connect(rig: Rig, upstream: Any, ids: list[str]) -> float:
+def connect(rig: Rig, upstream: Any, ids: list[str], kind: UpstreamKind = DEFAULT) -> float:
     """START every connection with its hint; returns the seconds until every socket is open."""
     began = time.monotonic()
-    rig.start_connections(ids, upstream, hint=True)
+    rig.start_connections(ids, upstream, hint=True, kind=kind)
     eventually(lambda: upstream.open_sockets() == len(ids), max(60, len(ids) * 0.3), f"{len(ids)} sockets open",
                interval=0.5)
     return time.monotonic() - began
 
 
-def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, Any]) -> dict[str, Any]:
+def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, Any], kind_name: str = DEFAULT_KIND) -> dict[str, Any]:
     with Rig(run_dir) as rig:
-        upstream = rig.upstream(rate)
+        kind = UpstreamKind.auth_subscribe(rig.emulator.endpoint_url) if kind_name == AUTH_SUBSCRIBE else DEFAULT
+        upstream = rig.upstream(rate, credentials=kind.credentials)
         worker = rig.worker("w1", {**s["worker"], cfg.FLUSH_INTERVAL_MS: flush_ms,
                                    cfg.MAX_CONNECTIONS: max(DEFAULTS.max_connections, n)})
         ids = [f"ing{i:03d}" for i in range(n)]
-        connect_s = connect(rig, upstream, ids)
+        connect_s = connect(rig, upstream, ids, kind)
         time.sleep(s["warmup_s"])
         a = worker.next_stats()
         up_a, cpu_a = upstream.stats(), {p: proc_cpu_s(p) for p in (rig.emulator_pid, upstream.proc.pid)}
@@ -161,6 +167,7 @@ def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, An
         per_cycle = n * win.seconds / (DEFAULTS.checkpoint_ms / 1000)
         steady = (win.ddb_total - transactions + per_cycle * transactions / written) / stored
     return {
+        "kind": kind_name,
         "connect_s": connect_s,
         "latency_ms": latency_between(a, b),
         "latency_sub_windows": [latency_between(x, y) for x, y in zip(lines, lines[1:], strict=False)],
@@ -398,12 +405,16 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     for i, (n, rate, flush_ms) in enumerate(s["levels"]):
         print(f"    {n} x {rate:g}/s, flush {flush_ms} ms", flush=True)
         levels.append(run_level(run_dir / f"ingestion-{i}", n, rate, flush_ms, s))
+    for i, (n, rate, flush_ms) in enumerate(s["kind_levels"]):
+        print(f"    {n} x {rate:g}/s, flush {flush_ms} ms, authenticated + subscribe", flush=True)
+        levels.append(run_level(run_dir / f"ingestion-kind-{i}", n, rate, flush_ms, s, AUTH_SUBSCRIBE))
     print(f"    throttle {s['throttle']['share']:.0%} at {s['throttle']['connections']} x "
           f"{s['throttle']['rate_per_connection']:g}/s", flush=True)
     throttled = run_throttle(run_dir / "ingestion-throttle", s["throttle"])
     rows = [
         [
-            f"{lv['connections']} x {lv['rate_per_connection']:g}/s, flush {lv['flush_interval_ms']} ms",
+            f"{lv['connections']} x {lv['rate_per_connection']:g}/s, flush {lv['flush_interval_ms']} ms"
+            + (", **authenticated + subscribe**" if lv.get("kind", DEFAULT_KIND) != DEFAULT_KIND else ""),
             fmt(lv["offered_per_s"], 0),
             fmt_spread(lv["stored_per_s_spread"], 0),
             fmt(lv["messages_per_batch"], 1),
@@ -418,7 +429,8 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
             f"{fmt(lv['lag_p99_ms'], 1)} / {fmt(lv['lag_max_ms'], 1)}",
             limit_of(lv),
             "; ".join(verdicts(lv)),
-            before.INGESTION.get((lv["connections"], lv["rate_per_connection"], lv["flush_interval_ms"]), "-"),
+            before.INGESTION.get((lv["connections"], lv["rate_per_connection"], lv["flush_interval_ms"]), "-")
+            if lv.get("kind", DEFAULT_KIND) == DEFAULT_KIND else "-",
         ]
         for lv in levels
     ]
@@ -449,6 +461,10 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
         "counts the window's requests with its checkpoint transactions scaled to exactly one checkpoint per connection "
         "per cycle at the fill they had. The issue's request targets are judged on it. The other rows' windows are "
         "too short to hold any checkpoint.",
+        "Authenticated + subscribe (issue 20): every connection's START names a Secrets Manager secret in "
+        "secret_headers (the upstream refuses a handshake without it) and resumes only through its open message, a "
+        "subscribe the upstream waits for before it sends anything; STARTed through the event router, which validates "
+        "and stores the upstream object. Its row is the 100 x 2/s one again, to be read beside it.",
         "Connect (START with hint -> every socket open): "
         + ", ".join(f"{lv['connections']} x {lv['rate_per_connection']:g}/s {lv['connect_s']:.0f} s" for lv in levels)
         + "; checkpoints written in the window (transactions): "

@@ -83,8 +83,16 @@ def test_the_demo_plays_the_full_scenario_and_passes_its_own_audit(python_env, t
     assert result["passed"] and result["data"]["missing"] == 0 and result["overlaps"] == []
     large = result["large_frame"]
     assert large["ok"] and large["stored"] == "object" and large["read_bytes"] == large["sent_bytes"] > 3 * 2**20
-    assert [e["kind"] for e in result["events"]] == ["start", "crash", "deploy", "stop", "start", "join"]
+    assert [e["kind"] for e in result["events"]] == ["start", "start", "crash", "deploy", "stop", "start", "join"]
     assert all(not e["pending"] for e in result["events"])
+    # One connection per upstream kind, each audited against the upstream's books; the
+    # one without replay lived through the crash of its owner with one marker for it.
+    kinds = {k["connection_id"]: k for k in result["upstream_kinds"]}
+    assert set(kinds) == {"k-auth", "k-subscribe", "k-flat", "k-none"}
+    assert all(k["ok"] and k["checkpoint"] > 0 for k in kinds.values()), kinds
+    assert "rotated the k-auth credential" in text and "secret values found in none of" in text
+    assert kinds["k-none"]["gaps"] and all(g["marker"] is not None for g in kinds["k-none"]["gaps"])
+    assert "after kill -9 of" in text
     assert {"w1.log", "w2.log", "w3.log", "w4.log", "report.txt"} <= {p.name for p in run_dir.iterdir()}
 
 

@@ -57,6 +57,17 @@ def test_active_connections_is_published_once_more_per_worker_when_the_worker_is
     ]
 
 
+def test_refused_connections_is_a_gauge_published_when_counted():
+    data = metric_data(service_name="svc", active_connections=4, deltas={}, refused_connections=2)
+    refused = [d for d in data if d["MetricName"] == names.REFUSED_CONNECTIONS]
+    assert refused == [
+        {"MetricName": names.REFUSED_CONNECTIONS, "Dimensions": [{"Name": "ServiceName", "Value": "svc"}],
+         "Value": 2.0, "Unit": "Count"}
+    ]
+    assert not [d for d in metric_data(service_name="svc", active_connections=0, deltas={})
+                if d["MetricName"] == names.REFUSED_CONNECTIONS]
+
+
 def test_loop_lag_is_a_millisecond_gauge_published_once_it_has_been_measured():
     data = metric_data(service_name="svc", active_connections=0, deltas={}, loop_lag_p99_ms=12.5)
     assert {

@@ -8,12 +8,15 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 
 from wsfleet import schema
+from wsfleet.pointer import Pointer
 from wsfleet.stream import (
     MAX_DEPTH,
     MAX_MESSAGE_BYTES,
     MAX_SEQ,
     OVER_LIMIT_TRIES,
+    DEFAULT_SHAPE,
     Frame,
+    FrameShape,
     Problem,
     Rejected,
     SeqTracker,
@@ -89,7 +92,8 @@ FRAME_CLASSES = [
     ('{"seq": 5, "data": %s}' % ("[" * 127 + "]" * 127), stored("[" * 127 + "]" * 127)),  # MAX_DEPTH exactly
     ('{"seq": 5, "data": "%s"}' % ("[" * 500), stored('"%s"' % ("[" * 500))),  # brackets in a string
     ('{"seq": 5, "data": %s}' % ("9" * 4300), stored("9" * 4300)),
-    ('{"seq": 5}', stored("null")),
+    ('{"seq": 5}', marker(Problem.NO_DATA)),  # no data: nothing invented (not stored as null)
+    ('{"seq": 5, "data": null}', stored("null")),
     ('{"seq": 0, "data": 1}', stored("1", seq=0)),
     ('{"seq": %d, "data": 1}' % MAX_SEQ, stored("1", seq=MAX_SEQ)),
     ('{"seq": 5, "seq": 6, "data": 1}', stored("1", seq=6)),  # duplicate keys: the last wins, as in json
@@ -155,6 +159,85 @@ def test_hostile_bytes_never_make_the_parser_raise():
 
 def not_json(literal: str) -> None:
     raise AssertionError(f"{literal} is not JSON")
+
+
+def shape(seq: str, data: str) -> FrameShape:
+    return FrameShape(Pointer.parse(seq), Pointer.parse(data))
+
+
+NESTED = shape("/meta/sequence", "/payload")
+WHOLE = shape("/u", "")
+
+# Frame shapes other than {"seq", "data"}: each row a shape, a frame, what becomes of it.
+SHAPED = [
+    (NESTED, '{"type": "update", "meta": {"sequence": 5}, "payload": {"p": 1}}', stored('{"p":1}')),
+    (NESTED, '{"meta": {"sequence": 5, "x": 1}, "payload": [1, 2], "extra": 3}', stored("[1,2]")),
+    (NESTED, '{"meta": {"sequence": "5"}, "payload": 1}', rejected(Problem.BAD_SEQ)),  # not an integer
+    (NESTED, '{"meta": {"sequence": 5.0}, "payload": 1}', rejected(Problem.BAD_SEQ)),
+    (NESTED, '{"meta": {"sequence": true}, "payload": 1}', rejected(Problem.BAD_SEQ)),
+    (NESTED, '{"meta": {"sequence": %d}, "payload": 1}' % 2**63, rejected(Problem.BAD_SEQ)),
+    (NESTED, '{"meta": 5, "payload": 1}', rejected(Problem.BAD_SEQ)),  # leads nowhere
+    (NESTED, '{"meta": {}, "payload": 1}', rejected(Problem.BAD_SEQ)),
+    (NESTED, '{"seq": 5, "payload": 1}', rejected(Problem.BAD_SEQ)),  # the default place is not looked at
+    (NESTED, "[1, 2]", rejected(Problem.NOT_AN_OBJECT)),
+    (NESTED, '{"meta": {"sequence": 5}}', marker(Problem.NO_DATA)),  # a seq, no data: a malformed marker
+    (NESTED, '{"meta": {"sequence": 5}, "payload": null}', stored("null")),
+    # A nested seq pointer is never looked for by the scan of a frame json cannot read.
+    (NESTED, '{"meta": {"sequence": 5}, "payload": %s}' % DEEP, rejected(Problem.TOO_DEEP)),
+    (NESTED, '{"meta": {"sequence": 5}, "payload": %s}' % ("9" * 5000), rejected(Problem.NUMBER_TOO_LONG)),
+    (NESTED, b'{"meta": {"sequence": 5}, "payload": "\xff"}', marker(Problem.INVALID_UTF8)),
+    (NESTED, '{"meta": {"sequence": 5}, "payload": NaN}', marker(Problem.NOT_FINITE)),
+    # data_pointer "": the whole frame is the data, seq included.
+    (WHOLE, '{"u": 5, "stream": "s", "v": 5}', stored('{"u":5,"stream":"s","v":5}')),
+    (WHOLE, '{"u": 5,  "x": "\\ud83d"}', stored('{"u":5,"x":"\\ud83d"}', Problem.LONE_SURROGATE)),
+    (WHOLE, '{"v": 5}', rejected(Problem.BAD_SEQ)),
+    # A one-token seq pointer: the scan finds it by its own name, escaped or not.
+    (WHOLE, '{"u": 5, "x": %s}' % DEEP, marker(Problem.TOO_DEEP)),
+    (WHOLE, '{"x": %s, "\\u0075": 5}' % DEEP, marker(Problem.TOO_DEEP)),
+    (WHOLE, '{"seq": 5, "x": %s}' % DEEP, rejected(Problem.TOO_DEEP)),
+    (shape("/a~1b", "/d"), '{"a/b": 5, "d": 1}', stored("1")),  # RFC 6901 escapes
+    (shape("/0", "/1"), "[5, {\"k\": 1}]", stored('{"k":1}')),  # an array frame, by index
+    (shape("/0", "/2"), "[5, 1]", marker(Problem.NO_DATA)),
+]
+
+
+@pytest.mark.parametrize(("frame_shape", "frame", "expected"), SHAPED, ids=lambda v: repr(v)[:40])
+def test_frame_shapes_read_the_seq_and_data_where_the_pointers_lead(frame_shape, frame, expected):
+    got = parse_frame(frame, 123, frame_shape)
+    if expected[0] == "rejected":
+        assert got == Rejected(expected[1], len(frame))
+    elif expected[0] == "marker":
+        assert isinstance(got, Frame) and got.is_marker
+        assert (got.seq, got.received_at_ms, got.problem, got.reason) == (expected[1], 123, expected[2], "malformed")
+    else:
+        assert got == Frame(expected[1], expected[2], 123, expected[3], data_bytes=len(expected[2].encode()))
+
+
+def test_the_default_shape_is_seq_and_data_and_a_whole_frame_seq_pointer_is_refused():
+    assert DEFAULT_SHAPE == shape("/seq", "/data")
+    assert parse_frame('{"seq": 3, "data": 1}', 0) == parse_frame('{"seq": 3, "data": 1}', 0, shape("/seq", "/data"))
+    with pytest.raises(ValueError):
+        shape("", "/data")
+
+
+def test_hostile_bytes_never_make_the_parser_raise_whatever_the_shape():
+    rng = random.Random(20261202)
+    shapes = [NESTED, WHOLE, shape("/0", "/1"), shape("/a/0/b", "/a")]
+    pieces = [b"[", b"{", b"]", b"}", b'"', b"\\", b'"meta":', b'"u":', b'{"sequence":', b"\xff", b"NaN", b"9" * 4400]
+    seeds = [f.encode() if isinstance(f, str) else f for _, f, _ in SHAPED]
+    for _round in range(2000):
+        frame = bytearray(rng.choice(seeds)[:3000])
+        for _ in range(rng.randrange(1, 5)):
+            at = rng.randrange(len(frame) + 1)
+            if rng.random() < 0.5:
+                frame[at:at] = rng.choice(pieces) * rng.choice((1, 2, 200))
+            else:
+                del frame[at : at + rng.randrange(1, 8)]
+        got = parse_frame(bytes(frame), 0, rng.choice(shapes))
+        assert isinstance(got, (Frame, Rejected))
+        if isinstance(got, Frame) and not got.is_marker:
+            assert got.data_bytes == len(got.data_json.encode("utf-8"))
+            json.loads(got.data_json, parse_constant=not_json)
 
 
 def test_resume_url_sets_from_seq_and_keeps_other_query_parameters():

@@ -295,17 +295,17 @@ def test_frames_that_once_bounced_a_connection_are_skipped_and_the_stream_goes_o
 def test_an_unexpected_error_in_the_stream_loop_costs_a_reconnect_not_the_connection(
     aws_env, stores, upstream, monkeypatch
 ):
-    from wsfleet.worker.connection import ConnectionRunner
+    from wsfleet.worker import upstream_socket
 
-    real, calls = ConnectionRunner._resolve, []
+    real, calls = upstream_socket.resolve, []
 
-    async def failing_once(self):
-        calls.append(self.connection_id)
+    async def failing_once(ws_url, allowlist):
+        calls.append(ws_url.rsplit("/", 1)[-1])
         if len(calls) == 1:
             raise UnicodeError("label too long")  # what getaddrinfo raises for some host names
-        return await real(self)
+        return await real(ws_url, allowlist)
 
-    monkeypatch.setattr(ConnectionRunner, "_resolve", failing_once)
+    monkeypatch.setattr(upstream_socket, "resolve", failing_once)
     conns, msgs = stores
     conns.start("a", upstream.url_for("a"))
 

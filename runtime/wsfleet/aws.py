@@ -113,6 +113,11 @@ class Aws:
         self.cloudwatch = session.client(
             "cloudwatch", endpoint_url=config.endpoint_url, config=Config(read_timeout=10, **retried)
         )
+        # Secret header values for upstream handshakes (wsfleet.worker.secrets), retried
+        # by botocore: a fetch is not bound to a lease deadline, and a socket waits for it.
+        self.secretsmanager = session.client(
+            "secretsmanager", endpoint_url=config.endpoint_url, config=Config(read_timeout=5, **retried)
+        )
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="aws")
         # The session renewal never queues behind a burst of acquisitions or message
         # writes: every connection the worker holds depends on it.
@@ -120,7 +125,7 @@ class Aws:
         # Requests as sent on the wire (retries included), per "service.Operation": what
         # the bill and the cost benchmark count.
         self.requests: Counter[str] = Counter()
-        for client in (*self.dynamodb_clients, self.s3, self.sqs, self.cloudwatch):
+        for client in (*self.dynamodb_clients, self.s3, self.sqs, self.cloudwatch, self.secretsmanager):
             client.meta.events.register("request-created", self._count)
         for client in self.dynamodb_clients:
             client.meta.events.register("before-send.dynamodb", _refuse_after_deadline)

@@ -40,14 +40,21 @@ def metric_data(
     unowned_connections: int | None = None,
     worker_id: str | None = None,
     loop_lag_p99_ms: float | None = None,
+    refused_connections: int | None = None,
 ) -> list[dict[str, Any]]:
     """The PutMetricData ``MetricData``: the ``ActiveConnections`` gauge (what ECS
     target tracking scales on, averaged over the service's tasks), the same gauge once
     more per worker when ``worker_id`` is given, the ``UnownedConnections`` gauge when
-    it could be counted, ``LoopLagP99`` when the loop has been probed, and counter
-    deltas. Everything but the per-worker gauge carries ``ServiceName`` only."""
+    it could be counted, ``LoopLagP99`` when the loop has been probed, the
+    ``RefusedConnections`` gauge (held connections whose last connect was refused), and
+    counter deltas. Everything but the per-worker gauge carries ``ServiceName`` only."""
     service = [{"Name": names.DIMENSION_SERVICE_NAME, "Value": service_name}]
-    counts = {names.ACTIVE_CONNECTIONS: active_connections, names.UNOWNED_CONNECTIONS: unowned_connections, **deltas}
+    counts = {
+        names.ACTIVE_CONNECTIONS: active_connections,
+        names.UNOWNED_CONNECTIONS: unowned_connections,
+        names.REFUSED_CONNECTIONS: refused_connections,
+        **deltas,
+    }
     data = [_datum(name, service, value, "Count") for name, value in counts.items() if value is not None]
     if worker_id is not None:
         worker = [*service, {"Name": names.DIMENSION_WORKER_ID, "Value": worker_id}]

@@ -167,29 +167,42 @@ HINT_CONNECTION_ID = "connection_id"
 HINT_SHED_BY = "shed_by"
 HINT_SHED_TO = "shed_to"  # the session under its share a shed connection is meant for
 HINT_FROM_SESSION = "from_session"  # an ENDED session the connection is still attached to
-# A clean release's hint: the state it left the connection in (its fence, ws_url and
-# last_seq), so that the taker's acquire, pinned to that state, needs no read first.
+# A clean release's hint: the state it left the connection in (its fence, ws_url,
+# last_seq and upstream), so that the taker's acquire, pinned to that state, needs no
+# read first.
 HINT_RELEASED = "released"
 
 
-def released_state(fence_token: int, ws_url: str, last_seq: int) -> dict[str, Any]:
+def released_state(
+    fence_token: int, ws_url: str, last_seq: int, upstream: Any = None, last_error: str | None = None
+) -> dict[str, Any]:
     """A hint's ``released``: what a clean release wrote (its fence, which it marks as
-    the stored end) and the ws_url it was running."""
-    return {FENCE_TOKEN: fence_token, WS_URL: ws_url, LAST_SEQ: last_seq}
+    the stored end), the ws_url it was running, its upstream item (absent for the
+    default protocol) and its last_error as the releaser knew it (absent: none), which
+    the taker removes once it connects."""
+    out: dict[str, Any] = {FENCE_TOKEN: fence_token, WS_URL: ws_url, LAST_SEQ: last_seq}
+    if upstream:
+        out[UPSTREAM] = dict(upstream)
+    if last_error is not None:
+        out[LAST_ERROR] = last_error
+    return out
 
 
 def item_from_released(connection_id: str, released: Any) -> dict[str, Any] | None:
     """The connection item as the clean release a hint describes left it (free,
     STARTED, checkpointed at the stored end), or None if ``released`` is not one. An
-    acquisition pinned to it (``ConnectionsStore.acquire_many``: fence, ws_url, free,
-    STARTED) lands only if the item is still that; while free nothing else moves its
-    checkpoint."""
+    acquisition pinned to it (``ConnectionsStore.acquire_many``: fence, ws_url, upstream,
+    free, STARTED) lands only if the item is still that; while free nothing else moves
+    its checkpoint."""
     if not isinstance(released, dict):
         return None
     fence, url, last_seq = released.get(FENCE_TOKEN), released.get(WS_URL), released.get(LAST_SEQ)
     if not (type(fence) is int and type(last_seq) is int and isinstance(url, str) and fence >= 0 and last_seq >= 0):
         return None
-    return {
+    upstream = released.get(UPSTREAM)
+    if upstream is not None and not (isinstance(upstream, dict) and upstream):
+        return None
+    item = {
         PK: connection_pk(connection_id),
         DESIRED_STATE: STARTED,
         WS_URL: url,
@@ -199,6 +212,11 @@ def item_from_released(connection_id: str, released: Any) -> dict[str, Any] | No
         LEASE_OWNER: "",
         LEASE_SESSION: "",
     }
+    if upstream is not None:
+        item[UPSTREAM] = upstream
+    if isinstance(released.get(LAST_ERROR), str):
+        item[LAST_ERROR] = released[LAST_ERROR]
+    return item
 
 
 def connection_pk(connection_id: str) -> str:

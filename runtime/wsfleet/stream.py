@@ -20,11 +20,12 @@ from __future__ import annotations
 import enum
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from . import schema
+from .pointer import MISSING, Pointer
 
 # Data up to this size (compact JSON, UTF-8) is stored inline in its item, well inside
 # DynamoDB's 400 KB item limit; larger data goes to an S3 object (wsfleet.store.objects).
@@ -50,8 +51,9 @@ class Problem(enum.Enum):
     # No usable seq: counted and skipped, nothing stored.
     NOT_JSON = "not_json"  # not JSON text: garbage, truncated, trailing data
     NOT_AN_OBJECT = "not_an_object"  # JSON, but an array, a string, a number...
-    BAD_SEQ = "bad_seq"  # seq missing, or not an integer in 0..2^63-1 (bool, float, string, 10^40)
+    BAD_SEQ = "bad_seq"  # no seq where the seq pointer leads, or not an integer in 0..2^63-1 (bool, float, 10^40)
     # A seq and data that cannot be stored: a skip marker at the seq (no seq found: as above).
+    NO_DATA = "no_data"  # the data pointer leads nowhere: nothing to store, nothing invented
     INVALID_UTF8 = "invalid_utf8"  # bytes that are not UTF-8 (read with U+FFFD to find the seq)
     TOO_DEEP = "too_deep"  # nested deeper than MAX_DEPTH
     NUMBER_TOO_LONG = "number_too_long"  # an integer of more than 4,300 digits (Python refuses it)
@@ -127,9 +129,31 @@ class Rejected:
     size: int  # bytes (or characters, for text given as str)
 
 
-def parse_frame(message: str | bytes, received_at_ms: int) -> Frame | Rejected:
-    """Read an upstream frame ``{"seq": <int>, "data": <any JSON>}``: a :class:`Frame`
-    (its data as compact JSON, or a skip marker), or :class:`Rejected`. Never raises.
+@dataclass(frozen=True)
+class FrameShape:
+    """Where a connection's frames keep their seq and their data (its upstream's
+    ``seq_pointer`` and ``data_pointer``); the default is ``{"seq", "data"}``. A pointer
+    of one token into an object is read with a dict lookup (the default's fast path)."""
+
+    seq: Pointer = Pointer.parse("/seq")
+    data: Pointer = Pointer.parse("/data")
+    seq_key: str | None = field(init=False, repr=False, compare=False)
+    data_key: str | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.seq.is_whole:
+            raise ValueError("a seq pointer must point into the frame")
+        object.__setattr__(self, "seq_key", self.seq.tokens[0] if len(self.seq.tokens) == 1 else None)
+        object.__setattr__(self, "data_key", self.data.tokens[0] if len(self.data.tokens) == 1 else None)
+
+
+DEFAULT_SHAPE = FrameShape()
+
+
+def parse_frame(message: str | bytes, received_at_ms: int, shape: FrameShape = DEFAULT_SHAPE) -> Frame | Rejected:
+    """Read an upstream frame (by default ``{"seq": <int>, "data": <any JSON>}``; else
+    its seq and data where ``shape`` points): a :class:`Frame` (its data as compact JSON,
+    or a skip marker), or :class:`Rejected`. Never raises.
 
     The worker reads every frame as bytes (text frames are not decoded by the socket, so
     invalid UTF-8 cannot fail the connection); a binary frame is read the same way."""
@@ -147,19 +171,24 @@ def parse_frame(message: str | bytes, received_at_ms: int) -> Frame | Rejected:
     except json.JSONDecodeError:
         return Rejected(problem or Problem.NOT_JSON, len(message))
     except RecursionError:  # deeper than the interpreter's stack allows (about 1,000)
-        return _by_scan(text, problem or Problem.TOO_DEEP, received_at_ms, len(message))
+        return _by_scan(text, problem or Problem.TOO_DEEP, received_at_ms, len(message), shape)
     except ValueError:  # JSON beyond what Python takes: an integer over 4,300 digits
-        return _by_scan(text, problem or Problem.NUMBER_TOO_LONG, received_at_ms, len(message))
-    if not isinstance(obj, dict):
-        return Rejected(problem or Problem.NOT_AN_OBJECT, len(message))
-    seq = obj.get("seq")
+        return _by_scan(text, problem or Problem.NUMBER_TOO_LONG, received_at_ms, len(message), shape)
+    is_object = type(obj) is dict
+    seq = obj.get(shape.seq_key) if is_object and shape.seq_key is not None else shape.seq.resolve(obj)
     if type(seq) is not int or not 0 <= seq <= MAX_SEQ:  # bool is a subclass of int: excluded
-        return Rejected(problem or Problem.BAD_SEQ, len(message))
+        return Rejected(problem or (Problem.BAD_SEQ if is_object else Problem.NOT_AN_OBJECT), len(message))
     if problem is None and text.count("[") + text.count("{") > MAX_DEPTH and _deeper_than(obj, MAX_DEPTH):
         problem = Problem.TOO_DEEP  # (fewer brackets than that, in strings or not, cannot nest deeper)
     if problem is not None:
         return Frame(seq, None, received_at_ms, problem)
-    return _stored(seq, obj.get("data"), received_at_ms)
+    if is_object and shape.data_key is not None:
+        data = obj.get(shape.data_key, MISSING)
+    else:
+        data = shape.data.resolve(obj)
+    if data is MISSING:
+        return Frame(seq, None, received_at_ms, Problem.NO_DATA)
+    return _stored(seq, data, received_at_ms)
 
 
 # Built once: json.dumps with arguments builds an encoder per call (4 us of the 9 a frame took).
@@ -209,23 +238,40 @@ def _deeper_than(obj: object, limit: int) -> bool:
     return True
 
 
-def _by_scan(text: str, problem: Problem, received_at_ms: int, size: int) -> Frame | Rejected:
+def _by_scan(text: str, problem: Problem, received_at_ms: int, size: int, shape: FrameShape) -> Frame | Rejected:
     """A frame json cannot read: a skip marker at its top-level seq if a scan of its
-    first SEQ_SCAN_CHARS finds one."""
-    seq = _top_level_seq(text[:SEQ_SCAN_CHARS])
+    first SEQ_SCAN_CHARS finds one. Only a seq pointer of one token names a top-level
+    key a scan can find; a nested one is not looked for (the frame is only counted)."""
+    if shape.seq_key is None:
+        return Rejected(problem, size)
+    seq = _top_level_seq(text[:SEQ_SCAN_CHARS], shape.seq_key)
     return Rejected(problem, size) if seq is None else Frame(seq, None, received_at_ms, problem)
 
 
-def _top_level_seq(text: str) -> int | None:
-    """The value of the top-level ``"seq"`` key (the last one, as json keeps the last of
+def _is_key(token: str, key: str, quoted: str) -> bool:
+    """Whether a JSON string token (quotes included) is ``key``: compared as written,
+    or decoded when it has escapes (``"s\\u0065q"`` is ``seq``)."""
+    if token == quoted:
+        return True
+    if "\\" not in token or not token.endswith('"'):
+        return False
+    try:
+        return json.loads(token) == key
+    except ValueError:
+        return False
+
+
+def _top_level_seq(text: str, key: str = "seq") -> int | None:
+    """The value of the top-level ``key`` (the last one, as json keeps the last of
     duplicate keys) if it is an integer in range, found by walking the strings and the
     brackets between them; None otherwise. It does not check that the rest is JSON."""
     depth, pos, found = 0, 0, None
+    quoted = json.dumps(key, ensure_ascii=False)
     for m in _STRING.finditer(text):
         gap = text[pos : m.start()]
         depth += gap.count("{") + gap.count("[") - gap.count("}") - gap.count("]")
         pos = m.end()
-        if depth == 1 and m.group() == '"seq"' and _COLON.match(text, pos):
+        if depth == 1 and _is_key(m.group(), key, quoted) and _COLON.match(text, pos):
             value = _INT_VALUE.match(text, pos)
             found = value.group(1) if value else None
     if found is None or len(found.lstrip("-")) > len(str(MAX_SEQ)):
@@ -324,6 +370,14 @@ class SeqTracker:
         if marker.seq != self.next_seq:
             raise ValueError(f"marker at {marker.seq}, expected {self.next_seq}")
         self.accept(marker.seq)
+
+    def start_at(self, end: int) -> None:
+        """A stream that cannot replay, with nothing in hand yet, starts after ``end``
+        (its first frame's seq less one): the seqs up to it were never asked for, so
+        they are no gap to mark."""
+        if self.last_accepted != 0 or self.checkpoint != 0:
+            raise ValueError(f"a stream with seqs in hand (up to {self.last_accepted}) cannot start anew")
+        self.checkpoint = self.last_accepted = end
 
     def stored(self, end: int) -> None:
         """Stored up to ``end``, gap-free (a range marker's: the end of its range)."""

@@ -25,6 +25,15 @@ connections through the API, then plays the scenario:
 seconds, then an invariant audit (what ``make chaos`` runs; see
 :mod:`wsfleet.local.chaos`), with ``--seed`` to replay one.
 
+Beside them, one connection of each upstream kind (:mod:`wsfleet.local.kind_streams`;
+``--no-kinds`` leaves them out): an authenticated one whose secret is rotated (old
+credential revoked) halfway through the first step, subprotocol + subscribe with nested
+frames, flat frames, and one that cannot replay, whose owner is the one ``crash``
+kills. Stop and burst leave them alone; the report audits each against the upstream's
+books (nothing lost or doubled, or for the one without replay, exactly which range was
+missed and that it is stored as one upstream_gap marker), and looks for the secret's
+values in every log, item and GET body.
+
 Right after the first START, the first connection's upstream sends one frame of
 LARGE_FRAME_BYTES of data, too large for a DynamoDB item: it is stored as an S3 object,
 and the report reads it back and compares its size and SHA-256 with what was sent.
@@ -47,7 +56,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..logs import route_stdlib_logging
-from . import report
+from . import kind_streams, report
 from .chaos.run import Run as ChaosRun
 from .chaos.run import Settings as ChaosSettings
 from .fleet import Fleet, Sample, Timing, eventually, new_run_dir
@@ -82,6 +91,9 @@ class Demo:
         self._next_worker = 1
         self._progress: list[Sample] = []  # the samples progress lines were printed for
         self.large: tuple[str, int] | None = None  # (connection, seq) of the large frame sent
+        self.kinds = kind_streams.KindStreams(fleet, self.say) if getattr(args, "kinds", True) else None
+        self.kind_ids: list[str] = []
+        self.crashed: tuple[str, float] | None = None  # (worker, when): the first crash
         self._print_lock = threading.Lock()
 
     def say(self, line: str) -> None:
@@ -142,9 +154,12 @@ class Demo:
 
     def crash(self) -> report.Event:
         self.phase = "crash"
-        victim = self._busiest()
+        # The stream that cannot replay must live through a crash: its owner is the victim.
+        owner = self.kinds.owner_of_live_only() if self.kinds is not None else None
+        victim = owner if owner in self.fleet.live_workers() else self._busiest()
         affected = self.fleet.owned_by(victim)
         at = self.fleet.kill(victim)
+        self.crashed = self.crashed or (victim, at)
         event = self._record(report.CRASH, f"crash: kill -9 {victim}", at, dict.fromkeys(affected, at), self.fleet.timing.crash_bound_s, victim)
         self._await(event)
         return event
@@ -245,6 +260,17 @@ class Demo:
     def _sockets(self, ids) -> dict:
         return {cid: self.fleet.upstream.sockets(cid) for cid in ids}
 
+    def start_kinds(self) -> report.Event:
+        """START one connection of each upstream kind, timed as a START event."""
+        assert self.kinds is not None
+        self.phase = "start"
+        at = time.time()
+        self.kind_ids = self.kinds.start()
+        event = self._record(report.START, f"START {len(self.kind_ids)} upstream kinds", at,
+                             dict.fromkeys(self.kind_ids, at), self.fleet.timing.start_bound_s)
+        self._await(event)
+        return event
+
     def hold(self, until: float) -> None:
         self.phase = "steady"
         time.sleep(max(0.0, until - time.time()))
@@ -264,6 +290,10 @@ class Demo:
         began = time.time()
         self.start(self.new_ids(args.connections), f"START {args.connections}")
         self.send_large_frame()
+        if self.kinds is not None:
+            self.start_kinds()
+            self.hold(began + gap / 2)
+            self.kinds.rotate()
         until = began + gap
         self.hold(until)
         for step in steps:
@@ -275,37 +305,43 @@ class Demo:
     def finish(self) -> int:
         fleet = self.fleet
         self.phase = "quiesce"
-        running = [c for c in self.connections if c not in self._stopped]
+        running = [c for c in self.connections if c not in self._stopped] + self.kind_ids
         ended_at = time.time()
         report.close_steps(self.events, ended_at)
         self.say(f"[{ended_at - self.t_origin:6.1f}s] STOP the remaining {len(running)} connections, then audit every message")
         for cid in running:
             fleet.stop_connection(cid)
         try:
-            fleet.wait_quiet(self.connections, timeout=fleet.timing.stop_bound_s * 2 + fleet.timing.lease_s + 10)
+            fleet.wait_quiet(self.connections + self.kind_ids, timeout=fleet.timing.stop_bound_s * 2 + fleet.timing.lease_s + 10)
         except TimeoutError as exc:
             self.say(f"           {exc}; auditing anyway")
         time.sleep(2 * fleet.sample_interval)  # let the observer see the quiet fleet
         self.phase = "audit"
         audits = fleet.audit(self.connections)
         large = fleet.large_frame(*self.large) if self.large else None
-        sockets = self._sockets(self.connections)
+        kinds = self.kinds.audit() if self.kinds is not None else []
+        sockets = self._sockets(self.connections + self.kind_ids)
         samples = list(fleet.samples)
-        frames_sent = sum(r.frames_sent for records in sockets.values() for r in records)
+        # The data summary is the default-protocol connections' (the kinds have their own audit).
+        frames_sent = sum(r.frames_sent for cid in self.connections for r in sockets[cid])
         outcomes = [report.measure(e, sockets, samples) for e in self.events]
         summary = report.summarise(audits, frames_sent)
         overlaps = fleet.upstream.overlaps()
         failed = report.failures(
             outcomes, summary, overlaps, strict=self.args.strict, samples=samples, ended_at=ended_at, large=large
         )
+        failed += [f"{a.connection_id}: {p}" for a in kinds for p in a.problems]
         lines = report.render(
             outcomes, summary, overlaps, samples, list(fleet.workers), t_origin=self.t_origin, ended_at=ended_at, large=large
         )
+        if kinds:
+            lines += kind_streams.lines(kinds, t_origin=self.t_origin, crash=self.crashed)
         text = "\n".join(lines + ["", "PASSED" if not failed else "FAILED: " + "; ".join(failed)])
         (fleet.run_dir / "report.txt").write_text(text + "\n")
         (fleet.run_dir / "report.json").write_text(
             report.as_json(
-                outcomes, summary, audits, overlaps, samples, t_origin=self.t_origin, settings=vars(self.args), failed=failed, large=large
+                outcomes, summary, audits, overlaps, samples, t_origin=self.t_origin, settings=vars(self.args), failed=failed, large=large,
+                kinds=kinds,
             )
         )
         self.say("")
@@ -331,6 +367,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--checkpoint", type=float, default=defaults.checkpoint_s, help=f"CHECKPOINT_SECONDS [{defaults.checkpoint_s:g}]"
     )
+    p.add_argument("--no-kinds", dest="kinds", action="store_false",
+                   help="leave out the connections of each upstream kind (authenticated, subscribe, flat, no replay)")
     p.add_argument("--run-dir", default=".demo", help="where each run's logs and report go [.demo]")
     p.add_argument("--strict", action="store_true", help="also fail when an event took longer than its bound, or a scale-out left a worker above its fair share")
     args = p.parse_args(argv)

@@ -19,7 +19,8 @@ Three paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
     serialises DynamoDB, so a slow request does not hold the others up;
   - ``{"outage": {"dynamodb": 8, "sqs": 5}}`` fails every request to that service for
     that many seconds from now: DynamoDB with ``InternalServerError`` (HTTP 500), SQS
-    with ``ServiceUnavailable`` (HTTP 503); with ``"outage_mode": "hang"`` a DynamoDB
+    with ``ServiceUnavailable`` (HTTP 503), Secrets Manager (``"secretsmanager"``, the
+    only fault it takes) with ``InternalServiceError`` (HTTP 500); with ``"outage_mode": "hang"`` a DynamoDB
     request is held until the outage ends, then failed, as a black-holed network does;
   - ``{"ambiguous": {"UpdateItem": 0.5, "TransactWriteItems": 1, "*": 0.1}, "seed": 7}``
     makes that share of requests *ambiguous*: the request is applied as usual (DynamoDB
@@ -73,6 +74,7 @@ from werkzeug.serving import make_server
 
 from .. import schema
 from ..logs import route_stdlib_logging
+from .secrets import SECRET_PREFIX
 
 WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
@@ -90,7 +92,8 @@ JOURNAL_PATH = "/_wsfleet/journal"
 # In a client's User-Agent (botocore ``user_agent_extra``): the fleet runner's own reads,
 # never faulted.
 HARNESS_MARK = "wsfleet-harness"
-OUTAGE_SERVICES = ("dynamodb", "sqs")
+OUTAGE_SERVICES = ("dynamodb", "sqs", "secretsmanager")
+AMBIGUOUS_SERVICES = ("dynamodb", "sqs")  # the ones whose writes matter to ownership
 _DYNAMODB_TARGET = "DynamoDB_20120810."
 
 
@@ -257,7 +260,7 @@ class Faults:
                 delay = s.latency_ms.get(op, s.latency_ms.get("*", 0.0))
                 if delay > 0 or s.jitter_ms > 0:
                     delay += s.jitter_ms * self._rng.random()
-            share = s.ambiguous.get(op, s.ambiguous.get("*", 0.0))
+            share = s.ambiguous.get(op, s.ambiguous.get("*", 0.0)) if service in AMBIGUOUS_SERVICES else 0.0
             ambiguous = share > 0 and self._rng.random() < share
             if service == "dynamodb" and not ambiguous:
                 self._counts["delayed" if delay > 0 else "passed"][op] += 1
@@ -313,6 +316,9 @@ class Faults:
         return body
 
     def _internal_error(self, start_response: Callable, service: str) -> list[bytes]:
+        if service == "secretsmanager":
+            return self._error(start_response, "500 Internal Server Error", "InternalServiceError",
+                               "An error occurred on the server side.")
         if service == "sqs":
             return self._error(start_response, "500 Internal Server Error", "com.amazonaws.sqs#InternalError",
                                "We encountered an internal error. Please try again.")
@@ -818,7 +824,9 @@ def create_resources(
     queue_name: str = QUEUE_NAME,
 ) -> dict[str, str]:
     """Create the tables (from :mod:`wsfleet.schema`), the bucket and the queue; return the
-    environment variables the worker and the router need to reach them."""
+    environment variables the worker and the router need to reach them (Secrets Manager
+    answers on the same endpoint: secrets under :data:`secrets.SECRET_PREFIX` are allowed
+    in ``secret_headers``, see :func:`secrets.put_secret`)."""
     session = emulator_session(region)
     ddb = session.client("dynamodb", endpoint_url=endpoint_url)
     ddb.create_table(**schema.connections_table_spec(table_name))
@@ -843,6 +851,7 @@ def create_resources(
         "MESSAGES_TABLE_NAME": messages_table_name,
         "MESSAGES_BUCKET_NAME": messages_bucket_name,
         "QUEUE_URL": queue_url,
+        "UPSTREAM_SECRET_PREFIX": SECRET_PREFIX,
     }
 
 

@@ -58,6 +58,7 @@ from ..logs import JsonLogger
 from ..store import MessagesStore, ObjectsStore, unmarshal
 from .api import LocalApi
 from .emulator import DEFAULT_REGION, HARNESS_MARK, create_resources, emulator_session
+from .upstream import DEFAULT as DEFAULT_SHAPE
 from .upstream import ThreadedUpstream
 
 RUNTIME_DIR = Path(__file__).resolve().parents[2]  # what PYTHONPATH must hold for children
@@ -711,15 +712,18 @@ class Fleet:
         assert self.upstream is not None
         return self.upstream.url_for(connection_id)
 
-    def start_connection(self, connection_id: str, ws_url: str | None = None) -> int:
-        """POST a START; the upstream stream exists (and produces) from now on. Returns the status."""
+    def start_connection(
+        self, connection_id: str, ws_url: str | None = None, *, upstream: Mapping[str, Any] | None = None,
+        shape: str = DEFAULT_SHAPE,
+    ) -> int:
+        """POST a START (with its ``upstream`` object if given); the upstream stream exists
+        (and produces, its frames in ``shape``) from now on. Returns the status."""
         assert self.upstream is not None
-        self.upstream.create_stream(connection_id)
-        status, body = self.request(
-            "POST",
-            "/events",
-            {"event_type": "START", "connection_id": connection_id, "ws_url": ws_url or self.ws_url(connection_id)},
-        )
+        self.upstream.create_stream(connection_id, shape=shape)
+        event: dict[str, Any] = {"event_type": "START", "connection_id": connection_id, "ws_url": ws_url or self.ws_url(connection_id)}
+        if upstream is not None:
+            event["upstream"] = dict(upstream)
+        status, body = self.request("POST", "/events", event)
         if status >= 400:
             raise RuntimeError(f"START {connection_id} answered {status}: {body}")
         return status

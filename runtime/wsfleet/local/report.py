@@ -457,7 +457,9 @@ def as_json(
     settings: Mapping[str, Any],
     failed: Sequence[str],
     large: LargeFrame | None = None,
+    kinds: Sequence[Any] = (),
 ) -> str:
+    """The whole report as JSON; ``kinds``: the upstream kinds' audits (KindAudit)."""
     return json.dumps(
         {
             "settings": dict(settings),
@@ -480,6 +482,7 @@ def as_json(
             "data": asdict(summary),
             "large_frame": {**asdict(large), "ok": large.ok} if large is not None else None,
             "connections": [asdict(a) for a in audits],
+            "upstream_kinds": [{**asdict(a), "ok": a.ok} for a in kinds],
             "overlaps": [asdict(o) for o in overlaps],
             "series": [
                 {"t_s": round(s.t - t_origin, 3), "owned": s.owned_counts(), "orphans": len(s.orphans()), "stored": s.stored}

@@ -12,6 +12,7 @@ from botocore.exceptions import ClientError
 
 from .. import schema
 from ..leases import AcquireFailure, acquire_already_landed, acquire_refusal, backoff_s, release_already_landed
+from .last_error import LastErrors
 from .base import (
     TransactionCancelled,
     TransientError,
@@ -135,7 +136,7 @@ STOP_CONFLICT_PAUSE_CAP_S = 0.4
 OWNER_PAGE_ITEMS = 100
 
 
-class ConnectionsStore(_Table):
+class ConnectionsStore(LastErrors, _Table):
     """The connections table: desired state, checkpoint, and which session owns it."""
 
     key_name = schema.PK
@@ -247,7 +248,9 @@ class ConnectionsStore(_Table):
         TransactWriteItems, each Update conditional on the version read: the item
         exists, desired_state is STARTED, ``lease_session`` is the expected session ("" for
         a free one, or an ENDED session whose connections we are taking), and
-        ``fence_token`` and ``ws_url`` are as read. Session ids are never reused and an
+        ``fence_token``, ``ws_url`` and ``upstream`` are as read (a STOP then START of a
+        free connection changes neither its fence nor, perhaps, its ws_url, but may change
+        its upstream: a taker pinned to the old one would open the socket the old way). Session ids are never reused and an
         ENDED session is never renewed, so this pins the exact ownership epoch that was
         read. Each sets ``fence_token`` to the next one and moves ``owner_key`` to our
         session. The same transaction holds a ConditionCheck that our own session is
@@ -308,7 +311,7 @@ class ConnectionsStore(_Table):
         connection, pinned to the version read."""
         live = "#st = :live"
         update = "SET #o = :me, #l = :session, #k = :key, #u = :now, #f = :next"
-        condition = "attribute_exists(#pk) AND #s = :started AND #l = :expected AND #f = :fence AND #w = :url"
+        pinned = "attribute_exists(#pk) AND #s = :started AND #l = :expected AND #f = :fence AND #w = :url"
         items: list[dict] = [
             {
                 "ConditionCheck": {
@@ -333,6 +336,13 @@ class ConnectionsStore(_Table):
                 ":fence": int(item.get(schema.FENCE_TOKEN, 0)),
                 ":url": item.get(schema.WS_URL, ""),
             }
+            # A map compares whole (DynamoDB's = takes maps and lists); the default
+            # protocol is the attribute's absence.
+            if schema.UPSTREAM in item:
+                condition = f"{pinned} AND #up = :up"
+                values[":up"] = item[schema.UPSTREAM]
+            else:
+                condition = f"{pinned} AND attribute_not_exists(#up)"
             items.append(self._transact_update(cid, update=update, condition=condition, values=values, return_old=True))
         return items
 

@@ -5,9 +5,14 @@ The connection is attached to the worker's session; keeping that alive is the
 worker's one deadline (``deadline()``): past it, nothing is written. Two tasks per
 connection, driven by one :class:`ConnectionRunner`:
 
-* stream: connect with ``from_seq``, receive frames and hand them to the worker's shared
-  :class:`~wsfleet.worker.writer.Writer` (which batches them with other connections'
-  frames), reconnect with backoff while the session holds. A frame never fails the
+* stream: connect as the connection's upstream asks (:mod:`.upstream_socket`: the URL
+  with ``from_seq`` or not, headers, secret headers, subprotocols; its open message sent
+  right after), receive frames (read where its pointers say) and hand them to the
+  worker's shared :class:`~wsfleet.worker.writer.Writer` (which batches them with other
+  connections' frames), reconnect with backoff while the session holds. A refused
+  handshake waits ``refused_retry_s`` instead, shown in the item's ``last_error`` until a
+  frame is accepted again. An upstream that cannot replay (``resume: none``) starts,
+  for a connection that never had a frame, where the upstream is. A frame never fails the
   connection: one that cannot be parsed or stored is counted and skipped (or stored as a
   skip marker, see :mod:`wsfleet.stream`), and whatever goes wrong handling one frame
   costs only that frame; an unexpected error in the loop itself costs a reconnect under
@@ -32,34 +37,33 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import socket
 import time
 import traceback
-from urllib.parse import urlsplit
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidHandshake, InvalidURI, PayloadTooBig
 
 from .. import clock
 from .. import metrics_names as names
-from .. import tracing
+from .. import tracing, upstream_spec
 from ..config import DEFAULT_MAX_FRAME_BYTES
 from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import CheckpointEntry, ConnectionsStore, Released
-from ..stream import Frame, Problem, Rejected, SeqTracker, parse_frame, resume_url
-from ..validation import Allowlist, Invalid, check_resolved
+from ..stream import Frame, FrameShape, Problem, Rejected, SeqTracker, parse_frame
+from ..validation import Allowlist
 from .checkpoints import Checkpoints
-from .gate import ReceiveGate, connect_options
+from .gate import ReceiveGate
 from .retry import LeaseExpired, call_until
-from .supervision import Supervisor
+from .secrets import Secrets, SecretUnavailable
+from .supervision import LogSampler, Supervisor
+from .upstream_socket import CLOSE_TIMEOUT_S, REFUSED_RETRY_S, Dialer, Refused, SocketOptions, refused_pause_s
 from .writer import Writer
 
 RECONNECT_CAP_S = 10.0
-CLOSE_TIMEOUT_S = 1.0  # a graceful close waits this long for the upstream's half of the handshake
 FRAME_LOG_EVERY_S = 60.0  # a connection logs each class of bad frame at most this often
 UNEXPECTED = "unexpected"  # the log class of an error of ours while handling a frame
 
@@ -84,6 +88,12 @@ class Settings:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # the worker's is config.max_frame_bytes
     allowlist: Allowlist = Allowlist.of(())  # hosts allowed to resolve to internal addresses
     gate: ReceiveGate | None = None  # the worker's receive slots for large frames; None: unbounded
+    refused_retry_s: float = REFUSED_RETRY_S  # the wait after a refused handshake (jittered)
+    upstream_secret_prefix: str = ""  # secrets a stored upstream may name (config.upstream_secret_prefix)
+
+    @property
+    def socket_options(self) -> SocketOptions:
+        return SocketOptions(self.connect_timeout_s, self.ping_interval_s, self.max_frame_bytes, self.allowlist, self.gate)
 
 
 Call = Callable[..., Awaitable[Any]]
@@ -107,9 +117,26 @@ class ConnectionRunner:
         checkpoints: Checkpoints,
         counters: Counters,
         log: JsonLogger,
+        secrets: Secrets,
+        upstream: dict | None = None,
+        last_error: str | None = None,
     ) -> None:
         self.connection_id = connection_id
         self.ws_url = ws_url
+        # The stored upstream item (for the release's hint) and what it says.
+        self.upstream_item: dict = upstream or {}
+        self._dialer = Dialer(
+            ws_url,
+            upstream,
+            options=settings.socket_options,
+            secret_prefix=settings.upstream_secret_prefix,
+            secrets=secrets,
+            log=log.bind(connection_id=connection_id, fence_token=fence_token),
+        )
+        self.upstream = self._dialer.upstream
+        self._shape = FrameShape(self.upstream.seq_pointer, self.upstream.data_pointer)
+        self.refused = False  # the last connect was refused (the RefusedConnections gauge)
+        self.last_error = last_error  # the item's last_error, as far as this ownership knows
         self.session_id = session_id
         self.fence_token = fence_token
         self.acquired_mono = clock.now()
@@ -163,26 +190,19 @@ class ConnectionRunner:
     async def _stream(self) -> None:
         while self.live() and self.end_reason is None:
             over_limit: PayloadTooBig | None = None
-            url = resume_url(self.ws_url, self.tracker.next_seq)
+            refused: Refused | None = None
+            from_seq = self.tracker.next_seq
             try:
-                with tracing.segment("connect", connection_id=self.connection_id, from_seq=self.tracker.next_seq):
-                    address, port = await self._resolve()
-                    ws = await connect(
-                        url,
-                        host=address,  # pinned: the address checked is the one connected to
-                        port=port,
-                        compression=None,  # about 4x less memory per socket
-                        open_timeout=self._s.connect_timeout_s,
-                        ping_interval=self._s.ping_interval_s,
-                        ping_timeout=self._s.ping_interval_s,
-                        close_timeout=CLOSE_TIMEOUT_S,
-                        max_size=self._s.max_frame_bytes,
-                        **connect_options(self._s.gate),  # the worker's byte budget (worker.gate)
-                    )
+                with tracing.segment("connect", connection_id=self.connection_id, from_seq=from_seq):
+                    ws = await self._dialer.open(from_seq)
                 async with ws:
                     self._ws = ws
                     self.connected.set()
-                    self._log.info("connected", from_seq=self.tracker.next_seq, attempt=self._attempt)
+                    self.refused = False
+                    self._log.info("connected", from_seq=from_seq, attempt=self._attempt)
+                    opening = self.upstream.opening(from_seq=from_seq, connection_id=self.connection_id)
+                    if opening is not None:
+                        await ws.send(opening)
                     try:
                         while True:
                             # Bytes, text frames too: decoding them, the socket would fail the
@@ -191,10 +211,9 @@ class ConnectionRunner:
                     except ConnectionClosedOK:
                         pass
                 code = ws.close_code
-            except Invalid as exc:
-                code = None
-                self._log.error("upstream_refused", error=exc.message, attempt=self._attempt)
-            except (OSError, TimeoutError, InvalidURI, InvalidHandshake, ConnectionClosed) as exc:
+            except Refused as exc:
+                code, refused = None, exc
+            except (OSError, TimeoutError, InvalidURI, InvalidHandshake, ConnectionClosed, SecretUnavailable) as exc:
                 code = None
                 if isinstance(exc, ConnectionClosed) and isinstance(exc.__cause__, PayloadTooBig):
                     over_limit = exc.__cause__  # we closed it (1009): a frame over max_frame_bytes
@@ -207,23 +226,57 @@ class ConnectionRunner:
                 self.connected.clear()
             if self.end_reason is not None:
                 return
+            if refused is not None:
+                await self._wait_out(refused)
+                continue
             if over_limit is not None:
                 await self._closed_over_limit(over_limit)
             delay = min(RECONNECT_CAP_S, backoff_s(self._attempt, base=0.2, cap=RECONNECT_CAP_S) + 0.05)
             self._counters.add(names.RECONNECTS)
             self._log.info("reconnecting", close_code=code, in_s=round(delay, 3), from_seq=self.tracker.next_seq)
             self._attempt += 1
-            await asyncio.sleep(delay)
+            await self._pause(delay)
 
-    async def _resolve(self) -> tuple[str, int]:
-        """The address to open the socket to: DNS answers checked against internal
-        ranges (validation.check_resolved), so that a host name cannot point the worker
-        at the metadata endpoint or the VPC. Raises Invalid, or OSError if DNS fails."""
-        parts = urlsplit(self.ws_url)
-        host = parts.hostname or ""
-        port = parts.port or (443 if parts.scheme == "wss" else 80)
-        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        return check_resolved(host, list(dict.fromkeys(info[4][0] for info in infos)), self._s.allowlist), port
+    async def _pause(self, delay: float) -> None:
+        """Wait ``delay`` seconds, or less if the connection ends meanwhile (a STOP,
+        shutdown, a shed, a lost session)."""
+        try:
+            await asyncio.wait_for(self._ended.wait(), timeout=delay)
+        except TimeoutError:
+            pass
+
+    async def _wait_out(self, refused: Refused) -> None:
+        """A refusal: counted, shown in the item (``last_error``, when its text
+        changes), then ``refused_retry_s`` (jittered) before the next try, cut short
+        only by the connection's end. Never a storm, whatever fails here."""
+        self.refused = True
+        self._counters.add(names.UPSTREAM_REFUSALS)
+        delay = refused_pause_s(self._s.refused_retry_s)
+        self._log.warning("upstream_refused", error=refused.text, retry_in_s=round(delay, 1), attempt=self._attempt)
+        self._attempt += 1
+        try:
+            await self._note_error(refused.text)
+        except Exception as exc:  # noqa: BLE001 - the wait below happens whatever the note met
+            self._supervisor.report("last_error", exc)
+        await self._pause(delay)
+
+    async def _note_error(self, text: str | None) -> None:
+        """Write ``last_error`` (None: remove it), conditional on our session and fence,
+        unless the item has it already as far as this ownership knows."""
+        if text == self.last_error:
+            return
+        key = dict(connection_id=self.connection_id, session_id=self.session_id, fence_token=self.fence_token)
+        try:
+            if text is None:
+                ours = await self._until_deadline(self._connections.clear_error, **key)
+            else:
+                ours = await self._until_deadline(self._connections.note_error, text=text, **key)
+        except LeaseExpired:
+            return  # the session's loss is the worker's to handle
+        if not ours:
+            self._log.warning("last_error_found_connection_gone")
+            return self._end(EndReason.LOST)
+        self.last_error = text
 
     async def _closed_over_limit(self, exc: PayloadTooBig) -> None:
         """The socket closed for a frame over its limit: counted toward giving up the seq
@@ -245,7 +298,7 @@ class ConnectionRunner:
         frame only, logged and counted, and the next frame's gap marker covers its seq."""
         size = len(message)
         try:
-            frame = parse_frame(message, int(time.time() * 1000))
+            frame = parse_frame(message, int(time.time() * 1000), self._shape)
             # The raw bytes are not needed past parsing: not held while the put below
             # waits for the writer's room (for a frame at the limit, 32 MiB a socket).
             del message
@@ -256,6 +309,8 @@ class ConnectionRunner:
                 self._counters.add(names.MALFORMED_FRAMES)
                 stored = "skip_marker" if frame.is_marker else "escaped"
                 self._frame_problem(frame.problem, size=size, seq=frame.seq, stored=stored)
+            if self._starts_where_the_upstream_is(frame) and not await self._start_at(frame.seq):
+                return
             frames = self.tracker.to_store(frame)
             if not frames:
                 return  # a replay of a frame already in hand
@@ -264,11 +319,45 @@ class ConnectionRunner:
             await self._writer.put(self.connection_id, *frames)  # waits while the writer is full
             self.tracker.accept(frame.seq)  # in hand once queued (see SeqTracker)
             self._attempt = 0
+            if frames[0].problem is Problem.UPSTREAM_GAP:
+                self._counters.add(names.MISSED_SEQS, frames[0].end - frames[0].seq + 1)
+            if self.last_error is not None:
+                await self._note_error(None)  # connecting works again: GET stops saying otherwise
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - one frame never costs the connection
             self._counters.add(names.LOOP_ERRORS)
             self._frame_problem(UNEXPECTED, size=size, error=f"{type(exc).__name__}: {exc}", exc=exc)
+
+    def _starts_where_the_upstream_is(self, frame: Frame) -> bool:
+        """An upstream that cannot replay, on a connection that never had a frame in
+        hand: its first frame is where the stream starts for us, not the end of a gap
+        (nothing before it was ever asked for)."""
+        return self.upstream.resume is upstream_spec.Resume.NONE and self.tracker.last_accepted == 0 and frame.seq > 1
+
+    async def _start_at(self, seq: int) -> bool:
+        """Checkpoint ``seq - 1`` before the first frame is queued (conditional on our
+        session and fence, as every checkpoint): a later owner then finds the stream's
+        start in the item, so that a seq missing after it is a gap to mark, never read
+        as "nothing stored yet". False when the connection is no longer ours."""
+        try:
+            ours = await self._until_deadline(
+                self._connections.checkpoint,
+                connection_id=self.connection_id,
+                session_id=self.session_id,
+                fence_token=self.fence_token,
+                last_seq=seq - 1,
+            )
+        except LeaseExpired:
+            self._end(EndReason.EXPIRED)
+            return False
+        if not ours:
+            self._end(EndReason.LOST)
+            return False
+        self.tracker.start_at(seq - 1)
+        self._checkpoint_written = seq - 1
+        self._log.info("stream_starts_where_the_upstream_is", seq=seq)
+        return True
 
     def _frame_problem(self, problem: Problem | str, *, exc: BaseException | None = None, **fields: object) -> None:
         """Log a bad frame, at most once per FRAME_LOG_EVERY_S per class, saying how many
@@ -442,21 +531,3 @@ class ConnectionRunner:
             self._counters.add(names.LEASES_LOST)
             self._log.warning("release_found_lease_gone", checkpoint=self.tracker.checkpoint)
 
-
-class LogSampler:
-    """At most one log line per key per ``period_s``, counting the ones held back."""
-
-    def __init__(self, period_s: float) -> None:
-        self._period = period_s
-        self._last: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
-    def take(self, key: str, now: float) -> int | None:
-        """None: hold this one back. Else log it, with how many were held back since the
-        last line of that key."""
-        last = self._last.get(key)
-        if last is not None and now - last < self._period:
-            self._held[key] = self._held.get(key, 0) + 1
-            return None
-        self._last[key] = now
-        return self._held.pop(key, 0)

@@ -52,6 +52,7 @@ from .connection import ConnectionRunner, EndReason, Settings
 from .gate import ReceiveGate
 from .intake import HINT_POLLERS, Intake
 from .retry import LeaseExpired, call_until, first_of
+from .secrets import Secrets
 from .session import Lost, SessionKeeper
 from .supervision import Supervisor
 from .sweep import PAGE_PAUSE_S, Sweeper
@@ -113,7 +114,10 @@ class Worker:
             max_frame_bytes=config.max_frame_bytes,
             allowlist=Allowlist.of(config.allowed_ws_hosts),
             gate=self.gate,
+            upstream_secret_prefix=config.upstream_secret_prefix,
         )
+        # Secret header values, one cache for every connection of the worker.
+        self.secrets = Secrets(client=aws.secretsmanager, call=aws.call, counters=self.counters)
         self.writer = Writer(
             messages=self._messages,
             objects=ObjectsStore(aws.s3, config.messages_bucket_name),
@@ -292,6 +296,9 @@ class Worker:
             checkpoints=self.checkpoints,
             counters=self.counters,
             log=self._log,
+            secrets=self.secrets,
+            upstream=item.get(schema.UPSTREAM),
+            last_error=item.get(schema.LAST_ERROR),
         )
         self.runners[connection_id] = runner
         self._last_acquired_ms = self._clock_ms()
@@ -387,7 +394,11 @@ class Worker:
         )
         # The state the release left it in, when it landed free: the taker needs no read.
         released = (
-            schema.released_state(runner.fence_token, runner.ws_url, runner.tracker.checkpoint) if runner.freed else None
+            schema.released_state(
+                runner.fence_token, runner.ws_url, runner.tracker.checkpoint, runner.upstream_item, runner.last_error
+            )
+            if runner.freed
+            else None
         )
         # A STOP's release that landed free: a START came meanwhile, and its hint found us holding it.
         if reason is EndReason.SHUTDOWN or (reason is EndReason.STOPPED and runner.freed):
@@ -503,6 +514,7 @@ class Worker:
             unowned_connections=await self.count_unowned() if count_unowned else None,
             worker_id=self.worker_id,
             loop_lag_p99_ms=self.stats()["loop_lag_p99_ms"],
+            refused_connections=sum(1 for r in list(self.runners.values()) if r.refused),
         )
         try:
             for start in range(0, len(data), 20):

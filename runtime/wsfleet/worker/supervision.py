@@ -99,3 +99,22 @@ class Supervisor:
             if deadline() <= clock.now():
                 raise LeaseExpired()
             attempt += 1
+
+
+class LogSampler:
+    """At most one log line per key per ``period_s``, counting the ones held back."""
+
+    def __init__(self, period_s: float) -> None:
+        self._period = period_s
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def take(self, key: str, now: float) -> int | None:
+        """None: hold this one back. Else log it, with how many were held back since the
+        last line of that key."""
+        last = self._last.get(key)
+        if last is not None and now - last < self._period:
+            self._held[key] = self._held.get(key, 0) + 1
+            return None
+        self._last[key] = now
+        return self._held.pop(key, 0)

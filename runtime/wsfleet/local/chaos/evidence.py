@@ -22,14 +22,14 @@ The checker's unit tests build an :class:`Evidence` by hand.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, TypeVar
 
 from ... import schema
 from ..emulator import journal
 from ..fleet import ConnState, Fleet, Sample, SessionState
-from ..upstream import Overlap, SocketRecord
+from ..upstream import DEFAULT, Overlap, SocketRecord
+from ..upstream.kinds import stored_data
 
 V = TypeVar("V")
 
@@ -111,10 +111,7 @@ class Evidence:
 def frame_data(raw: bytes) -> str | None:
     """A numbered frame's ``data`` as compact JSON (what the worker stores), or None for
     a frame that is not JSON with a data member (a byzantine one)."""
-    try:
-        return json.dumps(json.loads(raw)["data"], separators=(",", ":"))
-    except (ValueError, RecursionError, KeyError, TypeError):
-        return None
+    return stored_data(DEFAULT, raw)
 
 
 def gather(fleet: Fleet, connection_ids: Sequence[str], snapshots: list[Snapshot], exits: list, end_t: float,
@@ -144,7 +141,7 @@ def gather(fleet: Fleet, connection_ids: Sequence[str], snapshots: list[Snapshot
         connections=list(connection_ids),
         sockets={s: upstream.sockets(s) for s in every},
         overlaps=upstream.overlaps(),
-        frames={s: {seq: frame_data(raw) for seq, raw in upstream.frames(s).items()} for s in every},
+        frames={s: upstream.expected_data(s) for s in every},
         rows=rows,
         checkpoints={cid: states[cid].last_seq for cid in connection_ids if cid in states},
         journal=journal(fleet.emulator.endpoint_url),

@@ -1,0 +1,209 @@
+"""Upstream kinds: what a socket's URL asks of the local upstream, and the shapes of its
+frames. No I/O, so the server, its tests and the audits share one reading of it.
+
+A kind is configured by query parameters on the stream URL (the stream name still comes
+from the path), so an upstream in another process is configured by ``ws_url`` alone:
+
+* ``auth=<header-name>``: the handshake must carry that header with one of the accepted
+  credentials (missing: HTTP 401, wrong: HTTP 403);
+* ``subprotocol=<name>``: the client must offer it (the server selects it), else HTTP 400;
+* ``subscribe=1``: nothing is sent until the client sends
+  ``{"op":"subscribe","stream":"<name>","from_seq":<int >= 1>}``, whose from_seq overrides
+  the URL's; a bad one closes the socket with 1008 and a reason;
+* ``shape=nested`` / ``shape=flat`` (default ``shape=default``): see :data:`SHAPES`;
+* ``replay=none`` (default ``replay=all``): the socket gets only frames produced after it
+  opened, whatever from_seq it asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Collection
+from urllib.parse import parse_qs, urlsplit
+
+DEFAULT = "default"  # {"seq": n, "data": <data>}
+NESTED = "nested"  # {"type": "update", "meta": {"sequence": n}, "payload": <data>}
+FLAT = "flat"  # {"u": n, "stream": .., "t": .., "v": n}: the whole frame is the data
+# Shape -> (seq pointer, data pointer) an `upstream` object names to read it.
+SHAPES = {DEFAULT: ("/seq", "/data"), NESTED: ("/meta/sequence", "/payload"), FLAT: ("/u", "")}
+REPLAYS = ("all", "none")
+KIND_PARAMS = ("auth", "subprotocol", "subscribe", "shape", "replay")
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110: header names, subprotocols
+MAX_CLOSE_REASON = 120  # bytes; a close frame's reason must fit in 123
+# As the worker stores data: compact, UTF-8, and NaN/Infinity are not JSON (a skip marker).
+# A lone surrogate cannot be UTF-8: such data is stored with every non-ASCII character escaped.
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
+class BadRequest(ValueError):
+    """A URL or subscribe message the upstream refuses; the message is a sentence."""
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What one socket's URL asked for (the default protocol when nothing)."""
+
+    auth: str | None = None  # the header that must carry a credential
+    subprotocol: str | None = None  # the subprotocol the client must offer
+    subscribe: bool = False  # wait for a subscribe message before sending
+    shape: str = DEFAULT
+    replay: str = "all"  # "none": live frames only
+
+    @property
+    def text(self) -> str:
+        """Short and readable, for books and reports (``default`` for the default)."""
+        parts = [f"auth={self.auth}"] if self.auth else []
+        parts += [f"subprotocol={self.subprotocol}"] if self.subprotocol else []
+        parts += ["subscribe"] if self.subscribe else []
+        parts += [f"shape={self.shape}"] if self.shape != DEFAULT else []
+        parts += ["replay=none"] if self.replay == "none" else []
+        return "&".join(parts) or DEFAULT
+
+
+def _last(query: dict[str, list[str]], key: str) -> str | None:
+    values = query.get(key)
+    return values[-1] if values else None
+
+
+def parse_request(path: str) -> tuple[int, Kind]:
+    """The from_seq (1 when absent) and the kind a request path asks for; raises
+    :class:`BadRequest` (an HTTP 400) for a value the upstream does not know."""
+    query = parse_qs(urlsplit(path).query, keep_blank_values=True)
+    raw = _last(query, "from_seq")
+    from_seq = 1 if raw is None else _whole(raw, "from_seq")
+    auth = _last(query, "auth")
+    if auth is not None and not _TOKEN.fullmatch(auth):
+        raise BadRequest(f"auth must name a header (an RFC 9110 token), got {auth!r}")
+    subprotocol = _last(query, "subprotocol")
+    if subprotocol is not None and not _TOKEN.fullmatch(subprotocol):
+        raise BadRequest(f"subprotocol must be an RFC 9110 token, got {subprotocol!r}")
+    subscribe = _last(query, "subscribe") or "0"
+    if subscribe not in ("0", "1"):
+        raise BadRequest(f"subscribe must be 0 or 1, got {subscribe!r}")
+    shape = _last(query, "shape") or DEFAULT
+    if shape not in SHAPES:
+        raise BadRequest(f"shape must be one of {', '.join(SHAPES)}, got {shape!r}")
+    replay = _last(query, "replay") or "all"
+    if replay not in REPLAYS:
+        raise BadRequest(f"replay must be one of {', '.join(REPLAYS)}, got {replay!r}")
+    return from_seq, Kind(auth, subprotocol, subscribe == "1", shape, replay)
+
+
+def check_handshake(path: str, headers: Any, credentials: Collection[str], shape: str | None) -> tuple[int, str]:
+    """The answer to a handshake on a stream whose frames are in ``shape`` (None: a new
+    stream): 101 to go on, else the HTTP status and a sentence (never a credential).
+    ``headers`` is websockets' ``Headers`` (``get_all`` is case-insensitive)."""
+    try:
+        _, kind = parse_request(path)
+    except BadRequest as error:
+        return 400, str(error)
+    if shape is not None and shape != kind.shape:
+        return 400, f"this stream has shape {shape}, not {kind.shape}"
+    if kind.auth is not None:
+        values = headers.get_all(kind.auth)
+        if not values:
+            return 401, f"the {kind.auth} header is required"
+        if not any(v in credentials for v in values):
+            return 403, f"the {kind.auth} header does not carry an accepted credential"
+    if kind.subprotocol is not None and kind.subprotocol not in offered_subprotocols(headers):
+        return 400, f"the subprotocol {kind.subprotocol} must be offered"
+    return 101, ""
+
+
+def offered_subprotocols(headers: Any) -> list[str]:
+    """The subprotocols a handshake offers, in its order."""
+    return [p.strip() for value in headers.get_all("Sec-WebSocket-Protocol") for p in value.split(",")]
+
+
+def _whole(raw: Any, name: str) -> int:
+    if type(raw) is int:
+        value = raw
+    else:
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise BadRequest(f"{name} must be a whole number, got {raw!r}") from None
+    if value < 1:
+        raise BadRequest(f"{name} must be at least 1, got {value}")
+    return value
+
+
+def parse_subscribe(message: str | bytes, stream: str) -> int:
+    """The from_seq of a subscribe message for ``stream``; raises :class:`BadRequest`
+    (the socket is then closed with 1008) for anything else."""
+    if isinstance(message, bytes):
+        raise BadRequest("the subscribe message must be a text frame")
+    try:
+        obj = json.loads(message)
+    except (ValueError, RecursionError):
+        raise BadRequest("the subscribe message is not JSON") from None
+    if not isinstance(obj, dict) or obj.get("op") != "subscribe":
+        raise BadRequest('the first message must be {"op":"subscribe",...}')
+    if obj.get("stream") != stream:
+        raise BadRequest("the subscribe message names another stream")
+    if "from_seq" not in obj:
+        raise BadRequest("the subscribe message has no from_seq")
+    if type(obj["from_seq"]) is not int:  # 1.0, "1" and true are not whole numbers here
+        raise BadRequest("from_seq must be a whole number")
+    return _whole(obj["from_seq"], "from_seq")
+
+
+def close_reason(text: str) -> str:
+    """``text`` cut to what a close frame carries."""
+    data = text.encode()
+    return text if len(data) <= MAX_CLOSE_REASON else data[:MAX_CLOSE_REASON].decode(errors="ignore")
+
+
+def generated_data(stream: str, seq: int) -> dict[str, Any]:
+    """The data of a generated frame: which stream, when, and a value."""
+    return {"stream": stream, "t": int(time.time() * 1000), "v": seq}
+
+
+def render(shape: str, seq: int, data: Any) -> bytes:
+    """The text frame carrying ``seq`` and ``data`` in ``shape``. A flat frame is the
+    data itself with the seq beside it, so its data must be an object without ``u``."""
+    if shape == NESTED:
+        frame: Any = {"type": "update", "meta": {"sequence": seq}, "payload": data}
+    elif shape == FLAT:
+        if not isinstance(data, dict) or "u" in data:
+            raise ValueError("flat frames take an object without a 'u' member as data")
+        frame = {"u": seq, **data}
+    else:
+        frame = {"seq": seq, "data": data}
+    return _COMPACT.encode(frame).encode()
+
+
+def stored_data(shape: str, frame: bytes) -> str | None:
+    """What a worker reading ``shape`` should store for ``frame``: its data part as
+    compact JSON, or None for a frame that does not have one (a byzantine frame: a skip
+    marker is expected). Read here without the worker's code, for independent audits."""
+    try:
+        obj = json.loads(frame)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if shape == FLAT:
+        data = obj
+    elif shape == NESTED:
+        if "payload" not in obj:
+            return None
+        data = obj["payload"]
+    else:
+        if "data" not in obj:
+            return None
+        data = obj["data"]
+    try:
+        text = _COMPACT.encode(data)
+    except ValueError:
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _COMPACT_ASCII.encode(data)
+    return text

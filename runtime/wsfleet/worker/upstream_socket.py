@@ -1,0 +1,200 @@
+"""Opening one connection's socket to its upstream, and what a refusal means.
+
+:func:`open_socket` resolves and checks the host, then makes the handshake the
+connection's :class:`~wsfleet.upstream_spec.Upstream` asks for: its URL (``from_seq``
+only when it resumes by query), its plain and secret headers, its subprotocols. What
+the upstream answers decides how soon to try again (:func:`refusal`): a socket error,
+a 5xx, 408 or 429 is a fault that passes (the runner's short backoff); any other 4xx
+is a refusal that will not pass by itself (a revoked key, a wrong ARN), waited out for
+``REFUSED_RETRY_S`` (jittered) so that a fleet of refused connections is not a storm.
+A 401/403 is first answered by fetching the connection's secrets again once (a
+rotation), and trying again at once.
+
+Header values never reach a log: websockets logs every request header at DEBUG, so the
+sockets get a logger (:data:`SOCKET_LOGGER`) that is never enabled for DEBUG, whatever
+the process's log level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus
+
+from .. import clock, upstream_spec
+from ..logs import JsonLogger
+from ..upstream_spec import Upstream
+from ..validation import Allowlist, Invalid, check_resolved
+from .gate import ReceiveGate, connect_options
+from .secrets import Resolved, SecretError, Secrets
+
+REFUSED_RETRY_S = 60.0  # how long a refused connection waits before it tries again
+REFUSED_JITTER = 0.2  # +-20%: connections refused together do not all come back together
+CLOSE_TIMEOUT_S = 1.0  # a graceful close waits this long for the upstream's half of the handshake
+_PASSING = frozenset({408, 429})  # 4xx answers that say "later", not "no"
+
+
+class _NoDebug(logging.LoggerAdapter):
+    """websockets' logger for our sockets, never enabled for DEBUG: its DEBUG lines are
+    the handshake's request headers, secret values included. INFO and above pass."""
+
+    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 - logging's name
+        return level > logging.DEBUG and self.logger.isEnabledFor(level)
+
+    def debug(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+SOCKET_LOGGER = _NoDebug(logging.getLogger("websockets.client"), {})
+
+
+class Refused(Exception):
+    """A handshake that will not succeed by trying again soon. ``text`` says why, for
+    ``last_error`` and the log (never a header value); ``auth``: 401 or 403."""
+
+    def __init__(self, text: str, *, auth: bool = False) -> None:
+        super().__init__(text)
+        self.text = text
+        self.auth = auth
+
+
+def refusal(exc: BaseException) -> Refused | None:
+    """The refusal an exception of the handshake is, or None for a fault that passes."""
+    if isinstance(exc, InvalidStatus):
+        status = exc.response.status_code
+        if 400 <= status < 500 and status not in _PASSING:
+            return Refused(f"the upstream refused the handshake: HTTP {status}", auth=status in (401, 403))
+    return None
+
+
+def refused_pause_s(base: float) -> float:
+    """The wait after a refusal: ``base`` give or take REFUSED_JITTER."""
+    return base * random.uniform(1 - REFUSED_JITTER, 1 + REFUSED_JITTER)
+
+
+@dataclass(frozen=True)
+class SocketOptions:
+    """What every socket of the worker shares (from the runner's Settings)."""
+
+    connect_timeout_s: float
+    ping_interval_s: float
+    max_frame_bytes: int
+    allowlist: Allowlist
+    gate: ReceiveGate | None
+
+
+async def resolve(ws_url: str, allowlist: Allowlist) -> tuple[str, int]:
+    """The address to open the socket to: DNS answers checked against internal
+    ranges (validation.check_resolved), so that a host name cannot point the worker
+    at the metadata endpoint or the VPC. Raises Invalid, or OSError if DNS fails."""
+    parts = urlsplit(ws_url)
+    host = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "wss" else 80)
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return check_resolved(host, list(dict.fromkeys(info[4][0] for info in infos)), allowlist), port
+
+
+async def open_socket(
+    ws_url: str,
+    *,
+    upstream: Upstream,
+    from_seq: int,
+    secret_headers: tuple[tuple[str, str], ...],
+    options: SocketOptions,
+) -> ClientConnection:
+    """The handshake ``upstream`` asks for, to the checked address of ``ws_url``
+    (raises Invalid, OSError, TimeoutError or websockets' handshake errors)."""
+    address, port = await resolve(ws_url, options.allowlist)
+    headers = [*upstream.headers, *secret_headers]
+    return await connect(
+        upstream.url(ws_url, from_seq),
+        host=address,  # pinned: the address checked is the one connected to
+        port=port,
+        additional_headers=headers or None,
+        subprotocols=list(upstream.subprotocols) or None,
+        logger=SOCKET_LOGGER,
+        compression=None,  # about 4x less memory per socket
+        open_timeout=options.connect_timeout_s,
+        ping_interval=options.ping_interval_s,
+        ping_timeout=options.ping_interval_s,
+        close_timeout=CLOSE_TIMEOUT_S,
+        max_size=options.max_frame_bytes,
+        **connect_options(options.gate),  # the worker's byte budget (worker.gate)
+    )
+
+
+class Dialer:
+    """How one connection opens its socket: its upstream (parsed from the stored item
+    with this worker's secret prefix; one it refuses is a refusal at every connect), its
+    secret header values, and the refusal rule."""
+
+    def __init__(
+        self,
+        ws_url: str,
+        upstream_item: dict | None,
+        *,
+        options: SocketOptions,
+        secret_prefix: str,
+        secrets: Secrets,
+        log: JsonLogger,
+    ) -> None:
+        self._ws_url = ws_url
+        self._options = options
+        self._secrets = secrets
+        self._log = log
+        self._refused: Refused | None = None
+        try:
+            self.upstream = upstream_spec.parse(upstream_item or None, secret_prefix=secret_prefix)
+        except Invalid as exc:
+            self.upstream = upstream_spec.DEFAULT
+            self._refused = Refused(f"the stored upstream is refused by this worker: {exc.message}")
+            log.error("stored_upstream_refused", error=self._refused.text)
+
+    async def open(self, from_seq: int) -> ClientConnection:
+        """The socket, as the upstream asks for it. A 401/403 is answered once by
+        fetching the secrets again (newer than the ones refused) and trying again at
+        once; a refusal (that one again, another 4xx, a secret that cannot be read, a
+        host not allowed, a stored upstream refused) raises :class:`Refused`."""
+        if self._refused is not None:
+            raise self._refused
+        secret = await self._secret_values()
+        for again in (False, True):
+            try:
+                return await open_socket(
+                    self._ws_url,
+                    upstream=self.upstream,
+                    from_seq=from_seq,
+                    secret_headers=secret.headers,
+                    options=self._options,
+                )
+            except InvalidStatus as exc:
+                refused = refusal(exc)
+                if refused is None:
+                    raise
+                if again or not (refused.auth and self.upstream.secret_headers):
+                    raise refused from None
+                self._log.info("refreshing_secrets_after_refusal", status=exc.response.status_code)
+                secret = await self._secret_values(refresh_since=secret.fetched_at)
+            except Invalid as exc:  # the host resolves where it may not (validation.check_resolved)
+                raise Refused(exc.message) from None
+        raise AssertionError("unreachable: the second try returns or raises")
+
+    async def _secret_values(self, *, refresh_since: float | None = None) -> Resolved:
+        """The secret header values (fetched again first when values newer than
+        ``refresh_since`` are wanted); a secret that cannot be used is a refusal."""
+        refs = self.upstream.secret_headers
+        if not refs:
+            return Resolved((), clock.now())
+        try:
+            if refresh_since is not None:
+                await self._secrets.refresh([ref.arn for _, ref in refs], since=refresh_since)
+            return await self._secrets.resolve(refs)
+        except SecretError as exc:
+            raise Refused(str(exc)) from None
