@@ -10,7 +10,7 @@ import pytest
 from botocore.config import Config
 
 from wsfleet import schema
-from wsfleet.store import Acquired, ConnectionsStore, SessionsStore, TransientError, marshal
+from wsfleet.store import Acquired, ConnectionsStore, SessionsStore, TransientError
 
 from tests.conftest import open_sessions
 
@@ -27,26 +27,9 @@ def store(ddb, aws_env):
     )
 
 
-def set_upstream(ddb, aws_env, cid: str, upstream: dict | None) -> None:
-    """What a START of a STOPPED connection with another upstream leaves (the router's
-    part): the attribute set, or removed for the default protocol; fence and url kept."""
-    key = marshal({schema.PK: schema.connection_pk(cid)})
-    if upstream is None:
-        ddb.update_item(TableName=aws_env["TABLE_NAME"], Key=key, UpdateExpression="REMOVE upstream")
-    else:
-        ddb.update_item(
-            TableName=aws_env["TABLE_NAME"],
-            Key=key,
-            UpdateExpression="SET upstream = :u",
-            ExpressionAttributeValues=marshal({":u": upstream}),
-        )
-
-
 def released(store: ConnectionsStore, cid: str, upstream: dict | None) -> None:
     """Started with ``upstream``, taken by a#1 and released cleanly at seq 7."""
-    store.start(cid, URL)
-    if upstream is not None:
-        set_upstream(store._ddb, {"TABLE_NAME": store._table}, cid, upstream)
+    store.start(cid, URL, upstream)
     assert isinstance(store.acquire(cid, session_id="a#1", worker_id="a"), Acquired)
     assert store.release(cid, session_id="a#1", fence_token=1, last_seq=7)
 
@@ -75,8 +58,7 @@ def test_a_hint_carries_the_upstream_and_a_stale_one_is_corrected_by_the_cancell
         hinted[cid] = schema.item_from_released(cid, schema.released_state(1, URL, 7, in_hint))
         if now != at_release:
             store.stop(cid, sessions=SessionsStore(ddb, store._sessions_table))
-            set_upstream(ddb, aws_env, cid, now)
-            store.start(cid, URL)
+            store.start(cid, URL, now)  # the router's restart: another upstream, same url and fence
             assert store.get(cid)["fence_token"] == 1  # nothing but the upstream tells them apart
     got = store.acquire_many([(c, "") for c in cases], session_id="b#1", worker_id="b", known=hinted)
     for (cid, (_, _, now)), result in zip(cases.items(), got, strict=True):

@@ -101,11 +101,6 @@ class Started:
     differs: tuple[str, ...] = ()  # on CONFLICT: the attributes that differ (schema.WS_URL, schema.UPSTREAM)
 
 
-# The attributes only a restart names besides the base placeholders: it sets or removes
-# upstream, and removes the last owner's last_error, which was about the old settings.
-_RESTART_NAMES = {"#up": schema.UPSTREAM, "#le": schema.LAST_ERROR, "#lt": schema.LAST_ERROR_AT_MS}
-
-
 class StopOutcome(enum.Enum):
     STOPPED = "stopped"  # 202
     ALREADY_STOPPED = "already_stopped"  # 200
@@ -550,7 +545,6 @@ class ConnectionsStore(LastErrors, _Table):
                     **({":upstream": wanted} if wanted else {}),
                 },
             )
-            params["ExpressionAttributeNames"].update(_RESTART_NAMES)
             try:
                 self._call("update_item", **params)
             except ClientError as exc:
