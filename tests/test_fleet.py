@@ -3,7 +3,7 @@ and come back while the upstream's socket books and the messages table are watch
 
 Fast timings (session lease 3 s, heartbeat 0.75 s, reconcile 1 s, skew 200 ms,
 checkpoint 1 s) and a few connections keep every test to seconds; one emulator process
-serves the whole module, each test has tables, queue, upstream, API and workers of its own.
+serves every test (tests/conftest.py), each test has tables, queue, upstream, API and workers of its own.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from wsfleet.leases import SessionTiming
 from wsfleet.local.chaos.checker import IN_FLIGHT_AFTER_RESUME_S
 from wsfleet.local.chaos.workers import FAKETIME_LIB
 from wsfleet.local.chaos.workers import clock_off_by as chaos_clock_off_by
-from wsfleet.local.fleet import EmulatorProcess, Fleet, SessionState, Timing, eventually, reachability_violations
+from wsfleet.local.fleet import Fleet, SessionState, Timing, eventually, reachability_violations
 from wsfleet.worker.takeover import RING_REFRESH_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -29,9 +29,9 @@ RATE = 5.0  # messages per second per stream
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    with EmulatorProcess(tmp_path_factory.mktemp("backend") / "emulator.log") as emulator:
-        yield emulator
+def backend(emulator):
+    """The emulator process the slow tests of this pytest process share (tests/conftest.py)."""
+    return emulator
 
 
 @pytest.fixture
