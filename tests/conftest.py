@@ -58,17 +58,32 @@ def emulator_thread():
         yield emu
 
 
+@pytest.fixture(scope="session")
+def emulator_process(tmp_path_factory: pytest.TempPathFactory):
+    """One emulator process per pytest process (each xdist worker), for every module of
+    slow tests it runs. A process per module was started again each time the worker
+    went on to a test of another module, dozens of times a run; the modules shared
+    nothing but the endpoint, as the tests of one module always did (every test makes
+    tables and a queue of its own)."""
+    with EmulatorProcess(tmp_path_factory.mktemp("emulator") / "emulator.log") as emu:
+        yield emu
+
+
 @pytest.fixture(scope="module")
-def emulator(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+def emulator(request: pytest.FixtureRequest):
     """The emulator a module's tests reach: a thread of this process (one per session),
-    except for a module of slow tests, which gets a process of its own. Those run
-    workers' loops in this process, and moto holds the GIL while it answers: sharing it,
-    a worker missed renewals of its 2 s lease whenever the machine was busy."""
+    except for a module of slow tests, which reaches a process. Those run workers'
+    loops in this process, and moto holds the GIL while it answers: sharing it, a
+    worker missed renewals of its 2 s lease whenever the machine was busy."""
     if request.node.get_closest_marker("slow") is None:
         yield request.getfixturevalue("emulator_thread")
         return
-    with EmulatorProcess(tmp_path_factory.mktemp("emulator") / "emulator.log") as emu:
-        yield emu
+    emu = request.getfixturevalue("emulator_process")
+    if not emu.proc.alive():
+        pytest.fail(f"the emulator process of this pytest process has exited; see {emu.proc.log_path}")
+    set_faults(emu.endpoint_url)  # none left on by a module before this one (a test that failed mid-fault)
+    yield emu
+    set_faults(emu.endpoint_url)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ and come back while the upstream's socket books and the messages table are watch
 
 Fast timings (session lease 3 s, heartbeat 0.75 s, reconcile 1 s, skew 200 ms,
 checkpoint 1 s) and a few connections keep every test to seconds; one emulator process
-serves the whole module, each test has tables, queue, upstream, API and workers of its own.
+serves every test (tests/conftest.py), each test has tables, queue, upstream, API and workers of its own.
 """
 
 from __future__ import annotations
@@ -19,19 +19,22 @@ from wsfleet.leases import SessionTiming
 from wsfleet.local.chaos.checker import IN_FLIGHT_AFTER_RESUME_S
 from wsfleet.local.chaos.workers import FAKETIME_LIB
 from wsfleet.local.chaos.workers import clock_off_by as chaos_clock_off_by
-from wsfleet.local.fleet import EmulatorProcess, Fleet, SessionState, Timing, eventually, reachability_violations
+from wsfleet.local.fleet import Fleet, SessionState, Timing, eventually, reachability_violations
 from wsfleet.worker.takeover import RING_REFRESH_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 TIMING = Timing(lease_s=3.0, heartbeat_s=0.75, reconcile_s=1.0, skew_ms=200, flush_ms=500, shutdown_s=5.0, checkpoint_s=1.0)
 RATE = 5.0  # messages per second per stream
+# Polls that read the tables (a Scan of each, some 30 ms of CPU between this process and
+# the emulator) look four times a second, not ten: the fleet under test needs the cores.
+SCAN_POLL_S = 0.25
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    with EmulatorProcess(tmp_path_factory.mktemp("backend") / "emulator.log") as emulator:
-        yield emulator
+def backend(emulator):
+    """The emulator process the slow tests of this pytest process share (tests/conftest.py)."""
+    return emulator
 
 
 @pytest.fixture
@@ -53,7 +56,9 @@ def start_connections(fleet: Fleet, n: int, *, storing: int = 3) -> list[str]:
     for cid in ids:
         assert fleet.start_connection(cid) == 202
     fleet.wait_connected(ids, timeout=15)
-    eventually(lambda: all(c.last_seq >= storing for c in fleet.scan().values()), 15, f"{storing} messages checkpointed each")
+    eventually(
+        lambda: all(c.last_seq >= storing for c in fleet.scan().values()), 15, f"{storing} messages checkpointed each", interval=SCAN_POLL_S
+    )
     return ids
 
 
@@ -67,6 +72,12 @@ def watched_by_all(fleet: Fleet, timing: Timing = TIMING) -> None:
     last = max(e["ts"] for name in fleet.live_workers() for e in fleet.events(name) if e["event"] == "session_opened")
     settled = last + timing.heartbeat_s + 0.85 * st.watch_window_ms() / 1000 + 1.0
     eventually(lambda: time.time() >= settled, 30, "every worker to be watched", interval=0.25)
+
+
+def stored_more(fleet: Fleet, marks: dict[str, int], more: float) -> bool:
+    """Whether each connection of ``marks`` has checkpointed ``more`` past its mark (one read of the table)."""
+    states = fleet.scan()
+    return all(states[c].last_seq >= mark + more for c, mark in marks.items())
 
 
 def busiest(fleet: Fleet) -> tuple[str, set[str]]:
@@ -287,7 +298,7 @@ def test_a_worker_paused_past_its_lease_writes_nothing_more_and_comes_back_with_
     woke = in_flight_at_the_freeze(fleet, victim, affected, before, paused_at, event.until)
     # Let every successor write a few more batches: any late write of the victim would land by then.
     marks = {c: s.last_seq for c, s in fleet.scan().items() if c in affected}
-    eventually(lambda: all(fleet.scan()[c].last_seq >= marks[c] + 2 * RATE for c in affected), 10, "the successors to store more")
+    eventually(lambda: stored_more(fleet, marks, 2 * RATE), 10, "the successors to store more", interval=SCAN_POLL_S)
 
     after = victims_rows(fleet, victim, affected)
     # Nothing the victim received after its pause began was ever written...
@@ -419,7 +430,7 @@ def test_workers_whose_wall_clocks_disagree_by_less_than_the_skew_margin_never_o
         )
         woke = in_flight_at_the_freeze(fleet, "behind", victim_holds, before, paused_at, pause.until)
         marks = {c: s.last_seq for c, s in fleet.scan().items() if c in victim_holds}
-        eventually(lambda: all(fleet.scan()[c].last_seq >= marks[c] + 2 * RATE for c in victim_holds), 10, "the successors to store more")
+        eventually(lambda: stored_more(fleet, marks, 2 * RATE), 10, "the successors to store more", interval=SCAN_POLL_S)
         after = victims_rows(fleet, "behind", victim_holds)
         assert after == woke, f"the frozen worker wrote after it woke up: {late_rows(woke, after)}"
         assert all(fence < successor_fences[c] for c in victim_holds for fence, _ in after[c].values())
