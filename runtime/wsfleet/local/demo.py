@@ -7,7 +7,8 @@ It starts the local AWS backend, an upstream, the API and K worker processes, ST
 connections through the API, then plays the scenario:
 
 * ``start``  START every connection (every scenario begins with it);
-* ``crash``  SIGKILL the busiest worker: its session expires, a peer watching it ends
+* ``crash``  SIGKILL the busiest worker (the owner of ``k-none`` when the upstream kinds
+  run, below): its session expires, a peer watching it ends
   it once the skew margin has passed too, and its connections are taken over;
 * ``deploy`` start a replacement worker, then SIGTERM another (a rolling deploy step):
   the leaving worker closes, flushes, releases and hints its peers;
