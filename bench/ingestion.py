@@ -98,9 +98,12 @@ KEPT_UP = 0.95  # stored >= this share of offered
 CYCLE_WINDOW_S = DEFAULTS.checkpoint_ms / 1000 + 10
 
 
-def settings_for(quick: bool) -> dict[str, Any]:
+def settings_for(quick: bool, kinds_only: bool = False) -> dict[str, Any]:
+    levels = QUICK_LEVELS if quick else LEVELS
     return {
-        "levels": QUICK_LEVELS if quick else LEVELS,
+        # kinds_only: the default rows the kind rows are read beside, and those.
+        "levels": [lv for lv in levels if lv in KIND_LEVELS] if kinds_only and not quick else levels,
+        "kinds_only": kinds_only,
         "kind_levels": QUICK_LEVELS if quick else KIND_LEVELS,
         "warmup_s": 0.5 if quick else 5,
         "window_s": 2 if quick else 30,
@@ -399,8 +402,8 @@ def verdicts(lv: dict[str, Any]) -> list[str]:
     return out
 
 
-def run(*, quick: bool, run_dir: Path, command: str) -> Result:
-    s = settings_for(quick)
+def run(*, quick: bool, run_dir: Path, command: str, kinds_only: bool = False) -> Result:
+    s = settings_for(quick, kinds_only)
     levels = []
     for i, (n, rate, flush_ms) in enumerate(s["levels"]):
         print(f"    {n} x {rate:g}/s, flush {flush_ms} ms", flush=True)
@@ -408,9 +411,11 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     for i, (n, rate, flush_ms) in enumerate(s["kind_levels"]):
         print(f"    {n} x {rate:g}/s, flush {flush_ms} ms, authenticated + subscribe", flush=True)
         levels.append(run_level(run_dir / f"ingestion-kind-{i}", n, rate, flush_ms, s, AUTH_SUBSCRIBE))
-    print(f"    throttle {s['throttle']['share']:.0%} at {s['throttle']['connections']} x "
-          f"{s['throttle']['rate_per_connection']:g}/s", flush=True)
-    throttled = run_throttle(run_dir / "ingestion-throttle", s["throttle"])
+    throttled = None
+    if not kinds_only:
+        print(f"    throttle {s['throttle']['share']:.0%} at {s['throttle']['connections']} x "
+              f"{s['throttle']['rate_per_connection']:g}/s", flush=True)
+        throttled = run_throttle(run_dir / "ingestion-throttle", s["throttle"])
     rows = [
         [
             f"{lv['connections']} x {lv['rate_per_connection']:g}/s, flush {lv['flush_interval_ms']} ms"
@@ -473,7 +478,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     ]
     if quick:
         notes.append("--quick: tiny sizes and fast timings; the figures show that the code runs, not the design.")
-    throttle_md, throttle_notes = throttle_table(throttled)
+    throttle_md, throttle_notes = throttle_table(throttled) if throttled is not None else ("", [])
     markdown = "\n".join([md_table(header, rows), "", *[f"- {n}" for n in notes], "", throttle_md])
     return Result("Ingestion", command, s, markdown, {"settings": s, "levels": levels, "throttle": throttled},
                   throttle_notes)

@@ -7,7 +7,8 @@ It starts the local AWS backend, an upstream, the API and K worker processes, ST
 connections through the API, then plays the scenario:
 
 * ``start``  START every connection (every scenario begins with it);
-* ``crash``  SIGKILL the busiest worker: its session expires, a peer watching it ends
+* ``crash``  SIGKILL the busiest worker (the owner of ``k-none`` when the upstream kinds
+  run, below): its session expires, a peer watching it ends
   it once the skew margin has passed too, and its connections are taken over;
 * ``deploy`` start a replacement worker, then SIGTERM another (a rolling deploy step):
   the leaving worker closes, flushes, releases and hints its peers;
@@ -28,7 +29,8 @@ seconds, then an invariant audit (what ``make chaos`` runs; see
 Beside them, one connection of each upstream kind (:mod:`wsfleet.local.kind_streams`;
 ``--no-kinds`` leaves them out): an authenticated one whose secret is rotated (old
 credential revoked) halfway through the first step, subprotocol + subscribe with nested
-frames, flat frames, and one that cannot replay, whose owner is the one ``crash``
+frames and flat frames (whose sockets the upstream cuts at the same moment: they resume
+from what is stored), and one that cannot replay, whose owner is the one ``crash``
 kills. Stop and burst leave them alone; the report audits each against the upstream's
 books (nothing lost or doubled, or for the one without replay, exactly which range was
 missed and that it is stored as one upstream_gap marker), and looks for the secret's
@@ -294,6 +296,7 @@ class Demo:
             self.start_kinds()
             self.hold(began + gap / 2)
             self.kinds.rotate()
+            self.kinds.cut()
         until = began + gap
         self.hold(until)
         for step in steps:

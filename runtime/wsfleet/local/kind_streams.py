@@ -283,6 +283,13 @@ class KindStreams:
         dropped = self.fleet.upstream.drop(AUTH)
         self.say(f"           rotated the {AUTH} credential: old one revoked, {dropped} socket cut")
 
+    def cut(self) -> None:
+        """The upstream drops the replaying kinds' other sockets (as a restarting source
+        does): their reconnects must resume from the stored end, the subscribe one
+        through its open message alone."""
+        dropped = sum(self.fleet.upstream.drop(cid) for cid in (SUBSCRIBE, FLAT_KIND))
+        self.say(f"           the upstream cut {dropped} sockets of {SUBSCRIBE} and {FLAT_KIND}: they resume from what is stored")
+
     def _new_credential(self) -> str:
         value = "demo-" + random_secrets.token_urlsafe(12)
         self.credentials.append(value)
