@@ -281,6 +281,10 @@ BAD_UPSTREAMS = {
         {"secret_headers": {"Authorization": ARN.replace("wsfleet/test/", "prod/")}},
         "secret_not_allowed",
     ),
+    "secret in another region than the workers'": (
+        {"secret_headers": {"Authorization": ARN.replace(":us-east-1:", ":eu-west-1:")}},
+        "secret_not_allowed",
+    ),
     "secret not an ARN": ({"secret_headers": {"Authorization": "Bearer abc"}}, "invalid_upstream"),
     "bad seq pointer": ({"seq_pointer": "seq"}, "invalid_upstream"),
     "bad pointer escape": ({"data_pointer": "/~2"}, "invalid_upstream"),

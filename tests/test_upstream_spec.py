@@ -141,6 +141,16 @@ def test_a_secret_header_names_an_arn_and_optionally_a_json_key():
     assert up.item()["secret_headers"] == {"Authorization": ARN, "X-Api-Key": ARN + "#api_key"}
 
 
+def test_a_secret_in_another_region_than_the_deployments_is_refused_when_the_region_is_given():
+    elsewhere = ARN.replace(":us-east-1:", ":eu-west-1:")
+    value = {"secret_headers": {"Authorization": elsewhere}}
+    assert upstream_spec.parse(value, secret_prefix=PREFIX).secret_headers[0][1].arn == elsewhere
+    with pytest.raises(Invalid) as refused:
+        upstream_spec.parse(value, secret_prefix=PREFIX, region="us-east-1")
+    assert refused.value.code == "secret_not_allowed" and "eu-west-1" in refused.value.message
+    assert upstream_spec.parse({"secret_headers": {"Authorization": ARN}}, secret_prefix=PREFIX, region="us-east-1")
+
+
 def test_a_secret_in_another_partition_is_accepted_under_the_prefix():
     arn = "arn:aws-cn:secretsmanager:cn-north-1:123456789012:secret:wsfleet/test/k-AbCdEf"
     assert ok({"secret_headers": {"Authorization": arn}}).secret_headers[0][1].arn == arn

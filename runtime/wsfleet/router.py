@@ -231,7 +231,7 @@ class Router:
         fields["connection_id"] = connection_id
         if event_type == "START":
             ws_url = _valid(check_ws_url, _field(body, "ws_url"), self._allowlist)
-            upstream = _valid_upstream(body.get("upstream"), self._config.upstream_secret_prefix)
+            upstream = _valid_upstream(body.get("upstream"), self._config)
             return self._start(connection_id, ws_url, upstream, fields)
         return self._stop(connection_id, fields)
 
@@ -405,10 +405,10 @@ def _valid(check: Callable[..., str], *args: Any) -> str:
         raise HttpError(400, exc.code, exc.message) from None
 
 
-def _valid_upstream(value: object, secret_prefix: str) -> upstream_spec.Upstream:
+def _valid_upstream(value: object, config: RouterConfig) -> upstream_spec.Upstream:
     """The START's ``upstream`` (absent or null: the default protocol), or a 400."""
     try:
-        return upstream_spec.parse(value, secret_prefix=secret_prefix)
+        return upstream_spec.parse(value, secret_prefix=config.upstream_secret_prefix, region=config.region)
     except Invalid as exc:
         raise HttpError(400, exc.code, exc.message) from None
 

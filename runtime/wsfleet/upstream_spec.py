@@ -47,7 +47,7 @@ _RESERVED_HEADER_PREFIX = "sec-websocket-"
 # Secrets Manager adds) is what UPSTREAM_SECRET_PREFIX must prefix.
 SECRET_NAME_CHARS = r"A-Za-z0-9/_+=.@-"
 _SECRET_ARN = re.compile(
-    r"arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:(?P<name>[" + SECRET_NAME_CHARS + r"]{1,512})"
+    r"arn:aws[a-z-]*:secretsmanager:(?P<region>[a-z0-9-]+):[0-9]{12}:secret:(?P<name>[" + SECRET_NAME_CHARS + r"]{1,512})"
 )
 _JSON_KEY = re.compile(r"[\x20-\x7e]{1,%d}" % MAX_JSON_KEY)
 
@@ -145,6 +145,7 @@ class Field:
 @dataclass(frozen=True)
 class _Context:
     secret_prefix: str
+    region: str | None
 
 
 def _fail(key: str, message: str, code: str = INVALID) -> Invalid:
@@ -189,10 +190,14 @@ def _check_headers(value: object, ctx: _Context) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def parse_secret_ref(text: object, secret_prefix: str, key: str = "secret_headers", *, header: str = "") -> SecretRef:
-    """``ARN`` or ``ARN#json-key``, the secret's name under ``secret_prefix``. ``header``:
-    the header it is for, named in the error. A value that is not an ARN is never
-    repeated in the error: it may be the secret itself, pasted in by mistake."""
+def parse_secret_ref(
+    text: object, secret_prefix: str, key: str = "secret_headers", *, header: str = "", region: str | None = None
+) -> SecretRef:
+    """``ARN`` or ``ARN#json-key``, the secret's name under ``secret_prefix`` and, when
+    ``region`` is given, in that region (the workers may read secrets of their own region
+    only: one elsewhere could never be read, so it is refused here rather than at every
+    connect). ``header``: the header it is for, named in the error. A value that is not
+    an ARN is never repeated in the error: it may be the secret itself, pasted in by mistake."""
     where = f"the value of {header}" if header else "a secret"
     if not isinstance(text, str):
         raise _fail(key, f"{where} must be a Secrets Manager ARN string (optionally ARN#json-key).")
@@ -214,12 +219,19 @@ def parse_secret_ref(text: object, secret_prefix: str, key: str = "secret_header
             f"secret {match.group('name')!r} is not under the allowed prefix {secret_prefix!r}.",
             SECRET_NOT_ALLOWED,
         )
+    if region is not None and match.group("region") != region:
+        raise _fail(
+            key,
+            f"secret {match.group('name')!r} is in region {match.group('region')}; this deployment reads secrets "
+            f"in {region} only.",
+            SECRET_NOT_ALLOWED,
+        )
     return SecretRef(arn, json_key if sep else None)
 
 
 def _check_secret_headers(value: object, ctx: _Context) -> tuple[tuple[str, SecretRef], ...]:
     return tuple(
-        (_check_header_name("secret_headers", name), parse_secret_ref(ref, ctx.secret_prefix, header=name))
+        (_check_header_name("secret_headers", name), parse_secret_ref(ref, ctx.secret_prefix, header=name, region=ctx.region))
         for name, ref in _mapping("secret_headers", value).items()
     )
 
@@ -348,9 +360,10 @@ FIELDS: tuple[Field, ...] = (
 FIELD_NAMES = tuple(f.key for f in FIELDS)
 
 
-def parse(value: object, *, secret_prefix: str) -> Upstream:
+def parse(value: object, *, secret_prefix: str, region: str | None = None) -> Upstream:
     """A START's ``upstream`` (absent: None) validated into :class:`Upstream`; raises
-    :class:`~wsfleet.validation.Invalid` with a sentence naming the key otherwise."""
+    :class:`~wsfleet.validation.Invalid` with a sentence naming the key otherwise.
+    ``region``: the deployment's, that secret ARNs must name (None: any)."""
     if value is None:
         return DEFAULT
     if not isinstance(value, dict):
@@ -358,7 +371,7 @@ def parse(value: object, *, secret_prefix: str) -> Upstream:
     unknown = sorted(set(value) - set(FIELD_NAMES))
     if unknown:
         raise Invalid(INVALID, f"upstream has unknown key {unknown[0]!r}; the keys are {', '.join(FIELD_NAMES)}.")
-    ctx = _Context(secret_prefix)
+    ctx = _Context(secret_prefix, region)
     parsed = {f.key: f.check(value[f.key], ctx) for f in FIELDS if f.key in value}
     plain = {name.lower() for name, _ in parsed.get("headers", ())}
     for name, _ in parsed.get("secret_headers", ()):

@@ -90,6 +90,7 @@ class Settings:
     gate: ReceiveGate | None = None  # the worker's receive slots for large frames; None: unbounded
     refused_retry_s: float = REFUSED_RETRY_S  # the wait after a refused handshake (jittered)
     upstream_secret_prefix: str = ""  # secrets a stored upstream may name (config.upstream_secret_prefix)
+    region: str | None = None  # the region those secrets must be in (config.region; None: any)
 
     @property
     def socket_options(self) -> SocketOptions:
@@ -130,6 +131,7 @@ class ConnectionRunner:
             upstream,
             options=settings.socket_options,
             secret_prefix=settings.upstream_secret_prefix,
+            region=settings.region,
             secrets=secrets,
             log=log.bind(connection_id=connection_id, fence_token=fence_token),
         )

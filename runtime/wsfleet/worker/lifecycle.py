@@ -115,6 +115,7 @@ class Worker:
             allowlist=Allowlist.of(config.allowed_ws_hosts),
             gate=self.gate,
             upstream_secret_prefix=config.upstream_secret_prefix,
+            region=config.region,
         )
         # Secret header values, one cache for every connection of the worker.
         self.secrets = Secrets(client=aws.secretsmanager, call=aws.call, counters=self.counters)

@@ -142,6 +142,7 @@ class Dialer:
         *,
         options: SocketOptions,
         secret_prefix: str,
+        region: str | None = None,
         secrets: Secrets,
         log: JsonLogger,
     ) -> None:
@@ -151,7 +152,7 @@ class Dialer:
         self._log = log
         self._refused: Refused | None = None
         try:
-            self.upstream = upstream_spec.parse(upstream_item or None, secret_prefix=secret_prefix)
+            self.upstream = upstream_spec.parse(upstream_item or None, secret_prefix=secret_prefix, region=region)
         except Invalid as exc:
             self.upstream = upstream_spec.DEFAULT
             self._refused = Refused(f"the stored upstream is refused by this worker: {exc.message}")
