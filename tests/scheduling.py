@@ -25,6 +25,7 @@ STACK_TESTS = "tests/stacks/"
 # missing here is handed out after these; test_scheduling checks each key still
 # names a test, so that a renamed one does not silently lose its place.
 EXPECTED_S = {
+    "tests/test_fleet_upstreams.py::test_every_upstream_kind_survives_kill_9_of_its_owners_nothing_lost_doubled_or_invented": 30,
     "tests/test_chaos.py::test_a_short_seeded_chaos_run_finds_no_violation": 115,
     "tests/test_bench.py::test_every_benchmark_runs_at_tiny_size_and_writes_its_results[pauses]": 72,
     "tests/test_balancer.py::test_a_joining_worker_gets_its_fair_share_and_only_the_excess_moves": 68,
