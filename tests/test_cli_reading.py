@@ -248,6 +248,9 @@ def test_the_follow_command_prints_a_message_stored_after_it_started_and_ctrl_c_
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # As a terminal's Ctrl-C finds it: a test run started in the background of a
+        # non-interactive shell has SIGINT ignored, and children inherit that.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()

@@ -347,7 +347,8 @@ def test_resume_none_after_a_takeover_marks_what_the_dead_owner_and_nobody_recei
     aws_env, stores, sessions, ddb, quiet_upstream, captured
 ):
     """Taken from a dead owner: the one that had stored up to 3 gets the seqs it missed
-    as one marker; the one that never stored anything starts where the upstream is."""
+    as one marker; so does the one that had stored nothing: its dead owner may have been
+    sent frames it never stored (only a first ownership starts where the upstream is)."""
     from tests.test_worker import dead_session
 
     conns, msgs = stores
@@ -375,9 +376,12 @@ def test_resume_none_after_a_takeover_marks_what_the_dead_owner_and_nobody_recei
     assert [(r["sk"], r.get(schema.SKIP_TO), r.get(schema.SKIPPED)) for r in had] == [
         (4, 6, schema.SKIPPED_UPSTREAM_GAP), (7, None, None), (8, None, None)
     ]
-    assert [r["sk"] for r in msgs.read_all("never")] == [7, 8]  # no marker for 1..6: never asked for
+    never = msgs.read_all("never")
+    assert [(r["sk"], r.get(schema.SKIP_TO), r.get(schema.SKIPPED)) for r in never] == [
+        (1, 6, schema.SKIPPED_UPSTREAM_GAP), (7, None, None), (8, None, None)
+    ]
     assert conns.get("never")["last_seq"] == 8
-    assert missed == 3
+    assert missed == 3 + 6
 
 
 def test_a_stored_upstream_this_worker_refuses_is_a_refusal_not_a_crash(

@@ -12,7 +12,7 @@ connection, driven by one :class:`ConnectionRunner`:
   connections' frames), reconnect with backoff while the session holds. A refused
   handshake waits ``refused_retry_s`` instead, shown in the item's ``last_error`` until a
   frame is accepted again. An upstream that cannot replay (``resume: none``) starts,
-  for a connection that never had a frame, where the upstream is. A frame never fails the
+  on a connection's first ownership ever, where the upstream is. A frame never fails the
   connection: one that cannot be parsed or stored is counted and skipped (or stored as a
   skip marker, see :mod:`wsfleet.stream`), and whatever goes wrong handling one frame
   costs only that frame; an unexpected error in the loop itself costs a reconnect under
@@ -332,10 +332,18 @@ class ConnectionRunner:
             self._frame_problem(UNEXPECTED, size=size, error=f"{type(exc).__name__}: {exc}", exc=exc)
 
     def _starts_where_the_upstream_is(self, frame: Frame) -> bool:
-        """An upstream that cannot replay, on a connection that never had a frame in
-        hand: its first frame is where the stream starts for us, not the end of a gap
-        (nothing before it was ever asked for)."""
-        return self.upstream.resume is upstream_spec.Resume.NONE and self.tracker.last_accepted == 0 and frame.seq > 1
+        """An upstream that cannot replay, on its first ownership ever (fence 1) with no
+        frame in hand yet: its first frame is where the stream starts for us, not the end
+        of a gap (nothing before it was ever asked for). A later owner finding nothing
+        stored does not start fresh: an owner before it may have been sent frames and
+        died before storing any (kill -9 between its first frames and its first write),
+        so what lies below the first frame is a gap to mark, never silently skipped."""
+        return (
+            self.upstream.resume is upstream_spec.Resume.NONE
+            and self.fence_token == 1
+            and self.tracker.last_accepted == 0
+            and frame.seq > 1
+        )
 
     async def _start_at(self, seq: int) -> bool:
         """Checkpoint ``seq - 1`` before the first frame is queued (conditional on our
