@@ -21,11 +21,8 @@ from .connections import (
     NotAcquired,
     Owned,
     Released,
-    Started,
-    StartOutcome,
-    Stopped,
-    StopOutcome,
 )
+from .desired import Started, StartOutcome, Stopped, StopOutcome
 from .messages import MAX_BATCH, InvalidItem, MessagesStore
 from .objects import CorruptObject, ObjectsStore, StoredObject, data_size, needs_object
 from .sessions import SessionsStore
