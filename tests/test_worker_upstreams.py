@@ -25,7 +25,16 @@ from wsfleet.logs import JsonLogger
 from wsfleet.store import marshal
 from wsfleet.worker.lifecycle import Worker
 
-from tests.test_worker import config, eventually, seqs
+from tests.test_worker import config, seqs
+from tests.test_worker import eventually as _eventually
+
+
+async def eventually(predicate, timeout: float = 45.0, what: str = "condition"):
+    """tests.test_worker's poll with a deadline for a busy machine: these waits span
+    handshakes, Secrets Manager calls and the writer's flush, several processes' worth
+    of work on two shared cores (no time is asserted)."""
+    return await _eventually(predicate, timeout=timeout, what=what)
+
 
 pytestmark = pytest.mark.slow
 
@@ -439,13 +448,17 @@ def test_a_secrets_manager_outage_is_a_fault_that_passes_not_a_refusal(
 
         async def scenario():
             async with running(config(aws_env), JsonLogger(captured.stream), refused_retry_s=60) as worker:
+                # Each try is GetSecretValue with botocore's own retries and backoff
+                # against the outage, then the reconnect backoff: seconds each, more on a
+                # busy machine, so the deadline is generous (no time is asserted).
                 await eventually(
                     lambda: len([e for e in captured.events("socket_error") if "could not be read" in e["error"]]) >= 2,
+                    timeout=90,
                     what="retried with the reconnect backoff",
                 )
                 assert worker.counters.total(names.UPSTREAM_REFUSALS) == 0
                 set_faults(emulator.endpoint_url)
-                await eventually(lambda: len(seqs(msgs, "o")) >= 5, what="frames once Secrets Manager is back")
+                await eventually(lambda: len(seqs(msgs, "o")) >= 5, timeout=60, what="frames once Secrets Manager is back")
 
         asyncio.run(scenario())
     finally:
