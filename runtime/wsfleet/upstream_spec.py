@@ -176,11 +176,18 @@ def _mapping(key: str, value: object) -> Mapping[str, Any]:
     return value
 
 
+def is_header_value(text: object) -> bool:
+    """What a header value may be, plain or read from a secret: a string of at most
+    MAX_HEADER_VALUE printable ASCII characters, spaces and tabs (no CR, LF or NUL: no
+    header injection)."""
+    return isinstance(text, str) and len(text) <= MAX_HEADER_VALUE and _HEADER_VALUE.fullmatch(text) is not None
+
+
 def _check_headers(value: object, ctx: _Context) -> tuple[tuple[str, str], ...]:
     out = []
     for name, text in _mapping("headers", value).items():
         _check_header_name("headers", name)
-        if not isinstance(text, str) or len(text) > MAX_HEADER_VALUE or not _HEADER_VALUE.fullmatch(text):
+        if not is_header_value(text):
             raise _fail(
                 "headers",
                 f"the value of {name} must be a string of at most {MAX_HEADER_VALUE} printable ASCII "

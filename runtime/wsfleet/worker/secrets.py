@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable
 
@@ -27,10 +26,9 @@ from .. import clock
 from .. import metrics_names as names
 from ..metrics import Counters
 from ..store import is_transient
-from ..upstream_spec import MAX_HEADER_VALUE, SecretRef
+from ..upstream_spec import MAX_HEADER_VALUE, SecretRef, is_header_value
 
 SECRET_TTL_S = 300.0  # a value fetched is used this long; a 401/403 fetches it again sooner
-_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")  # what a header may carry (as upstream_spec's headers)
 
 
 class SecretError(Exception):
@@ -155,7 +153,7 @@ def _field(ref: SecretRef, value: _Value) -> str:
         text = obj[ref.json_key]
         if not isinstance(text, str):
             raise SecretError(f"{where}: the field {ref.json_key!r} is not a string")
-    if len(text) > MAX_HEADER_VALUE or not _HEADER_VALUE.fullmatch(text):
+    if not is_header_value(text):
         raise SecretError(
             f"{where} is not a valid header value (at most {MAX_HEADER_VALUE} printable ASCII characters, "
             "no CR, LF or other control characters)"
