@@ -7,11 +7,13 @@ import functools
 import itertools
 import os
 import uuid
+from typing import Any, Iterator
 
 import boto3
 import botocore.loaders
 import botocore.session
 import pytest
+from botocore.config import Config
 
 from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources, set_faults
 from wsfleet.local.fleet import EmulatorProcess
@@ -142,6 +144,24 @@ def python_env() -> dict[str, str]:
     env["AWS_XRAY_SDK_ENABLED"] = "false"
     env["ALLOWED_WS_HOSTS"] = "127.0.0.1"  # the local upstream's address
     return env
+
+
+def own_emulator(service: str) -> Iterator[tuple[str, dict[str, str], Any]]:
+    """An emulator of a test's own (faults set there reach no other test), with fresh
+    resources: (endpoint url, their environment, a ``service`` client that tries each
+    request once, so that a fault shows as it is)."""
+    with Emulator() as emu:
+        suffix = uuid.uuid4().hex[:8]
+        env = create_resources(
+            emu.endpoint_url, table_name=f"c-{suffix}", sessions_table_name=f"s-{suffix}",
+            messages_table_name=f"m-{suffix}", queue_name=f"q-{suffix}", messages_bucket_name=f"b-{suffix}",
+        )
+        client = boto3.client(
+            service, endpoint_url=emu.endpoint_url, region_name=env["AWS_REGION"],
+            aws_access_key_id="testing", aws_secret_access_key="testing",
+            config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
+        )
+        yield emu.endpoint_url, env, client
 
 
 def open_sessions(ddb, aws_env: dict[str, str], *session_ids: str, lease_ms: int = 600_000) -> None:

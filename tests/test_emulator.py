@@ -9,7 +9,6 @@ import json
 import threading
 import time
 import urllib.error
-import uuid
 import urllib.request
 
 import boto3
@@ -18,27 +17,17 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from wsfleet.local.emulator import (
-    FAULTS_PATH, HARNESS_MARK, Emulator, create_resources, faults, freeze_survivors, journal, record_journal, request_ledger, set_faults,
+    FAULTS_PATH, HARNESS_MARK, faults, freeze_survivors, journal, record_journal, request_ledger, set_faults,
 )
 from wsfleet.store import CheckpointEntry, ConnectionsStore, MessagesStore, SessionsStore, TransientError, is_transient
 from wsfleet.stream import Frame
 
-from tests.conftest import open_sessions
+from tests.conftest import open_sessions, own_emulator
 
 
 @pytest.fixture
 def own():
-    with Emulator() as emu:
-        suffix = uuid.uuid4().hex[:8]
-        env = create_resources(
-            emu.endpoint_url, table_name=f"c-{suffix}", sessions_table_name=f"s-{suffix}",
-            messages_table_name=f"m-{suffix}", queue_name=f"q-{suffix}",
-        )
-        client = boto3.client(
-            "dynamodb", endpoint_url=emu.endpoint_url, region_name=env["AWS_REGION"],
-            config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
-        )
-        yield emu.endpoint_url, env, client
+    yield from own_emulator("dynamodb")
 
 
 def test_a_throttled_request_is_dynamodbs_own_throttling_error_and_a_transient_fault(own):

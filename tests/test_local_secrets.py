@@ -6,34 +6,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 
-import boto3
 import pytest
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from wsfleet import upstream_spec
-from wsfleet.local.emulator import Emulator, create_resources, request_ledger, set_faults
+from wsfleet.local.emulator import request_ledger, set_faults
 from wsfleet.validation import Invalid
 from wsfleet.local.secrets import SECRET_PREFIX, put_secret, secret_name
+
+from tests.conftest import own_emulator
 
 
 @pytest.fixture
 def own():
-    """An emulator of this test's own: faults set here must not reach other tests."""
-    with Emulator() as emu:
-        suffix = uuid.uuid4().hex[:8]
-        env = create_resources(
-            emu.endpoint_url, table_name=f"c-{suffix}", sessions_table_name=f"s-{suffix}",
-            messages_table_name=f"m-{suffix}", queue_name=f"q-{suffix}", messages_bucket_name=f"b-{suffix}",
-        )
-        client = boto3.client(
-            "secretsmanager", endpoint_url=emu.endpoint_url, region_name=env["AWS_REGION"],
-            aws_access_key_id="testing", aws_secret_access_key="testing",
-            config=Config(retries={"mode": "standard", "total_max_attempts": 1}),
-        )
-        yield emu.endpoint_url, env, client
+    yield from own_emulator("secretsmanager")
 
 
 def test_the_embedded_default_allows_secrets_under_its_prefix(own):

@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import pytest
 from botocore.awsrequest import AWSResponse
@@ -62,9 +63,20 @@ def config(aws_env, **overrides) -> WorkerConfig:
 
 
 @asynccontextmanager
-async def running(cfg: WorkerConfig, worker_id: str = "w1", **kwargs):
+async def running(
+    cfg: WorkerConfig,
+    worker_id: str = "w1",
+    *,
+    log: JsonLogger | None = None,
+    refused_retry_s: float | None = None,
+    **kwargs,
+):
+    """A worker running in this loop; ``refused_retry_s``: its connections' wait after a
+    refused handshake (set before any connection is taken, so every runner gets it)."""
     aws = Aws(cfg, threads=8)
-    worker = Worker(cfg, worker_id, aws=aws, log=JsonLogger(), **kwargs)
+    worker = Worker(cfg, worker_id, aws=aws, log=log or JsonLogger(), **kwargs)
+    if refused_retry_s is not None:
+        worker._settings = replace(worker._settings, refused_retry_s=refused_retry_s)
     task = asyncio.create_task(worker.run())
     try:
         yield worker

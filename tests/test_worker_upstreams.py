@@ -11,21 +11,18 @@ import io
 import json
 import logging
 import uuid
-from contextlib import asynccontextmanager
-from dataclasses import replace
 
 import pytest
 
 from wsfleet import metrics_names as names
 from wsfleet import schema
-from wsfleet.aws import Aws
 from wsfleet.local.secrets import put_secret
 from wsfleet.local.upstream import ThreadedUpstream
 from wsfleet.logs import JsonLogger
 from wsfleet.store import marshal
-from wsfleet.worker.lifecycle import Worker
 
 from tests.test_worker import config, seqs
+from tests.test_worker import running as _running
 from tests.test_worker import eventually as _eventually
 
 
@@ -34,6 +31,11 @@ async def eventually(predicate, timeout: float = 45.0, what: str = "condition"):
     handshakes, Secrets Manager calls and the writer's flush, several processes' worth
     of work on two shared cores (no time is asserted)."""
     return await _eventually(predicate, timeout=timeout, what=what)
+
+
+def running(cfg, log: JsonLogger, worker_id: str = "w1", *, refused_retry_s: float | None = None):
+    """tests.test_worker's running worker, logging to ``log`` (the captured lines)."""
+    return _running(cfg, worker_id, log=log, refused_retry_s=refused_retry_s)
 
 
 pytestmark = pytest.mark.slow
@@ -95,21 +97,6 @@ def start(conns, ddb, aws_env, cid: str, url: str, upstream: dict | None = None)
             UpdateExpression="SET upstream = :u",
             ExpressionAttributeValues=marshal({":u": upstream}),
         )
-
-
-@asynccontextmanager
-async def running(cfg, log: JsonLogger, worker_id: str = "w1", *, refused_retry_s: float | None = None):
-    aws = Aws(cfg, threads=8)
-    worker = Worker(cfg, worker_id, aws=aws, log=log)
-    if refused_retry_s is not None:  # before any connection is taken: every runner gets it
-        worker._settings = replace(worker._settings, refused_retry_s=refused_retry_s)
-    task = asyncio.create_task(worker.run())
-    try:
-        yield worker
-    finally:
-        worker.request_shutdown()
-        await asyncio.wait_for(task, timeout=15)
-        aws.close()
 
 
 def every_item(ddb, aws_env) -> str:
