@@ -109,3 +109,33 @@ def test_router_parses_allowed_hosts_and_refuses_bad_patterns():
     for bad in ("*", "a.*.com", "*example.com"):
         with pytest.raises(ConfigError, match="ALLOWED_WS_HOSTS"):
             RouterConfig.from_env({**BASE, "ALLOWED_WS_HOSTS": bad})
+
+
+@pytest.mark.parametrize("cls", [WorkerConfig, RouterConfig])
+def test_the_sink_is_the_table_by_default_a_stream_or_both(cls):
+    assert cls.from_env(BASE).sinks == ("dynamodb",)
+    kinesis = cls.from_env({**BASE, "SINK": "kinesis", "MESSAGES_STREAM_NAME": "wsfleet-dev-messages"})
+    assert kinesis.sinks == ("kinesis",) and kinesis.messages_stream_name == "wsfleet-dev-messages"
+    both = cls.from_env({**BASE, "SINK": " Kinesis , dynamodb ", "MESSAGES_STREAM_NAME": "s"})
+    assert both.sinks == ("dynamodb", "kinesis")
+    # A stream-only environment needs no messages table.
+    table_less = {k: v for k, v in BASE.items() if k != "MESSAGES_TABLE_NAME"}
+    assert cls.from_env({**table_less, "SINK": "kinesis", "MESSAGES_STREAM_NAME": "s"}).messages_table_name == ""
+    arn = "arn:aws:kinesis:eu-west-1:123456789012:stream/wsfleet-prod-messages"
+    assert cls.from_env({**BASE, "SINK": "kinesis", "MESSAGES_STREAM_NAME": arn}).messages_stream_name == arn
+
+
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({"SINK": "s3"}, "SINK"),
+        ({"SINK": "dynamodb,"}, "SINK"),
+        ({"SINK": "kinesis"}, "MESSAGES_STREAM_NAME"),
+        ({"SINK": "kinesis", "MESSAGES_STREAM_NAME": "bad name!"}, "MESSAGES_STREAM_NAME"),
+        ({"SINK": "dynamodb", "MESSAGES_TABLE_NAME": ""}, "MESSAGES_TABLE_NAME"),
+    ],
+)
+def test_a_bad_sink_setting_names_its_variable(env, named):
+    for cls in (WorkerConfig, RouterConfig):
+        with pytest.raises(ConfigError, match=named):
+            cls.from_env({**BASE, **env})

@@ -48,6 +48,8 @@ REBALANCE = "REBALANCE"
 REBALANCE_TOLERANCE = "REBALANCE_TOLERANCE"
 ECS_CONTAINER_METADATA_URI_V4 = "ECS_CONTAINER_METADATA_URI_V4"
 UPSTREAM_SECRET_PREFIX = "UPSTREAM_SECRET_PREFIX"
+SINK = "SINK"
+MESSAGES_STREAM_NAME = "MESSAGES_STREAM_NAME"
 
 DEFAULT_MAX_FRAME_BYTES = 32 * 1024 * 1024
 # A frame limit below the largest item's data would make no frame large; above this,
@@ -157,6 +159,40 @@ def upstream_secret_prefix(env: Mapping[str, str]) -> str:
     return prefix
 
 
+def sinks(env: Mapping[str, str]) -> tuple[str, ...]:
+    """``SINK``: where frames go, a comma-separated set of ``dynamodb`` (the messages
+    table, the default) and ``kinesis`` (the stream ``MESSAGES_STREAM_NAME``), in the
+    order of :data:`schema.SINKS` whatever order it was written in."""
+    raw = env.get(SINK, "").strip()
+    if not raw:
+        return schema.DEFAULT_SINKS
+    named = [part.strip().lower() for part in raw.split(",")]
+    unknown = [n for n in named if n not in schema.SINKS]
+    if unknown or "" in named:
+        raise ConfigError(f"{SINK} must be {' or '.join(schema.SINKS)}, or both comma-separated, got {raw!r}")
+    return tuple(n for n in schema.SINKS if n in named)
+
+
+def messages_stream_name(env: Mapping[str, str], chosen: tuple[str, ...]) -> str:
+    """``MESSAGES_STREAM_NAME``: required when ``SINK`` has kinesis; "" otherwise."""
+    if schema.SINK_KINESIS not in chosen:
+        return env.get(MESSAGES_STREAM_NAME, "").strip()
+    name = env.get(MESSAGES_STREAM_NAME, "").strip()
+    if not name:
+        raise ConfigError(f"{MESSAGES_STREAM_NAME} is required when {SINK} is {','.join(chosen)}")
+    # A stream name (1-128 of [a-zA-Z0-9_.-]) or its ARN.
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}|arn:[a-z-]+:kinesis:[a-z0-9-]+:\d{12}:stream/[A-Za-z0-9_.-]{1,128}", name):
+        raise ConfigError(f"{MESSAGES_STREAM_NAME} must be a Kinesis stream name or ARN, got {name!r}")
+    return name
+
+
+def messages_table_name(env: Mapping[str, str], chosen: tuple[str, ...]) -> str:
+    """``MESSAGES_TABLE_NAME``: required when ``SINK`` has dynamodb; "" otherwise."""
+    if schema.SINK_DYNAMODB in chosen:
+        return _required(env, MESSAGES_TABLE_NAME)
+    return env.get(MESSAGES_TABLE_NAME, "").strip()
+
+
 def state_shards(env: Mapping[str, str]) -> int:
     return _int_in(env, STATE_SHARDS, schema.DEFAULT_STATE_SHARDS, 1, schema.MAX_STATE_SHARDS)
 
@@ -196,6 +232,8 @@ class WorkerConfig:
     # (websockets' default queue, no receive gate, the writer's count caps only).
     max_buffered_bytes: int | None = budget.FALLBACK_BYTES
     upstream_secret_prefix: str = ""  # secret_headers ARNs must name secrets under it
+    sinks: tuple[str, ...] = schema.DEFAULT_SINKS  # where frames go (schema.SINKS)
+    messages_stream_name: str = ""  # the Kinesis stream, when sinks has kinesis
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
@@ -213,10 +251,11 @@ class WorkerConfig:
         worker_id = env.get(WORKER_ID, "").strip() or None
         if worker_id is not None and len(worker_id) > 256:
             raise ConfigError(f"{WORKER_ID} must be at most 256 characters")
+        chosen = sinks(env)
         return cls(
             table_name=_required(env, TABLE_NAME),
             sessions_table_name=_required(env, SESSIONS_TABLE_NAME),
-            messages_table_name=_required(env, MESSAGES_TABLE_NAME),
+            messages_table_name=messages_table_name(env, chosen),
             messages_bucket_name=_required(env, MESSAGES_BUCKET_NAME),
             queue_url=_required(env, QUEUE_URL),
             region=_region(env),
@@ -243,6 +282,8 @@ class WorkerConfig:
             max_frame_bytes=_int_in(env, MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES, MAX_MAX_FRAME_BYTES),
             max_buffered_bytes=max_buffered_bytes(env),
             upstream_secret_prefix=upstream_secret_prefix(env),
+            sinks=chosen,
+            messages_stream_name=messages_stream_name(env, chosen),
         )
 
     def default_worker_id(self) -> str:
@@ -261,15 +302,19 @@ class RouterConfig:
     allowed_ws_hosts: tuple[str, ...]
     state_shards: int
     upstream_secret_prefix: str = ""  # secret_headers ARNs must name secrets under it
+    # Where the workers send frames: the read API answers only where the table is one.
+    sinks: tuple[str, ...] = schema.DEFAULT_SINKS
+    messages_stream_name: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "RouterConfig":
         env = os.environ if env is None else env
         hosts = allowed_ws_hosts(env)
+        chosen = sinks(env)
         return cls(
             table_name=_required(env, TABLE_NAME),
             sessions_table_name=_required(env, SESSIONS_TABLE_NAME),
-            messages_table_name=_required(env, MESSAGES_TABLE_NAME),
+            messages_table_name=messages_table_name(env, chosen),
             messages_bucket_name=_required(env, MESSAGES_BUCKET_NAME),
             queue_url=_required(env, QUEUE_URL),
             region=_region(env),
@@ -277,4 +322,6 @@ class RouterConfig:
             allowed_ws_hosts=hosts,
             state_shards=state_shards(env),
             upstream_secret_prefix=upstream_secret_prefix(env),
+            sinks=chosen,
+            messages_stream_name=messages_stream_name(env, chosen),
         )

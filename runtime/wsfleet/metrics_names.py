@@ -51,6 +51,15 @@ SECRET_FETCHES = "SecretFetches"
 # Seqs stored as upstream_gap markers: what the upstream went past (resume none after a
 # takeover or reconnect, or seqs it never produced). A marker counts its whole range.
 MISSED_SEQS = "MissedSeqs"
+# SINK kinesis: records sent again after a PutRecords that stored only some of them: the
+# refused ones and, so that a connection's last delivery of each seq stays in seq order,
+# every later record of the same connection in that request (those are duplicates on
+# the stream, same fence). Counted per record sent again.
+RECORDS_RESENT = "RecordsResent"
+# SINK kinesis: records the stream refused for throughput (ProvisionedThroughputExceeded
+# or KMS throttling), each sent again after a backoff: a shard or the account is at
+# its limit (the stack's alarm reads the stream's own WriteProvisionedThroughputExceeded).
+RECORDS_THROTTLED = "RecordsThrottled"
 
 COUNTERS = (
     LEASES_ACQUIRED,
@@ -69,4 +78,6 @@ COUNTERS = (
     UPSTREAM_REFUSALS,
     SECRET_FETCHES,
     MISSED_SEQS,
+    RECORDS_RESENT,
+    RECORDS_THROTTLED,
 )

@@ -123,6 +123,16 @@ MARKERS_INDEX = "markers"
 MESSAGE_OBJECTS_PREFIX = "messages/"
 MESSAGE_TTL_ATTRIBUTE = "expires_at"  # epoch seconds; only written when a TTL is configured
 
+# --- where frames go (SINK) -----------------------------------------------------
+# SINK is a comma-separated set of these: the messages table (readable through the
+# API), a Kinesis stream (MESSAGES_STREAM_NAME: one record per frame, wsfleet.records),
+# or both. With a stream among them a new owner resumes from the checkpoint (a stream's
+# tail cannot be read cheaply): delivery is at least once (CONTRACT.md section 4).
+SINK_DYNAMODB = "dynamodb"
+SINK_KINESIS = "kinesis"
+SINKS = (SINK_DYNAMODB, SINK_KINESIS)
+DEFAULT_SINKS = (SINK_DYNAMODB,)
+
 
 
 def message_object_key(connection_id: str, seq: int) -> str:

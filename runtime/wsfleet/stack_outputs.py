@@ -10,4 +10,5 @@ CONNECTIONS_TABLE_NAME = "ConnectionsTableName"
 SESSIONS_TABLE_NAME = "SessionsTableName"
 MESSAGES_TABLE_NAME = "MessagesTableName"
 MESSAGES_BUCKET_NAME = "MessagesBucketName"
+MESSAGES_STREAM_NAME = "MessagesStreamName"  # only where SINK has kinesis
 START_QUEUE_URL = "StartQueueUrl"

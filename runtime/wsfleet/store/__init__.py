@@ -26,6 +26,7 @@ from .desired import Started, StartOutcome, Stopped, StopOutcome
 from .messages import MAX_BATCH, InvalidItem, MessagesStore
 from .objects import CorruptObject, ObjectsStore, StoredObject, data_size, needs_object
 from .sessions import SessionsStore
+from .sink import Sink
 
 __all__ = [
     "MAX_BATCH",
@@ -43,6 +44,7 @@ __all__ = [
     "Owned",
     "Released",
     "SessionsStore",
+    "Sink",
     "StartOutcome",
     "Started",
     "StopOutcome",

@@ -24,7 +24,11 @@ class InvalidItem(Exception):
 
 
 class MessagesStore(_Table):
-    """The messages table: one item per (connection, seq)."""
+    """The messages table: one item per (connection, seq). A :class:`~.sink.Sink`."""
+
+    names = (schema.SINK_DYNAMODB,)
+    max_batch = MAX_BATCH
+    reads_tail = True
 
     def __init__(self, client: Any, table_name: str, *, ttl_days: int = 0, sleep: Callable[[float], None] = time.sleep):
         super().__init__(client, table_name)
