@@ -3,8 +3,10 @@
 moto applies a conditional write as "read, check, write" without a lock, so two
 concurrent requests can both pass the check (two winners of one lease, lost fence
 increments). Real DynamoDB serialises writes per item. We restore that guarantee by
-serialising every DynamoDB request inside the server; other services (SQS long polls
-above all) stay concurrent.
+serialising every DynamoDB request inside the server, and every Kinesis request (its
+PutRecords races the same way: two records given one sequence number, one of them
+lost) under a lock of its own; other services (SQS long polls above all) stay
+concurrent.
 
 Three paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
 
@@ -93,6 +95,9 @@ QUEUE_NAME = "wsfleet-start"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
+_KINESIS_TARGET = "Kinesis_20131202."
+
+
 class SerializedDynamoDB:
     """WSGI middleware: at most one DynamoDB request is handled at a time, and what it
     wrote is put in the :class:`Journal` (when recording) in that same order."""
@@ -100,11 +105,18 @@ class SerializedDynamoDB:
     def __init__(self, app: WSGIApp, journal: "Journal | None" = None) -> None:
         self._app = app
         self._lock = threading.Lock()
+        # Kinesis has its own: moto's PutRecords is not atomic either (two concurrent
+        # requests can give two records one sequence number, and one is lost), and it
+        # need not wait for DynamoDB's.
+        self._kinesis_lock = threading.Lock()
         self._journal = journal
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         op = _operation(environ)
         if op is None:
+            if environ.get("HTTP_X_AMZ_TARGET", "").startswith(_KINESIS_TARGET):
+                with self._kinesis_lock:
+                    return list(self._app(environ, start_response))
             return self._app(environ, start_response)
         journal = self._journal if self._journal is not None and self._journal.wants(op) else None
         if journal is None:
