@@ -71,7 +71,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from werkzeug.serving import make_server
 
-from .. import schema
+from .. import config, schema
 from ..logs import route_stdlib_logging
 from .emulator_books import JOURNAL_PATH, REQUESTS_PATH, Journal, RequestLedger
 from .emulator_faults import FAULTS_PATH, Faults
@@ -89,6 +89,10 @@ DEFAULT_REGION = "us-east-1"
 TABLE_NAME = "wsfleet-connections"
 SESSIONS_TABLE_NAME = "wsfleet-sessions"
 MESSAGES_TABLE_NAME = "wsfleet-messages"
+MESSAGES_STREAM_NAME = "wsfleet-messages"
+# The local stream's shards: more than one, so that readers meet a stream as AWS's
+# on-demand streams are (4 shards at first), one connection's records in one of them.
+STREAM_SHARDS = 2
 MESSAGES_BUCKET_NAME = "wsfleet-messages"
 QUEUE_NAME = "wsfleet-start"
 # moto accepts any credentials; these make boto3 sign requests without a profile.
@@ -294,11 +298,16 @@ def create_resources(
     messages_table_name: str = MESSAGES_TABLE_NAME,
     messages_bucket_name: str = MESSAGES_BUCKET_NAME,
     queue_name: str = QUEUE_NAME,
+    sink: str = schema.SINK_DYNAMODB,
+    messages_stream_name: str = MESSAGES_STREAM_NAME,
+    stream_shards: int = STREAM_SHARDS,
 ) -> dict[str, str]:
-    """Create the tables (from :mod:`wsfleet.schema`), the bucket and the queue; return the
-    environment variables the worker and the router need to reach them (Secrets Manager
-    answers on the same endpoint: secrets under :data:`secrets.SECRET_PREFIX` are allowed
-    in ``secret_headers``, see :func:`secrets.put_secret`)."""
+    """Create the tables (from :mod:`wsfleet.schema`), the bucket and the queue, and the
+    messages stream when ``sink`` (a ``SINK`` value) has kinesis; return the environment
+    variables the worker and the router need to reach them, ``SINK`` among them (Secrets
+    Manager answers on the same endpoint: secrets under :data:`secrets.SECRET_PREFIX` are
+    allowed in ``secret_headers``, see :func:`secrets.put_secret`)."""
+    sinks = config.sinks({config.SINK: sink})
     session = emulator_session(region)
     ddb = session.client("dynamodb", endpoint_url=endpoint_url)
     ddb.create_table(**schema.connections_table_spec(table_name))
@@ -314,6 +323,12 @@ def create_resources(
         s3.create_bucket(Bucket=messages_bucket_name)
     else:
         s3.create_bucket(Bucket=messages_bucket_name, CreateBucketConfiguration={"LocationConstraint": region})
+    stream: dict[str, str] = {}
+    if schema.SINK_KINESIS in sinks:
+        kinesis = session.client("kinesis", endpoint_url=endpoint_url)
+        kinesis.create_stream(StreamName=messages_stream_name, ShardCount=stream_shards)
+        kinesis.get_waiter("stream_exists").wait(StreamName=messages_stream_name, WaiterConfig={"Delay": 0.1, "MaxAttempts": 300})
+        stream = {config.MESSAGES_STREAM_NAME: messages_stream_name}
     return {
         "AWS_ENDPOINT_URL": endpoint_url,
         "AWS_REGION": region,
@@ -324,6 +339,8 @@ def create_resources(
         "MESSAGES_BUCKET_NAME": messages_bucket_name,
         "QUEUE_URL": queue_url,
         "UPSTREAM_SECRET_PREFIX": SECRET_PREFIX,
+        config.SINK: ",".join(sinks),
+        **stream,
     }
 
 
