@@ -6,6 +6,7 @@ delivery of each seq in seq order, duplicates only at the same fence."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import uuid
@@ -17,14 +18,17 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tests.conftest import own_emulator
-from tests.kinesis_reading import by_connection, check_order, last_deliveries, read_stream
+from tests.kinesis_reading import by_connection, check_order, kinesis_env, last_deliveries, read_stream
 from wsfleet import clock, records
 from wsfleet import metrics_names as names
 from wsfleet.aws import Aws, SendDeadlinePassed, send_deadline
 from wsfleet.config import WorkerConfig
 from wsfleet.local.emulator import faults, set_faults
-from wsfleet.store import InvalidItem, StoredObject, StreamSink, TransientError
+from wsfleet.logs import JsonLogger
+from wsfleet.metrics import Counters
+from wsfleet.store import BothSinks, InvalidItem, MessagesStore, ObjectsStore, StoredObject, StreamSink, TransientError
 from wsfleet.stream import MAX_MESSAGE_BYTES, Frame, Problem, upstream_gap
+from wsfleet.worker.writer import Writer
 
 REGION = "us-east-1"
 
@@ -196,20 +200,20 @@ def test_a_partly_refused_put_resends_each_connections_suffix_so_the_last_delive
     counts, count = counting()
     sink = StreamSink(client, stream, count=count, sleep=lambda _: None, max_rounds=50)
     set_faults(url, refuse_records=0.3, seed=11)
-    cids = [f"c{i}" for i in range(8)]
-    sink.put_many(interleaved(cids, 60, fence=4), worker_id="w")  # 480 records, one request a round
+    cids = [f"c{i}" for i in range(6)]
+    sink.put_many(interleaved(cids, 40, fence=4), worker_id="w")  # 240 records, one request a round
     refused = faults(url)["records_refused"]["PutRecords"]
     set_faults(url)
     got = by_connection(client, stream)
     for cid in cids:
         recs = got[cid]
         check_order(recs)
-        assert [r.seq for r in last_deliveries(recs)] == list(range(1, 61))
+        assert [r.seq for r in last_deliveries(recs)] == list(range(1, 41))
         assert {r.fence_token for r in recs} == {4}  # a resend is the same frame, same fence
     delivered = sum(len(v) for v in got.values())
     assert refused > 0 and counts[names.RECORDS_THROTTLED] == refused
     # Every resend went out again: the refused ones and the later ones of their connections.
-    assert counts[names.RECORDS_RESENT] == delivered - 480 + refused
+    assert counts[names.RECORDS_RESENT] == delivered - 240 + refused
     assert counts[names.RECORDS_RESENT] > refused  # some acknowledged ones went again, for the order
 
 
@@ -281,3 +285,99 @@ def test_the_harness_mark_exempts_a_kinesis_client_from_the_faults(faulty):
         assert [r.seq for r in by_connection(harness, stream)["a"]] == [1, 2]
     finally:
         set_faults(url)
+
+
+# --- the writer through the stream, and both sinks ------------------------------------
+
+
+def stream_writer(sink, counters: Counters, stored: dict, deadline: float, *cids: str) -> Writer:
+    writer = Writer(
+        messages=sink,
+        # No large data in these tests: port 9 refuses, nothing is uploaded.
+        objects=ObjectsStore(boto3.client("s3", endpoint_url="http://127.0.0.1:9", region_name=REGION), "none"),
+        call=lambda fn, /, **kw: asyncio.to_thread(fn, **kw),
+        worker_id="w1",
+        counters=counters,
+        log=JsonLogger(),
+        flush_interval_s=0.02,
+    )
+    for cid in cids:
+        stored[cid] = []
+        writer.open(cid, fence_token=2, deadline=lambda: deadline, on_stored=lambda s, n, c=cid: stored[c].append(s))
+    return writer
+
+
+async def until(predicate, timeout: float = 30.0) -> None:
+    deadline = clock.now() + timeout
+    while not predicate():
+        assert clock.now() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def test_the_writer_reports_a_seq_stored_only_once_the_stream_acknowledged_every_record_up_to_it(faulted):
+    url, client, stream = faulted
+    counters, stored = Counters(), {}
+    sink = StreamSink(client, stream, count=counters.add, sleep=lambda _: None, max_rounds=50)
+    cids = [f"c{i}" for i in range(4)]
+    writer = stream_writer(sink, counters, stored, clock.now() + 600, *cids)
+    ahead: list[str] = []
+
+    def check(cid: str, last: int) -> None:
+        # What the stream holds of this connection when the writer says "stored to last".
+        on_stream = {r.seq for r in by_connection(client, stream).get(cid, [])}
+        if not set(range(1, last + 1)) <= on_stream:
+            ahead.append(f"{cid}: reported {last}, stream has {sorted(on_stream)}")
+
+    for cid in cids:
+        writer._queues[cid].on_stored = lambda s, n, c=cid: (check(c, s), stored[c].append(s))
+    set_faults(url, refuse_records=0.1, seed=21)
+
+    async def scenario():
+        task = asyncio.create_task(writer.run())
+        for seq in range(1, 61):
+            for cid in cids:
+                await writer.put(cid, Frame(seq, f'{{"s":{seq}}}', 1))
+        await until(lambda: all(stored[c] and stored[c][-1] == 60 for c in cids))
+        task.cancel()
+
+    asyncio.run(scenario())
+    set_faults(url)
+    assert ahead == []
+    assert writer.items == 240 and writer.batches < 240 / 25  # batches of the stream's size, not the table's
+    assert counters.total(names.RECORDS_RESENT) > 0 and counters.total(names.MESSAGES_STORED) == 240
+    got = by_connection(client, stream)
+    for cid in cids:
+        check_order(got[cid])
+        assert stored[cid] == sorted(stored[cid])  # the checkpoint never goes back
+
+
+def test_a_frame_the_stream_cannot_take_becomes_a_skip_marker_and_the_rest_are_delivered(kinesis):
+    stream = new_stream(kinesis, shards=1)
+    counters, stored = Counters(), {}
+    writer = stream_writer(StreamSink(kinesis, stream), counters, stored, clock.now() + 600, "a", "b")
+
+    async def scenario():
+        task = asyncio.create_task(writer.run())
+        await writer.put("a", Frame(1, "1", 1), Frame(2, '"\ud800"', 1, data_bytes=3), Frame(3, "3", 1))
+        await writer.put("b", Frame(1, "1", 1))
+        await until(lambda: stored["a"] == [3] and stored["b"] == [1])
+        assert not task.done()
+        task.cancel()
+
+    asyncio.run(scenario())
+    got = by_connection(kinesis, stream)
+    assert [(r.seq, r.skipped) for r in got["a"]] == [(1, None), (2, "malformed"), (3, None)]
+    assert [r.seq for r in got["b"]] == [1]
+    assert counters.total(names.MALFORMED_FRAMES) == 1 and counters.total(names.SKIPPED_FRAMES) == 1
+
+
+def test_both_sinks_store_each_call_in_the_table_and_on_the_stream_and_resume_from_the_checkpoint(emulator, kinesis):
+    env = kinesis_env(emulator.endpoint_url, sink="dynamodb,kinesis", shards=1)
+    ddb = boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name=REGION)
+    table = MessagesStore(ddb, env["MESSAGES_TABLE_NAME"])
+    both = BothSinks(table, StreamSink(kinesis, env["MESSAGES_STREAM_NAME"]))
+    assert (both.names, both.max_batch, both.reads_tail) == (("dynamodb", "kinesis"), 25, False)
+    both.put_many(frames("a", range(1, 31), fence=5), worker_id="w")
+    assert [row["sk"] for row in table.read_all("a")] == list(range(1, 31))
+    assert [r.seq for r in by_connection(kinesis, env["MESSAGES_STREAM_NAME"])["a"]] == list(range(1, 31))
+    assert table.stored_end("a", 10) == 30 and both.stored_end("a", 10) == 10  # the stream's rule: no tail read

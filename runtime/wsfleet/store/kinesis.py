@@ -15,8 +15,12 @@ order they were acknowledged. Invariants it keeps, whatever the stream answers:
   refusals for throughput are counted in ``RecordsThrottled`` and followed by a
   jittered backoff;
 * it returns only once every record is acknowledged; after a bounded number of rounds
-  it raises :class:`TransientError` and the writer sends the whole call again (what
-  was acknowledged is delivered twice, same fence, in order again);
+  in a row that acknowledged nothing more it raises :class:`TransientError` and the
+  writer sends the whole call again (what was acknowledged is delivered twice, same
+  fence, in order again). The cost of the order rule: under steady per-record
+  refusals, a connection with many records in one request sends its acknowledged
+  tail again each round (duplicates grow with its depth in the batch; the writer's
+  fair share keeps that depth small when many connections are busy);
 * PutRecords is not conditional: the caller checks its deadline as each request leaves
   (``aws.send_deadline``), whose refusal is raised as it is (unwrapped).
 
@@ -133,9 +137,14 @@ class StreamSink:
         return _Rec(connection_id, frame.seq, {"Data": data, "PartitionKey": connection_id})
 
     def _put(self, request: list[_Rec]) -> None:
-        """One request's records, until every one is acknowledged or the rounds run out."""
+        """One request's records, until every one is acknowledged, or until ``max_rounds``
+        rounds in a row acknowledged nothing more. A round that made progress does not
+        count: under steady per-record refusals a deep connection's suffix shrinks only
+        by the records before its first refusal, each round (the send deadline bounds
+        the whole)."""
         pending = request
-        for attempt in range(self._rounds):
+        attempt = 0  # rounds in a row with no progress
+        while attempt < self._rounds:
             try:
                 resp = self._client.put_records(Records=[r.entry for r in pending], **self._target)
             except (ClientError, BotoCoreError) as exc:
@@ -147,16 +156,19 @@ class StreamSink:
                     self._add(names.RECORDS_THROTTLED, len(pending))
                 # Nothing or everything may have been applied (a lost answer): all again.
                 self._sleep(_backoff(attempt))
+                attempt += 1
                 continue
             answers = resp.get("Records") or []
             if len(answers) != len(pending):
                 raise TransientError(f"PutRecords answered {len(answers)} results for {len(pending)} records")
-            pending, throttled = _again(pending, answers)
-            if not pending:
+            again, throttled = _again(pending, answers)
+            if not again:
                 return
-            self._add(names.RECORDS_RESENT, len(pending))
+            self._add(names.RECORDS_RESENT, len(again))
             if throttled:
                 self._add(names.RECORDS_THROTTLED, throttled)
+            attempt = 0 if len(again) < len(pending) else attempt + 1
+            pending = again
             self._sleep(_backoff(attempt))
         raise TransientError(f"{len(pending)} records still refused by the stream after {self._rounds} rounds")
 
