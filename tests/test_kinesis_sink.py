@@ -381,3 +381,22 @@ def test_both_sinks_store_each_call_in_the_table_and_on_the_stream_and_resume_fr
     assert [row["sk"] for row in table.read_all("a")] == list(range(1, 31))
     assert [r.seq for r in by_connection(kinesis, env["MESSAGES_STREAM_NAME"])["a"]] == list(range(1, 31))
     assert table.stored_end("a", 10) == 30 and both.stored_end("a", 10) == 10  # the stream's rule: no tail read
+
+
+def test_refuse_records_applies_the_others_and_answers_each_refused_record_in_its_place(faulted):
+    url, client, stream = faulted
+    set_faults(url, refuse_records=0.5, seed=2)
+    resp = client.put_records(StreamName=stream, Records=[{"Data": str(i).encode(), "PartitionKey": "k"} for i in range(12)])
+    refused_count = faults(url)["records_refused"]["PutRecords"]
+    set_faults(url)
+    results = resp["Records"]
+    refused = [i for i, r in enumerate(results) if "ErrorCode" in r]
+    assert len(results) == 12 and resp["FailedRecordCount"] == len(refused) == refused_count and 0 < len(refused) < 12
+    assert {results[i]["ErrorCode"] for i in refused} == {"ProvisionedThroughputExceededException"}
+    assert all(r["SequenceNumber"] and r["ShardId"] for r in results if "ErrorCode" not in r)
+    shards = client.list_shards(StreamName=stream)["Shards"]
+    on_stream = []
+    for shard in shards:
+        it = client.get_shard_iterator(StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON")
+        on_stream += [int(r["Data"]) for r in client.get_records(ShardIterator=it["ShardIterator"])["Records"]]
+    assert on_stream == [i for i in range(12) if i not in refused]
