@@ -400,3 +400,15 @@ def test_refuse_records_applies_the_others_and_answers_each_refused_record_in_it
         it = client.get_shard_iterator(StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON")
         on_stream += [int(r["Data"]) for r in client.get_records(ShardIterator=it["ShardIterator"])["Records"]]
     assert on_stream == [i for i in range(12) if i not in refused]
+
+
+def test_a_request_kinesis_refuses_as_invalid_is_invalid_item_for_the_writer_to_split(kinesis):
+    from wsfleet.store.kinesis import _Rec
+
+    stream = new_stream(kinesis, shards=1)
+    sink = StreamSink(kinesis, stream, sleep=lambda _: None)
+    # Past our own checks (they would have refused it first): Kinesis' own refusal.
+    over = _Rec("a", 1, {"Data": b"x" * (records.MAX_RECORD_BYTES + 1), "PartitionKey": "a"})
+    with pytest.raises(InvalidItem, match="ValidationException"):
+        sink._put([over])
+    assert not any(read_stream(kinesis, stream).values())

@@ -7,7 +7,10 @@ order they were acknowledged. Invariants it keeps, whatever the stream answers:
 * a request holds at most 500 records and 5 MiB (data and partition keys), and the
   requests of one call go one after the other, each acknowledged whole before the next;
 * every entry is encoded (and checked against the 1 MiB record limit) before anything
-  is sent, so :class:`InvalidItem` never leaves half a call on the stream;
+  is sent, so :class:`InvalidItem` for an entry never leaves half a call on the stream
+  (a ValidationException from Kinesis itself is raised as InvalidItem too, as the table
+  does: the writer splits the call to find the record; what went before it is sent
+  again, in order);
 * a record refused in a PutRecords answer is sent again together with every later
   record of the same connection in that request, in their order: per connection, the
   LAST delivery of every seq is in seq order (earlier deliveries are duplicates with
@@ -119,6 +122,8 @@ class StreamSink:
     def _record(
         self, connection_id: str, fence_token: int, frame: Frame, worker_id: str, objects: Mapping[tuple[str, int], StoredObject] | None
     ) -> _Rec:
+        if not 1 <= len(connection_id) <= records.MAX_PARTITION_KEY_CHARS:
+            raise InvalidItem(f"{connection_id[:300]!r} seq {frame.seq}: a partition key has 1 to 256 characters")
         ref = None
         if needs_object(frame):
             stored = (objects or {}).get((connection_id, frame.seq))
@@ -132,8 +137,6 @@ class StreamSink:
         size = len(data) + len(connection_id.encode("utf-8", "replace"))
         if size > records.MAX_RECORD_BYTES:
             raise InvalidItem(f"{connection_id} seq {frame.seq}: a record of {size} bytes is over Kinesis' 1 MiB")
-        if not 1 <= len(connection_id) <= records.MAX_PARTITION_KEY_CHARS:
-            raise InvalidItem(f"{connection_id!r} seq {frame.seq}: a partition key has 1 to 256 characters")
         return _Rec(connection_id, frame.seq, {"Data": data, "PartitionKey": connection_id})
 
     def _put(self, request: list[_Rec]) -> None:
@@ -150,6 +153,8 @@ class StreamSink:
             except (ClientError, BotoCoreError) as exc:
                 if refused := unwrap_refusal(exc):
                     raise refused from None  # past its deadline: a retry here would be refused too
+                if _code(exc) == "ValidationException":  # a record Kinesis will not take (we check first)
+                    raise InvalidItem(str(exc)) from exc
                 if not is_transient(exc) and _code(exc) != "KMSThrottlingException":
                     raise  # AccessDenied, ResourceNotFound, a bug: the writer's supervisor backs off
                 if _code(exc) in THROUGHPUT_CODES:
