@@ -171,7 +171,7 @@ def test_a_missing_stream_is_raised_as_it_is_not_as_a_transient_fault(kinesis):
 
 def test_past_the_send_deadline_nothing_is_sent(emulator, kinesis):
     stream = new_stream(kinesis, shards=1)
-    cfg = WorkerConfig.from_env({
+    cfg = WorkerConfig.from_env(env := {
         "AWS_ENDPOINT_URL": emulator.endpoint_url, "AWS_REGION": REGION, "TABLE_NAME": "t", "SESSIONS_TABLE_NAME": "s",
         "QUEUE_URL": "q", "MESSAGES_BUCKET_NAME": "b", "SINK": "kinesis", "MESSAGES_STREAM_NAME": stream,
     })
@@ -182,6 +182,10 @@ def test_past_the_send_deadline_nothing_is_sent(emulator, kinesis):
             sink.put_many(frames("a", [1, 2]), worker_id="w")
         with send_deadline(clock.now() + 60):
             sink.put_many(frames("a", [3]), worker_id="w")
+        assert aws.requests["kinesis.PutRecords"] == 2  # counted per attempt made (the refused one too)
+        table_only = Aws(WorkerConfig.from_env({**env, "SINK": "dynamodb", "MESSAGES_TABLE_NAME": "m"}), threads=1)
+        table_only.close()
+        assert table_only.kinesis is None
     finally:
         aws.close()
     assert [r.seq for r in by_connection(kinesis, stream)["a"]] == [3]
