@@ -1,4 +1,4 @@
-"""``PYTHONPATH=runtime:. python -m bench.sinks [--frames 500] [--bytes 200] [--rounds 20]``
+"""``PYTHONPATH=runtime:. python -m bench.sink_cpu [--frames 500] [--bytes 200] [--rounds 20]``
 
 The writer's CPU per message in each sink, in one run, on the same frames: the client
 side of ``StreamSink.put_many`` (records.encode, PutRecords of up to 500 records) against
@@ -89,7 +89,7 @@ def run(frames: int = 500, size: int = 200, rounds: int = 20) -> dict[str, Any]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.sinks", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.sink_cpu", description=__doc__.splitlines()[0])
     p.add_argument("--frames", type=int, default=500)
     p.add_argument("--bytes", type=int, default=200)
     p.add_argument("--rounds", type=int, default=20)
