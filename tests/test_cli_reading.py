@@ -5,6 +5,7 @@ section 4 gives them."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -14,6 +15,9 @@ from typing import Any, Callable
 import pytest
 
 from tests import test_cli
+from wsfleet.local.api import LocalApi
+from wsfleet.logs import JsonLogger
+from wsfleet.router import Router
 from tests.test_cli import URL, run
 from tests.test_router_messages import Stored
 from wsfleet import schema
@@ -123,6 +127,18 @@ def test_messages_errors_are_one_sentence_and_a_non_zero_exit(capsys, aws_env, a
         return
     assert (code, out) == (1, "")
     assert err.startswith("wsfleet: ") and sentence in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("follow", [(), ("--follow",)])
+def test_messages_of_a_fleet_that_stores_frames_only_on_its_stream_is_the_apis_sentence(capsys, aws_env, follow):
+    env = {**aws_env, "ALLOWED_WS_HOSTS": "127.0.0.1", "SINK": "kinesis", "MESSAGES_STREAM_NAME": "wsfleet-dev-messages"}
+    router = Router.from_env(env, logger=JsonLogger(io.StringIO(), component="router"))
+    with LocalApi(router.handle) as kinesis_api:
+        run(capsys, aws_env, "start", "c1", URL + "c1", "--api", kinesis_api.url)
+        code, out, err = run(capsys, aws_env, "messages", "c1", "--api", kinesis_api.url, *follow)
+    assert (code, out) == (1, "")  # as for any 4xx, and --follow does not wait it out
+    assert err.startswith("wsfleet: This fleet sends frames to the Kinesis stream wsfleet-dev-messages")
+    assert "SINK to include dynamodb" in err and err.endswith("(HTTP 409).\n") and err.count("\n") == 1
 
 
 def test_messages_from_an_api_out_of_reach_is_one_sentence(capsys, aws_env):
