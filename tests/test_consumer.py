@@ -423,3 +423,53 @@ def test_the_lambda_entry_point_with_a_bad_setting_fails_the_whole_batch_and_log
     assert batch.handler(event, None) == {"batchItemFailures": [{"itemIdentifier": "49"}]}
     (line,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert line["event"] == "config_invalid" and config.CONSUMER_BUCKET_NAME in line["detail"]
+
+
+# --- with the worker's own sink ---------------------------------------------------------------------
+
+
+def test_what_the_workers_sink_puts_through_partial_failures_lost_answers_and_a_takeover_is_delivered_once(emulator):
+    """The worker's StreamSink writes through refused records (resent with their
+    connection's later ones), PutRecords answers lost (sent again whole), a takeover
+    from a checkpoint (a higher fence) and the old owner's late request (a lower one):
+    downstream, every seq of every connection once, with the data it was sent with."""
+    from wsfleet.store.base import TransientError
+    from wsfleet.store.kinesis import StreamSink
+
+    rig = Rig(emulator.endpoint_url)
+    # One attempt per request: a lost answer comes back to the writer, which sends the call
+    # again (botocore's own retries would only add their backoff's sleeps).
+    once = boto3.client("kinesis", endpoint_url=emulator.endpoint_url, region_name=REGION,
+                        config=Config(retries={"mode": "standard", "total_max_attempts": 1}))
+    sink = StreamSink(once, rig.stream, sleep=lambda _: None)
+    cids = [f"feed-{n}" for n in range(3)]
+
+    def put(fence: int, seqs: Iterable[int], worker: str) -> None:
+        frames = [(cid, fence, Frame(s, json.dumps({"v": s}), 1_700_000_000_000 + s)) for s in seqs for cid in cids]
+        for start in range(0, len(frames), 40):  # the writer's batches
+            while True:  # the writer sends a whole call again after TransientError
+                try:
+                    sink.put_many(frames[start : start + 40], worker_id=worker)
+                    break
+                except TransientError:
+                    pass
+
+    set_faults(emulator.endpoint_url, refuse_records=0.3, ambiguous={"PutRecords": 0.2}, seed=21)
+    try:
+        put(1, range(1, 31), "w-old")
+        put(2, range(16, 41), "w-new")  # resumed from the old owner's checkpoint, 15
+        put(1, range(31, 34), "w-old")  # the old owner's request, frozen past its lease, lands late
+    finally:
+        set_faults(emulator.endpoint_url)
+    on_stream = sum(len(shard_entries(rig, s["ShardId"])) for s in rig.kinesis.list_shards(StreamName=rig.stream)["Shards"])
+    rig.source.drain()
+
+    for cid in cids:
+        lines = rig.delivered(cid)
+        assert sorted(seqs(lines)) == list(range(1, 41)), cid
+        assert all(line["data"] == {"v": line["seq"]} for line in lines)
+        assert all(line["fence_token"] == 2 for line in lines if line["seq"] > 30)
+    assert rig.total("delivered") == 3 * 40
+    assert rig.total("replayed") >= 3 * 15 and rig.total("stale") >= 3 * 3
+    assert rig.total("delivered") + rig.total("replayed") + rig.total("resent") + rig.total("stale") == on_stream
+    assert on_stream > 3 * (30 + 25 + 3)  # the faults did send some records more than once
