@@ -318,6 +318,28 @@ def test_a_crash_between_the_object_and_the_state_write_rewrites_the_same_object
     assert seqs(rig.delivered("c1")) == [1, 2, 3] and rig.state("c1")["revision"] == 1
 
 
+def test_a_second_writer_of_a_connections_state_is_caught_and_the_batch_goes_again(emulator):
+    ddb = boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name=REGION)
+    rig = Rig(emulator.endpoint_url, ddb=ddb)
+    rig.frames("c1", [1, 2], fence=1)
+    other = batch.DeliveryStates(rig.ddb, rig.table)
+
+    def meanwhile(**_: Any) -> None:  # another consumer stores its state first, once
+        ddb.meta.events.unregister("before-call.dynamodb.PutItem", unique_id="meanwhile")
+        assert other.put("c1", Delivered(), Delivered(ranges=((1, 1),), fence_token=1))
+
+    ddb.meta.events.register("before-call.dynamodb.PutItem", meanwhile, unique_id="meanwhile")
+    first = rig.source.poll()
+    assert first.failures and rig.log_lines("state_conflict")[0]["connection_id"] == "c1"
+    assert rig.state("c1")["revision"] == 1  # the other's
+    rig.source.drain()
+    assert rig.state("c1")["revision"] == 2 and rig.state("c1")["delivered_to"] == 2
+    # Nothing lost. Once per seq is what one writer per shard gives: here the object of
+    # revision 0 (written before the conflict showed) still holds seq 2 beside revision 1.
+    assert rig.keys("c1") == [object_key("frames/", "c1", 0), object_key("frames/", "c1", 1)]
+    assert seqs(rig.delivered("c1")) == [1, 2, 2]
+
+
 # --- what the stream may hold -----------------------------------------------------------------------
 
 
