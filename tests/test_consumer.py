@@ -340,6 +340,20 @@ def test_a_second_writer_of_a_connections_state_is_caught_and_the_batch_goes_aga
     assert seqs(rig.delivered("c1")) == [1, 2, 2]
 
 
+def test_with_the_invocation_nearly_out_of_time_no_delivery_starts_and_the_next_invocation_delivers(emulator):
+    rig = Rig(emulator.endpoint_url, shards=1)
+    rig.frames("c1", [1, 2], fence=1)
+    rig.frames("c2", [1], fence=1)
+    event = kinesis_event("shardId-000000000000", shard_entries(rig), stream_arn="a", region=REGION)
+    late = types.SimpleNamespace(aws_request_id="r1", get_remaining_time_in_millis=lambda: batch.MIN_REMAINING_MS - 1)
+    answer = rig.consumer.handle(event, late)
+    assert answer == {"batchItemFailures": [{"itemIdentifier": event["Records"][0]["kinesis"]["sequenceNumber"]}]}
+    assert rig.keys("c1") == rig.keys("c2") == [] and rig.state("c1") == {}
+    in_time = types.SimpleNamespace(aws_request_id="r2", get_remaining_time_in_millis=lambda: 60_000)
+    assert rig.consumer.handle(event, in_time) == {"batchItemFailures": []}
+    assert seqs(rig.delivered("c1")) == [1, 2] and seqs(rig.delivered("c2")) == [1]
+
+
 # --- what the stream may hold -----------------------------------------------------------------------
 
 

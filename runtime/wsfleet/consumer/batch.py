@@ -40,7 +40,7 @@ import traceback
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import boto3
 from botocore.config import Config
@@ -61,6 +61,10 @@ CONTENT_TYPE = "application/x-ndjson"
 DYNAMODB_CONFIG = Config(retries={"mode": "standard", "total_max_attempts": 3}, connect_timeout=2, read_timeout=5)
 S3_CONFIG = Config(retries={"mode": "standard", "total_max_attempts": 3}, connect_timeout=2, read_timeout=30)
 DETAIL_CHARS = 200  # of a bad record's reason or a failure's message in a log line
+# A connection's delivery is not started with less of the invocation left than this: it
+# is answered as failed instead, so that a batch too large for one invocation keeps what
+# it delivered and goes on from there, rather than timing out whole again and again.
+MIN_REMAINING_MS = 15_000
 BAD = "bad"
 
 
@@ -195,7 +199,8 @@ class Consumer:
                 self._log.warning("bad_record", **_where(entry), detail=str(exc)[:DETAIL_CHARS])
                 continue
             groups.setdefault(incoming.record.connection_id, []).append(incoming)
-        deliveries = self._deliver_all(groups)
+        remaining = getattr(context, "get_remaining_time_in_millis", None)
+        deliveries = self._deliver_all(groups, remaining if callable(remaining) else None)
         failed = [d for d in deliveries if d.error is not None]
         for d in deliveries:
             counts.update(d.counts)
@@ -219,11 +224,16 @@ class Consumer:
             return {"batchItemFailures": []}
         return {"batchItemFailures": [{"itemIdentifier": first_failure.sequence_number}]}
 
-    def _deliver_all(self, groups: Mapping[str, list[Incoming]]) -> list[Delivery]:
+    def _deliver_all(self, groups: Mapping[str, list[Incoming]], remaining_ms: Callable[[], int] | None) -> list[Delivery]:
+        def one(item: tuple[str, list[Incoming]]) -> Delivery:
+            if remaining_ms is not None and remaining_ms() < MIN_REMAINING_MS:
+                return Delivery(item[0], item[1][0], Counter(), error="not started: the invocation is nearly out of time")
+            return self._deliver(*item)
+
         if len(groups) <= 1:
-            return [self._deliver(cid, batch) for cid, batch in groups.items()]
+            return [one(item) for item in groups.items()]
         with ThreadPoolExecutor(max_workers=min(THREADS, len(groups)), thread_name_prefix="deliver") as pool:
-            return list(pool.map(lambda item: self._deliver(*item), groups.items()))
+            return list(pool.map(one, groups.items()))
 
     def _deliver(self, connection_id: str, batch: list[Incoming]) -> Delivery:
         """One connection's records of the batch: read, object, then state. Never raises:
