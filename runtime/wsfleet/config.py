@@ -50,6 +50,10 @@ ECS_CONTAINER_METADATA_URI_V4 = "ECS_CONTAINER_METADATA_URI_V4"
 UPSTREAM_SECRET_PREFIX = "UPSTREAM_SECRET_PREFIX"
 SINK = "SINK"
 MESSAGES_STREAM_NAME = "MESSAGES_STREAM_NAME"
+# The reference consumer (wsfleet.consumer): its output bucket, state table and key prefix.
+CONSUMER_BUCKET_NAME = "CONSUMER_BUCKET_NAME"
+CONSUMER_TABLE_NAME = "CONSUMER_TABLE_NAME"
+CONSUMER_PREFIX = "CONSUMER_PREFIX"
 
 DEFAULT_MAX_FRAME_BYTES = 32 * 1024 * 1024
 # A frame limit below the largest item's data would make no frame large; above this,

@@ -320,6 +320,21 @@ def messages_table_spec(table_name: str) -> dict[str, Any]:
     }
 
 
+# The reference consumer's state table (wsfleet.consumer): one item per connection, what
+# it has delivered of that connection's records.
+CONSUMER_PK = "connection_id"
+
+
+def consumer_table_spec(table_name: str) -> dict[str, Any]:
+    """CreateTable arguments for the reference consumer's state table (on-demand)."""
+    return {
+        "TableName": table_name,
+        "BillingMode": "PAY_PER_REQUEST",
+        "AttributeDefinitions": [{"AttributeName": CONSUMER_PK, "AttributeType": "S"}],
+        "KeySchema": [{"AttributeName": CONSUMER_PK, "KeyType": "HASH"}],
+    }
+
+
 def _key_schema(hash_key: str, range_key: str) -> list[dict[str, str]]:
     return [{"AttributeName": hash_key, "KeyType": "HASH"}, {"AttributeName": range_key, "KeyType": "RANGE"}]
 
