@@ -274,7 +274,7 @@ class Alarms(Construct):
                 "ConsumerErrors",
                 alarm_name=f"{prefix}-consumer-errors",
                 alarm_description=(
-                    "The reference consumer raised or timed out on a batch (Lambda retries it, split in two): "
+                    "The reference consumer raised or timed out on a batch (Lambda retries it): "
                     "search its logs for the error."
                 ),
                 metric=consumer.metric_errors(period=five_minutes, statistic=cloudwatch.Stats.SUM),

@@ -238,3 +238,52 @@ def test_dynamodb_throttling_and_consumed_capacity_per_table_and_index(env):
             and any(re.search(rf'TableName="{re.escape(p)}"', e) for p in placeholders)
         ]
         assert len(throttled) == 1, f"ThrottledRequests of {table}"
+
+
+def test_every_alarm_is_on_the_alarm_status_widget(env):
+    (status,) = [w for w in _body(env).widgets() if w["type"] == "alarm"]
+    drawn = {_body(env).resolved(arn) for arn in status["properties"]["alarms"]}
+    alarms = env.service_template.find_resources("AWS::CloudWatch::Alarm")
+    assert drawn == {json.dumps({"Fn::GetAtt": [logical_id, "Arn"]}, sort_keys=True) for logical_id in alarms}
+
+
+def _stream_widget(env, metric: str) -> dict:
+    (widget,) = [
+        w
+        for w in _body(env).widgets()
+        if any(e[:2] == ["AWS/Kinesis", metric] for e in w["properties"].get("metrics", []))
+    ]
+    return widget
+
+
+def test_the_stream_row_draws_the_streams_counts_beside_the_workers(dev):
+    body = _body(dev)
+    stream = {"StreamName": _ref(dev, dev.service.messages_stream.stream_name)}
+    for name in ("IncomingRecords", "WriteProvisionedThroughputExceeded", "PutRecords.Latency"):
+        assert body.metrics("AWS/Kinesis", name) and all(d == stream for d in body.metrics("AWS/Kinesis", name))
+    # Records the stream took, beside those the workers sent again; the stream's
+    # refusals beside the workers' (which count KMS throttling too).
+    assert metrics_names.RECORDS_RESENT in _drawn(_stream_widget(dev, "IncomingRecords"))
+    assert metrics_names.RECORDS_THROTTLED in _drawn(_stream_widget(dev, "WriteProvisionedThroughputExceeded"))
+
+
+def test_the_consumer_row_draws_its_lag_against_its_alarm_its_errors_and_its_failure_queue(dev):
+    body = _body(dev)
+    function = {"FunctionName": _ref(dev, dev.service.consumer.function.function_name)}
+    for name in ("IteratorAge", "Invocations", "Errors", "Duration"):
+        assert function in body.metrics("AWS/Lambda", name), name
+    (lag,) = [
+        w
+        for w in body.widgets()
+        if any(e[:2] == ["AWS/Lambda", "IteratorAge"] for e in w["properties"].get("metrics", []))
+    ]
+    threshold = dev.settings.consumer.iterator_age_alarm_seconds * 1000
+    assert [a["value"] for a in lag["properties"]["annotations"]["horizontal"]] == [threshold]
+    queue = {"QueueName": _ref(dev, dev.service.consumer.failure_queue.queue_name)}
+    assert queue in body.metrics("AWS/SQS", "ApproximateNumberOfMessagesVisible")
+
+
+def test_no_stream_or_consumer_graphs_where_there_is_neither(prod):
+    body = _body(prod)
+    assert not [e for e in body.entries() if e[0] == "AWS/Kinesis"]
+    assert not body.metrics("AWS/Lambda", "IteratorAge")
