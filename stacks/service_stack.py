@@ -55,10 +55,10 @@ class ServiceStack(Stack):
         encrypted with a customer-managed key; ``consumer_bucket_name`` (as
         ``messages_bucket_name``) and ``consumer_table`` where the reference consumer is."""
         super().__init__(scope, id, **kwargs)
-        if settings.has_stream != (messages_stream is not None):
-            raise ValueError("messages_stream must be given exactly where settings.sink has kinesis")
-        if (settings.consumer is not None) != (consumer_bucket_name is not None and consumer_table is not None):
-            raise ValueError("consumer_bucket_name and consumer_table must be given exactly where settings.consumer is")
+        if settings.has_stream != (messages_stream is not None) or (settings.consumer is None) != (
+            consumer_bucket_name is None or consumer_table is None
+        ):
+            raise ValueError("the stream, and the consumer's bucket and table, go exactly where the settings have them")
         self._secret_prefix = settings.secret_prefix
         self._sinks = settings.sinks
         self._stores_in_table = settings.stores_in_table
@@ -174,11 +174,7 @@ class ServiceStack(Stack):
             failover_bound=Duration.seconds(settings.failover_bound_seconds),
             alarm_topic_arn=settings.alarm_topic_arn,
             stream=messages_stream,
-            consumer=self.consumer.function if self.consumer else None,
-            consumer_failure_queue=self.consumer.failure_queue if self.consumer else None,
-            iterator_age_threshold=(
-                Duration.seconds(settings.consumer.iterator_age_alarm_seconds) if settings.consumer else None
-            ),
+            consumer=self.consumer,
         )
         self.dashboard = OperationsDashboard(
             self,
@@ -203,8 +199,7 @@ class ServiceStack(Stack):
                 "messages": [schema.MARKERS_INDEX],
             },
             stream=messages_stream,
-            consumer=self.consumer.function if self.consumer else None,
-            consumer_failure_queue=self.consumer.failure_queue if self.consumer else None,
+            consumer=self.consumer,
             iterator_age_alarm=self.alarms.consumer_iterator_age,
         )
         CfnOutput(

@@ -50,6 +50,7 @@ from constructs import Construct
 
 from wsfleet import metrics_names
 
+from .consumer import ReferenceConsumer
 from .worker_metrics import worker_metric
 
 _GE = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
@@ -78,12 +79,9 @@ class Alarms(Construct):
         failover_bound: Duration,
         alarm_topic_arn: str | None,
         stream: kinesis.IStream | None = None,
-        consumer: lambda_.IFunction | None = None,
-        consumer_failure_queue: sqs.IQueue | None = None,
-        iterator_age_threshold: Duration | None = None,
+        consumer: ReferenceConsumer | None = None,
     ) -> None:
-        """``stream`` where kinesis is a sink; ``consumer``, its failure queue and the
-        iterator-age threshold where the reference consumer is deployed."""
+        """``stream`` where kinesis is a sink; ``consumer`` where the reference consumer is."""
         super().__init__(scope, id)
         one_minute = Duration.minutes(1)
         five_minutes = Duration.minutes(5)
@@ -249,7 +247,7 @@ class Alarms(Construct):
             self.all += (self.stream_throttled, self.records_throttled)
         self.consumer_iterator_age: cloudwatch.Alarm | None = None
         if consumer is not None:
-            assert consumer_failure_queue is not None and iterator_age_threshold is not None
+            function, iterator_age_threshold = consumer.function, consumer.iterator_age_alarm_threshold
             # The age of the last record of each batch when it was read: how far the
             # consumer is behind the stream's newest record. Lambda publishes it per
             # invocation, so no data means no records to read.
@@ -262,9 +260,7 @@ class Alarms(Construct):
                     "stream: a failing batch it keeps retrying (see its errors and logs), or more records than "
                     "it keeps up with. Records it has not read when they leave the stream are lost to it."
                 ),
-                metric=consumer.metric(
-                    "IteratorAge", period=five_minutes, statistic=cloudwatch.Stats.MAXIMUM
-                ),
+                metric=function.metric("IteratorAge", period=five_minutes, statistic=cloudwatch.Stats.MAXIMUM),
                 threshold=iterator_age_threshold.to_milliseconds(),
                 comparison_operator=_GE,
                 evaluation_periods=1,
@@ -277,7 +273,7 @@ class Alarms(Construct):
                     "The reference consumer raised or timed out on a batch (Lambda retries it): "
                     "search its logs for the error."
                 ),
-                metric=consumer.metric_errors(period=five_minutes, statistic=cloudwatch.Stats.SUM),
+                metric=function.metric_errors(period=five_minutes, statistic=cloudwatch.Stats.SUM),
             )
             self.consumer_gave_up = self._any_in_period(
                 "ConsumerGaveUp",
@@ -287,7 +283,7 @@ class Alarms(Construct):
                     "delivered. Each message in its failure queue names the shard and sequence numbers to "
                     "replay while the stream still keeps them."
                 ),
-                metric=consumer_failure_queue.metric_approximate_number_of_messages_visible(
+                metric=consumer.failure_queue.metric_approximate_number_of_messages_visible(
                     period=one_minute, statistic=cloudwatch.Stats.MAXIMUM
                 ),
             )

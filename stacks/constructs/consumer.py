@@ -115,6 +115,7 @@ class ReferenceConsumer(Construct):
         removal_policy: RemovalPolicy,
     ) -> None:
         super().__init__(scope, id)
+        self.iterator_age_alarm_threshold = Duration.seconds(settings.iterator_age_alarm_seconds)
         self.log_group = logs.LogGroup(self, "Logs", retention=log_retention, removal_policy=removal_policy)
         self.role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
         self.log_group.grant_write(self.role)

@@ -38,6 +38,7 @@ from constructs import Construct
 
 from wsfleet import metrics_names as names
 
+from .consumer import ReferenceConsumer
 from .worker_metrics import worker_metric
 
 PERIOD = Duration.minutes(1)
@@ -70,14 +71,13 @@ class OperationsDashboard(Construct):
         tables: Mapping[str, dynamodb.ITable],
         indexes: Mapping[str, Sequence[str]],
         stream: kinesis.IStream | None = None,
-        consumer: lambda_.IFunction | None = None,
-        consumer_failure_queue: sqs.IQueue | None = None,
+        consumer: ReferenceConsumer | None = None,
         iterator_age_alarm: cloudwatch.Alarm | None = None,
     ) -> None:
         """``tables`` by the name the graphs give them ("connections"); ``indexes``:
         the global secondary indexes of those tables, whose capacity is their own.
-        ``stream`` where kinesis is a sink; ``consumer``, its failure queue and its
-        iterator-age alarm where the reference consumer is deployed."""
+        ``stream`` where kinesis is a sink; ``consumer`` and its iterator-age alarm where
+        the reference consumer is deployed."""
         super().__init__(scope, id)
         self._namespace = metrics_namespace
         self._service_name = service_name
@@ -208,8 +208,8 @@ class OperationsDashboard(Construct):
         if stream is not None:
             self.dashboard.add_widgets(*self._stream(stream))
         if consumer is not None:
-            assert consumer_failure_queue is not None and iterator_age_alarm is not None
-            self.dashboard.add_widgets(*self._consumer(consumer, consumer_failure_queue, iterator_age_alarm))
+            assert iterator_age_alarm is not None
+            self.dashboard.add_widgets(*self._consumer(consumer.function, consumer.failure_queue, iterator_age_alarm))
 
     def _connections(self, target: int, maximum: int, unowned_alarm: cloudwatch.Alarm) -> list[cloudwatch.IWidget]:
         # Per worker: the workers also publish ActiveConnections with a WorkerId dimension
