@@ -5,6 +5,7 @@ section 4 gives them."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -14,6 +15,9 @@ from typing import Any, Callable
 import pytest
 
 from tests import test_cli
+from wsfleet.local.api import LocalApi
+from wsfleet.logs import JsonLogger
+from wsfleet.router import Router
 from tests.test_cli import URL, run
 from tests.test_router_messages import Stored
 from wsfleet import schema
@@ -123,6 +127,18 @@ def test_messages_errors_are_one_sentence_and_a_non_zero_exit(capsys, aws_env, a
         return
     assert (code, out) == (1, "")
     assert err.startswith("wsfleet: ") and sentence in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("follow", [(), ("--follow",)])
+def test_messages_of_a_fleet_that_stores_frames_only_on_its_stream_is_the_apis_sentence(capsys, aws_env, follow):
+    env = {**aws_env, "ALLOWED_WS_HOSTS": "127.0.0.1", "SINK": "kinesis", "MESSAGES_STREAM_NAME": "wsfleet-dev-messages"}
+    router = Router.from_env(env, logger=JsonLogger(io.StringIO(), component="router"))
+    with LocalApi(router.handle) as kinesis_api:
+        run(capsys, aws_env, "start", "c1", URL + "c1", "--api", kinesis_api.url)
+        code, out, err = run(capsys, aws_env, "messages", "c1", "--api", kinesis_api.url, *follow)
+    assert (code, out) == (1, "")  # as for any 4xx, and --follow does not wait it out
+    assert err.startswith("wsfleet: This fleet sends frames to the Kinesis stream wsfleet-dev-messages")
+    assert "SINK to include dynamodb" in err and err.endswith("(HTTP 409).\n") and err.count("\n") == 1
 
 
 def test_messages_from_an_api_out_of_reach_is_one_sentence(capsys, aws_env):
@@ -265,3 +281,68 @@ def test_the_follow_command_prints_a_message_stored_after_it_started_and_ctrl_c_
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# --- wsfleet records: the messages stream -----------------------------------------------------------
+
+
+@pytest.fixture
+def stream(emulator, aws_env) -> tuple[Any, str]:
+    """A messages stream of two shards, and a client of it."""
+    import uuid
+
+    import boto3
+
+    kinesis = boto3.client("kinesis", endpoint_url=emulator.endpoint_url, region_name=aws_env["AWS_REGION"])
+    name = f"messages-{uuid.uuid4().hex[:8]}"
+    kinesis.create_stream(StreamName=name, ShardCount=2)
+    kinesis.get_waiter("stream_exists").wait(StreamName=name, WaiterConfig={"Delay": 0.1, "MaxAttempts": 300})
+    return kinesis, name
+
+
+def put_frames(kinesis: Any, name: str, cid: str, seqs: Any, fence: int) -> None:
+    from wsfleet import records
+    from wsfleet.stream import Frame
+
+    entries = [
+        {"PartitionKey": cid, "Data": records.encode(cid, fence, f"w{fence}", Frame(s, json.dumps({"v": s}), 1_700_000_000_000 + s))}
+        for s in seqs
+    ]
+    kinesis.put_records(StreamName=name, Records=entries)
+
+
+def test_records_reads_the_connections_shard_and_keeps_the_highest_fence_per_seq(capsys, aws_env, stream):
+    kinesis, name = stream
+    put_frames(kinesis, name, "c1", range(1, 6), fence=1)
+    put_frames(kinesis, name, "c2", range(1, 50), fence=1)  # another connection, maybe on the same shard
+    put_frames(kinesis, name, "c1", range(3, 7), fence=2)  # a takeover from checkpoint 2
+    put_frames(kinesis, name, "c1", [6], fence=1)  # the old owner's late request
+    kinesis.put_records(StreamName=name, Records=[{"PartitionKey": "c1", "Data": b"not a record"}])
+
+    code, out, err = run(capsys, aws_env, "records", "c1", "--stream", name, "--json")
+    assert (code, err) == (0, "")
+    lines = json_lines(out)
+    assert [(e["seq"], e["fence_token"]) for e in lines] == [(1, 1), (2, 1), (3, 2), (4, 2), (5, 2), (6, 2)]
+    assert lines[0] == {"seq": 1, "fence_token": 1, "worker_id": "w1", "received_at_ms": 1_700_000_000_001, "data": {"v": 1}}
+
+    code, out, _ = run(capsys, aws_env, "records", "c1", "--stream", name, "--from-seq", "5", "--since", "all")
+    assert code == 0 and out.splitlines()[:2] == ['5  {"v":5}', '6  {"v":6}']
+    assert out.splitlines()[2] == (
+        f"c1: 10 records on 1 shard(s) of {name} since its trim horizon; 2 seqs shown, 4 deliveries again dropped "
+        "(the highest fence kept), 1 records that are not wsfleet records skipped"
+    )
+
+
+def test_records_finds_the_stream_in_the_stateful_stacks_outputs_or_says_what_is_missing(capsys, aws_env):
+    from wsfleet import stack_outputs
+    from wsfleet.cli import records
+
+    assert records.stream_of(None, {stack_outputs.MESSAGES_STREAM_NAME: "m"}, "st", {}) == "m"
+    assert records.stream_of("given", {stack_outputs.MESSAGES_STREAM_NAME: "m"}, "st", {}) == "given"
+    assert records.stream_of(None, None, None, {"MESSAGES_STREAM_NAME": "from-env"}) == "from-env"
+    with pytest.raises(CliError, match="stack st has no MessagesStreamName output: name the stateful stack"):
+        records.stream_of(None, {stack_outputs.CONNECTIONS_TABLE_NAME: "t"}, "st", {})
+    code, out, err = run(capsys, aws_env, "records", "c1")
+    assert (code, out) == (1, "") and err.startswith("wsfleet: MESSAGES_STREAM_NAME not set") and err.count("\n") == 1
+    code, _, err = run(capsys, aws_env, "records", "c1", "--stream", "s", "--since", "soon")
+    assert code == 2 and "--since: must be a duration such as 90s" in err

@@ -366,3 +366,52 @@ def test_items_past_their_message_ttl_that_dynamodb_has_not_deleted_yet_are_not_
     with_ttl.put("c1", old + new, fence_token=1, worker_id="w1")
     status, body = read(api, "c1")
     assert status == 200 and body == {"messages": [{"seq": 3, "data": {"v": 3}}, {"seq": 4, "data": {"v": 4}}], "next_after_seq": None}
+
+
+# --- where the table is no sink (SINK=kinesis) -----------------------------------------------------
+
+STREAM = {"SINK": "kinesis", "MESSAGES_STREAM_NAME": "wsfleet-dev-messages"}
+
+
+def sent_requests(client: Any) -> list[str]:
+    """The operations ``client`` sends from now on, as they leave."""
+    sent: list[str] = []
+    client.meta.events.register("before-send.dynamodb", lambda request, **_: sent.append(request.headers["X-Amz-Target"].decode()))
+    return sent
+
+
+def test_the_read_api_of_a_fleet_without_the_table_is_409_naming_the_stream_and_reads_nothing(aws_env, ddb, sqs, emulator):
+    router_ddb = boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name=aws_env["AWS_REGION"])
+    api = Api(aws_env, ddb, sqs, ddb_for_router=router_ddb, **STREAM)
+    api.start("c1")
+    Stored(ddb, aws_env, emulator).inline("c1", [1, 2])  # what another environment stored: not read here
+    sent = sent_requests(router_ddb)
+
+    for connection_id in ("c1", "ghost"):  # known or not: nothing is read to tell
+        status, body = read(api, connection_id, after_seq=0)
+        assert_error(status, body, 409, "messages_not_stored")
+        assert "Kinesis stream wsfleet-dev-messages" in body["message"] and "SINK to include dynamodb" in body["message"]
+    assert sent == []
+    assert api.log_lines()[-1]["outcome"] == "messages_not_stored"
+    # A bad request is still told as such first.
+    assert_error(*read(api, "c1", limit=0), 400, "invalid_limit")
+
+
+def test_get_of_a_connection_without_the_table_has_no_skipped_count_and_reads_no_marker(aws_env, ddb, sqs, emulator):
+    router_ddb = boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name=aws_env["AWS_REGION"])
+    env = {k: v for k, v in aws_env.items() if k != "MESSAGES_TABLE_NAME"}  # not required without the table
+    api = Api(env, ddb, sqs, ddb_for_router=router_ddb, **STREAM)
+    api.start("c1")
+    sent = sent_requests(router_ddb)
+    status, state = api.get("c1")
+    assert status == 200 and state["skipped"] is None and state["desired_state"] == "STARTED"
+    assert all("Query" not in op for op in sent)
+
+
+def test_with_both_sinks_the_read_api_reads_the_table(aws_env, ddb, sqs, emulator):
+    api = Api(aws_env, ddb, sqs, SINK="dynamodb,kinesis", MESSAGES_STREAM_NAME="s")
+    api.start("c1")
+    Stored(ddb, aws_env, emulator).inline("c1", [1, 2])
+    status, body = read(api, "c1")
+    assert status == 200 and [e["seq"] for e in body["messages"]] == [1, 2]
+    assert api.get("c1")[1]["skipped"] == 0

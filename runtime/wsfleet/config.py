@@ -50,10 +50,11 @@ ECS_CONTAINER_METADATA_URI_V4 = "ECS_CONTAINER_METADATA_URI_V4"
 UPSTREAM_SECRET_PREFIX = "UPSTREAM_SECRET_PREFIX"
 SINK = "SINK"
 MESSAGES_STREAM_NAME = "MESSAGES_STREAM_NAME"
-# The reference consumer (wsfleet.consumer): its output bucket, state table and key prefix.
+# The reference consumer (wsfleet.consumer): where it writes and keeps its state.
 CONSUMER_BUCKET_NAME = "CONSUMER_BUCKET_NAME"
 CONSUMER_TABLE_NAME = "CONSUMER_TABLE_NAME"
 CONSUMER_PREFIX = "CONSUMER_PREFIX"
+DEFAULT_CONSUMER_PREFIX = "frames/"
 
 DEFAULT_MAX_FRAME_BYTES = 32 * 1024 * 1024
 # A frame limit below the largest item's data would make no frame large; above this,
@@ -329,3 +330,38 @@ class RouterConfig:
             sinks=chosen,
             messages_stream_name=messages_stream_name(env, chosen),
         )
+
+
+@dataclass(frozen=True)
+class ConsumerConfig:
+    """The reference consumer's settings (Lambda handler ``wsfleet.consumer.handler``)."""
+
+    bucket_name: str  # where the delivered frames go, one object per (connection, batch)
+    table_name: str  # its delivery state per connection (schema.consumer_table_spec)
+    prefix: str  # the objects' key prefix: <prefix><connection_id>/...
+    region: str
+    endpoint_url: str | None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "ConsumerConfig":
+        env = os.environ if env is None else env
+        return cls(
+            bucket_name=_required(env, CONSUMER_BUCKET_NAME),
+            table_name=_required(env, CONSUMER_TABLE_NAME),
+            prefix=consumer_prefix(env),
+            region=_region(env),
+            endpoint_url=_endpoint(env),
+        )
+
+
+def consumer_prefix(env: Mapping[str, str]) -> str:
+    """``CONSUMER_PREFIX`` [frames/]: S3 key characters only, relative (no leading /),
+    short enough that a connection id and an object name fit under S3's 1,024 bytes."""
+    raw = env.get(CONSUMER_PREFIX)
+    prefix = DEFAULT_CONSUMER_PREFIX if raw is None or raw.strip() == "" else raw.strip()
+    if len(prefix) > 512 or prefix.startswith("/") or not re.fullmatch(r"[A-Za-z0-9!_.*'()/=-]*", prefix):
+        raise ConfigError(
+            f"{CONSUMER_PREFIX} must be an S3 key prefix of letters, digits and !_.*'()/=- (at most 512, "
+            f"not starting with /), got {raw!r}"
+        )
+    return prefix

@@ -61,6 +61,21 @@ RECORDS_RESENT = "RecordsResent"
 # its limit (the stack's alarm reads the stream's own WriteProvisionedThroughputExceeded).
 RECORDS_THROTTLED = "RecordsThrottled"
 
+# The reference consumer (wsfleet.consumer), in its Lambda logs as CloudWatch embedded
+# metrics (no request of its own), dimension ServiceName = CONSUMER_SERVICE_NAME:
+CONSUMER_SERVICE_NAME = "wsfleet-consumer"
+# Frames delivered downstream (a marker counts once).
+FRAMES_DELIVERED = "FramesDelivered"
+# Records dropped as delivered already: a takeover's replay or a resend after a partial failure.
+DUPLICATES_DROPPED = "DuplicatesDropped"
+# Records dropped for a fence below the highest seen: a stale owner's late request.
+STALE_RECORDS_DROPPED = "StaleRecordsDropped"
+# Records that are not wsfleet records (logged, skipped: never a batch failure).
+BAD_RECORDS = "BadRecords"
+# Connections whose delivery failed in a batch (S3 or DynamoDB): the shard goes again from there.
+DELIVERIES_FAILED = "DeliveriesFailed"
+CONSUMER_METRICS = (FRAMES_DELIVERED, DUPLICATES_DROPPED, STALE_RECORDS_DROPPED, BAD_RECORDS, DELIVERIES_FAILED)
+
 COUNTERS = (
     LEASES_ACQUIRED,
     LEASES_LOST,

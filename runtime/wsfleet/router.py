@@ -9,7 +9,9 @@ inbox in the same write (see :meth:`ConnectionsStore.stop`), so that no lost ans
 no crash of this function can keep it from the owner. ``GET /connections/{connection_id}``
 returns the public state; ``GET /connections/{connection_id}/messages`` a page of what is
 stored (:mod:`wsfleet.message_pages`), large data as presigned S3 URLs: presigning is
-computed here from the function's own credentials, no S3 request.
+computed here from the function's own credentials, no S3 request. Where ``SINK`` has no
+dynamodb the frames are on a Kinesis stream only, and the read API answers 409
+``messages_not_stored`` without reading anything.
 
 A START's optional ``upstream`` object is validated by :func:`wsfleet.upstream_spec.parse`
 and stored in its stored form (secret ARNs, never values); a different one on a STARTED
@@ -135,6 +137,8 @@ class Router:
         self._s3 = s3 if s3 is not None else make_presigner(config)
         self._allowlist = Allowlist.of(config.allowed_ws_hosts)
         self._log = logger or JsonLogger(component="router")
+        # Frames are in the messages table only where SINK has dynamodb.
+        self._reads_table = schema.SINK_DYNAMODB in config.sinks
 
     @classmethod
     def from_env(
@@ -281,7 +285,8 @@ class Router:
         session_id = item.get(schema.LEASE_SESSION, "")
         session = self._sessions.get(session_id, consistent=False) if session_id else None
         item[schema.LEASE_EXPIRES_AT_MS] = int((session or {}).get(schema.EXPIRES_AT_MS, 0))
-        item[schema.SKIPPED_COUNT] = self._messages.count_markers(connection_id)
+        # Markers are counted in the messages table; where it is no sink there is no count.
+        item[schema.SKIPPED_COUNT] = self._messages.count_markers(connection_id) if self._reads_table else None
         # The stored form: ARNs, never a secret's value (none is ever stored); {} for the default.
         item[schema.UPSTREAM] = item.get(schema.UPSTREAM) or {}
         return 200, {"connection_id": connection_id, **{name: item.get(name) for name in schema.PUBLIC_FIELDS}}
@@ -296,6 +301,8 @@ class Router:
             )
         except Invalid as exc:
             raise HttpError(400, exc.code, exc.message) from None
+        if not self._reads_table:
+            raise _messages_not_stored(self._config)
         if self._store.get(connection_id) is None:
             raise _unknown_connection(connection_id)
         items = self._messages.read_after(connection_id, page.after_seq, batch=page.limit + 1)
@@ -411,6 +418,18 @@ def _valid_upstream(value: object, config: RouterConfig) -> upstream_spec.Upstre
         return upstream_spec.parse(value, secret_prefix=config.upstream_secret_prefix, region=config.region)
     except Invalid as exc:
         raise HttpError(400, exc.code, exc.message) from None
+
+
+def _messages_not_stored(config: RouterConfig) -> HttpError:
+    """The read API where the workers store no frame in the table (SINK without dynamodb):
+    a 409 that says where the frames went, before anything is read."""
+    where = f"the Kinesis stream {config.messages_stream_name}" if config.messages_stream_name else "a Kinesis stream"
+    return HttpError(
+        409,
+        "messages_not_stored",
+        f"This fleet sends frames to {where}, not to the messages table: the read API needs SINK to include "
+        f"dynamodb (SINK=dynamodb,kinesis stores both). Read the stream, or the reference consumer's objects.",
+    )
 
 
 def _unknown_connection(connection_id: str) -> HttpError:

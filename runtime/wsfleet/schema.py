@@ -133,6 +133,30 @@ SINK_KINESIS = "kinesis"
 SINKS = (SINK_DYNAMODB, SINK_KINESIS)
 DEFAULT_SINKS = (SINK_DYNAMODB,)
 
+# --- the reference consumer's table (wsfleet.consumer) ----------------------------
+# One item per connection: what the consumer has delivered downstream, so that each
+# (connection, seq) is delivered once whatever the stream delivers again.
+CONSUMER_CONNECTION_ID = "connection_id"  # partition key (S)
+DELIVERED_FROM = "delivered_from"  # the first seq of the contiguous run delivered
+DELIVERED_TO = "delivered_to"  # its last: every seq from delivered_from to here is delivered
+DELIVERED_ABOVE = "above"  # [[from, to], ...]: the few ranges delivered past a hole above it
+CONSUMER_FENCE = "fence_token"  # the highest fence seen: a record below it is a stale owner's
+# The last seq delivered when that fence was first seen: a same-fence duplicate at or
+# below it is a takeover's replay, above it a resend.
+FENCE_SEEN_AT = "fence_seen_at"
+CONSUMER_REVISION = "revision"  # +1 at every write; an object's name, and each write's condition
+CONSUMER_UPDATED_AT_MS = "updated_at_ms"
+
+
+def consumer_table_spec(table_name: str) -> dict[str, Any]:
+    """CreateTable arguments for the reference consumer's delivery state (on-demand)."""
+    return {
+        "TableName": table_name,
+        "BillingMode": "PAY_PER_REQUEST",
+        "AttributeDefinitions": [{"AttributeName": CONSUMER_CONNECTION_ID, "AttributeType": "S"}],
+        "KeySchema": [{"AttributeName": CONSUMER_CONNECTION_ID, "KeyType": "HASH"}],
+    }
+
 
 
 def message_object_key(connection_id: str, seq: int) -> str:
@@ -317,21 +341,6 @@ def messages_table_spec(table_name: str) -> dict[str, Any]:
         ],
         "KeySchema": _key_schema(MSG_PK, MSG_SK),
         "GlobalSecondaryIndexes": [_keys_only_index(MARKERS_INDEX, MSG_PK, SKIPPED)],
-    }
-
-
-# The reference consumer's state table (wsfleet.consumer): one item per connection, what
-# it has delivered of that connection's records.
-CONSUMER_PK = "connection_id"
-
-
-def consumer_table_spec(table_name: str) -> dict[str, Any]:
-    """CreateTable arguments for the reference consumer's state table (on-demand)."""
-    return {
-        "TableName": table_name,
-        "BillingMode": "PAY_PER_REQUEST",
-        "AttributeDefinitions": [{"AttributeName": CONSUMER_PK, "AttributeType": "S"}],
-        "KeySchema": [{"AttributeName": CONSUMER_PK, "KeyType": "HASH"}],
     }
 
 

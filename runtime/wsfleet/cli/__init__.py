@@ -4,7 +4,8 @@ API, and the fleet as the tables record it (workers, ownership, checkpoints).
 Two ways in, as the fleet has them. ``start``, ``stop``, ``get`` and ``messages`` go
 through the API like any caller (``api``, ``reading``). ``status`` and ``connections``
 only read the tables (``fleet``, ``views``), found through the worker's environment
-variables or a stack's outputs (``locate``); they never write. Here: the command line and the one
+variables or a stack's outputs (``locate``); they never write. ``records`` reads the
+messages stream (``records``) where the fleet's SINK has kinesis. Here: the command line and the one
 sentence an operator sees when something fails.
 """
 
@@ -22,6 +23,7 @@ from ..plan import ENVIRONMENTS
 from ..store import TransientError
 from ..stream import MAX_SEQ
 from . import commands, render, upstream_flags
+from . import records as stream_records
 from .errors import CliError, aws_sentence
 
 PROG = "wsfleet"
@@ -67,6 +69,13 @@ def _seq(text: str) -> int:
     if not 0 <= value <= MAX_SEQ:
         raise argparse.ArgumentTypeError(f"must be a seq from 0 to {MAX_SEQ}, got {value}")
     return value
+
+
+def _since(text: str) -> float | None:
+    try:
+        return stream_records.since_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _seconds(text: str) -> float:
@@ -215,6 +224,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="fetch large data from its data_url and show it as data, after checking its size and SHA-256",
     )
     messages.set_defaults(run=commands.messages)
+
+    records = subcommands.add_parser(
+        "records",
+        parents=[common],
+        help="a connection's frames on the messages stream (SINK with kinesis)",
+        description=(
+            "A connection's frames as the messages stream holds them, for a fleet whose SINK has kinesis (its read "
+            "API has no table to read without dynamodb). Reads only the shards the connection's partition key maps to "
+            "(GetRecords from --since to the end of each), keeps the delivery with the highest fence per seq (the "
+            "consumer rule: a takeover's replay, a resend and a stale owner's late record are dropped) and shows "
+            "them in seq order. Needs kinesis:ListShards, GetShardIterator and GetRecords on the stream (and "
+            "kms:Decrypt with a customer-managed key)."
+        ),
+    )
+    records.add_argument("connection_id", metavar="CONNECTION_ID")
+    stream_where = records.add_mutually_exclusive_group()
+    stream_where.add_argument("--stream", metavar="NAME", help="the stream's name or ARN [MESSAGES_STREAM_NAME]")
+    stream_where.add_argument(
+        "--stack",
+        metavar="NAME",
+        help="read the stream from the MessagesStreamName output of this stateful stack (wsfleet-<env>-stateful)",
+    )
+    records.add_argument(
+        "--since", type=_since, default=3600.0, metavar="T",
+        help="how far back to read: 90s, 15m, 2h, 7d, or all (the trim horizon) [1h]",
+    )
+    records.add_argument("--from-seq", type=_seq, default=0, metavar="N", help="first seq to show [0]")
+    records.add_argument("--limit", type=_positive, default=20, metavar="N", help="show at most this many seqs [20]")
+    records.set_defaults(run=commands.records)
 
     plan = subcommands.add_parser(
         "plan",

@@ -1,9 +1,10 @@
-"""The seven commands, each ``(args, env) -> exit status``: find the fleet (``locate``),
+"""The eight commands, each ``(args, env) -> exit status``: find the fleet (``locate``),
 ask the API or read the tables (``api``, ``views``), print a table or JSON (``render``)."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 from typing import Any, Mapping
 
@@ -11,6 +12,7 @@ from .. import plan as planning
 from ..store import now_ms
 from ..stream import MAX_MESSAGE_BYTES
 from . import locate, reading, render, upstream_flags, views
+from . import records as stream_records
 from .api import ApiClient, ApiReply, is_local, region_in_url
 from .errors import CliError
 from .fleet import FleetReader
@@ -87,6 +89,36 @@ def messages(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         return 0
     if not shown and not args.json:
         print(f"no messages stored for {args.connection_id} from seq {args.from_seq}")
+    return 0
+
+
+# --- from the messages stream ------------------------------------------------------------
+
+
+def records(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """The connection's records on the stream from --since, the highest fence per seq,
+    in seq order from --from-seq; a line each (JSON Lines with --json)."""
+    session = locate.aws_session(args.region, env)
+    outputs = locate.stack_outputs_of(locate.client(session, "cloudformation", env), args.stack) if args.stack else None
+    stream = stream_records.stream_of(args.stream, outputs, args.stack, env)
+    now = dt.datetime.now(dt.timezone.utc)
+    got = stream_records.read(locate.client(session, "kinesis", env), stream, args.connection_id, since_s=args.since, now=now)
+    shown = [got.kept[seq] for seq in sorted(got.kept) if seq >= args.from_seq][: args.limit]
+    for record in shown:
+        line = stream_records.entry(record)
+        if args.json:
+            print(json.dumps(line, ensure_ascii=False, separators=(",", ":")), flush=True)
+        elif record.data_ref is not None:
+            print(f"{record.seq}  (large data: {record.data_bytes or 0:,} bytes at {record.data_ref})", flush=True)
+        else:
+            print(render.message(line), flush=True)
+    if not args.json:
+        since = "its trim horizon" if args.since is None else f"{render.duration(args.since)} ago"
+        print(
+            f"{args.connection_id}: {got.records} records on {got.shards} shard(s) of {stream} since {since}; "
+            f"{len(shown)} seqs shown, {got.again} deliveries again dropped (the highest fence kept)"
+            + (f", {got.bad} records that are not wsfleet records skipped" if got.bad else "")
+        )
     return 0
 
 
