@@ -415,9 +415,9 @@ class ServiceStack(Stack):
         GetShardIterator, GetRecords: no enhanced fan-out, so no SubscribeToShard), with
         kms:Decrypt for this stream's records where its key is customer-managed, and
         records a batch it gives up on in the failure queue (SendMessage). The handler
-        writes one object per (connection, batch) under its prefix (PutObject) and reads
-        and conditionally writes each connection's delivery state (GetItem,
-        BatchGetItem, PutItem, UpdateItem)."""
+        writes one object per (connection, batch) under its prefix (PutObject), reads
+        each connection's delivery state (GetItem) and replaces it conditionally on the
+        revision it read (PutItem)."""
         assert self.messages_stream is not None and self.consumer is not None
         role.add_to_principal_policy(
             iam.PolicyStatement(
@@ -440,7 +440,7 @@ class ServiceStack(Stack):
         )
         role.add_to_principal_policy(
             iam.PolicyStatement(
-                actions=["dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
+                actions=["dynamodb:GetItem", "dynamodb:PutItem"],
                 resources=[self.consumer_table.table_arn],
             )
         )

@@ -51,7 +51,6 @@ CONSUMER_STARTING_POSITIONS = ("TRIM_HORIZON", "LATEST")
 # Lambda's limits for a Kinesis event source mapping.
 MAX_CONSUMER_BATCH_SIZE = 10_000
 MAX_CONSUMER_RETRY_ATTEMPTS = 10_000
-_S3_PREFIX = re.compile(r"[A-Za-z0-9!_.*'()/-]{1,512}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +69,7 @@ class ConsumerSettings:
     # alarm fires long before); a number: give up after that many retries, and the batch's
     # shard and sequence numbers go to the failure queue (its records are not delivered).
     retry_attempts: int | None = None
-    prefix: str = "frames/"  # CONSUMER_PREFIX: the output objects' key prefix
+    prefix: str = config.DEFAULT_CONSUMER_PREFIX  # CONSUMER_PREFIX: the output objects' key prefix
     output_ttl_days: int = 0  # output objects expire after this many days; 0 keeps them
     # The consumer is this far behind the stream's newest record: alarm.
     iterator_age_alarm_seconds: int = 600
@@ -88,8 +87,14 @@ class ConsumerSettings:
                 f"consumer.retry_attempts must be None (until the records expire) or between 0 and "
                 f"{MAX_CONSUMER_RETRY_ATTEMPTS}"
             )
-        if not _S3_PREFIX.fullmatch(self.prefix) or not self.prefix.endswith("/"):
-            raise SettingsError(f"consumer.prefix must be an S3 key prefix ending in '/', got {self.prefix!r}")
+        # The consumer's own parser (CONSUMER_PREFIX): the stack grants PutObject under
+        # exactly what it will write under.
+        try:
+            parsed = config.consumer_prefix({config.CONSUMER_PREFIX: self.prefix})
+        except config.ConfigError as error:
+            raise SettingsError(f"consumer.prefix: {error}") from None
+        if parsed != self.prefix:
+            raise SettingsError(f"consumer.prefix must be a non-empty S3 key prefix without blanks, got {self.prefix!r}")
         if self.output_ttl_days < 0:
             raise SettingsError("consumer.output_ttl_days must be 0 (no expiry) or more")
         if self.iterator_age_alarm_seconds < 60:

@@ -152,5 +152,8 @@ class ReferenceConsumer(Construct):
             bisect_batch_on_error=settings.bisect_on_error,
             retry_attempts=settings.retry_attempts,
             report_batch_item_failures=True,
+            # One invocation at a time per shard, so one writer per connection's state
+            # (the consumer relies on it; a second is caught by its conditional write).
+            parallelization_factor=1,
             on_failure=_FailureQueue(self.failure_queue),
         )

@@ -13,9 +13,9 @@
 6. DynamoDB per table (and per index): throttling, consumed read and write capacity;
 7. where kinesis is a sink, the messages stream: records put, sent again and refused for
    throughput, PutRecords latency; where the reference consumer is deployed, how far
-   behind it is (against its alarm), its invocations, errors and duration, and the
-   batches it gave up on. (It publishes no count of the duplicates it drops: its log
-   lines carry them.)
+   behind it is (against its alarm), its invocations, errors and duration, the
+   batches it gave up on, and its own counts: frames delivered, duplicates and stale
+   records dropped, records that were not wsfleet's, deliveries that failed.
 
 The worker's metrics are named by ``wsfleet.metrics_names``, the constants it publishes
 with. Every graph is per minute, the interval at which the workers publish, but the
@@ -210,6 +210,7 @@ class OperationsDashboard(Construct):
         if consumer is not None:
             assert iterator_age_alarm is not None
             self.dashboard.add_widgets(*self._consumer(consumer.function, consumer.failure_queue, iterator_age_alarm))
+            self.dashboard.add_widgets(self._consumer_records())
 
     def _connections(self, target: int, maximum: int, unowned_alarm: cloudwatch.Alarm) -> list[cloudwatch.IWidget]:
         # Per worker: the workers also publish ActiveConnections with a WorkerId dimension
@@ -388,6 +389,33 @@ class OperationsDashboard(Construct):
                 width=6,
             ),
         ]
+
+    def _consumer_records(self) -> cloudwatch.IWidget:
+        # The consumer's own counts (embedded metrics in its log lines, dimension
+        # ServiceName = wsfleet.metrics_names.CONSUMER_SERVICE_NAME): what it delivered,
+        # and what it dropped and why. Duplicates are a takeover's replay or a resend.
+        labels = {
+            names.FRAMES_DELIVERED: "delivered",
+            names.DUPLICATES_DROPPED: "duplicates dropped",
+            names.STALE_RECORDS_DROPPED: "stale owner's records dropped",
+            names.BAD_RECORDS: "not wsfleet records (skipped)",
+            names.DELIVERIES_FAILED: "connections whose delivery failed (retried)",
+        }
+        return cloudwatch.GraphWidget(
+            title="Reference consumer: records (per minute)",
+            left=[
+                cloudwatch.Metric(
+                    namespace=self._namespace,
+                    metric_name=name,
+                    dimensions_map={names.DIMENSION_SERVICE_NAME: names.CONSUMER_SERVICE_NAME},
+                    period=PERIOD,
+                    statistic=_SUM,
+                    label=label,
+                )
+                for name, label in labels.items()
+            ],
+            width=24,
+        )
 
     def _worker_metric(
         self, metric_name: str, statistic: str, label: str, period: Duration = PERIOD

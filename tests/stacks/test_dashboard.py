@@ -287,3 +287,10 @@ def test_no_stream_or_consumer_graphs_where_there_is_neither(prod):
     body = _body(prod)
     assert not [e for e in body.entries() if e[0] == "AWS/Kinesis"]
     assert not body.metrics("AWS/Lambda", "IteratorAge")
+
+
+def test_every_metric_the_consumer_publishes_is_graphed_where_it_runs(dev, prod):
+    consumer = {metrics_names.DIMENSION_SERVICE_NAME: metrics_names.CONSUMER_SERVICE_NAME}
+    for name in metrics_names.CONSUMER_METRICS:
+        assert _body(dev).metrics(NAMESPACE, name) == [consumer], name
+        assert not _body(prod).metrics(NAMESPACE, name), name
