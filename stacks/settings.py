@@ -50,6 +50,7 @@ STREAM_KMS_CHOICES = (STREAM_KMS_AWS_MANAGED, STREAM_KMS_CUSTOMER_MANAGED)
 CONSUMER_STARTING_POSITIONS = ("TRIM_HORIZON", "LATEST")
 # Lambda's limits for a Kinesis event source mapping.
 MAX_CONSUMER_BATCH_SIZE = 10_000
+MAX_CONSUMER_BATCHING_WINDOW_SECONDS = 300
 MAX_CONSUMER_RETRY_ATTEMPTS = 10_000
 
 
@@ -58,9 +59,13 @@ class ConsumerSettings:
     """The reference consumer (``wsfleet.consumer.handler``): a Lambda function on the
     messages stream that delivers each (connection, seq) once to an S3 bucket of its own."""
 
-    # Records per invocation, at most: one S3 object per connection in a batch, so larger
-    # batches mean fewer, larger objects (Lambda caps an invocation's payload at 6 MB).
-    batch_size: int = 500
+    # A batch costs one S3 object and one state write per connection in it, whatever
+    # its number of records: a batch must hold many frames of each connection for the
+    # consumer to cost less than the messages table (`wsfleet plan` prices it). So the
+    # batch is as large as Lambda allows (records; Lambda cuts it at 6 MB of payload),
+    # and waits up to the window for records to gather.
+    batch_size: int = MAX_CONSUMER_BATCH_SIZE
+    max_batching_window_seconds: int = 30
     starting_position: str = "TRIM_HORIZON"
     # A failing batch is split in two and each half retried, so that one record the
     # consumer cannot handle holds up as few others as possible.
@@ -77,6 +82,10 @@ class ConsumerSettings:
     def __post_init__(self) -> None:
         if not 1 <= self.batch_size <= MAX_CONSUMER_BATCH_SIZE:
             raise SettingsError(f"consumer.batch_size must be between 1 and {MAX_CONSUMER_BATCH_SIZE}")
+        if not 0 <= self.max_batching_window_seconds <= MAX_CONSUMER_BATCHING_WINDOW_SECONDS:
+            raise SettingsError(
+                f"consumer.max_batching_window_seconds must be between 0 and {MAX_CONSUMER_BATCHING_WINDOW_SECONDS}"
+            )
         if self.starting_position not in CONSUMER_STARTING_POSITIONS:
             raise SettingsError(
                 f"consumer.starting_position must be {' or '.join(CONSUMER_STARTING_POSITIONS)}, "

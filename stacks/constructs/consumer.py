@@ -35,11 +35,12 @@ CONSUMER_BUCKET_LOGICAL_ID = "ConsumerBucket"
 CONSUMER_TABLE_LOGICAL_ID = "ConsumerTable"
 # As for the messages bucket: a crashed upload's parts go after a day.
 ABORT_INCOMPLETE_UPLOADS_AFTER = Duration.days(1)
-# An invocation decodes a batch (at most 6 MB), writes one object per connection in it
-# and updates that connection's state: seconds, not minutes. A retry after a timeout
-# rewrites the same objects (their keys are the batch's), so a short limit costs nothing
-# but a retry; memory is CPU on Lambda, and decoding is most of the work.
-FUNCTION_TIMEOUT = Duration.minutes(2)
+# An invocation decodes a batch (at most 6 MB) and, connection by connection, writes one
+# object and one state item: a batch of many connections takes a while. The handler
+# starts no connection with less than 15 s left and answers the rest as failed (retried
+# from there), so a long limit only lets large batches finish; memory is CPU on Lambda,
+# and decoding is much of the work.
+FUNCTION_TIMEOUT = Duration.minutes(5)
 FUNCTION_MEMORY_MIB = 512
 # What Lambda sends to the failure queue is the batch's shard and sequence-number range,
 # not its records: an operator replays it from the stream while the stream keeps them,
@@ -149,6 +150,7 @@ class ReferenceConsumer(Construct):
             event_source_arn=stream.stream_arn,
             starting_position=lambda_.StartingPosition(settings.starting_position),
             batch_size=settings.batch_size,
+            max_batching_window=Duration.seconds(settings.max_batching_window_seconds),
             bisect_batch_on_error=settings.bisect_on_error,
             retry_attempts=settings.retry_attempts,
             report_batch_item_failures=True,

@@ -102,6 +102,7 @@ def test_the_mapping_reads_the_stream_in_batches_splitting_failures_and_honourin
         "FunctionName": _resolved(dev, dev.service.consumer.function.function_name),
         "StartingPosition": "TRIM_HORIZON",
         "BatchSize": consumer.batch_size,
+        "MaximumBatchingWindowInSeconds": consumer.max_batching_window_seconds,
         "BisectBatchOnFunctionError": True,
         # One invocation at a time per shard: one writer per connection's state.
         "ParallelizationFactor": 1,
@@ -119,7 +120,13 @@ def test_a_retry_count_and_starting_position_reach_the_mapping_as_set(tmp_path):
     ReferenceConsumer(
         stack,
         "Consumer",
-        settings=ConsumerSettings(batch_size=100, starting_position="LATEST", retry_attempts=3, bisect_on_error=False),
+        settings=ConsumerSettings(
+            batch_size=100,
+            max_batching_window_seconds=0,
+            starting_position="LATEST",
+            retry_attempts=3,
+            bisect_on_error=False,
+        ),
         stream=kinesis.Stream(stack, "Stream", stream_mode=kinesis.StreamMode.ON_DEMAND),
         environment={},
         dependencies=lambda_.LayerVersion.from_layer_version_arn(
@@ -130,7 +137,13 @@ def test_a_retry_count_and_starting_position_reach_the_mapping_as_set(tmp_path):
     )
     Template.from_stack(stack).has_resource_properties(
         "AWS::Lambda::EventSourceMapping",
-        {"BatchSize": 100, "StartingPosition": "LATEST", "MaximumRetryAttempts": 3, "BisectBatchOnFunctionError": False},
+        {
+            "BatchSize": 100,
+            "MaximumBatchingWindowInSeconds": 0,
+            "StartingPosition": "LATEST",
+            "MaximumRetryAttempts": 3,
+            "BisectBatchOnFunctionError": False,
+        },
     )
 
 

@@ -100,6 +100,8 @@ def test_inconsistent_stream_settings_are_refused_with_the_setting_named(change,
     [
         ({"batch_size": 0}, "consumer.batch_size"),
         ({"batch_size": 10_001}, "consumer.batch_size"),
+        ({"max_batching_window_seconds": -1}, "consumer.max_batching_window_seconds"),
+        ({"max_batching_window_seconds": 301}, "consumer.max_batching_window_seconds"),
         ({"starting_position": "AT_TIMESTAMP"}, "consumer.starting_position"),
         ({"retry_attempts": -1}, "consumer.retry_attempts"),
         ({"retry_attempts": 10_001}, "consumer.retry_attempts"),
