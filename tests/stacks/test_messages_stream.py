@@ -15,6 +15,7 @@ import pytest
 from aws_cdk.assertions import Template
 
 from app import ENVIRONMENTS, create_stacks
+from stacks.constructs.consumer import CONSUMER_BUCKET_LOGICAL_ID, CONSUMER_TABLE_LOGICAL_ID
 from stacks.constructs.messages_stream import MESSAGES_STREAM_KEY_LOGICAL_ID, MESSAGES_STREAM_LOGICAL_ID
 from stacks.settings import ConsumerSettings, EnvironmentSettings, SettingsError, with_context
 from stacks.stateful_stack import StatefulStack
@@ -194,7 +195,7 @@ def test_with_the_aws_managed_key_the_stream_uses_aws_kinesis_and_the_stack_has_
     assert not kinesis_only.stateful_template.find_resources("AWS::KMS::Key")
 
 
-def test_the_stream_and_its_key_are_retained_where_data_is_kept(new_app):
+def test_the_stream_its_key_and_the_consumers_data_are_retained_where_data_is_kept(new_app):
     settings = EnvironmentSettings(
         name="keep",
         retain_data=True,
@@ -202,13 +203,16 @@ def test_the_stream_and_its_key_are_retained_where_data_is_kept(new_app):
         stream_kms="customer-managed",
         stream_retention_hours=168,
         message_ttl_days=7,
+        consumer=ConsumerSettings(),
     )
     resources = Template.from_stack(StatefulStack(new_app("prod"), "keep-stateful", settings=settings)).to_json()[
         "Resources"
     ]
     stream, key = resources[MESSAGES_STREAM_LOGICAL_ID], resources[MESSAGES_STREAM_KEY_LOGICAL_ID]
-    for resource in (stream, key):
+    consumer_data = resources[CONSUMER_BUCKET_LOGICAL_ID], resources[CONSUMER_TABLE_LOGICAL_ID]
+    for resource in (stream, key, *consumer_data):
         assert (resource["DeletionPolicy"], resource["UpdateReplacePolicy"]) == ("Retain", "Retain")
+    assert resources[CONSUMER_TABLE_LOGICAL_ID]["Properties"]["DeletionProtectionEnabled"] is True
     assert stream["Properties"]["RetentionPeriodHours"] == 168
     # The messages table stays whatever the sink.
     assert resources["MessagesTable"]["Type"] == "AWS::DynamoDB::Table"
