@@ -12,7 +12,7 @@ from aws_cdk import aws_logs as logs
 
 from stacks import nag
 from stacks.service_stack import ServiceStack
-from stacks.settings import EnvironmentSettings
+from stacks.settings import ConsumerSettings, EnvironmentSettings, SettingsError, with_context
 from stacks.stateful_stack import StatefulStack
 from wsfleet import stack_outputs
 
@@ -37,6 +37,23 @@ ENVIRONMENTS = {
             shutdown_seconds=25,
             stop_timeout_seconds=45,
             max_frame_bytes=32 * 1024 * 1024,
+            # dev runs both sinks and the reference consumer: the whole Kinesis path
+            # deployed where a mistake is cheap (a stream-hour, a key, a function), while
+            # the read API still answers from the table. prod stays on the table alone
+            # until its operators choose (here, or `cdk deploy -c sink=...`).
+            sink="dynamodb,kinesis",
+            stream_retention_hours=24,
+            stream_kms="customer-managed",
+            consumer=ConsumerSettings(
+                batch_size=10_000,
+                max_batching_window_seconds=30,
+                starting_position="TRIM_HORIZON",
+                bisect_on_error=True,
+                retry_attempts=None,
+                prefix="frames/",
+                output_ttl_days=3,
+                iterator_age_alarm_seconds=600,
+            ),
             allowed_ws_hosts=("*.example.com",),
             upstream_secret_prefix="wsfleet/dev/",
             upstream_secret_kms_key_arns=(),
@@ -64,6 +81,7 @@ ENVIRONMENTS = {
             shutdown_seconds=25,
             stop_timeout_seconds=60,
             max_frame_bytes=32 * 1024 * 1024,
+            sink="dynamodb",
             allowed_ws_hosts=("*.example.com",),
             upstream_secret_prefix="wsfleet/prod/",
             upstream_secret_kms_key_arns=(),
@@ -76,12 +94,17 @@ ENVIRONMENTS = {
 
 
 def create_stacks(app: App) -> tuple[StatefulStack, ServiceStack]:
-    """The two stacks of the environment named by the ``env`` context value."""
+    """The two stacks of the environment named by the ``env`` context value, with the
+    settings that context overrides (stacks.settings.CONTEXT_OVERRIDES)."""
     name = app.node.try_get_context("env")
     if name not in ENVIRONMENTS:
         raise SystemExit(f"choose an environment with -c env=<name>: one of {', '.join(ENVIRONMENTS)}")
-    settings = ENVIRONMENTS[name]
+    try:
+        settings = with_context(ENVIRONMENTS[name], app.node.try_get_context)
+    except SettingsError as error:
+        raise SystemExit(f"{name}: {error}") from None
     stateful = StatefulStack(app, f"wsfleet-{name}-stateful", settings=settings)
+    stream, consumer = stateful.messages_stream, stateful.consumer_store
     service = ServiceStack(
         app,
         f"wsfleet-{name}-service",
@@ -92,6 +115,10 @@ def create_stacks(app: App) -> tuple[StatefulStack, ServiceStack]:
         messages_bucket_name=stateful.output_value(stack_outputs.MESSAGES_BUCKET_NAME),
         start_queue=stateful.start_queue.queue,
         dead_letter_queue=stateful.start_queue.dead_letter_queue,
+        messages_stream=stream.stream if stream else None,
+        stream_key=stream.key if stream else None,
+        consumer_bucket_name=stateful.output_value(stack_outputs.CONSUMER_BUCKET_NAME) if consumer else None,
+        consumer_table=consumer.table if consumer else None,
     )
     Tags.of(app).add("project", "wsfleet")
     Tags.of(app).add("environment", name)

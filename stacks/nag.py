@@ -44,6 +44,24 @@ def acknowledge_stateful_findings(stack: "StatefulStack", settings: EnvironmentS
         "access-log bucket would be a second bucket, itself unlogged, recording what those "
         "logs already attribute; turn on CloudTrail S3 data events for an object-level audit.",
     )
+    if stack.messages_stream is not None and stack.messages_stream.key is not None:
+        _acknowledge(
+            stack.messages_stream.stream,
+            "AwsSolutions-KDS3",
+            "stream_kms is customer-managed in this environment, by choice: a key of the stack's own "
+            "(rotation on) whose key policy and CloudTrail trail the operators hold, where the aws/kinesis "
+            "key's are AWS's. The workers may use it only to generate data keys and the consumer only to "
+            "decrypt, each only through Kinesis for this stream.",
+        )
+    if stack.consumer_store is not None:
+        _acknowledge(
+            stack.consumer_store.bucket,
+            "AwsSolutions-S1",
+            "No server access logs on the reference consumer's output: only its function's role writes "
+            "objects (one per connection and batch, under its prefix) and nothing in the stack reads them; "
+            "an access-log bucket would be a second bucket, itself unlogged. Turn on CloudTrail S3 data "
+            "events for an object-level audit.",
+        )
     if not settings.retain_data:
         for table in (stack.tables.connections, stack.tables.sessions, stack.tables.messages):
             _acknowledge(
@@ -89,6 +107,20 @@ def acknowledge_service_findings(stack: "ServiceStack", settings: EnvironmentSet
         "s3:GetObject on the objects under the messages prefix, the router's presigned "
         "reads of large message data: one object per (connection, seq), so no fixed ARN.",
     )
+    if stack.consumer is not None:
+        _acknowledge(
+            stack.consumer.role,
+            _wildcard_resource(stack, stack.consumer_objects_arn),
+            "s3:PutObject on the objects under the reference consumer's prefix (CONSUMER_PREFIX), one per "
+            "connection and batch, so no fixed ARN; nothing else in its bucket, and no other S3 action.",
+        )
+        _acknowledge(
+            stack.consumer.failure_queue,
+            "AwsSolutions-SQS3",
+            "This queue is itself a dead-letter destination: the reference consumer's event source "
+            "mapping records here the batches it gave up on (their shard and sequence numbers). Nothing "
+            "consumes it but an operator, so nothing could fail to process its messages.",
+        )
     task_definition = stack.workers.task_definition
     _acknowledge(
         task_definition.task_role,

@@ -1,6 +1,7 @@
-"""The service stack: network, API, router, worker fleet, alarms and dashboard, wired to the
-stateful stack's tables, bucket and queue. Every grant is made here, action by action, from
-what the runtime does (see the docstrings of the two grant methods)."""
+"""The service stack: network, API, router, worker fleet, the reference consumer where one
+is wanted, alarms and dashboard, wired to the stateful stack's tables, bucket, queue and
+stream. Every grant is made here, action by action, from what the runtime does (see the
+docstrings of the grant methods)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from aws_cdk import ArnFormat, CfnOutput, Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kinesis as kinesis
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
@@ -17,6 +20,7 @@ from constructs import Construct
 from stacks import nag
 from stacks.constructs.alarms import Alarms
 from stacks.constructs.api import EventsApi
+from stacks.constructs.consumer import ReferenceConsumer
 from stacks.constructs.dashboard import OperationsDashboard
 from stacks.constructs.network import Network
 from stacks.constructs.router import Router
@@ -41,10 +45,25 @@ class ServiceStack(Stack):
         messages_bucket_name: str,
         start_queue: sqs.IQueue,
         dead_letter_queue: sqs.IQueue,
+        messages_stream: kinesis.IStream | None = None,
+        stream_key: kms.IKey | None = None,
+        consumer_bucket_name: str | None = None,
+        consumer_table: dynamodb.ITable | None = None,
         **kwargs: Any,
     ) -> None:
+        """``messages_stream`` where kinesis is a sink, with ``stream_key`` if it is
+        encrypted with a customer-managed key; ``consumer_bucket_name`` (as
+        ``messages_bucket_name``) and ``consumer_table`` where the reference consumer is."""
         super().__init__(scope, id, **kwargs)
+        if settings.has_stream != (messages_stream is not None) or (settings.consumer is None) != (
+            consumer_bucket_name is None or consumer_table is None
+        ):
+            raise ValueError("the stream, and the consumer's bucket and table, go exactly where the settings have them")
         self._secret_prefix = settings.secret_prefix
+        self._sinks = settings.sinks
+        self._stores_in_table = settings.stores_in_table
+        self.messages_stream = messages_stream
+        self.stream_key = stream_key
         self.connections_table = connections_table
         self.sessions_table = sessions_table
         self.messages_table = messages_table
@@ -68,7 +87,7 @@ class ServiceStack(Stack):
             environment={
                 config.TABLE_NAME: connections_table.table_name,
                 config.SESSIONS_TABLE_NAME: sessions_table.table_name,
-                config.MESSAGES_TABLE_NAME: messages_table.table_name,
+                **self._sink_environment(),
                 config.MESSAGES_BUCKET_NAME: self.messages_bucket.bucket_name,
                 config.QUEUE_URL: start_queue.queue_url,
                 config.ALLOWED_WS_HOSTS: ",".join(settings.allowed_ws_hosts),
@@ -120,6 +139,27 @@ class ServiceStack(Stack):
         self.grant_worker(self.workers.task_definition.task_role)
         self.grant_worker_secrets(self.workers.task_definition.task_role, settings)
 
+        self.consumer: ReferenceConsumer | None = None
+        if settings.consumer is not None:
+            self.consumer_bucket = s3.Bucket.from_bucket_name(self, "ConsumerBucket", consumer_bucket_name)
+            self.consumer_table = consumer_table
+            self.consumer_prefix = settings.consumer.prefix
+            self.consumer = ReferenceConsumer(
+                self,
+                "Consumer",
+                settings=settings.consumer,
+                stream=messages_stream,
+                environment={
+                    config.CONSUMER_BUCKET_NAME: self.consumer_bucket.bucket_name,
+                    config.CONSUMER_TABLE_NAME: consumer_table.table_name,
+                    config.CONSUMER_PREFIX: settings.consumer.prefix,
+                },
+                dependencies=self.router.dependencies,
+                log_retention=settings.log_retention,
+                removal_policy=settings.removal_policy,
+            )
+            self.grant_consumer(self.consumer.role)
+
         self.alarms = Alarms(
             self,
             "Alarms",
@@ -133,6 +173,8 @@ class ServiceStack(Stack):
             service_name=settings.service_name,
             failover_bound=Duration.seconds(settings.failover_bound_seconds),
             alarm_topic_arn=settings.alarm_topic_arn,
+            stream=messages_stream,
+            consumer=self.consumer,
         )
         self.dashboard = OperationsDashboard(
             self,
@@ -156,6 +198,9 @@ class ServiceStack(Stack):
                 "sessions": [schema.RING_INDEX],
                 "messages": [schema.MARKERS_INDEX],
             },
+            stream=messages_stream,
+            consumer=self.consumer,
+            iterator_age_alarm=self.alarms.consumer_iterator_age,
         )
         CfnOutput(
             self,
@@ -166,12 +211,24 @@ class ServiceStack(Stack):
         CfnOutput(self, "DashboardUrl", value=self.dashboard.url, description="The fleet's CloudWatch dashboard")
         nag.acknowledge_service_findings(self, settings)
 
+    def _sink_environment(self) -> dict[str, str]:
+        """SINK and what it names, for the worker and the router alike. Where the sink is
+        the default (the table alone) SINK is left unset, as before there was a choice;
+        where the table is not a sink its name is not given: nothing reads it then."""
+        variables = {}
+        if self._stores_in_table:
+            variables[config.MESSAGES_TABLE_NAME] = self.messages_table.table_name
+        if self.messages_stream is not None:
+            variables[config.SINK] = ",".join(self._sinks)
+            variables[config.MESSAGES_STREAM_NAME] = self.messages_stream.stream_name
+        return variables
+
     def _worker_environment(self, settings: EnvironmentSettings) -> dict[str, str]:
         # WORKER_ID stays unset: on ECS the worker takes its task id from task metadata.
         return {
             config.TABLE_NAME: self.connections_table.table_name,
             config.SESSIONS_TABLE_NAME: self.sessions_table.table_name,
-            config.MESSAGES_TABLE_NAME: self.messages_table.table_name,
+            **self._sink_environment(),
             config.MESSAGES_BUCKET_NAME: self.messages_bucket.bucket_name,
             config.QUEUE_URL: self.start_queue.queue_url,
             config.AWS_REGION: self.region,
@@ -207,7 +264,9 @@ class ServiceStack(Stack):
         session's inbox (UpdateItem), for a GET it reads that session's expiry
         (GetItem) and counts the connection's skip markers in the ``markers`` index
         (Query); it reads pages of messages (Query) and presigns GETs of their large
-        data, which S3 authorizes as the router's own GetObject; it sends START hints."""
+        data, which S3 authorizes as the router's own GetObject; it sends START hints.
+        Where the table is not a sink, the read API answers 409 without reading: no
+        messages grant. It never touches the stream (it only names it in that answer)."""
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
@@ -220,18 +279,19 @@ class ServiceStack(Stack):
                 resources=[self.sessions_table.table_arn],
             )
         )
-        role.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=["dynamodb:Query"],
-                resources=[
-                    self.messages_table.table_arn,
-                    _index_arn(self.messages_table, schema.MARKERS_INDEX),
-                ],
+        if self._stores_in_table:
+            role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    actions=["dynamodb:Query"],
+                    resources=[
+                        self.messages_table.table_arn,
+                        _index_arn(self.messages_table, schema.MARKERS_INDEX),
+                    ],
+                )
             )
-        )
-        role.add_to_principal_policy(
-            iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.message_objects_arn])
-        )
+            role.add_to_principal_policy(
+                iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.message_objects_arn])
+            )
         role.add_to_principal_policy(
             iam.PolicyStatement(actions=["sqs:SendMessage"], resources=[self.start_queue.queue_arn])
         )
@@ -242,11 +302,15 @@ class ServiceStack(Stack):
         them in the ``by_ring`` index; it acquires, checkpoints and releases connections
         (UpdateItem; checkpoints go up to 25 in a TransactWriteItems, whose Updates IAM
         checks as UpdateItem), reads one back (GetItem) and lists who owns what in the
-        ``by_owner`` index; it batch-writes messages and queries the stored end past a
-        checkpoint; it stores data too large for an item as an object under the
-        bucket's messages prefix (PutObject: S3 authorizes a multipart upload's parts
-        with it too) before the item; it consumes hints and sends them for connections
-        it frees, publishes its metrics and (through the sidecar) traces."""
+        ``by_owner`` index; where the table is a sink it batch-writes messages and
+        queries the stored end past a checkpoint; where the stream is, it puts records
+        (PutRecords, and nothing else: it neither describes nor reads the stream), and
+        with a customer-managed key Kinesis asks KMS for data keys on its behalf
+        (GenerateDataKey, for this stream only); it stores data too large for an item or
+        a record as an object under the bucket's messages prefix (PutObject: S3
+        authorizes a multipart upload's parts with it too) before the item or record;
+        it consumes hints and sends them for connections it frees, publishes its
+        metrics and (through the sidecar) traces."""
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
@@ -271,12 +335,18 @@ class ServiceStack(Stack):
                 resources=[_index_arn(self.sessions_table, schema.RING_INDEX)],
             )
         )
-        role.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=["dynamodb:BatchWriteItem", "dynamodb:Query"],
-                resources=[self.messages_table.table_arn],
+        if self._stores_in_table:
+            role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    actions=["dynamodb:BatchWriteItem", "dynamodb:Query"],
+                    resources=[self.messages_table.table_arn],
+                )
             )
-        )
+        if self.messages_stream is not None:
+            role.add_to_principal_policy(
+                iam.PolicyStatement(actions=["kinesis:PutRecords"], resources=[self.messages_stream.stream_arn])
+            )
+            self._grant_stream_key(role, "kms:GenerateDataKey")
         role.add_to_principal_policy(
             iam.PolicyStatement(actions=["s3:PutObject"], resources=[self.message_objects_arn])
         )
@@ -338,6 +408,66 @@ class ServiceStack(Stack):
                     },
                 )
             )
+
+    def grant_consumer(self, role: iam.IRole) -> None:
+        """The reference consumer's event source mapping reads the stream as Lambda
+        does for a standard iterator (DescribeStream, DescribeStreamSummary, ListShards,
+        GetShardIterator, GetRecords: no enhanced fan-out, so no SubscribeToShard), with
+        kms:Decrypt for this stream's records where its key is customer-managed, and
+        records a batch it gives up on in the failure queue (SendMessage). The handler
+        writes one object per (connection, batch) under its prefix (PutObject), reads
+        each connection's delivery state (GetItem) and replaces it conditionally on the
+        revision it read (PutItem)."""
+        assert self.messages_stream is not None and self.consumer is not None
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=[
+                    "kinesis:DescribeStream",
+                    "kinesis:DescribeStreamSummary",
+                    "kinesis:ListShards",
+                    "kinesis:GetShardIterator",
+                    "kinesis:GetRecords",
+                ],
+                resources=[self.messages_stream.stream_arn],
+            )
+        )
+        self._grant_stream_key(role, "kms:Decrypt")
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["sqs:SendMessage"], resources=[self.consumer.failure_queue.queue_arn])
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(actions=["s3:PutObject"], resources=[self.consumer_objects_arn])
+        )
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["dynamodb:GetItem", "dynamodb:PutItem"],
+                resources=[self.consumer_table.table_arn],
+            )
+        )
+
+    def _grant_stream_key(self, role: iam.IRole, action: str) -> None:
+        """``action`` on the stream's customer-managed key, if it has one, only when
+        Kinesis calls KMS on the role's behalf for this stream (Kinesis passes the
+        stream's ARN as the encryption context of every call)."""
+        if self.stream_key is None:
+            return
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=[action],
+                resources=[self.stream_key.key_arn],
+                conditions={
+                    "StringEquals": {
+                        "kms:ViaService": f"kinesis.{self.region}.amazonaws.com",
+                        "kms:EncryptionContext:aws:kinesis:arn": self.messages_stream.stream_arn,
+                    }
+                },
+            )
+        )
+
+    @property
+    def consumer_objects_arn(self) -> str:
+        """The objects under the reference consumer's prefix, and nothing else in its bucket."""
+        return self.consumer_bucket.arn_for_objects(f"{self.consumer_prefix}*")
 
     @property
     def upstream_secrets_arn(self) -> str:

@@ -8,9 +8,11 @@ stack sets from these values.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_logs as logs
@@ -37,6 +39,77 @@ class SettingsError(ValueError):
     """An environment's settings are inconsistent; the message names the setting."""
 
 
+# Kinesis keeps records 24 hours at least and 365 days at most.
+MIN_STREAM_RETENTION_HOURS, MAX_STREAM_RETENTION_HOURS = 24, 8760
+STREAM_KMS_AWS_MANAGED = "aws-managed"  # the aws/kinesis key: no key policy or grant to keep
+STREAM_KMS_CUSTOMER_MANAGED = "customer-managed"  # a key of the stack's own, rotated yearly
+STREAM_KMS_CHOICES = (STREAM_KMS_AWS_MANAGED, STREAM_KMS_CUSTOMER_MANAGED)
+# Where the reference consumer's event source mapping starts reading a stream it has not
+# read before: the oldest record kept (nothing the workers put before it was created is
+# missed), or only records put after it.
+CONSUMER_STARTING_POSITIONS = ("TRIM_HORIZON", "LATEST")
+# Lambda's limits for a Kinesis event source mapping.
+MAX_CONSUMER_BATCH_SIZE = 10_000
+MAX_CONSUMER_BATCHING_WINDOW_SECONDS = 300
+MAX_CONSUMER_RETRY_ATTEMPTS = 10_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsumerSettings:
+    """The reference consumer (``wsfleet.consumer.handler``): a Lambda function on the
+    messages stream that delivers each (connection, seq) once to an S3 bucket of its own."""
+
+    # A batch costs one S3 object and one state write per connection in it, whatever
+    # its number of records: a batch must hold many frames of each connection for the
+    # consumer to cost less than the messages table (`wsfleet plan` prices it). So the
+    # batch is as large as Lambda allows (records; Lambda cuts it at 6 MB of payload),
+    # and waits up to the window for records to gather.
+    batch_size: int = MAX_CONSUMER_BATCH_SIZE
+    max_batching_window_seconds: int = 30
+    starting_position: str = "TRIM_HORIZON"
+    # A failing batch is split in two and each half retried, so that one record the
+    # consumer cannot handle holds up as few others as possible.
+    bisect_on_error: bool = True
+    # None: retry a failing batch until its records leave the stream (the iterator-age
+    # alarm fires long before); a number: give up after that many retries, and the batch's
+    # shard and sequence numbers go to the failure queue (its records are not delivered).
+    retry_attempts: int | None = None
+    prefix: str = config.DEFAULT_CONSUMER_PREFIX  # CONSUMER_PREFIX: the output objects' key prefix
+    output_ttl_days: int = 0  # output objects expire after this many days; 0 keeps them
+    # The consumer is this far behind the stream's newest record: alarm.
+    iterator_age_alarm_seconds: int = 600
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.batch_size <= MAX_CONSUMER_BATCH_SIZE:
+            raise SettingsError(f"consumer.batch_size must be between 1 and {MAX_CONSUMER_BATCH_SIZE}")
+        if not 0 <= self.max_batching_window_seconds <= MAX_CONSUMER_BATCHING_WINDOW_SECONDS:
+            raise SettingsError(
+                f"consumer.max_batching_window_seconds must be between 0 and {MAX_CONSUMER_BATCHING_WINDOW_SECONDS}"
+            )
+        if self.starting_position not in CONSUMER_STARTING_POSITIONS:
+            raise SettingsError(
+                f"consumer.starting_position must be {' or '.join(CONSUMER_STARTING_POSITIONS)}, "
+                f"got {self.starting_position!r}"
+            )
+        if self.retry_attempts is not None and not 0 <= self.retry_attempts <= MAX_CONSUMER_RETRY_ATTEMPTS:
+            raise SettingsError(
+                f"consumer.retry_attempts must be None (until the records expire) or between 0 and "
+                f"{MAX_CONSUMER_RETRY_ATTEMPTS}"
+            )
+        # The consumer's own parser (CONSUMER_PREFIX): the stack grants PutObject under
+        # exactly what it will write under.
+        try:
+            parsed = config.consumer_prefix({config.CONSUMER_PREFIX: self.prefix})
+        except config.ConfigError as error:
+            raise SettingsError(f"consumer.prefix: {error}") from None
+        if parsed != self.prefix:
+            raise SettingsError(f"consumer.prefix must be a non-empty S3 key prefix without blanks, got {self.prefix!r}")
+        if self.output_ttl_days < 0:
+            raise SettingsError("consumer.output_ttl_days must be 0 (no expiry) or more")
+        if self.iterator_age_alarm_seconds < 60:
+            raise SettingsError("consumer.iterator_age_alarm_seconds must be at least 60")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EnvironmentSettings:
     """Everything that differs between environments. Defaults suit a small dev fleet."""
@@ -49,6 +122,17 @@ class EnvironmentSettings:
     # 0 keeps both for ever.
     message_ttl_days: int = 7
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_WEEK
+
+    # --- where frames go (SINK; CONTRACT section 4) --------------------------------------
+    # "dynamodb" (the messages table), "kinesis" (the messages stream) or both,
+    # comma-separated; parsed by the runtime's own config.sinks. The messages table is
+    # deployed whatever the sink (emptying a stack of it is an operator's decision).
+    sink: str = ",".join(schema.DEFAULT_SINKS)
+    # The messages stream, where kinesis is a sink: on-demand, encrypted, kept this long.
+    stream_retention_hours: int = MIN_STREAM_RETENTION_HOURS
+    stream_kms: str = STREAM_KMS_AWS_MANAGED
+    # The reference consumer on the stream; None: none deployed.
+    consumer: ConsumerSettings | None = None
 
     # --- session timing (the worker's LEASE_SECONDS, ...; see CONTRACT section 2) ------
     lease_seconds: float = 10  # session lease
@@ -141,6 +225,51 @@ class EnvironmentSettings:
         if not 1 <= self.nat_gateways <= 2:
             raise SettingsError("nat_gateways must be 1 or 2 (the VPC spans two AZs)")
         self._check_secrets()
+        self._check_sink()
+
+    def _check_sink(self) -> None:
+        if not self.sink.strip():
+            raise SettingsError(f"sink must name {' or '.join(schema.SINKS)}, or both comma-separated")
+        try:
+            chosen = config.sinks({config.SINK: self.sink})
+        except config.ConfigError as error:
+            raise SettingsError(f"sink: {error}") from None
+        if not MIN_STREAM_RETENTION_HOURS <= self.stream_retention_hours <= MAX_STREAM_RETENTION_HOURS:
+            raise SettingsError(
+                f"stream_retention_hours must be between {MIN_STREAM_RETENTION_HOURS} and "
+                f"{MAX_STREAM_RETENTION_HOURS} (what Kinesis keeps), got {self.stream_retention_hours}"
+            )
+        if self.stream_kms not in STREAM_KMS_CHOICES:
+            raise SettingsError(f"stream_kms must be {' or '.join(STREAM_KMS_CHOICES)}, got {self.stream_kms!r}")
+        if schema.SINK_KINESIS not in chosen:
+            if self.consumer is not None:
+                raise SettingsError(f"consumer needs a stream to read: sink must include kinesis, got {self.sink!r}")
+            return
+        # A record on the stream may point at an object in the messages bucket (large
+        # data): the object must outlive the record.
+        if self.message_ttl_days and self.message_ttl_days * 24 < self.stream_retention_hours:
+            raise SettingsError(
+                "message_ttl_days must keep the messages bucket's objects at least as long as the stream "
+                f"keeps the records that point at them (stream_retention_hours={self.stream_retention_hours})"
+            )
+        if self.consumer and self.consumer.iterator_age_alarm_seconds >= self.stream_retention_hours * 3600:
+            raise SettingsError(
+                "consumer.iterator_age_alarm_seconds must be below stream_retention_hours: the alarm is "
+                "there to fire before records leave the stream undelivered"
+            )
+
+    @property
+    def sinks(self) -> tuple[str, ...]:
+        """The sinks as the worker parses SINK: in ``schema.SINKS`` order."""
+        return config.sinks({config.SINK: self.sink})
+
+    @property
+    def has_stream(self) -> bool:
+        return schema.SINK_KINESIS in self.sinks
+
+    @property
+    def stores_in_table(self) -> bool:
+        return schema.SINK_DYNAMODB in self.sinks
 
     def _check_secrets(self) -> None:
         prefix = self.secret_prefix
@@ -206,3 +335,43 @@ class EnvironmentSettings:
         return math.ceil(
             self.lease_seconds + self.max_clock_skew_ms / 1000 + watch_window_s + 2 * self.reconcile_seconds
         )
+
+
+# The settings an operator may override at synth time without editing app.py, e.g.
+#   cdk synth -c env=prod -c sink=dynamodb,kinesis -c consumer=on
+CONTEXT_OVERRIDES = ("sink", "stream_retention_hours", "stream_kms", "consumer")
+_ON, _OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
+
+
+def with_context(settings: EnvironmentSettings, lookup: Callable[[str], Any]) -> EnvironmentSettings:
+    """``settings`` with the CONTEXT_OVERRIDES that ``lookup`` (the app's
+    ``node.try_get_context``) has a value for. ``consumer=on`` deploys the reference
+    consumer with the environment's own consumer settings, or the defaults where it has
+    none. A bad value is a SettingsError naming the context key."""
+    changes: dict[str, Any] = {}
+    for key in CONTEXT_OVERRIDES:
+        value = lookup(key)
+        if value is None:
+            continue
+        text = str(value).strip()  # the CLI passes strings; cdk.json may hold numbers or booleans
+        if key == "consumer":
+            if text.lower() in _ON:
+                changes[key] = settings.consumer or ConsumerSettings()
+            elif text.lower() in _OFF:
+                changes[key] = None
+            else:
+                raise SettingsError(f"-c consumer must be on or off, got {value!r}")
+        elif key == "stream_retention_hours":
+            try:
+                changes[key] = int(text)
+            except ValueError:
+                raise SettingsError(f"-c stream_retention_hours must be a whole number of hours, got {value!r}") from None
+        else:
+            changes[key] = text
+    if not changes:
+        return settings
+    try:
+        return dataclasses.replace(settings, **changes)
+    except SettingsError as error:
+        given = " ".join(f"-c {k}={lookup(k)}" for k in changes)
+        raise SettingsError(f"{error} (with {given})") from None

@@ -1,5 +1,6 @@
 """The stateful stack: the tables (connections, worker sessions, messages), the
-messages bucket (data too large for an item) and the START queue.
+messages bucket (data too large for an item), the START queue, and where ``kinesis`` is
+a sink the messages stream and the reference consumer's bucket and state table.
 
 Kept apart from the service stack so that the service can be replaced, or its stack
 deleted and recreated, without touching data; its resources keep fixed logical ids.
@@ -14,10 +15,12 @@ from aws_cdk import CfnOutput, Duration, Fn, Stack
 from constructs import Construct
 
 from stacks import nag
+from stacks.constructs.consumer import ConsumerStore
 from stacks.constructs.messages_bucket import MessagesBucket
+from stacks.constructs.messages_stream import MessagesStream
 from stacks.constructs.queue import StartQueue
 from stacks.constructs.tables import Tables
-from stacks.settings import EnvironmentSettings
+from stacks.settings import STREAM_KMS_CUSTOMER_MANAGED, EnvironmentSettings
 from wsfleet import stack_outputs
 
 # A hint that keeps failing goes to the dead-letter queue after this many receives.
@@ -41,6 +44,20 @@ class StatefulStack(Stack):
             max_receive_count=MAX_HINT_RECEIVES,
             removal_policy=settings.removal_policy,
         )
+        self.messages_stream: MessagesStream | None = None
+        if settings.has_stream:
+            self.messages_stream = MessagesStream(
+                self,
+                "MessagesStream",
+                retention_hours=settings.stream_retention_hours,
+                customer_managed_key=settings.stream_kms == STREAM_KMS_CUSTOMER_MANAGED,
+                retain_data=settings.retain_data,
+            )
+        self.consumer_store: ConsumerStore | None = None
+        if settings.consumer is not None:
+            self.consumer_store = ConsumerStore(
+                self, "Consumer", settings=settings.consumer, retain_data=settings.retain_data
+            )
         # What operators and `wsfleet --stack` find by name. The service stack's references
         # go through the outputs CDK makes for them, which these leave as they are, but for
         # the bucket's name, which it reads from MessagesBucketName (see output_value).
@@ -55,9 +72,35 @@ class StatefulStack(Stack):
                 "The bucket of message data too large for an item (MESSAGES_BUCKET_NAME)",
             ),
             (stack_outputs.START_QUEUE_URL, self.start_queue.queue.queue_url, "The START-hint queue (QUEUE_URL)"),
+            *self._stream_outputs(),
         ):
             CfnOutput(self, output_id, value=value, description=description)
         nag.acknowledge_stateful_findings(self, settings)
+
+    def _stream_outputs(self) -> list[tuple[str, str, str]]:
+        outputs = []
+        if self.messages_stream is not None:
+            outputs.append(
+                (
+                    stack_outputs.MESSAGES_STREAM_NAME,
+                    self.messages_stream.stream.stream_name,
+                    "The stream of one record per frame (MESSAGES_STREAM_NAME)",
+                )
+            )
+        if self.consumer_store is not None:
+            outputs += [
+                (
+                    stack_outputs.CONSUMER_BUCKET_NAME,
+                    self.consumer_store.bucket.bucket_name,
+                    "The reference consumer's output bucket (CONSUMER_BUCKET_NAME)",
+                ),
+                (
+                    stack_outputs.CONSUMER_TABLE_NAME,
+                    self.consumer_store.table.table_name,
+                    "The reference consumer's delivery state (CONSUMER_TABLE_NAME)",
+                ),
+            ]
+        return outputs
 
     def output_value(self, output_id: str) -> str:
         """One of the outputs above as another stack reads it: ``Fn::GetStackOutput`` by

@@ -12,3 +12,6 @@ MESSAGES_TABLE_NAME = "MessagesTableName"
 MESSAGES_BUCKET_NAME = "MessagesBucketName"
 MESSAGES_STREAM_NAME = "MessagesStreamName"  # only where SINK has kinesis
 START_QUEUE_URL = "StartQueueUrl"
+# Only where the reference consumer is deployed.
+CONSUMER_BUCKET_NAME = "ConsumerBucketName"
+CONSUMER_TABLE_NAME = "ConsumerTableName"

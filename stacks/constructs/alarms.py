@@ -12,6 +12,19 @@
 * Have an upstream's credentials stopped working? (connections whose connects keep being
   refused, ``RefusedConnections``: GET shows each one's ``last_error``)
 
+Where kinesis is a sink:
+
+* Is the stream refusing writes for throughput? (its ``WriteProvisionedThroughputExceeded``;
+  and the workers' ``RecordsThrottled``, which counts KMS throttling too)
+
+Where the reference consumer is deployed:
+
+* Is it falling behind? (Lambda's ``IteratorAge`` over a threshold well inside the
+  stream's retention: past the retention, records leave the stream undelivered)
+* Is it failing? (Lambda errors: a batch that raised or timed out, retried)
+* Did it give up on a batch? (the failure queue is not empty: the batch's records were
+  not delivered, and its message says which shard and sequence numbers to replay)
+
 No alarm on ``SkippedFrames`` (skip markers stored: seqs whose data users will not get),
 though it is graphed: one count mixes reasons nobody here can act on (an upstream's
 malformed frames; the gaps of an upstream that cannot replay, ``resume: none``, which
@@ -29,6 +42,7 @@ from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
 from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_kinesis as kinesis
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sqs as sqs
@@ -36,6 +50,7 @@ from constructs import Construct
 
 from wsfleet import metrics_names
 
+from .consumer import ReferenceConsumer
 from .worker_metrics import worker_metric
 
 _GE = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
@@ -63,7 +78,10 @@ class Alarms(Construct):
         service_name: str,
         failover_bound: Duration,
         alarm_topic_arn: str | None,
+        stream: kinesis.IStream | None = None,
+        consumer: ReferenceConsumer | None = None,
     ) -> None:
+        """``stream`` where kinesis is a sink; ``consumer`` where the reference consumer is."""
         super().__init__(scope, id)
         one_minute = Duration.minutes(1)
         five_minutes = Duration.minutes(5)
@@ -188,7 +206,7 @@ class Alarms(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
 
-        self.all = (
+        self.all: tuple[cloudwatch.Alarm, ...] = (
             self.dead_letters,
             self.router_errors,
             self.api_server_errors,
@@ -198,6 +216,78 @@ class Alarms(Construct):
             self.loop_errors,
             self.refused_connections,
         )
+        self.stream_throttled: cloudwatch.Alarm | None = None
+        self.records_throttled: cloudwatch.Alarm | None = None
+        if stream is not None:
+            # A throttled record is sent again after a backoff: nothing is lost, but frames
+            # wait. An on-demand stream throttles while it doubles its capacity for a
+            # sudden step up in writes, or when one connection (one partition key, one
+            # shard) writes faster than a shard takes.
+            self.stream_throttled = self._any_in_period(
+                "StreamWriteThrottled",
+                alarm_name=f"{prefix}-stream-write-throttled",
+                alarm_description=(
+                    "The messages stream refused records for throughput (the workers send them again after a "
+                    "backoff): a step up in the write rate, or one connection writing faster than a shard "
+                    "takes (1 MB/s, 1,000 records/s). See `wsfleet plan` for the stream's limits."
+                ),
+                metric=stream.metric_write_provisioned_throughput_exceeded(
+                    period=five_minutes, statistic=cloudwatch.Stats.SUM
+                ),
+            )
+            self.records_throttled = self._any_in_period(
+                "RecordsThrottled",
+                alarm_name=f"{prefix}-worker-records-throttled",
+                alarm_description=(
+                    "Workers had records refused for throughput by the stream or by KMS (a customer-managed "
+                    "key's request quota), and sent them again after a backoff."
+                ),
+                metric=service_metric(metrics_names.RECORDS_THROTTLED, five_minutes, cloudwatch.Stats.SUM),
+            )
+            self.all += (self.stream_throttled, self.records_throttled)
+        self.consumer_iterator_age: cloudwatch.Alarm | None = None
+        if consumer is not None:
+            function, iterator_age_threshold = consumer.function, consumer.iterator_age_alarm_threshold
+            # The age of the last record of each batch when it was read: how far the
+            # consumer is behind the stream's newest record. Lambda publishes it per
+            # invocation, so no data means no records to read.
+            self.consumer_iterator_age = cloudwatch.Alarm(
+                self,
+                "ConsumerIteratorAge",
+                alarm_name=f"{prefix}-consumer-iterator-age",
+                alarm_description=(
+                    f"The reference consumer is more than {iterator_age_threshold.to_seconds():.0f} s behind the "
+                    "stream: a failing batch it keeps retrying (see its errors and logs), or more records than "
+                    "it keeps up with. Records it has not read when they leave the stream are lost to it."
+                ),
+                metric=function.metric("IteratorAge", period=five_minutes, statistic=cloudwatch.Stats.MAXIMUM),
+                threshold=iterator_age_threshold.to_milliseconds(),
+                comparison_operator=_GE,
+                evaluation_periods=1,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            )
+            self.consumer_errors = self._any_in_period(
+                "ConsumerErrors",
+                alarm_name=f"{prefix}-consumer-errors",
+                alarm_description=(
+                    "The reference consumer raised or timed out on a batch (Lambda retries it): "
+                    "search its logs for the error."
+                ),
+                metric=function.metric_errors(period=five_minutes, statistic=cloudwatch.Stats.SUM),
+            )
+            self.consumer_gave_up = self._any_in_period(
+                "ConsumerGaveUp",
+                alarm_name=f"{prefix}-consumer-batches-abandoned",
+                alarm_description=(
+                    "The reference consumer gave up on a batch after its retries: those records were not "
+                    "delivered. Each message in its failure queue names the shard and sequence numbers to "
+                    "replay while the stream still keeps them."
+                ),
+                metric=consumer.failure_queue.metric_approximate_number_of_messages_visible(
+                    period=one_minute, statistic=cloudwatch.Stats.MAXIMUM
+                ),
+            )
+            self.all += (self.consumer_iterator_age, self.consumer_errors, self.consumer_gave_up)
         if alarm_topic_arn is not None:
             topic = sns.Topic.from_topic_arn(self, "Topic", alarm_topic_arn)
             for alarm in self.all:

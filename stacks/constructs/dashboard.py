@@ -10,7 +10,12 @@
    seqs missed; event-loop lag;
 4. the API (requests, 4xx, 5xx, latency) and the router (errors, throttles, duration);
 5. the START-hint queue (oldest hint's age) and its dead-letter queue (depth);
-6. DynamoDB per table (and per index): throttling, consumed read and write capacity.
+6. DynamoDB per table (and per index): throttling, consumed read and write capacity;
+7. where kinesis is a sink, the messages stream: records put, sent again and refused for
+   throughput, PutRecords latency; where the reference consumer is deployed, how far
+   behind it is (against its alarm), its invocations, errors and duration, the
+   batches it gave up on, and its own counts: frames delivered, duplicates and stale
+   records dropped, records that were not wsfleet's, deliveries that failed.
 
 The worker's metrics are named by ``wsfleet.metrics_names``, the constants it publishes
 with. Every graph is per minute, the interval at which the workers publish, but the
@@ -26,12 +31,14 @@ from aws_cdk import Duration, Stack
 from aws_cdk import aws_apigateway as apigw
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_kinesis as kinesis
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from wsfleet import metrics_names as names
 
+from .consumer import ReferenceConsumer
 from .worker_metrics import worker_metric
 
 PERIOD = Duration.minutes(1)
@@ -63,9 +70,14 @@ class OperationsDashboard(Construct):
         dead_letter_queue: sqs.IQueue,
         tables: Mapping[str, dynamodb.ITable],
         indexes: Mapping[str, Sequence[str]],
+        stream: kinesis.IStream | None = None,
+        consumer: ReferenceConsumer | None = None,
+        iterator_age_alarm: cloudwatch.Alarm | None = None,
     ) -> None:
         """``tables`` by the name the graphs give them ("connections"); ``indexes``:
-        the global secondary indexes of those tables, whose capacity is their own."""
+        the global secondary indexes of those tables, whose capacity is their own.
+        ``stream`` where kinesis is a sink; ``consumer`` and its iterator-age alarm where
+        the reference consumer is deployed."""
         super().__init__(scope, id)
         self._namespace = metrics_namespace
         self._service_name = service_name
@@ -193,6 +205,12 @@ class OperationsDashboard(Construct):
             ),
         )
         self.dashboard.add_widgets(*self._dynamodb(tables, indexes))
+        if stream is not None:
+            self.dashboard.add_widgets(*self._stream(stream))
+        if consumer is not None:
+            assert iterator_age_alarm is not None
+            self.dashboard.add_widgets(*self._consumer(consumer.function, consumer.failure_queue, iterator_age_alarm))
+            self.dashboard.add_widgets(self._consumer_records())
 
     def _connections(self, target: int, maximum: int, unowned_alarm: cloudwatch.Alarm) -> list[cloudwatch.IWidget]:
         # Per worker: the workers also publish ActiveConnections with a WorkerId dimension
@@ -303,6 +321,101 @@ class OperationsDashboard(Construct):
             self._graph("DynamoDB consumed read capacity (units per minute)", reads),
             self._graph("DynamoDB consumed write capacity (units per minute)", writes),
         ]
+
+    def _stream(self, stream: kinesis.IStream) -> list[cloudwatch.IWidget]:
+        # The stream's own counts beside the workers': records the stream took, and the
+        # records each worker sent again (the refused ones, and the later ones of their
+        # connection that went in the same request) or had refused for throughput.
+        return [
+            self._graph(
+                "Messages stream: records (per minute)",
+                [
+                    stream.metric_incoming_records(period=PERIOD, statistic=_SUM, label="records put (stream)"),
+                    self._worker_metric(names.RECORDS_RESENT, _SUM, "sent again after a partial failure"),
+                ],
+            ),
+            self._graph(
+                "Messages stream: refused for throughput (per minute)",
+                [
+                    stream.metric_write_provisioned_throughput_exceeded(
+                        period=PERIOD, statistic=_SUM, label="refused (stream)"
+                    ),
+                    self._worker_metric(names.RECORDS_THROTTLED, _SUM, "refused, stream or KMS (workers)"),
+                ],
+            ),
+            self._graph(
+                "Messages stream: PutRecords latency (ms)",
+                [
+                    stream.metric_put_records_latency(period=PERIOD, statistic=_P50, label="p50"),
+                    stream.metric_put_records_latency(period=PERIOD, statistic=_P99, label="p99"),
+                ],
+            ),
+        ]
+
+    def _consumer(
+        self, consumer: lambda_.IFunction, failure_queue: sqs.IQueue, iterator_age_alarm: cloudwatch.Alarm
+    ) -> list[cloudwatch.IWidget]:
+        return [
+            cloudwatch.GraphWidget(
+                title="Reference consumer: iterator age (ms)",
+                left=[consumer.metric("IteratorAge", period=PERIOD, statistic=_MAX, label="behind the stream")],
+                left_annotations=[iterator_age_alarm.to_annotation()],
+                width=6,
+            ),
+            self._graph(
+                "Reference consumer: invocations and errors (per minute)",
+                [
+                    consumer.metric_invocations(period=PERIOD, statistic=_SUM, label="invocations"),
+                    consumer.metric_errors(period=PERIOD, statistic=_SUM, label="errors"),
+                    consumer.metric_throttles(period=PERIOD, statistic=_SUM, label="throttles"),
+                ],
+                width=6,
+            ),
+            self._graph(
+                "Reference consumer: duration (ms)",
+                [
+                    consumer.metric_duration(period=PERIOD, statistic=_P50, label="p50"),
+                    consumer.metric_duration(period=PERIOD, statistic=_MAX, label="max"),
+                ],
+                width=6,
+            ),
+            self._graph(
+                "Reference consumer: batches given up on",
+                [
+                    failure_queue.metric_approximate_number_of_messages_visible(
+                        period=PERIOD, statistic=_MAX, label="in the failure queue"
+                    )
+                ],
+                width=6,
+            ),
+        ]
+
+    def _consumer_records(self) -> cloudwatch.IWidget:
+        # The consumer's own counts (embedded metrics in its log lines, dimension
+        # ServiceName = wsfleet.metrics_names.CONSUMER_SERVICE_NAME): what it delivered,
+        # and what it dropped and why. Duplicates are a takeover's replay or a resend.
+        labels = {
+            names.FRAMES_DELIVERED: "delivered",
+            names.DUPLICATES_DROPPED: "duplicates dropped",
+            names.STALE_RECORDS_DROPPED: "stale owner's records dropped",
+            names.BAD_RECORDS: "not wsfleet records (skipped)",
+            names.DELIVERIES_FAILED: "connections whose delivery failed (retried)",
+        }
+        return cloudwatch.GraphWidget(
+            title="Reference consumer: records (per minute)",
+            left=[
+                cloudwatch.Metric(
+                    namespace=self._namespace,
+                    metric_name=name,
+                    dimensions_map={names.DIMENSION_SERVICE_NAME: names.CONSUMER_SERVICE_NAME},
+                    period=PERIOD,
+                    statistic=_SUM,
+                    label=label,
+                )
+                for name, label in labels.items()
+            ],
+            width=24,
+        )
 
     def _worker_metric(
         self, metric_name: str, statistic: str, label: str, period: Duration = PERIOD

@@ -33,7 +33,8 @@ class Router(Construct):
         # Our own role, so no AWS managed policy with logs:* on every log group.
         self.role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
         self.log_group.grant_write(self.role)
-        dependencies = lambda_.LayerVersion(
+        # Shared with the reference consumer, which runs the same code.
+        self.dependencies = lambda_.LayerVersion(
             self,
             "Dependencies",
             code=runtime_assets.dependencies_layer_code(),
@@ -48,7 +49,7 @@ class Router(Construct):
             architecture=runtime_assets.LAMBDA_ARCHITECTURE,
             handler=HANDLER,
             code=runtime_assets.router_code(),
-            layers=[dependencies],
+            layers=[self.dependencies],
             environment=dict(environment),
             role=self.role,
             log_group=self.log_group,

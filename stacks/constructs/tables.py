@@ -41,8 +41,18 @@ def _key(spec: dict[str, Any], key_schema: list[dict[str, str]], key_type: str) 
     return None
 
 
-def _table(scope: Construct, id: str, spec: dict[str, Any], *, logical_id: str, retain_data: bool,
-           **extra: Any) -> dynamodb.Table:
+def table_from_spec(
+    scope: Construct,
+    id: str,
+    spec: dict[str, Any],
+    *,
+    logical_id: str,
+    retain_data: bool,
+    point_in_time_recovery: bool | None = None,
+    **extra: Any,
+) -> dynamodb.Table:
+    """A table shaped by a ``wsfleet.schema`` CreateTable spec, with a fixed logical id.
+    Point-in-time recovery follows ``retain_data`` unless given."""
     table = dynamodb.Table(
         scope,
         id,
@@ -50,7 +60,7 @@ def _table(scope: Construct, id: str, spec: dict[str, Any], *, logical_id: str, 
         sort_key=_key(spec, spec["KeySchema"], "RANGE"),
         billing_mode=_BILLING_MODES[spec["BillingMode"]],
         point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
-            point_in_time_recovery_enabled=retain_data,
+            point_in_time_recovery_enabled=retain_data if point_in_time_recovery is None else point_in_time_recovery,
         ),
         deletion_protection=retain_data,
         removal_policy=RemovalPolicy.RETAIN if retain_data else RemovalPolicy.DESTROY,
@@ -74,14 +84,14 @@ class Tables(Construct):
 
     def __init__(self, scope: Construct, id: str, *, retain_data: bool) -> None:
         super().__init__(scope, id)
-        self.connections = _table(
+        self.connections = table_from_spec(
             self,
             "Connections",
             schema.connections_table_spec("connections"),
             logical_id=CONNECTIONS_LOGICAL_ID,
             retain_data=retain_data,
         )
-        self.sessions = _table(
+        self.sessions = table_from_spec(
             self,
             "Sessions",
             schema.sessions_table_spec("sessions"),
@@ -90,7 +100,7 @@ class Tables(Construct):
             # Set on ENDED sessions only: DynamoDB deletes them a week after they end.
             time_to_live_attribute=schema.SESSION_TTL,
         )
-        self.messages = _table(
+        self.messages = table_from_spec(
             self,
             "Messages",
             schema.messages_table_spec("messages"),

@@ -29,7 +29,7 @@ from aws_cdk.assertions import Template  # noqa: E402
 
 import app as cdk_app  # noqa: E402
 from stacks.service_stack import ServiceStack  # noqa: E402
-from stacks.settings import EnvironmentSettings  # noqa: E402
+from stacks.settings import EnvironmentSettings, with_context  # noqa: E402
 from stacks.stateful_stack import StatefulStack  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,30 +57,38 @@ class Synthesized:
         return {"stateful": self.stateful_template, "service": self.service_template}[which]
 
 
+def synthesize(env: str, outdir: Path, **overrides: str) -> Synthesized:
+    """``cdk synth -c env=<env> [-c <key>=<value> ...]``, minus bundling."""
+    app = App(context={**cli_context(env), **overrides}, outdir=str(outdir))
+    stateful, service = cdk_app.create_stacks(app)
+    try:
+        assembly, validation_error = app.synth(), None
+    except RuntimeError as error:
+        # A validation plugin (cdk-nag) refused the app after the assembly was
+        # written: keep testing the templates, and let the nag tests report it.
+        assembly, validation_error = CloudAssembly(str(outdir)), str(error)
+    return Synthesized(
+        settings=with_context(cdk_app.ENVIRONMENTS[env], app.node.try_get_context),
+        app=app,
+        assembly=assembly,
+        validation_error=validation_error,
+        stateful=stateful,
+        service=service,
+        stateful_template=Template.from_json(assembly.get_stack_by_name(stateful.stack_name).template),
+        service_template=Template.from_json(assembly.get_stack_by_name(service.stack_name).template),
+    )
+
+
 @pytest.fixture(scope="session")
 def synthesized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Synthesized]:
-    built = {}
-    for env in ENVIRONMENTS:
-        outdir = tmp_path_factory.mktemp(f"cdk.out.{env}")
-        app = App(context=cli_context(env), outdir=str(outdir))
-        stateful, service = cdk_app.create_stacks(app)
-        try:
-            assembly, validation_error = app.synth(), None
-        except RuntimeError as error:
-            # A validation plugin (cdk-nag) refused the app after the assembly was
-            # written: keep testing the templates, and let the nag tests report it.
-            assembly, validation_error = CloudAssembly(str(outdir)), str(error)
-        built[env] = Synthesized(
-            settings=cdk_app.ENVIRONMENTS[env],
-            app=app,
-            assembly=assembly,
-            validation_error=validation_error,
-            stateful=stateful,
-            service=service,
-            stateful_template=Template.from_json(assembly.get_stack_by_name(stateful.stack_name).template),
-            service_template=Template.from_json(assembly.get_stack_by_name(service.stack_name).template),
-        )
-    return built
+    return {env: synthesize(env, tmp_path_factory.mktemp(f"cdk.out.{env}")) for env in ENVIRONMENTS}
+
+
+@pytest.fixture(scope="session")
+def kinesis_only(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """dev with the stream as its only sink, under the AWS managed key, with the
+    reference consumer: what ``-c sink=kinesis -c stream_kms=aws-managed`` builds."""
+    return synthesize("dev", tmp_path_factory.mktemp("cdk.out.kinesis"), sink="kinesis", stream_kms="aws-managed")
 
 
 @pytest.fixture

@@ -107,11 +107,15 @@ def test_every_metric_the_worker_publishes_for_the_service_is_graphed(env):
             deltas={name: 1 for name in metrics_names.COUNTERS},
         )
     }
-    # ActiveConnections is drawn from its per-worker twin (the next test).
-    for name in published - {metrics_names.ACTIVE_CONNECTIONS}:
+    # ActiveConnections is drawn from its per-worker twin (the next test); the stream's
+    # counts only where the stream is a sink (they stay at zero elsewhere).
+    stream_only = {metrics_names.RECORDS_RESENT, metrics_names.RECORDS_THROTTLED}
+    for name in published - {metrics_names.ACTIVE_CONNECTIONS} - (set() if env.settings.has_stream else stream_only):
         assert body.metrics(NAMESPACE, name), f"{name} is not on the dashboard"
         assert all(dims == service for dims in body.metrics(NAMESPACE, name))
-    assert {metrics_names.UNOWNED_CONNECTIONS, metrics_names.LOOP_LAG_P99} <= published
+    if not env.settings.has_stream:
+        assert not any(body.metrics(NAMESPACE, name) for name in stream_only)
+    assert {metrics_names.UNOWNED_CONNECTIONS, metrics_names.LOOP_LAG_P99} | stream_only <= published
 
 
 def test_active_connections_are_drawn_per_worker_and_in_total_from_the_per_worker_metric(env):
@@ -234,3 +238,59 @@ def test_dynamodb_throttling_and_consumed_capacity_per_table_and_index(env):
             and any(re.search(rf'TableName="{re.escape(p)}"', e) for p in placeholders)
         ]
         assert len(throttled) == 1, f"ThrottledRequests of {table}"
+
+
+def test_every_alarm_is_on_the_alarm_status_widget(env):
+    (status,) = [w for w in _body(env).widgets() if w["type"] == "alarm"]
+    drawn = {_body(env).resolved(arn) for arn in status["properties"]["alarms"]}
+    alarms = env.service_template.find_resources("AWS::CloudWatch::Alarm")
+    assert drawn == {json.dumps({"Fn::GetAtt": [logical_id, "Arn"]}, sort_keys=True) for logical_id in alarms}
+
+
+def _stream_widget(env, metric: str) -> dict:
+    (widget,) = [
+        w
+        for w in _body(env).widgets()
+        if any(e[:2] == ["AWS/Kinesis", metric] for e in w["properties"].get("metrics", []))
+    ]
+    return widget
+
+
+def test_the_stream_row_draws_the_streams_counts_beside_the_workers(dev):
+    body = _body(dev)
+    stream = {"StreamName": _ref(dev, dev.service.messages_stream.stream_name)}
+    for name in ("IncomingRecords", "WriteProvisionedThroughputExceeded", "PutRecords.Latency"):
+        assert body.metrics("AWS/Kinesis", name) and all(d == stream for d in body.metrics("AWS/Kinesis", name))
+    # Records the stream took, beside those the workers sent again; the stream's
+    # refusals beside the workers' (which count KMS throttling too).
+    assert metrics_names.RECORDS_RESENT in _drawn(_stream_widget(dev, "IncomingRecords"))
+    assert metrics_names.RECORDS_THROTTLED in _drawn(_stream_widget(dev, "WriteProvisionedThroughputExceeded"))
+
+
+def test_the_consumer_row_draws_its_lag_against_its_alarm_its_errors_and_its_failure_queue(dev):
+    body = _body(dev)
+    function = {"FunctionName": _ref(dev, dev.service.consumer.function.function_name)}
+    for name in ("IteratorAge", "Invocations", "Errors", "Duration"):
+        assert function in body.metrics("AWS/Lambda", name), name
+    (lag,) = [
+        w
+        for w in body.widgets()
+        if any(e[:2] == ["AWS/Lambda", "IteratorAge"] for e in w["properties"].get("metrics", []))
+    ]
+    threshold = dev.settings.consumer.iterator_age_alarm_seconds * 1000
+    assert [a["value"] for a in lag["properties"]["annotations"]["horizontal"]] == [threshold]
+    queue = {"QueueName": _ref(dev, dev.service.consumer.failure_queue.queue_name)}
+    assert queue in body.metrics("AWS/SQS", "ApproximateNumberOfMessagesVisible")
+
+
+def test_no_stream_or_consumer_graphs_where_there_is_neither(prod):
+    body = _body(prod)
+    assert not [e for e in body.entries() if e[0] == "AWS/Kinesis"]
+    assert not body.metrics("AWS/Lambda", "IteratorAge")
+
+
+def test_every_metric_the_consumer_publishes_is_graphed_where_it_runs(dev, prod):
+    consumer = {metrics_names.DIMENSION_SERVICE_NAME: metrics_names.CONSUMER_SERVICE_NAME}
+    for name in metrics_names.CONSUMER_METRICS:
+        assert _body(dev).metrics(NAMESPACE, name) == [consumer], name
+        assert not _body(prod).metrics(NAMESPACE, name), name

@@ -304,18 +304,25 @@ def test_router_runs_the_current_python_with_active_tracing(env):
     assert len(router["Layers"]) == 1
 
 
+def _sink_variables(env) -> set[str]:
+    """The table where it is a sink; SINK and the stream where the stream is one (the
+    default sink, the table alone, is left to the runtime's default)."""
+    return ({config.MESSAGES_TABLE_NAME} if env.settings.stores_in_table else set()) | (
+        {config.SINK, config.MESSAGES_STREAM_NAME} if env.settings.has_stream else set()
+    )
+
+
 def test_router_environment_is_what_the_contract_names(env):
     variables = _router(env)["Environment"]["Variables"]
     assert set(variables) == {
         config.TABLE_NAME,
         config.SESSIONS_TABLE_NAME,
-        config.MESSAGES_TABLE_NAME,
         config.MESSAGES_BUCKET_NAME,
         config.QUEUE_URL,
         config.ALLOWED_WS_HOSTS,
         config.STATE_SHARDS,
         config.UPSTREAM_SECRET_PREFIX,
-    }
+    } | _sink_variables(env)
     assert variables[config.ALLOWED_WS_HOSTS] == ",".join(env.settings.allowed_ws_hosts)
     assert variables[config.STATE_SHARDS] == str(env.settings.state_shards)
 
@@ -329,6 +336,7 @@ def test_router_environment_passes_the_routers_own_validation(env):
     assert parsed.state_shards == env.settings.state_shards
     assert parsed.upstream_secret_prefix == env.settings.secret_prefix
     assert parsed.messages_table_name == parsed.messages_bucket_name == "resolved-at-deploy"
+    assert parsed.sinks == env.settings.sinks
 
 
 def test_router_may_write_connections_post_stops_read_messages_and_send_hints_only(env):
@@ -366,7 +374,6 @@ def test_worker_environment_is_what_the_contract_names(env):
     assert set(variables) == {
         config.TABLE_NAME,
         config.SESSIONS_TABLE_NAME,
-        config.MESSAGES_TABLE_NAME,
         config.QUEUE_URL,
         config.AWS_REGION,
         config.LEASE_SECONDS,
@@ -388,7 +395,7 @@ def test_worker_environment_is_what_the_contract_names(env):
         config.MAX_BUFFERED_BYTES,
         config.ALLOWED_WS_HOSTS,
         config.UPSTREAM_SECRET_PREFIX,
-    }
+    } | _sink_variables(env)
     # The same allow-list as the router's: the worker checks what the host names resolve to.
     assert variables[config.ALLOWED_WS_HOSTS] == _router(env)["Environment"]["Variables"][config.ALLOWED_WS_HOSTS]
     # On ECS the worker names itself from task metadata and talks to real AWS.
@@ -408,6 +415,8 @@ def test_worker_environment_passes_the_workers_own_validation(env):
     assert parsed.max_frame_bytes == env.settings.max_frame_bytes == config.DEFAULT_MAX_FRAME_BYTES
     assert parsed.message_ttl_days == env.settings.message_ttl_days
     assert parsed.upstream_secret_prefix == env.settings.secret_prefix
+    assert parsed.sinks == env.settings.sinks
+    assert bool(parsed.messages_stream_name) == env.settings.has_stream
     # Frame bytes: half the worker container's memory (the task's, less the X-Ray
     # daemon's reservation), whatever cgroup limit the container sees on Fargate.
     assert parsed.max_buffered_bytes == (env.settings.worker_memory_mib - 64) * 1024 * 1024 // 2

@@ -68,3 +68,8 @@ def test_acknowledgements_are_made_only_in_stacks_nag(env):
 def test_dev_alone_acknowledges_missing_point_in_time_recovery(synthesized):
     assert any("AwsSolutions-DDB3" in k for k in _acknowledgements(synthesized["dev"].app))
     assert not any("AwsSolutions-DDB3" in k for k in _acknowledgements(synthesized["prod"].app))
+
+
+def test_a_kinesis_only_app_passes_cdk_nag_too(kinesis_only):
+    assert kinesis_only.validation_error is None
+    assert AwsSolutionsChecks().validate_scope(kinesis_only.app).success
