@@ -305,6 +305,11 @@ class EnvironmentSettings:
         return f"wsfleet-{self.name}-worker"
 
     @property
+    def consumer_service_name(self) -> str:
+        """The reference consumer's SERVICE_NAME: the ``ServiceName`` of its metrics."""
+        return f"wsfleet-{self.name}-consumer"
+
+    @property
     def session_timing(self) -> SessionTiming:
         """The workers' session timing, as they derive it from their environment."""
         return SessionTiming(

@@ -509,3 +509,15 @@ def test_what_the_workers_sink_puts_through_partial_failures_lost_answers_and_a_
     assert rig.total("replayed") >= 3 * 15 and rig.total("stale") >= 3 * 3
     assert rig.total("delivered") + rig.total("replayed") + rig.total("resent") + rig.total("stale") == on_stream
     assert on_stream > 3 * (30 + 25 + 3)  # the faults did send some records more than once
+
+
+def test_the_consumers_metrics_carry_the_namespace_and_service_name_it_is_given():
+    from wsfleet.config import ConsumerConfig
+    from wsfleet.consumer.batch import embedded_metrics
+
+    env = {"CONSUMER_BUCKET_NAME": "b", "CONSUMER_TABLE_NAME": "t", "AWS_REGION": "eu-west-1"}
+    assert ConsumerConfig.from_env(env).service_name == "wsfleet-consumer"
+    config = ConsumerConfig.from_env({**env, "SERVICE_NAME": "wsfleet-dev-consumer", "METRICS_NAMESPACE": "Ours"})
+    line = embedded_metrics({}, failed=0, namespace=config.metrics_namespace, service_name=config.service_name)
+    assert line["ServiceName"] == "wsfleet-dev-consumer"
+    assert line["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "Ours"

@@ -341,6 +341,10 @@ class ConsumerConfig:
     prefix: str  # the objects' key prefix: <prefix><connection_id>/...
     region: str
     endpoint_url: str | None
+    # Its metrics' namespace and ServiceName (the stacks set wsfleet-<env>-consumer, so
+    # that two environments in one account do not add up their counts).
+    metrics_namespace: str = metrics_names.DEFAULT_NAMESPACE
+    service_name: str = metrics_names.CONSUMER_SERVICE_NAME
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "ConsumerConfig":
@@ -351,6 +355,8 @@ class ConsumerConfig:
             prefix=consumer_prefix(env),
             region=_region(env),
             endpoint_url=_endpoint(env),
+            metrics_namespace=env.get(METRICS_NAMESPACE, "").strip() or metrics_names.DEFAULT_NAMESPACE,
+            service_name=env.get(SERVICE_NAME, "").strip() or metrics_names.CONSUMER_SERVICE_NAME,
         )
 
 

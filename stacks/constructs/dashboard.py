@@ -59,6 +59,7 @@ class OperationsDashboard(Construct):
         metrics_namespace: str,
         service_name: str,
         target_connections_per_worker: int,
+        consumer_service_name: str = names.CONSUMER_SERVICE_NAME,
         max_connections_per_worker: int,
         alarms: Sequence[cloudwatch.Alarm],
         unowned_alarm: cloudwatch.Alarm,
@@ -81,6 +82,7 @@ class OperationsDashboard(Construct):
         super().__init__(scope, id)
         self._namespace = metrics_namespace
         self._service_name = service_name
+        self._consumer_service_name = consumer_service_name
         self.dashboard = cloudwatch.Dashboard(
             self, "Dashboard", dashboard_name=dashboard_name, default_interval=Duration.hours(3)
         )
@@ -392,7 +394,7 @@ class OperationsDashboard(Construct):
 
     def _consumer_records(self) -> cloudwatch.IWidget:
         # The consumer's own counts (embedded metrics in its log lines, dimension
-        # ServiceName = wsfleet.metrics_names.CONSUMER_SERVICE_NAME): what it delivered,
+        # ServiceName wsfleet-<env>-consumer): what it delivered,
         # and what it dropped and why. Duplicates are a takeover's replay or a resend.
         labels = {
             names.FRAMES_DELIVERED: "delivered",
@@ -407,7 +409,7 @@ class OperationsDashboard(Construct):
                 cloudwatch.Metric(
                     namespace=self._namespace,
                     metric_name=name,
-                    dimensions_map={names.DIMENSION_SERVICE_NAME: names.CONSUMER_SERVICE_NAME},
+                    dimensions_map={names.DIMENSION_SERVICE_NAME: self._consumer_service_name},
                     period=PERIOD,
                     statistic=_SUM,
                     label=label,

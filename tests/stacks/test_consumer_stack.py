@@ -70,7 +70,7 @@ def test_the_consumer_runs_the_routers_code_and_layer_with_its_own_handler(dev):
     assert consumer["Role"] != router["Role"]
 
 
-def test_the_consumer_is_told_its_bucket_table_and_prefix_and_nothing_else(dev):
+def test_the_consumer_is_told_its_bucket_table_prefix_and_metrics_identity_and_nothing_else(dev):
     variables = _function(dev, HANDLER)["Environment"]["Variables"]
     assert variables == {
         config.CONSUMER_BUCKET_NAME: {
@@ -82,6 +82,9 @@ def test_the_consumer_is_told_its_bucket_table_and_prefix_and_nothing_else(dev):
         },
         config.CONSUMER_TABLE_NAME: _resolved(dev, dev.service.consumer_table.table_name),
         config.CONSUMER_PREFIX: dev.settings.consumer.prefix,
+        # Its metrics per environment: dev's and prod's counts never add up in one account.
+        config.METRICS_NAMESPACE: "WsFleet",
+        config.SERVICE_NAME: "wsfleet-dev-consumer",
     }
     for output_id, logical_id in (
         (stack_outputs.CONSUMER_BUCKET_NAME, CONSUMER_BUCKET_LOGICAL_ID),

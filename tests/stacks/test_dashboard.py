@@ -290,7 +290,7 @@ def test_no_stream_or_consumer_graphs_where_there_is_neither(prod):
 
 
 def test_every_metric_the_consumer_publishes_is_graphed_where_it_runs(dev, prod):
-    consumer = {metrics_names.DIMENSION_SERVICE_NAME: metrics_names.CONSUMER_SERVICE_NAME}
+    consumer = {metrics_names.DIMENSION_SERVICE_NAME: dev.settings.consumer_service_name}
     for name in metrics_names.CONSUMER_METRICS:
         assert _body(dev).metrics(NAMESPACE, name) == [consumer], name
         assert not _body(prod).metrics(NAMESPACE, name), name

@@ -218,7 +218,12 @@ class Consumer:
             failed_connections=len(failed),
             retry_from=first_failure.sequence_number if first_failure else None,
             duration_ms=round((time.monotonic() - started) * 1000, 1),
-            **embedded_metrics(counts, failed=len(failed)),
+            **embedded_metrics(
+                counts,
+                failed=len(failed),
+                namespace=self._config.metrics_namespace,
+                service_name=self._config.service_name,
+            ),
         )
         if first_failure is None:
             return {"batchItemFailures": []}
@@ -282,7 +287,13 @@ def _where(entry: Any) -> dict[str, Any]:
     }
 
 
-def embedded_metrics(counts: Mapping[str, int], *, failed: int) -> dict[str, Any]:
+def embedded_metrics(
+    counts: Mapping[str, int],
+    *,
+    failed: int,
+    namespace: str = metrics_names.DEFAULT_NAMESPACE,
+    service_name: str = metrics_names.CONSUMER_SERVICE_NAME,
+) -> dict[str, Any]:
     """The batch line's CloudWatch embedded metric format fields: Lambda's log delivery
     turns them into metrics, with no PutMetricData request of ours."""
     values = {
@@ -293,13 +304,13 @@ def embedded_metrics(counts: Mapping[str, int], *, failed: int) -> dict[str, Any
         metrics_names.DELIVERIES_FAILED: failed,
     }
     directive = {
-        "Namespace": metrics_names.DEFAULT_NAMESPACE,
+        "Namespace": namespace,
         "Dimensions": [[metrics_names.DIMENSION_SERVICE_NAME]],
         "Metrics": [{"Name": name, "Unit": "Count"} for name in values],
     }
     return {
         "_aws": {"Timestamp": int(time.time() * 1000), "CloudWatchMetrics": [directive]},
-        metrics_names.DIMENSION_SERVICE_NAME: metrics_names.CONSUMER_SERVICE_NAME,
+        metrics_names.DIMENSION_SERVICE_NAME: service_name,
         **values,
     }
 
