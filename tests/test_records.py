@@ -37,6 +37,7 @@ def test_a_hostile_connection_id_or_worker_id_cannot_break_the_json():
     [
         (b"\xff", "not JSON"),
         (b"[1]", "not a JSON object"),
+        (b"[" * 200_000 + b"]" * 200_000, "nested too deep"),
         (json.dumps({"connection_id": "c", "seq": 1, "fence_token": 1, "worker_id": "w", "received_at_ms": 0}), "exactly one"),
         (json.dumps({"connection_id": "c", "seq": "1", "fence_token": 1, "worker_id": "w", "received_at_ms": 0, "data": 1}), "seq"),
         (json.dumps({"connection_id": "c", "seq": 1, "fence_token": True, "worker_id": "w", "received_at_ms": 0, "data": 1}), "fence_token"),

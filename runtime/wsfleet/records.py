@@ -113,6 +113,8 @@ def decode(raw: bytes | str) -> Record:
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRecord(f"not JSON: {exc}") from None
+    except RecursionError:  # nesting deeper than the parser goes: hostile, not ours
+        raise BadRecord("not a record: JSON nested too deep to read") from None
     if not isinstance(doc, dict):
         raise BadRecord("not a JSON object")
 

@@ -104,7 +104,7 @@ def read(kinesis: Any, stream: str, connection_id: str, *, since_s: float | None
 def _keep(reading: Reading, data: bytes, connection_id: str) -> None:
     try:
         record = records.decode(data)
-    except (records.BadRecord, RecursionError):
+    except records.BadRecord:
         reading.bad += 1
         return
     if record.connection_id != connection_id:

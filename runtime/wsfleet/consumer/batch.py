@@ -129,8 +129,6 @@ def parse_entry(index: int, entry: Any) -> Incoming:
         record = records.decode(raw)
     except records.BadRecord as exc:
         raise NotARecord(str(exc)) from None
-    except RecursionError:
-        raise NotARecord("not a record: nested too deeply") from None
     try:
         check_connection_id(record.connection_id)
     except Invalid as exc:
