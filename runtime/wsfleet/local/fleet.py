@@ -56,8 +56,9 @@ from .. import schema
 from ..leases import unreachable
 from ..logs import JsonLogger
 from ..store import MessagesStore, ObjectsStore, unmarshal
+from . import stream_audit
 from .api import LocalApi
-from .emulator import DEFAULT_REGION, HARNESS_MARK, create_resources, emulator_session
+from .emulator import DEFAULT_REGION, HARNESS_MARK, create_resources, emulator_session, journal, record_journal
 from .upstream import DEFAULT as DEFAULT_SHAPE
 from .upstream import ThreadedUpstream
 
@@ -276,8 +277,9 @@ class EmulatorProcess:
         self.endpoint_url = eventually(ready, timeout, "the emulator to be READY", interval=0.05)
         return self
 
-    def create_resources(self) -> dict[str, str]:
-        """Tables and a queue with names of their own; returns the env the worker needs."""
+    def create_resources(self, sink: str = schema.SINK_DYNAMODB) -> dict[str, str]:
+        """Tables and a queue (and the messages stream, where ``sink`` has kinesis) with
+        names of their own; returns the env the worker needs."""
         suffix = uuid.uuid4().hex[:8]
         return create_resources(
             self.endpoint_url,
@@ -286,6 +288,8 @@ class EmulatorProcess:
             messages_table_name=f"wsfleet-messages-{suffix}",
             messages_bucket_name=f"wsfleet-messages-{suffix}",
             queue_name=f"wsfleet-start-{suffix}",
+            sink=sink,
+            messages_stream_name=f"wsfleet-messages-{suffix}",
         )
 
     def stop(self) -> None:
@@ -500,8 +504,10 @@ class Fleet:
         on_sample: Callable[[Sample], None] | None = None,
         keep_samples: bool = True,
         runtime_dir: Path | None = None,
+        sink: str = schema.SINK_DYNAMODB,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.sinks = cfg.sinks({cfg.SINK: sink})  # a bad value fails here, naming SINK
         self.timing = timing
         self.rate = rate
         self._extra_env = dict(worker_env or {})
@@ -522,6 +528,7 @@ class Fleet:
         self._close_lock = threading.Lock()
         self._old_sigterm: Any = None
         self._api_log: Any = None
+        self._journaling = False  # we switched the emulator's journal on (off again at close)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -533,7 +540,12 @@ class Fleet:
         try:
             if self._own_emulator:
                 self.emulator.start()
-            self.aws_env = self.emulator.create_resources()
+            self.aws_env = self.emulator.create_resources(",".join(self.sinks))
+            if schema.SINK_KINESIS in self.sinks:
+                # What a takeover resumed from (the stream audit's evidence): from before any START.
+                record_journal(self.emulator.endpoint_url)
+                self._journaling = True
+                self._kinesis = self._client("kinesis", harness=True)
             self._ddb = self._client("dynamodb", harness=True)
             self.messages_store = MessagesStore(self._ddb, self.aws_env["MESSAGES_TABLE_NAME"])
             self.objects_store = ObjectsStore(self._client("s3", harness=True), self.aws_env["MESSAGES_BUCKET_NAME"])
@@ -595,6 +607,8 @@ class Fleet:
                 self.upstream.stop(timeout=10)
             if self._own_emulator:
                 self.emulator.stop()
+            elif self._journaling:
+                record_journal(self.emulator.endpoint_url, False)  # a shared emulator: leave it as it was
             if self._api_log is not None:
                 self._api_log.close()
         finally:
@@ -782,7 +796,47 @@ class Fleet:
         return {sid: s for sid, s in self.sessions().items() if s.worker_id == name}
 
     def messages(self, connection_id: str) -> list[dict]:
-        return self.messages_store.read_all(connection_id)
+        """The connection's messages as table items: the table's, or with no table sink
+        what a consumer keeps of the stream (:func:`stream_audit.consumer_view`)."""
+        if schema.SINK_DYNAMODB in self.sinks:
+            return self.messages_store.read_all(connection_id)
+        return stream_audit.as_items(stream_audit.consumer_view(self.read_stream()).get(connection_id, {}))
+
+    # -- the messages stream (SINK has kinesis) ---------------------------------------------
+
+    def read_stream(self) -> list[stream_audit.Delivery]:
+        """Every record on the messages stream now, shard by shard."""
+        return stream_audit.read_stream(self._kinesis, self.aws_env[cfg.MESSAGES_STREAM_NAME])
+
+    def _journal(self) -> list[dict]:
+        """This fleet's entries of the emulator's journal (another fleet may share it)."""
+        tables = (self.aws_env["TABLE_NAME"], self.aws_env["SESSIONS_TABLE_NAME"])
+        return [e for e in journal(self.emulator.endpoint_url) if e.get("table") in tables]
+
+    @property
+    def again_window_s(self) -> float:
+        """How far back a takeover may deliver frames again: CHECKPOINT_SECONDS, plus the
+        takeover (a crashed owner's last checkpoint is at most that old when it dies, and
+        its successor resumes from it)."""
+        return self.timing.checkpoint_s + self.timing.crash_bound_s
+
+    def stream_audit(
+        self, connection_ids: Sequence[str], *, data_of: Sequence[str] | None = None,
+        deliveries: Sequence[stream_audit.Delivery] | None = None,
+        excuse: Callable[[stream_audit.Delivery], bool] | None = None,
+    ) -> stream_audit.StreamAudit:
+        """The stream against the at-least-once rule, each connection's final checkpoint
+        and the journal's acquisitions; the data of ``data_of`` (default: every one)
+        against what the upstream sent."""
+        assert self.upstream is not None
+        states = self.scan()
+        read = self.read_stream() if deliveries is None else deliveries
+        expected = {cid: self.upstream.expected_data(cid) for cid in (connection_ids if data_of is None else data_of)}
+        return stream_audit.audit(
+            read, stream_audit.acquisitions(self._journal()), window_s=self.again_window_s,
+            checkpoints={cid: states[cid].last_seq for cid in connection_ids if cid in states},
+            check=stream_audit.expected_data(expected), excuse=excuse,
+        )
 
     def large_frame(self, connection_id: str, seq: int) -> LargeFrame:
         """Read one seq back as a user does, through the read API (GET
@@ -890,12 +944,14 @@ class Fleet:
             kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
 
     def audit(self, connection_ids: list[str] | set[str] | None = None) -> list[Audit]:
-        """Each connection's stored seqs against its checkpoint and the upstream's books."""
+        """Each connection's stored seqs against its checkpoint and the upstream's books
+        (with no table sink, the seqs a consumer of the stream keeps)."""
         assert self.upstream is not None
         states = self.scan()
+        view = None if schema.SINK_DYNAMODB in self.sinks else stream_audit.consumer_view(self.read_stream())
         out = []
         for cid in sorted(connection_ids if connection_ids is not None else states):
-            seqs = self._stored_seqs(cid)
+            seqs = self._stored_seqs(cid) if view is None else sorted(view.get(cid, {}))
             first, last = (seqs[0], seqs[-1]) if seqs else (None, None)
             present = set(seqs)
             missing = [s for s in range(1, (last or 0) + 1) if s not in present]
