@@ -30,41 +30,41 @@ without cleaning up (``PR_SET_PDEATHSIG``).
 from __future__ import annotations
 
 import atexit
-import ctypes
 import hashlib
 import itertools
 import json
 import logging
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence
 
 from botocore.config import Config
 
 from .. import config as cfg
 from .. import schema
-from ..leases import unreachable
 from ..logs import JsonLogger
 from ..store import MessagesStore, ObjectsStore, unmarshal
 from . import stream_audit
 from .api import LocalApi
-from .emulator import DEFAULT_REGION, HARNESS_MARK, create_resources, emulator_session, journal, record_journal
+from .emulator import DEFAULT_REGION, HARNESS_MARK, emulator_session, journal, record_journal
+# The observer's shapes and the processes live beside this module; importable from here too.
+from .observed import (  # noqa: F401
+    Audit, ConnState, LargeFrame, Observed, Sample, SessionState, reachability_violations, session_from_item,
+    state_from_item, unreachable_in,
+)
+from .processes import (  # noqa: F401
+    LOOPBACK, RUNTIME_DIR, EmulatorProcess, Process, child_env, eventually, pin_runtime, pinned, spawn, stop_process,
+)
 from .upstream import DEFAULT as DEFAULT_SHAPE
 from .upstream import ThreadedUpstream
 
-RUNTIME_DIR = Path(__file__).resolve().parents[2]  # what PYTHONPATH must hold for children
-LOOPBACK = "127.0.0.1"
-T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -129,361 +129,6 @@ class Timing:
     def stop_bound_s(self) -> float:
         """The owner sees STOP at its next renewal, then closes the socket."""
         return self.heartbeat_s + 1.0
-
-
-# --- processes -----------------------------------------------------------------------------
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking Linux to SIGKILL the child when we die, or None elsewhere.
-
-    Resolved here, in the parent, so that the forked child only makes one libc call.
-    The signal fires when the *thread* that started the child exits, so start children
-    from a thread that lives as long as the fleet (the main thread does).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def preexec() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-
-    return preexec
-
-
-def pin_runtime(run_dir: Path) -> Path:
-    """Copy the ``wsfleet`` package into ``run_dir/runtime`` and return that directory,
-    for a long run's children to import: code edited while the run goes on must not
-    reach the workers it starts later (the API, in this process, keeps what it imported)."""
-    pinned = run_dir / "runtime"
-    shutil.copytree(RUNTIME_DIR / "wsfleet", pinned / "wsfleet", ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
-    return pinned
-
-
-def pinned(env: dict[str, str], runtime_dir: Path | None) -> dict[str, str]:
-    """``env`` with ``runtime_dir`` first on PYTHONPATH (None: unchanged)."""
-    if runtime_dir is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(runtime_dir), env.get("PYTHONPATH", "")])
-    return env
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """This process's environment without anything that could reach real AWS, plus
-    what a ``python -m wsfleet...`` child needs."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(RUNTIME_DIR), os.environ.get("PYTHONPATH", "")]))
-    env["PYTHONUNBUFFERED"] = "1"
-    env["AWS_XRAY_SDK_ENABLED"] = "false"
-    # The local upstream is on loopback: the router and the worker must both allow it.
-    env[cfg.ALLOWED_WS_HOSTS] = LOOPBACK
-    env.update(extra)
-    return env
-
-
-@dataclass
-class Process:
-    """A child process with its output in a log file."""
-
-    name: str
-    popen: subprocess.Popen
-    log_path: Path
-    started_at: float  # epoch seconds
-    state: str = "running"  # running | paused | killed | terminated
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def lines(self) -> list[str]:
-        try:
-            return self.log_path.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return []
-
-
-def spawn(name: str, argv: list[str], env: Mapping[str, str], log_path: Path) -> Process:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        popen = subprocess.Popen(
-            argv,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop them in order
-            preexec_fn=_die_with_parent(),
-        )
-    return Process(name, popen, log_path, time.time())
-
-
-def stop_process(proc: Process, *, grace_s: float = 0.0) -> int:
-    """SIGTERM and wait up to ``grace_s``, then SIGKILL; returns the exit status."""
-    if proc.alive():
-        if proc.state == "paused":
-            os.kill(proc.pid, signal.SIGCONT)
-        if grace_s > 0:
-            proc.popen.send_signal(signal.SIGTERM)
-            try:
-                return proc.popen.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        proc.popen.kill()
-    return proc.popen.wait()
-
-
-def eventually(predicate: Callable[[], T], timeout: float, what: str, *, interval: float = 0.1) -> T:
-    """Poll ``predicate`` until it returns something truthy (returned) or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
-
-
-class EmulatorProcess:
-    """``python -m wsfleet.local.emulator`` in a process of its own: moto's DynamoDB is
-    serialised, so a fleet must not share its interpreter (and GIL) with the workers'
-    backend. Several fleets may share one (each creates its own tables and queue)."""
-
-    def __init__(self, log_path: Path, *, runtime_dir: Path | None = None) -> None:
-        self._log_path = log_path
-        self._runtime_dir = runtime_dir
-        self.proc: Process | None = None
-        self.endpoint_url = ""
-
-    def start(self, timeout: float = 30.0) -> "EmulatorProcess":
-        self.proc = spawn(
-            "emulator",
-            [sys.executable, "-m", "wsfleet.local.emulator", "--host", LOOPBACK],
-            pinned(child_env(), self._runtime_dir),
-            self._log_path,
-        )
-
-        def ready() -> str | None:
-            if not self.proc.alive():
-                raise RuntimeError(f"the emulator exited at start-up; see {self._log_path}")
-            return next((line.split()[1] for line in self.proc.lines() if line.startswith("READY ")), None)
-
-        self.endpoint_url = eventually(ready, timeout, "the emulator to be READY", interval=0.05)
-        return self
-
-    def create_resources(self, sink: str = schema.SINK_DYNAMODB) -> dict[str, str]:
-        """Tables and a queue (and the messages stream, where ``sink`` has kinesis) with
-        names of their own; returns the env the worker needs."""
-        suffix = uuid.uuid4().hex[:8]
-        return create_resources(
-            self.endpoint_url,
-            table_name=f"wsfleet-connections-{suffix}",
-            sessions_table_name=f"wsfleet-sessions-{suffix}",
-            messages_table_name=f"wsfleet-messages-{suffix}",
-            messages_bucket_name=f"wsfleet-messages-{suffix}",
-            queue_name=f"wsfleet-start-{suffix}",
-            sink=sink,
-            messages_stream_name=f"wsfleet-messages-{suffix}",
-        )
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc, grace_s=3.0)
-
-    def __enter__(self) -> "EmulatorProcess":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-# --- what the observer sees ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SessionState:
-    """One worker session, as the observer read it."""
-
-    worker_id: str
-    state: str  # LIVE | ENDED
-    expires_at_ms: int  # by its worker's wall clock, as are heartbeat_at_ms and started_at_ms
-    heartbeat_at_ms: int = 0
-    started_at_ms: int = 0
-    ended_by: str = ""  # the session (of a watcher) or the worker id (its own) that ended it
-    in_ring: bool = False  # in the watch ring: LIVE, or ENDED and not yet drained
-
-    def live_at(self, now_ms: int) -> bool:
-        return self.state == schema.LIVE and self.expires_at_ms > now_ms
-
-
-@dataclass(frozen=True)
-class ConnState:
-    """One connection item, with its session as the observer read it."""
-
-    desired_state: str
-    owner: str  # lease_owner: the worker id of the session it is attached to, "" when free
-    session: str  # lease_session, "" when free
-    expires_at_ms: int  # that session's expiry while it is LIVE, else 0 (as GET /connections says)
-    fence_token: int
-    last_seq: int
-    owner_key: str = ""  # the by_owner partition: S#<session>, FREE#<shard>, or "" (none)
-
-    def owned_at(self, now_ms: int) -> str:
-        """The owner if it is attached to a session that is LIVE and unexpired at
-        ``now_ms``, else ""."""
-        return self.owner if self.session and self.expires_at_ms > now_ms else ""
-
-
-@dataclass(frozen=True)
-class Sample:
-    t: float  # epoch seconds, when the scan returned
-    connections: dict[str, ConnState]
-    open_sockets: dict[str, int]  # per stream
-    produced: int  # sum of the streams' heads
-    frames_sent: int  # sum over every socket ever opened (replays included)
-    sessions: dict[str, SessionState] = field(default_factory=dict)
-    heads: dict[str, int] = field(default_factory=dict)  # per stream: the seq produced last
-    sent_heads: dict[str, int] = field(default_factory=dict)  # per stream: the highest seq sent on an open socket
-
-    def owners(self) -> dict[str, str]:
-        """Live owner per STARTED connection ("" if none)."""
-        now = int(self.t * 1000)
-        return {cid: c.owned_at(now) for cid, c in self.connections.items() if c.desired_state == schema.STARTED}
-
-    def owned_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for owner in self.owners().values():
-            if owner:
-                counts[owner] = counts.get(owner, 0) + 1
-        return counts
-
-    def orphans(self) -> list[str]:
-        """STARTED connections not attached to a live session."""
-        return sorted(cid for cid, owner in self.owners().items() if not owner)
-
-    @property
-    def stored(self) -> int:
-        """Sum of checkpoints: messages durably stored (as of each connection's last
-        checkpoint, at most CHECKPOINT_SECONDS old while frames arrive)."""
-        return sum(c.last_seq for c in self.connections.values())
-
-
-def session_from_item(item: Mapping[str, Any]) -> SessionState:
-    return SessionState(
-        worker_id=item.get(schema.SESSION_WORKER_ID, ""),
-        state=item.get(schema.SESSION_STATE, ""),
-        expires_at_ms=int(item.get(schema.EXPIRES_AT_MS, 0)),
-        heartbeat_at_ms=int(item.get(schema.HEARTBEAT_AT_MS, 0)),
-        started_at_ms=int(item.get(schema.STARTED_AT_MS, 0)),
-        ended_by=item.get(schema.ENDED_BY, ""),
-        in_ring=item.get(schema.RING) == schema.RING_VALUE,
-    )
-
-
-def state_from_item(item: Mapping[str, Any], sessions: Mapping[str, SessionState]) -> ConnState:
-    session_id = item.get(schema.LEASE_SESSION, "")
-    session = sessions.get(session_id) if session_id else None
-    return ConnState(
-        desired_state=item.get(schema.DESIRED_STATE, ""),
-        owner=item.get(schema.LEASE_OWNER, ""),
-        session=session_id,
-        expires_at_ms=session.expires_at_ms if session is not None and session.state == schema.LIVE else 0,
-        fence_token=int(item.get(schema.FENCE_TOKEN, 0)),
-        last_seq=int(item.get(schema.LAST_SEQ, 0)),
-        owner_key=item.get(schema.OWNER_KEY, ""),
-    )
-
-
-def unreachable_in(sessions: Mapping[str, SessionState], connections: Mapping[str, ConnState]) -> dict[str, str]:
-    """Connections no worker would ever take (:func:`wsfleet.leases.unreachable`), by
-    why, from ``sessions`` read BEFORE ``connections``: a session out of the ring never
-    comes back into it, so a connection read attached to one after it was seen out is
-    unreachable then. (Read the other way round, a drain that frees a connection and
-    then takes its session out of the ring would look like a violation.) A session
-    missing from ``sessions`` is newer than that read, not gone: it is left out."""
-    found = {}
-    for cid, c in connections.items():
-        session = sessions.get(c.session) if c.session else None
-        if c.session and session is None:
-            continue
-        item = {schema.DESIRED_STATE: c.desired_state, schema.LEASE_SESSION: c.session, schema.OWNER_KEY: c.owner_key}
-        raw = None if session is None else {schema.SESSION_STATE: session.state, **({schema.RING: schema.RING_VALUE} if session.in_ring else {})}
-        why = unreachable(item, raw)
-        if why is not None:
-            found[cid] = why.value
-    return found
-
-
-class Observed(Protocol):
-    """What the reachability check reads of an observer sample (a :class:`Sample`, or a
-    chaos run's snapshot of one)."""
-
-    @property
-    def t(self) -> float: ...
-    @property
-    def connections(self) -> Mapping[str, ConnState]: ...
-    @property
-    def sessions(self) -> Mapping[str, SessionState]: ...
-
-
-def reachability_violations(samples: Sequence[Observed]) -> list[tuple[float, str, str]]:
-    """(time, connection, why) for every connection found unreachable between two
-    consecutive samples: the first one's sessions (each sample reads its connections,
-    then its sessions) against the next one's connections."""
-    return [
-        (cur.t, cid, why)
-        for prev, cur in itertools.pairwise(samples)
-        for cid, why in unreachable_in(prev.sessions, cur.connections).items()
-    ]
-
-
-@dataclass
-class Audit:
-    """One connection's messages after the run, against the upstream's books."""
-
-    connection_id: str
-    rows: int
-    first: int | None
-    last: int | None
-    checkpoint: int
-    produced: int  # the stream's head
-    delivered: int  # distinct seqs the upstream sent to any socket
-    missing: list[int] = field(default_factory=list)  # seqs absent below the last stored one
-
-    @property
-    def ok(self) -> bool:
-        """Exactly 1..checkpoint stored (seq is the key, so a count equal to the range
-        means no gap; duplicates cannot exist as rows)."""
-        return not self.missing and self.rows == self.checkpoint and (self.last or 0) == self.checkpoint
-
-
-@dataclass
-class LargeFrame:
-    """One frame of large data: what the upstream sent (its books) against what the
-    fleet stored and reads back (the item, then its S3 object)."""
-
-    connection_id: str
-    seq: int
-    sent_bytes: int  # the data's compact JSON, UTF-8
-    sent_sha256: str
-    stored: str  # "object", "inline", "marker" or "absent"
-    data_ref: str | None = None
-    item_bytes: int | None = None  # what the item says
-    item_sha256: str | None = None
-    read_bytes: int | None = None  # what the object read back holds
-    read_sha256: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Stored as an object that holds exactly what was sent, as its item says."""
-        sent = (self.sent_bytes, self.sent_sha256)
-        return self.stored == "object" and (self.item_bytes, self.item_sha256) == sent == (self.read_bytes, self.read_sha256)
 
 
 # --- the fleet ------------------------------------------------------------------------------------
