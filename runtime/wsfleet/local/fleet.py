@@ -486,11 +486,14 @@ class Fleet:
     def large_frame(self, connection_id: str, seq: int) -> LargeFrame:
         """Read one seq back as a user does, through the read API (GET
         /connections/{id}/messages, then the entry's presigned data_url), against the
-        upstream's book of what it sent and what the item says."""
+        upstream's book of what it sent and what the item says. With no table sink, as
+        a consumer of the stream does: the record it keeps, then the object it names."""
         assert self.upstream is not None
         sent = json.dumps(json.loads(self.upstream.frames(connection_id)[seq])["data"], separators=(",", ":"), ensure_ascii=False)
         sent_bytes = sent.encode("utf-8")
         out = LargeFrame(connection_id, seq, len(sent_bytes), hashlib.sha256(sent_bytes).hexdigest(), stored="absent")
+        if schema.SINK_DYNAMODB not in self.sinks:
+            return self._large_frame_from_stream(out)
         status, page = self.request("GET", f"/connections/{connection_id}/messages?after_seq={seq - 1}&limit=1")
         entry = next((e for e in page.get("messages", []) if e.get("seq") == seq), None) if status == 200 else None
         if entry is None:
@@ -506,6 +509,20 @@ class Fleet:
             item = {}
         out.stored, out.data_ref = "object", item.get(schema.DATA_REF)
         out.item_bytes, out.item_sha256 = entry.get("data_bytes"), entry.get("data_sha256")
+        out.read_bytes, out.read_sha256 = len(body), hashlib.sha256(body).hexdigest()
+        return out
+
+    def _large_frame_from_stream(self, out: LargeFrame) -> LargeFrame:
+        record = stream_audit.consumer_view(self.read_stream()).get(out.connection_id, {}).get(out.seq)
+        out.via = "stream"
+        if record is None:
+            return out
+        if record.data_ref is None:
+            out.stored = "marker" if record.is_marker else "inline"
+            return out
+        body = self.objects_store.get(record.data_ref)
+        out.stored, out.data_ref = "object", record.data_ref
+        out.item_bytes, out.item_sha256 = record.data_bytes, record.data_sha256
         out.read_bytes, out.read_sha256 = len(body), hashlib.sha256(body).hexdigest()
         return out
 
