@@ -54,7 +54,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     except ValueError as exc:
         p.error(f"--sink: {exc}")
     try:
-        dealt_kinds(kinds, a.workers)
+        dealt_kinds(kinds, a.workers, sink)
     except ValueError as exc:
         p.error(f"--kinds: {exc}")
     timing = Timing(lease_s=a.lease, heartbeat_s=a.heartbeat, reconcile_s=a.reconcile, skew_ms=a.skew_ms,

@@ -87,6 +87,7 @@ class Run:
         self.schedule: Schedule = generate(
             seed=settings.seed, minutes=settings.minutes, workers=settings.workers,
             connections=settings.connections, timing=settings.timing, warmup_s=settings.warmup_s, kinds=settings.kinds,
+            sink=settings.sink,
         )
         self.snapshots: list[Snapshot] = []
         self.cpu: list[machine.CpuSample] = []
