@@ -58,7 +58,7 @@ from ..fleet import Timing, reachability_violations
 from ..upstream import stream_name
 from ..stream_audit import Delivery
 from .data import byzantine_expectations, check_data
-from .delivery import check_stream
+from .delivery import check_stream, resent_note
 from .evidence import Evidence
 from .history import Applied, Op
 from .moves import REASONS, Move, moves
@@ -145,7 +145,8 @@ def check(evidence: Evidence, applied: Sequence[Applied], ops: Sequence[Op], tim
         if e.get("op") == "put":
             writers.setdefault((e["pk"], e["sk"]), set()).add(e["fence"])
     totals["rewrites"] = sum(1 for fences in writers.values() if len(fences) > 1)
-    return Verdict(violations, recoveries, totals, cross_check(evidence))
+    notes = cross_check(evidence) + ([resent_note(evidence, totals)] if evidence.stream is not None else [])
+    return Verdict(violations, recoveries, totals, notes)
 
 
 # --- sockets -------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Mapping, Sequence
 
+from ... import metrics_names as names
 from ... import schema
 from ..fleet import Timing
 from ..stream_audit import Delivery, acquisitions, as_items, audit, consumer_view
@@ -69,6 +70,18 @@ def check_stream(
         for cid in ev.connections:
             out += [(kind, cid, f"on the stream: {detail}") for kind, detail in check_data(cid, kept, ops, timing, scratch, expected)]
     return out
+
+
+def resent_note(ev: Evidence, totals: Mapping[str, int]) -> str:
+    """The workers' RecordsResent (their last ``stats`` or ``shutdown_complete`` line
+    each) beside the stream's deliveries again at one fence: a cross-check, not evidence."""
+    counted = 0
+    for events in ev.logs.values():
+        last = next((e for e in reversed(events) if names.RECORDS_RESENT in e), None)
+        counted += int(last[names.RECORDS_RESENT]) if last is not None else 0
+    return (f"workers counted {counted} records resent after a partial failure (RecordsResent; a killed worker's "
+            f"since its last stats line are missing); the stream holds {totals.get('stream_resent', 0)} deliveries "
+            "again at one fence (those, and whole PutRecords sent again after an answer was lost)")
 
 
 def _rows(items: Sequence[Mapping]) -> list[Row]:
