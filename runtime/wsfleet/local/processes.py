@@ -1,26 +1,20 @@
-"""The fleet's child processes (the emulator, the workers): how they are started, with
-what environment, and how they are stopped; no process outlives the fleet (see
-:mod:`.fleet`)."""
+"""The fleet's child processes (the emulator, the workers): how they are started and
+stopped, so that no process outlives the fleet (see :mod:`.fleet`, which says with what
+environment and code)."""
 
 from __future__ import annotations
 
 import ctypes
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, TypeVar
 
-from .. import config as cfg
-from .. import schema
-from .emulator import create_resources
 
-RUNTIME_DIR = Path(__file__).resolve().parents[2]  # what PYTHONPATH must hold for children
 LOOPBACK = "127.0.0.1"
 T = TypeVar("T")
 
@@ -44,35 +38,6 @@ def _die_with_parent() -> Callable[[], None] | None:
         prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
     return preexec
-
-
-def pin_runtime(run_dir: Path) -> Path:
-    """Copy the ``wsfleet`` package into ``run_dir/runtime`` and return that directory,
-    for a long run's children to import: code edited while the run goes on must not
-    reach the workers it starts later (the API, in this process, keeps what it imported)."""
-    pinned = run_dir / "runtime"
-    shutil.copytree(RUNTIME_DIR / "wsfleet", pinned / "wsfleet", ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
-    return pinned
-
-
-def pinned(env: dict[str, str], runtime_dir: Path | None) -> dict[str, str]:
-    """``env`` with ``runtime_dir`` first on PYTHONPATH (None: unchanged)."""
-    if runtime_dir is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(runtime_dir), env.get("PYTHONPATH", "")])
-    return env
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """This process's environment without anything that could reach real AWS, plus
-    what a ``python -m wsfleet...`` child needs."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(RUNTIME_DIR), os.environ.get("PYTHONPATH", "")]))
-    env["PYTHONUNBUFFERED"] = "1"
-    env["AWS_XRAY_SDK_ENABLED"] = "false"
-    # The local upstream is on loopback: the router and the worker must both allow it.
-    env[cfg.ALLOWED_WS_HOSTS] = LOOPBACK
-    env.update(extra)
-    return env
 
 
 @dataclass
@@ -139,56 +104,3 @@ def eventually(predicate: Callable[[], T], timeout: float, what: str, *, interva
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
-
-
-class EmulatorProcess:
-    """``python -m wsfleet.local.emulator`` in a process of its own: moto's DynamoDB is
-    serialised, so a fleet must not share its interpreter (and GIL) with the workers'
-    backend. Several fleets may share one (each creates its own tables and queue)."""
-
-    def __init__(self, log_path: Path, *, runtime_dir: Path | None = None) -> None:
-        self._log_path = log_path
-        self._runtime_dir = runtime_dir
-        self.proc: Process | None = None
-        self.endpoint_url = ""
-
-    def start(self, timeout: float = 30.0) -> "EmulatorProcess":
-        self.proc = spawn(
-            "emulator",
-            [sys.executable, "-m", "wsfleet.local.emulator", "--host", LOOPBACK],
-            pinned(child_env(), self._runtime_dir),
-            self._log_path,
-        )
-
-        def ready() -> str | None:
-            if not self.proc.alive():
-                raise RuntimeError(f"the emulator exited at start-up; see {self._log_path}")
-            return next((line.split()[1] for line in self.proc.lines() if line.startswith("READY ")), None)
-
-        self.endpoint_url = eventually(ready, timeout, "the emulator to be READY", interval=0.05)
-        return self
-
-    def create_resources(self, sink: str = schema.SINK_DYNAMODB) -> dict[str, str]:
-        """Tables and a queue (and the messages stream, where ``sink`` has kinesis) with
-        names of their own; returns the env the worker needs."""
-        suffix = uuid.uuid4().hex[:8]
-        return create_resources(
-            self.endpoint_url,
-            table_name=f"wsfleet-connections-{suffix}",
-            sessions_table_name=f"wsfleet-sessions-{suffix}",
-            messages_table_name=f"wsfleet-messages-{suffix}",
-            messages_bucket_name=f"wsfleet-messages-{suffix}",
-            queue_name=f"wsfleet-start-{suffix}",
-            sink=sink,
-            messages_stream_name=f"wsfleet-messages-{suffix}",
-        )
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc, grace_s=3.0)
-
-    def __enter__(self) -> "EmulatorProcess":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
