@@ -30,7 +30,6 @@ without cleaning up (``PR_SET_PDEATHSIG``).
 from __future__ import annotations
 
 import atexit
-import hashlib
 import itertools
 import json
 import logging
@@ -43,9 +42,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 from botocore.config import Config
 
@@ -53,14 +51,15 @@ from .. import config as cfg
 from .. import schema
 from ..logs import JsonLogger
 from ..store import MessagesStore, ObjectsStore, unmarshal
-from . import stream_audit
 from .api import LocalApi
-from .emulator import DEFAULT_REGION, HARNESS_MARK, create_resources, emulator_session, journal, record_journal
+from .emulator import DEFAULT_REGION, HARNESS_MARK, create_resources, emulator_session, record_journal
 # The observer's shapes and the processes live beside this module; importable from here too.
+from .timing import TAKEOVER_SLACK_S, Timing  # noqa: F401
 from .observed import (  # noqa: F401
     Audit, ConnState, LargeFrame, Observed, Sample, SessionState, reachability_violations, session_from_item,
     state_from_item, unreachable_in,
 )
+from .fleet_audit import FleetAudit
 from .processes import LOOPBACK, Process, eventually, spawn, stop_process  # noqa: F401
 from .upstream import DEFAULT as DEFAULT_SHAPE
 from .upstream import ThreadedUpstream
@@ -156,79 +155,18 @@ class EmulatorProcess:
         self.stop()
 
 
-# --- timing ------------------------------------------------------------------------------
-
-
-# What a takeover costs past the dead session's expiry + skew: the watcher's jitter (at
-# most 0.3 s), its end, drain query and acquires, the stored-end query and the connect
-# (about 0.5 s on an idle machine), and a second and a half of room for a busy 2-core one.
-TAKEOVER_SLACK_S = 2.5
-
-
-@dataclass(frozen=True)
-class Timing:
-    """The worker settings a fleet run is judged by, and the bounds that follow from them.
-
-    The defaults are the worker's own for the session (lease 10 s, heartbeat 2.5 s, skew
-    1 s); reconcile (the scan for lost hints), flush and checkpoint are shorter than in
-    production so that a short local run shows them and its checkpoints move visibly."""
-
-    lease_s: float = 10.0
-    heartbeat_s: float = 2.5
-    reconcile_s: float = 3.0
-    skew_ms: int = 1000
-    flush_ms: int = 1000
-    shutdown_s: float = 10.0
-    checkpoint_s: float = 5.0  # CHECKPOINT_SECONDS: how stale the observer's last_seq may be
-
-    def env(self) -> dict[str, str]:
-        return {
-            cfg.LEASE_SECONDS: f"{self.lease_s:g}",
-            cfg.HEARTBEAT_SECONDS: f"{self.heartbeat_s:g}",
-            cfg.RECONCILE_SECONDS: f"{self.reconcile_s:g}",
-            cfg.MAX_CLOCK_SKEW_MS: str(self.skew_ms),
-            cfg.FLUSH_INTERVAL_MS: str(self.flush_ms),
-            cfg.SHUTDOWN_SECONDS: f"{self.shutdown_s:g}",
-            cfg.CHECKPOINT_SECONDS: f"{self.checkpoint_s:g}",
-        }
-
-    @property
-    def crash_bound_s(self) -> float:
-        """A crashed (or frozen) worker's connections, from the kill:
-        ``lease + skew + TAKEOVER_SLACK_S``. Its session was last renewed at most a
-        heartbeat before the kill, so it expires at most a lease after it; a watcher,
-        which saw the missed renewal well before, ends it once the skew margin has also
-        passed, and takes its connections (acquire, find the stored end, connect) within
-        the slack."""
-        return self.lease_s + self.skew_ms / 1000 + TAKEOVER_SLACK_S
-
-    @property
-    def graceful_bound_s(self) -> float:
-        """A leaving worker releases and hints its peers through SQS: well inside a lease."""
-        return min(2.0, self.lease_s / 2)
-
-    @property
-    def start_bound_s(self) -> float:
-        """A START reaches a worker through the queue hint, not the reconcile."""
-        return 2.0
-
-    @property
-    def stop_bound_s(self) -> float:
-        """The owner sees STOP at its next renewal, then closes the socket."""
-        return self.heartbeat_s + 1.0
-
-
 # --- the fleet ------------------------------------------------------------------------------------
 
 
-class Fleet:
-    """Everything one local run needs, owned by one object. Use it as a context manager."""
+class Fleet(FleetAudit):
+    """Everything one local run needs, owned by one object. Use it as a context manager.
+    What it stored is read back by the methods of :class:`FleetAudit`."""
 
     def __init__(
         self,
         *,
         run_dir: Path | str,
-        timing: Timing = Timing(),
+        timing: Timing = Timing(),  # noqa: B008 - frozen: one shared default is safe
         rate: float = 2.0,
         worker_env: Mapping[str, str] | None = None,
         emulator: EmulatorProcess | None = None,
@@ -527,92 +465,6 @@ class Fleet:
         """Every session worker ``name`` opened so far, by session id."""
         return {sid: s for sid, s in self.sessions().items() if s.worker_id == name}
 
-    def messages(self, connection_id: str) -> list[dict]:
-        """The connection's messages as table items: the table's, or with no table sink
-        what a consumer keeps of the stream (:func:`stream_audit.consumer_view`)."""
-        if schema.SINK_DYNAMODB in self.sinks:
-            return self.messages_store.read_all(connection_id)
-        return stream_audit.as_items(stream_audit.consumer_view(self.read_stream()).get(connection_id, {}))
-
-    # -- the messages stream (SINK has kinesis) ---------------------------------------------
-
-    def read_stream(self) -> list[stream_audit.Delivery]:
-        """Every record on the messages stream now, shard by shard."""
-        return stream_audit.read_stream(self._kinesis, self.aws_env[cfg.MESSAGES_STREAM_NAME])
-
-    def _journal(self) -> list[dict]:
-        """This fleet's entries of the emulator's journal (another fleet may share it)."""
-        tables = (self.aws_env["TABLE_NAME"], self.aws_env["SESSIONS_TABLE_NAME"])
-        return [e for e in journal(self.emulator.endpoint_url) if e.get("table") in tables]
-
-    @property
-    def again_window_s(self) -> float:
-        """How far back a takeover may deliver frames again: CHECKPOINT_SECONDS, plus the
-        takeover (a crashed owner's last checkpoint is at most that old when it dies, and
-        its successor resumes from it)."""
-        return self.timing.checkpoint_s + self.timing.crash_bound_s
-
-    def stream_audit(
-        self, connection_ids: Sequence[str], *, data_of: Sequence[str] | None = None,
-        deliveries: Sequence[stream_audit.Delivery] | None = None,
-        excuse: Callable[[stream_audit.Delivery], bool] | None = None,
-    ) -> stream_audit.StreamAudit:
-        """The stream against the at-least-once rule, each connection's final checkpoint
-        and the journal's acquisitions; the data of ``data_of`` (default: every one)
-        against what the upstream sent."""
-        assert self.upstream is not None
-        states = self.scan()
-        read = self.read_stream() if deliveries is None else deliveries
-        expected = {cid: self.upstream.expected_data(cid) for cid in (connection_ids if data_of is None else data_of)}
-        return stream_audit.audit(
-            read, stream_audit.acquisitions(self._journal()), window_s=self.again_window_s,
-            checkpoints={cid: states[cid].last_seq for cid in connection_ids if cid in states},
-            check=stream_audit.expected_data(expected), excuse=excuse,
-        )
-
-    def large_frame(self, connection_id: str, seq: int) -> LargeFrame:
-        """Read one seq back as a user does, through the read API (GET
-        /connections/{id}/messages, then the entry's presigned data_url), against the
-        upstream's book of what it sent and what the item says. With no table sink, as
-        a consumer of the stream does: the record it keeps, then the object it names."""
-        assert self.upstream is not None
-        sent = json.dumps(json.loads(self.upstream.frames(connection_id)[seq])["data"], separators=(",", ":"), ensure_ascii=False)
-        sent_bytes = sent.encode("utf-8")
-        out = LargeFrame(connection_id, seq, len(sent_bytes), hashlib.sha256(sent_bytes).hexdigest(), stored="absent")
-        if schema.SINK_DYNAMODB not in self.sinks:
-            return self._large_frame_from_stream(out)
-        status, page = self.request("GET", f"/connections/{connection_id}/messages?after_seq={seq - 1}&limit=1")
-        entry = next((e for e in page.get("messages", []) if e.get("seq") == seq), None) if status == 200 else None
-        if entry is None:
-            return out
-        if "data_url" not in entry:
-            out.stored = "marker" if "skipped" in entry else "inline"
-            return out
-        with urllib.request.urlopen(entry["data_url"], timeout=30) as resp:
-            body = resp.read()
-        # Its item: the first after seq - 1 (one Query of one item, not the whole partition).
-        item = next(self.messages_store.read_after(connection_id, seq - 1, batch=1), {})
-        if item.get(schema.MSG_SK) != seq:
-            item = {}
-        out.stored, out.data_ref = "object", item.get(schema.DATA_REF)
-        out.item_bytes, out.item_sha256 = entry.get("data_bytes"), entry.get("data_sha256")
-        out.read_bytes, out.read_sha256 = len(body), hashlib.sha256(body).hexdigest()
-        return out
-
-    def _large_frame_from_stream(self, out: LargeFrame) -> LargeFrame:
-        record = stream_audit.consumer_view(self.read_stream()).get(out.connection_id, {}).get(out.seq)
-        out.via = "stream"
-        if record is None:
-            return out
-        if record.data_ref is None:
-            out.stored = "marker" if record.is_marker else "inline"
-            return out
-        body = self.objects_store.get(record.data_ref)
-        out.stored, out.data_ref = "object", record.data_ref
-        out.item_bytes, out.item_sha256 = record.data_bytes, record.data_sha256
-        out.read_bytes, out.read_sha256 = len(body), hashlib.sha256(body).hexdigest()
-        return out
-
     def sample(self) -> Sample:
         assert self.upstream is not None
         t, connections, sessions = self.read_ownership()
@@ -670,58 +522,6 @@ class Fleet:
             )
 
         eventually(done, timeout, f"{len(connection_ids)} connections to be closed and released", interval=0.2)
-
-    def _stored_seqs(self, connection_id: str) -> list[int]:
-        """Every seq stored for a connection, ascending (seq is the sort key): one
-        keys-only query, paginated. moto answers a query in time that grows with the
-        whole table, so one query per connection rather than three (count, lowest,
-        highest) keeps the final audit of a long run short."""
-        kwargs: dict[str, Any] = {
-            "TableName": self.aws_env["MESSAGES_TABLE_NAME"],
-            "KeyConditionExpression": "#p = :p",
-            "ExpressionAttributeNames": {"#p": schema.MSG_PK, "#s": schema.MSG_SK},
-            "ExpressionAttributeValues": {":p": {"S": schema.connection_pk(connection_id)}},
-            "ProjectionExpression": "#s",
-            "ConsistentRead": True,
-        }
-        seqs: list[int] = []
-        while True:
-            resp = self._ddb.query(**kwargs)
-            seqs.extend(int(item[schema.MSG_SK]["N"]) for item in resp.get("Items", []))
-            if "LastEvaluatedKey" not in resp:
-                return seqs
-            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
-
-    def audit(self, connection_ids: list[str] | set[str] | None = None) -> list[Audit]:
-        """Each connection's stored seqs against its checkpoint and the upstream's books
-        (with no table sink, the seqs a consumer of the stream keeps)."""
-        assert self.upstream is not None
-        states = self.scan()
-        view = None if schema.SINK_DYNAMODB in self.sinks else stream_audit.consumer_view(self.read_stream())
-        out = []
-        for cid in sorted(connection_ids if connection_ids is not None else states):
-            seqs = self._stored_seqs(cid) if view is None else sorted(view.get(cid, {}))
-            first, last = (seqs[0], seqs[-1]) if seqs else (None, None)
-            present = set(seqs)
-            missing = [s for s in range(1, (last or 0) + 1) if s not in present]
-            delivered: set[int] = set()
-            for record in self.upstream.sockets(cid):
-                if record.first_seq_sent is not None:
-                    delivered.update(range(record.first_seq_sent, record.last_seq_sent + 1))
-            out.append(
-                Audit(
-                    connection_id=cid,
-                    rows=len(seqs),
-                    first=first,
-                    last=last,
-                    checkpoint=states[cid].last_seq if cid in states else 0,
-                    produced=self.upstream.produced(cid),
-                    delivered=len(delivered),
-                    missing=missing,
-                )
-            )
-        return out
-
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)
