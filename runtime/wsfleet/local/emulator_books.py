@@ -24,7 +24,9 @@ JOURNAL_PATH = "/_wsfleet/journal"
 
 class Journal:
     """The writes that decide ownership and data, in the order DynamoDB applied them
-    (recorded by :class:`SerializedDynamoDB` inside its lock). Off until switched on."""
+    (recorded by :class:`SerializedDynamoDB` inside its lock). Off until switched on.
+    Entries: ``put`` (a message item), ``update`` (an acquisition), ``checkpoint`` and
+    ``release`` (``last_seq`` written), ``ended`` (a session ended)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
