@@ -6,6 +6,7 @@ delivery of each seq in seq order, duplicates only at the same fence."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import urllib.error
 import uuid
@@ -17,14 +18,17 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tests.conftest import own_emulator
-from tests.kinesis_reading import by_connection, check_order, last_deliveries, read_stream
+from tests.kinesis_reading import by_connection, check_order, kinesis_env, last_deliveries, read_stream
 from wsfleet import clock, records
 from wsfleet import metrics_names as names
 from wsfleet.aws import Aws, SendDeadlinePassed, send_deadline
 from wsfleet.config import WorkerConfig
 from wsfleet.local.emulator import faults, set_faults
-from wsfleet.store import InvalidItem, StoredObject, StreamSink, TransientError
+from wsfleet.logs import JsonLogger
+from wsfleet.metrics import Counters
+from wsfleet.store import BothSinks, InvalidItem, MessagesStore, ObjectsStore, StoredObject, StreamSink, TransientError
 from wsfleet.stream import MAX_MESSAGE_BYTES, Frame, Problem, upstream_gap
+from wsfleet.worker.writer import Writer
 
 REGION = "us-east-1"
 
@@ -167,7 +171,7 @@ def test_a_missing_stream_is_raised_as_it_is_not_as_a_transient_fault(kinesis):
 
 def test_past_the_send_deadline_nothing_is_sent(emulator, kinesis):
     stream = new_stream(kinesis, shards=1)
-    cfg = WorkerConfig.from_env({
+    cfg = WorkerConfig.from_env(env := {
         "AWS_ENDPOINT_URL": emulator.endpoint_url, "AWS_REGION": REGION, "TABLE_NAME": "t", "SESSIONS_TABLE_NAME": "s",
         "QUEUE_URL": "q", "MESSAGES_BUCKET_NAME": "b", "SINK": "kinesis", "MESSAGES_STREAM_NAME": stream,
     })
@@ -178,6 +182,10 @@ def test_past_the_send_deadline_nothing_is_sent(emulator, kinesis):
             sink.put_many(frames("a", [1, 2]), worker_id="w")
         with send_deadline(clock.now() + 60):
             sink.put_many(frames("a", [3]), worker_id="w")
+        assert aws.requests["kinesis.PutRecords"] == 2  # counted per attempt made (the refused one too)
+        table_only = Aws(WorkerConfig.from_env({**env, "SINK": "dynamodb", "MESSAGES_TABLE_NAME": "m"}), threads=1)
+        table_only.close()
+        assert table_only.kinesis is None
     finally:
         aws.close()
     assert [r.seq for r in by_connection(kinesis, stream)["a"]] == [3]
@@ -196,20 +204,20 @@ def test_a_partly_refused_put_resends_each_connections_suffix_so_the_last_delive
     counts, count = counting()
     sink = StreamSink(client, stream, count=count, sleep=lambda _: None, max_rounds=50)
     set_faults(url, refuse_records=0.3, seed=11)
-    cids = [f"c{i}" for i in range(8)]
-    sink.put_many(interleaved(cids, 60, fence=4), worker_id="w")  # 480 records, one request a round
+    cids = [f"c{i}" for i in range(6)]
+    sink.put_many(interleaved(cids, 40, fence=4), worker_id="w")  # 240 records, one request a round
     refused = faults(url)["records_refused"]["PutRecords"]
     set_faults(url)
     got = by_connection(client, stream)
     for cid in cids:
         recs = got[cid]
         check_order(recs)
-        assert [r.seq for r in last_deliveries(recs)] == list(range(1, 61))
+        assert [r.seq for r in last_deliveries(recs)] == list(range(1, 41))
         assert {r.fence_token for r in recs} == {4}  # a resend is the same frame, same fence
     delivered = sum(len(v) for v in got.values())
     assert refused > 0 and counts[names.RECORDS_THROTTLED] == refused
     # Every resend went out again: the refused ones and the later ones of their connections.
-    assert counts[names.RECORDS_RESENT] == delivered - 480 + refused
+    assert counts[names.RECORDS_RESENT] == delivered - 240 + refused
     assert counts[names.RECORDS_RESENT] > refused  # some acknowledged ones went again, for the order
 
 
@@ -281,3 +289,130 @@ def test_the_harness_mark_exempts_a_kinesis_client_from_the_faults(faulty):
         assert [r.seq for r in by_connection(harness, stream)["a"]] == [1, 2]
     finally:
         set_faults(url)
+
+
+# --- the writer through the stream, and both sinks ------------------------------------
+
+
+def stream_writer(sink, counters: Counters, stored: dict, deadline: float, *cids: str) -> Writer:
+    writer = Writer(
+        messages=sink,
+        # No large data in these tests: port 9 refuses, nothing is uploaded.
+        objects=ObjectsStore(boto3.client("s3", endpoint_url="http://127.0.0.1:9", region_name=REGION), "none"),
+        call=lambda fn, /, **kw: asyncio.to_thread(fn, **kw),
+        worker_id="w1",
+        counters=counters,
+        log=JsonLogger(),
+        flush_interval_s=0.02,
+    )
+    for cid in cids:
+        stored[cid] = []
+        writer.open(cid, fence_token=2, deadline=lambda: deadline, on_stored=lambda s, n, c=cid: stored[c].append(s))
+    return writer
+
+
+async def until(predicate, timeout: float = 30.0) -> None:
+    deadline = clock.now() + timeout
+    while not predicate():
+        assert clock.now() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+def test_the_writer_reports_a_seq_stored_only_once_the_stream_acknowledged_every_record_up_to_it(faulted):
+    url, client, stream = faulted
+    counters, stored = Counters(), {}
+    sink = StreamSink(client, stream, count=counters.add, sleep=lambda _: None, max_rounds=50)
+    cids = [f"c{i}" for i in range(4)]
+    writer = stream_writer(sink, counters, stored, clock.now() + 600, *cids)
+    ahead: list[str] = []
+
+    def check(cid: str, last: int) -> None:
+        # What the stream holds of this connection when the writer says "stored to last".
+        on_stream = {r.seq for r in by_connection(client, stream).get(cid, [])}
+        if not set(range(1, last + 1)) <= on_stream:
+            ahead.append(f"{cid}: reported {last}, stream has {sorted(on_stream)}")
+
+    for cid in cids:
+        writer._queues[cid].on_stored = lambda s, n, c=cid: (check(c, s), stored[c].append(s))
+    set_faults(url, refuse_records=0.1, seed=21)
+
+    async def scenario():
+        task = asyncio.create_task(writer.run())
+        for seq in range(1, 61):
+            for cid in cids:
+                await writer.put(cid, Frame(seq, f'{{"s":{seq}}}', 1))
+        await until(lambda: all(stored[c] and stored[c][-1] == 60 for c in cids))
+        task.cancel()
+
+    asyncio.run(scenario())
+    set_faults(url)
+    assert ahead == []
+    assert writer.items == 240 and writer.batches < 240 / 25  # batches of the stream's size, not the table's
+    assert counters.total(names.RECORDS_RESENT) > 0 and counters.total(names.MESSAGES_STORED) == 240
+    got = by_connection(client, stream)
+    for cid in cids:
+        check_order(got[cid])
+        assert stored[cid] == sorted(stored[cid])  # the checkpoint never goes back
+
+
+def test_a_frame_the_stream_cannot_take_becomes_a_skip_marker_and_the_rest_are_delivered(kinesis):
+    stream = new_stream(kinesis, shards=1)
+    counters, stored = Counters(), {}
+    writer = stream_writer(StreamSink(kinesis, stream), counters, stored, clock.now() + 600, "a", "b")
+
+    async def scenario():
+        task = asyncio.create_task(writer.run())
+        await writer.put("a", Frame(1, "1", 1), Frame(2, '"\ud800"', 1, data_bytes=3), Frame(3, "3", 1))
+        await writer.put("b", Frame(1, "1", 1))
+        await until(lambda: stored["a"] == [3] and stored["b"] == [1])
+        assert not task.done()
+        task.cancel()
+
+    asyncio.run(scenario())
+    got = by_connection(kinesis, stream)
+    assert [(r.seq, r.skipped) for r in got["a"]] == [(1, None), (2, "malformed"), (3, None)]
+    assert [r.seq for r in got["b"]] == [1]
+    assert counters.total(names.MALFORMED_FRAMES) == 1 and counters.total(names.SKIPPED_FRAMES) == 1
+
+
+def test_both_sinks_store_each_call_in_the_table_and_on_the_stream_and_resume_from_the_checkpoint(emulator, kinesis):
+    env = kinesis_env(emulator.endpoint_url, sink="dynamodb,kinesis", shards=1)
+    ddb = boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name=REGION)
+    table = MessagesStore(ddb, env["MESSAGES_TABLE_NAME"])
+    both = BothSinks(table, StreamSink(kinesis, env["MESSAGES_STREAM_NAME"]))
+    assert (both.names, both.max_batch, both.reads_tail) == (("dynamodb", "kinesis"), 25, False)
+    both.put_many(frames("a", range(1, 31), fence=5), worker_id="w")
+    assert [row["sk"] for row in table.read_all("a")] == list(range(1, 31))
+    assert [r.seq for r in by_connection(kinesis, env["MESSAGES_STREAM_NAME"])["a"]] == list(range(1, 31))
+    assert table.stored_end("a", 10) == 30 and both.stored_end("a", 10) == 10  # the stream's rule: no tail read
+
+
+def test_refuse_records_applies_the_others_and_answers_each_refused_record_in_its_place(faulted):
+    url, client, stream = faulted
+    set_faults(url, refuse_records=0.5, seed=2)
+    resp = client.put_records(StreamName=stream, Records=[{"Data": str(i).encode(), "PartitionKey": "k"} for i in range(12)])
+    refused_count = faults(url)["records_refused"]["PutRecords"]
+    set_faults(url)
+    results = resp["Records"]
+    refused = [i for i, r in enumerate(results) if "ErrorCode" in r]
+    assert len(results) == 12 and resp["FailedRecordCount"] == len(refused) == refused_count and 0 < len(refused) < 12
+    assert {results[i]["ErrorCode"] for i in refused} == {"ProvisionedThroughputExceededException"}
+    assert all(r["SequenceNumber"] and r["ShardId"] for r in results if "ErrorCode" not in r)
+    shards = client.list_shards(StreamName=stream)["Shards"]
+    on_stream = []
+    for shard in shards:
+        it = client.get_shard_iterator(StreamName=stream, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON")
+        on_stream += [int(r["Data"]) for r in client.get_records(ShardIterator=it["ShardIterator"])["Records"]]
+    assert on_stream == [i for i in range(12) if i not in refused]
+
+
+def test_a_request_kinesis_refuses_as_invalid_is_invalid_item_for_the_writer_to_split(kinesis):
+    from wsfleet.store.kinesis import _Rec
+
+    stream = new_stream(kinesis, shards=1)
+    sink = StreamSink(kinesis, stream, sleep=lambda _: None)
+    # Past our own checks (they would have refused it first): Kinesis' own refusal.
+    over = _Rec("a", 1, {"Data": b"x" * (records.MAX_RECORD_BYTES + 1), "PartitionKey": "a"})
+    with pytest.raises(InvalidItem, match="ValidationException"):
+        sink._put([over])
+    assert not any(read_stream(kinesis, stream).values())
