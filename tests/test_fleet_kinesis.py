@@ -2,9 +2,10 @@
 connections taken over, and the messages stream audited whole (CONTRACT.md section 4:
 at least once, in order, again only after a takeover and within the bound).
 
-Timings as tests/test_fleet.py's, but for checkpoints three seconds apart: a crash then
-surely leaves frames on the stream past the checkpoint (the stream is written every
-flush, half a second). One emulator process serves every slow test."""
+Timings as tests/test_fleet.py's, but for checkpoints three seconds apart: the owner is
+killed when the stream is well past its checkpoints and the next one is not due yet (the
+stream is written every flush, half a second). One emulator process serves every slow
+test."""
 
 from __future__ import annotations
 
@@ -31,12 +32,25 @@ def fleet(emulator, tmp_path):
         yield f
 
 
+def stream_ahead(fleet: Fleet, connection_ids: set[str], *, by: float) -> bool:
+    """Whether the stream holds ``by`` seqs past every one's checkpoint (a read of each)."""
+    ends: dict[str, int] = {}
+    for d in fleet.read_stream():
+        if d.record is not None:
+            ends[d.record.connection_id] = max(ends.get(d.record.connection_id, 0), d.record.end)
+    states = fleet.scan()
+    return all(ends.get(cid, 0) >= states[cid].last_seq + by for cid in connection_ids)
+
+
 def test_a_kill_9_with_sink_kinesis_delivers_every_seq_in_order_and_again_only_after_the_takeover(fleet):
     start_workers(fleet, "w1", "w2")
     ids = start_connections(fleet, 6)
     watched_by_all(fleet, KINESIS_TIMING)
     victim, affected = busiest(fleet)
     survivor = next(name for name in fleet.live_workers() if name != victim)
+    # Kill when the stream is a second of frames past each checkpoint: the next
+    # checkpoint is two seconds away, so the survivor must deliver those again.
+    eventually(lambda: stream_ahead(fleet, affected, by=RATE), 15, "frames on the stream past the checkpoints", interval=0.2)
 
     at = fleet.kill(victim)
     event = report.Event(report.CRASH, f"kill -9 {victim}", at, dict.fromkeys(affected, at), KINESIS_TIMING.crash_bound_s, victim)
