@@ -63,10 +63,11 @@ def test_a_clean_stream_with_a_takeover_and_a_resend_passes_and_counts_both():
     s = Stream().put("a", 1, range(1, 11)).put("b", 1, range(1, 4))
     s.put("a", 1, [9, 10])  # a partly refused PutRecords: 9 and every later record again
     s.put("a", 2, range(8, 14), worker="w2")  # a takeover from checkpoint 7
+    s.put("a", 2, [10, 11, 12, 13], worker="w2")  # the taker's own partial failure
     result = run(s, acquired("a", (1, 0, False), (2, 7, False)), checkpoints={"a": 13, "b": 3})
 
     assert result.ok, result.findings
-    assert (result.delivered, result.resent, result.again_after_takeover) == (16, 2, 3)
+    assert (result.delivered, result.resent, result.again_after_takeover) == (16, 6, 3)
     (takeover,) = [t for t in result.takeovers if t.again]
     assert (takeover.connection_id, takeover.fence, takeover.checkpoint, takeover.again) == ("a", 2, 7, 3)
     assert takeover.bound >= takeover.again

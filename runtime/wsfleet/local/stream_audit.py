@@ -350,13 +350,11 @@ def _audit_connection(
             if d.position in stale:
                 continue  # counted as stale: the consumer's rule drops it
             fence = d.record.fence_token
-            lower = [e for e in ds[:i] if e.record.fence_token < fence]
-            if not lower:
-                if any(e.record.fence_token == fence for e in ds[:i]):
-                    result.resent += 1
-                continue
-            result.again_after_takeover += 1
-            again.setdefault(fence, set()).add(s)
+            if any(e.record.fence_token == fence for e in ds[:i]):
+                result.resent += 1  # its own fence's again (a takeover's own resend too)
+            elif any(e.record.fence_token < fence for e in ds[:i]):
+                result.again_after_takeover += 1
+                again.setdefault(fence, set()).add(s)
     for fence, seqs in sorted(again.items()):
         acq = acquired.get(fence)
         older = [d for d in mine if d.record.fence_token < fence]
