@@ -79,9 +79,10 @@ def resent_note(ev: Evidence, totals: Mapping[str, int]) -> str:
     for events in ev.logs.values():
         last = next((e for e in reversed(events) if names.RECORDS_RESENT in e), None)
         counted += int(last[names.RECORDS_RESENT]) if last is not None else 0
-    return (f"workers counted {counted} records resent after a partial failure (RecordsResent; a killed worker's "
-            f"since its last stats line are missing); the stream holds {totals.get('stream_resent', 0)} deliveries "
-            "again at one fence (those, and whole PutRecords sent again after an answer was lost)")
+    return (f"workers counted {counted} records sent again after a partial failure (RecordsResent: the refused ones, "
+            f"on the stream once, among them; a killed worker's since its last stats line are missing); the stream "
+            f"holds {totals.get('stream_resent', 0)} deliveries again at one fence (accepted records sent again behind "
+            "a refused one, and whole PutRecords sent again after an answer was lost)")
 
 
 def _rows(items: Sequence[Mapping]) -> list[Row]:
