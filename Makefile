@@ -59,20 +59,22 @@ faketime: $(FAKETIME_LIB)
 setup:
 	@$(MAKE) --no-print-directory -j3 $(VENV)/.deps node_modules/.deps $(FAKETIME_LIB)
 
-## demo: the whole fleet on this machine (embedded default), with a failover scenario
+## demo: the whole fleet on this machine (embedded default), with a failover scenario;
+## SINK=kinesis (or dynamodb,kinesis) sends the frames to a Kinesis stream and audits it.
 demo: $(VENV)/.deps
-	$(PY) -m wsfleet.local.demo $(DEMO_ARGS)
+	$(PY) -m wsfleet.local.demo $(if $(SINK),--sink $(SINK)) $(DEMO_ARGS)
 
 ## chaos: seeded random faults against the whole fleet, then an audit of the invariants
 ## from independent evidence; exit 1 on any violation, with the command that replays it.
-## SEED (random if unset, printed), MINUTES of chaos, WORKERS, CONNECTIONS; CHAOS_ARGS
+## SEED (random if unset, printed), MINUTES of chaos, WORKERS, CONNECTIONS, SINK (as for
+## demo; with kinesis the stream is audited and Kinesis faults are dealt); CHAOS_ARGS
 ## for the rest (python -m wsfleet.local.chaos --help).
 MINUTES ?= 10
 WORKERS ?= 4
 CONNECTIONS ?= 40
 chaos: $(VENV)/.deps $(FAKETIME_LIB)
 	$(PY) -m wsfleet.local.chaos $(if $(SEED),--seed $(SEED)) --minutes $(MINUTES) --workers $(WORKERS) \
-	  --connections $(CONNECTIONS) $(CHAOS_ARGS)
+	  --connections $(CONNECTIONS) $(if $(SINK),--sink $(SINK)) $(CHAOS_ARGS)
 
 ## test: lint, unit, emulator, fleet and stack tests, then `cdk synth` of every environment
 ## and cfn-lint over the templates it writes; the 15 slowest tests are listed at the end.

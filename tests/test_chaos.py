@@ -4,6 +4,7 @@ finds none."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -17,9 +18,11 @@ from wsfleet.local.chaos.checker import IN_FLIGHT_AFTER_RESUME_S, check
 from wsfleet.local.chaos.recovery import kind_summary
 from wsfleet.local.chaos.evidence import Evidence, Row, Snapshot, frame_data
 from wsfleet.local.chaos.history import Applied, Op
-from wsfleet.local.chaos.schedule import KINDS, Bounds, generate
+from wsfleet.local.chaos.schedule import KINDS, KINESIS, Bounds, dealt_kinds, generate
 from wsfleet.local.fleet import ConnState, Sample, SessionState, Timing
+from wsfleet.local.stream_audit import Delivery
 from wsfleet.local.upstream import Overlap, SocketRecord
+from wsfleet import records
 from wsfleet.stream import Frame, Rejected, parse_frame
 
 TIMING = Timing()
@@ -43,12 +46,22 @@ def test_faults_come_one_at_a_time_within_the_run_and_every_kind_is_dealt_before
 
     faults = schedule.faults
     assert len(faults) >= 60
-    assert {f.kind for f in faults[: len(KINDS)]} == set(KINDS)
+    streamless = set(KINDS) - set(KINESIS)  # the default sink has no stream to fault
+    assert {f.kind for f in faults[: len(streamless)]} == streamless
     for before, after in zip(faults, faults[1:], strict=False):
         assert after.at_s >= before.at_s + before.duration_s + 1  # healed, then a quiet spell
         if before.kind in ("drop", "oversize", "kill", "pause", "term", "clock"):
             assert after.at_s >= before.at_s + bounds.for_kind(before.kind)  # its recovery bound passed
     assert faults[-1].at_s + faults[-1].duration_s <= 30 * 60
+
+
+def test_with_a_kinesis_sink_the_deck_also_deals_the_streams_faults_and_without_one_refuses_them():
+    faults = generate(seed=7, minutes=30, workers=4, connections=40, sink="kinesis").faults
+
+    assert {f.kind for f in faults[: len(KINDS)]} == set(KINDS)
+    assert {f.kind for f in generate(seed=7, minutes=30, workers=4, connections=40).faults}.isdisjoint(KINESIS)
+    with pytest.raises(ValueError, match="need a sink with kinesis"):
+        dealt_kinds(["kinesis_outage"], 4)
 
 
 def test_at_most_one_worker_runs_with_its_clock_off_and_worker_faults_wait_for_a_watched_victim():
@@ -588,3 +601,46 @@ def test_every_process_a_run_starts_imports_the_copy_of_the_package_taken_at_its
     assert all(Path(f).resolve().is_relative_to(runtime.resolve()) for f in out.stdout.split()), out.stdout
     copied = runtime / "wsfleet" / "worker" / "lifecycle.py"
     assert copied.read_bytes() == (RUNTIME_DIR / "wsfleet" / "worker" / "lifecycle.py").read_bytes()
+
+
+# --- the messages stream (SINK=kinesis), on hand-made records -------------------------------------
+
+
+def on_stream(*puts: tuple[int, range | list[int], str, float]) -> list[Delivery]:
+    """Records of stream "a" in the order given: (fence, seqs, writer, when they landed)."""
+    out: list[Delivery] = []
+    for fence, seqs, worker, landed in puts:
+        for s in seqs:
+            raw = records.encode("a", fence, worker, Frame(s, frame(s), int((T0 + s * 0.1) * 1000)))
+            out.append(Delivery(len(out), "shardId-0", str(len(out)), "a", records.decode(raw), arrived_at=landed))
+    return out
+
+
+def streamed(*puts, checkpoint_at_takeover: int = 7) -> Evidence:
+    """Kinesis the only sink: w2 took "a" over with fence 2 from ``checkpoint_at_takeover``."""
+    journal = [{"n": 0, "op": "update", "table": "c", "pk": "CONN#a", "fence": 1, "worker": "w1", "session": "w1#1"},
+               {"n": 1, "op": "checkpoint", "table": "c", "pk": "CONN#a", "last_seq": checkpoint_at_takeover, "fence": 1},
+               {"n": 2, "op": "ended", "table": "s", "session": "w1#1", "by": "w2#1", "worker": "w1"},
+               {"n": 3, "op": "update", "table": "c", "pk": "CONN#a", "fence": 2, "worker": "w2", "session": "w2#1"}]
+    return evidence(sinks=("kinesis",), journal=journal, stream=on_stream(*puts))
+
+
+def test_the_stream_passes_with_a_takeover_above_its_checkpoint_and_fails_below_it_or_out_of_order():
+    taken = streamed((1, range(1, 11), "w1", T0 + 1), (2, range(8, 11), "w2", T0 + 3))
+    verdict = check(taken, [], OPS, TIMING)
+    assert verdict.violations == [], verdict.violations
+    assert (verdict.totals["stream_again_after_takeover"], verdict.totals["stream_most_again"]) == (3, 3)
+
+    assert kinds(streamed((1, range(1, 11), "w1", T0 + 1), (2, range(5, 11), "w2", T0 + 3))) == ["duplicate"]
+    assert kinds(streamed((1, [1, 2, 3, 5, 4, 6, 7, 8, 9, 10], "w1", T0 + 1))) == ["order"]
+    assert kinds(streamed((1, [1, 2, 3, 5, 6, 7, 8, 9, 10], "w1", T0 + 1))) == ["lost"]
+
+
+def test_a_lower_fence_on_the_stream_after_a_higher_one_is_stale_unless_its_writer_was_frozen_with_it_in_flight():
+    pause = Applied(1, "pause", T0 + 1.0, victim="w1", resumed_at=T0 + 4.0, affected={})
+    late = streamed((1, range(1, 9), "w1", T0 + 0.9), (2, range(8, 11), "w2", T0 + 3), (1, [9], "w1", T0 + 4.1))
+    late.stream[-1] = dataclasses.replace(late.stream[-1], record=dataclasses.replace(late.stream[-1].record,
+                                                                                     received_at_ms=int((T0 + 0.9) * 1000)))
+
+    assert kinds(late, [pause]) == []
+    assert kinds(late) == ["stale_fence"]

@@ -236,3 +236,24 @@ def test_the_chaos_scenario_is_offered_and_needs_a_second_worker_to_take_over():
     assert (args.scenario, args.seed) == ("chaos", 7)
     with pytest.raises(SystemExit):
         parse_args(["--scenario", "chaos", "--workers", "1"])
+
+
+def test_the_sink_comes_from_the_flag_or_sink_in_the_environment_and_a_bad_one_is_refused(monkeypatch, capsys):
+    monkeypatch.delenv("SINK", raising=False)
+    assert parse_args([]).sink == "dynamodb"
+    assert parse_args(["--sink", "kinesis,dynamodb"]).sink == "dynamodb,kinesis"
+    monkeypatch.setenv("SINK", "kinesis")
+    assert parse_args([]).sink == "kinesis"
+    with pytest.raises(SystemExit):
+        parse_args(["--sink", "kafka"])
+    assert "SINK must be dynamodb or kinesis" in capsys.readouterr().err
+
+
+def test_chaos_deals_kinesis_faults_only_with_a_stream_to_fault(monkeypatch, capsys):
+    from wsfleet.local.chaos.__main__ import parse_args as chaos_args
+
+    monkeypatch.delenv("SINK", raising=False)
+    assert chaos_args(["--sink", "kinesis", "--kinds", "kinesis_refuse,kill"]).sink == "kinesis"
+    with pytest.raises(SystemExit):
+        chaos_args(["--kinds", "kinesis_refuse"])
+    assert "need a sink with kinesis" in capsys.readouterr().err

@@ -327,9 +327,17 @@ def test_the_journal_records_message_writes_and_acquisitions_in_the_order_they_w
     ]
     assert [e[5] for e in entries if e[0] == "update"] == ["s1", "s2"]  # each acquirer's session
     assert [e["n"] for e in journal(url)] == [0, 1, 2, 3, 4]
+
+    # Checkpoints and releases move last_seq: what a takeover resumes from (the stream audit's evidence).
+    assert not connections.checkpoint("a", session_id="s1", fence_token=1, last_seq=5)  # refused: not journaled
+    assert connections.checkpoint("a", session_id="s2", fence_token=2, last_seq=7)
+    connections.release("a", session_id="s2", fence_token=2, last_seq=9)
+    assert [(e["op"], e["pk"], e["last_seq"], e["fence"]) for e in journal(url)[5:]] == [
+        ("checkpoint", "CONN#a", 7, 2), ("release", "CONN#a", 9, 2),
+    ]
     record_journal(url, False)
     messages.put_many([("a", 2, Frame(4, "{}", 5))], worker_id="w2")
-    assert len(journal(url)) == 5
+    assert len(journal(url)) == 7
 
 
 def test_the_journal_records_who_ended_a_session(own):

@@ -40,6 +40,12 @@ Right after the first START, the first connection's upstream sends one frame of
 LARGE_FRAME_BYTES of data, too large for a DynamoDB item: it is stored as an S3 object,
 and the report reads it back and compares its size and SHA-256 with what was sent.
 
+``--sink kinesis`` (or ``SINK=kinesis`` in the environment; ``dynamodb,kinesis`` for
+both) sends the frames to a Kinesis stream instead of (or beside) the messages table:
+the report then audits the stream (:mod:`wsfleet.local.stream_audit`: every seq
+delivered at least once and in order, frames delivered again only after a takeover and
+within the bound), and the table audit and the kinds' read what a consumer keeps of it.
+
 A progress line every two seconds; at the end it STOPs everything, checks every stored
 message against the upstream and prints a report (also written to the run directory).
 Exit status 1 if the report shows data loss, a gap, two sockets on one stream (other than
@@ -50,6 +56,7 @@ read back as sent.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import threading
@@ -57,6 +64,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from .. import config as cfg
+from .. import schema
 from ..logs import route_stdlib_logging
 from . import kind_streams, report
 from .chaos.run import Run as ChaosRun
@@ -323,6 +332,10 @@ class Demo:
         audits = fleet.audit(self.connections)
         large = fleet.large_frame(*self.large) if self.large else None
         kinds = self.kinds.audit() if self.kinds is not None else []
+        # The stream, where it is a sink: every connection's order and deliveries again;
+        # the data of the default-protocol ones (the kinds' is in their own audit).
+        stream = (fleet.stream_audit(self.connections + self.kind_ids, data_of=self.connections)
+                  if schema.SINK_KINESIS in fleet.sinks else None)
         sockets = self._sockets(self.connections + self.kind_ids)
         samples = list(fleet.samples)
         # The data summary is the default-protocol connections' (the kinds have their own audit).
@@ -334,9 +347,16 @@ class Demo:
             outcomes, summary, overlaps, strict=self.args.strict, samples=samples, ended_at=ended_at, large=large
         )
         failed += [f"{a.connection_id}: {p}" for a in kinds for p in a.problems]
+        if stream is not None and not stream.ok:
+            failed.append(f"the messages stream: {len(stream.findings)} violations of the at-least-once and ordering rules")
         lines = report.render(
             outcomes, summary, overlaps, samples, list(fleet.workers), t_origin=self.t_origin, ended_at=ended_at, large=large
         )
+        if stream is not None:
+            lines += ["", f"== the messages stream ({fleet.aws_env[cfg.MESSAGES_STREAM_NAME]}, SINK={','.join(fleet.sinks)}): "
+                          f"frames again after a takeover are owed only above its checkpoint, received within "
+                          f"{fleet.again_window_s:g}s (CHECKPOINT_SECONDS + the takeover) of the previous owner's last",
+                      *stream.lines()]
         if kinds:
             lines += kind_streams.lines(kinds, t_origin=self.t_origin, crash=self.crashed)
         text = "\n".join(lines + ["", "PASSED" if not failed else "FAILED: " + "; ".join(failed)])
@@ -344,7 +364,7 @@ class Demo:
         (fleet.run_dir / "report.json").write_text(
             report.as_json(
                 outcomes, summary, audits, overlaps, samples, t_origin=self.t_origin, settings=vars(self.args), failed=failed, large=large,
-                kinds=kinds,
+                kinds=kinds, stream=stream.as_dict() if stream is not None else None,
             )
         )
         self.say("")
@@ -373,6 +393,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-kinds", dest="kinds", action="store_false",
                    help="leave out the connections of each upstream kind (authenticated, subscribe, flat, no replay)")
     p.add_argument("--run-dir", default=".demo", help="where each run's logs and report go [.demo]")
+    p.add_argument("--sink", default=os.environ.get(cfg.SINK) or schema.SINK_DYNAMODB,
+                   help="SINK: where frames go, dynamodb, kinesis or dynamodb,kinesis [$SINK, else dynamodb]")
     p.add_argument("--strict", action="store_true", help="also fail when an event took longer than its bound, or a scale-out left a worker above its fair share")
     args = p.parse_args(argv)
     if args.workers < 1 or args.connections < 1:
@@ -383,6 +405,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--lease must be at least twice --heartbeat")
     if args.skew_ms >= (args.lease - args.heartbeat) * 1000:
         p.error("--skew-ms must be less than --lease minus --heartbeat")
+    try:
+        args.sink = ",".join(cfg.sinks({cfg.SINK: args.sink}))
+    except ValueError as exc:
+        p.error(f"--sink: {exc}")
     return args
 
 
@@ -409,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             demo.on_sample(sample)
 
     try:
-        with Fleet(run_dir=run_dir, timing=timing, rate=args.rate, on_sample=on_sample) as fleet:
+        with Fleet(run_dir=run_dir, timing=timing, rate=args.rate, on_sample=on_sample, sink=args.sink) as fleet:
             demo = Demo(fleet, args)
             return demo.run()
     except KeyboardInterrupt:
@@ -421,7 +447,7 @@ def _chaos(args: argparse.Namespace, timing: Timing) -> int:
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1, 10**6)
     settings = ChaosSettings(
         seed=seed, minutes=args.duration / 60, workers=args.workers, connections=args.connections, rate=args.rate,
-        timing=timing, run_dir=args.run_dir,
+        timing=timing, run_dir=args.run_dir, sink=args.sink,
     )
     try:
         return ChaosRun(settings).run()

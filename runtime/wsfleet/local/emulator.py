@@ -56,9 +56,10 @@ Three paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
   in the order the serialised DynamoDB applied them. Off until ``POST {"record": true}``
   (which also clears it); then every message stored (BatchWriteItem puts: key, fence,
   writer), every acquisition (a TransactWriteItems Update that sets ``fence_token``, or
-  an UpdateItem that answered an item with one: key, fence, session) and every
-  UpdateItem that answered an ENDED session (who ended it) is recorded with its position
-  and the server's clock. ``GET ?since=N``
+  an UpdateItem that answered an item with one: key, fence, session), every checkpoint
+  and release (an Update that sets ``last_seq``: key, last_seq, fence; what a takeover
+  resumes from, for the stream audit) and every UpdateItem that answered an ENDED
+  session (who ended it) is recorded with its position and the server's clock. ``GET ?since=N``
   answers the entries from position N.
 
 Run standalone with ``python -m wsfleet.local.emulator`` (prints ``READY <url>``),

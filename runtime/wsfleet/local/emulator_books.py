@@ -24,7 +24,9 @@ JOURNAL_PATH = "/_wsfleet/journal"
 
 class Journal:
     """The writes that decide ownership and data, in the order DynamoDB applied them
-    (recorded by :class:`SerializedDynamoDB` inside its lock). Off until switched on."""
+    (recorded by :class:`SerializedDynamoDB` inside its lock). Off until switched on.
+    Entries: ``put`` (a message item), ``update`` (an acquisition), ``checkpoint`` and
+    ``release`` (``last_seq`` written), ``ended`` (a session ended)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -68,7 +70,17 @@ class Journal:
                                   "pk": _attr(update.get("Key", {}), schema.PK), "fence": values[schema.FENCE_TOKEN],
                                   "session": values.get(schema.LEASE_SESSION), "worker": values.get(schema.LEASE_OWNER),
                                   "t_ms": t_ms})
+                elif schema.LAST_SEQ in values:
+                    self._append({"op": "checkpoint", "table": update.get("TableName", ""),
+                                  "pk": _attr(update.get("Key", {}), schema.PK), "last_seq": values[schema.LAST_SEQ],
+                                  "fence": _assignments(update, clause="ConditionExpression").get(schema.FENCE_TOKEN),
+                                  "t_ms": t_ms})
         else:
+            # A release stores the last checkpoint and answers nothing: read it from the request.
+            values = _assignments(body)
+            if schema.LAST_SEQ in values:
+                self._append({"op": "release", "table": body.get("TableName", ""), "pk": _attr(body.get("Key", {}), schema.PK),
+                              "last_seq": values[schema.LAST_SEQ], "fence": values.get(schema.CHECKPOINT_IS_END), "t_ms": t_ms})
             item = answer.get("Attributes", {})
             if schema.FENCE_TOKEN in item:
                 self._append({"op": "update", "table": body.get("TableName", ""), "pk": _attr(item, schema.PK),
@@ -107,12 +119,13 @@ class Journal:
         return control
 
 
-def _assignments(update: Mapping[str, Any]) -> dict[str, Any]:
+def _assignments(update: Mapping[str, Any], clause: str = "UpdateExpression") -> dict[str, Any]:
     """The ``SET name = :value`` parts of an Update's expression, as plain values by
-    attribute name (other clauses and computed values are left out)."""
+    attribute name (other clauses and computed values are left out); with ``clause``
+    ConditionExpression, its ``name = :value`` comparisons."""
     names = update.get("ExpressionAttributeNames") or {}
     values = update.get("ExpressionAttributeValues") or {}
-    set_clause = re.split(r"\b(?:REMOVE|ADD|DELETE)\b", update.get("UpdateExpression", ""))[0]
+    set_clause = re.split(r"\b(?:REMOVE|ADD|DELETE)\b", update.get(clause) or "")[0]
     found = {}
     for placeholder, value in re.findall(r"(#\w+)\s*=\s*(:\w+)", set_clause):
         if placeholder in names and value in values:

@@ -30,128 +30,47 @@ without cleaning up (``PR_SET_PDEATHSIG``).
 from __future__ import annotations
 
 import atexit
-import ctypes
-import hashlib
 import itertools
 import json
 import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Mapping
 
 from botocore.config import Config
 
 from .. import config as cfg
 from .. import schema
-from ..leases import unreachable
 from ..logs import JsonLogger
 from ..store import MessagesStore, ObjectsStore, unmarshal
 from .api import LocalApi
-from .emulator import DEFAULT_REGION, HARNESS_MARK, create_resources, emulator_session
+from .emulator import DEFAULT_REGION, HARNESS_MARK, create_resources, emulator_session, record_journal
+# The observer's shapes and the processes live beside this module; importable from here too.
+from .timing import TAKEOVER_SLACK_S, Timing  # noqa: F401
+from .observed import (  # noqa: F401
+    Audit, ConnState, LargeFrame, Observed, Sample, SessionState, reachability_violations, session_from_item,
+    state_from_item, unreachable_in,
+)
+from .fleet_audit import FleetAudit
+from .processes import LOOPBACK, Process, eventually, spawn, stop_process  # noqa: F401
 from .upstream import DEFAULT as DEFAULT_SHAPE
 from .upstream import ThreadedUpstream
 
-RUNTIME_DIR = Path(__file__).resolve().parents[2]  # what PYTHONPATH must hold for children
-LOOPBACK = "127.0.0.1"
-T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
 
-# --- timing ------------------------------------------------------------------------------
-
-
-# What a takeover costs past the dead session's expiry + skew: the watcher's jitter (at
-# most 0.3 s), its end, drain query and acquires, the stored-end query and the connect
-# (about 0.5 s on an idle machine), and a second and a half of room for a busy 2-core one.
-TAKEOVER_SLACK_S = 2.5
-
-
-@dataclass(frozen=True)
-class Timing:
-    """The worker settings a fleet run is judged by, and the bounds that follow from them.
-
-    The defaults are the worker's own for the session (lease 10 s, heartbeat 2.5 s, skew
-    1 s); reconcile (the scan for lost hints), flush and checkpoint are shorter than in
-    production so that a short local run shows them and its checkpoints move visibly."""
-
-    lease_s: float = 10.0
-    heartbeat_s: float = 2.5
-    reconcile_s: float = 3.0
-    skew_ms: int = 1000
-    flush_ms: int = 1000
-    shutdown_s: float = 10.0
-    checkpoint_s: float = 5.0  # CHECKPOINT_SECONDS: how stale the observer's last_seq may be
-
-    def env(self) -> dict[str, str]:
-        return {
-            cfg.LEASE_SECONDS: f"{self.lease_s:g}",
-            cfg.HEARTBEAT_SECONDS: f"{self.heartbeat_s:g}",
-            cfg.RECONCILE_SECONDS: f"{self.reconcile_s:g}",
-            cfg.MAX_CLOCK_SKEW_MS: str(self.skew_ms),
-            cfg.FLUSH_INTERVAL_MS: str(self.flush_ms),
-            cfg.SHUTDOWN_SECONDS: f"{self.shutdown_s:g}",
-            cfg.CHECKPOINT_SECONDS: f"{self.checkpoint_s:g}",
-        }
-
-    @property
-    def crash_bound_s(self) -> float:
-        """A crashed (or frozen) worker's connections, from the kill:
-        ``lease + skew + TAKEOVER_SLACK_S``. Its session was last renewed at most a
-        heartbeat before the kill, so it expires at most a lease after it; a watcher,
-        which saw the missed renewal well before, ends it once the skew margin has also
-        passed, and takes its connections (acquire, find the stored end, connect) within
-        the slack."""
-        return self.lease_s + self.skew_ms / 1000 + TAKEOVER_SLACK_S
-
-    @property
-    def graceful_bound_s(self) -> float:
-        """A leaving worker releases and hints its peers through SQS: well inside a lease."""
-        return min(2.0, self.lease_s / 2)
-
-    @property
-    def start_bound_s(self) -> float:
-        """A START reaches a worker through the queue hint, not the reconcile."""
-        return 2.0
-
-    @property
-    def stop_bound_s(self) -> float:
-        """The owner sees STOP at its next renewal, then closes the socket."""
-        return self.heartbeat_s + 1.0
-
-
-# --- processes -----------------------------------------------------------------------------
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` asking Linux to SIGKILL the child when we die, or None elsewhere.
-
-    Resolved here, in the parent, so that the forked child only makes one libc call.
-    The signal fires when the *thread* that started the child exits, so start children
-    from a thread that lives as long as the fleet (the main thread does).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig = 1
-
-    def preexec() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-
-    return preexec
+# Children import the package from here; a benchmark or a chaos run points it at a copy
+# taken at its start (pin_runtime), by assigning this module's RUNTIME_DIR.
+RUNTIME_DIR = Path(__file__).resolve().parents[2]  # what PYTHONPATH must hold for children
 
 
 def pin_runtime(run_dir: Path) -> Path:
@@ -183,72 +102,6 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-@dataclass
-class Process:
-    """A child process with its output in a log file."""
-
-    name: str
-    popen: subprocess.Popen
-    log_path: Path
-    started_at: float  # epoch seconds
-    state: str = "running"  # running | paused | killed | terminated
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def lines(self) -> list[str]:
-        try:
-            return self.log_path.read_text(errors="replace").splitlines()
-        except FileNotFoundError:
-            return []
-
-
-def spawn(name: str, argv: list[str], env: Mapping[str, str], log_path: Path) -> Process:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        popen = subprocess.Popen(
-            argv,
-            env=dict(env),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # a terminal's Ctrl-C reaches us, and we stop them in order
-            preexec_fn=_die_with_parent(),
-        )
-    return Process(name, popen, log_path, time.time())
-
-
-def stop_process(proc: Process, *, grace_s: float = 0.0) -> int:
-    """SIGTERM and wait up to ``grace_s``, then SIGKILL; returns the exit status."""
-    if proc.alive():
-        if proc.state == "paused":
-            os.kill(proc.pid, signal.SIGCONT)
-        if grace_s > 0:
-            proc.popen.send_signal(signal.SIGTERM)
-            try:
-                return proc.popen.wait(grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-        proc.popen.kill()
-    return proc.popen.wait()
-
-
-def eventually(predicate: Callable[[], T], timeout: float, what: str, *, interval: float = 0.1) -> T:
-    """Poll ``predicate`` until it returns something truthy (returned) or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(interval)
-
-
 class EmulatorProcess:
     """``python -m wsfleet.local.emulator`` in a process of its own: moto's DynamoDB is
     serialised, so a fleet must not share its interpreter (and GIL) with the workers'
@@ -276,8 +129,9 @@ class EmulatorProcess:
         self.endpoint_url = eventually(ready, timeout, "the emulator to be READY", interval=0.05)
         return self
 
-    def create_resources(self) -> dict[str, str]:
-        """Tables and a queue with names of their own; returns the env the worker needs."""
+    def create_resources(self, sink: str = schema.SINK_DYNAMODB) -> dict[str, str]:
+        """Tables and a queue (and the messages stream, where ``sink`` has kinesis) with
+        names of their own; returns the env the worker needs."""
         suffix = uuid.uuid4().hex[:8]
         return create_resources(
             self.endpoint_url,
@@ -286,6 +140,8 @@ class EmulatorProcess:
             messages_table_name=f"wsfleet-messages-{suffix}",
             messages_bucket_name=f"wsfleet-messages-{suffix}",
             queue_name=f"wsfleet-start-{suffix}",
+            sink=sink,
+            messages_stream_name=f"wsfleet-messages-{suffix}",
         )
 
     def stop(self) -> None:
@@ -299,200 +155,18 @@ class EmulatorProcess:
         self.stop()
 
 
-# --- what the observer sees ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SessionState:
-    """One worker session, as the observer read it."""
-
-    worker_id: str
-    state: str  # LIVE | ENDED
-    expires_at_ms: int  # by its worker's wall clock, as are heartbeat_at_ms and started_at_ms
-    heartbeat_at_ms: int = 0
-    started_at_ms: int = 0
-    ended_by: str = ""  # the session (of a watcher) or the worker id (its own) that ended it
-    in_ring: bool = False  # in the watch ring: LIVE, or ENDED and not yet drained
-
-    def live_at(self, now_ms: int) -> bool:
-        return self.state == schema.LIVE and self.expires_at_ms > now_ms
-
-
-@dataclass(frozen=True)
-class ConnState:
-    """One connection item, with its session as the observer read it."""
-
-    desired_state: str
-    owner: str  # lease_owner: the worker id of the session it is attached to, "" when free
-    session: str  # lease_session, "" when free
-    expires_at_ms: int  # that session's expiry while it is LIVE, else 0 (as GET /connections says)
-    fence_token: int
-    last_seq: int
-    owner_key: str = ""  # the by_owner partition: S#<session>, FREE#<shard>, or "" (none)
-
-    def owned_at(self, now_ms: int) -> str:
-        """The owner if it is attached to a session that is LIVE and unexpired at
-        ``now_ms``, else ""."""
-        return self.owner if self.session and self.expires_at_ms > now_ms else ""
-
-
-@dataclass(frozen=True)
-class Sample:
-    t: float  # epoch seconds, when the scan returned
-    connections: dict[str, ConnState]
-    open_sockets: dict[str, int]  # per stream
-    produced: int  # sum of the streams' heads
-    frames_sent: int  # sum over every socket ever opened (replays included)
-    sessions: dict[str, SessionState] = field(default_factory=dict)
-    heads: dict[str, int] = field(default_factory=dict)  # per stream: the seq produced last
-    sent_heads: dict[str, int] = field(default_factory=dict)  # per stream: the highest seq sent on an open socket
-
-    def owners(self) -> dict[str, str]:
-        """Live owner per STARTED connection ("" if none)."""
-        now = int(self.t * 1000)
-        return {cid: c.owned_at(now) for cid, c in self.connections.items() if c.desired_state == schema.STARTED}
-
-    def owned_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for owner in self.owners().values():
-            if owner:
-                counts[owner] = counts.get(owner, 0) + 1
-        return counts
-
-    def orphans(self) -> list[str]:
-        """STARTED connections not attached to a live session."""
-        return sorted(cid for cid, owner in self.owners().items() if not owner)
-
-    @property
-    def stored(self) -> int:
-        """Sum of checkpoints: messages durably stored (as of each connection's last
-        checkpoint, at most CHECKPOINT_SECONDS old while frames arrive)."""
-        return sum(c.last_seq for c in self.connections.values())
-
-
-def session_from_item(item: Mapping[str, Any]) -> SessionState:
-    return SessionState(
-        worker_id=item.get(schema.SESSION_WORKER_ID, ""),
-        state=item.get(schema.SESSION_STATE, ""),
-        expires_at_ms=int(item.get(schema.EXPIRES_AT_MS, 0)),
-        heartbeat_at_ms=int(item.get(schema.HEARTBEAT_AT_MS, 0)),
-        started_at_ms=int(item.get(schema.STARTED_AT_MS, 0)),
-        ended_by=item.get(schema.ENDED_BY, ""),
-        in_ring=item.get(schema.RING) == schema.RING_VALUE,
-    )
-
-
-def state_from_item(item: Mapping[str, Any], sessions: Mapping[str, SessionState]) -> ConnState:
-    session_id = item.get(schema.LEASE_SESSION, "")
-    session = sessions.get(session_id) if session_id else None
-    return ConnState(
-        desired_state=item.get(schema.DESIRED_STATE, ""),
-        owner=item.get(schema.LEASE_OWNER, ""),
-        session=session_id,
-        expires_at_ms=session.expires_at_ms if session is not None and session.state == schema.LIVE else 0,
-        fence_token=int(item.get(schema.FENCE_TOKEN, 0)),
-        last_seq=int(item.get(schema.LAST_SEQ, 0)),
-        owner_key=item.get(schema.OWNER_KEY, ""),
-    )
-
-
-def unreachable_in(sessions: Mapping[str, SessionState], connections: Mapping[str, ConnState]) -> dict[str, str]:
-    """Connections no worker would ever take (:func:`wsfleet.leases.unreachable`), by
-    why, from ``sessions`` read BEFORE ``connections``: a session out of the ring never
-    comes back into it, so a connection read attached to one after it was seen out is
-    unreachable then. (Read the other way round, a drain that frees a connection and
-    then takes its session out of the ring would look like a violation.) A session
-    missing from ``sessions`` is newer than that read, not gone: it is left out."""
-    found = {}
-    for cid, c in connections.items():
-        session = sessions.get(c.session) if c.session else None
-        if c.session and session is None:
-            continue
-        item = {schema.DESIRED_STATE: c.desired_state, schema.LEASE_SESSION: c.session, schema.OWNER_KEY: c.owner_key}
-        raw = None if session is None else {schema.SESSION_STATE: session.state, **({schema.RING: schema.RING_VALUE} if session.in_ring else {})}
-        why = unreachable(item, raw)
-        if why is not None:
-            found[cid] = why.value
-    return found
-
-
-class Observed(Protocol):
-    """What the reachability check reads of an observer sample (a :class:`Sample`, or a
-    chaos run's snapshot of one)."""
-
-    @property
-    def t(self) -> float: ...
-    @property
-    def connections(self) -> Mapping[str, ConnState]: ...
-    @property
-    def sessions(self) -> Mapping[str, SessionState]: ...
-
-
-def reachability_violations(samples: Sequence[Observed]) -> list[tuple[float, str, str]]:
-    """(time, connection, why) for every connection found unreachable between two
-    consecutive samples: the first one's sessions (each sample reads its connections,
-    then its sessions) against the next one's connections."""
-    return [
-        (cur.t, cid, why)
-        for prev, cur in itertools.pairwise(samples)
-        for cid, why in unreachable_in(prev.sessions, cur.connections).items()
-    ]
-
-
-@dataclass
-class Audit:
-    """One connection's messages after the run, against the upstream's books."""
-
-    connection_id: str
-    rows: int
-    first: int | None
-    last: int | None
-    checkpoint: int
-    produced: int  # the stream's head
-    delivered: int  # distinct seqs the upstream sent to any socket
-    missing: list[int] = field(default_factory=list)  # seqs absent below the last stored one
-
-    @property
-    def ok(self) -> bool:
-        """Exactly 1..checkpoint stored (seq is the key, so a count equal to the range
-        means no gap; duplicates cannot exist as rows)."""
-        return not self.missing and self.rows == self.checkpoint and (self.last or 0) == self.checkpoint
-
-
-@dataclass
-class LargeFrame:
-    """One frame of large data: what the upstream sent (its books) against what the
-    fleet stored and reads back (the item, then its S3 object)."""
-
-    connection_id: str
-    seq: int
-    sent_bytes: int  # the data's compact JSON, UTF-8
-    sent_sha256: str
-    stored: str  # "object", "inline", "marker" or "absent"
-    data_ref: str | None = None
-    item_bytes: int | None = None  # what the item says
-    item_sha256: str | None = None
-    read_bytes: int | None = None  # what the object read back holds
-    read_sha256: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Stored as an object that holds exactly what was sent, as its item says."""
-        sent = (self.sent_bytes, self.sent_sha256)
-        return self.stored == "object" and (self.item_bytes, self.item_sha256) == sent == (self.read_bytes, self.read_sha256)
-
-
 # --- the fleet ------------------------------------------------------------------------------------
 
 
-class Fleet:
-    """Everything one local run needs, owned by one object. Use it as a context manager."""
+class Fleet(FleetAudit):
+    """Everything one local run needs, owned by one object. Use it as a context manager.
+    What it stored is read back by the methods of :class:`FleetAudit`."""
 
     def __init__(
         self,
         *,
         run_dir: Path | str,
-        timing: Timing = Timing(),
+        timing: Timing = Timing(),  # noqa: B008 - frozen: one shared default is safe
         rate: float = 2.0,
         worker_env: Mapping[str, str] | None = None,
         emulator: EmulatorProcess | None = None,
@@ -500,8 +174,10 @@ class Fleet:
         on_sample: Callable[[Sample], None] | None = None,
         keep_samples: bool = True,
         runtime_dir: Path | None = None,
+        sink: str = schema.SINK_DYNAMODB,
     ) -> None:
         self.run_dir = Path(run_dir)
+        self.sinks = cfg.sinks({cfg.SINK: sink})  # a bad value fails here, naming SINK
         self.timing = timing
         self.rate = rate
         self._extra_env = dict(worker_env or {})
@@ -522,6 +198,7 @@ class Fleet:
         self._close_lock = threading.Lock()
         self._old_sigterm: Any = None
         self._api_log: Any = None
+        self._journaling = False  # we switched the emulator's journal on (off again at close)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -533,7 +210,12 @@ class Fleet:
         try:
             if self._own_emulator:
                 self.emulator.start()
-            self.aws_env = self.emulator.create_resources()
+            self.aws_env = self.emulator.create_resources(",".join(self.sinks))
+            if schema.SINK_KINESIS in self.sinks:
+                # What a takeover resumed from (the stream audit's evidence): from before any START.
+                record_journal(self.emulator.endpoint_url)
+                self._journaling = True
+                self._kinesis = self._client("kinesis", harness=True)
             self._ddb = self._client("dynamodb", harness=True)
             self.messages_store = MessagesStore(self._ddb, self.aws_env["MESSAGES_TABLE_NAME"])
             self.objects_store = ObjectsStore(self._client("s3", harness=True), self.aws_env["MESSAGES_BUCKET_NAME"])
@@ -595,6 +277,8 @@ class Fleet:
                 self.upstream.stop(timeout=10)
             if self._own_emulator:
                 self.emulator.stop()
+            elif self._journaling:
+                record_journal(self.emulator.endpoint_url, False)  # a shared emulator: leave it as it was
             if self._api_log is not None:
                 self._api_log.close()
         finally:
@@ -781,35 +465,6 @@ class Fleet:
         """Every session worker ``name`` opened so far, by session id."""
         return {sid: s for sid, s in self.sessions().items() if s.worker_id == name}
 
-    def messages(self, connection_id: str) -> list[dict]:
-        return self.messages_store.read_all(connection_id)
-
-    def large_frame(self, connection_id: str, seq: int) -> LargeFrame:
-        """Read one seq back as a user does, through the read API (GET
-        /connections/{id}/messages, then the entry's presigned data_url), against the
-        upstream's book of what it sent and what the item says."""
-        assert self.upstream is not None
-        sent = json.dumps(json.loads(self.upstream.frames(connection_id)[seq])["data"], separators=(",", ":"), ensure_ascii=False)
-        sent_bytes = sent.encode("utf-8")
-        out = LargeFrame(connection_id, seq, len(sent_bytes), hashlib.sha256(sent_bytes).hexdigest(), stored="absent")
-        status, page = self.request("GET", f"/connections/{connection_id}/messages?after_seq={seq - 1}&limit=1")
-        entry = next((e for e in page.get("messages", []) if e.get("seq") == seq), None) if status == 200 else None
-        if entry is None:
-            return out
-        if "data_url" not in entry:
-            out.stored = "marker" if "skipped" in entry else "inline"
-            return out
-        with urllib.request.urlopen(entry["data_url"], timeout=30) as resp:
-            body = resp.read()
-        # Its item: the first after seq - 1 (one Query of one item, not the whole partition).
-        item = next(self.messages_store.read_after(connection_id, seq - 1, batch=1), {})
-        if item.get(schema.MSG_SK) != seq:
-            item = {}
-        out.stored, out.data_ref = "object", item.get(schema.DATA_REF)
-        out.item_bytes, out.item_sha256 = entry.get("data_bytes"), entry.get("data_sha256")
-        out.read_bytes, out.read_sha256 = len(body), hashlib.sha256(body).hexdigest()
-        return out
-
     def sample(self) -> Sample:
         assert self.upstream is not None
         t, connections, sessions = self.read_ownership()
@@ -867,56 +522,6 @@ class Fleet:
             )
 
         eventually(done, timeout, f"{len(connection_ids)} connections to be closed and released", interval=0.2)
-
-    def _stored_seqs(self, connection_id: str) -> list[int]:
-        """Every seq stored for a connection, ascending (seq is the sort key): one
-        keys-only query, paginated. moto answers a query in time that grows with the
-        whole table, so one query per connection rather than three (count, lowest,
-        highest) keeps the final audit of a long run short."""
-        kwargs: dict[str, Any] = {
-            "TableName": self.aws_env["MESSAGES_TABLE_NAME"],
-            "KeyConditionExpression": "#p = :p",
-            "ExpressionAttributeNames": {"#p": schema.MSG_PK, "#s": schema.MSG_SK},
-            "ExpressionAttributeValues": {":p": {"S": schema.connection_pk(connection_id)}},
-            "ProjectionExpression": "#s",
-            "ConsistentRead": True,
-        }
-        seqs: list[int] = []
-        while True:
-            resp = self._ddb.query(**kwargs)
-            seqs.extend(int(item[schema.MSG_SK]["N"]) for item in resp.get("Items", []))
-            if "LastEvaluatedKey" not in resp:
-                return seqs
-            kwargs["ExclusiveStartKey"] = resp["LastEvaluatedKey"]
-
-    def audit(self, connection_ids: list[str] | set[str] | None = None) -> list[Audit]:
-        """Each connection's stored seqs against its checkpoint and the upstream's books."""
-        assert self.upstream is not None
-        states = self.scan()
-        out = []
-        for cid in sorted(connection_ids if connection_ids is not None else states):
-            seqs = self._stored_seqs(cid)
-            first, last = (seqs[0], seqs[-1]) if seqs else (None, None)
-            present = set(seqs)
-            missing = [s for s in range(1, (last or 0) + 1) if s not in present]
-            delivered: set[int] = set()
-            for record in self.upstream.sockets(cid):
-                if record.first_seq_sent is not None:
-                    delivered.update(range(record.first_seq_sent, record.last_seq_sent + 1))
-            out.append(
-                Audit(
-                    connection_id=cid,
-                    rows=len(seqs),
-                    first=first,
-                    last=last,
-                    checkpoint=states[cid].last_seq if cid in states else 0,
-                    produced=self.upstream.produced(cid),
-                    delivered=len(delivered),
-                    missing=missing,
-                )
-            )
-        return out
-
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)

@@ -329,10 +329,14 @@ def large_frame_lines(large: LargeFrame) -> list[str]:
     if large.stored != "object":
         return [f"{head}; stored: {large.stored} (expected an S3 object)"]
     verdict = "matches what the upstream sent" if large.ok else "DOES NOT match what the upstream sent"
+    how, holder = (
+        ("from its record on the stream and the object its data_ref names", "record")
+        if large.via == "stream" else (f"through GET /connections/{large.connection_id}/messages and its data_url", "item")
+    )
     return [
         f"{head}, stored as {large.data_ref}",
-        f"  read back through GET /connections/{large.connection_id}/messages and its data_url: {large.read_bytes:,} bytes (item says {large.item_bytes:,}), SHA-256 {large.read_sha256} "
-        f"(item {'the same' if large.item_sha256 == large.read_sha256 else large.item_sha256}): {verdict}",
+        f"  read back {how}: {large.read_bytes:,} bytes ({holder} says {large.item_bytes:,}), SHA-256 {large.read_sha256} "
+        f"({holder} {'the same' if large.item_sha256 == large.read_sha256 else large.item_sha256}): {verdict}",
     ]
 
 
@@ -458,8 +462,10 @@ def as_json(
     failed: Sequence[str],
     large: LargeFrame | None = None,
     kinds: Sequence[Any] = (),
+    stream: Mapping[str, Any] | None = None,
 ) -> str:
-    """The whole report as JSON; ``kinds``: the upstream kinds' audits (KindAudit)."""
+    """The whole report as JSON; ``kinds``: the upstream kinds' audits (KindAudit);
+    ``stream``: the stream audit's (StreamAudit.as_dict), where the sink has kinesis."""
     return json.dumps(
         {
             "settings": dict(settings),
@@ -483,6 +489,7 @@ def as_json(
             "large_frame": {**asdict(large), "ok": large.ok} if large is not None else None,
             "connections": [asdict(a) for a in audits],
             "upstream_kinds": [{**asdict(a), "ok": a.ok} for a in kinds],
+            "stream": dict(stream) if stream is not None else None,
             "overlaps": [asdict(o) for o in overlaps],
             "series": [
                 {"t_s": round(s.t - t_origin, 3), "owned": s.owned_counts(), "orphans": len(s.orphans()), "stored": s.stored}

@@ -5,10 +5,12 @@ harness itself failed to play a fault."""
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 from typing import Sequence
 
+from ... import config as cfg
 from ...logs import route_stdlib_logging
 from ..fleet import Timing
 from .run import Run, Settings
@@ -36,6 +38,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     p.add_argument("--warmup", type=float, default=None, help="seconds between the last session opening and the first fault [until every session is watched]")
     p.add_argument("--slack", type=float, default=0.0, help="seconds added to every recovery bound [0]")
     p.add_argument("--run-dir", default=".chaos", help="where each run's logs and report go [.chaos]")
+    p.add_argument("--sink", default=os.environ.get(cfg.SINK) or "dynamodb",
+                   help="SINK: dynamodb, kinesis or dynamodb,kinesis [$SINK, else dynamodb]")
     p.add_argument("--kinds", default=None, help=f"comma-separated fault kinds to deal [all: {','.join(KINDS)}]")
     a = p.parse_args(argv)
     if a.workers < 2 or a.connections < 1 or a.minutes <= 0:
@@ -46,14 +50,19 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         p.error("--skew-ms must be less than --lease minus --heartbeat")
     kinds = tuple(k.strip() for k in a.kinds.split(",") if k.strip()) if a.kinds is not None else None
     try:
-        dealt_kinds(kinds, a.workers)
+        sink = ",".join(cfg.sinks({cfg.SINK: a.sink}))
+    except ValueError as exc:
+        p.error(f"--sink: {exc}")
+    try:
+        dealt_kinds(kinds, a.workers, sink)
     except ValueError as exc:
         p.error(f"--kinds: {exc}")
     timing = Timing(lease_s=a.lease, heartbeat_s=a.heartbeat, reconcile_s=a.reconcile, skew_ms=a.skew_ms,
                     flush_ms=a.flush_ms, shutdown_s=a.shutdown, checkpoint_s=a.checkpoint)
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1, 10**6)
     return Settings(seed=seed, minutes=a.minutes, workers=a.workers, connections=a.connections, rate=a.rate,
-                    timing=timing, warmup_s=a.warmup, slack_s=a.slack, run_dir=a.run_dir, kinds=kinds)
+                    timing=timing, warmup_s=a.warmup, slack_s=a.slack, run_dir=a.run_dir, kinds=kinds,
+                    sink=sink)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,8 @@ Only what the workers cannot vouch for themselves counts:
 * the upstream's books: every socket per stream (opened, closed, what it was sent, by
   which client address), every moment two were open at once, and every frame produced;
 * the messages table: every stored row with its fence and writer; the connections
-  table's checkpoints;
+  table's checkpoints; with a Kinesis sink, every record on the messages stream (and,
+  with no table sink, the rows a consumer of the stream keeps, in the table's place);
 * the emulator's journal: every message write and every acquisition, in the order the
   serialised DynamoDB applied them;
 * the observer's snapshots: ownership as the tables define it (a connection is owned
@@ -28,6 +29,7 @@ from typing import Any, Mapping, Sequence, TypeVar
 from ... import schema
 from ..emulator import journal
 from ..fleet import ConnState, Fleet, Sample, SessionState
+from ..stream_audit import Delivery, as_items, consumer_view
 from ..upstream import DEFAULT, Overlap, SocketRecord
 from ..upstream.kinds import stored_data
 
@@ -99,6 +101,8 @@ class Evidence:
     exits: list[tuple[str, int, float]] = field(default_factory=list)  # workers that exited unasked
     end_t: float = 0.0  # when the evidence was gathered
     streams: dict[str, list[str]] = field(default_factory=dict)  # per connection (default: the one named after it)
+    sinks: tuple[str, ...] = (schema.SINK_DYNAMODB,)  # where the rows came from: the table, or the stream's consumer view
+    stream: list[Delivery] | None = None  # the messages stream read whole, where it is a sink
 
     def streams_of(self, cid: str) -> list[str]:
         return self.streams.get(cid) or [cid]
@@ -122,8 +126,13 @@ def gather(fleet: Fleet, connection_ids: Sequence[str], snapshots: list[Snapshot
     assert upstream is not None
     streams = {cid: list((streams or {}).get(cid) or [cid]) for cid in connection_ids}
     every = [s for names in streams.values() for s in names]
-    table = fleet.messages_store
     states = fleet.scan()
+    stream = fleet.read_stream() if schema.SINK_KINESIS in fleet.sinks else None
+    if schema.SINK_DYNAMODB in fleet.sinks:
+        items = {cid: fleet.messages_store.read_all(cid) for cid in connection_ids}
+    else:
+        view = consumer_view(stream or [])
+        items = {cid: as_items(view.get(cid, {})) for cid in connection_ids}
     rows: dict[str, list[Row]] = {}
     for cid in connection_ids:
         rows[cid] = [
@@ -135,7 +144,7 @@ def gather(fleet: Fleet, connection_ids: Sequence[str], snapshots: list[Snapshot
                 data=item.get(schema.MESSAGE_DATA, ""),
                 skipped=item.get(schema.SKIPPED, ""),
             )
-            for item in table.read_all(cid)
+            for item in items[cid]
         ]
     return Evidence(
         connections=list(connection_ids),
@@ -150,4 +159,6 @@ def gather(fleet: Fleet, connection_ids: Sequence[str], snapshots: list[Snapshot
         exits=list(exits),
         end_t=end_t,
         streams=streams,
+        sinks=fleet.sinks,
+        stream=stream,
     )

@@ -3,6 +3,9 @@ it did, when, and to whom (the history the checker reads beside the evidence).
 
 Where each fault is injected:
 
+* Kinesis (where the sink has it): outages, PutRecords refused whole for throughput,
+  partly refused (a share of each one's records: a partial failure), or applied and
+  answered 500; the emulator's fault switch too.
 * DynamoDB throttling, added latency and outages, SQS outages, and ambiguous writes (a
   share of every DynamoDB and SQS request applied, then answered 500): the emulator's
   fault switch (:func:`wsfleet.local.emulator.set_faults`). Workers and the API's router
@@ -195,6 +198,18 @@ class Nemesis:
 
     def _ddb_outage(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
         self._window(fault, applied, until, outage={"dynamodb": fault.duration_s}, outage_mode=fault.params["mode"])
+
+    def _kinesis_outage(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
+        self._window(fault, applied, until, outage={"kinesis": fault.duration_s})
+
+    def _kinesis_throttle(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
+        self._window(fault, applied, until, throttle={"PutRecords": fault.params["share"]})
+
+    def _kinesis_refuse(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
+        self._window(fault, applied, until, refuse_records=fault.params["share"])
+
+    def _kinesis_ambiguous(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
+        self._window(fault, applied, until, ambiguous={"PutRecords": fault.params["share"]})
 
     def _sqs_outage(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
         p = fault.params

@@ -44,11 +44,13 @@ class Settings:
     slack_s: float = 0.0  # added to every recovery bound (a loaded machine)
     run_dir: str = ".chaos"
     kinds: tuple[str, ...] | None = None  # the kinds the deck deals (default: every one)
+    sink: str = "dynamodb"  # SINK: with kinesis, the stream is audited and Kinesis faults are dealt
 
     def replay(self) -> str:
         """The command that replays this run's schedule."""
         if self.timing == Timing() and self.rate == 2.0 and self.warmup_s is None and not self.slack_s and self.kinds is None:
-            return f"make chaos SEED={self.seed} MINUTES={self.minutes:g} WORKERS={self.workers} CONNECTIONS={self.connections}"
+            sink = f" SINK={self.sink}" if self.sink != "dynamodb" else ""
+            return f"make chaos SEED={self.seed} MINUTES={self.minutes:g} WORKERS={self.workers} CONNECTIONS={self.connections}{sink}"
         t = self.timing
         args = [
             "--seed", self.seed, "--minutes", f"{self.minutes:g}", "--workers", self.workers, "--connections", self.connections,
@@ -62,6 +64,8 @@ class Settings:
             args += ["--slack", f"{self.slack_s:g}"]
         if self.kinds is not None:
             args += ["--kinds", ",".join(self.kinds)]
+        if self.sink != "dynamodb":
+            args += ["--sink", self.sink]
         return "PYTHONPATH=runtime python -m wsfleet.local.chaos " + " ".join(shlex.quote(str(a)) for a in args)
 
     def describe(self) -> str:
@@ -71,6 +75,7 @@ class Settings:
             f"lease {t.lease_s:g} s, heartbeat {t.heartbeat_s:g} s, skew {t.skew_ms} ms, reconcile {t.reconcile_s:g} s, "
             f"checkpoint {t.checkpoint_s:g} s, flush {t.flush_ms} ms"
             + (f"; kinds {', '.join(self.kinds)}" if self.kinds is not None else "")
+            + (f"; SINK={self.sink}" if self.sink != "dynamodb" else "")
         )
 
 
@@ -82,6 +87,7 @@ class Run:
         self.schedule: Schedule = generate(
             seed=settings.seed, minutes=settings.minutes, workers=settings.workers,
             connections=settings.connections, timing=settings.timing, warmup_s=settings.warmup_s, kinds=settings.kinds,
+            sink=settings.sink,
         )
         self.snapshots: list[Snapshot] = []
         self.cpu: list[machine.CpuSample] = []
@@ -136,6 +142,7 @@ class Run:
             on_sample=self.on_sample,
             keep_samples=False,
             runtime_dir=runtime,
+            sink=s.sink,
             worker_env={cfg.MAX_FRAME_BYTES: str(MAX_FRAME_BYTES)},  # the limit the oversize faults exceed
         ) as fleet:
             self.fleet = fleet

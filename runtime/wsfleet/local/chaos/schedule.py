@@ -32,7 +32,10 @@ SQS = ("sqs_outage",)
 UPSTREAM = ("drop", "stall", "slow", "oversize", "malformed", "byzantine", "seq_jump", "replay_offset", "close_stall")
 PROCESS = ("kill", "pause", "term", "clock", "drain_term", "burst_term")
 CONTROL = ("storm", "flip")
-KINDS = DYNAMODB + SQS + UPSTREAM + PROCESS + CONTROL
+# The messages stream's, dealt only where the sink has kinesis (a deck without them is
+# the one every seed dealt before there was a stream: the same seed, the same schedule).
+KINESIS = ("kinesis_outage", "kinesis_throttle", "kinesis_refuse", "kinesis_ambiguous")
+KINDS = DYNAMODB + SQS + UPSTREAM + PROCESS + CONTROL + KINESIS
 FRAMES = ("malformed", "byzantine", "seq_jump")  # bad frames: the socket must stay up
 CLOSE_TRIGGERS = ("stop", "term", "lost")  # what closes a close_stall's stalled sockets
 
@@ -135,6 +138,12 @@ class Bounds:
             "ddb_latency": self.after_dynamodb_s,
             "ddb_outage": self.after_dynamodb_s,
             "ambiguous": self.after_dynamodb_s,
+            # The writer holds what it could not send until the stream takes it; a session
+            # that could not be renewed meanwhile (it cannot: DynamoDB is up) is not at stake.
+            "kinesis_outage": self.after_dynamodb_s,
+            "kinesis_throttle": self.after_dynamodb_s,
+            "kinesis_refuse": self.after_dynamodb_s,
+            "kinesis_ambiguous": self.after_dynamodb_s,
             "sqs_outage": self.unhinted_start_s,
             "drop": self.reconnect_s,
             "oversize": self.reconnect_s,
@@ -201,6 +210,10 @@ class Fault:
                                   f"after {p['term_after']}",
             "storm": lambda: f"STOP/START storm on {len(p['streams'])} connections: {p['flaps']} flaps, then STOPPED {p['hold_s']} s",
             "flip": lambda: f"STOP then START with a new url {p['gap_s'] * 1000:.0f} ms later on {len(p['streams'])} connections",
+            "kinesis_outage": lambda: "Kinesis down (every request answered 500)",
+            "kinesis_throttle": lambda: f"{p['share']:.0%} of PutRecords refused whole for throughput",
+            "kinesis_refuse": lambda: f"{p['share']:.0%} of the records of every PutRecords refused for throughput (a partial failure)",
+            "kinesis_ambiguous": lambda: f"{p['share']:.0%} of PutRecords applied, then answered 500",
         }[self.kind]()
         quiet = ("kill", "pause", "drain_term", "burst_term", "close_stall")
         span = f" for {self.duration_s:g} s" if self.duration_s and self.kind not in quiet else ""
@@ -238,6 +251,7 @@ def generate(
     timing: Timing | None = None,
     warmup_s: float | None = None,
     kinds: Sequence[str] | None = None,
+    sink: str = "dynamodb",
 ) -> Schedule:
     """The schedule for a chaos phase of ``minutes``: faults back to back, each after
     the previous one's end, its recovery bound and a quiet spell (a fifth to a half of
@@ -246,12 +260,13 @@ def generate(
     ``warmup_s``: how long before the chaos phase the last worker's session opened (the
     runner waits that long; default: until every session is watched). Worker faults wait
     for a watched victim while there is something else to do. ``kinds``: the kinds the
-    deck holds (default: every one; drain_term needs three workers, a drainer's survivor)."""
+    deck holds (default: every one; drain_term needs three workers, a drainer's survivor;
+    the Kinesis ones a ``sink`` with kinesis)."""
     rng = random.Random(seed)
     timing = timing or Timing()
     bounds = Bounds(timing)
     warmup_s = bounds.settle_s if warmup_s is None else warmup_s
-    dealt = dealt_kinds(kinds, workers)
+    dealt = dealt_kinds(kinds, workers, sink)
     total = minutes * 60
     slots = _Slots([-warmup_s] * workers)
     deck: list[str] = []
@@ -278,12 +293,16 @@ def generate(
     return Schedule(seed, minutes, workers, connections, round(warmup_s, 1), tuple(faults))
 
 
-def dealt_kinds(kinds: Sequence[str] | None, workers: int) -> tuple[str, ...]:
-    """The kinds a run's deck holds, in KINDS order; ValueError for an unknown one."""
+def dealt_kinds(kinds: Sequence[str] | None, workers: int, sink: str = "dynamodb") -> tuple[str, ...]:
+    """The kinds a run's deck holds, in KINDS order; ValueError for an unknown one, or
+    a Kinesis one with no stream to fault."""
     unknown = sorted(set(kinds or ()) - set(KINDS))
     if unknown:
         raise ValueError(f"unknown fault kinds {unknown}; known: {', '.join(KINDS)}")
-    chosen = tuple(k for k in KINDS if kinds is None or k in kinds)
+    streamless = "kinesis" not in sink.split(",")
+    if streamless and set(kinds or ()) & set(KINESIS):
+        raise ValueError(f"{', '.join(sorted(set(kinds or ()) & set(KINESIS)))} need a sink with kinesis (--sink kinesis)")
+    chosen = tuple(k for k in KINDS if (kinds is None or k in kinds) and not (streamless and k in KINESIS))
     chosen = tuple(k for k in chosen if k != "drain_term" or workers >= 3)
     if not chosen:
         raise ValueError("no fault kind to deal" + (" (drain_term needs at least 3 workers)" if kinds else ""))
@@ -359,6 +378,10 @@ def _draw(
         if rng.random() < 0.5:
             return r(min(1.0, safe / 2), max(0.5, safe - 0.5)), {"mode": mode}
         return r(lease, 1.5 * lease), {"mode": mode}
+    if kind == "kinesis_outage":
+        return r(0.5 * lease, 1.5 * lease), {}
+    if kind in ("kinesis_throttle", "kinesis_refuse", "kinesis_ambiguous"):
+        return r(lease, 2 * lease), {"share": round(rng.uniform(0.2, 0.6), 2)}
     if kind == "sqs_outage":
         stop_at = 0.5
         start_at = round(stop_at + bounds.stop_s + 1.0, 1)
