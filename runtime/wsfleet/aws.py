@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import boto3
 from botocore.config import Config
 
-from . import clock, tracing
+from . import clock, schema, tracing
 from .config import WorkerConfig
 from .store import TransientError
 
@@ -34,12 +34,12 @@ _send_deadline = threading.local()
 
 
 class SendDeadlinePassed(TransientError):
-    """A DynamoDB or S3 request was about to leave after its caller's lease deadline."""
+    """A DynamoDB, S3 or Kinesis request was about to leave after its caller's lease deadline."""
 
 
 @contextmanager
 def send_deadline(deadline_mono: float) -> Iterator[None]:
-    """In this thread, refuse to send DynamoDB and S3 requests once the deadline (:func:`wsfleet.clock.now`) has
+    """In this thread, refuse to send DynamoDB, S3 and Kinesis requests once the deadline (:func:`wsfleet.clock.now`) has
     passed, checked as late as Python can: right before each ``sendall`` of the request's
     bytes, once its connection is made (an S3 upload's body is checked again as it
     leaves, after the ``100-continue`` wait).
@@ -106,6 +106,15 @@ class Aws:
         # like the message writes, under the same deadline checks. The read timeout is
         # per socket operation, not per upload, so 32 MiB bodies fit it.
         self.s3 = session.client("s3", endpoint_url=config.endpoint_url, config=Config(**once))
+        # The messages stream (SINK has kinesis; None otherwise): PutRecords, one attempt,
+        # retried by the sink and the worker under the same deadline checks. No client-side
+        # validation, as for the table's writes: StreamSink builds the records itself (and
+        # checks the limits that matter), and Kinesis validates them again.
+        self.kinesis = (
+            session.client("kinesis", endpoint_url=config.endpoint_url, config=Config(parameter_validation=False, **once))
+            if schema.SINK_KINESIS in config.sinks
+            else None
+        )
         retried = dict(retries={"mode": "standard", "max_attempts": 3}, **base)
         self.sqs = session.client(
             "sqs", endpoint_url=config.endpoint_url, config=Config(read_timeout=SQS_WAIT_SECONDS + 10, **retried)
@@ -130,6 +139,9 @@ class Aws:
         for client in self.dynamodb_clients:
             client.meta.events.register("before-send.dynamodb", _refuse_after_deadline)
         self.s3.meta.events.register("before-send.s3", _refuse_after_deadline)
+        if self.kinesis is not None:
+            self.kinesis.meta.events.register("request-created", self._count)
+            self.kinesis.meta.events.register("before-send.kinesis", _refuse_after_deadline)
         _install_socket_check()
 
     @property

@@ -26,7 +26,8 @@ from .desired import Started, StartOutcome, Stopped, StopOutcome
 from .messages import MAX_BATCH, InvalidItem, MessagesStore
 from .objects import CorruptObject, ObjectsStore, StoredObject, data_size, needs_object
 from .sessions import SessionsStore
-from .sink import Sink
+from .kinesis import StreamSink
+from .sink import BothSinks, Sink
 
 __all__ = [
     "MAX_BATCH",
@@ -34,6 +35,7 @@ __all__ = [
     "OWNER_PAGE_ITEMS",
     "TRANSIENT_CODES",
     "Acquired",
+    "BothSinks",
     "CheckpointEntry",
     "ConnectionsStore",
     "CorruptObject",
@@ -50,6 +52,7 @@ __all__ = [
     "StopOutcome",
     "Stopped",
     "StoredObject",
+    "StreamSink",
     "TransientError",
     "data_size",
     "is_transient",

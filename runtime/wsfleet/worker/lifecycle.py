@@ -35,10 +35,13 @@ from ..store import (
     MAX_TRANSACTION,
     Acquired,
     ConnectionsStore,
+    BothSinks,
     MessagesStore,
     NotAcquired,
     ObjectsStore,
     SessionsStore,
+    Sink,
+    StreamSink,
     TransientError,
     now_ms,
 )
@@ -102,7 +105,7 @@ class Worker:
             sessions_table_name=config.sessions_table_name,
             clock_ms=clock_ms,
         )
-        self._messages = MessagesStore(aws.dynamodb_writes, config.messages_table_name, ttl_days=config.message_ttl_days)
+        self._messages = build_sink(config, aws, self.counters)
         # Frame bytes held at once (worker.budget): the sockets' share through the
         # receive gate, the writer's as its byte cap. None: unbounded (a comparison only).
         self.budget = (
@@ -355,7 +358,9 @@ class Worker:
             span.annotate(outcome=result.reason.value if isinstance(result, NotAcquired) else "acquired")
             if isinstance(result, Acquired):
                 checkpoint = stored_end = int(result.item.get(schema.LAST_SEQ, 0))
-            if isinstance(result, Acquired) and not result.checkpoint_is_end:
+            # A stream's tail is not read (Sink.reads_tail): from a crashed owner, the
+            # frames since its checkpoint are delivered again, with our higher fence.
+            if isinstance(result, Acquired) and not result.checkpoint_is_end and self._messages.reads_tail:
                 stored_end = await call_until(
                     self._aws.call,
                     deadline,
@@ -728,3 +733,21 @@ class Worker:
 def _direct(fn: Callable[..., Awaitable[Any]], /, **kwargs: Any) -> Awaitable[Any]:
     """``call_until``'s ``call`` for a step that is already async (no thread)."""
     return fn(**kwargs)
+
+
+def build_sink(config: WorkerConfig, aws: Aws, counters: Counters) -> Sink:
+    """Where the writer stores frames (``SINK``): the messages table, the messages stream,
+    or both. The stream counts its resends and throttled records from pool threads
+    (:class:`~wsfleet.store.kinesis.StreamSink` serialises its own adds)."""
+    table = (
+        MessagesStore(aws.dynamodb_writes, config.messages_table_name, ttl_days=config.message_ttl_days)
+        if schema.SINK_DYNAMODB in config.sinks
+        else None
+    )
+    stream = StreamSink(aws.kinesis, config.messages_stream_name, count=counters.add) if aws.kinesis is not None else None
+    if table is not None and stream is not None:
+        return BothSinks(table, stream)
+    sink = table or stream
+    if sink is None:  # config.sinks is never empty, and Aws makes a Kinesis client for it
+        raise ValueError(f"no sink for SINK={','.join(config.sinks)}")
+    return sink

@@ -1,9 +1,15 @@
 """One writer per worker: message batches filled across connections.
 
 Every held connection hands its accepted frames to the :class:`Writer`, which fills
-BatchWriteItem requests (25 items) from the pending frames of all connections: as soon as
-25 are pending, or ``flush_interval_s`` after the oldest pending frame arrived. At the
-rates most streams have, that turns one request per frame into one per batch.
+batches from the pending frames of all connections and stores them through its sink
+(:mod:`wsfleet.store.sink`: BatchWriteItem requests of 25 items for the messages table,
+PutRecords of up to 500 records for a Kinesis stream): as soon as a batch is pending, or
+``flush_interval_s`` after the oldest pending frame arrived. At the rates most streams
+have, that turns one request per frame into one per batch.
+
+With a stream, the checkpoint rules below hold as they are: ``on_stored`` is called once
+the sink acknowledged every record of the batch (a partly refused PutRecords is sent
+again by the sink before it returns), so the checkpoint is never ahead of the stream.
 
 What stays per connection:
 
@@ -85,7 +91,7 @@ from ..aws import send_deadline
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..config import DEFAULT_MAX_FRAME_BYTES
-from ..store import MAX_BATCH, InvalidItem, MessagesStore, ObjectsStore, StoredObject, data_size, needs_object
+from ..store import InvalidItem, ObjectsStore, Sink, StoredObject, data_size, needs_object
 from ..stream import Frame, Problem
 from .retry import DEADLINE_POLL_S, LeaseExpired, call_until, first_of, woken_or_timeout
 from .supervision import Supervisor
@@ -225,7 +231,7 @@ class Writer:
     def __init__(
         self,
         *,
-        messages: MessagesStore,
+        messages: Sink,
         objects: ObjectsStore,
         call: Call,
         worker_id: str,
@@ -241,6 +247,8 @@ class Writer:
         latency_window_s: float = 60.0,
     ) -> None:
         self._messages = messages
+        # Entries per put_many: the table's BatchWriteItem (25), a stream's PutRecords (500).
+        self._batch = messages.max_batch
         self._objects = objects
         self._max_data_bytes = max_data_bytes
         self._upload_slots = asyncio.Semaphore(upload_concurrency)
@@ -300,7 +308,7 @@ class Writer:
             self._upload(q, frame)
         if connection_id not in self._waiting:
             self._waiting[connection_id] = q
-        if self._pending >= MAX_BATCH or len(self._waiting) == 1:
+        if self._pending >= self._batch or len(self._waiting) == 1:
             self._wake.set()
 
     def _within_limit(self, connection_id: str, frame: Frame) -> Frame:
@@ -420,38 +428,38 @@ class Writer:
         ready = self._ready()
         if not ready:
             return None
-        if sum(len(q.frames) for q in ready) >= MAX_BATCH or any(q.flushing for q in ready):
+        if sum(len(q.frames) for q in ready) >= self._batch or any(q.flushing for q in ready):
             return 0.0
         oldest = min(q.frames[0][1] for q in ready)
         return max(0.0, oldest + self._interval - clock.now())
 
     def _take(self) -> list[tuple[_Queue, list[tuple[Frame, float]]]]:
-        """Up to MAX_BATCH items from the queues whose first frame is oldest. When more
-        is pending than one batch holds, the ready queues are spread over as many
-        concurrent batches as the pending frames fill (a connection has one batch in
-        flight at a time, so one batch holding every busy connection would serialise
-        them all); within a batch, each queue's fair share first, then the rest from the
+        """Up to a batch (the sink's ``max_batch``) from the queues whose first frame is
+        oldest. When more is pending than one batch holds, the ready queues are spread
+        over as many concurrent batches as the pending frames fill (a connection has one
+        batch in flight at a time, so one batch holding every busy connection would
+        serialise them all); within a batch, each queue's fair share first, then the rest from the
         front. A queue served goes to the back."""
         ready = self._ready()
         if not ready:
             return []
-        batches = min(self._concurrency, math.ceil(sum(len(q.frames) for q in ready) / MAX_BATCH))
+        batches = min(self._concurrency, math.ceil(sum(len(q.frames) for q in ready) / self._batch))
         # The spread is for a few deep queues; many shallow ones (a frame or two each, the
         # usual case with many quiet connections) still fill one whole batch: 26 pending
         # frames of 26 connections go as 25 now and 1 later, not as 13 and 13.
         take, have = max(1, math.ceil(len(ready) / max(1, batches))), 0
         for n, q in enumerate(ready, 1):
             have += len(q.frames)
-            if n >= take and have >= MAX_BATCH:
+            if n >= take and have >= self._batch:
                 take = n
                 break
         else:
             take = len(ready)
         ready = ready[:take]
-        share = max(1, MAX_BATCH // len(ready))
+        share = max(1, self._batch // len(ready))
         taken: dict[str, list[tuple[Frame, float]]] = {}
-        room = MAX_BATCH
-        for limit in (share, MAX_BATCH):
+        room = self._batch
+        for limit in (share, self._batch):
             for q in ready:
                 if room == 0:
                     break
