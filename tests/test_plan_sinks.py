@@ -101,11 +101,16 @@ def test_the_sinks_side_by_side_share_holding_and_checkpoints_and_both_pays_for_
 def test_the_consumer_at_the_mappings_defaults_costs_a_state_write_per_frame_at_low_rates():
     low = plan_sinks.consumer_rates(records_per_s=500, connections=1000, shards=4,
                                     consumer=plan_sinks.Consumer(batch_size=100, window_s=1))
-    batched = plan_sinks.consumer_rates(records_per_s=500, connections=1000, shards=4, consumer=plan_sinks.Consumer())
+    batched = plan_sinks.consumer_rates(records_per_s=500, connections=1000, shards=4,
+                                        consumer=plan_sinks.Consumer(batch_size=1000, window_s=30))
     # 125 records/s per shard in batches of 100: 100 of 250 connections, 82 distinct.
     assert low["state_writes"] / 500 == pytest.approx(0.825, rel=1e-2)
     # Batches of 1,000 (8 s): 250 x (1 - 0.996^1000) = 245.5 distinct, a write per 4 frames.
     assert batched["state_writes"] / 500 == pytest.approx(245.5 / 1000, rel=1e-2)
+    # The defaults (10,000 or 30 s): 3,750 records a batch, all 250 connections in it.
+    default = plan_sinks.consumer_rates(records_per_s=500, connections=1000, shards=4, consumer=plan_sinks.Consumer())
+    assert default["records_per_invocation"] == pytest.approx(3750)
+    assert default["state_writes"] / 500 == pytest.approx(250 / 3750, rel=1e-3)
     assert plan_sinks.consumer_rates(records_per_s=0, connections=10, shards=4, consumer=plan_sinks.Consumer())["invocations"] == 0
     # A quiet shard (0.1 records/s): with a 1 s window an invocation per record, never
     # more invocations than records; with the 30 s window, one per 30 s of 3 records.
@@ -114,6 +119,15 @@ def test_the_consumer_at_the_mappings_defaults_costs_a_state_write_per_frame_at_
     assert quiet["invocations"] == pytest.approx(0.4) and quiet["records_per_invocation"] == pytest.approx(1.0)
     slow = plan_sinks.consumer_rates(records_per_s=0.4, connections=10, shards=4, consumer=plan_sinks.Consumer())
     assert slow["invocations"] == pytest.approx(4 / 30) and slow["records_per_invocation"] == pytest.approx(3.0)
+
+
+def test_a_batch_is_cut_at_the_invocation_payload_limit():
+    # A 473-byte record is 632 bytes of base64 and about 650 of event: 4,907 in 6 MiB.
+    assert plan_sinks.batch_cap(473) == 6 * 1024 * 1024 // 1282 == 4907
+    # 1,000 records/s on one shard: 10,000 would fill in 10 s, but a batch stops at 4,907.
+    r = plan_sinks.consumer_rates(records_per_s=1000, connections=100, shards=1, consumer=plan_sinks.Consumer(),
+                                  record_size=473)
+    assert r["records_per_invocation"] == pytest.approx(4907)
 
 
 def test_the_limits_say_where_each_binds():

@@ -82,13 +82,14 @@ class Consumer:
     is small) per connection in its batch, and reads nothing. ``ms_per_invocation`` and
     ``memory_mb`` are assumptions, not measurements.
 
-    The defaults are a batch of up to 1,000 records or 30 s: the per-connection state
-    writes are what a batch costs, one per connection in it, so a batch must hold many
-    frames of each connection for the consumer to stay cheaper than the table (at the
-    mapping's own defaults, 100 records and no window, 1,000 connections at 0.5 msg/s
-    put about one state write per frame: the table's price again)."""
+    The defaults are a batch of up to 10,000 records (the mapping's most) or 30 s: the
+    per-connection state writes are what a batch costs, one per connection in it, so a
+    batch must hold many frames of each connection for the consumer to stay cheaper than
+    the table (at the mapping's own defaults, 100 records and no window, 1,000
+    connections at 0.5 msg/s put about one state write per frame: the table's price
+    again). A batch is also cut at Lambda's 6 MB invocation payload (:func:`batch_cap`)."""
 
-    batch_size: int = 1000
+    batch_size: int = 10_000
     window_s: float = 30.0
     object_per_connection: bool = False
     ms_per_invocation: float = 200.0
@@ -140,15 +141,29 @@ def distinct_in_batch(batch: float, keys: float) -> float:
     return keys * (1 - (1 - 1 / keys) ** batch)
 
 
-def consumer_rates(*, records_per_s: float, connections: int, shards: int, consumer: Consumer) -> dict[str, float]:
+# A synchronous invocation's payload: at most 6 MB. Each Kinesis record is in the event
+# base64-encoded, with about 650 bytes of its own (event id, sequence number, ARNs, ...).
+LAMBDA_PAYLOAD_BYTES = 6 * 1024 * 1024
+EVENT_RECORD_OVERHEAD_BYTES = 650
+
+
+def batch_cap(record_size: int) -> int:
+    """The most records of ``record_size`` bytes one invocation's event holds."""
+    return max(1, LAMBDA_PAYLOAD_BYTES // (math.ceil(record_size / 3) * 4 + EVENT_RECORD_OVERHEAD_BYTES))
+
+
+def consumer_rates(*, records_per_s: float, connections: int, shards: int, consumer: Consumer,
+                   record_size: int = 0) -> dict[str, float]:
     """The reference consumer's invocations, records per invocation, S3 PUTs and
     state-table writes per second. Per shard, records arrive at ``lam``; an invocation
-    takes what waited ``window_s`` or a full batch, whichever comes first, and at least
-    one record: min(lam, max(1 / window_s, lam / batch_size)) per second."""
+    takes what waited ``window_s`` or a full batch (``batch_size``, or fewer where records
+    of ``record_size`` would pass the payload limit), whichever comes first, and at least
+    one record: min(lam, max(1 / window_s, lam / batch)) per second."""
     if records_per_s <= 0:
         return {"invocations": 0.0, "records_per_invocation": 0.0, "s3_puts": 0.0, "state_writes": 0.0, "shards": shards}
     lam = records_per_s / shards
-    per_shard = min(lam, max(1 / consumer.window_s, lam / consumer.batch_size))
+    most = min(consumer.batch_size, batch_cap(record_size)) if record_size else consumer.batch_size
+    per_shard = min(lam, max(1 / consumer.window_s, lam / most))
     batch = lam / per_shard
     per_batch = distinct_in_batch(batch, connections / shards)
     invocations = per_shard * shards
@@ -188,7 +203,8 @@ def kinesis_month(
     dollars["kms"] = KMS_PRICES["key_month"] + kms_requests / 1e4 * KMS_PRICES["per_10k_requests"]
     rates = None
     if consumer is not None:
-        rates = consumer_rates(records_per_s=records_per_s, connections=connections, shards=shards, consumer=consumer)
+        rates = consumer_rates(records_per_s=records_per_s, connections=connections, shards=shards, consumer=consumer,
+                               record_size=record_size)
         dollars["consumer_lambda"] = rates["invocations"] * month_s * (
             LAMBDA_PRICES["per_million_requests"] / 1e6
             + consumer.ms_per_invocation / 1000 * consumer.memory_mb / 1024 * LAMBDA_PRICES["gb_second"])
