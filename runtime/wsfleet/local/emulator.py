@@ -22,7 +22,8 @@ Three paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
   - ``{"outage": {"dynamodb": 8, "sqs": 5}}`` fails every request to that service for
     that many seconds from now: DynamoDB with ``InternalServerError`` (HTTP 500), SQS
     with ``ServiceUnavailable`` (HTTP 503), Secrets Manager (``"secretsmanager"``, the
-    only fault it takes) with ``InternalServiceError`` (HTTP 500); with ``"outage_mode": "hang"`` a DynamoDB
+    only fault it takes) with ``InternalServiceError`` (HTTP 500), Kinesis (``"kinesis"``)
+    with ``InternalFailure`` (HTTP 500); with ``"outage_mode": "hang"`` a DynamoDB
     request is held until the outage ends, then failed, as a black-holed network does;
   - ``{"ambiguous": {"UpdateItem": 0.5, "TransactWriteItems": 1, "*": 0.1}, "seed": 7}``
     makes that share of requests *ambiguous*: the request is applied as usual (DynamoDB
@@ -30,12 +31,21 @@ Three paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
     received and hidden), then its answer is replaced by an HTTP 500
     (``InternalServerError``; SQS: ``InternalError``), which the SDKs retry as they would
     a timeout. ``*`` covers every other operation of both services. A request the service
-    refused (a failed condition, say) was not applied, and keeps its own answer.
+    refused (a failed condition, say) was not applied, and keeps its own answer. Kinesis
+    is faulted by operation name only (never under ``*``): ``{"ambiguous": {"PutRecords":
+    0.2}}`` applies that share of PutRecords and answers them ``InternalFailure`` (500);
+  - ``{"throttle": {"PutRecords": 0.3}}`` refuses that share of PutRecords whole with
+    Kinesis' ``ProvisionedThroughputExceededException`` (HTTP 400), nothing applied;
+  - ``{"refuse_records": 0.1}``: a partial failure. Each record of a PutRecords is refused
+    with that chance: the others are put on the stream, and the answer (200) gives the
+    refused ones ``ErrorCode`` ``ProvisionedThroughputExceededException`` in their places,
+    as a shard at its limit does;
 
   ``{}`` switches everything off. ``GET`` answers the setting, the seconds of outage
   left, and per operation how many requests were failed (by an outage), throttled, made
-  ambiguous, delayed and passed since the last POST: a DynamoDB request is counted once,
-  under the first of these that applies; an SQS request only when failed or ambiguous.
+  ambiguous, delayed and passed since the last POST: a DynamoDB or Kinesis request is
+  counted once, under the first of these that applies; an SQS request only when failed
+  or ambiguous; ``records_refused`` counts the PutRecords records refused one by one.
   Requests whose User-Agent carries :data:`HARNESS_MARK` (the fleet runner's own reads:
   its observer and its audit) are never faulted: the faults are for the system under
   test, the evidence must not depend on them.
@@ -176,13 +186,15 @@ def set_faults(
     outage: Mapping[str, float] | None = None,
     outage_mode: str = "error",
     ambiguous: float | Mapping[str, float] = 0,
+    refuse_records: float = 0,
     seed: int | None = None,
 ) -> dict[str, Any]:
     """Replace the emulator's fault setting (see :class:`Faults`; no argument: all off);
     returns its new state."""
     return _post(endpoint_url + FAULTS_PATH, {
         "throttle": throttle, "latency_ms": latency_ms, "jitter_ms": jitter_ms,
-        "outage": dict(outage or {}), "outage_mode": outage_mode, "ambiguous": ambiguous, "seed": seed,
+        "outage": dict(outage or {}), "outage_mode": outage_mode, "ambiguous": ambiguous,
+        "refuse_records": refuse_records, "seed": seed,
     })
 
 

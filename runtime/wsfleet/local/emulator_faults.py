@@ -1,6 +1,7 @@
 """The emulator's fault switch (``/_wsfleet/faults``): DynamoDB throttling, latency and
-outages, SQS and Secrets Manager outages, ambiguous requests; see
-:mod:`wsfleet.local.emulator` for the setting's keys."""
+outages, SQS, Secrets Manager and Kinesis outages, ambiguous requests, Kinesis
+throttling and partly refused PutRecords; see :mod:`wsfleet.local.emulator` for the
+setting's keys."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import random
 import threading
 import time
+import io
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
@@ -22,8 +24,13 @@ FAULTS_PATH = "/_wsfleet/faults"
 # In a client's User-Agent (botocore ``user_agent_extra``): the fleet runner's own reads,
 # never faulted.
 HARNESS_MARK = "wsfleet-harness"
-OUTAGE_SERVICES = ("dynamodb", "sqs", "secretsmanager")
-AMBIGUOUS_SERVICES = ("dynamodb", "sqs")  # the ones whose writes matter to ownership
+OUTAGE_SERVICES = ("dynamodb", "sqs", "secretsmanager", "kinesis")
+AMBIGUOUS_SERVICES = ("dynamodb", "sqs", "kinesis")  # the ones whose writes matter to ownership or delivery
+# Kinesis takes throttling and ambiguity only by operation name ("PutRecords"), never
+# under "*": a setting written for DynamoDB keeps meaning what it meant.
+BY_NAME_ONLY = frozenset({"kinesis"})
+PUT_RECORDS = "PutRecords"
+THROUGHPUT_EXCEEDED = "ProvisionedThroughputExceededException"
 
 
 def _shares(value: float | Mapping[str, float], what: str, top: float) -> dict[str, float]:
@@ -46,13 +53,16 @@ class FaultSetting:
     outage: Mapping[str, float] = field(default_factory=dict)  # service -> seconds, from when it was set
     outage_mode: str = "error"  # error | hang (DynamoDB only)
     ambiguous: Mapping[str, float] = field(default_factory=dict)  # share applied then answered 500, by operation
+    refuse_records: float = 0.0  # share of a PutRecords' records refused for throughput (the rest applied)
     seed: int | None = None
 
     @classmethod
     def parse(cls, spec: Mapping[str, Any]) -> "FaultSetting":
         if not isinstance(spec, Mapping):
             raise ValueError("the fault setting must be a JSON object")
-        unknown = set(spec) - {"throttle", "latency_ms", "jitter_ms", "outage", "outage_mode", "ambiguous", "seed"}
+        unknown = set(spec) - {
+            "throttle", "latency_ms", "jitter_ms", "outage", "outage_mode", "ambiguous", "refuse_records", "seed"
+        }
         if unknown:
             raise ValueError(f"unknown fault settings: {', '.join(sorted(unknown))}")
         outage = spec.get("outage") or {}
@@ -64,6 +74,9 @@ class FaultSetting:
         jitter = spec.get("jitter_ms", 0)
         if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 60_000:
             raise ValueError(f"jitter_ms must be a number from 0 to 60000, got {jitter!r}")
+        refuse = spec.get("refuse_records", 0)
+        if isinstance(refuse, bool) or not isinstance(refuse, (int, float)) or not 0 <= refuse <= 1:
+            raise ValueError(f"refuse_records must be a number from 0 to 1, got {refuse!r}")
         return cls(
             throttle=_shares(spec.get("throttle", 0), "throttle share", 1),
             latency_ms=_shares(spec.get("latency_ms", 0), "latency_ms", 60_000),
@@ -71,6 +84,7 @@ class FaultSetting:
             outage=_shares(outage, "outage seconds", 3600),
             outage_mode=mode,
             ambiguous=_shares(spec.get("ambiguous", 0), "ambiguous share", 1),
+            refuse_records=float(refuse),
             seed=spec.get("seed"),
         )
 
@@ -87,7 +101,7 @@ class Faults:
         self._outage_until: dict[str, float] = {}  # service -> monotonic end
         self._rng = random.Random()
         self._counts: dict[str, Counter[str]] = {
-            k: Counter() for k in ("throttled", "delayed", "failed", "ambiguous", "passed")
+            k: Counter() for k in ("throttled", "delayed", "failed", "ambiguous", "passed", "records_refused")
         }
 
     def set(self, setting: FaultSetting) -> None:
@@ -106,7 +120,8 @@ class Faults:
             s = self._setting
             return {
                 "throttle": dict(s.throttle), "latency_ms": dict(s.latency_ms), "jitter_ms": s.jitter_ms,
-                "outage": dict(s.outage), "outage_mode": s.outage_mode, "ambiguous": dict(s.ambiguous), "seed": s.seed,
+                "outage": dict(s.outage), "outage_mode": s.outage_mode, "ambiguous": dict(s.ambiguous),
+                "refuse_records": s.refuse_records, "seed": s.seed,
                 "outage_left_s": {k: round(end - now, 3) for k, end in self._outage_until.items() if end > now},
                 **{name: dict(counter) for name, counter in self._counts.items()},
             }
@@ -122,17 +137,23 @@ class Faults:
                 self._counts["failed"][op] += 1
                 return "outage", until, False
             delay = 0.0
-            if service == "dynamodb":
-                share = s.throttle.get(op, s.throttle.get("*", 0.0))
+            every = 0.0 if service in BY_NAME_ONLY else None  # the "*" share, where it applies
+            if service in ("dynamodb", "kinesis"):
+                share = s.throttle.get(op, s.throttle.get("*", 0.0) if every is None else every)
                 if share > 0 and self._rng.random() < share:
                     self._counts["throttled"][op] += 1
                     return "throttle", 0.0, False
+            if service == "dynamodb":
                 delay = s.latency_ms.get(op, s.latency_ms.get("*", 0.0))
                 if delay > 0 or s.jitter_ms > 0:
                     delay += s.jitter_ms * self._rng.random()
-            share = s.ambiguous.get(op, s.ambiguous.get("*", 0.0)) if service in AMBIGUOUS_SERVICES else 0.0
+            share = (
+                s.ambiguous.get(op, s.ambiguous.get("*", 0.0) if every is None else every)
+                if service in AMBIGUOUS_SERVICES
+                else 0.0
+            )
             ambiguous = share > 0 and self._rng.random() < share
-            if service == "dynamodb" and not ambiguous:
+            if service in ("dynamodb", "kinesis") and not ambiguous:
                 self._counts["delayed" if delay > 0 else "passed"][op] += 1
             return ("delay", delay / 1000, ambiguous) if delay > 0 else ("pass", 0.0, ambiguous)
 
@@ -149,8 +170,13 @@ class Faults:
         if what in ("pass", "delay"):
             if ambiguous:
                 return self._lose_answer(environ, start_response, service, op, delayed=what == "delay")
+            if service == "kinesis" and op == PUT_RECORDS and self._setting.refuse_records > 0:
+                return self._refuse_some(environ, start_response)
             return self._app(environ, start_response)
         _read_body(environ)  # a client sending a body expects it to be read
+        if what == "throttle" and service == "kinesis":
+            return self._error(start_response, "400 Bad Request", THROUGHPUT_EXCEEDED,
+                               "Rate exceeded for the stream's shards.")
         if what == "throttle":
             return self._error(start_response, "400 Bad Request", "com.amazonaws.dynamodb.v20120810#ThrottlingException",
                                "Rate of requests exceeds the allowed throughput.")
@@ -177,13 +203,59 @@ class Faults:
         body = written + list(self._app(environ, capture))  # the whole answer: the write is done
         status, headers = answer[0]
         applied = status.startswith("2")
-        if applied or service == "dynamodb":
+        if applied or service in ("dynamodb", "kinesis"):
             with self._lock:
                 self._counts["ambiguous" if applied else "delayed" if delayed else "passed"][op] += 1
         if applied:
             return self._internal_error(start_response, service)
         start_response(status, headers)
         return body
+
+    def _refuse_some(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        """A PutRecords of which ``refuse_records`` of the records (picked at random) are
+        refused for throughput, per record, as a shard at its limit does: the others
+        alone go on to the stream, and the answer has every record's result in its
+        place. A body that is not a PutRecords' goes on untouched, for moto to answer."""
+        raw = _read_body(environ)
+        try:
+            request = json.loads(raw)
+            recs = request["Records"]
+            if not isinstance(recs, list) or not recs:
+                raise ValueError("no records")
+        except (ValueError, KeyError, TypeError):
+            return self._app(environ, start_response)
+        with self._lock:
+            share = self._setting.refuse_records
+            refused = {i for i in range(len(recs)) if self._rng.random() < share}
+            self._counts["records_refused"][PUT_RECORDS] += len(refused)
+        if not refused:
+            return self._app(environ, start_response)
+        kept = [r for i, r in enumerate(recs) if i not in refused]
+        answers: list[dict] = []
+        if kept:
+            body = json.dumps({**request, "Records": kept}).encode()
+            environ["wsgi.input"] = io.BytesIO(body)
+            environ["CONTENT_LENGTH"] = str(len(body))
+            status: list[str] = []
+
+            written: list[bytes] = []
+
+            def capture(code: str, headers: list, *exc: Any) -> Callable[[bytes], None]:
+                status.append(code)
+                return written.append
+
+            out = b"".join(written + list(self._app(environ, capture)))
+            if not status[0].startswith("2"):  # refused whole (no such stream, ...): its own answer
+                return self._error(start_response, status[0], *_kind_and_message(out))
+            answers = json.loads(out)["Records"]
+        placed = iter(answers)
+        results = [
+            {"ErrorCode": THROUGHPUT_EXCEEDED, "ErrorMessage": "Rate exceeded for shard (an emulator fault)."}
+            if i in refused
+            else next(placed)
+            for i in range(len(recs))
+        ]
+        return _json("200 OK", {"FailedRecordCount": len(refused), "Records": results}, start_response)
 
     def _internal_error(self, start_response: Callable, service: str) -> list[bytes]:
         if service == "secretsmanager":
@@ -192,6 +264,9 @@ class Faults:
         if service == "sqs":
             return self._error(start_response, "500 Internal Server Error", "com.amazonaws.sqs#InternalError",
                                "We encountered an internal error. Please try again.")
+        if service == "kinesis":
+            return self._error(start_response, "500 Internal Server Error", "InternalFailure",
+                               "The server encountered an internal error.")
         return self._error(start_response, "500 Internal Server Error", "com.amazonaws.dynamodb.v20120810#InternalServerError",
                            "Internal server error")
 
@@ -211,3 +286,12 @@ class Faults:
             except (ValueError, AttributeError, TypeError) as exc:
                 return _json("400 Bad Request", {"error": "bad_request", "message": str(exc)}, start_response)
         return _json("200 OK", self.state(), start_response)
+
+
+def _kind_and_message(body: bytes) -> tuple[str, str]:
+    """An AWS JSON error body's type and message (for an answer passed on as it was)."""
+    try:
+        doc = json.loads(body)
+        return str(doc.get("__type", "InternalFailure")), str(doc.get("message", doc.get("Message", "")))
+    except (ValueError, AttributeError):
+        return "InternalFailure", body.decode("utf-8", "replace")

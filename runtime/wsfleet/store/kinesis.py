@@ -7,7 +7,10 @@ order they were acknowledged. Invariants it keeps, whatever the stream answers:
 * a request holds at most 500 records and 5 MiB (data and partition keys), and the
   requests of one call go one after the other, each acknowledged whole before the next;
 * every entry is encoded (and checked against the 1 MiB record limit) before anything
-  is sent, so :class:`InvalidItem` never leaves half a call on the stream;
+  is sent, so :class:`InvalidItem` for an entry never leaves half a call on the stream
+  (a ValidationException from Kinesis itself is raised as InvalidItem too, as the table
+  does: the writer splits the call to find the record; what went before it is sent
+  again, in order);
 * a record refused in a PutRecords answer is sent again together with every later
   record of the same connection in that request, in their order: per connection, the
   LAST delivery of every seq is in seq order (earlier deliveries are duplicates with
@@ -15,8 +18,12 @@ order they were acknowledged. Invariants it keeps, whatever the stream answers:
   refusals for throughput are counted in ``RecordsThrottled`` and followed by a
   jittered backoff;
 * it returns only once every record is acknowledged; after a bounded number of rounds
-  it raises :class:`TransientError` and the writer sends the whole call again (what
-  was acknowledged is delivered twice, same fence, in order again);
+  in a row that acknowledged nothing more it raises :class:`TransientError` and the
+  writer sends the whole call again (what was acknowledged is delivered twice, same
+  fence, in order again). The cost of the order rule: under steady per-record
+  refusals, a connection with many records in one request sends its acknowledged
+  tail again each round (duplicates grow with its depth in the batch; the writer's
+  fair share keeps that depth small when many connections are busy);
 * PutRecords is not conditional: the caller checks its deadline as each request leaves
   (``aws.send_deadline``), whose refusal is raised as it is (unwrapped).
 
@@ -115,6 +122,8 @@ class StreamSink:
     def _record(
         self, connection_id: str, fence_token: int, frame: Frame, worker_id: str, objects: Mapping[tuple[str, int], StoredObject] | None
     ) -> _Rec:
+        if not 1 <= len(connection_id) <= records.MAX_PARTITION_KEY_CHARS:
+            raise InvalidItem(f"{connection_id[:300]!r} seq {frame.seq}: a partition key has 1 to 256 characters")
         ref = None
         if needs_object(frame):
             stored = (objects or {}).get((connection_id, frame.seq))
@@ -128,35 +137,43 @@ class StreamSink:
         size = len(data) + len(connection_id.encode("utf-8", "replace"))
         if size > records.MAX_RECORD_BYTES:
             raise InvalidItem(f"{connection_id} seq {frame.seq}: a record of {size} bytes is over Kinesis' 1 MiB")
-        if not 1 <= len(connection_id) <= records.MAX_PARTITION_KEY_CHARS:
-            raise InvalidItem(f"{connection_id!r} seq {frame.seq}: a partition key has 1 to 256 characters")
         return _Rec(connection_id, frame.seq, {"Data": data, "PartitionKey": connection_id})
 
     def _put(self, request: list[_Rec]) -> None:
-        """One request's records, until every one is acknowledged or the rounds run out."""
+        """One request's records, until every one is acknowledged, or until ``max_rounds``
+        rounds in a row acknowledged nothing more. A round that made progress does not
+        count: under steady per-record refusals a deep connection's suffix shrinks only
+        by the records before its first refusal, each round (the send deadline bounds
+        the whole)."""
         pending = request
-        for attempt in range(self._rounds):
+        attempt = 0  # rounds in a row with no progress
+        while attempt < self._rounds:
             try:
                 resp = self._client.put_records(Records=[r.entry for r in pending], **self._target)
             except (ClientError, BotoCoreError) as exc:
                 if refused := unwrap_refusal(exc):
                     raise refused from None  # past its deadline: a retry here would be refused too
+                if _code(exc) == "ValidationException":  # a record Kinesis will not take (we check first)
+                    raise InvalidItem(str(exc)) from exc
                 if not is_transient(exc) and _code(exc) != "KMSThrottlingException":
                     raise  # AccessDenied, ResourceNotFound, a bug: the writer's supervisor backs off
                 if _code(exc) in THROUGHPUT_CODES:
                     self._add(names.RECORDS_THROTTLED, len(pending))
                 # Nothing or everything may have been applied (a lost answer): all again.
                 self._sleep(_backoff(attempt))
+                attempt += 1
                 continue
             answers = resp.get("Records") or []
             if len(answers) != len(pending):
                 raise TransientError(f"PutRecords answered {len(answers)} results for {len(pending)} records")
-            pending, throttled = _again(pending, answers)
-            if not pending:
+            again, throttled = _again(pending, answers)
+            if not again:
                 return
-            self._add(names.RECORDS_RESENT, len(pending))
+            self._add(names.RECORDS_RESENT, len(again))
             if throttled:
                 self._add(names.RECORDS_THROTTLED, throttled)
+            attempt = 0 if len(again) < len(pending) else attempt + 1
+            pending = again
             self._sleep(_backoff(attempt))
         raise TransientError(f"{len(pending)} records still refused by the stream after {self._rounds} rounds")
 

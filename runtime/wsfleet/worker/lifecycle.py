@@ -35,13 +35,9 @@ from ..store import (
     MAX_TRANSACTION,
     Acquired,
     ConnectionsStore,
-    BothSinks,
-    MessagesStore,
     NotAcquired,
     ObjectsStore,
     SessionsStore,
-    Sink,
-    StreamSink,
     TransientError,
     now_ms,
 )
@@ -57,6 +53,7 @@ from .intake import HINT_POLLERS, Intake
 from .retry import LeaseExpired, call_until, first_of
 from .secrets import Secrets
 from .session import Lost, SessionKeeper
+from .sinks import build_sink
 from .supervision import Supervisor
 from .sweep import PAGE_PAUSE_S, Sweeper
 from .takeover import Takeover
@@ -734,20 +731,3 @@ def _direct(fn: Callable[..., Awaitable[Any]], /, **kwargs: Any) -> Awaitable[An
     """``call_until``'s ``call`` for a step that is already async (no thread)."""
     return fn(**kwargs)
 
-
-def build_sink(config: WorkerConfig, aws: Aws, counters: Counters) -> Sink:
-    """Where the writer stores frames (``SINK``): the messages table, the messages stream,
-    or both. The stream counts its resends and throttled records from pool threads
-    (:class:`~wsfleet.store.kinesis.StreamSink` serialises its own adds)."""
-    table = (
-        MessagesStore(aws.dynamodb_writes, config.messages_table_name, ttl_days=config.message_ttl_days)
-        if schema.SINK_DYNAMODB in config.sinks
-        else None
-    )
-    stream = StreamSink(aws.kinesis, config.messages_stream_name, count=counters.add) if aws.kinesis is not None else None
-    if table is not None and stream is not None:
-        return BothSinks(table, stream)
-    sink = table or stream
-    if sink is None:  # config.sinks is never empty, and Aws makes a Kinesis client for it
-        raise ValueError(f"no sink for SINK={','.join(config.sinks)}")
-    return sink
