@@ -19,7 +19,11 @@ row, so that their ratio is fair on a shared machine; then a crash row:
   the takeover's against the bound: frames in CHECKPOINT_SECONDS plus the takeover time;
   and the stream rules (last deliveries in seq order, every seq delivered, no lower fence
   after a higher one). The crash row runs CHECKPOINT_SECONDS 30 to stay short: the bound
-  and the duplicates both scale with it.
+  and the duplicates both scale with it. Before the kill, for ``fault_s``, the emulator
+  refuses a share of PutRecords' records one by one (a partial failure), makes a share
+  of PutRecords ambiguous (applied, answer lost) and throttles a share whole: the
+  resends they cause are the same-fence duplicates, and the stream rules must hold
+  through them too.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 
 from wsfleet import config as cfg
 from wsfleet import records, schema
+from wsfleet.local.emulator import faults, set_faults
 from wsfleet.local.fleet import eventually
 
 from .common import Result, Rig, fmt, fmt_spread, latency_cell, md_table
@@ -56,6 +61,11 @@ def crash_settings(quick: bool) -> dict[str, Any]:
         # Long enough for every connection's first checkpoint (asked 90-100 % of the way).
         "hold_s": checkpoint_s + (1.0 if quick else 5.0),
         "after_s": 2.0 if quick else 10.0,  # w2 delivering live frames before its stop
+        # Stream faults while the first owner holds (off before the kill).
+        "fault_s": 1.0 if quick else 20.0,
+        "refuse_records": 0.1,
+        "ambiguous": 0.05,
+        "throttle": 0.05,
         "worker": {
             cfg.CHECKPOINT_SECONDS: checkpoint_s,
             cfg.METRICS_SECONDS: 0.5 if quick else 5,
@@ -118,8 +128,15 @@ def run_crash(run_dir: Path, c: dict[str, Any]) -> dict[str, Any]:
         w1 = rig.worker("w1", c["worker"])
         ids = [f"crash{i:03d}" for i in range(n)]
         connect(rig, upstream, ids)
+        url = rig.emulator.endpoint_url
+        set_faults(url, refuse_records=c["refuse_records"], ambiguous={"PutRecords": c["ambiguous"]},
+                   throttle={"PutRecords": c["throttle"]}, seed=c["seed"])
+        time.sleep(c["fault_s"])
+        counted = faults(url)
+        set_faults(url)
         # Every connection checkpointed once, then a kill at a random point of the cycle.
-        time.sleep(c["hold_s"] + rng.uniform(0, c["checkpoint_s"]))
+        time.sleep(max(0.0, c["hold_s"] - c["fault_s"]) + rng.uniform(0, c["checkpoint_s"]))
+        last = w1.stats()[-1]
         os.kill(w1.pid, signal.SIGKILL)
         killed = time.monotonic()
         eventually(lambda: not w1.proc.alive(), 30, "w1 to die")
@@ -147,6 +164,7 @@ def run_crash(run_dir: Path, c: dict[str, Any]) -> dict[str, Any]:
         "connections": n,
         "rate": rate,
         "checkpoint_s": c["checkpoint_s"],
+        "fault_s": c["fault_s"],
         "seed": c["seed"],
         "takeover_s": takeover_s,
         "bound_per_connection": bound,
@@ -155,6 +173,9 @@ def run_crash(run_dir: Path, c: dict[str, Any]) -> dict[str, Any]:
         "over_bound": sum(1 for d in dup if d > bound),
         "takeover_at_or_below_checkpoint": sum(a["takeover_at_or_below_checkpoint"] for a in audits.values()),
         "resent_duplicates": sum(a["resent_duplicates"] for a in audits.values()),
+        "faults": {k: (counted.get(k) or {}).get("PutRecords", 0) for k in ("passed", "ambiguous", "throttled", "records_refused")},
+        "records_resent": last.counters.get("RecordsResent", 0),
+        "records_throttled": last.counters.get("RecordsThrottled", 0),
         "records": sum(a["records"] for a in audits.values()),
         "missing": sum(a["missing"] for a in audits.values()),
         "out_of_order": sum(a["out_of_order"] for a in audits.values()),
@@ -165,6 +186,7 @@ def run_crash(run_dir: Path, c: dict[str, Any]) -> dict[str, Any]:
 
 
 def crash_table(r: dict[str, Any]) -> str:
+    f = r["faults"]
     violations = (r["over_bound"] + r["takeover_at_or_below_checkpoint"] + r["missing"] + r["out_of_order"]
                   + r["lower_fence_after_higher"] + r["without_records"])
     rows = [
@@ -175,7 +197,11 @@ def crash_table(r: dict[str, Any]) -> str:
         [f"bound per connection: {r['rate']:g} msg/s x (CHECKPOINT_SECONDS {r['checkpoint_s']:g} + takeover "
          f"{r['takeover_s']:.1f} s)", f"{r['bound_per_connection']} ({r['over_bound']} connections over it)"],
         ["takeover duplicates at or below the dead owner's last checkpoint", str(r["takeover_at_or_below_checkpoint"])],
-        ["resent duplicates (same fence, after a partial failure)", str(r["resent_duplicates"])],
+        [f"stream faults for the first {r['fault_s']:g} s: PutRecords passed / ambiguous / throttled whole; records refused",
+         f"{f['passed']:,} / {f['ambiguous']} / {f['throttled']}; {f['records_refused']:,}"],
+        ["the first owner's RecordsResent; RecordsThrottled (its last stats line before the kill)",
+         f"{r['records_resent']:,}; {r['records_throttled']:,}"],
+        ["resent duplicates on the stream (same fence)", str(r["resent_duplicates"])],
         ["seqs never delivered; last deliveries out of order; lower fence after higher",
          f"{r['missing']}; {r['out_of_order']}; {r['lower_fence_after_higher']}"],
         ["target (issue 21): duplicates within the bound, only past the checkpoint, stream rules kept",
