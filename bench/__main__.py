@@ -1,4 +1,4 @@
-"""``python -m bench [failover|cost|capacity|ingestion|faults|rebalance|pauses|readapi|largeframes|all] [--quick] [--kinds-only] [--out DIR]``
+"""``python -m bench [failover|cost|capacity|ingestion|faults|rebalance|pauses|readapi|largeframes|sinks|all] [--quick] [--kinds-only] [--out DIR]``
 
 Runs the chosen benchmarks one after another (each with processes of its own), prints
 each one's markdown table with the command that produced it, and writes the raw
@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from wsfleet.local import fleet
 
-from . import capacity, cost, failover, faults, ingestion, largeframes, pauses, readapi, rebalance
+from . import capacity, cost, failover, faults, ingestion, largeframes, pauses, readapi, rebalance, sinks
 from .common import Result, machine
 
 BENCHMARKS: dict[str, Callable[..., Result]] = {
@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "pauses": pauses.run,
     "readapi": readapi.run,
     "largeframes": largeframes.run,
+    "sinks": sinks.run,
 }
 
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -28,7 +29,7 @@ from botocore.config import Config
 from wsfleet import config as cfg
 from wsfleet import schema
 from wsfleet.local.api import build_event
-from wsfleet.local.emulator import DEFAULT_REGION, emulator_session
+from wsfleet.local.emulator import DEFAULT_REGION, create_resources, emulator_session
 from wsfleet.local.fleet import LOOPBACK, EmulatorProcess, Process, child_env, eventually, spawn, stop_process
 from wsfleet.local.upstream import stream_path
 from wsfleet.logs import JsonLogger
@@ -255,6 +256,10 @@ class Window:
     def ddb_total(self) -> int:
         return sum(v for k, v in self.requests.items() if k.startswith("dynamodb."))
 
+    @property
+    def kinesis_total(self) -> int:
+        return sum(v for k, v in self.requests.items() if k.startswith("kinesis."))
+
 
 def latency_between(a: Stats, b: Stats) -> dict[str, Any]:
     """Frame received (handed to the writer) -> stored, for the frames stored between two
@@ -331,8 +336,9 @@ class Rig:
     benchmark starts, and the event router in this process; everything is stopped on
     exit."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, sink: str = schema.SINK_DYNAMODB) -> None:
         self.run_dir = run_dir
+        self.sink = sink  # a SINK value: where the workers store frames
         self.emulator = EmulatorProcess(run_dir / "emulator.log")
         self.upstreams: list[UpstreamProcess] = []
         self.workers: list[WorkerProcess] = []
@@ -344,7 +350,13 @@ class Rig:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.emulator.start()
-            self.aws_env = self.emulator.create_resources()
+            suffix = uuid.uuid4().hex[:8]
+            self.aws_env = create_resources(
+                self.emulator.endpoint_url, table_name=f"wsfleet-connections-{suffix}",
+                sessions_table_name=f"wsfleet-sessions-{suffix}", messages_table_name=f"wsfleet-messages-{suffix}",
+                messages_bucket_name=f"wsfleet-messages-{suffix}", queue_name=f"wsfleet-start-{suffix}",
+                sink=self.sink, messages_stream_name=f"wsfleet-messages-{suffix}",
+            )
             # The emulator's credentials and region, for the clients this process makes.
             self.session = emulator_session(self.aws_env.get("AWS_REGION", DEFAULT_REGION))
             self.ddb = self.session.client(
@@ -353,6 +365,7 @@ class Rig:
                 config=Config(retries={"mode": "standard", "max_attempts": 8}, read_timeout=30),
             )
             self.sqs = self.session.client("sqs", endpoint_url=self.emulator.endpoint_url)
+            self.kinesis = self.session.client("kinesis", endpoint_url=self.emulator.endpoint_url)
             self.connections = ConnectionsStore(
                 self.ddb, self.aws_env["TABLE_NAME"], state_shards=cfg.state_shards(self.aws_env)
             )

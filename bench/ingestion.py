@@ -135,8 +135,9 @@ def connect(rig: Rig, upstream: Any, ids: list[str], kind: UpstreamKind = DEFAUL
     return time.monotonic() - began
 
 
-def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, Any], kind_name: str = DEFAULT_KIND) -> dict[str, Any]:
-    with Rig(run_dir) as rig:
+def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, Any], kind_name: str = DEFAULT_KIND,
+              sink: str = schema.SINK_DYNAMODB) -> dict[str, Any]:
+    with Rig(run_dir, sink=sink) as rig:
         kind = UpstreamKind.auth_subscribe(rig.emulator.endpoint_url) if kind_name == AUTH_SUBSCRIBE else DEFAULT
         upstream = rig.upstream(rate, credentials=kind.credentials)
         worker = rig.worker("w1", {**s["worker"], cfg.FLUSH_INTERVAL_MS: flush_ms,
@@ -165,19 +166,29 @@ def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, An
     # checkpoint per connection per cycle with the transactions' measured fill.
     written = b.checkpoints.get("written", 0) - a.checkpoints.get("written", 0)
     transactions = win.ddb("TransactWriteItems")
-    steady = None
+    # With SINK=kinesis the frames go in PutRecords: every AWS request counts, DynamoDB's
+    # (holding, checkpoints) and the stream's.
+    requests = win.ddb_total + win.kinesis_total
+    puts = win.requests.get("kinesis.PutRecords", 0)
+    steady = steady_ddb = None
     if cycle and written and stored:
         per_cycle = n * win.seconds / (DEFAULTS.checkpoint_ms / 1000)
-        steady = (win.ddb_total - transactions + per_cycle * transactions / written) / stored
+        checkpoints = per_cycle * transactions / written - transactions
+        steady = (requests + checkpoints) / stored
+        steady_ddb = (win.ddb_total + checkpoints) / stored
     return {
         "kind": kind_name,
+        "sink": sink,
+        "requests_per_message": requests / stored if stored else None,
+        "requests_per_message_steady": steady,
+        "records_per_put": stored / puts if puts else None,
         "connect_s": connect_s,
         "latency_ms": latency_between(a, b),
         "latency_sub_windows": [latency_between(x, y) for x, y in zip(lines, lines[1:], strict=False)],
         "cycle_window": cycle,
         "checkpoints_in_window": written,
         "checkpoint_transactions_in_window": transactions,
-        "ddb_requests_per_message_steady": steady,
+        "ddb_requests_per_message_steady": steady_ddb,
         "sub_windows": [vars(w) for w in parts],
         "stored_per_s_spread": median_spread(w.counters["MessagesStored"] / w.seconds for w in parts),
         "worker_cpu_ms_per_message_spread": median_spread(

@@ -17,15 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from wsfleet import plan
+from wsfleet import plan, records
 from bench.common import Stats, Window, distribution, md_table, median_spread, percentile
 from bench.cost import PRICES, attribute_size, index_writes, item_size, read_units_eventual, write_units
 from bench.faults import session_loss
+from bench.sinks import audit
 from wsfleet import schema
 from wsfleet.leases import SessionTiming
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("failover", "cost", "capacity", "ingestion", "faults", "rebalance", "pauses", "readapi", "largeframes")
+BENCHMARKS = ("failover", "cost", "capacity", "ingestion", "faults", "rebalance", "pauses", "readapi", "largeframes", "sinks")
 
 
 def test_percentile_interpolates_between_closest_ranks():
@@ -117,6 +118,26 @@ def test_window_is_the_difference_of_two_stats_lines():
     assert not Window.between(stats(0.0, 0, 0, 0.0, 1), stats(1.0, 0, 0, 0.0, 2, session="s2")).same_session
     both = Window.combined([w, w])
     assert (both.seconds, both.renewals, both.ddb("UpdateItem")) == (60.0, 24, 24)
+
+
+def test_the_sinks_crash_audit_tells_takeover_duplicates_from_resends_and_finds_broken_rules():
+    def rec(seq, fence, skip_to=None):
+        return records.Record("c", seq, fence, "w", 0, skip_to is None, data=seq, skipped="upstream_gap" if skip_to else None,
+                              skip_to=skip_to)
+
+    # Owner 1 (fence 1) delivered 1-6, seq 3 twice (a resend); it had checkpointed 4.
+    # Owner 2 (fence 2) resumed at 5: 5 and 6 again, then a marker for 7-8, then 9.
+    clean = [rec(1, 1), rec(2, 1), rec(3, 1), rec(3, 1), rec(4, 1), rec(5, 1), rec(6, 1), rec(5, 2), rec(6, 2),
+             rec(7, 2, skip_to=8), rec(9, 2)]
+    a = audit(clean, checkpoint=4)
+    assert (a["takeover_duplicates"], a["resent_duplicates"], a["takeover_at_or_below_checkpoint"]) == (2, 1, 0)
+    assert (a["missing"], a["out_of_order"], a["lower_fence_after_higher"], a["first"], a["last"]) == (0, 0, 0, 1, 9)
+    # The same with the checkpoint at 5: seq 5 again at a higher fence was at or below it.
+    assert audit(clean, checkpoint=5)["takeover_at_or_below_checkpoint"] == 1
+    broken = [rec(1, 2), rec(3, 2), rec(2, 2), rec(1, 1)]  # 2 after 3; fence 1 after 2
+    b = audit(broken, checkpoint=0)
+    assert (b["out_of_order"], b["lower_fence_after_higher"]) == (2, 1)
+    assert audit([rec(1, 1), rec(4, 1)], checkpoint=0)["missing"] == 2
 
 
 def test_md_table_formats_numbers_and_keeps_text():

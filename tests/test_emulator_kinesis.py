@@ -68,3 +68,24 @@ def test_concurrent_put_records_lose_nothing_and_never_share_a_sequence_number(e
     for t in range(THREADS):
         mine = [d for d in data if d.startswith(f"{t}-")]
         assert mine == [f"{t}-{c}-{r}" for c in range(CALLS) for r in range(RECORDS)]
+
+
+def test_a_shards_first_and_last_sequence_numbers_are_read_without_copying_its_keys():
+    """moto copies every key of a shard per record put (quadratic in the shard); the
+    emulator's patch reads the two ends of the ordered dict instead, with the same answers."""
+    from collections import OrderedDict
+    from types import SimpleNamespace
+
+    from moto.kinesis.models import Shard
+
+    from wsfleet.local.moto_patches import _kinesis_sequence_ends_in_constant_time
+
+    class NoCopies(OrderedDict):
+        def keys(self):  # what moto's own version copies
+            raise AssertionError("the shard's keys were copied")
+
+    _kinesis_sequence_ends_in_constant_time()
+    shard = SimpleNamespace(records=NoCopies((n, None) for n in range(1, 30_001)))
+    assert (Shard.get_min_sequence_number(shard), Shard.get_max_sequence_number(shard)) == (1, 30_000)
+    empty = SimpleNamespace(records=NoCopies())
+    assert (Shard.get_min_sequence_number(empty), Shard.get_max_sequence_number(empty)) == (0, 0)

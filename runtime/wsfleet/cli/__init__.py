@@ -20,6 +20,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import config, schema
 from ..plan import ENVIRONMENTS
+from ..plan_sinks import DEFAULT_FRAME_BYTES, Consumer
 from ..store import TransientError
 from ..stream import MAX_SEQ
 from . import commands, render, upstream_flags
@@ -76,6 +77,13 @@ def _since(text: str) -> float | None:
         return stream_records.since_seconds(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _retention_hours(text: str) -> float:
+    value = _number(text, "hours")
+    if not 24 <= value <= 8760:
+        raise argparse.ArgumentTypeError(f"must be from 24 to 8760 hours (a Kinesis stream's retention), got {text!r}")
+    return value
 
 
 def _seconds(text: str) -> float:
@@ -261,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Workers needed, DynamoDB requests and capacity units per second per table and per hottest index "
             "partition, $ per month and the limit that binds first, for N connections receiving R messages/s "
-            "each; with --secrets, the Secrets Manager calls and $ of the connections' secret_headers. Computed "
+            "each; each sink (SINK=dynamodb, kinesis, both) priced side by side, with where its limits bind; with --secrets, the Secrets Manager calls and $ of the connections' secret_headers. Computed "
             "(no AWS calls) from the per-operation counts `make bench` last measured "
             "(wsfleet/measured_ops.json) and the environment's settings."
         ),
@@ -309,6 +317,37 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="connections whose upstream keeps refusing them (each fetches its secret at every retry) [0]",
+    )
+    plan.add_argument(
+        "--frame-bytes",
+        type=_positive,
+        default=DEFAULT_FRAME_BYTES,
+        metavar="B",
+        help=f"a frame's data in bytes (compact JSON), to price the sinks side by side [{DEFAULT_FRAME_BYTES}]",
+    )
+    plan.add_argument(
+        "--stream-retention-hours",
+        type=_retention_hours,
+        default=24,
+        metavar="H",
+        help="the Kinesis stream's retention, 24 to 8760 hours (beyond 24 is billed) [24]",
+    )
+    plan.add_argument(
+        "--consumer-batch",
+        type=_positive,
+        default=Consumer.batch_size,
+        metavar="N",
+        help=f"the reference consumer's largest batch of records [{Consumer.batch_size}]",
+    )
+    plan.add_argument(
+        "--consumer-window",
+        type=_seconds,
+        default=Consumer.window_s,
+        metavar="S",
+        help=f"the reference consumer's batching window in seconds [{Consumer.window_s:g}]",
+    )
+    plan.add_argument(
+        "--no-consumer", action="store_true", help="price the stream without the reference consumer (your own reader)"
     )
     plan.set_defaults(run=commands.plan)
     return parser

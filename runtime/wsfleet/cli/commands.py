@@ -9,6 +9,7 @@ import json
 from typing import Any, Mapping
 
 from .. import plan as planning
+from .. import plan_sinks
 from ..store import now_ms
 from ..stream import MAX_MESSAGE_BYTES
 from . import locate, reading, render, upstream_flags, views
@@ -193,6 +194,19 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             reconnects_per_hour=args.reconnects,
             refused=args.refused,
         )
+    consumer = None if args.no_consumer else plan_sinks.Consumer(batch_size=args.consumer_batch, window_s=args.consumer_window)
+    result["sinks"] = plan_sinks.sinks(
+        measured,
+        connections=args.connections,
+        per_worker=per_worker,
+        rate=args.rate,
+        shards=settings["shards"],
+        checkpoint_s=settings["checkpoint_s"],
+        ttl_days=retention_days,
+        frame_bytes=args.frame_bytes,
+        retention_hours=args.stream_retention_hours,
+        consumer=consumer,
+    )
     result["large_frame_cost"] = [
         planning.large_frame_cost(size, prices=measured.prices, retention_days=retention_days)
         for size in sorted({*LARGE_EXAMPLE_SIZES, args.large_bytes})

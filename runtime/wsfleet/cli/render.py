@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Mapping, Sequence
 
 from .. import schema
@@ -215,9 +216,66 @@ def plan(result: Mapping[str, Any]) -> str:
         f"from the counts measured by `{measured.get('command', '?')}` at commit {measured.get('commit', '?')} "
         f"({measured.get('date', '?')}); prices are us-east-1 on-demand list prices: check them before relying on them",
     ]
+    lines += _sinks(result.get("sinks"))
     lines += _secrets(result.get("secrets"))
     lines += _large_frames(result)
     return "\n".join(lines)
+
+
+def _sinks(p: Mapping[str, Any] | None) -> list[str]:
+    if not p:
+        return []
+    if not p["rate"]:
+        return ["", "where frames go (SINK): no frames priced (--rate R to price the table and the stream side by side)"]
+    parts = ("holding", "checkpoints", "dynamodb", "kinesis")
+    rows = [
+        [name, *(f"{s['month'][k]:,.0f}" if k in s["month"] else "-" for k in parts),
+         f"{s['month']['total']:,.0f}", f"{s['per_1000_connections']:,.2f}"]
+        for name, s in p["sinks"].items()
+    ]
+    k, t = p["kinesis"], p["dynamodb"]
+    km = k["month"]
+    consumer = p["consumer"]
+    stream = (
+        f"stream: {k['gb_ingested_per_month']:,.0f} GB in per month (each {p['record_bytes']} B record billed as "
+        f"{math.ceil(p['record_bytes'] / 1024)} KB): ingest {km['ingest']:,.0f}, retrieval {km['retrieval']:,.0f}, "
+        f"stream-hours {km['stream']:,.0f}, retention past 24 h {km['retention']:,.0f}, KMS key and requests {km['kms']:,.2f}"
+    )
+    if consumer:
+        c = k["consumer"]
+        stream += (
+            f"; reference consumer (batches of up to {consumer['batch_size']:,} or {consumer['window_s']:g} s, "
+            f"{c['shards']} shards): {c['invocations']:,.1f} invocations/s of {c['records_per_invocation']:,.0f} records, "
+            f"Lambda {km['consumer_lambda']:,.0f}, S3 PUTs {km['consumer_s3']:,.0f}, "
+            f"state writes {km['consumer_state']:,.0f} ({c['state_writes']:,.1f}/s)"
+        )
+    else:
+        stream += "; no consumer priced (--no-consumer)"
+    def load(lim: Mapping[str, Any]) -> str:
+        if lim["unit"] == "bytes/s":  # shown in MB/s (2^20 bytes), as Kinesis states its limits
+            return f"{lim['load'] / (1 << 20):,.3g} / {lim['limit'] / (1 << 20):,.6g} MB/s"
+        return f"{lim['load']:,.3g} / {lim['limit']:,.6g} {lim['unit']}"
+
+    limit_rows = [
+        [lim["sink"], lim["name"], load(lim), f"{lim['utilisation'] * 100:.3g} %",
+         "-" if lim["reached_at"] is None else
+         (f"{lim['reached_at']:,.4g} msg/s per connection" if lim["scales_with"] == "rate" else f"{lim['reached_at']:,.0f} connections")]
+        for lim in p["limits"]
+    ]
+    return [
+        "",
+        f"where frames go (SINK), $ per month at {p['rate']:g} msg/s of {p['frame_bytes']:,} B per connection "
+        f"(stream kept {p['retention_hours']:g} h, table items {p['ttl_days']:g} days):",
+        _indent(table(["SINK", "HOLDING", "CHECKPOINTS", "TABLE", "STREAM", "TOTAL", "PER 1,000 CONNECTIONS"], rows)),
+        f"table: {t['wru_per_message']} write unit(s) per {p['item_bytes']} B item, writes {t['month']['writes']:,.0f}, "
+        f"storage {t['month']['storage']:,.0f} ({t['stored_gb']:,.0f} GB)",
+        stream,
+        "Kinesis: On-demand Standard list prices (On-demand Advantage is lower); KMS free tier not counted; the "
+        "consumer's Lambda duration is an assumption; its output objects' storage is yours",
+        "",
+        "where the sinks' limits bind:",
+        _indent(table(["SINK", "LIMIT", "LOAD / LIMIT", "USED", "REACHED AT"], limit_rows)),
+    ]
 
 
 def _secrets(s: Mapping[str, Any] | None) -> list[str]:

@@ -91,7 +91,12 @@ from .emulator_faults import HARNESS_MARK, OUTAGE_SERVICES, FaultSetting  # noqa
 from .emulator_wsgi import WSGIApp
 from .emulator_wsgi import operation as _operation
 from .emulator_wsgi import read_body as _read_body
-from .moto_patches import _partition_queries, _transactions_copy_items_not_tables, _visible_again_wakes_long_polls
+from .moto_patches import (
+    _kinesis_sequence_ends_in_constant_time,
+    _partition_queries,
+    _transactions_copy_items_not_tables,
+    _visible_again_wakes_long_polls,
+)
 from .secrets import SECRET_PREFIX
 
 
@@ -161,6 +166,7 @@ def build_app() -> WSGIApp:
     _partition_queries()
     _visible_again_wakes_long_polls()
     _transactions_copy_items_not_tables()
+    _kinesis_sequence_ends_in_constant_time()
     book = Journal()
     return RequestLedger(book(Faults(SerializedDynamoDB(DomainDispatcherApplication(create_backend_app), book))))
 

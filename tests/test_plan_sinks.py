@@ -1,0 +1,168 @@
+"""`wsfleet plan`'s sinks side by side (issue 21): the messages table, the Kinesis stream
+with its reference consumer, or both, checked against hand-computed cases (the figures
+in the comments are worked by hand from the price tables in wsfleet.plan_sinks)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from wsfleet import plan, plan_sinks, records
+from wsfleet.cli import main
+from wsfleet.stream import Frame
+
+PRICES = {"dynamodb_wru_per_million": 0.625, "dynamodb_rru_per_million": 0.125, "sqs_requests_per_million": 0.4,
+          "cloudwatch_put_metric_data_per_thousand": 0.01}
+MONTH_S = 730 * 3600  # 2,628,000 s
+
+
+def _measured() -> plan.Measured:
+    """One renewal per worker every 2.5 s and nothing else: holding is that alone."""
+    return plan.Measured(ops=(plan.Op("renewal", "sessions", "", "own", 1440, wru=1),), fixed_per_worker_hour={},
+                         message_wru=1, checkpoint_wru=1, prices=PRICES, measured_with={})
+
+
+def test_a_record_is_the_encoded_frame_and_its_partition_key_and_is_billed_per_started_kb():
+    frame = Frame(seq=10**9, data_json='"' + "x" * 254 + '"', received_at_ms=1_800_000_000_000)
+    encoded = records.encode("c" * 36, 10**6, "w" * 32, frame)
+    assert records.decode(encoded).data == "x" * 254
+    assert plan_sinks.record_bytes(256) == len(encoded) + 36
+    assert plan_sinks.record_bytes(1256) - plan_sinks.record_bytes(256) == 1000  # the envelope is fixed
+    assert [plan_sinks.billed_kb(n) for n in (1, 1024, 1025, 4608)] == [1, 1, 2, 5]  # 4.5 KB counts as 5
+
+
+def test_the_stream_and_its_consumer_cost_what_the_hand_computation_says():
+    # 1,000 records/s of 1,500 bytes (billed 2 KB each), kept 72 h, 10 workers, 1,000
+    # connections; the consumer in batches of up to 100 or 1 s.
+    consumer = plan_sinks.Consumer(batch_size=100, window_s=1.0, ms_per_invocation=200, memory_mb=256)
+    k = plan_sinks.kinesis_month(records_per_s=1000, record_size=1500, connections=1000, workers=10,
+                                 retention_hours=72, consumer=consumer, prices=PRICES)
+    m = k["month"]
+    # 2,048,000 billed bytes/s over 2,628,000 s = 5.382e12 bytes = 5,012.5 GB (2^30).
+    assert k["gb_ingested_per_month"] == pytest.approx(5012.5, rel=1e-4)
+    assert m["ingest"] == pytest.approx(401.0, rel=1e-3)  # x $0.08
+    assert m["retrieval"] == pytest.approx(200.5, rel=1e-3)  # x $0.04, read once by the consumer
+    assert m["stream"] == pytest.approx(29.2)  # 730 h x $0.04
+    # 48 h past the free 24: 2,048,000 x 3,600 / 2^30 = 6.866 GB per hour kept, x 48 = 329.6 GB x $0.10.
+    assert m["retention"] == pytest.approx(32.96, rel=1e-3)
+    # 1.5 MB/s needs 1.43 shards; room for twice that is 3, under the default 4.
+    assert k["shards"] == 4
+    # KMS: 10 workers + 4 consumer environments, a call each every 300 s: 122,640 calls; + $1 the key.
+    assert k["kms_requests_per_month"] == pytest.approx(122_640)
+    assert m["kms"] == pytest.approx(1 + 12.264 * 0.03)
+    c = k["consumer"]
+    # 250 records/s per shard: a batch of 100 every 0.4 s, 2.5 invocations/s on each of 4.
+    assert c["invocations"] == pytest.approx(10.0) and c["records_per_invocation"] == pytest.approx(100.0)
+    # 100 records of 250 connections (per shard) hold 250 x (1 - 0.996^100) = 82.5 of them.
+    assert c["state_writes"] == pytest.approx(10 * 82.52, rel=1e-3)
+    assert c["s3_puts"] == pytest.approx(10.0)  # one object per batch
+    assert m["consumer_lambda"] == pytest.approx(10 * MONTH_S * (0.2e-6 + 0.2 * 0.25 * 0.0000166667), rel=1e-6)  # $27.16
+    assert m["consumer_s3"] == pytest.approx(131.4)  # 26.28 M PUTs x $0.005 / 1,000
+    assert m["consumer_state"] == pytest.approx(825.2 * 2.628 * 0.625, rel=1e-3)  # write units x $0.625 / million
+    assert m["total"] == pytest.approx(sum(v for key, v in m.items() if key != "total"))
+
+
+def test_without_a_consumer_the_stream_is_ingest_hours_and_kms_only():
+    k = plan_sinks.kinesis_month(records_per_s=500, record_size=473, connections=1000, workers=15, retention_hours=24,
+                                 consumer=None, prices=PRICES)
+    # 500 x 1 KB per second over the month: 1,253.1 GB x $0.08.
+    assert k["month"]["ingest"] == pytest.approx(100.25, rel=1e-3)
+    assert k["month"]["retrieval"] == 0 and k["consumer"] is None and k["month"]["retention"] == 0
+    assert k["kms_requests_per_month"] == pytest.approx(15 * MONTH_S / 300)
+
+
+def test_the_table_costs_a_write_unit_per_started_kb_and_its_storage_for_the_ttl():
+    t = plan_sinks.dynamodb_month(records_per_s=500, item_size=1100, ttl_days=3, prices=PRICES)
+    assert t["wru_per_message"] == 2
+    # 1,000 WRU/s x 2,628,000 s = 2,628 M x $0.625.
+    assert t["month"]["writes"] == pytest.approx(1642.5)
+    # 500 x 259,200 s x 1,200 bytes (100 of overhead) = 155.5e9 bytes = 144.8 GB x $0.25.
+    assert t["stored_gb"] == pytest.approx(144.84, rel=1e-3)
+    assert t["month"]["storage"] == pytest.approx(36.21, rel=1e-3)
+
+
+def test_the_sinks_side_by_side_share_holding_and_checkpoints_and_both_pays_for_each():
+    p = plan_sinks.sinks(_measured(), connections=1000, per_worker=100, rate=0.5, shards=4, checkpoint_s=120, ttl_days=3)
+    table, stream, both = (p["sinks"][k]["month"] for k in ("dynamodb", "kinesis", "dynamodb,kinesis"))
+    # Holding: 10 workers x 1,440 renewals an hour x 730 h = 10.512 M write units x $0.625.
+    assert table["holding"] == stream["holding"] == pytest.approx(6.57)
+    # A checkpoint per connection every 120 s: 8.33 write units/s, 21.9 M a month.
+    assert table["checkpoints"] == stream["checkpoints"] == pytest.approx(13.6875)
+    assert table["dynamodb"] == pytest.approx(p["dynamodb"]["month"]["total"])
+    assert stream["kinesis"] == pytest.approx(p["kinesis"]["month"]["total"])
+    assert both["total"] == pytest.approx(table["total"] + stream["kinesis"])
+    assert p["sinks"]["kinesis"]["per_1000_connections"] == pytest.approx(stream["total"])  # 1,000 connections
+    # A small frame: under 1 KB as an item and as a record, so a write unit against a KB ingested.
+    assert p["dynamodb"]["wru_per_message"] == 1 and plan_sinks.billed_kb(p["record_bytes"]) == 1
+    assert stream["total"] < table["total"]
+
+
+def test_the_consumer_at_the_mappings_defaults_costs_a_state_write_per_frame_at_low_rates():
+    low = plan_sinks.consumer_rates(records_per_s=500, connections=1000, shards=4,
+                                    consumer=plan_sinks.Consumer(batch_size=100, window_s=1))
+    batched = plan_sinks.consumer_rates(records_per_s=500, connections=1000, shards=4,
+                                        consumer=plan_sinks.Consumer(batch_size=1000, window_s=30))
+    # 125 records/s per shard in batches of 100: 100 of 250 connections, 82 distinct.
+    assert low["state_writes"] / 500 == pytest.approx(0.825, rel=1e-2)
+    # Batches of 1,000 (8 s): 250 x (1 - 0.996^1000) = 245.5 distinct, a write per 4 frames.
+    assert batched["state_writes"] / 500 == pytest.approx(245.5 / 1000, rel=1e-2)
+    # The defaults (10,000 or 30 s): 3,750 records a batch, all 250 connections in it.
+    default = plan_sinks.consumer_rates(records_per_s=500, connections=1000, shards=4, consumer=plan_sinks.Consumer())
+    assert default["records_per_invocation"] == pytest.approx(3750)
+    assert default["state_writes"] / 500 == pytest.approx(250 / 3750, rel=1e-3)
+    assert plan_sinks.consumer_rates(records_per_s=0, connections=10, shards=4, consumer=plan_sinks.Consumer())["invocations"] == 0
+    # A quiet shard (0.1 records/s): with a 1 s window an invocation per record, never
+    # more invocations than records; with the 30 s window, one per 30 s of 3 records.
+    quiet = plan_sinks.consumer_rates(records_per_s=0.4, connections=10, shards=4,
+                                      consumer=plan_sinks.Consumer(batch_size=100, window_s=1))
+    assert quiet["invocations"] == pytest.approx(0.4) and quiet["records_per_invocation"] == pytest.approx(1.0)
+    slow = plan_sinks.consumer_rates(records_per_s=0.4, connections=10, shards=4, consumer=plan_sinks.Consumer())
+    assert slow["invocations"] == pytest.approx(4 / 30) and slow["records_per_invocation"] == pytest.approx(3.0)
+
+
+def test_a_batch_is_cut_at_the_invocation_payload_limit():
+    # A 473-byte record is 632 bytes of base64 and about 650 of event: 4,907 in 6 MiB.
+    assert plan_sinks.batch_cap(473) == 6 * 1024 * 1024 // 1282 == 4907
+    # 1,000 records/s on one shard: 10,000 would fill in 10 s, but a batch stops at 4,907.
+    r = plan_sinks.consumer_rates(records_per_s=1000, connections=100, shards=1, consumer=plan_sinks.Consumer(),
+                                  record_size=473)
+    assert r["records_per_invocation"] == pytest.approx(4907)
+
+
+def test_the_limits_say_where_each_binds():
+    listed = plan_sinks.limits(connections=100_000, per_worker=100, rate=5, record_size=2000, item_size=1500, flush_ms=100)
+    lim = {x["name"].split(":")[0] + ":" + x["sink"]: x for x in listed}
+    one = lim["one connection:kinesis"]
+    # A 2,000-byte record: 1 MiB/s per shard allows 524.3 records/s, under the 1,000 records/s.
+    assert one["reached_at"] == pytest.approx(524.288)
+    default = next(x for x in listed if "default write capacity" in x["name"])
+    # 500,000 records/s x 2,000 bytes = 1e9 bytes/s against 4 MiB/s: full at 419 connections.
+    assert default["utilisation"] == pytest.approx(1e9 / (4 << 20))
+    assert default["reached_at"] == pytest.approx(100_000 * (4 << 20) / 1e9)
+    # The table: 2 write units a frame, 1,000,000 WRU/s against the 40,000 quota: 4,000 connections.
+    assert lim["messages table:dynamodb"]["reached_at"] == pytest.approx(4000)
+    assert lim["one connection:dynamodb"]["reached_at"] == pytest.approx(500)  # 1,000 WRU/s / 2
+    # PutRecords: 100 x 5 x 0.1 s = 50 records a flush; a call holds 500 (5 MiB / 2,000 B is more).
+    assert lim["PutRecords:kinesis"]["utilisation"] == pytest.approx(0.1)
+
+
+def test_plan_prints_the_sinks_side_by_side_and_its_json_is_the_computation(capsys):
+    argv = ["plan", "--connections", "1000", "--rate", "5", "--env", "prod", "--frame-bytes", "600",
+            "--stream-retention-hours", "48", "--consumer-batch", "500", "--consumer-window", "10", "--json"]
+    assert main(argv, env={}) == 0
+    out = json.loads(capsys.readouterr().out)["sinks"]
+    expected = plan_sinks.sinks(plan.load_measured(), connections=1000, per_worker=140, rate=5, shards=16,
+                                checkpoint_s=120, ttl_days=30, frame_bytes=600, retention_hours=48,
+                                consumer=plan_sinks.Consumer(batch_size=500, window_s=10))
+    assert out == json.loads(json.dumps(expected))
+    assert main(["plan", "--connections", "1000", "--rate", "0.5"], env={}) == 0
+    text = capsys.readouterr().out
+    assert "where frames go (SINK)" in text and "dynamodb,kinesis" in text and "where the sinks' limits bind" in text
+    assert main(["plan", "--connections", "1000", "--rate", "0.5", "--no-consumer"], env={}) == 0
+    assert "no consumer priced" in capsys.readouterr().out
+
+
+def test_plan_refuses_a_stream_retention_kinesis_does_not_offer(capsys):
+    assert main(["plan", "--connections", "10", "--stream-retention-hours", "12"], env={}) == 2
+    assert "must be from 24 to 8760 hours" in capsys.readouterr().err
