@@ -47,6 +47,25 @@ def test_a_write_within_its_deadline_goes_through_and_the_deadline_ends_with_the
     assert [r["sk"] for r in msgs.read_all("c1")] == [1, 2]
 
 
+def test_a_deadline_given_as_a_callable_is_read_afresh_at_each_request(aws, aws_env):
+    # A store that retries inside one call (the stream's rounds) follows the renewals:
+    # the deadline the call started with has passed, the lease it reads now has not.
+    msgs = MessagesStore(aws.dynamodb_writes, aws_env["MESSAGES_TABLE_NAME"])
+    started = clock.now()
+    deadlines = iter([started + 0.05, started + 30])
+    current = [next(deadlines)]
+    aws.dynamodb_writes.meta.events.register("before-send.dynamodb", lambda **_: time.sleep(0.1))
+    with send_deadline(lambda: current[0]), pytest.raises(SendDeadlinePassed):
+        msgs.put_many([("c1", 1, Frame(1, "1", 0))], worker_id="w")  # read after the sleep: passed
+    current[0] = next(deadlines)  # a renewal moved it on
+    with send_deadline(lambda: current[0]):
+        msgs.put_many([("c1", 2, Frame(2, "2", 0))], worker_id="w")
+    current[0] = clock.now() - 1  # the lease is lost: refused at once
+    with send_deadline(lambda: current[0]), pytest.raises(SendDeadlinePassed):
+        msgs.put_many([("c1", 3, Frame(3, "3", 0))], worker_id="w")
+    assert [r["sk"] for r in msgs.read_all("c1")] == [2]
+
+
 def objects_in(aws, aws_env) -> list[str]:
     listed = aws.s3.list_objects_v2(Bucket=aws_env["MESSAGES_BUCKET_NAME"])
     return [o["Key"] for o in listed.get("Contents", [])]

@@ -38,9 +38,11 @@ class SendDeadlinePassed(TransientError):
 
 
 @contextmanager
-def send_deadline(deadline_mono: float) -> Iterator[None]:
+def send_deadline(deadline_mono: float | Callable[[], float]) -> Iterator[None]:
     """In this thread, refuse to send DynamoDB, S3 and Kinesis requests once the deadline (:func:`wsfleet.clock.now`) has
-    passed, checked as late as Python can: right before each ``sendall`` of the request's
+    passed, checked as late as Python can (a callable deadline is read afresh at each
+    check: a store that retries inside one call, as the Kinesis sink does for several
+    rounds, goes on while renewals move the lease on, and stops the moment it is lost): right before each ``sendall`` of the request's
     bytes, once its connection is made (an S3 upload's body is checked again as it
     leaves, after the ``100-continue`` wait).
 
@@ -61,6 +63,8 @@ def send_deadline(deadline_mono: float) -> Iterator[None]:
 
 def _refuse_after_deadline(**_: Any) -> None:
     deadline = getattr(_send_deadline, "value", None)
+    if callable(deadline):
+        deadline = deadline()
     if deadline is not None and clock.now() >= deadline:
         raise SendDeadlinePassed("lease deadline passed before the request was sent")
 

@@ -595,8 +595,16 @@ class Writer:
 
     def _put(self, *, entries: list[tuple[str, int, Frame]], objects: Mapping[tuple[str, int], StoredObject]) -> None:
         # Runs in a pool thread, possibly long after it was queued (or after a freeze):
-        # the deadline is checked as each request leaves, not when the write was decided.
-        deadline = min(self._queues[c].deadline() if c in self._queues else 0.0 for c, _, _ in entries)
+        # the deadline is checked as each request leaves, not when the write was decided,
+        # and read afresh at each: a sink's own retries inside one call (the stream's
+        # rounds, the table's unprocessed items) follow the renewals, so a slow store is
+        # not refused for a deadline the worker has long since moved on. A queue closed
+        # meanwhile (a new owner may have the connection) has none left.
+        queues = {c: self._queues.get(c) for c, _, _ in entries}
+
+        def deadline() -> float:
+            return min(q.deadline() if q is not None and self._queues.get(c) is q else 0.0 for c, q in queues.items())
+
         with send_deadline(deadline):
             self._messages.put_many(entries, worker_id=self._worker_id, objects=objects)
 
