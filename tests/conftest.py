@@ -16,7 +16,7 @@ import botocore.session
 import pytest
 from botocore.config import Config
 
-from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources, set_faults
+from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources, emulator_session, set_faults
 from wsfleet.local.fleet import EmulatorProcess
 from wsfleet.local.upstream import ThreadedUpstream
 from wsfleet.store import ConnectionsStore, MessagesStore, SessionsStore
@@ -112,6 +112,14 @@ def emulator(request: pytest.FixtureRequest):
     set_faults(emu.endpoint_url)
 
 
+@functools.cache
+def _creator(endpoint_url: str, service: str) -> Any:
+    """A client that creates the tests' resources, one per emulator and service: a
+    session and a client made for every test's resources were half of their cost (some
+    350 tests make fresh ones). Fixtures run in the main thread: no two threads share one."""
+    return emulator_session(REGION).client(service, endpoint_url=endpoint_url)
+
+
 @pytest.fixture
 def aws_env(emulator) -> dict[str, str]:
     """Environment variables (as the worker and router read them) for fresh resources."""
@@ -124,6 +132,7 @@ def aws_env(emulator) -> dict[str, str]:
         messages_table_name=f"msg-{suffix}",
         messages_bucket_name=f"msg-{suffix}",
         queue_name=f"start-{suffix}",
+        client=functools.partial(_creator, emulator.endpoint_url),
     )
 
 
