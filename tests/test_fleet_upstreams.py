@@ -29,7 +29,7 @@ DEFAULT_ID = "d-1"
 
 @pytest.fixture
 def fleet(emulator, tmp_path):
-    with Fleet(run_dir=tmp_path, timing=TIMING, rate=RATE, emulator=emulator, sample_interval=0.25) as f:
+    with Fleet(run_dir=tmp_path, timing=TIMING, rate=RATE, emulator=emulator, sample_interval=None) as f:  # judged by the books, not samples
         yield f
 
 

@@ -73,6 +73,7 @@ journal and the request ledger), :mod:`.moto_patches` and :mod:`.emulator_wsgi`.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import signal
 import sys
@@ -320,31 +321,36 @@ def create_resources(
     sink: str = schema.SINK_DYNAMODB,
     messages_stream_name: str = MESSAGES_STREAM_NAME,
     stream_shards: int = STREAM_SHARDS,
+    client: Callable[[str], Any] | None = None,
 ) -> dict[str, str]:
     """Create the tables (from :mod:`wsfleet.schema`), the bucket and the queue, and the
     messages stream when ``sink`` (a ``SINK`` value) has kinesis; return the environment
     variables the worker and the router need to reach them, ``SINK`` among them (Secrets
     Manager answers on the same endpoint: secrets under :data:`secrets.SECRET_PREFIX` are
-    allowed in ``secret_headers``, see :func:`secrets.put_secret`)."""
+    allowed in ``secret_headers``, see :func:`secrets.put_secret`). ``client(service)``:
+    a client of ``endpoint_url`` to create them with (default: a new session's; the
+    tests, which create resources hundreds of times, pass clients made once)."""
     sinks = config.sinks({config.SINK: sink})
-    session = emulator_session(region)
-    ddb = session.client("dynamodb", endpoint_url=endpoint_url)
+    if client is None:
+        session = emulator_session(region)
+        client = functools.partial(session.client, endpoint_url=endpoint_url)
+    ddb = client("dynamodb")
     ddb.create_table(**schema.connections_table_spec(table_name))
     ddb.create_table(**schema.sessions_table_spec(sessions_table_name))
     ddb.update_time_to_live(
         TableName=sessions_table_name, TimeToLiveSpecification={"Enabled": True, "AttributeName": schema.SESSION_TTL}
     )
     ddb.create_table(**schema.messages_table_spec(messages_table_name))
-    sqs = session.client("sqs", endpoint_url=endpoint_url)
+    sqs = client("sqs")
     queue_url = sqs.create_queue(QueueName=queue_name, Attributes={"VisibilityTimeout": "30"})["QueueUrl"]
-    s3 = session.client("s3", endpoint_url=endpoint_url)
+    s3 = client("s3")
     if region == "us-east-1":
         s3.create_bucket(Bucket=messages_bucket_name)
     else:
         s3.create_bucket(Bucket=messages_bucket_name, CreateBucketConfiguration={"LocationConstraint": region})
     stream: dict[str, str] = {}
     if schema.SINK_KINESIS in sinks:
-        kinesis = session.client("kinesis", endpoint_url=endpoint_url)
+        kinesis = client("kinesis")
         kinesis.create_stream(StreamName=messages_stream_name, ShardCount=stream_shards)
         kinesis.get_waiter("stream_exists").wait(StreamName=messages_stream_name, WaiterConfig={"Delay": 0.1, "MaxAttempts": 300})
         stream = {config.MESSAGES_STREAM_NAME: messages_stream_name}

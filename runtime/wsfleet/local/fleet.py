@@ -11,7 +11,8 @@ A :class:`Fleet` owns everything it starts:
   (:class:`~wsfleet.local.api.LocalApi` in front of the event router) as threads of
   this process: their books are then read directly, and the API is still real HTTP;
 * an observer thread that samples ownership (one Scan of the connections table, then
-  one of the sessions table) and the upstream's books every ``sample_interval`` seconds.
+  one of the sessions table) and the upstream's books every ``sample_interval`` seconds
+  (None: no observer, no samples; for tests that judge by the books and the tables alone).
 
 The fleet's own reads (the observer, the audit) are marked as the harness's, so the
 emulator's fault injection never reaches them; the API's router is part of the system
@@ -170,7 +171,7 @@ class Fleet(FleetAudit):
         rate: float = 2.0,
         worker_env: Mapping[str, str] | None = None,
         emulator: EmulatorProcess | None = None,
-        sample_interval: float = 0.5,
+        sample_interval: float | None = 0.5,
         on_sample: Callable[[Sample], None] | None = None,
         keep_samples: bool = True,
         runtime_dir: Path | None = None,
@@ -221,9 +222,10 @@ class Fleet(FleetAudit):
             self.objects_store = ObjectsStore(self._client("s3", harness=True), self.aws_env["MESSAGES_BUCKET_NAME"])
             self.upstream = ThreadedUpstream(host=LOOPBACK, rate=self.rate).start()
             self._start_api()
-            self._observing.set()
-            self._observer = threading.Thread(target=self._observe, name="fleet-observer", daemon=True)
-            self._observer.start()
+            if self.sample_interval is not None:
+                self._observing.set()
+                self._observer = threading.Thread(target=self._observe, name="fleet-observer", daemon=True)
+                self._observer.start()
         except BaseException:
             self.close()
             raise
