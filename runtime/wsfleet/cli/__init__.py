@@ -275,7 +275,14 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     plan.add_argument("--connections", type=_positive, required=True, metavar="N", help="connections to hold")
-    plan.add_argument("--rate", type=_rate, default=0.0, metavar="R", help="messages per second per connection [0]")
+    plan.add_argument(
+        "--rate", "--msgs-per-s", dest="rate", type=_rate, default=0.0, metavar="R",
+        help="messages per second per connection [0]",
+    )
+    plan.add_argument(
+        "--upstream-addresses", type=_positive, default=1, metavar="K",
+        help="distinct upstream IP:port the connections go to, for the NAT's per-destination limit [1: all to one]",
+    )
     plan.add_argument("--env", choices=sorted(ENVIRONMENTS), default="dev", help="the stacks' environment [dev]")
     plan.add_argument(
         "--per-worker",
