@@ -43,6 +43,13 @@ AWS_RESERVED_ADDRESSES = 5  # per subnet
 NAT_CONNECTIONS_PER_DESTINATION = 55_000  # simultaneous, per NAT address, to one destination IP and port
 DEPLOY_FACTOR = 2  # max_healthy_percent 200: a rolling deploy runs up to twice the tasks
 
+# The adjustable quotas a plan may be given raised (``--quota NAME=VALUE``), at their defaults.
+DEFAULT_QUOTAS = {
+    "table_units": TABLE_QUOTA,  # on-demand read or write units per second, per table and per index
+    "tasks_per_service": ECS_TASKS_PER_SERVICE,
+    "task_launches_per_minute": TASK_LAUNCHES_PER_MINUTE,
+}
+
 # --- the bursts ----------------------------------------------------------------------------
 CRASH_SHARE = 0.1
 SCALE_IN_SHARE = 0.1
@@ -136,12 +143,19 @@ def evaluate(
     per_worker: int | None = None,
     frame_bytes: int = 256,
     upstream_addresses: int = 1,
+    quotas: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Workers, every limit in every scenario, the first one hit and $ per month for
     ``connections`` receiving ``rate`` frames/s of ``frame_bytes`` each, under
     ``settings`` (one of :data:`plan.ENVIRONMENTS`). ``upstream_addresses``: the
     distinct upstream IP:port the connections go to (1: all to one endpoint, the worst
-    case for a NAT address)."""
+    case for a NAT address). ``quotas``: :data:`DEFAULT_QUOTAS` raised. Optional
+    settings a later stack may add: ``nat_addresses_per_gateway`` (1)."""
+    q = {**DEFAULT_QUOTAS, **(quotas or {})}
+    unknown = set(q) - set(DEFAULT_QUOTAS)
+    if unknown:
+        raise ValueError(f"unknown quota {sorted(unknown)[0]!r}: one of {', '.join(DEFAULT_QUOTAS)}")
+    table_quota, tasks_quota, launches_quota = q["table_units"], q["tasks_per_service"], q["task_launches_per_minute"]
     target = per_worker or settings["target_per_worker"]
     workers = workers_for(connections, settings, target)
     held = connections / workers
@@ -164,17 +178,17 @@ def evaluate(
         if p["wru"]:
             add(Check(f"partition {name}: writes", "steady", p["wru"], PARTITION_WCU, fix))
     for name, t in sorted(holding["tables"].items()):
-        add(Check(f"{name}: reads (table quota)", "steady", t["rru"], TABLE_QUOTA, quota))
-        add(Check(f"{name}: writes (table quota)", "steady", t["wru"], TABLE_QUOTA, quota))
+        add(Check(f"{name}: reads (table quota)", "steady", t["rru"], table_quota, quota))
+        add(Check(f"{name}: writes (table quota)", "steady", t["wru"], table_quota, quota))
     steady_owner_w = holding["tables"].get("connections.by_owner", {}).get("wru", 0.0)
     steady_conn_w = holding["tables"].get("connections", {}).get("wru", 0.0)
     if rate:
         add(Check("partition messages CONN#<id> (one connection): writes", "steady", rate * measured.message_wru,
                   PARTITION_WCU, "the upstream's rate per connection: split it over connections"))
-    add(Check("ECS tasks per service", "steady", workers, ECS_TASKS_PER_SERVICE,
+    add(Check("ECS tasks per service", "steady", workers, tasks_quota,
               "target_connections_per_worker (fewer, larger tasks), or the Tasks per service quota"))
     add(Check("max_workers (the service's scaling ceiling)", "steady", workers, settings["max_workers"], "max_workers"))
-    nat_addresses = settings["nat_gateways"] * upstream_addresses
+    nat_addresses = settings["nat_gateways"] * settings.get("nat_addresses_per_gateway", 1) * upstream_addresses
     add(Check("NAT connections per address to one destination", "steady", connections / nat_addresses,
               NAT_CONNECTIONS_PER_DESTINATION, "nat_gateways, or secondary addresses per NAT gateway"))
     fill_s = connections / settings["api_rate_limit"]
@@ -188,28 +202,28 @@ def evaluate(
     survivors = max(1, workers - crashed)
     acquires_s = moved / CRASH_BURST_S
     add(Check("connections.by_owner: writes (index quota)", "crash", steady_owner_w + OWNER_INDEX_WRITES_PER_MOVE * acquires_s,
-              TABLE_QUOTA, "the index's write quota, or warm throughput sized for the burst"))
-    add(Check("connections: writes (table quota)", "crash", steady_conn_w + ACQUIRE_WRU * acquires_s, TABLE_QUOTA, quota))
+              table_quota, "the index's write quota, or warm throughput sized for the burst"))
+    add(Check("connections: writes (table quota)", "crash", steady_conn_w + ACQUIRE_WRU * acquires_s, table_quota, quota))
     add(Check("partition connections.by_owner S#<session> (a taker's): writes", "crash",
               OWNER_INDEX_WRITES_PER_MOVE / 2 * moved / survivors / CRASH_BURST_S, PARTITION_WCU, "-"))
     add(Check("connections per surviving worker", "crash", connections / survivors, settings["max_per_worker"],
               "target_connections_per_worker (more headroom below MAX_CONNECTIONS)"))
     add(Check("task launches per minute to replace the crashed", "crash", crashed * 60 / RELAUNCH_WITHIN_S,
-              TASK_LAUNCHES_PER_MINUTE, "target_connections_per_worker (fewer tasks)"))
+              launches_quota, "target_connections_per_worker (fewer tasks)"))
     # scale-in: 10 % of the workers drain through FREE#
     drained = math.floor(workers * SCALE_IN_SHARE)
     moved_in = drained * held
     per_s = moved_in / SCALE_IN_BURST_S
     add(Check("partition connections.by_owner FREE#<shard> (each): writes", "scale_in", 2 * per_s / shards, PARTITION_WCU,
               "state_shards, or a release that hints named peers instead of passing through FREE#"))
-    add(Check("connections.by_owner: writes (index quota)", "scale_in", steady_owner_w + 4 * per_s, TABLE_QUOTA,
+    add(Check("connections.by_owner: writes (index quota)", "scale_in", steady_owner_w + 4 * per_s, table_quota,
               "the index's write quota, or warm throughput"))
-    add(Check("connections: writes (table quota)", "scale_in", steady_conn_w + 2 * ACQUIRE_WRU * per_s, TABLE_QUOTA, quota))
+    add(Check("connections: writes (table quota)", "scale_in", steady_conn_w + 2 * ACQUIRE_WRU * per_s, table_quota, quota))
     # deploy: up to twice the tasks
     per_subnet = 2 ** (32 - settings["worker_subnet_mask"]) - AWS_RESERVED_ADDRESSES
     add(Check("subnet addresses (task ENIs, 2x tasks during a deploy)", "deploy", DEPLOY_FACTOR * workers,
               per_subnet * settings["azs"], "the worker subnets' size (cidr_mask)"))
-    add(Check("ECS tasks per service during a deploy", "deploy", DEPLOY_FACTOR * workers, ECS_TASKS_PER_SERVICE,
+    add(Check("ECS tasks per service during a deploy", "deploy", DEPLOY_FACTOR * workers, tasks_quota,
               "the Tasks per service quota, or target_connections_per_worker"))
     limits = [c.as_json() for c in checks]
     over = [c for c in checks if not c.ok]
@@ -227,7 +241,8 @@ def evaluate(
         "exceeded": [c.name + f" ({c.scenario})" for c in sorted(over, key=lambda c: -c.used / c.limit)],
         "usd_per_month": month["total"],
         "month": month,
-        "deploy_minutes": workers / TASK_LAUNCHES_PER_MINUTE,
+        "deploy_minutes": workers / launches_quota,
+        "quotas": q,
         "fill_seconds": fill_s,
         "tables": holding["tables"],
         "partitions": holding["partitions"],
