@@ -47,7 +47,7 @@ from wsfleet.local.fleet import eventually
 from wsfleet import plan
 from wsfleet.store import SessionsStore, unmarshal
 
-from . import before
+from . import before, scaling
 from .common import Result, Rig, Stats, Window, WorkerProcess, fmt, fmt_spread, machine, md_table, median_spread
 
 # On-demand list prices, us-east-1, Standard table class, as published after the
@@ -486,4 +486,7 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
         )
         plan.MEASURED_OPS.write_text(json.dumps(measured.as_json(), indent=1) + "\n")
         notes.append(f"Per-operation counts written to {plan.MEASURED_OPS.name} (what `wsfleet plan` computes from).")
+        # BENCHMARKS.md's Scaling section is the plan's output: rewritten from the new counts.
+        if scaling.write():
+            notes.append("BENCHMARKS.md's Scaling section rewritten from them (bench/scaling.py).")
     return Result("Cost", command, s, markdown, data, notes)
