@@ -33,7 +33,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 PARTITION_RCU = 3000  # read units per second per partition (eventually consistent 4 KB read = 0.5)
 PARTITION_WCU = 1000
@@ -41,8 +41,6 @@ TABLE_QUOTA = 40000  # on-demand read or write units per second per table or ind
 HOURS_PER_MONTH = 730
 TRANSACTION_FACTOR = 2  # a write inside TransactWriteItems costs twice its units
 
-FLEETS = (10_000, 100_000, 1_000_000)
-PER_WORKER = (100, 200)  # MAX_CONNECTIONS: the default, and what prod runs
 
 
 @dataclass(frozen=True)
@@ -146,51 +144,6 @@ def fleet(
 
 def _partition_label(op: Op) -> str:
     return {"own": "(one per worker)", "shards": "FREE#<shard> (each)", "ring": "RING", "fleet": op.partition}[op.spread]
-
-
-def hottest(partitions: Mapping[str, Mapping[str, float]], prefix: str) -> float:
-    """Read units per second on the busiest partition whose name starts with ``prefix``."""
-    return max((p["rru"] for k, p in partitions.items() if k.startswith(prefix)), default=0.0)
-
-
-def table(
-    ops: Sequence[Op],
-    *,
-    shards: int,
-    prices: Mapping[str, float],
-    fixed_per_worker_hour: Mapping[str, float],
-    message_wru_per_connection_hour: float,
-    message_rate: float,
-    fleets: Iterable[int] = FLEETS,
-    per_worker: Iterable[int] = PER_WORKER,
-) -> tuple[list[str], list[list[str]], list[dict[str, Any]]]:
-    """The scaling table: (header, rows, raw results), one row per fleet size and
-    connections per worker."""
-    header = [
-        "connections", "per worker", "workers", "sessions: renewal WRU/s", "sessions: watch RRU/s",
-        "by_ring RING partition RRU/s", "by_owner FREE# partition RRU/s (each)", "by_owner S# partition RRU/s",
-        "$ / month holding", f"$ / month with messages ({message_rate:g} msg/s each)", "binds first (holding)",
-    ]
-    rows, raw = [], []
-    for n in fleets:
-        for pw in per_worker:
-            kw = dict(shards=shards, prices=prices, fixed_per_worker_hour=fixed_per_worker_hour)
-            hold = fleet(ops, connections=n, per_worker=pw, **kw)
-            busy = fleet(ops, connections=n, per_worker=pw, message_wru_per_connection_hour=message_wru_per_connection_hour, **kw)
-            raw.append({"holding": hold, "with_messages": busy})
-            b = hold["binding"]
-            rows.append([
-                f"{n:,}", str(pw), f"{hold['workers']:,}",
-                f"{hold['tables'].get('sessions', {}).get('wru', 0):,.0f}",
-                f"{hold['tables'].get('sessions', {}).get('rru', 0):,.0f}",
-                f"{hottest(hold['partitions'], 'sessions.by_ring'):,.0f} / {PARTITION_RCU:,}",
-                f"{hottest(hold['partitions'], 'connections.by_owner FREE#'):,.0f} / {PARTITION_RCU:,}",
-                f"{hottest(hold['partitions'], 'connections.by_owner (one'):,.2f}",
-                f"{hold['month']['total']:,.0f}",
-                f"{busy['month']['total']:,.0f}",
-                f"{b['name']} at {b['utilisation'] * 100:.0f} %: full at ~{b['connections_at_limit']:,.0f} connections",
-            ])
-    return header, rows, raw
 
 
 # --- the measured inputs ----------------------------------------------------------------
