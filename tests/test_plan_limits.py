@@ -160,3 +160,12 @@ def test_plan_in_tables_shows_the_limits_and_the_first_hit(capsys):
 def test_plan_refuses_a_bad_quota_with_a_sentence(capsys):
     assert main(["plan", "--connections", "10", "--quota", "tasks_per_service=-1"], env={}) == 2
     assert "tasks_per_service: expected a positive number" in capsys.readouterr().err
+
+
+def test_the_plan_mirrors_the_workers_own_constants():
+    from wsfleet.worker import takeover
+
+    # The summarizer's share is worked out from the watchers' ring refresh, and the #fleet
+    # reads from how often a watch read carries it: the worker's figures, not a guess.
+    assert plan_limits.RING_REFRESH_S == takeover.RING_REFRESH_S
+    assert plan_limits.SUMMARY_EVERY == takeover.SUMMARY_EVERY

@@ -211,7 +211,7 @@ def plan(result: Mapping[str, Any]) -> str:
         f"$ per month: holding {month['total']:,.0f} (DynamoDB writes {month['dynamodb_writes']:,.0f}, "
         f"reads {month['dynamodb_reads']:,.0f}, SQS {month['sqs']:,.0f}, CloudWatch requests {month['cloudwatch']:,.0f})"
         + (f"; with messages {busy['month']['total']:,.0f}" if rate else ""),
-        f"binds first{' (with messages)' if rate else ''}: {b['name']} at {b['utilisation'] * 100:.1f} % "
+        f"DynamoDB binds first{' (with messages)' if rate else ''}: {b['name']} at {b['utilisation'] * 100:.1f} % "
         f"(full at about {b['connections_at_limit']:,.0f} connections)",
         f"from the counts measured by `{measured.get('command', '?')}` at commit {measured.get('commit', '?')} "
         f"({measured.get('date', '?')}); prices are us-east-1 on-demand list prices: check them before relying on them",
