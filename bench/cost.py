@@ -47,7 +47,7 @@ from wsfleet.local.fleet import eventually
 from wsfleet import plan
 from wsfleet.store import SessionsStore, unmarshal
 
-from . import before
+from . import before, scaling
 from .common import Result, Rig, Stats, Window, WorkerProcess, fmt, fmt_spread, machine, md_table, median_spread
 
 # On-demand list prices, us-east-1, Standard table class, as published after the
@@ -421,24 +421,11 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
          fmt(before.COST["month_per_million_messages"], 3), "same units; batching saves requests, not units"],
     ]
     message_rate = s["rate_per_busy_connection"]
-    header, srows, sraw = plan.table(ops, message_wru_per_connection_hour=busy_wru_ch, message_rate=message_rate, **kw)
-    worst_busy = sraw[-1]["with_messages"]["binding"]
     markdown = "\n".join([
         md_table(["figure", "measured", "target", before.LABEL, "how"], rows),
         "",
-        "#### Scaling (computed by `wsfleet/plan.py` from the counts above)",
-        "",
-        md_table(header, srows),
-        "",
-        f"- Per-partition limits: {plan.PARTITION_RCU:,} read / {plan.PARTITION_WCU:,} write units per second; "
-        f"per table or index {plan.TABLE_QUOTA:,} of each by default (an adjustable quota). Every holding rate is per "
-        "worker, so each limit is reached at one fleet size: the last column names the first.",
-        f"- With messages at {message_rate:g} msg/s per connection, the messages table binds long before: at "
-        f"{sraw[-1]['with_messages']['connections']:,} connections, {worst_busy['name']} at "
-        f"{worst_busy['utilisation'] * 100:,.0f} % (full at ~{worst_busy['connections_at_limit']:,.0f} connections).",
-        f"- A START puts the index entry into one FREE#<shard> partition and its acquire deletes it: 2 index writes "
-        f"there, so a START burst is limited to about {t['shards'] * plan.PARTITION_WCU // 2:,} per second "
-        f"(STATE_SHARDS {t['shards']} x {plan.PARTITION_WCU:,} WCU / 2).",
+        "The fleet at any size (every limit in steady state, a crash, a scale-in and a deploy) is BENCHMARKS.md's "
+        "Scaling section: `wsfleet plan`'s output on these counts, rewritten by `python -m bench.scaling`.",
     ])
     notes = [
         f"{s['workers']} workers, {n} connections ({per_worker} per worker on average; MAX_CONNECTIONS {t['max_connections']}), "
@@ -470,7 +457,6 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
         "per_connection_hour": {"wru_holding": wru_ch, "rru_holding": rru_ch, "rru_holding_total": rru_total,
                                 "dynamodb_requests_holding": ddb_req_ch, "messages": msgs_per_h, "checkpoints": ckpt_per_h},
         "month_per_1000_connections": {"holding": month, "with_messages": month_busy},
-        "scaling": sraw,
         "prices": PRICES,
     }
     if not quick:
@@ -482,8 +468,11 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
             checkpoint_wru=conn_wru + checkpoint_index,
             prices=PRICES,
             measured_with={"command": command, "commit": machine()["commit"], "date": machine()["date"], "timings": t,
-                           "per_worker": per_worker},
+                           "per_worker": per_worker, "workers": s["workers"]},
         )
         plan.MEASURED_OPS.write_text(json.dumps(measured.as_json(), indent=1) + "\n")
         notes.append(f"Per-operation counts written to {plan.MEASURED_OPS.name} (what `wsfleet plan` computes from).")
+        # BENCHMARKS.md's Scaling section is the plan's output: rewritten from the new counts.
+        if scaling.write():
+            notes.append("BENCHMARKS.md's Scaling section rewritten from them (bench/scaling.py).")
     return Result("Cost", command, s, markdown, data, notes)

@@ -87,8 +87,9 @@ def test_the_sinks_side_by_side_share_holding_and_checkpoints_and_both_pays_for_
     table, stream, both = (p["sinks"][k]["month"] for k in ("dynamodb", "kinesis", "dynamodb,kinesis"))
     # Holding: 10 workers x 1,440 renewals an hour x 730 h = 10.512 M write units x $0.625.
     assert table["holding"] == stream["holding"] == pytest.approx(6.57)
-    # A checkpoint per connection every 120 s: 8.33 write units/s, 21.9 M a month.
-    assert table["checkpoints"] == stream["checkpoints"] == pytest.approx(13.6875)
+    # A checkpoint per connection every 120 s, each a transactional write of a 1-unit
+    # item (2 units): 16.67 write units/s, 43.8 M a month x $0.625.
+    assert table["checkpoints"] == stream["checkpoints"] == pytest.approx(27.375)
     assert table["dynamodb"] == pytest.approx(p["dynamodb"]["month"]["total"])
     assert stream["kinesis"] == pytest.approx(p["kinesis"]["month"]["total"])
     assert both["total"] == pytest.approx(table["total"] + stream["kinesis"])

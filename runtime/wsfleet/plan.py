@@ -14,7 +14,10 @@ so a fleet of W workers sends W times as many; where they land decides what they
   is one worker's, whatever the fleet's size;
 * ``shards``: the ``FREE#<shard>`` partitions of ``by_owner``, shared by every worker:
   W / STATE_SHARDS workers' load on each;
-* ``ring``: the one ``RING`` partition of ``by_ring``: every worker's load on it.
+* ``ring``: the one ``RING`` partition of ``by_ring``: every worker's load on it;
+* ``fleet``: sent by one worker for the whole fleet (the summarizer): its rate is the
+  fleet's, whatever the fleet's size (see :mod:`wsfleet.plan_limits` for the ops whose
+  units grow with it).
 
 A partition serves at most 3,000 read units and 1,000 write units per second (one
 partition key value of an index is one partition: it never splits further), and an
@@ -30,15 +33,14 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 PARTITION_RCU = 3000  # read units per second per partition (eventually consistent 4 KB read = 0.5)
 PARTITION_WCU = 1000
 TABLE_QUOTA = 40000  # on-demand read or write units per second per table or index (default quota)
 HOURS_PER_MONTH = 730
+TRANSACTION_FACTOR = 2  # a write inside TransactWriteItems costs twice its units
 
-FLEETS = (10_000, 100_000, 1_000_000)
-PER_WORKER = (100, 200)  # MAX_CONNECTIONS: the default, and what prod runs
 
 
 @dataclass(frozen=True)
@@ -48,13 +50,14 @@ class Op:
     purpose: str  # "renewal", "watch", ...
     table: str  # "sessions" | "connections" | "messages"
     index: str  # "" for the table itself
-    spread: str  # "own" | "shards" | "ring" (see the module docstring)
-    per_worker_hour: float  # requests
+    spread: str  # "own" | "shards" | "ring" | "fleet" (see the module docstring)
+    per_worker_hour: float  # requests (spread "fleet": requests of the whole fleet, one worker's)
     wru: float = 0.0  # write units per request (index writes included)
     rru: float = 0.0  # read units per request
     # Read units that grow with the connections a worker holds (the audit reads every
     # index entry of its own partition): bytes per connection; 0 when it does not grow.
     bytes_per_connection: float = 0.0
+    partition: str = ""  # spread "fleet": the partition it lands on, named
 
     def rru_at(self, per_worker: int) -> float:
         if not self.bytes_per_connection:
@@ -78,9 +81,15 @@ def fleet(
     prices: Mapping[str, float],
     fixed_per_worker_hour: Mapping[str, float],
     message_wru_per_connection_hour: float = 0.0,
+    measured_shards: int | None = None,
 ) -> dict[str, Any]:
     """What a fleet holding ``connections`` at ``per_worker`` each sends, per table and
     per hottest partition, what it costs per month, and which limit it meets first.
+
+    ``measured_shards``: the STATE_SHARDS the ``shards`` ops were measured at. Every
+    worker queries every shard, so a shard takes W x rate / measured_shards whatever
+    ``shards`` is, and the table W x rate x shards / measured_shards (without it, the old
+    reading: the measured rate spread over ``shards``, which understated prod's 16 4x).
 
     ``fixed_per_worker_hour`` holds the worker's SQS and CloudWatch requests per hour;
     ``message_wru_per_connection_hour``, when given, adds the messages table's writes
@@ -93,10 +102,13 @@ def fleet(
         rru, wru = op.rru_at(per_worker) * per_s, op.wru * per_s
         name = op.table + (f".{op.index}" if op.index else "")
         t = tables.setdefault(name, {"requests": 0.0, "rru": 0.0, "wru": 0.0})
-        t["requests"] += per_s * workers
-        t["rru"] += rru * workers
-        t["wru"] += wru * workers
-        on_one = {"own": 1, "shards": workers / shards, "ring": workers}[op.spread]
+        grow = shards / measured_shards if measured_shards and op.spread == "shards" else 1.0
+        senders = 1 if op.spread == "fleet" else workers * grow
+        t["requests"] += per_s * senders
+        t["rru"] += rru * senders
+        t["wru"] += wru * senders
+        on_shard = workers / (measured_shards or shards)
+        on_one = {"own": 1, "shards": on_shard, "ring": workers, "fleet": 1}[op.spread]
         key = f"{name} {_partition_label(op)}"
         p = partitions.setdefault(key, {"rru": 0.0, "wru": 0.0})
         p["rru"] += rru * on_one
@@ -131,52 +143,7 @@ def fleet(
 
 
 def _partition_label(op: Op) -> str:
-    return {"own": "(one per worker)", "shards": "FREE#<shard> (each)", "ring": "RING"}[op.spread]
-
-
-def hottest(partitions: Mapping[str, Mapping[str, float]], prefix: str) -> float:
-    """Read units per second on the busiest partition whose name starts with ``prefix``."""
-    return max((p["rru"] for k, p in partitions.items() if k.startswith(prefix)), default=0.0)
-
-
-def table(
-    ops: Sequence[Op],
-    *,
-    shards: int,
-    prices: Mapping[str, float],
-    fixed_per_worker_hour: Mapping[str, float],
-    message_wru_per_connection_hour: float,
-    message_rate: float,
-    fleets: Iterable[int] = FLEETS,
-    per_worker: Iterable[int] = PER_WORKER,
-) -> tuple[list[str], list[list[str]], list[dict[str, Any]]]:
-    """The scaling table: (header, rows, raw results), one row per fleet size and
-    connections per worker."""
-    header = [
-        "connections", "per worker", "workers", "sessions: renewal WRU/s", "sessions: watch RRU/s",
-        "by_ring RING partition RRU/s", "by_owner FREE# partition RRU/s (each)", "by_owner S# partition RRU/s",
-        "$ / month holding", f"$ / month with messages ({message_rate:g} msg/s each)", "binds first (holding)",
-    ]
-    rows, raw = [], []
-    for n in fleets:
-        for pw in per_worker:
-            kw = dict(shards=shards, prices=prices, fixed_per_worker_hour=fixed_per_worker_hour)
-            hold = fleet(ops, connections=n, per_worker=pw, **kw)
-            busy = fleet(ops, connections=n, per_worker=pw, message_wru_per_connection_hour=message_wru_per_connection_hour, **kw)
-            raw.append({"holding": hold, "with_messages": busy})
-            b = hold["binding"]
-            rows.append([
-                f"{n:,}", str(pw), f"{hold['workers']:,}",
-                f"{hold['tables'].get('sessions', {}).get('wru', 0):,.0f}",
-                f"{hold['tables'].get('sessions', {}).get('rru', 0):,.0f}",
-                f"{hottest(hold['partitions'], 'sessions.by_ring'):,.0f} / {PARTITION_RCU:,}",
-                f"{hottest(hold['partitions'], 'connections.by_owner FREE#'):,.0f} / {PARTITION_RCU:,}",
-                f"{hottest(hold['partitions'], 'connections.by_owner (one'):,.2f}",
-                f"{hold['month']['total']:,.0f}",
-                f"{busy['month']['total']:,.0f}",
-                f"{b['name']} at {b['utilisation'] * 100:.0f} %: full at ~{b['connections_at_limit']:,.0f} connections",
-            ])
-    return header, rows, raw
+    return {"own": "(one per worker)", "shards": "FREE#<shard> (each)", "ring": "RING", "fleet": op.partition}[op.spread]
 
 
 # --- the measured inputs ----------------------------------------------------------------
@@ -186,8 +153,18 @@ MEASURED_OPS = Path(__file__).with_name("measured_ops.json")
 # The stacks' environments, as far as a plan needs them (app.py is the source; a stack
 # test checks that these agree with it).
 ENVIRONMENTS = {
-    "dev": {"max_per_worker": 100, "target_per_worker": 70, "shards": 4, "checkpoint_s": 120, "message_ttl_days": 3},
-    "prod": {"max_per_worker": 200, "target_per_worker": 140, "shards": 16, "checkpoint_s": 120, "message_ttl_days": 30},
+    "dev": {
+        "max_per_worker": 100, "target_per_worker": 70, "shards": 4, "checkpoint_s": 120, "message_ttl_days": 3,
+        "min_workers": 1, "max_workers": 4, "worker_cpu": 256, "worker_memory_mib": 512,
+        "api_rate_limit": 20, "api_burst_limit": 40, "nat_gateways": 1, "worker_subnet_mask": 20, "azs": 2,
+        "lease_s": 10, "spot": True,
+    },
+    "prod": {
+        "max_per_worker": 200, "target_per_worker": 140, "shards": 16, "checkpoint_s": 120, "message_ttl_days": 30,
+        "min_workers": 2, "max_workers": 20, "worker_cpu": 512, "worker_memory_mib": 1024,
+        "api_rate_limit": 200, "api_burst_limit": 400, "nat_gateways": 2, "worker_subnet_mask": 20, "azs": 2,
+        "lease_s": 10, "spot": False,
+    },
 }
 
 
@@ -202,12 +179,19 @@ class Measured:
     prices: Mapping[str, float]
     measured_with: Mapping[str, Any]  # command, commit, date, timings
 
+    @property
+    def checkpoint_units(self) -> float:
+        """Write units a checkpoint costs: the writer checkpoints in TransactWriteItems,
+        and a transactional write costs twice the item's units (``checkpoint_wru`` is the
+        item's plain units, as the cost benchmark measures them: 1, so 2 in all)."""
+        return TRANSACTION_FACTOR * self.checkpoint_wru
+
     def message_wru_per_connection_hour(self, rate: float, checkpoint_s: float) -> float:
         """Write units of a connection receiving ``rate`` messages per second: its
         messages plus a checkpoint every ``checkpoint_s`` (none when quiet)."""
         if rate <= 0:
             return 0.0
-        return rate * 3600 * self.message_wru + 3600 / checkpoint_s * self.checkpoint_wru
+        return rate * 3600 * self.message_wru + 3600 / checkpoint_s * self.checkpoint_units
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -238,17 +222,33 @@ def load_measured(path: Path | None = None) -> Measured:
 
 def plan(measured: Measured, *, connections: int, per_worker: int, rate: float, shards: int, checkpoint_s: float) -> dict[str, Any]:
     """A fleet of ``connections`` at ``per_worker`` each, receiving ``rate`` messages per
-    second per connection: holding and with messages (see :func:`fleet`)."""
-    kw = dict(shards=shards, prices=measured.prices, fixed_per_worker_hour=measured.fixed_per_worker_hour)
-    holding = fleet(measured.ops, connections=connections, per_worker=per_worker, **kw)
+    second per connection: holding and with messages (see :func:`fleet`), from the
+    measured ops as :func:`holding_ops` corrects them."""
+    kw = dict(shards=shards, prices=measured.prices, fixed_per_worker_hour=measured.fixed_per_worker_hour,
+              measured_shards=measured_shards(measured, shards))
+    ops = holding_ops(measured, math.ceil(connections / per_worker))
+    holding = fleet(ops, connections=connections, per_worker=per_worker, **kw)
     busy = fleet(
-        measured.ops,
+        ops,
         connections=connections,
         per_worker=per_worker,
         message_wru_per_connection_hour=measured.message_wru_per_connection_hour(rate, checkpoint_s),
         **kw,
     )
     return {"holding": holding, "with_messages": busy, "rate": rate, "measured_with": dict(measured.measured_with)}
+
+
+def holding_ops(measured: Measured, workers: int) -> tuple[Op, ...]:
+    """The measured ops with the summarizer's share priced once for ``workers``
+    (:func:`wsfleet.plan_limits.corrected_ops`)."""
+    from .plan_limits import corrected_ops  # it builds on this module
+
+    return corrected_ops(measured, workers)
+
+
+def measured_shards(measured: Measured, default: int) -> int:
+    """The STATE_SHARDS the free scans were measured at."""
+    return int(measured.measured_with.get("timings", {}).get("shards", default))
 
 
 # --- large frames -------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from . import records, schema
-from .plan import HOURS_PER_MONTH, PARTITION_WCU, S3_PRICES, TABLE_QUOTA, Measured, fleet
+from .plan import HOURS_PER_MONTH, PARTITION_WCU, S3_PRICES, TABLE_QUOTA, Measured, fleet, holding_ops, measured_shards
 from .stream import Frame
 
 # --- prices: us-east-1 list prices as of December 2026 (check before relying on them) -----
@@ -247,10 +247,11 @@ def sinks(
     """Each sink's $ per month for ``connections`` receiving ``rate`` frames per second
     of ``frame_bytes`` each: holding (:func:`plan.fleet`), checkpoints, and the sink's
     own; with $ per 1,000 connections and the limits of :func:`limits`."""
-    holding = fleet(measured.ops, connections=connections, per_worker=per_worker, shards=shards,
-                    prices=measured.prices, fixed_per_worker_hour=measured.fixed_per_worker_hour)
+    holding = fleet(holding_ops(measured, math.ceil(connections / per_worker)), connections=connections,
+                    per_worker=per_worker, shards=shards, prices=measured.prices,
+                    fixed_per_worker_hour=measured.fixed_per_worker_hour, measured_shards=measured_shards(measured, shards))
     per_s = connections * rate
-    checkpoint_wru_s = (connections * measured.checkpoint_wru / checkpoint_s) if rate > 0 else 0.0
+    checkpoint_wru_s = (connections * measured.checkpoint_units / checkpoint_s) if rate > 0 else 0.0
     base = {
         "holding": holding["month"]["total"],
         "checkpoints": checkpoint_wru_s * HOURS_PER_MONTH * 3600 / 1e6 * measured.prices["dynamodb_wru_per_million"],

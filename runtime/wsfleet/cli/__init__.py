@@ -275,7 +275,19 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     plan.add_argument("--connections", type=_positive, required=True, metavar="N", help="connections to hold")
-    plan.add_argument("--rate", type=_rate, default=0.0, metavar="R", help="messages per second per connection [0]")
+    plan.add_argument(
+        "--rate", "--msgs-per-s", dest="rate", type=_rate, default=0.0, metavar="R",
+        help="messages per second per connection [0]",
+    )
+    plan.add_argument(
+        "--quota", type=_quota, action="append", default=[], metavar="NAME=VALUE",
+        help="an adjustable quota raised: table_units (per table and index, 40000), tasks_per_service (5000), "
+        "task_launches_per_minute (500); repeat for several",
+    )
+    plan.add_argument(
+        "--upstream-addresses", type=_positive, default=1, metavar="K",
+        help="distinct upstream IP:port the connections go to, for the NAT's per-destination limit [1: all to one]",
+    )
     plan.add_argument("--env", choices=sorted(ENVIRONMENTS), default="dev", help="the stacks' environment [dev]")
     plan.add_argument(
         "--per-worker",
@@ -351,6 +363,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.set_defaults(run=commands.plan)
     return parser
+
+
+def _quota(text: str) -> tuple[str, float]:
+    from ..plan_limits import DEFAULT_QUOTAS
+
+    name, sep, value = text.partition("=")
+    if not sep or name.strip() not in DEFAULT_QUOTAS:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with NAME one of {', '.join(DEFAULT_QUOTAS)}, got {text!r}")
+    try:
+        number = float(value)
+    except ValueError:
+        number = 0.0
+    if not number > 0 or number != number or number == float("inf"):
+        raise argparse.ArgumentTypeError(f"{name.strip()}: expected a positive number, got {value!r}")
+    return name.strip(), number
 
 
 def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:

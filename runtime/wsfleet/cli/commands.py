@@ -9,7 +9,7 @@ import json
 from typing import Any, Mapping
 
 from .. import plan as planning
-from .. import plan_sinks
+from .. import plan_limits, plan_sinks
 from ..store import now_ms
 from ..stream import MAX_MESSAGE_BYTES
 from . import locate, reading, render, upstream_flags, views
@@ -176,6 +176,16 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         checkpoint_s=settings["checkpoint_s"],
     )
     result["env"] = args.env
+    # The limits in every scenario, the first hit and the month's $ (plan_limits): at the top
+    # level, as `--json` promises {"workers", "limits", "first_limit", "usd_per_month"}.
+    checked = plan_limits.evaluate(
+        measured, settings, connections=args.connections, rate=args.rate, per_worker=per_worker,
+        frame_bytes=args.frame_bytes, upstream_addresses=args.upstream_addresses, quotas=dict(args.quota),
+    )
+    for key in ("workers", "limits", "first_limit", "first_limit_scenario", "first_limit_fix", "exceeded",
+                "usd_per_month", "deploy_minutes", "fill_seconds", "quotas"):
+        result[key] = checked[key]
+    result["month"] = checked["month"]
     if args.large_rate:
         result["large_frames"] = planning.large_frames_month(
             connections=args.connections,

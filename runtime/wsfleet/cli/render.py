@@ -211,15 +211,52 @@ def plan(result: Mapping[str, Any]) -> str:
         f"$ per month: holding {month['total']:,.0f} (DynamoDB writes {month['dynamodb_writes']:,.0f}, "
         f"reads {month['dynamodb_reads']:,.0f}, SQS {month['sqs']:,.0f}, CloudWatch requests {month['cloudwatch']:,.0f})"
         + (f"; with messages {busy['month']['total']:,.0f}" if rate else ""),
-        f"binds first{' (with messages)' if rate else ''}: {b['name']} at {b['utilisation'] * 100:.1f} % "
+        f"DynamoDB binds first{' (with messages)' if rate else ''}: {b['name']} at {b['utilisation'] * 100:.1f} % "
         f"(full at about {b['connections_at_limit']:,.0f} connections)",
         f"from the counts measured by `{measured.get('command', '?')}` at commit {measured.get('commit', '?')} "
         f"({measured.get('date', '?')}); prices are us-east-1 on-demand list prices: check them before relying on them",
     ]
+    lines += limits(result)
     lines += _sinks(result.get("sinks"))
     lines += _secrets(result.get("secrets"))
     lines += _large_frames(result)
     return "\n".join(lines)
+
+
+def limits(result: Mapping[str, Any]) -> list[str]:
+    """The limits in every scenario (plan_limits), the first one hit and what moves it."""
+    if "limits" not in result:
+        return []
+    rows = [
+        [lim["scenario"], lim["name"], _figure(lim["used"]), _figure(lim["limit"]), "ok" if lim["ok"] else "OVER"]
+        for lim in result["limits"]
+    ]
+    m = result["month"]
+    first = result["first_limit"]
+    lines = [
+        "",
+        f"limits, {result['workers']:,} workers (steady; 10 % crash; 10 % scale-in; a deploy's 2x tasks):",
+        _indent(table(["SCENARIO", "LIMIT", "USED", "OF", ""], rows)),
+        "",
+        f"$ per month in all: {m['total']:,.0f} (DynamoDB {m['dynamodb_writes'] + m['dynamodb_reads']:,.0f}, "
+        f"Fargate {m['fargate']:,.0f}, NAT gateways {m['nat_hours']:,.0f} + data {m['nat_data']:,.0f}, "
+        f"SQS {m['sqs']:,.0f}, CloudWatch requests {m['cloudwatch']:,.0f})",
+        f"a rolling deploy launches {result['workers']:,} tasks: about {result['deploy_minutes']:,.1f} min at the "
+        f"service's launch rate; START of every connection at the API's rate: {result['fill_seconds'] / 60:,.0f} min",
+    ]
+    if first is None:
+        lines.append("first limit hit: none")
+    else:
+        lines.append(
+            f"first limit hit: {first} ({result['first_limit_scenario']}); moved by: {result['first_limit_fix']}"
+        )
+        if len(result["exceeded"]) > 1:
+            lines.append("also exceeded: " + "; ".join(result["exceeded"][1:]))
+    return lines
+
+
+def _figure(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.1f}"
 
 
 def _sinks(p: Mapping[str, Any] | None) -> list[str]:
