@@ -226,6 +226,17 @@ def test_holes_past_the_limit_give_up_the_lowest_and_the_state_stays_small():
     assert abandoned == [(1, 1), (3, 3), (5, 5)] and state.ranges[0] == (0, 6)
 
 
+def test_holes_given_up_are_counted_in_a_metric_not_only_logged(rig):
+    """Every other seq of one connection: past the range limit the lowest holes are
+    given up, seqs lost downstream; the batch line's SeqsAbandoned says how many."""
+    rig.frames("gone", range(0, 2 * (delivery.MAX_RANGES + 2) + 1, 2), fence=1)  # 67 ranges: 3 over the limit
+    rig.source.drain()
+
+    (line,) = rig.log_lines("batch")
+    assert line["seqs_abandoned"] == line["SeqsAbandoned"] == 3
+    assert [(g["from_seq"], g["to_seq"]) for g in rig.log_lines("gap_abandoned")] == [(1, 1), (3, 3), (5, 5)]
+
+
 # --- failures: the shard goes again, nothing is delivered twice -------------------------------------
 
 

@@ -66,6 +66,7 @@ DETAIL_CHARS = 200  # of a bad record's reason or a failure's message in a log l
 # it delivered and goes on from there, rather than timing out whole again and again.
 MIN_REMAINING_MS = 15_000
 BAD = "bad"
+ABANDONED = "abandoned"  # seqs of holes given up (counted in the batch line, not per record)
 
 
 def object_key(prefix: str, connection_id: str, revision: int) -> str:
@@ -213,6 +214,7 @@ class Consumer:
             resent=counts[RESENT],
             stale=counts[STALE],
             bad_records=counts[BAD],
+            seqs_abandoned=counts[ABANDONED],
             failed_connections=len(failed),
             retry_from=first_failure.sequence_number if first_failure else None,
             duration_ms=round((time.monotonic() - started) * 1000, 1),
@@ -253,13 +255,14 @@ class Consumer:
                     Body=b"".join(decision.deliver),
                     ContentType=CONTENT_TYPE,
                 )
-            for first, last in decision.abandoned:
-                self._log.warning("gap_abandoned", connection_id=connection_id, from_seq=first, to_seq=last)
             if state_changed(before, decision.state) and not self._states.put(connection_id, before, decision.state):
                 done.error = "state_conflict: its delivery state moved on meanwhile (another consumer of the shard?)"
                 self._log.error("state_conflict", connection_id=connection_id, revision=before.revision)
                 return done
-            done.counts = decision.counts
+            # Only once the state giving them up is stored: a retry would give them up again.
+            for first, last in decision.abandoned:
+                self._log.warning("gap_abandoned", connection_id=connection_id, from_seq=first, to_seq=last)
+            done.counts = decision.counts + Counter({ABANDONED: sum(b - a + 1 for a, b in decision.abandoned)})
         except Exception as exc:  # S3, DynamoDB or a bug: this connection goes again
             done.error = f"{type(exc).__name__}: {exc}"[:DETAIL_CHARS]
             aws = type(exc).__module__.startswith(("botocore", "wsfleet.store"))
@@ -300,6 +303,7 @@ def embedded_metrics(
         metrics_names.STALE_RECORDS_DROPPED: counts.get(STALE, 0),
         metrics_names.BAD_RECORDS: counts.get(BAD, 0),
         metrics_names.DELIVERIES_FAILED: failed,
+        metrics_names.SEQS_ABANDONED: counts.get(ABANDONED, 0),
     }
     directive = {
         "Namespace": namespace,
