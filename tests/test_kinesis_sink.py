@@ -416,3 +416,39 @@ def test_a_request_kinesis_refuses_as_invalid_is_invalid_item_for_the_writer_to_
     with pytest.raises(InvalidItem, match="ValidationException"):
         sink._put([over])
     assert not any(read_stream(kinesis, stream).values())
+
+
+def test_the_suffix_rule_holds_across_the_requests_of_one_call_with_markers_and_references_refused(faulted):
+    """One connection's records split over two PutRecords of one call (over 500), markers
+    and data references among them, a share of every request refused record by record:
+    each request is acknowledged whole before the next leaves, so the last delivery of
+    every seq stays in seq order across the split, whichever kind of record was refused."""
+    url, client, stream = faulted
+    requests = Requests(client)
+    sink = StreamSink(client, stream, sleep=lambda _: None, max_rounds=50)
+    entries, objects, seq = [], {}, 1
+    while seq <= 700:
+        if seq % 7 == 0:  # a range marker for seq..seq+1
+            entries.append(("a", 3, upstream_gap(seq, seq + 1, 1)))
+            seq += 2
+            continue
+        if seq % 5 == 0:  # data in the bucket: the record is a reference
+            frame = Frame(seq, json.dumps("x" * (MAX_MESSAGE_BYTES + 1)), 1)
+            objects[("a", seq)] = StoredObject(f"a/{seq}", MAX_MESSAGE_BYTES + 3, "0" * 64)
+        else:
+            frame = Frame(seq, json.dumps({"s": seq}), 1)
+        entries.append(("a", 3, frame))
+        seq += 1
+    set_faults(url, refuse_records=0.2, seed=8)
+    sink.put_many(entries, worker_id="w", objects=objects)
+    refused = faults(url)["records_refused"]["PutRecords"]
+    set_faults(url)
+    assert refused > 0 and len(requests.sizes) > 2 and requests.sizes[0][0] == 500
+    recs = by_connection(client, stream)["a"]
+    check_order(recs)
+    last = last_deliveries(recs)
+    assert [r.seq for r in last] == [f.seq for _, _, f in entries]
+    assert {r.seq for r in last if r.is_marker} == {f.seq for _, _, f in entries if f.is_marker}
+    assert {r.seq for r in last if r.data_ref} == {s for _, s in objects}
+    sent = Counter(r.seq for r in recs)  # a marker and a reference were among those sent again
+    assert any(sent[r.seq] > 1 for r in last if r.is_marker) and any(sent[r.seq] > 1 for r in last if r.data_ref)
