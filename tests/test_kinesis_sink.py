@@ -452,3 +452,30 @@ def test_the_suffix_rule_holds_across_the_requests_of_one_call_with_markers_and_
     assert {r.seq for r in last if r.data_ref} == {s for _, s in objects}
     sent = Counter(r.seq for r in recs)  # a marker and a reference were among those sent again
     assert any(sent[r.seq] > 1 for r in last if r.is_marker) and any(sent[r.seq] > 1 for r in last if r.data_ref)
+
+
+def test_a_batch_taken_before_its_connection_was_closed_and_opened_again_is_not_sent_under_the_new_lease(kinesis):
+    """The writer took a batch at fence 2; before its pool thread ran, the connection was
+    closed (its session lost) and acquired again by this worker at fence 3. The batch's
+    send deadline is its own queue's, gone with the close: nothing is sent, not even
+    under the new acquisition's live deadline (a fence-2 write after our fence-2 lease
+    ended, which the table would store over the new owner's items)."""
+    stream = new_stream(kinesis, shards=1)
+    aws = Aws(WorkerConfig.from_env({
+        "AWS_ENDPOINT_URL": kinesis.meta.endpoint_url, "AWS_REGION": REGION, "TABLE_NAME": "t", "SESSIONS_TABLE_NAME": "s",
+        "QUEUE_URL": "q", "MESSAGES_BUCKET_NAME": "b", "SINK": "kinesis", "MESSAGES_STREAM_NAME": stream,
+    }), threads=1)  # its client checks the send deadline, as the worker's does
+    try:
+        counters, stored = Counters(), {}
+        writer = stream_writer(StreamSink(aws.kinesis, stream, sleep=lambda _: None), counters, stored, clock.now() + 600, "a")
+        batch = [("a", 2, Frame(s, f'{{"s":{s}}}', 1)) for s in (1, 2)]
+        writer.close("a")
+        writer.open("a", fence_token=3, deadline=lambda: clock.now() + 600, on_stored=lambda s, n: None)
+
+        with pytest.raises(SendDeadlinePassed):
+            writer._put(entries=batch, objects={})
+        assert not any(read_stream(kinesis, stream).values())
+        writer._put(entries=[("a", 3, f) for _, _, f in batch], objects={})  # the new acquisition's own batch goes
+    finally:
+        aws.close()
+    assert [r.fence_token for r in by_connection(kinesis, stream)["a"]] == [3, 3]
