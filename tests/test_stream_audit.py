@@ -164,6 +164,17 @@ def test_a_checkpoint_covered_only_by_stale_records_is_a_gap():
     assert kinds(result) == ["gap"] and "seqs 4-5 never delivered" in result.findings[0].sentence
 
 
+def test_seqs_missing_before_the_first_delivered_are_a_gap_from_the_first_acquisitions_checkpoint():
+    """Acquired at checkpoint 0, checkpointed to 10, but only 5..10 on the stream: the
+    owner resumed from 1, so 1..4 are missing (a checkpoint ahead of the stream), not
+    a stream that happens to start at 5."""
+    s = Stream().put("a", 1, range(5, 11))
+    result = run(s, acquired("a", (1, 0, False)), checkpoints={"a": 10})
+
+    assert kinds(result) == ["gap"] and "seqs 1-4 never delivered" in result.findings[0].sentence
+    assert run(Stream().put("a", 1, range(5, 11)), acquired("a", (1, 4, False)), checkpoints={"a": 10}).ok
+
+
 def test_wrong_data_a_bad_record_and_a_foreign_partition_key_are_findings():
     s = Stream().put("a", 1, [1])
     s.raw(records.encode("a", 1, "w1", Frame(2, '{"stream":"a","v":99}', T0)), key="a")
