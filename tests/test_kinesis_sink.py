@@ -479,3 +479,29 @@ def test_a_batch_taken_before_its_connection_was_closed_and_opened_again_is_not_
     finally:
         aws.close()
     assert [r.fence_token for r in by_connection(kinesis, stream)["a"]] == [3, 3]
+
+
+def test_with_both_sinks_a_batch_the_table_took_and_the_stream_did_not_is_not_reported_stored(faulted):
+    """SINK=dynamodb,kinesis with the stream out: the table has the batch, but the
+    writer reports nothing stored (the checkpoint waits for the stream); once the
+    stream is back, the batch is sent again to both and only then reported."""
+    url, client, _ = faulted
+    env = kinesis_env(url, sink="dynamodb,kinesis", shards=1)
+    table = MessagesStore(boto3.client("dynamodb", endpoint_url=url, region_name=REGION), env["MESSAGES_TABLE_NAME"])
+    both = BothSinks(table, StreamSink(client, env["MESSAGES_STREAM_NAME"], sleep=lambda _: None, max_rounds=2))
+    counters, stored = Counters(), {}
+    writer = stream_writer(both, counters, stored, clock.now() + 600, "a")
+    set_faults(url, outage={"kinesis": 600})
+
+    async def scenario():
+        task = asyncio.create_task(writer.run())
+        await writer.put("a", *(Frame(s, f'{{"s":{s}}}', 1) for s in range(1, 11)))
+        await until(lambda: len(table.read_all("a")) == 10)  # the table took it...
+        await until(lambda: faults(url)["failed"].get("PutRecords", 0) >= 4)  # ...the stream refused it, more than once
+        assert stored["a"] == []
+        set_faults(url)
+        await until(lambda: stored["a"] == [10])
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert [r.seq for r in by_connection(client, env["MESSAGES_STREAM_NAME"])["a"]] == list(range(1, 11))
