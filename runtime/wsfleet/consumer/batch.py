@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import time
 import traceback
@@ -113,6 +114,17 @@ def fields(record: records.Record) -> dict[str, Any]:
     return out
 
 
+def line_of(record: records.Record) -> bytes:
+    """A record's delivered JSON line; ValueError, RecursionError or UnicodeEncodeError
+    for data that cannot be written as UTF-8 JSON."""
+    return json.dumps(fields(record), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def trimmed_line(record: records.Record, first: int, last: int) -> bytes:
+    """The line of the part first..last of a marker whose other seqs were delivered already."""
+    return line_of(dataclasses.replace(record, seq=first, skip_to=last if last != first else None))
+
+
 def parse_entry(index: int, entry: Any) -> Incoming:
     """One entry of the event's ``Records``; :class:`NotARecord` if it is not a
     wsfleet record this consumer can deliver."""
@@ -139,10 +151,10 @@ def parse_entry(index: int, entry: Any) -> Incoming:
     if not (0 <= record.seq <= record.end <= MAX_SEQ) or record.fence_token < 0:
         raise NotARecord("its seq, skip_to or fence_token is out of range")
     try:
-        line = json.dumps(fields(record), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        line = line_of(record)
     except (ValueError, RecursionError, UnicodeEncodeError):  # NaN, nesting, a lone surrogate
         raise NotARecord("its data cannot be written as UTF-8 JSON") from None
-    return Incoming(index, sequence_number, record, line + b"\n")
+    return Incoming(index, sequence_number, record, line)
 
 
 @dataclass
@@ -247,7 +259,7 @@ class Consumer:
         done = Delivery(connection_id, batch[0], Counter())
         try:
             before = self._states.get(connection_id)
-            decision = decide(before, ((i.record, i.line) for i in batch))
+            decision = decide(before, ((i.record, i.line) for i in batch), trim=trimmed_line)
             if decision.deliver:
                 self._s3.put_object(
                     Bucket=self._config.bucket_name,
