@@ -25,7 +25,7 @@ from wsfleet.consumer.delivery import Delivered, decide
 from wsfleet.consumer.local import LocalEventSource, kinesis_event
 from wsfleet.local.emulator import set_faults
 from wsfleet.logs import JsonLogger
-from wsfleet.stream import Frame
+from wsfleet.stream import Frame, upstream_gap
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -217,6 +217,36 @@ def test_a_marker_is_new_unless_its_whole_range_was_delivered():
     assert out.counts == {"delivered": 3, "resent": 2}
 
 
+def test_a_marker_over_seqs_delivered_already_goes_downstream_only_for_the_seqs_not_delivered(rig):
+    """A taker that could not replay writes an upstream_gap marker from its checkpoint on,
+    over seqs its predecessor delivered as data: downstream gets those seqs once (the
+    data), and the marker only for the seqs no one delivered, in as many parts as the
+    holes it spans."""
+    def gap(seq: int, to: int, fence: int) -> bytes:
+        return records.encode("c1", fence, "w2", upstream_gap(seq, to, 1_700_000_000_000 + seq))
+
+    rig.frames("c1", [1, 2, 3, 4, 5, 7], fence=1)  # 6 is on its way again (a partial failure)
+    rig.put(("c1", gap(4, 9, 2)), ("c1", frame_record("c1", 10, 2)))
+    rig.source.drain()
+
+    lines = rig.delivered("c1")
+    assert [(line["seq"], line.get("skip_to"), line["fence_token"]) for line in lines] == [
+        (1, None, 1), (2, None, 1), (3, None, 1), (4, None, 1), (5, None, 1), (7, None, 1),
+        (6, None, 2), (8, 9, 2), (10, None, 2),
+    ]
+    assert all(line["skipped"] == "upstream_gap" for line in lines if line["fence_token"] == 2 and line["seq"] != 10)
+    assert rig.state("c1")["delivered_to"] == 10
+
+
+def test_decide_without_trim_delivers_a_partly_delivered_marker_whole():
+    marker = records.Record("c", 2, 1, "w", 0, False, skipped="upstream_gap", skip_to=6)
+    data = records.Record("c", 4, 1, "w", 0, True, data=4)
+    out = decide(Delivered(), [(data, "d4"), (marker, "m2-6")])
+    assert out.deliver == ["d4", "m2-6"]
+    trimmed = decide(Delivered(), [(data, "d4"), (marker, "m2-6")], trim=lambda r, a, b: f"m{a}-{b}")
+    assert trimmed.deliver == ["d4", "m2-3", "m5-6"] and trimmed.state.ranges == ((2, 6),)
+
+
 def test_holes_past_the_limit_give_up_the_lowest_and_the_state_stays_small():
     state, abandoned = Delivered(), []
     for seq in range(0, 2 * (delivery.MAX_RANGES + 3), 2):  # every other seq: a hole after each
@@ -224,6 +254,17 @@ def test_holes_past_the_limit_give_up_the_lowest_and_the_state_stays_small():
         abandoned += [gone] if gone else []
     assert len(state.ranges) == delivery.MAX_RANGES
     assert abandoned == [(1, 1), (3, 3), (5, 5)] and state.ranges[0] == (0, 6)
+
+
+def test_holes_given_up_are_counted_in_a_metric_not_only_logged(rig):
+    """Every other seq of one connection: past the range limit the lowest holes are
+    given up, seqs lost downstream; the batch line's SeqsAbandoned says how many."""
+    rig.frames("gone", range(0, 2 * (delivery.MAX_RANGES + 2) + 1, 2), fence=1)  # 67 ranges: 3 over the limit
+    rig.source.drain()
+
+    (line,) = rig.log_lines("batch")
+    assert line["seqs_abandoned"] == line["SeqsAbandoned"] == 3
+    assert [(g["from_seq"], g["to_seq"]) for g in rig.log_lines("gap_abandoned")] == [(1, 1), (3, 3), (5, 5)]
 
 
 # --- failures: the shard goes again, nothing is delivered twice -------------------------------------

@@ -416,3 +416,92 @@ def test_a_request_kinesis_refuses_as_invalid_is_invalid_item_for_the_writer_to_
     with pytest.raises(InvalidItem, match="ValidationException"):
         sink._put([over])
     assert not any(read_stream(kinesis, stream).values())
+
+
+def test_the_suffix_rule_holds_across_the_requests_of_one_call_with_markers_and_references_refused(faulted):
+    """One connection's records split over two PutRecords of one call (over 500), markers
+    and data references among them, a share of every request refused record by record:
+    each request is acknowledged whole before the next leaves, so the last delivery of
+    every seq stays in seq order across the split, whichever kind of record was refused."""
+    url, client, stream = faulted
+    requests = Requests(client)
+    sink = StreamSink(client, stream, sleep=lambda _: None, max_rounds=50)
+    entries, objects, seq = [], {}, 1
+    while seq <= 700:
+        if seq % 7 == 0:  # a range marker for seq..seq+1
+            entries.append(("a", 3, upstream_gap(seq, seq + 1, 1)))
+            seq += 2
+            continue
+        if seq % 5 == 0:  # data in the bucket: the record is a reference
+            frame = Frame(seq, json.dumps("x" * (MAX_MESSAGE_BYTES + 1)), 1)
+            objects[("a", seq)] = StoredObject(f"a/{seq}", MAX_MESSAGE_BYTES + 3, "0" * 64)
+        else:
+            frame = Frame(seq, json.dumps({"s": seq}), 1)
+        entries.append(("a", 3, frame))
+        seq += 1
+    set_faults(url, refuse_records=0.2, seed=8)
+    sink.put_many(entries, worker_id="w", objects=objects)
+    refused = faults(url)["records_refused"]["PutRecords"]
+    set_faults(url)
+    assert refused > 0 and len(requests.sizes) > 2 and requests.sizes[0][0] == 500
+    recs = by_connection(client, stream)["a"]
+    check_order(recs)
+    last = last_deliveries(recs)
+    assert [r.seq for r in last] == [f.seq for _, _, f in entries]
+    assert {r.seq for r in last if r.is_marker} == {f.seq for _, _, f in entries if f.is_marker}
+    assert {r.seq for r in last if r.data_ref} == {s for _, s in objects}
+    sent = Counter(r.seq for r in recs)  # a marker and a reference were among those sent again
+    assert any(sent[r.seq] > 1 for r in last if r.is_marker) and any(sent[r.seq] > 1 for r in last if r.data_ref)
+
+
+def test_a_batch_taken_before_its_connection_was_closed_and_opened_again_is_not_sent_under_the_new_lease(kinesis):
+    """The writer took a batch at fence 2; before its pool thread ran, the connection was
+    closed (its session lost) and acquired again by this worker at fence 3. The batch's
+    send deadline is its own queue's, gone with the close: nothing is sent, not even
+    under the new acquisition's live deadline (a fence-2 write after our fence-2 lease
+    ended, which the table would store over the new owner's items)."""
+    stream = new_stream(kinesis, shards=1)
+    aws = Aws(WorkerConfig.from_env({
+        "AWS_ENDPOINT_URL": kinesis.meta.endpoint_url, "AWS_REGION": REGION, "TABLE_NAME": "t", "SESSIONS_TABLE_NAME": "s",
+        "QUEUE_URL": "q", "MESSAGES_BUCKET_NAME": "b", "SINK": "kinesis", "MESSAGES_STREAM_NAME": stream,
+    }), threads=1)  # its client checks the send deadline, as the worker's does
+    try:
+        counters, stored = Counters(), {}
+        writer = stream_writer(StreamSink(aws.kinesis, stream, sleep=lambda _: None), counters, stored, clock.now() + 600, "a")
+        batch = [("a", 2, Frame(s, f'{{"s":{s}}}', 1)) for s in (1, 2)]
+        writer.close("a")
+        writer.open("a", fence_token=3, deadline=lambda: clock.now() + 600, on_stored=lambda s, n: None)
+
+        with pytest.raises(SendDeadlinePassed):
+            writer._put(entries=batch, objects={})
+        assert not any(read_stream(kinesis, stream).values())
+        writer._put(entries=[("a", 3, f) for _, _, f in batch], objects={})  # the new acquisition's own batch goes
+    finally:
+        aws.close()
+    assert [r.fence_token for r in by_connection(kinesis, stream)["a"]] == [3, 3]
+
+
+def test_with_both_sinks_a_batch_the_table_took_and_the_stream_did_not_is_not_reported_stored(faulted):
+    """SINK=dynamodb,kinesis with the stream out: the table has the batch, but the
+    writer reports nothing stored (the checkpoint waits for the stream); once the
+    stream is back, the batch is sent again to both and only then reported."""
+    url, client, _ = faulted
+    env = kinesis_env(url, sink="dynamodb,kinesis", shards=1)
+    table = MessagesStore(boto3.client("dynamodb", endpoint_url=url, region_name=REGION), env["MESSAGES_TABLE_NAME"])
+    both = BothSinks(table, StreamSink(client, env["MESSAGES_STREAM_NAME"], sleep=lambda _: None, max_rounds=2))
+    counters, stored = Counters(), {}
+    writer = stream_writer(both, counters, stored, clock.now() + 600, "a")
+    set_faults(url, outage={"kinesis": 600})
+
+    async def scenario():
+        task = asyncio.create_task(writer.run())
+        await writer.put("a", *(Frame(s, f'{{"s":{s}}}', 1) for s in range(1, 11)))
+        await until(lambda: len(table.read_all("a")) == 10)  # the table took it...
+        await until(lambda: faults(url)["failed"].get("PutRecords", 0) >= 4)  # ...the stream refused it, more than once
+        assert stored["a"] == []
+        set_faults(url)
+        await until(lambda: stored["a"] == [10])
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert [r.seq for r in by_connection(client, env["MESSAGES_STREAM_NAME"])["a"]] == list(range(1, 11))

@@ -145,6 +145,36 @@ def test_a_lower_fence_after_a_higher_one_is_stale_unless_excused():
     assert excused.ok and (excused.stale, excused.stale_excused) == (1, 1)
 
 
+def test_a_seq_only_a_stale_record_delivered_is_a_gap_since_the_consumer_drops_it():
+    """The taker (fence 2, acquired at checkpoint 2) delivers 3, 4 and 6 but never 5;
+    5 is on the stream only from the frozen first owner, after fence 2's records: the
+    reference consumer drops that record as stale (the taker owes 5 itself), so 5 is
+    lost downstream, excused writer or not."""
+    s = Stream().put("a", 1, range(1, 5)).put("a", 2, [3, 4, 6], worker="w2").put("a", 1, [5], worker="w1")
+    result = run(s, acquired("a", (1, 0, False), (2, 2, False)), excuse=lambda d: d.record.worker_id == "w1")
+
+    assert kinds(result) == ["gap"], result.findings
+    assert "seqs 5 never delivered" in result.findings[0].sentence
+
+
+def test_a_checkpoint_covered_only_by_stale_records_is_a_gap():
+    s = Stream().put("a", 1, range(1, 4)).put("a", 2, [2, 3], worker="w2").put("a", 1, [4, 5], worker="w1")
+    result = run(s, acquired("a", (1, 0, False), (2, 1, False)), checkpoints={"a": 5}, excuse=lambda d: True)
+
+    assert kinds(result) == ["gap"] and "seqs 4-5 never delivered" in result.findings[0].sentence
+
+
+def test_seqs_missing_before_the_first_delivered_are_a_gap_from_the_first_acquisitions_checkpoint():
+    """Acquired at checkpoint 0, checkpointed to 10, but only 5..10 on the stream: the
+    owner resumed from 1, so 1..4 are missing (a checkpoint ahead of the stream), not
+    a stream that happens to start at 5."""
+    s = Stream().put("a", 1, range(5, 11))
+    result = run(s, acquired("a", (1, 0, False)), checkpoints={"a": 10})
+
+    assert kinds(result) == ["gap"] and "seqs 1-4 never delivered" in result.findings[0].sentence
+    assert run(Stream().put("a", 1, range(5, 11)), acquired("a", (1, 4, False)), checkpoints={"a": 10}).ok
+
+
 def test_wrong_data_a_bad_record_and_a_foreign_partition_key_are_findings():
     s = Stream().put("a", 1, [1])
     s.raw(records.encode("a", 1, "w1", Frame(2, '{"stream":"a","v":99}', T0)), key="a")

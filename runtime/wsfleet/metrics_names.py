@@ -74,7 +74,10 @@ STALE_RECORDS_DROPPED = "StaleRecordsDropped"
 BAD_RECORDS = "BadRecords"
 # Connections whose delivery failed in a batch (S3 or DynamoDB): the shard goes again from there.
 DELIVERIES_FAILED = "DeliveriesFailed"
-CONSUMER_METRICS = (FRAMES_DELIVERED, DUPLICATES_DROPPED, STALE_RECORDS_DROPPED, BAD_RECORDS, DELIVERIES_FAILED)
+# Seqs given up as never to arrive: holes left past the state's range limit (each logged
+# as gap_abandoned). Lost downstream unless a record of them was hostile or lost: alarm-worthy.
+SEQS_ABANDONED = "SeqsAbandoned"
+CONSUMER_METRICS = (FRAMES_DELIVERED, DUPLICATES_DROPPED, STALE_RECORDS_DROPPED, BAD_RECORDS, DELIVERIES_FAILED, SEQS_ABANDONED)
 
 COUNTERS = (
     LEASES_ACQUIRED,

@@ -402,6 +402,7 @@ class OperationsDashboard(Construct):
             names.STALE_RECORDS_DROPPED: "stale owner's records dropped",
             names.BAD_RECORDS: "not wsfleet records (skipped)",
             names.DELIVERIES_FAILED: "connections whose delivery failed (retried)",
+            names.SEQS_ABANDONED: "seqs given up as never to arrive (lost)",
         }
         return cloudwatch.GraphWidget(
             title="Reference consumer: records (per minute)",

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import time
 import traceback
@@ -66,6 +67,7 @@ DETAIL_CHARS = 200  # of a bad record's reason or a failure's message in a log l
 # it delivered and goes on from there, rather than timing out whole again and again.
 MIN_REMAINING_MS = 15_000
 BAD = "bad"
+ABANDONED = "abandoned"  # seqs of holes given up (counted in the batch line, not per record)
 
 
 def object_key(prefix: str, connection_id: str, revision: int) -> str:
@@ -112,6 +114,17 @@ def fields(record: records.Record) -> dict[str, Any]:
     return out
 
 
+def line_of(record: records.Record) -> bytes:
+    """A record's delivered JSON line; ValueError, RecursionError or UnicodeEncodeError
+    for data that cannot be written as UTF-8 JSON."""
+    return json.dumps(fields(record), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8") + b"\n"
+
+
+def trimmed_line(record: records.Record, first: int, last: int) -> bytes:
+    """The line of the part first..last of a marker whose other seqs were delivered already."""
+    return line_of(dataclasses.replace(record, seq=first, skip_to=last if last != first else None))
+
+
 def parse_entry(index: int, entry: Any) -> Incoming:
     """One entry of the event's ``Records``; :class:`NotARecord` if it is not a
     wsfleet record this consumer can deliver."""
@@ -138,10 +151,10 @@ def parse_entry(index: int, entry: Any) -> Incoming:
     if not (0 <= record.seq <= record.end <= MAX_SEQ) or record.fence_token < 0:
         raise NotARecord("its seq, skip_to or fence_token is out of range")
     try:
-        line = json.dumps(fields(record), ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        line = line_of(record)
     except (ValueError, RecursionError, UnicodeEncodeError):  # NaN, nesting, a lone surrogate
         raise NotARecord("its data cannot be written as UTF-8 JSON") from None
-    return Incoming(index, sequence_number, record, line + b"\n")
+    return Incoming(index, sequence_number, record, line)
 
 
 @dataclass
@@ -213,6 +226,7 @@ class Consumer:
             resent=counts[RESENT],
             stale=counts[STALE],
             bad_records=counts[BAD],
+            seqs_abandoned=counts[ABANDONED],
             failed_connections=len(failed),
             retry_from=first_failure.sequence_number if first_failure else None,
             duration_ms=round((time.monotonic() - started) * 1000, 1),
@@ -245,7 +259,7 @@ class Consumer:
         done = Delivery(connection_id, batch[0], Counter())
         try:
             before = self._states.get(connection_id)
-            decision = decide(before, ((i.record, i.line) for i in batch))
+            decision = decide(before, ((i.record, i.line) for i in batch), trim=trimmed_line)
             if decision.deliver:
                 self._s3.put_object(
                     Bucket=self._config.bucket_name,
@@ -253,13 +267,14 @@ class Consumer:
                     Body=b"".join(decision.deliver),
                     ContentType=CONTENT_TYPE,
                 )
-            for first, last in decision.abandoned:
-                self._log.warning("gap_abandoned", connection_id=connection_id, from_seq=first, to_seq=last)
             if state_changed(before, decision.state) and not self._states.put(connection_id, before, decision.state):
                 done.error = "state_conflict: its delivery state moved on meanwhile (another consumer of the shard?)"
                 self._log.error("state_conflict", connection_id=connection_id, revision=before.revision)
                 return done
-            done.counts = decision.counts
+            # Only once the state giving them up is stored: a retry would give them up again.
+            for first, last in decision.abandoned:
+                self._log.warning("gap_abandoned", connection_id=connection_id, from_seq=first, to_seq=last)
+            done.counts = decision.counts + Counter({ABANDONED: sum(b - a + 1 for a, b in decision.abandoned)})
         except Exception as exc:  # S3, DynamoDB or a bug: this connection goes again
             done.error = f"{type(exc).__name__}: {exc}"[:DETAIL_CHARS]
             aws = type(exc).__module__.startswith(("botocore", "wsfleet.store"))
@@ -300,6 +315,7 @@ def embedded_metrics(
         metrics_names.STALE_RECORDS_DROPPED: counts.get(STALE, 0),
         metrics_names.BAD_RECORDS: counts.get(BAD, 0),
         metrics_names.DELIVERIES_FAILED: failed,
+        metrics_names.SEQS_ABANDONED: counts.get(ABANDONED, 0),
     }
     directive = {
         "Namespace": namespace,

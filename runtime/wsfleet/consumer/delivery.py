@@ -19,14 +19,17 @@ arrives from an owner that is not stale, and drops the rest:
 may arrive before n, and n is then still new. The set is kept as ranges: a contiguous
 run (``delivered_from`` .. ``delivered_to``) and the few ranges past a hole above it;
 holes close as the resent records arrive. A marker record stands for its whole range
-(``seq`` .. ``skip_to``) and is new unless all of it was delivered.
+(``seq`` .. ``skip_to``) and is new unless all of it was delivered; one that is partly
+delivered already (a taker's ``upstream_gap`` over seqs its predecessor delivered as
+data) is delivered as the parts not delivered yet, each a marker of its own (``trim``),
+so that no seq goes downstream twice.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Generic, Iterable, TypeVar
+from typing import Callable, Generic, Iterable, TypeVar
 
 from ..records import Record
 
@@ -64,6 +67,24 @@ class Delivered:
         """Whether every seq from ``first`` to ``last`` was delivered."""
         return any(a <= first and last <= b for a, b in self.ranges)
 
+    def missing(self, first: int, last: int) -> list[Range]:
+        """The parts of ``first``..``last`` not delivered, in order."""
+        out: list[Range] = []
+        at = first
+        for a, b in self.ranges:
+            if b < at:
+                continue
+            if a > last:
+                break
+            if a > at:
+                out.append((at, a - 1))
+            at = max(at, b + 1)
+            if at > last:
+                return out
+        if at <= last:
+            out.append((at, last))
+        return out
+
     def with_range(self, first: int, last: int) -> tuple["Delivered", Range | None]:
         """The state with ``first``..``last`` delivered too, and the hole given up to
         stay within :data:`MAX_RANGES` (None: none)."""
@@ -96,9 +117,13 @@ class Decision(Generic[T]):
 DELIVERED, REPLAYED, RESENT, STALE = "delivered", "replayed", "resent", "stale"
 
 
-def decide(state: Delivered, records: Iterable[tuple[Record, T]]) -> Decision[T]:
+def decide(
+    state: Delivered, records: Iterable[tuple[Record, T]], *, trim: Callable[[Record, int, int], T] | None = None
+) -> Decision[T]:
     """Go through ``records`` (a record and what to deliver for it) in stream order from
-    ``state``; see the module docstring for the rules."""
+    ``state``; see the module docstring for the rules. ``trim(record, first, last)``:
+    what to deliver for the part first..last of a marker partly delivered already
+    (without it, the marker is delivered whole)."""
     out: Decision[T] = Decision(state=state)
     for record, item in records:
         now = out.state
@@ -111,10 +136,14 @@ def decide(state: Delivered, records: Iterable[tuple[Record, T]]) -> Decision[T]
             out.counts[REPLAYED if record.seq <= now.fence_seen_at else RESENT] += 1
             out.state = now
             continue
+        parts = now.missing(record.seq, record.end) if trim is not None and record.end > record.seq else []
         out.state, abandoned = now.with_range(record.seq, record.end)
         if abandoned is not None:
             out.abandoned.append(abandoned)
-        out.deliver.append(item)
+        if parts and parts != [(record.seq, record.end)]:
+            out.deliver.extend(trim(record, a, b) for a, b in parts)  # type: ignore[misc]
+        else:
+            out.deliver.append(item)
         out.counts[DELIVERED] += 1
     return out
 

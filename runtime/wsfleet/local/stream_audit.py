@@ -14,8 +14,10 @@ rules it checks:
 * ``shards``: every record of a connection is on one shard, under the connection id
   as its partition key (else nothing orders them);
 * ``gap``: every seq from the first delivered to the last is delivered at least once
-  (a skip marker stands for seq..skip_to), and every seq up to the connection's last
-  checkpoint (a checkpoint is never ahead of the stream);
+  by a record that is not ``stale`` (a skip marker stands for seq..skip_to), from the
+  first acquisition's checkpoint on where the journal has it, and every
+  seq up to the connection's last checkpoint (a checkpoint is never ahead of the
+  stream): the consumer drops a stale record, so a seq only a stale one carries is lost;
 * ``order``: the last delivery of each seq comes after the last delivery of every
   lower seq (what a consumer that keeps the highest fence sees is in seq order);
   a delivery with a lower fence than one already on the stream (``stale``) is left out
@@ -325,8 +327,12 @@ def _audit_connection(
 
     if not seen and checkpoint <= 0:
         return
-    first, end = (min(seen), max(seen)) if seen else (1, 0)
-    missing = [s for s in range(first, max(end, checkpoint) + 1) if s not in seen]
+    # Delivered means by a record that is not stale: the consumer drops a stale one
+    # (the higher fence owes that seq itself), so a seq only a stale record carries is lost.
+    first, end = (min(last), max(last)) if last else (1, 0)
+    if acquired and last:  # an owner resumes after the checkpoint it acquired: from there on, no hole
+        first = min(first, min(a.checkpoint for a in acquired.values()) + 1)
+    missing = [s for s in range(first, max(end, checkpoint) + 1) if s not in last]
     if missing:
         finding("gap", f"seqs {_ranges(missing)} never delivered (first {first}, last {end}, checkpoint {checkpoint})")
     result.delivered += len(seen)

@@ -599,8 +599,13 @@ class Writer:
         # and read afresh at each: a sink's own retries inside one call (the stream's
         # rounds, the table's unprocessed items) follow the renewals, so a slow store is
         # not refused for a deadline the worker has long since moved on. A queue closed
-        # meanwhile (a new owner may have the connection) has none left.
-        queues = {c: self._queues.get(c) for c, _, _ in entries}
+        # meanwhile (a new owner may have the connection) has none left, even if this
+        # worker has opened the connection again since (queued before this thread ran):
+        # the queue must be the one of the entries' fence, not the next acquisition's.
+        queues: dict[str, _Queue | None] = {}
+        for c, fence, _ in entries:  # (a connection's entries share its fence)
+            q = self._queues.get(c)
+            queues[c] = q if q is not None and q.fence_token == fence else None
 
         def deadline() -> float:
             return min(q.deadline() if q is not None and self._queues.get(c) is q else 0.0 for c, q in queues.items())
