@@ -177,6 +177,7 @@ class ServiceStack(Stack):
             alarm_topic_arn=settings.alarm_topic_arn,
             stream=messages_stream,
             consumer=self.consumer,
+            consumer_service_name=settings.consumer_service_name,
         )
         self.dashboard = OperationsDashboard(
             self,

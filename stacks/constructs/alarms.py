@@ -24,6 +24,8 @@ Where the reference consumer is deployed:
 * Is it failing? (Lambda errors: a batch that raised or timed out, retried)
 * Did it give up on a batch? (the failure queue is not empty: the batch's records were
   not delivered, and its message says which shard and sequence numbers to replay)
+* Did it give up on seqs? (its ``SeqsAbandoned``: holes past the few it keeps track of,
+  whose seqs, should they arrive later, go downstream as already delivered: lost to users)
 
 No alarm on ``SkippedFrames`` (skip markers stored: seqs whose data users will not get),
 though it is graphed: one count mixes reasons nobody here can act on (an upstream's
@@ -80,6 +82,7 @@ class Alarms(Construct):
         alarm_topic_arn: str | None,
         stream: kinesis.IStream | None = None,
         consumer: ReferenceConsumer | None = None,
+        consumer_service_name: str = metrics_names.CONSUMER_SERVICE_NAME,
     ) -> None:
         """``stream`` where kinesis is a sink; ``consumer`` where the reference consumer is."""
         super().__init__(scope, id)
@@ -287,7 +290,28 @@ class Alarms(Construct):
                     period=one_minute, statistic=cloudwatch.Stats.MAXIMUM
                 ),
             )
-            self.all += (self.consumer_iterator_age, self.consumer_errors, self.consumer_gave_up)
+            self.consumer_seqs_abandoned = self._any_in_period(
+                "ConsumerSeqsAbandoned",
+                alarm_name=f"{prefix}-consumer-seqs-abandoned",
+                alarm_description=(
+                    "The reference consumer stopped waiting for seqs missing below delivered ones (more holes "
+                    "in one connection than it keeps track of): should they arrive, they are dropped as "
+                    "delivered. Its log lines gap_abandoned name the connection and the seqs."
+                ),
+                metric=cloudwatch.Metric(
+                    namespace=metrics_namespace,
+                    metric_name=metrics_names.SEQS_ABANDONED,
+                    dimensions_map={metrics_names.DIMENSION_SERVICE_NAME: consumer_service_name},
+                    period=five_minutes,
+                    statistic=cloudwatch.Stats.SUM,
+                ),
+            )
+            self.all += (
+                self.consumer_iterator_age,
+                self.consumer_errors,
+                self.consumer_gave_up,
+                self.consumer_seqs_abandoned,
+            )
         if alarm_topic_arn is not None:
             topic = sns.Topic.from_topic_arn(self, "Topic", alarm_topic_arn)
             for alarm in self.all:

@@ -306,3 +306,10 @@ def test_alarm_when_the_consumer_fails_or_gives_up_on_a_batch(dev):
         {"Name": "QueueName", "Value": _resolved(dev, dev.service.consumer.failure_queue.queue_name)}
     ]
     assert gave_up["Threshold"] == 1
+
+
+def test_alarm_when_the_consumer_gives_up_on_seqs(dev):
+    alarm = _alarm(dev, "consumer-seqs-abandoned")
+    assert (alarm["Namespace"], alarm["MetricName"], alarm["Statistic"]) == ("WsFleet", "SeqsAbandoned", "Sum")
+    assert alarm["Dimensions"] == [{"Name": "ServiceName", "Value": "wsfleet-dev-consumer"}]
+    assert (alarm["Threshold"], alarm["ComparisonOperator"]) == (1, "GreaterThanOrEqualToThreshold")

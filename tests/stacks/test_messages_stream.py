@@ -349,7 +349,7 @@ _EVERY_ENVIRONMENTS_ALARMS = {
     "upstream-refused",
 }
 _STREAM_ALARMS = {"stream-write-throttled", "worker-records-throttled"}
-_CONSUMER_ALARMS = {"consumer-iterator-age", "consumer-errors", "consumer-batches-abandoned"}
+_CONSUMER_ALARMS = {"consumer-iterator-age", "consumer-errors", "consumer-batches-abandoned", "consumer-seqs-abandoned"}
 
 
 @pytest.mark.parametrize(
