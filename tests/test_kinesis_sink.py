@@ -412,7 +412,7 @@ def test_a_request_kinesis_refuses_as_invalid_is_invalid_item_for_the_writer_to_
     stream = new_stream(kinesis, shards=1)
     sink = StreamSink(kinesis, stream, sleep=lambda _: None)
     # Past our own checks (they would have refused it first): Kinesis' own refusal.
-    over = _Rec("a", 1, {"Data": b"x" * (records.MAX_RECORD_BYTES + 1), "PartitionKey": "a"})
+    over = _Rec("a", {"Data": b"x" * (records.MAX_RECORD_BYTES + 1), "PartitionKey": "a"})
     with pytest.raises(InvalidItem, match="ValidationException"):
         sink._put([over])
     assert not any(read_stream(kinesis, stream).values())

@@ -26,6 +26,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from stacks import runtime_assets
+from stacks.constructs.messages_bucket import ABORT_INCOMPLETE_UPLOADS_AFTER, private_bucket
 from stacks.constructs.tables import table_from_spec
 from stacks.settings import ConsumerSettings
 from wsfleet import schema
@@ -33,8 +34,6 @@ from wsfleet import schema
 HANDLER = "wsfleet.consumer.handler"
 CONSUMER_BUCKET_LOGICAL_ID = "ConsumerBucket"
 CONSUMER_TABLE_LOGICAL_ID = "ConsumerTable"
-# As for the messages bucket: a crashed upload's parts go after a day.
-ABORT_INCOMPLETE_UPLOADS_AFTER = Duration.days(1)
 # An invocation decodes a batch (at most 6 MB) and, connection by connection, writes one
 # object and one state item: a batch of many connections takes a while. The handler
 # starts no connection with less than 15 s left and answers the rest as failed (retried
@@ -56,22 +55,9 @@ class ConsumerStore(Construct):
             abort_incomplete_multipart_upload_after=ABORT_INCOMPLETE_UPLOADS_AFTER,
             expiration=Duration.days(settings.output_ttl_days) if settings.output_ttl_days else None,
         )
-        self.bucket = s3.Bucket(
-            self,
-            "Bucket",
-            # SSE-S3, as for the messages bucket: the consumer's role needs no key grant.
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            enforce_ssl=True,
-            minimum_tls_version=1.2,
-            # A retried batch rewrites the same keys with the same records: no versions.
-            versioned=False,
-            lifecycle_rules=[rule],
-            removal_policy=RemovalPolicy.RETAIN if retain_data else RemovalPolicy.DESTROY,
-            auto_delete_objects=not retain_data,
+        self.bucket = private_bucket(
+            self, "Bucket", rule=rule, retain_data=retain_data, logical_id=CONSUMER_BUCKET_LOGICAL_ID
         )
-        self.bucket.node.default_child.override_logical_id(CONSUMER_BUCKET_LOGICAL_ID)
         self.table = table_from_spec(
             self,
             "State",

@@ -32,26 +32,33 @@ class MessagesBucket(Construct):
             # before the item that points at it.
             expiration=Duration.days(message_ttl_days) if message_ttl_days else None,
         )
-        self.bucket = s3.Bucket(
-            self,
-            "Bucket",
-            # SSE-S3: the two roles that touch objects need no key grants, and a presigned
-            # GET works for the router's role alone. SSE-KMS would add a KMS call per object
-            # (priced per request) and kms:GenerateDataKey / kms:Decrypt grants, for an
-            # access control the bucket's IAM grants already give.
-            encryption=s3.BucketEncryption.S3_MANAGED,
-            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
-            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
-            enforce_ssl=True,
-            minimum_tls_version=1.2,
-            # No versioning: a replay after a takeover rewrites the same key (one item per
-            # (connection, seq), one object per item), so old versions would only double
-            # the storage and outlive the lifecycle expiry.
-            versioned=False,
-            lifecycle_rules=[rule],
-            removal_policy=RemovalPolicy.RETAIN if retain_data else RemovalPolicy.DESTROY,
-            # Like the tables in dev: deleting the stack deletes the data. A bucket must be
-            # empty to be deleted, so CDK's custom resource empties it first.
-            auto_delete_objects=not retain_data,
-        )
-        self.bucket.node.default_child.override_logical_id(MESSAGES_BUCKET_LOGICAL_ID)
+        self.bucket = private_bucket(self, "Bucket", rule=rule, retain_data=retain_data, logical_id=MESSAGES_BUCKET_LOGICAL_ID)
+
+
+def private_bucket(scope: Construct, id: str, *, rule: s3.LifecycleRule, retain_data: bool, logical_id: str) -> s3.Bucket:
+    """A bucket of ours (the messages bucket, the reference consumer's output): private,
+    TLS only, SSE-S3, no versions, kept with the data or destroyed with the stack."""
+    bucket = s3.Bucket(
+        scope,
+        id,
+        # SSE-S3: the roles that touch objects need no key grants, and a presigned GET
+        # works for the router's role alone. SSE-KMS would add a KMS call per object
+        # (priced per request) and kms:GenerateDataKey / kms:Decrypt grants, for an
+        # access control the bucket's IAM grants already give.
+        encryption=s3.BucketEncryption.S3_MANAGED,
+        block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+        object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+        enforce_ssl=True,
+        minimum_tls_version=1.2,
+        # No versioning: a replay after a takeover (or a retried consumer batch) rewrites
+        # the same key with the same data, so old versions would only double the storage
+        # and outlive the lifecycle expiry.
+        versioned=False,
+        lifecycle_rules=[rule],
+        removal_policy=RemovalPolicy.RETAIN if retain_data else RemovalPolicy.DESTROY,
+        # Like the tables in dev: deleting the stack deletes the data. A bucket must be
+        # empty to be deleted, so CDK's custom resource empties it first.
+        auto_delete_objects=not retain_data,
+    )
+    bucket.node.default_child.override_logical_id(logical_id)
+    return bucket

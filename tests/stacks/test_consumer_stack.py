@@ -26,26 +26,14 @@ from stacks.constructs.consumer import (
 from stacks.settings import ConsumerSettings
 from wsfleet import config, schema, stack_outputs
 
+from tests.stacks.policies import actions, statements
+
 
 def _function(env, handler: str) -> dict:
     (function,) = env.service_template.find_resources(
         "AWS::Lambda::Function", {"Properties": {"Handler": handler}}
     ).values()
     return function["Properties"]
-
-
-def _statements(env, role) -> list[dict]:
-    ref = env.service.resolve(role.role_name)
-    return [
-        statement
-        for policy in env.service_template.find_resources("AWS::IAM::Policy").values()
-        if ref in policy["Properties"]["Roles"]
-        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
-    ]
-
-
-def _actions(statement: dict) -> list[str]:
-    return [statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"]
 
 
 def _mapping(env) -> dict:
@@ -186,10 +174,10 @@ def _grants(env) -> dict[str, set[str]]:
         )
     }
     grants: dict[str, set[str]] = {}
-    for statement in _statements(env, service.consumer.role):
+    for statement in statements(env, service.consumer.role):
         resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
         for resource in resources:
-            grants.setdefault(names[json.dumps(resource, sort_keys=True)], set()).update(_actions(statement))
+            grants.setdefault(names[json.dumps(resource, sort_keys=True)], set()).update(actions(statement))
     return grants
 
 
@@ -213,7 +201,7 @@ def test_the_consumer_may_read_that_stream_write_its_prefix_and_its_table_and_no
 
 
 def test_the_consumer_decrypts_only_through_kinesis_for_that_stream(dev):
-    (decrypt,) = [s for s in _statements(dev, dev.service.consumer.role) if "kms:Decrypt" in _actions(s)]
+    (decrypt,) = [s for s in statements(dev, dev.service.consumer.role) if "kms:Decrypt" in actions(s)]
     assert decrypt["Condition"] == {
         "StringEquals": {
             "kms:ViaService": {"Fn::Join": ["", ["kinesis.", {"Ref": "AWS::Region"}, ".amazonaws.com"]]},

@@ -21,26 +21,13 @@ from stacks.settings import ConsumerSettings, EnvironmentSettings, SettingsError
 from stacks.stateful_stack import StatefulStack
 from wsfleet import config, metrics_names, schema, stack_outputs
 
+from tests.stacks.policies import actions, statements
+
 # --- helpers ---------------------------------------------------------------------------
 
 
-def _statements(env, role) -> list[dict]:
-    """Every statement of the service stack's policies attached to ``role``."""
-    ref = env.service.resolve(role.role_name)
-    return [
-        statement
-        for policy in env.service_template.find_resources("AWS::IAM::Policy").values()
-        if ref in policy["Properties"]["Roles"]
-        for statement in policy["Properties"]["PolicyDocument"]["Statement"]
-    ]
-
-
-def _actions(statement: dict) -> list[str]:
-    return [statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"]
-
-
-def _touching(statements: list[dict], prefix: str) -> list[dict]:
-    return [s for s in statements if any(a.startswith(prefix) for a in _actions(s))]
+def _touching(found: list[dict], prefix: str) -> list[dict]:
+    return [s for s in found if any(a.startswith(prefix) for a in actions(s))]
 
 
 def _worker_role(env):
@@ -258,7 +245,7 @@ def test_sink_reaches_worker_and_router_as_they_parse_it(request, which):
 @pytest.mark.parametrize("which", ["dev", "kinesis_only"])
 def test_the_worker_may_put_records_on_that_stream_and_do_nothing_else_with_kinesis(request, which):
     env = request.getfixturevalue(which)
-    assert _touching(_statements(env, _worker_role(env)), "kinesis:") == [
+    assert _touching(statements(env, _worker_role(env)), "kinesis:") == [
         {
             "Action": "kinesis:PutRecords",
             "Effect": "Allow",
@@ -268,7 +255,7 @@ def test_the_worker_may_put_records_on_that_stream_and_do_nothing_else_with_kine
 
 
 def test_with_its_own_key_the_worker_may_only_generate_data_keys_through_kinesis_for_that_stream(dev):
-    (kms,) = [s for s in _touching(_statements(dev, _worker_role(dev)), "kms:") if "kinesis." in json.dumps(s)]
+    (kms,) = [s for s in _touching(statements(dev, _worker_role(dev)), "kms:") if "kinesis." in json.dumps(s)]
     assert kms == {
         "Action": "kms:GenerateDataKey",
         "Effect": "Allow",
@@ -291,7 +278,7 @@ def test_with_the_aws_managed_key_no_role_may_use_kms(kinesis_only):
 @pytest.mark.parametrize("which", ["dev", "prod", "kinesis_only"])
 def test_the_router_has_no_kinesis_grant(request, which):
     env = request.getfixturevalue(which)
-    router = _statements(env, env.service.router.role)
+    router = statements(env, env.service.router.role)
     assert not _touching(router, "kinesis:") and not _touching(router, "kms:")
 
 
@@ -299,14 +286,14 @@ def test_where_the_table_is_not_a_sink_nothing_is_granted_on_it_nor_named(kinesi
     env = kinesis_only
     messages = json.dumps(_resolved(env, env.service.messages_table.table_arn))
     for role in (_worker_role(env), env.service.router.role):
-        for statement in _statements(env, role):
+        for statement in statements(env, role):
             assert messages not in json.dumps(statement), statement
     assert config.MESSAGES_TABLE_NAME not in _container_environment(env)
     assert config.MESSAGES_TABLE_NAME not in _router_environment(env)
     # The read API answers 409 without reading: no presigned GETs either. The worker
     # still stores large data in the bucket, and the record points at it.
-    assert not _touching(_statements(env, env.service.router.role), "s3:")
-    assert [_actions(s) for s in _touching(_statements(env, _worker_role(env)), "s3:")] == [["s3:PutObject"]]
+    assert not _touching(statements(env, env.service.router.role), "s3:")
+    assert [actions(s) for s in _touching(statements(env, _worker_role(env)), "s3:")] == [["s3:PutObject"]]
     # The table itself stays.
     assert env.stateful_template.find_resources("AWS::DynamoDB::Table", {"Properties": {"KeySchema": [
         {"AttributeName": schema.MSG_PK, "KeyType": "HASH"}, {"AttributeName": schema.MSG_SK, "KeyType": "RANGE"}

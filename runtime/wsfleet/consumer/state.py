@@ -10,12 +10,12 @@ than believed.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import ClientError
 
 from .. import schema
-from ..store.base import TransientError, is_transient, marshal, now_ms, unmarshal
+from ..store.base import _Table, marshal, unmarshal
 from .delivery import Delivered
 
 
@@ -47,26 +47,15 @@ def from_item(item: Mapping[str, Any]) -> Delivered:
     )
 
 
-class DeliveryStates:
+class DeliveryStates(_Table):
     """Reads and conditional writes of the consumer's table. Transient faults (throttling,
     5xx, timeouts) raise :class:`TransientError`; a lost race is a value."""
 
-    def __init__(self, client: Any, table_name: str, *, clock_ms: Callable[[], int] = now_ms) -> None:
-        self._ddb = client
-        self._table = table_name
-        self._now_ms = clock_ms
-
-    def _call(self, op: str, **kwargs: Any) -> dict:
-        try:
-            return getattr(self._ddb, op)(TableName=self._table, **kwargs)
-        except (ClientError, BotoCoreError) as exc:
-            if is_transient(exc):
-                raise TransientError(f"{op}: {exc}") from exc
-            raise
+    key_name = schema.CONSUMER_CONNECTION_ID
 
     def get(self, connection_id: str) -> Delivered:
         """The connection's state, read consistently (a fresh one if it has none yet)."""
-        resp = self._call("get_item", Key=marshal({schema.CONSUMER_CONNECTION_ID: connection_id}), ConsistentRead=True)
+        resp = self._call("get_item", Key=self._key(connection_id), ConsistentRead=True)
         return from_item(unmarshal(resp["Item"])) if "Item" in resp else Delivered()
 
     def put(self, connection_id: str, before: Delivered, after: Delivered) -> bool:

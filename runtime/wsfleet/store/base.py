@@ -4,6 +4,7 @@ update returns the old item when its condition fails."""
 
 from __future__ import annotations
 
+import random
 import re
 import time
 from decimal import Decimal
@@ -89,6 +90,12 @@ def unmarshal(item: Mapping[str, Any]) -> dict:
         # Numbers come back as Decimal; every number we store is an integer.
         out[k] = int(value) if isinstance(value, Decimal) else value
     return out
+
+
+def retry_pause_s(attempt: int) -> float:
+    """The pause before a store's own retry inside one call (the table's unprocessed
+    items, the stream's refused records): jittered, doubling from 25-50 ms, at most 2 s."""
+    return random.uniform(0.5, 1.0) * min(2.0, 0.05 * 2**attempt)
 
 
 def now_ms() -> int:

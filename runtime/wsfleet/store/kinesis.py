@@ -34,7 +34,6 @@ higher fence (at least once; a clean release's checkpoint is exact, nothing agai
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -44,7 +43,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .. import metrics_names as names
 from .. import records, schema
 from ..stream import Frame
-from .base import TransientError, is_transient, unwrap_refusal
+from .base import TransientError, is_transient, retry_pause_s, unwrap_refusal
 from .messages import InvalidItem
 from .objects import StoredObject, needs_object
 
@@ -57,11 +56,10 @@ Count = Callable[[str, int], None]
 
 
 class _Rec:
-    __slots__ = ("connection_id", "seq", "entry")
+    __slots__ = ("connection_id", "entry")
 
-    def __init__(self, connection_id: str, seq: int, entry: dict) -> None:
+    def __init__(self, connection_id: str, entry: dict) -> None:
         self.connection_id = connection_id
-        self.seq = seq
         self.entry = entry  # {"Data": bytes, "PartitionKey": str}, as PutRecords takes it
 
 
@@ -137,7 +135,7 @@ class StreamSink:
         size = len(data) + len(connection_id.encode("utf-8", "replace"))
         if size > records.MAX_RECORD_BYTES:
             raise InvalidItem(f"{connection_id} seq {frame.seq}: a record of {size} bytes is over Kinesis' 1 MiB")
-        return _Rec(connection_id, frame.seq, {"Data": data, "PartitionKey": connection_id})
+        return _Rec(connection_id, {"Data": data, "PartitionKey": connection_id})
 
     def _put(self, request: list[_Rec]) -> None:
         """One request's records, until every one is acknowledged, or until ``max_rounds``
@@ -160,7 +158,7 @@ class StreamSink:
                 if _code(exc) in THROUGHPUT_CODES:
                     self._add(names.RECORDS_THROTTLED, len(pending))
                 # Nothing or everything may have been applied (a lost answer): all again.
-                self._sleep(_backoff(attempt))
+                self._sleep(retry_pause_s(attempt))
                 attempt += 1
                 continue
             answers = resp.get("Records") or []
@@ -174,7 +172,7 @@ class StreamSink:
                 self._add(names.RECORDS_THROTTLED, throttled)
             attempt = 0 if len(again) < len(pending) else attempt + 1
             pending = again
-            self._sleep(_backoff(attempt))
+            self._sleep(retry_pause_s(attempt))
         raise TransientError(f"{len(pending)} records still refused by the stream after {self._rounds} rounds")
 
     def _add(self, name: str, n: int) -> None:
@@ -203,6 +201,3 @@ def _again(pending: list[_Rec], answers: list[dict]) -> tuple[list[_Rec], int]:
 def _code(exc: BaseException) -> str:
     return exc.response.get("Error", {}).get("Code", "") if isinstance(exc, ClientError) else ""
 
-
-def _backoff(attempt: int) -> float:
-    return random.uniform(0.5, 1.0) * min(2.0, 0.05 * 2**attempt)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -10,7 +9,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import schema
 from ..stream import Frame, contiguous_end
-from .base import TransientError, _Table, is_transient, marshal, unmarshal, unwrap_refusal
+from .base import TransientError, _Table, is_transient, marshal, retry_pause_s, unmarshal, unwrap_refusal
 from .objects import StoredObject, needs_object
 
 MAX_BATCH = 25  # BatchWriteItem limit
@@ -105,7 +104,7 @@ class MessagesStore(_Table):
             requests = resp.get("UnprocessedItems", {}).get(self._table, [])
             if not requests:
                 return
-            self._sleep(random.uniform(0.5, 1.0) * min(2.0, 0.05 * 2**attempt))
+            self._sleep(retry_pause_s(attempt))
         raise TransientError(f"{len(requests)} messages still unprocessed after retries")
 
     def stored_end(self, connection_id: str, checkpoint: int) -> int:
