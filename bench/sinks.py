@@ -39,6 +39,7 @@ from typing import Any
 
 from wsfleet import config as cfg
 from wsfleet import records, schema
+from wsfleet.local import stream_audit
 from wsfleet.local.emulator import faults, set_faults
 from wsfleet.local.fleet import eventually
 
@@ -78,19 +79,11 @@ def crash_settings(quick: bool) -> dict[str, Any]:
 def read_stream(rig: Rig) -> dict[str, list[records.Record]]:
     """Every record on the rig's messages stream, decoded, per connection in stream order
     (one connection's records are on one shard)."""
-    kinesis, stream = rig.kinesis, rig.aws_env["MESSAGES_STREAM_NAME"]
     out: dict[str, list[records.Record]] = defaultdict(list)
-    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
-        it = kinesis.get_shard_iterator(StreamName=stream, ShardId=shard["ShardId"],
-                                        ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
-        while it:
-            page = kinesis.get_records(ShardIterator=it, Limit=10_000)
-            for r in page["Records"]:
-                rec = records.decode(r["Data"])
-                out[rec.connection_id].append(rec)
-            if not page["Records"]:
-                break
-            it = page.get("NextShardIterator")
+    for d in stream_audit.read_stream(rig.kinesis, rig.aws_env["MESSAGES_STREAM_NAME"]):
+        if d.record is None:
+            raise records.BadRecord(d.error)
+        out[d.record.connection_id].append(d.record)
     return dict(out)
 
 

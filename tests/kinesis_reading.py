@@ -8,6 +8,7 @@ from collections import defaultdict
 from typing import Any
 
 from wsfleet import records
+from wsfleet.local import stream_audit
 from wsfleet.local.emulator import create_resources
 
 
@@ -22,19 +23,14 @@ def kinesis_env(endpoint_url: str, sink: str = "kinesis", shards: int = 2) -> di
 
 
 def read_stream(kinesis: Any, stream: str) -> dict[str, list[tuple[str, records.Record]]]:
-    """Every record on the stream, decoded, by shard id, in shard order: (shard, record)."""
+    """Every record on the stream, decoded, by shard id, in shard order: (shard, record)
+    (the harness's reader, :func:`wsfleet.local.stream_audit.read_stream`; a record that
+    does not decode fails the test)."""
     out: dict[str, list[tuple[str, records.Record]]] = {}
-    for shard in kinesis.list_shards(StreamName=stream)["Shards"]:
-        sid = shard["ShardId"]
-        it = kinesis.get_shard_iterator(StreamName=stream, ShardId=sid, ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
-        got: list[tuple[str, records.Record]] = []
-        while it:
-            page = kinesis.get_records(ShardIterator=it, Limit=10_000)
-            got.extend((sid, records.decode(r["Data"])) for r in page["Records"])
-            if not page["Records"]:
-                break
-            it = page.get("NextShardIterator")
-        out[sid] = got
+    for d in stream_audit.read_stream(kinesis, stream):
+        if d.record is None:
+            raise records.BadRecord(d.error)
+        out.setdefault(d.shard_id, []).append((d.shard_id, d.record))
     return out
 
 
