@@ -52,8 +52,12 @@ def fleet(backend, tmp_path, request: pytest.FixtureRequest):
 
 def unreachable(fleet: Fleet) -> list[tuple[float, str, str]]:
     """Reachability violations in the fleet's samples (only a ``sampled`` test has any:
-    none would pass for none found)."""
-    assert len(fleet.samples) > 10, "no samples to judge: mark the test @pytest.mark.sampled"
+    none would pass for none found). On a loaded machine a Scan of both tables can take
+    longer than the sampling interval, so a test that ends quickly may have few samples
+    yet: it waits (with a deadline) for enough of them, which also judges the end state a
+    little longer."""
+    assert fleet.samples is not None and fleet.sample_interval, "no samples to judge: mark the test @pytest.mark.sampled"
+    eventually(lambda: len(fleet.samples) > 10, 30, "ten ownership samples", interval=0.25)
     return reachability_violations(fleet.samples)
 
 
