@@ -103,7 +103,7 @@ ENVIRONMENTS = {
             # A crash of 10 % at 500k: 12,500 acquisitions a second, each a transactional
             # write (2 units) after a consistent read, and 2 by_owner writes; a scale-in's
             # handoffs 3 units each: 37,500 a second.
-            connections_warm_throughput=WarmThroughput(read_units_per_second=15_000, write_units_per_second=38_000),
+            connections_warm_throughput=WarmThroughput(read_units_per_second=15_000, write_units_per_second=40_000),
             owner_index_warm_throughput=WarmThroughput(read_units_per_second=12_000, write_units_per_second=30_000),
             # Raise before deploying (README, "Quotas to raise before deploying prod").
             quotas={"eips_per_nat_gateway": 5, "eips_per_region": 10},

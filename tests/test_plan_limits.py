@@ -206,3 +206,13 @@ def test_the_plan_mirrors_the_workers_own_constants():
     # reads from how often a watch read carries it: the worker's figures, not a guess.
     assert plan_limits.RING_REFRESH_S == takeover.RING_REFRESH_S
     assert plan_limits.SUMMARY_EVERY == takeover.SUMMARY_EVERY
+
+
+def test_msgs_per_s_is_the_rate(capsys):
+    # The issue names `--msgs-per-s R`; `--rate R` stays, the same option.
+    runs = []
+    for flag in ("--msgs-per-s", "--rate"):
+        assert main(["plan", "--env", "prod", "--connections", "20000", flag, "0.5", "--json"], env={}) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+    assert runs[0] == runs[1] and runs[0]["rate"] == 0.5
+    assert runs[0]["month"]["nat_data"] > 0

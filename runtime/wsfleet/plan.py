@@ -169,7 +169,7 @@ ENVIRONMENTS = {
         "min_workers": 2, "max_workers": 2000, "worker_cpu": 512, "worker_memory_mib": 1024,
         "api_rate_limit": 200, "api_burst_limit": 400, "nat_gateways": 2, "nat_addresses_per_gateway": 5,
         "worker_subnet_mask": 20, "azs": 2, "lease_s": 10, "heartbeat_s": 2.5, "spot": False,
-        "connections_warm": {"read": 15_000, "write": 38_000}, "owner_index_warm": {"read": 12_000, "write": 30_000},
+        "connections_warm": {"read": 15_000, "write": 40_000}, "owner_index_warm": {"read": 12_000, "write": 30_000},
         "quotas": {"eips_per_nat_gateway": 5, "eips_per_region": 10},
     },
 }
