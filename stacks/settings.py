@@ -285,6 +285,8 @@ class EnvironmentSettings:
                 f"worker_subnet_mask must be between /{WORKER_SUBNET_MASKS.start} and /{WORKER_SUBNET_MASKS.stop - 1} "
                 f"(two of them and the public subnets fit the VPC's /{VPC_CIDR_MASK}), got {self.worker_subnet_mask!r}"
             )
+        if not isinstance(self.quotas, Mapping):
+            raise SettingsError(f"quotas must map quota names to numbers, got {self.quotas!r}")
         try:
             quotas = plan_limits.quotas_for({}, self.quotas)
         except ValueError as error:

@@ -104,7 +104,7 @@ def test_the_limits_match_a_hand_computed_fleet():
     # Only max_workers (50) is exceeded: 100 / 50; one fleet does it (no cells).
     assert r["first_limit"] == "max_workers (the service's scaling ceiling)"
     assert [lim["name"] for lim in r["limits"] if not lim["ok"]] == [r["first_limit"]]
-    assert r["refusals"] == ["max_workers (the service's scaling ceiling) (steady): 100 needed, 50.0 available; "
+    assert r["refusals"] == ["max_workers (the service's scaling ceiling) (steady): 100 needed, 50 available; "
                              "change max_workers"]
     assert r["cells"] is None
     # $: reads per second: sessions 25 (watch: 100 x 900/h x 1) + 4.1667 (#fleet) =

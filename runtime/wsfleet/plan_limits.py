@@ -159,7 +159,7 @@ class Check:
 
 
 def _figure(x: float) -> str:
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.1f}"
+    return f"{x:,.0f}" if abs(x) >= 100 or float(x).is_integer() else f"{x:,.1f}"
 
 
 def workers_for(connections: int, settings: Mapping[str, Any], per_worker: int | None = None) -> int:

@@ -45,6 +45,7 @@ def test_dev_and_prod_exist_and_prod_keeps_its_data():
         ({"worker_subnet_mask": 17}, "worker_subnet_mask"),
         ({"worker_subnet_mask": 25}, "worker_subnet_mask"),
         ({"quotas": {"tasks": 9000}}, "quotas: unknown quota 'tasks'"),
+        ({"quotas": [("tasks_per_service", 9000)]}, "quotas must map"),
         ({"quotas": {"tasks_per_service": 0}}, "quotas: tasks_per_service"),
         ({"quotas": {"tasks_per_service": "9000"}}, "quotas: tasks_per_service"),
         ({"connections_warm_throughput": WarmThroughput(read_units_per_second=12_000, write_units_per_second=100)},
