@@ -12,7 +12,7 @@ from aws_cdk import aws_logs as logs
 
 from stacks import nag
 from stacks.service_stack import ServiceStack
-from stacks.settings import ConsumerSettings, EnvironmentSettings, SettingsError, with_context
+from stacks.settings import ConsumerSettings, EnvironmentSettings, SettingsError, WarmThroughput, check_plan, with_context
 from stacks.stateful_stack import StatefulStack
 from wsfleet import stack_outputs
 
@@ -60,6 +60,11 @@ ENVIRONMENTS = {
             api_rate_limit=20,
             api_burst_limit=40,
             nat_gateways=1,
+            nat_addresses_per_gateway=1,
+            worker_subnet_mask=20,
+            connections_warm_throughput=None,
+            owner_index_warm_throughput=None,
+            quotas={},
         ),
         EnvironmentSettings(
             name="prod",
@@ -73,10 +78,14 @@ ENVIRONMENTS = {
             state_shards=16,
             worker_cpu=512,
             worker_memory_mib=1024,
-            max_connections_per_worker=200,
-            target_connections_per_worker=140,
+            # 500,000 connections (README, "prod: 500k connections"): 2,000 tasks at 250
+            # each, 350 at most (a crash's survivors hold 278); a deploy's 4,000 tasks stay
+            # under ECS's 5,000 per service, and a crash's 1,800 survivors rewrite their
+            # by_ring entries 720 times a second, under the RING partition's 1,000.
+            max_connections_per_worker=350,
+            target_connections_per_worker=250,
             min_workers=2,
-            max_workers=20,
+            max_workers=2000,
             use_fargate_spot=False,
             shutdown_seconds=25,
             stop_timeout_seconds=60,
@@ -87,7 +96,17 @@ ENVIRONMENTS = {
             upstream_secret_kms_key_arns=(),
             api_rate_limit=200,
             api_burst_limit=400,
+            # 10 addresses x 55,000 connections to one upstream IP and port.
             nat_gateways=2,
+            nat_addresses_per_gateway=5,
+            worker_subnet_mask=20,
+            # A crash of 10 % at 500k: 12,500 acquisitions a second, each a transactional
+            # write (2 units) after a consistent read, and 2 by_owner writes; a scale-in's
+            # handoffs 3 units each: 37,500 a second.
+            connections_warm_throughput=WarmThroughput(read_units_per_second=15_000, write_units_per_second=40_000),
+            owner_index_warm_throughput=WarmThroughput(read_units_per_second=12_000, write_units_per_second=30_000),
+            # Raise before deploying (README, "Quotas to raise before deploying prod").
+            quotas={"eips_per_nat_gateway": 5, "eips_per_region": 10},
         ),
     )
 }
@@ -101,6 +120,7 @@ def create_stacks(app: App) -> tuple[StatefulStack, ServiceStack]:
         raise SystemExit(f"choose an environment with -c env=<name>: one of {', '.join(ENVIRONMENTS)}")
     try:
         settings = with_context(ENVIRONMENTS[name], app.node.try_get_context)
+        check_plan(settings)
     except SettingsError as error:
         raise SystemExit(f"{name}: {error}") from None
     stateful = StatefulStack(app, f"wsfleet-{name}-stateful", settings=settings)

@@ -19,10 +19,6 @@ BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 HEADING = "## Scaling"
 FLEETS = (10_000, 100_000, 500_000, 1_000_000)
 DETAILED = (("prod", 500_000), ("prod", 1_000_000))
-# What prod needs to hold 500k (issue 22's "documented prod"), as settings a later stack
-# change would add and quotas to raise: the plan shows it fits.
-PROD_500K_SETTINGS = {"max_workers": 4000, "nat_addresses_per_gateway": 5, "shards": 32}
-PROD_500K_QUOTAS = {"table_units": 60_000, "tasks_per_service": 8_000}
 
 
 def _n(x: float) -> str:
@@ -40,7 +36,10 @@ def section(measured: plan.Measured | None = None) -> str:
         "(`wsfleet/plan.py`, `plan_limits.py`) on the per-operation counts "
         f"`{w.get('command', '?')}` measured at `{w.get('commit', '?')}` ({w.get('date', '?')}); "
         "a test fails when this section and the plan disagree. Each environment as app.py "
-        "deploys it today; workers from its target-tracking setting; holding, no frames.",
+        "deploys it, with the quotas it lists as raised; workers from its target-tracking setting; holding, no "
+        "frames; all connections to one upstream IP and port (the NAT's worst case). The rates model the code "
+        "as issue 22 leaves it (plan_limits' named constants: free scans backed off when nothing is free, the "
+        "summary in by_ring, handoffs to named peers) on counts measured before it: `make bench` re-measures them.",
         "",
     ]
     rows = []
@@ -52,9 +51,10 @@ def section(measured: plan.Measured | None = None) -> str:
             rows.append([
                 env, f"{n:,}", f"{r['workers']:,}",
                 f"{first} ({r['first_limit_scenario']})" if first else "none", beyond,
-                str(len(r["exceeded"])), f"{r['usd_per_month']:,.0f}",
+                str(len(r["exceeded"])), str(r["cells"]["cells"]) if r["cells"] else "1", f"{r['usd_per_month']:,.0f}",
             ])
-    header = ["env", "connections", "workers", "first limit hit", "first beyond max_workers", "limits exceeded", "$ / month"]
+    header = ["env", "connections", "workers", "first limit hit", "first beyond max_workers", "limits exceeded",
+              "fleets (cells) needed", "$ / month"]
     out += [md_table(header, rows), ""]
     for env, n in DETAILED:
         r = plan_limits.evaluate(measured, plan.ENVIRONMENTS[env], connections=n)
@@ -62,22 +62,19 @@ def section(measured: plan.Measured | None = None) -> str:
                 f"${r['usd_per_month']:,.0f} / month; every limit:", ""]
         out += [_limits(r), ""]
         out += [_first(r), ""]
-    fitted = {**plan.ENVIRONMENTS["prod"], **PROD_500K_SETTINGS}
-    r = plan_limits.evaluate(measured, fitted, connections=500_000, quotas=PROD_500K_QUOTAS)
-    settings = ", ".join(f"{k} {v:,}" for k, v in PROD_500K_SETTINGS.items())
-    quotas = ", ".join(f"{k} {v:,}" for k, v in PROD_500K_QUOTAS.items())
+    quotas = plan.ENVIRONMENTS["prod"]["quotas"]
     out += [
-        f"prod for 500k, as the plan sizes it: today's prod with {settings} (NAT: 2 gateways x 5 addresses "
-        f"= 10 x 55,000 per destination; shards: the scale-in's FREE# writes) and quotas raised ({quotas}): "
-        f"first limit hit {r['first_limit'] or 'none'}; {r['workers']:,} workers, ${r['usd_per_month']:,.0f} / month "
-        "(the stacks do not have these settings yet: issue 22, part 3).",
+        "prod's quotas to raise before deploying it (README): "
+        + ", ".join(f"{k} {plan_limits.DEFAULT_QUOTAS[k]:,} -> {v:,}" for k, v in quotas.items()) + ".",
         "",
         "How to read it: a limit is checked in the scenario named: `steady`; `crash` (10 % of the "
         f"workers die; their connections acquired within {plan_limits.CRASH_BURST_S:g} s, each moving a by_owner key: "
-        f"an index delete and put); `scale_in` (10 % drain through FREE#, acquired out of it within "
-        f"{plan_limits.SCALE_IN_BURST_S:g} s: 2 writes per moved connection in a FREE# shard, 4 in the index); "
-        f"`deploy` ({plan_limits.DEPLOY_FACTOR}x the tasks). The first limit hit is the one furthest over "
-        "(used / limit); `wsfleet plan` prints the setting or quota that moves each.",
+        f"an index delete and put, and each taker's by_ring entry rewritten at its next renewal); `scale_in` (10 % "
+        f"hand theirs to named peers within {plan_limits.SCALE_IN_BURST_S:g} s: each by_owner key moved once, "
+        f"session to session, no FREE# write); `deploy` ({plan_limits.DEPLOY_FACTOR}x the tasks, every connection "
+        "handed over as the new tasks start). The first limit hit is the one furthest over (used / limit); "
+        "`wsfleet plan` prints the setting or quota that moves each. Fleets (cells) needed: more than 1 where a "
+        "limit is beyond what any setting or quota moves (README, \"Beyond one fleet: cells\").",
         "",
     ]
     return "\n".join(out) + "\n"  # a blank line before the next heading
@@ -92,8 +89,12 @@ def _limits(r: dict[str, Any]) -> str:
 def _first(r: dict[str, Any]) -> str:
     if r["first_limit"] is None:
         return "No limit exceeded."
-    return (f"First limit hit: {r['first_limit']} ({r['first_limit_scenario']}), moved by {r['first_limit_fix']}. "
+    text = (f"First limit hit: {r['first_limit']} ({r['first_limit_scenario']}), moved by {r['first_limit_fix']}. "
             "Exceeded, furthest over first: " + "; ".join(r["exceeded"]) + ".")
+    if r["cells"]:
+        text += (f" One fleet cannot hold it whatever its settings and quotas: {r['cells']['limit']} "
+                 f"({r['cells']['scenario']}) needs {r['cells']['cells']} cells.")
+    return text
 
 
 def replace_section(text: str, new: str) -> str:

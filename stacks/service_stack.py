@@ -25,7 +25,7 @@ from stacks.constructs.dashboard import OperationsDashboard
 from stacks.constructs.network import Network
 from stacks.constructs.router import Router
 from stacks.constructs.worker_service import XRAY_DAEMON_MEMORY_MIB, WorkerService
-from stacks.settings import EnvironmentSettings
+from stacks.settings import AVAILABILITY_ZONES, EnvironmentSettings
 from wsfleet import config, metrics_names, schema, stack_outputs
 
 API_STAGE = "v1"
@@ -77,6 +77,9 @@ class ServiceStack(Stack):
             self,
             "Network",
             nat_gateways=settings.nat_gateways,
+            addresses_per_gateway=settings.nat_addresses_per_gateway,
+            worker_subnet_mask=settings.worker_subnet_mask,
+            availability_zones=AVAILABILITY_ZONES,
             log_retention=settings.log_retention,
             removal_policy=settings.removal_policy,
         )

@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_logs as logs
 
-from wsfleet import config, schema
+from wsfleet import config, plan, plan_limits, schema
 from wsfleet.leases import SessionTiming
 
 # Fargate rejects a container stopTimeout above 120 s.
@@ -37,6 +37,36 @@ _FARGATE_MEMORY_MIB = {
 
 class SettingsError(ValueError):
     """An environment's settings are inconsistent; the message names the setting."""
+
+
+# The VPC is a /16 with two public /24 subnets: two worker subnets fit it down to /18
+# (16,379 task addresses each); /24 (251) is the smallest worth having.
+VPC_CIDR_MASK = 16
+WORKER_SUBNET_MASKS = range(18, 25)
+AVAILABILITY_ZONES = 2  # the VPC's: a worker subnet and at most one NAT gateway in each
+
+
+@dataclass(frozen=True)
+class WarmThroughput:
+    """Read and write units per second a table or index absorbs at once (DynamoDB's warm
+    throughput): at least a new on-demand table's, at most the account's table quota."""
+
+    read_units_per_second: int
+    write_units_per_second: int
+
+    def check(self, setting: str, table_quota: float) -> None:
+        for kind, value, least in (
+            ("read", self.read_units_per_second, plan_limits.DEFAULT_WARM_READS),
+            ("write", self.write_units_per_second, plan_limits.DEFAULT_WARM_WRITES),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= table_quota:
+                raise SettingsError(
+                    f"{setting}: {kind}_units_per_second must be between {least:,} (a new on-demand table's) and "
+                    f"{table_quota:,.0f} (the table quota; raise it in quotas), got {value!r}"
+                )
+
+    def as_plan(self) -> dict[str, int]:
+        return {"read": self.read_units_per_second, "write": self.write_units_per_second}
 
 
 # Kinesis keeps records 24 hours at least and 365 days at most.
@@ -178,6 +208,22 @@ class EnvironmentSettings:
 
     # --- network ---------------------------------------------------------------------
     nat_gateways: int = 1  # 1: cheapest; one per AZ: no single-AZ egress outage
+    # Each address of a NAT gateway holds about 55,000 connections to one upstream IP and
+    # port at a time: the primary, and secondary ones (each an Elastic IP: see quotas).
+    nat_addresses_per_gateway: int = 1
+    # The worker subnets' size (one per AZ): a rolling deploy runs up to twice the tasks,
+    # each with an address of its own.
+    worker_subnet_mask: int = 20
+
+    # --- capacity --------------------------------------------------------------------
+    # What the connections table and its by_owner index absorb at once: a crash's
+    # acquisitions and a scale-in's handoffs come in seconds, faster than on-demand grows
+    # (`wsfleet plan` sizes the burst). None: a new on-demand table's (12,000 / 4,000).
+    connections_warm_throughput: WarmThroughput | None = None
+    owner_index_warm_throughput: WarmThroughput | None = None
+    # The adjustable AWS quotas this environment needs raised before it is deployed (names
+    # of wsfleet.plan_limits.DEFAULT_QUOTAS): synth checks the plan against them.
+    quotas: Mapping[str, float] = field(default_factory=dict)
 
     # --- operations ------------------------------------------------------------------
     alarm_topic_arn: str | None = None  # an existing SNS topic; None: alarms without actions
@@ -222,10 +268,69 @@ class EnvironmentSettings:
             raise SettingsError("message_ttl_days must be 0 (no expiry) or more")
         if not 0 < self.api_rate_limit <= self.api_burst_limit:
             raise SettingsError("api_rate_limit must be positive and at most api_burst_limit")
-        if not 1 <= self.nat_gateways <= 2:
+        if not 1 <= self.nat_gateways <= plan_limits.MAX_NAT_GATEWAYS:
             raise SettingsError("nat_gateways must be 1 or 2 (the VPC spans two AZs)")
+        self._check_capacity()
         self._check_secrets()
         self._check_sink()
+
+    def _check_capacity(self) -> None:
+        if not 1 <= self.nat_addresses_per_gateway <= plan_limits.MAX_NAT_ADDRESSES_PER_GATEWAY:
+            raise SettingsError(
+                f"nat_addresses_per_gateway must be between 1 and {plan_limits.MAX_NAT_ADDRESSES_PER_GATEWAY} "
+                "(a NAT gateway's most Elastic IP addresses)"
+            )
+        if self.worker_subnet_mask not in WORKER_SUBNET_MASKS:
+            raise SettingsError(
+                f"worker_subnet_mask must be between /{WORKER_SUBNET_MASKS.start} and /{WORKER_SUBNET_MASKS.stop - 1} "
+                f"(two of them and the public subnets fit the VPC's /{VPC_CIDR_MASK}), got {self.worker_subnet_mask!r}"
+            )
+        if not isinstance(self.quotas, Mapping):
+            raise SettingsError(f"quotas must map quota names to numbers, got {self.quotas!r}")
+        try:
+            quotas = plan_limits.quotas_for({}, self.quotas)
+        except ValueError as error:
+            raise SettingsError(f"quotas: {error}") from None
+        for name, value in self.quotas.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise SettingsError(f"quotas: {name} must be a positive number, got {value!r}")
+        for setting in ("connections_warm_throughput", "owner_index_warm_throughput"):
+            warm = getattr(self, setting)
+            if warm is not None:
+                warm.check(setting, quotas["table_units"])
+
+    @property
+    def plan_settings(self) -> dict[str, Any]:
+        """These settings as ``wsfleet plan`` reads an environment (``plan.ENVIRONMENTS``
+        holds a copy: the runtime cannot import the stacks)."""
+        warm = {"connections_warm": self.connections_warm_throughput, "owner_index_warm": self.owner_index_warm_throughput}
+        return {
+            "max_per_worker": self.max_connections_per_worker,
+            "target_per_worker": self.target_connections_per_worker,
+            "shards": self.state_shards,
+            "checkpoint_s": self.checkpoint_seconds,
+            "message_ttl_days": self.message_ttl_days,
+            "min_workers": self.min_workers,
+            "max_workers": self.max_workers,
+            "worker_cpu": self.worker_cpu,
+            "worker_memory_mib": self.worker_memory_mib,
+            "api_rate_limit": self.api_rate_limit,
+            "api_burst_limit": self.api_burst_limit,
+            "nat_gateways": self.nat_gateways,
+            "nat_addresses_per_gateway": self.nat_addresses_per_gateway,
+            "worker_subnet_mask": self.worker_subnet_mask,
+            "azs": AVAILABILITY_ZONES,
+            "lease_s": self.lease_seconds,
+            "heartbeat_s": self.heartbeat_seconds,
+            "spot": self.use_fargate_spot,
+            **{key: value.as_plan() if value else None for key, value in warm.items()},
+            "quotas": dict(self.quotas),
+        }
+
+    @property
+    def capacity_connections(self) -> int:
+        """The fleet these settings are built for: max_workers at the scaling target."""
+        return self.max_workers * self.target_connections_per_worker
 
     def _check_sink(self) -> None:
         if not self.sink.strip():
@@ -380,3 +485,19 @@ def with_context(settings: EnvironmentSettings, lookup: Callable[[str], Any]) ->
     except SettingsError as error:
         given = " ".join(f"-c {k}={lookup(k)}" for k in changes)
         raise SettingsError(f"{error} (with {given})") from None
+
+
+def check_plan(settings: EnvironmentSettings, measured: plan.Measured | None = None) -> None:
+    """Refuse settings that ``wsfleet plan`` says cannot work at the fleet they are built
+    for (:attr:`EnvironmentSettings.capacity_connections`), with the environment's quotas:
+    a SettingsError with one sentence per limit exceeded, furthest over first, each naming
+    what moves it. The plan's own checks (``plan_limits.evaluate``), not a copy of them."""
+    connections = settings.capacity_connections
+    result = plan_limits.evaluate(measured or plan.load_measured(), settings.plan_settings, connections=connections)
+    if result["refusals"]:
+        raise SettingsError(
+            f"the plan at {connections:,} connections (max_workers {settings.max_workers} x "
+            f"target_connections_per_worker {settings.target_connections_per_worker}) exceeds "
+            f"{len(result['refusals'])} limit(s), see `wsfleet plan --env {settings.name} --connections {connections}`:\n"
+            + "\n".join(f"  {sentence}." for sentence in result["refusals"])
+        )

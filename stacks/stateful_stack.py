@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 from aws_cdk import CfnOutput, Duration, Fn, Stack
+from aws_cdk import aws_dynamodb as dynamodb
 from constructs import Construct
 
 from stacks import nag
@@ -20,7 +21,7 @@ from stacks.constructs.messages_bucket import MessagesBucket
 from stacks.constructs.messages_stream import MessagesStream
 from stacks.constructs.queue import StartQueue
 from stacks.constructs.tables import Tables
-from stacks.settings import STREAM_KMS_CUSTOMER_MANAGED, EnvironmentSettings
+from stacks.settings import STREAM_KMS_CUSTOMER_MANAGED, EnvironmentSettings, WarmThroughput
 from wsfleet import stack_outputs
 
 # A hint that keeps failing goes to the dead-letter queue after this many receives.
@@ -30,7 +31,13 @@ MAX_HINT_RECEIVES = 5
 class StatefulStack(Stack):
     def __init__(self, scope: Construct, id: str, *, settings: EnvironmentSettings, **kwargs: Any) -> None:
         super().__init__(scope, id, termination_protection=settings.retain_data, **kwargs)
-        self.tables = Tables(self, "Tables", retain_data=settings.retain_data)
+        self.tables = Tables(
+            self,
+            "Tables",
+            retain_data=settings.retain_data,
+            connections_warm=_warm(settings.connections_warm_throughput),
+            owner_index_warm=_warm(settings.owner_index_warm_throughput),
+        )
         self.messages_bucket = MessagesBucket(
             self, "MessagesBucket", retain_data=settings.retain_data, message_ttl_days=settings.message_ttl_days
         )
@@ -107,3 +114,11 @@ class StatefulStack(Stack):
         its fixed id, the same expression at construction as in the template (a CDK
         reference is rewritten at synthesis to an output id CDK generates)."""
         return Fn.get_stack_output(self.stack_name, output_id, self.region)
+
+
+def _warm(setting: WarmThroughput | None) -> dynamodb.WarmThroughput | None:
+    if setting is None:
+        return None
+    return dynamodb.WarmThroughput(
+        read_units_per_second=setting.read_units_per_second, write_units_per_second=setting.write_units_per_second
+    )

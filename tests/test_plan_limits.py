@@ -1,5 +1,5 @@
 """The plan's limits (wsfleet.plan_limits): its arithmetic against a case computed by
-hand, and what it says of prod at 500k and 1M connections with today's settings."""
+hand, and what it says of prod at 500k and 1M connections with its documented settings."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ SETTINGS = {
     "max_per_worker": 200, "target_per_worker": 100, "shards": 4, "checkpoint_s": 120, "message_ttl_days": 3,
     "min_workers": 1, "max_workers": 50, "worker_cpu": 256, "worker_memory_mib": 512,
     "api_rate_limit": 10, "api_burst_limit": 20, "nat_gateways": 1, "worker_subnet_mask": 24, "azs": 2,
-    "lease_s": 10, "spot": False,
+    "lease_s": 10, "heartbeat_s": 2.5, "spot": False,
 }
 
 
@@ -47,53 +47,78 @@ def test_the_limits_match_a_hand_computed_fleet():
     # Workers: 10,000 / 100 (the target-tracking setting, not MAX_CONNECTIONS 200) = 100.
     assert r["workers"] == 100
     # FREE# shard, each: every worker queries every shard, so a shard takes the measured
-    # 360/h / 4 shards measured at = 90/h from each of 100 workers: 2.5/s x 0.5 RRU = 1.25;
-    # the unowned count is the summarizer's alone: 60/h x 3 bench workers = 180/h for the
-    # fleet, / 4 shards = 45/h = 0.0125/s x 0.5 = 0.00625. Sum 1.25625.
+    # 360/h, backed off 8x while nothing is free = 45/h, / 4 shards measured at = 11.25/h
+    # from each of 100 workers: 0.3125/s x 0.5 RRU = 0.15625; the unowned count is the
+    # summarizer's alone: 60/h x 3 bench workers = 180/h for the fleet, / 4 shards = 45/h
+    # = 0.0125/s x 0.5 = 0.00625. Sum 0.1625.
     free = _by(r, "steady", "partition connections.by_owner FREE#<shard> (each): reads")
-    assert free["used"] == pytest.approx(1.25625)
+    assert free["used"] == pytest.approx(0.1625)
     # RING: watchers refresh every 15 s: 240/h x 100 workers = 6.667/s x 0.5 = 3.3333;
     # the summarizer's passes = what the 3 bench workers read beyond their refreshes:
     # 3 x 480 - 3 x 240 = 720/h = 0.2/s, each the whole ring: 100 entries x 100 B = 3 x 4 KB
-    # pages' worth = 1.5 RRU: 0.3. Sum 3.6333.
+    # pages' worth = 1.5 RRU: 0.3. Sum 3.6333. No session item is read for the summary.
     assert _by(r, "steady", "partition sessions.by_ring RING: reads")["used"] == pytest.approx(3.63333, rel=1e-4)
     # #fleet: read with every third watch read by 100 workers: 300/h x 100 = 8.333/s x 0.5 =
-    # 4.1667 RRU/s; written once per pass: 720/h x 2 WRU (1.5 KB) = 0.4 WRU/s.
+    # 4.1667 RRU/s; written when it changed, every pass at this size: 720/h x 2 WRU (1.5 KB)
+    # = 0.4 WRU/s.
     assert _by(r, "steady", "partition sessions #fleet: reads")["used"] == pytest.approx(4.16667, rel=1e-4)
     assert _by(r, "steady", "partition sessions #fleet: writes")["used"] == pytest.approx(0.4)
     # Sessions table writes: 100 x 1,440/h = 40/s, + the #fleet's 0.4 = 40.4.
     assert _by(r, "steady", "sessions: writes (table quota)")["used"] == pytest.approx(40.4)
+    # STARTs at the API's 10/s change 10 workers' counts a second (100 workers renew 40
+    # times a second): 10 by_ring entries rewritten a second, all in the RING partition.
+    ring_w = "partition sessions.by_ring RING: writes, counts changed by STARTs at the API's rate"
+    assert _by(r, "steady", ring_w)["used"] == 10
     # Crash of 10 %: 10 workers' 1,000 connections acquired within 4 s = 250/s, each a
-    # by_owner key moved (2 index writes): 500/s; 1,000 / 90 survivors = 111.1 each.
+    # by_owner key moved (2 index writes): 500/s; each acquire a transactional update (2
+    # WRU): 500/s, after a consistent read (1 RRU): 250/s; against the 4,000 writes and
+    # 12,000 reads a new on-demand table absorbs at once. 1,000 / 90 survivors = 111.1
+    # each; each survivor's count changes, so 90 by_ring entries are rewritten a heartbeat
+    # (2.5 s): 36/s.
     assert _by(r, "crash", "connections.by_owner: writes (index quota)")["used"] == pytest.approx(500)
-    assert _by(r, "crash", "connections: writes (table quota)")["used"] == pytest.approx(250)
+    assert _by(r, "crash", "connections: writes (table quota)")["used"] == pytest.approx(500)
+    warm = _by(r, "crash", "connections.by_owner: writes absorbed at once (warm throughput)")
+    assert (warm["used"], warm["limit"]) == (pytest.approx(500), 4000)
+    warm = _by(r, "crash", "connections: reads absorbed at once (warm throughput)")
+    assert (warm["used"], warm["limit"]) == (pytest.approx(250), 12_000)
     assert _by(r, "crash", "connections per surviving worker")["used"] == pytest.approx(10_000 / 90)
+    assert _by(r, "crash", "partition sessions.by_ring RING: writes, every taker's count changed")["used"] == 36
     assert _by(r, "crash", "task launches per minute to replace the crashed")["used"] == 10
-    # Scale-in of 10 %: 1,000 released into FREE# and acquired out of it within 4 s:
-    # 250/s x 2 writes / 4 shards = 125 per shard; 4 index writes each: 1,000 in the index.
-    assert _by(r, "scale_in", "partition connections.by_owner FREE#<shard> (each): writes")["used"] == pytest.approx(125)
-    assert _by(r, "scale_in", "connections.by_owner: writes (index quota)")["used"] == pytest.approx(1000)
-    # Deploy: 2 x 100 tasks against two /24 subnets of 256 - 5 addresses = 502.
+    # Scale-in of 10 %: 1,000 handed to named peers within 4 s = 250/s: each key moved
+    # once, session to session (2 index writes, no FREE# entry): 500/s; the release (1 WRU)
+    # and the taker's transactional acquire (2): 750 WRU/s.
+    assert _by(r, "scale_in", "connections.by_owner: writes (index quota)")["used"] == pytest.approx(500)
+    assert _by(r, "scale_in", "connections: writes (table quota)")["used"] == pytest.approx(750)
+    assert not [lim for lim in r["limits"] if lim["scenario"] == "scale_in" and "FREE#" in lim["name"]]
+    # Deploy: 2 x 100 tasks against two /24 subnets of 256 - 5 addresses = 502; the 100
+    # new tasks start within a minute (the service launches 500 a minute), and each old
+    # one hands its 100 over: 166.7 moves/s, 333.3 index writes/s.
     subnets = _by(r, "deploy", "subnet addresses (task ENIs, 2x tasks during a deploy)")
     assert (subnets["used"], subnets["limit"], subnets["ok"]) == (200, 502, True)
-    # NAT: 10,000 connections to one destination through 1 address; API: 10,000 / 10 per s.
+    assert _by(r, "deploy", "connections.by_owner: writes (index quota)")["used"] == pytest.approx(1000 / 3)
+    # NAT: 10,000 connections to one destination through 1 address (1 Elastic IP of the 5
+    # a Region has by default); API: 10,000 / 10 per s.
     assert _by(r, "steady", "NAT connections per address to one destination")["used"] == 10_000
+    assert _by(r, "steady", "Elastic IP addresses in the Region (the NAT gateways')")["limit"] == 5
     assert _by(r, "steady", "API rate: seconds to START every connection")["used"] == 1000
-    # Only max_workers (50) is exceeded: 100 / 50.
+    # Only max_workers (50) is exceeded: 100 / 50; one fleet does it (no cells).
     assert r["first_limit"] == "max_workers (the service's scaling ceiling)"
     assert [lim["name"] for lim in r["limits"] if not lim["ok"]] == [r["first_limit"]]
-    # $: reads per second: sessions 25 (watch: 100 x 900/h x 1) + 10 (summary: 0.2/s x
-    # 100 sessions x 0.5) + 4.1667 (#fleet) = 39.1667; by_ring 3.6333; by_owner 5 (free scan:
-    # 100 x 360/h x 0.5, 4 shards as measured) + 0.025 (unowned: 180/h x 0.5) = 47.825 RRU/s;
-    # writes 40.4 WRU/s. A month is 730 h = 2.628 M s: reads 125.68 M x $0.5 = 62.84, writes
-    # 106.17 M x $1 = 106.17. Fargate: 100 x (0.25 vCPU x 0.04048 + 0.5 GB x 0.004445) x 730
-    # = 901.00; one NAT gateway 0.045 x 730 = 32.85; no frames: no NAT data.
+    assert r["refusals"] == ["max_workers (the service's scaling ceiling) (steady): 100 needed, 50 available; "
+                             "change max_workers"]
+    assert r["cells"] is None
+    # $: reads per second: sessions 25 (watch: 100 x 900/h x 1) + 4.1667 (#fleet) =
+    # 29.1667; by_ring 3.6333; by_owner 0.625 (free scan: 100 x 45/h x 0.5) + 0.025
+    # (unowned: 180/h x 0.5) = 0.65: 33.45 RRU/s; writes 40.4 WRU/s. A month is 730 h =
+    # 2.628 M s: reads 87.91 M x $0.5 = 43.95, writes 106.17 M x $1 = 106.17. Fargate: 100 x
+    # (0.25 vCPU x 0.04048 + 0.5 GB x 0.004445) x 730 = 901.00; one NAT gateway 0.045 x 730
+    # = 32.85 and its address 0.005 x 730 = 3.65; no frames: no NAT data.
     m = r["month"]
-    assert m["dynamodb_reads"] == pytest.approx(62.84, abs=0.01)
+    assert m["dynamodb_reads"] == pytest.approx(43.95, abs=0.01)
     assert m["dynamodb_writes"] == pytest.approx(106.17, abs=0.01)
     assert m["fargate"] == pytest.approx(901.00, abs=0.01)
-    assert m["nat_hours"] == pytest.approx(32.85)
-    assert r["usd_per_month"] == pytest.approx(62.84 + 106.17 + 901.00 + 32.85, abs=0.02)
+    assert (m["nat_hours"], m["nat_addresses"]) == (pytest.approx(32.85), pytest.approx(3.65))
+    assert r["usd_per_month"] == pytest.approx(43.95 + 106.17 + 901.00 + 32.85 + 3.65, abs=0.02)
 
 
 def test_frames_through_the_nat_and_the_checkpoints_are_priced():
@@ -109,45 +134,56 @@ def test_frames_through_the_nat_and_the_checkpoints_are_priced():
 
 
 def test_a_raised_quota_moves_the_limit_it_names_and_an_unknown_one_is_refused():
-    big = {**SETTINGS, "max_workers": 10_000, "worker_subnet_mask": 16, "shards": 64, "api_rate_limit": 1000}
+    big = {**SETTINGS, "max_workers": 10_000, "worker_subnet_mask": 16, "shards": 64, "api_rate_limit": 1000,
+           "heartbeat_s": 10, "connections_warm": {"read": 30_000, "write": 40_000},
+           "owner_index_warm": {"read": 12_000, "write": 40_000}}
     ecs = {"tasks_per_service": 30_000, "task_launches_per_minute": 2_000}
     r = plan_limits.evaluate(MEASURED, big, connections=1_000_000, upstream_addresses=20, quotas=ecs)
-    # The scale-in: 100,000 moved in 4 s, 4 index writes each = 100,000/s, 2.5x 40,000.
-    assert (r["first_limit"], r["first_limit_scenario"]) == ("connections.by_owner: writes (index quota)", "scale_in")
-    # Then, each at 50,000/s: the crash's 25,000 acquires/s x 2 index writes, and the
-    # scale-in's 2 table writes per moved connection.
-    assert r["exceeded"][0] == "connections.by_owner: writes (index quota) (scale_in)"
-    assert set(r["exceeded"][1:]) == {"connections: writes (table quota) (scale_in)",
-                                      "connections.by_owner: writes (index quota) (crash)"}
-    raised = plan_limits.evaluate(MEASURED, big, connections=1_000_000, upstream_addresses=20,
-                                  quotas={**ecs, "table_units": 100_000})
-    assert raised["first_limit"] is None
+    # The scale-in: 100,000 handed over in 4 s = 25,000/s, 3 WRU each = 75,000/s in the
+    # table, 1.875x 40,000; then the crash's 25,000 acquires/s at 2 WRU and 2 index writes:
+    # 50,000/s each, and the scale-in's 2 index writes per move.
+    assert (r["first_limit"], r["first_limit_scenario"]) == ("connections: writes (table quota)", "scale_in")
+    assert set(r["exceeded"][:2]) == {"connections: writes (table quota) (scale_in)",
+                                      "connections: writes absorbed at once (warm throughput) (scale_in)"}
+    assert set(r["exceeded"][2:]) == {"connections: writes (table quota) (crash)",
+                                      "connections: writes absorbed at once (warm throughput) (crash)",
+                                      "connections.by_owner: writes (index quota) (crash)",
+                                      "connections.by_owner: writes absorbed at once (warm throughput) (crash)",
+                                      "connections.by_owner: writes (index quota) (scale_in)"}
+    # The environment's own quotas count, and one given to the plan goes on top of them.
+    raised = plan_limits.evaluate(MEASURED, {**big, "quotas": {"table_units": 60_000}}, connections=1_000_000,
+                                  upstream_addresses=20, quotas={**ecs, "table_units": 100_000})
+    assert raised["quotas"]["table_units"] == 100_000
+    assert not [e for e in raised["exceeded"] if "quota" in e]
     with pytest.raises(ValueError, match="unknown quota 'tasks'"):
         plan_limits.evaluate(MEASURED, SETTINGS, connections=10, quotas={"tasks": 1})
+    with pytest.raises(ValueError, match="unknown quota 'eips'"):
+        plan_limits.evaluate(MEASURED, {**SETTINGS, "quotas": {"eips": 9}}, connections=10)
 
 
-def test_prod_today_does_not_hold_500k_and_names_what_binds(capsys):
+def test_prod_as_documented_holds_500k(capsys):
     assert main(["plan", "--env", "prod", "--connections", "500000", "--json"], env={}) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["workers"] == 3572  # 500,000 / 140, target tracking's setting
+    assert out["workers"] == 2000  # 500,000 / 250, target tracking's setting
     assert {"name", "scenario", "used", "limit", "ok"} <= set(out["limits"][0])
     assert {lim["scenario"] for lim in out["limits"]} == {"steady", "crash", "scale_in", "deploy"}
-    assert out["first_limit"] == "max_workers (the service's scaling ceiling)"
-    over = {(lim["name"], lim["scenario"]) for lim in out["limits"] if not lim["ok"]}
-    assert ("NAT connections per address to one destination", "steady") in over
-    assert ("partition connections.by_owner FREE#<shard> (each): writes", "scale_in") in over
+    assert out["first_limit"] is None, out["exceeded"]
+    assert all(lim["ok"] for lim in out["limits"])
+    # With the quotas prod lists raised: 2 NAT gateways x 5 Elastic IPs.
+    assert out["quotas"]["eips_per_nat_gateway"] == 5 and out["quotas"]["eips_per_region"] == 10
     assert out["usd_per_month"] > 0
 
 
-def test_prod_with_the_settings_a_later_stack_would_need_holds_500k():
-    # What the plan says prod needs for 500k: max_workers >= 3,572; NAT: 500,000 / 55,000
-    # = 10 addresses (2 gateways x 5); scale-in: 2 x 12,500/s over 32 shards = 781 per
-    # shard; the index's 50k writes/s and a deploy's 7,144 tasks need raised quotas.
-    prod = {**plan.ENVIRONMENTS["prod"], "max_workers": 4000, "nat_addresses_per_gateway": 5, "shards": 32}
-    r = plan_limits.evaluate(plan.load_measured(), prod, connections=500_000,
-                             quotas={"table_units": 60_000, "tasks_per_service": 8_000})
-    assert r["first_limit"] is None, r["exceeded"]
-    assert all(lim["ok"] for lim in r["limits"])
+def test_prod_at_1m_names_the_first_limit_its_fix_and_the_cells_it_needs(capsys):
+    assert main(["plan", "--env", "prod", "--connections", "1000000", "--json"], env={}) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["first_limit"], out["first_limit_fix"]) == ("max_workers (the service's scaling ceiling)", "max_workers")
+    # 1M to one destination through at most 2 gateways x 8 addresses x 55,000 = 880,000:
+    # no setting or quota lets one fleet's NAT hold it.
+    assert out["cells"] == {"cells": 2, "limit": "NAT connections per address to one destination", "scenario": "steady"}
+    spread = plan_limits.evaluate(plan.load_measured(), plan.ENVIRONMENTS["prod"], connections=1_000_000,
+                                  upstream_addresses=2)
+    assert spread["cells"] is None  # two upstream addresses: 500,000 each
 
 
 def test_plan_in_tables_shows_the_limits_and_the_first_hit(capsys):
@@ -155,6 +191,7 @@ def test_plan_in_tables_shows_the_limits_and_the_first_hit(capsys):
     out = capsys.readouterr().out
     assert "limits, 14,286 workers" in out
     assert "first limit hit: max_workers (the service's scaling ceiling) (steady); moved by: max_workers" in out
+    assert "one fleet cannot hold this whatever its settings and quotas: NAT connections per address" in out
 
 
 def test_plan_refuses_a_bad_quota_with_a_sentence(capsys):
@@ -169,3 +206,13 @@ def test_the_plan_mirrors_the_workers_own_constants():
     # reads from how often a watch read carries it: the worker's figures, not a guess.
     assert plan_limits.RING_REFRESH_S == takeover.RING_REFRESH_S
     assert plan_limits.SUMMARY_EVERY == takeover.SUMMARY_EVERY
+
+
+def test_msgs_per_s_is_the_rate(capsys):
+    # The issue names `--msgs-per-s R`; `--rate R` stays, the same option.
+    runs = []
+    for flag in ("--msgs-per-s", "--rate"):
+        assert main(["plan", "--env", "prod", "--connections", "20000", flag, "0.5", "--json"], env={}) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+    assert runs[0] == runs[1] and runs[0]["rate"] == 0.5
+    assert runs[0]["month"]["nat_data"] > 0

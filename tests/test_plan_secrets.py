@@ -128,8 +128,9 @@ def test_plan_prices_secrets_with_the_environments_workers(capsys):
     argv = ["plan", "--connections", "100000", "--env", "prod", "--secrets", "20", "--reconnects", "2", "--json"]
     assert main(argv, env={}) == 0
     out = json.loads(capsys.readouterr().out)
-    expected = plan.secrets_month(connections=100_000, per_worker=140, secrets=20, reconnects_per_hour=2)
-    assert out["secrets"]["workers"] == 715 == out["holding"]["workers"]
+    expected = plan.secrets_month(connections=100_000, per_worker=250, secrets=20, reconnects_per_hour=2)
+    assert plan.ENVIRONMENTS["prod"]["target_per_worker"] == 250
+    assert out["secrets"]["workers"] == 400 == out["holding"]["workers"]
     assert out["secrets"]["month"]["total"] == pytest.approx(expected["month"]["total"])
     assert out["secrets"]["cache_s"] == plan.SECRET_CACHE_SECONDS == 300
 

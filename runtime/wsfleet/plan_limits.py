@@ -1,27 +1,40 @@
 """Every limit a fleet of N connections meets, in steady state and in the bursts it must
 survive (issue 22): DynamoDB partitions and table quotas, ECS and Fargate, subnet
-addresses, NAT gateway connections, the API's rate; and what it all costs per month.
-Pure arithmetic, no AWS calls, like :mod:`wsfleet.plan`, whose measured per-worker rates
-it corrects where the benchmark's 3-worker fleet misled them:
+addresses, NAT gateway connections and addresses, the API's rate; and what it all costs
+per month. Pure arithmetic, no AWS calls, like :mod:`wsfleet.plan`, whose measured
+per-worker rates it corrects where the benchmark's 3-worker fleet misled them:
 
 * **workers** come from the stacks' target tracking (``target_per_worker``: the average
   ActiveConnections per task the service scales to), not from MAX_CONNECTIONS;
 * **free scans**: each worker queries every ``FREE#`` shard, so a shard's load is
   W x the measured rate / the shards it was measured at (4), whatever STATE_SHARDS is;
-* **the summarizer** (one worker for the fleet) reads the whole ``RING``, every session
-  (BatchGetItem) and the ``FREE#`` shards to count the unowned, and writes the ``#fleet``
-  item, once per pass: in a 3-worker benchmark that was a third of each worker's rate, so
-  it is taken out of the per-worker ``ring`` and ``unowned count`` rates and priced once
-  for the fleet, with read units that grow with the fleet;
+  a scan that finds nothing free backs off (``FREE_SCAN_IDLE_BACKOFF``), and a holding
+  fleet has nothing free;
+* **the summarizer** (one worker for the fleet) reads the whole ``RING`` once per pass:
+  one paged Query of by_ring entries that carry each session's counts
+  (``RING_ENTRY_BYTES``), no read of the session items; it writes the ``#fleet`` item only
+  when the summary changed (``SUMMARY_WRITE_SHARE`` of its passes, and at least every
+  ``SUMMARY_REFRESH_S``). In a 3-worker benchmark its reads were a third of each worker's
+  rate, so they are taken out of the per-worker ``ring`` and ``unowned count`` rates and
+  priced once for the fleet, with read units that grow with the fleet;
 * the ``#fleet`` item is read by every worker with every SUMMARY_EVERY-th watch read;
-* a checkpoint is a transactional write: 2 write units (:attr:`plan.Measured.checkpoint_units`).
+* a checkpoint and an acquisition are transactional writes: twice their item's units
+  (:attr:`plan.Measured.checkpoint_units`, ``ACQUIRE_WRU``).
 
 Scenarios (each limit is checked in one): ``steady``; ``crash``: 10 % of the workers die
 and their connections are acquired by the others within ``CRASH_BURST_S`` (each acquire
-moves a ``by_owner`` key: a delete and a put in the index); ``scale_in``: 10 % of the
-workers drain, releasing into ``FREE#`` and acquired out of it (2 index writes in a
-``FREE#`` shard per moved connection, 4 in the index), within ``SCALE_IN_BURST_S``;
-``deploy``: a rolling deploy runs up to twice the tasks (max_healthy_percent 200).
+moves a ``by_owner`` key: a delete and a put in the index; each taker's count changes, so
+its by_ring entry is rewritten at its next renewal); ``scale_in``: 10 % of the workers
+drain within ``SCALE_IN_BURST_S``, each connection released at its fence while it stays
+attached to the releasing session, and hinted to a named peer whose acquire moves its
+by_owner key session to session (no ``FREE#`` write: ``HANDOFF_INDEX_WRITES_PER_MOVE``);
+``deploy``: a rolling deploy runs up to twice the tasks (max_healthy_percent 200) and
+hands every connection over, as fast as the service launches the new tasks.
+
+A limit that no setting or quota moves past a ceiling (the NAT addresses one fleet's VPC
+can have, each good for 55,000 connections to one destination) is a reason for another
+fleet: ``cells`` says how
+many independent fleets the connections need (README, "Beyond one fleet: cells").
 """
 
 from __future__ import annotations
@@ -31,23 +44,39 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from . import plan as planning
-from .plan import HOURS_PER_MONTH, PARTITION_RCU, PARTITION_WCU, TABLE_QUOTA, Measured, Op
+from .plan import HOURS_PER_MONTH, PARTITION_RCU, PARTITION_WCU, TABLE_QUOTA, TRANSACTION_FACTOR, Measured, Op
 
 # --- AWS limits (default quotas and documented figures, December 2026) --------------------
-ECS_TASKS_PER_SERVICE = 5000  # "Tasks per service" (adjustable)
+ECS_TASKS_PER_SERVICE = 5000  # "Tasks per service"
 # The ECS service scheduler launches about 500 tasks per minute per service; Fargate's own
 # launch rate is a token bucket per account and Region (burst 100, sustained 20 tasks per
 # second), so the service's rate is the one that binds for one service.
 TASK_LAUNCHES_PER_MINUTE = 500
 AWS_RESERVED_ADDRESSES = 5  # per subnet
 NAT_CONNECTIONS_PER_DESTINATION = 55_000  # simultaneous, per NAT address, to one destination IP and port
+# A public NAT gateway takes up to 2 Elastic IP addresses by default (its primary and one
+# secondary: "Elastic IP addresses per public NAT gateway", adjustable) and 8 at most; an
+# account has 5 Elastic IP addresses per Region by default (adjustable).
+NAT_ADDRESSES_PER_GATEWAY = 2
+MAX_NAT_ADDRESSES_PER_GATEWAY = 8
+EIPS_PER_REGION = 5
+# One NAT gateway per AZ, and the stacks' VPC spans two: what one fleet's egress can be.
+MAX_NAT_GATEWAYS = 2
 DEPLOY_FACTOR = 2  # max_healthy_percent 200: a rolling deploy runs up to twice the tasks
+# What a new on-demand table or index absorbs at once (its warm throughput) unless the
+# stacks set more: read and write units per second. Beyond it, on-demand doubles its
+# previous peak over about 30 minutes, far slower than a crash's burst.
+DEFAULT_WARM_READS = 12_000
+DEFAULT_WARM_WRITES = 4_000
 
-# The adjustable quotas a plan may be given raised (``--quota NAME=VALUE``), at their defaults.
+# The adjustable quotas a plan may be given raised (an environment's ``quotas``, and
+# ``--quota NAME=VALUE`` on top), at their defaults.
 DEFAULT_QUOTAS = {
     "table_units": TABLE_QUOTA,  # on-demand read or write units per second, per table and per index
     "tasks_per_service": ECS_TASKS_PER_SERVICE,
     "task_launches_per_minute": TASK_LAUNCHES_PER_MINUTE,
+    "eips_per_nat_gateway": NAT_ADDRESSES_PER_GATEWAY,
+    "eips_per_region": EIPS_PER_REGION,
 }
 
 # --- the bursts ----------------------------------------------------------------------------
@@ -63,18 +92,40 @@ RELAUNCH_WITHIN_S = 60.0
 FILL_TARGET_S = 3600.0  # the plan expects N STARTs to fit in an hour at the API's rate
 
 # --- the code's own constants and sizes the plan assumes -------------------------------------
+# These model the code as issue 22 leaves it; the lead adjusts them to the figures
+# `make bench` measures.
 RING_REFRESH_S = 15.0  # worker/takeover.py: a watcher re-reads its successors this often
 SUMMARY_EVERY = 3  # worker/takeover.py: the #fleet item rides with every third watch read
 BENCH_WORKERS = 3  # the cost benchmark's fleet (bench/cost.py), when measured_ops.json omits it
-RING_ENTRY_BYTES = 100  # a by_ring entry (keys and projection), about
-SESSION_ITEM_BYTES = 400  # a session item as the summarizer reads it, about
-SUMMARY_ITEM_BYTES = 1500  # the #fleet item (counts and the largest few under / over), about
-ACQUIRE_WRU = 1  # a connection item's update (it is under 1 KB)
+# A by_ring entry: its keys and the counts the summarizer needs (active, max_connections,
+# state, draining), about. The summarizer's pass is one paged Query of them.
+RING_ENTRY_BYTES = 100
+SUMMARY_ITEM_BYTES = 1500  # the #fleet item (counts and the cut of the exact targets), about
+# The share of the summarizer's passes whose summary differs from the one last written:
+# any START, STOP, move or join changes it, so at fleet scale nearly every pass; it is
+# rewritten at least every SUMMARY_REFRESH_S so that readers can tell a stale one.
+SUMMARY_WRITE_SHARE = 1.0
+SUMMARY_REFRESH_S = 30.0
+# A free scan that finds nothing pauses longer each time, doubling up to 8 x
+# RECONCILE_SECONDS: a holding fleet (nothing free) scans this many times less often than
+# the benchmark measured, which scanned at RECONCILE_SECONDS.
+FREE_SCAN_IDLE_BACKOFF = 8
+ACQUIRE_WRU = TRANSACTION_FACTOR * 1  # a connection item's update (under 1 KB), in a TransactWriteItems
+ACQUIRE_RRU = 1  # the consistent read of the connection before its transaction (under 4 KB)
+RELEASE_WRU = 1  # a graceful release: the item's update at its fence; its by_owner key stays
 OWNER_INDEX_WRITES_PER_MOVE = 2  # a by_owner key moved: a delete and a put
+# A handoff to a named peer moves the key once, from the releasing session's S# partition
+# straight to the taker's: no FREE# entry is written or deleted.
+HANDOFF_INDEX_WRITES_PER_MOVE = OWNER_INDEX_WRITES_PER_MOVE
+# A renewal that carries a changed count rewrites the session's by_ring entry (the count
+# is projected there): at most one index write per session per heartbeat, all of them in
+# the one RING partition.
+RING_WRITES_PER_CHANGED_RENEWAL = 1
 
 # --- prices (us-east-1, December 2026: check them before relying on them) ------------------
 FARGATE_PRICES = {"vcpu_hour": 0.04048, "gb_hour": 0.004445, "spot_discount": 0.7}
 NAT_PRICES = {"hour": 0.045, "gb": 0.045}
+EIP_HOUR = 0.005  # a public IPv4 address, per hour (a NAT gateway's primary one included)
 WS_FRAME_OVERHEAD_BYTES = 40  # TLS record and WebSocket header per frame, about
 
 
@@ -85,6 +136,12 @@ class Check:
     used: float
     limit: float
     fix: str  # the setting or quota that moves it
+    # The most any setting or quota can raise ``limit`` to, where the load does not shrink
+    # with another setting either (the NAT: its addresses have a most, and every
+    # connection to one destination needs a port on one of them): beyond it, only another
+    # fleet helps. None: a setting or a quota moves it as far as needed (a partition's
+    # load shrinks with fewer, larger tasks; a table quota is raised).
+    ceiling: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -92,7 +149,17 @@ class Check:
 
     def as_json(self) -> dict[str, Any]:
         return {"name": self.name, "scenario": self.scenario, "used": self.used, "limit": self.limit, "ok": self.ok,
-                "utilisation": self.used / self.limit if self.limit else math.inf, "fix": self.fix}
+                "utilisation": self.used / self.limit if self.limit else math.inf, "fix": self.fix,
+                "ceiling": self.ceiling}
+
+    def sentence(self) -> str:
+        """One line saying what is over, by how much, and what moves it."""
+        return (f"{self.name} ({self.scenario}): {_figure(self.used)} needed, {_figure(self.limit)} available; "
+                f"change {self.fix}")
+
+
+def _figure(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 or float(x).is_integer() else f"{x:,.1f}"
 
 
 def workers_for(connections: int, settings: Mapping[str, Any], per_worker: int | None = None) -> int:
@@ -104,7 +171,8 @@ def workers_for(connections: int, settings: Mapping[str, Any], per_worker: int |
 
 def corrected_ops(measured: Measured, workers: int) -> tuple[Op, ...]:
     """The measured ops with the summarizer's share taken out of the per-worker rates and
-    priced once for a fleet of ``workers`` (see the module docstring)."""
+    priced once for a fleet of ``workers``, and the free scans backed off (see the module
+    docstring)."""
     bench = int(measured.measured_with.get("workers", BENCH_WORKERS))
     ops: list[Op] = []
     passes_h = 0.0
@@ -119,12 +187,13 @@ def corrected_ops(measured: Measured, workers: int) -> tuple[Op, ...]:
             # one worker counts for the fleet, every shard: per shard the measured share
             ops.append(Op("unowned count (summarizer)", op.table, op.index, "shards", op.per_worker_hour * bench / workers,
                           rru=op.rru))
+        elif op.purpose == "free scan":
+            ops.append(Op(op.purpose, op.table, op.index, op.spread, op.per_worker_hour / FREE_SCAN_IDLE_BACKOFF,
+                          rru=op.rru))
         else:
             ops.append(op)
-    session_rru = 0.5 * math.ceil(SESSION_ITEM_BYTES / 4096)
-    ops.append(Op("summary: every session", "sessions", "", "fleet", passes_h, rru=session_rru * workers,
-                  partition="(every session item, once)"))
-    ops.append(Op("summary: #fleet write", "sessions", "", "fleet", passes_h, wru=math.ceil(SUMMARY_ITEM_BYTES / 1024),
+    writes_h = max(passes_h * SUMMARY_WRITE_SHARE, 3600 / SUMMARY_REFRESH_S) if passes_h else 0.0
+    ops.append(Op("summary: #fleet write", "sessions", "", "fleet", writes_h, wru=math.ceil(SUMMARY_ITEM_BYTES / 1024),
                   partition="#fleet"))
     watch = next((op for op in measured.ops if op.purpose == "watch"), None)
     if watch is not None:
@@ -132,6 +201,16 @@ def corrected_ops(measured: Measured, workers: int) -> tuple[Op, ...]:
         ops.append(Op("summary: #fleet reads", "sessions", "", "fleet", reads_h, rru=0.5 * math.ceil(SUMMARY_ITEM_BYTES / 4096),
                       partition="#fleet"))
     return tuple(ops)
+
+
+def quotas_for(settings: Mapping[str, Any], quotas: Mapping[str, float] | None = None) -> dict[str, float]:
+    """The quotas a plan assumes: the defaults, the environment's ``quotas`` (raised
+    before deploying it), then ``quotas``. An unknown name is a ValueError naming it."""
+    given = {**settings.get("quotas", {}), **(quotas or {})}
+    unknown = set(given) - set(DEFAULT_QUOTAS)
+    if unknown:
+        raise ValueError(f"unknown quota {sorted(unknown)[0]!r}: one of {', '.join(DEFAULT_QUOTAS)}")
+    return {**DEFAULT_QUOTAS, **given}
 
 
 def evaluate(
@@ -149,12 +228,9 @@ def evaluate(
     ``connections`` receiving ``rate`` frames/s of ``frame_bytes`` each, under
     ``settings`` (one of :data:`plan.ENVIRONMENTS`). ``upstream_addresses``: the
     distinct upstream IP:port the connections go to (1: all to one endpoint, the worst
-    case for a NAT address). ``quotas``: :data:`DEFAULT_QUOTAS` raised. Optional
-    settings a later stack may add: ``nat_addresses_per_gateway`` (1)."""
-    q = {**DEFAULT_QUOTAS, **(quotas or {})}
-    unknown = set(q) - set(DEFAULT_QUOTAS)
-    if unknown:
-        raise ValueError(f"unknown quota {sorted(unknown)[0]!r}: one of {', '.join(DEFAULT_QUOTAS)}")
+    case for a NAT address). ``quotas``: raised on top of the environment's own
+    (:func:`quotas_for`)."""
+    q = quotas_for(settings, quotas)
     table_quota, tasks_quota, launches_quota = q["table_units"], q["tasks_per_service"], q["task_launches_per_minute"]
     target = per_worker or settings["target_per_worker"]
     workers = workers_for(connections, settings, target)
@@ -169,6 +245,7 @@ def evaluate(
     checks: list[Check] = []
     add = checks.append
     quota = "the account's on-demand table quota (Service Quotas: adjustable)"
+    heartbeat_s = settings["heartbeat_s"]
     # steady: every partition and table
     for name, p in sorted(holding["partitions"].items()):
         if "(every" in name:  # spread over every session item: no one partition
@@ -182,49 +259,68 @@ def evaluate(
         add(Check(f"{name}: writes (table quota)", "steady", t["wru"], table_quota, quota))
     steady_owner_w = holding["tables"].get("connections.by_owner", {}).get("wru", 0.0)
     steady_conn_w = holding["tables"].get("connections", {}).get("wru", 0.0)
+    steady_conn_r = holding["tables"].get("connections", {}).get("rru", 0.0)
     if rate:
         add(Check("partition messages CONN#<id> (one connection): writes", "steady", rate * measured.message_wru,
                   PARTITION_WCU, "the upstream's rate per connection: split it over connections"))
     add(Check("ECS tasks per service", "steady", workers, tasks_quota,
               "target_connections_per_worker (fewer, larger tasks), or the Tasks per service quota"))
     add(Check("max_workers (the service's scaling ceiling)", "steady", workers, settings["max_workers"], "max_workers"))
-    nat_addresses = settings["nat_gateways"] * settings.get("nat_addresses_per_gateway", 1) * upstream_addresses
-    add(Check("NAT connections per address to one destination", "steady", connections / nat_addresses,
-              NAT_CONNECTIONS_PER_DESTINATION, "nat_gateways, or secondary addresses per NAT gateway"))
+    _nat_checks(add, settings, q, connections=connections, upstream_addresses=upstream_addresses)
     fill_s = connections / settings["api_rate_limit"]
     add(Check("API rate: seconds to START every connection", "steady", fill_s, FILL_TARGET_S, "api_rate_limit"))
     start_w = 2 * settings["api_rate_limit"] / shards  # a START puts the FREE# entry, its acquire deletes it
     add(Check("partition connections.by_owner FREE#<shard> (each): writes, START at the API's rate", "steady",
               start_w, PARTITION_WCU, "state_shards"))
+    ring_fix = "heartbeat_seconds, or target_connections_per_worker (fewer, larger tasks)"
+    add(Check("partition sessions.by_ring RING: writes, counts changed by STARTs at the API's rate", "steady",
+              RING_WRITES_PER_CHANGED_RENEWAL * min(settings["api_rate_limit"], workers / heartbeat_s), PARTITION_WCU,
+              ring_fix))
     # crash: 10 % of the workers die; the others acquire their connections
     crashed = math.ceil(workers * CRASH_SHARE)
     moved = min(connections, crashed * held)
     survivors = max(1, workers - crashed)
     acquires_s = moved / CRASH_BURST_S
-    add(Check("connections.by_owner: writes (index quota)", "crash", steady_owner_w + OWNER_INDEX_WRITES_PER_MOVE * acquires_s,
-              table_quota, "the index's write quota, or warm throughput sized for the burst"))
-    add(Check("connections: writes (table quota)", "crash", steady_conn_w + ACQUIRE_WRU * acquires_s, table_quota, quota))
+    owner_w = steady_owner_w + OWNER_INDEX_WRITES_PER_MOVE * acquires_s
+    conn_w = steady_conn_w + ACQUIRE_WRU * acquires_s
+    conn_r = steady_conn_r + ACQUIRE_RRU * acquires_s
+    warm = "the connections table's warm throughput (connections_warm_throughput)"
+    add(Check("connections.by_owner: writes (index quota)", "crash", owner_w, table_quota,
+              "the account's on-demand table quota (it bounds each index too)"))
+    add(Check("connections.by_owner: writes absorbed at once (warm throughput)", "crash", owner_w,
+              _warm(settings, "owner_index_warm", "write"), "the by_owner index's warm throughput (owner_index_warm_throughput)"))
+    add(Check("connections: writes (table quota)", "crash", conn_w, table_quota, quota))
+    add(Check("connections: writes absorbed at once (warm throughput)", "crash", conn_w,
+              _warm(settings, "connections_warm", "write"), warm))
+    add(Check("connections: reads absorbed at once (warm throughput)", "crash", conn_r,
+              _warm(settings, "connections_warm", "read"), warm))
     add(Check("partition connections.by_owner S#<session> (a taker's): writes", "crash",
               OWNER_INDEX_WRITES_PER_MOVE / 2 * moved / survivors / CRASH_BURST_S, PARTITION_WCU, "-"))
+    add(Check("partition sessions.by_ring RING: writes, every taker's count changed", "crash",
+              RING_WRITES_PER_CHANGED_RENEWAL * survivors / heartbeat_s, PARTITION_WCU, ring_fix))
     add(Check("connections per surviving worker", "crash", connections / survivors, settings["max_per_worker"],
               "target_connections_per_worker (more headroom below MAX_CONNECTIONS)"))
     add(Check("task launches per minute to replace the crashed", "crash", crashed * 60 / RELAUNCH_WITHIN_S,
               launches_quota, "target_connections_per_worker (fewer tasks)"))
-    # scale-in: 10 % of the workers drain through FREE#
+    # scale-in: 10 % of the workers hand theirs to named peers
     drained = math.floor(workers * SCALE_IN_SHARE)
-    moved_in = drained * held
-    per_s = moved_in / SCALE_IN_BURST_S
-    add(Check("partition connections.by_owner FREE#<shard> (each): writes", "scale_in", 2 * per_s / shards, PARTITION_WCU,
-              "state_shards, or a release that hints named peers instead of passing through FREE#"))
-    add(Check("connections.by_owner: writes (index quota)", "scale_in", steady_owner_w + 4 * per_s, table_quota,
-              "the index's write quota, or warm throughput"))
-    add(Check("connections: writes (table quota)", "scale_in", steady_conn_w + 2 * ACQUIRE_WRU * per_s, table_quota, quota))
-    # deploy: up to twice the tasks
+    per_s = drained * held / SCALE_IN_BURST_S
+    add(Check("connections.by_owner: writes (index quota)", "scale_in", steady_owner_w + HANDOFF_INDEX_WRITES_PER_MOVE * per_s,
+              table_quota, "the account's on-demand table quota (it bounds each index too)"))
+    handoff_w = steady_conn_w + (RELEASE_WRU + ACQUIRE_WRU) * per_s
+    add(Check("connections: writes (table quota)", "scale_in", handoff_w, table_quota, quota))
+    add(Check("connections: writes absorbed at once (warm throughput)", "scale_in", handoff_w,
+              _warm(settings, "connections_warm", "write"), warm))
+    # deploy: up to twice the tasks; every connection handed over as the new tasks start
     per_subnet = 2 ** (32 - settings["worker_subnet_mask"]) - AWS_RESERVED_ADDRESSES
     add(Check("subnet addresses (task ENIs, 2x tasks during a deploy)", "deploy", DEPLOY_FACTOR * workers,
-              per_subnet * settings["azs"], "the worker subnets' size (cidr_mask)"))
+              per_subnet * settings["azs"], "the worker subnets' size (worker_subnet_mask)"))
     add(Check("ECS tasks per service during a deploy", "deploy", DEPLOY_FACTOR * workers, tasks_quota,
-              "the Tasks per service quota, or target_connections_per_worker"))
+              "target_connections_per_worker (fewer, larger tasks), or the Tasks per service quota"))
+    handed_s = min(workers, launches_quota) / 60 * held
+    add(Check("connections.by_owner: writes (index quota)", "deploy",
+              steady_owner_w + HANDOFF_INDEX_WRITES_PER_MOVE * handed_s, table_quota,
+              "the account's on-demand table quota (it bounds each index too)"))
     limits = [c.as_json() for c in checks]
     over = [c for c in checks if not c.ok]
     first = max(over, key=lambda c: c.used / c.limit) if over else None
@@ -239,6 +335,8 @@ def evaluate(
         "first_limit_scenario": first.scenario if first else None,
         "first_limit_fix": first.fix if first else None,
         "exceeded": [c.name + f" ({c.scenario})" for c in sorted(over, key=lambda c: -c.used / c.limit)],
+        "refusals": [c.sentence() for c in sorted(over, key=lambda c: -c.used / c.limit)],
+        "cells": _cells(checks),
         "usd_per_month": month["total"],
         "month": month,
         "deploy_minutes": workers / launches_quota,
@@ -247,6 +345,40 @@ def evaluate(
         "tables": holding["tables"],
         "partitions": holding["partitions"],
     }
+
+
+def _warm(settings: Mapping[str, Any], key: str, kind: str) -> float:
+    """The warm throughput the stacks give a table or index (``settings[key]``: read and
+    write units per second), or a new on-demand table's."""
+    given = settings.get(key) or {}
+    return given.get(kind) or {"read": DEFAULT_WARM_READS, "write": DEFAULT_WARM_WRITES}[kind]
+
+
+def _nat_checks(add: Any, settings: Mapping[str, Any], q: Mapping[str, float], *, connections: int,
+                upstream_addresses: int) -> None:
+    """NAT: connections per address to one destination, and the Elastic IP addresses the
+    gateways take (per gateway and in the Region)."""
+    gateways, per_gateway = settings["nat_gateways"], settings.get("nat_addresses_per_gateway", 1)
+    addresses = gateways * per_gateway
+    most = MAX_NAT_GATEWAYS * MAX_NAT_ADDRESSES_PER_GATEWAY * NAT_CONNECTIONS_PER_DESTINATION
+    add(Check("NAT connections per address to one destination", "steady", connections / (addresses * upstream_addresses),
+              NAT_CONNECTIONS_PER_DESTINATION, "nat_gateways, or nat_addresses_per_gateway (secondary addresses)",
+              most / addresses))
+    add(Check("Elastic IP addresses per NAT gateway", "steady", per_gateway, q["eips_per_nat_gateway"],
+              "the Elastic IP addresses per public NAT gateway quota", MAX_NAT_ADDRESSES_PER_GATEWAY))
+    add(Check("Elastic IP addresses in the Region (the NAT gateways')", "steady", addresses, q["eips_per_region"],
+              "the EC2-VPC Elastic IPs quota"))
+
+
+def _cells(checks: list[Check]) -> dict[str, Any] | None:
+    """How many independent fleets the connections need when a limit is over what any
+    setting or quota can give (its ceiling), and which one; None when one fleet can
+    hold them (perhaps with settings and quotas changed)."""
+    beyond = [c for c in checks if c.ceiling is not None and c.used > c.ceiling]
+    if not beyond:
+        return None
+    worst = max(beyond, key=lambda c: c.used / c.ceiling)
+    return {"cells": math.ceil(worst.used / worst.ceiling), "limit": worst.name, "scenario": worst.scenario}
 
 
 def _partition_fix(name: str) -> str:
@@ -259,14 +391,16 @@ def _partition_fix(name: str) -> str:
 
 def _month(holding: Mapping[str, Any], settings: Mapping[str, Any], *, workers: int, connections: int, rate: float,
            frame_bytes: int) -> dict[str, float]:
-    """$ per month: DynamoDB, SQS, CloudWatch (plan.fleet), Fargate tasks, NAT gateways
-    and the frames' bytes through them."""
+    """$ per month: DynamoDB, SQS, CloudWatch (plan.fleet), Fargate tasks, NAT gateways,
+    their public addresses and the frames' bytes through them."""
     m = dict(holding["month"])
     task_h = settings["worker_cpu"] / 1024 * FARGATE_PRICES["vcpu_hour"] + settings["worker_memory_mib"] / 1024 * FARGATE_PRICES["gb_hour"]
     if settings.get("spot"):
         task_h *= 1 - FARGATE_PRICES["spot_discount"]
     m["fargate"] = workers * task_h * HOURS_PER_MONTH
     m["nat_hours"] = settings["nat_gateways"] * NAT_PRICES["hour"] * HOURS_PER_MONTH
+    addresses = settings["nat_gateways"] * settings.get("nat_addresses_per_gateway", 1)
+    m["nat_addresses"] = addresses * EIP_HOUR * HOURS_PER_MONTH
     gb = connections * rate * (frame_bytes + WS_FRAME_OVERHEAD_BYTES) * 3600 * HOURS_PER_MONTH / 1e9
     m["nat_data"] = gb * NAT_PRICES["gb"]
     m["total"] = sum(v for k, v in m.items() if k != "total")

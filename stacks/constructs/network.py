@@ -16,6 +16,12 @@ must take no inbound traffic at all. The choices, at us-east-1 prices:
 
 The gateway endpoints for DynamoDB and S3 are free and take the heaviest AWS traffic
 (lease renewals, message writes, image layers) off the NAT's per-GB charge.
+
+Sizes scale with the settings: a NAT address holds about 55,000 simultaneous connections
+to one destination IP and port, so each gateway gets ``addresses_per_gateway`` Elastic IP
+addresses (its primary and secondary ones, ``SecondaryAllocationIds``); the worker subnets
+are ``/worker_subnet_mask`` each, an address per task and twice the tasks during a deploy.
+``wsfleet plan`` checks both against the connections (stacks.settings.check_plan).
 """
 
 from __future__ import annotations
@@ -33,6 +39,9 @@ class Network(Construct):
         id: str,
         *,
         nat_gateways: int,
+        addresses_per_gateway: int,
+        worker_subnet_mask: int,
+        availability_zones: int,
         log_retention: logs.RetentionDays,
         removal_policy: RemovalPolicy,
     ) -> None:
@@ -41,12 +50,12 @@ class Network(Construct):
         self.vpc = ec2.Vpc(
             self,
             "Vpc",
-            max_azs=2,
+            max_azs=availability_zones,
             nat_gateways=nat_gateways,
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
                 ec2.SubnetConfiguration(
-                    name="workers", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=20
+                    name="workers", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=worker_subnet_mask
                 ),
             ],
             gateway_endpoints={
@@ -63,3 +72,17 @@ class Network(Construct):
             },
         )
         self.worker_subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+        self.secondary_addresses = self._secondary_addresses(addresses_per_gateway - 1)
+
+    def _secondary_addresses(self, count: int) -> list[ec2.CfnEIP]:
+        """``count`` more Elastic IP addresses on each NAT gateway the VPC made (through
+        the escape hatch: ec2.Vpc gives a gateway only its primary one)."""
+        made = []
+        for subnet in self.vpc.public_subnets:
+            gateway = subnet.node.try_find_child("NATGateway")
+            if gateway is None or not count:
+                continue
+            addresses = [ec2.CfnEIP(subnet, f"SecondaryEIP{i + 1}", domain="vpc") for i in range(count)]
+            gateway.secondary_allocation_ids = [address.attr_allocation_id for address in addresses]
+            made += addresses
+        return made

@@ -49,10 +49,12 @@ def table_from_spec(
     logical_id: str,
     retain_data: bool,
     point_in_time_recovery: bool | None = None,
+    index_warm_throughput: dict[str, dynamodb.WarmThroughput] | None = None,
     **extra: Any,
 ) -> dynamodb.Table:
     """A table shaped by a ``wsfleet.schema`` CreateTable spec, with a fixed logical id.
-    Point-in-time recovery follows ``retain_data`` unless given."""
+    Point-in-time recovery follows ``retain_data`` unless given; ``index_warm_throughput``
+    by index name, where an index needs more than a new on-demand one's."""
     table = dynamodb.Table(
         scope,
         id,
@@ -73,6 +75,7 @@ def table_from_spec(
             sort_key=_key(spec, index["KeySchema"], "RANGE"),
             projection_type=dynamodb.ProjectionType(index["Projection"]["ProjectionType"]),
             non_key_attributes=index["Projection"].get("NonKeyAttributes"),
+            warm_throughput=(index_warm_throughput or {}).get(index["IndexName"]),
         )
     table.node.default_child.override_logical_id(logical_id)
     return table
@@ -82,7 +85,18 @@ class Tables(Construct):
     """The three tables. Physical names are left to CloudFormation (the specs' TableName is
     ignored) and reach the runtime as environment variables."""
 
-    def __init__(self, scope: Construct, id: str, *, retain_data: bool) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        retain_data: bool,
+        connections_warm: dynamodb.WarmThroughput | None = None,
+        owner_index_warm: dynamodb.WarmThroughput | None = None,
+    ) -> None:
+        """``connections_warm`` and ``owner_index_warm``: what the connections table and
+        its by_owner index absorb at once (a crash's acquisitions), where more than a new
+        on-demand table's."""
         super().__init__(scope, id)
         self.connections = table_from_spec(
             self,
@@ -90,6 +104,8 @@ class Tables(Construct):
             schema.connections_table_spec("connections"),
             logical_id=CONNECTIONS_LOGICAL_ID,
             retain_data=retain_data,
+            warm_throughput=connections_warm,
+            index_warm_throughput={schema.OWNER_INDEX: owner_index_warm} if owner_index_warm else None,
         )
         self.sessions = table_from_spec(
             self,

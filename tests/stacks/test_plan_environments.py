@@ -1,34 +1,17 @@
 """``wsfleet plan`` sizes each environment from a copy of its settings (the runtime cannot
 import stacks): the copy must agree with app.py's settings and with what the stacks
 synthesize (target tracking, the scaling ceiling, subnets, NAT gateways, the API's rate,
-a deploy's task ceiling)."""
+a deploy's task ceiling, NAT addresses, warm throughput)."""
 
 from __future__ import annotations
 
 import ipaddress
 
-from wsfleet import plan, plan_limits
+from wsfleet import plan, plan_limits, schema
 
 
 def test_the_plan_mirrors_each_environments_settings(env):
-    s, mirrored = env.settings, plan.ENVIRONMENTS[env.settings.name]
-    assert mirrored == {
-        **mirrored,
-        "max_per_worker": s.max_connections_per_worker,
-        "target_per_worker": s.target_connections_per_worker,
-        "shards": s.state_shards,
-        "checkpoint_s": s.checkpoint_seconds,
-        "message_ttl_days": s.message_ttl_days,
-        "min_workers": s.min_workers,
-        "max_workers": s.max_workers,
-        "worker_cpu": s.worker_cpu,
-        "worker_memory_mib": s.worker_memory_mib,
-        "api_rate_limit": s.api_rate_limit,
-        "api_burst_limit": s.api_burst_limit,
-        "nat_gateways": s.nat_gateways,
-        "lease_s": s.lease_seconds,
-        "spot": s.use_fargate_spot,
-    }
+    assert plan.ENVIRONMENTS[env.settings.name] == env.settings.plan_settings
 
 
 def test_the_plan_mirrors_what_the_stacks_synthesize(env):
@@ -53,9 +36,34 @@ def test_the_plan_mirrors_what_the_stacks_synthesize(env):
     assert len(private) == mirrored["azs"]
     for subnet in private:
         assert ipaddress.ip_network(subnet["CidrBlock"]).prefixlen == mirrored["worker_subnet_mask"]
-    assert len(t.find_resources("AWS::EC2::NatGateway")) == mirrored["nat_gateways"]
+    gateways = t.find_resources("AWS::EC2::NatGateway").values()
+    assert len(gateways) == mirrored["nat_gateways"]
+    # Each gateway's addresses: its primary Elastic IP and its secondary ones, each an EIP
+    # of the stack's own.
+    eips = t.find_resources("AWS::EC2::EIP")
+    assert len(eips) == mirrored["nat_gateways"] * mirrored["nat_addresses_per_gateway"]
+    for gateway in gateways:
+        secondary = gateway["Properties"].get("SecondaryAllocationIds", [])
+        assert len(secondary) == mirrored["nat_addresses_per_gateway"] - 1
+        assert {ref["Fn::GetAtt"][0] for ref in secondary} <= set(eips)
     # The API stage's throttling: the rate the plan STARTs connections at.
     (stage,) = t.find_resources("AWS::ApiGateway::Stage").values()
     (method,) = stage["Properties"]["MethodSettings"]
     assert (method["ThrottlingRateLimit"], method["ThrottlingBurstLimit"]) == (
         mirrored["api_rate_limit"], mirrored["api_burst_limit"])
+
+
+def test_the_connections_table_and_its_owner_index_are_warmed_as_the_plan_sizes_them(env):
+    mirrored = plan.ENVIRONMENTS[env.settings.name]
+    (table,) = [
+        r["Properties"] for r in env.stateful_template.find_resources("AWS::DynamoDB::Table").values()
+        if any(i["IndexName"] == schema.OWNER_INDEX for i in r["Properties"].get("GlobalSecondaryIndexes", []))
+    ]
+    (index,) = [i for i in table["GlobalSecondaryIndexes"] if i["IndexName"] == schema.OWNER_INDEX]
+
+    def warm(props):
+        w = props.get("WarmThroughput")
+        return w and {"read": w["ReadUnitsPerSecond"], "write": w["WriteUnitsPerSecond"]}
+
+    assert warm(table) == mirrored["connections_warm"]
+    assert warm(index) == mirrored["owner_index_warm"]

@@ -9,8 +9,9 @@ import random
 import pytest
 from aws_cdk import Stack
 
+import app as cdk_app
 from app import ENVIRONMENTS, create_stacks
-from stacks.settings import EnvironmentSettings, SettingsError
+from stacks.settings import EnvironmentSettings, SettingsError, WarmThroughput, check_plan
 from wsfleet import config
 from wsfleet.leases import reconcile_pause_s
 
@@ -39,6 +40,18 @@ def test_dev_and_prod_exist_and_prod_keeps_its_data():
         ({"nat_gateways": 0}, "nat_gateways"),
         ({"name": "Prod"}, "name"),
         ({"message_ttl_days": -1}, "message_ttl_days"),
+        ({"nat_addresses_per_gateway": 9}, "nat_addresses_per_gateway"),
+        ({"nat_addresses_per_gateway": 0}, "nat_addresses_per_gateway"),
+        ({"worker_subnet_mask": 17}, "worker_subnet_mask"),
+        ({"worker_subnet_mask": 25}, "worker_subnet_mask"),
+        ({"quotas": {"tasks": 9000}}, "quotas: unknown quota 'tasks'"),
+        ({"quotas": [("tasks_per_service", 9000)]}, "quotas must map"),
+        ({"quotas": {"tasks_per_service": 0}}, "quotas: tasks_per_service"),
+        ({"quotas": {"tasks_per_service": "9000"}}, "quotas: tasks_per_service"),
+        ({"connections_warm_throughput": WarmThroughput(read_units_per_second=12_000, write_units_per_second=100)},
+         "connections_warm_throughput: write_units_per_second"),
+        ({"owner_index_warm_throughput": WarmThroughput(read_units_per_second=50_000, write_units_per_second=4_000)},
+         "owner_index_warm_throughput: read_units_per_second"),
     ],
 )
 def test_inconsistent_settings_are_refused_with_the_setting_named(change, named):
@@ -115,3 +128,47 @@ def test_the_operators_plan_uses_each_environments_own_settings():
             "checkpoint_s": settings.checkpoint_seconds,
             "message_ttl_days": settings.message_ttl_days,
         }
+
+
+# dev asked to scale to 3,000 tasks of 70 (210,000 connections) with nothing else changed.
+TOO_BIG = {"max_workers": 3000, "worker_subnet_mask": 24}
+
+
+def test_synth_refuses_what_the_plan_says_cannot_work_one_sentence_per_limit():
+    settings = dataclasses.replace(ENVIRONMENTS["dev"], **TOO_BIG)
+    with pytest.raises(SettingsError) as refused:
+        check_plan(settings)
+    header, *sentences = str(refused.value).splitlines()
+    assert header.startswith("the plan at 210,000 connections (max_workers 3000 x target_connections_per_worker 70)")
+    # A deploy's 6,000 tasks in two /24 subnets of 251 addresses; 210,000 connections
+    # through one NAT address; 6,000 tasks over ECS's 5,000 per service.
+    assert "  subnet addresses (task ENIs, 2x tasks during a deploy) (deploy): 6,000 needed, 502 available; " \
+           "change the worker subnets' size (worker_subnet_mask)." in sentences
+    assert "  NAT connections per address to one destination (steady): 210,000 needed, 55,000 available; " \
+           "change nat_gateways, or nat_addresses_per_gateway (secondary addresses)." in sentences
+    assert any(line.startswith("  ECS tasks per service during a deploy (deploy): 6,000 needed, 5,000 available")
+               for line in sentences)
+    assert all(line.startswith("  ") and line.endswith(".") for line in sentences)
+
+
+def test_a_quota_the_settings_say_was_raised_lets_its_limit_pass():
+    big = dataclasses.replace(ENVIRONMENTS["dev"], **TOO_BIG)
+    with pytest.raises(SettingsError, match="ECS tasks per service during a deploy"):
+        check_plan(big)
+    raised = dataclasses.replace(big, quotas={"tasks_per_service": 6000})
+    with pytest.raises(SettingsError) as refused:
+        check_plan(raised)
+    assert "ECS tasks per service" not in str(refused.value)
+
+
+@pytest.mark.parametrize("name", ENVIRONMENTS)
+def test_every_environment_passes_its_own_plan(name):
+    check_plan(ENVIRONMENTS[name])
+
+
+def test_create_stacks_stops_on_settings_the_plan_refuses(new_app, monkeypatch):
+    monkeypatch.setitem(cdk_app.ENVIRONMENTS, "dev", dataclasses.replace(ENVIRONMENTS["dev"], **TOO_BIG))
+    with pytest.raises(SystemExit) as stopped:
+        create_stacks(new_app("dev"))
+    assert str(stopped.value.code).startswith("dev: the plan at 210,000 connections")
+    assert "worker_subnet_mask" in str(stopped.value.code)

@@ -281,8 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--quota", type=_quota, action="append", default=[], metavar="NAME=VALUE",
-        help="an adjustable quota raised: table_units (per table and index, 40000), tasks_per_service (5000), "
-        "task_launches_per_minute (500); repeat for several",
+        help="an adjustable quota raised, on top of the environment's own: table_units (per table and index, 40000), "
+        "tasks_per_service (5000), task_launches_per_minute (500), eips_per_nat_gateway (2), eips_per_region (5); "
+        "repeat for several",
     )
     plan.add_argument(
         "--upstream-addresses", type=_positive, default=1, metavar="K",
@@ -293,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--per-worker",
         type=_positive,
         metavar="M",
-        help="connections per worker [the environment's scaling target: dev 70, prod 140]",
+        help="connections per worker [the environment's scaling target: dev 70, prod 250]",
     )
     plan.add_argument(
         "--large-rate",

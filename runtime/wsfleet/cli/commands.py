@@ -182,7 +182,7 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         measured, settings, connections=args.connections, rate=args.rate, per_worker=per_worker,
         frame_bytes=args.frame_bytes, upstream_addresses=args.upstream_addresses, quotas=dict(args.quota),
     )
-    for key in ("workers", "limits", "first_limit", "first_limit_scenario", "first_limit_fix", "exceeded",
+    for key in ("workers", "limits", "first_limit", "first_limit_scenario", "first_limit_fix", "exceeded", "cells",
                 "usd_per_month", "deploy_minutes", "fill_seconds", "quotas"):
         result[key] = checked[key]
     result["month"] = checked["month"]
