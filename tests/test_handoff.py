@@ -314,3 +314,18 @@ def test_a_retried_release_of_a_handoff_through_lost_answers_is_idempotent(emula
     assert mine.release("c1", session_id="a#1", fence_token=1, last_seq=5, handoff=True) is Released.HANDED
     assert lost == ["UpdateItem"]
     assert store.get("c1")["released_fence"] == 1
+
+
+def test_a_leaving_worker_hints_again_only_what_is_still_unclaimed(store):
+    hints: list = []
+    handoffs = _handoffs(store, hints, claim_s=60.0)
+    for cid in ("c1", "c2"):
+        released = handed(store, cid)
+        handoffs.handed(cid, session_id="a#1", fence_token=1, released=released)
+    store.acquire_many([("c2", "")], session_id="b#1", worker_id="b", known={"c2": known("c2", released)})
+
+    assert asyncio.run(handoffs.hint_again()) == 1
+    ((cid, kwargs),) = hints
+    assert cid == "c1" and kwargs["released"] == schema.released_state(1, URL, 7, session_id="a#1")
+    assert store.get("c1")["released_fence"] == 1  # hinted as handed off, not freed
+    assert handoffs.pending("c1") and not handoffs.pending("c2")

@@ -12,6 +12,8 @@ old way when the handoff failed:
   :meth:`Handoffs.check_once` reads it consistently and, if it is still attached to our
   session and released at that fence, frees it into its ``FREE#`` partition
   (conditional on both) and hints it as free: counted in ``HandoffsUnclaimed``;
+* at shutdown, what is still unclaimed a moment after the hints is hinted once more
+  (:meth:`Handoffs.hint_again`);
 * a STOP arrives for it in our session's inbox (the router posts a STOP to the session a
   connection is attached to): :meth:`Handoffs.stop` frees it, STOPPED, out of the index.
 
@@ -86,6 +88,36 @@ class Handoffs:
     def __len__(self) -> int:
         return len(self._pending)
 
+    async def _still_handed(self, connection_ids: list[str]) -> list[str]:
+        """Of these pending handoffs, those a consistent read finds still attached to
+        their session and released at their fence; the others are forgotten (taken,
+        freed or gone)."""
+        found: list[str] = []
+        for start in range(0, len(connection_ids), READ_BATCH):
+            items = await self._call(self._connections.get_many, connection_ids[start : start + READ_BATCH])
+            for connection_id, item in items.items():
+                handoff = self._pending.get(connection_id)
+                if handoff is None:
+                    continue
+                if item is None or not _still_handed(item, handoff):
+                    self._pending.pop(connection_id, None)
+                else:
+                    found.append(connection_id)
+        return found
+
+    async def hint_again(self) -> int:
+        """Hint once more, as before, every pending handoff still unclaimed: a leaving
+        worker's last step, a moment after its handoffs' hints (a hint can be lost: taken
+        by the in-flight poll of a worker that was just killed, say; its watchers would
+        find it only at their next read of its ended session). A taker that finds it
+        taken meanwhile is refused at no write. Returns how many it hinted."""
+        unclaimed = await self._still_handed(sorted(self._pending))
+        for connection_id in unclaimed:
+            await self._hint(connection_id, released=self._pending[connection_id].released)
+        if unclaimed:
+            self._log.info("handoffs_hinted_again", count=len(unclaimed))
+        return len(unclaimed)
+
     async def check_once(self) -> int:
         """Free (and hint as free) what was handed off over ``claim_s`` ago and is still
         attached to its session, released at its fence; forget what was taken. Returns
@@ -93,16 +125,8 @@ class Handoffs:
         now = self._clock()
         due = sorted(c for c, h in self._pending.items() if now - h.at >= self._claim_s)
         freed = 0
-        for start in range(0, len(due), READ_BATCH):
-            items = await self._call(self._connections.get_many, due[start : start + READ_BATCH])
-            for connection_id, item in items.items():
-                handoff = self._pending.get(connection_id)
-                if handoff is None:
-                    continue
-                if item is None or not _still_handed(item, handoff):
-                    self._pending.pop(connection_id, None)  # taken (or freed, or gone): done
-                    continue
-                freed += await self._give_up(connection_id, handoff)
+        for connection_id in await self._still_handed(due):
+            freed += await self._give_up(connection_id, self._pending[connection_id])
         return freed
 
     async def _give_up(self, connection_id: str, handoff: Handoff) -> int:

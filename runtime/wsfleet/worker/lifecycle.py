@@ -228,6 +228,7 @@ class Worker:
         self._holders: set[asyncio.Task] = set()
         self._holding: dict[str, asyncio.Task] = {}  # connection id -> its holder task
         self._handoff_stops: set[asyncio.Task] = set()  # STOPs of connections we handed off
+        self._handed_off_at = float("-inf")  # clock.now() of our last handoff
         self._stopping = asyncio.Event()
         self._session_ready = asyncio.Event()
         self._capacity_freed = asyncio.Event()
@@ -422,6 +423,7 @@ class Worker:
             else None
         )
         if runner.handed:
+            self._handed_off_at = clock.now()
             self.handoffs.handed(
                 runner.connection_id, session_id=runner.session_id, fence_token=runner.fence_token, released=released
             )
@@ -728,6 +730,7 @@ class Worker:
             await asyncio.wait(in_flight, timeout=max(0.0, min(HINT_GRACE_S, left)))
         for p in polls:
             p.cancel()
+        await self._hint_handoffs_again(until=started + budget, after=HINT_GRACE_S)
         await asyncio.gather(keeper, writer, checkpoints, *polls, *loops, return_exceptions=True)
         self._log.info(
             "shutdown_complete",
@@ -735,6 +738,19 @@ class Worker:
             left=len(self.runners),
             **self.counters.totals(),
         )
+
+    async def _hint_handoffs_again(self, *, until: float, after: float) -> None:
+        """The leaving worker's last step: ``after`` seconds past its last handoff's hint
+        (within the budget, ``until``), hint again what is still unclaimed
+        (:meth:`.handoffs.Handoffs.hint_again`), so that a lost hint costs that moment,
+        not its watchers' next read of its ended session."""
+        if not len(self.handoffs):
+            return
+        await asyncio.sleep(max(0.0, min(self._handed_off_at + after, until) - clock.now()))
+        try:
+            await asyncio.wait_for(self.handoffs.hint_again(), timeout=max(0.1, until - clock.now()))
+        except Exception as exc:  # noqa: BLE001 - its watchers drain what is left
+            self._log.warning("handoffs_hint_again_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _hand_over(self, *, paced_until: float) -> None:
         """Ask every runner to shut down (close, flush, release with checkpoint, hint),
