@@ -202,6 +202,31 @@ def test_nothing_is_freed_before_the_claim_time(store):
     assert store.get("c1")["released_fence"] == 1 and handoffs.pending("c1") and not hints
 
 
+def _race_stop_and_take(emulator, aws_env, store, sessions, cid: str, released: dict, delay: float):
+    """The router's STOP and a taker's acquire from the hint, started together; the
+    taker ``delay`` s later. Returns (the STOP's answer, the acquire's)."""
+    barrier = threading.Barrier(2)
+    taker = ConnectionsStore(
+        boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1"),
+        aws_env["TABLE_NAME"],
+        state_shards=4,
+        sessions_table_name=aws_env["SESSIONS_TABLE_NAME"],
+    )
+
+    def stop():
+        barrier.wait()
+        return store.stop(cid, sessions=sessions)
+
+    def take():
+        barrier.wait()
+        time.sleep(delay)
+        return taker.acquire_many([(cid, "")], session_id="b#1", worker_id="b", known={cid: known(cid, released)})[0]
+
+    with ThreadPoolExecutor(2) as pool:
+        stopped, taken = pool.submit(stop), pool.submit(take)
+        return stopped.result(), taken.result()
+
+
 def test_a_stop_racing_the_handoff_leaves_it_stopped_and_free(emulator, store, sessions, aws_env):
     """The router's STOP, a taker's acquire and (if the STOP won) the releaser freeing it
     from its inbox notice: whatever the order, it ends STOPPED and attached to nobody."""
@@ -213,26 +238,7 @@ def test_a_stop_racing_the_handoff_leaves_it_stopped_and_free(emulator, store, s
         hints: list = []
         handoffs = _handoffs(store, hints, claim_s=60.0)
         handoffs.handed(cid, session_id="a#1", fence_token=1, released=released)
-        barrier = threading.Barrier(2)
-
-        def stop():
-            barrier.wait()
-            return store.stop(cid, sessions=sessions)
-
-        def take():
-            taker = ConnectionsStore(
-                boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1"),
-                aws_env["TABLE_NAME"],
-                state_shards=4,
-                sessions_table_name=aws_env["SESSIONS_TABLE_NAME"],
-            )
-            barrier.wait()
-            time.sleep(delay)
-            return taker.acquire_many([(cid, "")], session_id="b#1", worker_id="b", known={cid: known(cid, released)})[0]
-
-        with ThreadPoolExecutor(2) as pool:
-            stopped, taken = pool.submit(stop), pool.submit(take)
-            stopped, taken = stopped.result(), taken.result()
+        stopped, taken = _race_stop_and_take(emulator, aws_env, store, sessions, cid, released, delay)
         assert stopped.outcome is StopOutcome.STOPPED
         if isinstance(taken, Acquired):  # the taker first: the STOP went to its inbox, it releases
             assert stopped.lease_session == "b#1" and f"{cid}#2" in sessions.get("b#1")["stops"]

@@ -14,9 +14,24 @@ from wsfleet import metrics_names as names
 from wsfleet import schema
 from wsfleet.store import ConnectionsStore
 
-from tests.test_worker import config, eventually, post, router, running, seqs  # noqa: F401 - router: a fixture
+from wsfleet.router import Router
+
+from tests.test_worker import config, eventually, post, running, seqs
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def events(aws_env, ddb, sqs):
+    """The event router (POST /events), as tests.test_worker's ``router``."""
+    return Router.from_env({**aws_env, "ALLOWED_WS_HOSTS": "127.0.0.1"}, ddb=ddb, sqs=sqs)
+
+
+async def _holding(worker, conns: ConnectionsStore, msgs, cid: str, url: str) -> None:
+    """``cid`` started with no hint, taken by ``worker``'s own free scan, storing."""
+    conns.start(cid, url)
+    await worker.takeover.reconcile_once()
+    await eventually(lambda: len(seqs(msgs, cid)) >= 3, what="storing")
 
 
 def _handed_by(conns: ConnectionsStore, cid: str, session_id: str) -> bool:
@@ -25,23 +40,21 @@ def _handed_by(conns: ConnectionsStore, cid: str, session_id: str) -> bool:
 
 
 def test_a_stop_for_a_connection_handed_off_and_not_yet_taken_ends_it_stopped_and_free(
-    aws_env, stores, sessions, upstream, router
+    aws_env, stores, sessions, upstream, events
 ):
     conns, msgs = stores
-    conns.start("c1", upstream.url_for("c1"))
 
     async def scenario():
         # RECONCILE_SECONDS 60: the owner-index audit (every 3 of them) cannot be what frees it
         async with running(config(aws_env, RECONCILE_SECONDS="60")) as worker:
-            await worker.takeover.reconcile_once()
-            await eventually(lambda: len(seqs(msgs, "c1")) >= 3, what="storing")
+            await _holding(worker, conns, msgs, "c1", upstream.url_for("c1"))
             session_id = worker.keeper.session_id
             worker.runners["c1"].request_shed()
             await eventually(lambda: _handed_by(conns, "c1", session_id), what="handed off")
             assert worker.handoffs.pending("c1")
             # our owner-index audit sees it attached to us and leaves it for its taker
             assert await worker.audit_once() == 0 and _handed_by(conns, "c1", session_id)
-            assert await asyncio.to_thread(post, router, {"event_type": "STOP", "connection_id": "c1"}) == 202
+            assert await asyncio.to_thread(post, events, {"event_type": "STOP", "connection_id": "c1"}) == 202
             item = await eventually(
                 lambda: (i := conns.get("c1"))["lease_session"] == "" and i, timeout=5, what="freed by its releaser"
             )
@@ -53,12 +66,10 @@ def test_a_stop_for_a_connection_handed_off_and_not_yet_taken_ends_it_stopped_an
 
 def test_a_handoff_nobody_claims_is_freed_into_the_free_pool_and_hinted_then_taken(aws_env, stores, upstream):
     conns, msgs = stores
-    conns.start("c1", upstream.url_for("c1"))
 
     async def scenario():
         async with running(config(aws_env, RECONCILE_SECONDS="60")) as worker:
-            await worker.takeover.reconcile_once()
-            await eventually(lambda: len(seqs(msgs, "c1")) >= 3, what="storing")
+            await _holding(worker, conns, msgs, "c1", upstream.url_for("c1"))
             worker.handoffs._claim_s = 0.5  # nobody else runs: a shed of ours is never claimed
             worker.runners["c1"].request_shed()
             # Freed and hinted as free after the claim time; this worker then takes it back
@@ -79,9 +90,7 @@ def test_a_leaving_workers_connection_is_taken_by_a_peer_from_the_hint_pinned_to
     async def scenario():
         async with running(cfg, "w1") as w1, running(cfg, "w2") as w2:
             await eventually(lambda: w1.takeover.idle_scans and w2.takeover.idle_scans, what="first scans done")
-            conns.start("c1", upstream.url_for("c1"))  # no hint: only w1's scan below takes it
-            await w1.takeover.reconcile_once()
-            await eventually(lambda: len(seqs(msgs, "c1")) >= 3, what="storing")
+            await _holding(w1, conns, msgs, "c1", upstream.url_for("c1"))  # w2 has scanned already
             released_by = w1.keeper.session_id
             w1.request_shutdown()  # SIGTERM: handed off to a peer, its session ended after
             await eventually(lambda: "c1" in w2.runners, timeout=10, what="taken by w2")

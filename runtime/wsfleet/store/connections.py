@@ -425,18 +425,7 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
             if old is not None and old.get(schema.DESIRED_STATE) == schema.STARTED:
                 return Released.HANDED if release_already_landed(old, fence_token, session_id) else Released.LOST
             stopped = True  # a STOP came meanwhile (or it is gone): freed as for a STOP
-        landed, old = self._detach(
-            connection_id,
-            condition="#l = :session AND #f = :fence",
-            values={":session": session_id, ":fence": fence_token},
-            last_seq=last_seq,
-            expect_stopped=stopped,
-        )
-        if landed is None and release_already_landed(old, fence_token):
-            landed = old.get(schema.DESIRED_STATE)
-        if landed is None:
-            return Released.LOST
-        return Released.FREE if landed == schema.STARTED else Released.STOPPED
+        return self._free_ours(connection_id, "", session_id, fence_token, last_seq, stopped)
 
     def free_released(self, connection_id: str, *, session_id: str, fence_token: int, stopped: bool = False) -> Released:
         """Free a connection our session handed off and nobody took (the old way: into
@@ -445,11 +434,18 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         ``fence_token``. FREE or STOPPED as it landed (a retry whose first attempt landed
         too), LOST when taken (or freed) by another meanwhile. ``stopped``: for a STOP,
         so the STOPPED form of the write goes first."""
+        return self._free_ours(connection_id, " AND #rf = :fence", session_id, fence_token, None, stopped)
+
+    def _free_ours(
+        self, connection_id: str, also: str, session_id: str, fence_token: int, last_seq: int | None, stopped: bool
+    ) -> Released:
+        """:meth:`_detach` conditional on our session and fence (and ``also``), read as
+        a :class:`Released`; a retry whose first attempt landed reports the state it finds."""
         landed, old = self._detach(
             connection_id,
-            condition="#l = :session AND #f = :fence AND #rf = :fence",
+            condition=f"#l = :session AND #f = :fence{also}",
             values={":session": session_id, ":fence": fence_token},
-            last_seq=None,
+            last_seq=last_seq,
             expect_stopped=stopped,
         )
         if landed is None and release_already_landed(old, fence_token):
