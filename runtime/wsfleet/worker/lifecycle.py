@@ -753,7 +753,7 @@ class Worker:
             self._log.warning("handoffs_hint_again_failed", error=f"{type(exc).__name__}: {exc}")
 
     async def _hand_over(self, *, paced_until: float) -> None:
-        """Ask every runner to shut down (close, flush, release with checkpoint, hint),
+        """Ask every runner to shut down (close, flush, hand off with checkpoint, hint),
         ``HANDOFF_CONCURRENCY`` at a time until ``paced_until`` (:func:`wsfleet.clock.now`), then all the
         rest at once. Returns when the last one has been asked."""
         in_flight: set[asyncio.Task] = set()
@@ -770,11 +770,13 @@ class Worker:
 
     async def shutdown(self, *, budget_s: float) -> None:
         """Hand every connection over (:meth:`_hand_over`: close, flush, checkpoint,
-        release, hint, a few at a time) while the session is still renewed; then end
-        the session, free what is still attached to it and take it out of the ring
-        (:meth:`.attached.Attachments.leave_ring_when_clear`). Whatever is not done within
-        the budget stays attached to the ended session, still in the ring, which its
-        watchers drain at once."""
+        hand off, hint, a few at a time) while the session is still renewed; then end
+        the session, free what is still attached to it with no runner and no handoff, and
+        take it out of the ring if nothing is left attached
+        (:meth:`.attached.Attachments.leave_ring_when_clear`). A handoff not yet taken, and
+        whatever is not done within the budget, stays attached to the ended session, still
+        in the ring: its hint's taker (the worker hints it again before it exits), else its
+        watchers, take it."""
         started = clock.now()
         self._stopping.set()
         await self._hand_over(paced_until=started + HANDOFF_PACED_SHARE * budget_s)

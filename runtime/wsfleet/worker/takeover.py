@@ -341,7 +341,8 @@ class Takeover:
         there at this worker's previous count too (one METRICS_SECONDS earlier), plus
         those attached to the ``dead`` sessions (ENDED, or past their expiry and the skew
         margin, and not drained yet). A connection passes through FREE# for a moment on
-        every START and handoff, so a busy fleet always has a few there: counting those
+        every START (a handoff only when nobody claimed it: worker.handoffs), so a busy
+        fleet always has a few there: counting those
         would hold the alarm up on a steady START rate; one still there a sample later
         has been missed by the hints and the free scans. One worker counts for the fleet
         (the summarizer, which reads every session anyway)."""
