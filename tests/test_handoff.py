@@ -335,3 +335,14 @@ def test_a_leaving_worker_hints_again_only_what_is_still_unclaimed(store):
     assert cid == "c1" and kwargs["released"] == schema.released_state(1, URL, 7, session_id="a#1")
     assert store.get("c1")["released_fence"] == 1  # hinted as handed off, not freed
     assert handoffs.pending("c1") and not handoffs.pending("c2")
+
+
+def test_a_start_point_the_table_refuses_costs_the_scan_its_random_start_not_the_scan(store, ddb):
+    from tests.test_store import _answer_once
+
+    for cid in ("k1", "k2", "k3"):
+        store.start(cid, URL)
+    shard = schema.shard_for("k1", 4)
+    mine = sorted(c for c in ("k1", "k2", "k3") if schema.shard_for(c, 4) == shard)
+    _answer_once(ddb, "Query", 400, {"__type": "ValidationException", "message": "The provided starting key is invalid"})
+    assert list(store.free(shard, start_after="k0")) == mine  # from the start
