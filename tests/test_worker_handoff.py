@@ -5,6 +5,7 @@ and the free scan's backoff, in-process against the emulator."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 
@@ -12,6 +13,7 @@ import pytest
 
 from wsfleet import metrics_names as names
 from wsfleet import schema
+from wsfleet.logs import JsonLogger
 from wsfleet.store import ConnectionsStore
 
 from wsfleet.router import Router
@@ -144,3 +146,21 @@ def test_a_free_scan_starts_after_an_id_seen_before(aws_env, stores):
             assert {worker.takeover._start_point() for _ in range(50)} <= points | set(worker.runners)
 
     asyncio.run(scenario())
+
+
+def test_a_sigterm_whose_last_handoffs_are_not_taken_yet_leaves_its_session_for_them_without_a_warning(
+    aws_env, stores, sessions, upstream
+):
+    conns, msgs = stores
+    out = io.StringIO()
+
+    async def scenario():
+        async with running(config(aws_env, RECONCILE_SECONDS="60"), log=JsonLogger(out)) as worker:
+            await _holding(worker, conns, msgs, "c1", upstream.url_for("c1"))
+            return worker.keeper.session_id
+
+    session_id = asyncio.run(scenario())  # nobody else runs: nobody takes its handoff
+    events = [json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
+    (left,) = [e for e in events if e["event"].startswith("session_left_in_ring")]
+    assert (left["event"], left["level"], left["handed"]) == ("session_left_in_ring_for_its_handoffs", "info", 1)
+    assert sessions.get(session_id)["ring"] == schema.RING_VALUE and _handed_by(conns, "c1", session_id)

@@ -794,7 +794,7 @@ class Worker:
                     # What is handed off and not taken stays attached to the ended session, in
                     # the ring: its hints' takers, else its watchers, take it (worker.handoffs).
                     self.attachments.leave_ring_when_clear(
-                        session_id, held=lambda c: c in self.runners or self.handoffs.pending(c)
+                        session_id, held=lambda c: c in self.runners, handed=self.handoffs.pending
                     ),
                     timeout=max(0.1, left),
                 )
