@@ -7,6 +7,8 @@ from wsfleet import schema
 from wsfleet.leases import (
     AcquireFailure,
     EndFailure,
+    HANDOFF_UNREACHABLE_MS,
+    RECONCILE_BACKOFF_CAP,
     RenewFailure,
     SessionTiming,
     Watched,
@@ -21,6 +23,7 @@ from wsfleet.leases import (
     new_session_id,
     reconcile_pause_s,
     release_already_landed,
+    released_at_fence,
     successors,
     unreachable,
     takeover_jitter_s,
@@ -163,3 +166,50 @@ def test_a_connection_is_reachable_only_in_the_free_pool_or_attached_to_a_sessio
         assert unreachable(held, left) is Unreachable.SESSION_LEFT_RING
         assert unreachable(held, None) is Unreachable.SESSION_GONE
         assert unreachable(held, {"state": "LIVE"}) is Unreachable.SESSION_LEFT_RING  # LIVE but unwatched
+
+
+def test_a_connection_released_at_its_fence_may_be_taken_from_any_session_and_no_other_may():
+    handed = {"desired_state": "STARTED", "lease_session": "a#1", "fence_token": 4, "released_fence": 4}
+    assert released_at_fence(handed)
+    assert acquire_refusal(handed, expected_session="") is None  # a named peer, from the hint
+    assert acquire_refusal(handed, expected_session="a#1") is None  # the ENDED session's drain
+    older = {**handed, "fence_token": 5}  # a mark left from an older ownership is no mark
+    assert not released_at_fence(older) and not released_at_fence({k: v for k, v in handed.items() if k != "released_fence"})
+    assert acquire_refusal(older, expected_session="") is AcquireFailure.HELD
+    held = {"desired_state": "STARTED", "lease_session": "a#1", "fence_token": 4}
+    assert acquire_refusal(held, expected_session="") is AcquireFailure.HELD
+    assert acquire_refusal({**handed, "desired_state": "STOPPED"}, expected_session="") is AcquireFailure.STOPPED
+
+
+def test_a_handoff_is_never_read_as_our_acquire_landed_and_its_retried_release_is():
+    handed = {"desired_state": "STARTED", "lease_session": "me#1", "fence_token": 4, "released_fence": 4}
+    assert not acquire_already_landed(handed, "me#1")  # our audit does not take back what we handed off
+    assert release_already_landed(handed, 4, "me#1")
+    assert not release_already_landed(handed, 4)  # a release that frees: not this form
+    assert not release_already_landed(handed, 4, "you#1")
+    assert not release_already_landed({**handed, "released_fence": 3}, 4, "me#1")
+
+
+def test_a_live_sessions_handoff_is_reachable_only_for_a_bounded_time():
+    live = {"state": "LIVE", "ring": "RING"}
+    ended = {"state": "ENDED", "ring": "RING"}
+    at = 1_000_000
+    handed = {
+        "desired_state": "STARTED", "lease_session": "a#1", "fence_token": 2, "released_fence": 2, "updated_at_ms": at,
+    }
+    assert unreachable(handed, live, now_ms=at + HANDOFF_UNREACHABLE_MS) is None
+    assert unreachable(handed, live, now_ms=at + HANDOFF_UNREACHABLE_MS + 1) is Unreachable.HANDOFF_UNCLAIMED
+    assert unreachable(handed, ended, now_ms=at + 10 * HANDOFF_UNREACHABLE_MS) is None  # its watchers drain it
+    assert unreachable(handed, live) is None  # no clock, no judgement of age (the chaos checker's view)
+    held = {k: v for k, v in handed.items() if k != "released_fence"}
+    assert unreachable(held, live, now_ms=at + 10 * HANDOFF_UNREACHABLE_MS) is None
+
+
+def test_the_free_scan_pause_doubles_while_scans_find_nothing_up_to_the_cap_and_stays_jittered():
+    rng = random.Random(5)
+    for idle, factor in ((0, 1), (1, 2), (2, 4), (3, 8), (4, 8), (60, 8)):
+        pauses = [reconcile_pause_s(10_000, rng, idle_scans=idle) for _ in range(100)]
+        assert all(factor * 7.5 <= p <= factor * 10.0 for p in pauses), (idle, min(pauses), max(pauses))
+        assert max(pauses) - min(pauses) > factor * 1.0  # still jittered
+    # The worst case for a lost hint: the longest pause, then one scan.
+    assert max(reconcile_pause_s(10_000, rng, idle_scans=99) for _ in range(100)) <= RECONCILE_BACKOFF_CAP * 10.0

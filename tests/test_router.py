@@ -407,6 +407,14 @@ def test_get_of_a_free_connection_reports_expiry_zero(api):
     assert api.get("feed-1")[1]["lease_expires_at_ms"] == 0
 
 
+def test_get_of_a_connection_handed_off_and_not_yet_taken_shows_it_free(api):
+    api.start("feed-1")
+    api.hold_lease("feed-1", last_seq=9)
+    assert api.store.release("feed-1", session_id="worker-a#1", fence_token=1, last_seq=9, handoff=True)
+    body = api.get("feed-1")[1]
+    assert (body["lease_owner"], body["lease_expires_at_ms"], body["fence_token"], body["last_seq"]) == ("", 0, 1, 9)
+
+
 def test_get_of_an_unknown_connection_is_404_and_writes_nothing(api):
     status, body = api.get("never-started")
     assert_error(status, body, 404, "connection_not_found")

@@ -117,11 +117,14 @@ def test_frames_are_stored_gap_free_and_checkpointed_on_release(aws_env, stores,
         assert stored == list(range(1, len(stored) + 1))
         item = conns.get(cid)
         assert item["last_seq"] == stored[-1]  # final checkpoint = last stored, no gap below
-        assert item["lease_owner"] == "" and item["lease_session"] == ""
-        assert item["owner_key"] == schema.owner_key_free(cid, 4)
+        # Handed off: still attached to the session (no FREE# write), released at its fence
+        assert item["lease_session"] == session_id and item["released_fence"] == item["fence_token"]
+        assert item["owner_key"] == schema.owner_key_session(session_id)
         assert upstream.max_concurrent(cid) == 1 and not upstream.open_sockets(cid)
-    ended = sessions.get(session_id)  # a clean exit ends the session and leaves the ring
-    assert ended["state"] == schema.ENDED and "ring" not in ended
+    # A clean exit ends the session; nobody took its handoffs, so it stays in the ring for
+    # its watchers to drain.
+    ended = sessions.get(session_id)
+    assert ended["state"] == schema.ENDED and ended["ring"] == schema.RING_VALUE
 
 
 def test_shutdown_hands_connections_over_a_few_at_a_time_each_socket_open_until_its_own_turn(
@@ -146,7 +149,7 @@ def test_shutdown_hands_connections_over_a_few_at_a_time_each_socket_open_until_
     for cid in cids:
         (sock,) = upstream.sockets(cid)
         item = conns.get(cid)
-        assert item["lease_session"] == "" and item["last_seq"] == seqs(msgs, cid)[-1]
+        assert item["released_fence"] == item["fence_token"] and item["last_seq"] == seqs(msgs, cid)[-1]
         windows.append((sock.closed_at, item["updated_at_ms"] / 1000))
     assert all(closed <= released + 0.05 for closed, released in windows)
     most = max(sum(1 for c, r in windows if c <= at < r) for at, _ in windows)
@@ -489,8 +492,11 @@ def test_a_clean_handoffs_hint_carries_the_state_its_release_wrote_so_the_taker_
     for cid in ("a", "b"):
         item = conns.get(cid)
         released = bodies[cid][schema.HINT_RELEASED]
-        assert released == schema.released_state(item["fence_token"], item["ws_url"], item["last_seq"])
-        assert item["checkpoint_is_end"] == item["fence_token"] and item["lease_session"] == ""
+        session_id = item["lease_session"]  # handed off: still attached to the releasing session
+        assert released == schema.released_state(
+            item["fence_token"], item["ws_url"], item["last_seq"], session_id=session_id
+        )
+        assert session_id and item["checkpoint_is_end"] == item["fence_token"] == item["released_fence"]
 
 
 def test_a_worker_that_joins_is_watched_by_its_predecessor_within_a_few_seconds(aws_env, stores):
@@ -933,10 +939,12 @@ def test_hints_a_leaving_workers_own_polls_receive_after_it_stopped_waiting_are_
         )["Attributes"]
         return int(attrs["ApproximateNumberOfMessages"]), int(attrs["ApproximateNumberOfMessagesNotVisible"])
 
+    # Every handover hint visible, for a peer; and, nobody having taken them, each hinted
+    # again before the worker left (worker.handoffs.Handoffs.hint_again).
     deadline = time.monotonic() + 5
-    while counts() != (len(cids), 0) and time.monotonic() < deadline:
+    while counts() != (2 * len(cids), 0) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert counts() == (len(cids), 0)  # every handover hint visible, for a peer
+    assert counts() == (2 * len(cids), 0)
 
 
 

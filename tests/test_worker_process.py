@@ -74,16 +74,19 @@ def test_sigterm_closes_flushes_and_releases_every_connection_then_hints_peers(p
         assert not any(up.open_sockets(c) for c in ids)
     events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert {e["connection_id"] for e in events if e["event"] == "lease_released"} == set(ids)
+    (opened,) = [e["session_id"] for e in events if e["event"] == "session_opened"]
     for cid in ids:
         item = conns.get(cid)
         stored = [r["sk"] for r in msgs.read_all(cid)]
-        assert (item["lease_owner"], item["lease_session"]) == ("", "")
-        assert item["owner_key"] == schema.owner_key_free(cid, 4)  # still STARTED: free for a peer
+        # Handed off: still STARTED and attached to the session (no FREE# write), released
+        # at its fence, for a peer its hint names.
+        assert item["lease_session"] == opened and item["released_fence"] == item["fence_token"]
+        assert item["owner_key"] == schema.owner_key_session(opened)
         assert item["last_seq"] == stored[-1] and stored == list(range(1, len(stored) + 1))
-    # The worker ended its own session once everything was released, and left the ring.
-    (opened,) = [e["session_id"] for e in events if e["event"] == "session_opened"]
+    # The worker ended its own session once everything was released; nobody took the
+    # handoffs, so it stays in the ring for its watchers to drain.
     session = sessions.get(opened)
-    assert (session["state"], session["ended_by"]) == ("ENDED", "proc-1") and "ring" not in session
+    assert (session["state"], session["ended_by"]) == ("ENDED", "proc-1") and session["ring"] == schema.RING_VALUE
     hinted: set[str] = set()
 
     def receive_hints() -> bool:

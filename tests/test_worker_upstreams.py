@@ -410,13 +410,15 @@ def test_a_clean_handoffs_hint_carries_the_upstream_so_the_taker_opens_it_the_sa
             await worker.takeover.reconcile_once()
             await eventually(lambda: len(seqs(msgs, "h")) >= 5, what="storing")
 
-    asyncio.run(scenario())  # a clean exit: released, then hinted
+    asyncio.run(scenario())  # a clean exit: handed off, then hinted (and, untaken, hinted again)
     resp = sqs.receive_message(QueueUrl=aws_env["QUEUE_URL"], MaxNumberOfMessages=10, WaitTimeSeconds=5)
     bodies = [json.loads(m["Body"]) for m in resp.get("Messages", [])]
     item = conns.get("h")
-    assert [b[schema.HINT_RELEASED] for b in bodies if b["connection_id"] == "h"] == [
-        schema.released_state(item["fence_token"], item["ws_url"], item["last_seq"], nested)
-    ]
+    released = [b[schema.HINT_RELEASED] for b in bodies if b["connection_id"] == "h"]
+    expected = schema.released_state(
+        item["fence_token"], item["ws_url"], item["last_seq"], nested, session_id=item["lease_session"]
+    )
+    assert released and all(r == expected for r in released), released
 
 
 def test_a_secrets_manager_outage_is_a_fault_that_passes_not_a_refusal(

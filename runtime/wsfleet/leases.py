@@ -117,34 +117,59 @@ def classify_end_failure(old: Mapping | None) -> EndFailure:
     return EndFailure.RENEWED
 
 
+def released_at_fence(item: Mapping | None) -> bool:
+    """A graceful handoff left it attached to its session, released at its current
+    fence (:data:`schema.RELEASED_FENCE`): that ownership writes nothing more, and any
+    worker may take it, conditional on that session, that fence and the mark."""
+    if item is None or schema.RELEASED_FENCE not in item:
+        return False
+    return int(item[schema.RELEASED_FENCE]) == int(item.get(schema.FENCE_TOKEN, -1))
+
+
 def acquire_refusal(item: Mapping | None, *, expected_session: str) -> AcquireFailure | None:
     """Why a connection, as read, may not be taken as ``expected_session``'s ("" for a
-    free one), or None if it may (STARTED and attached to exactly that session)."""
+    free one, an ENDED session's id for one of its connections), or None if it may:
+    STARTED and attached to exactly that session, or released at its fence by the
+    session it is attached to (a handoff to a named peer). A connection of any other
+    session (a LIVE one, for all a taker knows) is never taken."""
     if item is None:
         return AcquireFailure.NOT_FOUND
     if item.get(schema.DESIRED_STATE) != schema.STARTED:
         return AcquireFailure.STOPPED
-    if item.get(schema.LEASE_SESSION, "") != expected_session:
+    if item.get(schema.LEASE_SESSION, "") != expected_session and not released_at_fence(item):
         return AcquireFailure.HELD
     return None
 
 
 def acquire_already_landed(old: Mapping | None, session_id: str) -> bool:
     """A retried acquire whose first attempt did land finds the connection attached to
-    our own session."""
+    our own session (and not released: one we handed off ourselves is not ours to hold)."""
     return (
         old is not None
         and old.get(schema.DESIRED_STATE) == schema.STARTED
         and old.get(schema.LEASE_SESSION) == session_id
+        and not released_at_fence(old)
     )
 
 
-def release_already_landed(old: Mapping | None, fence_token: int) -> bool:
-    """A retried release whose first attempt landed finds it free at our fence."""
-    return old is not None and old.get(schema.LEASE_SESSION, "") == "" and int(old.get(schema.FENCE_TOKEN, -1)) == fence_token
+def release_already_landed(old: Mapping | None, fence_token: int, session_id: str = "") -> bool:
+    """A retried release whose first attempt landed finds it free at our fence, or (a
+    handoff, ``session_id`` given) still attached to our session, released at our fence."""
+    if old is None or int(old.get(schema.FENCE_TOKEN, -1)) != fence_token:
+        return False
+    if old.get(schema.LEASE_SESSION, "") == "":
+        return True
+    return bool(session_id) and old.get(schema.LEASE_SESSION) == session_id and released_at_fence(old)
 
 
 # --- reachability ----------------------------------------------------------------------
+
+
+# A handoff is taken within a second or two; its releaser frees what is still unclaimed
+# after HANDOFF_CLAIM_S (worker.handoffs). Past HANDOFF_UNREACHABLE_MS, a connection still
+# released-attached to a LIVE session has been missed by both (a releaser that lost its
+# memory of it): the reachability sweep repairs it.
+HANDOFF_UNREACHABLE_MS = 60_000
 
 
 class Unreachable(enum.Enum):
@@ -153,9 +178,10 @@ class Unreachable(enum.Enum):
     NOT_IN_FREE_POOL = "not_in_free_pool"  # STARTED, attached to nobody, in no FREE# partition
     SESSION_GONE = "session_gone"  # attached to a session whose item is gone (TTL, deleted)
     SESSION_LEFT_RING = "session_left_ring"  # attached to a session nobody watches any more
+    HANDOFF_UNCLAIMED = "handoff_unclaimed"  # handed off by a LIVE session, untaken for too long
 
 
-def unreachable(connection: Mapping, session: Mapping | None) -> Unreachable | None:
+def unreachable(connection: Mapping, session: Mapping | None, *, now_ms: int = 0) -> Unreachable | None:
     """The reachability invariant, for one connection as read and the session it is
     attached to (None if that session's item is gone): None when some worker will take
     or already holds it, else why none will.
@@ -164,14 +190,28 @@ def unreachable(connection: Mapping, session: Mapping | None) -> Unreachable | N
     free scan finds it), free and STOPPED (nothing to take), or attached to a session in
     the watch ring: a LIVE one (its worker, or its watchers once it dies), or an ENDED
     one not yet drained. A STOPPED connection attached to a session counts too: its
-    release is still to come, and a START would keep the attachment."""
+    release is still to come, and a START would keep the attachment. A STARTED one a
+    LIVE session handed off (released at its fence) counts for
+    :data:`HANDOFF_UNREACHABLE_MS` after its release (``updated_at_ms``; ``now_ms``: the
+    reader's clock, 0 not to judge age): its hint's taker, else its releaser, takes it
+    or frees it by then."""
     session_id = connection.get(schema.LEASE_SESSION, "")
     if not session_id:
         free = str(connection.get(schema.OWNER_KEY, "")).startswith(schema.OWNER_KEY_FREE_PREFIX)
         return None if free or connection.get(schema.DESIRED_STATE) != schema.STARTED else Unreachable.NOT_IN_FREE_POOL
     if session is None:
         return Unreachable.SESSION_GONE
-    return None if session.get(schema.RING) == schema.RING_VALUE else Unreachable.SESSION_LEFT_RING
+    if session.get(schema.RING) != schema.RING_VALUE:
+        return Unreachable.SESSION_LEFT_RING
+    if (
+        now_ms
+        and session.get(schema.SESSION_STATE) == schema.LIVE
+        and connection.get(schema.DESIRED_STATE) == schema.STARTED
+        and released_at_fence(connection)
+        and now_ms - int(connection.get(schema.UPDATED_AT_MS, 0)) > HANDOFF_UNREACHABLE_MS
+    ):
+        return Unreachable.HANDOFF_UNCLAIMED
+    return None
 
 
 # --- watching: the ring --------------------------------------------------------------
@@ -225,11 +265,19 @@ def takeover_jitter_s(load: float, rng: random.Random | None = None) -> float:
     return 0.02 + 0.08 * r + 0.2 * min(max(load, 0.0), 1.0)
 
 
-def reconcile_pause_s(reconcile_ms: int, rng: random.Random | None = None) -> float:
+# The free scan's pause grows to at most this many RECONCILE_SECONDS while scans find
+# nothing: a lost hint is found within that (plus one scan) by any worker with room.
+RECONCILE_BACKOFF_CAP = 8
+
+
+def reconcile_pause_s(reconcile_ms: int, rng: random.Random | None = None, *, idle_scans: int = 0) -> float:
     """Pause between scans for STARTED connections nobody owns (lost hints):
     RECONCILE_SECONDS jittered down to three quarters of it, so that workers started
-    together do not scan in step."""
-    return reconcile_ms * (0.75 + 0.25 * (rng or random).random()) / 1000
+    together do not scan in step; doubled after each scan in a row that found nothing
+    (``idle_scans``), up to :data:`RECONCILE_BACKOFF_CAP` times, so that a quiet fleet
+    does not read its FREE# partitions every RECONCILE_SECONDS from every worker."""
+    factor = min(RECONCILE_BACKOFF_CAP, 2 ** min(max(idle_scans, 0), 16))
+    return factor * reconcile_ms * (0.75 + 0.25 * (rng or random).random()) / 1000
 
 
 def hint_pause_s(load: float, rng: random.Random | None = None) -> float:

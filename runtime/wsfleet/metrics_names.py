@@ -29,6 +29,10 @@ BACKPRESSURE_WAITS = "BackpressureWaits"
 # but in no FREE# partition, or attached to a session out of the watch ring), each one
 # repaired as found: any at all is a broken invariant (worker.sweep).
 UNREACHABLE_CONNECTIONS = "UnreachableConnections"
+# Connections this worker handed off (a SHUTDOWN or SHED release, attached to its session,
+# released at its fence) that nobody took in time: freed into FREE# and hinted as free
+# (worker.handoffs). A few are a lost hint; many say the handoff hints do not work.
+HANDOFFS_UNCLAIMED = "HandoffsUnclaimed"
 # Exceptions a long-lived loop met that were neither transient nor handled where they
 # arose (worker.supervision): each was logged with its traceback and the loop went on.
 LOOP_ERRORS = "LoopErrors"
@@ -89,6 +93,7 @@ COUNTERS = (
     MALFORMED_FRAMES,
     BACKPRESSURE_WAITS,
     UNREACHABLE_CONNECTIONS,
+    HANDOFFS_UNCLAIMED,
     LOOP_ERRORS,
     FRAMES_DROPPED,
     SKIPPED_FRAMES,

@@ -40,6 +40,7 @@ from botocore.config import Config
 
 from . import message_pages, schema, tracing, upstream_spec
 from .config import ConfigError, RouterConfig
+from .leases import released_at_fence
 from .logs import JsonLogger, route_stdlib_logging
 from .store import ConnectionsStore, MessagesStore, SessionsStore, StartOutcome, StopOutcome, TransientError
 from .validation import Allowlist, Invalid, check_connection_id, check_ws_url
@@ -283,6 +284,9 @@ class Router:
             raise _unknown_connection(connection_id)
         fields["outcome"] = "found"
         session_id = item.get(schema.LEASE_SESSION, "")
+        if released_at_fence(item):
+            # Handed off by its session to a peer that has not taken it yet: nobody holds it.
+            session_id = item[schema.LEASE_OWNER] = ""
         session = self._sessions.get(session_id, consistent=False) if session_id else None
         item[schema.LEASE_EXPIRES_AT_MS] = int((session or {}).get(schema.EXPIRES_AT_MS, 0))
         # Markers are counted in the messages table; where it is no sink there is no count.

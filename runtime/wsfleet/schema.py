@@ -19,6 +19,12 @@ LAST_SEQ = "last_seq"
 # Set by a release (its last_seq is where the stored messages end: everything was flushed
 # first), removed by the next acquisition: a new owner finding it skips the stored-end read.
 CHECKPOINT_IS_END = "checkpoint_is_end"
+# Set by a graceful handoff (a SHUTDOWN or SHED release) to the fence it released at,
+# the connection staying attached to the releasing session (no owner_key move): from
+# then on that ownership writes nothing more, and any worker may take it, conditional
+# on that session, that fence and this mark (leases.released_at_fence). Removed by the
+# next acquisition and by a free.
+RELEASED_FENCE = "released_fence"
 LEASE_OWNER = "lease_owner"  # the owning worker_id, "" when free
 LEASE_SESSION = "lease_session"  # the owning session_id, "" when free
 FENCE_TOKEN = "fence_token"
@@ -208,13 +214,22 @@ HINT_RELEASED = "released"
 
 
 def released_state(
-    fence_token: int, ws_url: str, last_seq: int, upstream: Any = None, last_error: str | None = None
+    fence_token: int,
+    ws_url: str,
+    last_seq: int,
+    upstream: Any = None,
+    last_error: str | None = None,
+    *,
+    session_id: str = "",
 ) -> dict[str, Any]:
     """A hint's ``released``: what a clean release wrote (its fence, which it marks as
     the stored end), the ws_url it was running, its upstream item (absent for the
     default protocol) and its last_error as the releaser knew it (absent: none), which
-    the taker removes once it connects."""
+    the taker removes once it connects. ``session_id``: a handoff's, the releasing
+    session it stays attached to (released at its fence); absent: released free."""
     out: dict[str, Any] = {FENCE_TOKEN: fence_token, WS_URL: ws_url, LAST_SEQ: last_seq}
+    if session_id:
+        out[LEASE_SESSION] = session_id
     if upstream:
         out[UPSTREAM] = dict(upstream)
     if last_error is not None:
@@ -223,11 +238,12 @@ def released_state(
 
 
 def item_from_released(connection_id: str, released: Any) -> dict[str, Any] | None:
-    """The connection item as the clean release a hint describes left it (free,
-    STARTED, checkpointed at the stored end), or None if ``released`` is not one. An
-    acquisition pinned to it (``ConnectionsStore.acquire_many``: fence, ws_url, upstream,
-    free, STARTED) lands only if the item is still that; while free nothing else moves
-    its checkpoint."""
+    """The connection item as the clean release a hint describes left it (free, or
+    attached to the releasing session and released at its fence; STARTED, checkpointed
+    at the stored end), or None if ``released`` is not one. An acquisition pinned to it
+    (``ConnectionsStore.acquire_many``: fence, ws_url, upstream, session, release mark,
+    STARTED) lands only if the item is still that; while so, nothing else moves its
+    checkpoint."""
     if not isinstance(released, dict):
         return None
     fence, url, last_seq = released.get(FENCE_TOKEN), released.get(WS_URL), released.get(LAST_SEQ)
@@ -235,6 +251,9 @@ def item_from_released(connection_id: str, released: Any) -> dict[str, Any] | No
         return None
     upstream = released.get(UPSTREAM)
     if upstream is not None and not (isinstance(upstream, dict) and upstream):
+        return None
+    session = released.get(LEASE_SESSION, "")
+    if not isinstance(session, str):
         return None
     item = {
         PK: connection_pk(connection_id),
@@ -244,8 +263,10 @@ def item_from_released(connection_id: str, released: Any) -> dict[str, Any] | No
         FENCE_TOKEN: fence,
         CHECKPOINT_IS_END: fence,
         LEASE_OWNER: "",
-        LEASE_SESSION: "",
+        LEASE_SESSION: session,
     }
+    if session:
+        item[RELEASED_FENCE] = fence
     if upstream is not None:
         item[UPSTREAM] = upstream
     if isinstance(released.get(LAST_ERROR), str):

@@ -114,6 +114,7 @@ class OperationsDashboard(Construct):
                     self._worker_metric(names.LEASES_RELEASED, _SUM, "released"),
                     self._worker_metric(names.LEASES_LOST, _SUM, "lost"),
                     self._worker_metric(names.ORPHANS_RECOVERED, _SUM, "orphans recovered"),
+                    self._worker_metric(names.HANDOFFS_UNCLAIMED, _SUM, "handoffs unclaimed (freed)"),
                 ],
                 width=6,
             ),

@@ -110,6 +110,7 @@ _PLACEHOLDERS = {
     "#w": schema.WS_URL,
     "#q": schema.LAST_SEQ,
     "#ce": schema.CHECKPOINT_IS_END,
+    "#rf": schema.RELEASED_FENCE,
     "#up": schema.UPSTREAM,
     "#le": schema.LAST_ERROR,
     "#lt": schema.LAST_ERROR_AT_MS,

@@ -8,11 +8,18 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from botocore.exceptions import ClientError
 
 from .. import schema
-from ..leases import AcquireFailure, acquire_already_landed, acquire_refusal, release_already_landed
+from ..leases import (
+    AcquireFailure,
+    acquire_already_landed,
+    acquire_refusal,
+    release_already_landed,
+    released_at_fence,
+)
 from .desired import DesiredState
-from .last_error import LastErrors
+from .last_error import HOLDING, LastErrors
 from .base import (
     TransientError,
     _names,
@@ -74,6 +81,7 @@ class Released(enum.Enum):
     """How a release landed; false when it did not."""
 
     FREE = "free"  # STARTED (a START came meanwhile): in its FREE# partition, for anyone to take now
+    HANDED = "handed"  # STARTED, still attached to our session, released at our fence: for the peer we hint
     STOPPED = "stopped"  # STOPPED: out of the owner index
     LOST = "lost"  # no longer ours: nothing written
 
@@ -138,11 +146,33 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
             for row in map(unmarshal, page.get("Items", []))
         ]
 
-    def free(self, shard: int, *, limit: int = 100) -> Iterator[str]:
-        """STARTED connections nobody owns, of one index shard, ``limit`` per request."""
-        for page in self._owner_pages(schema.free_partition(shard), Limit=limit):
+    def free(self, shard: int, *, limit: int = 100, start_after: str = "") -> Iterator[str]:
+        """STARTED connections nobody owns, of one index shard, ``limit`` per request:
+        from just after the connection ``start_after`` (a random point, so that scanners
+        do not all race for the same first entries; it need not be in the partition) to
+        the partition's end, then from its start round to the first one already given.
+        "" reads from the start."""
+        partition = schema.free_partition(shard)
+        seen: set[str] = set()
+        if start_after:
+            start = marshal({schema.PK: schema.connection_pk(start_after), schema.OWNER_KEY: partition})
+            try:
+                for page in self._owner_pages(partition, Limit=limit, ExclusiveStartKey=start):
+                    for raw in page.get("Items", []):
+                        cid = schema.connection_id_from_pk(unmarshal(raw)[schema.PK])
+                        seen.add(cid)
+                        yield cid
+            except ClientError as exc:
+                # A start key the table refuses ("The provided starting key is invalid"):
+                # the scan reads from the start, as it did before it had a random point.
+                if exc.response.get("Error", {}).get("Code") != "ValidationException":
+                    raise
+        for page in self._owner_pages(partition, Limit=limit):
             for raw in page.get("Items", []):
-                yield schema.connection_id_from_pk(unmarshal(raw)[schema.PK])
+                cid = schema.connection_id_from_pk(unmarshal(raw)[schema.PK])
+                if cid in seen:
+                    return  # round to where this scan began
+                yield cid
 
     def free_ids(self, shard: int) -> set[str]:
         """Every STARTED connection of one shard nobody owns, keys only: what the
@@ -159,10 +189,10 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
 
     def sweep_page(self, start: Mapping | None, *, limit: int) -> tuple[list[dict], dict | None]:
         """One page of a Scan of every connection, as the reachability sweep reads it:
-        (items with their key, desired state, session and owner key; the key to start the
-        next page from, or None after the last). Eventually consistent: a caller acts
-        only on what a consistent read confirms."""
-        projection = "#pk, #s, #l, #k"
+        (items with their key, desired state, session, owner key, fence, release mark
+        and update time; the key to start the next page from, or None after the last).
+        Eventually consistent: a caller acts only on what a consistent read confirms."""
+        projection = "#pk, #s, #l, #k, #f, #rf, #u"
         kwargs: dict[str, Any] = {
             "ProjectionExpression": projection,
             "ExpressionAttributeNames": _names(projection),
@@ -200,13 +230,15 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         not be taken is answered without a write. The rest are taken in one
         TransactWriteItems, each Update conditional on the version read: the item
         exists, desired_state is STARTED, ``lease_session`` is the expected session ("" for
-        a free one, or an ENDED session whose connections we are taking), and
-        ``fence_token``, ``ws_url`` and ``upstream`` are as read (a STOP then START of a
+        a free one, or an ENDED session whose connections we are taking; or the session
+        that handed it off, with ``released_fence`` = ``fence_token``: see
+        :func:`~wsfleet.leases.acquire_refusal`), and ``fence_token``, ``ws_url`` and
+        ``upstream`` are as read (a STOP then START of a
         free connection changes neither its fence nor, perhaps, its ws_url, but may change
         its upstream: a taker pinned to the old one would open the socket the old way). Session ids are never reused and an
         ENDED session is never renewed, so this pins the exact ownership epoch that was
-        read. Each sets ``fence_token`` to the next one and moves ``owner_key`` to our
-        session. The same transaction holds a ConditionCheck that our own session is
+        read. Each sets ``fence_token`` to the next one, moves ``owner_key`` to our
+        session and removes ``released_fence``. The same transaction holds a ConditionCheck that our own session is
         LIVE: no connection is ever attached to a session that has ended (whose watchers
         may have drained it and taken it out of the ring), however late the request
         arrives.
@@ -263,8 +295,8 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         """The acquire transaction: our session's LIVE check first, then one Update per
         connection, pinned to the version read."""
         live = "#st = :live"
-        update = "SET #o = :me, #l = :session, #k = :key, #u = :now, #f = :next"
-        pinned = "attribute_exists(#pk) AND #s = :started AND #l = :expected AND #f = :fence AND #w = :url"
+        update = "SET #o = :me, #l = :session, #k = :key, #u = :now, #f = :next REMOVE #rf"
+        pinned = "attribute_exists(#pk) AND #s = :started AND #l = :holder AND #f = :fence AND #w = :url"
         items: list[dict] = [
             {
                 "ConditionCheck": {
@@ -276,7 +308,7 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
                 }
             }
         ]
-        for cid, (expected, item) in todo.items():
+        for cid, (_, item) in todo.items():
             new = taken[cid]
             values = {
                 ":me": new[schema.LEASE_OWNER],
@@ -285,17 +317,20 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
                 ":now": new[schema.UPDATED_AT_MS],
                 ":next": new[schema.FENCE_TOKEN],
                 ":started": schema.STARTED,
-                ":expected": expected,
+                # The session as read: the expected one (acquire_refusal), or the one
+                # that handed it off, pinned with its release mark below.
+                ":holder": item.get(schema.LEASE_SESSION, ""),
                 ":fence": int(item.get(schema.FENCE_TOKEN, 0)),
                 ":url": item.get(schema.WS_URL, ""),
             }
+            released = " AND #rf = :fence" if released_at_fence(item) else ""
             # A map compares whole (DynamoDB's = takes maps and lists); the default
             # protocol is the attribute's absence.
             if schema.UPSTREAM in item:
-                condition = f"{pinned} AND #up = :up"
+                condition = f"{pinned}{released} AND #up = :up"
                 values[":up"] = item[schema.UPSTREAM]
             else:
-                condition = f"{pinned} AND attribute_not_exists(#up)"
+                condition = f"{pinned}{released} AND attribute_not_exists(#up)"
             items.append(self._transact_update(cid, update=update, condition=condition, values=values, return_old=True))
         return items
 
@@ -320,7 +355,7 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         expect_stopped: bool = False,
     ) -> tuple[str | None, dict]:
         """Make the connection free (``owner_key`` FREE#shard if STARTED, removed if
-        STOPPED), under ``condition``. The index key depends on the desired state, which
+        STOPPED; any ``released_fence`` removed), under ``condition``. The index key depends on the desired state, which
         a concurrent START or STOP may flip: the write names the state it expects, and
         is tried once more with the other one (a failed conditional write is billed, so
         the likelier state goes first). Returns (the desired state of the form that
@@ -337,10 +372,10 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
                 update += ", #q = :seq, #ce = :fence"
                 state_values[":seq"] = last_seq
             if state == schema.STARTED:
-                update += ", #k = :free"
+                update += ", #k = :free REMOVE #rf"
                 state_values[":free"] = schema.owner_key_free(connection_id, self._shards)
             else:
-                update += " REMOVE #k"
+                update += " REMOVE #k, #rf"
             new, old = self._conditional_update(
                 connection_id,
                 update=update,
@@ -355,7 +390,14 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         return None, old or {}
 
     def release(
-        self, connection_id: str, *, session_id: str, fence_token: int, last_seq: int, stopped: bool = False
+        self,
+        connection_id: str,
+        *,
+        session_id: str,
+        fence_token: int,
+        last_seq: int,
+        stopped: bool = False,
+        handoff: bool = False,
     ) -> Released:
         """Give the connection up with a final checkpoint.
 
@@ -363,10 +405,52 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         it landed: FREE when a START came meanwhile (STARTED: the releaser hints it, as
         nobody else will), STOPPED, or LOST when it was no longer ours (nothing written);
         a retry whose first attempt landed reports the state it finds. ``stopped``:
-        released for a STOP, so the STOPPED form of the write goes first."""
+        released for a STOP, so the STOPPED form of the write goes first.
+
+        ``handoff`` (a SHUTDOWN or a SHED, for a peer its hint names): a STARTED
+        connection stays attached to our session, ``owner_key`` unmoved (no write to a
+        FREE# partition), marked released at our fence (``released_fence``): HANDED. From
+        then on this ownership writes nothing more to it (every write of ours is
+        conditional on no such mark) but :meth:`free_released`. A STOPPED one is freed
+        as for a STOP. A retry finding it already so reports HANDED."""
+        if handoff:
+            new, old = self._conditional_update(
+                connection_id,
+                update="SET #q = :seq, #ce = :fence, #rf = :fence, #u = :now",
+                condition="#l = :session AND #f = :fence AND #s = :started",
+                values={
+                    ":seq": last_seq,
+                    ":fence": fence_token,
+                    ":now": self._now_ms(),
+                    ":session": session_id,
+                    ":started": schema.STARTED,
+                },
+                returns="NONE",
+            )
+            if new is not None:
+                return Released.HANDED
+            if old is not None and old.get(schema.DESIRED_STATE) == schema.STARTED:
+                return Released.HANDED if release_already_landed(old, fence_token, session_id) else Released.LOST
+            stopped = True  # a STOP came meanwhile (or it is gone): freed as for a STOP
+        return self._free_ours(connection_id, "", session_id, fence_token, last_seq, stopped)
+
+    def free_released(self, connection_id: str, *, session_id: str, fence_token: int, stopped: bool = False) -> Released:
+        """Free a connection our session handed off and nobody took (the old way: into
+        its FREE# partition if STARTED, out of the index if STOPPED), its checkpoint as
+        the handoff left it. Conditional on: attached to ``session_id`` and released at
+        ``fence_token``. FREE or STOPPED as it landed (a retry whose first attempt landed
+        too), LOST when taken (or freed) by another meanwhile. ``stopped``: for a STOP,
+        so the STOPPED form of the write goes first."""
+        return self._free_ours(connection_id, " AND #rf = :fence", session_id, fence_token, None, stopped)
+
+    def _free_ours(
+        self, connection_id: str, also: str, session_id: str, fence_token: int, last_seq: int | None, stopped: bool
+    ) -> Released:
+        """:meth:`_detach` conditional on our session and fence (and ``also``), read as
+        a :class:`Released`; a retry whose first attempt landed reports the state it finds."""
         landed, old = self._detach(
             connection_id,
-            condition="#l = :session AND #f = :fence",
+            condition=f"#l = :session AND #f = :fence{also}",
             values={":session": session_id, ":fence": fence_token},
             last_seq=last_seq,
             expect_stopped=stopped,
@@ -394,7 +478,9 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
     def checkpoint_many(self, entries: Sequence[CheckpointEntry]) -> list[bool | None]:
         """Store several checkpoints in one TransactWriteItems (at most
         :data:`MAX_TRANSACTION` of them), each an Update conditional on its connection's
-        session and fence (``lease_session`` and ``fence_token``), no index key moving.
+        session and fence (``lease_session`` and ``fence_token``) and on no handoff of
+        it (``released_fence`` absent: a handoff's releaser writes nothing after it), no
+        index key moving.
 
         A transaction is all or nothing. Per entry, in order: True when written, False
         when its condition failed (the connection is no longer ours), None when it was not
@@ -411,7 +497,7 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
                 self._transact_update(
                     e.connection_id,
                     update="SET #q = :seq, #u = :now",
-                    condition="#l = :session AND #f = :fence",
+                    condition=HOLDING,
                     values={":seq": e.last_seq, ":now": now, ":session": e.session_id, ":fence": e.fence_token},
                 )
                 for e in entries
@@ -424,7 +510,7 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
 
 def _taken(item: Mapping[str, Any], *, session_id: str, worker_id: str, now_ms: int) -> dict:
     """The connection item as an acquisition by ``session_id`` leaves it."""
-    return {
+    taken = {
         **item,
         schema.LEASE_OWNER: worker_id,
         schema.LEASE_SESSION: session_id,
@@ -432,3 +518,5 @@ def _taken(item: Mapping[str, Any], *, session_id: str, worker_id: str, now_ms: 
         schema.UPDATED_AT_MS: now_ms,
         schema.FENCE_TOKEN: int(item.get(schema.FENCE_TOKEN, 0)) + 1,
     }
+    taken.pop(schema.RELEASED_FENCE, None)
+    return taken

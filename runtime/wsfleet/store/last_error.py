@@ -11,6 +11,10 @@ from typing import Any, Mapping
 
 from .. import schema
 
+# Held by this ownership: attached to its session at its fence, and not handed off since
+# (a handoff's releaser writes nothing after it). ConnectionsStore's checkpoints too.
+HOLDING = "#l = :session AND #f = :fence AND attribute_not_exists(#rf)"
+
 
 class LastErrors:
     """``ConnectionsStore``'s last_error writes (it supplies ``_conditional_update``)."""
@@ -21,14 +25,14 @@ class LastErrors:
     def note_error(self, connection_id: str, *, session_id: str, fence_token: int, text: str) -> bool:
         """Record why its owner cannot connect (``last_error``, with no secret in it, and
         ``last_error_at_ms``), for GET. Conditional on: ``lease_session`` and
-        ``fence_token`` are ours, and ``last_error`` is not already ``text`` (the same
+        ``fence_token`` are ours (and not handed off), and ``last_error`` is not already ``text`` (the same
         error again is not written again: its time says when it began). Returns False if
         the connection is no longer ours (a lost race, not an exception); True when
         written, or already so (a retry of a write that landed)."""
         new, old = self._conditional_update(
             connection_id,
             update="SET #le = :text, #lt = :now",
-            condition="#l = :session AND #f = :fence AND (attribute_not_exists(#le) OR #le <> :text)",
+            condition=f"{HOLDING} AND (attribute_not_exists(#le) OR #le <> :text)",
             values={":text": text, ":now": self._now_ms(), ":session": session_id, ":fence": fence_token},
             returns="NONE",
         )
@@ -42,7 +46,7 @@ class LastErrors:
         new, old = self._conditional_update(
             connection_id,
             update="REMOVE #le, #lt",
-            condition="#l = :session AND #f = :fence AND attribute_exists(#le)",
+            condition=f"{HOLDING} AND attribute_exists(#le)",
             values={":session": session_id, ":fence": fence_token},
             returns="NONE",
         )
@@ -55,4 +59,5 @@ def _ours(item: Mapping[str, Any] | None, session_id: str, fence_token: int) -> 
         item is not None
         and item.get(schema.LEASE_SESSION) == session_id
         and int(item.get(schema.FENCE_TOKEN, -1)) == fence_token
+        and schema.RELEASED_FENCE not in item
     )

@@ -59,11 +59,15 @@ class Attachments:
         another, or refused by the one and only acquire request sent for it."""
         self._maybe.discard(connection_id)
 
-    async def leave_ring_when_clear(self, session_id: str, *, held: Callable[[str], bool]) -> bool:
+    async def leave_ring_when_clear(
+        self, session_id: str, *, held: Callable[[str], bool], handed: Callable[[str], bool] = lambda _: False
+    ) -> bool:
         """After our own session ``session_id`` ENDED: free whatever is still attached to
-        it with no runner of ours (``held``) and leave the ring if nothing is. Returns
-        True if it left the ring. Raises what the store raises (the caller bounds it by
-        its budget); the session then stays in the ring, which is always safe.
+        it with no runner of ours (``held``) and not handed off to a peer that has yet to
+        take it (``handed``: its hint's taker, else the session's watchers, take it), and
+        leave the ring if nothing is. Returns True if it left the ring. Raises what the
+        store raises (the caller bounds it by its budget); the session then stays in the
+        ring, which is always safe.
 
         The writes are on an ENDED session's behalf, as any drainer's: each free is
         conditional on the connection still being attached to it, and nobody else can
@@ -77,16 +81,24 @@ class Attachments:
         # track would show there (eventually).
         indexed = {row.connection_id for row in await self._call(self._connections.owned_by, session_id)}
         left: list[str] = []
+        handing: list[str] = []
         freed = 0
         for connection_id in sorted(set(attached) | indexed):
             if held(connection_id):
                 left.append(connection_id)  # its socket may still be open: the watchers take it after
                 continue
+            if handed(connection_id):
+                handing.append(connection_id)
+                continue
             if await self._call(self._connections.free_orphan, connection_id, dead_session=session_id):
                 freed += 1
                 await self._hint(connection_id)
         if left:
-            self._log.warning("session_left_in_ring", session_id=session_id, attached=len(left))
+            self._log.warning("session_left_in_ring", session_id=session_id, attached=len(left), handed=len(handing))
+            return False
+        if handing:
+            # The usual end of a SIGTERM: the last handoffs' takers are still on their way.
+            self._log.info("session_left_in_ring_for_its_handoffs", session_id=session_id, handed=len(handing))
             return False
         gone = await self._call(self._sessions.leave_ring, session_id)
         self._log.info("session_left_ring", session_id=session_id, checked=len(candidates), freed=freed, left_ring=gone)

@@ -72,8 +72,8 @@ class EndReason(enum.Enum):
     STOPPED = "stopped"  # desired state STOPPED: close, flush, release
     LOST = "lost"  # our session was ENDED, or the connection is no longer ours: close, write nothing
     EXPIRED = "expired"  # the worker's deadline passed before a renewal got through: close, write nothing
-    SHUTDOWN = "shutdown"  # this worker is leaving: close, flush, release, hint a peer
-    SHED = "shed"  # moved to a worker under its fair share: close, flush, release, hint
+    SHUTDOWN = "shutdown"  # this worker is leaving: close, flush, hand off (release at our fence), hint a peer
+    SHED = "shed"  # moved to a worker under its fair share: close, flush, hand off, hint
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,9 @@ class ConnectionRunner:
         self.end_reason: EndReason | None = None
         self.detached = False  # the release answered: it is no longer attached to our session
         self.freed = False  # released STARTED: free for anyone, in its FREE# partition (hinted with its state)
+        # Handed off (a SHUTDOWN or SHED): STARTED, still attached to our session, released
+        # at our fence, for the peer its hint names (hinted with its state and our session).
+        self.handed = False
         self._s = settings
         self._call = call
         self._connections = connections
@@ -525,6 +528,7 @@ class ConnectionRunner:
                     fence_token=self.fence_token,
                     last_seq=self.tracker.checkpoint,
                     stopped=self.end_reason is EndReason.STOPPED,
+                    handoff=self.end_reason in (EndReason.SHUTDOWN, EndReason.SHED),
                 ),
                 deadline=self._deadline,
             )
@@ -532,8 +536,9 @@ class ConnectionRunner:
             self._counters.add(names.LEASES_LOST)
             self._log.warning("deadline_passed_before_release", unwritten=self._writer.close(self.connection_id))
             return
-        self.detached = True  # released now, or found no longer ours
         self.freed = released is Released.FREE
+        self.handed = released is Released.HANDED
+        self.detached = not self.handed  # released now, or found no longer ours (a handoff stays attached)
         if released:
             self._counters.add(names.LEASES_RELEASED)
             self._log.info("lease_released", checkpoint=self.tracker.checkpoint, why=self.end_reason.value)

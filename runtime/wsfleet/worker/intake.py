@@ -43,6 +43,7 @@ class Intake:
         declines_shed: Callable[[str, str, float], bool] = lambda shed_by, shed_to, age_s: False,
         batch: Callable[[], int] = lambda: 1,
         ending: Callable[[str], bool] = lambda connection_id: False,
+        on_hints: Callable[[], None] = lambda: None,
     ) -> None:
         self.hints_sent = 0
         self._outbox: list[tuple[str, str, asyncio.Future]] = []
@@ -58,6 +59,7 @@ class Intake:
         self._declines_shed = declines_shed
         self._batch = batch  # hints per poll
         self._ending = ending  # held here but being released (a STOP, a shed)
+        self._on_hints = on_hints  # a poll brought hints: connections are moving (the free scan's backoff resets)
 
     async def hint(
         self,
@@ -130,6 +132,8 @@ class Intake:
             AttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
         )
         messages = resp.get("Messages", [])
+        if messages:
+            self._on_hints()
         left = await asyncio.gather(*(self._on_hint(m) for m in messages))
         if left and all(left) and self._accepting():
             # We left every hint we got for the workers they name: let their polls find

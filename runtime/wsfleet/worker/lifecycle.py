@@ -49,6 +49,7 @@ from .budget import MemoryBudget
 from .checkpoints import Checkpoints
 from .connection import ConnectionRunner, EndReason, Settings
 from .gate import ReceiveGate
+from .handoffs import CHECK_EVERY_S, Handoffs
 from .intake import HINT_POLLERS, Intake
 from .retry import LeaseExpired, call_until, first_of
 from .secrets import Secrets
@@ -79,6 +80,7 @@ ACQUIRE_CONCURRENCY = 4 * MAX_TRANSACTION
 # HANDOFF_PACED_SHARE of the budget the rest go at once, so a worker holding thousands
 # still leaves inside it.
 HANDOFF_CONCURRENCY = 4
+HANDING_OFF = (EndReason.SHUTDOWN, EndReason.SHED)  # a release that leaves it attached to us (worker.handoffs)
 HANDOFF_PACED_SHARE = 0.4
 
 
@@ -159,12 +161,16 @@ class Worker:
             accepting=self._accepting,
             declines_shed=self._declines_shed,
             ending=lambda cid: cid in self.runners and self.runners[cid].end_reason is not None,
+            on_hints=lambda: self.takeover.note_work(),
             batch=lambda: hints_per_poll(
                 active=len(self.runners) + len(self._acquiring),
                 max_connections=self.config.max_connections,
                 room=self.free(),
                 fleet=self.balancer.fresh_fleet(),
             ),
+        )
+        self.handoffs = Handoffs(
+            connections=self._connections, call=aws.call, hint=self.intake.hint, counters=self.counters, log=self._log
         )
         self.attachments = Attachments(
             connections=self._connections, sessions=self._sessions, call=aws.call, hint=self.intake.hint, log=self._log
@@ -184,6 +190,7 @@ class Worker:
             load=self.load,
             busy=self._busy,
             avoid=lambda cid: self.balancer.shed_recently(cid),
+            held=lambda: list(self.runners),
             on_summary=lambda item: self.balancer.on_summary(item),
             clock_ms=clock_ms,
         )
@@ -212,6 +219,7 @@ class Worker:
             counters=self.counters,
             log=self._log,
             sweep_s=config.sweep_ms / 1000,
+            clock_ms=clock_ms,
         )
         self._last_acquired_ms = 0
         self._clock_ms = clock_ms
@@ -219,6 +227,8 @@ class Worker:
         self._acquire_slots = asyncio.Semaphore(ACQUIRE_CONCURRENCY)
         self._holders: set[asyncio.Task] = set()
         self._holding: dict[str, asyncio.Task] = {}  # connection id -> its holder task
+        self._handoff_stops: set[asyncio.Task] = set()  # STOPs of connections we handed off
+        self._handed_off_at = float("-inf")  # clock.now() of our last handoff
         self._stopping = asyncio.Event()
         self._session_ready = asyncio.Event()
         self._capacity_freed = asyncio.Event()
@@ -398,14 +408,25 @@ class Worker:
         self._log.info(
             "connection_ended", connection_id=runner.connection_id, why=reason.value, active=len(self.runners)
         )
-        # The state the release left it in, when it landed free: the taker needs no read.
+        # The state the release left it in, when it landed free or handed off (attached
+        # to our session, released at our fence): the taker needs no read.
         released = (
             schema.released_state(
-                runner.fence_token, runner.ws_url, runner.tracker.checkpoint, runner.upstream_item, runner.last_error
+                runner.fence_token,
+                runner.ws_url,
+                runner.tracker.checkpoint,
+                runner.upstream_item,
+                runner.last_error,
+                session_id=runner.session_id if runner.handed else "",
             )
-            if runner.freed
+            if runner.freed or runner.handed
             else None
         )
+        if runner.handed:
+            self._handed_off_at = clock.now()
+            self.handoffs.handed(
+                runner.connection_id, session_id=runner.session_id, fence_token=runner.fence_token, released=released
+            )
         # A STOP's release that landed free: a START came meanwhile, and its hint found us holding it.
         if reason is EndReason.SHUTDOWN or (reason is EndReason.STOPPED and runner.freed):
             await self.intake.hint(runner.connection_id, released=released)
@@ -424,10 +445,25 @@ class Worker:
             if connection_id in self._acquiring:
                 continue  # not held yet: it stays in the inbox until the next renewal
             runner = self.runners.get(connection_id)
+            if runner is not None and runner.fence_token == fence and runner.end_reason in HANDING_OFF:
+                continue  # being handed off: it stays in the inbox, for the next renewal to bring back
             if runner is not None and runner.fence_token == fence:
                 self._log.info("stop_received", connection_id=connection_id)
                 runner.request_stop()
+            elif runner is None and self.handoffs.pending(connection_id):
+                # Handed off and not taken yet: still attached to us, so its STOP came
+                # here. Nobody holds a socket: free it (STOPPED), as its taker would have.
+                task = asyncio.create_task(self._stop_handed(connection_id, fence), name=f"stop:{connection_id}")
+                self._handoff_stops.add(task)
+                task.add_done_callback(self._handoff_stops.discard)
             self.keeper.stop_handled(entry)
+
+    async def _stop_handed(self, connection_id: str, fence: int) -> None:
+        try:
+            if await self.handoffs.stop(connection_id, fence) and self.attachments.session_id == self.keeper.session_id:
+                self.attachments.settled(connection_id)
+        except Exception as exc:  # noqa: BLE001 - the audit frees a STOPPED one still attached to us
+            self._log.warning("handoff_stop_failed", connection_id=connection_id, error=f"{type(exc).__name__}: {exc}")
 
     async def audit_once(self) -> int:
         """Compare what the owner index says our session holds with what we hold: a
@@ -448,6 +484,8 @@ class Worker:
                 runner.request_stop()
                 fixed += 1
             elif runner is None and connection_id not in self._acquiring and state == schema.STARTED:
+                if self.handoffs.pending(connection_id):
+                    continue  # handed off: for the peer its hint names (worker.handoffs)
                 self._log.warning("adopting_attached_connection", connection_id=connection_id)
                 await self.try_acquire(connection_id, source="audit", expected_session=session_id)
                 fixed += 1
@@ -579,6 +617,28 @@ class Worker:
             except TimeoutError:
                 pass
 
+    async def _reconcile_loop(self) -> None:
+        """The free scan, every RECONCILE_SECONDS (jittered) doubled after each scan in a
+        row that found nothing (``Takeover.idle_scans``, at most RECONCILE_BACKOFF_CAP
+        times); a hint meanwhile (``Takeover.note_work``) cuts what is left of a long
+        pause to at most one RECONCILE_SECONDS."""
+        while not self._stopping.is_set():
+            if not self._session_ready.is_set():
+                await first_of(self._session_ready.wait(), self._stopping.wait())
+                continue
+            if self.keeper.live():
+                await self.takeover.reconcile_once()
+            self.takeover.work_noted.clear()
+            deadline = clock.now() + reconcile_pause_s(self.config.reconcile_ms, idle_scans=self.takeover.idle_scans)
+            while not self._stopping.is_set() and (left := deadline - clock.now()) > 0:
+                try:
+                    await asyncio.wait_for(first_of(self.takeover.work_noted.wait(), self._stopping.wait()), timeout=left)
+                except TimeoutError:
+                    break
+                if self.takeover.work_noted.is_set():
+                    self.takeover.work_noted.clear()
+                    deadline = min(deadline, clock.now() + reconcile_pause_s(self.config.reconcile_ms))
+
     async def _balance_loop(self) -> None:
         """A balance pass after each fleet summary a watch read brings (every
         ``SUMMARY_EVERY`` watch reads)."""
@@ -641,7 +701,8 @@ class Worker:
         metrics = lambda: self.config.metrics_seconds  # noqa: E731
         loops = [
             self._supervised("watch", lambda: self._every(watch, self.takeover.watch_once)),
-            self._supervised("reconcile", lambda: self._every(reconcile, self.takeover.reconcile_once)),
+            self._supervised("reconcile", self._reconcile_loop),
+            self._supervised("handoffs", lambda: self._every(lambda: CHECK_EVERY_S, self.handoffs.check_once)),
             self._supervised("summary", lambda: self._every(watch, self.balancer.summarize_once)),
             self._supervised("balance", self._balance_loop),
             self._supervised("sweep", lambda: self._every(lambda: PAGE_PAUSE_S, self.sweeper.step)),
@@ -669,6 +730,7 @@ class Worker:
             await asyncio.wait(in_flight, timeout=max(0.0, min(HINT_GRACE_S, left)))
         for p in polls:
             p.cancel()
+        await self._hint_handoffs_again(until=started + budget, after=HINT_GRACE_S)
         await asyncio.gather(keeper, writer, checkpoints, *polls, *loops, return_exceptions=True)
         self._log.info(
             "shutdown_complete",
@@ -677,8 +739,21 @@ class Worker:
             **self.counters.totals(),
         )
 
+    async def _hint_handoffs_again(self, *, until: float, after: float) -> None:
+        """The leaving worker's last step: ``after`` seconds past its last handoff's hint
+        (within the budget, ``until``), hint again what is still unclaimed
+        (:meth:`.handoffs.Handoffs.hint_again`), so that a lost hint costs that moment,
+        not its watchers' next read of its ended session."""
+        if not len(self.handoffs):
+            return
+        await asyncio.sleep(max(0.0, min(self._handed_off_at + after, until) - clock.now()))
+        try:
+            await asyncio.wait_for(self.handoffs.hint_again(), timeout=max(0.1, until - clock.now()))
+        except Exception as exc:  # noqa: BLE001 - its watchers drain what is left
+            self._log.warning("handoffs_hint_again_failed", error=f"{type(exc).__name__}: {exc}")
+
     async def _hand_over(self, *, paced_until: float) -> None:
-        """Ask every runner to shut down (close, flush, release with checkpoint, hint),
+        """Ask every runner to shut down (close, flush, hand off with checkpoint, hint),
         ``HANDOFF_CONCURRENCY`` at a time until ``paced_until`` (:func:`wsfleet.clock.now`), then all the
         rest at once. Returns when the last one has been asked."""
         in_flight: set[asyncio.Task] = set()
@@ -695,11 +770,13 @@ class Worker:
 
     async def shutdown(self, *, budget_s: float) -> None:
         """Hand every connection over (:meth:`_hand_over`: close, flush, checkpoint,
-        release, hint, a few at a time) while the session is still renewed; then end
-        the session, free what is still attached to it and take it out of the ring
-        (:meth:`.attached.Attachments.leave_ring_when_clear`). Whatever is not done within
-        the budget stays attached to the ended session, still in the ring, which its
-        watchers drain at once."""
+        hand off, hint, a few at a time) while the session is still renewed; then end
+        the session, free what is still attached to it with no runner and no handoff, and
+        take it out of the ring if nothing is left attached
+        (:meth:`.attached.Attachments.leave_ring_when_clear`). A handoff not yet taken, and
+        whatever is not done within the budget, stays attached to the ended session, still
+        in the ring: its hint's taker (the worker hints it again before it exits), else its
+        watchers, take it."""
         started = clock.now()
         self._stopping.set()
         await self._hand_over(paced_until=started + HANDOFF_PACED_SHARE * budget_s)
@@ -714,7 +791,11 @@ class Worker:
             left = budget_s - (clock.now() - started)
             try:
                 await asyncio.wait_for(
-                    self.attachments.leave_ring_when_clear(session_id, held=lambda c: c in self.runners),
+                    # What is handed off and not taken stays attached to the ended session, in
+                    # the ring: its hints' takers, else its watchers, take it (worker.handoffs).
+                    self.attachments.leave_ring_when_clear(
+                        session_id, held=lambda c: c in self.runners, handed=self.handoffs.pending
+                    ),
                     timeout=max(0.1, left),
                 )
             except Exception as exc:  # noqa: BLE001 - the session stays in the ring: its watchers drain it

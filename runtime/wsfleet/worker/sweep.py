@@ -13,7 +13,10 @@ if it still is: counted (``UnreachableConnections``, which has an alarm), logged
 repaired. Repairs are conditional writes that any worker may make: a connection of an
 ENDED (or deleted) session is freed for the fleet and hinted, as a drain does; a LIVE
 session missing from the ring is put back in it; a free STARTED connection outside the
-free pool is put back in it.
+free pool is put back in it; one a LIVE session handed off too long ago
+(:data:`~wsfleet.leases.HANDOFF_UNREACHABLE_MS`: its hint lost and its releaser's memory
+of it too) is freed into the pool (conditional on its session, fence and release mark)
+and hinted.
 
 Cost: a Scan reads whole items (about 300 bytes each), so a pass costs about 0.04 read
 units per connection; at one pass every 600 s, about 0.25 RRU per connection-hour.
@@ -30,7 +33,7 @@ from ..balance import is_summarizer
 from ..leases import Unreachable, unreachable
 from ..logs import JsonLogger
 from ..metrics import Counters
-from ..store import ConnectionsStore, SessionsStore
+from ..store import ConnectionsStore, Released, SessionsStore, now_ms
 from .session import SessionKeeper
 
 SWEEP_PAGE_ITEMS = 200
@@ -55,6 +58,7 @@ class Sweeper:
         page_items: int = SWEEP_PAGE_ITEMS,
         first_pass_s: float | None = None,
         clock: Callable[[], float] = clock.now,
+        clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         """``first_pass_s``: when the first pass may start, from now (a whole ``sweep_s``
         by default: a fleet that restarts its workers does not sweep at every restart)."""
@@ -71,6 +75,7 @@ class Sweeper:
         self._sweep_s = sweep_s
         self._page = page_items
         self._clock = clock
+        self._clock_ms = clock_ms
         self._sweeping = False
         self._cursor: dict | None = None
         self._started = clock() if first_pass_s is None else clock() - sweep_s + first_pass_s
@@ -111,7 +116,7 @@ class Sweeper:
         sessions = {s[schema.SESSION_ID]: s for s in read}
         found = 0
         for item in items:
-            if unreachable(item, sessions.get(item.get(schema.LEASE_SESSION, ""))) is not None:
+            if unreachable(item, sessions.get(item.get(schema.LEASE_SESSION, "")), now_ms=self._clock_ms()) is not None:
                 found += await self._confirm_and_repair(schema.connection_id_from_pk(item[schema.PK]))
         return found
 
@@ -121,7 +126,7 @@ class Sweeper:
             return 0
         session_id = item.get(schema.LEASE_SESSION, "")
         session = await self._call(self._sessions.get, session_id) if session_id else None
-        why = unreachable(item, session)
+        why = unreachable(item, session, now_ms=self._clock_ms())
         if why is None:
             return 0  # the page was stale: it moved on meanwhile
         self.found += 1
@@ -142,6 +147,12 @@ class Sweeper:
         if why is Unreachable.NOT_IN_FREE_POOL:
             return await self._call(self._connections.free_orphan, connection_id, dead_session="")
         session_id = item[schema.LEASE_SESSION]
+        if why is Unreachable.HANDOFF_UNCLAIMED:
+            fence = int(item[schema.FENCE_TOKEN])
+            landed = await self._call(self._connections.free_released, connection_id, session_id=session_id, fence_token=fence)
+            if landed is Released.FREE:
+                await self._hint(connection_id)
+            return landed is not Released.LOST
         if session is not None and session.get(schema.SESSION_STATE) == schema.LIVE:
             return await self._call(self._sessions.rejoin_ring, session_id)  # its worker holds the socket
         freed = await self._call(self._connections.free_orphan, connection_id, dead_session=session_id)

@@ -13,7 +13,15 @@
   leaves the ring. A drainer that dies halfway leaves the ENDED session in the ring,
   where its watchers find it and drain it again.
 * **Free scan.** STARTED connections that nobody owns (a lost hint) are found by
-  querying the ``FREE#<shard>`` partitions every ``RECONCILE_SECONDS`` (jittered).
+  querying the ``FREE#<shard>`` partitions every ``RECONCILE_SECONDS`` (jittered), each
+  scan from a random shard and a random point in it, round to where it began, so that
+  the fleet's scanners do not all race for the same first entries; the pause doubles
+  after every scan in a row that found nothing, up to
+  :data:`~wsfleet.leases.RECONCILE_BACKOFF_CAP` times, and is back to one as soon as a
+  scan finds something or a hint says there is work (:meth:`Takeover.note_work`).
+  Worst case for a lost hint, while the free entries fit in a scanner's room: found by
+  every worker with room within ``RECONCILE_BACKOFF_CAP x RECONCILE_SECONDS`` plus one
+  scan.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ WATCH_K = 2  # successors each worker watches: a death is seen while either pred
 RING_REFRESH_S = 15.0
 EMPTY_DRAINS_TO_LEAVE = 2  # the owner index is eventually consistent: see it empty twice
 SUMMARY_EVERY = 3  # the fleet summary rides along with every third watch read
+SCAN_POINTS = 64  # connection ids kept from the free scans, to start the next ones at
 
 Call = Callable[..., Awaitable[Any]]
 Acquire = Callable[..., Awaitable[Any]]
@@ -58,6 +67,7 @@ class Takeover:
         load: Callable[[], float],
         busy: Callable[[str], bool],
         avoid: Callable[[str], bool] = lambda _: False,
+        held: Callable[[], list[str]] = lambda: [],
         on_summary: Callable[[dict], None] = lambda _: None,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
@@ -77,6 +87,7 @@ class Takeover:
         self._load = load
         self._busy = busy
         self._avoid = avoid
+        self._held = held
         self._on_summary = on_summary
         self._passes = 0
         self._clock_ms = clock_ms
@@ -89,6 +100,11 @@ class Takeover:
         self._empty: dict[str, int] = {}
         self._tasks: set[asyncio.Task] = set()
         self._free_seen: set[str] = set()  # FREE# at the previous count_unowned
+        # Free scans in a row that found nothing (the pause doubles with each); and set
+        # when a hint says there is work, to cut a long pause short.
+        self.idle_scans = 0
+        self.work_noted = asyncio.Event()
+        self._scan_points: list[str] = []
 
     def _spawn(self, coro: Awaitable[Any], name: str) -> None:
         task = asyncio.ensure_future(coro)
@@ -270,12 +286,31 @@ class Takeover:
 
     # --- free scan ---------------------------------------------------------------------
 
+    def note_work(self) -> None:
+        """A hint (a START, a handoff, a drain) says connections move: the free scan's
+        pause is back to one RECONCILE_SECONDS."""
+        self.idle_scans = 0
+        self.work_noted.set()
+
+    def _start_point(self) -> str:
+        """Where a free scan starts in a partition: just after a connection id drawn from
+        those earlier scans read and one this worker holds (connection ids are the
+        users': a point drawn from ids seen falls among the entries wherever they
+        cluster), else after a random one."""
+        held = self._held()
+        points = self._scan_points + ([random.choice(held)] if held else [])
+        return random.choice(points) if points else f"{random.getrandbits(64):016x}"
+
+    def _keep_points(self, ids: list[str]) -> None:
+        self._scan_points = (self._scan_points + ids)[-SCAN_POINTS:] if ids else self._scan_points
+
     async def reconcile_once(self) -> int:
-        """Query every FREE# shard for STARTED connections nobody owns and try to take
-        as many as there is room for (``scan_room``: none while this worker is at its fair
-        share and another is under theirs, so that what a peer shed goes to that one),
-        each after a little load-weighted jitter so that the least loaded worker tends to
-        win. Returns how many it tried."""
+        """Query the FREE# shards (a random one first, each from a random point, round
+        to it) for STARTED connections nobody owns and try to take as many as there is
+        room for (``scan_room``: none while this worker is at its fair share and another
+        is under theirs, so that what a peer shed goes to that one), each after a little
+        load-weighted jitter so that the least loaded worker tends to win. Counts the
+        scans in a row that found nothing (``idle_scans``). Returns how many it tried."""
         room = self._scan_room()
         if room <= 0 or not self._keeper.live():
             return 0
@@ -283,11 +318,15 @@ class Takeover:
         random.shuffle(shards)
         found: list[str] = []
         for shard in shards:
-            ids = await self._call(_take, self._connections.free(shard, limit=min(100, room + 10)), room + 10)
+            ids = await self._call(
+                _take, self._connections.free(shard, limit=min(100, room + 10), start_after=self._start_point()), room + 10
+            )
+            self._keep_points(ids)
             found.extend(c for c in ids if not self._busy(c) and not self._avoid(c))
             if len(found) >= room:
                 break
-        found = found[:room]
+        found = list(dict.fromkeys(found))[:room]
+        self.idle_scans = 0 if found else self.idle_scans + 1
         if found:
             self._log.info("unowned_found", count=len(found))
             await asyncio.gather(*(self._jittered_acquire(c) for c in found), return_exceptions=True)
@@ -302,7 +341,8 @@ class Takeover:
         there at this worker's previous count too (one METRICS_SECONDS earlier), plus
         those attached to the ``dead`` sessions (ENDED, or past their expiry and the skew
         margin, and not drained yet). A connection passes through FREE# for a moment on
-        every START and handoff, so a busy fleet always has a few there: counting those
+        every START (a handoff only when nobody claimed it: worker.handoffs), so a busy
+        fleet always has a few there: counting those
         would hold the alarm up on a steady START rate; one still there a sample later
         has been missed by the hints and the free scans. One worker counts for the fleet
         (the summarizer, which reads every session anyway)."""

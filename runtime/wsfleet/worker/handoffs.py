@@ -1,0 +1,178 @@
+"""What this worker handed off and nobody has taken yet.
+
+A graceful release (a SHUTDOWN or a SHED) hands a connection to a named peer instead of
+passing it through ``FREE#``: the release writes the checkpoint and marks it released at
+its fence (``released_fence``) while it stays attached to our session (no index key
+moves), and the hint names our session and carries that state, so the taker sends one
+transaction pinned to session, fence and mark (:meth:`ConnectionsStore.acquire_many`).
+From then on this worker never writes that connection again, except to give it up the
+old way when the handoff failed:
+
+* nobody took it within :data:`HANDOFF_CLAIM_S` (a hint lost, or declined by everyone):
+  :meth:`Handoffs.check_once` reads it consistently and, if it is still attached to our
+  session and released at that fence, frees it into its ``FREE#`` partition
+  (conditional on both) and hints it as free: counted in ``HandoffsUnclaimed``;
+* at shutdown, what is still unclaimed a moment after the hints is hinted once more
+  (:meth:`Handoffs.hint_again`);
+* a STOP arrives for it in our session's inbox (the router posts a STOP to the session a
+  connection is attached to): :meth:`Handoffs.stop` frees it, STOPPED, out of the index.
+
+Either write is conditional on session, fence and mark, so it races a taker safely:
+exactly one lands. At shutdown what is left handed off stays attached to the ended
+session, in the ring, for its watchers to drain like any ENDED session's (and for the
+takers of the hints, whose acquisitions need no LIVE session of the releaser). A worker
+that dies before either loses only this memory: the sweep repairs what a LIVE session
+leaves handed off for longer than :data:`~wsfleet.leases.HANDOFF_UNREACHABLE_MS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from .. import clock, schema
+from .. import metrics_names as names
+from ..balance import SHED_ANYONE_AFTER_S
+from ..leases import released_at_fence
+from ..logs import JsonLogger
+from ..metrics import Counters
+from ..store import ConnectionsStore, Released
+
+# A shed hint is for anyone after SHED_ANYONE_AFTER_S; a hint comes back from a declining
+# poll within a second or two more. Past this, nobody is taking it.
+HANDOFF_CLAIM_S = SHED_ANYONE_AFTER_S + 4.0
+CHECK_EVERY_S = 2.0  # how often what is past its claim time is looked at
+READ_BATCH = 100  # BatchGetItem's limit
+
+Call = Callable[..., Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Handoff:
+    session_id: str
+    fence_token: int
+    released: dict  # the hint's state (schema.released_state), for a hint as free
+    at: float  # clock.now() of the release
+
+
+class Handoffs:
+    def __init__(
+        self,
+        *,
+        connections: ConnectionsStore,
+        call: Call,
+        hint: Callable[..., Awaitable[None]],
+        counters: Counters,
+        log: JsonLogger,
+        claim_s: float = HANDOFF_CLAIM_S,
+        clock: Callable[[], float] = clock.now,
+    ) -> None:
+        self.unclaimed = 0
+        self._pending: dict[str, Handoff] = {}
+        self._connections = connections
+        self._call = call
+        self._hint = hint
+        self._counters = counters
+        self._log = log
+        self._claim_s = claim_s
+        self._clock = clock
+
+    def handed(self, connection_id: str, *, session_id: str, fence_token: int, released: dict) -> None:
+        """A release of ours landed as a handoff (Released.HANDED)."""
+        self._pending[connection_id] = Handoff(session_id, fence_token, dict(released), self._clock())
+
+    def pending(self, connection_id: str) -> bool:
+        """Handed off by us and not known to be taken or freed."""
+        return connection_id in self._pending
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    async def _still_handed(self, connection_ids: list[str]) -> list[str]:
+        """Of these pending handoffs, those a consistent read finds still attached to
+        their session and released at their fence; the others are forgotten (taken,
+        freed or gone)."""
+        found: list[str] = []
+        for start in range(0, len(connection_ids), READ_BATCH):
+            items = await self._call(self._connections.get_many, connection_ids[start : start + READ_BATCH])
+            for connection_id, item in items.items():
+                handoff = self._pending.get(connection_id)
+                if handoff is None:
+                    continue
+                if item is None or not _still_handed(item, handoff):
+                    self._pending.pop(connection_id, None)
+                else:
+                    found.append(connection_id)
+        return found
+
+    async def hint_again(self) -> int:
+        """Hint once more, as before, every pending handoff still unclaimed: a leaving
+        worker's last step, a moment after its handoffs' hints (a hint can be lost: taken
+        by the in-flight poll of a worker that was just killed, say; its watchers would
+        find it only at their next read of its ended session). A taker that finds it
+        taken meanwhile is refused at no write. Returns how many it hinted."""
+        unclaimed = await self._still_handed(sorted(self._pending))
+        for connection_id in unclaimed:
+            await self._hint(connection_id, released=self._pending[connection_id].released)
+        if unclaimed:
+            self._log.info("handoffs_hinted_again", count=len(unclaimed))
+        return len(unclaimed)
+
+    async def check_once(self) -> int:
+        """Free (and hint as free) what was handed off over ``claim_s`` ago and is still
+        attached to its session, released at its fence; forget what was taken. Returns
+        how many it freed."""
+        now = self._clock()
+        due = sorted(c for c, h in self._pending.items() if now - h.at >= self._claim_s)
+        freed = 0
+        for connection_id in await self._still_handed(due):
+            freed += await self._give_up(connection_id, self._pending[connection_id])
+        return freed
+
+    async def _give_up(self, connection_id: str, handoff: Handoff) -> int:
+        landed = await self._call(
+            self._connections.free_released,
+            connection_id,
+            session_id=handoff.session_id,
+            fence_token=handoff.fence_token,
+        )
+        self._pending.pop(connection_id, None)
+        if landed is not Released.FREE:
+            return 0  # taken meanwhile (LOST), or STOPPED: nothing to hint
+        self.unclaimed += 1
+        self._counters.add(names.HANDOFFS_UNCLAIMED)
+        self._log.warning("handoff_unclaimed", connection_id=connection_id, fence_token=handoff.fence_token)
+        free = {k: v for k, v in handoff.released.items() if k != schema.LEASE_SESSION}
+        await self._hint(connection_id, released=free)
+        return 1
+
+    async def stop(self, connection_id: str, fence_token: int) -> bool:
+        """A STOP for a connection we handed off at ``fence_token`` came to our session's
+        inbox before anyone took it: free it (STOPPED, conditional on our session, the
+        fence and the mark). True when we freed it; False when it is not one of ours
+        (nothing written) or was taken first (its taker's inbox gets the STOP)."""
+        handoff = self._pending.get(connection_id)
+        if handoff is None or handoff.fence_token != fence_token:
+            return False
+        landed = await self._call(
+            self._connections.free_released,
+            connection_id,
+            session_id=handoff.session_id,
+            fence_token=fence_token,
+            stopped=True,
+        )
+        self._pending.pop(connection_id, None)
+        if landed is Released.FREE:
+            # A START came after the STOP: free and STARTED again, for anyone.
+            free = {k: v for k, v in handoff.released.items() if k != schema.LEASE_SESSION}
+            await self._hint(connection_id, released=free)
+        self._log.info("handoff_stopped", connection_id=connection_id, landed=landed.value)
+        return landed is not Released.LOST
+
+
+def _still_handed(item: dict, handoff: Handoff) -> bool:
+    return (
+        item.get(schema.LEASE_SESSION) == handoff.session_id
+        and int(item.get(schema.FENCE_TOKEN, -1)) == handoff.fence_token
+        and released_at_fence(item)
+    )
