@@ -12,6 +12,9 @@ from ..leases import EndFailure, RenewFailure, classify_end_failure, classify_re
 from .base import TransientError, _condition_failed, _names, _old_item, _Table, marshal, unmarshal
 
 
+RING_PAGE_LIMIT = 2000  # sessions per ring page: ~250 KB of index entries, 32 read units
+
+
 class SessionsStore(_Table):
     """The worker sessions table: one item per worker run, renewed every heartbeat.
 
@@ -188,8 +191,9 @@ class SessionsStore(_Table):
     def get_many(self, session_ids: Sequence[str]) -> list[dict]:
         """Eventually consistent BatchGetItem of sessions (the watched ones, the fleet
         summary, or all of them for the summary), 100 per request; missing ones are left
-        out. Unprocessed keys raise TransientError."""
-        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #r, #fw, #fc, #fb, #fs, #ft, #fu, #fo"
+        out. Keys left unprocessed (throttling) are asked for again after a backoff
+        (:meth:`_Table._batch_get`)."""
+        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #r, #fw, #fc, #fb, #fs, #ft, #fu, #fo, #fx, #fi"
         out: list[dict] = []
         ids = list(dict.fromkeys(session_ids))
         for start in range(0, len(ids), 100):
@@ -212,6 +216,33 @@ class SessionsStore(_Table):
             )
             for raw in page.get("Items", [])
         ]
+
+    def ring_page(self, start: Mapping[str, Any] | None = None, *, limit: int) -> tuple[list[dict], dict | None]:
+        """One page of the watch ring with what the index projects of each session
+        (``schema.RING_PROJECTED``: state, active, max_connections, draining), in id
+        order, at most ``limit`` items: (sessions, where the next page starts, or None
+        after the last). The summarizer's bounded read: a page per pass."""
+        resp = self._call(
+            "query",
+            IndexName=schema.RING_INDEX,
+            KeyConditionExpression="#r = :r",
+            ExpressionAttributeNames=_names("#r"),
+            ExpressionAttributeValues=marshal({":r": schema.RING_VALUE}),
+            Limit=limit,
+            **({"ExclusiveStartKey": start} if start else {}),
+        )
+        return [unmarshal(raw) for raw in resp.get("Items", [])], resp.get("LastEvaluatedKey")
+
+    def ring_loads(self) -> list[dict]:
+        """Every session in the watch ring with what the index projects (a drainer's
+        plan, :func:`wsfleet.balance.drain_targets`): pages until the end."""
+        out: list[dict] = []
+        start = None
+        while True:
+            page, start = self.ring_page(start, limit=RING_PAGE_LIMIT)
+            out.extend(page)
+            if start is None:
+                return out
 
     def ring_before(self, session_id: str, *, limit: int) -> list[str]:
         """Up to ``limit`` session ids before ``session_id`` in the watch ring (nearest
