@@ -60,7 +60,9 @@ class Balancer:
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self.fleet: FleetLoad | None = None
-        self.dead_sessions: list[str] = []  # ENDED or expired sessions still in the ring, as the summary read them
+        # ENDED sessions still in the ring as the summary read them, and those of its watched
+        # ones past expiry and skew (an unwatched crashed one counts once its watchers end it)
+        self.dead_sessions: list[str] = []
         self.shed = 0
         self._sessions = sessions
         self._keeper = keeper
