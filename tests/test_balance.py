@@ -328,11 +328,13 @@ def test_the_summarizer_reads_a_bounded_part_of_the_ring_a_pass_and_writes_only_
     clock = {"ms": NOW}
     b = _summarizer(ring, clock, monkeypatch)
     assert asyncio.run(b.summarize_once()) is None and ring.queries == 1  # two of five sessions read
+    assert not b.summary_arrived.is_set()
     with pytest.raises(RuntimeError):
         asyncio.run(b.summarize_once())  # a failed page: the pass ends, the cursor stays
     assert asyncio.run(b.summarize_once()) is None and ring.queries == 3  # sessions 3-4
     fleet = asyncio.run(b.summarize_once())  # session 5: a whole ring, one page a pass
     assert ring.queries == 4 and (fleet.workers, fleet.active) == (5, 50) and len(ring.written) == 1
+    assert b.summary_arrived.is_set()  # the summarizer's own balance pass follows (it reads no summary item)
     for _ in range(3):  # the same figures: read again, not written again
         clock["ms"] += 2_000
         for _ in range(3):

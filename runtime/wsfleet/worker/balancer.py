@@ -134,6 +134,7 @@ class Balancer:
             or (i[schema.SESSION_ID] in watched and watched[i[schema.SESSION_ID]].expires_at_ms < endable)
         ]
         self.fleet = fleet
+        self.summary_arrived.set()  # its own balance pass: it does not read the item it writes
         if fleet.figures() != self._written or now - self._written_at_ms >= SUMMARY_REFRESH_MS:
             await self._call(self._sessions.put_summary, fleet.as_item())
             self._written, self._written_at_ms = fleet.figures(), now
