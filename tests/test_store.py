@@ -207,6 +207,48 @@ def test_the_ring_carries_each_sessions_load_a_page_at_a_time(sessions):
     assert [i["session_id"] for i in sessions.ring_loads()] == ["a#1", "b#1", "c#1"]
 
 
+class _Recording:
+    """A DynamoDB client that records each UpdateItem's expression, and can lose the
+    answer of the next one (the write lands, the caller sees an error)."""
+
+    def __init__(self, real) -> None:
+        self._real, self.updates, self.lose_next = real, [], False
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def update_item(self, **kwargs):
+        self.updates.append(kwargs["UpdateExpression"])
+        resp = self._real.update_item(**kwargs)
+        if self.lose_next:
+            self.lose_next = False
+            raise ClientError({"Error": {"Code": "InternalServerError", "Message": "lost"}}, "UpdateItem")
+        return resp
+
+
+def test_a_renewal_writes_the_load_only_when_it_changed(ddb, aws_env, sessions):
+    """The load is projected into the ring index: a renewal that writes it, even
+    unchanged, would be an index write at every heartbeat."""
+    recording = _Recording(ddb)
+    own = SessionsStore(recording, aws_env["SESSIONS_TABLE_NAME"])
+    _open(own, "a#1")
+    renew = lambda active, draining=False: own.renew("a#1", lease_ms=LEASE_MS, active=active, max_connections=10, draining=draining)  # noqa: E731
+    renew(3)
+    renew(3)
+    renew(4)
+    renew(4, draining=True)
+    assert ["#a = :active" in u for u in recording.updates[-4:]] == [True, False, True, True]
+    recording.lose_next = True
+    with pytest.raises(TransientError):
+        renew(5)  # landed, answer lost: what is stored is unknown here
+    renew(5)
+    assert "#a = :active" in recording.updates[-1]
+    renew(5)
+    assert "#a = :active" not in recording.updates[-1]
+    item = sessions.get("a#1")
+    assert (item["active"], item["max_connections"], item["draining"]) == (5, 10, False)
+
+
 class _Unprocessing:
     """A DynamoDB client whose BatchGetItem leaves keys unprocessed, as throttling does:
     the first ``times`` answers return only the first ``processed`` keys asked for."""

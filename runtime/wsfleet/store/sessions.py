@@ -24,6 +24,11 @@ class SessionsStore(_Table):
 
     key_name = schema.SESSION_ID
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The load the newest landed renewal stored: {session id: (its expiry, (active, max, draining))}
+        self._stored_load: dict[str, tuple[int, tuple[int, int, bool]]] = {}
+
     def open(self, session_id: str, *, worker_id: str, lease_ms: int, max_connections: int) -> dict:
         """Create a LIVE session in the watch ring.
 
@@ -74,18 +79,22 @@ class SessionsStore(_Table):
         superseded renewal never moves it back). Returns the item as renewed (its ``stops``
         are the STOPs not yet handled); on failure, why (ENDED / gone). Idempotent: a
         retry of a renewal that landed succeeds again. ``stops_done`` are removed from
-        the inbox in the same write."""
+        the inbox in the same write.
+
+        The load (active, max_connections, draining) is projected into the ring index:
+        it is written only when it differs from what the newest renewal that landed
+        stored (its returned item), so that a renewal of an unchanged load writes nothing
+        to the index. A renewal whose answer was lost leaves that unknown: the next one
+        writes the load again."""
         now = self._now_ms()
         done = sorted(set(stops_done))
-        update = "SET #e = :exp, #hb = :now, #a = :active, #m = :max, #dr = :draining"
-        values: dict[str, Any] = {
-            ":exp": now + lease_ms,
-            ":now": now,
-            ":active": active,
-            ":max": max_connections,
-            ":live": schema.LIVE,
-            ":draining": draining,
-        }
+        update = "SET #e = :exp, #hb = :now"
+        values: dict[str, Any] = {":exp": now + lease_ms, ":now": now, ":live": schema.LIVE}
+        load = (active, max_connections, bool(draining))
+        stored = self._stored_load.get(session_id)
+        if stored is None or stored[1] != load:
+            update += ", #a = :active, #m = :max, #dr = :draining"
+            values.update({":active": active, ":max": max_connections, ":draining": bool(draining)})
         if done:
             update += " DELETE #in :done"
             values[":done"] = set(done)
@@ -94,7 +103,19 @@ class SessionsStore(_Table):
             # A later renewal of ours landed first (this one was slow): never move the
             # expiry back, and this says nothing about ownership.
             raise TransientError("renew: a later renewal already landed")
+        if new is not None:
+            self._remember_load(session_id, new)
         return new if new is not None else classify_renew_failure(old)
+
+    def _remember_load(self, session_id: str, item: Mapping[str, Any]) -> None:
+        """What a landed renewal stored of the load, if it is the newest seen (stored
+        expiries only grow, so the largest is what the item holds now): two renewals in
+        flight may answer in either order."""
+        expires = int(item.get(schema.EXPIRES_AT_MS, 0))
+        stored = self._stored_load.get(session_id)
+        if stored is None or expires >= stored[0]:
+            load = (int(item.get(schema.ACTIVE, 0)), int(item.get(schema.MAX_CONNECTIONS, 0)), bool(item.get(schema.DRAINING)))
+            self._stored_load = {session_id: (expires, load)}  # one worker, one session at a time
 
     def end_expired(self, session_id: str, *, ended_by: str, max_clock_skew_ms: int) -> dict | EndFailure:
         """End another worker's dead session, so that it can never be renewed again and
