@@ -415,3 +415,48 @@ def test_without_the_ring_the_drainer_falls_back_to_half_its_room():
     takeover, done = _drainer(unreadable, room=10)
     assert asyncio.run(takeover.drain("w5")) == 5
     assert [to for _, to, _ in done["hinted"]] == [""] * 15
+
+
+def test_a_shedder_hands_over_a_few_at_a_time_each_socket_open_until_its_turn(monkeypatch):
+    """A join of 4 into 4: three shedders asking for 12 each at once left every moved
+    connection behind everyone's releases (socket-to-socket p99 2.2 s)."""
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from wsfleet.logs import JsonLogger
+    from wsfleet.worker import balancer as balancer_mod
+    from wsfleet.worker.balancer import SHED_CONCURRENCY, Balancer
+
+    now = int(time.time() * 1000)
+    runners: dict = {}
+    most = {"in_flight": 0, "now": 0}
+
+    async def handoff(cid):
+        most["now"] += 1
+        most["in_flight"] = max(most["in_flight"], most["now"])
+        await asyncio.sleep(0.02)
+        runners.pop(cid)
+        most["now"] -= 1
+
+    def runner(cid):
+        r = SimpleNamespace(connection_id=cid, end_reason=None, acquired_mono=0.0)
+        r.request_shed = lambda to="": (setattr(r, "end_reason", "shed"), asyncio.ensure_future(handoff(cid)))
+        return r
+
+    runners.update({f"c{i:02d}": runner(f"c{i:02d}") for i in range(25)})
+    monkeypatch.setattr(balancer_mod, "SHED_POLL_S", 0.005)
+    b = Balancer(
+        sessions=None, keeper=SimpleNamespace(live=lambda: True, session_id="me#1"), timing=T, max_connections=100,
+        enabled=True, tolerance=0.1, call=None, log=JsonLogger(), successors=lambda: [], recovering=lambda: False,
+        runners=lambda: runners, clock_ms=lambda: now,
+    )
+    b.fleet = FleetLoad(workers=2, active=25, capacity=200, below_share=12, suspects=0, at_ms=now, under={"new#1": 12})
+
+    async def run():
+        shed = await b.balance_once()
+        await asyncio.sleep(0.1)
+        return shed
+
+    assert asyncio.run(run()) == 12 and b.shed == 12 and len(runners) == 13  # down to its target of 13 (12.5)
+    assert most["in_flight"] == SHED_CONCURRENCY
