@@ -63,7 +63,6 @@ class Balancer:
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self.fleet: FleetLoad | None = None
-        self._prior: FleetLoad | None = None  # the summary before self.fleet
         # ENDED sessions still in the ring as the summary read them, and those of its watched
         # ones past expiry and skew (an unwatched crashed one counts once its watchers end it)
         self.dead_sessions: list[str] = []
@@ -94,14 +93,8 @@ class Balancer:
         """The summary item, as a watch read brought it: a balance pass follows at once
         (see ``Worker._balance_loop``), so a join is acted on as soon as each worker
         reads of it, not up to a pass later."""
-        self._newer(FleetLoad.from_item(item))
+        self.fleet = FleetLoad.from_item(item)
         self.summary_arrived.set()
-
-    def _newer(self, fleet: FleetLoad) -> None:
-        """Take a summary, keeping the one before it (see :meth:`balance_once`)."""
-        if self.fleet is not None and fleet.at_ms != self.fleet.at_ms:
-            self._prior = self.fleet
-        self.fleet = fleet
 
     def fresh_fleet(self) -> FleetLoad | None:
         fleet = self.fleet
@@ -143,7 +136,7 @@ class Balancer:
             if i.get(schema.SESSION_STATE) == schema.ENDED
             or (i[schema.SESSION_ID] in watched and watched[i[schema.SESSION_ID]].expires_at_ms < endable)
         ]
-        self._newer(fleet)
+        self.fleet = fleet
         self.summary_arrived.set()  # its own balance pass: it does not read the item it writes
         if fleet.figures() != self._written or now - self._written_at_ms >= SUMMARY_REFRESH_MS:
             await self._call(self._sessions.put_summary, fleet.as_item())
@@ -161,13 +154,6 @@ class Balancer:
         # A summary taken before our latest acquisition reached our session item (one
         # renewal later) undercounts the fleet: a fleet that is filling up would shed.
         if self._last_acquired_ms() + self._timing.heartbeat_ms >= fleet.at_ms or fleet.active < len(runners):
-            return 0
-        # A summary read while connections move (released, not yet acquired: nobody holds
-        # them) counts fewer than the fleet has, and every target with it: a worker at its
-        # target would look over it and shed again (a join of 1 into 4 moved 24 for 20).
-        # One that counts fewer than the one before waits for the next (a STOP burst's
-        # drop delays shedding by one summary; moving is never urgent).
-        if self._prior is not None and fleet.active < self._prior.active:
             return 0
         n = shed_count(
             active=len(runners),
