@@ -30,9 +30,6 @@ from .session import SessionKeeper
 
 MIN_HOLD_S = 60.0  # a connection held for less than this is never moved: none moves twice
 SHED_COOLDOWN_S = 60.0  # the shedder's free scan leaves what it shed alone this long
-SHED_CONCURRENCY = 4  # connections one shedder hands over at once (as at shutdown: HANDOFF_CONCURRENCY)
-SHED_PACED_S = 10.0  # then the rest of a pass at once
-SHED_POLL_S = 0.05  # how often a paced shed looks whether a handoff ended
 SUMMARY_MAX_AGE_MS = 60_000  # an older summary is not acted on (its writer may be gone)
 # An unchanged summary is written again this often, so that its age tells readers its
 # writer is alive: well under SUMMARY_MAX_AGE_MS, less the readers' ~16 s between reads.
@@ -169,7 +166,12 @@ class Balancer:
             (r for r in runners.values() if r.end_reason is None and now - r.acquired_mono >= MIN_HOLD_S),
             key=lambda r: r.acquired_mono,
         )[:n]
+        for runner, to in zip(movable, shed_targets(fleet, self._keeper.session_id, len(movable)), strict=True):
+            self._shed_at[runner.connection_id] = now
+            runner.request_shed(to)
+        self._shed_at = {c: t for c, t in self._shed_at.items() if now - t < SHED_COOLDOWN_S}
         if movable:
+            self.shed += len(movable)
             self._log.info(
                 "rebalance_shed",
                 count=len(movable),
@@ -178,28 +180,4 @@ class Balancer:
                 fleet_active=fleet.active,
                 workers=fleet.workers,
             )
-        self._shed_at = {c: t for c, t in self._shed_at.items() if now - t < SHED_COOLDOWN_S}
-        await self._shed_paced(list(zip(movable, shed_targets(fleet, self._keeper.session_id, len(movable)), strict=True)))
         return len(movable)
-
-    async def _shed_paced(self, plan: list[tuple[Any, str]]) -> None:
-        """Ask the runners to shed (close, flush, release with checkpoint, hint naming
-        the target), ``SHED_CONCURRENCY`` at a time: each socket stays open until its own
-        turn, so a connection is without one only for its own handoff. A join's shedders
-        asking for all of theirs at once (36 moves in 0.3 s, a join of 4 into 4) left each
-        behind everyone's releases and acquisitions: socket-to-socket p99 2.2 s. After
-        ``SHED_PACED_S`` the rest go at once."""
-        runners = self._runners
-        paced_until = clock.now() + SHED_PACED_S
-        in_flight: list[Any] = []
-        for runner, to in plan:
-            while len(in_flight) >= SHED_CONCURRENCY and clock.now() < paced_until:
-                await asyncio.sleep(SHED_POLL_S)
-                current = runners()
-                in_flight = [r for r in in_flight if current.get(r.connection_id) is r]
-            if runner.end_reason is not None or runners().get(runner.connection_id) is not runner:
-                continue  # ended meanwhile (a STOP, a lost session)
-            self._shed_at[runner.connection_id] = clock.now()
-            runner.request_shed(to)
-            self.shed += 1
-            in_flight.append(runner)
