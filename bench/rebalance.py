@@ -125,27 +125,39 @@ class Join:
             if e["event"] == "rebalance_shed" and since <= e["ts"] <= until
         )
 
-    def run(self) -> dict[str, Any]:
+    def place(self, workers: list[str], ids: list[str]) -> float:
+        """Start the workers and the connections, hold them MIN_HOLD_S, then wait until
+        the fleet has evened out the START burst's uneven placement (no shed for a few
+        balance passes), so that what moves next is the next event's. Returns when the
+        connections were all connected (epoch s)."""
         p, fleet = self.p, self.fleet
-        old = [f"w{i}" for i in range(1, p["workers"] + 1)]
-        new = [f"w{i}" for i in range(p["workers"] + 1, p["workers"] + self.n + 1)]
-        self.start_workers(old)
-        ids = [f"rb{i:03d}" for i in range(p["connections"])]
+        self.start_workers(workers)
         for cid in ids:
             fleet.start_connection(cid)
         fleet.wait_connected(ids, timeout=60 + p["connections"] * 0.5)
         placed = time.time()
-        self.say(f"{len(ids)} connections placed: {report._fmt_counts(fleet.sample().owned_counts(), old)}; "
-                 f"waiting MIN_HOLD_S ({p['hold_s']:g} s) before the join")
+        self.say(f"{len(ids)} connections placed: {report._fmt_counts(fleet.sample().owned_counts(), workers)}; "
+                 f"waiting MIN_HOLD_S ({p['hold_s']:g} s)")
         time.sleep(p["hold_s"])
-        # The START burst does not place evenly, and the old fleet evens itself out once
-        # its connections have been held MIN_HOLD_S: let it finish (no shed for a few
-        # balance passes) so that the join's moves are the join's.
         quiet_since, deadline = time.time(), time.time() + p["quiet_timeout_s"]
         while time.time() < deadline and time.time() - quiet_since < p["quiet_s"]:
             time.sleep(1)
             if self.sheds(quiet_since, time.time()):
                 quiet_since = time.time()
+        return placed
+
+    def stop_and_audit(self, ids: list[str]) -> list:
+        for cid in ids:
+            self.fleet.stop_connection(cid)
+        self.fleet.wait_quiet(ids, timeout=60)
+        return self.fleet.audit(ids)
+
+    def run(self) -> dict[str, Any]:
+        p, fleet = self.p, self.fleet
+        old = [f"w{i}" for i in range(1, p["workers"] + 1)]
+        new = [f"w{i}" for i in range(p["workers"] + 1, p["workers"] + self.n + 1)]
+        ids = [f"rb{i:03d}" for i in range(p["connections"])]
+        placed = self.place(old, ids)
         evened = time.time() - placed - p["hold_s"]
         before = fleet.sample().owned_counts()
         total = sum(before.values())
@@ -195,10 +207,7 @@ class Join:
                 "sheds": self.sheds(began, ended),
                 "counts": fleet.sample().owned_counts(),
             }
-        for cid in ids:
-            fleet.stop_connection(cid)
-        fleet.wait_quiet(ids, timeout=60)
-        audits = fleet.audit(ids)
+        audits = self.stop_and_audit(ids)
         return {
             "joined": new,
             "off_share": off_share(after, old + new),
@@ -236,17 +245,8 @@ class Crash(Join):
     def run(self) -> dict[str, Any]:
         p, fleet = self.p, self.fleet
         names = [f"w{i}" for i in range(1, p["crash_workers"] + 1)]
-        self.start_workers(names)
         ids = [f"cr{i:03d}" for i in range(p["connections"])]
-        for cid in ids:
-            fleet.start_connection(cid)
-        fleet.wait_connected(ids, timeout=60 + p["connections"] * 0.5)
-        time.sleep(p["hold_s"])  # so that what a rebalance would move is movable
-        quiet_since, deadline = time.time(), time.time() + p["quiet_timeout_s"]
-        while time.time() < deadline and time.time() - quiet_since < p["quiet_s"]:
-            time.sleep(1)
-            if self.sheds(quiet_since, time.time()):
-                quiet_since = time.time()
+        self.place(names, ids)  # held MIN_HOLD_S: what a rebalance would move is movable
         before = fleet.sample().owned_counts()
         victim = max(names, key=lambda n: (before.get(n, 0), n))
         survivors = [n for n in names if n != victim]
@@ -277,10 +277,7 @@ class Crash(Join):
         self.say(f"taken over {'+' + fmt(settled - at) + ' s' if settled else 'NOT all'}: {report._fmt_counts(spread, survivors)}; "
                  f"after {ended - began:.0f} s more: {report._fmt_counts(end, survivors)}, fair share {total / len(survivors):.1f}; "
                  f"rebalance moves {moves['sheds']} (new sockets in the window {moves['new_sockets']})")
-        for cid in ids:
-            fleet.stop_connection(cid)
-        fleet.wait_quiet(ids, timeout=60)
-        audits = fleet.audit(ids)
+        audits = self.stop_and_audit(ids)
         return {
             "victim": victim,
             "before": before,
