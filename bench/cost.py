@@ -286,7 +286,12 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
     # Sizes and units, from real items.
     sessions_spec, conn_spec = schema.sessions_table_spec("s"), schema.connections_table_spec("c")
     session_size = max(item_size(m["session_a"] or {}), item_size(m["session_b"] or {}))
-    renew_index = index_writes(m["session_a"], m["session_b"], _index(sessions_spec, schema.RING_INDEX))
+    # A renewal writes the load (projected into the ring index) only when it changed since
+    # the one before: that is a move's cost (connections taken or released in the window
+    # change it), not a heartbeat's; what a heartbeat changes is compared without it.
+    load = (schema.ACTIVE, schema.MAX_CONNECTIONS, schema.DRAINING)
+    b_same_load = {**(m["session_b"] or {}), **{k: v for k, v in (m["session_a"] or {}).items() if k in load}}
+    renew_index = index_writes(m["session_a"], b_same_load if m["session_b"] else None, _index(sessions_spec, schema.RING_INDEX))
     renew_wru = write_units(session_size) + renew_index
     owner_index = _index(conn_spec, schema.OWNER_INDEX)
     acquire_index = index_writes(m["free_item"], m["owned_item"], owner_index)
@@ -366,7 +371,9 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
          f"connection-hour at {per_worker} per worker"],
         ["index writes per heartbeat", str(renew_index), "0: " + ("met" if renew_index == 0 else "MISSED"),
          f"{before.COST['index_writes_per_renewal']} per connection",
-         f"by_ring keys (ring, session_id) unchanged between two reads of a session item {m['ledger_seconds']:.0f} s apart"],
+         f"{schema.RING_INDEX} keys (ring, session_id) and state unchanged between two reads of a session item "
+         f"{m['ledger_seconds']:.0f} s apart; its load (active, max_connections, draining) is written only when it changed "
+         "(a move's cost, not a heartbeat's)"],
         [f"WRU / connection-hour, holding ({per_worker} per worker)", fmt(wru_ch, 1), judged(wru_ch, TARGET_WRU),
          f"{before.COST['wru_per_connection_hour']:,}",
          f"session item {session_size} B -> {write_units(session_size)} WRU + {renew_index} index per renewal"],

@@ -54,6 +54,11 @@ def settings_for(quick: bool) -> dict[str, Any]:
         "quiet_timeout_s": 0.0 if quick else 150.0,
         "steady_s": 0.0 if quick else 240.0,  # the balanced fleet, after the join of 1
         "sample_interval_s": 0.5 if quick else 1.0,
+        # the crash spread: a fleet of crash_workers, the busiest killed; watched crash_watch_s
+        # after its dead session left the ring (no rebalance may move anything then)
+        "crash_workers": 3 if quick else 5,
+        "crash_timeout_s": 20.0 if quick else 60.0,
+        "crash_watch_s": 2.0 if quick else 45.0,
         "timing": (
             dict(lease_s=2, heartbeat_s=0.5, reconcile_s=0.5, skew_ms=100, flush_ms=100, shutdown_s=5, checkpoint_s=1)
             if quick
@@ -62,9 +67,15 @@ def settings_for(quick: bool) -> dict[str, Any]:
     }
 
 
-def within_share(counts: dict[str, int], names: list[str], total: int, workers: int) -> bool:
+def within_share(counts: dict[str, int], names: list[str], total: int, workers: int, slack: float = 1) -> bool:
     share = total / workers
-    return all(abs(counts.get(n, 0) - share) <= 1 for n in names)
+    return all(abs(counts.get(n, 0) - share) <= slack for n in names)
+
+
+def off_share(counts: dict[str, int], names: list[str]) -> float:
+    """The largest distance of any of ``names`` from its fair share of what they hold."""
+    total = sum(counts.get(n, 0) for n in names)
+    return max((abs(counts.get(n, 0) - total / len(names)) for n in names), default=0.0)
 
 
 class Join:
@@ -114,32 +125,46 @@ class Join:
             if e["event"] == "rebalance_shed" and since <= e["ts"] <= until
         )
 
-    def run(self) -> dict[str, Any]:
+    def place(self, workers: list[str], ids: list[str]) -> float:
+        """Start the workers and the connections, hold them MIN_HOLD_S, then wait until
+        the fleet has evened out the START burst's uneven placement (no shed for a few
+        balance passes), so that what moves next is the next event's. Returns when the
+        connections were all connected (epoch s)."""
         p, fleet = self.p, self.fleet
-        old = [f"w{i}" for i in range(1, p["workers"] + 1)]
-        new = [f"w{i}" for i in range(p["workers"] + 1, p["workers"] + self.n + 1)]
-        self.start_workers(old)
-        ids = [f"rb{i:03d}" for i in range(p["connections"])]
+        self.start_workers(workers)
         for cid in ids:
             fleet.start_connection(cid)
         fleet.wait_connected(ids, timeout=60 + p["connections"] * 0.5)
         placed = time.time()
-        self.say(f"{len(ids)} connections placed: {report._fmt_counts(fleet.sample().owned_counts(), old)}; "
-                 f"waiting MIN_HOLD_S ({p['hold_s']:g} s) before the join")
+        self.say(f"{len(ids)} connections placed: {report._fmt_counts(fleet.sample().owned_counts(), workers)}; "
+                 f"waiting MIN_HOLD_S ({p['hold_s']:g} s)")
         time.sleep(p["hold_s"])
-        # The START burst does not place evenly, and the old fleet evens itself out once
-        # its connections have been held MIN_HOLD_S: let it finish (no shed for a few
-        # balance passes) so that the join's moves are the join's.
         quiet_since, deadline = time.time(), time.time() + p["quiet_timeout_s"]
         while time.time() < deadline and time.time() - quiet_since < p["quiet_s"]:
             time.sleep(1)
             if self.sheds(quiet_since, time.time()):
                 quiet_since = time.time()
+        return placed
+
+    def stop_and_audit(self, ids: list[str]) -> list:
+        for cid in ids:
+            self.fleet.stop_connection(cid)
+        self.fleet.wait_quiet(ids, timeout=60)
+        return self.fleet.audit(ids)
+
+    def run(self) -> dict[str, Any]:
+        p, fleet = self.p, self.fleet
+        old = [f"w{i}" for i in range(1, p["workers"] + 1)]
+        new = [f"w{i}" for i in range(p["workers"] + 1, p["workers"] + self.n + 1)]
+        ids = [f"rb{i:03d}" for i in range(p["connections"])]
+        placed = self.place(old, ids)
         evened = time.time() - placed - p["hold_s"]
         before = fleet.sample().owned_counts()
         total = sum(before.values())
         share = total / (p["workers"] + self.n)
-        excess = sum(max(0, c - math.ceil(share)) for c in before.values())
+        # Targets are floor(share) or one more (largest remainder): a shedder stops at its
+        # target, so the moves are at most what the workers held above floor(share).
+        excess = sum(max(0, c - math.floor(share)) for c in before.values())
         at = self.start_workers(new)
         self.say(f"before: {report._fmt_counts(before, old)}; {len(new)} joined ({', '.join(new)}), fair share {share:.1f}")
 
@@ -152,7 +177,7 @@ class Join:
             }:
                 summaries.append({**seen, "t_s": round(now - at, 2)})  # what the summary said, as it changed
             for s in list(fleet.samples):
-                if s.t >= at and within_share(s.owned_counts(), new, total, p["workers"] + self.n):
+                if s.t >= at and within_share(s.owned_counts(), old + new, total, p["workers"] + self.n):
                     return s.t
             return None
 
@@ -167,7 +192,8 @@ class Join:
         handoffs = [report.socket_handoff(fleet.upstream.sockets(cid), at, watched) for cid in moved]
         gaps = [opened - closed for closed, opened in filter(None, handoffs)]
         last_move = max((r.opened_at for cid in moved for r in fleet.upstream.sockets(cid) if r.opened_at >= at), default=None)
-        self.say(f"after: {report._fmt_counts(after, old + new)}; fair share ± 1 "
+        self.say(f"after: {report._fmt_counts(after, old + new)} (furthest from fair share: {off_share(after, old + new):.1f}); "
+                 "every worker at fair share ± 1 "
                  f"{'after ' + fmt(reached - at) + ' s' if reached else 'NOT reached'}; {len(moved)} moved (excess {excess})")
         steady: dict[str, Any] = {}
         if self.n == 1 and p["steady_s"]:
@@ -181,12 +207,10 @@ class Join:
                 "sheds": self.sheds(began, ended),
                 "counts": fleet.sample().owned_counts(),
             }
-        for cid in ids:
-            fleet.stop_connection(cid)
-        fleet.wait_quiet(ids, timeout=60)
-        audits = fleet.audit(ids)
+        audits = self.stop_and_audit(ids)
         return {
             "joined": new,
+            "off_share": off_share(after, old + new),
             "before": before,
             "after": after,
             "share": share,
@@ -211,6 +235,69 @@ class Join:
         }
 
 
+class Crash(Join):
+    """One fleet: place the connections, hold, kill -9 the busiest worker; where its
+    connections end against the survivors' fair share, and what moves afterwards."""
+
+    def say(self, line: str) -> None:
+        print(f"    [crash] {line}", flush=True)
+
+    def run(self) -> dict[str, Any]:
+        p, fleet = self.p, self.fleet
+        names = [f"w{i}" for i in range(1, p["crash_workers"] + 1)]
+        ids = [f"cr{i:03d}" for i in range(p["connections"])]
+        self.place(names, ids)  # held MIN_HOLD_S: what a rebalance would move is movable
+        before = fleet.sample().owned_counts()
+        victim = max(names, key=lambda n: (before.get(n, 0), n))
+        survivors = [n for n in names if n != victim]
+        at = fleet.kill(victim)
+        total = sum(before.values())
+        self.say(f"before: {report._fmt_counts(before, names)}; kill -9 {victim} ({before.get(victim, 0)})")
+
+        def taken() -> float | None:
+            counts = fleet.sample().owned_counts()
+            return time.time() if sum(counts.get(n, 0) for n in survivors) >= total else None
+
+        try:
+            settled = eventually(taken, p["crash_timeout_s"], "the crash's connections to be taken over", interval=0.5)
+        except TimeoutError:
+            settled = None
+        spread = fleet.sample().owned_counts()
+        # The dead session leaves the ring once drained (two watch passes); from then on a
+        # rebalance could move things, and the window shows whether one does.
+        try:
+            eventually(lambda: self.summary()[schema.FLEET_SUSPECTS] == 0 or None, p["crash_timeout_s"], "the recovery to end")
+        except TimeoutError:
+            pass
+        began = time.time()
+        time.sleep(p["crash_watch_s"])
+        ended = time.time()
+        end = fleet.sample().owned_counts()
+        moves = {"new_sockets": sum(self.new_sockets(ids, began, ended).values()), "sheds": self.sheds(at, ended)}
+        self.say(f"taken over {'+' + fmt(settled - at) + ' s' if settled else 'NOT all'}: {report._fmt_counts(spread, survivors)}; "
+                 f"after {ended - began:.0f} s more: {report._fmt_counts(end, survivors)}, fair share {total / len(survivors):.1f}; "
+                 f"rebalance moves {moves['sheds']} (new sockets in the window {moves['new_sockets']})")
+        audits = self.stop_and_audit(ids)
+        return {
+            "victim": victim,
+            "before": before,
+            "spread": spread,
+            "after": end,
+            "share": total / len(survivors),
+            "off_share": off_share(spread, survivors),
+            "off_share_after": off_share(end, survivors),
+            "taken_s": settled - at if settled else None,
+            "window_s": ended - began,
+            "moves": moves,
+            "drains": [
+                {k: e.get(k) for k in ("worker_id", "found", "acquired", "hinted", "named")}
+                for n in fleet.workers for e in fleet.events(n) if e["event"] == "session_drain" and e["ts"] >= at
+            ],
+            "data_gaps": sum(len(a.missing) for a in audits),
+            "overlaps": len(fleet.upstream.overlaps()),
+        }
+
+
 def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     p = settings_for(quick)
     timing = Timing(**p["timing"])
@@ -222,14 +309,19 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
                 sample_interval=p["sample_interval_s"],
             ) as fleet:
                 results.append(Join(fleet, p, n).run())
-    return _result(p, results, command, quick)
+        with Fleet(
+            run_dir=run_dir / "rebalance-crash", timing=timing, rate=p["rate_per_connection"], emulator=emulator,
+            sample_interval=p["sample_interval_s"],
+        ) as fleet:
+            crash = Crash(fleet, p, 0).run()
+    return _result(p, results, command, quick, crash)
 
 
 def _counts(counts: dict[str, int]) -> str:
     return " / ".join(str(counts[k]) for k in sorted(counts, key=lambda w: int(w[1:]))) or "-"
 
 
-def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool) -> Result:
+def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool, crash: dict | None = None) -> Result:
     header = ["join", "connections per worker before -> after", "fair share", "time to fair share ± 1 (s)", "last move (s)",
               "moves (excess)", "moved twice", "socket-to-socket gap p50 / p99 / max (s)", "two sockets", "gaps in stored data",
               "target"]
@@ -240,7 +332,8 @@ def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool) -
         verdicts = []
         if n == 1:
             verdicts.append(f"≤ {TARGET_BALANCE_S:g} s: " + ("met" if r["balance_s"] is not None and r["balance_s"] <= TARGET_BALANCE_S else "MISSED"))
-        verdicts.append("moves = excess: " + ("met" if r["moves"] <= r["excess"] and not r["moved_twice"] else "MISSED"))
+        verdicts.append("every worker ± 1: " + ("met" if r["off_share"] <= 1 else "MISSED"))
+        verdicts.append("moves ≤ excess: " + ("met" if r["moves"] <= r["excess"] and not r["moved_twice"] else "MISSED"))
         verdicts.append(f"gap p99 ≤ {TARGET_GAP_P99_S:g} s: " + ("met" if d["p99"] is not None and d["p99"] <= TARGET_GAP_P99_S
                                                                  else "MISSED" if d["p99"] is not None else "-"))
         verdicts.append("no gap, one socket: " + ("met" if not r["data_gaps"] and not r["overlaps"] else "MISSED"))
@@ -269,6 +362,20 @@ def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool) -
               f"{per_hour:g}" + (f" (one move would read {3600 / steady['seconds']:.0f})" if not moves else ""),
               "0: " + ("met" if not moves else "MISSED")]],
         )
+    if crash:
+        sheds = crash["moves"]["sheds"]
+        table += "\n\n" + md_table(
+            ["crash spread", "connections per worker before -> taken over -> after the window", "fair share",
+             "furthest from it (taken over / after)", "rebalance moves after the takeover", "target"],
+            [[f"kill -9 {crash['victim']} of {p['crash_workers']} (took {fmt(crash['taken_s'])} s)",
+              f"{_counts(crash['before'])} -> {_counts(crash['spread'])} -> {_counts(crash['after'])}",
+              fmt(crash["share"], 1),
+              f"{fmt(crash['off_share'], 1)} / {fmt(crash['off_share_after'], 1)}",
+              f"{sheds} in {crash['window_s']:.0f} s ({crash['moves']['new_sockets']} new sockets)",
+              "± 2: " + ("met" if crash["taken_s"] is not None and crash["off_share"] <= 2 else "MISSED")
+              + "; no moves: " + ("met" if not sheds else "MISSED")
+              + "; no gap, one socket: " + ("met" if not crash["data_gaps"] and not crash["overlaps"] else "MISSED")]],
+        )
     t = p["timing"]
     notes = [
         f"Per join, a fresh fleet: {p['workers']} workers, {p['connections']} connections STARTed through the API at "
@@ -282,13 +389,21 @@ def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool) -
         f"MAX_CONNECTIONS 100 ({max_moves(100)} moves per balance pass at most; a pass after each fleet summary read, "
         "every 3 watch pauses, 13-19 s).",
         "Time to fair share ± 1: from starting the new workers (process start included) to the first ownership sample "
-        f"({p['sample_interval_s']:g} s apart) in which each new worker holds its share ± 1; last move: to the last new socket. "
+        f"({p['sample_interval_s']:g} s apart) in which every worker, old and new, holds its share ± 1; last move: to the last new socket. "
         f"Watched until then and {p['settle_s']:g} s more.",
         "Moves: connections with a new socket after the join (upstream books); excess: what the workers held above "
-        "ceil(fair share) just before it, the least a move to fair share needs. Socket to socket: old socket closed -> "
+        "floor(fair share) just before it, the most a move to exact targets (floor or one more) needs. Socket to socket: old socket closed -> "
         "new one open, per moved connection. Two sockets: moments the upstream saw two open sockets on one stream, whole run. "
         "Gaps: after STOPping everything, stored seqs missing below each stream's last one.",
     ]
+    if crash:
+        notes.append(
+            f"Crash spread: a fresh fleet of {p['crash_workers']} workers holding {p['connections']}, held MIN_HOLD_S and evened "
+            "out as for a join, then the busiest killed (SIGKILL): its connections' places once every survivor's counts add up "
+            "to the total again, against the survivors' fair share; then, once the fleet summary shows no session being "
+            f"recovered, a {p['crash_watch_s']:g} s window in which rebalance_shed is counted (from the kill on) and new sockets. "
+            "Drains: " + "; ".join(f"{d['worker_id']} found {d['found']}, acquired {d['acquired']}, hinted {d['hinted']} "
+                                   f"({d['named']} named)" for d in crash["drains"] if d.get("found")))
     if steady:
         notes.append("Steady: the balanced fleet after the join of 1, no event at all; moves counted as new sockets on the "
                      "books and as connections shed in the workers' rebalance_shed log lines.")

@@ -1,10 +1,12 @@
 """Fair share, without AWS: the fleet summary, when to shed and how much, which hints a
 worker leaves for others."""
 
-from wsfleet import schema
 import random
 from collections import Counter
 
+import pytest
+
+from wsfleet import schema
 from wsfleet.balance import (
     SHED_ANYONE_AFTER_S,
     SHED_TARGET_WAIT_S,
@@ -12,6 +14,7 @@ from wsfleet.balance import (
     declines_shed_hint,
     hints_per_poll,
     is_summarizer,
+    drain_targets,
     max_moves,
     shed_count,
     shed_targets,
@@ -76,22 +79,101 @@ def test_a_worker_within_the_tolerance_band_of_its_share_sheds_nothing():
     assert shed_count(active=23, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False) == 3
 
 
-def test_a_worker_within_its_band_still_sheds_while_others_have_more_room_than_the_band():
-    # 12 over three 20-connection workers: shares 4. Two at 5 (within the band of 1) and a
-    # newcomer at 2: the newcomer has 2 of room, more than the band.
-    f = FleetLoad(3, 12, 60, below_share=2, suspects=0, at_ms=NOW)
+def test_a_worker_within_its_band_still_sheds_while_another_is_more_than_one_under_its_target():
+    # 12 over three 20-connection workers: targets 4. Two at 5 (within the band of 1) and a
+    # newcomer at 2: two under its target, outside the +-1 every join ends within.
+    f = FleetLoad(3, 12, 60, below_share=2, suspects=0, at_ms=NOW, under={"n#1": 2})
     assert shed_count(active=5, max_connections=20, fleet=f, tolerance=0.1, max_moves=2, recovering=False) == 1
-    settled = FleetLoad(3, 12, 60, below_share=1, suspects=0, at_ms=NOW)
+    settled = FleetLoad(3, 12, 60, below_share=1, suspects=0, at_ms=NOW, under={"n#1": 1})
     assert shed_count(active=5, max_connections=20, fleet=settled, tolerance=0.1, max_moves=2, recovering=False) == 0
-    # A balanced fleet (shares rounded up) moves nothing: 101 over five, 21/20/20/20/20.
-    even = FleetLoad(5, 101, 500, below_share=4, suspects=0, at_ms=NOW)
-    assert shed_count(active=21, max_connections=100, fleet=even, tolerance=0.1, max_moves=10, recovering=False) == 0
+    # A balanced fleet moves nothing: 101 over five, 21/20/20/20/20, and 21 is a target.
+    even = summarize([session(f"w{i}", 21 if i == 0 else 20) for i in range(5)], now_ms=NOW, timing=T)
+    assert even.target("w0", 100) == 21 and even.below_share == 0
+    assert shed_count(active=21, max_connections=100, fleet=even, tolerance=0.1, max_moves=10, recovering=False, me="w0") == 0
+
+
+def test_the_issue_join_that_ended_15_16_16_13_moves_on_to_15_each():
+    """Regression (issue 22): 3 workers at 20/21/19, a fourth joins: target 15 each. The
+    fleet ended 15/16/16/13 and stayed so: the two at 16 were within their band (2) and
+    the fleet's room under its targets (2) was not more than the band."""
+    load = summarize([session("w1", 15), session("w2", 16), session("w3", 16), session("w4", 13)], now_ms=NOW, timing=T)
+    assert [load.target(w, 100) for w in ("w1", "w2", "w3", "w4")] == [15, 15, 15, 15]
+    shed = {w: shed_count(active=n, max_connections=100, fleet=load, tolerance=0.1, max_moves=20, recovering=False, me=w)
+            for w, n in (("w1", 15), ("w2", 16), ("w3", 16), ("w4", 13))}
+    assert shed == {"w1": 0, "w2": 1, "w3": 1, "w4": 0}
+    assert Counter(shed_targets(load, "w2", 1) + shed_targets(load, "w3", 1)) == {"w4": 2}
+    # Within one of every target, nothing moves (the band holds).
+    quiet = summarize([session("w1", 16), session("w2", 15), session("w3", 15), session("w4", 14)], now_ms=NOW, timing=T)
+    assert all(shed_count(active=n, max_connections=100, fleet=quiet, tolerance=0.1, max_moves=20, recovering=False, me=w) == 0
+               for w, n in (("w1", 16), ("w2", 15), ("w3", 15), ("w4", 14)))
+
+
+def test_exact_targets_add_up_to_the_fleet_and_each_worker_knows_its_own_from_the_cut():
+    rng = random.Random(22)
+    for _ in range(300):
+        n = rng.randint(1, 12)
+        loads = [session(f"w{rng.randint(0, 10**6):07d}#{i}", rng.randint(0, 120), rng.choice([50, 100, 100, 200]))
+                 for i in range(n)]
+        load = summarize(loads, now_ms=NOW, timing=T)
+        targets = {s[schema.SESSION_ID]: load.target(s[schema.SESSION_ID], s[schema.MAX_CONNECTIONS]) for s in loads}
+        assert sum(targets.values()) == load.active  # exactly: the old ceil overshot
+        for s in loads:
+            share = load.active * s[schema.MAX_CONNECTIONS] / load.capacity
+            assert share - 1 < targets[s[schema.SESSION_ID]] < share + 1
+        assert FleetLoad.from_item(load.as_item()) == load  # the cut survives the item
+
+
+def test_a_join_of_four_into_four_plans_every_worker_to_within_one():
+    """100 on four workers, four join: targets 13/13/12/12 twice (largest remainder, ties
+    by session id), not 13 each: with ceil the shedders filled 13/13/13 and left 9."""
+    old = [session(f"a{i}", 25) for i in range(4)]
+    new = [session(f"b{i}", 0) for i in range(4)]
+    load = summarize(old + new, now_ms=NOW, timing=T)
+    targets = {s[schema.SESSION_ID]: load.target(s[schema.SESSION_ID], 100) for s in old + new}
+    assert sum(targets.values()) == 100 and set(targets.values()) == {12, 13}
+    ends = {s[schema.SESSION_ID]: s[schema.ACTIVE] for s in old + new}
+    for s in old:
+        me = s[schema.SESSION_ID]
+        n = shed_count(active=25, max_connections=100, fleet=load, tolerance=0.1, max_moves=20, recovering=False, me=me)
+        ends[me] -= n
+        for to in shed_targets(load, me, n):
+            ends[to] += 1
+    assert ends == targets  # every worker at its target: within one of 12.5
+
+
+def test_a_crashed_sessions_connections_are_planned_onto_the_survivors_targets():
+    # Five at 20, one crashed: each of four survivors gets 5 (targets 25), none left over.
+    ring = [session(f"w{i}", 20) for i in range(1, 5)] + [session("w5", 20, state=schema.ENDED)]
+    plan = drain_targets(ring, dead_session="w5", count=20)
+    assert Counter(plan) == {"w1": 5, "w2": 5, "w3": 5, "w4": 5}
+    # Two crashed: each drainer plans its part of one row, the same row.
+    ring = [session(f"w{i}", 20) for i in range(1, 4)] + [session("w4", 20, state=schema.ENDED), session("w5", 20, state=schema.ENDED)]
+    both = Counter(drain_targets(ring, dead_session="w4", count=20)) + Counter(drain_targets(ring, dead_session="w5", count=20))
+    assert set(both.values()) <= {13, 14} and sum(both.values()) == 40  # targets 33/33/34... over 100: 34/33/33
+    assert {w: 20 + n for w, n in both.items()} == {"w1": 34, "w2": 33, "w3": 33}
+    # A draining survivor takes nothing; with no survivor at all, no plan (the caller splits).
+    ring = [session("w1", 10), session("w2", 10, draining=True), session("w3", 5, state=schema.ENDED)]
+    assert drain_targets(ring, dead_session="w3", count=5) == ["w1"] * 5
+    assert drain_targets([session("w3", 5, state=schema.ENDED)], dead_session="w3", count=5) is None
+    # A survivor over its target already gets none.
+    assert drain_targets([session("w1", 30), session("w2", 0)], dead_session="w3", count=2) == ["w2", "w2"]
+
+
+def test_a_crashed_sessions_hint_is_its_named_targets_whatever_its_summary_says():
+    f = fleet(100, 500, below=0)  # the summary from before the crash: w at its target of 20
+    kw = dict(max_connections=100, fleet=f, shed_by_me=False, shed_to="w#1", me="w#1")
+    assert declines_shed_hint(active=20, age_s=0, **kw)  # a shed one: not past its target
+    assert not declines_shed_hint(active=20, age_s=0, drained=True, **kw)  # a crash's: planned from the ring
+    assert declines_shed_hint(active=0, age_s=0, drained=True, **{**kw, "me": "other#1"})  # others wait for it
 
 
 def test_shedding_never_goes_below_the_share_and_is_capped_per_pass():
     f = fleet(100, 800)  # share 12.5 -> 13
     assert shed_count(active=25, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False) == 10
     assert shed_count(active=16, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False) == 3
+    exact = FleetLoad(8, 100, 800, 0, 0, NOW, cut_rem=400, cut_id="m")  # 12.5: 13 up to id "m", 12 after
+    assert shed_count(active=16, max_connections=100, fleet=exact, tolerance=0.1, max_moves=10, recovering=False, me="a") == 3
+    assert shed_count(active=16, max_connections=100, fleet=exact, tolerance=0.1, max_moves=10, recovering=False, me="z") == 4
     assert max_moves(100) == 20 and max_moves(5) == 1
 
 
@@ -193,3 +275,143 @@ def test_a_worker_under_its_share_takes_hints_by_the_ten_and_one_at_its_share_on
     assert hints_per_poll(active=0, max_connections=100, room=3, fleet=f) == 3  # never past its room
     assert hints_per_poll(active=0, max_connections=100, room=100, fleet=fleet(0, 400)) == 1  # an idle fleet
     assert hints_per_poll(active=0, max_connections=100, room=100, fleet=None) == 1
+
+
+class _Ring:
+    """The sessions store as the summarizer reads it: ring pages, and the summary item."""
+
+    def __init__(self, items, fail_at=()):
+        self.items, self.fail_at, self.queries, self.written = items, set(fail_at), 0, []
+
+    def ring_page(self, start=None, *, limit):
+        self.queries += 1
+        if self.queries in self.fail_at:
+            raise RuntimeError("throttled")
+        at = start["n"] if start else 0
+        return self.items[at : at + limit], ({"n": at + limit} if at + limit < len(self.items) else None)
+
+    def put_summary(self, item):
+        self.written.append(item)
+
+
+def _projected(item):
+    """A session as ``by_ring`` projects it: no expiry."""
+    return {k: v for k, v in item.items() if k != schema.EXPIRES_AT_MS}
+
+
+def _summarizer(ring, clock, monkeypatch):
+    from types import SimpleNamespace
+
+    from wsfleet.logs import JsonLogger
+    from wsfleet.worker import balancer
+    from wsfleet.worker.balancer import Balancer
+
+    monkeypatch.setattr(balancer, "SUMMARY_PAGE_ITEMS", 2)
+    monkeypatch.setattr(balancer, "SUMMARY_PAGES", 1)
+
+    async def call(f, *args, **kwargs):
+        return f(*args, **kwargs)
+
+    return Balancer(
+        sessions=ring, keeper=SimpleNamespace(live=lambda: True, session_id="z#9"), timing=T, max_connections=100,
+        enabled=True, tolerance=0.1, call=call, log=JsonLogger(), successors=lambda: ["a#1"], recovering=lambda: False,
+        runners=dict, clock_ms=lambda: clock["ms"],
+    )
+
+
+def test_the_summarizer_reads_a_bounded_part_of_the_ring_a_pass_and_writes_only_what_changed(monkeypatch):
+    import asyncio
+
+    from wsfleet.worker.balancer import SUMMARY_REFRESH_MS
+
+    ring = _Ring([_projected(session(f"w{i}#1", 10)) for i in range(5)], fail_at={2})
+    clock = {"ms": NOW}
+    b = _summarizer(ring, clock, monkeypatch)
+    assert asyncio.run(b.summarize_once()) is None and ring.queries == 1  # two of five sessions read
+    assert not b.summary_arrived.is_set()
+    with pytest.raises(RuntimeError):
+        asyncio.run(b.summarize_once())  # a failed page: the pass ends, the cursor stays
+    assert asyncio.run(b.summarize_once()) is None and ring.queries == 3  # sessions 3-4
+    fleet = asyncio.run(b.summarize_once())  # session 5: a whole ring, one page a pass
+    assert ring.queries == 4 and (fleet.workers, fleet.active) == (5, 50) and len(ring.written) == 1
+    assert b.summary_arrived.is_set()  # the summarizer's own balance pass follows (it reads no summary item)
+    for _ in range(3):  # the same figures: read again, not written again
+        clock["ms"] += 2_000
+        for _ in range(3):
+            asyncio.run(b.summarize_once())
+    assert len(ring.written) == 1 and b.fleet.at_ms == clock["ms"]
+    clock["ms"] = NOW + SUMMARY_REFRESH_MS  # ... until it is old enough to look stale
+    for _ in range(3):
+        asyncio.run(b.summarize_once())
+    assert len(ring.written) == 2
+    ring.items[0] = _projected(session("w0#1", 11))  # a changed figure is written at the next whole read
+    for _ in range(3):
+        asyncio.run(b.summarize_once())
+    assert len(ring.written) == 3 and ring.written[-1][schema.FLEET_ACTIVE] == 51
+
+
+def test_the_summary_counts_a_session_its_own_watch_saw_expire_as_a_suspect():
+    from wsfleet.leases import Watched
+
+    ring = [_projected(session(n, 10)) for n in "abc"]
+    load = summarize(ring, now_ms=NOW, timing=T, watched={"b": Watched("b", schema.LIVE, NOW - 1)})
+    assert (load.workers, load.active, load.suspects) == (2, 20, 1)
+    late = {"b": Watched("b", schema.LIVE, NOW + T.lease_ms - 2 * T.heartbeat_ms)}  # missed a renewal
+    load = summarize(ring, now_ms=NOW, timing=T, watched=late)
+    assert (load.workers, load.active, load.suspects) == (2, 30, 0)
+
+
+def _drainer(ring_loads, room=100):
+    """A Takeover whose store calls are plain functions, recording what it acquires and
+    hints."""
+    from types import SimpleNamespace
+
+    from wsfleet.logs import JsonLogger
+    from wsfleet.store.connections import Owned
+    from wsfleet.worker.takeover import Takeover
+
+    done = {"acquired": [], "hinted": []}
+
+    async def call(f, *args, **kwargs):
+        return f(*args, **kwargs)
+
+    async def acquire(cid, **kw):
+        done["acquired"].append(cid)
+        return object()
+
+    async def hint(cid, **kw):
+        done["hinted"].append((cid, kw.get("shed_to", ""), kw.get("from_session", "")))
+
+    rows = [Owned(f"c{i:02d}", schema.STARTED) for i in range(20)]
+    takeover = Takeover(
+        sessions=SimpleNamespace(ring_loads=ring_loads), connections=SimpleNamespace(owned_by=lambda sid: rows),
+        keeper=SimpleNamespace(live=lambda: True, session_id="w2"), timing=T, state_shards=1, call=call,
+        log=JsonLogger(), acquire=acquire, hint=hint, room=lambda: room, scan_room=lambda: 0, load=lambda: 0.0,
+        busy=lambda cid: False,
+    )
+    return takeover, done
+
+
+def test_the_drainer_takes_its_own_deficit_and_names_a_survivor_for_each_of_the_rest():
+    import asyncio
+
+    ring = [session(f"w{i}", 20) for i in range(1, 5)] + [session("w5", 20, state=schema.ENDED)]
+    takeover, done = _drainer(lambda: ring)
+    assert asyncio.run(takeover.drain("w5")) == 5  # its deficit: 25 - 20, not half its room
+    assert Counter(to for _, to, _ in done["hinted"]) == {"w1": 5, "w3": 5, "w4": 5}
+    assert {sid for _, _, sid in done["hinted"]} == {"w5"}  # every take conditional on the dead session
+    # With no room for its part, what it cannot take goes to anyone.
+    takeover, done = _drainer(lambda: ring, room=2)
+    assert asyncio.run(takeover.drain("w5")) == 2
+    assert Counter(to for _, to, _ in done["hinted"]) == {"w1": 5, "w3": 5, "w4": 5, "": 3}
+
+
+def test_without_the_ring_the_drainer_falls_back_to_half_its_room():
+    import asyncio
+
+    def unreadable():
+        raise RuntimeError("throttled")
+
+    takeover, done = _drainer(unreadable, room=10)
+    assert asyncio.run(takeover.drain("w5")) == 5
+    assert [to for _, to, _ in done["hinted"]] == [""] * 15

@@ -66,6 +66,9 @@ def test_index_writes_follow_which_index_attributes_an_update_changes():
     assert index_writes(owned, {**owned, "desired_state": "STOPPED"}, by_owner) == 1  # projected: in place
     assert index_writes({k: v for k, v in free.items() if k != "owner_key"}, free, by_owner) == 1  # enters the sparse index
     assert index_writes(session, {**session, "expires_at_ms": 3500}, by_ring) == 0  # a renewal
+    loaded = {**session, "state": "LIVE", "active": 10, "max_connections": 100, "draining": False}
+    assert index_writes(loaded, {**loaded, "expires_at_ms": 3500, "heartbeat_at_ms": 3400}, by_ring) == 0  # same load
+    assert index_writes(loaded, {**loaded, "active": 11}, by_ring) == 1  # the load the summary reads changed
     assert index_writes(None, None, by_ring) == 0
 
 

@@ -192,6 +192,94 @@ def test_watched_sessions_are_read_in_one_batch(sessions):
     assert set(got) == {"a#1", "b#1"} and got["a#1"]["state"] == schema.LIVE
 
 
+def test_the_ring_carries_each_sessions_load_a_page_at_a_time(sessions):
+    """The summarizer's one read: ``by_ring`` projects state, load and capacity (never the
+    expiry, which a renewal changes every heartbeat), in pages it bounds."""
+    for name in ("a#1", "b#1", "c#1"):
+        _open(sessions, name)
+    sessions.renew("b#1", lease_ms=LEASE_MS, active=7, max_connections=10, draining=True)
+    sessions.end_own("c#1", worker_id="c")
+    page, cursor = sessions.ring_page(limit=2)
+    assert [i["session_id"] for i in page] == ["a#1", "b#1"] and cursor is not None
+    assert page[1] == {"session_id": "b#1", "ring": "RING", "state": schema.LIVE, "active": 7, "max_connections": 10, "draining": True}
+    rest, cursor = sessions.ring_page(cursor, limit=2)
+    assert [(i["session_id"], i["state"]) for i in rest] == [("c#1", schema.ENDED)] and cursor is None
+    assert [i["session_id"] for i in sessions.ring_loads()] == ["a#1", "b#1", "c#1"]
+
+
+class _Recording:
+    """A DynamoDB client that records each UpdateItem's expression, and can lose the
+    answer of the next one (the write lands, the caller sees an error)."""
+
+    def __init__(self, real) -> None:
+        self._real, self.updates, self.lose_next = real, [], False
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def update_item(self, **kwargs):
+        self.updates.append(kwargs["UpdateExpression"])
+        resp = self._real.update_item(**kwargs)
+        if self.lose_next:
+            self.lose_next = False
+            raise ClientError({"Error": {"Code": "InternalServerError", "Message": "lost"}}, "UpdateItem")
+        return resp
+
+
+def test_a_renewal_writes_the_load_only_when_it_changed(ddb, aws_env, sessions):
+    """The load is projected into the ring index: a renewal that writes it, even
+    unchanged, would be an index write at every heartbeat."""
+    recording = _Recording(ddb)
+    own = SessionsStore(recording, aws_env["SESSIONS_TABLE_NAME"])
+    _open(own, "a#1")
+    renew = lambda active, draining=False: own.renew("a#1", lease_ms=LEASE_MS, active=active, max_connections=10, draining=draining)  # noqa: E731
+    renew(3)
+    renew(3)
+    renew(4)
+    renew(4, draining=True)
+    assert ["#a = :active" in u for u in recording.updates[-4:]] == [True, False, True, True]
+    recording.lose_next = True
+    with pytest.raises(TransientError):
+        renew(5)  # landed, answer lost: what is stored is unknown here
+    renew(5)
+    assert "#a = :active" in recording.updates[-1]
+    renew(5)
+    assert "#a = :active" not in recording.updates[-1]
+    item = sessions.get("a#1")
+    assert (item["active"], item["max_connections"], item["draining"]) == (5, 10, False)
+
+
+class _Unprocessing:
+    """A DynamoDB client whose BatchGetItem leaves keys unprocessed, as throttling does:
+    the first ``times`` answers return only the first ``processed`` keys asked for."""
+
+    def __init__(self, real, times: int, processed: int = 1) -> None:
+        self._real, self.times, self.processed, self.requests = real, times, processed, 0
+
+    def batch_get_item(self, RequestItems):
+        self.requests += 1
+        ((table, request),) = RequestItems.items()
+        if self.times <= 0:
+            return self._real.batch_get_item(RequestItems=RequestItems)
+        self.times -= 1
+        first, rest = request["Keys"][: self.processed], request["Keys"][self.processed :]
+        resp = self._real.batch_get_item(RequestItems={table: {**request, "Keys": first}}) if first else {}
+        return {**resp, "UnprocessedKeys": {table: {**request, "Keys": rest}} if rest else {}}
+
+
+def test_keys_a_batch_read_leaves_unprocessed_are_read_again(ddb, aws_env, sessions, monkeypatch):
+    for name in ("a#1", "b#1", "c#1"):
+        _open(sessions, name)
+    monkeypatch.setattr(store_mod.base, "retry_pause_s", lambda attempt: 0.0)
+    flaky = _Unprocessing(ddb, times=2)
+    reader = SessionsStore(flaky, aws_env["SESSIONS_TABLE_NAME"])
+    assert sorted(i["session_id"] for i in reader.get_many(["a#1", "b#1", "c#1"])) == ["a#1", "b#1", "c#1"]
+    assert flaky.requests == 3  # one key a request, then the rest
+    stuck = SessionsStore(_Unprocessing(ddb, times=100, processed=0), aws_env["SESSIONS_TABLE_NAME"])
+    with pytest.raises(TransientError, match="unprocessed"):
+        stuck.get_many(["a#1", "b#1"])
+
+
 # --- connections ---------------------------------------------------------------------------
 
 

@@ -7,8 +7,10 @@ counted as capacity). A worker above its share by more than a tolerance band she
 excess gradually, by the graceful handoff it already has; workers under their share take
 what is shed. No churn:
 
-* hysteresis: nothing moves while a worker is within ``tolerance`` of its share, and a
-  worker never sheds below its share;
+* exact targets: each worker's share rounded by the largest remainder, so that the
+  targets add up to the fleet's connections (:func:`exact_targets`, :func:`target`);
+* hysteresis: nothing moves while a worker is within ``tolerance`` of its target and
+  every other within one of theirs, and a worker never sheds below its target;
 * a connection held for less than ``min_hold_s`` is never moved (so none moves twice);
 * nothing is shed while the fleet is recovering from a crash (a session expired or ended
   and not yet drained);
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from . import schema
-from .leases import SessionTiming
+from .leases import SessionTiming, Watched
 
 
 @dataclass(frozen=True)
@@ -37,19 +39,39 @@ class FleetLoad:
     below_share: int
     suspects: int
     at_ms: int
-    # The sessions under their share and by how much (the largest UNDER_LISTED), so that
-    # a shedder can name where each connection it sheds should go.
+    # The sessions under their target and by how much (the largest UNDER_LISTED), so
+    # that a shedder can name where each connection it sheds should go.
     under: Mapping[str, int] = field(default_factory=dict)
     # ... and those above it, by how much: every shedder working from this summary
     # computes the same plan (shed_targets), so together they fill each exactly.
     over: Mapping[str, int] = field(default_factory=dict)
+    # Where the largest remainders end (see :func:`target`): the remainder
+    # ``active * max_connections % capacity`` of the last taker given one more than its
+    # floor, and its session id. None: a summary without a cut (rounded up, as before).
+    cut_rem: int | None = None
+    cut_id: str = ""
 
     def share(self, max_connections: int) -> float:
-        """This worker's fair share of the fleet's connections."""
+        """This worker's fair share of the fleet's connections (for logs: decisions use
+        the exact :meth:`target`)."""
         return self.active * max_connections / self.capacity if self.capacity else 0.0
 
-    def as_item(self) -> dict[str, int]:
-        return {
+    def target(self, session_id: str, max_connections: int) -> int:
+        """This worker's exact target: see :func:`target`."""
+        return target(self, session_id, max_connections)
+
+    @property
+    def max_deficit(self) -> int:
+        """How far the worker furthest under its target is under it (the list names the
+        largest deficits, so this is exact)."""
+        return max(self.under.values(), default=0)
+
+    def figures(self) -> dict:
+        """Everything but the time it was taken: what tells a changed summary."""
+        return {k: v for k, v in self.as_item().items() if k != schema.FLEET_AT_MS}
+
+    def as_item(self) -> dict:
+        item = {
             schema.FLEET_WORKERS: self.workers,
             schema.FLEET_ACTIVE: self.active,
             schema.FLEET_CAPACITY: self.capacity,
@@ -59,9 +81,14 @@ class FleetLoad:
             schema.FLEET_UNDER: dict(self.under),
             schema.FLEET_OVER: dict(self.over),
         }
+        if self.cut_rem is not None:
+            item[schema.FLEET_CUT_REM] = self.cut_rem
+            item[schema.FLEET_CUT_ID] = self.cut_id
+        return item
 
     @classmethod
     def from_item(cls, item: Mapping) -> "FleetLoad":
+        cut = item.get(schema.FLEET_CUT_REM)
         return cls(
             workers=int(item.get(schema.FLEET_WORKERS, 0)),
             active=int(item.get(schema.FLEET_ACTIVE, 0)),
@@ -71,39 +98,100 @@ class FleetLoad:
             at_ms=int(item.get(schema.FLEET_AT_MS, 0)),
             under={str(k): int(v) for k, v in (item.get(schema.FLEET_UNDER) or {}).items()},
             over={str(k): int(v) for k, v in (item.get(schema.FLEET_OVER) or {}).items()},
+            cut_rem=None if cut is None else int(cut),
+            cut_id=str(item.get(schema.FLEET_CUT_ID, "")),
         )
 
 
-def summarize(sessions: Iterable[Mapping], *, now_ms: int, timing: SessionTiming) -> FleetLoad:
-    """The fleet summary from every session in the ring, as read. A session that missed
-    a renewal (:meth:`SessionTiming.suspect`) still counts its connections, but takes
-    none: its worker is probably gone, and a summary listing it under its share would
-    have the others leave free connections to it until it expired."""
+# --- exact targets: the largest remainder --------------------------------------------
+
+
+def exact_targets(takers: Mapping[str, int], active: int) -> tuple[dict[str, int], int, str]:
+    """Split ``active`` connections over ``takers`` ({session id: MAX_CONNECTIONS}) in
+    proportion to their capacity, exactly: everyone gets the floor of its share, and the
+    largest fractional remainders one more each (ties to the smaller session id, so that
+    every worker computes the same), as many as the floors leave over. Integers only
+    (``active * max`` stays far below DynamoDB's 38 digits). Returns (targets, the cut's
+    remainder, the cut's session id): a worker given one more has a remainder above the
+    cut's, or equal to it and an id not above it (:func:`target`); with nothing left over
+    the cut is (capacity, ""), which no remainder reaches."""
+    capacity = sum(takers.values())
+    if not capacity:
+        return {sid: 0 for sid in takers}, 0, ""
+    floors = {sid: active * m // capacity for sid, m in takers.items()}
+    rems = {sid: active * m % capacity for sid, m in takers.items()}
+    extra = active - sum(floors.values())
+    ranked = sorted(takers, key=lambda sid: (-rems[sid], sid))[:extra]
+    for sid in ranked:
+        floors[sid] += 1
+    cut_rem, cut_id = (rems[ranked[-1]], ranked[-1]) if ranked else (capacity, "")
+    return floors, cut_rem, cut_id
+
+
+def target(fleet: FleetLoad, session_id: str, max_connections: int) -> int:
+    """A worker's exact target from the summary alone (it lists neither every worker nor
+    every target): the floor of its share, plus one if its remainder is at or before the
+    cut (see :func:`exact_targets`). The targets of the summary's takers add up to its
+    ``active`` exactly. A summary without a cut (written by an older worker) rounds up."""
+    if not fleet.capacity:
+        return 0
+    base, rem = divmod(fleet.active * max_connections, fleet.capacity)
+    if fleet.cut_rem is None:
+        return base + (rem > 0)
+    return base + (rem > fleet.cut_rem or (rem == fleet.cut_rem and session_id <= fleet.cut_id))
+
+
+def summarize(
+    sessions: Iterable[Mapping],
+    *,
+    now_ms: int,
+    timing: SessionTiming,
+    watched: Mapping[str, Watched] | None = None,
+) -> FleetLoad:
+    """The fleet summary from every session in the ring, as read (the ``by_ring`` index
+    projects what it needs: state, active, max_connections, draining; never the expiry,
+    which changes at every renewal and would have the index written at each).
+
+    Liveness therefore comes from the state and from what the summarizer's own watch
+    knows (``watched``: its successors' expiries; an item's own ``expires_at_ms`` is used
+    when a read carries it). An ENDED session still in the ring is a suspect: the fleet
+    is recovering. The cost of not reading expiries: a crashed session that nobody has
+    ended yet, and that the summarizer does not watch, counts as a taker until its
+    watchers end it (about a lease plus the skew margin); hints naming it wait for it
+    ``SHED_TARGET_WAIT_S``, then go to anyone under target. A session that missed a
+    renewal (:meth:`SessionTiming.suspect`) still counts its connections but takes none:
+    listed under its target, it would have the others leave free connections to it."""
+    watched = watched or {}
     live, suspects = [], 0
     for s in sessions:
-        if s.get(schema.SESSION_STATE) == schema.LIVE and int(s.get(schema.EXPIRES_AT_MS, 0)) >= now_ms:
-            live.append(s)
+        sid = s.get(schema.SESSION_ID, "")
+        expires = s.get(schema.EXPIRES_AT_MS)
+        expires = int(expires) if expires is not None else watched[sid].expires_at_ms if sid in watched else None
+        if s.get(schema.SESSION_STATE) == schema.LIVE and (expires is None or expires >= now_ms):
+            live.append((s, expires))
         else:
             suspects += 1  # expired, or ENDED and still in the ring: not drained yet
-    takers = [
-        s
-        for s in live
-        if not s.get(schema.DRAINING) and not timing.suspect(int(s.get(schema.EXPIRES_AT_MS, 0)), now_ms)
-    ]
-    active = sum(int(s.get(schema.ACTIVE, 0)) for s in live)
-    capacity = sum(int(s.get(schema.MAX_CONNECTIONS, 0)) for s in takers)
-    under: dict[str, int] = {}
-    over: dict[str, int] = {}
-    if capacity:
-        for s in takers:
-            share = math.ceil(active * int(s.get(schema.MAX_CONNECTIONS, 0)) / capacity)
-            held = int(s.get(schema.ACTIVE, 0))
-            if share > held:
-                under[s[schema.SESSION_ID]] = share - held
-            elif held > share:
-                over[s[schema.SESSION_ID]] = held - share
+    takers = {
+        s[schema.SESSION_ID]: int(s.get(schema.MAX_CONNECTIONS, 0))
+        for s, expires in live
+        if not s.get(schema.DRAINING) and (expires is None or not timing.suspect(expires, now_ms))
+    }
+    held = {s[schema.SESSION_ID]: int(s.get(schema.ACTIVE, 0)) for s, _ in live}
+    active = sum(held.values())
+    targets, cut_rem, cut_id = exact_targets(takers, active)
+    under = {sid: t - held[sid] for sid, t in targets.items() if t > held[sid]}
+    over = {sid: held[sid] - t for sid, t in targets.items() if held[sid] > t}
     return FleetLoad(
-        len(takers), active, capacity, sum(under.values()), suspects, now_ms, _largest(under), _largest(over)
+        len(takers),
+        active,
+        sum(takers.values()),
+        sum(under.values()),
+        suspects,
+        now_ms,
+        _largest(under),
+        _largest(over),
+        cut_rem,
+        cut_id,
     )
 
 
@@ -112,14 +200,14 @@ def _largest(amounts: Mapping[str, int]) -> dict[str, int]:
 
 
 def shed_targets(fleet: FleetLoad, me: str, n: int, rng: random.Random | None = None) -> list[str]:
-    """Where to send the ``n`` connections ``me`` sheds now: sessions under their share.
+    """Where to send the ``n`` connections ``me`` sheds now: sessions under their target.
 
     Every shedder working from one summary computes the same plan: the deficits laid out
     in a row (sessions in id order, each as many times as it is under), the excesses
     likewise, and each shedder sends its excess to the part of the row facing its own.
-    So together they fill each session exactly to its share, none more. A shedder the
+    So together they fill each session exactly to its target, none more. A shedder the
     summary does not list as over (a stale summary) picks in proportion to the
-    deficits. "" for any beyond the row (anyone under share)."""
+    deficits. "" for any beyond the row (anyone under target)."""
     row = [sid for sid, deficit in sorted(fleet.under.items()) for _ in range(max(0, int(deficit)))]
     if me in fleet.over:
         offset = sum(excess for sid, excess in sorted(fleet.over.items()) if sid < me)
@@ -127,6 +215,40 @@ def shed_targets(fleet: FleetLoad, me: str, n: int, rng: random.Random | None = 
     else:
         chosen = (rng or random).sample(row, min(n, len(row)))
     return chosen + [""] * (n - len(chosen))
+
+
+def drain_targets(sessions: Iterable[Mapping], *, dead_session: str, count: int) -> list[str] | None:
+    """Where each of a crashed session's ``count`` STARTED connections should go: the
+    survivors' exact targets over the fleet without the dead sessions, from the ring as
+    the drainer read it at the crash (``sessions``: what ``by_ring`` projects). The
+    survivors (LIVE, not draining) are filled from their held counts to their targets:
+    their deficits laid out in a row (in id order, each as many times as it is under),
+    the dead sessions' connections likewise (ENDED ones still in the ring, each with the
+    load it last reported; ``dead_session`` with ``count``), and each dead session's
+    part of the row is its plan. Every drainer of a crash computes the same plan from the
+    same ring, so together they fill each survivor to its target and no rebalance has
+    to move anything later. "" for any beyond the row (anyone). None when the ring shows
+    no survivor with room (the caller falls back to :func:`wsfleet.leases.drain_split`)."""
+    survivors: dict[str, int] = {}
+    held: dict[str, int] = {}
+    dead: dict[str, int] = {dead_session: count}
+    for s in sessions:
+        sid = s.get(schema.SESSION_ID, "")
+        if sid == dead_session:
+            continue
+        if s.get(schema.SESSION_STATE) == schema.LIVE:
+            held[sid] = int(s.get(schema.ACTIVE, 0))
+            if not s.get(schema.DRAINING):
+                survivors[sid] = int(s.get(schema.MAX_CONNECTIONS, 0))
+        else:
+            dead[sid] = int(s.get(schema.ACTIVE, 0))
+    if not sum(survivors.values()):
+        return None
+    targets, _, _ = exact_targets(survivors, sum(held.values()) + sum(dead.values()))
+    row = [sid for sid in sorted(targets) for _ in range(max(0, targets[sid] - held[sid]))]
+    offset = sum(n for sid, n in dead.items() if sid < dead_session)
+    chosen = row[offset : offset + count]
+    return chosen + [""] * (count - len(chosen))
 
 
 UNDER_LISTED = 25  # sessions under (and over) their share named in the summary
@@ -144,21 +266,31 @@ def is_summarizer(me: str, successors: list[str]) -> bool:
 
 
 def shed_count(
-    *, active: int, max_connections: int, fleet: FleetLoad, tolerance: float, max_moves: int, recovering: bool
+    *,
+    active: int,
+    max_connections: int,
+    fleet: FleetLoad,
+    tolerance: float,
+    max_moves: int,
+    recovering: bool,
+    me: str = "",
 ) -> int:
-    """How many connections to shed now: down to (never below) the fair share, at most
-    ``max_moves``, never while the fleet is recovering; only when above the share by more
-    than the tolerance band, or above it at all while the workers under theirs have more
-    room than the band (a newcomer is filled to its share, not to its share less the
-    band). Shares are rounded up, so in a balanced fleet nobody is above theirs and
-    nothing moves."""
+    """How many connections to shed now: down to (never below) the exact target, at
+    most ``max_moves``, never while the fleet is recovering. The band: a worker above its
+    target by no more than ``tolerance`` of it (at least one connection) stays, while
+    every other worker is within one of its target. Once one is further under (a
+    newcomer; or, after a join, 13 for a target of 15 while two hold 16: the old rule
+    compared the band with the whole fleet's room, 2, and let it stay), every worker
+    above its target sheds to it: a join ends with every worker within one of its
+    target whatever the starting split. Targets add up to the fleet's connections, so
+    in a balanced fleet nobody is above theirs and nothing moves."""
     if recovering or fleet.suspects or not fleet.capacity:
         return 0
-    target = math.ceil(fleet.share(max_connections))
-    band = max(1, math.ceil(tolerance * target))
-    if active <= target or (active <= target + band and fleet.below_share <= band):
+    goal = fleet.target(me, max_connections)
+    band = max(1, math.ceil(tolerance * goal))
+    if active <= goal or (active <= goal + band and fleet.max_deficit <= 1):
         return 0
-    return min(active - target, max_moves)
+    return min(active - goal, max_moves)
 
 
 def max_moves(max_connections: int) -> int:
@@ -177,18 +309,23 @@ def declines_shed_hint(
     age_s: float,
     shed_to: str = "",
     me: str = "",
+    drained: bool = False,
 ) -> bool:
     """Whether to leave a connection another worker shed. One that names its target
     (``shed_to``) is the target's for ``SHED_TARGET_WAIT_S``; then, like one that names
     none, it is for workers under their share: its shedder never takes it back and a
     worker at or above its share leaves it while the summary says some worker is under
     theirs. After ``SHED_ANYONE_AFTER_S`` anyone takes it, so that neither a stale
-    summary nor a target that went away leaves it bouncing."""
+    summary nor a target that went away leaves it bouncing. A crashed session's
+    connection (``drained``: hinted by its drainer, see :func:`drain_targets`) is its
+    target's whatever our summary says: the drainer planned from a fresher read."""
     if shed_to and shed_to == me:
-        # Ours, unless we are at our share already (counting what we hold now, which
+        # Ours, unless we are at our target already (counting what we hold now, which
         # the summary the shedder planned from may not show): then it goes on to
         # another worker under its share rather than move again later.
-        return fleet is not None and active >= math.ceil(fleet.share(max_connections)) and age_s < SHED_ANYONE_AFTER_S
+        if drained:
+            return False  # named from the ring as read at the crash: fresher than our summary
+        return fleet is not None and active >= fleet.target(me, max_connections) and age_s < SHED_ANYONE_AFTER_S
     if age_s >= SHED_ANYONE_AFTER_S:
         return False
     if shed_to and age_s < SHED_TARGET_WAIT_S:
@@ -197,14 +334,14 @@ def declines_shed_hint(
         return True
     if fleet is None or fleet.below_share <= 0:
         return False
-    return active >= math.ceil(fleet.share(max_connections))
+    return active >= fleet.target(me, max_connections)
 
 
-def hints_per_poll(*, active: int, max_connections: int, room: int, fleet: FleetLoad | None) -> int:
+def hints_per_poll(*, active: int, max_connections: int, room: int, fleet: FleetLoad | None, me: str = "") -> int:
     """How many hints one poll asks for: as many as this worker is under its fair share
     (up to ten, SQS's most, and never past its room), else one. A replacement or a
     newcomer takes a drain's, a leaving worker's or a shedder's hints by the ten; a
     worker at its share takes one at a time, so a START burst on a fleet of idle workers
     spreads over all of them instead of landing by the ten on whichever polls first."""
-    under = math.ceil(fleet.share(max_connections)) - active if fleet else 0
+    under = fleet.target(me, max_connections) - active if fleet else 0
     return max(1, min(10, room, under))

@@ -76,9 +76,11 @@ RING_CHANGES = "ring_changes"
 # connections count as load to spread, not as capacity.
 DRAINING = "draining"
 
-# The fleet's load in one item of the sessions table (never in the ring): written every
-# few seconds by the last session of the ring from all sessions, read by every worker
-# with its watch reads, so each knows its fair share without reading every session.
+# The fleet's load in one item of the sessions table (never in the ring, so that writing
+# it writes no index): written by the last session of the ring from one paged read of
+# the ring when its figures change (and at least every 30 s, so that a stale one shows),
+# read by every worker with its watch reads, so each knows its exact target without
+# reading every session.
 FLEET_SUMMARY_ID = "#fleet"
 FLEET_WORKERS = "workers"  # LIVE sessions taking connections (not draining)
 FLEET_ACTIVE = "active"  # connections held by all LIVE sessions
@@ -88,15 +90,25 @@ FLEET_UNDER = "under"  # {session_id: connections below its share}, the largest 
 FLEET_OVER = "over"  # {session_id: connections above its share}, the largest few
 FLEET_SUSPECTS = "suspects"  # sessions expired or ended and not yet drained: recovering
 FLEET_AT_MS = "summarized_at_ms"
+# The cut of the largest remainders (wsfleet.balance.exact_targets): with it each worker
+# knows its exact target without the summary listing every worker.
+FLEET_CUT_REM = "cut_rem"  # active * max_connections % capacity of the last worker given one more
+FLEET_CUT_ID = "cut_id"  # ... and its session id
 
 # Sparse index of the sessions still to be watched (LIVE ones, and ENDED ones whose
 # connections are not all taken yet), ordered by session id: a worker watches its next
 # few successors in this ring, so watching costs O(workers), not O(workers squared).
 # Its key is set at open and removed when the session is ended and drained: never at
-# a heartbeat (KEYS_ONLY, so a renewal writes nothing to it).
-RING_INDEX = "by_ring"
+# a heartbeat. It projects what the fleet summary needs (RING_PROJECTED), so one paged
+# Query of the ring gives the summarizer every session's load; never an attribute that
+# changes at every renewal (expires_at_ms, heartbeat_at_ms): a renewal writes to the
+# index only when the worker's load or state changed. Named anew when its projection
+# changed (CloudFormation cannot change a GSI's projection in place): it was "by_ring",
+# KEYS_ONLY.
+RING_INDEX = "by_ring_load"
 RING = "ring"
 RING_VALUE = "RING"
+RING_PROJECTED = [SESSION_STATE, ACTIVE, MAX_CONNECTIONS, DRAINING]
 ENDED_SESSION_TTL_S = 7 * 86400  # kept a week for post-mortems, then DynamoDB deletes it
 
 # --- messages table -----------------------------------------------------------
@@ -346,7 +358,13 @@ def sessions_table_spec(table_name: str) -> dict[str, Any]:
             {"AttributeName": RING, "AttributeType": "S"},
         ],
         "KeySchema": [{"AttributeName": SESSION_ID, "KeyType": "HASH"}],
-        "GlobalSecondaryIndexes": [_keys_only_index(RING_INDEX, RING, SESSION_ID)],
+        "GlobalSecondaryIndexes": [
+            {
+                "IndexName": RING_INDEX,
+                "KeySchema": _key_schema(RING, SESSION_ID),
+                "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": list(RING_PROJECTED)},
+            }
+        ],
     }
 
 

@@ -74,7 +74,7 @@ def test_owner_index_is_by_owner_key_with_the_desired_state(env):
     ]
 
 
-def test_ring_index_orders_the_sessions_by_id_keys_only(env):
+def test_ring_index_orders_the_sessions_by_id_with_their_load_and_never_their_expiry(env):
     table = _table(env, SESSIONS_LOGICAL_ID)
     assert table["KeySchema"] == [{"AttributeName": schema.SESSION_ID, "KeyType": "HASH"}]
     assert {"AttributeName": schema.RING, "AttributeType": "S"} in table["AttributeDefinitions"]
@@ -85,8 +85,12 @@ def test_ring_index_orders_the_sessions_by_id_keys_only(env):
                 {"AttributeName": schema.RING, "KeyType": "HASH"},
                 {"AttributeName": schema.SESSION_ID, "KeyType": "RANGE"},
             ],
-            # A renewal changes no key and nothing projected: it writes nothing to the index.
-            "Projection": {"ProjectionType": "KEYS_ONLY"},
+            # A renewal changes no key, and nothing projected unless the load or state did:
+            # the expiry is never projected, or every heartbeat would write to the index.
+            "Projection": {
+                "ProjectionType": "INCLUDE",
+                "NonKeyAttributes": [schema.SESSION_STATE, schema.ACTIVE, schema.MAX_CONNECTIONS, schema.DRAINING],
+            },
         }
     ]
     assert table["TimeToLiveSpecification"] == {"AttributeName": schema.SESSION_TTL, "Enabled": True}

@@ -92,6 +92,9 @@ def unmarshal(item: Mapping[str, Any]) -> dict:
     return out
 
 
+BATCH_GET_TRIES = 8  # requests of one BatchGetItem with keys left unprocessed: ~4 s of pauses at most
+
+
 def retry_pause_s(attempt: int) -> float:
     """The pause before a store's own retry inside one call (the table's unprocessed
     items, the stream's refused records): jittered, doubling from 25-50 ms, at most 2 s."""
@@ -138,6 +141,8 @@ _PLACEHOLDERS = {
     "#ft": schema.FLEET_AT_MS,
     "#fu": schema.FLEET_UNDER,
     "#fo": schema.FLEET_OVER,
+    "#fx": schema.FLEET_CUT_REM,
+    "#fi": schema.FLEET_CUT_ID,
 }
 
 
@@ -171,16 +176,27 @@ class _Table:
     def _batch_get(self, keys: Sequence[str], **options: Any) -> list[dict]:
         """One BatchGetItem of up to 100 of this table's items (``options``: its per-table
         settings, ConsistentRead, ProjectionExpression...), unmarshalled; missing ones are
-        left out. A transient fault, or keys left unprocessed, raise TransientError."""
-        try:
-            resp = self._ddb.batch_get_item(RequestItems={self._table: {"Keys": [self._key(k) for k in keys], **options}})
-        except (ClientError, BotoCoreError) as exc:
-            if is_transient(exc):
-                raise TransientError(f"batch_get_item: {exc}") from exc
-            raise
-        if resp.get("UnprocessedKeys", {}).get(self._table):
-            raise TransientError("batch_get_item: keys left unprocessed")
-        return [unmarshal(item) for item in resp.get("Responses", {}).get(self._table, [])]
+        left out. Keys left unprocessed (throttling, or the 16 MB limit) are asked for
+        again after a backoff (:func:`retry_pause_s`), up to ``BATCH_GET_TRIES`` requests
+        in all; a transient fault, or keys still unprocessed after that, raise
+        TransientError."""
+        request = {self._table: {"Keys": [self._key(k) for k in keys], **options}}
+        out: list[dict] = []
+        for attempt in range(BATCH_GET_TRIES):
+            if attempt:
+                time.sleep(retry_pause_s(attempt))
+            try:
+                resp = self._ddb.batch_get_item(RequestItems=request)
+            except (ClientError, BotoCoreError) as exc:
+                if is_transient(exc):
+                    raise TransientError(f"batch_get_item: {exc}") from exc
+                raise
+            out.extend(unmarshal(item) for item in resp.get("Responses", {}).get(self._table, []))
+            left = resp.get("UnprocessedKeys", {}).get(self._table)
+            if not left or not left.get("Keys"):
+                return out
+            request = {self._table: left}
+        raise TransientError(f"batch_get_item: keys left unprocessed after {BATCH_GET_TRIES} requests")
 
     def _update(self, key: str, *, update: str, condition: str, values: Mapping[str, Any]) -> dict:
         """A conditional update of one item, as UpdateItem and a transaction's Update take it."""

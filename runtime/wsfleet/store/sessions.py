@@ -12,6 +12,9 @@ from ..leases import EndFailure, RenewFailure, classify_end_failure, classify_re
 from .base import TransientError, _condition_failed, _names, _old_item, _Table, marshal, unmarshal
 
 
+RING_PAGE_LIMIT = 2000  # sessions per ring page: ~250 KB of index entries, 32 read units
+
+
 class SessionsStore(_Table):
     """The worker sessions table: one item per worker run, renewed every heartbeat.
 
@@ -20,6 +23,11 @@ class SessionsStore(_Table):
     """
 
     key_name = schema.SESSION_ID
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The load the newest landed renewal stored: {session id: (its expiry, (active, max, draining))}
+        self._stored_load: dict[str, tuple[int, tuple[int, int, bool]]] = {}
 
     def open(self, session_id: str, *, worker_id: str, lease_ms: int, max_connections: int) -> dict:
         """Create a LIVE session in the watch ring.
@@ -71,18 +79,22 @@ class SessionsStore(_Table):
         superseded renewal never moves it back). Returns the item as renewed (its ``stops``
         are the STOPs not yet handled); on failure, why (ENDED / gone). Idempotent: a
         retry of a renewal that landed succeeds again. ``stops_done`` are removed from
-        the inbox in the same write."""
+        the inbox in the same write.
+
+        The load (active, max_connections, draining) is projected into the ring index:
+        it is written only when it differs from what the newest renewal that landed
+        stored (its returned item), so that a renewal of an unchanged load writes nothing
+        to the index. A renewal whose answer was lost leaves that unknown: the next one
+        writes the load again."""
         now = self._now_ms()
         done = sorted(set(stops_done))
-        update = "SET #e = :exp, #hb = :now, #a = :active, #m = :max, #dr = :draining"
-        values: dict[str, Any] = {
-            ":exp": now + lease_ms,
-            ":now": now,
-            ":active": active,
-            ":max": max_connections,
-            ":live": schema.LIVE,
-            ":draining": draining,
-        }
+        update = "SET #e = :exp, #hb = :now"
+        values: dict[str, Any] = {":exp": now + lease_ms, ":now": now, ":live": schema.LIVE}
+        load = (active, max_connections, bool(draining))
+        stored = self._stored_load.get(session_id)
+        if stored is None or stored[1] != load:
+            update += ", #a = :active, #m = :max, #dr = :draining"
+            values.update({":active": active, ":max": max_connections, ":draining": bool(draining)})
         if done:
             update += " DELETE #in :done"
             values[":done"] = set(done)
@@ -91,7 +103,19 @@ class SessionsStore(_Table):
             # A later renewal of ours landed first (this one was slow): never move the
             # expiry back, and this says nothing about ownership.
             raise TransientError("renew: a later renewal already landed")
+        if new is not None:
+            self._remember_load(session_id, new)
         return new if new is not None else classify_renew_failure(old)
+
+    def _remember_load(self, session_id: str, item: Mapping[str, Any]) -> None:
+        """What a landed renewal stored of the load, if it is the newest seen (stored
+        expiries only grow, so the largest is what the item holds now): two renewals in
+        flight may answer in either order."""
+        expires = int(item.get(schema.EXPIRES_AT_MS, 0))
+        stored = self._stored_load.get(session_id)
+        if stored is None or expires >= stored[0]:
+            load = (int(item.get(schema.ACTIVE, 0)), int(item.get(schema.MAX_CONNECTIONS, 0)), bool(item.get(schema.DRAINING)))
+            self._stored_load = {session_id: (expires, load)}  # one worker, one session at a time
 
     def end_expired(self, session_id: str, *, ended_by: str, max_clock_skew_ms: int) -> dict | EndFailure:
         """End another worker's dead session, so that it can never be renewed again and
@@ -188,8 +212,9 @@ class SessionsStore(_Table):
     def get_many(self, session_ids: Sequence[str]) -> list[dict]:
         """Eventually consistent BatchGetItem of sessions (the watched ones, the fleet
         summary, or all of them for the summary), 100 per request; missing ones are left
-        out. Unprocessed keys raise TransientError."""
-        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #r, #fw, #fc, #fb, #fs, #ft, #fu, #fo"
+        out. Keys left unprocessed (throttling) are asked for again after a backoff
+        (:meth:`_Table._batch_get`)."""
+        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #r, #fw, #fc, #fb, #fs, #ft, #fu, #fo, #fx, #fi"
         out: list[dict] = []
         ids = list(dict.fromkeys(session_ids))
         for start in range(0, len(ids), 100):
@@ -212,6 +237,33 @@ class SessionsStore(_Table):
             )
             for raw in page.get("Items", [])
         ]
+
+    def ring_page(self, start: Mapping[str, Any] | None = None, *, limit: int) -> tuple[list[dict], dict | None]:
+        """One page of the watch ring with what the index projects of each session
+        (``schema.RING_PROJECTED``: state, active, max_connections, draining), in id
+        order, at most ``limit`` items: (sessions, where the next page starts, or None
+        after the last). The summarizer's bounded read: a page per pass."""
+        resp = self._call(
+            "query",
+            IndexName=schema.RING_INDEX,
+            KeyConditionExpression="#r = :r",
+            ExpressionAttributeNames=_names("#r"),
+            ExpressionAttributeValues=marshal({":r": schema.RING_VALUE}),
+            Limit=limit,
+            **({"ExclusiveStartKey": start} if start else {}),
+        )
+        return [unmarshal(raw) for raw in resp.get("Items", [])], resp.get("LastEvaluatedKey")
+
+    def ring_loads(self) -> list[dict]:
+        """Every session in the watch ring with what the index projects (a drainer's
+        plan, :func:`wsfleet.balance.drain_targets`): pages until the end."""
+        out: list[dict] = []
+        start = None
+        while True:
+            page, start = self.ring_page(start, limit=RING_PAGE_LIMIT)
+            out.extend(page)
+            if start is None:
+                return out
 
     def ring_before(self, session_id: str, *, limit: int) -> list[str]:
         """Up to ``limit`` session ids before ``session_id`` in the watch ring (nearest

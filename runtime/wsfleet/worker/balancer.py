@@ -1,10 +1,13 @@
 """Balancing: knowing the fleet's load and shedding what is above this worker's share.
 
 * **Summary.** The last session of the watch ring (see :func:`wsfleet.balance.is_summarizer`)
-  reads every session in the ring about every watch pause and writes the fleet summary
-  item; O(workers) for that one worker. Every worker reads the summary with its watch
-  reads (:class:`~.takeover.Takeover` fetches it every few passes), so each knows its fair
-  share without reading every session.
+  reads the ring about every watch pause: Query pages of the ``by_ring`` index, which
+  projects every session's state and load, a bounded number a pass; once it has read a
+  whole ring it writes the fleet summary item, only when its figures changed (or every
+  ``SUMMARY_REFRESH_MS``). O(workers) for that one worker, in pages of 40 sessions a read
+  unit. Every worker reads the summary with its watch reads (:class:`~.takeover.Takeover`
+  fetches it every few passes), so each knows its exact target without reading every
+  session.
 * **Shedding.** A worker above its share by more than the tolerance sheds the excess
   through the graceful handoff (close, flush, release with checkpoint, hint naming itself
   and, from the summary's list of sessions under their share, the one it is meant for),
@@ -20,7 +23,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from .. import clock, schema
 from ..balance import FleetLoad, is_summarizer, max_moves, shed_count, shed_targets, summarize
-from ..leases import SessionTiming
+from ..leases import SessionTiming, Watched
 from ..logs import JsonLogger
 from ..store import SessionsStore, now_ms
 from .session import SessionKeeper
@@ -28,6 +31,11 @@ from .session import SessionKeeper
 MIN_HOLD_S = 60.0  # a connection held for less than this is never moved: none moves twice
 SHED_COOLDOWN_S = 60.0  # the shedder's free scan leaves what it shed alone this long
 SUMMARY_MAX_AGE_MS = 60_000  # an older summary is not acted on (its writer may be gone)
+# An unchanged summary is written again this often, so that its age tells readers its
+# writer is alive: well under SUMMARY_MAX_AGE_MS, less the readers' ~16 s between reads.
+SUMMARY_REFRESH_MS = 30_000
+SUMMARY_PAGES = 2  # ring Queries per summarizer pass at most
+SUMMARY_PAGE_ITEMS = 2000  # sessions per Query: 14k workers are read in 4 passes
 
 Call = Callable[..., Awaitable[Any]]
 
@@ -48,10 +56,13 @@ class Balancer:
         recovering: Callable[[], bool],
         runners: Callable[[], Mapping[str, Any]],
         last_acquired_ms: Callable[[], int] = lambda: 0,
+        watched: Callable[[], Mapping[str, Watched]] = dict,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self.fleet: FleetLoad | None = None
-        self.dead_sessions: list[str] = []  # ENDED or expired sessions still in the ring, as the summary read them
+        # ENDED sessions still in the ring as the summary read them, and those of its watched
+        # ones past expiry and skew (an unwatched crashed one counts once its watchers end it)
+        self.dead_sessions: list[str] = []
         self.shed = 0
         self._sessions = sessions
         self._keeper = keeper
@@ -66,6 +77,12 @@ class Balancer:
         self._runners = runners
         self._last_acquired_ms = last_acquired_ms
         self._clock_ms = clock_ms
+        self._watched = watched
+        self._read: list[dict] = []  # the ring read so far, when it takes several passes
+        self._cursor: dict | None = None  # where the next page starts
+        self._written: dict | None = None  # the figures last written, and when
+        self._written_at_ms = 0
+        self.summaries_written = 0
         self._shed_at: dict[str, float] = {}
         self.summary_arrived = asyncio.Event()
 
@@ -87,23 +104,41 @@ class Balancer:
         return at is not None and clock.now() - at < SHED_COOLDOWN_S
 
     async def summarize_once(self) -> FleetLoad | None:
-        """If this is the last session of the ring, read every session in it and write
-        the fleet summary. Returns the summary it wrote, or None."""
+        """If this is the last session of the ring, read the next page(s) of the ring
+        (at most ``SUMMARY_PAGES`` Queries of ``SUMMARY_PAGE_ITEMS`` sessions a pass: the
+        work per pass is bounded at any fleet size, and a read that fails is retried
+        from where it stopped at the next pass); once a whole ring has been read, make
+        the summary and write it if its figures changed or the one written is
+        ``SUMMARY_REFRESH_MS`` old (so that readers can tell a stale one). Returns the
+        summary made this pass, or None."""
         me = self._keeper.session_id
         if not self._keeper.live() or not is_summarizer(me, self._successors()):
+            self._read, self._cursor = [], None
             return None
-        ids = await self._call(self._sessions.ring)
-        items = await self._call(self._sessions.get_many, ids)
+        for _ in range(SUMMARY_PAGES):
+            page, self._cursor = await self._call(self._sessions.ring_page, self._cursor, limit=SUMMARY_PAGE_ITEMS)
+            self._read.extend(page)
+            if self._cursor is None:
+                break
+        if self._cursor is not None:
+            return None  # the rest of the ring at the next pass
+        items, self._read = self._read, []
         now = self._clock_ms()
-        fleet = summarize(items, now_ms=now, timing=self._timing)
+        watched = self._watched()
+        fleet = summarize(items, now_ms=now, timing=self._timing, watched=watched)
+        endable = self._timing.endable_below_ms(now)
         self.dead_sessions = [
             i[schema.SESSION_ID]
             for i in items
             if i.get(schema.SESSION_STATE) == schema.ENDED
-            or int(i.get(schema.EXPIRES_AT_MS, 0)) < self._timing.endable_below_ms(now)
+            or (i[schema.SESSION_ID] in watched and watched[i[schema.SESSION_ID]].expires_at_ms < endable)
         ]
-        await self._call(self._sessions.put_summary, fleet.as_item())
         self.fleet = fleet
+        self.summary_arrived.set()  # its own balance pass: it does not read the item it writes
+        if fleet.figures() != self._written or now - self._written_at_ms >= SUMMARY_REFRESH_MS:
+            await self._call(self._sessions.put_summary, fleet.as_item())
+            self._written, self._written_at_ms = fleet.figures(), now
+            self.summaries_written += 1
         return fleet
 
     async def balance_once(self) -> int:
@@ -124,6 +159,7 @@ class Balancer:
             tolerance=self._tolerance,
             max_moves=max_moves(self._max),
             recovering=self._recovering(),
+            me=self._keeper.session_id,
         )
         now = clock.now()
         movable = sorted(
@@ -140,7 +176,7 @@ class Balancer:
                 "rebalance_shed",
                 count=len(movable),
                 active=len(runners),
-                share=round(fleet.share(self._max), 1),
+                target=fleet.target(self._keeper.session_id, self._max),
                 fleet_active=fleet.active,
                 workers=fleet.workers,
             )

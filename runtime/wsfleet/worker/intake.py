@@ -40,7 +40,7 @@ class Intake:
         load: Callable[[], float],
         busy: Callable[[str], bool],
         accepting: Callable[[], bool],
-        declines_shed: Callable[[str, str, float], bool] = lambda shed_by, shed_to, age_s: False,
+        declines_shed: Callable[[str, str, float, str], bool] = lambda shed_by, shed_to, age_s, from_session: False,
         batch: Callable[[], int] = lambda: 1,
         ending: Callable[[str], bool] = lambda connection_id: False,
         on_hints: Callable[[], None] = lambda: None,
@@ -178,13 +178,14 @@ class Intake:
             # A START that came while we release the connection for its STOP (or a shed):
             # it is for whoever takes it once released, us included. Look again shortly.
             keep, later = True, 1
-        elif shed_by and not self._busy(connection_id) and self._declines_shed(shed_by, shed_to, age_s):
+        elif shed_by and not self._busy(connection_id) and self._declines_shed(shed_by, shed_to, age_s, from_session):
             # Shed to rebalance: for the worker it names, else for one under its share.
             keep, targeted = True, bool(shed_to)
             later = 0 if targeted else 1
             self._log.info("shed_hint_left", connection_id=connection_id, shed_to=shed_to, age_s=round(age_s, 2))
         elif not self._busy(connection_id):
-            source = "rebalance" if shed_by else "orphan" if from_session else "hint"
+            # A crash's connection named for a survivor by its drainer is an orphan, not a move.
+            source = "orphan" if from_session else "rebalance" if shed_by else "hint"
             await self._acquire(connection_id, source=source, expected_session=from_session, known=hint.released)
         try:
             if keep:

@@ -167,6 +167,7 @@ class Worker:
                 max_connections=self.config.max_connections,
                 room=self.free(),
                 fleet=self.balancer.fresh_fleet(),
+                me=self.keeper.session_id,
             ),
         )
         self.handoffs = Handoffs(
@@ -207,6 +208,7 @@ class Worker:
             recovering=self.takeover.recovering,
             runners=lambda: self.runners,
             last_acquired_ms=lambda: self._last_acquired_ms,
+            watched=lambda: self.takeover.watched,
             clock_ms=clock_ms,
         )
         self.sweeper = Sweeper(
@@ -248,7 +250,7 @@ class Worker:
     def _accepting(self) -> bool:
         return not self._stopping.is_set() and self.keeper.live()
 
-    def _declines_shed(self, shed_by: str, shed_to: str = "", age_s: float = 0.0) -> bool:
+    def _declines_shed(self, shed_by: str, shed_to: str = "", age_s: float = 0.0, from_session: str = "") -> bool:
         return declines_shed_hint(
             active=len(self.runners) + len(self._acquiring),
             max_connections=self.config.max_connections,
@@ -257,6 +259,7 @@ class Worker:
             age_s=age_s,
             shed_to=shed_to,
             me=self.keeper.session_id,
+            drained=bool(from_session),
         )
 
     # --- taking connections ------------------------------------------------------------

@@ -8,8 +8,9 @@
   over at about the lease.
 * **Ending and draining.** The end is a conditional write (LIVE and expired): one winner,
   and the session can never be renewed again. Then its connections, found with one
-  ``by_owner`` query, are taken: some acquired here, the rest hinted to the fleet,
-  every acquisition conditional on that session. A drained session
+  ``by_owner`` query, are taken: this worker's fair-share deficit acquired here, each
+  of the rest hinted naming a survivor under its target (one plan for the fleet, from
+  one read of the ring), every acquisition conditional on that session. A drained session
   leaves the ring. A drainer that dies halfway leaves the ENDED session in the ring,
   where its watchers find it and drain it again.
 * **Free scan.** STARTED connections that nobody owns (a lost hint) are found by
@@ -32,6 +33,7 @@ from itertools import islice
 from typing import Any, Awaitable, Callable, Iterable
 
 from .. import clock, schema
+from ..balance import drain_targets, is_summarizer
 from ..leases import EndFailure, SessionTiming, Watched, drain_split, takeover_jitter_s, watch_plan
 from ..logs import JsonLogger
 from ..store import ConnectionsStore, SessionsStore, TransientError, now_ms
@@ -42,7 +44,11 @@ WATCH_K = 2  # successors each worker watches: a death is seen while either pred
 # watchers (they re-read at once); this periodic read is the backstop.
 RING_REFRESH_S = 15.0
 EMPTY_DRAINS_TO_LEAVE = 2  # the owner index is eventually consistent: see it empty twice
-SUMMARY_EVERY = 3  # the fleet summary rides along with every third watch read
+# The fleet summary rides along with every third watch read (0.5 read units a reader
+# every ~16 s: 1.1 per connection-hour at 100 per worker, at any fleet size). It stays
+# out of the ring partition: a ring Query returns the sessions after ours, never also the
+# summary, and an item in the index would double every summary write.
+SUMMARY_EVERY = 3
 SCAN_POINTS = 64  # connection ids kept from the free scans, to start the next ones at
 
 Call = Callable[..., Awaitable[Any]]
@@ -148,7 +154,8 @@ class Takeover:
             self._ring = await self._call(self._sessions.ring_after, me, limit=WATCH_K)
             self._ring_for, self._ring_at, self._ring_changes = me, clock.now(), changes
         self._passes += 1
-        summary = self._passes % SUMMARY_EVERY == 1
+        # The summarizer has the summary it writes: only the others read it.
+        summary = self._passes % SUMMARY_EVERY == 1 and not is_summarizer(me, self._ring)
         items = await self._call(self._sessions.get_many, [*self._ring, *([schema.FLEET_SUMMARY_ID] if summary else [])])
         for item in items:
             if item[schema.SESSION_ID] == schema.FLEET_SUMMARY_ID:
@@ -236,9 +243,10 @@ class Takeover:
         self._spawn(self.drain(session_id), f"drain:{session_id}")
 
     async def drain(self, session_id: str, *, rows: list | None = None) -> int:
-        """Take an ENDED session's connections: acquire up to :func:`drain_split` of them
-        (conditional on that session) and hint the rest naming the session, so that a
-        peer's acquire is conditional on it too (one write each, no free first); STOPPED
+        """Take an ENDED session's connections: acquire this worker's part of the plan
+        (:meth:`_drain_plan`; conditional on that session) and hint the rest naming the
+        session and the survivor meant to take each, so that a peer's acquire is
+        conditional on it too (one write each, no free first); STOPPED
         ones are just freed. What a lost hint leaves attached is found by the next
         drain: the session stays in the ring until its owner index reads empty twice.
         ``rows``: its connections, if just read. Returns how many this worker acquired."""
@@ -259,25 +267,52 @@ class Takeover:
             self._empty.pop(session_id, None)
             started = [r.connection_id for r in rows if r.desired_state == schema.STARTED and not self._busy(r.connection_id)]
             stopped = [r.connection_id for r in rows if r.desired_state != schema.STARTED]
-            take = drain_split(len(started), self._room())
+            mine, named, anyone = await self._drain_plan(session_id, started)
             results = await asyncio.gather(
-                *(self._acquire(cid, source="orphan", expected_session=session_id) for cid in started[:take]),
-                *(self._hint(cid, from_session=session_id) for cid in started[take:]),
+                *(self._acquire(cid, source="orphan", expected_session=session_id) for cid in mine),
+                *(self._hint(cid, from_session=session_id, shed_by=session_id, shed_to=to) for cid, to in named),
+                *(self._hint(cid, from_session=session_id) for cid in anyone),
                 *(self._free(cid, session_id) for cid in stopped),
                 return_exceptions=True,
             )
-            acquired = sum(1 for r in results[:take] if r is not None and not isinstance(r, BaseException))
+            acquired = sum(1 for r in results[: len(mine)] if r is not None and not isinstance(r, BaseException))
             self._log.info(
                 "session_drain",
                 drained=session_id,
                 found=len(rows),
                 acquired=acquired,
-                hinted=len(started) - take,
+                hinted=len(named) + len(anyone),
+                named=len(named),
                 freed=len(stopped),
             )
             return acquired
         finally:
             self._draining.discard(session_id)
+
+    async def _drain_plan(self, session_id: str, started: list[str]) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+        """Split a dead session's STARTED connections: (to acquire here, [(to hint, the
+        session it is meant for)], to hint to anyone). The plan is the fleet's
+        (:func:`wsfleet.balance.drain_targets`, from one read of the ring): this worker
+        takes its own deficit (as far as its room goes: the rest goes to anyone) and
+        names a survivor under its target for each of the rest, so that the crash ends
+        within about one of fair share with nothing left to rebalance. A hint its target
+        cannot take goes to anyone after a moment (``declines_shed_hint``): never one
+        left unowned. Without the ring (a failed read, no survivor with room) it falls
+        back to :func:`drain_split`: half its room here, the rest to anyone."""
+        plan = None
+        if started:
+            try:
+                plan = drain_targets(await self._call(self._sessions.ring_loads), dead_session=session_id, count=len(started))
+            except Exception as exc:  # noqa: BLE001 - the split below needs no read
+                self._log.warning("drain_plan_failed", drained=session_id, error=f"{type(exc).__name__}: {exc}")
+        if plan is None:
+            take = drain_split(len(started), self._room())
+            return started[:take], [], started[take:]
+        me, room = self._keeper.session_id, max(0, self._room())
+        mine = [cid for cid, to in zip(started, plan, strict=True) if to == me]
+        named = [(cid, to) for cid, to in zip(started, plan, strict=True) if to and to != me]
+        anyone = [cid for cid, to in zip(started, plan, strict=True) if not to] + mine[room:]
+        return mine[:room], named, anyone
 
     async def _free(self, connection_id: str, dead_session: str) -> None:
         if not self._keeper.live():
