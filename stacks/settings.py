@@ -275,6 +275,10 @@ class EnvironmentSettings:
         self._check_sink()
 
     def _check_capacity(self) -> None:
+        for setting in ("nat_addresses_per_gateway", "worker_subnet_mask"):
+            value = getattr(self, setting)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SettingsError(f"{setting} must be a whole number, got {value!r}")
         if not 1 <= self.nat_addresses_per_gateway <= plan_limits.MAX_NAT_ADDRESSES_PER_GATEWAY:
             raise SettingsError(
                 f"nat_addresses_per_gateway must be between 1 and {plan_limits.MAX_NAT_ADDRESSES_PER_GATEWAY} "
@@ -296,6 +300,11 @@ class EnvironmentSettings:
                 raise SettingsError(f"quotas: {name} must be a positive number, got {value!r}")
         for setting in ("connections_warm_throughput", "owner_index_warm_throughput"):
             warm = getattr(self, setting)
+            if warm is not None and not isinstance(warm, WarmThroughput):
+                raise SettingsError(
+                    f"{setting} must be a WarmThroughput(read_units_per_second=..., write_units_per_second=...) "
+                    f"or None (a new on-demand table's), got {warm!r}"
+                )
             if warm is not None:
                 warm.check(setting, quotas["table_units"])
 

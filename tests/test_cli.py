@@ -425,6 +425,13 @@ def test_connections_lists_every_one_with_its_owner_or_only_a_state(capsys, aws_
     assert re.search(r"^c3\s+STARTED\s+w2 \(LIVE, expired\)\s+1\s+0\s", out, re.MULTILINE)
 
 
+def test_connections_shows_one_handed_off_and_not_taken_yet_as_owned_by_nobody(capsys, aws_env, conns, fleet):
+    assert conns.release("c2", session_id=fleet["w1"], fence_token=1, last_seq=0, handoff=True)
+    rows = {r["connection_id"]: r for r in run_json(capsys, aws_env, "connections")}
+    assert (rows["c2"]["owner"], rows["c2"]["owned"]) == ("w1 (handed off)", False)  # as GET: nobody holds it
+    assert (rows["c1"]["owner"], rows["c1"]["owned"]) == ("w1", True)
+
+
 def test_connections_of_one_worker_come_from_its_sessions(capsys, aws_env, fleet):
     assert [r["connection_id"] for r in run_json(capsys, aws_env, "connections", "--worker", "w1")] == ["c1", "c2"]
     assert [r["connection_id"] for r in run_json(capsys, aws_env, "connections", "--worker", "w2")] == ["c3"]

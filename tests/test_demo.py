@@ -147,6 +147,9 @@ def test_the_observer_counts_a_connection_owned_only_while_its_session_is_live_a
     assert owner("w2#b") == ""  # attached to an ENDED session: an orphan until taken
     assert owner("w3#gone") == ""  # a session the observer has not seen
     assert owner("w1#a", "STOPPED") == "-"  # only STARTED connections are counted
+    # handed off by its LIVE session and not taken yet: nobody holds its socket (as GET says)
+    handed = {"desired_state": "STARTED", "lease_owner": "w1", "lease_session": "w1#a", "fence_token": 3, "released_fence": 3}
+    assert state_from_item(handed, sessions).owned_at(9_000) == ""
     assert state_from_item({"lease_owner": "w1", "lease_session": "w1#a"}, sessions).owned_at(10_000) == ""  # expired
 
 

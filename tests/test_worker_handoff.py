@@ -18,6 +18,7 @@ from wsfleet.store import ConnectionsStore
 
 from wsfleet.router import Router
 
+from tests.conftest import open_sessions
 from tests.test_worker import config, eventually, post, running, seqs
 
 pytestmark = pytest.mark.slow
@@ -164,3 +165,35 @@ def test_a_sigterm_whose_last_handoffs_are_not_taken_yet_leaves_its_session_for_
     (left,) = [e for e in events if e["event"].startswith("session_left_in_ring")]
     assert (left["event"], left["level"], left["handed"]) == ("session_left_in_ring_for_its_handoffs", "info", 1)
     assert sessions.get(session_id)["ring"] == schema.RING_VALUE and _handed_by(conns, "c1", session_id)
+
+
+def test_a_shed_taken_by_a_peer_or_given_back_is_forgotten_by_the_releasers_attachments(
+    aws_env, ddb, stores, upstream
+):
+    """A handoff stays attached to our session until someone takes it, so the release
+    does not settle it; once the handoffs see it taken (or give it back), nothing of our
+    session's is left to check for it: a long-lived worker's every shed must not pile up
+    in what its exit reads."""
+    conns, msgs = stores
+    open_sessions(ddb, aws_env, "peer#1")
+
+    async def scenario():
+        async with running(config(aws_env, RECONCILE_SECONDS="60", REBALANCE="false")) as worker:
+            worker.handoffs._hint = _no_hint  # what it gives back is not hinted, so not taken again here
+            for cid in ("c1", "c2"):
+                await _holding(worker, conns, msgs, cid, upstream.url_for(cid))
+                worker.runners[cid].request_shed()
+            session_id = worker.keeper.session_id
+            await eventually(lambda: _handed_by(conns, "c1", session_id) and _handed_by(conns, "c2", session_id), what="handed")
+            assert {"c1", "c2"} <= worker.attachments._maybe  # still attached to us: checked at exit
+            conns.acquire("c1", session_id="peer#1", worker_id="peer")  # c1 taken by a peer
+            worker.handoffs._claim_s = 0.0  # c2 given back to the free pool
+            await worker.handoffs.check_once()
+            assert conns.get("c2")["lease_session"] == "" and not len(worker.handoffs)
+            assert not {"c1", "c2"} & worker.attachments._maybe
+
+    asyncio.run(scenario())
+
+
+async def _no_hint(*_args, **_kwargs) -> None:
+    return None

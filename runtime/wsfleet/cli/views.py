@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from .. import schema
+from ..leases import released_at_fence
 from .fleet import FleetReader, Session
 
 
@@ -127,6 +128,8 @@ def _owner(item: Mapping[str, Any], sessions: Mapping[str, Session], now: int) -
         return "-", False
     session = sessions.get(session_id)
     worker = item.get(schema.LEASE_OWNER, "") or (session.worker_id if session else "?")
+    if released_at_fence(item):
+        return f"{worker} (handed off)", False  # not taken yet: nobody holds its socket (GET: no owner)
     if session is not None and session.live_at(now):
         return worker, True
     return f"{worker} ({session.describe(now) if session else 'session gone'})", False

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
 from .. import schema
-from ..leases import unreachable
+from ..leases import released_at_fence, unreachable
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,8 @@ def session_from_item(item: Mapping[str, Any]) -> SessionState:
 def state_from_item(item: Mapping[str, Any], sessions: Mapping[str, SessionState]) -> ConnState:
     session_id = item.get(schema.LEASE_SESSION, "")
     session = sessions.get(session_id) if session_id else None
+    if released_at_fence(item):
+        session = None  # handed off and not taken yet: nobody holds it (still attached, for reachability)
     return ConnState(
         desired_state=item.get(schema.DESIRED_STATE, ""),
         owner=item.get(schema.LEASE_OWNER, ""),

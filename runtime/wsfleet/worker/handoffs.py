@@ -66,7 +66,12 @@ class Handoffs:
         log: JsonLogger,
         claim_s: float = HANDOFF_CLAIM_S,
         clock: Callable[[], float] = clock.now,
+        settled: Callable[[str, str], None] = lambda connection_id, session_id: None,
     ) -> None:
+        """``settled(connection_id, session_id)``: a handoff is known to be no longer
+        attached to its session (taken by another, freed, gone): what the worker keeps
+        of its session's possible attachments (:class:`.attached.Attachments`) drops it,
+        as a release that detached would have."""
         self.unclaimed = 0
         self._pending: dict[str, Handoff] = {}
         self._connections = connections
@@ -76,6 +81,7 @@ class Handoffs:
         self._log = log
         self._claim_s = claim_s
         self._clock = clock
+        self._settled = settled
 
     def handed(self, connection_id: str, *, session_id: str, fence_token: int, released: dict) -> None:
         """A release of ours landed as a handoff (Released.HANDED)."""
@@ -101,6 +107,8 @@ class Handoffs:
                     continue
                 if item is None or not _still_handed(item, handoff):
                     self._pending.pop(connection_id, None)
+                    if item is None or item.get(schema.LEASE_SESSION) != handoff.session_id:
+                        self._settled(connection_id, handoff.session_id)
                 else:
                     found.append(connection_id)
         return found
@@ -137,6 +145,8 @@ class Handoffs:
             fence_token=handoff.fence_token,
         )
         self._pending.pop(connection_id, None)
+        if landed:
+            self._settled(connection_id, handoff.session_id)
         if landed is not Released.FREE:
             return 0  # taken meanwhile (LOST), or STOPPED: nothing to hint
         self.unclaimed += 1

@@ -170,11 +170,16 @@ class Worker:
                 me=self.keeper.session_id,
             ),
         )
-        self.handoffs = Handoffs(
-            connections=self._connections, call=aws.call, hint=self.intake.hint, counters=self.counters, log=self._log
-        )
         self.attachments = Attachments(
             connections=self._connections, sessions=self._sessions, call=aws.call, hint=self.intake.hint, log=self._log
+        )
+        self.handoffs = Handoffs(
+            connections=self._connections,
+            call=aws.call,
+            hint=self.intake.hint,
+            counters=self.counters,
+            log=self._log,
+            settled=self._handoff_settled,
         )
         self.takeover = Takeover(
             sessions=self._sessions,
@@ -460,6 +465,11 @@ class Worker:
                 self._handoff_stops.add(task)
                 task.add_done_callback(self._handoff_stops.discard)
             self.keeper.stop_handled(entry)
+
+    def _handoff_settled(self, connection_id: str, session_id: str) -> None:
+        """A handoff of ours was taken or freed: no longer attached to its session."""
+        if self.attachments.session_id == session_id:
+            self.attachments.settled(connection_id)
 
     async def _stop_handed(self, connection_id: str, fence: int) -> None:
         try:
