@@ -165,18 +165,27 @@ def summarize(
     live, suspects = [], 0
     for s in sessions:
         sid = s.get(schema.SESSION_ID, "")
-        expires = s.get(schema.EXPIRES_AT_MS)
-        expires = int(expires) if expires is not None else watched[sid].expires_at_ms if sid in watched else None
+        if s.get(schema.EXPIRES_AT_MS) is not None:  # read with the item: as fresh as the summary
+            expires, fresh = int(s[schema.EXPIRES_AT_MS]), True
+        elif sid in watched:
+            # From the summarizer's last watch read, up to a watch pause old: a healthy
+            # session's expiry then looks as near as a late one's, so it only tells an
+            # expired session (a heartbeat's grace for the read's age), never a missed
+            # renewal (a summary that took every watched session for gone left them out
+            # of the takers: seen as a join that waited 90 s with every target wrong).
+            expires, fresh = watched[sid].expires_at_ms + timing.heartbeat_ms, False
+        else:
+            expires, fresh = None, False
         if s.get(schema.SESSION_STATE) == schema.LIVE and (expires is None or expires >= now_ms):
-            live.append((s, expires))
+            live.append((s, expires, fresh))
         else:
             suspects += 1  # expired, or ENDED and still in the ring: not drained yet
     takers = {
         s[schema.SESSION_ID]: int(s.get(schema.MAX_CONNECTIONS, 0))
-        for s, expires in live
-        if not s.get(schema.DRAINING) and (expires is None or not timing.suspect(expires, now_ms))
+        for s, expires, fresh in live
+        if not s.get(schema.DRAINING) and not (fresh and timing.suspect(expires, now_ms))
     }
-    held = {s[schema.SESSION_ID]: int(s.get(schema.ACTIVE, 0)) for s, _ in live}
+    held = {s[schema.SESSION_ID]: int(s.get(schema.ACTIVE, 0)) for s, _, _ in live}
     active = sum(held.values())
     targets, cut_rem, cut_id = exact_targets(takers, active)
     under = {sid: t - held[sid] for sid, t in targets.items() if t > held[sid]}
