@@ -428,3 +428,29 @@ def test_without_the_ring_the_drainer_falls_back_to_half_its_room():
     takeover, done = _drainer(unreadable, room=10)
     assert asyncio.run(takeover.drain("w5")) == 5
     assert [to for _, to, _ in done["hinted"]] == [""] * 15
+
+
+def test_a_ring_read_while_connections_move_does_not_lower_the_targets(monkeypatch):
+    # A shedder's count falls at its release; the taker's rises at its next renewal. A
+    # ring read between the two misses the moving connections: targets from it are too
+    # low, and a worker at its target sheds (seen: 6 shed for a target of 19 on a count of
+    # 95 of 100). The summarizer counts at least its highest count of IN_TRANSIT_S.
+    import asyncio
+
+    from wsfleet.balance import IN_TRANSIT_S
+
+    ring = _Ring([_projected(session(f"w{i}#1", 20)) for i in range(5)])
+    clock = {"ms": NOW}
+    b = _summarizer(ring, clock, monkeypatch)
+    for _ in range(3):
+        fleet = asyncio.run(b.summarize_once())
+    assert fleet.active == 100 and fleet.target("w4#1", 100) == 20
+    ring.items[3] = _projected(session("w3#1", 15))  # w3 released 5; nobody has reported them yet
+    clock["ms"] += 3_000
+    for _ in range(3):
+        fleet = asyncio.run(b.summarize_once())
+    assert fleet.active == 100 and fleet.target("w4#1", 100) == 20 and not fleet.over
+    clock["ms"] += int(IN_TRANSIT_S * 1000)  # still 95 much later: a real fall (STOPs)
+    for _ in range(3):
+        fleet = asyncio.run(b.summarize_once())
+    assert fleet.active == 95 and fleet.target("w4#1", 100) == 19

@@ -147,6 +147,7 @@ def summarize(
     now_ms: int,
     timing: SessionTiming,
     watched: Mapping[str, Watched] | None = None,
+    active_at_least: int = 0,
 ) -> FleetLoad:
     """The fleet summary from every session in the ring, as read (the ``by_ring`` index
     projects what it needs: state, active, max_connections, draining; never the expiry,
@@ -186,7 +187,12 @@ def summarize(
         if not s.get(schema.DRAINING) and not (fresh and timing.suspect(expires, now_ms))
     }
     held = {s[schema.SESSION_ID]: int(s.get(schema.ACTIVE, 0)) for s, _, _ in live}
-    active = sum(held.values())
+    # ``active_at_least``: the summarizer's recent highest count (see
+    # :data:`IN_TRANSIT_S`): a read taken while connections move between a shedder and a
+    # taker misses them, and targets from it are too low (a worker at its target shed 6
+    # for one of 19 on a count of 95 of 100). Counting high only makes targets high for a
+    # moment: someone sheds less, never below its real target.
+    active = max(sum(held.values()), active_at_least)
     targets, cut_rem, cut_id = exact_targets(takers, active)
     under = {sid: t - held[sid] for sid, t in targets.items() if t > held[sid]}
     over = {sid: held[sid] - t for sid, t in targets.items() if held[sid] > t}
@@ -259,6 +265,12 @@ def drain_targets(sessions: Iterable[Mapping], *, dead_session: str, count: int)
     chosen = row[offset : offset + count]
     return chosen + [""] * (count - len(chosen))
 
+
+# A moved connection is missing from the counts from its release (the shedder's count
+# falls) until its taker's next renewal reports it (a heartbeat or two): the summarizer
+# counts the fleet as at least its highest count this long ago (a STOP's fall shows
+# after it).
+IN_TRANSIT_S = 10.0
 
 UNDER_LISTED = 25  # sessions under (and over) their share named in the summary
 # A shed hint that names its target is left to that session this long; then any worker

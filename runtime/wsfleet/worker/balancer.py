@@ -22,7 +22,7 @@ import asyncio
 from typing import Any, Awaitable, Callable, Mapping
 
 from .. import clock, schema
-from ..balance import FleetLoad, is_summarizer, max_moves, shed_count, shed_targets, summarize
+from ..balance import IN_TRANSIT_S, FleetLoad, is_summarizer, max_moves, shed_count, shed_targets, summarize
 from ..leases import SessionTiming, Watched
 from ..logs import JsonLogger
 from ..store import SessionsStore, now_ms
@@ -78,6 +78,7 @@ class Balancer:
         self._last_acquired_ms = last_acquired_ms
         self._clock_ms = clock_ms
         self._watched = watched
+        self._counts: list[tuple[int, int]] = []  # (ms, connections counted) of the recent summaries
         self._read: list[dict] = []  # the ring read so far, when it takes several passes
         self._cursor: dict | None = None  # where the next page starts
         self._written: dict | None = None  # the figures last written, and when
@@ -125,7 +126,11 @@ class Balancer:
         items, self._read = self._read, []
         now = self._clock_ms()
         watched = self._watched()
-        fleet = summarize(items, now_ms=now, timing=self._timing, watched=watched)
+        counted = sum(int(i.get(schema.ACTIVE, 0)) for i in items if i.get(schema.SESSION_STATE) == schema.LIVE)
+        self._counts = [(at, n) for at, n in self._counts if now - at < IN_TRANSIT_S * 1000] + [(now, counted)]
+        fleet = summarize(
+            items, now_ms=now, timing=self._timing, watched=watched, active_at_least=max(n for _, n in self._counts)
+        )
         endable = self._timing.endable_below_ms(now)
         self.dead_sessions = [
             i[schema.SESSION_ID]
