@@ -296,7 +296,7 @@ class EnvironmentSettings:
         except ValueError as error:
             raise SettingsError(f"quotas: {error}") from None
         for name, value in self.quotas.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise SettingsError(f"quotas: {name} must be a positive number, got {value!r}")
         for setting in ("connections_warm_throughput", "owner_index_warm_throughput"):
             warm = getattr(self, setting)

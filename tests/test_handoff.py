@@ -346,3 +346,70 @@ def test_a_start_point_the_table_refuses_costs_the_scan_its_random_start_not_the
     mine = sorted(c for c in ("k1", "k2", "k3") if schema.shard_for(c, 4) == shard)
     _answer_once(ddb, "Query", 400, {"__type": "ValidationException", "message": "The provided starting key is invalid"})
     assert list(store.free(shard, start_after="k0")) == mine  # from the start
+
+
+def test_a_give_up_whose_hint_was_not_sent_is_hinted_as_free_by_the_next_check_or_the_leaving_worker(store):
+    """The free of an unclaimed handoff lands, then its hint fails (SQS) or is cancelled
+    (SIGTERM cancels the handoffs loop mid-step): nobody else hints a free it made, so
+    the next check, or the leaving worker's last step, hints it as free."""
+    for check in ("check_once", "hint_again"):
+        cid = f"c-{check}"
+        hints: list = []
+        handoffs = _handoffs(store, hints)
+        handoffs.handed(cid, session_id="a#1", fence_token=1, released=handed(store, cid))
+        sent = handoffs._hint
+
+        async def lost(connection_id, **kwargs):
+            raise TimeoutError("SQS send timed out")
+
+        handoffs._hint = lost
+        with pytest.raises(TimeoutError):
+            asyncio.run(handoffs.check_once())
+        assert store.get(cid)["owner_key"] == schema.owner_key_free(cid, 4) and not hints  # freed, not hinted
+        handoffs._hint = sent
+        asyncio.run(getattr(handoffs, check)())
+        ((hinted, kwargs),) = hints
+        assert hinted == cid and schema.LEASE_SESSION not in kwargs["released"]  # as free: the taker needs no read
+        assert not len(handoffs)
+
+    # cancelled while its hint was being sent: the same
+    hints = []
+    handoffs = _handoffs(store, hints)
+    handoffs.handed("c-cancel", session_id="a#1", fence_token=1, released=handed(store, "c-cancel"))
+    sent = handoffs._hint
+
+    async def cancelled_in_flight():
+        async def hangs(connection_id, **kwargs):
+            await asyncio.Event().wait()
+
+        handoffs._hint = hangs
+        step = asyncio.create_task(handoffs.check_once())
+        while store.get("c-cancel")["lease_session"]:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        step.cancel()
+        handoffs._hint = sent
+        await handoffs.hint_again()
+
+    asyncio.run(cancelled_in_flight())
+    assert [h[0] for h in hints] == ["c-cancel"]
+
+
+def test_a_stopped_then_started_handoff_whose_free_hint_was_lost_is_hinted_by_the_next_check(store, sessions):
+    hints: list = []
+    handoffs = _handoffs(store, hints)
+    handoffs.handed("c1", session_id="a#1", fence_token=1, released=handed(store))
+    store.stop("c1", sessions=sessions)
+    assert store.start("c1", URL).unowned is False  # still attached: the START hints nothing
+    sent = handoffs._hint
+
+    async def lost(connection_id, **kwargs):
+        raise TimeoutError("SQS send timed out")
+
+    handoffs._hint = lost
+    with pytest.raises(TimeoutError):
+        asyncio.run(handoffs.stop("c1", 1))
+    assert store.get("c1")["owner_key"] == schema.owner_key_free("c1", 4) and not hints
+    handoffs._hint = sent
+    asyncio.run(handoffs.check_once())
+    assert [h[0] for h in hints] == ["c1"] and not len(handoffs)

@@ -53,6 +53,8 @@ def test_dev_and_prod_exist_and_prod_keeps_its_data():
         ({"quotas": [("tasks_per_service", 9000)]}, "quotas must map"),
         ({"quotas": {"tasks_per_service": 0}}, "quotas: tasks_per_service"),
         ({"quotas": {"tasks_per_service": "9000"}}, "quotas: tasks_per_service"),
+        ({"quotas": {"table_units": float("inf")}}, "quotas: table_units must be a positive number"),
+        ({"quotas": {"table_units": float("nan")}}, "quotas: table_units must be a positive number"),
         ({"connections_warm_throughput": WarmThroughput(read_units_per_second=12_000, write_units_per_second=100)},
          "connections_warm_throughput: write_units_per_second"),
         ({"owner_index_warm_throughput": WarmThroughput(read_units_per_second=50_000, write_units_per_second=4_000)},

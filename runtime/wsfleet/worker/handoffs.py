@@ -94,32 +94,49 @@ class Handoffs:
     def __len__(self) -> int:
         return len(self._pending)
 
-    async def _still_handed(self, connection_ids: list[str]) -> list[str]:
-        """Of these pending handoffs, those a consistent read finds still attached to
-        their session and released at their fence; the others are forgotten (taken,
-        freed or gone)."""
-        found: list[str] = []
+    async def _still_handed(self, connection_ids: list[str]) -> tuple[list[str], list[str]]:
+        """Of these pending handoffs: those a consistent read finds still attached to
+        their session and released at their fence; and those it finds free at their
+        fence, STARTED (given back by us, and their hint perhaps never sent: a give-up
+        whose hint failed, or was cancelled with the handoffs loop at SIGTERM), for the
+        caller to hint as free and forget. The others are forgotten (taken, stopped or
+        gone)."""
+        handed: list[str] = []
+        given_back: list[str] = []
         for start in range(0, len(connection_ids), READ_BATCH):
             items = await self._call(self._connections.get_many, connection_ids[start : start + READ_BATCH])
             for connection_id, item in items.items():
                 handoff = self._pending.get(connection_id)
                 if handoff is None:
                     continue
-                if item is None or not _still_handed(item, handoff):
-                    self._pending.pop(connection_id, None)
-                    if item is None or item.get(schema.LEASE_SESSION) != handoff.session_id:
-                        self._settled(connection_id, handoff.session_id)
+                if item is not None and _still_handed(item, handoff):
+                    handed.append(connection_id)
+                    continue
+                if item is None or item.get(schema.LEASE_SESSION) != handoff.session_id:
+                    self._settled(connection_id, handoff.session_id)
+                if item is not None and _free_at_fence(item, handoff):
+                    given_back.append(connection_id)
                 else:
-                    found.append(connection_id)
-        return found
+                    self._pending.pop(connection_id, None)
+        return handed, given_back
+
+    async def _hint_given_back(self, connection_ids: list[str]) -> None:
+        """Hint as free, then forget, what we gave back (its first hint perhaps lost)."""
+        for connection_id in connection_ids:
+            await self._hint(connection_id, released=_free_state(self._pending[connection_id]))
+            self._pending.pop(connection_id, None)
+        if connection_ids:
+            self._log.info("handoffs_given_back_hinted", count=len(connection_ids))
 
     async def hint_again(self) -> int:
         """Hint once more, as before, every pending handoff still unclaimed: a leaving
         worker's last step, a moment after its handoffs' hints (a hint can be lost: taken
         by the in-flight poll of a worker that was just killed, say; its watchers would
-        find it only at their next read of its ended session). A taker that finds it
-        taken meanwhile is refused at no write. Returns how many it hinted."""
-        unclaimed = await self._still_handed(sorted(self._pending))
+        find it only at their next read of its ended session); and, as free, one we gave
+        back whose hint may not have been sent. A taker that finds it taken meanwhile is
+        refused at no write. Returns how many it hinted as handed off."""
+        unclaimed, given_back = await self._still_handed(sorted(self._pending))
+        await self._hint_given_back(given_back)
         for connection_id in unclaimed:
             await self._hint(connection_id, released=self._pending[connection_id].released)
         if unclaimed:
@@ -128,32 +145,37 @@ class Handoffs:
 
     async def check_once(self) -> int:
         """Free (and hint as free) what was handed off over ``claim_s`` ago and is still
-        attached to its session, released at its fence; forget what was taken. Returns
-        how many it freed."""
+        attached to its session, released at its fence; hint as free again what we gave
+        back and may not have hinted; forget what was taken. Returns how many it freed."""
         now = self._clock()
         due = sorted(c for c, h in self._pending.items() if now - h.at >= self._claim_s)
+        handed, given_back = await self._still_handed(due)
+        await self._hint_given_back(given_back)
         freed = 0
-        for connection_id in await self._still_handed(due):
+        for connection_id in handed:
             freed += await self._give_up(connection_id, self._pending[connection_id])
         return freed
 
     async def _give_up(self, connection_id: str, handoff: Handoff) -> int:
+        """Free one nobody claimed and hint it as free. It is forgotten only once the
+        hint is sent: one cancelled or failed in between is found free at its fence by
+        the next :meth:`check_once` or :meth:`hint_again`, which hint it."""
         landed = await self._call(
             self._connections.free_released,
             connection_id,
             session_id=handoff.session_id,
             fence_token=handoff.fence_token,
         )
-        self._pending.pop(connection_id, None)
         if landed:
             self._settled(connection_id, handoff.session_id)
         if landed is not Released.FREE:
+            self._pending.pop(connection_id, None)
             return 0  # taken meanwhile (LOST), or STOPPED: nothing to hint
         self.unclaimed += 1
         self._counters.add(names.HANDOFFS_UNCLAIMED)
         self._log.warning("handoff_unclaimed", connection_id=connection_id, fence_token=handoff.fence_token)
-        free = {k: v for k, v in handoff.released.items() if k != schema.LEASE_SESSION}
-        await self._hint(connection_id, released=free)
+        await self._hint(connection_id, released=_free_state(handoff))
+        self._pending.pop(connection_id, None)
         return 1
 
     async def stop(self, connection_id: str, fence_token: int) -> bool:
@@ -171,11 +193,11 @@ class Handoffs:
             fence_token=fence_token,
             stopped=True,
         )
-        self._pending.pop(connection_id, None)
         if landed is Released.FREE:
-            # A START came after the STOP: free and STARTED again, for anyone.
-            free = {k: v for k, v in handoff.released.items() if k != schema.LEASE_SESSION}
-            await self._hint(connection_id, released=free)
+            # A START came after the STOP: free and STARTED again, for anyone (the START
+            # hinted nothing: it found it attached). Forgotten once hinted, as a give-up.
+            await self._hint(connection_id, released=_free_state(handoff))
+        self._pending.pop(connection_id, None)
         self._log.info("handoff_stopped", connection_id=connection_id, landed=landed.value)
         return landed is not Released.LOST
 
@@ -186,3 +208,17 @@ def _still_handed(item: dict, handoff: Handoff) -> bool:
         and int(item.get(schema.FENCE_TOKEN, -1)) == handoff.fence_token
         and released_at_fence(item)
     )
+
+
+def _free_at_fence(item: dict, handoff: Handoff) -> bool:
+    """Free and STARTED at the handoff's fence: given back, and taken by nobody since."""
+    return (
+        item.get(schema.DESIRED_STATE) == schema.STARTED
+        and item.get(schema.LEASE_SESSION, "") == ""
+        and int(item.get(schema.FENCE_TOKEN, -1)) == handoff.fence_token
+    )
+
+
+def _free_state(handoff: Handoff) -> dict:
+    """The hint's state for the handoff given back: free (no session)."""
+    return {k: v for k, v in handoff.released.items() if k != schema.LEASE_SESSION}
