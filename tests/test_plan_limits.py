@@ -47,12 +47,12 @@ def test_the_limits_match_a_hand_computed_fleet():
     # Workers: 10,000 / 100 (the target-tracking setting, not MAX_CONNECTIONS 200) = 100.
     assert r["workers"] == 100
     # FREE# shard, each: every worker queries every shard, so a shard takes the measured
-    # 360/h, backed off 8x while nothing is free = 45/h, / 4 shards measured at = 11.25/h
-    # from each of 100 workers: 0.3125/s x 0.5 RRU = 0.15625; the unowned count is the
+    # 360/h (measured with the idle backoff, used as it is), / 4 shards measured at = 90/h
+    # from each of 100 workers: 2.5/s x 0.5 RRU = 1.25; the unowned count is the
     # summarizer's alone: 60/h x 3 bench workers = 180/h for the fleet, / 4 shards = 45/h
-    # = 0.0125/s x 0.5 = 0.00625. Sum 0.1625.
+    # = 0.0125/s x 0.5 = 0.00625. Sum 1.25625.
     free = _by(r, "steady", "partition connections.by_owner FREE#<shard> (each): reads")
-    assert free["used"] == pytest.approx(0.1625)
+    assert free["used"] == pytest.approx(1.25625)
     # RING: watchers refresh every 15 s: 240/h x 100 workers = 6.667/s x 0.5 = 3.3333;
     # the summarizer's passes = what the 3 bench workers read beyond their refreshes:
     # 3 x 480 - 3 x 240 = 720/h = 0.2/s, each the whole ring: 100 entries x 100 B = 3 x 4 KB
@@ -108,17 +108,17 @@ def test_the_limits_match_a_hand_computed_fleet():
                              "change max_workers"]
     assert r["cells"] is None
     # $: reads per second: sessions 25 (watch: 100 x 900/h x 1) + 4.1667 (#fleet) =
-    # 29.1667; by_ring 3.6333; by_owner 0.625 (free scan: 100 x 45/h x 0.5) + 0.025
-    # (unowned: 180/h x 0.5) = 0.65: 33.45 RRU/s; writes 40.4 WRU/s. A month is 730 h =
-    # 2.628 M s: reads 87.91 M x $0.5 = 43.95, writes 106.17 M x $1 = 106.17. Fargate: 100 x
+    # 29.1667; by_ring 3.6333; by_owner 5 (free scan: 100 x 360/h x 0.5) + 0.025
+    # (unowned: 180/h x 0.5) = 5.025: 37.825 RRU/s; writes 40.4 WRU/s. A month is 730 h =
+    # 2.628 M s: reads 99.40 M x $0.5 = 49.70, writes 106.17 M x $1 = 106.17. Fargate: 100 x
     # (0.25 vCPU x 0.04048 + 0.5 GB x 0.004445) x 730 = 901.00; one NAT gateway 0.045 x 730
     # = 32.85 and its address 0.005 x 730 = 3.65; no frames: no NAT data.
     m = r["month"]
-    assert m["dynamodb_reads"] == pytest.approx(43.95, abs=0.01)
+    assert m["dynamodb_reads"] == pytest.approx(49.70, abs=0.01)
     assert m["dynamodb_writes"] == pytest.approx(106.17, abs=0.01)
     assert m["fargate"] == pytest.approx(901.00, abs=0.01)
     assert (m["nat_hours"], m["nat_addresses"]) == (pytest.approx(32.85), pytest.approx(3.65))
-    assert r["usd_per_month"] == pytest.approx(43.95 + 106.17 + 901.00 + 32.85 + 3.65, abs=0.02)
+    assert r["usd_per_month"] == pytest.approx(49.70 + 106.17 + 901.00 + 32.85 + 3.65, abs=0.02)
 
 
 def test_frames_through_the_nat_and_the_checkpoints_are_priced():
