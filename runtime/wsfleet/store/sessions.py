@@ -225,45 +225,32 @@ class SessionsStore(_Table):
             )
         return out
 
-    def ring(self) -> list[str]:
-        """Every session id in the watch ring, sorted (the summary's one full read)."""
-        return [
-            unmarshal(raw)[schema.SESSION_ID]
-            for page in self._query_pages(
-                IndexName=schema.RING_INDEX,
-                KeyConditionExpression="#r = :r",
-                ExpressionAttributeNames=_names("#r"),
-                ExpressionAttributeValues=marshal({":r": schema.RING_VALUE}),
-            )
-            for raw in page.get("Items", [])
-        ]
+    def _ring_query(self, **extra: Any) -> dict[str, Any]:
+        """The Query of the whole watch ring (``by_ring_load``), in id order."""
+        return {
+            "IndexName": schema.RING_INDEX,
+            "KeyConditionExpression": "#r = :r",
+            "ExpressionAttributeNames": _names("#r"),
+            "ExpressionAttributeValues": marshal({":r": schema.RING_VALUE}),
+            **extra,
+        }
 
     def ring_page(self, start: Mapping[str, Any] | None = None, *, limit: int) -> tuple[list[dict], dict | None]:
         """One page of the watch ring with what the index projects of each session
         (``schema.RING_PROJECTED``: state, active, max_connections, draining), in id
         order, at most ``limit`` items: (sessions, where the next page starts, or None
         after the last). The summarizer's bounded read: a page per pass."""
-        resp = self._call(
-            "query",
-            IndexName=schema.RING_INDEX,
-            KeyConditionExpression="#r = :r",
-            ExpressionAttributeNames=_names("#r"),
-            ExpressionAttributeValues=marshal({":r": schema.RING_VALUE}),
-            Limit=limit,
-            **({"ExclusiveStartKey": start} if start else {}),
-        )
+        resp = self._call("query", **self._ring_query(Limit=limit, **({"ExclusiveStartKey": start} if start else {})))
         return [unmarshal(raw) for raw in resp.get("Items", [])], resp.get("LastEvaluatedKey")
 
     def ring_loads(self) -> list[dict]:
         """Every session in the watch ring with what the index projects (a drainer's
         plan, :func:`wsfleet.balance.drain_targets`): pages until the end."""
-        out: list[dict] = []
-        start = None
-        while True:
-            page, start = self.ring_page(start, limit=RING_PAGE_LIMIT)
-            out.extend(page)
-            if start is None:
-                return out
+        return [
+            unmarshal(raw)
+            for page in self._query_pages(**self._ring_query(Limit=RING_PAGE_LIMIT))
+            for raw in page.get("Items", [])
+        ]
 
     def ring_before(self, session_id: str, *, limit: int) -> list[str]:
         """Up to ``limit`` session ids before ``session_id`` in the watch ring (nearest
