@@ -223,12 +223,24 @@ def shed_targets(fleet: FleetLoad, me: str, n: int, rng: random.Random | None = 
     So together they fill each session exactly to its target, none more. A shedder the
     summary does not list as over (a stale summary) picks in proportion to the
     deficits. "" for any beyond the row (anyone under target)."""
-    row = [sid for sid, deficit in sorted(fleet.under.items()) for _ in range(max(0, int(deficit)))]
     if me in fleet.over:
-        offset = sum(excess for sid, excess in sorted(fleet.over.items()) if sid < me)
-        chosen = row[offset : offset + n]
-    else:
-        chosen = (rng or random).sample(row, min(n, len(row)))
+        return _facing(fleet.under, fleet.over, me, n)
+    row = _row(fleet.under)
+    chosen = (rng or random).sample(row, min(n, len(row)))
+    return chosen + [""] * (n - len(chosen))
+
+
+def _row(deficits: Mapping[str, int]) -> list[str]:
+    """The deficits laid out in a row: sessions in id order, each as many times as it is under."""
+    return [sid for sid, deficit in sorted(deficits.items()) for _ in range(max(0, int(deficit)))]
+
+
+def _facing(deficits: Mapping[str, int], movers: Mapping[str, int], me: str, n: int) -> list[str]:
+    """``me``'s part of the one plan every mover computes alike: the deficits in a row,
+    the movers' amounts likewise (in id order), and ``me``'s ``n`` facing its own part of
+    it; "" for any beyond the row."""
+    offset = sum(amount for sid, amount in movers.items() if sid < me)
+    chosen = _row(deficits)[offset : offset + n]
     return chosen + [""] * (n - len(chosen))
 
 
@@ -260,10 +272,7 @@ def drain_targets(sessions: Iterable[Mapping], *, dead_session: str, count: int)
     if not sum(survivors.values()):
         return None
     targets, _, _ = exact_targets(survivors, sum(held.values()) + sum(dead.values()))
-    row = [sid for sid in sorted(targets) for _ in range(max(0, targets[sid] - held[sid]))]
-    offset = sum(n for sid, n in dead.items() if sid < dead_session)
-    chosen = row[offset : offset + count]
-    return chosen + [""] * (count - len(chosen))
+    return _facing({sid: targets[sid] - held[sid] for sid in targets}, dead, dead_session, count)
 
 
 # A moved connection is missing from the counts from its release (the shedder's count
