@@ -72,7 +72,6 @@ class Handoffs:
         attached to its session (taken by another, freed, gone): what the worker keeps
         of its session's possible attachments (:class:`.attached.Attachments`) drops it,
         as a release that detached would have."""
-        self.unclaimed = 0
         self._pending: dict[str, Handoff] = {}
         self._connections = connections
         self._call = call
@@ -171,7 +170,6 @@ class Handoffs:
         if landed is not Released.FREE:
             self._pending.pop(connection_id, None)
             return 0  # taken meanwhile (LOST), or STOPPED: nothing to hint
-        self.unclaimed += 1
         self._counters.add(names.HANDOFFS_UNCLAIMED)
         self._log.warning("handoff_unclaimed", connection_id=connection_id, fence_token=handoff.fence_token)
         await self._hint(connection_id, released=_free_state(handoff))
@@ -193,6 +191,8 @@ class Handoffs:
             fence_token=fence_token,
             stopped=True,
         )
+        if landed:
+            self._settled(connection_id, handoff.session_id)
         if landed is Released.FREE:
             # A START came after the STOP: free and STARTED again, for anyone (the START
             # hinted nothing: it found it attached). Forgotten once hinted, as a give-up.

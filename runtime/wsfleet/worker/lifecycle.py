@@ -473,8 +473,7 @@ class Worker:
 
     async def _stop_handed(self, connection_id: str, fence: int) -> None:
         try:
-            if await self.handoffs.stop(connection_id, fence) and self.attachments.session_id == self.keeper.session_id:
-                self.attachments.settled(connection_id)
+            await self.handoffs.stop(connection_id, fence)  # settles it (_handoff_settled) when it lands
         except Exception as exc:  # noqa: BLE001 - the audit frees a STOPPED one still attached to us
             self._log.warning("handoff_stop_failed", connection_id=connection_id, error=f"{type(exc).__name__}: {exc}")
 
