@@ -615,7 +615,16 @@ class Worker:
 
     # --- the loops ---------------------------------------------------------------------
 
-    async def _every(self, pause_s: Callable[[], float], step: Any, *, wait_first: bool = False) -> None:
+    async def _every(
+        self,
+        pause_s: Callable[[], float],
+        step: Any,
+        *,
+        wait_first: bool = False,
+        pause: Callable[[float], Awaitable[None]] | None = None,
+    ) -> None:
+        """``step`` while our session is live, then ``pause`` (by default until we stop)
+        for ``pause_s()`` seconds, until the worker stops."""
         first = True
         while not self._stopping.is_set():
             if not self._session_ready.is_set():
@@ -624,32 +633,29 @@ class Worker:
             if not (first and wait_first) and self.keeper.live():
                 await step()  # one that raises is run again by the supervisor (see run())
             first = False
-            try:
-                await asyncio.wait_for(self._stopping.wait(), timeout=pause_s())
-            except TimeoutError:
-                pass
+            await (pause or self._pause)(pause_s())
 
-    async def _reconcile_loop(self) -> None:
-        """The free scan, every RECONCILE_SECONDS (jittered) doubled after each scan in a
+    async def _pause(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+
+    async def _reconcile_pause(self, seconds: float) -> None:
+        """The free scan's pause: RECONCILE_SECONDS (jittered) doubled after each scan in a
         row that found nothing (``Takeover.idle_scans``, at most RECONCILE_BACKOFF_CAP
-        times); a hint meanwhile (``Takeover.note_work``) cuts what is left of a long
-        pause to at most one RECONCILE_SECONDS."""
-        while not self._stopping.is_set():
-            if not self._session_ready.is_set():
-                await first_of(self._session_ready.wait(), self._stopping.wait())
-                continue
-            if self.keeper.live():
-                await self.takeover.reconcile_once()
-            self.takeover.work_noted.clear()
-            deadline = clock.now() + reconcile_pause_s(self.config.reconcile_ms, idle_scans=self.takeover.idle_scans)
-            while not self._stopping.is_set() and (left := deadline - clock.now()) > 0:
-                try:
-                    await asyncio.wait_for(first_of(self.takeover.work_noted.wait(), self._stopping.wait()), timeout=left)
-                except TimeoutError:
-                    break
-                if self.takeover.work_noted.is_set():
-                    self.takeover.work_noted.clear()
-                    deadline = min(deadline, clock.now() + reconcile_pause_s(self.config.reconcile_ms))
+        times: ``seconds``); a hint meanwhile (``Takeover.note_work``) cuts what is left
+        of a long pause to at most one RECONCILE_SECONDS."""
+        self.takeover.work_noted.clear()
+        deadline = clock.now() + seconds
+        while not self._stopping.is_set() and (left := deadline - clock.now()) > 0:
+            try:
+                await asyncio.wait_for(first_of(self.takeover.work_noted.wait(), self._stopping.wait()), timeout=left)
+            except TimeoutError:
+                break
+            if self.takeover.work_noted.is_set():
+                self.takeover.work_noted.clear()
+                deadline = min(deadline, clock.now() + reconcile_pause_s(self.config.reconcile_ms))
 
     async def _balance_loop(self) -> None:
         """A balance pass after each fleet summary a watch read brings (every
@@ -710,10 +716,13 @@ class Worker:
         reconcile = lambda: reconcile_pause_s(self.config.reconcile_ms)  # noqa: E731
         watch = self.timing.watch_pause_s
         audit = lambda: AUDIT_EVERY * reconcile()  # noqa: E731
+        scan = lambda: reconcile_pause_s(self.config.reconcile_ms, idle_scans=self.takeover.idle_scans)  # noqa: E731
         metrics = lambda: self.config.metrics_seconds  # noqa: E731
         loops = [
             self._supervised("watch", lambda: self._every(watch, self.takeover.watch_once)),
-            self._supervised("reconcile", self._reconcile_loop),
+            self._supervised(
+                "reconcile", lambda: self._every(scan, self.takeover.reconcile_once, pause=self._reconcile_pause)
+            ),
             self._supervised("handoffs", lambda: self._every(lambda: CHECK_EVERY_S, self.handoffs.check_once)),
             self._supervised("summary", lambda: self._every(watch, self.balancer.summarize_once)),
             self._supervised("balance", self._balance_loop),
