@@ -337,13 +337,12 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         return items
 
     def get_many(self, connection_ids: Sequence[str]) -> dict[str, dict | None]:
-        """Strongly consistent BatchGetItem of whole connection items (at most 100);
+        """Strongly consistent BatchGetItem of whole connection items, 100 per request;
         None for one that does not exist."""
-        if not connection_ids:
-            return {}
         found = {
             schema.connection_id_from_pk(item[schema.PK]): item
-            for item in self._batch_get(connection_ids, ConsistentRead=True)
+            for start in range(0, len(connection_ids), 100)
+            for item in self._batch_get(connection_ids[start : start + 100], ConsistentRead=True)
         }
         return {c: found.get(c) for c in connection_ids}
 

@@ -42,7 +42,6 @@ from ..store import ConnectionsStore, Released
 # poll within a second or two more. Past this, nobody is taking it.
 HANDOFF_CLAIM_S = SHED_ANYONE_AFTER_S + 4.0
 CHECK_EVERY_S = 2.0  # how often what is past its claim time is looked at
-READ_BATCH = 100  # BatchGetItem's limit
 
 Call = Callable[..., Awaitable[Any]]
 
@@ -102,21 +101,20 @@ class Handoffs:
         gone)."""
         handed: list[str] = []
         given_back: list[str] = []
-        for start in range(0, len(connection_ids), READ_BATCH):
-            items = await self._call(self._connections.get_many, connection_ids[start : start + READ_BATCH])
-            for connection_id, item in items.items():
-                handoff = self._pending.get(connection_id)
-                if handoff is None:
-                    continue
-                if item is not None and _still_handed(item, handoff):
-                    handed.append(connection_id)
-                    continue
-                if item is None or item.get(schema.LEASE_SESSION) != handoff.session_id:
-                    self._settled(connection_id, handoff.session_id)
-                if item is not None and _free_at_fence(item, handoff):
-                    given_back.append(connection_id)
-                else:
-                    self._pending.pop(connection_id, None)
+        items = await self._call(self._connections.get_many, connection_ids) if connection_ids else {}
+        for connection_id, item in items.items():
+            handoff = self._pending.get(connection_id)
+            if handoff is None:
+                continue
+            if item is not None and _still_handed(item, handoff):
+                handed.append(connection_id)
+                continue
+            if item is None or item.get(schema.LEASE_SESSION) != handoff.session_id:
+                self._settled(connection_id, handoff.session_id)
+            if item is not None and _free_at_fence(item, handoff):
+                given_back.append(connection_id)
+            else:
+                self._pending.pop(connection_id, None)
         return handed, given_back
 
     async def _hint_given_back(self, connection_ids: list[str]) -> None:
