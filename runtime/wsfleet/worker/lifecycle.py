@@ -453,9 +453,9 @@ class Worker:
             if connection_id in self._acquiring:
                 continue  # not held yet: it stays in the inbox until the next renewal
             runner = self.runners.get(connection_id)
-            if runner is not None and runner.fence_token == fence and runner.end_reason in HANDING_OFF:
-                continue  # being handed off: it stays in the inbox, for the next renewal to bring back
             if runner is not None and runner.fence_token == fence:
+                if runner.end_reason in HANDING_OFF:
+                    continue  # being handed off: it stays in the inbox, for the next renewal to bring back
                 self._log.info("stop_received", connection_id=connection_id)
                 runner.request_stop()
             elif runner is None and self.handoffs.pending(connection_id):
