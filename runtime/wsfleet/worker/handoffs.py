@@ -71,6 +71,7 @@ class Handoffs:
         attached to its session (taken by another, freed, gone): what the worker keeps
         of its session's possible attachments (:class:`.attached.Attachments`) drops it,
         as a release that detached would have."""
+        self.last_at = float("-inf")  # clock() of our last handoff
         self._pending: dict[str, Handoff] = {}
         self._connections = connections
         self._call = call
@@ -83,7 +84,8 @@ class Handoffs:
 
     def handed(self, connection_id: str, *, session_id: str, fence_token: int, released: dict) -> None:
         """A release of ours landed as a handoff (Released.HANDED)."""
-        self._pending[connection_id] = Handoff(session_id, fence_token, dict(released), self._clock())
+        self.last_at = self._clock()
+        self._pending[connection_id] = Handoff(session_id, fence_token, dict(released), self.last_at)
 
     def pending(self, connection_id: str) -> bool:
         """Handed off by us and not known to be taken or freed."""

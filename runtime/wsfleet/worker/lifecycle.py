@@ -235,7 +235,6 @@ class Worker:
         self._holders: set[asyncio.Task] = set()
         self._holding: dict[str, asyncio.Task] = {}  # connection id -> its holder task
         self._handoff_stops: set[asyncio.Task] = set()  # STOPs of connections we handed off
-        self._handed_off_at = float("-inf")  # clock.now() of our last handoff
         self._stopping = asyncio.Event()
         self._session_ready = asyncio.Event()
         self._capacity_freed = asyncio.Event()
@@ -431,7 +430,6 @@ class Worker:
             else None
         )
         if runner.handed:
-            self._handed_off_at = clock.now()
             self.handoffs.handed(
                 runner.connection_id, session_id=runner.session_id, fence_token=runner.fence_token, released=released
             )
@@ -767,7 +765,7 @@ class Worker:
         not its watchers' next read of its ended session."""
         if not len(self.handoffs):
             return
-        await asyncio.sleep(max(0.0, min(self._handed_off_at + after, until) - clock.now()))
+        await asyncio.sleep(max(0.0, min(self.handoffs.last_at + after, until) - clock.now()))
         try:
             await asyncio.wait_for(self.handoffs.hint_again(), timeout=max(0.1, until - clock.now()))
         except Exception as exc:  # noqa: BLE001 - its watchers drain what is left
