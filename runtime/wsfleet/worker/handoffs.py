@@ -151,30 +151,9 @@ class Handoffs:
         handed, given_back = await self._still_handed(due)
         await self._hint_given_back(given_back)
         freed = 0
-        for connection_id in handed:
-            freed += await self._give_up(connection_id, self._pending[connection_id])
+        for connection_id in handed:  # nobody claimed it: give it up
+            freed += await self._free(connection_id, self._pending[connection_id]) is Released.FREE
         return freed
-
-    async def _give_up(self, connection_id: str, handoff: Handoff) -> int:
-        """Free one nobody claimed and hint it as free. It is forgotten only once the
-        hint is sent: one cancelled or failed in between is found free at its fence by
-        the next :meth:`check_once` or :meth:`hint_again`, which hint it."""
-        landed = await self._call(
-            self._connections.free_released,
-            connection_id,
-            session_id=handoff.session_id,
-            fence_token=handoff.fence_token,
-        )
-        if landed:
-            self._settled(connection_id, handoff.session_id)
-        if landed is not Released.FREE:
-            self._pending.pop(connection_id, None)
-            return 0  # taken meanwhile (LOST), or STOPPED: nothing to hint
-        self._counters.add(names.HANDOFFS_UNCLAIMED)
-        self._log.warning("handoff_unclaimed", connection_id=connection_id, fence_token=handoff.fence_token)
-        await self._hint(connection_id, released=_free_state(handoff))
-        self._pending.pop(connection_id, None)
-        return 1
 
     async def stop(self, connection_id: str, fence_token: int) -> bool:
         """A STOP for a connection we handed off at ``fence_token`` came to our session's
@@ -184,22 +163,34 @@ class Handoffs:
         handoff = self._pending.get(connection_id)
         if handoff is None or handoff.fence_token != fence_token:
             return False
+        landed = await self._free(connection_id, handoff, stopped=True)
+        self._log.info("handoff_stopped", connection_id=connection_id, landed=landed.value)
+        return landed is not Released.LOST
+
+    async def _free(self, connection_id: str, handoff: Handoff, *, stopped: bool = False) -> Released:
+        """Free a handoff (:meth:`ConnectionsStore.free_released`; ``stopped``: for a
+        STOP) and, when it lands free and STARTED, hint it as free: a give-up, counted
+        unclaimed, or a STOP's that a START followed (the START hinted nothing: it found
+        it attached). Taken meanwhile (LOST), or STOPPED: nothing to hint. It is
+        forgotten only once the hint is sent: one cancelled or failed in between is
+        found free at its fence by the next :meth:`check_once` or :meth:`hint_again`,
+        which hint it."""
         landed = await self._call(
             self._connections.free_released,
             connection_id,
             session_id=handoff.session_id,
-            fence_token=fence_token,
-            stopped=True,
+            fence_token=handoff.fence_token,
+            stopped=stopped,
         )
         if landed:
             self._settled(connection_id, handoff.session_id)
         if landed is Released.FREE:
-            # A START came after the STOP: free and STARTED again, for anyone (the START
-            # hinted nothing: it found it attached). Forgotten once hinted, as a give-up.
+            if not stopped:
+                self._counters.add(names.HANDOFFS_UNCLAIMED)
+                self._log.warning("handoff_unclaimed", connection_id=connection_id, fence_token=handoff.fence_token)
             await self._hint(connection_id, released=_free_state(handoff))
         self._pending.pop(connection_id, None)
-        self._log.info("handoff_stopped", connection_id=connection_id, landed=landed.value)
-        return landed is not Released.LOST
+        return landed
 
 
 def _still_handed(item: dict, handoff: Handoff) -> bool:
