@@ -146,6 +146,13 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
             for row in map(unmarshal, page.get("Items", []))
         ]
 
+    def _owner_ids(self, owner_key: str, **extra: Any) -> Iterator[str]:
+        """The connection ids of one by_owner partition, page by page (``extra``: as
+        :meth:`_owner_pages` takes it)."""
+        for page in self._owner_pages(owner_key, **extra):
+            for raw in page.get("Items", []):
+                yield schema.connection_id_from_pk(unmarshal(raw)[schema.PK])
+
     def free(self, shard: int, *, limit: int = 100, start_after: str = "") -> Iterator[str]:
         """STARTED connections nobody owns, of one index shard, ``limit`` per request:
         from just after the connection ``start_after`` (a random point, so that scanners
@@ -157,28 +164,23 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         if start_after:
             start = marshal({schema.PK: schema.connection_pk(start_after), schema.OWNER_KEY: partition})
             try:
-                for page in self._owner_pages(partition, Limit=limit, ExclusiveStartKey=start):
-                    for raw in page.get("Items", []):
-                        cid = schema.connection_id_from_pk(unmarshal(raw)[schema.PK])
-                        seen.add(cid)
-                        yield cid
+                for cid in self._owner_ids(partition, Limit=limit, ExclusiveStartKey=start):
+                    seen.add(cid)
+                    yield cid
             except ClientError as exc:
                 # A start key the table refuses ("The provided starting key is invalid"):
                 # the scan reads from the start, as it did before it had a random point.
                 if exc.response.get("Error", {}).get("Code") != "ValidationException":
                     raise
-        for page in self._owner_pages(partition, Limit=limit):
-            for raw in page.get("Items", []):
-                cid = schema.connection_id_from_pk(unmarshal(raw)[schema.PK])
-                if cid in seen:
-                    return  # round to where this scan began
-                yield cid
+        for cid in self._owner_ids(partition, Limit=limit):
+            if cid in seen:
+                return  # round to where this scan began
+            yield cid
 
     def free_ids(self, shard: int) -> set[str]:
         """Every STARTED connection of one shard nobody owns, keys only: what the
         UnownedConnections count compares between two of its samples."""
-        pages = self._owner_pages(schema.free_partition(shard), projection="#pk")
-        return {schema.connection_id_from_pk(unmarshal(raw)[schema.PK]) for page in pages for raw in page.get("Items", [])}
+        return set(self._owner_ids(schema.free_partition(shard), projection="#pk"))
 
     def count_free(self, shard: int) -> int:
         """How many STARTED connections of one shard nobody owns, without reading them."""
@@ -335,13 +337,12 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         return items
 
     def get_many(self, connection_ids: Sequence[str]) -> dict[str, dict | None]:
-        """Strongly consistent BatchGetItem of whole connection items (at most 100);
+        """Strongly consistent BatchGetItem of whole connection items, 100 per request;
         None for one that does not exist."""
-        if not connection_ids:
-            return {}
         found = {
             schema.connection_id_from_pk(item[schema.PK]): item
-            for item in self._batch_get(connection_ids, ConsistentRead=True)
+            for start in range(0, len(connection_ids), 100)
+            for item in self._batch_get(connection_ids[start : start + 100], ConsistentRead=True)
         }
         return {c: found.get(c) for c in connection_ids}
 

@@ -24,7 +24,6 @@ from ..logs import JsonLogger
 from ..store import ConnectionsStore, SessionsStore
 
 Call = Callable[..., Awaitable[Any]]
-READ_BATCH = 100  # BatchGetItem's limit
 
 
 class Attachments:
@@ -73,10 +72,8 @@ class Attachments:
         conditional on the connection still being attached to it, and nobody else can
         hold such a connection."""
         candidates = sorted(self._maybe) if session_id == self.session_id else []
-        attached: list[str] = []
-        for start in range(0, len(candidates), READ_BATCH):
-            items = await self._call(self._connections.get_many, candidates[start : start + READ_BATCH])
-            attached += [c for c, item in items.items() if item is not None and item.get(schema.LEASE_SESSION) == session_id]
+        items = await self._call(self._connections.get_many, candidates) if candidates else {}
+        attached = [c for c, item in items.items() if item is not None and item.get(schema.LEASE_SESSION) == session_id]
         # The owner index too: a connection attached by a path this worker did not
         # track would show there (eventually).
         indexed = {row.connection_id for row in await self._call(self._connections.owned_by, session_id)}

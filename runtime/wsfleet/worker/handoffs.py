@@ -42,7 +42,6 @@ from ..store import ConnectionsStore, Released
 # poll within a second or two more. Past this, nobody is taking it.
 HANDOFF_CLAIM_S = SHED_ANYONE_AFTER_S + 4.0
 CHECK_EVERY_S = 2.0  # how often what is past its claim time is looked at
-READ_BATCH = 100  # BatchGetItem's limit
 
 Call = Callable[..., Awaitable[Any]]
 
@@ -72,7 +71,7 @@ class Handoffs:
         attached to its session (taken by another, freed, gone): what the worker keeps
         of its session's possible attachments (:class:`.attached.Attachments`) drops it,
         as a release that detached would have."""
-        self.unclaimed = 0
+        self.last_at = float("-inf")  # clock() of our last handoff
         self._pending: dict[str, Handoff] = {}
         self._connections = connections
         self._call = call
@@ -85,7 +84,8 @@ class Handoffs:
 
     def handed(self, connection_id: str, *, session_id: str, fence_token: int, released: dict) -> None:
         """A release of ours landed as a handoff (Released.HANDED)."""
-        self._pending[connection_id] = Handoff(session_id, fence_token, dict(released), self._clock())
+        self.last_at = self._clock()
+        self._pending[connection_id] = Handoff(session_id, fence_token, dict(released), self.last_at)
 
     def pending(self, connection_id: str) -> bool:
         """Handed off by us and not known to be taken or freed."""
@@ -103,21 +103,20 @@ class Handoffs:
         gone)."""
         handed: list[str] = []
         given_back: list[str] = []
-        for start in range(0, len(connection_ids), READ_BATCH):
-            items = await self._call(self._connections.get_many, connection_ids[start : start + READ_BATCH])
-            for connection_id, item in items.items():
-                handoff = self._pending.get(connection_id)
-                if handoff is None:
-                    continue
-                if item is not None and _still_handed(item, handoff):
-                    handed.append(connection_id)
-                    continue
-                if item is None or item.get(schema.LEASE_SESSION) != handoff.session_id:
-                    self._settled(connection_id, handoff.session_id)
-                if item is not None and _free_at_fence(item, handoff):
-                    given_back.append(connection_id)
-                else:
-                    self._pending.pop(connection_id, None)
+        items = await self._call(self._connections.get_many, connection_ids) if connection_ids else {}
+        for connection_id, item in items.items():
+            handoff = self._pending.get(connection_id)
+            if handoff is None:
+                continue
+            if item is not None and _still_handed(item, handoff):
+                handed.append(connection_id)
+                continue
+            if item is None or item.get(schema.LEASE_SESSION) != handoff.session_id:
+                self._settled(connection_id, handoff.session_id)
+            if item is not None and _free_at_fence(item, handoff):
+                given_back.append(connection_id)
+            else:
+                self._pending.pop(connection_id, None)
         return handed, given_back
 
     async def _hint_given_back(self, connection_ids: list[str]) -> None:
@@ -152,31 +151,9 @@ class Handoffs:
         handed, given_back = await self._still_handed(due)
         await self._hint_given_back(given_back)
         freed = 0
-        for connection_id in handed:
-            freed += await self._give_up(connection_id, self._pending[connection_id])
+        for connection_id in handed:  # nobody claimed it: give it up
+            freed += await self._free(connection_id, self._pending[connection_id]) is Released.FREE
         return freed
-
-    async def _give_up(self, connection_id: str, handoff: Handoff) -> int:
-        """Free one nobody claimed and hint it as free. It is forgotten only once the
-        hint is sent: one cancelled or failed in between is found free at its fence by
-        the next :meth:`check_once` or :meth:`hint_again`, which hint it."""
-        landed = await self._call(
-            self._connections.free_released,
-            connection_id,
-            session_id=handoff.session_id,
-            fence_token=handoff.fence_token,
-        )
-        if landed:
-            self._settled(connection_id, handoff.session_id)
-        if landed is not Released.FREE:
-            self._pending.pop(connection_id, None)
-            return 0  # taken meanwhile (LOST), or STOPPED: nothing to hint
-        self.unclaimed += 1
-        self._counters.add(names.HANDOFFS_UNCLAIMED)
-        self._log.warning("handoff_unclaimed", connection_id=connection_id, fence_token=handoff.fence_token)
-        await self._hint(connection_id, released=_free_state(handoff))
-        self._pending.pop(connection_id, None)
-        return 1
 
     async def stop(self, connection_id: str, fence_token: int) -> bool:
         """A STOP for a connection we handed off at ``fence_token`` came to our session's
@@ -186,20 +163,34 @@ class Handoffs:
         handoff = self._pending.get(connection_id)
         if handoff is None or handoff.fence_token != fence_token:
             return False
+        landed = await self._free(connection_id, handoff, stopped=True)
+        self._log.info("handoff_stopped", connection_id=connection_id, landed=landed.value)
+        return landed is not Released.LOST
+
+    async def _free(self, connection_id: str, handoff: Handoff, *, stopped: bool = False) -> Released:
+        """Free a handoff (:meth:`ConnectionsStore.free_released`; ``stopped``: for a
+        STOP) and, when it lands free and STARTED, hint it as free: a give-up, counted
+        unclaimed, or a STOP's that a START followed (the START hinted nothing: it found
+        it attached). Taken meanwhile (LOST), or STOPPED: nothing to hint. It is
+        forgotten only once the hint is sent: one cancelled or failed in between is
+        found free at its fence by the next :meth:`check_once` or :meth:`hint_again`,
+        which hint it."""
         landed = await self._call(
             self._connections.free_released,
             connection_id,
             session_id=handoff.session_id,
-            fence_token=fence_token,
-            stopped=True,
+            fence_token=handoff.fence_token,
+            stopped=stopped,
         )
+        if landed:
+            self._settled(connection_id, handoff.session_id)
         if landed is Released.FREE:
-            # A START came after the STOP: free and STARTED again, for anyone (the START
-            # hinted nothing: it found it attached). Forgotten once hinted, as a give-up.
+            if not stopped:
+                self._counters.add(names.HANDOFFS_UNCLAIMED)
+                self._log.warning("handoff_unclaimed", connection_id=connection_id, fence_token=handoff.fence_token)
             await self._hint(connection_id, released=_free_state(handoff))
         self._pending.pop(connection_id, None)
-        self._log.info("handoff_stopped", connection_id=connection_id, landed=landed.value)
-        return landed is not Released.LOST
+        return landed
 
 
 def _still_handed(item: dict, handoff: Handoff) -> bool:

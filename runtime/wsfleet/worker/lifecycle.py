@@ -235,7 +235,6 @@ class Worker:
         self._holders: set[asyncio.Task] = set()
         self._holding: dict[str, asyncio.Task] = {}  # connection id -> its holder task
         self._handoff_stops: set[asyncio.Task] = set()  # STOPs of connections we handed off
-        self._handed_off_at = float("-inf")  # clock.now() of our last handoff
         self._stopping = asyncio.Event()
         self._session_ready = asyncio.Event()
         self._capacity_freed = asyncio.Event()
@@ -431,7 +430,6 @@ class Worker:
             else None
         )
         if runner.handed:
-            self._handed_off_at = clock.now()
             self.handoffs.handed(
                 runner.connection_id, session_id=runner.session_id, fence_token=runner.fence_token, released=released
             )
@@ -453,9 +451,9 @@ class Worker:
             if connection_id in self._acquiring:
                 continue  # not held yet: it stays in the inbox until the next renewal
             runner = self.runners.get(connection_id)
-            if runner is not None and runner.fence_token == fence and runner.end_reason in HANDING_OFF:
-                continue  # being handed off: it stays in the inbox, for the next renewal to bring back
             if runner is not None and runner.fence_token == fence:
+                if runner.end_reason in HANDING_OFF:
+                    continue  # being handed off: it stays in the inbox, for the next renewal to bring back
                 self._log.info("stop_received", connection_id=connection_id)
                 runner.request_stop()
             elif runner is None and self.handoffs.pending(connection_id):
@@ -473,8 +471,7 @@ class Worker:
 
     async def _stop_handed(self, connection_id: str, fence: int) -> None:
         try:
-            if await self.handoffs.stop(connection_id, fence) and self.attachments.session_id == self.keeper.session_id:
-                self.attachments.settled(connection_id)
+            await self.handoffs.stop(connection_id, fence)  # settles it (_handoff_settled) when it lands
         except Exception as exc:  # noqa: BLE001 - the audit frees a STOPPED one still attached to us
             self._log.warning("handoff_stop_failed", connection_id=connection_id, error=f"{type(exc).__name__}: {exc}")
 
@@ -616,7 +613,16 @@ class Worker:
 
     # --- the loops ---------------------------------------------------------------------
 
-    async def _every(self, pause_s: Callable[[], float], step: Any, *, wait_first: bool = False) -> None:
+    async def _every(
+        self,
+        pause_s: Callable[[], float],
+        step: Any,
+        *,
+        wait_first: bool = False,
+        pause: Callable[[float], Awaitable[None]] | None = None,
+    ) -> None:
+        """``step`` while our session is live, then ``pause`` (by default until we stop)
+        for ``pause_s()`` seconds, until the worker stops."""
         first = True
         while not self._stopping.is_set():
             if not self._session_ready.is_set():
@@ -625,32 +631,29 @@ class Worker:
             if not (first and wait_first) and self.keeper.live():
                 await step()  # one that raises is run again by the supervisor (see run())
             first = False
-            try:
-                await asyncio.wait_for(self._stopping.wait(), timeout=pause_s())
-            except TimeoutError:
-                pass
+            await (pause or self._pause)(pause_s())
 
-    async def _reconcile_loop(self) -> None:
-        """The free scan, every RECONCILE_SECONDS (jittered) doubled after each scan in a
+    async def _pause(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+
+    async def _reconcile_pause(self, seconds: float) -> None:
+        """The free scan's pause: RECONCILE_SECONDS (jittered) doubled after each scan in a
         row that found nothing (``Takeover.idle_scans``, at most RECONCILE_BACKOFF_CAP
-        times); a hint meanwhile (``Takeover.note_work``) cuts what is left of a long
-        pause to at most one RECONCILE_SECONDS."""
-        while not self._stopping.is_set():
-            if not self._session_ready.is_set():
-                await first_of(self._session_ready.wait(), self._stopping.wait())
-                continue
-            if self.keeper.live():
-                await self.takeover.reconcile_once()
-            self.takeover.work_noted.clear()
-            deadline = clock.now() + reconcile_pause_s(self.config.reconcile_ms, idle_scans=self.takeover.idle_scans)
-            while not self._stopping.is_set() and (left := deadline - clock.now()) > 0:
-                try:
-                    await asyncio.wait_for(first_of(self.takeover.work_noted.wait(), self._stopping.wait()), timeout=left)
-                except TimeoutError:
-                    break
-                if self.takeover.work_noted.is_set():
-                    self.takeover.work_noted.clear()
-                    deadline = min(deadline, clock.now() + reconcile_pause_s(self.config.reconcile_ms))
+        times: ``seconds``); a hint meanwhile (``Takeover.note_work``) cuts what is left
+        of a long pause to at most one RECONCILE_SECONDS."""
+        self.takeover.work_noted.clear()
+        deadline = clock.now() + seconds
+        while not self._stopping.is_set() and (left := deadline - clock.now()) > 0:
+            try:
+                await asyncio.wait_for(first_of(self.takeover.work_noted.wait(), self._stopping.wait()), timeout=left)
+            except TimeoutError:
+                break
+            if self.takeover.work_noted.is_set():
+                self.takeover.work_noted.clear()
+                deadline = min(deadline, clock.now() + reconcile_pause_s(self.config.reconcile_ms))
 
     async def _balance_loop(self) -> None:
         """A balance pass after each fleet summary a watch read brings (every
@@ -711,10 +714,13 @@ class Worker:
         reconcile = lambda: reconcile_pause_s(self.config.reconcile_ms)  # noqa: E731
         watch = self.timing.watch_pause_s
         audit = lambda: AUDIT_EVERY * reconcile()  # noqa: E731
+        scan = lambda: reconcile_pause_s(self.config.reconcile_ms, idle_scans=self.takeover.idle_scans)  # noqa: E731
         metrics = lambda: self.config.metrics_seconds  # noqa: E731
         loops = [
             self._supervised("watch", lambda: self._every(watch, self.takeover.watch_once)),
-            self._supervised("reconcile", self._reconcile_loop),
+            self._supervised(
+                "reconcile", lambda: self._every(scan, self.takeover.reconcile_once, pause=self._reconcile_pause)
+            ),
             self._supervised("handoffs", lambda: self._every(lambda: CHECK_EVERY_S, self.handoffs.check_once)),
             self._supervised("summary", lambda: self._every(watch, self.balancer.summarize_once)),
             self._supervised("balance", self._balance_loop),
@@ -759,7 +765,7 @@ class Worker:
         not its watchers' next read of its ended session."""
         if not len(self.handoffs):
             return
-        await asyncio.sleep(max(0.0, min(self._handed_off_at + after, until) - clock.now()))
+        await asyncio.sleep(max(0.0, min(self.handoffs.last_at + after, until) - clock.now()))
         try:
             await asyncio.wait_for(self.handoffs.hint_again(), timeout=max(0.1, until - clock.now()))
         except Exception as exc:  # noqa: BLE001 - its watchers drain what is left
