@@ -67,9 +67,9 @@ def settings_for(quick: bool) -> dict[str, Any]:
     }
 
 
-def within_share(counts: dict[str, int], names: list[str], total: int, workers: int, slack: float = 1) -> bool:
+def within_share(counts: dict[str, int], names: list[str], total: int, workers: int) -> bool:
     share = total / workers
-    return all(abs(counts.get(n, 0) - share) <= slack for n in names)
+    return all(abs(counts.get(n, 0) - share) <= 1 for n in names)
 
 
 def off_share(counts: dict[str, int], names: list[str]) -> float:

@@ -247,6 +247,7 @@ def evaluate(
     checks: list[Check] = []
     add = checks.append
     quota = "the account's on-demand table quota (Service Quotas: adjustable)"
+    index_quota = "the account's on-demand table quota (it bounds each index too)"
     heartbeat_s = settings["heartbeat_s"]
     # steady: every partition and table
     for name, p in sorted(holding["partitions"].items()):
@@ -288,7 +289,7 @@ def evaluate(
     conn_r = steady_conn_r + ACQUIRE_RRU * acquires_s
     warm = "the connections table's warm throughput (connections_warm_throughput)"
     add(Check("connections.by_owner: writes (index quota)", "crash", owner_w, table_quota,
-              "the account's on-demand table quota (it bounds each index too)"))
+              index_quota))
     add(Check("connections.by_owner: writes absorbed at once (warm throughput)", "crash", owner_w,
               _warm(settings, "owner_index_warm", "write"), "the by_owner index's warm throughput (owner_index_warm_throughput)"))
     add(Check("connections: writes (table quota)", "crash", conn_w, table_quota, quota))
@@ -308,7 +309,7 @@ def evaluate(
     drained = math.floor(workers * SCALE_IN_SHARE)
     per_s = drained * held / SCALE_IN_BURST_S
     add(Check("connections.by_owner: writes (index quota)", "scale_in", steady_owner_w + HANDOFF_INDEX_WRITES_PER_MOVE * per_s,
-              table_quota, "the account's on-demand table quota (it bounds each index too)"))
+              table_quota, index_quota))
     handoff_w = steady_conn_w + (RELEASE_WRU + ACQUIRE_WRU) * per_s
     add(Check("connections: writes (table quota)", "scale_in", handoff_w, table_quota, quota))
     add(Check("connections: writes absorbed at once (warm throughput)", "scale_in", handoff_w,
@@ -322,7 +323,7 @@ def evaluate(
     handed_s = min(workers, launches_quota) / 60 * held
     add(Check("connections.by_owner: writes (index quota)", "deploy",
               steady_owner_w + HANDOFF_INDEX_WRITES_PER_MOVE * handed_s, table_quota,
-              "the account's on-demand table quota (it bounds each index too)"))
+              index_quota))
     limits = [c.as_json() for c in checks]
     over = [c for c in checks if not c.ok]
     first = max(over, key=lambda c: c.used / c.limit) if over else None
@@ -356,12 +357,16 @@ def _warm(settings: Mapping[str, Any], key: str, kind: str) -> float:
     return given.get(kind) or {"read": DEFAULT_WARM_READS, "write": DEFAULT_WARM_WRITES}[kind]
 
 
+def _nat_addresses(settings: Mapping[str, Any]) -> int:
+    """The NAT gateways' addresses in all: each gateway's primary and secondary ones."""
+    return settings["nat_gateways"] * settings.get("nat_addresses_per_gateway", 1)
+
+
 def _nat_checks(add: Any, settings: Mapping[str, Any], q: Mapping[str, float], *, connections: int,
                 upstream_addresses: int) -> None:
     """NAT: connections per address to one destination, and the Elastic IP addresses the
     gateways take (per gateway and in the Region)."""
-    gateways, per_gateway = settings["nat_gateways"], settings.get("nat_addresses_per_gateway", 1)
-    addresses = gateways * per_gateway
+    per_gateway, addresses = settings.get("nat_addresses_per_gateway", 1), _nat_addresses(settings)
     most = MAX_NAT_GATEWAYS * MAX_NAT_ADDRESSES_PER_GATEWAY * NAT_CONNECTIONS_PER_DESTINATION
     add(Check("NAT connections per address to one destination", "steady", connections / (addresses * upstream_addresses),
               NAT_CONNECTIONS_PER_DESTINATION, "nat_gateways, or nat_addresses_per_gateway (secondary addresses)",
@@ -401,8 +406,7 @@ def _month(holding: Mapping[str, Any], settings: Mapping[str, Any], *, workers: 
         task_h *= 1 - FARGATE_PRICES["spot_discount"]
     m["fargate"] = workers * task_h * HOURS_PER_MONTH
     m["nat_hours"] = settings["nat_gateways"] * NAT_PRICES["hour"] * HOURS_PER_MONTH
-    addresses = settings["nat_gateways"] * settings.get("nat_addresses_per_gateway", 1)
-    m["nat_addresses"] = addresses * EIP_HOUR * HOURS_PER_MONTH
+    m["nat_addresses"] = _nat_addresses(settings) * EIP_HOUR * HOURS_PER_MONTH
     gb = connections * rate * (frame_bytes + WS_FRAME_OVERHEAD_BYTES) * 3600 * HOURS_PER_MONTH / 1e9
     m["nat_data"] = gb * NAT_PRICES["gb"]
     m["total"] = sum(v for k, v in m.items() if k != "total")

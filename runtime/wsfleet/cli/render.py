@@ -239,7 +239,7 @@ def limits(result: Mapping[str, Any]) -> list[str]:
         _indent(table(["SCENARIO", "LIMIT", "USED", "OF", ""], rows)),
         "",
         f"$ per month in all: {m['total']:,.0f} (DynamoDB {m['dynamodb_writes'] + m['dynamodb_reads']:,.0f}, "
-        f"Fargate {m['fargate']:,.0f}, NAT gateways {m['nat_hours']:,.0f} + addresses {m.get('nat_addresses', 0):,.0f} "
+        f"Fargate {m['fargate']:,.0f}, NAT gateways {m['nat_hours']:,.0f} + addresses {m['nat_addresses']:,.0f} "
         f"+ data {m['nat_data']:,.0f}, "
         f"SQS {m['sqs']:,.0f}, CloudWatch requests {m['cloudwatch']:,.0f})",
         f"a rolling deploy launches {result['workers']:,} tasks: about {result['deploy_minutes']:,.1f} min at the "
@@ -253,7 +253,7 @@ def limits(result: Mapping[str, Any]) -> list[str]:
         )
         if len(result["exceeded"]) > 1:
             lines.append("also exceeded: " + "; ".join(result["exceeded"][1:]))
-    cells = result.get("cells")
+    cells = result["cells"]
     if cells:
         lines.append(
             f"one fleet cannot hold this whatever its settings and quotas: {cells['limit']} ({cells['scenario']}) "
