@@ -24,6 +24,7 @@ from stacks.constructs.consumer import ReferenceConsumer
 from stacks.constructs.dashboard import OperationsDashboard
 from stacks.constructs.network import Network
 from stacks.constructs.router import Router
+from stacks.constructs.tables import LEGACY_RING_INDEX
 from stacks.constructs.worker_service import XRAY_DAEMON_MEMORY_MIB, WorkerService
 from stacks.settings import AVAILABILITY_ZONES, EnvironmentSettings
 from wsfleet import config, metrics_names, schema, stack_outputs
@@ -62,6 +63,7 @@ class ServiceStack(Stack):
         self._secret_prefix = settings.secret_prefix
         self._sinks = settings.sinks
         self._stores_in_table = settings.stores_in_table
+        self._ring_indexes = [schema.RING_INDEX, *([LEGACY_RING_INDEX] if settings.keep_legacy_ring_index else [])]
         self.messages_stream = messages_stream
         self.stream_key = stream_key
         self.connections_table = connections_table
@@ -306,7 +308,8 @@ class ServiceStack(Stack):
     def grant_worker(self, role: iam.IRole) -> None:
         """The worker opens its session (conditional PutItem) and renews and ends
         sessions (UpdateItem), reads the sessions it watches (BatchGetItem) and finds
-        them in the ``by_ring`` index; it acquires, checkpoints and releases connections
+        them in the ``by_ring_load`` index (and, while a stack is upgraded, the older
+        workers in ``by_ring``: the task role is theirs too); it acquires, checkpoints and releases connections
         (UpdateItem; checkpoints go up to 25 in a TransactWriteItems, whose Updates IAM
         checks as UpdateItem), reads one back (GetItem) and lists who owns what in the
         ``by_owner`` index; where the table is a sink it batch-writes messages and
@@ -339,7 +342,7 @@ class ServiceStack(Stack):
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["dynamodb:Query"],
-                resources=[_index_arn(self.sessions_table, schema.RING_INDEX)],
+                resources=[_index_arn(self.sessions_table, index) for index in self._ring_indexes],
             )
         )
         if self._stores_in_table:

@@ -225,6 +225,14 @@ class EnvironmentSettings:
     # of wsfleet.plan_limits.DEFAULT_QUOTAS): synth checks the plan against them.
     quotas: Mapping[str, float] = field(default_factory=dict)
 
+    # --- upgrading an existing stack (README, "Upgrading an existing stack") -----------
+    # The sessions table keeps the ring index stacks before issue 22 deployed ("by_ring",
+    # KEYS_ONLY) beside "by_ring_load", and the workers may query both: deploy once with
+    # it (the new index is added while the old workers still run on the old one), then
+    # once without it (the old index is dropped). Usually given as
+    # `-c keep_legacy_ring_index=on` for the first deploy.
+    keep_legacy_ring_index: bool = False
+
     # --- operations ------------------------------------------------------------------
     alarm_topic_arn: str | None = None  # an existing SNS topic; None: alarms without actions
 
@@ -458,7 +466,7 @@ class EnvironmentSettings:
 
 # The settings an operator may override at synth time without editing app.py, e.g.
 #   cdk synth -c env=prod -c sink=dynamodb,kinesis -c consumer=on
-CONTEXT_OVERRIDES = ("sink", "stream_retention_hours", "stream_kms", "consumer")
+CONTEXT_OVERRIDES = ("sink", "stream_retention_hours", "stream_kms", "consumer", "keep_legacy_ring_index")
 _ON, _OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
 
 
@@ -480,6 +488,10 @@ def with_context(settings: EnvironmentSettings, lookup: Callable[[str], Any]) ->
                 changes[key] = None
             else:
                 raise SettingsError(f"-c consumer must be on or off, got {value!r}")
+        elif key == "keep_legacy_ring_index":
+            if text.lower() not in _ON + _OFF:
+                raise SettingsError(f"-c keep_legacy_ring_index must be on or off, got {value!r}")
+            changes[key] = text.lower() in _ON
         elif key == "stream_retention_hours":
             try:
                 changes[key] = int(text)

@@ -37,6 +37,7 @@ class StatefulStack(Stack):
             retain_data=settings.retain_data,
             connections_warm=_warm(settings.connections_warm_throughput),
             owner_index_warm=_warm(settings.owner_index_warm_throughput),
+            keep_legacy_ring_index=settings.keep_legacy_ring_index,
         )
         self.messages_bucket = MessagesBucket(
             self, "MessagesBucket", retain_data=settings.retain_data, message_ttl_days=settings.message_ttl_days

@@ -1,5 +1,5 @@
 """The three tables: connections (with the ``by_owner`` index of who owns what), worker
-sessions (with the ``by_ring`` watch index), and messages.
+sessions (with the ``by_ring_load`` watch index), and messages.
 
 Keys, index and billing mode are read from ``wsfleet.schema``'s CreateTable specs, the
 same ones the embedded backend creates its tables from, so the deployed tables and the
@@ -31,6 +31,34 @@ _BILLING_MODES = {
 CONNECTIONS_LOGICAL_ID = "ConnectionsTable"
 SESSIONS_LOGICAL_ID = "SessionsTable"
 MESSAGES_LOGICAL_ID = "MessagesTable"
+
+# The ring index as stacks before issue 22 deployed it, and their workers query it: kept
+# beside ``schema.RING_INDEX`` while a stack is upgraded (``keep_legacy_ring_index``;
+# README, "Upgrading an existing stack"). CloudFormation cannot change an index's
+# projection in place, and a table update creates or deletes one index: the upgrade adds
+# the new index in one deploy and drops this one in the next.
+LEGACY_RING_INDEX = "by_ring"
+
+
+def legacy_ring_index_spec() -> dict[str, Any]:
+    """``LEGACY_RING_INDEX`` as a CreateTable GSI: the ring and the session id, KEYS_ONLY."""
+    return {
+        "IndexName": LEGACY_RING_INDEX,
+        "KeySchema": [
+            {"AttributeName": schema.RING, "KeyType": "HASH"},
+            {"AttributeName": schema.SESSION_ID, "KeyType": "RANGE"},
+        ],
+        "Projection": {"ProjectionType": "KEYS_ONLY"},
+    }
+
+
+def sessions_spec(*, keep_legacy_ring_index: bool) -> dict[str, Any]:
+    """The sessions table's spec, with the legacy ring index after the new one if kept
+    (so that the transitional template differs from each neighbour by one index)."""
+    spec = schema.sessions_table_spec("sessions")
+    if keep_legacy_ring_index:
+        spec["GlobalSecondaryIndexes"] = [*spec["GlobalSecondaryIndexes"], legacy_ring_index_spec()]
+    return spec
 
 
 def _key(spec: dict[str, Any], key_schema: list[dict[str, str]], key_type: str) -> dynamodb.Attribute | None:
@@ -93,10 +121,13 @@ class Tables(Construct):
         retain_data: bool,
         connections_warm: dynamodb.WarmThroughput | None = None,
         owner_index_warm: dynamodb.WarmThroughput | None = None,
+        keep_legacy_ring_index: bool = False,
     ) -> None:
         """``connections_warm`` and ``owner_index_warm``: what the connections table and
         its by_owner index absorb at once (a crash's acquisitions), where more than a new
-        on-demand table's."""
+        on-demand table's. ``keep_legacy_ring_index``: the sessions table keeps
+        ``LEGACY_RING_INDEX`` beside the new one, for the workers of a stack being
+        upgraded."""
         super().__init__(scope, id)
         self.connections = table_from_spec(
             self,
@@ -110,7 +141,7 @@ class Tables(Construct):
         self.sessions = table_from_spec(
             self,
             "Sessions",
-            schema.sessions_table_spec("sessions"),
+            sessions_spec(keep_legacy_ring_index=keep_legacy_ring_index),
             logical_id=SESSIONS_LOGICAL_ID,
             retain_data=retain_data,
             # Set on ENDED sessions only: DynamoDB deletes them a week after they end.
