@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Callable, TypeVar
+
 from aws_cdk import App, Tags
 from aws_cdk import aws_logs as logs
 
@@ -16,10 +18,25 @@ from stacks.settings import ConsumerSettings, EnvironmentSettings, SettingsError
 from stacks.stateful_stack import StatefulStack
 from wsfleet import stack_outputs
 
+T = TypeVar("T")
+
+
+def built(kind: Callable[..., T], **values: Any) -> T:
+    """``kind(**values)`` (an environment's settings, or a part of them); a bad setting
+    stops the app with its sentence, naming the setting, instead of a traceback: ``cdk
+    synth`` runs this module, and the settings are checked as it builds them."""
+    try:
+        return kind(**values)
+    except SettingsError as error:
+        name = f" {values['name']!r}" if "name" in values else ""
+        raise SystemExit(f"app.py, {getattr(kind, '__name__', kind)}{name}: {error}") from None
+
+
 ENVIRONMENTS = {
     settings.name: settings
     for settings in (
-        EnvironmentSettings(
+        built(
+            EnvironmentSettings,
             name="dev",
             retain_data=False,
             message_ttl_days=3,
@@ -44,7 +61,8 @@ ENVIRONMENTS = {
             sink="dynamodb,kinesis",
             stream_retention_hours=24,
             stream_kms="customer-managed",
-            consumer=ConsumerSettings(
+            consumer=built(
+                ConsumerSettings,
                 batch_size=10_000,
                 max_batching_window_seconds=30,
                 starting_position="TRIM_HORIZON",
@@ -66,7 +84,8 @@ ENVIRONMENTS = {
             owner_index_warm_throughput=None,
             quotas={},
         ),
-        EnvironmentSettings(
+        built(
+            EnvironmentSettings,
             name="prod",
             retain_data=True,
             message_ttl_days=30,

@@ -39,6 +39,38 @@ class SettingsError(ValueError):
     """An environment's settings are inconsistent; the message names the setting."""
 
 
+# What a setting of each simple annotated type must hold ("X | None": that or None): a
+# bool is no number here, a float no whole number, and inf or nan no number of seconds.
+_TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "int": (lambda value: type(value) is int, "a whole number"),
+    "float": (lambda value: type(value) in (int, float) and math.isfinite(value), "a finite number"),
+    "bool": (lambda value: type(value) is bool, "True or False"),
+    "str": (lambda value: isinstance(value, str), "a string"),
+    "tuple[str, ...]": (
+        lambda value: isinstance(value, tuple) and all(isinstance(item, str) for item in value),
+        "a tuple of strings",
+    ),
+    "ConsumerSettings": (lambda value: isinstance(value, ConsumerSettings), "a ConsumerSettings(...)"),
+}
+
+
+def _check_types(settings: Any, prefix: str = "") -> None:
+    """Every setting of a type in ``_TYPES`` holds one, checked before anything compares
+    them: a string, a float, a bool or None in ``max_workers`` (say) stops the synth with a
+    sentence naming it instead of a TypeError further on, or a template CloudFormation
+    refuses. ``prefix`` names the settings' owner (``consumer.``)."""
+    for setting in dataclasses.fields(settings):
+        value = getattr(settings, setting.name)
+        kind = str(setting.type).removesuffix(" | None")
+        optional = kind != setting.type
+        if kind not in _TYPES or (optional and value is None):
+            continue
+        accepts, what = _TYPES[kind]
+        if not accepts(value):
+            also = " or None" if optional else ""
+            raise SettingsError(f"{prefix}{setting.name} must be {what}{also}, got {value!r}")
+
+
 # The VPC is a /16 with two public /24 subnets: two worker subnets fit it down to /18
 # (16,379 task addresses each); /24 (251) is the smallest worth having.
 VPC_CIDR_MASK = 16
@@ -110,6 +142,7 @@ class ConsumerSettings:
     iterator_age_alarm_seconds: int = 600
 
     def __post_init__(self) -> None:
+        _check_types(self, "consumer.")
         if not 1 <= self.batch_size <= MAX_CONSUMER_BATCH_SIZE:
             raise SettingsError(f"consumer.batch_size must be between 1 and {MAX_CONSUMER_BATCH_SIZE}")
         if not 0 <= self.max_batching_window_seconds <= MAX_CONSUMER_BATCHING_WINDOW_SECONDS:
@@ -237,6 +270,7 @@ class EnvironmentSettings:
     alarm_topic_arn: str | None = None  # an existing SNS topic; None: alarms without actions
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if not _NAME.match(self.name):
             raise SettingsError(f"name must be lower-case letters, digits and '-', got {self.name!r}")
         if self.lease_seconds < 2 * self.heartbeat_seconds:
@@ -283,10 +317,6 @@ class EnvironmentSettings:
         self._check_sink()
 
     def _check_capacity(self) -> None:
-        for setting in ("nat_addresses_per_gateway", "worker_subnet_mask"):
-            value = getattr(self, setting)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise SettingsError(f"{setting} must be a whole number, got {value!r}")
         if not 1 <= self.nat_addresses_per_gateway <= plan_limits.MAX_NAT_ADDRESSES_PER_GATEWAY:
             raise SettingsError(
                 f"nat_addresses_per_gateway must be between 1 and {plan_limits.MAX_NAT_ADDRESSES_PER_GATEWAY} "

@@ -11,7 +11,7 @@ from aws_cdk import Stack
 
 import app as cdk_app
 from app import ENVIRONMENTS, create_stacks
-from stacks.settings import EnvironmentSettings, SettingsError, WarmThroughput, check_plan
+from stacks.settings import ConsumerSettings, EnvironmentSettings, SettingsError, WarmThroughput, check_plan
 from wsfleet import config
 from wsfleet.leases import reconcile_pause_s
 
@@ -64,6 +64,69 @@ def test_dev_and_prod_exist_and_prod_keeps_its_data():
 def test_inconsistent_settings_are_refused_with_the_setting_named(change, named):
     with pytest.raises(SettingsError, match=named):
         dataclasses.replace(ENVIRONMENTS["dev"], **change)
+
+
+def _typed(settings_class, *kinds: str) -> list[str]:
+    return [f.name for f in dataclasses.fields(settings_class) if f.type in kinds]
+
+
+# A value of the wrong type where a setting wants a whole number or a number: each must
+# stop the synth with a sentence naming the setting (a comparison further on would stop it
+# with a TypeError traceback, or a string pass into the template).
+_NOT_WHOLE = ["4", 4.5, 20.0, True, None]
+_NOT_NUMBER = ["4", True, None, float("inf"), float("nan")]
+
+
+@pytest.mark.parametrize(
+    "setting, value",
+    [
+        *((name, value) for name in _typed(EnvironmentSettings, "int") for value in _NOT_WHOLE),
+        *((name, value) for name in _typed(EnvironmentSettings, "float") for value in _NOT_NUMBER),
+    ],
+)
+def test_a_number_setting_of_another_type_is_refused_by_name(setting, value):
+    with pytest.raises(SettingsError, match=rf"^{setting} must be a (whole|finite) number, got "):
+        dataclasses.replace(ENVIRONMENTS["dev"], **{setting: value})
+
+
+def test_the_sweep_above_covers_the_scale_settings():
+    assert {"max_workers", "min_workers", "nat_gateways", "nat_addresses_per_gateway", "api_rate_limit"} <= set(
+        _typed(EnvironmentSettings, "int")
+    )
+    assert {"lease_seconds", "heartbeat_seconds", "rebalance_tolerance"} <= set(_typed(EnvironmentSettings, "float"))
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"retain_data": "yes"}, "retain_data must be True or False, got 'yes'"),
+        ({"keep_legacy_ring_index": 1}, "keep_legacy_ring_index must be True or False, got 1"),
+        ({"name": 5}, "name must be a string, got 5"),
+        ({"sink": None}, "sink must be a string, got None"),
+        ({"upstream_secret_prefix": 7}, "upstream_secret_prefix must be a string or None, got 7"),
+        ({"allowed_ws_hosts": "*.example.com"}, "allowed_ws_hosts must be a tuple of strings"),
+        ({"consumer": {"batch_size": 10}}, r"consumer must be a ConsumerSettings\(...\) or None"),
+    ],
+)
+def test_other_settings_of_another_type_are_refused_by_name(change, named):
+    with pytest.raises(SettingsError, match=f"^{named}"):
+        dataclasses.replace(ENVIRONMENTS["dev"], **change)
+
+
+@pytest.mark.parametrize("setting", _typed(ConsumerSettings, "int", "int | None"))
+@pytest.mark.parametrize("value", ["10", 2.5, True])
+def test_consumer_number_settings_of_another_type_are_refused_by_name(setting, value):
+    with pytest.raises(SettingsError, match=rf"^consumer\.{setting} must be a whole number"):
+        ConsumerSettings(**{setting: value})
+
+
+def test_app_stops_on_a_bad_setting_with_a_sentence_not_a_traceback():
+    with pytest.raises(SystemExit) as stopped:
+        cdk_app.built(EnvironmentSettings, name="dev", max_workers="20")
+    assert str(stopped.value) == "app.py, EnvironmentSettings 'dev': max_workers must be a whole number, got '20'"
+    with pytest.raises(SystemExit, match=r"^app.py, ConsumerSettings: consumer.batch_size must be a whole number"):
+        cdk_app.built(ConsumerSettings, batch_size=None)
+    assert cdk_app.built(EnvironmentSettings, name="dev", nat_gateways=2).nat_gateways == 2
 
 
 def test_max_frame_bytes_takes_exactly_the_range_the_worker_accepts():
