@@ -20,10 +20,13 @@ with DynamoDB's rules (moto does not report consumed capacity faithfully):
 * a global secondary index costs WRU when a write changes it (:func:`index_writes`):
   2 when an index key attribute changes (the entry is deleted and put again), 1 when
   the item enters or leaves a sparse index or a projected non-key attribute changes,
-  0 otherwise. Sessions: a renewal changes neither key of ``by_ring`` (ring,
-  session_id; KEYS_ONLY), so it costs no index write. Connections: an acquire or a
-  release moves ``owner_key`` (the key of ``by_owner``): 2; a checkpoint changes
-  ``last_seq``, which ``by_owner`` does not project: 0;
+  0 otherwise. Sessions: a renewal changes neither key of ``by_ring_load`` (ring,
+  session_id) nor, unless the load changed, what it projects: 0. Connections: an acquire
+  moves ``owner_key`` (the key of ``by_owner``): 2; a graceful handoff leaves it (the
+  connection stays attached to its session): 0; a free release moves it into ``FREE#``
+  (a handoff nobody took: 2) or out of the index (a STOP: 1); a checkpoint changes
+  ``last_seq``, which ``by_owner`` does not project: 0. The release items are the
+  store's own writes read back (:func:`release_items`), not a copy of them;
 * an eventually consistent Query costs 0.5 read request units (RRU) per 4 KB of what
   it reads (index entries, for an index query), and 0.5 even when it reads nothing; a
   strongly consistent one (the stored-end read at a takeover) 1 per 4 KB;
@@ -36,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -45,7 +49,7 @@ from wsfleet.local.emulator import request_ledger
 from wsfleet.metrics import metric_data
 from wsfleet.local.fleet import eventually
 from wsfleet import plan
-from wsfleet.store import SessionsStore, unmarshal
+from wsfleet.store import ConnectionsStore, Released, SessionsStore, unmarshal
 
 from . import before, scaling
 from .common import Result, Rig, Stats, Window, WorkerProcess, fmt, fmt_spread, machine, md_table, median_spread
@@ -131,6 +135,42 @@ def _index(spec: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return next(i for i in spec["GlobalSecondaryIndexes"] if i["IndexName"] == name)
 
 
+def release_items(ddb: Any, ws_url: str, *, shards: int, last_seq: int) -> dict[str, dict]:
+    """A connection item at each step of the ways a worker gives one up, as the store's
+    own writes leave it, read back: ``owned`` (acquired), ``handed`` (a graceful handoff,
+    SIGTERM or a shed: :meth:`ConnectionsStore.release` with ``handoff``), ``given_up``
+    (nobody took it within the handoff's wait: :meth:`ConnectionsStore.free_released`),
+    ``stop_owned`` (the router's STOP of an owned one) and ``stopped`` (its owner's release
+    for that STOP). In a connections and a sessions table of their own, made here: no
+    worker reads them. Raises RuntimeError if a write does not land as the code says."""
+    suffix = uuid.uuid4().hex[:8]
+    table, sessions_table = f"cost-releases-{suffix}", f"cost-releases-sessions-{suffix}"
+    ddb.create_table(**schema.connections_table_spec(table))
+    ddb.create_table(**schema.sessions_table_spec(sessions_table))
+    sessions = SessionsStore(ddb, sessions_table)
+    store = ConnectionsStore(ddb, table, state_shards=shards, sessions_table_name=sessions_table)
+    session = "cost-releases#1"
+    sessions.open(session, worker_id="cost", lease_ms=600_000, max_connections=2)
+    items: dict[str, dict] = {}
+
+    def step(name: str, cid: str, landed: Any) -> None:
+        if not landed:
+            raise RuntimeError(f"release_items: {name} did not land ({landed!r})")
+        items[name] = store.get(cid) or {}
+
+    for cid in ("handed", "stopped"):
+        store.start(cid, ws_url)
+        step("owned", cid, store.acquire(cid, session_id=session, worker_id="cost"))
+    fence = int(items["owned"][schema.FENCE_TOKEN])
+    step("handed", "handed", store.release("handed", session_id=session, fence_token=fence, last_seq=last_seq, handoff=True)
+         is Released.HANDED)
+    step("given_up", "handed", store.free_released("handed", session_id=session, fence_token=fence) is Released.FREE)
+    step("stop_owned", "stopped", store.stop("stopped", sessions=sessions).told)
+    step("stopped", "stopped", store.release("stopped", session_id=session, fence_token=fence, last_seq=last_seq,
+                                             stopped=True) is Released.STOPPED)
+    return items
+
+
 # --- the run -------------------------------------------------------------------------------
 
 
@@ -199,6 +239,8 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
         ledger1, t1 = request_ledger(rig.emulator.endpoint_url), time.time()
         session_b = sessions.get(starts[0].session_id)
         busy_last = rig.connections.get(busy_ids[0])
+        releases = release_items(rig.ddb, quiet.url_for(quiet_ids[0]), shards=t["shards"],
+                                 last_seq=int((busy_last or {}).get(schema.LAST_SEQ, 0)))
         entries = [unmarshal(raw) for raw in rig.ddb.query(
             TableName=env["TABLE_NAME"], IndexName=schema.OWNER_INDEX, KeyConditionExpression="#k = :k",
             ExpressionAttributeNames={"#k": schema.OWNER_KEY},
@@ -216,7 +258,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     measured = {
         "free_item": free_item, "owned_item": owned_item, "busy_first": busy_first, "busy_last": busy_last,
         "session_a": session_a, "session_b": session_b, "index_entries": entries, "free_left": free_left,
-        "message_item": unmarshal(msg[0]) if msg else {},
+        "message_item": unmarshal(msg[0]) if msg else {}, "releases": releases,
         "ledger": ledger_diff(ledger0, ledger1, tables, own), "ledger_seconds": t1 - t0,
     }
     return _result(s, t, windows, parts, measured, command, quick)
@@ -295,7 +337,11 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
     renew_wru = write_units(session_size) + renew_index
     owner_index = _index(conn_spec, schema.OWNER_INDEX)
     acquire_index = index_writes(m["free_item"], m["owned_item"], owner_index)
-    release_index = index_writes(m["owned_item"], m["free_item"], owner_index)
+    r = m["releases"]
+    handoff_index = index_writes(r["owned"], r["handed"], owner_index)
+    give_up_index = index_writes(r["handed"], r["given_up"], owner_index)
+    stop_index = index_writes(r["stop_owned"], r["stopped"], owner_index)
+    release_wru = write_units(max(map(item_size, r.values())))
     checkpoint_index = index_writes(m["busy_first"], m["busy_last"], owner_index)
     conn_size = max(item_size(m["free_item"] or {}), item_size(m["owned_item"] or {}), item_size(m["busy_last"] or {}))
     conn_wru = write_units(conn_size)
@@ -388,7 +434,7 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
         ["- audit", fmt(rru_ch["audit"], 2), "", "-",
          f"{fmt(by['audit'].per_worker_hour, 0)} own S# Queries / worker-hour, {per_worker} index entries of "
          f"{entry_bytes:.0f} B -> {by['audit'].rru_at(per_worker):g} RRU each"],
-        ["- ring", fmt(rru_ch["ring"], 2), "", "-", f"{fmt(by['ring'].per_worker_hour, 0)} by_ring Queries / worker-hour, 0.5 each"],
+        ["- ring", fmt(rru_ch["ring"], 2), "", "-", f"{fmt(by['ring'].per_worker_hour, 0)} {schema.RING_INDEX} Queries / worker-hour, 0.5 each"],
         ["- UnownedConnections counts", fmt(rru_ch["unowned count"], 2), "", "-",
          f"{fmt(by['unowned count'].per_worker_hour, 0)} Queries / worker-hour ({t['shards']} per publish, keys only, "
          f"METRICS_SECONDS {t['metrics_s']:g}), 0.5 each"],
@@ -405,8 +451,14 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
          f"(2 x {conn_wru} WRU, transactional, + {acquire_index} index: owner_key moves) and the ConditionCheck that "
          "the acquirer's session is LIVE (2 WRU; one per transaction of up to 25); + the stored-end Query (strongly "
          "consistent, 1 RRU) unless the last owner released it cleanly"],
-        ["per connection released: requests, units", f"1: {conn_wru + release_index} WRU", "-", "1 UpdateItem: 3 WRU",
-         f"release UpdateItem ({conn_wru} WRU + {release_index} index)"],
+        ["per connection handed off (SIGTERM, a shed): requests, units", f"1: {release_wru + handoff_index} WRU", "-",
+         "1 UpdateItem: 3 WRU", f"release UpdateItem at its fence ({release_wru} WRU + {handoff_index} index: it stays "
+         "attached to its session, owner_key unmoved); the taker's transaction moves the key (per connection taken)"],
+        ["per connection freed (a STOP; a handoff nobody took): requests, units",
+         f"STOP 1: {release_wru + stop_index} WRU; not taken +1: {release_wru + give_up_index} WRU", "-",
+         "1 UpdateItem: 3 WRU",
+         f"a STOP's release UpdateItem ({release_wru} WRU + {stop_index} index: out of by_owner); a handoff not taken "
+         f"within its wait, freed after the handoff's write ({release_wru} WRU + {give_up_index} index: into FREE#)"],
         ["checkpoints / connection-hour while frames arrive", fmt(ckpt_per_h, 0), f"≤ {ckpt_steady:g}",
          "in the renewals", f"CHECKPOINT_SECONDS {t['checkpoint_s']:g} (the window sees one or two per connection; the "
          f"price below takes {ckpt_steady:g}); in TransactWriteItems of {fmt(ckpt_fill, 1)} on average: "
@@ -459,7 +511,8 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
         "ledger_per_worker_hour": {p: v["n"] / ledger_h for p, v in ledger.items()},
         "sizes": {"session_item_bytes": session_size, "connection_item_bytes": conn_size, "message_item_bytes": msg_size,
                   "owner_index_entry_bytes": entry_bytes},
-        "index_writes": {"renewal": renew_index, "acquire": acquire_index, "release": release_index, "checkpoint": checkpoint_index},
+        "index_writes": {"renewal": renew_index, "acquire": acquire_index, "handoff": handoff_index,
+                         "free_stop": stop_index, "free_give_up": give_up_index, "checkpoint": checkpoint_index},
         "ops": [vars(op) for op in ops],
         "per_connection_hour": {"wru_holding": wru_ch, "rru_holding": rru_ch, "rru_holding_total": rru_total,
                                 "dynamodb_requests_holding": ddb_req_ch, "messages": msgs_per_h, "checkpoints": ckpt_per_h},

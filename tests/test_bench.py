@@ -19,7 +19,7 @@ import pytest
 
 from wsfleet import plan, records
 from bench.common import Stats, Window, distribution, md_table, median_spread, percentile
-from bench.cost import PRICES, attribute_size, index_writes, item_size, read_units_eventual, write_units
+from bench.cost import PRICES, attribute_size, index_writes, item_size, read_units_eventual, release_items, write_units
 from bench.faults import session_loss
 from bench.sinks import audit
 from wsfleet import schema
@@ -70,6 +70,21 @@ def test_index_writes_follow_which_index_attributes_an_update_changes():
     assert index_writes(loaded, {**loaded, "expires_at_ms": 3500, "heartbeat_at_ms": 3400}, by_ring) == 0  # same load
     assert index_writes(loaded, {**loaded, "active": 11}, by_ring) == 1  # the load the summary reads changed
     assert index_writes(None, None, by_ring) == 0
+
+
+def test_release_rows_price_the_stores_own_writes(ddb):
+    # What the cost table's handoff and free rows price, from items the store's real
+    # writes leave in the emulator: a graceful handoff moves no index key, a handoff nobody
+    # took is freed into FREE# (a delete and a put), a STOP's release leaves the index.
+    by_owner = schema.connections_table_spec("t")["GlobalSecondaryIndexes"][0]
+    r = release_items(ddb, "ws://127.0.0.1:9/s", shards=4, last_seq=123_456)
+    assert r["handed"][schema.RELEASED_FENCE] == r["owned"][schema.FENCE_TOKEN] and r["handed"][schema.LAST_SEQ] == 123_456
+    assert index_writes(r["owned"], r["handed"], by_owner) == 0
+    assert r["given_up"][schema.OWNER_KEY].startswith(schema.OWNER_KEY_FREE_PREFIX)
+    assert index_writes(r["handed"], r["given_up"], by_owner) == 2
+    assert schema.OWNER_KEY not in r["stopped"] and r["stop_owned"][schema.DESIRED_STATE] == schema.STOPPED
+    assert index_writes(r["stop_owned"], r["stopped"], by_owner) == 1
+    assert max(map(write_units, map(item_size, r.values()))) == 1
 
 
 def test_the_fleet_scales_per_worker_rates_onto_tables_and_shared_partitions():
