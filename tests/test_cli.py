@@ -376,6 +376,32 @@ def test_status_follows_a_dead_session_from_ended_to_drained(capsys, aws_env, fl
     }
 
 
+def test_status_lists_a_live_sessions_handoff_not_taken_yet_as_unowned(capsys, ddb, aws_env, fleet):
+    # c1 (w1's oldest) handed off 30 s ago: still attached to live w1, but nobody holds its
+    # socket (GET, the observer and `wsfleet connections` say so too).
+    handing = ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4, clock_ms=lambda: now_ms() - 30_000)
+    assert handing.release("c1", session_id=fleet["w1"], fence_token=1, last_seq=0, handoff=True)
+
+    status = run_json(capsys, aws_env, "status")
+    unowned = {u["connection_id"]: u for u in status["unowned"]}
+    assert set(unowned) == {"c1", "c3", "c4"}
+    assert (unowned["c1"]["partition"], unowned["c1"]["worker_id"], unowned["c1"]["session_state"]) == (
+        schema.owner_key_session(fleet["w1"]),
+        "w1",
+        "handed off",
+    )
+    assert 30 <= unowned["c1"]["unowned_for_s"] < 40  # since the release
+    assert status["oldest_checkpoint"]["connection_id"] == "c2"  # c1 is owned by nobody
+    code, out, _ = run(capsys, aws_env, "status")
+    assert code == 0 and "STARTED but unowned: 3" in out
+    assert re.search(r"^\s+c1\s+w1 \(handed off\)\s+3\d\.\ds", out, re.MULTILINE)
+
+    # Taken by a peer: owned again, and no longer listed.
+    w3 = open_session(ddb, aws_env, "w3")
+    acquire(ddb, aws_env, "c1", w3, "w3")
+    assert {u["connection_id"] for u in run_json(capsys, aws_env, "status")["unowned"]} == {"c3", "c4"}
+
+
 def test_status_reads_free_partitions_past_state_shards_that_the_scan_saw(capsys, ddb, aws_env):
     wide = ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=16)
     ids = [f"x{n}" for n in range(40) if schema.shard_for(f"x{n}", 16) >= 4][:3]

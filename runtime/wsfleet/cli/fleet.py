@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from .. import schema
+from ..leases import released_at_fence
 from ..store import ConnectionsStore, marshal, unmarshal
 from .locate import Tables
 
@@ -66,9 +67,12 @@ class ScanSummary:
     """What one pass over the connections table counts."""
 
     by_state: dict[str, int]
-    oldest_owned: dict | None  # the owned STARTED item updated longest ago
+    oldest_owned: dict | None  # the owned STARTED item updated longest ago (not one handed off)
     free_shards: frozenset[int]  # FREE#<shard> partitions seen
     refused: tuple[dict, ...] = ()  # STARTED items with a last_error (key, last_error, last_error_at_ms)
+    # STARTED items a live session handed off and nobody has taken yet (released at their
+    # fence): attached, but no socket is open for them.
+    handed_off: tuple[dict, ...] = ()
 
 
 class FleetReader:
@@ -103,6 +107,7 @@ class FleetReader:
         oldest: dict | None = None
         free_shards: set[int] = set()
         refused: list[dict] = []
+        handed_off: list[dict] = []
         names = {
             "#s": schema.DESIRED_STATE,
             "#u": schema.UPDATED_AT_MS,
@@ -111,6 +116,8 @@ class FleetReader:
             "#p": schema.PK,
             "#e": schema.LAST_ERROR,
             "#t": schema.LAST_ERROR_AT_MS,
+            "#f": schema.FENCE_TOKEN,
+            "#rf": schema.RELEASED_FENCE,
         }
         for page in self._pages(
             "scan",
@@ -124,14 +131,16 @@ class FleetReader:
                 key = item.get(schema.OWNER_KEY, "")
                 if key.startswith(schema.OWNER_KEY_FREE_PREFIX):
                     free_shards.add(int(key[len(schema.OWNER_KEY_FREE_PREFIX) :]))
-                owned = state == schema.STARTED and item.get(schema.LEASE_SESSION) in live
-                if owned and (
+                attached = state == schema.STARTED and item.get(schema.LEASE_SESSION) in live
+                if attached and released_at_fence(item):
+                    handed_off.append(item)
+                elif attached and (
                     oldest is None or item.get(schema.UPDATED_AT_MS, 0) < oldest.get(schema.UPDATED_AT_MS, 0)
                 ):
                     oldest = item
                 if state == schema.STARTED and item.get(schema.LAST_ERROR):
                     refused.append(item)
-        return ScanSummary(by_state, oldest, frozenset(free_shards), tuple(refused))
+        return ScanSummary(by_state, oldest, frozenset(free_shards), tuple(refused), tuple(handed_off))
 
     def items(self, connection_ids: Sequence[str]) -> dict[str, dict]:
         """The connection items, BatchGetItem by a hundred (missing ones left out)."""

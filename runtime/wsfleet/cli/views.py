@@ -18,13 +18,18 @@ def _age_s(now: int, then_ms: int) -> float:
 
 def status(reader: FleetReader, now: int) -> dict:
     """The fleet at a glance: live workers, sessions not live that may hold connections,
-    counts by desired state, STARTED but unowned, the oldest checkpoint (``status --help``)."""
+    counts by desired state, STARTED but unowned, the oldest checkpoint (``status --help``).
+
+    Unowned: free (the FREE# partitions), attached to a session that is not live, or
+    handed off by a live one and not taken yet (released at its fence: attached, but
+    nobody holds its socket; GET shows it without an owner too)."""
     sessions = reader.sessions()
     live = {sid for sid, s in sessions.items() if s.live_at(now)}
     summary = reader.summary(live)
 
     # STARTED and unowned: the FREE# partitions (every one up to STATE_SHARDS, and any
-    # the Scan saw beyond it), and whatever is attached to a session that is not live.
+    # the Scan saw beyond it), whatever is attached to a session that is not live, and
+    # what a live one handed off (the Scan found them).
     free = [
         (cid, schema.free_partition(shard), None)
         for shard in range(max(reader.tables.state_shards, max(summary.free_shards, default=-1) + 1))
@@ -37,22 +42,33 @@ def status(reader: FleetReader, now: int) -> dict:
         for owned in reader.connections.owned_by(s.session_id)
         if owned.desired_state == schema.STARTED
     ]
-    items = reader.items([cid for cid, _, _ in free + attached])
+    handed = [
+        (schema.connection_id_from_pk(item[schema.PK]), schema.owner_key_session(sid), sessions[sid])
+        for item in summary.handed_off
+        for sid in [item[schema.LEASE_SESSION]]
+    ]
+    items = reader.items([cid for cid, _, _ in free + attached + handed])
     unowned = []
-    for cid, partition, session in free + attached:
+    for cid, partition, session in free + attached + handed:
         item = items.get(cid)
-        # The index lags the table: keep only what the item itself still says.
+        # The index (and the Scan) lag the table: keep only what the item itself still says.
         if item is None or item.get(schema.DESIRED_STATE) != schema.STARTED:
             continue
         if item.get(schema.LEASE_SESSION, "") != (session.session_id if session else ""):
             continue
-        since = session.expires_at_ms if session else int(item.get(schema.UPDATED_AT_MS, 0))
+        in_handoff = session is not None and session.session_id in live
+        if in_handoff and not released_at_fence(item):
+            continue  # no longer released at its fence: owned again
+        if in_handoff or not session:
+            since = int(item.get(schema.UPDATED_AT_MS, 0))  # the release, or the free
+        else:
+            since = session.expires_at_ms
         unowned.append(
             {
                 "connection_id": cid,
                 "partition": partition,
                 "worker_id": session.worker_id if session else "",
-                "session_state": session.describe(now) if session else "",
+                "session_state": "handed off" if in_handoff else session.describe(now) if session else "",
                 "unowned_for_s": _age_s(now, since),
             }
         )
