@@ -51,7 +51,7 @@ from wsfleet.local.fleet import eventually
 from wsfleet import plan
 from wsfleet.store import ConnectionsStore, Released, SessionsStore, unmarshal
 
-from . import before, scaling
+from . import before, scaling, sinks_plan
 from .common import Result, Rig, Stats, Window, WorkerProcess, fmt, fmt_spread, machine, md_table, median_spread
 
 # On-demand list prices, us-east-1, Standard table class, as published after the
@@ -535,4 +535,6 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
         # BENCHMARKS.md's Scaling section is the plan's output: rewritten from the new counts.
         if scaling.write():
             notes.append("BENCHMARKS.md's Scaling section rewritten from them (bench/scaling.py).")
+        if sinks_plan.write():
+            notes.append("BENCHMARKS.md's sinks plan table rewritten from them (bench/sinks_plan.py).")
     return Result("Cost", command, s, markdown, data, notes)
