@@ -17,7 +17,7 @@ from aws_cdk import region_info
 from cdk_nag import AwsSolutionsChecks
 
 from stacks import tracing
-from stacks.settings import EnvironmentSettings, SettingsError, TracingSettings
+from stacks.settings import XRAY_SDK_END_OF_SUPPORT, EnvironmentSettings, SettingsError, TracingSettings
 from wsfleet import config
 
 from tests.stacks.policies import actions, statements
@@ -323,3 +323,19 @@ def test_tracing_defaults_to_the_xray_sdk_and_dev_runs_otel_ahead_of_prod(dev, p
     assert TracingSettings().mode == "xray-sdk"
     assert dev.settings.tracing == TracingSettings(mode="otel", lambda_otel="layer", sample_ratio=0.05)
     assert prod.settings.tracing.mode == "xray-sdk"
+
+
+def test_the_readme_names_what_is_pinned_and_the_switch_date():
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### Tracing: per environment") :]
+    section = section[: section.index("\n### ")]
+    for pinned in (
+        tracing.ADOT_COLLECTOR_IMAGE,
+        tracing.XRAY_DAEMON_IMAGE,
+        f"{tracing.ADOT_LAYER_NAME}:{tracing.ADOT_LAYER_VERSION}",
+        f"{tracing.ADOT_COLLECTOR_MEMORY_MIB} MiB",
+        XRAY_SDK_END_OF_SUPPORT,
+        tracing.LAMBDA_COLLECTOR_CONFIG_PATH,
+        *tracing.OTLP_ENDPOINT_ACTIONS,
+    ):
+        assert pinned.removeprefix("xray:") in section, f"README.md's Tracing section does not name {pinned}"
