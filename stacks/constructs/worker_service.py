@@ -121,29 +121,19 @@ class WorkerService(Construct):
     def _add_tracing_sidecar(self, tracing_settings: TracingSettings) -> None:
         """The mode's sidecar, never essential: losing traces must not stop a task that
         holds leases. Its memory is reserved out of the task's
-        (``tracing.worker_sidecar_memory_mib``); its logs go beside the worker's."""
-
-        def logging(stream_prefix: str) -> ecs.LogDriver:
-            return ecs.LogDrivers.aws_logs(
-                stream_prefix=stream_prefix, log_group=self.log_group, mode=ecs.AwsLogDriverMode.NON_BLOCKING
-            )
-
+        (``tracing.worker_sidecar_memory_mib``); its logs go beside the worker's. The
+        worker does not wait for it either: a sidecar whose image cannot be pulled must
+        not keep a worker from starting, and the spans exported before it listens are
+        dropped by the worker's exporter, nothing else."""
         if tracing_settings.mode == TRACING_XRAY_SDK:
-            self.task_definition.add_container(
-                "xray-daemon",
+            name, stream_prefix, options = "xray-daemon", "xray", dict(
                 image=ecs.ContainerImage.from_registry(tracing.XRAY_DAEMON_IMAGE),
-                essential=False,
-                cpu=32,
                 memory_reservation_mib=tracing.XRAY_DAEMON_MEMORY_MIB,
                 port_mappings=[ecs.PortMapping(container_port=tracing.XRAY_DAEMON_PORT, protocol=ecs.Protocol.UDP)],
-                logging=logging("xray"),
             )
         elif tracing_settings.mode == TRACING_OTEL:
-            self.task_definition.add_container(
-                "adot-collector",
+            name, stream_prefix, options = "adot-collector", "adot", dict(
                 image=ecs.ContainerImage.from_registry(tracing.ADOT_COLLECTOR_IMAGE),
-                essential=False,
-                cpu=32,
                 memory_reservation_mib=tracing.ADOT_COLLECTOR_MEMORY_MIB,
                 memory_limit_mib=tracing.ADOT_COLLECTOR_MEMORY_MIB,
                 environment={
@@ -151,5 +141,15 @@ class WorkerService(Construct):
                     "AWS_REGION": Stack.of(self).region,
                     "GOMEMLIMIT": tracing.ADOT_COLLECTOR_GOMEMLIMIT,
                 },
-                logging=logging("adot"),
             )
+        else:
+            return
+        self.task_definition.add_container(
+            name,
+            essential=False,
+            cpu=32,
+            logging=ecs.LogDrivers.aws_logs(
+                stream_prefix=stream_prefix, log_group=self.log_group, mode=ecs.AwsLogDriverMode.NON_BLOCKING
+            ),
+            **options,
+        )
