@@ -14,7 +14,15 @@ from aws_cdk import aws_logs as logs
 
 from stacks import nag
 from stacks.service_stack import ServiceStack
-from stacks.settings import ConsumerSettings, EnvironmentSettings, SettingsError, WarmThroughput, check_plan, with_context
+from stacks.settings import (
+    ConsumerSettings,
+    EnvironmentSettings,
+    SettingsError,
+    TracingSettings,
+    WarmThroughput,
+    check_plan,
+    with_context,
+)
 from stacks.stateful_stack import StatefulStack
 from wsfleet import stack_outputs
 
@@ -83,6 +91,9 @@ ENVIRONMENTS = {
             connections_warm_throughput=None,
             owner_index_warm_throughput=None,
             quotas={},
+            # dev runs OpenTelemetry (the ADOT collector beside each worker, the ADOT
+            # Lambda layer beside the router) ahead of prod's switch (README "Tracing").
+            tracing=TracingSettings(mode="otel", lambda_otel="layer", sample_ratio=0.05),
         ),
         built(
             EnvironmentSettings,
@@ -126,6 +137,9 @@ ENVIRONMENTS = {
             owner_index_warm_throughput=WarmThroughput(read_units_per_second=12_000, write_units_per_second=30_000),
             # Raise before deploying (README, "Quotas to raise before deploying prod").
             quotas={"eips_per_nat_gateway": 5, "eips_per_region": 10},
+            # The X-Ray SDK and daemon until dev has run otel for a while; switch before
+            # 2027-02-25, when their support ends (README "Tracing").
+            tracing=TracingSettings(mode="xray-sdk"),
         ),
     )
 }

@@ -14,7 +14,7 @@ from aws_cdk import Acknowledgment, App, Stack, Validations
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
-from stacks.settings import EnvironmentSettings
+from stacks.settings import TRACING_OFF, TRACING_OTEL, TRACING_XRAY_SDK, EnvironmentSettings
 
 if TYPE_CHECKING:
     from stacks.service_stack import ServiceStack
@@ -24,6 +24,14 @@ _APIGW_LOGS_POLICY = (
     "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
     "AmazonAPIGatewayPushToCloudWatchLogs]"
 )
+
+
+# What the worker task role's tracing grant is, per mode (stacks.tracing), for its reason.
+_WORKER_TRACING_GRANTS = {
+    TRACING_XRAY_SDK: "the X-Ray daemon's write and sampling calls (no resource-level permissions)",
+    TRACING_OTEL: "the ADOT collector's xray:PutTraceSegments (no resource-level permissions)",
+    TRACING_OFF: "nothing else (tracing is off: no X-Ray grant)",
+}
 
 
 def check_app(app: App) -> None:
@@ -93,13 +101,15 @@ def acknowledge_service_findings(stack: "ServiceStack", settings: EnvironmentSet
         "The account-level role API Gateway uses to write execution logs; the AWS managed "
         "policy is the documented one for it and is scoped to CloudWatch Logs.",
     )
-    _acknowledge(
-        stack.router.role,
-        "AwsSolutions-IAM5[Resource::*]",
-        "Only xray:PutTraceSegments and xray:PutTelemetryRecords (added by active "
-        "tracing) use '*': X-Ray has no resource-level permissions. Data access is "
-        "granted on the table and queue ARNs.",
-    )
+    if settings.tracing.mode != TRACING_OFF:
+        _acknowledge(
+            stack.router.role,
+            "AwsSolutions-IAM5[Resource::*]",
+            "Only X-Ray actions use '*': xray:PutTraceSegments and xray:PutTelemetryRecords (added by "
+            "active tracing), and with otel exported straight to X-Ray's OTLP endpoint xray:PutSpans "
+            "and xray:PutSpansForIndexing. X-Ray has no resource-level permissions. Data access is "
+            "granted on the table and queue ARNs.",
+        )
     objects = _wildcard_resource(stack, stack.message_objects_arn)
     _acknowledge(
         stack.router.role,
@@ -126,9 +136,8 @@ def acknowledge_service_findings(stack: "ServiceStack", settings: EnvironmentSet
         task_definition.task_role,
         "AwsSolutions-IAM5[Resource::*]",
         "Only cloudwatch:PutMetricData (which has no resource-level permissions and is "
-        "limited to the fleet's namespace by a condition) and the X-Ray daemon's write "
-        "and sampling calls (no resource-level permissions) use '*'. Data access is "
-        "granted on the table, index and queue ARNs.",
+        f"limited to the fleet's namespace by a condition) and {_WORKER_TRACING_GRANTS[settings.tracing.mode]} "
+        "use '*'. Data access is granted on the table, index and queue ARNs.",
     )
     _acknowledge(
         task_definition.task_role,
@@ -156,7 +165,8 @@ def acknowledge_service_findings(stack: "ServiceStack", settings: EnvironmentSet
         task_definition,
         "AwsSolutions-ECS2",
         "The environment holds only non-secret configuration (resource names, timings, "
-        "limits, the allowed secret name prefix), which is how the worker is configured "
+        "limits, the allowed secret name prefix, tracing settings, the ADOT collector's "
+        "configuration from stacks/adot), which is how the worker is configured "
         "(CONTRACT section 2); upstream credentials are already in Secrets Manager, read by "
         "the worker at connect time, never through the task environment.",
     )

@@ -17,7 +17,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from stacks import nag
+from stacks import nag, tracing
 from stacks.constructs.alarms import Alarms
 from stacks.constructs.api import EventsApi
 from stacks.constructs.consumer import ReferenceConsumer
@@ -25,8 +25,15 @@ from stacks.constructs.dashboard import OperationsDashboard
 from stacks.constructs.network import Network
 from stacks.constructs.router import Router
 from stacks.constructs.tables import LEGACY_RING_INDEX
-from stacks.constructs.worker_service import XRAY_DAEMON_MEMORY_MIB, WorkerService
-from stacks.settings import AVAILABILITY_ZONES, EnvironmentSettings
+from stacks.constructs.worker_service import WorkerService
+from stacks.settings import (
+    AVAILABILITY_ZONES,
+    LAMBDA_OTEL_SDK,
+    TRACING_OFF,
+    TRACING_OTEL,
+    TRACING_XRAY_SDK,
+    EnvironmentSettings,
+)
 from wsfleet import config, metrics_names, schema, stack_outputs
 
 API_STAGE = "v1"
@@ -74,6 +81,7 @@ class ServiceStack(Stack):
         # and stacks/nag.py can acknowledge its prefix wildcard by name.
         self.messages_bucket = s3.Bucket.from_bucket_name(self, "MessagesBucket", messages_bucket_name)
         self.start_queue = start_queue
+        self.tracing_settings = settings.tracing
 
         self.network = Network(
             self,
@@ -99,9 +107,11 @@ class ServiceStack(Stack):
                 config.STATE_SHARDS: str(settings.state_shards),
                 # The router only checks that secret_headers ARNs are under it; it reads no secret.
                 config.UPSTREAM_SECRET_PREFIX: settings.secret_prefix,
+                **tracing.router_environment(settings.tracing, f"wsfleet-{settings.name}-router", self.region),
             },
             log_retention=settings.log_retention,
             removal_policy=settings.removal_policy,
+            tracing_settings=settings.tracing,
         )
         self.grant_router(self.router.role)
 
@@ -115,6 +125,7 @@ class ServiceStack(Stack):
             burst_limit=settings.api_burst_limit,
             log_retention=settings.log_retention,
             removal_policy=settings.removal_policy,
+            tracing_enabled=settings.tracing.mode != TRACING_OFF,
         )
 
         self.active_connections = cloudwatch.Metric(
@@ -140,6 +151,7 @@ class ServiceStack(Stack):
             scaling_target=settings.target_connections_per_worker,
             log_retention=settings.log_retention,
             removal_policy=settings.removal_policy,
+            tracing_settings=settings.tracing,
         )
         self.grant_worker(self.workers.task_definition.task_role)
         self.grant_worker_secrets(self.workers.task_definition.task_role, settings)
@@ -256,15 +268,18 @@ class ServiceStack(Stack):
             config.METRICS_SECONDS: str(settings.metrics_seconds),
             config.MESSAGE_TTL_DAYS: str(settings.message_ttl_days),
             config.MAX_FRAME_BYTES: str(settings.max_frame_bytes),
-            # Half the worker's memory (the task's, less the X-Ray daemon's reservation) for
-            # frame bytes, set here: the worker's own default reads its cgroup limit, and
-            # on Fargate the container may see none (then it would take 256 MiB).
-            config.MAX_BUFFERED_BYTES: str((settings.worker_memory_mib - XRAY_DAEMON_MEMORY_MIB) * 1024 * 1024 // 2),
+            # Half the worker's memory (the task's, less its tracing sidecar's reservation)
+            # for frame bytes, set here: the worker's own default reads its cgroup limit,
+            # and on Fargate the container may see none (then it would take 256 MiB).
+            config.MAX_BUFFERED_BYTES: str(
+                (settings.worker_memory_mib - tracing.worker_sidecar_memory_mib(settings.tracing)) * 1024 * 1024 // 2
+            ),
             # The router's allow-list: the worker lets only exactly listed hosts resolve
             # to internal addresses (validation.check_resolved).
             config.ALLOWED_WS_HOSTS: ",".join(settings.allowed_ws_hosts),
             # The same prefix as the router's: a stored upstream naming another secret is refused.
             config.UPSTREAM_SECRET_PREFIX: settings.secret_prefix,
+            **tracing.worker_environment(settings.tracing, settings.service_name),
         }
 
     def grant_router(self, role: iam.IRole) -> None:
@@ -275,7 +290,8 @@ class ServiceStack(Stack):
         (Query); it reads pages of messages (Query) and presigns GETs of their large
         data, which S3 authorizes as the router's own GetObject; it sends START hints.
         Where the table is not a sink, the read API answers 409 without reading: no
-        messages grant. It never touches the stream (it only names it in that answer)."""
+        messages grant. It never touches the stream (it only names it in that answer).
+        With otel and lambda_otel sdk it exports its spans to X-Ray's OTLP endpoint."""
         role.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
@@ -304,6 +320,12 @@ class ServiceStack(Stack):
         role.add_to_principal_policy(
             iam.PolicyStatement(actions=["sqs:SendMessage"], resources=[self.start_queue.queue_arn])
         )
+        # Active tracing grants Lambda's own segment writes; exporting straight to X-Ray's
+        # OTLP endpoint takes its own actions (no resource-level permissions either).
+        if self.tracing_settings.mode == TRACING_OTEL and self.tracing_settings.lambda_otel == LAMBDA_OTEL_SDK:
+            role.add_to_principal_policy(
+                iam.PolicyStatement(actions=list(tracing.OTLP_ENDPOINT_ACTIONS), resources=["*"])
+            )
 
     def grant_worker(self, role: iam.IRole) -> None:
         """The worker opens its session (conditional PutItem) and renews and ends
@@ -380,20 +402,18 @@ class ServiceStack(Stack):
                 conditions={"StringEquals": {"cloudwatch:namespace": METRICS_NAMESPACE}},
             )
         )
-        # What the X-Ray daemon sidecar calls (as AWSXRayDaemonWriteAccess grants); X-Ray
-        # has no resource-level permissions for these.
-        role.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=[
-                    "xray:PutTraceSegments",
-                    "xray:PutTelemetryRecords",
-                    "xray:GetSamplingRules",
-                    "xray:GetSamplingTargets",
-                    "xray:GetSamplingStatisticSummaries",
-                ],
-                resources=["*"],
+        self.grant_worker_tracing(role)
+
+    def grant_worker_tracing(self, role: iam.IRole) -> None:
+        """What the task's tracing sidecar calls with the task role: the X-Ray daemon
+        sends segments and its telemetry and serves the SDK its sampling rules and quotas
+        (xray-sdk); the ADOT collector only sends segments (otel); off, nothing. X-Ray has
+        no resource-level permissions for these."""
+        actions = {TRACING_XRAY_SDK: tracing.XRAY_DAEMON_ACTIONS, TRACING_OTEL: tracing.COLLECTOR_ACTIONS}
+        if self.tracing_settings.mode in actions:
+            role.add_to_principal_policy(
+                iam.PolicyStatement(actions=list(actions[self.tracing_settings.mode]), resources=["*"])
             )
-        )
 
     def grant_worker_secrets(self, role: iam.IRole, settings: EnvironmentSettings) -> None:
         """The worker reads the values of ``secret_headers`` at connect time

@@ -173,6 +173,43 @@ class ConsumerSettings:
             raise SettingsError("consumer.iterator_age_alarm_seconds must be at least 60")
 
 
+# --- tracing (TRACING; README "Tracing") -------------------------------------------
+TRACING_XRAY_SDK, TRACING_OTEL, TRACING_OFF = "xray-sdk", "otel", "off"
+TRACING_MODES = (TRACING_XRAY_SDK, TRACING_OTEL, TRACING_OFF)
+# In otel, how the router's spans reach X-Ray: through the AWS-managed ADOT collector
+# extension layer, or exported by the function itself to X-Ray's OTLP endpoint.
+LAMBDA_OTEL_LAYER, LAMBDA_OTEL_SDK = "layer", "sdk"
+LAMBDA_OTEL_PATHS = (LAMBDA_OTEL_LAYER, LAMBDA_OTEL_SDK)
+# The X-Ray SDKs and daemon are in maintenance mode; AWS ends their support on this day.
+XRAY_SDK_END_OF_SUPPORT = "2027-02-25"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TracingSettings:
+    """How the worker and the router trace (the ``TRACING`` they are given), and what the
+    stacks deploy for it (``stacks/tracing.py``): ``xray-sdk`` an X-Ray daemon sidecar,
+    ``otel`` an ADOT collector sidecar and, for the router, ``lambda_otel``'s path,
+    ``off`` nothing at all."""
+
+    mode: str = TRACING_XRAY_SDK
+    lambda_otel: str = LAMBDA_OTEL_LAYER  # only read in otel
+    # In otel, the share of the traces the fleet starts itself that are kept
+    # (OTEL_TRACES_SAMPLER_ARG); a trace that comes in (an API call, a hint) keeps its
+    # caller's decision.
+    sample_ratio: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.mode not in TRACING_MODES:
+            raise SettingsError(f"tracing.mode must be {', '.join(TRACING_MODES)}, got {self.mode!r}")
+        if self.lambda_otel not in LAMBDA_OTEL_PATHS:
+            raise SettingsError(
+                f"tracing.lambda_otel must be {' or '.join(LAMBDA_OTEL_PATHS)}, got {self.lambda_otel!r}"
+            )
+        ratio = self.sample_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+            raise SettingsError(f"tracing.sample_ratio must be a number between 0 and 1, got {ratio!r}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class EnvironmentSettings:
     """Everything that differs between environments. Defaults suit a small dev fleet."""
@@ -269,6 +306,10 @@ class EnvironmentSettings:
     # --- operations ------------------------------------------------------------------
     alarm_topic_arn: str | None = None  # an existing SNS topic; None: alarms without actions
 
+    # --- tracing ---------------------------------------------------------------------
+    # Every environment on otel (or off) before XRAY_SDK_END_OF_SUPPORT (README "Tracing").
+    tracing: TracingSettings = field(default_factory=TracingSettings)
+
     def __post_init__(self) -> None:
         _check_types(self)
         if not _NAME.match(self.name):
@@ -315,6 +356,8 @@ class EnvironmentSettings:
         self._check_capacity()
         self._check_secrets()
         self._check_sink()
+        if not isinstance(self.tracing, TracingSettings):
+            raise SettingsError(f"tracing must be a TracingSettings(mode=..., ...), got {self.tracing!r}")
 
     def _check_capacity(self) -> None:
         if not 1 <= self.nat_addresses_per_gateway <= plan_limits.MAX_NAT_ADDRESSES_PER_GATEWAY:

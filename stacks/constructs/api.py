@@ -74,7 +74,10 @@ class EventsApi(Construct):
         burst_limit: int,
         log_retention: logs.RetentionDays,
         removal_policy: RemovalPolicy,
+        tracing_enabled: bool,
     ) -> None:
+        """``tracing_enabled``: the stage samples requests for X-Ray and passes the trace
+        header on to the router, where a START's trace starts."""
         super().__init__(scope, id)
         access_logs = logs.LogGroup(self, "AccessLogs", retention=log_retention, removal_policy=removal_policy)
         self.rest_api = apigw.RestApi(
@@ -94,7 +97,7 @@ class EventsApi(Construct):
                 stage_name=stage_name,
                 throttling_rate_limit=rate_limit,
                 throttling_burst_limit=burst_limit,
-                tracing_enabled=True,
+                tracing_enabled=tracing_enabled,
                 logging_level=apigw.MethodLoggingLevel.ERROR,
                 access_log_destination=apigw.LogGroupLogDestination(access_logs),
                 access_log_format=apigw.AccessLogFormat.json_with_standard_fields(

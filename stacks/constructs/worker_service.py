@@ -1,5 +1,6 @@
 """The worker fleet: an ECS Fargate service of ``python -m wsfleet.worker`` tasks, each
-with an X-Ray daemon sidecar, scaled on the fleet's own ActiveConnections metric.
+with its tracing mode's sidecar (an X-Ray daemon, an ADOT collector, or none; see
+``stacks/tracing.py``), scaled on the fleet's own ActiveConnections metric.
 
 Deployments start the new tasks before stopping old ones (100 % / 200 %), so capacity
 never dips; a stopped task releases its leases in its SIGTERM budget and the others take
@@ -10,18 +11,15 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from aws_cdk import Duration, RemovalPolicy, Size
+from aws_cdk import Duration, RemovalPolicy, Size, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from stacks import runtime_assets
-
-XRAY_DAEMON_IMAGE = "public.ecr.aws/xray/aws-xray-daemon:3.x"
-XRAY_DAEMON_PORT = 2000
-XRAY_DAEMON_MEMORY_MIB = 64  # the daemon's reservation: the worker's memory is the task's less this
+from stacks import runtime_assets, tracing
+from stacks.settings import TRACING_OTEL, TRACING_XRAY_SDK, TracingSettings
 
 # Scale out quickly when connections pile up; scale in slowly, because every task
 # removed hands its connections over (a reconnect and a replay for each).
@@ -48,6 +46,7 @@ class WorkerService(Construct):
         scaling_target: int,
         log_retention: logs.RetentionDays,
         removal_policy: RemovalPolicy,
+        tracing_settings: TracingSettings,
     ) -> None:
         super().__init__(scope, id)
         self.cluster = ecs.Cluster(
@@ -84,20 +83,7 @@ class WorkerService(Construct):
                 max_buffer_size=Size.mebibytes(25),
             ),
         )
-        self.task_definition.add_container(
-            "xray-daemon",
-            image=ecs.ContainerImage.from_registry(XRAY_DAEMON_IMAGE),
-            # Losing traces must not stop a task that holds leases.
-            essential=False,
-            cpu=32,
-            memory_reservation_mib=XRAY_DAEMON_MEMORY_MIB,
-            port_mappings=[ecs.PortMapping(container_port=XRAY_DAEMON_PORT, protocol=ecs.Protocol.UDP)],
-            logging=ecs.LogDrivers.aws_logs(
-                stream_prefix="xray",
-                log_group=self.log_group,
-                mode=ecs.AwsLogDriverMode.NON_BLOCKING,
-            ),
-        )
+        self._add_tracing_sidecar(tracing_settings)
 
         # Outbound only: nothing ever connects to a worker.
         self.security_group = ec2.SecurityGroup(
@@ -130,4 +116,40 @@ class WorkerService(Construct):
             target_value=scaling_target,
             scale_out_cooldown=SCALE_OUT_COOLDOWN,
             scale_in_cooldown=SCALE_IN_COOLDOWN,
+        )
+
+    def _add_tracing_sidecar(self, tracing_settings: TracingSettings) -> None:
+        """The mode's sidecar, never essential: losing traces must not stop a task that
+        holds leases. Its memory is reserved out of the task's
+        (``tracing.worker_sidecar_memory_mib``); its logs go beside the worker's. The
+        worker does not wait for it either: a sidecar whose image cannot be pulled must
+        not keep a worker from starting, and the spans exported before it listens are
+        dropped by the worker's exporter, nothing else."""
+        if tracing_settings.mode == TRACING_XRAY_SDK:
+            name, stream_prefix, options = "xray-daemon", "xray", dict(
+                image=ecs.ContainerImage.from_registry(tracing.XRAY_DAEMON_IMAGE),
+                memory_reservation_mib=tracing.XRAY_DAEMON_MEMORY_MIB,
+                port_mappings=[ecs.PortMapping(container_port=tracing.XRAY_DAEMON_PORT, protocol=ecs.Protocol.UDP)],
+            )
+        elif tracing_settings.mode == TRACING_OTEL:
+            name, stream_prefix, options = "adot-collector", "adot", dict(
+                image=ecs.ContainerImage.from_registry(tracing.ADOT_COLLECTOR_IMAGE),
+                memory_reservation_mib=tracing.ADOT_COLLECTOR_MEMORY_MIB,
+                memory_limit_mib=tracing.ADOT_COLLECTOR_MEMORY_MIB,
+                environment={
+                    tracing.AOT_CONFIG_CONTENT: tracing.WORKER_COLLECTOR_CONFIG.read_text(),
+                    "AWS_REGION": Stack.of(self).region,
+                    "GOMEMLIMIT": tracing.ADOT_COLLECTOR_GOMEMLIMIT,
+                },
+            )
+        else:
+            return
+        self.task_definition.add_container(
+            name,
+            essential=False,
+            cpu=32,
+            logging=ecs.LogDrivers.aws_logs(
+                stream_prefix=stream_prefix, log_group=self.log_group, mode=ecs.AwsLogDriverMode.NON_BLOCKING
+            ),
+            **options,
         )

@@ -8,10 +8,12 @@ The real bundling runs in ``make synth``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -29,7 +31,7 @@ from aws_cdk.assertions import Template  # noqa: E402
 
 import app as cdk_app  # noqa: E402
 from stacks.service_stack import ServiceStack  # noqa: E402
-from stacks.settings import EnvironmentSettings, with_context  # noqa: E402
+from stacks.settings import EnvironmentSettings, TracingSettings, with_context  # noqa: E402
 from stacks.stateful_stack import StatefulStack  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,6 +84,27 @@ def synthesize(env: str, outdir: Path, **overrides: str) -> Synthesized:
 @pytest.fixture(scope="session")
 def synthesized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Synthesized]:
     return {env: synthesize(env, tmp_path_factory.mktemp(f"cdk.out.{env}")) for env in ENVIRONMENTS}
+
+
+def synthesize_with_tracing(env: str, outdir: Path, tracing: TracingSettings) -> Synthesized:
+    """``env`` as app.py has it but for its tracing settings, synthesized as above."""
+    changed = dataclasses.replace(cdk_app.ENVIRONMENTS[env], tracing=tracing)
+    with mock.patch.dict(cdk_app.ENVIRONMENTS, {env: changed}):
+        return synthesize(env, outdir)
+
+
+@pytest.fixture(scope="session")
+def tracing_off(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """dev with tracing off: no sidecar, no layer, no X-Ray anywhere."""
+    return synthesize_with_tracing("dev", tmp_path_factory.mktemp("cdk.out.off"), TracingSettings(mode="off"))
+
+
+@pytest.fixture(scope="session")
+def otel_sdk(tmp_path_factory: pytest.TempPathFactory) -> Synthesized:
+    """dev with the router exporting straight to X-Ray's OTLP endpoint (lambda_otel sdk)."""
+    return synthesize_with_tracing(
+        "dev", tmp_path_factory.mktemp("cdk.out.sdk"), TracingSettings(mode="otel", lambda_otel="sdk")
+    )
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from aws_cdk.assertions import Match
 
-from stacks import runtime_assets
+from stacks import runtime_assets, tracing
 from stacks.constructs.api import EVENT_SCHEMA, INVALID_EVENT_MESSAGE
 from stacks.constructs.messages_bucket import MESSAGES_BUCKET_LOGICAL_ID
 from stacks.settings import FARGATE_MAX_STOP_TIMEOUT_SECONDS
@@ -296,12 +296,11 @@ def test_api_name_is_unique_per_environment_so_its_metrics_are(env):
 # --- router ----------------------------------------------------------------------------
 
 
-def test_router_runs_the_current_python_with_active_tracing(env):
+def test_router_runs_the_current_python_with_json_logs(env):
+    # Its tracing (mode, layers) per environment: tests/stacks/test_tracing.py.
     router = _router(env)
     assert router["Runtime"] == runtime_assets.LAMBDA_RUNTIME.name == "python3.14"
-    assert router["TracingConfig"] == {"Mode": "Active"}
     assert router["LoggingConfig"]["LogFormat"] == "JSON"
-    assert len(router["Layers"]) == 1
 
 
 def _sink_variables(env) -> set[str]:
@@ -310,6 +309,14 @@ def _sink_variables(env) -> set[str]:
     return ({config.MESSAGES_TABLE_NAME} if env.settings.stores_in_table else set()) | (
         {config.SINK, config.MESSAGES_STREAM_NAME} if env.settings.has_stream else set()
     )
+
+
+def _tracing_variables(env, which: str) -> set[str]:
+    """TRACING, and in otel the OTEL_* variables (tests/stacks/test_tracing.py checks
+    their values per mode)."""
+    if which == "router":
+        return set(tracing.router_environment(env.settings.tracing, "service", "region"))
+    return set(tracing.worker_environment(env.settings.tracing, "service"))
 
 
 def test_router_environment_is_what_the_contract_names(env):
@@ -322,7 +329,7 @@ def test_router_environment_is_what_the_contract_names(env):
         config.ALLOWED_WS_HOSTS,
         config.STATE_SHARDS,
         config.UPSTREAM_SECRET_PREFIX,
-    } | _sink_variables(env)
+    } | _sink_variables(env) | _tracing_variables(env, "router")
     assert variables[config.ALLOWED_WS_HOSTS] == ",".join(env.settings.allowed_ws_hosts)
     assert variables[config.STATE_SHARDS] == str(env.settings.state_shards)
 
@@ -355,7 +362,7 @@ def test_router_may_write_connections_post_stops_read_messages_and_send_hints_on
     assert _s3_grants(env, statements) == {f"<bucket>/{schema.MESSAGE_OBJECTS_PREFIX}*": {"s3:GetObject"}}
     assert _granted(statements, "sqs:") == {"sqs:SendMessage"}
     assert _granted(statements, "logs:") == {"logs:CreateLogStream", "logs:PutLogEvents"}
-    assert _granted(statements, "xray:") == {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+    # X-Ray: per tracing mode, tests/stacks/test_tracing.py.
     # It checks secret_headers ARNs against the prefix; it never reads a secret.
     assert _granted(statements, "secretsmanager:") == _granted(statements, "kms:") == set()
 
@@ -395,7 +402,7 @@ def test_worker_environment_is_what_the_contract_names(env):
         config.MAX_BUFFERED_BYTES,
         config.ALLOWED_WS_HOSTS,
         config.UPSTREAM_SECRET_PREFIX,
-    } | _sink_variables(env)
+    } | _sink_variables(env) | _tracing_variables(env, "worker")
     # The same allow-list as the router's: the worker checks what the host names resolve to.
     assert variables[config.ALLOWED_WS_HOSTS] == _router(env)["Environment"]["Variables"][config.ALLOWED_WS_HOSTS]
     # On ECS the worker names itself from task metadata and talks to real AWS.
@@ -417,9 +424,10 @@ def test_worker_environment_passes_the_workers_own_validation(env):
     assert parsed.upstream_secret_prefix == env.settings.secret_prefix
     assert parsed.sinks == env.settings.sinks
     assert bool(parsed.messages_stream_name) == env.settings.has_stream
-    # Frame bytes: half the worker container's memory (the task's, less the X-Ray
-    # daemon's reservation), whatever cgroup limit the container sees on Fargate.
-    assert parsed.max_buffered_bytes == (env.settings.worker_memory_mib - 64) * 1024 * 1024 // 2
+    # Frame bytes: half the worker container's memory (the task's, less its tracing
+    # sidecar's reservation), whatever cgroup limit the container sees on Fargate.
+    sidecar_mib = {"xray-sdk": 64, "otel": 128, "off": 0}[env.settings.tracing.mode]
+    assert parsed.max_buffered_bytes == (env.settings.worker_memory_mib - sidecar_mib) * 1024 * 1024 // 2
 
 
 def test_worker_and_router_name_the_stateful_stacks_tables(env):
@@ -450,13 +458,6 @@ def test_worker_and_router_name_the_bucket_the_stateful_stack_outputs(env):
 
 def test_worker_and_router_agree_on_state_shards(env):
     assert _worker_environment(env)[config.STATE_SHARDS] == _router(env)["Environment"]["Variables"][config.STATE_SHARDS]
-
-
-def test_worker_has_an_xray_daemon_sidecar_that_cannot_stop_the_task(env):
-    daemon = _container(env, "xray-daemon")
-    assert daemon["Image"].startswith("public.ecr.aws/xray/aws-xray-daemon:")
-    assert daemon["Essential"] is False
-    assert daemon["PortMappings"] == [{"ContainerPort": 2000, "Protocol": "udp"}]
 
 
 def test_worker_logs_go_to_cloudwatch_without_blocking(env):
@@ -585,10 +586,6 @@ def test_worker_may_publish_metrics_only_in_its_namespace(env):
     statement = next(s for s in _worker_statements(env) if "cloudwatch:PutMetricData" in _actions(s))
     assert _actions(statement) == ["cloudwatch:PutMetricData"]
     assert statement["Condition"] == {"StringEquals": {"cloudwatch:namespace": metrics_names.DEFAULT_NAMESPACE}}
-
-
-def test_worker_may_write_traces(env):
-    assert {"xray:PutTraceSegments", "xray:PutTelemetryRecords"} <= _granted(_worker_statements(env), "xray:")
 
 
 @pytest.mark.parametrize("stack", ["stateful", "service"])
