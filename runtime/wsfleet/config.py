@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import Callable, Mapping, TypeVar
 
-from . import metrics_names, schema
+from . import metrics_names, schema, tracing
 from .upstream_spec import SECRET_NAME_CHARS
 from .worker import budget
 
@@ -50,6 +50,8 @@ ECS_CONTAINER_METADATA_URI_V4 = "ECS_CONTAINER_METADATA_URI_V4"
 UPSTREAM_SECRET_PREFIX = "UPSTREAM_SECRET_PREFIX"
 SINK = "SINK"
 MESSAGES_STREAM_NAME = "MESSAGES_STREAM_NAME"
+TRACING = "TRACING"
+AWS_XRAY_SDK_ENABLED = "AWS_XRAY_SDK_ENABLED"
 # The reference consumer (wsfleet.consumer): where it writes and keeps its state.
 CONSUMER_BUCKET_NAME = "CONSUMER_BUCKET_NAME"
 CONSUMER_TABLE_NAME = "CONSUMER_TABLE_NAME"
@@ -198,6 +200,19 @@ def messages_table_name(env: Mapping[str, str], chosen: tuple[str, ...]) -> str:
     return env.get(MESSAGES_TABLE_NAME, "").strip()
 
 
+def tracing_mode(env: Mapping[str, str]) -> str:
+    """``TRACING`` [xray-sdk]: xray-sdk, otel or off (see :mod:`wsfleet.tracing`). In
+    xray-sdk mode ``AWS_XRAY_SDK_ENABLED=false`` means off, as it always has: nothing is
+    recorded and the SDK is not even imported."""
+    raw = env.get(TRACING, "").strip().lower()
+    mode = raw or tracing.XRAY_SDK
+    if mode not in tracing.MODES:
+        raise ConfigError(f"{TRACING} must be one of {', '.join(tracing.MODES)}, got {env.get(TRACING)!r}")
+    if mode == tracing.XRAY_SDK and env.get(AWS_XRAY_SDK_ENABLED, "").strip().lower() == "false":
+        return tracing.OFF
+    return mode
+
+
 def state_shards(env: Mapping[str, str]) -> int:
     return _int_in(env, STATE_SHARDS, schema.DEFAULT_STATE_SHARDS, 1, schema.MAX_STATE_SHARDS)
 
@@ -239,6 +254,7 @@ class WorkerConfig:
     upstream_secret_prefix: str = ""  # secret_headers ARNs must name secrets under it
     sinks: tuple[str, ...] = schema.DEFAULT_SINKS  # where frames go (schema.SINKS)
     messages_stream_name: str = ""  # the Kinesis stream, when sinks has kinesis
+    tracing: str = tracing.XRAY_SDK  # TRACING, as tracing_mode reads it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
@@ -289,6 +305,7 @@ class WorkerConfig:
             upstream_secret_prefix=upstream_secret_prefix(env),
             sinks=chosen,
             messages_stream_name=messages_stream_name(env, chosen),
+            tracing=tracing_mode(env),
         )
 
     def default_worker_id(self) -> str:
@@ -310,6 +327,7 @@ class RouterConfig:
     # Where the workers send frames: the read API answers only where the table is one.
     sinks: tuple[str, ...] = schema.DEFAULT_SINKS
     messages_stream_name: str = ""
+    tracing: str = tracing.XRAY_SDK  # TRACING, as tracing_mode reads it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "RouterConfig":
@@ -329,6 +347,7 @@ class RouterConfig:
             upstream_secret_prefix=upstream_secret_prefix(env),
             sinks=chosen,
             messages_stream_name=messages_stream_name(env, chosen),
+            tracing=tracing_mode(env),
         )
 
 
