@@ -21,6 +21,7 @@ secret, a header value, a URL (its query string may hold a token) or a frame's d
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import re
 import threading
@@ -40,6 +41,7 @@ class Backend(Protocol):
     def span(self, name: str, parent: str | None, attrs: dict[str, Any], root: bool) -> Any: ...
     def invocation(self, name: str, attrs: dict[str, Any]) -> Any: ...
     def current_header(self) -> str | None: ...
+    def clear(self) -> None: ...
     def trace_id(self) -> str | None: ...
     def flush(self, timeout_s: float) -> bool: ...
     def shutdown(self) -> None: ...
@@ -153,6 +155,16 @@ def invocation(name: str, **attrs: str | int | float | bool | None) -> Iterator[
         yield span
 
 
+def untraced() -> contextvars.Context:
+    """A copy of the current context with no span current, for a long-lived task started
+    inside a span (a connection's holder, started by an acquire in a drain): its later
+    work must not all land in that span's trace."""
+    context = contextvars.copy_context()
+    if _backend is not None:
+        context.run(_backend.clear)
+    return context
+
+
 def current_header() -> str | None:
     """The X-Ray trace header of the span current in this task, to send along (a hint's
     ``AWSTraceHeader``), or None."""
@@ -171,7 +183,8 @@ def trace_id() -> str | None:
 
 
 def flush(timeout_s: float = 5.0) -> bool:
-    """Send what is buffered (the worker's SIGTERM path); True if all went out in time."""
+    """Send what is buffered (the worker's SIGTERM path); True if that finished in time
+    (an export that failed is counted, see :func:`take_export_failures`)."""
     return _backend.flush(timeout_s) if _backend is not None else True
 
 

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from importlib.metadata import entry_points
 from typing import Any, Iterator, Mapping, Sequence
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.aws import AwsXRayLambdaPropagator, AwsXRayPropagator
@@ -101,6 +102,10 @@ class Backend:
         carrier: dict[str, str] = {}
         self._propagator.inject(carrier)
         return carrier.get(_HEADER)
+
+    @staticmethod
+    def clear() -> None:
+        otel_context.attach(Context())  # in a context copy of its own: never detached
 
     def trace_id(self) -> str | None:
         context = trace.get_current_span().get_span_context()

@@ -96,11 +96,15 @@ class Backend:
         if self._worker:
             stack = entities()
             return stack[-1] if stack else None
-        return xray_recorder.get_trace_entity() if in_lambda() else None
+        return xray_recorder.get_trace_entity()  # Lambda's: the invocation's segment
 
     def current_header(self) -> str | None:
         entity = self._current()
         return self.header(entity) if entity is not None and not isinstance(entity, (DummySegment, DummySubsegment)) else None
+
+    def clear(self) -> None:
+        if self._worker:
+            set_entities(())
 
     def trace_id(self) -> str | None:
         entity = self._current()

@@ -344,7 +344,8 @@ class Worker:
             from_seq=runner.tracker.next_seq,
             active=len(self.runners),
         )
-        task = asyncio.create_task(self._hold(runner), name=f"hold:{connection_id}")
+        # Its life is its own: none of it in the trace of what took it (a drain's, say).
+        task = asyncio.create_task(self._hold(runner), name=f"hold:{connection_id}", context=tracing.untraced())
         self._holders.add(task)
         self._holding[connection_id] = task
         task.add_done_callback(self._holders.discard)
@@ -592,6 +593,7 @@ class Worker:
             worker_id=self.worker_id,
             loop_lag_p99_ms=self.stats()["loop_lag_p99_ms"],
             refused_connections=sum(1 for r in list(self.runners.values()) if r.refused),
+            trace_export_failures=tracing.take_export_failures(),
         )
         try:
             for start in range(0, len(data), 20):
