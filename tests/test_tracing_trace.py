@@ -166,3 +166,34 @@ def test_a_session_ended_by_another_is_drained_in_the_trace_its_end_recorded(aws
     assert drain.parent.span_id == 0x1111111111111111
     assert drain.context.trace_id == acquire.context.trace_id == connect.context.trace_id == LAMBDA_TRACE_ID
     assert connect.parent.span_id == acquire.context.span_id
+
+
+def test_a_workers_own_hints_carry_the_trace_of_the_span_that_sent_them(aws_env, stores, upstream, spans):
+    conns, _ = stores
+    cfg = config(aws_env, RECONCILE_SECONDS="60")  # only the hints bring them in time
+
+    async def scenario():
+        async with running(cfg, "w1") as first:
+            await asyncio.sleep(0.2)
+            await asyncio.to_thread(conns.start, "h1", upstream.url_for("h1"))
+            # A hint sent under a span (as a drain's are): batched, through the queue.
+            with tracing.segment("drain", session="test") as sent:
+                await first.intake.hint("h1")
+            await eventually(lambda: "h1" in first.runners, what="w1 took its own hint")
+            async with running(cfg, "w2") as second:
+                await asyncio.sleep(0.2)
+                await first.shutdown(budget_s=5)  # its handoff hint carries the release's trace
+                await eventually(lambda: "h1" in second.runners, what="w2 took the handoff")
+                await eventually(lambda: len([s for s in spans() if s.name == "connect"]) == 2, what="the connects")
+                return sent, first.keeper.session_id, second.keeper.session_id
+
+    sent, giver, taker = asyncio.run(scenario())
+    finished = spans()
+    drain = only(finished, "drain", session="test")
+    taken = only(finished, "acquire", connection_id="h1", session=giver)
+    assert taken.parent.span_id == drain.context.span_id and taken.context.trace_id == drain.context.trace_id
+    release = only(finished, "release", connection_id="h1", session=giver)
+    handed = only(finished, "acquire", connection_id="h1", session=taker)
+    assert release.attributes["why"] == "shutdown"
+    assert handed.parent.span_id == release.context.span_id and handed.context.trace_id == release.context.trace_id
+    assert only(finished, "connect", session=taker).parent.span_id == handed.context.span_id
