@@ -51,6 +51,7 @@ UPSTREAM_SECRET_PREFIX = "UPSTREAM_SECRET_PREFIX"
 SINK = "SINK"
 MESSAGES_STREAM_NAME = "MESSAGES_STREAM_NAME"
 TRACING = "TRACING"
+TRACING_FILE = "TRACING_FILE"  # local runs: TRACING=otel's spans as OTLP JSON lines in this file
 AWS_XRAY_SDK_ENABLED = "AWS_XRAY_SDK_ENABLED"
 # The reference consumer (wsfleet.consumer): where it writes and keeps its state.
 CONSUMER_BUCKET_NAME = "CONSUMER_BUCKET_NAME"
@@ -213,6 +214,15 @@ def tracing_mode(env: Mapping[str, str]) -> str:
     return mode
 
 
+def tracing_file(env: Mapping[str, str], mode: str) -> str:
+    """``TRACING_FILE``: where ``TRACING=otel`` appends its spans as OTLP JSON lines
+    instead of exporting them (``make demo TRACING=otel``); only with otel."""
+    path = env.get(TRACING_FILE, "").strip()
+    if path and mode != tracing.OTEL:
+        raise ConfigError(f"{TRACING_FILE} needs {TRACING}=otel, got {TRACING}={mode}")
+    return path
+
+
 def state_shards(env: Mapping[str, str]) -> int:
     return _int_in(env, STATE_SHARDS, schema.DEFAULT_STATE_SHARDS, 1, schema.MAX_STATE_SHARDS)
 
@@ -255,6 +265,7 @@ class WorkerConfig:
     sinks: tuple[str, ...] = schema.DEFAULT_SINKS  # where frames go (schema.SINKS)
     messages_stream_name: str = ""  # the Kinesis stream, when sinks has kinesis
     tracing: str = tracing.XRAY_SDK  # TRACING, as tracing_mode reads it
+    tracing_file: str = ""  # TRACING_FILE
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
@@ -306,6 +317,7 @@ class WorkerConfig:
             sinks=chosen,
             messages_stream_name=messages_stream_name(env, chosen),
             tracing=tracing_mode(env),
+            tracing_file=tracing_file(env, tracing_mode(env)),
         )
 
     def default_worker_id(self) -> str:
@@ -328,6 +340,7 @@ class RouterConfig:
     sinks: tuple[str, ...] = schema.DEFAULT_SINKS
     messages_stream_name: str = ""
     tracing: str = tracing.XRAY_SDK  # TRACING, as tracing_mode reads it
+    tracing_file: str = ""  # TRACING_FILE
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "RouterConfig":
@@ -348,6 +361,7 @@ class RouterConfig:
             sinks=chosen,
             messages_stream_name=messages_stream_name(env, chosen),
             tracing=tracing_mode(env),
+            tracing_file=tracing_file(env, tracing_mode(env)),
         )
 
 

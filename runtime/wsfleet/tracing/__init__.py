@@ -56,11 +56,15 @@ def mode() -> str:
     return _mode
 
 
-def configure(mode: str, service: str, *, worker: bool = False, exporters: list | None = None) -> None:
+def configure(
+    mode: str, service: str, *, worker: bool = False, exporters: list | None = None, file: str = ""
+) -> None:
     """Choose the backend, once per process (a second call is ignored). ``worker``:
     segments belong to the asyncio task that opened them (the worker's thousand
     connection tasks each trace their own). ``exporters``: OpenTelemetry span exporters
-    to use instead of the ones ``OTEL_TRACES_EXPORTER`` names (tests, the demo)."""
+    to use instead of the ones ``OTEL_TRACES_EXPORTER`` names (tests); ``file``
+    (``TRACING_FILE``): OTLP JSON lines appended to that file instead (the demo). A bad
+    exporter setting raises :class:`wsfleet.config.ConfigError` naming its variable."""
     global _backend, _mode
     if mode not in MODES:
         raise ValueError(f"unknown tracing mode {mode!r}")
@@ -74,12 +78,12 @@ def configure(mode: str, service: str, *, worker: bool = False, exporters: list 
         elif mode == OTEL:
             from . import _otel
 
-            _backend = _otel.Backend(service, exporters=exporters)
+            _backend = _otel.Backend(service, exporters=exporters, file=file)
         _mode = mode
 
 
-def configure_worker(mode: str, service: str, *, exporters: list | None = None) -> None:
-    configure(mode, service, worker=True, exporters=exporters)
+def configure_worker(mode: str, service: str, *, exporters: list | None = None, file: str = "") -> None:
+    configure(mode, service, worker=True, exporters=exporters, file=file)
 
 
 def reset() -> None:
@@ -180,6 +184,14 @@ def trace_id() -> str | None:
         return backend.trace_id()
     except Exception:  # noqa: BLE001 - a log line must never fail for its trace id
         return None
+
+
+def log_fields(header: str | None) -> dict[str, str]:
+    """``trace_id`` of a span's header, for a log line about its work written after it
+    closed (``lease_acquired``, ``connected``); nothing without one."""
+    if not header or not header.startswith("Root="):
+        return {}
+    return {"trace_id": header[5:].partition(";")[0]}
 
 
 def flush(timeout_s: float = 5.0) -> bool:

@@ -9,8 +9,8 @@ one), ``OTEL_TRACES_SAMPLER`` / ``_ARG`` (the sampler; default parent-based alwa
 ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` / ``_HEADERS`` / ``_TIMEOUT`` (the OTLP/HTTP
 exporter), ``OTEL_BSP_*`` (the batch processor). ``OTEL_TRACES_EXPORTER`` [otlp] is read
 here: ``otlp`` (OTLP/HTTP protobuf, the one shipped), ``none``, or any installed
-exporter's entry point name (``console``; ``otlp_json_file`` where that package is
-installed, as in ``make demo``).
+exporter's entry point name (``console``). ``TRACING_FILE`` (wsfleet's, for local runs)
+replaces them with OTLP JSON lines in that file (the standard file exporter).
 
 Where the endpoint is X-Ray's own (``https://xray.<region>.amazonaws.com/v1/traces``, no
 collector in between) each export request is signed with SigV4 (:mod:`._sigv4`).
@@ -53,9 +53,9 @@ _log = logging.getLogger("wsfleet.tracing")
 
 
 class Backend:
-    def __init__(self, service: str, *, exporters: Sequence[SpanExporter] | None = None) -> None:
+    def __init__(self, service: str, *, exporters: Sequence[SpanExporter] | None = None, file: str = "") -> None:
         resource = Resource.create({})
-        if resource.attributes.get(SERVICE_NAME, "unknown_service") == "unknown_service":
+        if str(resource.attributes.get(SERVICE_NAME, "unknown_service")).startswith("unknown_service"):
             resource = resource.merge(Resource({SERVICE_NAME: service}))
         self._provider = TracerProvider(resource=resource, id_generator=AwsXRayIdGenerator())
         self._tracer = self._provider.get_tracer("wsfleet")
@@ -63,7 +63,9 @@ class Backend:
         self._lambda = AwsXRayLambdaPropagator()
         self._failures = 0
         self._failures_lock = threading.Lock()
-        for exporter in exporters_from_env() if exporters is None else exporters:
+        if exporters is None:
+            exporters = [file_exporter(file)] if file else exporters_from_env()
+        for exporter in exporters:
             self._provider.add_span_processor(BatchSpanProcessor(Reported(exporter, self._failed)))
 
     # --- spans ---------------------------------------------------------------------------
@@ -207,6 +209,21 @@ def exporters_from_env(env: Mapping[str, str] | None = None) -> list[SpanExporte
             )
         exporters.append(found[0].load()())
     return exporters
+
+
+def file_exporter(path: str) -> SpanExporter:
+    """``TRACING_FILE`` (local runs, ``make demo``): OTLP JSON lines appended to ``path``
+    by the standard file exporter, a development package (requirements-dev.txt)."""
+    try:
+        from opentelemetry.exporter.otlp.json.file import FileSpanExporter
+    except ImportError:
+        raise ConfigError(
+            "TRACING_FILE needs the opentelemetry-exporter-otlp-json-file package (requirements-dev.txt)"
+        ) from None
+    try:
+        return FileSpanExporter(path)
+    except OSError as exc:
+        raise ConfigError(f"TRACING_FILE cannot be opened for appending: {exc}") from None
 
 
 def otlp_exporter(env: Mapping[str, str]) -> SpanExporter:

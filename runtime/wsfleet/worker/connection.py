@@ -211,13 +211,13 @@ class ConnectionRunner:
                     session=self.session_id,
                     fence=self.fence_token,
                     from_seq=from_seq,
-                ):
+                ) as span:
                     ws = await self._dialer.open(from_seq)
                 async with ws:
                     self._ws = ws
                     self.connected.set()
                     self.refused = False
-                    self._log.info("connected", from_seq=from_seq, attempt=self._attempt)
+                    self._log.info("connected", from_seq=from_seq, attempt=self._attempt, **tracing.log_fields(span.header))
                     opening = self.upstream.opening(from_seq=from_seq, connection_id=self.connection_id)
                     if opening is not None:
                         await ws.send(opening)

@@ -343,6 +343,7 @@ class Worker:
             checkpoint=checkpoint,
             from_seq=runner.tracker.next_seq,
             active=len(self.runners),
+            **tracing.log_fields(trace),
         )
         # Its life is its own: none of it in the trace of what took it (a drain's, say).
         task = asyncio.create_task(self._hold(runner), name=f"hold:{connection_id}", context=tracing.untraced())
