@@ -33,31 +33,15 @@ from wsfleet.tracing._sigv4 import SigV4Session
 from wsfleet.worker import __main__ as worker_main
 from wsfleet.worker.intake import Intake
 
+from tests.test_config import BASE
+
 ROOT = Path(__file__).resolve().parents[1]
-BASE = {
-    "TABLE_NAME": "t",
-    "SESSIONS_TABLE_NAME": "s",
-    "MESSAGES_TABLE_NAME": "m",
-    "MESSAGES_BUCKET_NAME": "b",
-    "QUEUE_URL": "http://q",
-    "AWS_REGION": "eu-west-1",
-}
 HEADER = "Root=1-6565e1a0-0123456789abcdef01234567;Parent=1111111111111111;Sampled=1"
 
 
 @pytest.fixture
-def otel():
-    """TRACING=otel with an in-memory exporter; returns the finished spans, flushed."""
-    memory = InMemorySpanExporter()
-    tracing.reset()
-    tracing.configure_worker("otel", "wsfleet-test", exporters=[memory])
-
-    def finished():
-        assert tracing.flush()
-        return memory.get_finished_spans()
-
-    yield finished
-    tracing.reset()
+def otel(otel_spans):
+    return otel_spans
 
 
 # --- one module deciding -------------------------------------------------------------------

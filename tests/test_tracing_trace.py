@@ -12,7 +12,6 @@ import time
 import uuid
 
 import pytest
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from wsfleet import schema, tracing
 from wsfleet.local.secrets import SECRET_PREFIX, put_secret
@@ -28,17 +27,8 @@ LAMBDA_TRACE_ID = 0x6565E1A00123456789ABCDEF01234567
 
 
 @pytest.fixture
-def spans():
-    memory = InMemorySpanExporter()
-    tracing.reset()
-    tracing.configure_worker("otel", "wsfleet-test", exporters=[memory])
-
-    def finished():
-        assert tracing.flush()
-        return memory.get_finished_spans()
-
-    yield finished
-    tracing.reset()
+def spans(otel_spans):
+    return otel_spans
 
 
 def children(spans, parent) -> list:

@@ -26,7 +26,7 @@ import logging
 import re
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Protocol
+from typing import Any, Callable, ContextManager, Iterator, Protocol
 
 XRAY_SDK, OTEL, OFF = "xray-sdk", "otel", "off"
 MODES = (XRAY_SDK, OTEL, OFF)
@@ -120,42 +120,34 @@ class Span:
 _NOTHING = Span()
 
 
-@contextmanager
-def segment(name: str, *, parent: str | None = None, **attrs: str | int | float | bool | None) -> Iterator[Span]:
+def segment(name: str, *, parent: str | None = None, **attrs: str | int | float | bool | None) -> ContextManager[Span]:
     """A unit of work of its own (acquire, connect, release, end_session): a new trace,
     or the child of ``parent`` (an X-Ray trace header, already checked by
     :func:`valid_header`). Open and close it in one task; the worker's segments need
     :func:`configure_worker`. An exception escaping the block is recorded and re-raised."""
-    backend = _backend
-    if backend is None:
-        yield _NOTHING
-        return
-    with backend.span(name, parent, _given(attrs), True) as span:
-        yield span
+    return _opened(lambda backend: backend.span(name, parent, _given(attrs), True))
 
 
-@contextmanager
-def subsegment(name: str, **attrs: str | int | float | bool | None) -> Iterator[Span]:
+def subsegment(name: str, **attrs: str | int | float | bool | None) -> ContextManager[Span]:
     """A child of the current span, or a no-op :class:`Span` where none is open."""
-    backend = _backend
-    if backend is None:
-        yield _NOTHING
-        return
-    with backend.span(name, None, _given(attrs), False) as span:
-        yield span
+    return _opened(lambda backend: backend.span(name, None, _given(attrs), False))
 
 
-@contextmanager
-def invocation(name: str, **attrs: str | int | float | bool | None) -> Iterator[Span]:
+def invocation(name: str, **attrs: str | int | float | bool | None) -> ContextManager[Span]:
     """The router's span for one Lambda invocation: in ``xray-sdk`` a subsegment of the
     invocation's segment; in ``otel`` a child of the invocation's trace
     (``_X_AMZN_TRACE_ID``, so API Gateway, Lambda and the router are one trace), its
     spans flushed before the invocation returns (a frozen Lambda would lose them)."""
+    return _opened(lambda backend: backend.invocation(name, _given(attrs)))
+
+
+@contextmanager
+def _opened(opener: Callable[[Backend], ContextManager[Span]]) -> Iterator[Span]:
     backend = _backend
     if backend is None:
         yield _NOTHING
         return
-    with backend.invocation(name, _given(attrs)) as span:
+    with opener(backend) as span:
         yield span
 
 

@@ -143,7 +143,8 @@ class Reported(SpanExporter):
         self._on_failure = on_failure
         self._failing = False
         self._reason = _LastReason()
-        logging.getLogger(type(inner).__module__).addFilter(self._reason)
+        self._logger = logging.getLogger(type(inner).__module__)
+        self._logger.addFilter(self._reason)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
@@ -168,6 +169,7 @@ class Reported(SpanExporter):
 
     def shutdown(self) -> None:
         self._inner.shutdown()
+        self._logger.removeFilter(self._reason)
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return self._inner.force_flush(timeout_millis)
