@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from wsfleet import router as router_module
 from wsfleet import tracing
-from wsfleet.config import ConfigError, RouterConfig, WorkerConfig
+from wsfleet.config import ConfigError, RouterConfig, WorkerConfig, otlp_traces_endpoint
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import metric_data
 from wsfleet.tracing import _otel
@@ -68,7 +68,7 @@ tracing.configure_worker(config.tracing, config.service_name)
 with tracing.segment("acquire", connection_id="a") as span:
     with tracing.subsegment("call") as inner:
         recorded = span.recording or inner.recording or tracing.current_header() or tracing.trace_id()
-print(config.tracing, bool(recorded), sorted({m.split(".")[0] for m in sys.modules} & {"aws_xray_sdk", "opentelemetry"}))
+print(config.tracing.mode, bool(recorded), sorted({m.split(".")[0] for m in sys.modules} & {"aws_xray_sdk", "opentelemetry"}))
 """
 
 
@@ -86,8 +86,8 @@ def test_off_imports_no_tracing_library_and_records_nothing(env, mode):
 
 
 def test_tracing_defaults_to_the_xray_sdk_and_a_bad_value_is_an_error_naming_it():
-    assert WorkerConfig.from_env(BASE).tracing == RouterConfig.from_env(BASE).tracing == "xray-sdk"
-    assert WorkerConfig.from_env({**BASE, "TRACING": "OTel "}).tracing == "otel"
+    assert WorkerConfig.from_env(BASE).tracing == RouterConfig.from_env(BASE).tracing == tracing.Settings("xray-sdk")
+    assert WorkerConfig.from_env({**BASE, "TRACING": "OTel "}).tracing == tracing.Settings("otel")
     for config in (WorkerConfig, RouterConfig):
         with pytest.raises(ConfigError, match=r"^TRACING must be one of xray-sdk, otel, off, got 'jaeger'$"):
             config.from_env({**BASE, "TRACING": "jaeger"})
@@ -115,12 +115,17 @@ def test_the_router_answers_a_bad_tracing_setting_with_a_500_naming_it(monkeypat
     assert "TRACING must be one of" in json.loads(answer["body"])["message"]
 
 
-def test_the_otlp_exporter_protocol_must_be_the_one_shipped():
-    with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_PROTOCOL must be http/protobuf"):
-        _otel.exporters_from_env({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
-    assert _otel.exporters_from_env({"OTEL_TRACES_EXPORTER": "none"}) == []
-    (console,) = _otel.exporters_from_env({"OTEL_TRACES_EXPORTER": "console"})
-    assert type(console).__name__ == "ConsoleSpanExporter"
+def test_the_otel_settings_are_read_with_the_others_and_a_bad_one_names_its_variable():
+    otel = {**BASE, "TRACING": "otel"}
+    with pytest.raises(ConfigError, match=r"^OTEL_EXPORTER_OTLP_PROTOCOL must be http/protobuf \(the OTLP exporter shipped\), got 'grpc'$"):
+        WorkerConfig.from_env({**otel, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    with pytest.raises(ConfigError, match="^TRACING_FILE needs TRACING=otel, got TRACING=off$"):
+        RouterConfig.from_env({**BASE, "TRACING": "off", "TRACING_FILE": "/tmp/t.jsonl"})
+    assert WorkerConfig.from_env({**otel, "OTEL_TRACES_EXPORTER": "none"}).tracing.exporters == ()
+    settings = RouterConfig.from_env({**otel, "OTEL_TRACES_EXPORTER": "console,otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}).tracing
+    assert (settings.exporters, settings.endpoint) == (("console", "otlp"), "http://c:4318/v1/traces")
+    assert type(_otel.named("console", settings.endpoint)).__name__ == "ConsoleSpanExporter"
+    assert WorkerConfig.from_env(otel).tracing.endpoint == "http://localhost:4318/v1/traces"
 
 
 # --- trace headers from outside -----------------------------------------------------------
@@ -330,9 +335,11 @@ class _Collector(http.server.BaseHTTPRequestHandler):
 
 
 def test_exports_to_xrays_own_endpoint_are_signed_with_sigv4():
-    assert _otel.xray_region(_otel.traces_endpoint({"OTEL_EXPORTER_OTLP_ENDPOINT": "https://xray.eu-west-1.amazonaws.com"})) == "eu-west-1"
-    assert _otel.xray_region(_otel.traces_endpoint({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://xray.us-east-1.amazonaws.com/v1/traces"})) == "us-east-1"
-    assert _otel.xray_region(_otel.traces_endpoint({})) is None  # a collector: not signed
+    assert _otel.xray_region(otlp_traces_endpoint({"OTEL_EXPORTER_OTLP_ENDPOINT": "https://xray.eu-west-1.amazonaws.com"})) == "eu-west-1"
+    assert _otel.xray_region(otlp_traces_endpoint({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "https://xray.us-east-1.amazonaws.com/v1/traces"})) == "us-east-1"
+    assert _otel.xray_region(otlp_traces_endpoint({})) is None  # a collector: not signed
+    # Exporting there: the exporter built for it signs (its session is ours).
+    assert isinstance(_otel.otlp_exporter("https://xray.eu-west-1.amazonaws.com/v1/traces")._client._transport._session, SigV4Session)
     assert _otel.xray_region("https://xray.us-east-1.amazonaws.com.evil.example/v1/traces") is None
 
     _Collector.received = []

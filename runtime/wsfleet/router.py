@@ -461,7 +461,7 @@ def handler(event: Mapping[str, Any], context: Any) -> dict:
         try:
             route_stdlib_logging(component="router")
             router = Router.from_env(logger=_log)
-            tracing.configure(router.config.tracing, SERVICE_NAME, file=router.config.tracing_file)
+            tracing.configure(router.config.tracing, SERVICE_NAME)
             _router = router
         except ConfigError as exc:
             _log.error("config_invalid", detail=str(exc))

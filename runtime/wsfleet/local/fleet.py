@@ -251,7 +251,7 @@ class Fleet(FleetAudit):
 
         env = {**self.aws_env, cfg.ALLOWED_WS_HOSTS: LOOPBACK}
         if self.traces:  # the API's router runs in this process
-            tracing.configure("otel", "wsfleet-router", file=str(self.trace_file("api")))
+            tracing.configure(tracing.Settings(tracing.OTEL, file=str(self.trace_file("api"))), "wsfleet-router")
         self._api_log = open(self.run_dir / "api.log", "a", buffering=1)
         # The data URLs it presigns are signed with the emulator's credentials, which
         # this process has in aws_env, not in its own environment.

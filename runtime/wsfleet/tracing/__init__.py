@@ -26,10 +26,15 @@ import logging
 import re
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, Callable, ContextManager, Iterator, Protocol
 
 XRAY_SDK, OTEL, OFF = "xray-sdk", "otel", "off"
 MODES = (XRAY_SDK, OTEL, OFF)
+OTLP = "otlp"  # OTLP/HTTP protobuf, the exporter shipped (also by its entry point name)
+OTLP_NAMES = (OTLP, "otlp_proto_http")
+DEFAULT_OTLP_ENDPOINT = "http://localhost:4318/v1/traces"  # a collector in the task
 HEADER_MAX = 256  # longer than any header X-Ray writes: a longer one is not read at all
 
 _log = logging.getLogger("wsfleet.tracing")
@@ -47,6 +52,22 @@ class Backend(Protocol):
     def shutdown(self) -> None: ...
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What :func:`wsfleet.config.tracing_settings` read: ``TRACING``, ``TRACING_FILE``,
+    and for otel the exporters ``OTEL_TRACES_EXPORTER`` names and where OTLP goes."""
+
+    mode: str = XRAY_SDK
+    file: str = ""  # otel: OTLP JSON lines in this file instead of the exporters
+    exporters: tuple[str, ...] = (OTLP,)
+    endpoint: str = DEFAULT_OTLP_ENDPOINT
+
+
+def exporter_installed(name: str) -> bool:
+    """An OpenTelemetry span exporter of that entry point name is installed (no import)."""
+    return any(True for _ in entry_points(group="opentelemetry_traces_exporter", name=name))
+
+
 _backend: Backend | None = None
 _mode = OFF
 _lock = threading.Lock()
@@ -56,34 +77,32 @@ def mode() -> str:
     return _mode
 
 
-def configure(
-    mode: str, service: str, *, worker: bool = False, exporters: list | None = None, file: str = ""
-) -> None:
-    """Choose the backend, once per process (a second call is ignored). ``worker``:
-    segments belong to the asyncio task that opened them (the worker's thousand
-    connection tasks each trace their own). ``exporters``: OpenTelemetry span exporters
-    to use instead of the ones ``OTEL_TRACES_EXPORTER`` names (tests); ``file``
-    (``TRACING_FILE``): OTLP JSON lines appended to that file instead (the demo). A bad
-    exporter setting raises :class:`wsfleet.config.ConfigError` naming its variable."""
+def configure(settings: Settings | str, service: str, *, worker: bool = False, exporters: list | None = None) -> None:
+    """Choose the backend, once per process (a second call is ignored): ``settings`` as
+    the configuration read them (or just a mode). ``worker``: segments belong to the
+    asyncio task that opened them (the worker's thousand connection tasks each trace
+    their own). ``exporters``: OpenTelemetry span exporters to use instead of the ones
+    the settings name (tests)."""
     global _backend, _mode
-    if mode not in MODES:
-        raise ValueError(f"unknown tracing mode {mode!r}")
+    settings = Settings(settings) if isinstance(settings, str) else settings
+    if settings.mode not in MODES:
+        raise ValueError(f"unknown tracing mode {settings.mode!r}")
     with _lock:
         if _backend is not None:
             return
-        if mode == XRAY_SDK:
+        if settings.mode == XRAY_SDK:
             from . import _xray
 
             _backend = _xray.Backend(service, worker=worker)
-        elif mode == OTEL:
+        elif settings.mode == OTEL:
             from . import _otel
 
-            _backend = _otel.Backend(service, exporters=exporters, file=file)
-        _mode = mode
+            _backend = _otel.Backend(service, settings, exporters=exporters)
+        _mode = settings.mode
 
 
-def configure_worker(mode: str, service: str, *, exporters: list | None = None, file: str = "") -> None:
-    configure(mode, service, worker=True, exporters=exporters, file=file)
+def configure_worker(settings: Settings | str, service: str, *, exporters: list | None = None) -> None:
+    configure(settings, service, worker=True, exporters=exporters)
 
 
 def reset() -> None:

@@ -8,9 +8,10 @@ The standard variables are read by the SDK itself: ``OTEL_SERVICE_NAME`` and
 one), ``OTEL_TRACES_SAMPLER`` / ``_ARG`` (the sampler; default parent-based always-on),
 ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` / ``_HEADERS`` / ``_TIMEOUT`` (the OTLP/HTTP
 exporter), ``OTEL_BSP_*`` (the batch processor). ``OTEL_TRACES_EXPORTER`` [otlp] is read
-here: ``otlp`` (OTLP/HTTP protobuf, the one shipped), ``none``, or any installed
-exporter's entry point name (``console``). ``TRACING_FILE`` (wsfleet's, for local runs)
-replaces them with OTLP JSON lines in that file (the standard file exporter).
+by :func:`wsfleet.config.tracing_settings`: ``otlp`` (OTLP/HTTP protobuf, the one
+shipped), ``none``, or any installed exporter's entry point name (``console``).
+``TRACING_FILE`` (wsfleet's, for local runs) replaces them with OTLP JSON lines in that
+file (the standard file exporter).
 
 Where the endpoint is X-Ray's own (``https://xray.<region>.amazonaws.com/v1/traces``, no
 collector in between) each export request is signed with SigV4 (:mod:`._sigv4`).
@@ -24,12 +25,11 @@ per-failure error lines are folded into that one.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 from contextlib import contextmanager
 from importlib.metadata import entry_points
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Sequence
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -41,10 +41,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from ..config import ConfigError
-from . import Span
+from . import OTLP_NAMES, Settings, Span
 
-TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
-_OTLP_NAMES = ("otlp", "otlp_proto_http")
 _XRAY_ENDPOINT = re.compile(r"https://xray\.([a-z0-9-]+)\.amazonaws\.com/v1/traces/?")
 _HEADER = "X-Amzn-Trace-Id"
 FLUSH_AT_INVOCATION_END_MS = 2000
@@ -53,7 +51,7 @@ _log = logging.getLogger("wsfleet.tracing")
 
 
 class Backend:
-    def __init__(self, service: str, *, exporters: Sequence[SpanExporter] | None = None, file: str = "") -> None:
+    def __init__(self, service: str, settings: Settings, *, exporters: Sequence[SpanExporter] | None = None) -> None:
         resource = Resource.create({})
         if str(resource.attributes.get(SERVICE_NAME, "unknown_service")).startswith("unknown_service"):
             resource = resource.merge(Resource({SERVICE_NAME: service}))
@@ -64,7 +62,7 @@ class Backend:
         self._failures = 0
         self._failures_lock = threading.Lock()
         if exporters is None:
-            exporters = [file_exporter(file)] if file else exporters_from_env()
+            exporters = [file_exporter(settings.file)] if settings.file else [named(n, settings.endpoint) for n in settings.exporters]
         for exporter in exporters:
             self._provider.add_span_processor(BatchSpanProcessor(Reported(exporter, self._failed)))
 
@@ -192,25 +190,12 @@ class _LastReason(logging.Filter):
         return False
 
 
-def exporters_from_env(env: Mapping[str, str] | None = None) -> list[SpanExporter]:
-    """The exporters ``OTEL_TRACES_EXPORTER`` names (comma-separated; default ``otlp``)."""
-    env = os.environ if env is None else env
-    raw = env.get(TRACES_EXPORTER, "").strip() or "otlp"
-    names = [name.strip() for name in raw.split(",") if name.strip()]
-    if names == ["none"]:
-        return []
-    exporters = []
-    for name in names:
-        if name in _OTLP_NAMES:
-            exporters.append(otlp_exporter(env))
-            continue
-        found = list(entry_points(group="opentelemetry_traces_exporter", name=name))
-        if not found:
-            raise ConfigError(
-                f"{TRACES_EXPORTER} names an exporter that is not installed: {name!r} (use otlp, console or none)"
-            )
-        exporters.append(found[0].load()())
-    return exporters
+def named(name: str, endpoint: str) -> SpanExporter:
+    """The exporter of that name (checked by :func:`wsfleet.config.tracing_settings`)."""
+    if name in OTLP_NAMES:
+        return otlp_exporter(endpoint)
+    (found, *_) = entry_points(group="opentelemetry_traces_exporter", name=name)
+    return found.load()()
 
 
 def file_exporter(path: str) -> SpanExporter:
@@ -228,29 +213,17 @@ def file_exporter(path: str) -> SpanExporter:
         raise ConfigError(f"TRACING_FILE cannot be opened for appending: {exc}") from None
 
 
-def otlp_exporter(env: Mapping[str, str]) -> SpanExporter:
-    """OTLP/HTTP protobuf, signed with SigV4 where the endpoint is X-Ray's own."""
+def otlp_exporter(endpoint: str) -> SpanExporter:
+    """OTLP/HTTP protobuf (its endpoint read by the SDK itself), signed with SigV4 where
+    the endpoint is X-Ray's own."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        protocol = env.get(name, "").strip()
-        if protocol and protocol != "http/protobuf":
-            raise ConfigError(f"{name} must be http/protobuf (the OTLP exporter shipped), got {protocol!r}")
-    region = xray_region(traces_endpoint(env))
+    region = xray_region(endpoint)
     if region is None:
         return OTLPSpanExporter()
     from ._sigv4 import SigV4Session
 
     return OTLPSpanExporter(session=SigV4Session(region))
-
-
-def traces_endpoint(env: Mapping[str, str]) -> str:
-    """Where the OTLP exporter sends, as the SDK resolves it."""
-    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
-    if endpoint:
-        return endpoint
-    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip() or "http://localhost:4318"
-    return base.rstrip("/") + "/v1/traces"
 
 
 def xray_region(endpoint: str) -> str | None:

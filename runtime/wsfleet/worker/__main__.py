@@ -53,7 +53,7 @@ def main() -> int:
     log = JsonLogger()
     try:
         config = WorkerConfig.from_env()
-        tracing.configure_worker(config.tracing, config.service_name, file=config.tracing_file)
+        tracing.configure_worker(config.tracing, config.service_name)
     except ConfigError as exc:
         log.error("config_error", message=str(exc))
         print(f"wsfleet worker: configuration error: {exc}", file=sys.stderr)
