@@ -60,9 +60,10 @@ setup:
 	@$(MAKE) --no-print-directory -j3 $(VENV)/.deps node_modules/.deps $(FAKETIME_LIB)
 
 ## demo: the whole fleet on this machine (embedded default), with a failover scenario;
-## SINK=kinesis (or dynamodb,kinesis) sends the frames to a Kinesis stream and audits it.
+## SINK=kinesis (or dynamodb,kinesis) sends the frames to a Kinesis stream and audits it;
+## TRACING=otel writes every process's spans to the run directory (python -m wsfleet.local.traces).
 demo: $(VENV)/.deps
-	$(PY) -m wsfleet.local.demo $(if $(SINK),--sink $(SINK)) $(DEMO_ARGS)
+	$(PY) -m wsfleet.local.demo $(if $(SINK),--sink $(SINK)) $(if $(TRACING),--tracing $(TRACING)) $(DEMO_ARGS)
 
 ## chaos: seeded random faults against the whole fleet, then an audit of the invariants
 ## from independent evidence; exit 1 on any violation, with the command that replays it.

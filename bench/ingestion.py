@@ -84,6 +84,10 @@ QUICK_LEVELS = [(2, 10.0, 100)]
 # The same, with authenticated subscribe-style upstreams (issue 20): a secret header from
 # Secrets Manager and the resume point only in the open message, beside the default row.
 KIND_LEVELS = [(100, 2.0, FLUSH_MS)]
+# The same row with TRACING=otel (issue 23): spans exported (to a file, OTLP JSON) at the
+# default sampling, read beside the untraced row. Target: worker CPU ≤ 0.5 ms / message.
+TRACING_LEVELS = [(100, 2.0, FLUSH_MS)]
+TRACING_CPU_TARGET_MS = 0.5
 
 # Issue 9's targets per row: (connections, rate) -> (DynamoDB requests / message, worker CPU ms / message).
 TARGETS = {(100, 2.0): (0.1, 0.5), (1000, 0.5): (0.05, None)}
@@ -98,13 +102,21 @@ KEPT_UP = 0.95  # stored >= this share of offered
 CYCLE_WINDOW_S = DEFAULTS.checkpoint_ms / 1000 + 10
 
 
-def settings_for(quick: bool, kinds_only: bool = False) -> dict[str, Any]:
+def settings_for(quick: bool, kinds_only: bool = False, tracing_only: bool = False) -> dict[str, Any]:
     levels = QUICK_LEVELS if quick else LEVELS
+    tracing_levels = QUICK_LEVELS if quick else TRACING_LEVELS
+    if kinds_only and not quick:
+        levels = [lv for lv in levels if lv in KIND_LEVELS]
+    if tracing_only:
+        levels = tracing_levels
     return {
-        # kinds_only: the default rows the kind rows are read beside, and those.
-        "levels": [lv for lv in levels if lv in KIND_LEVELS] if kinds_only and not quick else levels,
+        # kinds_only: the default rows the kind rows are read beside, and those;
+        # tracing_only: the default rows the traced rows are read beside, and those.
+        "levels": levels,
         "kinds_only": kinds_only,
-        "kind_levels": QUICK_LEVELS if quick else KIND_LEVELS,
+        "tracing_only": tracing_only,
+        "kind_levels": [] if tracing_only else QUICK_LEVELS if quick else KIND_LEVELS,
+        "tracing_levels": [] if kinds_only else tracing_levels,
         "warmup_s": 0.5 if quick else 5,
         "window_s": 2 if quick else 30,
         "cycle_window_s": 2 if quick else CYCLE_WINDOW_S,
@@ -136,12 +148,15 @@ def connect(rig: Rig, upstream: Any, ids: list[str], kind: UpstreamKind = DEFAUL
 
 
 def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, Any], kind_name: str = DEFAULT_KIND,
-              sink: str = schema.SINK_DYNAMODB) -> dict[str, Any]:
+              sink: str = schema.SINK_DYNAMODB, traced: bool = False) -> dict[str, Any]:
+    """One row; ``traced``: the worker runs with TRACING=otel, its spans in a file."""
     with Rig(run_dir, sink=sink) as rig:
         kind = UpstreamKind.auth_subscribe(rig.emulator.endpoint_url) if kind_name == AUTH_SUBSCRIBE else DEFAULT
         upstream = rig.upstream(rate, credentials=kind.credentials)
+        spans_file = run_dir / "traces-w1.jsonl"
+        tracing_env = {cfg.TRACING: "otel", cfg.TRACING_FILE: str(spans_file.resolve())} if traced else {}
         worker = rig.worker("w1", {**s["worker"], cfg.FLUSH_INTERVAL_MS: flush_ms,
-                                   cfg.MAX_CONNECTIONS: max(DEFAULTS.max_connections, n)})
+                                   cfg.MAX_CONNECTIONS: max(DEFAULTS.max_connections, n), **tracing_env})
         ids = [f"ing{i:03d}" for i in range(n)]
         connect_s = connect(rig, upstream, ids, kind)
         time.sleep(s["warmup_s"])
@@ -179,6 +194,8 @@ def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, An
     return {
         "kind": kind_name,
         "sink": sink,
+        "tracing": "otel" if traced else "off",
+        "spans_exported": _spans_in(spans_file) if traced else None,
         "requests_per_message": requests / stored if stored else None,
         "requests_per_message_steady": steady,
         "records_per_put": stored / puts if puts else None,
@@ -210,6 +227,34 @@ def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, An
         "lag_p99_ms": win.lag_p99_ms,
         "lag_max_ms": win.lag_max_ms,
     }
+
+
+def _spans_in(path: Path) -> int:
+    """Spans in an OTLP JSON lines file (what the traced worker exported, whole run)."""
+    if not path.exists():
+        return 0
+    text = path.read_text(errors="replace")
+    return text.count('"spanId"')
+
+
+def tracing_lines(levels: list[dict[str, Any]]) -> list[str]:
+    """Each traced row against the untraced row of the same level: CPU per message, and
+    the target."""
+    out = []
+    for traced in (lv for lv in levels if lv.get("tracing") == "otel"):
+        key = (traced["connections"], traced["rate_per_connection"], traced["flush_interval_ms"])
+        plain = next((lv for lv in levels if lv.get("tracing", "off") == "off" and lv.get("kind", DEFAULT_KIND) == DEFAULT_KIND
+                      and (lv["connections"], lv["rate_per_connection"], lv["flush_interval_ms"]) == key), None)
+        on = traced["worker_cpu_ms_per_message_spread"]["median"]
+        off = plain["worker_cpu_ms_per_message_spread"]["median"] if plain else None
+        verdict = "met" if on is not None and on <= TRACING_CPU_TARGET_MS else "MISSED"
+        out.append(
+            f"CPU per message with TRACING=otel ({key[0]} x {key[1]:g}/s, default sampling, {traced['spans_exported']} spans "
+            f"exported in the run): {fmt(on, 3)} ms, untraced {fmt(off, 3)} ms"
+            + (f" ({on - off:+.3f} ms)" if on is not None and off is not None else "")
+            + f"; target ≤ {TRACING_CPU_TARGET_MS:g} ms: {verdict}."
+        )
+    return out
 
 
 # --- the throttle row ----------------------------------------------------------------------------
@@ -413,8 +458,8 @@ def verdicts(lv: dict[str, Any]) -> list[str]:
     return out
 
 
-def run(*, quick: bool, run_dir: Path, command: str, kinds_only: bool = False) -> Result:
-    s = settings_for(quick, kinds_only)
+def run(*, quick: bool, run_dir: Path, command: str, kinds_only: bool = False, tracing_only: bool = False) -> Result:
+    s = settings_for(quick, kinds_only, tracing_only)
     levels = []
     for i, (n, rate, flush_ms) in enumerate(s["levels"]):
         print(f"    {n} x {rate:g}/s, flush {flush_ms} ms", flush=True)
@@ -422,15 +467,19 @@ def run(*, quick: bool, run_dir: Path, command: str, kinds_only: bool = False) -
     for i, (n, rate, flush_ms) in enumerate(s["kind_levels"]):
         print(f"    {n} x {rate:g}/s, flush {flush_ms} ms, authenticated + subscribe", flush=True)
         levels.append(run_level(run_dir / f"ingestion-kind-{i}", n, rate, flush_ms, s, AUTH_SUBSCRIBE))
+    for i, (n, rate, flush_ms) in enumerate(s["tracing_levels"]):
+        print(f"    {n} x {rate:g}/s, flush {flush_ms} ms, TRACING=otel", flush=True)
+        levels.append(run_level(run_dir / f"ingestion-traced-{i}", n, rate, flush_ms, s, traced=True))
     throttled = None
-    if not kinds_only:
+    if not kinds_only and not tracing_only:
         print(f"    throttle {s['throttle']['share']:.0%} at {s['throttle']['connections']} x "
               f"{s['throttle']['rate_per_connection']:g}/s", flush=True)
         throttled = run_throttle(run_dir / "ingestion-throttle", s["throttle"])
     rows = [
         [
             f"{lv['connections']} x {lv['rate_per_connection']:g}/s, flush {lv['flush_interval_ms']} ms"
-            + (", **authenticated + subscribe**" if lv.get("kind", DEFAULT_KIND) != DEFAULT_KIND else ""),
+            + (", **authenticated + subscribe**" if lv.get("kind", DEFAULT_KIND) != DEFAULT_KIND else "")
+            + (", **TRACING=otel**" if lv.get("tracing") == "otel" else ""),
             fmt(lv["offered_per_s"], 0),
             fmt_spread(lv["stored_per_s_spread"], 0),
             fmt(lv["messages_per_batch"], 1),
@@ -446,7 +495,7 @@ def run(*, quick: bool, run_dir: Path, command: str, kinds_only: bool = False) -
             limit_of(lv),
             "; ".join(verdicts(lv)),
             before.INGESTION.get((lv["connections"], lv["rate_per_connection"], lv["flush_interval_ms"]), "-")
-            if lv.get("kind", DEFAULT_KIND) == DEFAULT_KIND else "-",
+            if lv.get("kind", DEFAULT_KIND) == DEFAULT_KIND and lv.get("tracing", "off") == "off" else "-",
         ]
         for lv in levels
     ]
@@ -487,6 +536,13 @@ def run(*, quick: bool, run_dir: Path, command: str, kinds_only: bool = False) -
         + ", ".join(f"{lv['connections']} x {lv['rate_per_connection']:g}/s {lv['checkpoints_in_window']} "
                     f"({lv['checkpoint_transactions_in_window']})" for lv in levels) + ".",
     ]
+    notes += [
+        *tracing_lines(levels),
+        "TRACING=otel (issue 23): the same row with the worker tracing through OpenTelemetry at the default sampler "
+        "(parent-based, always on), its spans exported as OTLP JSON to a file (TRACING_FILE) by the batch processor; "
+        "every other row runs with TRACING=off. Spans are per unit of work (acquire, connect, release, a takeover), "
+        "never per frame: per message, tracing costs the trace-id lookups of log lines and AWS calls.",
+    ] if s["tracing_levels"] else []
     if quick:
         notes.append("--quick: tiny sizes and fast timings; the figures show that the code runs, not the design.")
     throttle_md, throttle_notes = throttle_table(throttled) if throttled is not None else ("", [])

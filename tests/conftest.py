@@ -229,3 +229,23 @@ def lose_first_answer(emulator):
 
     yield arm
     set_faults(url)
+
+
+@pytest.fixture
+def otel_spans():
+    """TRACING=otel in this process with an in-memory exporter (wsfleet.tracing): call it
+    for the spans finished so far, flushed. Tracing is off again afterwards."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from wsfleet import tracing
+
+    memory = InMemorySpanExporter()
+    tracing.reset()
+    tracing.configure_worker("otel", "wsfleet-test", exporters=[memory])
+
+    def finished():
+        assert tracing.flush()
+        return memory.get_finished_spans()
+
+    yield finished
+    tracing.reset()

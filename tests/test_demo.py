@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from wsfleet.local import report
+from wsfleet.local import report, traces
 from wsfleet.local.demo import parse_args
 from wsfleet.local.fleet import Audit, ConnState, LargeFrame, Sample, SessionState, eventually, state_from_item
 from wsfleet.local.upstream import Overlap, SocketRecord
@@ -260,3 +260,27 @@ def test_chaos_deals_kinesis_faults_only_with_a_stream_to_fault(monkeypatch, cap
     with pytest.raises(SystemExit):
         chaos_args(["--kinds", "kinesis_refuse"])
     assert "need a sink with kinesis" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_the_demo_with_tracing_writes_every_processs_spans_as_one_trace_per_start(python_env, tmp_path):
+    out = tmp_path / "out.txt"
+    args = ["--scenario", "steady", "--workers", "1", "--connections", "1", "--no-kinds", "--duration", "1"]
+    proc = demo([*args, "--tracing", "otel", "--run-dir", str(tmp_path), *FAST], python_env, out)
+    status = proc.wait(timeout=80)
+    text = out.read_text()
+    assert status == 0, text
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert {"traces-api.jsonl", "traces-w1.jsonl"} <= {p.name for p in run_dir.iterdir()}
+    spans = traces.read(run_dir)
+    (start,) = [t for t, members in traces.by_trace(spans).items() if any(s.name == "router" for s in members)
+                and any(s.name == "connect" for s in members)]
+    assert f"a router trace: python -m wsfleet.local.traces {run_dir} {start}" in text
+    lines = traces.tree(traces.by_trace(spans)[start])
+    assert [line.split()[0] for line in lines if "." not in line.split()[0]] == ["router", "acquire", "connect"]
+    assert lines[0].startswith("router [wsfleet-router]") and "connection_id=c001" in lines[0]
+    assert any(line.startswith("  acquire [wsfleet-worker]") and "source=hint" in line for line in lines)
+    # The worker's log lines under those spans carry the same trace id.
+    logged = [json.loads(line) for line in (run_dir / "w1.log").read_text().splitlines() if line.startswith("{")]
+    assert any(e.get("event") == "lease_acquired" and e.get("trace_id") == start for e in logged)

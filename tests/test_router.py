@@ -698,17 +698,25 @@ def test_router_clients_use_standard_retries():
 # --- tracing -------------------------------------------------------------------------------
 
 
-def test_subsegment_without_an_open_segment_does_nothing_and_logs_nothing(caplog):
+@pytest.fixture
+def xray_sdk():
+    tracing.reset()
+    tracing.configure("xray-sdk", "wsfleet-router")
+    yield
+    tracing.reset()
+
+
+def test_subsegment_without_an_open_segment_does_nothing_and_logs_nothing(xray_sdk, caplog):
     xray_recorder.clear_trace_entities()
     with caplog.at_level("DEBUG", logger="aws_xray_sdk"):
-        with tracing.subsegment("work", connection_id="feed-1") as span:
+        with tracing.invocation("router", connection_id="feed-1") as span:
             span.annotate(status=200)
     assert not span.recording
     assert [r for r in caplog.records if r.levelno >= 30] == []
 
 
 @pytest.mark.skipif(not global_sdk_config.sdk_enabled(), reason="AWS_XRAY_SDK_ENABLED=false in this process")
-def test_router_records_a_subsegment_with_its_outcome_inside_a_segment(api):
+def test_router_records_a_subsegment_with_its_outcome_inside_a_segment(xray_sdk, api, sqs, aws_env):
     segment = xray_recorder.begin_segment("test", sampling=1)
     try:
         api.start("feed-1")
@@ -722,3 +730,6 @@ def test_router_records_a_subsegment_with_its_outcome_inside_a_segment(api):
         "outcome": "created",
         "status": 202,
     }
+    # The START's hint carries the router's subsegment as its trace: the taker continues it.
+    (hint,) = sqs.receive_message(QueueUrl=aws_env["QUEUE_URL"], MessageSystemAttributeNames=["AWSTraceHeader"])["Messages"]
+    assert hint["Attributes"]["AWSTraceHeader"] == f"Root={segment.trace_id};Parent={sub.id};Sampled=1"

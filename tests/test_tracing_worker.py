@@ -1,6 +1,8 @@
-"""X-Ray in the worker: lifecycle segments per asyncio task, AWS calls as subsegments."""
+"""TRACING=xray-sdk in the worker: lifecycle segments per asyncio task, AWS calls as
+subsegments, trace context continued from a header, trace ids in log lines."""
 
 import asyncio
+import io
 import json
 
 import pytest
@@ -9,6 +11,9 @@ from aws_xray_sdk.core.context import Context
 from aws_xray_sdk.core.emitters.udp_emitter import UDPEmitter
 
 from wsfleet import tracing
+from wsfleet.logs import JsonLogger
+
+HEADER = "Root=1-6565e1a0-0123456789abcdef01234567;Parent=1111111111111111;Sampled=1"
 
 
 class CapturingEmitter:
@@ -25,11 +30,17 @@ class CapturingEmitter:
 
 
 @pytest.fixture
-def emitter(monkeypatch):
+def emitter():
     capture = CapturingEmitter()
-    monkeypatch.setattr(tracing, "_configured", False)
+    tracing.reset()
     yield capture
+    tracing.reset()
     xray_recorder.configure(context=Context(), emitter=UDPEmitter(), sampling=True)
+
+
+def configure(emitter):
+    tracing.configure_worker("xray-sdk", "wsfleet-test")
+    xray_recorder.configure(emitter=emitter, sampling=False)
 
 
 def test_each_task_traces_its_own_segment_with_its_calls_as_subsegments(emitter):
@@ -46,8 +57,7 @@ def test_each_task_traces_its_own_segment_with_its_calls_as_subsegments(emitter)
             await side
 
     async def main():
-        tracing.configure_worker("wsfleet-test")
-        xray_recorder.configure(emitter=emitter, sampling=False)
+        configure(emitter)
         await asyncio.gather(acquire("a"), acquire("b"))
 
     asyncio.run(main())
@@ -56,23 +66,34 @@ def test_each_task_traces_its_own_segment_with_its_calls_as_subsegments(emitter)
     assert all([sub["name"] for sub in s["subsegments"]] == ["ConnectionsStore.acquire"] for s in segments)
 
 
-def test_without_worker_configuration_segments_are_silent_no_ops():
+def test_a_segment_continues_its_parents_trace_and_a_nested_one_keeps_the_outer(emitter):
+    out = io.StringIO()
+
+    async def main():
+        configure(emitter)
+        with tracing.segment("end_session", session="dead#1") as outer:
+            with tracing.segment("drain", parent=outer.header, session="dead#1") as drain:
+                assert tracing.current_header() == drain.header
+                JsonLogger(out).info("inside")
+            with tracing.subsegment("SessionsStore.end_expired"):  # still the outer's
+                pass
+        with tracing.segment("acquire", parent=HEADER, fence=2):
+            pass
+
+    asyncio.run(main())
+    by_name = {s["name"]: s for s in emitter.sent}
+    end, drain, acquire = by_name["end_session"], by_name["drain"], by_name["acquire"]
+    assert drain["trace_id"] == end["trace_id"] and drain["parent_id"] == end["id"]
+    assert [s["name"] for s in end["subsegments"]] == ["SessionsStore.end_expired"]
+    assert (acquire["trace_id"], acquire["parent_id"]) == ("1-6565e1a0-0123456789abcdef01234567", "1111111111111111")
+    assert acquire["annotations"] == {"fence": 2}
+    assert json.loads(out.getvalue())["trace_id"] == end["trace_id"]
+
+
+def test_without_configuration_segments_are_silent_no_ops():
+    tracing.reset()
     with tracing.segment("acquire", connection_id="a") as span:
-        assert not span.recording
-
-
-def test_where_the_variable_switches_x_ray_off_no_call_reaches_for_the_sdk(monkeypatch):
-    # As in a process started with AWS_XRAY_SDK_ENABLED=false (the local fleet's
-    # workers): the SDK was never imported, so none of its names exist here.
-    monkeypatch.setattr(tracing, "ENABLED", False)
-    for name in ("xray_recorder", "global_sdk_config", "patch", "LambdaContext"):
-        monkeypatch.delattr(tracing, name)
-    monkeypatch.setattr(tracing, "_configured", False)
-
-    tracing.configure("wsfleet-test")
-    tracing.configure_worker("wsfleet-test")
-    assert not tracing.in_lambda()
-    with tracing.segment("acquire", connection_id="a") as span:
-        span.annotate(outcome="acquired")
         with tracing.subsegment("ConnectionsStore.acquire") as inner:
+            span.annotate(outcome="acquired")
             assert not span.recording and not inner.recording
+            assert span.header is None and tracing.current_header() is None and tracing.trace_id() is None

@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import Callable, Mapping, TypeVar
 
-from . import metrics_names, schema
+from . import metrics_names, schema, tracing
 from .upstream_spec import SECRET_NAME_CHARS
 from .worker import budget
 
@@ -50,6 +50,15 @@ ECS_CONTAINER_METADATA_URI_V4 = "ECS_CONTAINER_METADATA_URI_V4"
 UPSTREAM_SECRET_PREFIX = "UPSTREAM_SECRET_PREFIX"
 SINK = "SINK"
 MESSAGES_STREAM_NAME = "MESSAGES_STREAM_NAME"
+TRACING = "TRACING"
+TRACING_FILE = "TRACING_FILE"  # local runs: TRACING=otel's spans as OTLP JSON lines in this file
+# The standard OpenTelemetry variables read here (the SDK reads the rest itself).
+OTEL_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
+OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+AWS_XRAY_SDK_ENABLED = "AWS_XRAY_SDK_ENABLED"
 # The reference consumer (wsfleet.consumer): where it writes and keeps its state.
 CONSUMER_BUCKET_NAME = "CONSUMER_BUCKET_NAME"
 CONSUMER_TABLE_NAME = "CONSUMER_TABLE_NAME"
@@ -198,6 +207,53 @@ def messages_table_name(env: Mapping[str, str], chosen: tuple[str, ...]) -> str:
     return env.get(MESSAGES_TABLE_NAME, "").strip()
 
 
+def tracing_mode(env: Mapping[str, str]) -> str:
+    """``TRACING`` [xray-sdk]: xray-sdk, otel or off (see :mod:`wsfleet.tracing`). In
+    xray-sdk mode ``AWS_XRAY_SDK_ENABLED=false`` means off, as it always has: nothing is
+    recorded and the SDK is not even imported."""
+    raw = env.get(TRACING, "").strip().lower()
+    mode = raw or tracing.XRAY_SDK
+    if mode not in tracing.MODES:
+        raise ConfigError(f"{TRACING} must be one of {', '.join(tracing.MODES)}, got {env.get(TRACING)!r}")
+    if mode == tracing.XRAY_SDK and env.get(AWS_XRAY_SDK_ENABLED, "").strip().lower() == "false":
+        return tracing.OFF
+    return mode
+
+
+def tracing_settings(env: Mapping[str, str]) -> tracing.Settings:
+    """``TRACING``; with otel, ``TRACING_FILE`` (local runs: spans as OTLP JSON lines in
+    that file instead of exported), the exporters ``OTEL_TRACES_EXPORTER`` names
+    (comma-separated, [otlp]; none for none) and where OTLP goes
+    (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``, else ``OTEL_EXPORTER_OTLP_ENDPOINT`` +
+    /v1/traces). The SDK reads the other ``OTEL_*`` variables itself."""
+    mode = tracing_mode(env)
+    path = env.get(TRACING_FILE, "").strip()
+    if path and mode != tracing.OTEL:
+        raise ConfigError(f"{TRACING_FILE} needs {TRACING}=otel, got {TRACING}={mode}")
+    if mode != tracing.OTEL:
+        return tracing.Settings(mode)
+    raw = env.get(OTEL_TRACES_EXPORTER, "").strip() or tracing.OTLP
+    names = tuple(dict.fromkeys(n.strip() for n in raw.split(",") if n.strip()))
+    names = () if names == ("none",) else names
+    for name in names:
+        if name not in tracing.OTLP_NAMES and not tracing.exporter_installed(name):
+            raise ConfigError(f"{OTEL_TRACES_EXPORTER} names an exporter that is not installed: {name!r} (use otlp, console or none)")
+    for name in (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, OTEL_EXPORTER_OTLP_PROTOCOL):
+        protocol = env.get(name, "").strip()
+        if protocol and protocol != "http/protobuf":
+            raise ConfigError(f"{name} must be http/protobuf (the OTLP exporter shipped), got {protocol!r}")
+    return tracing.Settings(mode, file=path, exporters=names, endpoint=otlp_traces_endpoint(env))
+
+
+def otlp_traces_endpoint(env: Mapping[str, str]) -> str:
+    """Where the OTLP exporter sends spans, as the SDK resolves it."""
+    endpoint = env.get(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, "").strip()
+    if endpoint:
+        return endpoint
+    base = env.get(OTEL_EXPORTER_OTLP_ENDPOINT, "").strip()
+    return base.rstrip("/") + "/v1/traces" if base else tracing.DEFAULT_OTLP_ENDPOINT
+
+
 def state_shards(env: Mapping[str, str]) -> int:
     return _int_in(env, STATE_SHARDS, schema.DEFAULT_STATE_SHARDS, 1, schema.MAX_STATE_SHARDS)
 
@@ -239,6 +295,7 @@ class WorkerConfig:
     upstream_secret_prefix: str = ""  # secret_headers ARNs must name secrets under it
     sinks: tuple[str, ...] = schema.DEFAULT_SINKS  # where frames go (schema.SINKS)
     messages_stream_name: str = ""  # the Kinesis stream, when sinks has kinesis
+    tracing: tracing.Settings = tracing.Settings()  # TRACING and what goes with it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
@@ -289,6 +346,7 @@ class WorkerConfig:
             upstream_secret_prefix=upstream_secret_prefix(env),
             sinks=chosen,
             messages_stream_name=messages_stream_name(env, chosen),
+            tracing=tracing_settings(env),
         )
 
     def default_worker_id(self) -> str:
@@ -310,6 +368,7 @@ class RouterConfig:
     # Where the workers send frames: the read API answers only where the table is one.
     sinks: tuple[str, ...] = schema.DEFAULT_SINKS
     messages_stream_name: str = ""
+    tracing: tracing.Settings = tracing.Settings()  # TRACING and what goes with it
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "RouterConfig":
@@ -329,6 +388,7 @@ class RouterConfig:
             upstream_secret_prefix=upstream_secret_prefix(env),
             sinks=chosen,
             messages_stream_name=messages_stream_name(env, chosen),
+            tracing=tracing_settings(env),
         )
 
 

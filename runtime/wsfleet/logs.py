@@ -1,5 +1,6 @@
 """JSON-lines logging: one event per line on stdout, with ``event`` and, where they
-apply, ``worker_id`` and ``connection_id``.
+apply, ``worker_id``, ``connection_id`` and ``trace_id`` (the current span's trace, in
+X-Ray's ``1-xxxxxxxx-…`` form, to paste into the X-Ray console).
 
 Our own code logs through :class:`JsonLogger`. Everything else a process prints (records
 of the standard ``logging`` module from botocore, websockets, asyncio and the X-Ray SDK,
@@ -16,6 +17,8 @@ import threading
 import time
 from typing import Any, TextIO
 
+from . import tracing
+
 # One lock for every line a process writes, so a line from a library's thread is never
 # interleaved with one from the event loop.
 _write_lock = threading.Lock()
@@ -23,6 +26,9 @@ _write_lock = threading.Lock()
 
 def _line(level: str, event: str, fields: dict[str, Any], ts: float | None = None) -> str:
     record = {"ts": round(time.time() if ts is None else ts, 3), "level": level, "event": event, **fields}
+    trace_id = tracing.trace_id()
+    if trace_id is not None:  # written while a span is current: the line leads to its trace
+        record.setdefault("trace_id", trace_id)
     return json.dumps(record, default=str, separators=(",", ":"))
 
 

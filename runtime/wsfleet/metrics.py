@@ -41,13 +41,15 @@ def metric_data(
     worker_id: str | None = None,
     loop_lag_p99_ms: float | None = None,
     refused_connections: int | None = None,
+    trace_export_failures: int = 0,
 ) -> list[dict[str, Any]]:
     """The PutMetricData ``MetricData``: the ``ActiveConnections`` gauge (what ECS
     target tracking scales on, averaged over the service's tasks), the same gauge once
     more per worker when ``worker_id`` is given, the ``UnownedConnections`` gauge when
     it could be counted, ``LoopLagP99`` when the loop has been probed, the
     ``RefusedConnections`` gauge (held connections whose last connect was refused), and
-    counter deltas. Everything but the per-worker gauge carries ``ServiceName`` only."""
+    counter deltas, and ``TraceExportFailures`` when some span exports failed. Everything
+    but the per-worker gauge carries ``ServiceName`` only."""
     service = [{"Name": names.DIMENSION_SERVICE_NAME, "Value": service_name}]
     counts = {
         names.ACTIVE_CONNECTIONS: active_connections,
@@ -61,6 +63,8 @@ def metric_data(
         data.append(_datum(names.ACTIVE_CONNECTIONS, worker, active_connections, "Count"))
     if loop_lag_p99_ms is not None:
         data.append(_datum(names.LOOP_LAG_P99, service, loop_lag_p99_ms, "Milliseconds"))
+    if trace_export_failures > 0:
+        data.append(_datum(names.TRACE_EXPORT_FAILURES, service, trace_export_failures, "Count"))
     return data
 
 

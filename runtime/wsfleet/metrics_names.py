@@ -83,6 +83,10 @@ DELIVERIES_FAILED = "DeliveriesFailed"
 SEQS_ABANDONED = "SeqsAbandoned"
 CONSUMER_METRICS = (FRAMES_DELIVERED, DUPLICATES_DROPPED, STALE_RECORDS_DROPPED, BAD_RECORDS, DELIVERIES_FAILED, SEQS_ABANDONED)
 
+# TRACING=otel: span exports that failed (wsfleet.tracing._otel), published only when
+# not zero (a metric that exists only while tracing is broken costs nothing otherwise).
+TRACE_EXPORT_FAILURES = "TraceExportFailures"
+
 COUNTERS = (
     LEASES_ACQUIRED,
     LEASES_LOST,

@@ -141,6 +141,10 @@ class Router:
         # Frames are in the messages table only where SINK has dynamodb.
         self._reads_table = schema.SINK_DYNAMODB in config.sinks
 
+    @property
+    def config(self) -> RouterConfig:
+        return self._config
+
     @classmethod
     def from_env(
         cls,
@@ -172,7 +176,7 @@ class Router:
             "request_id": getattr(context, "aws_request_id", None),
             "api_request_id": (event.get("requestContext") or {}).get("requestId"),
         }
-        with tracing.subsegment("router", method=fields["method"]) as span:
+        with tracing.invocation("router", method=fields["method"]) as span:
             try:
                 status, body = self._dispatch(event, fields)
                 result = response(status, body)
@@ -323,10 +327,12 @@ class Router:
     def _send_hint(self, connection_id: str) -> bool:
         """Tell the workers now rather than at their next orphan scan. The desired state
         is already stored, so a failure here is logged and otherwise ignored."""
+        trace_header = tracing.current_header()  # the taker's acquire continues this trace
         try:
             self._sqs.send_message(
                 QueueUrl=self._config.queue_url,
                 MessageBody=json.dumps({schema.HINT_CONNECTION_ID: connection_id}),
+                **schema.hint_trace_attributes(trace_header),
             )
         except Exception as exc:  # any failure: the reconciler is the real guarantee
             self._log.warning("start_hint_failed", connection_id=connection_id, detail=f"{type(exc).__name__}: {exc}")
@@ -454,8 +460,9 @@ def handler(event: Mapping[str, Any], context: Any) -> dict:
     if _router is None:  # Lambda runs one invocation at a time per environment
         try:
             route_stdlib_logging(component="router")
-            tracing.configure(SERVICE_NAME)
-            _router = Router.from_env(logger=_log)
+            router = Router.from_env(logger=_log)
+            tracing.configure(router.config.tracing, SERVICE_NAME)
+            _router = router
         except ConfigError as exc:
             _log.error("config_invalid", detail=str(exc))
             return error_response(500, "misconfigured", f"The event router is misconfigured: {exc}.")

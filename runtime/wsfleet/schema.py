@@ -63,6 +63,9 @@ ACTIVE = "active"
 MAX_CONNECTIONS = "max_connections"
 ENDED_BY = "ended_by"
 SESSION_TTL = "ttl"  # epoch seconds, DynamoDB TTL of ended sessions
+# The X-Ray trace header of the end_session span that ended a dead session, written by the
+# conditional write that ends it: whoever drains it later continues that trace.
+END_TRACE = "end_trace"
 # Connections whose STOP the router posted to the owning session: the renewal returns
 # them, so a STOP reaches its owner at its next heartbeat without a per-connection read.
 STOP_INBOX = "stops"
@@ -223,6 +226,17 @@ HINT_FROM_SESSION = "from_session"  # an ENDED session the connection is still a
 # last_seq and upstream), so that the taker's acquire, pinned to that state, needs no
 # read first.
 HINT_RELEASED = "released"
+# The SQS system attribute a hint carries the sender's trace in (an X-Ray trace header),
+# and that the taker's receive asks for.
+HINT_TRACE_HEADER = "AWSTraceHeader"
+
+
+def hint_trace_attributes(trace_header: str | None) -> dict:
+    """SendMessage's (or a batch entry's) arguments carrying ``trace_header`` as the
+    hint's ``AWSTraceHeader`` system attribute; none without one."""
+    if not trace_header:
+        return {}
+    return {"MessageSystemAttributes": {HINT_TRACE_HEADER: {"StringValue": trace_header, "DataType": "String"}}}
 
 
 def released_state(

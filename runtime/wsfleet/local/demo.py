@@ -65,9 +65,10 @@ from pathlib import Path
 from typing import Sequence
 
 from .. import config as cfg
+from .. import tracing
 from .. import schema
 from ..logs import route_stdlib_logging
-from . import kind_streams, report
+from . import kind_streams, report, traces
 from .chaos.run import Run as ChaosRun
 from .chaos.run import Settings as ChaosSettings
 from .fleet import Fleet, Sample, Timing, eventually, new_run_dir
@@ -370,7 +371,20 @@ class Demo:
         self.say("")
         self.say(text)
         self.say(f"report: {fleet.run_dir / 'report.txt'} and report.json; worker logs: {fleet.run_dir}/w*.log")
+        if fleet.traces:
+            self._say_traces()
         return 0 if not failed else 1
+
+    def _say_traces(self) -> None:
+        """Where the spans are, with a START's trace and a takeover's to look at first."""
+        spans = traces.read(self.fleet.run_dir)
+        grouped = traces.by_trace(spans)
+        self.say(f"traces (TRACING=otel): {len(spans)} spans in {len(grouped)} traces, {self.fleet.run_dir}/traces-*.jsonl")
+        for first in ("router", "end_session"):
+            found = [t for t, members in grouped.items() if any(s.name == first and not s.parent_id for s in members)]
+            if found:
+                longest = max(found, key=lambda t: len(grouped[t]))
+                self.say(f"  a {first} trace: python -m wsfleet.local.traces {self.fleet.run_dir} {longest}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -395,6 +409,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run-dir", default=".demo", help="where each run's logs and report go [.demo]")
     p.add_argument("--sink", default=os.environ.get(cfg.SINK) or schema.SINK_DYNAMODB,
                    help="SINK: where frames go, dynamodb, kinesis or dynamodb,kinesis [$SINK, else dynamodb]")
+    p.add_argument("--tracing", choices=["off", tracing.OTEL], default=os.environ.get(cfg.TRACING) or "off",
+                   help="TRACING: otel writes every process's spans to traces-<name>.jsonl in the run directory [$TRACING, else off]")
     p.add_argument("--strict", action="store_true", help="also fail when an event took longer than its bound, or a scale-out left a worker above its fair share")
     args = p.parse_args(argv)
     if args.workers < 1 or args.connections < 1:
@@ -435,7 +451,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             demo.on_sample(sample)
 
     try:
-        with Fleet(run_dir=run_dir, timing=timing, rate=args.rate, on_sample=on_sample, sink=args.sink) as fleet:
+        with Fleet(
+            run_dir=run_dir, timing=timing, rate=args.rate, on_sample=on_sample, sink=args.sink,
+            traces=args.tracing == tracing.OTEL,
+        ) as fleet:
             demo = Demo(fleet, args)
             return demo.run()
     except KeyboardInterrupt:

@@ -93,6 +93,7 @@ from .emulator_wsgi import WSGIApp
 from .emulator_wsgi import operation as _operation
 from .emulator_wsgi import read_body as _read_body
 from .moto_patches import (
+    _batches_keep_system_attributes,
     _kinesis_sequence_ends_in_constant_time,
     _partition_queries,
     _transactions_copy_items_not_tables,
@@ -168,6 +169,7 @@ def build_app() -> WSGIApp:
     _visible_again_wakes_long_polls()
     _transactions_copy_items_not_tables()
     _kinesis_sequence_ends_in_constant_time()
+    _batches_keep_system_attributes()
     book = Journal()
     return RequestLedger(book(Faults(SerializedDynamoDB(DomainDispatcherApplication(create_backend_app), book))))
 

@@ -49,7 +49,7 @@ from typing import Any, Callable, Mapping
 from botocore.config import Config
 
 from .. import config as cfg
-from .. import schema
+from .. import schema, tracing
 from ..logs import JsonLogger
 from ..store import MessagesStore, ObjectsStore, unmarshal
 from .api import LocalApi
@@ -97,6 +97,8 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(RUNTIME_DIR), os.environ.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
     env["AWS_XRAY_SDK_ENABLED"] = "false"
+    env[cfg.TRACING] = "off"  # unless the fleet traces (Fleet(traces=True)): no daemon, no collector here
+    env.pop(cfg.TRACING_FILE, None)
     # The local upstream is on loopback: the router and the worker must both allow it.
     env[cfg.ALLOWED_WS_HOSTS] = LOOPBACK
     env.update(extra)
@@ -176,8 +178,11 @@ class Fleet(FleetAudit):
         keep_samples: bool = True,
         runtime_dir: Path | None = None,
         sink: str = schema.SINK_DYNAMODB,
+        traces: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir)
+        # TRACING=otel, every process's spans as OTLP JSON lines in traces-<name>.jsonl.
+        self.traces = traces
         self.sinks = cfg.sinks({cfg.SINK: sink})  # a bad value fails here, naming SINK
         self.timing = timing
         self.rate = rate
@@ -245,6 +250,8 @@ class Fleet(FleetAudit):
         from ..router import Router, make_presigner
 
         env = {**self.aws_env, cfg.ALLOWED_WS_HOSTS: LOOPBACK}
+        if self.traces:  # the API's router runs in this process
+            tracing.configure(tracing.Settings(tracing.OTEL, file=str(self.trace_file("api"))), "wsfleet-router")
         self._api_log = open(self.run_dir / "api.log", "a", buffering=1)
         # The data URLs it presigns are signed with the emulator's credentials, which
         # this process has in aws_env, not in its own environment.
@@ -275,6 +282,8 @@ class Fleet(FleetAudit):
                 self._observer.join(timeout=15)
             if self.api is not None:
                 self.api.stop()
+            if self.traces:
+                tracing.reset()  # flushed and closed
             if self.upstream is not None:
                 self.upstream.stop(timeout=10)
             if self._own_emulator:
@@ -304,9 +313,17 @@ class Fleet(FleetAudit):
             **self.timing.env(),
             **{cfg.WORKER_ID: name, cfg.METRICS_SECONDS: "5"},
             **self._extra_env,
+            **(self._traced(name) if self.traces else {}),
             **overrides,
         )
         return pinned(env, self._runtime_dir)
+
+    def _traced(self, name: str) -> dict[str, str]:
+        # A short batch delay: a worker killed at the end loses at most a second of spans.
+        return {cfg.TRACING: "otel", cfg.TRACING_FILE: str(self.trace_file(name)), "OTEL_BSP_SCHEDULE_DELAY": "1000"}
+
+    def trace_file(self, name: str) -> Path:
+        return self.run_dir / f"traces-{name}.jsonl"
 
     def start_worker(self, name: str, *, wait: bool = True, timeout: float = 30.0, **env_overrides: str) -> Process:
         """Start ``python -m wsfleet.worker`` as WORKER_ID ``name``; with ``wait``, return

@@ -1,10 +1,12 @@
 """Patches to moto (5.x) that make the emulator behave as the AWS services do where the
 fleet depends on it: a Query reads one partition, a message made visible again wakes a
-long poll, a transaction copies the items it names rather than the tables. Each is
+long poll, a transaction copies the items it names rather than the tables, a batch keeps
+its entries' system attributes. Each is
 idempotent and applied by :func:`wsfleet.local.emulator.build_app`."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Mapping
 
 
@@ -193,3 +195,36 @@ def _kinesis_sequence_ends_in_constant_time() -> None:
     get_max_sequence_number._wsfleet_constant = True  # type: ignore[attr-defined]
     Shard.get_min_sequence_number = get_min_sequence_number
     Shard.get_max_sequence_number = get_max_sequence_number
+
+
+_batch_system_attributes = threading.local()
+
+
+def _batches_keep_system_attributes() -> None:
+    """Make SendMessageBatch keep each entry's ``MessageSystemAttributes`` (the hint's
+    ``AWSTraceHeader``), as SQS does. moto 5.2 keeps them on SendMessage but its batch
+    sends each entry without them, so a worker's hints (always batched) arrived with no
+    trace. The batch sends its entries in order, in the request's thread: a thread-local
+    queue of their system attributes gives each send its own. Idempotent."""
+    from moto.sqs.models import SQSBackend
+
+    if getattr(SQSBackend.send_message_batch, "_wsfleet_system_attributes", False):
+        return
+    send_batch, send = SQSBackend.send_message_batch, SQSBackend.send_message
+
+    def send_batch_keeping(self: Any, queue_name: str, entries: dict[str, dict[str, Any]]) -> Any:
+        _batch_system_attributes.pending = [entry.get("MessageSystemAttributes") for entry in entries.values()]
+        try:
+            return send_batch(self, queue_name, entries)
+        finally:
+            _batch_system_attributes.pending = None
+
+    def send_keeping(self: Any, *args: Any, **kwargs: Any) -> Any:
+        pending = getattr(_batch_system_attributes, "pending", None)
+        if pending and kwargs.get("system_attributes") is None:
+            kwargs["system_attributes"] = pending.pop(0)
+        return send(self, *args, **kwargs)
+
+    send_batch_keeping._wsfleet_system_attributes = True  # type: ignore[attr-defined]
+    SQSBackend.send_message_batch = send_batch_keeping
+    SQSBackend.send_message = send_keeping

@@ -130,6 +130,7 @@ _PLACEHOLDERS = {
     "#m": schema.MAX_CONNECTIONS,
     "#by": schema.ENDED_BY,
     "#ttl": schema.SESSION_TTL,
+    "#th": schema.END_TRACE,
     "#in": schema.STOP_INBOX,
     "#r": schema.RING,
     "#dr": schema.DRAINING,

@@ -117,25 +117,32 @@ class SessionsStore(_Table):
             load = (int(item.get(schema.ACTIVE, 0)), int(item.get(schema.MAX_CONNECTIONS, 0)), bool(item.get(schema.DRAINING)))
             self._stored_load = {session_id: (expires, load)}  # one worker, one session at a time
 
-    def end_expired(self, session_id: str, *, ended_by: str, max_clock_skew_ms: int) -> dict | EndFailure:
+    def end_expired(
+        self, session_id: str, *, ended_by: str, max_clock_skew_ms: int, trace_header: str | None = None
+    ) -> dict | EndFailure:
         """End another worker's dead session, so that it can never be renewed again and
         its connections may be taken. It stays in the watch ring until drained.
+        ``trace_header``: the ending span's, stored as ``end_trace`` in the same write,
+        so that every later drainer of the session continues that trace.
 
         Conditional on: LIVE and ``expires_at_ms`` more than ``max_clock_skew_ms`` in the
         past by our clock. Exactly one of any number of racing callers succeeds; the
         others learn whether it was renewed after all or ended by someone else."""
         now = self._now_ms()
+        values = {
+            ":ended": schema.ENDED,
+            ":live": schema.LIVE,
+            ":me": ended_by,
+            ":ttl": now // 1000 + schema.ENDED_SESSION_TTL_S,
+            ":cutoff": now - max_clock_skew_ms,
+        }
+        if trace_header:
+            values[":th"] = trace_header
         new, old = self._conditional_update(
             session_id,
-            update="SET #st = :ended, #by = :me, #ttl = :ttl",
+            update="SET #st = :ended, #by = :me, #ttl = :ttl" + (", #th = :th" if trace_header else ""),
             condition="#st = :live AND #e < :cutoff",
-            values={
-                ":ended": schema.ENDED,
-                ":live": schema.LIVE,
-                ":me": ended_by,
-                ":ttl": now // 1000 + schema.ENDED_SESSION_TTL_S,
-                ":cutoff": now - max_clock_skew_ms,
-            },
+            values=values,
         )
         return new if new is not None else classify_end_failure(old)
 
@@ -214,7 +221,7 @@ class SessionsStore(_Table):
         summary, or all of them for the summary), 100 per request; missing ones are left
         out. Keys left unprocessed (throttling) are asked for again after a backoff
         (:meth:`_Table._batch_get`)."""
-        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #r, #fw, #fc, #fb, #fs, #ft, #fu, #fo, #fx, #fi"
+        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #r, #th, #fw, #fc, #fb, #fs, #ft, #fu, #fo, #fx, #fi"
         out: list[dict] = []
         ids = list(dict.fromkeys(session_ids))
         for start in range(0, len(ids), 100):

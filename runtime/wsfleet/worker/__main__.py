@@ -15,6 +15,8 @@ from ..config import ConfigError, WorkerConfig
 from ..logs import JsonLogger, route_stdlib_logging
 from .lifecycle import Worker
 
+FLUSH_AT_EXIT_S = 2.0  # inside SHUTDOWN_SECONDS' margin below the container's stopTimeout
+
 
 def resolve_worker_id(config: WorkerConfig) -> str:
     """WORKER_ID if given, else the ECS task id from the task metadata endpoint, else
@@ -32,7 +34,6 @@ def resolve_worker_id(config: WorkerConfig) -> str:
 
 
 async def run(config: WorkerConfig, worker_id: str, log: JsonLogger) -> None:
-    tracing.configure_worker(config.service_name)
     aws = Aws(config)
     worker = Worker(config, worker_id, aws=aws, log=log)
     loop = asyncio.get_running_loop()
@@ -42,6 +43,9 @@ async def run(config: WorkerConfig, worker_id: str, log: JsonLogger) -> None:
         await worker.run()
     finally:
         aws.close()
+        # The spans of the shutdown itself too: a stopped task's buffer is lost.
+        if not await asyncio.to_thread(tracing.flush, FLUSH_AT_EXIT_S):
+            log.warning("trace_flush_incomplete", timeout_s=FLUSH_AT_EXIT_S)
 
 
 def main() -> int:
@@ -49,6 +53,7 @@ def main() -> int:
     log = JsonLogger()
     try:
         config = WorkerConfig.from_env()
+        tracing.configure_worker(config.tracing, config.service_name)
     except ConfigError as exc:
         log.error("config_error", message=str(exc))
         print(f"wsfleet worker: configuration error: {exc}", file=sys.stderr)

@@ -121,8 +121,13 @@ class ConnectionRunner:
         secrets: Secrets,
         upstream: dict | None = None,
         last_error: str | None = None,
+        trace_parent: str | None = None,
     ) -> None:
         self.connection_id = connection_id
+        # The acquire span's trace header: the first connect continues that trace; the
+        # release's, for the hint that hands the connection on.
+        self._trace_parent = trace_parent
+        self.release_trace: str | None = None
         self.ws_url = ws_url
         # The stored upstream item (for the release's hint) and what it says.
         self.upstream_item: dict = upstream or {}
@@ -198,13 +203,21 @@ class ConnectionRunner:
             refused: Refused | None = None
             from_seq = self.tracker.next_seq
             try:
-                with tracing.segment("connect", connection_id=self.connection_id, from_seq=from_seq):
+                parent, self._trace_parent = self._trace_parent, None
+                with tracing.segment(
+                    "connect",
+                    parent=parent,
+                    connection_id=self.connection_id,
+                    session=self.session_id,
+                    fence=self.fence_token,
+                    from_seq=from_seq,
+                ) as span:
                     ws = await self._dialer.open(from_seq)
                 async with ws:
                     self._ws = ws
                     self.connected.set()
                     self.refused = False
-                    self._log.info("connected", from_seq=from_seq, attempt=self._attempt)
+                    self._log.info("connected", from_seq=from_seq, attempt=self._attempt, **tracing.log_fields(span.header))
                     opening = self.upstream.opening(from_seq=from_seq, connection_id=self.connection_id)
                     if opening is not None:
                         await ws.send(opening)
@@ -511,7 +524,14 @@ class ConnectionRunner:
         self._log.info("socket_closed", aborted=abort)
 
     async def _flush_and_release(self) -> None:
-        with tracing.segment("release", connection_id=self.connection_id, why=self.end_reason.value):
+        with tracing.segment(
+            "release",
+            connection_id=self.connection_id,
+            session=self.session_id,
+            fence=self.fence_token,
+            why=self.end_reason.value,
+        ) as span:
+            self.release_trace = span.header
             await self._flush_and_release_traced()
 
     async def _flush_and_release_traced(self) -> None:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
-from .. import schema
+from .. import schema, tracing
 from ..aws import SQS_WAIT_SECONDS, Aws
 from ..leases import hint_pause_s
 from ..logs import JsonLogger
@@ -46,7 +46,7 @@ class Intake:
         on_hints: Callable[[], None] = lambda: None,
     ) -> None:
         self.hints_sent = 0
-        self._outbox: list[tuple[str, str, asyncio.Future]] = []
+        self._outbox: list[tuple[dict, str, asyncio.Future]] = []
         self._sending: set[asyncio.Task] = set()
         self._aws = aws
         self._queue_url = queue_url
@@ -69,14 +69,17 @@ class Intake:
         shed_to: str = "",
         from_session: str = "",
         released: Mapping[str, Any] | None = None,
+        trace: str | None = None,
     ) -> None:
         """Tell peers a connection is free to take now, so one takes it at once instead
         of at its next scan; ``shed_by`` marks one shed to rebalance, ``from_session``
         one still attached to that ENDED session (the taker's acquire is conditional on
         it), ``released`` the state a clean release left it in (see
-        :func:`schema.released_state`). Hints asked for in the same turn of the event
-        loop leave together, ten to a SendMessageBatch (a drain hints dozens at once).
-        Returns once sent or given up."""
+        :func:`schema.released_state`). The hint carries ``trace`` (a trace header), else
+        the one of the span current here, as its ``AWSTraceHeader``: the taker's acquire
+        continues that trace. Hints asked for in the same turn of the event loop leave
+        together, ten to a SendMessageBatch (a drain hints dozens at once). Returns once
+        sent or given up."""
         body: dict[str, Any] = {schema.HINT_CONNECTION_ID: connection_id}
         if shed_by:
             body[schema.HINT_SHED_BY] = shed_by
@@ -87,7 +90,8 @@ class Intake:
         if released:
             body[schema.HINT_RELEASED] = dict(released)
         done = asyncio.get_running_loop().create_future()
-        self._outbox.append((json.dumps(body), connection_id, done))
+        entry = {"MessageBody": json.dumps(body), **schema.hint_trace_attributes(trace or tracing.current_header())}
+        self._outbox.append((entry, connection_id, done))
         if len(self._outbox) == 1:
             asyncio.get_running_loop().call_soon(self._send_outbox)
         await done
@@ -99,13 +103,13 @@ class Intake:
             self._sending.add(task)
             task.add_done_callback(self._sending.discard)
 
-    async def _send_batch(self, batch: list[tuple[str, str, asyncio.Future]]) -> None:
+    async def _send_batch(self, batch: list[tuple[dict, str, asyncio.Future]]) -> None:
         failed: dict[str, str] = {}
         try:
             resp = await self._aws.call(
                 self._aws.sqs.send_message_batch,
                 QueueUrl=self._queue_url,
-                Entries=[{"Id": str(n), "MessageBody": body} for n, (body, _, _) in enumerate(batch)],
+                Entries=[{"Id": str(n), **entry} for n, (entry, _, _) in enumerate(batch)],
             )
             failed = {f["Id"]: f.get("Message", f.get("Code", "failed")) for f in resp.get("Failed", [])}
         except Exception as exc:  # noqa: BLE001 - a hint is an optimisation; the free scan covers it
@@ -129,7 +133,7 @@ class Intake:
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=max(1, min(room, self._batch())),
             WaitTimeSeconds=wait_seconds,
-            AttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
+            MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp", schema.HINT_TRACE_HEADER],
         )
         messages = resp.get("Messages", [])
         if messages:
@@ -186,7 +190,10 @@ class Intake:
         elif not self._busy(connection_id):
             # A crash's connection named for a survivor by its drainer is an orphan, not a move.
             source = "orphan" if from_session else "rebalance" if shed_by else "hint"
-            await self._acquire(connection_id, source=source, expected_session=from_session, known=hint.released)
+            trace = tracing.valid_header(attributes.get(schema.HINT_TRACE_HEADER), where="hint")
+            await self._acquire(
+                connection_id, source=source, expected_session=from_session, known=hint.released, trace_parent=trace
+            )
         try:
             if keep:
                 await self._aws.call(

@@ -269,12 +269,20 @@ class Worker:
     # --- taking connections ------------------------------------------------------------
 
     async def try_acquire(
-        self, connection_id: str, *, source: str, expected_session: str = "", known: dict | None = None
+        self,
+        connection_id: str,
+        *,
+        source: str,
+        expected_session: str = "",
+        known: dict | None = None,
+        trace_parent: str | None = None,
     ) -> ConnectionRunner | None:
         """Attach the connection to our session if we have room (conditional on it being
         free, or on the ENDED session ``expected_session`` it is attached to), find where
         its stored messages end, then hold it in a task of its own. Returns the runner,
-        or None if we lost the race, had no room or no live session."""
+        or None if we lost the race, had no room or no live session. ``trace_parent``:
+        the checked trace header of what asked for it (a hint's, a drain's): the acquire
+        span, and the runner's first connect span, continue that trace."""
         if not self._accepting() or self._busy(connection_id) or self.free() <= 0:
             return None
         session_id = self.keeper.session_id
@@ -283,8 +291,8 @@ class Worker:
         self.attachments.trying(connection_id)
         try:
             async with self._acquire_slots:
-                result, checkpoint, stored_end, sent = await self._acquire(
-                    connection_id, session_id, expected_session, source, known
+                result, checkpoint, stored_end, sent, trace = await self._acquire(
+                    connection_id, session_id, expected_session, source, known, trace_parent
                 )
         except LeaseExpired:
             self._log.warning("acquire_gave_up", connection_id=connection_id, source=source)
@@ -320,6 +328,7 @@ class Worker:
             secrets=self.secrets,
             upstream=item.get(schema.UPSTREAM),
             last_error=item.get(schema.LAST_ERROR),
+            trace_parent=trace,
         )
         self.runners[connection_id] = runner
         self._last_acquired_ms = self._clock_ms()
@@ -334,8 +343,10 @@ class Worker:
             checkpoint=checkpoint,
             from_seq=runner.tracker.next_seq,
             active=len(self.runners),
+            **tracing.log_fields(trace),
         )
-        task = asyncio.create_task(self._hold(runner), name=f"hold:{connection_id}")
+        # Its life is its own: none of it in the trace of what took it (a drain's, say).
+        task = asyncio.create_task(self._hold(runner), name=f"hold:{connection_id}", context=tracing.untraced())
         self._holders.add(task)
         self._holding[connection_id] = task
         task.add_done_callback(self._holders.discard)
@@ -343,13 +354,19 @@ class Worker:
         return runner
 
     async def _acquire(
-        self, connection_id: str, session_id: str, expected_session: str, source: str, known: dict | None = None
-    ) -> tuple[Acquired | NotAcquired, int, int, int]:
+        self,
+        connection_id: str,
+        session_id: str,
+        expected_session: str,
+        source: str,
+        known: dict | None = None,
+        trace_parent: str | None = None,
+    ) -> tuple[Acquired | NotAcquired, int, int, int, str | None]:
         """The conditional acquire, then where the stored messages end: past its last
         checkpoint for a connection taken from a crashed owner; no read when its last
         owner released it cleanly (a handoff, a shed, a STOP then START). Also returns
         how many acquire requests were sent (a retry follows an answer that was lost,
-        whose request may yet land)."""
+        whose request may yet land), and the acquire span's trace header."""
         deadline = lambda: self.keeper.deadline_for(session_id)  # noqa: E731
         checkpoint = stored_end = sent = 0
 
@@ -358,7 +375,9 @@ class Worker:
             sent += 1
             return await self.acquirer.acquire(**kwargs)
 
-        with tracing.segment("acquire", connection_id=connection_id, source=source) as span:
+        with tracing.segment(
+            "acquire", parent=trace_parent, connection_id=connection_id, source=source, session=session_id
+        ) as span:
             result = await call_until(
                 _direct,
                 deadline,
@@ -372,6 +391,7 @@ class Worker:
             span.annotate(outcome=result.reason.value if isinstance(result, NotAcquired) else "acquired")
             if isinstance(result, Acquired):
                 checkpoint = stored_end = int(result.item.get(schema.LAST_SEQ, 0))
+                span.annotate(fence=int(result.item.get(schema.FENCE_TOKEN, 0)))
             # A stream's tail is not read (Sink.reads_tail): from a crashed owner, the
             # frames since its checkpoint are delivered again, with our higher fence.
             if isinstance(result, Acquired) and not result.checkpoint_is_end and self._messages.reads_tail:
@@ -383,7 +403,7 @@ class Worker:
                     connection_id=connection_id,
                     checkpoint=checkpoint,
                 )
-        return result, checkpoint, stored_end, sent
+        return result, checkpoint, stored_end, sent, span.header
 
     async def _release_unheld(self, connection_id: str, item: dict, session_id: str) -> None:
         if self.keeper.deadline_for(session_id) > clock.now():
@@ -434,11 +454,16 @@ class Worker:
                 runner.connection_id, session_id=runner.session_id, fence_token=runner.fence_token, released=released
             )
         # A STOP's release that landed free: a START came meanwhile, and its hint found us holding it.
+        # The hints carry the release span's trace: the taker's acquire continues it.
         if reason is EndReason.SHUTDOWN or (reason is EndReason.STOPPED and runner.freed):
-            await self.intake.hint(runner.connection_id, released=released)
+            await self.intake.hint(runner.connection_id, released=released, trace=runner.release_trace)
         elif reason is EndReason.SHED:
             await self.intake.hint(
-                runner.connection_id, shed_by=runner.session_id, shed_to=runner.shed_to, released=released
+                runner.connection_id,
+                shed_by=runner.session_id,
+                shed_to=runner.shed_to,
+                released=released,
+                trace=runner.release_trace,
             )
 
     # --- what the session tells us -----------------------------------------------------
@@ -569,6 +594,7 @@ class Worker:
             worker_id=self.worker_id,
             loop_lag_p99_ms=self.stats()["loop_lag_p99_ms"],
             refused_connections=sum(1 for r in list(self.runners.values()) if r.refused),
+            trace_export_failures=tracing.take_export_failures(),
         )
         try:
             for start in range(0, len(data), 20):

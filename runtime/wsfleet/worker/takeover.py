@@ -32,7 +32,7 @@ import random
 from itertools import islice
 from typing import Any, Awaitable, Callable, Iterable
 
-from .. import clock, schema
+from .. import clock, schema, tracing
 from ..balance import drain_targets, is_summarizer
 from ..leases import EndFailure, SessionTiming, Watched, drain_split, takeover_jitter_s, watch_plan
 from ..logs import JsonLogger
@@ -78,6 +78,7 @@ class Takeover:
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self.watched: dict[str, Watched] = {}
+        self._end_traces: dict[str, object] = {}  # ENDED watched sessions' end_trace, as read
         self.sessions_ended = 0
         self._sessions = sessions
         self._connections = connections
@@ -165,13 +166,15 @@ class Takeover:
             i[schema.SESSION_ID]: Watched(i[schema.SESSION_ID], i.get(schema.SESSION_STATE, ""), int(i.get(schema.EXPIRES_AT_MS, 0)))
             for i in items
         }
+        self._end_traces = {i[schema.SESSION_ID]: i[schema.END_TRACE] for i in items if schema.END_TRACE in i}
         if len(self.watched) < len(self._ring):
             self._ring_at = float("-inf")  # one is gone (TTL, or deleted by hand): look again
         now = self._clock_ms()
         drain, end = watch_plan(self.watched.values(), now_ms=now, timing=self._timing)
         for session_id in drain:
             if session_id not in self._draining:
-                self._spawn(self.drain(session_id), f"drain:{session_id}")
+                trace = tracing.valid_header(self._end_traces.get(session_id), where="session")
+                self._spawn(self.drain(session_id, trace_parent=trace), f"drain:{session_id}")
         loop = asyncio.get_running_loop()
         for session_id, at_ms in end:
             if session_id not in self._ending:
@@ -198,9 +201,18 @@ class Takeover:
 
     async def end_session(self, session_id: str) -> bool:
         """End a dead session (conditional: LIVE and expired beyond the skew margin) and
-        drain it. True if this worker ended it."""
+        drain it, in an ``end_session`` span whose trace header the ending write stores
+        on the session (``end_trace``): the drain, every acquisition and every new socket
+        of its connections, here or at a peer, continue that trace. True if this worker
+        ended it."""
         if not self._keeper.live():
             return False
+        with tracing.segment("end_session", session=session_id) as span:
+            ended = await self._end_session(session_id, span.header)
+            span.annotate(outcome="ended" if ended else "not_ended")
+        return ended
+
+    async def _end_session(self, session_id: str, trace: str | None) -> bool:
         # Its connections are read while the end is written: a dead worker's set is
         # frozen (only a STOP changes a row, and every acquire is conditional), so this
         # saves a round trip between the end and the first acquisition.
@@ -213,6 +225,7 @@ class Takeover:
                     session_id,
                     ended_by=self._keeper.session_id,
                     max_clock_skew_ms=self._timing.max_clock_skew_ms,
+                    trace_header=trace,
                 )
                 break
             except TransientError as exc:
@@ -233,7 +246,7 @@ class Takeover:
             read = await rows
         except Exception:  # noqa: BLE001 - drain() reads it again
             read = None
-        await self.drain(session_id, rows=read)
+        await self.drain(session_id, rows=read, trace_parent=trace)
         return True
 
     def announce_soon(self) -> None:
@@ -242,52 +255,58 @@ class Takeover:
     def drain_soon(self, session_id: str) -> None:
         self._spawn(self.drain(session_id), f"drain:{session_id}")
 
-    async def drain(self, session_id: str, *, rows: list | None = None) -> int:
+    async def drain(self, session_id: str, *, rows: list | None = None, trace_parent: str | None = None) -> int:
         """Take an ENDED session's connections: acquire this worker's part of the plan
         (:meth:`_drain_plan`; conditional on that session) and hint the rest naming the
         session and the survivor meant to take each, so that a peer's acquire is
         conditional on it too (one write each, no free first); STOPPED
         ones are just freed. What a lost hint leaves attached is found by the next
         drain: the session stays in the ring until its owner index reads empty twice.
-        ``rows``: its connections, if just read. Returns how many this worker acquired."""
+        ``rows``: its connections, if just read. ``trace_parent``: the trace header of the
+        span that ended the session (its ``end_trace``): the drain's span, and so its
+        acquisitions and hints, continue that trace. Returns how many this worker acquired."""
         if session_id in self._draining or not self._keeper.live():
             return 0
         self._draining.add(session_id)
         try:
-            if rows is None:
-                rows = await self._call(self._connections.owned_by, session_id)
-            if not rows:
-                self._empty[session_id] = self._empty.get(session_id, 0) + 1
-                if self._empty[session_id] >= EMPTY_DRAINS_TO_LEAVE and self._keeper.live():
-                    await self._call(self._sessions.leave_ring, session_id)
-                    self._empty.pop(session_id, None)
-                    self._ring_at = float("-inf")
-                    self._log.info("session_drained", drained=session_id)
-                return 0
-            self._empty.pop(session_id, None)
-            started = [r.connection_id for r in rows if r.desired_state == schema.STARTED and not self._busy(r.connection_id)]
-            stopped = [r.connection_id for r in rows if r.desired_state != schema.STARTED]
-            mine, named, anyone = await self._drain_plan(session_id, started)
-            results = await asyncio.gather(
-                *(self._acquire(cid, source="orphan", expected_session=session_id) for cid in mine),
-                *(self._hint(cid, from_session=session_id, shed_by=session_id, shed_to=to) for cid, to in named),
-                *(self._hint(cid, from_session=session_id) for cid in anyone),
-                *(self._free(cid, session_id) for cid in stopped),
-                return_exceptions=True,
-            )
-            acquired = sum(1 for r in results[: len(mine)] if r is not None and not isinstance(r, BaseException))
-            self._log.info(
-                "session_drain",
-                drained=session_id,
-                found=len(rows),
-                acquired=acquired,
-                hinted=len(named) + len(anyone),
-                named=len(named),
-                freed=len(stopped),
-            )
-            return acquired
+            with tracing.segment("drain", parent=trace_parent, session=session_id) as span:
+                return await self._drain(session_id, rows, span.header)
         finally:
             self._draining.discard(session_id)
+
+    async def _drain(self, session_id: str, rows: list | None, trace: str | None) -> int:
+        if rows is None:
+            rows = await self._call(self._connections.owned_by, session_id)
+        if not rows:
+            self._empty[session_id] = self._empty.get(session_id, 0) + 1
+            if self._empty[session_id] >= EMPTY_DRAINS_TO_LEAVE and self._keeper.live():
+                await self._call(self._sessions.leave_ring, session_id)
+                self._empty.pop(session_id, None)
+                self._ring_at = float("-inf")
+                self._log.info("session_drained", drained=session_id)
+            return 0
+        self._empty.pop(session_id, None)
+        started = [r.connection_id for r in rows if r.desired_state == schema.STARTED and not self._busy(r.connection_id)]
+        stopped = [r.connection_id for r in rows if r.desired_state != schema.STARTED]
+        mine, named, anyone = await self._drain_plan(session_id, started)
+        results = await asyncio.gather(
+            *(self._acquire(cid, source="orphan", expected_session=session_id, trace_parent=trace) for cid in mine),
+            *(self._hint(cid, from_session=session_id, shed_by=session_id, shed_to=to) for cid, to in named),
+            *(self._hint(cid, from_session=session_id) for cid in anyone),
+            *(self._free(cid, session_id) for cid in stopped),
+            return_exceptions=True,
+        )
+        acquired = sum(1 for r in results[: len(mine)] if r is not None and not isinstance(r, BaseException))
+        self._log.info(
+            "session_drain",
+            drained=session_id,
+            found=len(rows),
+            acquired=acquired,
+            hinted=len(named) + len(anyone),
+            named=len(named),
+            freed=len(stopped),
+        )
+        return acquired
 
     async def _drain_plan(self, session_id: str, started: list[str]) -> tuple[list[str], list[tuple[str, str]], list[str]]:
         """Split a dead session's STARTED connections: (to acquire here, [(to hint, the

@@ -1,5 +1,4 @@
-"""The worker's X-Ray context (one trace stack per asyncio task), apart from
-:mod:`wsfleet.tracing` so that the SDK is imported only where X-Ray is on."""
+"""The worker's X-Ray context (one trace stack per asyncio task)."""
 
 from __future__ import annotations
 
@@ -11,6 +10,15 @@ from aws_xray_sdk.core.context import Context
 from aws_xray_sdk.core.models.dummy_entities import DummySegment
 
 _entities: ContextVar[tuple[Any, ...]] = ContextVar("wsfleet_xray_entities", default=())
+
+
+def entities() -> tuple[Any, ...]:
+    """This task's open segment and subsegments, innermost last."""
+    return _entities.get()
+
+
+def set_entities(stack: tuple[Any, ...]) -> None:
+    _entities.set(stack)
 
 
 class TaskContext(Context):
