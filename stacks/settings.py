@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_logs as logs
 
-from wsfleet import config, plan, plan_limits, schema
+from wsfleet import config, plan, plan_limits, schema, tracing
 from wsfleet.leases import SessionTiming
 
 # Fargate rejects a container stopTimeout above 120 s.
@@ -174,8 +174,9 @@ class ConsumerSettings:
 
 
 # --- tracing (TRACING; README "Tracing") -------------------------------------------
-TRACING_XRAY_SDK, TRACING_OTEL, TRACING_OFF = "xray-sdk", "otel", "off"
-TRACING_MODES = (TRACING_XRAY_SDK, TRACING_OTEL, TRACING_OFF)
+# The runtime's own names for its modes (wsfleet.tracing decides what each does).
+TRACING_XRAY_SDK, TRACING_OTEL, TRACING_OFF = tracing.XRAY_SDK, tracing.OTEL, tracing.OFF
+TRACING_MODES = tracing.MODES
 # In otel, how the router's spans reach X-Ray: through the AWS-managed ADOT collector
 # extension layer, or exported by the function itself to X-Ray's OTLP endpoint.
 LAMBDA_OTEL_LAYER, LAMBDA_OTEL_SDK = "layer", "sdk"

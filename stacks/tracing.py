@@ -32,12 +32,14 @@ from stacks.settings import (
     SettingsError,
     TracingSettings,
 )
+from wsfleet import config
 
-# The runtime's variable (CONTRACT section 2) and the standard OpenTelemetry ones.
-TRACING = "TRACING"
+# The runtime's variable (CONTRACT section 2) and the standard OpenTelemetry ones: those
+# the runtime parses itself by its names, the others (read by the SDK) by the standard's.
+TRACING = config.TRACING
 OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
-OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = config.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
+OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = config.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL
 OTEL_TRACES_SAMPLER = "OTEL_TRACES_SAMPLER"
 OTEL_TRACES_SAMPLER_ARG = "OTEL_TRACES_SAMPLER_ARG"
 # Where the ADOT Lambda extension reads its configuration (a confmap URI).

@@ -138,13 +138,16 @@ class OperationsDashboard(Construct):
                 ],
                 width=6,
             ),
-            # Both should stay at zero: each loop error has a loop_error log line with its
-            # traceback (and an alarm); a dropped frame, a frame_dropped line.
+            # All should stay at zero: each loop error has a loop_error log line with its
+            # traceback (and an alarm); a dropped frame, a frame_dropped line; failed span
+            # exports (TRACING=otel: the collector sidecar down or refusing), a
+            # trace_export_failed line per burst. Traces lost cost no data: no alarm.
             self._graph(
                 "Worker errors (per minute)",
                 [
                     self._worker_metric(names.LOOP_ERRORS, _SUM, "loop errors"),
                     self._worker_metric(names.FRAMES_DROPPED, _SUM, "frames dropped"),
+                    self._worker_metric(names.TRACE_EXPORT_FAILURES, _SUM, "trace exports failed"),
                 ],
                 width=6,
             ),
