@@ -1,0 +1,83 @@
+"""Tracing must never hurt the fleet: a hung exporter, a backend that raises, hostile
+trace headers (an adversarial review of issue 23's tracing)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from wsfleet import tracing
+from wsfleet.tracing import _otel
+
+
+class Hung(SpanExporter):
+    """A collector that takes a connection and never answers (a TCP blackhole), until
+    ``release`` is set (the test's own deadline, so that nothing waits forever)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.calls = 0
+
+    def export(self, spans):
+        self.calls += 1
+        self.release.wait(8)
+        return SpanExportResult.FAILURE
+
+    def shutdown(self):
+        pass
+
+
+@pytest.fixture
+def hung():
+    exporter = Hung()
+    tracing.reset()
+    yield exporter
+    exporter.release.set()
+    tracing.reset()
+
+
+def _elapsed(fn, *args):
+    started = time.monotonic()
+    result = fn(*args)
+    return result, time.monotonic() - started
+
+
+def test_a_flush_to_a_hung_exporter_returns_by_its_timeout(hung):
+    tracing.configure_worker("otel", "wsfleet-test", exporters=[hung])
+    with tracing.segment("release", connection_id="c1"):
+        pass
+    flushed, took = _elapsed(tracing.flush, 0.3)
+    assert flushed is False and took < 3.0, took  # the SDK's own force_flush waits for the export
+    assert hung.calls == 1
+
+
+def test_the_routers_flush_waits_at_most_its_bound_and_not_again_while_one_is_stuck(hung, monkeypatch):
+    monkeypatch.setattr(_otel, "FLUSH_AT_INVOCATION_END_MS", 300)
+    tracing.configure("otel", "wsfleet-router", exporters=[hung])
+
+    def invoke():
+        with tracing.invocation("router", method="POST"):
+            pass
+
+    _, first = _elapsed(invoke)
+    assert first < 3.0, first
+    monkeypatch.setattr(_otel, "FLUSH_AT_INVOCATION_END_MS", 5000)
+    _, second = _elapsed(invoke)  # the collector is still stuck: this request does not wait on it
+    assert second < 2.5, second
+
+
+def test_shutdown_with_a_hung_exporter_is_bounded(hung, monkeypatch):
+    monkeypatch.setattr(_otel, "SHUTDOWN_S", 0.3)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "20")
+    tracing.configure_worker("otel", "wsfleet-test", exporters=[hung])
+    with tracing.segment("release"):
+        pass
+    deadline = time.monotonic() + 10
+    while hung.calls == 0 and time.monotonic() < deadline:  # the processor's own thread is stuck in it
+        time.sleep(0.02)
+    assert hung.calls == 1
+    _, took = _elapsed(tracing.reset)  # what the interpreter's exit runs too
+    assert took < 3.0, took
