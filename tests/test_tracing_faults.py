@@ -3,14 +3,20 @@ trace headers (an adversarial review of issue 23's tracing)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
 import pytest
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from wsfleet import router as router_module
 from wsfleet import tracing
+from wsfleet.config import ConfigError, WorkerConfig
 from wsfleet.tracing import _otel
+from wsfleet.worker import __main__ as worker_main
+
+from tests.test_config import BASE
 
 
 class Hung(SpanExporter):
@@ -81,3 +87,39 @@ def test_shutdown_with_a_hung_exporter_is_bounded(hung, monkeypatch):
     assert hung.calls == 1
     _, took = _elapsed(tracing.reset)  # what the interpreter's exit runs too
     assert took < 3.0, took
+
+
+# --- the batch processor's variables ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        ({"OTEL_BSP_MAX_QUEUE_SIZE": "0"}, "OTEL_BSP_MAX_QUEUE_SIZE"),
+        ({"OTEL_BSP_MAX_QUEUE_SIZE": "lots"}, "OTEL_BSP_MAX_QUEUE_SIZE"),
+        ({"OTEL_BSP_SCHEDULE_DELAY": "-1"}, "OTEL_BSP_SCHEDULE_DELAY"),
+        ({"OTEL_BSP_EXPORT_TIMEOUT": "soon"}, "OTEL_BSP_EXPORT_TIMEOUT"),
+        ({"OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "5000"}, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),
+        ({"OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "200"}, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"),
+    ],
+)
+def test_a_bad_batch_processor_variable_is_a_config_error_naming_it(bad, named):
+    with pytest.raises(ConfigError, match=f"^{named} "):
+        WorkerConfig.from_env({**BASE, "TRACING": "otel", **bad})
+    assert WorkerConfig.from_env({**BASE, "TRACING": "off", **bad}).tracing.mode == "off"  # not read unless otel
+
+
+def test_the_worker_and_the_router_refuse_a_batch_size_the_sdk_would_raise_on(monkeypatch, capsys):
+    for key, value in {**BASE, "TRACING": "otel", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "5000"}.items():
+        monkeypatch.setenv(key, value)
+    tracing.reset()
+    try:
+        assert worker_main.main() == 2
+        err = capsys.readouterr().err
+        assert "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" in err and "Traceback" not in err
+        monkeypatch.setattr(router_module, "_router", None)
+        answer = router_module.handler({"httpMethod": "GET", "path": "/connections/x"}, None)
+    finally:
+        tracing.reset()
+    assert answer["statusCode"] == 500
+    assert "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" in json.loads(answer["body"])["message"]
