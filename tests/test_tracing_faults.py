@@ -3,6 +3,8 @@ trace headers (an adversarial review of issue 23's tracing)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -123,3 +125,64 @@ def test_the_worker_and_the_router_refuse_a_batch_size_the_sdk_would_raise_on(mo
         tracing.reset()
     assert answer["statusCode"] == 500
     assert "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" in json.loads(answer["body"])["message"]
+
+
+# --- a backend that fails ------------------------------------------------------------------
+
+
+class Broken(Exception):
+    pass
+
+
+@pytest.fixture
+def breaking(otel_spans, monkeypatch):
+    """The otel backend, made to fail where it is told: ``start``, ``end``, ``annotate``,
+    ``header`` (the current one, that a hint carries)."""
+    backend = tracing._backend
+    real_span, real_annotate, real_current_header = backend.span, backend.annotate, backend.current_header
+    where: set[str] = set()
+
+    @contextlib.contextmanager
+    def span(*args):
+        if "start" in where:
+            raise Broken("start")
+        with real_span(*args) as opened:
+            try:
+                yield opened
+            finally:
+                if "end" in where:
+                    raise Broken("end")
+
+    def annotate(entity, annotations):
+        if "annotate" in where:
+            raise Broken("annotate")
+        real_annotate(entity, annotations)
+
+    def current_header():
+        if "header" in where:
+            raise Broken("header")
+        return real_current_header()
+
+    monkeypatch.setattr(backend, "span", span)
+    monkeypatch.setattr(backend, "annotate", annotate)
+    monkeypatch.setattr(backend, "current_header", current_header)
+    return where
+
+
+@pytest.mark.parametrize("fails", [{"start"}, {"end"}, {"annotate"}, {"header"}, {"start", "end", "annotate", "header"}])
+def test_a_failing_backend_never_changes_what_the_traced_work_does(breaking, fails, caplog):
+    breaking.update(fails)
+    ran = []
+    with tracing.segment("acquire", connection_id="c1") as span:
+        span.annotate(outcome="acquired")
+        ran.append(tracing.current_header())
+    assert len(ran) == 1
+    with pytest.raises(KeyError, match="the work's own"):  # the work's error, not tracing's
+        with tracing.segment("release"):
+            raise KeyError("the work's own")
+    with pytest.raises(asyncio.CancelledError):
+        with tracing.subsegment("aws_call"):
+            raise asyncio.CancelledError()
+    assert tracing.take_export_failures() >= 1
+    (line,) = [r for r in caplog.records if getattr(r, "event", None) == "trace_failed"]  # once, then counted
+    assert "Broken" in line.detail
