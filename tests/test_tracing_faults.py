@@ -19,6 +19,7 @@ from wsfleet.tracing import _otel
 from wsfleet.worker import __main__ as worker_main
 
 from tests.test_config import BASE
+from tests.test_tracing_worker import configure, emitter  # noqa: F401 - the X-Ray fixture
 
 
 class Hung(SpanExporter):
@@ -186,3 +187,36 @@ def test_a_failing_backend_never_changes_what_the_traced_work_does(breaking, fai
     assert tracing.take_export_failures() >= 1
     (line,) = [r for r in caplog.records if getattr(r, "event", None) == "trace_failed"]  # once, then counted
     assert "Broken" in line.detail
+
+
+# --- a task that outlives the segment it was started in ------------------------------------
+
+
+def test_a_task_that_outlives_its_creators_segment_calls_aws_untraced_not_into_the_ended_segment(emitter):  # noqa: F811
+    """A task started inside a segment (a batch sent for the first of its askers, a shared
+    secret fetch, a retry's attempt) that makes a call after that segment ended: X-Ray's
+    ``add_subsegment`` raises AlreadyEndedException on an ended segment, which failed the
+    call itself before tracing was made harmless, and is still a tracing failure."""
+    segment_ended = None
+
+    async def main():
+        nonlocal segment_ended
+        configure(emitter)
+        go = asyncio.Event()
+
+        async def late_call():
+            await go.wait()
+            with tracing.subsegment("ConnectionsStore.acquire") as span:
+                return span.recording, tracing.current_header()
+
+        with tracing.segment("acquire", connection_id="c1"):
+            late = asyncio.create_task(late_call())
+        segment_ended = [s["name"] for s in emitter.sent]
+        go.set()
+        return await late
+
+    recording, header = asyncio.run(main())
+    assert segment_ended == ["acquire"]
+    assert (recording, header) == (False, None)
+    assert tracing.take_export_failures() == 0
+    assert [s["name"] for s in emitter.sent] == ["acquire"]  # not sent again with a late subsegment
