@@ -75,7 +75,7 @@ LAMBDA_COLLECTOR_CONFIG_PATH = f"/opt/{LAMBDA_COLLECTOR_CONFIG.name}"
 
 # The AWS-managed ADOT collector extension layer for x86_64 functions (ADOT Collector for
 # Lambda v0.42.0), published by AWS's account in each Region below and nowhere else (the
-# Regions aws-cdk-lib's region-info lists for it; tests/stacks/test_tracing.py checks).
+# Regions aws-cdk-lib's region-info lists for it; tests/stacks/test_stack_tracing.py checks).
 ADOT_LAYER_ACCOUNT = "901920570463"
 ADOT_LAYER_NAME = "aws-otel-collector-amd64-ver-0-115-0"
 ADOT_LAYER_VERSION = 2

@@ -297,7 +297,7 @@ def test_api_name_is_unique_per_environment_so_its_metrics_are(env):
 
 
 def test_router_runs_the_current_python_with_json_logs(env):
-    # Its tracing (mode, layers) per environment: tests/stacks/test_tracing.py.
+    # Its tracing (mode, layers) per environment: tests/stacks/test_stack_tracing.py.
     router = _router(env)
     assert router["Runtime"] == runtime_assets.LAMBDA_RUNTIME.name == "python3.14"
     assert router["LoggingConfig"]["LogFormat"] == "JSON"
@@ -312,7 +312,7 @@ def _sink_variables(env) -> set[str]:
 
 
 def _tracing_variables(env, which: str) -> set[str]:
-    """TRACING, and in otel the OTEL_* variables (tests/stacks/test_tracing.py checks
+    """TRACING, and in otel the OTEL_* variables (tests/stacks/test_stack_tracing.py checks
     their values per mode)."""
     if which == "router":
         return set(tracing.router_environment(env.settings.tracing, "service", "region"))
@@ -362,7 +362,7 @@ def test_router_may_write_connections_post_stops_read_messages_and_send_hints_on
     assert _s3_grants(env, statements) == {f"<bucket>/{schema.MESSAGE_OBJECTS_PREFIX}*": {"s3:GetObject"}}
     assert _granted(statements, "sqs:") == {"sqs:SendMessage"}
     assert _granted(statements, "logs:") == {"logs:CreateLogStream", "logs:PutLogEvents"}
-    # X-Ray: per tracing mode, tests/stacks/test_tracing.py.
+    # X-Ray: per tracing mode, tests/stacks/test_stack_tracing.py.
     # It checks secret_headers ARNs against the prefix; it never reads a secret.
     assert _granted(statements, "secretsmanager:") == _granted(statements, "kms:") == set()
 
