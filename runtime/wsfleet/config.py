@@ -59,6 +59,14 @@ OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 AWS_XRAY_SDK_ENABLED = "AWS_XRAY_SDK_ENABLED"
+# The batch processor's, read by the SDK itself: checked here (tracing_settings), since
+# the SDK raises at start on one out of its range (a traceback, or a router that fails
+# every invocation) and silently uses its default for one that is not a number.
+OTEL_BSP_MAX_QUEUE_SIZE = "OTEL_BSP_MAX_QUEUE_SIZE"
+OTEL_BSP_MAX_EXPORT_BATCH_SIZE = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
+OTEL_BSP_SCHEDULE_DELAY = "OTEL_BSP_SCHEDULE_DELAY"
+OTEL_BSP_EXPORT_TIMEOUT = "OTEL_BSP_EXPORT_TIMEOUT"
+BSP_MAX_QUEUE_SIZE = 65536  # spans of about 1-2 KB each: the queue stays bounded in memory
 # The reference consumer (wsfleet.consumer): where it writes and keeps its state.
 CONSUMER_BUCKET_NAME = "CONSUMER_BUCKET_NAME"
 CONSUMER_TABLE_NAME = "CONSUMER_TABLE_NAME"
@@ -242,7 +250,22 @@ def tracing_settings(env: Mapping[str, str]) -> tracing.Settings:
         protocol = env.get(name, "").strip()
         if protocol and protocol != "http/protobuf":
             raise ConfigError(f"{name} must be http/protobuf (the OTLP exporter shipped), got {protocol!r}")
+    check_batch_processor(env)
     return tracing.Settings(mode, file=path, exporters=names, endpoint=otlp_traces_endpoint(env))
+
+
+def check_batch_processor(env: Mapping[str, str]) -> None:
+    """The ``OTEL_BSP_*`` variables as the SDK's batch span processor will read them
+    (its defaults where unset): whole numbers, the queue at most
+    :data:`BSP_MAX_QUEUE_SIZE`, and an export batch no larger than the queue."""
+    queue = _int_in(env, OTEL_BSP_MAX_QUEUE_SIZE, 2048, 1, BSP_MAX_QUEUE_SIZE)
+    batch = _int_in(env, OTEL_BSP_MAX_EXPORT_BATCH_SIZE, 512, 1, BSP_MAX_QUEUE_SIZE)
+    if batch > queue:
+        raise ConfigError(
+            f"{OTEL_BSP_MAX_EXPORT_BATCH_SIZE} must be at most {OTEL_BSP_MAX_QUEUE_SIZE} ({queue}), got {batch}"
+        )
+    for name, default in ((OTEL_BSP_SCHEDULE_DELAY, 5000), (OTEL_BSP_EXPORT_TIMEOUT, 30000)):
+        _int_in(env, name, default, 1, 3_600_000)  # milliseconds
 
 
 def otlp_traces_endpoint(env: Mapping[str, str]) -> str:

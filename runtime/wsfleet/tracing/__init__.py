@@ -15,6 +15,12 @@ a session item's ``trace_header``) is an X-Ray trace header,
 both modes. A header read from outside is checked by :func:`valid_header`: a malformed
 or hostile one is ignored with a ``trace_header_ignored`` log line, never an exception.
 
+Tracing never changes what the traced work does: a backend that raises while a span
+starts, ends or is annotated (an SDK bug, a span processor's) leaves the work to run
+untraced and its own result or exception untouched; the first such failure is logged
+(``trace_failed``) and each is counted in ``TraceExportFailures``
+(:func:`take_export_failures`).
+
 Attributes are the caller's: connection ids, session ids, fences, reasons. Never a
 secret, a header value, a URL (its query string may hold a token) or a frame's data.
 """
@@ -71,6 +77,8 @@ def exporter_installed(name: str) -> bool:
 _backend: Backend | None = None
 _mode = OFF
 _lock = threading.Lock()
+_span_failures = 0  # tracing calls that raised (see _failed)
+_span_failure_logged = False
 
 
 def mode() -> str:
@@ -107,9 +115,10 @@ def configure_worker(settings: Settings | str, service: str, *, exporters: list 
 
 def reset() -> None:
     """Back to off, after flushing (tests, and a process that reconfigures)."""
-    global _backend, _mode
+    global _backend, _mode, _span_failures, _span_failure_logged
     with _lock:
         backend, _backend, _mode = _backend, None, OFF
+        _span_failures, _span_failure_logged = 0, False
     if backend is not None:
         backend.shutdown()
 
@@ -128,12 +137,21 @@ class Span:
     def annotate(self, **annotations: str | int | float | bool | None) -> None:
         """Indexed key/values on the span; ``None`` values are skipped."""
         if self._entity is not None:
-            self._backend.annotate(self._entity, {k: v for k, v in annotations.items() if v is not None})
+            try:
+                self._backend.annotate(self._entity, {k: v for k, v in annotations.items() if v is not None})
+            except Exception as exc:  # noqa: BLE001 - see the module's docstring
+                _failed("annotate", exc)
 
     @property
     def header(self) -> str | None:
         """This span's X-Ray trace header, to parent work elsewhere to it (None: none)."""
-        return self._backend.header(self._entity) if self._entity is not None else None
+        if self._entity is None:
+            return None
+        try:
+            return self._backend.header(self._entity)
+        except Exception as exc:  # noqa: BLE001
+            _failed("header", exc)
+            return None
 
 
 _NOTHING = Span()
@@ -162,12 +180,46 @@ def invocation(name: str, **attrs: str | int | float | bool | None) -> ContextMa
 
 @contextmanager
 def _opened(opener: Callable[[Backend], ContextManager[Span]]) -> Iterator[Span]:
+    """The backend's span around the caller's block, or none where the backend fails to
+    open it; the block's own exception (a CancelledError too) is what leaves, whatever
+    the backend raises while closing the span."""
     backend = _backend
     if backend is None:
         yield _NOTHING
         return
-    with opener(backend) as span:
+    try:
+        manager = opener(backend)
+        span = manager.__enter__()
+    except Exception as exc:  # noqa: BLE001 - see the module's docstring
+        _failed("start", exc)
+        yield _NOTHING
+        return
+    try:
         yield span
+    except BaseException as work:
+        try:
+            manager.__exit__(type(work), work, work.__traceback__)
+        except BaseException as exc:  # noqa: BLE001
+            if exc is not work:
+                _failed("end", exc)
+        raise
+    try:
+        manager.__exit__(None, None, None)
+    except Exception as exc:  # noqa: BLE001
+        _failed("end", exc)
+
+
+def _failed(stage: str, exc: BaseException) -> None:
+    """A tracing call that raised: counted, and logged the first time (per :func:`configure`)."""
+    global _span_failures, _span_failure_logged
+    with _lock:
+        _span_failures += 1
+        first, _span_failure_logged = not _span_failure_logged, True
+    if first:
+        _log.warning(
+            "Tracing failed; the work went on untraced. Later failures are counted (TraceExportFailures), not logged.",
+            extra={"event": "trace_failed", "stage": stage, "detail": f"{type(exc).__name__}: {exc}"[:300]},
+        )
 
 
 def untraced() -> contextvars.Context:
@@ -183,7 +235,14 @@ def untraced() -> contextvars.Context:
 def current_header() -> str | None:
     """The X-Ray trace header of the span current in this task, to send along (a hint's
     ``AWSTraceHeader``), or None."""
-    return _backend.current_header() if _backend is not None else None
+    backend = _backend
+    if backend is None:
+        return None
+    try:
+        return backend.current_header()
+    except Exception as exc:  # noqa: BLE001 - see the module's docstring
+        _failed("header", exc)
+        return None
 
 
 def trace_id() -> str | None:
@@ -212,9 +271,13 @@ def flush(timeout_s: float = 5.0) -> bool:
 
 
 def take_export_failures() -> int:
-    """Span exports that failed since the last call (the worker's ``TraceExportFailures``)."""
+    """Span exports that failed since the last call, and spans that failed to start, end
+    or be annotated (the worker's ``TraceExportFailures``)."""
+    global _span_failures
     backend = _backend
-    return backend.take_export_failures() if backend is not None and hasattr(backend, "take_export_failures") else 0
+    with _lock:
+        taken, _span_failures = _span_failures, 0
+    return taken + (backend.take_export_failures() if backend is not None and hasattr(backend, "take_export_failures") else 0)
 
 
 def valid_header(header: object, *, where: str) -> str | None:

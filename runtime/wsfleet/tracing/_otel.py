@@ -16,6 +16,14 @@ file (the standard file exporter).
 Where the endpoint is X-Ray's own (``https://xray.<region>.amazonaws.com/v1/traces``, no
 collector in between) each export request is signed with SigV4 (:mod:`._sigv4`).
 
+A flush or a shutdown waits no longer than it is given, whatever the exporter does (a
+collector down or a TCP blackhole: each OTLP request may take ``OTEL_EXPORTER_OTLP_TIMEOUT``,
+10 s, and a flush sends every queued batch): the SDK's own ``force_flush`` ignores its
+timeout (opentelemetry-python#4568), so it runs in a thread of its own, one at a time,
+and a call made while one is still stuck does not wait on it again (the router flushes
+at the end of every invocation: a slow collector costs one request its bound, not each).
+The interpreter's exit shuts the provider down within :data:`SHUTDOWN_S`.
+
 An export that fails never reaches the caller: it is counted
 (:meth:`Backend.take_export_failures`, the worker's ``TraceExportFailures``) and logged
 once per burst (``trace_export_failed``, then ``trace_export_recovered``); the SDK's own
@@ -24,6 +32,7 @@ per-failure error lines are folded into that one.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import re
 import threading
@@ -46,6 +55,7 @@ from . import OTLP_NAMES, Settings, Span
 _XRAY_ENDPOINT = re.compile(r"https://xray\.([a-z0-9-]+)\.amazonaws\.com/v1/traces/?")
 _HEADER = "X-Amzn-Trace-Id"
 FLUSH_AT_INVOCATION_END_MS = 2000
+SHUTDOWN_S = 2.0  # the provider's shutdown at exit (the SDK's own waits up to 30 s per processor)
 
 _log = logging.getLogger("wsfleet.tracing")
 
@@ -55,16 +65,20 @@ class Backend:
         resource = Resource.create({})
         if str(resource.attributes.get(SERVICE_NAME, "unknown_service")).startswith("unknown_service"):
             resource = resource.merge(Resource({SERVICE_NAME: service}))
-        self._provider = TracerProvider(resource=resource, id_generator=AwsXRayIdGenerator())
+        self._provider = TracerProvider(resource=resource, id_generator=AwsXRayIdGenerator(), shutdown_on_exit=False)
         self._tracer = self._provider.get_tracer("wsfleet")
         self._propagator = AwsXRayPropagator()
         self._lambda = AwsXRayLambdaPropagator()
         self._failures = 0
         self._failures_lock = threading.Lock()
+        self._flushing: threading.Thread | None = None
+        self._flush_lock = threading.Lock()
+        self._late = False
         if exporters is None:
             exporters = [file_exporter(settings.file)] if settings.file else [named(n, settings.endpoint) for n in settings.exporters]
         for exporter in exporters:
             self._provider.add_span_processor(BatchSpanProcessor(Reported(exporter, self._failed)))
+        atexit.register(self.shutdown)
 
     # --- spans ---------------------------------------------------------------------------
 
@@ -87,7 +101,7 @@ class Backend:
             with self._tracer.start_as_current_span(name, context=context, kind=trace.SpanKind.SERVER, attributes=attrs) as span:
                 yield Span(span, self)
         finally:
-            self._provider.force_flush(FLUSH_AT_INVOCATION_END_MS)
+            self.flush(FLUSH_AT_INVOCATION_END_MS / 1000)
 
     @staticmethod
     def annotate(span: Any, annotations: dict[str, Any]) -> None:
@@ -117,10 +131,41 @@ class Backend:
     # --- export --------------------------------------------------------------------------
 
     def flush(self, timeout_s: float) -> bool:
-        return self._provider.force_flush(int(timeout_s * 1000))
+        """Export what is queued, waiting at most ``timeout_s``; False if that did not
+        finish in time, or if an earlier flush is still stuck (not waited on again).
+        A late flush is logged once (``trace_flush_late``) until one finishes in time."""
+        with self._flush_lock:
+            if self._flushing is not None and self._flushing.is_alive():
+                return self._was_late(timeout_s)
+            done: list[bool] = []
+            thread = threading.Thread(
+                target=lambda: done.append(self._provider.force_flush()), name="wsfleet-trace-flush", daemon=True
+            )
+            self._flushing = thread
+            thread.start()
+        thread.join(max(0.0, timeout_s))
+        if thread.is_alive():
+            return self._was_late(timeout_s)
+        self._late = False
+        return bool(done and done[0])
 
-    def shutdown(self) -> None:
-        self._provider.shutdown()
+    def _was_late(self, timeout_s: float) -> bool:
+        if not self._late:
+            self._late = True
+            _log.warning(
+                "Spans could not be flushed in time (the collector is slow or unreachable); later flushes do not wait "
+                "while this one is stuck.",
+                extra={"event": "trace_flush_late", "timeout_s": timeout_s},
+            )
+        return False
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Shut the provider down, waiting at most ``timeout_s`` [:data:`SHUTDOWN_S`]
+        (also run at the interpreter's exit, once)."""
+        atexit.unregister(self.shutdown)
+        thread = threading.Thread(target=self._provider.shutdown, name="wsfleet-trace-shutdown", daemon=True)
+        thread.start()
+        thread.join(SHUTDOWN_S if timeout_s is None else timeout_s)
 
     def _failed(self) -> None:
         with self._failures_lock:

@@ -64,7 +64,7 @@ class Backend:
             finally:
                 set_entities(outer)
             return
-        if xray_recorder.get_trace_entity() is None:
+        if self._current() is None:
             yield Span()
             return
         with xray_recorder.in_subsegment(name) as entity:
@@ -93,9 +93,14 @@ class Backend:
         return f"Root={trace_id};Parent={entity.id};Sampled={1 if entity.sampled else 0}"
 
     def _current(self) -> Any:
+        """The open entity new subsegments and headers belong to, or None. A task started
+        inside a segment (a batch sent for the first of its askers, a shared secret
+        fetch, a retry's attempt) keeps that segment in its copy of the stack after it
+        ended: that is none (X-Ray refuses a subsegment of an ended segment by raising)."""
         if self._worker:
             stack = entities()
-            return stack[-1] if stack else None
+            entity = stack[-1] if stack else None
+            return entity if entity is not None and getattr(entity, "in_progress", False) else None
         return xray_recorder.get_trace_entity()  # Lambda's: the invocation's segment
 
     def current_header(self) -> str | None:
