@@ -135,3 +135,19 @@ def test_a_poll_result_that_is_taken_is_not_given_back(aws):
     assert asyncio.run(scenario()) == {"Messages": []}
     time.sleep(0.1)
     assert given_back == []
+
+
+def test_a_span_is_named_after_the_clients_operation_or_our_own_function():
+    import boto3
+
+    from wsfleet.aws import span_name
+
+    sqs = boto3.client("sqs", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    assert span_name(sqs.send_message_batch) == "sqs.send_message_batch"
+    assert span_name(test_a_span_is_named_after_the_clients_operation_or_our_own_function) == (
+        "test_a_span_is_named_after_the_clients_operation_or_our_own_function"
+    )
+
+    def inner() -> None: ...
+
+    assert span_name(inner) == "inner"

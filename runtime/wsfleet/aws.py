@@ -85,6 +85,21 @@ def _install_socket_check() -> None:
     sys.addaudithook(_refuse_at_the_socket)
 
 
+def span_name(fn: Callable[..., Any]) -> str:
+    """What a span of this call is called: a boto3 client's operation as
+    ``<service>.<operation>`` (its methods are all one closure, so their qualified name
+    says nothing), a function of ours by its qualified name."""
+    qualname = getattr(fn, "__qualname__", "") or "aws_call"
+    if "<locals>" not in qualname:
+        return qualname
+    try:
+        service = fn.__self__.meta.service_model.service_name  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - not a client's method: its own name will do
+        service = ""
+    name = getattr(fn, "__name__", "") or "aws_call"
+    return f"{service}.{name}" if service else name
+
+
 class Aws:
     def __init__(
         self, config: WorkerConfig, *, threads: int = 32, session: boto3.session.Session | None = None
@@ -170,7 +185,7 @@ class Aws:
 
     async def _run(self, pool: ThreadPoolExecutor, fn: Callable[..., T], args: Any, kwargs: Any) -> T:
         loop = asyncio.get_running_loop()
-        with tracing.subsegment(getattr(fn, "__qualname__", "aws_call")):
+        with tracing.subsegment(span_name(fn)):
             return await loop.run_in_executor(pool, functools.partial(fn, *args, **kwargs))
 
     async def poll(
