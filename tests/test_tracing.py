@@ -381,3 +381,16 @@ def test_log_lines_written_under_a_span_carry_its_trace_id_in_xray_form(otel):
     record = logging.makeLogRecord({"msg": "x", "levelname": "WARNING", "levelno": 30})
     with tracing.segment("connect", parent=HEADER):
         assert json.loads(JsonFormatter().format(record))["trace_id"] == "1-6565e1a0-0123456789abcdef01234567"
+
+
+def test_a_failed_blocks_message_is_not_in_its_span_only_its_type(otel_spans):
+    with pytest.raises(ValueError, match="s3cr3t"):
+        with tracing.segment("connect", connection_id="c1"):
+            with tracing.subsegment("secrets.get"):
+                raise ValueError("bad URI wss://up.example/feed?token=s3cr3t")
+    spans = otel_spans()
+    assert {s.name for s in spans} == {"connect", "secrets.get"}
+    for span in spans:
+        assert "s3cr3t" not in span.to_json()
+        assert [dict(e.attributes) for e in span.events] == [{"exception.type": "ValueError"}]
+        assert span.status.status_code.name == "ERROR"

@@ -97,3 +97,20 @@ def test_without_configuration_segments_are_silent_no_ops():
             span.annotate(outcome="acquired")
             assert not span.recording and not inner.recording
             assert span.header is None and tracing.current_header() is None and tracing.trace_id() is None
+
+
+def test_a_failed_blocks_message_is_not_in_its_segment_only_its_type(emitter):
+    secret = "wss://up.example/feed?token=s3cr3t"
+
+    async def main():
+        configure(emitter)
+        with pytest.raises(ValueError, match="s3cr3t"):
+            with tracing.segment("connect", connection_id="c1"):
+                with tracing.subsegment("secrets.get"):
+                    raise ValueError(f"bad URI {secret}")
+
+    asyncio.run(main())
+    text = json.dumps(emitter.sent)
+    assert "s3cr3t" not in text
+    connect = next(s for s in emitter.sent if s["name"] == "connect")
+    assert connect["fault"] and connect["cause"]["exceptions"][0]["type"] == "ValueError"

@@ -91,15 +91,19 @@ class Backend:
             return
         else:
             context = None
-        with self._tracer.start_as_current_span(name, context=context, attributes=attrs) as span:
-            yield Span(span, self)
+        with self._tracer.start_as_current_span(name, context=context, attributes=attrs, **_NO_MESSAGES) as span:
+            with _errors_by_type(span):
+                yield Span(span, self)
 
     @contextmanager
     def invocation(self, name: str, attrs: dict[str, Any]) -> Iterator[Span]:
         context = self._lambda.extract({})  # _X_AMZN_TRACE_ID: the invocation's trace, if any
         try:
-            with self._tracer.start_as_current_span(name, context=context, kind=trace.SpanKind.SERVER, attributes=attrs) as span:
-                yield Span(span, self)
+            with self._tracer.start_as_current_span(
+                name, context=context, kind=trace.SpanKind.SERVER, attributes=attrs, **_NO_MESSAGES
+            ) as span:
+                with _errors_by_type(span):
+                    yield Span(span, self)
         finally:
             self.flush(FLUSH_AT_INVOCATION_END_MS / 1000)
 
@@ -275,3 +279,24 @@ def xray_region(endpoint: str) -> str | None:
     """The region of X-Ray's own OTLP endpoint, or None for any other (a collector)."""
     match = _XRAY_ENDPOINT.fullmatch(endpoint)
     return match.group(1) if match else None
+
+
+# The SDK would record an exception's message and stack text on the span; a message can
+# hold what spans must never carry (a URL's query string in websockets' InvalidURI, a
+# header value). The exception's type is recorded instead (the log line has the rest).
+_NO_MESSAGES = {"record_exception": False, "set_status_on_exception": False}
+
+
+@contextmanager
+def _errors_by_type(span: Any) -> Iterator[None]:
+    try:
+        yield
+    except BaseException as exc:
+        kind = type(exc).__qualname__
+        try:
+            span.add_event("exception", {"exception.type": kind})
+            if isinstance(exc, Exception):
+                span.set_status(trace.Status(trace.StatusCode.ERROR, kind))
+        except Exception:  # noqa: BLE001 - the work's own exception is what leaves
+            pass
+        raise

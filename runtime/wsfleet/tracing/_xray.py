@@ -58,17 +58,29 @@ class Backend:
             # A segment inside another in the same task (end_session's drain) must not
             # lose the outer one: the task's stack is put back as it was.
             outer = entities()
+            failed: BaseException | None = None
             try:
                 with xray_recorder.in_segment(name, **_parent_kwargs(parent)) as entity:
-                    yield self._opened(entity, attrs)
+                    try:
+                        yield self._opened(entity, attrs)
+                    except BaseException as exc:  # recorded by type, raised once the segment is closed
+                        failed = _by_type(entity, exc)
             finally:
                 set_entities(outer)
+            if failed is not None:
+                raise failed
             return
         if self._current() is None:
             yield Span()
             return
+        failed = None
         with xray_recorder.in_subsegment(name) as entity:
-            yield self._opened(entity, attrs)
+            try:
+                yield self._opened(entity, attrs)
+            except BaseException as exc:
+                failed = _by_type(entity, exc)
+        if failed is not None:
+            raise failed
 
     def _opened(self, entity: Any, attrs: dict[str, Any]) -> Span:
         if entity is None or isinstance(entity, (DummySegment, DummySubsegment)):
@@ -133,3 +145,18 @@ def _parent_kwargs(parent: str | None) -> dict[str, Any]:
         "parent_id": fields["Parent"],
         "sampling": None if sampled is None else int(sampled),
     }
+
+
+def _by_type(entity: Any, exc: BaseException) -> BaseException:
+    """Record the block's exception on its entity by type only, and give it back to be
+    raised. The SDK would record its message (and the SDK's own stack): a message can hold
+    what a trace must never carry (a URL's query string in websockets' InvalidURI, a
+    header value); the log line has the rest."""
+    try:
+        if entity is not None and not isinstance(entity, (DummySegment, DummySubsegment)):
+            entity.add_exception(type(type(exc).__qualname__, (Exception,), {})(), [])
+            if not isinstance(exc, Exception):
+                entity.fault = False  # a cancellation is not a fault
+    except Exception:  # noqa: BLE001 - the work's own exception is what leaves
+        pass
+    return exc
