@@ -1,4 +1,4 @@
-"""``python -m bench [failover|cost|capacity|ingestion|faults|rebalance|pauses|readapi|largeframes|sinks|all] [--quick] [--kinds-only] [--out DIR]``
+"""``python -m bench [failover|cost|capacity|ingestion|faults|rebalance|pauses|readapi|largeframes|sinks|all] [--quick] [--kinds-only] [--join4-only] [--out DIR]``
 
 Runs the chosen benchmarks one after another (each with processes of its own), prints
 each one's markdown table with the command that produced it, and writes the raw
@@ -40,6 +40,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny sizes and fast timings (the smoke test)")
     p.add_argument("--kinds-only", action="store_true",
                    help="ingestion: only the rows that compare upstream kinds (the 100 x 2/s row, default and authenticated + subscribe)")
+    p.add_argument("--join4-only", action="store_true",
+                   help="rebalance: only the join of 4 workers into 4 (no join of 1, steady window or crash)")
     p.add_argument("--out", default=".bench", help="where raw results and the report go [.bench]")
     return p.parse_args(argv)
 
@@ -66,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         began = time.monotonic()
         try:
             extra = {"kinds_only": True} if args.kinds_only and name == "ingestion" else {}
+            if args.join4_only and name == "rebalance":
+                extra = {"join4_only": True}
             result = BENCHMARKS[name](quick=args.quick, run_dir=run_dir, command=command, **extra)
         except Exception as exc:  # noqa: BLE001 - one failed benchmark must not hide the others
             print(f"### {name}: FAILED: {type(exc).__name__}: {exc}\n", flush=True)
