@@ -5,6 +5,12 @@ keeps ``HINT_POLLERS`` one-message long polls open, so a burst of STARTs is take
 parallel and a leaving worker's hints spread over every waiting poll in the fleet
 instead of all landing in whichever poll returned first; a busier worker pauses a
 little before its next poll.
+
+A shed connection named for another worker is left for it (visible again at once). The
+queue is shared, so what gets it there fast is the others holding back: a worker whose
+poll left one pauses all its polls (:func:`~wsfleet.leases.after_poll_pause_s`), and a
+worker under its target that has seen named hints lately keeps its polls short
+(:data:`~wsfleet.leases.EXPECTING_WAIT_S`), each next one looking at the whole queue.
 """
 
 from __future__ import annotations
@@ -17,15 +23,13 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from .. import schema
 from ..aws import SQS_WAIT_SECONDS, Aws
-from ..leases import hint_pause_s
+from ..balance import SHED_ANYONE_AFTER_S
+from ..leases import EXPECTING_WAIT_S, after_poll_pause_s
 from ..logs import JsonLogger
 
 # Idle, four polls cost 0.4 SQS requests/s per worker.
 HINT_POLLERS = 4
 SEND_BATCH = 10  # SendMessageBatch's limit
-# A poll that left a shed connection for the worker it names waits this long before the
-# next, so that the named worker's polls get it (each leaving costs two SQS requests).
-TARGETED_DECLINE_PAUSE_S = 1.0
 
 
 class Intake:
@@ -44,6 +48,8 @@ class Intake:
         batch: Callable[[], int] = lambda: 1,
         ending: Callable[[str], bool] = lambda connection_id: False,
         on_hints: Callable[[], None] = lambda: None,
+        under_target: Callable[[], bool] = lambda: False,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.hints_sent = 0
         self._outbox: list[tuple[str, str, asyncio.Future]] = []
@@ -60,6 +66,16 @@ class Intake:
         self._batch = batch  # hints per poll
         self._ending = ending  # held here but being released (a STOP, a shed)
         self._on_hints = on_hints  # a poll brought hints: connections are moving (the free scan's backoff resets)
+        self._under_target = under_target  # below our exact target (the fleet summary's)
+        self._monotonic = monotonic
+        self._paused_until = float("-inf")  # no poll of ours starts before (we left a peer's handoff)
+        self._named_at = float("-inf")  # when a poll last brought a shed hint naming a worker
+
+    def expecting(self) -> bool:
+        """Whether handoffs named for us may be in the queue now: we are under our target
+        and named shed hints are on the move (a poll of ours saw one lately; after
+        ``SHED_ANYONE_AFTER_S`` anyone takes them)."""
+        return self._monotonic() - self._named_at < SHED_ANYONE_AFTER_S and self._under_target()
 
     async def hint(
         self,
@@ -120,6 +136,9 @@ class Intake:
 
     async def poll_once(self, *, wait_seconds: int = SQS_WAIT_SECONDS) -> int:
         """One long poll for a START hint; returns how many messages it handled."""
+        held = self._paused_until - self._monotonic()
+        if held > 0:
+            await asyncio.sleep(held)  # another poll of ours left a peer's handoff
         room = self._room()
         if room <= 0:
             return 0
@@ -128,19 +147,23 @@ class Intake:
             on_abandoned=self._give_back,
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=max(1, min(room, self._batch())),
-            WaitTimeSeconds=wait_seconds,
+            WaitTimeSeconds=min(wait_seconds, EXPECTING_WAIT_S) if self.expecting() else wait_seconds,
             AttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
         )
         messages = resp.get("Messages", [])
         if messages:
             self._on_hints()
         left = await asyncio.gather(*(self._on_hint(m) for m in messages))
-        if left and all(left) and self._accepting():
-            # We left every hint we got for the workers they name: let their polls find
-            # them instead of ours taking them again.
-            await asyncio.sleep(TARGETED_DECLINE_PAUSE_S)
-        elif messages and self._accepting():
-            await asyncio.sleep(hint_pause_s(self._load()))
+        if self._accepting():
+            pause = after_poll_pause_s(
+                got=len(messages), left_named=sum(left), expecting=self.expecting(), load=self._load()
+            )
+            if any(left):
+                # We left hints for the workers they name: let their polls find them
+                # instead of ours (any of them) taking them again.
+                self._paused_until = max(self._paused_until, self._monotonic() + pause)
+                self._log.info("polls_paused", left=sum(left), of=len(messages), pause_s=pause)
+            await asyncio.sleep(pause)
         return len(messages)
 
     def _give_back(self, resp: dict[str, Any]) -> None:
@@ -170,6 +193,8 @@ class Intake:
         sent_ms = attributes.get("SentTimestamp")
         age_s = max(0.0, time.time() - int(sent_ms) / 1000) if sent_ms else float(receives - 1)
         keep, later, targeted = False, 0, False
+        if shed_to:
+            self._named_at = self._monotonic()
         if connection_id is None:
             self._log.warning("bad_hint", body=message.get("Body", "")[:200])
         elif not self._accepting() or (not self._busy(connection_id) and self._room() <= 0):
