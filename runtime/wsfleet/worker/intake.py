@@ -70,12 +70,21 @@ class Intake:
         self._monotonic = monotonic
         self._paused_until = float("-inf")  # no poll of ours starts before (we left a peer's handoff)
         self._named_at = float("-inf")  # when a poll last brought a shed hint naming a worker
+        self._ours_at = float("-inf")  # ... and one naming a worker that we took (named for us)
+
+    def held_s(self) -> float:
+        """How long before a poll of ours may start (we left a peer's named handoff)."""
+        return max(0.0, self._paused_until - self._monotonic())
 
     def expecting(self) -> bool:
-        """Whether handoffs named for us may be in the queue now: we are under our target
-        and named shed hints are on the move (a poll of ours saw one lately; after
-        ``SHED_ANYONE_AFTER_S`` anyone takes them)."""
-        return self._monotonic() - self._named_at < SHED_ANYONE_AFTER_S and self._under_target()
+        """Whether handoffs named for us may be in the queue now: named shed hints are on
+        the move (a poll of ours saw one lately; after ``SHED_ANYONE_AFTER_S`` anyone
+        takes them) and we are under our target, or we took one lately (a crash's
+        drainer names survivors from a fresher read than our summary)."""
+        now = self._monotonic()
+        if now - self._ours_at < SHED_ANYONE_AFTER_S:
+            return True
+        return now - self._named_at < SHED_ANYONE_AFTER_S and self._under_target()
 
     async def hint(
         self,
@@ -136,7 +145,7 @@ class Intake:
 
     async def poll_once(self, *, wait_seconds: int = SQS_WAIT_SECONDS) -> int:
         """One long poll for a START hint; returns how many messages it handled."""
-        held = self._paused_until - self._monotonic()
+        held = self.held_s()
         if held > 0:
             await asyncio.sleep(held)  # another poll of ours left a peer's handoff
         room = self._room()
@@ -211,6 +220,8 @@ class Intake:
         elif not self._busy(connection_id):
             # A crash's connection named for a survivor by its drainer is an orphan, not a move.
             source = "orphan" if from_session else "rebalance" if shed_by else "hint"
+            if shed_to:
+                self._ours_at = self._monotonic()
             await self._acquire(connection_id, source=source, expected_session=from_session, known=hint.released)
         try:
             if keep:

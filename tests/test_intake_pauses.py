@@ -1,0 +1,126 @@
+"""The hint intake's pauses around shed connections named for another worker (issue 22's
+socket gap in a join): a poll that left one holds back every poll of its worker, and a
+worker under its target that sees named hints keeps its polls short. Against the emulator
+queue, with the real :class:`Intake` and :class:`Aws`; the pause rule itself is pure."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from wsfleet import schema
+from wsfleet.aws import Aws
+from wsfleet.balance import SHED_ANYONE_AFTER_S
+from wsfleet.config import WorkerConfig
+from wsfleet.leases import (
+    EXPECTING_WAIT_S,
+    NAMED_DECLINE_PAUSE_EXPECTING_S,
+    NAMED_DECLINE_PAUSE_S,
+    after_poll_pause_s,
+)
+from wsfleet.logs import JsonLogger
+from wsfleet.worker.intake import Intake
+
+
+def named(connection_id: str, to: str = "other#1") -> str:
+    return json.dumps({schema.HINT_CONNECTION_ID: connection_id, schema.HINT_SHED_BY: "shedder#1", schema.HINT_SHED_TO: to})
+
+
+def intake(aws: Aws, cfg: WorkerConfig, taken: list[str], *, under: bool = False, clock=time.monotonic) -> Intake:
+    async def acquire(connection_id: str, **_) -> None:
+        taken.append(connection_id)
+
+    return Intake(
+        aws=aws,
+        queue_url=cfg.queue_url,
+        log=JsonLogger(),
+        acquire=acquire,
+        room=lambda: 10,
+        load=lambda: 0.0,
+        busy=lambda connection_id: False,
+        accepting=lambda: True,
+        # a named one is its target's (us only if named so), any other ours
+        declines_shed=lambda shed_by, shed_to, age_s, from_session: bool(shed_to) and shed_to != "me#1",
+        batch=lambda: 10,
+        under_target=lambda: under,
+        monotonic=clock,
+    )
+
+
+def test_the_pause_after_a_poll_that_left_a_named_handoff():
+    assert after_poll_pause_s(got=3, left_named=1, expecting=False, load=0.0) == NAMED_DECLINE_PAUSE_S
+    assert after_poll_pause_s(got=3, left_named=1, expecting=True, load=0.0) == NAMED_DECLINE_PAUSE_EXPECTING_S
+    assert after_poll_pause_s(got=0, left_named=0, expecting=False, load=1.0) == 0.0
+    assert 0 <= after_poll_pause_s(got=2, left_named=0, expecting=False, load=1.0) <= 0.5  # took them: the load's
+    assert NAMED_DECLINE_PAUSE_EXPECTING_S < NAMED_DECLINE_PAUSE_S <= 1.0  # a START elsewhere waits at most ~1 s
+
+
+def test_a_poll_that_left_a_named_handoff_holds_back_every_poll_of_its_worker(aws_env, sqs):
+    """Regression: only the poll that left it paused (and only when it left everything it
+    got), so the worker's other polls took the handoff again at once, in batches of ten,
+    for ~1.3 s before its named worker's poll got it."""
+    cfg = WorkerConfig.from_env(aws_env)
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("n1"))
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=json.dumps({schema.HINT_CONNECTION_ID: "s1"}))
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        taken: list[str] = []
+        me = intake(aws, cfg, taken)
+        try:
+            first = asyncio.create_task(me.poll_once(wait_seconds=1))
+            deadline = time.monotonic() + 10
+            while me.held_s() <= 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert taken == ["s1"] and me.held_s() > 0
+            # The first poll took the START, left n1 for other#1 and is pausing. Another
+            # poller of ours starting now must not receive until the pause ends.
+            began = time.monotonic()
+            second = asyncio.create_task(me.poll_once(wait_seconds=0))
+            # meanwhile the named worker's poll finds it visible again at once
+            got = await asyncio.to_thread(sqs.receive_message, QueueUrl=cfg.queue_url, WaitTimeSeconds=1)
+            assert [json.loads(m["Body"])[schema.HINT_CONNECTION_ID] for m in got.get("Messages", [])] == ["n1"]
+            assert aws.requests["sqs.ReceiveMessage"] == 1  # our second poll has not polled yet
+            await asyncio.wait_for(asyncio.gather(first, second), timeout=10)
+            assert time.monotonic() - began >= NAMED_DECLINE_PAUSE_S * 0.8
+            assert aws.requests["sqs.ReceiveMessage"] == 2 and taken == ["s1"]
+        finally:
+            aws.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_under_target_that_saw_named_hints_keeps_its_polls_short(aws_env, sqs):
+    """Regression: a worker waiting for handoffs named for it long-polled 10 s; a handoff
+    a peer's poll took and left again was found only when a wait ended (the emulator
+    wakes waiting polls on a send, not on a message made visible again)."""
+    cfg = WorkerConfig.from_env(aws_env)
+    now = [1000.0]
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        taken: list[str] = []
+        me = intake(aws, cfg, taken, under=True, clock=lambda: now[0])
+        other = intake(aws, cfg, taken, under=False, clock=lambda: now[0])
+        try:
+            assert not me.expecting()  # no named hint seen: a plain long poll
+            sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("n1", to="me#1"))
+            assert await me.poll_once(wait_seconds=1) == 1 and taken == ["n1"]
+            assert me.expecting() and not other.expecting()  # other: not under its target
+            began = time.monotonic()
+            assert await asyncio.wait_for(me.poll_once(wait_seconds=20), timeout=EXPECTING_WAIT_S + 4) == 0
+            assert time.monotonic() - began < EXPECTING_WAIT_S + 4
+            now[0] += SHED_ANYONE_AFTER_S  # named hints are anyone's after this: nothing to expect
+            assert not me.expecting()
+            # Not under target by our summary, but we took one named hint (a crash's drainer
+            # names survivors from a fresher read): more may be named for us.
+            sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("n2", to="me#1"))
+            assert await other.poll_once(wait_seconds=1) == 1 and taken == ["n1", "n2"]
+            assert other.expecting()
+            now[0] += SHED_ANYONE_AFTER_S
+            assert not other.expecting()
+        finally:
+            aws.close()
+
+    asyncio.run(scenario())
