@@ -124,3 +124,34 @@ def test_a_worker_under_target_that_saw_named_hints_keeps_its_polls_short(aws_en
             aws.close()
 
     asyncio.run(scenario())
+
+
+def test_a_handoff_named_for_a_worker_already_at_its_target_is_hinted_again_for_anyone(aws_env, sqs):
+    """Regression: a shedder planning from an older summary named a worker that had
+    filled up meanwhile; it left the handoff, and so did every peer (named for another)
+    for SHED_TARGET_WAIT_S, before one under its share took it: a 2.4 s socket gap."""
+    cfg = WorkerConfig.from_env(aws_env)
+    released = {schema.FENCE_TOKEN: 3, schema.WS_URL: "ws://u/n1", schema.LAST_SEQ: 7, schema.LEASE_SESSION: "shedder#1"}
+    body = json.loads(named("n1", to="me#1"))
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=json.dumps({**body, schema.HINT_RELEASED: released}))
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        taken: list[str] = []
+        full = Intake(
+            aws=aws, queue_url=cfg.queue_url, log=JsonLogger(), acquire=lambda *a, **k: taken.append(a), room=lambda: 10,
+            load=lambda: 0.0, busy=lambda connection_id: False, accepting=lambda: True,
+            declines_shed=lambda shed_by, shed_to, age_s, from_session: True,  # at our target: we leave every shed one
+            me=lambda: "me#1",
+        )
+        try:
+            assert await full.poll_once(wait_seconds=1) == 1 and not taken
+            assert full.held_s() == 0  # nothing left named for a peer: no pause
+        finally:
+            aws.close()
+
+    asyncio.run(scenario())
+    got = sqs.receive_message(QueueUrl=cfg.queue_url, WaitTimeSeconds=1, MaxNumberOfMessages=10).get("Messages", [])
+    assert [json.loads(m["Body"]) for m in got] == [
+        {schema.HINT_CONNECTION_ID: "n1", schema.HINT_SHED_BY: "shedder#1", schema.HINT_RELEASED: released}
+    ]  # the named one gone, the same handoff hinted for anyone under its share

@@ -49,6 +49,7 @@ class Intake:
         ending: Callable[[str], bool] = lambda connection_id: False,
         on_hints: Callable[[], None] = lambda: None,
         under_target: Callable[[], bool] = lambda: False,
+        me: Callable[[], str] = lambda: "",
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.hints_sent = 0
@@ -67,6 +68,7 @@ class Intake:
         self._ending = ending  # held here but being released (a STOP, a shed)
         self._on_hints = on_hints  # a poll brought hints: connections are moving (the free scan's backoff resets)
         self._under_target = under_target  # below our exact target (the fleet summary's)
+        self._me = me  # our session id
         self._monotonic = monotonic
         self._paused_until = float("-inf")  # no poll of ours starts before (we left a peer's handoff)
         self._named_at = float("-inf")  # when a poll last brought a shed hint naming a worker
@@ -94,14 +96,14 @@ class Intake:
         shed_to: str = "",
         from_session: str = "",
         released: Mapping[str, Any] | None = None,
-    ) -> None:
+    ) -> bool:
         """Tell peers a connection is free to take now, so one takes it at once instead
         of at its next scan; ``shed_by`` marks one shed to rebalance, ``from_session``
         one still attached to that ENDED session (the taker's acquire is conditional on
         it), ``released`` the state a clean release left it in (see
         :func:`schema.released_state`). Hints asked for in the same turn of the event
         loop leave together, ten to a SendMessageBatch (a drain hints dozens at once).
-        Returns once sent or given up."""
+        Returns once sent (True) or given up (False)."""
         body: dict[str, Any] = {schema.HINT_CONNECTION_ID: connection_id}
         if shed_by:
             body[schema.HINT_SHED_BY] = shed_by
@@ -115,7 +117,7 @@ class Intake:
         self._outbox.append((json.dumps(body), connection_id, done))
         if len(self._outbox) == 1:
             asyncio.get_running_loop().call_soon(self._send_outbox)
-        await done
+        return await done
 
     def _send_outbox(self) -> None:
         batch, self._outbox = self._outbox, []
@@ -141,7 +143,7 @@ class Intake:
             else:
                 self.hints_sent += 1
             if not done.done():
-                done.set_result(None)
+                done.set_result(str(n) not in failed)
 
     async def poll_once(self, *, wait_seconds: int = SQS_WAIT_SECONDS) -> int:
         """One long poll for a START hint; returns how many messages it handled."""
@@ -217,6 +219,15 @@ class Intake:
             keep, targeted = True, bool(shed_to)
             later = 0 if targeted else 1
             self._log.info("shed_hint_left", connection_id=connection_id, shed_to=shed_to, age_s=round(age_s, 2))
+            if shed_to and shed_to == self._me():
+                # Named for us, but we are at our target already (its shedder planned from
+                # an older summary): hinted again for nobody in particular, a worker under
+                # its share takes it now, instead of after every peer has left it for us
+                # SHED_TARGET_WAIT_S. This one goes only once that hint is sent.
+                keep = not await self.hint(
+                    connection_id, shed_by=shed_by, from_session=from_session, released=_released(message)
+                )
+                targeted = keep
         elif not self._busy(connection_id):
             # A crash's connection named for a survivor by its drainer is an orphan, not a move.
             source = "orphan" if from_session else "rebalance" if shed_by else "hint"
@@ -239,6 +250,12 @@ class Intake:
         except Exception as exc:  # noqa: BLE001 - it comes back after its visibility timeout
             self._log.warning("hint_ack_failed", error=str(exc))
         return targeted
+
+
+def _released(message: dict[str, Any]) -> dict | None:
+    """The state a hint's body carries, as sent (a well-formed body: see :func:`parse_hint`)."""
+    released = json.loads(message["Body"]).get(schema.HINT_RELEASED)
+    return released if isinstance(released, dict) else None
 
 
 @dataclass(frozen=True)

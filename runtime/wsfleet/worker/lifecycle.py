@@ -162,6 +162,7 @@ class Worker:
             declines_shed=self._declines_shed,
             ending=lambda cid: cid in self.runners and self.runners[cid].end_reason is not None,
             on_hints=lambda: self.takeover.note_work(),
+            me=lambda: self.keeper.session_id,
             under_target=lambda: under_target(
                 active=len(self.runners) + len(self._acquiring),
                 max_connections=self.config.max_connections,
