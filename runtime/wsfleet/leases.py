@@ -294,11 +294,6 @@ NAMED_DECLINE_PAUSE_S = 1.0
 # ... this long only when this worker is itself waiting for connections named for it:
 # its own may be in the queue too.
 NAMED_DECLINE_PAUSE_EXPECTING_S = 0.3
-# While named handoffs are on the move and this worker is under its target, its long
-# polls wait at most this long: each one ends, and the next looks at the whole queue
-# again, so a handoff that a peer's poll took and left is found within a second (an
-# SQS request a second per poll, for a few seconds after each named hint it sees).
-EXPECTING_WAIT_S = 1
 
 
 def after_poll_pause_s(

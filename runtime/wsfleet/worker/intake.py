@@ -8,9 +8,9 @@ little before its next poll.
 
 A shed connection named for another worker is left for it (visible again at once). The
 queue is shared, so what gets it there fast is the others holding back: a worker whose
-poll left one pauses all its polls (:func:`~wsfleet.leases.after_poll_pause_s`), and a
-worker under its target that has seen named hints lately keeps its polls short
-(:data:`~wsfleet.leases.EXPECTING_WAIT_S`), each next one looking at the whole queue.
+poll left one pauses all its polls (:func:`~wsfleet.leases.after_poll_pause_s`): for a
+second, or for less when it may be the named worker of other handoffs itself
+(:meth:`Intake.expecting`), so that it does not sit out its own.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from .. import schema
 from ..aws import SQS_WAIT_SECONDS, Aws
 from ..balance import SHED_ANYONE_AFTER_S
-from ..leases import EXPECTING_WAIT_S, after_poll_pause_s
+from ..leases import after_poll_pause_s
 from ..logs import JsonLogger
 
 # Idle, four polls cost 0.4 SQS requests/s per worker.
@@ -158,7 +158,7 @@ class Intake:
             on_abandoned=self._give_back,
             QueueUrl=self._queue_url,
             MaxNumberOfMessages=max(1, min(room, self._batch())),
-            WaitTimeSeconds=min(wait_seconds, EXPECTING_WAIT_S) if self.expecting() else wait_seconds,
+            WaitTimeSeconds=wait_seconds,
             AttributeNames=["ApproximateReceiveCount", "SentTimestamp"],
         )
         messages = resp.get("Messages", [])
