@@ -228,6 +228,7 @@ class Intake:
                     connection_id, shed_by=shed_by, from_session=from_session, released=_released(message)
                 )
                 targeted = keep
+                self._log.info("shed_hint_passed_on", connection_id=connection_id, sent=not keep)
         elif not self._busy(connection_id):
             # A crash's connection named for a survivor by its drainer is an orphan, not a move.
             source = "orphan" if from_session else "rebalance" if shed_by else "hint"
