@@ -1,4 +1,4 @@
-"""``python -m bench [failover|cost|capacity|ingestion|faults|rebalance|pauses|readapi|largeframes|sinks|all] [--quick] [--kinds-only] [--tracing-only] [--out DIR]``
+"""``python -m bench [failover|cost|capacity|ingestion|faults|rebalance|pauses|readapi|largeframes|sinks|all] [--quick] [--kinds-only] [--tracing-only] [--join4-only] [--out DIR]``
 
 Runs the chosen benchmarks one after another (each with processes of its own), prints
 each one's markdown table with the command that produced it, and writes the raw
@@ -42,6 +42,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="ingestion: only the rows that compare upstream kinds (the 100 x 2/s row, default and authenticated + subscribe)")
     p.add_argument("--tracing-only", action="store_true",
                    help="ingestion: only the rows that compare TRACING=otel with off (the 100 x 2/s row, untraced and traced)")
+    p.add_argument("--join4-only", action="store_true",
+                   help="rebalance: only the join of 4 workers into 4 (no join of 1, steady window or crash)")
     p.add_argument("--out", default=".bench", help="where raw results and the report go [.bench]")
     return p.parse_args(argv)
 
@@ -68,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         began = time.monotonic()
         try:
             extra = {"kinds_only": args.kinds_only, "tracing_only": args.tracing_only} if name == "ingestion" else {}
+            if name == "rebalance":
+                extra = {"join4_only": args.join4_only}
             result = BENCHMARKS[name](quick=args.quick, run_dir=run_dir, command=command, **extra)
         except Exception as exc:  # noqa: BLE001 - one failed benchmark must not hide the others
             print(f"### {name}: FAILED: {type(exc).__name__}: {exc}\n", flush=True)

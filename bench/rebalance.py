@@ -40,11 +40,13 @@ TARGET_BALANCE_S = 30.0  # the issue's: a worker joining 4 holding 100 reaches f
 TARGET_GAP_P99_S = 1.0
 
 
-def settings_for(quick: bool) -> dict[str, Any]:
+def settings_for(quick: bool, join4_only: bool = False) -> dict[str, Any]:
+    """``join4_only``: only the join of 4 into 4 (the gap figure's hardest case), no crash."""
     return {
         "workers": 2 if quick else 4,
         "connections": 6 if quick else 100,
-        "joins": [1] if quick else [1, 4],
+        "joins": [4] if join4_only else [1] if quick else [1, 4],
+        "crash": not join4_only,
         "rate_per_connection": 1.0,
         "hold_s": 0.0 if quick else MIN_HOLD_S,  # after placement, before the join
         "balance_timeout_s": 8.0 if quick else 120.0,
@@ -298,8 +300,8 @@ class Crash(Join):
         }
 
 
-def run(*, quick: bool, run_dir: Path, command: str) -> Result:
-    p = settings_for(quick)
+def run(*, quick: bool, run_dir: Path, command: str, join4_only: bool = False) -> Result:
+    p = settings_for(quick, join4_only)
     timing = Timing(**p["timing"])
     results = []
     with EmulatorProcess(run_dir / "rebalance-emulator.log") as emulator:
@@ -309,11 +311,13 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
                 sample_interval=p["sample_interval_s"],
             ) as fleet:
                 results.append(Join(fleet, p, n).run())
-        with Fleet(
-            run_dir=run_dir / "rebalance-crash", timing=timing, rate=p["rate_per_connection"], emulator=emulator,
-            sample_interval=p["sample_interval_s"],
-        ) as fleet:
-            crash = Crash(fleet, p, 0).run()
+        crash = None
+        if p["crash"]:
+            with Fleet(
+                run_dir=run_dir / "rebalance-crash", timing=timing, rate=p["rate_per_connection"], emulator=emulator,
+                sample_interval=p["sample_interval_s"],
+            ) as fleet:
+                crash = Crash(fleet, p, 0).run()
     return _result(p, results, command, quick, crash)
 
 

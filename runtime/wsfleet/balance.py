@@ -367,6 +367,11 @@ def declines_shed_hint(
     return active >= fleet.target(me, max_connections)
 
 
+def under_target(*, active: int, max_connections: int, fleet: FleetLoad | None, me: str = "") -> bool:
+    """Below this worker's exact target by the summary: shed connections may be named for it."""
+    return fleet is not None and active < fleet.target(me, max_connections)
+
+
 def hints_per_poll(*, active: int, max_connections: int, room: int, fleet: FleetLoad | None, me: str = "") -> int:
     """How many hints one poll asks for: as many as this worker is under its fair share
     (up to ten, SQS's most, and never past its room), else one. A replacement or a

@@ -5,6 +5,12 @@ keeps ``HINT_POLLERS`` one-message long polls open, so a burst of STARTs is take
 parallel and a leaving worker's hints spread over every waiting poll in the fleet
 instead of all landing in whichever poll returned first; a busier worker pauses a
 little before its next poll.
+
+A shed connection named for another worker is left for it (visible again at once). The
+queue is shared, so what gets it there fast is the others holding back: a worker whose
+poll left one pauses all its polls (:func:`~wsfleet.leases.after_poll_pause_s`): for a
+second, or for less when it may be the named worker of other handoffs itself
+(:meth:`Intake.expecting`), so that it does not sit out its own.
 """
 
 from __future__ import annotations
@@ -17,15 +23,13 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from .. import schema, tracing
 from ..aws import SQS_WAIT_SECONDS, Aws
-from ..leases import hint_pause_s
+from ..balance import SHED_ANYONE_AFTER_S
+from ..leases import after_poll_pause_s
 from ..logs import JsonLogger
 
 # Idle, four polls cost 0.4 SQS requests/s per worker.
 HINT_POLLERS = 4
 SEND_BATCH = 10  # SendMessageBatch's limit
-# A poll that left a shed connection for the worker it names waits this long before the
-# next, so that the named worker's polls get it (each leaving costs two SQS requests).
-TARGETED_DECLINE_PAUSE_S = 1.0
 
 
 class Intake:
@@ -44,6 +48,9 @@ class Intake:
         batch: Callable[[], int] = lambda: 1,
         ending: Callable[[str], bool] = lambda connection_id: False,
         on_hints: Callable[[], None] = lambda: None,
+        under_target: Callable[[], bool] = lambda: False,
+        me: Callable[[], str] = lambda: "",
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.hints_sent = 0
         self._outbox: list[tuple[dict, str, asyncio.Future]] = []
@@ -60,6 +67,26 @@ class Intake:
         self._batch = batch  # hints per poll
         self._ending = ending  # held here but being released (a STOP, a shed)
         self._on_hints = on_hints  # a poll brought hints: connections are moving (the free scan's backoff resets)
+        self._under_target = under_target  # below our exact target (the fleet summary's)
+        self._me = me  # our session id
+        self._monotonic = monotonic
+        self._paused_until = float("-inf")  # no poll of ours starts before (we left a peer's handoff)
+        self._named_at = float("-inf")  # when a poll last brought a shed hint naming a worker
+        self._ours_at = float("-inf")  # ... and one naming a worker that we took (named for us)
+
+    def held_s(self) -> float:
+        """How long before a poll of ours may start (we left a peer's named handoff)."""
+        return max(0.0, self._paused_until - self._monotonic())
+
+    def expecting(self) -> bool:
+        """Whether handoffs named for us may be in the queue now: named shed hints are on
+        the move (a poll of ours saw one lately; after ``SHED_ANYONE_AFTER_S`` anyone
+        takes them) and we are under our target, or we took one lately (a crash's
+        drainer names survivors from a fresher read than our summary)."""
+        now = self._monotonic()
+        if now - self._ours_at < SHED_ANYONE_AFTER_S:
+            return True
+        return now - self._named_at < SHED_ANYONE_AFTER_S and self._under_target()
 
     async def hint(
         self,
@@ -70,7 +97,7 @@ class Intake:
         from_session: str = "",
         released: Mapping[str, Any] | None = None,
         trace: str | None = None,
-    ) -> None:
+    ) -> bool:
         """Tell peers a connection is free to take now, so one takes it at once instead
         of at its next scan; ``shed_by`` marks one shed to rebalance, ``from_session``
         one still attached to that ENDED session (the taker's acquire is conditional on
@@ -79,7 +106,7 @@ class Intake:
         the one of the span current here, as its ``AWSTraceHeader``: the taker's acquire
         continues that trace. Hints asked for in the same turn of the event loop leave
         together, ten to a SendMessageBatch (a drain hints dozens at once). Returns once
-        sent or given up."""
+        sent (True) or given up (False)."""
         body: dict[str, Any] = {schema.HINT_CONNECTION_ID: connection_id}
         if shed_by:
             body[schema.HINT_SHED_BY] = shed_by
@@ -94,7 +121,7 @@ class Intake:
         self._outbox.append((entry, connection_id, done))
         if len(self._outbox) == 1:
             asyncio.get_running_loop().call_soon(self._send_outbox)
-        await done
+        return await done
 
     def _send_outbox(self) -> None:
         batch, self._outbox = self._outbox, []
@@ -120,10 +147,13 @@ class Intake:
             else:
                 self.hints_sent += 1
             if not done.done():
-                done.set_result(None)
+                done.set_result(str(n) not in failed)
 
     async def poll_once(self, *, wait_seconds: int = SQS_WAIT_SECONDS) -> int:
         """One long poll for a START hint; returns how many messages it handled."""
+        held = self.held_s()
+        if held > 0:
+            await asyncio.sleep(held)  # another poll of ours left a peer's handoff
         room = self._room()
         if room <= 0:
             return 0
@@ -139,12 +169,16 @@ class Intake:
         if messages:
             self._on_hints()
         left = await asyncio.gather(*(self._on_hint(m) for m in messages))
-        if left and all(left) and self._accepting():
-            # We left every hint we got for the workers they name: let their polls find
-            # them instead of ours taking them again.
-            await asyncio.sleep(TARGETED_DECLINE_PAUSE_S)
-        elif messages and self._accepting():
-            await asyncio.sleep(hint_pause_s(self._load()))
+        if self._accepting():
+            pause = after_poll_pause_s(
+                got=len(messages), left_named=sum(left), expecting=self.expecting(), load=self._load()
+            )
+            if any(left):
+                # We left hints for the workers they name: let their polls find them
+                # instead of ours (any of them) taking them again.
+                self._paused_until = max(self._paused_until, self._monotonic() + pause)
+                self._log.info("polls_paused", left=sum(left), of=len(messages), pause_s=pause)
+            await asyncio.sleep(pause)
         return len(messages)
 
     def _give_back(self, resp: dict[str, Any]) -> None:
@@ -174,6 +208,8 @@ class Intake:
         sent_ms = attributes.get("SentTimestamp")
         age_s = max(0.0, time.time() - int(sent_ms) / 1000) if sent_ms else float(receives - 1)
         keep, later, targeted = False, 0, False
+        if shed_to:
+            self._named_at = self._monotonic()
         if connection_id is None:
             self._log.warning("bad_hint", body=message.get("Body", "")[:200])
         elif not self._accepting() or (not self._busy(connection_id) and self._room() <= 0):
@@ -187,10 +223,26 @@ class Intake:
             keep, targeted = True, bool(shed_to)
             later = 0 if targeted else 1
             self._log.info("shed_hint_left", connection_id=connection_id, shed_to=shed_to, age_s=round(age_s, 2))
+            if shed_to and shed_to == self._me():
+                # Named for us, but we are at our target already (its shedder planned from
+                # an older summary): hinted again for nobody in particular, a worker under
+                # its share takes it now, instead of after every peer has left it for us
+                # SHED_TARGET_WAIT_S. This one goes only once that hint is sent.
+                keep = not await self.hint(
+                    connection_id,
+                    shed_by=shed_by,
+                    from_session=from_session,
+                    released=_released(message),
+                    trace=tracing.valid_header(attributes.get(schema.HINT_TRACE_HEADER), where="hint"),
+                )
+                targeted = keep
+                self._log.info("shed_hint_passed_on", connection_id=connection_id, sent=not keep)
         elif not self._busy(connection_id):
             # A crash's connection named for a survivor by its drainer is an orphan, not a move.
             source = "orphan" if from_session else "rebalance" if shed_by else "hint"
             trace = tracing.valid_header(attributes.get(schema.HINT_TRACE_HEADER), where="hint")
+            if shed_to:
+                self._ours_at = self._monotonic()
             await self._acquire(
                 connection_id, source=source, expected_session=from_session, known=hint.released, trace_parent=trace
             )
@@ -210,6 +262,12 @@ class Intake:
         except Exception as exc:  # noqa: BLE001 - it comes back after its visibility timeout
             self._log.warning("hint_ack_failed", error=str(exc))
         return targeted
+
+
+def _released(message: dict[str, Any]) -> dict | None:
+    """The state a hint's body carries, as sent (a well-formed body: see :func:`parse_hint`)."""
+    released = json.loads(message["Body"]).get(schema.HINT_RELEASED)
+    return released if isinstance(released, dict) else None
 
 
 @dataclass(frozen=True)

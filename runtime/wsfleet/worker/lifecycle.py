@@ -27,7 +27,7 @@ from .. import metrics_names as names
 from .. import schema, tracing
 from ..aws import Aws
 from ..config import WorkerConfig
-from ..balance import declines_shed_hint, hints_per_poll, is_summarizer
+from ..balance import declines_shed_hint, hints_per_poll, is_summarizer, under_target
 from ..leases import SessionTiming, reconcile_pause_s
 from ..logs import JsonLogger
 from ..metrics import Counters, metric_data
@@ -162,6 +162,13 @@ class Worker:
             declines_shed=self._declines_shed,
             ending=lambda cid: cid in self.runners and self.runners[cid].end_reason is not None,
             on_hints=lambda: self.takeover.note_work(),
+            me=lambda: self.keeper.session_id,
+            under_target=lambda: under_target(
+                active=len(self.runners) + len(self._acquiring),
+                max_connections=self.config.max_connections,
+                fleet=self.balancer.fresh_fleet(),
+                me=self.keeper.session_id,
+            ),
             batch=lambda: hints_per_poll(
                 active=len(self.runners) + len(self._acquiring),
                 max_connections=self.config.max_connections,

@@ -1,0 +1,161 @@
+"""The hint intake's pauses around shed connections named for another worker (issue 22's
+socket gap in a join): a poll that left one holds back every poll of its worker, less
+when the worker may be named itself, and one named for a worker already at its target is
+hinted again for anyone. Against the emulator
+queue, with the real :class:`Intake` and :class:`Aws`; the pause rule itself is pure."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from wsfleet import schema
+from wsfleet.aws import Aws
+from wsfleet.balance import SHED_ANYONE_AFTER_S
+from wsfleet.config import WorkerConfig
+from wsfleet.leases import (
+    NAMED_DECLINE_PAUSE_EXPECTING_S,
+    NAMED_DECLINE_PAUSE_S,
+    after_poll_pause_s,
+)
+from wsfleet.logs import JsonLogger
+from wsfleet.worker.intake import Intake
+
+
+def named(connection_id: str, to: str = "other#1") -> str:
+    return json.dumps({schema.HINT_CONNECTION_ID: connection_id, schema.HINT_SHED_BY: "shedder#1", schema.HINT_SHED_TO: to})
+
+
+def intake(aws: Aws, cfg: WorkerConfig, taken: list[str], *, under: bool = False, clock=time.monotonic) -> Intake:
+    async def acquire(connection_id: str, **_) -> None:
+        taken.append(connection_id)
+
+    return Intake(
+        aws=aws,
+        queue_url=cfg.queue_url,
+        log=JsonLogger(),
+        acquire=acquire,
+        room=lambda: 10,
+        load=lambda: 0.0,
+        busy=lambda connection_id: False,
+        accepting=lambda: True,
+        # a named one is its target's (us only if named so), any other ours
+        declines_shed=lambda shed_by, shed_to, age_s, from_session: bool(shed_to) and shed_to != "me#1",
+        batch=lambda: 10,
+        under_target=lambda: under,
+        monotonic=clock,
+    )
+
+
+def test_the_pause_after_a_poll_that_left_a_named_handoff():
+    assert after_poll_pause_s(got=3, left_named=1, expecting=False, load=0.0) == NAMED_DECLINE_PAUSE_S
+    assert after_poll_pause_s(got=3, left_named=1, expecting=True, load=0.0) == NAMED_DECLINE_PAUSE_EXPECTING_S
+    assert after_poll_pause_s(got=0, left_named=0, expecting=False, load=1.0) == 0.0
+    assert 0 <= after_poll_pause_s(got=2, left_named=0, expecting=False, load=1.0) <= 0.5  # took them: the load's
+    assert NAMED_DECLINE_PAUSE_EXPECTING_S < NAMED_DECLINE_PAUSE_S <= 1.0  # a START elsewhere waits at most ~1 s
+
+
+def test_a_poll_that_left_a_named_handoff_holds_back_every_poll_of_its_worker(aws_env, sqs):
+    """Regression: only the poll that left it paused (and only when it left everything it
+    got), so the worker's other polls took the handoff again at once, in batches of ten,
+    for ~1.3 s before its named worker's poll got it."""
+    cfg = WorkerConfig.from_env(aws_env)
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("n1"))
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=json.dumps({schema.HINT_CONNECTION_ID: "s1"}))
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        taken: list[str] = []
+        me = intake(aws, cfg, taken)
+        try:
+            first = asyncio.create_task(me.poll_once(wait_seconds=1))
+            deadline = time.monotonic() + 10
+            while me.held_s() <= 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert taken == ["s1"] and me.held_s() > 0
+            # The first poll took the START, left n1 for other#1 and is pausing. Another
+            # poller of ours starting now must not receive until the pause ends.
+            began = time.monotonic()
+            second = asyncio.create_task(me.poll_once(wait_seconds=0))
+            # meanwhile the named worker's poll finds it visible again at once
+            got = await asyncio.to_thread(sqs.receive_message, QueueUrl=cfg.queue_url, WaitTimeSeconds=1)
+            assert [json.loads(m["Body"])[schema.HINT_CONNECTION_ID] for m in got.get("Messages", [])] == ["n1"]
+            assert aws.requests["sqs.ReceiveMessage"] == 1  # our second poll has not polled yet
+            await asyncio.wait_for(asyncio.gather(first, second), timeout=10)
+            assert time.monotonic() - began >= NAMED_DECLINE_PAUSE_S * 0.8
+            assert aws.requests["sqs.ReceiveMessage"] == 2 and taken == ["s1"]
+        finally:
+            aws.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_that_may_be_named_itself_holds_its_polls_back_less(aws_env, sqs):
+    """Regression: every poll that left a peer's handoff sat out a whole second, the
+    named workers' own polls included: in a join of 4, each new worker left the others'
+    handoffs and sat out its own, and one shedder's 12 waited ~1 s for their target."""
+    cfg = WorkerConfig.from_env(aws_env)
+    now = [1000.0]
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        taken: list[str] = []
+        under = intake(aws, cfg, taken, under=True, clock=lambda: now[0])
+        at_target = intake(aws, cfg, taken, under=False, clock=lambda: now[0])
+        try:
+            assert not under.expecting()  # no named hint seen: nothing on the move for us
+            sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("n1", to="other#1"))
+            assert await under.poll_once(wait_seconds=1) == 1 and not taken
+            assert under.expecting() and under.held_s() == pytest.approx(NAMED_DECLINE_PAUSE_EXPECTING_S)
+            sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("n2", to="other#1"))
+            got = await at_target.poll_once(wait_seconds=1)
+            assert got >= 1 and not taken and not at_target.expecting()  # not under its target
+            assert at_target.held_s() == pytest.approx(NAMED_DECLINE_PAUSE_S)
+            now[0] += SHED_ANYONE_AFTER_S  # named hints are anyone's after this: nothing to expect
+            assert not under.expecting()
+            # Not under target by our summary, but we took one named for us (a crash's
+            # drainer names survivors from a fresher read): more may be named for us.
+            sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("n3", to="me#1"))
+            while "n3" not in taken:
+                await at_target.poll_once(wait_seconds=1)
+            assert at_target.expecting()
+            now[0] += SHED_ANYONE_AFTER_S
+            assert not at_target.expecting()
+        finally:
+            aws.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_handoff_named_for_a_worker_already_at_its_target_is_hinted_again_for_anyone(aws_env, sqs):
+    """Regression: a shedder planning from an older summary named a worker that had
+    filled up meanwhile; it left the handoff, and so did every peer (named for another)
+    for SHED_TARGET_WAIT_S, before one under its share took it: a 2.4 s socket gap."""
+    cfg = WorkerConfig.from_env(aws_env)
+    released = {schema.FENCE_TOKEN: 3, schema.WS_URL: "ws://u/n1", schema.LAST_SEQ: 7, schema.LEASE_SESSION: "shedder#1"}
+    body = json.loads(named("n1", to="me#1"))
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=json.dumps({**body, schema.HINT_RELEASED: released}))
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        taken: list[str] = []
+        full = Intake(
+            aws=aws, queue_url=cfg.queue_url, log=JsonLogger(), acquire=lambda *a, **k: taken.append(a), room=lambda: 10,
+            load=lambda: 0.0, busy=lambda connection_id: False, accepting=lambda: True,
+            declines_shed=lambda shed_by, shed_to, age_s, from_session: True,  # at our target: we leave every shed one
+            me=lambda: "me#1",
+        )
+        try:
+            assert await full.poll_once(wait_seconds=1) == 1 and not taken
+            assert full.held_s() == 0  # nothing left named for a peer: no pause
+        finally:
+            aws.close()
+
+    asyncio.run(scenario())
+    got = sqs.receive_message(QueueUrl=cfg.queue_url, WaitTimeSeconds=1, MaxNumberOfMessages=10).get("Messages", [])
+    assert [json.loads(m["Body"]) for m in got] == [
+        {schema.HINT_CONNECTION_ID: "n1", schema.HINT_SHED_BY: "shedder#1", schema.HINT_RELEASED: released}
+    ]  # the named one gone, the same handoff hinted for anyone under its share
