@@ -159,3 +159,29 @@ def test_a_handoff_named_for_a_worker_already_at_its_target_is_hinted_again_for_
     assert [json.loads(m["Body"]) for m in got] == [
         {schema.HINT_CONNECTION_ID: "n1", schema.HINT_SHED_BY: "shedder#1", schema.HINT_RELEASED: released}
     ]  # the named one gone, the same handoff hinted for anyone under its share
+
+
+def test_a_held_poll_waits_out_a_hold_back_lengthened_while_it_waited(aws_env, sqs):
+    """Regression: a poll that started while held slept once, for the hold as it stood
+    then, and polled when that ended although another poll of ours (one in flight when
+    the hold began) had left a peer's handoff meanwhile and held the worker longer."""
+    cfg = WorkerConfig.from_env(aws_env)
+    now = [1000.0]
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        me = intake(aws, cfg, [], clock=lambda: now[0])
+        try:
+            me._paused_until = now[0] + 0.2  # a poll of ours left a peer's handoff
+            held = asyncio.create_task(me.poll_once(wait_seconds=0))
+            await asyncio.sleep(0.05)
+            me._paused_until = now[0] + 1.0  # ... and another, still in flight then
+            await asyncio.sleep(0.6)  # past the first hold's end, well before the second's
+            assert aws.requests["sqs.ReceiveMessage"] == 0 and not held.done()
+            now[0] += 1.0  # the second hold is over
+            assert await asyncio.wait_for(held, timeout=10) == 0
+            assert aws.requests["sqs.ReceiveMessage"] == 1
+        finally:
+            aws.close()
+
+    asyncio.run(scenario())

@@ -151,9 +151,11 @@ class Intake:
 
     async def poll_once(self, *, wait_seconds: int = SQS_WAIT_SECONDS) -> int:
         """One long poll for a START hint; returns how many messages it handled."""
-        held = self.held_s()
-        if held > 0:
-            await asyncio.sleep(held)  # another poll of ours left a peer's handoff
+        # Another poll of ours left a peer's handoff. Waited out until none holds us: a
+        # poll of ours still in flight may leave another, and hold us back longer, while
+        # we wait.
+        while (held := self.held_s()) > 0:
+            await asyncio.sleep(held)
         room = self._room()
         if room <= 0:
             return 0
