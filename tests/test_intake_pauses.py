@@ -185,3 +185,34 @@ def test_a_held_poll_waits_out_a_hold_back_lengthened_while_it_waited(aws_env, s
             aws.close()
 
     asyncio.run(scenario())
+
+
+def test_a_poll_held_back_when_the_worker_stops_does_not_poll(aws_env, sqs):
+    """Regression: a poll held back when SIGTERM came polled once its hold ended (a long
+    poll begun after the stop), taking the leaving worker's own handoff hints, which a
+    poll in flight when the process exits leaves invisible for the visibility timeout."""
+    cfg = WorkerConfig.from_env(aws_env)
+    accepting = [True]
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        me = Intake(
+            aws=aws, queue_url=cfg.queue_url, log=JsonLogger(), acquire=lambda cid, **_: _took([], cid),
+            room=lambda: 10, load=lambda: 0.0, busy=lambda connection_id: False, accepting=lambda: accepting[0],
+        )
+        try:
+            me._paused_until = time.monotonic() + 0.2  # a poll of ours left a peer's handoff
+            held = asyncio.create_task(me.poll_once(wait_seconds=1))
+            await asyncio.sleep(0.05)
+            accepting[0] = False  # SIGTERM
+            assert await asyncio.wait_for(held, timeout=10) == 0
+            assert aws.requests["sqs.ReceiveMessage"] == 0
+        finally:
+            aws.close()
+
+    asyncio.run(scenario())
+
+
+
+async def _took(taken: list[str], connection_id: str) -> None:
+    taken.append(connection_id)

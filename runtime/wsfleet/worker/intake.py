@@ -156,6 +156,10 @@ class Intake:
         # we wait.
         while (held := self.held_s()) > 0:
             await asyncio.sleep(held)
+            if not self._accepting():
+                # Stopped meanwhile (SIGTERM): a new long poll would only take our own
+                # handoffs' hints, and hold them invisible if we exit while it waits.
+                return 0
         room = self._room()
         if room <= 0:
             return 0
