@@ -46,6 +46,7 @@ def intake(aws: Aws, cfg: WorkerConfig, taken: list[str], *, under: bool = False
         declines_shed=lambda shed_by, shed_to, age_s, from_session: bool(shed_to) and shed_to != "me#1",
         batch=lambda: 10,
         under_target=lambda: under,
+        me=lambda: "me#1",
         monotonic=clock,
     )
 
@@ -216,3 +217,29 @@ def test_a_poll_held_back_when_the_worker_stops_does_not_poll(aws_env, sqs):
 
 async def _took(taken: list[str], connection_id: str) -> None:
     taken.append(connection_id)
+
+
+def test_taking_a_handoff_named_for_a_peer_does_not_make_us_expect_our_own(aws_env, sqs):
+    """Regression: any named hint we took counted as one named for us, so a worker at its
+    target that took a peer's (past SHED_ANYONE_AFTER_S, when anyone does) expected
+    handoffs of its own for SHED_ANYONE_AFTER_S and held its polls back 0.3 s instead of
+    a second after leaving a peer's."""
+    cfg = WorkerConfig.from_env(aws_env)
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("n1", to="other#1"))
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        taken: list[str] = []
+        me = Intake(
+            aws=aws, queue_url=cfg.queue_url, log=JsonLogger(), acquire=lambda cid, **_: _took(taken, cid),
+            room=lambda: 10, load=lambda: 0.0, busy=lambda connection_id: False, accepting=lambda: True,
+            declines_shed=lambda shed_by, shed_to, age_s, from_session: False,  # anyone's by now: we take it
+            under_target=lambda: False, me=lambda: "me#1",
+        )
+        try:
+            assert await me.poll_once(wait_seconds=1) == 1 and taken == ["n1"]
+            assert not me.expecting()
+        finally:
+            aws.close()
+
+    asyncio.run(scenario())

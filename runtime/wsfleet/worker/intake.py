@@ -247,8 +247,8 @@ class Intake:
             # A crash's connection named for a survivor by its drainer is an orphan, not a move.
             source = "orphan" if from_session else "rebalance" if shed_by else "hint"
             trace = tracing.valid_header(attributes.get(schema.HINT_TRACE_HEADER), where="hint")
-            if shed_to:
-                self._ours_at = self._monotonic()
+            if shed_to and shed_to == self._me():
+                self._ours_at = self._monotonic()  # not one named for a peer that we take (aged, say)
             await self._acquire(
                 connection_id, source=source, expected_session=from_session, known=hint.released, trace_parent=trace
             )
