@@ -14,7 +14,7 @@ import pytest
 
 from wsfleet import schema
 from wsfleet.aws import Aws
-from wsfleet.balance import SHED_ANYONE_AFTER_S
+from wsfleet.balance import SHED_ANYONE_AFTER_S, SHED_TARGET_WAIT_S
 from wsfleet.config import WorkerConfig
 from wsfleet.leases import (
     NAMED_DECLINE_PAUSE_EXPECTING_S,
@@ -29,7 +29,9 @@ def named(connection_id: str, to: str = "other#1") -> str:
     return json.dumps({schema.HINT_CONNECTION_ID: connection_id, schema.HINT_SHED_BY: "shedder#1", schema.HINT_SHED_TO: to})
 
 
-def intake(aws: Aws, cfg: WorkerConfig, taken: list[str], *, under: bool = False, clock=time.monotonic) -> Intake:
+def intake(
+    aws: Aws, cfg: WorkerConfig, taken: list[str], *, under: bool = False, clock=time.monotonic, wall=time.time
+) -> Intake:
     async def acquire(connection_id: str, **_) -> None:
         taken.append(connection_id)
 
@@ -48,6 +50,7 @@ def intake(aws: Aws, cfg: WorkerConfig, taken: list[str], *, under: bool = False
         under_target=lambda: under,
         me=lambda: "me#1",
         monotonic=clock,
+        wall=wall,
     )
 
 
@@ -243,3 +246,33 @@ def test_taking_a_handoff_named_for_a_peer_does_not_make_us_expect_our_own(aws_e
             aws.close()
 
     asyncio.run(scenario())
+
+
+def test_a_peer_s_handoff_past_its_target_wait_is_left_like_any_shed_one(aws_env, sqs):
+    """Regression: a handoff named for a peer was left for it (visible again at once, every
+    poll of ours held back a second) for as long as we declined it, also past
+    SHED_TARGET_WAIT_S, when it is for any worker under its share: one named for a
+    worker that went away bounced through the fleet's polls at once, holding each poll
+    that met it back, until SHED_ANYONE_AFTER_S."""
+    cfg = WorkerConfig.from_env(aws_env)
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("young", to="other#1"))
+
+    async def scenario(age_s: float) -> tuple[float, list]:
+        aws = Aws(cfg, threads=4)
+        # at our target: we decline every peer's handoff; the hint seen age_s after it was sent
+        me = intake(aws, cfg, [], wall=lambda: time.time() + age_s)
+        try:
+            assert await asyncio.wait_for(me.poll_once(wait_seconds=1), timeout=10) == 1
+            again = await asyncio.to_thread(sqs.receive_message, QueueUrl=cfg.queue_url, WaitTimeSeconds=0)
+            return me.held_s(), again.get("Messages", [])
+        finally:
+            aws.close()
+
+    held, again = asyncio.run(scenario(0.0))
+    assert held > 0 and [json.loads(m["Body"])[schema.HINT_CONNECTION_ID] for m in again] == ["young"]
+    sqs.delete_message(QueueUrl=cfg.queue_url, ReceiptHandle=again[0]["ReceiptHandle"])
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("aged", to="other#1"))
+    held, again = asyncio.run(scenario(SHED_TARGET_WAIT_S + 0.5))
+    assert held == 0 and again == []  # not held back, and not visible again at once
+    got = sqs.receive_message(QueueUrl=cfg.queue_url, WaitTimeSeconds=3).get("Messages", [])
+    assert [json.loads(m["Body"])[schema.HINT_CONNECTION_ID] for m in got] == ["aged"]  # a second later

@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from .. import schema, tracing
 from ..aws import SQS_WAIT_SECONDS, Aws
-from ..balance import SHED_ANYONE_AFTER_S
+from ..balance import SHED_ANYONE_AFTER_S, SHED_TARGET_WAIT_S
 from ..leases import after_poll_pause_s
 from ..logs import JsonLogger
 
@@ -51,6 +51,7 @@ class Intake:
         under_target: Callable[[], bool] = lambda: False,
         me: Callable[[], str] = lambda: "",
         monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.hints_sent = 0
         self._outbox: list[tuple[dict, str, asyncio.Future]] = []
@@ -70,6 +71,7 @@ class Intake:
         self._under_target = under_target  # below our exact target (the fleet summary's)
         self._me = me  # our session id
         self._monotonic = monotonic
+        self._wall = wall  # epoch seconds, against a hint's SentTimestamp
         self._paused_until = float("-inf")  # no poll of ours starts before (we left a peer's handoff)
         self._named_at = float("-inf")  # when a poll last brought a shed hint naming a worker
         self._ours_at = float("-inf")  # ... and one naming a worker that we took (named for us)
@@ -212,7 +214,7 @@ class Intake:
         attributes = message.get("Attributes", {})
         receives = int(attributes.get("ApproximateReceiveCount", 1))
         sent_ms = attributes.get("SentTimestamp")
-        age_s = max(0.0, time.time() - int(sent_ms) / 1000) if sent_ms else float(receives - 1)
+        age_s = max(0.0, self._wall() - int(sent_ms) / 1000) if sent_ms else float(receives - 1)
         keep, later, targeted = False, 0, False
         if shed_to:
             self._named_at = self._monotonic()
@@ -225,8 +227,10 @@ class Intake:
             # it is for whoever takes it once released, us included. Look again shortly.
             keep, later = True, 1
         elif shed_by and not self._busy(connection_id) and self._declines_shed(shed_by, shed_to, age_s, from_session):
-            # Shed to rebalance: for the worker it names, else for one under its share.
-            keep, targeted = True, bool(shed_to)
+            # Shed to rebalance: for the worker it names (SHED_TARGET_WAIT_S), else for one
+            # under its share. Past that wait it is no longer left for its named worker: no
+            # hold-back of every poll of ours for it, and back in a second like any other.
+            keep, targeted = True, bool(shed_to) and age_s < SHED_TARGET_WAIT_S
             later = 0 if targeted else 1
             self._log.info("shed_hint_left", connection_id=connection_id, shed_to=shed_to, age_s=round(age_s, 2))
             if shed_to and shed_to == self._me():
@@ -241,7 +245,7 @@ class Intake:
                     released=_released(message),
                     trace=tracing.valid_header(attributes.get(schema.HINT_TRACE_HEADER), where="hint"),
                 )
-                targeted = keep
+                targeted = targeted and keep
                 self._log.info("shed_hint_passed_on", connection_id=connection_id, sent=not keep)
         elif not self._busy(connection_id):
             # A crash's connection named for a survivor by its drainer is an orphan, not a move.
