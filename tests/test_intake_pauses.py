@@ -276,3 +276,31 @@ def test_a_peer_s_handoff_past_its_target_wait_is_left_like_any_shed_one(aws_env
     assert held == 0 and again == []  # not held back, and not visible again at once
     got = sqs.receive_message(QueueUrl=cfg.queue_url, WaitTimeSeconds=3).get("Messages", [])
     assert [json.loads(m["Body"])[schema.HINT_CONNECTION_ID] for m in got] == ["aged"]  # a second later
+
+
+def test_a_handoff_named_for_us_at_our_target_is_not_hinted_again_past_its_target_wait(aws_env, sqs):
+    """Regression: the handoff was hinted again for anyone whatever its age. Past
+    SHED_TARGET_WAIT_S it is any under-share worker's already, and the new hint only
+    started its age again: anyone took it SHED_ANYONE_AFTER_S after the pass-on, up to
+    ~8 s after the release, when the shedder frees what is unclaimed (HANDOFF_CLAIM_S)."""
+    cfg = WorkerConfig.from_env(aws_env)
+    body = named("n1", to="me#1")
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=body)
+
+    async def scenario() -> int:
+        aws = Aws(cfg, threads=4)
+        full = Intake(
+            aws=aws, queue_url=cfg.queue_url, log=JsonLogger(), acquire=lambda cid, **_: _took([], cid),
+            room=lambda: 10, load=lambda: 0.0, busy=lambda connection_id: False, accepting=lambda: True,
+            declines_shed=lambda shed_by, shed_to, age_s, from_session: True,  # at our target: we leave every shed one
+            me=lambda: "me#1", wall=lambda: time.time() + SHED_TARGET_WAIT_S + 0.5,
+        )
+        try:
+            assert await full.poll_once(wait_seconds=1) == 1
+            return full.hints_sent
+        finally:
+            aws.close()
+
+    assert asyncio.run(scenario()) == 0  # not hinted again
+    got = sqs.receive_message(QueueUrl=cfg.queue_url, WaitTimeSeconds=3, MaxNumberOfMessages=10).get("Messages", [])
+    assert [m["Body"] for m in got] == [body]  # the named one left (back in a second), as a peer would

@@ -233,11 +233,14 @@ class Intake:
             keep, targeted = True, bool(shed_to) and age_s < SHED_TARGET_WAIT_S
             later = 0 if targeted else 1
             self._log.info("shed_hint_left", connection_id=connection_id, shed_to=shed_to, age_s=round(age_s, 2))
-            if shed_to and shed_to == self._me():
+            if shed_to and shed_to == self._me() and age_s < SHED_TARGET_WAIT_S:
                 # Named for us, but we are at our target already (its shedder planned from
                 # an older summary): hinted again for nobody in particular, a worker under
                 # its share takes it now, instead of after every peer has left it for us
-                # SHED_TARGET_WAIT_S. This one goes only once that hint is sent.
+                # SHED_TARGET_WAIT_S. This one goes only once that hint is sent. Not past
+                # that wait: it is any under-share worker's already, and a new hint would
+                # only start its age again, SHED_ANYONE_AFTER_S later for anyone, past the
+                # shedder's claim (worker.handoffs.HANDOFF_CLAIM_S).
                 keep = not await self.hint(
                     connection_id,
                     shed_by=shed_by,
