@@ -260,7 +260,7 @@ def test_a_peer_s_handoff_past_its_target_wait_is_left_like_any_shed_one(aws_env
     async def scenario(age_s: float) -> tuple[float, list]:
         aws = Aws(cfg, threads=4)
         # at our target: we decline every peer's handoff; the hint seen age_s after it was sent
-        me = intake(aws, cfg, [], wall=lambda: time.time() + age_s)
+        me = intake(aws, cfg, [], clock=lambda: 1000.0, wall=lambda: time.time() + age_s)
         try:
             assert await asyncio.wait_for(me.poll_once(wait_seconds=1), timeout=10) == 1
             again = await asyncio.to_thread(sqs.receive_message, QueueUrl=cfg.queue_url, WaitTimeSeconds=0)
@@ -269,7 +269,7 @@ def test_a_peer_s_handoff_past_its_target_wait_is_left_like_any_shed_one(aws_env
             aws.close()
 
     held, again = asyncio.run(scenario(0.0))
-    assert held > 0 and [json.loads(m["Body"])[schema.HINT_CONNECTION_ID] for m in again] == ["young"]
+    assert held == NAMED_DECLINE_PAUSE_S and [json.loads(m["Body"])[schema.HINT_CONNECTION_ID] for m in again] == ["young"]
     sqs.delete_message(QueueUrl=cfg.queue_url, ReceiptHandle=again[0]["ReceiptHandle"])
     sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("aged", to="other#1"))
     held, again = asyncio.run(scenario(SHED_TARGET_WAIT_S + 0.5))
