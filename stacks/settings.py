@@ -51,6 +51,9 @@ _TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a tuple of strings",
     ),
     "ConsumerSettings": (lambda value: isinstance(value, ConsumerSettings), "a ConsumerSettings(...)"),
+    # A number of days is no RetentionDays: CDK's own type check stops the synth with a
+    # TypeError traceback from deep inside a LogGroup.
+    "logs.RetentionDays": (lambda value: isinstance(value, logs.RetentionDays), "a logs.RetentionDays member"),
 }
 
 

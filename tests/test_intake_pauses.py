@@ -14,7 +14,7 @@ import pytest
 
 from wsfleet import schema
 from wsfleet.aws import Aws
-from wsfleet.balance import SHED_ANYONE_AFTER_S
+from wsfleet.balance import SHED_ANYONE_AFTER_S, SHED_TARGET_WAIT_S
 from wsfleet.config import WorkerConfig
 from wsfleet.leases import (
     NAMED_DECLINE_PAUSE_EXPECTING_S,
@@ -29,7 +29,9 @@ def named(connection_id: str, to: str = "other#1") -> str:
     return json.dumps({schema.HINT_CONNECTION_ID: connection_id, schema.HINT_SHED_BY: "shedder#1", schema.HINT_SHED_TO: to})
 
 
-def intake(aws: Aws, cfg: WorkerConfig, taken: list[str], *, under: bool = False, clock=time.monotonic) -> Intake:
+def intake(
+    aws: Aws, cfg: WorkerConfig, taken: list[str], *, under: bool = False, clock=time.monotonic, wall=time.time
+) -> Intake:
     async def acquire(connection_id: str, **_) -> None:
         taken.append(connection_id)
 
@@ -46,7 +48,9 @@ def intake(aws: Aws, cfg: WorkerConfig, taken: list[str], *, under: bool = False
         declines_shed=lambda shed_by, shed_to, age_s, from_session: bool(shed_to) and shed_to != "me#1",
         batch=lambda: 10,
         under_target=lambda: under,
+        me=lambda: "me#1",
         monotonic=clock,
+        wall=wall,
     )
 
 
@@ -159,3 +163,144 @@ def test_a_handoff_named_for_a_worker_already_at_its_target_is_hinted_again_for_
     assert [json.loads(m["Body"]) for m in got] == [
         {schema.HINT_CONNECTION_ID: "n1", schema.HINT_SHED_BY: "shedder#1", schema.HINT_RELEASED: released}
     ]  # the named one gone, the same handoff hinted for anyone under its share
+
+
+def test_a_held_poll_waits_out_a_hold_back_lengthened_while_it_waited(aws_env, sqs):
+    """Regression: a poll that started while held slept once, for the hold as it stood
+    then, and polled when that ended although another poll of ours (one in flight when
+    the hold began) had left a peer's handoff meanwhile and held the worker longer."""
+    cfg = WorkerConfig.from_env(aws_env)
+    now = [1000.0]
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        me = intake(aws, cfg, [], clock=lambda: now[0])
+        try:
+            me._paused_until = now[0] + 0.2  # a poll of ours left a peer's handoff
+            held = asyncio.create_task(me.poll_once(wait_seconds=0))
+            await asyncio.sleep(0.05)
+            me._paused_until = now[0] + 1.0  # ... and another, still in flight then
+            await asyncio.sleep(0.6)  # past the first hold's end, well before the second's
+            assert aws.requests["sqs.ReceiveMessage"] == 0 and not held.done()
+            now[0] += 1.0  # the second hold is over
+            assert await asyncio.wait_for(held, timeout=10) == 0
+            assert aws.requests["sqs.ReceiveMessage"] == 1
+        finally:
+            aws.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_poll_held_back_when_the_worker_stops_does_not_poll(aws_env, sqs):
+    """Regression: a poll held back when SIGTERM came polled once its hold ended (a long
+    poll begun after the stop), taking the leaving worker's own handoff hints, which a
+    poll in flight when the process exits leaves invisible for the visibility timeout."""
+    cfg = WorkerConfig.from_env(aws_env)
+    accepting = [True]
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        me = Intake(
+            aws=aws, queue_url=cfg.queue_url, log=JsonLogger(), acquire=lambda cid, **_: _took([], cid),
+            room=lambda: 10, load=lambda: 0.0, busy=lambda connection_id: False, accepting=lambda: accepting[0],
+        )
+        try:
+            me._paused_until = time.monotonic() + 0.2  # a poll of ours left a peer's handoff
+            held = asyncio.create_task(me.poll_once(wait_seconds=1))
+            await asyncio.sleep(0.05)
+            accepting[0] = False  # SIGTERM
+            assert await asyncio.wait_for(held, timeout=10) == 0
+            assert aws.requests["sqs.ReceiveMessage"] == 0
+        finally:
+            aws.close()
+
+    asyncio.run(scenario())
+
+
+
+async def _took(taken: list[str], connection_id: str) -> None:
+    taken.append(connection_id)
+
+
+def test_taking_a_handoff_named_for_a_peer_does_not_make_us_expect_our_own(aws_env, sqs):
+    """Regression: any named hint we took counted as one named for us, so a worker at its
+    target that took a peer's (past SHED_ANYONE_AFTER_S, when anyone does) expected
+    handoffs of its own for SHED_ANYONE_AFTER_S and held its polls back 0.3 s instead of
+    a second after leaving a peer's."""
+    cfg = WorkerConfig.from_env(aws_env)
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("n1", to="other#1"))
+
+    async def scenario():
+        aws = Aws(cfg, threads=4)
+        taken: list[str] = []
+        me = Intake(
+            aws=aws, queue_url=cfg.queue_url, log=JsonLogger(), acquire=lambda cid, **_: _took(taken, cid),
+            room=lambda: 10, load=lambda: 0.0, busy=lambda connection_id: False, accepting=lambda: True,
+            declines_shed=lambda shed_by, shed_to, age_s, from_session: False,  # anyone's by now: we take it
+            under_target=lambda: False, me=lambda: "me#1",
+        )
+        try:
+            assert await me.poll_once(wait_seconds=1) == 1 and taken == ["n1"]
+            assert not me.expecting()
+        finally:
+            aws.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_peer_s_handoff_past_its_target_wait_is_left_like_any_shed_one(aws_env, sqs):
+    """Regression: a handoff named for a peer was left for it (visible again at once, every
+    poll of ours held back a second) for as long as we declined it, also past
+    SHED_TARGET_WAIT_S, when it is for any worker under its share: one named for a
+    worker that went away bounced through the fleet's polls at once, holding each poll
+    that met it back, until SHED_ANYONE_AFTER_S."""
+    cfg = WorkerConfig.from_env(aws_env)
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("young", to="other#1"))
+
+    async def scenario(age_s: float) -> tuple[float, list]:
+        aws = Aws(cfg, threads=4)
+        # at our target: we decline every peer's handoff; the hint seen age_s after it was sent
+        me = intake(aws, cfg, [], clock=lambda: 1000.0, wall=lambda: time.time() + age_s)
+        try:
+            assert await asyncio.wait_for(me.poll_once(wait_seconds=1), timeout=10) == 1
+            again = await asyncio.to_thread(sqs.receive_message, QueueUrl=cfg.queue_url, WaitTimeSeconds=0)
+            return me.held_s(), again.get("Messages", [])
+        finally:
+            aws.close()
+
+    held, again = asyncio.run(scenario(0.0))
+    assert held == NAMED_DECLINE_PAUSE_S and [json.loads(m["Body"])[schema.HINT_CONNECTION_ID] for m in again] == ["young"]
+    sqs.delete_message(QueueUrl=cfg.queue_url, ReceiptHandle=again[0]["ReceiptHandle"])
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=named("aged", to="other#1"))
+    held, again = asyncio.run(scenario(SHED_TARGET_WAIT_S + 0.5))
+    assert held == 0 and again == []  # not held back, and not visible again at once
+    got = sqs.receive_message(QueueUrl=cfg.queue_url, WaitTimeSeconds=3).get("Messages", [])
+    assert [json.loads(m["Body"])[schema.HINT_CONNECTION_ID] for m in got] == ["aged"]  # a second later
+
+
+def test_a_handoff_named_for_us_at_our_target_is_not_hinted_again_past_its_target_wait(aws_env, sqs):
+    """Regression: the handoff was hinted again for anyone whatever its age. Past
+    SHED_TARGET_WAIT_S it is any under-share worker's already, and the new hint only
+    started its age again: anyone took it SHED_ANYONE_AFTER_S after the pass-on, up to
+    ~8 s after the release, when the shedder frees what is unclaimed (HANDOFF_CLAIM_S)."""
+    cfg = WorkerConfig.from_env(aws_env)
+    body = named("n1", to="me#1")
+    sqs.send_message(QueueUrl=cfg.queue_url, MessageBody=body)
+
+    async def scenario() -> int:
+        aws = Aws(cfg, threads=4)
+        full = Intake(
+            aws=aws, queue_url=cfg.queue_url, log=JsonLogger(), acquire=lambda cid, **_: _took([], cid),
+            room=lambda: 10, load=lambda: 0.0, busy=lambda connection_id: False, accepting=lambda: True,
+            declines_shed=lambda shed_by, shed_to, age_s, from_session: True,  # at our target: we leave every shed one
+            me=lambda: "me#1", wall=lambda: time.time() + SHED_TARGET_WAIT_S + 0.5,
+        )
+        try:
+            assert await full.poll_once(wait_seconds=1) == 1
+            return full.hints_sent
+        finally:
+            aws.close()
+
+    assert asyncio.run(scenario()) == 0  # not hinted again
+    got = sqs.receive_message(QueueUrl=cfg.queue_url, WaitTimeSeconds=3, MaxNumberOfMessages=10).get("Messages", [])
+    assert [m["Body"] for m in got] == [body]  # the named one left (back in a second), as a peer would

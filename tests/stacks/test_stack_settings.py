@@ -106,6 +106,8 @@ def test_the_sweep_above_covers_the_scale_settings():
         ({"upstream_secret_prefix": 7}, "upstream_secret_prefix must be a string or None, got 7"),
         ({"allowed_ws_hosts": "*.example.com"}, "allowed_ws_hosts must be a tuple of strings"),
         ({"consumer": {"batch_size": 10}}, r"consumer must be a ConsumerSettings\(...\) or None"),
+        ({"log_retention": 7}, "log_retention must be a logs.RetentionDays member, got 7"),
+        ({"log_retention": "ONE_WEEK"}, "log_retention must be a logs.RetentionDays member, got 'ONE_WEEK'"),
     ],
 )
 def test_other_settings_of_another_type_are_refused_by_name(change, named):

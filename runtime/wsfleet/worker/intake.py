@@ -23,7 +23,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from .. import schema, tracing
 from ..aws import SQS_WAIT_SECONDS, Aws
-from ..balance import SHED_ANYONE_AFTER_S
+from ..balance import SHED_ANYONE_AFTER_S, SHED_TARGET_WAIT_S
 from ..leases import after_poll_pause_s
 from ..logs import JsonLogger
 
@@ -51,6 +51,7 @@ class Intake:
         under_target: Callable[[], bool] = lambda: False,
         me: Callable[[], str] = lambda: "",
         monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self.hints_sent = 0
         self._outbox: list[tuple[dict, str, asyncio.Future]] = []
@@ -70,6 +71,7 @@ class Intake:
         self._under_target = under_target  # below our exact target (the fleet summary's)
         self._me = me  # our session id
         self._monotonic = monotonic
+        self._wall = wall  # epoch seconds, against a hint's SentTimestamp
         self._paused_until = float("-inf")  # no poll of ours starts before (we left a peer's handoff)
         self._named_at = float("-inf")  # when a poll last brought a shed hint naming a worker
         self._ours_at = float("-inf")  # ... and one naming a worker that we took (named for us)
@@ -151,9 +153,15 @@ class Intake:
 
     async def poll_once(self, *, wait_seconds: int = SQS_WAIT_SECONDS) -> int:
         """One long poll for a START hint; returns how many messages it handled."""
-        held = self.held_s()
-        if held > 0:
-            await asyncio.sleep(held)  # another poll of ours left a peer's handoff
+        # Another poll of ours left a peer's handoff. Waited out until none holds us: a
+        # poll of ours still in flight may leave another, and hold us back longer, while
+        # we wait.
+        while (held := self.held_s()) > 0:
+            await asyncio.sleep(held)
+            if not self._accepting():
+                # Stopped meanwhile (SIGTERM): a new long poll would only take our own
+                # handoffs' hints, and hold them invisible if we exit while it waits.
+                return 0
         room = self._room()
         if room <= 0:
             return 0
@@ -206,7 +214,7 @@ class Intake:
         attributes = message.get("Attributes", {})
         receives = int(attributes.get("ApproximateReceiveCount", 1))
         sent_ms = attributes.get("SentTimestamp")
-        age_s = max(0.0, time.time() - int(sent_ms) / 1000) if sent_ms else float(receives - 1)
+        age_s = max(0.0, self._wall() - int(sent_ms) / 1000) if sent_ms else float(receives - 1)
         keep, later, targeted = False, 0, False
         if shed_to:
             self._named_at = self._monotonic()
@@ -219,15 +227,20 @@ class Intake:
             # it is for whoever takes it once released, us included. Look again shortly.
             keep, later = True, 1
         elif shed_by and not self._busy(connection_id) and self._declines_shed(shed_by, shed_to, age_s, from_session):
-            # Shed to rebalance: for the worker it names, else for one under its share.
-            keep, targeted = True, bool(shed_to)
+            # Shed to rebalance: for the worker it names (SHED_TARGET_WAIT_S), else for one
+            # under its share. Past that wait it is no longer left for its named worker: no
+            # hold-back of every poll of ours for it, and back in a second like any other.
+            keep, targeted = True, bool(shed_to) and age_s < SHED_TARGET_WAIT_S
             later = 0 if targeted else 1
             self._log.info("shed_hint_left", connection_id=connection_id, shed_to=shed_to, age_s=round(age_s, 2))
-            if shed_to and shed_to == self._me():
+            if shed_to and shed_to == self._me() and age_s < SHED_TARGET_WAIT_S:
                 # Named for us, but we are at our target already (its shedder planned from
                 # an older summary): hinted again for nobody in particular, a worker under
                 # its share takes it now, instead of after every peer has left it for us
-                # SHED_TARGET_WAIT_S. This one goes only once that hint is sent.
+                # SHED_TARGET_WAIT_S. This one goes only once that hint is sent. Not past
+                # that wait: it is any under-share worker's already, and a new hint would
+                # only start its age again, SHED_ANYONE_AFTER_S later for anyone, past the
+                # shedder's claim (worker.handoffs.HANDOFF_CLAIM_S).
                 keep = not await self.hint(
                     connection_id,
                     shed_by=shed_by,
@@ -235,14 +248,14 @@ class Intake:
                     released=_released(message),
                     trace=tracing.valid_header(attributes.get(schema.HINT_TRACE_HEADER), where="hint"),
                 )
-                targeted = keep
+                targeted = targeted and keep
                 self._log.info("shed_hint_passed_on", connection_id=connection_id, sent=not keep)
         elif not self._busy(connection_id):
             # A crash's connection named for a survivor by its drainer is an orphan, not a move.
             source = "orphan" if from_session else "rebalance" if shed_by else "hint"
             trace = tracing.valid_header(attributes.get(schema.HINT_TRACE_HEADER), where="hint")
-            if shed_to:
-                self._ours_at = self._monotonic()
+            if shed_to and shed_to == self._me():
+                self._ours_at = self._monotonic()  # not one named for a peer that we take (aged, say)
             await self._acquire(
                 connection_id, source=source, expected_session=from_session, known=hint.released, trace_parent=trace
             )
