@@ -6,7 +6,6 @@ measures new per-operation counts (``measured_ops.json``).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -14,8 +13,8 @@ from typing import Any, Sequence
 from wsfleet import plan, plan_limits
 
 from .common import md_table
+from .generated import BENCHMARKS_MD, Generated
 
-BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 HEADING = "## Scaling"
 FLEETS = (10_000, 100_000, 500_000, 1_000_000)
 DETAILED = (("prod", 500_000), ("prod", 1_000_000))
@@ -110,25 +109,16 @@ def current_section(text: str) -> str:
     return text[start:end + 1] if end >= 0 else text[start:]
 
 
+GENERATED = Generated("Scaling section", "bench.scaling", section, current_section, replace_section)
+
+
 def write(path: Path = BENCHMARKS_MD) -> bool:
     """Rewrite the section; True when it changed."""
-    text = path.read_text()
-    new = replace_section(text, section())
-    if new != text:
-        path.write_text(new)
-    return new != text
+    return GENERATED.write(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true", help="only say whether BENCHMARKS.md's section is current")
-    args = p.parse_args(argv)
-    if args.check:
-        ok = current_section(BENCHMARKS_MD.read_text()) == section()
-        print("BENCHMARKS.md's Scaling section is " + ("current" if ok else "out of date: run python -m bench.scaling"))
-        return 0 if ok else 1
-    print("rewritten" if write() else "already current")
-    return 0
+    return GENERATED.main(argv, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":

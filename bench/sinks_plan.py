@@ -7,7 +7,6 @@ around it is written by hand.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import json
@@ -18,8 +17,8 @@ from typing import Sequence
 from wsfleet.cli import main as wsfleet
 
 from .common import md_table
+from .generated import BENCHMARKS_MD, Generated
 
-BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 BEGIN, END = "<!-- sinks-plan -->\n", "<!-- /sinks-plan -->\n"
 CASES = ((1_000, 0.5), (1_000, 5.0), (100_000, 0.5), (100_000, 5.0))
 FRAME_BYTES = 256
@@ -72,25 +71,16 @@ def replace_table(text: str, new: str) -> str:
     return text[:start] + new + text[end:]
 
 
+GENERATED = Generated("sinks plan table", "bench.sinks_plan", table, current_table, replace_table)
+
+
 def write(path: Path = BENCHMARKS_MD) -> bool:
     """Rewrite the table; True when it changed."""
-    text = path.read_text()
-    new = replace_table(text, table())
-    if new != text:
-        path.write_text(new)
-    return new != text
+    return GENERATED.write(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.sinks_plan", description=__doc__.splitlines()[0])
-    p.add_argument("--check", action="store_true", help="only say whether BENCHMARKS.md's table is current")
-    args = p.parse_args(argv)
-    if args.check:
-        ok = current_table(BENCHMARKS_MD.read_text()) == table()
-        print("BENCHMARKS.md's sinks plan table is " + ("current" if ok else "out of date: run python -m bench.sinks_plan"))
-        return 0 if ok else 1
-    print("rewritten" if write() else "already current")
-    return 0
+    return GENERATED.main(argv, __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
