@@ -69,9 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in names:
         began = time.monotonic()
         try:
-            extra = {"kinds_only": args.kinds_only, "tracing_only": args.tracing_only} if name == "ingestion" else {}
-            if name == "rebalance":
-                extra = {"join4_only": args.join4_only}
+            extra = {
+                "ingestion": {"kinds_only": args.kinds_only, "tracing_only": args.tracing_only},
+                "rebalance": {"join4_only": args.join4_only},
+            }.get(name, {})
             result = BENCHMARKS[name](quick=args.quick, run_dir=run_dir, command=command, **extra)
         except Exception as exc:  # noqa: BLE001 - one failed benchmark must not hide the others
             print(f"### {name}: FAILED: {type(exc).__name__}: {exc}\n", flush=True)

@@ -105,10 +105,9 @@ CYCLE_WINDOW_S = DEFAULTS.checkpoint_ms / 1000 + 10
 def settings_for(quick: bool, kinds_only: bool = False, tracing_only: bool = False) -> dict[str, Any]:
     levels = QUICK_LEVELS if quick else LEVELS
     tracing_levels = QUICK_LEVELS if quick else TRACING_LEVELS
-    if kinds_only and not quick:
-        levels = [lv for lv in levels if lv in KIND_LEVELS]
-    if tracing_only:
-        levels = tracing_levels
+    only = KIND_LEVELS if kinds_only else TRACING_LEVELS if tracing_only else None
+    if only is not None and not quick:
+        levels = [lv for lv in levels if lv in only]
     return {
         # kinds_only: the default rows the kind rows are read beside, and those;
         # tracing_only: the default rows the traced rows are read beside, and those.

@@ -51,11 +51,6 @@ class FleetLoad:
     cut_rem: int | None = None
     cut_id: str = ""
 
-    def share(self, max_connections: int) -> float:
-        """This worker's fair share of the fleet's connections (for logs: decisions use
-        the exact :meth:`target`)."""
-        return self.active * max_connections / self.capacity if self.capacity else 0.0
-
     def target(self, session_id: str, max_connections: int) -> int:
         """This worker's exact target: see :func:`target`."""
         return target(self, session_id, max_connections)

@@ -325,8 +325,8 @@ def evaluate(
               steady_owner_w + HANDOFF_INDEX_WRITES_PER_MOVE * handed_s, table_quota,
               index_quota))
     limits = [c.as_json() for c in checks]
-    over = [c for c in checks if not c.ok]
-    first = max(over, key=lambda c: c.used / c.limit) if over else None
+    ranked = sorted((c for c in checks if not c.ok), key=lambda c: -c.used / c.limit)  # worst first
+    first = ranked[0] if ranked else None
     month = _month(holding, settings, workers=workers, connections=connections, rate=rate, frame_bytes=frame_bytes)
     return {
         "env_settings": dict(settings),
@@ -337,8 +337,8 @@ def evaluate(
         "first_limit": first.name if first else None,
         "first_limit_scenario": first.scenario if first else None,
         "first_limit_fix": first.fix if first else None,
-        "exceeded": [c.name + f" ({c.scenario})" for c in sorted(over, key=lambda c: -c.used / c.limit)],
-        "refusals": [c.sentence() for c in sorted(over, key=lambda c: -c.used / c.limit)],
+        "exceeded": [c.name + f" ({c.scenario})" for c in ranked],
+        "refusals": [c.sentence() for c in ranked],
         "cells": _cells(checks),
         "usd_per_month": month["total"],
         "month": month,

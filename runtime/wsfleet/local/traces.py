@@ -90,7 +90,7 @@ def tree(spans: Sequence[Span]) -> list[str]:
 
 
 def summary(spans: Sequence[Span]) -> list[str]:
-    """One line per trace that has more than a lone AWS call: its first span and size."""
+    """One line per trace: its first span, its size and its own (not AWS call) span names."""
     out = []
     for trace_id, members in sorted(by_trace(spans).items(), key=lambda kv: min(s.start_ns for s in kv[1])):
         first = min(members, key=lambda s: s.start_ns)

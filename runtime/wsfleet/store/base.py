@@ -175,9 +175,13 @@ class _Table:
         return marshal({self.key_name: key})
 
     def _batch_get(self, keys: Sequence[str], **options: Any) -> list[dict]:
-        """One BatchGetItem of up to 100 of this table's items (``options``: its per-table
-        settings, ConsistentRead, ProjectionExpression...), unmarshalled; missing ones are
-        left out. Keys left unprocessed (throttling, or the 16 MB limit) are asked for
+        """This table's items, by BatchGetItem, 100 keys per request (``options``: its
+        per-table settings, ConsistentRead, ProjectionExpression...), unmarshalled; missing
+        ones are left out. The keys must not repeat (BatchGetItem refuses that)."""
+        return [item for start in range(0, len(keys), 100) for item in self._batch_get_one(keys[start : start + 100], **options)]
+
+    def _batch_get_one(self, keys: Sequence[str], **options: Any) -> list[dict]:
+        """One BatchGetItem of up to 100 keys, as :meth:`_batch_get`. Keys left unprocessed (throttling, or the 16 MB limit) are asked for
         again after a backoff (:func:`retry_pause_s`), up to ``BATCH_GET_TRIES`` requests
         in all; a transient fault, or keys still unprocessed after that, raise
         TransientError."""

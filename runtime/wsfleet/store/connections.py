@@ -341,8 +341,7 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         None for one that does not exist."""
         found = {
             schema.connection_id_from_pk(item[schema.PK]): item
-            for start in range(0, len(connection_ids), 100)
-            for item in self._batch_get(connection_ids[start : start + 100], ConsistentRead=True)
+            for item in self._batch_get(connection_ids, ConsistentRead=True)
         }
         return {c: found.get(c) for c in connection_ids}
 

@@ -222,15 +222,9 @@ class SessionsStore(_Table):
         out. Keys left unprocessed (throttling) are asked for again after a backoff
         (:meth:`_Table._batch_get`)."""
         projection = "#sid, #st, #e, #a, #m, #hb, #dr, #r, #th, #fw, #fc, #fb, #fs, #ft, #fu, #fo, #fx, #fi"
-        out: list[dict] = []
-        ids = list(dict.fromkeys(session_ids))
-        for start in range(0, len(ids), 100):
-            out.extend(
-                self._batch_get(
-                    ids[start : start + 100], ProjectionExpression=projection, ExpressionAttributeNames=_names(projection)
-                )
-            )
-        return out
+        return self._batch_get(
+            list(dict.fromkeys(session_ids)), ProjectionExpression=projection, ExpressionAttributeNames=_names(projection)
+        )
 
     def _ring_query(self, **extra: Any) -> dict[str, Any]:
         """The Query of the whole watch ring (``by_ring_load``), in id order."""

@@ -56,6 +56,9 @@ class Backend(Protocol):
     def trace_id(self) -> str | None: ...
     def flush(self, timeout_s: float) -> bool: ...
     def shutdown(self) -> None: ...
+    def annotate(self, span: Any, annotations: dict[str, Any]) -> None: ...
+    def header(self, span: Any) -> str | None: ...
+    def take_export_failures(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -75,14 +78,9 @@ def exporter_installed(name: str) -> bool:
 
 
 _backend: Backend | None = None
-_mode = OFF
 _lock = threading.Lock()
 _span_failures = 0  # tracing calls that raised (see _failed)
 _span_failure_logged = False
-
-
-def mode() -> str:
-    return _mode
 
 
 def configure(settings: Settings | str, service: str, *, worker: bool = False, exporters: list | None = None) -> None:
@@ -91,7 +89,7 @@ def configure(settings: Settings | str, service: str, *, worker: bool = False, e
     asyncio task that opened them (the worker's thousand connection tasks each trace
     their own). ``exporters``: OpenTelemetry span exporters to use instead of the ones
     the settings name (tests)."""
-    global _backend, _mode
+    global _backend
     settings = Settings(settings) if isinstance(settings, str) else settings
     if settings.mode not in MODES:
         raise ValueError(f"unknown tracing mode {settings.mode!r}")
@@ -106,7 +104,6 @@ def configure(settings: Settings | str, service: str, *, worker: bool = False, e
             from . import _otel
 
             _backend = _otel.Backend(service, settings, exporters=exporters)
-        _mode = settings.mode
 
 
 def configure_worker(settings: Settings | str, service: str, *, exporters: list | None = None) -> None:
@@ -115,9 +112,9 @@ def configure_worker(settings: Settings | str, service: str, *, exporters: list 
 
 def reset() -> None:
     """Back to off, after flushing (tests, and a process that reconfigures)."""
-    global _backend, _mode, _span_failures, _span_failure_logged
+    global _backend, _span_failures, _span_failure_logged
     with _lock:
-        backend, _backend, _mode = _backend, None, OFF
+        backend, _backend = _backend, None
         _span_failures, _span_failure_logged = 0, False
     if backend is not None:
         backend.shutdown()
@@ -277,7 +274,7 @@ def take_export_failures() -> int:
     backend = _backend
     with _lock:
         taken, _span_failures = _span_failures, 0
-    return taken + (backend.take_export_failures() if backend is not None and hasattr(backend, "take_export_failures") else 0)
+    return taken + (backend.take_export_failures() if backend is not None else 0)
 
 
 def valid_header(header: object, *, where: str) -> str | None:

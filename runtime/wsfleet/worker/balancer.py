@@ -26,6 +26,7 @@ from ..balance import IN_TRANSIT_S, FleetLoad, is_summarizer, max_moves, shed_co
 from ..leases import SessionTiming, Watched
 from ..logs import JsonLogger
 from ..store import SessionsStore, now_ms
+from ..store.sessions import RING_PAGE_LIMIT
 from .session import SessionKeeper
 
 MIN_HOLD_S = 60.0  # a connection held for less than this is never moved: none moves twice
@@ -35,7 +36,7 @@ SUMMARY_MAX_AGE_MS = 60_000  # an older summary is not acted on (its writer may 
 # writer is alive: well under SUMMARY_MAX_AGE_MS, less the readers' ~16 s between reads.
 SUMMARY_REFRESH_MS = 30_000
 SUMMARY_PAGES = 2  # ring Queries per summarizer pass at most
-SUMMARY_PAGE_ITEMS = 2000  # sessions per Query: 14k workers are read in 4 passes
+SUMMARY_PAGE_ITEMS = RING_PAGE_LIMIT  # sessions per Query: 14k workers are read in 4 passes
 
 Call = Callable[..., Awaitable[Any]]
 
@@ -83,7 +84,6 @@ class Balancer:
         self._cursor: dict | None = None  # where the next page starts
         self._written: dict | None = None  # the figures last written, and when
         self._written_at_ms = 0
-        self.summaries_written = 0
         self._shed_at: dict[str, float] = {}
         self.summary_arrived = asyncio.Event()
 
@@ -143,7 +143,6 @@ class Balancer:
         if fleet.figures() != self._written or now - self._written_at_ms >= SUMMARY_REFRESH_MS:
             await self._call(self._sessions.put_summary, fleet.as_item())
             self._written, self._written_at_ms = fleet.figures(), now
-            self.summaries_written += 1
         return fleet
 
     async def balance_once(self) -> int:

@@ -164,13 +164,13 @@ class Worker:
             on_hints=lambda: self.takeover.note_work(),
             me=lambda: self.keeper.session_id,
             under_target=lambda: under_target(
-                active=len(self.runners) + len(self._acquiring),
+                active=self.taken(),
                 max_connections=self.config.max_connections,
                 fleet=self.balancer.fresh_fleet(),
                 me=self.keeper.session_id,
             ),
             batch=lambda: hints_per_poll(
-                active=len(self.runners) + len(self._acquiring),
+                active=self.taken(),
                 max_connections=self.config.max_connections,
                 room=self.free(),
                 fleet=self.balancer.fresh_fleet(),
@@ -249,8 +249,12 @@ class Worker:
 
     # --- capacity ----------------------------------------------------------------------
 
+    def taken(self) -> int:
+        """Connections held here and being acquired: this worker's load."""
+        return len(self.runners) + len(self._acquiring)
+
     def free(self) -> int:
-        return self.config.max_connections - len(self.runners) - len(self._acquiring)
+        return self.config.max_connections - self.taken()
 
     def load(self) -> float:
         return 1 - self.free() / self.config.max_connections
@@ -263,7 +267,7 @@ class Worker:
 
     def _declines_shed(self, shed_by: str, shed_to: str = "", age_s: float = 0.0, from_session: str = "") -> bool:
         return declines_shed_hint(
-            active=len(self.runners) + len(self._acquiring),
+            active=self.taken(),
             max_connections=self.config.max_connections,
             fleet=self.balancer.fresh_fleet(),
             shed_by_me=shed_by == self.keeper.session_id,
