@@ -61,20 +61,20 @@ setup:
 
 ## demo: the whole fleet on this machine (embedded default), with a failover scenario;
 ## SINK=kinesis (or dynamodb,kinesis) sends the frames to a Kinesis stream and audits it;
-## TRACING=otel writes every process's spans to the run directory (python -m wsfleet.local.traces).
+## TRACING=otel writes every process's spans to the run directory (python -m sim.traces).
 demo: $(VENV)/.deps
-	$(PY) -m wsfleet.local.demo $(if $(SINK),--sink $(SINK)) $(if $(TRACING),--tracing $(TRACING)) $(DEMO_ARGS)
+	$(PY) -m sim.demo $(if $(SINK),--sink $(SINK)) $(if $(TRACING),--tracing $(TRACING)) $(DEMO_ARGS)
 
 ## chaos: seeded random faults against the whole fleet, then an audit of the invariants
 ## from independent evidence; exit 1 on any violation, with the command that replays it.
 ## SEED (random if unset, printed), MINUTES of chaos, WORKERS, CONNECTIONS, SINK (as for
 ## demo; with kinesis the stream is audited and Kinesis faults are dealt); CHAOS_ARGS
-## for the rest (python -m wsfleet.local.chaos --help).
+## for the rest (python -m sim.chaos --help).
 MINUTES ?= 10
 WORKERS ?= 4
 CONNECTIONS ?= 40
 chaos: $(VENV)/.deps $(FAKETIME_LIB)
-	$(PY) -m wsfleet.local.chaos $(if $(SEED),--seed $(SEED)) --minutes $(MINUTES) --workers $(WORKERS) \
+	$(PY) -m sim.chaos $(if $(SEED),--seed $(SEED)) --minutes $(MINUTES) --workers $(WORKERS) \
 	  --connections $(CONNECTIONS) $(if $(SINK),--sink $(SINK)) $(CHAOS_ARGS)
 
 ## test: lint, unit, emulator, fleet and stack tests, then `cdk synth` of every environment

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from wsfleet.local import fleet
+from sim import fleet
 
 from . import capacity, cost, failover, faults, ingestion, largeframes, pauses, readapi, rebalance, sinks
 from .common import Result, machine

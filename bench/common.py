@@ -2,7 +2,7 @@
 the worker's ``stats`` lines as windows of deltas, process CPU and memory read from
 ``/proc``, summaries (median and spread), and the machine description.
 
-The fleet runner (``wsfleet.local.fleet``) provides the emulator process, process
+The fleet runner (``sim.fleet``) provides the emulator process, process
 spawning and polling; this module adds what the single-worker benchmarks need on top:
 an upstream in a process of its own (so its CPU is not the worker's), a worker whose
 stats are read from its JSON log, and the event router in this process (the path a
@@ -28,10 +28,10 @@ from botocore.config import Config
 
 from wsfleet import config as cfg
 from wsfleet import schema
-from wsfleet.local.api import build_event
-from wsfleet.local.emulator import DEFAULT_REGION, create_resources, emulator_session
-from wsfleet.local.fleet import LOOPBACK, EmulatorProcess, Process, child_env, eventually, spawn, stop_process
-from wsfleet.local.upstream import stream_path
+from sim.api import build_event
+from sim.emulator import DEFAULT_REGION, create_resources, emulator_session
+from sim.fleet import LOOPBACK, EmulatorProcess, Process, child_env, eventually, spawn, stop_process
+from sim.upstream import stream_path
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router
 from wsfleet.store import ConnectionsStore
@@ -143,11 +143,11 @@ class ReadyUpstream:
 
 
 class UpstreamProcess(ReadyUpstream):
-    """``python -m wsfleet.local.upstream``; its books come over HTTP (``GET /_stats``).
+    """``python -m sim.upstream``; its books come over HTTP (``GET /_stats``).
     ``credentials``: what its ``auth=`` streams accept."""
 
     def __init__(self, run_dir: Path, *, rate: float | None, name: str = "upstream", credentials: Sequence[str] = ()) -> None:
-        argv = [sys.executable, "-m", "wsfleet.local.upstream", "--port", "0", "--rate", f"{rate or 0:g}"]
+        argv = [sys.executable, "-m", "sim.upstream", "--port", "0", "--rate", f"{rate or 0:g}"]
         argv += [arg for value in credentials for arg in ("--credential", value)]
         super().__init__(run_dir, name, argv)
 

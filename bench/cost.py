@@ -45,9 +45,9 @@ from typing import Any, Mapping
 
 from wsfleet import config as cfg
 from wsfleet import metrics_names, schema
-from wsfleet.local.emulator import request_ledger
+from sim.emulator import request_ledger
 from wsfleet.metrics import metric_data
-from wsfleet.local.fleet import eventually
+from sim.fleet import eventually
 from wsfleet import plan
 from wsfleet.store import ConnectionsStore, Released, SessionsStore, unmarshal
 

@@ -1,7 +1,7 @@
 """Faults: a fleet under DynamoDB throttling, injected in the emulator.
 
 The nemesis is the emulator's fault switch (``POST /_wsfleet/faults``, see
-:class:`wsfleet.local.emulator.Faults`): for 30 s it answers a share of ALL DynamoDB
+:class:`sim.emulator.Faults`): for 30 s it answers a share of ALL DynamoDB
 requests, picked at random with a printed seed, with DynamoDB's own
 ``ThrottlingException``; the workers are separate processes and know nothing of it.
 The workload is a small fleet (3 workers, so that every session has watchers) holding
@@ -36,8 +36,8 @@ from typing import Any, Mapping, Sequence
 from wsfleet import config as cfg
 from wsfleet import schema
 from wsfleet.leases import SessionTiming
-from wsfleet.local.emulator import faults, set_faults
-from wsfleet.local.fleet import eventually
+from sim.emulator import faults, set_faults
+from sim.fleet import eventually
 from wsfleet.store import MessagesStore
 
 from .common import Result, Rig, UpstreamProcess, Window, WorkerProcess, fmt, md_table

@@ -43,8 +43,8 @@ from typing import Any
 
 from wsfleet import config as cfg
 from wsfleet import schema
-from wsfleet.local.emulator import faults, set_faults
-from wsfleet.local.fleet import eventually
+from sim.emulator import faults, set_faults
+from sim.fleet import eventually
 from wsfleet.store import MessagesStore
 from wsfleet.worker import writer as writer_mod
 

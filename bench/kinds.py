@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from wsfleet.local.secrets import put_secret
+from sim.secrets import put_secret
 
 DEFAULT_KIND = "default"
 AUTH_SUBSCRIBE = "auth+subscribe"

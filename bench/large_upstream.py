@@ -5,7 +5,7 @@ Each socket (``/streams/<name>?from_seq=K``) gets text frames
 ``{"seq": K, "data": "xxxx..."}``, K, K+1, ..., each exactly ``--frame-bytes`` long or
 a few bytes under, as fast as the client reads them: TCP back-pressure is the only pace.
 
-The local upstream (wsfleet.local.upstream) keeps every frame it produced for replay;
+The local upstream (sim.upstream) keeps every frame it produced for replay;
 with frames at the 32 MiB limit on every stream that is gigabytes. This one builds the
 frames lazily from one shared filler: its memory does not grow with the sockets or the
 frames sent, so the worker's figures are not the upstream's. It is a plain threaded

@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wsfleet.local import fleet
-from wsfleet.local.emulator import Emulator, create_resources, journal, record_journal
+from sim import fleet
+from sim.emulator import Emulator, create_resources, journal, record_journal
 
 from .common import Result, md_table
 
@@ -65,7 +65,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     ])
     notes = [
         "a late batch carries frames received before the freeze (the same data its successor stores); "
-        "the chaos checker excuses exactly these (wsfleet.local.chaos.checker.in_flight_at_freeze)",
+        "the chaos checker excuses exactly these (sim.chaos.checker.in_flight_at_freeze)",
         f"{WRITERS} writer threads, 25 frames per batch, a {DEADLINE_S:g} s deadline renewed every {RENEW_S:g} s, "
         f"{FREEZE_S:g} s freezes; seed {p['seed']}",
     ]

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from wsfleet import config as cfg
-from wsfleet.local.api import LocalApi
-from wsfleet.local.fleet import LOOPBACK
+from sim.api import LocalApi
+from sim.fleet import LOOPBACK
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router, make_presigner
 from wsfleet.store import MessagesStore, ObjectsStore

@@ -3,7 +3,7 @@ worker's default timings (lease 10 s, heartbeat 2.5 s, reconcile 10 s, flush 100
 checkpoint 120 s) and rebalancing defaults (REBALANCE on, REBALANCE_TOLERANCE 0.1,
 MAX_CONNECTIONS 100: at most 20 moves per balance pass).
 
-Per join size (1 and 4 workers), a fresh :class:`~wsfleet.local.fleet.Fleet` of 4 workers
+Per join size (1 and 4 workers), a fresh :class:`~sim.fleet.Fleet` of 4 workers
 holding 100 connections STARTed through the API; the join waits ``MIN_HOLD_S`` (60 s)
 after the connections are placed, since a connection held for less is never moved. Then
 the new workers start (no STARTs) and, from the upstream's socket books (exact, in this
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from wsfleet import schema
-from wsfleet.local import report
-from wsfleet.local.fleet import EmulatorProcess, Fleet, Timing, eventually
+from sim import report
+from sim.fleet import EmulatorProcess, Fleet, Timing, eventually
 from wsfleet.store import marshal, unmarshal
 from wsfleet.balance import max_moves
 from wsfleet.worker.balancer import MIN_HOLD_S

@@ -21,8 +21,8 @@ from typing import Any, Callable
 from wsfleet import records
 from wsfleet.aws import Aws
 from wsfleet.config import WorkerConfig
-from wsfleet.local.emulator import create_resources
-from wsfleet.local.fleet import EmulatorProcess
+from sim.emulator import create_resources
+from sim.fleet import EmulatorProcess
 from wsfleet.store import MessagesStore, StreamSink
 from wsfleet.stream import Frame
 

@@ -39,9 +39,9 @@ from typing import Any
 
 from wsfleet import config as cfg
 from wsfleet import records, schema
-from wsfleet.local import stream_audit
-from wsfleet.local.emulator import faults, set_faults
-from wsfleet.local.fleet import eventually
+from sim import stream_audit
+from sim.emulator import faults, set_faults
+from sim.fleet import eventually
 
 from .common import Result, Rig, fmt, fmt_spread, latency_cell, md_table
 from .ingestion import FLUSH_MS, connect, run_level, settings_for

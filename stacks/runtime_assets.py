@@ -37,12 +37,11 @@ _PYTHON_VERSION = LAMBDA_RUNTIME.name.removeprefix("python")
 WORKER_CPU_ARCHITECTURE = ecs.CpuArchitecture.X86_64
 _WORKER_BUILD_PLATFORM = ecr_assets.Platform.LINUX_AMD64
 
-# The function code is the package only: no emulator, no caches, no build files.
+# The function code is the package only: no caches, no build files (the simulator is not in runtime/).
 _ROUTER_CODE_EXCLUDE = [
     "*",
     "!wsfleet",
     "!wsfleet/**",
-    "wsfleet/local",
     "wsfleet/measured_ops.json",  # what `wsfleet plan` computes from: an operator's, not the router's
     ".dockerignore",
     "**/__pycache__",

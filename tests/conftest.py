@@ -16,9 +16,9 @@ import botocore.session
 import pytest
 from botocore.config import Config
 
-from wsfleet.local.emulator import CREDENTIALS, Emulator, create_resources, emulator_session, set_faults
-from wsfleet.local.fleet import EmulatorProcess
-from wsfleet.local.upstream import ThreadedUpstream
+from sim.emulator import CREDENTIALS, Emulator, create_resources, emulator_session, set_faults
+from sim.fleet import EmulatorProcess
+from sim.upstream import ThreadedUpstream
 from wsfleet.store import ConnectionsStore, MessagesStore, SessionsStore
 
 pytest_plugins = ("tests.markers", "tests.scheduling", "pytester")  # pytester: the markers tests run pytest
@@ -60,7 +60,7 @@ botocore.session.create_loader = _shared_loader
 # collection walks all of it each time the heap grows by a quarter: a tenth of the CPU
 # of the quick tests went there. Between modules, once a full collection has freed
 # the module's garbage, what is left is frozen (gc.freeze: never walked again), as the
-# emulator process does with what it stores (wsfleet.local.emulator.freeze_survivors).
+# emulator process does with what it stores (sim.emulator.freeze_survivors).
 # What that gives up: a cycle among objects alive at a freeze that dies later is not
 # freed (a module-scoped fixture's, say) - a small leak for a test process.
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -169,10 +169,10 @@ def sessions(ddb, aws_env):
 
 @pytest.fixture
 def python_env() -> dict[str, str]:
-    """Environment for a child ``python -m wsfleet...`` process."""
+    """Environment for a child ``python -m wsfleet...`` or ``python -m sim...`` process."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTEST_"))}
-    env["PYTHONPATH"] = os.path.join(root, "runtime")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(root, "runtime"), root])
     env["PYTHONUNBUFFERED"] = "1"
     env["AWS_XRAY_SDK_ENABLED"] = "false"
     env["ALLOWED_WS_HOSTS"] = "127.0.0.1"  # the local upstream's address

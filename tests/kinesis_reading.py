@@ -8,8 +8,8 @@ from collections import defaultdict
 from typing import Any
 
 from wsfleet import records
-from wsfleet.local import stream_audit
-from wsfleet.local.emulator import create_resources
+from sim import stream_audit
+from sim.emulator import create_resources
 
 
 def kinesis_env(endpoint_url: str, sink: str = "kinesis", shards: int = 2) -> dict[str, str]:
@@ -24,7 +24,7 @@ def kinesis_env(endpoint_url: str, sink: str = "kinesis", shards: int = 2) -> di
 
 def read_stream(kinesis: Any, stream: str) -> dict[str, list[tuple[str, records.Record]]]:
     """Every record on the stream, decoded, by shard id, in shard order: (shard, record)
-    (the harness's reader, :func:`wsfleet.local.stream_audit.read_stream`; a record that
+    (the harness's reader, :func:`sim.stream_audit.read_stream`; a record that
     does not decode fails the test)."""
     out: dict[str, list[tuple[str, records.Record]]] = {}
     for d in stream_audit.read_stream(kinesis, stream):

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from wsfleet.local.upstream import ThreadedUpstream
+from sim.upstream import ThreadedUpstream
 from wsfleet.worker import balancer
 from tests.test_worker import config, eventually, running, seqs  # noqa: F401 - shared fixtures below
 

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from wsfleet.worker.balancer import MIN_HOLD_S
-from wsfleet.local.chaos.byzantine import CLASSES, MARKER, NOTHING, backwards
-from wsfleet.local.chaos.checker import IN_FLIGHT_AFTER_RESUME_S, check
-from wsfleet.local.chaos.recovery import kind_summary
-from wsfleet.local.chaos.evidence import Evidence, Row, Snapshot, frame_data
-from wsfleet.local.chaos.history import Applied, Op
-from wsfleet.local.chaos.schedule import KINDS, KINESIS, Bounds, dealt_kinds, generate
-from wsfleet.local.fleet import ConnState, Sample, SessionState, Timing
-from wsfleet.local.stream_audit import Delivery
-from wsfleet.local.upstream import Overlap, SocketRecord
+from sim.chaos.byzantine import CLASSES, MARKER, NOTHING, backwards
+from sim.chaos.checker import IN_FLIGHT_AFTER_RESUME_S, check
+from sim.chaos.recovery import kind_summary
+from sim.chaos.evidence import Evidence, Row, Snapshot, frame_data
+from sim.chaos.history import Applied, Op
+from sim.chaos.schedule import KINDS, KINESIS, Bounds, dealt_kinds, generate
+from sim.fleet import ConnState, Sample, SessionState, Timing
+from sim.stream_audit import Delivery
+from sim.upstream import Overlap, SocketRecord
 from wsfleet import records
 from wsfleet.stream import Frame, Rejected, parse_frame
 
@@ -520,7 +520,7 @@ def test_a_short_seeded_chaos_run_finds_no_violation(python_env, tmp_path):
     args = ["--seed", str(SEED), "--minutes", "1", "--workers", "3", "--connections", "9", *FAST_ARGS,
             "--slack", "2", "--run-dir", str(tmp_path), "--kinds", ",".join(NEW_KINDS)]
     with open(out, "wb") as log:
-        status = subprocess.run([sys.executable, "-m", "wsfleet.local.chaos", *args], env=python_env,
+        status = subprocess.run([sys.executable, "-m", "sim.chaos", *args], env=python_env,
                                 stdout=log, stderr=subprocess.STDOUT, timeout=280).returncode
     text = out.read_text()
 
@@ -553,7 +553,7 @@ def _stat(pid: int, ppid: int, ticks: int, name: str = "python") -> str:
 
 
 def test_the_cpu_of_this_run_is_its_process_tree_and_the_rest_of_the_machine_is_others():
-    from wsfleet.local.chaos import machine
+    from sim.chaos import machine
 
     hz = machine.CLOCK_TICKS
     assert machine.machine_busy_s(f"cpu  {hz} 0 {hz} 99999 7 0 0 {hz} 0 0\ncpu0 1 0 0 0\n") == 3.0
@@ -570,7 +570,7 @@ def test_the_cpu_of_this_run_is_its_process_tree_and_the_rest_of_the_machine_is_
 
 
 def test_the_report_says_what_else_ran_while_a_fault_recovered_past_its_bound():
-    from wsfleet.local.chaos import machine, report
+    from sim.chaos import machine, report
 
     term = Applied(71, "clock", T0 + 0.5, victim="w1", affected={"a": T0 + 1.0})
     ev = evidence(sockets={"a": [SocketRecord(1, "a", "p", "/", 1, T0, T0 + 1.0),
@@ -591,7 +591,7 @@ def test_every_process_a_run_starts_imports_the_copy_of_the_package_taken_at_its
     router kept the old one: 80 ``stop_not_closed`` the fleet did not cause (fixed in
     c068159). A child started with the fleet's environment imports the copy, and the
     copy is the package as it was."""
-    from wsfleet.local.fleet import RUNTIME_DIR, child_env, pin_runtime, pinned
+    from sim.fleet import RUNTIME_DIR, child_env, pin_runtime, pinned
 
     runtime = pin_runtime(tmp_path)
     code = "import wsfleet.worker.lifecycle as m, wsfleet.store as s; print(m.__file__); print(s.__file__)"

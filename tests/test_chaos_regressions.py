@@ -15,8 +15,8 @@ import pytest
 
 from wsfleet.aws import Aws
 from wsfleet.config import WorkerConfig
-from wsfleet.local.chaos.workers import FAKETIME_LIB, clock_off_by
-from wsfleet.local.upstream import ThreadedUpstream
+from sim.chaos.workers import FAKETIME_LIB, clock_off_by
+from sim.upstream import ThreadedUpstream
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router
 from wsfleet.store import ConnectionsStore

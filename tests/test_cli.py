@@ -27,7 +27,7 @@ from wsfleet import schema, stack_outputs
 from wsfleet.cli import main
 from wsfleet.cli.api import ApiClient, region_in_url, urlopen
 from wsfleet.cli.errors import CliError
-from wsfleet.local.api import LocalApi
+from sim.api import LocalApi
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router
 from wsfleet.store import Acquired, ConnectionsStore, SessionsStore, now_ms

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import pytest
 
 from tests import test_cli
-from wsfleet.local.api import LocalApi
+from sim.api import LocalApi
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router
 from tests.test_cli import URL, run
@@ -24,7 +24,7 @@ from wsfleet import schema
 from wsfleet.cli import reading, render
 from wsfleet.cli.api import ApiClient
 from wsfleet.cli.errors import CliError
-from wsfleet.local.emulator import set_faults
+from sim.emulator import set_faults
 from wsfleet.store import ConnectionsStore
 
 pytestmark = pytest.mark.timeout(120)

@@ -18,7 +18,7 @@ from tests.test_router import post_event
 from wsfleet import schema
 from wsfleet.cli import build_parser
 from wsfleet.cli.api import ApiClient
-from wsfleet.local.api import LocalApi
+from sim.api import LocalApi
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router
 from wsfleet.store import ConnectionsStore, now_ms

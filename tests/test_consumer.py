@@ -23,7 +23,7 @@ from wsfleet import config, records, schema
 from wsfleet.consumer import Consumer, batch, delivery, object_key
 from wsfleet.consumer.delivery import Delivered, decide
 from wsfleet.consumer.local import LocalEventSource, kinesis_event
-from wsfleet.local.emulator import set_faults
+from sim.emulator import set_faults
 from wsfleet.logs import JsonLogger
 from wsfleet.stream import Frame, upstream_gap
 

@@ -1,4 +1,4 @@
-"""``python -m wsfleet.local.demo`` as a user runs it, and the report it is judged by."""
+"""``python -m sim.demo`` as a user runs it, and the report it is judged by."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from wsfleet.local import report, traces
-from wsfleet.local.demo import parse_args
-from wsfleet.local.fleet import Audit, ConnState, LargeFrame, Sample, SessionState, eventually, state_from_item
-from wsfleet.local.upstream import Overlap, SocketRecord
+from sim import report, traces
+from sim.demo import parse_args
+from sim.fleet import Audit, ConnState, LargeFrame, Sample, SessionState, eventually, state_from_item
+from sim.upstream import Overlap, SocketRecord
 
 FAST = ["--lease", "3", "--heartbeat", "0.75", "--reconcile", "1", "--skew-ms", "200", "--checkpoint", "1", "--rate", "5"]
 
@@ -22,7 +22,7 @@ FAST = ["--lease", "3", "--heartbeat", "0.75", "--reconcile", "1", "--skew-ms", 
 def demo(args: list[str], env: dict[str, str], out: Path) -> subprocess.Popen:
     with open(out, "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "wsfleet.local.demo", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", "sim.demo", *args], env=env, stdout=log, stderr=subprocess.STDOUT,
             preexec_fn=as_a_terminal_starts_it,
         )
 
@@ -253,7 +253,7 @@ def test_the_sink_comes_from_the_flag_or_sink_in_the_environment_and_a_bad_one_i
 
 
 def test_chaos_deals_kinesis_faults_only_with_a_stream_to_fault(monkeypatch, capsys):
-    from wsfleet.local.chaos.__main__ import parse_args as chaos_args
+    from sim.chaos.__main__ import parse_args as chaos_args
 
     monkeypatch.delenv("SINK", raising=False)
     assert chaos_args(["--sink", "kinesis", "--kinds", "kinesis_refuse,kill"]).sink == "kinesis"
@@ -276,7 +276,7 @@ def test_the_demo_with_tracing_writes_every_processs_spans_as_one_trace_per_star
     spans = traces.read(run_dir)
     (start,) = [t for t, members in traces.by_trace(spans).items() if any(s.name == "router" for s in members)
                 and any(s.name == "connect" for s in members)]
-    assert f"a router trace: python -m wsfleet.local.traces {run_dir} {start}" in text
+    assert f"a router trace: python -m sim.traces {run_dir} {start}" in text
     lines = traces.tree(traces.by_trace(spans)[start])
     assert [line.split()[0] for line in lines if "." not in line.split()[0]] == ["router", "acquire", "connect"]
     assert lines[0].startswith("router [wsfleet-router]") and "connection_id=c001" in lines[0]

@@ -16,7 +16,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from wsfleet.local.emulator import (
+from sim.emulator import (
     FAULTS_PATH, HARNESS_MARK, faults, freeze_survivors, journal, record_journal, request_ledger, set_faults,
 )
 from wsfleet.store import CheckpointEntry, ConnectionsStore, MessagesStore, SessionsStore, TransientError, is_transient
@@ -534,7 +534,7 @@ def test_two_operations_on_one_item_are_still_refused_and_undo_what_the_first_di
 def test_the_transaction_patch_is_idempotent(own):
     from moto.dynamodb.models import DynamoDBBackend
 
-    from wsfleet.local.emulator import _transactions_copy_items_not_tables
+    from sim.emulator import _transactions_copy_items_not_tables
 
     patched = DynamoDBBackend.transact_write_items
     _transactions_copy_items_not_tables()

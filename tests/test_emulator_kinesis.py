@@ -78,7 +78,7 @@ def test_a_shards_first_and_last_sequence_numbers_are_read_without_copying_its_k
 
     from moto.kinesis.models import Shard
 
-    from wsfleet.local.moto_patches import _kinesis_sequence_ends_in_constant_time
+    from sim.moto_patches import _kinesis_sequence_ends_in_constant_time
 
     class NoCopies(OrderedDict):
         def keys(self):  # what moto's own version copies

@@ -14,12 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from wsfleet.local import report
+from sim import report
 from wsfleet.leases import SessionTiming
-from wsfleet.local.chaos.checker import IN_FLIGHT_AFTER_RESUME_S
-from wsfleet.local.chaos.workers import FAKETIME_LIB
-from wsfleet.local.chaos.workers import clock_off_by as chaos_clock_off_by
-from wsfleet.local.fleet import Fleet, SessionState, Timing, eventually, reachability_violations
+from sim.chaos.checker import IN_FLIGHT_AFTER_RESUME_S
+from sim.chaos.workers import FAKETIME_LIB
+from sim.chaos.workers import clock_off_by as chaos_clock_off_by
+from sim.fleet import Fleet, SessionState, Timing, eventually, reachability_violations
 from wsfleet.worker.takeover import RING_REFRESH_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -397,7 +397,7 @@ CLOCK_OFF_S = 0.45  # each way: the two workers' clocks disagree by 0.9 s, under
 
 def clock_off_by(offset_s: float) -> dict[str, str]:
     """Environment that runs a worker with its wall clock ``offset_s`` off (libfaketime;
-    see wsfleet.local.chaos.nemesis.clock_off_by for why its monotonic clock moves too)."""
+    see sim.chaos.nemesis.clock_off_by for why its monotonic clock moves too)."""
     assert FAKETIME_LIB is not None
     return chaos_clock_off_by(round(offset_s * 1000))
 

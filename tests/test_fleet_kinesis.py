@@ -17,8 +17,8 @@ from tests.test_fleet import (
     RATE, SCAN_POLL_S, TIMING, busiest, start_connections, start_workers, stored_more, wait_taken_over, watched_by_all,
 )
 from wsfleet import schema
-from wsfleet.local import report
-from wsfleet.local.fleet import Fleet, eventually
+from sim import report
+from sim.fleet import Fleet, eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

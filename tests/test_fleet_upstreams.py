@@ -1,6 +1,6 @@
 """Upstreams of every kind on the fleet as real processes: kill -9 of their owners.
 
-One connection of each upstream kind (:mod:`wsfleet.local.kind_streams`: a secret
+One connection of each upstream kind (:mod:`sim.kind_streams`: a secret
 header from the emulator's Secrets Manager, a subprotocol with a subscribe message that
 alone carries the resume point and a nested seq, whole flat frames, and an upstream that
 cannot replay) beside a default one, on worker processes. Their owners are killed with
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import pytest
 
-from wsfleet.local import kind_streams
-from wsfleet.local.fleet import Fleet, Timing, eventually
+from sim import kind_streams
+from sim.fleet import Fleet, Timing, eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 

@@ -2,7 +2,7 @@
 large frame, each holds one large message at a time, every frame arrives in order,
 nothing deadlocks, and a slot comes back when its socket dies, mid-frame or waiting.
 
-Sockets are real: the local upstream (wsfleet.local.upstream) for whole streams, and a
+Sockets are real: the local upstream (sim.upstream) for whole streams, and a
 bare TCP server that sends a WebSocket frame header and part of its payload, then
 nothing, for a socket that dies in the middle of a frame. No timed assertions: every
 wait polls a condition with a generous deadline."""
@@ -19,7 +19,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from wsfleet.local.upstream import Upstream
+from sim.upstream import Upstream
 from wsfleet.worker.gate import MAX_QUEUE, ReceiveGate, connect_options
 
 ALLOWANCE = 64 * 1024

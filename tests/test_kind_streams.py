@@ -5,10 +5,10 @@ reconnect must leave."""
 from __future__ import annotations
 
 from wsfleet import schema
-from wsfleet.local.kind_streams import (
+from sim.kind_streams import (
     AUTH, FLAT_KIND, NONE, SUBSCRIBE, audit_live_only, audit_replaying, kind_streams, leaks,
 )
-from wsfleet.local.upstream import Kind, SocketRecord
+from sim.upstream import Kind, SocketRecord
 from wsfleet.upstream_spec import parse
 
 ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:wsfleet/local/demo/k-AbCdEf"

@@ -23,7 +23,7 @@ from wsfleet import clock, records
 from wsfleet import metrics_names as names
 from wsfleet.aws import Aws, SendDeadlinePassed, send_deadline
 from wsfleet.config import WorkerConfig
-from wsfleet.local.emulator import faults, set_faults
+from sim.emulator import faults, set_faults
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
 from wsfleet.store import BothSinks, InvalidItem, MessagesStore, ObjectsStore, StoredObject, StreamSink, TransientError

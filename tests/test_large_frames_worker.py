@@ -18,7 +18,7 @@ from tests.test_router_messages import messages_event
 from tests.test_worker import config, dead_session, eventually, running
 from wsfleet import metrics_names as names
 from wsfleet import schema
-from wsfleet.local.upstream import ThreadedUpstream
+from sim.upstream import ThreadedUpstream
 from wsfleet.stream import Frame
 
 pytestmark = pytest.mark.slow

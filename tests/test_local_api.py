@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from wsfleet.local.api import CONNECTION_RESOURCE, EVENTS_RESOURCE, MESSAGES_RESOURCE, LocalApi
+from sim.api import CONNECTION_RESOURCE, EVENTS_RESOURCE, MESSAGES_RESOURCE, LocalApi
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -204,7 +204,7 @@ def test_router_behind_http_serves_pages_of_messages(router_api, router_env, ddb
 @pytest.mark.slow
 def test_process_prints_ready_and_serves_the_router(python_env, router_env):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wsfleet.local.api", "--port", "0"],
+        [sys.executable, "-m", "sim.api", "--port", "0"],
         env={**python_env, **router_env},
         stdout=subprocess.PIPE,
         text=True,
@@ -226,6 +226,6 @@ def test_process_prints_ready_and_serves_the_router(python_env, router_env):
 def test_process_with_a_bad_setting_exits_at_start_up_naming_the_variable(python_env, router_env):
     env = {k: v for k, v in {**python_env, **router_env}.items() if k != "TABLE_NAME"}
     done = subprocess.run(
-        [sys.executable, "-m", "wsfleet.local.api", "--port", "0"], env=env, capture_output=True, text=True, timeout=20
+        [sys.executable, "-m", "sim.api", "--port", "0"], env=env, capture_output=True, text=True, timeout=20
     )
     assert done.returncode == 2 and "TABLE_NAME" in done.stderr and "READY" not in done.stdout

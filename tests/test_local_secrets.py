@@ -11,9 +11,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from wsfleet import upstream_spec
-from wsfleet.local.emulator import request_ledger, set_faults
+from sim.emulator import request_ledger, set_faults
 from wsfleet.validation import Invalid
-from wsfleet.local.secrets import SECRET_PREFIX, put_secret, secret_name
+from sim.secrets import SECRET_PREFIX, put_secret, secret_name
 
 from tests.conftest import own_emulator
 
@@ -68,7 +68,7 @@ def test_a_secrets_manager_outage_fails_its_requests_with_its_own_error(own):
 def test_the_process_prints_the_arn_and_never_the_value(own, python_env):
     url, _, client = own
     done = subprocess.run(
-        [sys.executable, "-m", "wsfleet.local.secrets", "--endpoint-url", url, "cli/key", "hidden-value"],
+        [sys.executable, "-m", "sim.secrets", "--endpoint-url", url, "cli/key", "hidden-value"],
         env=python_env, capture_output=True, text=True, timeout=60, check=True,
     )
     arn = done.stdout.strip()

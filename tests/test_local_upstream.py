@@ -15,7 +15,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosedError, ConnectionClosedOK, InvalidStatus
 from websockets.sync.client import connect as sync_connect
 
-from wsfleet.local.upstream import NO_SEQ, NOT_JSON, ThreadedUpstream, Upstream, stream_name, stream_path
+from sim.upstream import NO_SEQ, NOT_JSON, ThreadedUpstream, Upstream, stream_name, stream_path
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -375,7 +375,7 @@ def test_threaded_upstream_serves_synchronous_callers():
 @pytest.mark.slow
 def test_process_prints_ready_and_serves_streams(python_env):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wsfleet.local.upstream", "--port", "0", "--rate", "50"],
+        [sys.executable, "-m", "sim.upstream", "--port", "0", "--rate", "50"],
         env=python_env,
         stdout=subprocess.PIPE,
         text=True,

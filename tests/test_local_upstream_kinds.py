@@ -15,8 +15,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as sync_connect
 
-from wsfleet.local.upstream import FLAT, NESTED, Kind, ThreadedUpstream, Upstream
-from wsfleet.local.upstream.kinds import BadRequest, parse_request, parse_subscribe, stored_data
+from sim.upstream import FLAT, NESTED, Kind, ThreadedUpstream, Upstream
+from sim.upstream.kinds import BadRequest, parse_request, parse_subscribe, stored_data
 
 pytestmark = pytest.mark.timeout(30)
 SECRET = "s3cr3t-value"
@@ -305,7 +305,7 @@ def test_request_parsing_refuses_unknown_values_in_a_sentence():
 @pytest.mark.slow
 def test_process_takes_credentials(python_env):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "wsfleet.local.upstream", "--port", "0", "--rate", "50",
+        [sys.executable, "-m", "sim.upstream", "--port", "0", "--rate", "50",
          "--credential", "one", "--credential", "two"],
         env=python_env, stdout=subprocess.PIPE, text=True,
     )

@@ -12,7 +12,7 @@ import boto3
 import pytest
 
 from wsfleet import metrics_names as names
-from wsfleet.local.secrets import put_secret
+from sim.secrets import put_secret
 from wsfleet.metrics import Counters
 from wsfleet.upstream_spec import SecretRef
 from wsfleet.worker.secrets import SecretError, Secrets

@@ -18,7 +18,7 @@ from botocore.exceptions import ClientError
 from wsfleet import schema
 from wsfleet import store as store_mod
 from wsfleet.leases import AcquireFailure, EndFailure, RenewFailure
-from wsfleet.local.emulator import set_faults
+from sim.emulator import set_faults
 from wsfleet.store import (
     Acquired,
     CheckpointEntry,
@@ -33,7 +33,7 @@ from wsfleet.store import (
     StopOutcome,
     TransientError,
 )
-from wsfleet.local.emulator import journal, record_journal
+from sim.emulator import journal, record_journal
 from wsfleet.stream import Frame, Problem, upstream_gap
 
 from tests.conftest import open_sessions

@@ -1,4 +1,4 @@
-"""The stream audit (wsfleet.local.stream_audit): the at-least-once and ordering rules
+"""The stream audit (sim.stream_audit): the at-least-once and ordering rules
 of CONTRACT.md section 4 over streams made by hand, and the harness's reader against
 the emulator's stream (records put with boto3, as a worker's sink would)."""
 
@@ -11,7 +11,7 @@ import boto3
 
 from tests.conftest import REGION
 from wsfleet import records
-from wsfleet.local import stream_audit as sa
+from sim import stream_audit as sa
 from wsfleet.stream import Frame
 
 T0 = 1_700_000_000_000

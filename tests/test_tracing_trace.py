@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from wsfleet import schema, tracing
-from wsfleet.local.secrets import SECRET_PREFIX, put_secret
+from sim.secrets import SECRET_PREFIX, put_secret
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router
 

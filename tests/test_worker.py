@@ -17,7 +17,7 @@ from wsfleet import clock
 from wsfleet import metrics_names as names
 from wsfleet.aws import Aws
 from wsfleet.config import WorkerConfig
-from wsfleet.local.upstream import ThreadedUpstream
+from sim.upstream import ThreadedUpstream
 from wsfleet.logs import JsonLogger
 from wsfleet import schema
 from wsfleet.router import Router

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from wsfleet.local.fleet import eventually
-from wsfleet.local.upstream import ThreadedUpstream
+from sim.fleet import eventually
+from sim.upstream import ThreadedUpstream
 from wsfleet.router import Router
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from wsfleet.local.upstream import ThreadedUpstream
+from sim.upstream import ThreadedUpstream
 from wsfleet import schema
 from wsfleet.store import ConnectionsStore, MessagesStore, SessionsStore
 

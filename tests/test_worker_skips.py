@@ -1,5 +1,5 @@
 """No silent holes, end to end: the worker against the emulator and a real local upstream
-(runtime/wsfleet/local/upstream.py). Seqs the upstream jumps over become one range
+(sim/upstream.py). Seqs the upstream jumps over become one range
 marker; a frame over the socket's limit, sent again at every resume, costs a bounded
 number of sockets and becomes a marker; a new owner resumes past markers without a
 loop, a gap or a double; whatever mix comes, the connection keeps its socket's owner
@@ -18,7 +18,7 @@ from tests.test_worker import dead_session, eventually, running
 from wsfleet import metrics_names as names
 from wsfleet import schema
 from wsfleet.config import WorkerConfig
-from wsfleet.local.upstream import ThreadedUpstream
+from sim.upstream import ThreadedUpstream
 from wsfleet.stream import OVER_LIMIT_TRIES, Frame, Problem, contiguous_end, upstream_gap
 
 pytestmark = pytest.mark.slow

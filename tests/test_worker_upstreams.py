@@ -16,8 +16,8 @@ import pytest
 
 from wsfleet import metrics_names as names
 from wsfleet import schema
-from wsfleet.local.secrets import put_secret
-from wsfleet.local.upstream import ThreadedUpstream
+from sim.secrets import put_secret
+from sim.upstream import ThreadedUpstream
 from wsfleet.logs import JsonLogger
 from wsfleet.store import marshal
 
@@ -424,7 +424,7 @@ def test_a_clean_handoffs_hint_carries_the_upstream_so_the_taker_opens_it_the_sa
 def test_a_secrets_manager_outage_is_a_fault_that_passes_not_a_refusal(
     emulator, aws_env, stores, ddb, lively_upstream, captured
 ):
-    from wsfleet.local.emulator import set_faults
+    from sim.emulator import set_faults
 
     conns, msgs = stores
     up = lively_upstream

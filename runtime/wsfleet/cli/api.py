@@ -38,7 +38,7 @@ class ApiReply:
 
 
 def is_local(url: str) -> bool:
-    """A loopback API is the local stand-in (``wsfleet.local.api``): nothing to sign."""
+    """A loopback API is the local stand-in (``sim.api``): nothing to sign."""
     host = urllib.parse.urlsplit(url).hostname or ""
     if host == "localhost":
         return True

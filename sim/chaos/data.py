@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Iterable, Mapping, Sequence
 
-from ... import schema
+from wsfleet import schema
 from ..fleet import Timing
 from ..upstream import SocketRecord, stream_name
 from .byzantine import CLASSES, MARKER

@@ -1,4 +1,4 @@
-"""``python -m wsfleet.local.upstream``: the local upstream as a process; prints
+"""``python -m sim.upstream``: the local upstream as a process; prints
 ``READY ws://HOST:PORT`` once it listens, stops on SIGINT or SIGTERM."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ import argparse
 import asyncio
 import signal
 
-from ...logs import route_stdlib_logging
+from wsfleet.logs import route_stdlib_logging
 from .server import Upstream
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m wsfleet.local.upstream", description="A local WebSocket upstream: many numbered streams on one server.")
+    parser = argparse.ArgumentParser(prog="python -m sim.upstream", description="A local WebSocket upstream: many numbered streams on one server.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--rate", type=float, default=2.0, help="frames per second per stream; 0 for none")

@@ -62,7 +62,7 @@ Three paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
   session (who ended it) is recorded with its position and the server's clock. ``GET ?since=N``
   answers the entries from position N.
 
-Run standalone with ``python -m wsfleet.local.emulator`` (prints ``READY <url>``),
+Run standalone with ``python -m sim.emulator`` (prints ``READY <url>``),
 or embed with :class:`Emulator` in tests.
 
 This module assembles the layers (:func:`build_app`) and runs the server; the layers
@@ -83,8 +83,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 from werkzeug.serving import make_server
 
-from .. import config, schema
-from ..logs import route_stdlib_logging
+from wsfleet import config, schema
+from wsfleet.logs import route_stdlib_logging
 from .emulator_books import JOURNAL_PATH, REQUESTS_PATH, Journal, RequestLedger
 from .emulator_faults import FAULTS_PATH, Faults
 # Importable from here, as before the emulator's parts had modules of their own.

@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ... import schema
-from ...worker.balancer import MIN_HOLD_S
+from wsfleet import schema
+from wsfleet.worker.balancer import MIN_HOLD_S
 from .history import Applied, Op
 from .schedule import DYNAMODB, Bounds
 

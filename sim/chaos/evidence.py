@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, TypeVar
 
-from ... import schema
+from wsfleet import schema
 from ..emulator import journal
 from ..fleet import ConnState, Fleet, Sample, SessionState
 from ..stream_audit import Delivery, as_items, consumer_view

@@ -20,9 +20,9 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ...leases import SessionTiming
-from ...worker.connection import CLOSE_TIMEOUT_S
-from ...worker.takeover import RING_REFRESH_S
+from wsfleet.leases import SessionTiming
+from wsfleet.worker.connection import CLOSE_TIMEOUT_S
+from wsfleet.worker.takeover import RING_REFRESH_S
 from ..fleet import TAKEOVER_SLACK_S, Timing
 from .byzantine import CLASSES
 
@@ -56,7 +56,7 @@ BUSY_MACHINE_S = 1.5
 @dataclass(frozen=True)
 class Bounds:
     """How long each kind of fault may keep a connection from being whole again, from
-    the worker timing (:class:`~wsfleet.local.fleet.Timing`)."""
+    the worker timing (:class:`~sim.fleet.Timing`)."""
 
     timing: Timing
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from ... import config as cfg
+from wsfleet import config as cfg
 from ..emulator import record_journal, request_ledger
 from ..fleet import RUNTIME_DIR, Fleet, Sample, Timing, new_run_dir, pin_runtime
 from ..report import progress_line
@@ -66,7 +66,7 @@ class Settings:
             args += ["--kinds", ",".join(self.kinds)]
         if self.sink != "dynamodb":
             args += ["--sink", self.sink]
-        return "PYTHONPATH=runtime python -m wsfleet.local.chaos " + " ".join(shlex.quote(str(a)) for a in args)
+        return "PYTHONPATH=runtime:. python -m sim.chaos " + " ".join(shlex.quote(str(a)) for a in args)
 
     def describe(self) -> str:
         t = self.timing

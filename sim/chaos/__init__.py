@@ -1,5 +1,5 @@
 """Chaos soak: seeded random faults against the whole fleet, then an audit of the
-invariants from independent evidence (``make chaos``, ``python -m wsfleet.local.chaos``).
+invariants from independent evidence (``make chaos``, ``python -m sim.chaos``).
 
 Three parts kept apart, as Jepsen keeps them:
 
@@ -15,6 +15,6 @@ Three parts kept apart, as Jepsen keeps them:
   (:mod:`.recovery`) and moves of ownership nothing explains (:mod:`.moves`) included;
   the workers' logs are a cross-check, never evidence.
 
-:mod:`.run` plays a whole run on a :class:`~wsfleet.local.fleet.Fleet`; :mod:`.report`
+:mod:`.run` plays a whole run on a :class:`~sim.fleet.Fleet`; :mod:`.report`
 renders what it found.
 """

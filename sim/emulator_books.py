@@ -1,6 +1,6 @@
 """The emulator's books, independent of the system under test: the write journal
 (``/_wsfleet/journal``) and the request ledger (``/_wsfleet/requests``); see
-:mod:`wsfleet.local.emulator`."""
+:mod:`sim.emulator`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import parse_qs
 
-from .. import schema
+from wsfleet import schema
 from .emulator_wsgi import WSGIApp
 from .emulator_wsgi import json_response as _json
 from .emulator_wsgi import operation as _operation

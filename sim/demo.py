@@ -1,7 +1,7 @@
 """``make demo``: the whole fleet on this machine, through a failover scenario, with a report.
 
-    python -m wsfleet.local.demo                      # 4 workers, 32 connections, about 3 minutes
-    python -m wsfleet.local.demo --scenario crash --workers 3 --connections 12 --duration 40
+    python -m sim.demo                      # 4 workers, 32 connections, about 3 minutes
+    python -m sim.demo --scenario crash --workers 3 --connections 12 --duration 40
 
 It starts the local AWS backend, an upstream, the API and K worker processes, STARTs M
 connections through the API, then plays the scenario:
@@ -24,9 +24,9 @@ connections through the API, then plays the scenario:
 
 ``--scenario chaos`` is another kind of run: seeded random faults for ``--duration``
 seconds, then an invariant audit (what ``make chaos`` runs; see
-:mod:`wsfleet.local.chaos`), with ``--seed`` to replay one.
+:mod:`sim.chaos`), with ``--seed`` to replay one.
 
-Beside them, one connection of each upstream kind (:mod:`wsfleet.local.kind_streams`;
+Beside them, one connection of each upstream kind (:mod:`sim.kind_streams`;
 ``--no-kinds`` leaves them out): an authenticated one whose secret is rotated (old
 credential revoked) halfway through the first step, subprotocol + subscribe with nested
 frames and flat frames (whose sockets the upstream cuts at the same moment: they resume
@@ -42,7 +42,7 @@ and the report reads it back and compares its size and SHA-256 with what was sen
 
 ``--sink kinesis`` (or ``SINK=kinesis`` in the environment; ``dynamodb,kinesis`` for
 both) sends the frames to a Kinesis stream instead of (or beside) the messages table:
-the report then audits the stream (:mod:`wsfleet.local.stream_audit`: every seq
+the report then audits the stream (:mod:`sim.stream_audit`: every seq
 delivered at least once and in order, frames delivered again only after a takeover and
 within the bound), and the table audit and the kinds' read what a consumer keeps of it.
 
@@ -64,10 +64,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from .. import config as cfg
-from .. import tracing
-from .. import schema
-from ..logs import route_stdlib_logging
+from wsfleet import config as cfg
+from wsfleet import tracing
+from wsfleet import schema
+from wsfleet.logs import route_stdlib_logging
 from . import kind_streams, report, traces
 from .chaos.run import Run as ChaosRun
 from .chaos.run import Settings as ChaosSettings
@@ -296,7 +296,7 @@ class Demo:
         self.start_workers(args.workers)
         self.say(f"           API: {fleet.api.url}   upstream: {fleet.upstream.url}   backend: {fleet.emulator.endpoint_url}")
         self.say(f"           try: curl -s {fleet.api.url}/connections/c001")
-        self.say(f"           cli: env PYTHONPATH={Path(__file__).resolve().parents[2]} {' '.join(f'{k}={v}' for k, v in fleet.aws_env.items())} {sys.executable} -m wsfleet status  (start/stop/get/messages: --api {fleet.api.url})")
+        self.say(f"           cli: env PYTHONPATH={Path(__file__).resolve().parents[1] / 'runtime'} {' '.join(f'{k}={v}' for k, v in fleet.aws_env.items())} {sys.executable} -m wsfleet status  (start/stop/get/messages: --api {fleet.api.url})")
         steps = SCENARIOS[args.scenario]
         gap = args.duration / (1 + sum(STEP_LENGTH.get(step, 1) for step in steps))
         began = time.time()
@@ -384,11 +384,11 @@ class Demo:
             found = [t for t, members in grouped.items() if any(s.name == first and not s.parent_id for s in members)]
             if found:
                 longest = max(found, key=lambda t: len(grouped[t]))
-                self.say(f"  a {first} trace: python -m wsfleet.local.traces {self.fleet.run_dir} {longest}")
+                self.say(f"  a {first} trace: python -m sim.traces {self.fleet.run_dir} {longest}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m wsfleet.local.demo", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m sim.demo", description=__doc__.split("\n")[0])
     p.add_argument("--workers", type=int, default=4, help="worker processes at the start [4]")
     p.add_argument("--connections", type=int, default=32, help="connections STARTed at the start [32]")
     p.add_argument("--scenario", choices=sorted([*SCENARIOS, CHAOS]), default="full", help="what happens after the START [full]")

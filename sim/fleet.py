@@ -3,12 +3,12 @@ the fleet tests drive.
 
 A :class:`Fleet` owns everything it starts:
 
-* the local AWS backend, ``python -m wsfleet.local.emulator`` in a process of its own
+* the local AWS backend, ``python -m sim.emulator`` in a process of its own
   (or a shared :class:`EmulatorProcess`), with tables and a queue of its own;
 * K workers, each ``python -m wsfleet.worker`` in a process of its own, with its JSON
   log in ``<run_dir>/<name>.log``;
-* the upstream (:class:`~wsfleet.local.upstream.ThreadedUpstream`) and the API
-  (:class:`~wsfleet.local.api.LocalApi` in front of the event router) as threads of
+* the upstream (:class:`~sim.upstream.ThreadedUpstream`) and the API
+  (:class:`~sim.api.LocalApi` in front of the event router) as threads of
   this process: their books are then read directly, and the API is still real HTTP;
 * an observer thread that samples ownership (one Scan of the connections table, then
   one of the sessions table) and the upstream's books every ``sample_interval`` seconds
@@ -48,10 +48,10 @@ from typing import Any, Callable, Mapping
 
 from botocore.config import Config
 
-from .. import config as cfg
-from .. import schema, tracing
-from ..logs import JsonLogger
-from ..store import MessagesStore, ObjectsStore, unmarshal
+from wsfleet import config as cfg
+from wsfleet import schema, tracing
+from wsfleet.logs import JsonLogger
+from wsfleet.store import MessagesStore, ObjectsStore, unmarshal
 from .api import LocalApi
 from .emulator import DEFAULT_REGION, HARNESS_MARK, create_resources, emulator_session, record_journal
 # The observer's shapes and the processes live beside this module; importable from here too.
@@ -69,17 +69,21 @@ from .upstream import ThreadedUpstream
 log = logging.getLogger(__name__)
 
 
-# Children import the package from here; a benchmark or a chaos run points it at a copy
-# taken at its start (pin_runtime), by assigning this module's RUNTIME_DIR.
-RUNTIME_DIR = Path(__file__).resolve().parents[2]  # what PYTHONPATH must hold for children
+# Children import the product (``wsfleet``) from RUNTIME_DIR and the simulator (``sim``)
+# from SIM_ROOT; a benchmark or a chaos run points both at a copy taken at its start
+# (pin_runtime), by assigning this module's RUNTIME_DIR.
+SIM_ROOT = Path(__file__).resolve().parents[1]  # holds the ``sim`` package
+RUNTIME_DIR = SIM_ROOT / "runtime"  # holds the ``wsfleet`` package
 
 
 def pin_runtime(run_dir: Path) -> Path:
-    """Copy the ``wsfleet`` package into ``run_dir/runtime`` and return that directory,
-    for a long run's children to import: code edited while the run goes on must not
-    reach the workers it starts later (the API, in this process, keeps what it imported)."""
+    """Copy the ``wsfleet`` and ``sim`` packages into ``run_dir/runtime`` and return that
+    directory, for a long run's children to import: code edited while the run goes on must
+    not reach the workers it starts later (the API, in this process, keeps what it imported)."""
     pinned = run_dir / "runtime"
-    shutil.copytree(RUNTIME_DIR / "wsfleet", pinned / "wsfleet", ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(RUNTIME_DIR / "wsfleet", pinned / "wsfleet", ignore=ignore, dirs_exist_ok=True)
+    shutil.copytree(SIM_ROOT / "sim", pinned / "sim", ignore=ignore, dirs_exist_ok=True)
     return pinned
 
 
@@ -94,7 +98,7 @@ def child_env(**extra: str) -> dict[str, str]:
     """This process's environment without anything that could reach real AWS, plus
     what a ``python -m wsfleet...`` child needs."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(RUNTIME_DIR), os.environ.get("PYTHONPATH", "")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(RUNTIME_DIR), str(SIM_ROOT), os.environ.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
     env["AWS_XRAY_SDK_ENABLED"] = "false"
     env[cfg.TRACING] = "off"  # unless the fleet traces (Fleet(traces=True)): no daemon, no collector here
@@ -106,7 +110,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 class EmulatorProcess:
-    """``python -m wsfleet.local.emulator`` in a process of its own: moto's DynamoDB is
+    """``python -m sim.emulator`` in a process of its own: moto's DynamoDB is
     serialised, so a fleet must not share its interpreter (and GIL) with the workers'
     backend. Several fleets may share one (each creates its own tables and queue)."""
 
@@ -119,7 +123,7 @@ class EmulatorProcess:
     def start(self, timeout: float = 30.0) -> "EmulatorProcess":
         self.proc = spawn(
             "emulator",
-            [sys.executable, "-m", "wsfleet.local.emulator", "--host", LOOPBACK],
+            [sys.executable, "-m", "sim.emulator", "--host", LOOPBACK],
             pinned(child_env(), self._runtime_dir),
             self._log_path,
         )
@@ -247,7 +251,7 @@ class Fleet(FleetAudit):
         )
 
     def _start_api(self) -> None:
-        from ..router import Router, make_presigner
+        from wsfleet.router import Router, make_presigner
 
         env = {**self.aws_env, cfg.ALLOWED_WS_HOSTS: LOOPBACK}
         if self.traces:  # the API's router runs in this process

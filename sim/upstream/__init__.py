@@ -60,7 +60,7 @@ no second port. Fault injection is in-process only.
 Use it in an event loop (:class:`Upstream`), from synchronous code
 (:class:`ThreadedUpstream` runs its own loop in a thread), or as a process::
 
-    python -m wsfleet.local.upstream --port 0 --rate 2 --credential VALUE  # prints READY ws://127.0.0.1:PORT
+    python -m sim.upstream --port 0 --rate 2 --credential VALUE  # prints READY ws://127.0.0.1:PORT
 """
 
 from .books import Overlap, SocketRecord, StreamTotals

@@ -2,7 +2,7 @@
 or a consumer reads them, the large frame read back whole, the table audit and, where
 the sink has kinesis, the stream and its audit (:mod:`.stream_audit`).
 
-A part of :class:`~wsfleet.local.fleet.Fleet` (its base class), kept apart from the
+A part of :class:`~sim.fleet.Fleet` (its base class), kept apart from the
 processes and the observer: it reads only what the fleet set up (``aws_env``, the
 harness's clients, the upstream's books) and never changes anything.
 """
@@ -14,15 +14,15 @@ import json
 import urllib.request
 from typing import Any, Callable, Sequence
 
-from .. import config as cfg
-from .. import schema
+from wsfleet import config as cfg
+from wsfleet import schema
 from . import stream_audit
 from .emulator import journal
 from .observed import Audit, LargeFrame
 
 
 class FleetAudit:
-    """The reads; :class:`~wsfleet.local.fleet.Fleet` provides what they use."""
+    """The reads; :class:`~sim.fleet.Fleet` provides what they use."""
 
     # Set up by Fleet.start.
     aws_env: dict[str, str]

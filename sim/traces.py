@@ -1,8 +1,8 @@
 """The spans a traced local run wrote (``make demo TRACING=otel``): every process's OTLP
 JSON lines, ``traces-<name>.jsonl`` in the run directory, read back as span trees.
 
-    python -m wsfleet.local.traces .demo/<run>                 # one line per trace
-    python -m wsfleet.local.traces .demo/<run> 1-6565e1a0-...  # that trace as a tree
+    python -m sim.traces .demo/<run>                 # one line per trace
+    python -m sim.traces .demo/<run> 1-6565e1a0-...  # that trace as a tree
 
 A trace id is printed in X-Ray's form, as the log lines' ``trace_id`` has it.
 """

@@ -1,6 +1,6 @@
 """The emulator's fault switch (``/_wsfleet/faults``): DynamoDB throttling, latency and
 outages, SQS, Secrets Manager and Kinesis outages, ambiguous requests, Kinesis
-throttling and partly refused PutRecords; see :mod:`wsfleet.local.emulator` for the
+throttling and partly refused PutRecords; see :mod:`sim.emulator` for the
 setting's keys."""
 
 from __future__ import annotations

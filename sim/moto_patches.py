@@ -2,7 +2,7 @@
 fleet depends on it: a Query reads one partition, a message made visible again wakes a
 long poll, a transaction copies the items it names rather than the tables, a batch keeps
 its entries' system attributes. Each is
-idempotent and applied by :func:`wsfleet.local.emulator.build_app`."""
+idempotent and applied by :func:`sim.emulator.build_app`."""
 
 from __future__ import annotations
 

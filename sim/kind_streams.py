@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .. import schema
-from ..upstream_spec import FROM_SEQ
+from wsfleet import schema
+from wsfleet.upstream_spec import FROM_SEQ
 from .secrets import put_secret
 from .upstream import DEFAULT, FLAT, NESTED, SocketRecord
 
@@ -244,7 +244,7 @@ def leaks(values: Iterable[str], texts: Mapping[str, str]) -> list[str]:
 
 
 class KindStreams:
-    """Starts the kind connections on a :class:`~wsfleet.local.fleet.Fleet`, rotates the
+    """Starts the kind connections on a :class:`~sim.fleet.Fleet`, rotates the
     credential, and audits them at the end."""
 
     def __init__(self, fleet: Any, say: Callable[[str], None]) -> None:

@@ -8,8 +8,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
-from .. import schema
-from ..leases import released_at_fence, unreachable
+from wsfleet import schema
+from wsfleet.leases import released_at_fence, unreachable
 
 
 @dataclass(frozen=True)

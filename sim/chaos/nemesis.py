@@ -8,7 +8,7 @@ Where each fault is injected:
   answered 500; the emulator's fault switch too.
 * DynamoDB throttling, added latency and outages, SQS outages, and ambiguous writes (a
   share of every DynamoDB and SQS request applied, then answered 500): the emulator's
-  fault switch (:func:`wsfleet.local.emulator.set_faults`). Workers and the API's router
+  fault switch (:func:`sim.emulator.set_faults`). Workers and the API's router
   are faulted (the STARTs and STOPs sent inside an ambiguous window go through it); the
   fleet runner's own reads are not.
 * Socket drops, stalls, slow sends, oversized, malformed and byzantine frames
@@ -42,7 +42,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any, Callable, Sequence
 
-from ... import schema
+from wsfleet import schema
 from ..emulator import set_faults
 from ..fleet import Fleet, eventually
 from .byzantine import CLASSES, backwards

@@ -17,7 +17,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..balance import FleetLoad, shed_count
+from wsfleet.balance import FleetLoad, shed_count
 from .fleet import Audit, LargeFrame, Sample
 from .upstream import Overlap, SocketRecord
 

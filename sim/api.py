@@ -4,7 +4,7 @@ Each HTTP request becomes a proxy event for a Lambda-style handler ``(event, con
 and the handler's proxy response becomes the HTTP response, so the event router can be
 driven with curl exactly as it is behind API Gateway::
 
-    python -m wsfleet.local.api --port 8080      # prints READY http://127.0.0.1:8080
+    python -m sim.api --port 8080      # prints READY http://127.0.0.1:8080
     curl -X POST localhost:8080/events -d '{"event_type": "STOP", "connection_id": "c1"}'
 
 The process reads the router's variables (TABLE_NAME, QUEUE_URL, AWS_ENDPOINT_URL,
@@ -36,9 +36,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
-from .. import router
-from ..config import ConfigError
-from ..logs import JsonLogger, route_stdlib_logging
+from wsfleet import router
+from wsfleet.config import ConfigError
+from wsfleet.logs import JsonLogger, route_stdlib_logging
 
 # The router's resources (its route templates), as the stack's API declares them.
 EVENTS_RESOURCE = router.EVENTS
@@ -246,7 +246,7 @@ class LocalApi:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m wsfleet.local.api", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m sim.api", description=__doc__.split("\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     args = parser.parse_args(argv)

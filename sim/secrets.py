@@ -6,7 +6,7 @@ The embedded default allows secrets under :data:`SECRET_PREFIX` (its
 new current version of it (a rotation: the ARN stays, the worker's next fetch gets the
 new value). As a process it prints the ARN, for a START's ``secret_headers``::
 
-    python -m wsfleet.local.secrets --endpoint-url http://127.0.0.1:PORT demo/api-key VALUE
+    python -m sim.secrets --endpoint-url http://127.0.0.1:PORT demo/api-key VALUE
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def put_secret(endpoint_url: str, name: str, value: str | dict[str, Any], *, reg
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m wsfleet.local.secrets", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m sim.secrets", description=__doc__.splitlines()[0])
     parser.add_argument("--endpoint-url", required=True, help="the emulator's URL (its READY line)")
     parser.add_argument("--region", default=None)
     parser.add_argument("name", help=f"the secret's name, under {SECRET_PREFIX} (added if left out)")

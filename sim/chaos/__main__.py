@@ -1,4 +1,4 @@
-"""``python -m wsfleet.local.chaos``: a seeded chaos run against a local fleet; exit
+"""``python -m sim.chaos``: a seeded chaos run against a local fleet; exit
 status 1 on any violation (the report prints the command that replays it), 2 if the
 harness itself failed to play a fault."""
 
@@ -10,8 +10,8 @@ import random
 import sys
 from typing import Sequence
 
-from ... import config as cfg
-from ...logs import route_stdlib_logging
+from wsfleet import config as cfg
+from wsfleet.logs import route_stdlib_logging
 from ..fleet import Timing
 from .run import Run, Settings
 from .schedule import KINDS, dealt_kinds
@@ -19,7 +19,7 @@ from .schedule import KINDS, dealt_kinds
 
 def parse_args(argv: Sequence[str] | None = None) -> Settings:
     p = argparse.ArgumentParser(
-        prog="python -m wsfleet.local.chaos",
+        prog="python -m sim.chaos",
         description="Seeded random faults against a local fleet, then an audit of the invariants.",
     )
     p.add_argument("--seed", type=int, default=None, help="the schedule's seed [random, printed]")

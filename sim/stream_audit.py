@@ -45,8 +45,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from .. import records, schema
-from ..records import BadRecord, Record
+from wsfleet import records, schema
+from wsfleet.records import BadRecord, Record
 
 GET_RECORDS_LIMIT = 10_000  # Kinesis' most per GetRecords
 

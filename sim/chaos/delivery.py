@@ -1,5 +1,5 @@
 """The messages stream (``SINK`` with kinesis) as the checker judges it: the stream
-audit (:mod:`wsfleet.local.stream_audit`) over the run's stream, the journal's
+audit (:mod:`sim.stream_audit`) over the run's stream, the journal's
 acquisitions and checkpoints and the connections' final checkpoints, its findings as
 violations. Pure functions, no I/O.
 
@@ -14,7 +14,7 @@ violations. Pure functions, no I/O.
 * ``stale_fence``: a record with a fence below one already on the stream, unless its
   writer was frozen with the request past its last deadline check (``excuse``);
 * ``corrupt``: a record that is not a wsfleet record. The data itself is judged on what
-  a consumer keeps (:func:`wsfleet.local.stream_audit.consumer_view`) by :mod:`.data`,
+  a consumer keeps (:func:`sim.stream_audit.consumer_view`) by :mod:`.data`,
   as the table's rows are.
 
 Deliveries again with the same fence (a partly refused or unanswered PutRecords sent
@@ -26,8 +26,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Mapping, Sequence
 
-from ... import metrics_names as names
-from ... import schema
+from wsfleet import metrics_names as names
+from wsfleet import schema
 from ..fleet import Timing
 from ..stream_audit import Delivery, acquisitions, as_items, audit, consumer_view
 from .data import check_data
