@@ -38,7 +38,7 @@ from wsfleet import schema
 from wsfleet.leases import SessionTiming
 from sim.emulator import faults, set_faults
 from sim.fleet import eventually
-from wsfleet.store import MessagesStore
+from wsfleet.sinks import MessagesStore
 
 from .common import Result, Rig, UpstreamProcess, Window, WorkerProcess, fmt, md_table
 

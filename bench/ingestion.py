@@ -45,7 +45,7 @@ from wsfleet import config as cfg
 from wsfleet import schema
 from sim.emulator import faults, set_faults
 from sim.fleet import eventually
-from wsfleet.store import MessagesStore
+from wsfleet.sinks import MessagesStore
 from wsfleet.worker import writer as writer_mod
 
 from . import before

@@ -117,7 +117,8 @@ def _freeze_again_and_again(endpoint_url: str, check: str, pauses: int, rng: ran
 def _writer_process(env: dict[str, str], check: str) -> None:
     from wsfleet import aws as aws_module
     from wsfleet.config import WorkerConfig
-    from wsfleet.store import MessagesStore, TransientError
+    from wsfleet.sinks import MessagesStore
+    from wsfleet.store import TransientError
     from wsfleet.stream import Frame
 
     if check == "before-send":

@@ -31,7 +31,7 @@ from sim.api import LocalApi
 from sim.fleet import LOOPBACK
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router, make_presigner
-from wsfleet.store import MessagesStore, ObjectsStore
+from wsfleet.sinks import MessagesStore, ObjectsStore
 from wsfleet.stream import Frame
 
 from .common import Result, Rig, distribution, fmt, md_table

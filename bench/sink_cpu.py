@@ -23,7 +23,7 @@ from wsfleet.aws import Aws
 from wsfleet.config import WorkerConfig
 from sim.emulator import create_resources
 from sim.fleet import EmulatorProcess
-from wsfleet.store import MessagesStore, StreamSink
+from wsfleet.sinks import MessagesStore, StreamSink
 from wsfleet.stream import Frame
 
 

@@ -51,7 +51,8 @@ from botocore.config import Config
 from wsfleet import config as cfg
 from wsfleet import schema, tracing
 from wsfleet.logs import JsonLogger
-from wsfleet.store import MessagesStore, ObjectsStore, unmarshal
+from wsfleet.sinks import MessagesStore, ObjectsStore
+from wsfleet.store import unmarshal
 from .api import LocalApi
 from .emulator import DEFAULT_REGION, HARNESS_MARK, create_resources, emulator_session, record_journal
 # The observer's shapes and the processes live beside this module; importable from here too.

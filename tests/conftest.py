@@ -19,7 +19,8 @@ from botocore.config import Config
 from sim.emulator import CREDENTIALS, Emulator, create_resources, emulator_session, set_faults
 from sim.fleet import EmulatorProcess
 from sim.upstream import ThreadedUpstream
-from wsfleet.store import ConnectionsStore, MessagesStore, SessionsStore
+from wsfleet.sinks import MessagesStore
+from wsfleet.store import ConnectionsStore, SessionsStore
 
 pytest_plugins = ("tests.markers", "tests.scheduling", "pytester")  # pytester: the markers tests run pytest
 

@@ -7,7 +7,8 @@ import pytest
 from wsfleet import clock
 from wsfleet.aws import Aws, SendDeadlinePassed, send_deadline
 from wsfleet.config import WorkerConfig
-from wsfleet.store import MessagesStore, ObjectsStore, TransientError
+from wsfleet.sinks import MessagesStore, ObjectsStore
+from wsfleet.store import TransientError
 from wsfleet.stream import Frame
 
 

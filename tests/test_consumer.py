@@ -511,7 +511,7 @@ def test_what_the_workers_sink_puts_through_partial_failures_lost_answers_and_a_
     from a checkpoint (a higher fence) and the old owner's late request (a lower one):
     downstream, every seq of every connection once, with the data it was sent with."""
     from wsfleet.store.base import TransientError
-    from wsfleet.store.kinesis import StreamSink
+    from wsfleet.sinks.kinesis import StreamSink
 
     rig = Rig(emulator.endpoint_url)
     # One attempt per request: a lost answer comes back to the writer, which sends the call

@@ -19,7 +19,8 @@ from botocore.exceptions import ClientError
 from sim.emulator import (
     FAULTS_PATH, HARNESS_MARK, faults, freeze_survivors, journal, record_journal, request_ledger, set_faults,
 )
-from wsfleet.store import CheckpointEntry, ConnectionsStore, MessagesStore, SessionsStore, TransientError, is_transient
+from wsfleet.sinks import MessagesStore
+from wsfleet.store import CheckpointEntry, ConnectionsStore, SessionsStore, TransientError, is_transient
 from wsfleet.stream import Frame
 
 from tests.conftest import open_sessions, own_emulator

@@ -1,4 +1,4 @@
-"""The Kinesis sink (store.kinesis.StreamSink) against the emulator's stream: requests
+"""The Kinesis sink (sinks.kinesis.StreamSink) against the emulator's stream: requests
 within Kinesis' limits, records that decode to what was put, one connection's records
 in order on one shard, and under the emulator's Kinesis faults (partly refused
 PutRecords, lost answers, throttling, an outage) every record acknowledged, the last
@@ -26,7 +26,8 @@ from wsfleet.config import WorkerConfig
 from sim.emulator import faults, set_faults
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
-from wsfleet.store import BothSinks, InvalidItem, MessagesStore, ObjectsStore, StoredObject, StreamSink, TransientError
+from wsfleet.sinks import BothSinks, InvalidItem, MessagesStore, ObjectsStore, StoredObject, StreamSink
+from wsfleet.store import TransientError
 from wsfleet.stream import MAX_MESSAGE_BYTES, Frame, Problem, upstream_gap
 from wsfleet.worker.writer import Writer
 
@@ -407,7 +408,7 @@ def test_refuse_records_applies_the_others_and_answers_each_refused_record_in_it
 
 
 def test_a_request_kinesis_refuses_as_invalid_is_invalid_item_for_the_writer_to_split(kinesis):
-    from wsfleet.store.kinesis import _Rec
+    from wsfleet.sinks.kinesis import _Rec
 
     stream = new_stream(kinesis, shards=1)
     sink = StreamSink(kinesis, stream, sleep=lambda _: None)

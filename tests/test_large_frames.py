@@ -24,7 +24,7 @@ from wsfleet.aws import Aws
 from wsfleet.config import WorkerConfig
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
-from wsfleet.store import MessagesStore, ObjectsStore
+from wsfleet.sinks import MessagesStore, ObjectsStore
 from wsfleet.stream import Frame, parse_frame
 from wsfleet.worker.retry import LeaseExpired
 from wsfleet.worker.writer import Writer

@@ -184,7 +184,7 @@ def test_router_behind_http_answers_errors_as_json(router_api):
 
 
 def test_router_behind_http_serves_pages_of_messages(router_api, router_env, ddb):
-    from wsfleet.store import MessagesStore
+    from wsfleet.sinks import MessagesStore
     from wsfleet.stream import Frame
 
     assert post_event(router_api, event_type="START", connection_id="c1", ws_url="ws://127.0.0.1:9/s")[0] == 202

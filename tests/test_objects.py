@@ -13,7 +13,8 @@ from botocore.exceptions import ClientError
 
 from tests.conftest import REGION
 from wsfleet import schema
-from wsfleet.store import CorruptObject, MessagesStore, ObjectsStore, TransientError, is_transient, needs_object
+from wsfleet.sinks import CorruptObject, MessagesStore, ObjectsStore, needs_object
+from wsfleet.store import TransientError, is_transient
 from wsfleet.stream import MAX_MESSAGE_BYTES, Frame, Problem, parse_frame
 
 

@@ -17,7 +17,8 @@ from tests.test_router import ALLOWED, URL, Api, assert_error, get_event, inject
 from wsfleet import message_pages, schema
 from wsfleet.config import RouterConfig
 from wsfleet.router import make_client, make_presigner
-from wsfleet.store import MessagesStore, marshal
+from wsfleet.sinks import MessagesStore
+from wsfleet.store import marshal
 from wsfleet.stream import MAX_SEQ, Frame
 
 pytestmark = pytest.mark.timeout(120)

@@ -15,7 +15,8 @@ from wsfleet import clock
 from wsfleet import metrics_names as names
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
-from wsfleet.store import InvalidItem, TransientError
+from wsfleet.sinks import InvalidItem
+from wsfleet.store import TransientError
 from wsfleet.worker.retry import LeaseExpired
 from wsfleet.worker.supervision import LOOP_BACKOFF_BASE_S, Supervisor
 

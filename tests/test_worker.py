@@ -21,7 +21,8 @@ from sim.upstream import ThreadedUpstream
 from wsfleet.logs import JsonLogger
 from wsfleet import schema
 from wsfleet.router import Router
-from wsfleet.store import Acquired, ConnectionsStore, MessagesStore, SessionsStore, TransientError
+from wsfleet.sinks import MessagesStore
+from wsfleet.store import Acquired, ConnectionsStore, SessionsStore, TransientError
 from wsfleet.stream import Frame
 from wsfleet.worker.lifecycle import Worker
 from wsfleet.worker.retry import LeaseExpired, call_until

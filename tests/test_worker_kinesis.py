@@ -14,7 +14,8 @@ import pytest
 from tests.kinesis_reading import by_connection, check_order, kinesis_env
 from tests.test_worker import FAST, dead_session, eventually, running
 from wsfleet.config import WorkerConfig
-from wsfleet.store import ConnectionsStore, MessagesStore, SessionsStore, StreamSink
+from wsfleet.sinks import MessagesStore, StreamSink
+from wsfleet.store import ConnectionsStore, SessionsStore
 from wsfleet.stream import Frame
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,8 @@ import pytest
 
 from sim.upstream import ThreadedUpstream
 from wsfleet import schema
-from wsfleet.store import ConnectionsStore, MessagesStore, SessionsStore
+from wsfleet.sinks import MessagesStore
+from wsfleet.store import ConnectionsStore, SessionsStore
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from wsfleet import clock
 from wsfleet import metrics_names as names
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
-from wsfleet.store import MessagesStore, ObjectsStore
+from wsfleet.sinks import MessagesStore, ObjectsStore
 from wsfleet.stream import Frame, Problem, upstream_gap
 from wsfleet.worker.retry import LeaseExpired
 from wsfleet.worker.writer import Latency, Writer, histogram_of, histogram_quantile

@@ -42,7 +42,8 @@ from . import message_pages, schema, tracing, upstream_spec
 from .config import ConfigError, RouterConfig
 from .leases import released_at_fence
 from .logs import JsonLogger, route_stdlib_logging
-from .store import ConnectionsStore, MessagesStore, SessionsStore, StartOutcome, StopOutcome, TransientError
+from .sinks import MessagesStore
+from .store import ConnectionsStore, SessionsStore, StartOutcome, StopOutcome, TransientError
 from .validation import Allowlist, Invalid, check_connection_id, check_ws_url
 
 MAX_BODY_BYTES = 16 * 1024

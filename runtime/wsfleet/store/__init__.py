@@ -1,9 +1,8 @@
-"""Storage adapter: every read and conditional write of the three tables, the messages
-bucket's objects, and nothing else.
+"""Storage adapter of the lease tables: every read and conditional write of the sessions
+and connections tables, and nothing else (where frames go is :mod:`wsfleet.sinks`).
 
-One module per table (:mod:`.sessions`, :mod:`.connections`, :mod:`.messages`), what
-they share in :mod:`.base`; large data's objects in :mod:`.objects`. Each write says in
-its docstring what it is conditional on.
+One module per table (:mod:`.sessions`, :mod:`.connections`), what they share in
+:mod:`.base`. Each write says in its docstring what it is conditional on.
 A lost race comes back as a value (a ``NotAcquired``, a ``RenewFailure``, an
 ``EndFailure``, a router outcome); a transient fault (throttling, timeout, 5xx,
 connection error) is raised as :class:`TransientError`, so that no caller can mistake
@@ -23,41 +22,26 @@ from .connections import (
     Released,
 )
 from .desired import Started, StartOutcome, Stopped, StopOutcome
-from .messages import MAX_BATCH, InvalidItem, MessagesStore
-from .objects import CorruptObject, ObjectsStore, StoredObject, data_size, needs_object
 from .sessions import SessionsStore
-from .kinesis import StreamSink
-from .sink import BothSinks, Sink
 
 __all__ = [
-    "MAX_BATCH",
     "MAX_TRANSACTION",
     "OWNER_PAGE_ITEMS",
     "TRANSIENT_CODES",
     "Acquired",
-    "BothSinks",
     "CheckpointEntry",
     "ConnectionsStore",
-    "CorruptObject",
-    "InvalidItem",
-    "MessagesStore",
     "NotAcquired",
-    "ObjectsStore",
     "Owned",
     "Released",
     "SessionsStore",
-    "Sink",
     "StartOutcome",
     "Started",
     "StopOutcome",
     "Stopped",
-    "StoredObject",
-    "StreamSink",
     "TransientError",
-    "data_size",
     "is_transient",
     "marshal",
-    "needs_object",
     "now_ms",
     "unmarshal",
     "unwrap_refusal",

@@ -31,12 +31,12 @@ from ..balance import declines_shed_hint, hints_per_poll, is_summarizer, under_t
 from ..leases import SessionTiming, reconcile_pause_s
 from ..logs import JsonLogger
 from ..metrics import Counters, metric_data
+from ..sinks import ObjectsStore
 from ..store import (
     MAX_TRANSACTION,
     Acquired,
     ConnectionsStore,
     NotAcquired,
-    ObjectsStore,
     SessionsStore,
     TransientError,
     now_ms,
@@ -54,7 +54,7 @@ from .intake import HINT_POLLERS, Intake
 from .retry import LeaseExpired, call_until, first_of
 from .secrets import Secrets
 from .session import Lost, SessionKeeper
-from .sinks import build_sink
+from ..sinks.build import build_sink
 from .supervision import Supervisor
 from .sweep import PAGE_PAUSE_S, Sweeper
 from .takeover import Takeover

@@ -91,7 +91,7 @@ from ..aws import send_deadline
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..config import DEFAULT_MAX_FRAME_BYTES
-from ..store import InvalidItem, ObjectsStore, Sink, StoredObject, data_size, needs_object
+from ..sinks import InvalidItem, ObjectsStore, Sink, StoredObject, data_size, needs_object
 from ..stream import Frame, Problem
 from .retry import DEADLINE_POLL_S, LeaseExpired, call_until, first_of, woken_or_timeout
 from .supervision import Supervisor

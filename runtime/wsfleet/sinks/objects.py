@@ -24,7 +24,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import schema
 from ..stream import MAX_MESSAGE_BYTES, Frame
-from .base import TransientError, is_transient, unwrap_refusal
+from ..store.base import TransientError, is_transient, unwrap_refusal
 
 CONTENT_TYPE = "application/json"
 

@@ -6,13 +6,16 @@ from .. import schema
 from ..aws import Aws
 from ..config import WorkerConfig
 from ..metrics import Counters
-from ..store import BothSinks, MessagesStore, Sink, StreamSink
+from .both import BothSinks
+from .kinesis import StreamSink
+from .messages import MessagesStore
+from .sink import Sink
 
 
 def build_sink(config: WorkerConfig, aws: Aws, counters: Counters) -> Sink:
     """Where the writer stores frames (``SINK``): the messages table, the messages stream,
     or both. The stream counts its resends and throttled records from pool threads
-    (:class:`~wsfleet.store.kinesis.StreamSink` serialises its own adds)."""
+    (:class:`~wsfleet.sinks.kinesis.StreamSink` serialises its own adds)."""
     table = (
         MessagesStore(aws.dynamodb_writes, config.messages_table_name, ttl_days=config.message_ttl_days)
         if schema.SINK_DYNAMODB in config.sinks

@@ -1,4 +1,5 @@
-"""The messages table: one item per (connection, seq)."""
+"""The messages table (``SINK=dynamodb``): one item per (connection, seq), and the reads
+of it (a new owner's stored end, the read API's pages)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import schema
 from ..stream import Frame, contiguous_end
-from .base import TransientError, _Table, is_transient, marshal, retry_pause_s, unmarshal, unwrap_refusal
+from ..store.base import TransientError, _Table, is_transient, marshal, retry_pause_s, unmarshal, unwrap_refusal
 from .objects import StoredObject, needs_object
+from .sink import InvalidItem
 
 MAX_BATCH = 25  # BatchWriteItem limit
-
-
-class InvalidItem(Exception):
-    """The store refuses the items themselves (DynamoDB's ValidationException, or a value
-    the client cannot serialise, such as a number beyond 38 digits): sent again, they
-    fail again. Neither transient nor a lost race: the caller splits the batch to find
-    the item, and stores a skip marker in its place."""
 
 
 class MessagesStore(_Table):

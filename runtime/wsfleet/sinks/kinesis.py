@@ -43,9 +43,9 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .. import metrics_names as names
 from .. import records, schema
 from ..stream import Frame
-from .base import TransientError, is_transient, retry_pause_s, unwrap_refusal
-from .messages import InvalidItem
+from ..store.base import TransientError, is_transient, retry_pause_s, unwrap_refusal
 from .objects import StoredObject, needs_object
+from .sink import InvalidItem
 
 # Rounds of one request's records (the refused ones sent again) before TransientError.
 MAX_ROUNDS = 8
