@@ -380,7 +380,7 @@ def _drainer(ring_loads, room=100):
     from types import SimpleNamespace
 
     from wsfleet.logs import JsonLogger
-    from wsfleet.store.connections import Owned
+    from wsfleet.store import Owned
     from wsfleet.worker.takeover import Takeover
 
     done = {"acquired": [], "hinted": []}

@@ -841,7 +841,7 @@ def test_throttled_renewals_raise_transient_error_and_do_not_end_the_session(emu
 
 
 def test_a_sessions_connections_are_listed_in_pages(store, monkeypatch):
-    monkeypatch.setattr(store_mod.connections, "OWNER_PAGE_ITEMS", 2)
+    monkeypatch.setattr(store_mod.connection_reads, "OWNER_PAGE_ITEMS", 2)
     ids = [f"p{i}" for i in range(5)]
     for cid in ids:
         store.start(cid, "ws://h/x")

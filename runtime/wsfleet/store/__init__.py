@@ -11,16 +11,8 @@ one for the other. The calls are synchronous boto3: the worker runs them in thre
 """
 
 from .base import TRANSIENT_CODES, TransientError, is_transient, marshal, now_ms, unmarshal, unwrap_refusal
-from .connections import (
-    MAX_TRANSACTION,
-    OWNER_PAGE_ITEMS,
-    Acquired,
-    CheckpointEntry,
-    ConnectionsStore,
-    NotAcquired,
-    Owned,
-    Released,
-)
+from .connection_reads import OWNER_PAGE_ITEMS, Owned
+from .connections import MAX_TRANSACTION, Acquired, CheckpointEntry, ConnectionsStore, NotAcquired, Released
 from .desired import Started, StartOutcome, Stopped, StopOutcome
 from .sessions import SessionsStore
 

@@ -1,14 +1,13 @@
-"""The connections table: ownership and checkpoints (the workers), with the router's
-desired state (:mod:`.desired`) and the owners' last_error (:mod:`.last_error`) as parts
-of the same store. Every write is conditional; a lost race comes back as a value."""
+"""The connections table: ownership and checkpoints (the workers), with the reads
+(:mod:`.connection_reads`), the router's desired state (:mod:`.desired`) and the owners'
+last_error (:mod:`.last_error`) as parts of the same store. Every write is conditional
+(its condition named in :mod:`.conditions`); a lost race comes back as a value."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Sequence
-
-from botocore.exceptions import ClientError
+from typing import Any, Callable, Mapping, Sequence
 
 from .. import schema
 from ..leases import (
@@ -18,16 +17,11 @@ from ..leases import (
     release_already_landed,
     released_at_fence,
 )
+from . import conditions as cond
+from .base import TransientError, _names, _Table, marshal, now_ms
+from .connection_reads import ConnectionReads
 from .desired import DesiredState
-from .last_error import HOLDING, LastErrors
-from .base import (
-    TransientError,
-    _names,
-    _Table,
-    marshal,
-    now_ms,
-    unmarshal,
-)
+from .last_error import LastErrors
 
 # Checkpoints per TransactWriteItems (DynamoDB takes up to 100). 25 keeps one
 # transaction's hold on the embedded emulator's DynamoDB lock to about that of a batch.
@@ -69,14 +63,6 @@ class NotAcquired:
     lease_session: str = ""  # the session it is attached to, when HELD
 
 
-@dataclass(frozen=True)
-class Owned:
-    """A row of the by_owner index: what a session holds, as the index last saw it."""
-
-    connection_id: str
-    desired_state: str
-
-
 class Released(enum.Enum):
     """How a release landed; false when it did not."""
 
@@ -89,15 +75,7 @@ class Released(enum.Enum):
         return self is not Released.LOST
 
 
-# Items per page when a session's connections are listed (the audit every 30 s, a
-# drain). DynamoDB would answer a whole worker's holding (1,000 rows of about 100 bytes)
-# in one request; the embedded emulator takes about 0.45 s to serialise such a page,
-# inside the lock every DynamoDB request waits for, and every frame stored meanwhile
-# waits with it. Pages of 100 hold it about 50 ms each, for 9 more requests per audit.
-OWNER_PAGE_ITEMS = 100
-
-
-class ConnectionsStore(DesiredState, LastErrors, _Table):
+class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
     """The connections table: desired state, checkpoint, and which session owns it."""
 
     key_name = schema.PK
@@ -119,91 +97,6 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
 
     def _key(self, key: str) -> dict:
         return marshal({schema.PK: schema.connection_pk(key)})
-
-    # --- reads -------------------------------------------------------------------------
-
-    def get(self, connection_id: str, *, consistent: bool = True) -> dict | None:
-        resp = self._call("get_item", Key=self._key(connection_id), ConsistentRead=consistent)
-        return unmarshal(resp["Item"]) if "Item" in resp else None
-
-    def _owner_pages(self, owner_key: str, *, projection: str = "", **extra: Any) -> Iterator[dict]:
-        if projection:
-            extra.update(Select="SPECIFIC_ATTRIBUTES", ProjectionExpression=projection)
-        return self._query_pages(
-            IndexName=schema.OWNER_INDEX,
-            KeyConditionExpression="#k = :k",
-            ExpressionAttributeNames=_names("#k", projection),
-            ExpressionAttributeValues=marshal({":k": owner_key}),
-            **extra,
-        )
-
-    def owned_by(self, session_id: str) -> list[Owned]:
-        """Every connection attached to a session, as the by_owner index has it, in
-        pages of :data:`OWNER_PAGE_ITEMS`."""
-        return [
-            Owned(schema.connection_id_from_pk(row[schema.PK]), row.get(schema.DESIRED_STATE, ""))
-            for page in self._owner_pages(schema.owner_key_session(session_id), Limit=OWNER_PAGE_ITEMS)
-            for row in map(unmarshal, page.get("Items", []))
-        ]
-
-    def _owner_ids(self, owner_key: str, **extra: Any) -> Iterator[str]:
-        """The connection ids of one by_owner partition, page by page (``extra``: as
-        :meth:`_owner_pages` takes it)."""
-        for page in self._owner_pages(owner_key, **extra):
-            for raw in page.get("Items", []):
-                yield schema.connection_id_from_pk(unmarshal(raw)[schema.PK])
-
-    def free(self, shard: int, *, limit: int = 100, start_after: str = "") -> Iterator[str]:
-        """STARTED connections nobody owns, of one index shard, ``limit`` per request:
-        from just after the connection ``start_after`` (a random point, so that scanners
-        do not all race for the same first entries; it need not be in the partition) to
-        the partition's end, then from its start round to the first one already given.
-        "" reads from the start."""
-        partition = schema.free_partition(shard)
-        seen: set[str] = set()
-        if start_after:
-            start = marshal({schema.PK: schema.connection_pk(start_after), schema.OWNER_KEY: partition})
-            try:
-                for cid in self._owner_ids(partition, Limit=limit, ExclusiveStartKey=start):
-                    seen.add(cid)
-                    yield cid
-            except ClientError as exc:
-                # A start key the table refuses ("The provided starting key is invalid"):
-                # the scan reads from the start, as it did before it had a random point.
-                if exc.response.get("Error", {}).get("Code") != "ValidationException":
-                    raise
-        for cid in self._owner_ids(partition, Limit=limit):
-            if cid in seen:
-                return  # round to where this scan began
-            yield cid
-
-    def free_ids(self, shard: int) -> set[str]:
-        """Every STARTED connection of one shard nobody owns, keys only: what the
-        UnownedConnections count compares between two of its samples."""
-        return set(self._owner_ids(schema.free_partition(shard), projection="#pk"))
-
-    def count_free(self, shard: int) -> int:
-        """How many STARTED connections of one shard nobody owns, without reading them."""
-        return sum(p.get("Count", 0) for p in self._owner_pages(schema.free_partition(shard), Select="COUNT"))
-
-    def count_owned_by(self, session_id: str) -> int:
-        return sum(p.get("Count", 0) for p in self._owner_pages(schema.owner_key_session(session_id), Select="COUNT"))
-
-    def sweep_page(self, start: Mapping | None, *, limit: int) -> tuple[list[dict], dict | None]:
-        """One page of a Scan of every connection, as the reachability sweep reads it:
-        (items with their key, desired state, session, owner key, fence, release mark
-        and update time; the key to start the next page from, or None after the last).
-        Eventually consistent: a caller acts only on what a consistent read confirms."""
-        projection = "#pk, #s, #l, #k, #f, #rf, #u"
-        kwargs: dict[str, Any] = {
-            "ProjectionExpression": projection,
-            "ExpressionAttributeNames": _names(projection),
-            "Limit": limit,
-        }
-        if start:
-            kwargs["ExclusiveStartKey"] = dict(start)
-        resp = self._call("scan", **kwargs)
-        return [unmarshal(i) for i in resp.get("Items", [])], resp.get("LastEvaluatedKey")
 
     # --- ownership writes --------------------------------------------------------------
 
@@ -230,8 +123,8 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         The other items are read first (strongly consistent, one BatchGetItem): one already
         attached to our session is ours (a retry of an acquire that landed), one that may
         not be taken is answered without a write. The rest are taken in one
-        TransactWriteItems, each Update conditional on the version read: the item
-        exists, desired_state is STARTED, ``lease_session`` is the expected session ("" for
+        TransactWriteItems, each Update conditional on the version read
+        (:func:`~.conditions.acquire_pinned`): the item exists, desired_state is STARTED, ``lease_session`` is the expected session ("" for
         a free one, or an ENDED session whose connections we are taking; or the session
         that handed it off, with ``released_fence`` = ``fence_token``: see
         :func:`~wsfleet.leases.acquire_refusal`), and ``fence_token``, ``ws_url`` and
@@ -241,7 +134,7 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         ENDED session is never renewed, so this pins the exact ownership epoch that was
         read. Each sets ``fence_token`` to the next one, moves ``owner_key`` to our
         session and removes ``released_fence``. The same transaction holds a ConditionCheck that our own session is
-        LIVE: no connection is ever attached to a session that has ended (whose watchers
+        LIVE (:data:`~.conditions.SESSION_LIVE`): no connection is ever attached to a session that has ended (whose watchers
         may have drained it and taken it out of the ring), however late the request
         arrives.
 
@@ -296,9 +189,8 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
     def _acquire_items(self, todo: Mapping[str, tuple[str, dict]], taken: Mapping[str, dict], *, session_id: str) -> list[dict]:
         """The acquire transaction: our session's LIVE check first, then one Update per
         connection, pinned to the version read."""
-        live = "#st = :live"
+        live = cond.SESSION_LIVE
         update = "SET #o = :me, #l = :session, #k = :key, #u = :now, #f = :next REMOVE #rf"
-        pinned = "attribute_exists(#pk) AND #s = :started AND #l = :holder AND #f = :fence AND #w = :url"
         items: list[dict] = [
             {
                 "ConditionCheck": {
@@ -325,25 +217,11 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
                 ":fence": int(item.get(schema.FENCE_TOKEN, 0)),
                 ":url": item.get(schema.WS_URL, ""),
             }
-            released = " AND #rf = :fence" if released_at_fence(item) else ""
-            # A map compares whole (DynamoDB's = takes maps and lists); the default
-            # protocol is the attribute's absence.
             if schema.UPSTREAM in item:
-                condition = f"{pinned}{released} AND #up = :up"
                 values[":up"] = item[schema.UPSTREAM]
-            else:
-                condition = f"{pinned}{released} AND attribute_not_exists(#up)"
+            condition = cond.acquire_pinned(item, released=released_at_fence(item))
             items.append(self._transact_update(cid, update=update, condition=condition, values=values, return_old=True))
         return items
-
-    def get_many(self, connection_ids: Sequence[str]) -> dict[str, dict | None]:
-        """Strongly consistent BatchGetItem of whole connection items, 100 per request;
-        None for one that does not exist."""
-        found = {
-            schema.connection_id_from_pk(item[schema.PK]): item
-            for item in self._batch_get(connection_ids, ConsistentRead=True)
-        }
-        return {c: found.get(c) for c in connection_ids}
 
     def _detach(
         self,
@@ -358,19 +236,24 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         STOPPED; any ``released_fence`` removed), under ``condition``. The index key depends on the desired state, which
         a concurrent START or STOP may flip: the write names the state it expects, and
         is tried once more with the other one (a failed conditional write is billed, so
-        the likelier state goes first). Returns (the desired state of the form that
-        landed, {}), or (None, the old item, {} if gone) when the condition failed for
-        another reason."""
+        the likelier state goes first). ``last_seq`` (a release's final checkpoint) is
+        written only if the stored one is not past it: if it is, the write goes again
+        without it. Returns (the desired state of the form that landed, {}), or (None,
+        the old item, {} if gone) when the condition failed for another reason."""
         old: dict | None = None
         first, other = (schema.STOPPED, schema.STARTED) if expect_stopped else (schema.STARTED, schema.STOPPED)
-        for state in (first, other, first):
+        states = [first, other, first]
+        while states:
+            state = states[0]
             update = "SET #o = :empty, #l = :empty, #u = :now"
             state_values: dict[str, Any] = {":empty": "", ":now": self._now_ms(), ":state": state}
+            conditions = [condition, cond.IN_STATE]
             if last_seq is not None:
                 # A release: everything was flushed first, so last_seq is where the stored
                 # messages end, as of this ownership (fence) -- see checkpoint_is_end().
                 update += ", #q = :seq, #ce = :fence"
                 state_values[":seq"] = last_seq
+                conditions.append(cond.CHECKPOINT_NOT_BEHIND)
             if state == schema.STARTED:
                 update += ", #k = :free REMOVE #rf"
                 state_values[":free"] = schema.owner_key_free(connection_id, self._shards)
@@ -379,12 +262,19 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
             new, old = self._conditional_update(
                 connection_id,
                 update=update,
-                condition=f"{condition} AND #s = :state",
+                condition=cond.all_of(*conditions),
                 values={**values, **state_values},
                 returns="NONE",
             )
             if new is not None:
                 return state, {}
+            if last_seq is not None and cond.checkpoint_behind(old, last_seq):
+                # A checkpoint past ours, stored by the owner before us after our acquire
+                # read the item: it stays, and this release marks no stored end. (If the
+                # item is no longer ours either, the write fails again, for that.)
+                last_seq = None
+                continue
+            states.pop(0)
             if old is None or old.get(schema.DESIRED_STATE) == state:
                 return None, old or {}
         return None, old or {}
@@ -401,11 +291,14 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
     ) -> Released:
         """Give the connection up with a final checkpoint.
 
-        Conditional on: ``lease_session`` is ours and ``fence_token`` is ours. Returns how
-        it landed: FREE when a START came meanwhile (STARTED: the releaser hints it, as
-        nobody else will), STOPPED, or LOST when it was no longer ours (nothing written);
-        a retry whose first attempt landed reports the state it finds. ``stopped``:
-        released for a STOP, so the STOPPED form of the write goes first.
+        Conditional on: ``lease_session`` is ours and ``fence_token`` is ours
+        (:data:`~.conditions.OURS`); ``last_seq`` is written only if the stored
+        checkpoint is not past it (:data:`~.conditions.CHECKPOINT_NOT_BEHIND`; if it is,
+        it stays, and the release goes without it). Returns how it landed: FREE when a
+        START came meanwhile (STARTED: the releaser hints it, as nobody else will),
+        STOPPED, or LOST when it was no longer ours (nothing written); a retry whose
+        first attempt landed reports the state it finds. ``stopped``: released for a
+        STOP, so the STOPPED form of the write goes first.
 
         ``handoff`` (a SHUTDOWN or a SHED, for a peer its hint names): a STARTED
         connection stays attached to our session, ``owner_key`` unmoved (no write to a
@@ -414,43 +307,45 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         conditional on no such mark) but :meth:`free_released`. A STOPPED one is freed
         as for a STOP. A retry finding it already so reports HANDED."""
         if handoff:
+            values = {":fence": fence_token, ":now": self._now_ms(), ":session": session_id, ":started": schema.STARTED}
             new, old = self._conditional_update(
                 connection_id,
                 update="SET #q = :seq, #ce = :fence, #rf = :fence, #u = :now",
-                condition="#l = :session AND #f = :fence AND #s = :started",
-                values={
-                    ":seq": last_seq,
-                    ":fence": fence_token,
-                    ":now": self._now_ms(),
-                    ":session": session_id,
-                    ":started": schema.STARTED,
-                },
+                condition=cond.all_of(cond.HANDOFF, cond.CHECKPOINT_NOT_BEHIND),
+                values={**values, ":seq": last_seq},
                 returns="NONE",
             )
+            if new is None and cond.checkpoint_behind(old, last_seq):
+                # As in _detach: the stored checkpoint, past ours, stays; no stored end marked.
+                new, old = self._conditional_update(
+                    connection_id, update="SET #rf = :fence, #u = :now", condition=cond.HANDOFF, values=values, returns="NONE"
+                )
             if new is not None:
                 return Released.HANDED
             if old is not None and old.get(schema.DESIRED_STATE) == schema.STARTED:
                 return Released.HANDED if release_already_landed(old, fence_token, session_id) else Released.LOST
             stopped = True  # a STOP came meanwhile (or it is gone): freed as for a STOP
-        return self._free_ours(connection_id, "", session_id, fence_token, last_seq, stopped)
+        return self._free_ours(connection_id, cond.OURS, session_id, fence_token, last_seq, stopped)
 
     def free_released(self, connection_id: str, *, session_id: str, fence_token: int, stopped: bool = False) -> Released:
         """Free a connection our session handed off and nobody took (the old way: into
         its FREE# partition if STARTED, out of the index if STOPPED), its checkpoint as
         the handoff left it. Conditional on: attached to ``session_id`` and released at
-        ``fence_token``. FREE or STOPPED as it landed (a retry whose first attempt landed
-        too), LOST when taken (or freed) by another meanwhile. ``stopped``: for a STOP,
-        so the STOPPED form of the write goes first."""
-        return self._free_ours(connection_id, " AND #rf = :fence", session_id, fence_token, None, stopped)
+        ``fence_token`` (:data:`~.conditions.OURS`, :data:`~.conditions.RELEASED_AT_FENCE`).
+        FREE or STOPPED as it landed (a retry whose first attempt landed too), LOST when
+        taken (or freed) by another meanwhile. ``stopped``: for a STOP, so the STOPPED
+        form of the write goes first."""
+        condition = cond.all_of(cond.OURS, cond.RELEASED_AT_FENCE)
+        return self._free_ours(connection_id, condition, session_id, fence_token, None, stopped)
 
     def _free_ours(
-        self, connection_id: str, also: str, session_id: str, fence_token: int, last_seq: int | None, stopped: bool
+        self, connection_id: str, condition: str, session_id: str, fence_token: int, last_seq: int | None, stopped: bool
     ) -> Released:
-        """:meth:`_detach` conditional on our session and fence (and ``also``), read as
-        a :class:`Released`; a retry whose first attempt landed reports the state it finds."""
+        """:meth:`_detach` under ``condition`` (on our session and fence), read as a
+        :class:`Released`; a retry whose first attempt landed reports the state it finds."""
         landed, old = self._detach(
             connection_id,
-            condition=f"#l = :session AND #f = :fence{also}",
+            condition=condition,
             values={":session": session_id, ":fence": fence_token},
             last_seq=last_seq,
             expect_stopped=stopped,
@@ -465,47 +360,73 @@ class ConnectionsStore(DesiredState, LastErrors, _Table):
         """Free a connection of an ENDED session without taking it (its checkpoint stays
         as the dead owner left it; whoever takes it finds the stored end past it).
 
-        Conditional on: ``lease_session`` is the dead session."""
-        landed, _ = self._detach(connection_id, condition="#l = :dead", values={":dead": dead_session}, last_seq=None)
+        Conditional on: ``lease_session`` is the dead session
+        (:data:`~.conditions.ATTACHED_TO_DEAD`). Returns False when someone else freed
+        or took it first."""
+        landed, _ = self._detach(
+            connection_id, condition=cond.ATTACHED_TO_DEAD, values={":dead": dead_session}, last_seq=None
+        )
         return landed is not None
 
     def checkpoint(self, connection_id: str, *, session_id: str, fence_token: int, last_seq: int) -> bool:
         """Store ``last_seq`` while holding the connection (no index key moves): a
         :meth:`checkpoint_many` of one. Conditional on: ``lease_session`` and
-        ``fence_token`` are ours. Returns False if the connection is no longer ours."""
+        ``fence_token`` are ours, and the stored checkpoint not past ``last_seq``
+        (:data:`~.conditions.CHECKPOINT`). Returns False if the connection is no longer
+        ours; True when written, or when the stored checkpoint is already past it."""
         return self.checkpoint_many([CheckpointEntry(connection_id, session_id, fence_token, last_seq)]) == [True]
 
     def checkpoint_many(self, entries: Sequence[CheckpointEntry]) -> list[bool | None]:
         """Store several checkpoints in one TransactWriteItems (at most
         :data:`MAX_TRANSACTION` of them), each an Update conditional on its connection's
-        session and fence (``lease_session`` and ``fence_token``) and on no handoff of
-        it (``released_fence`` absent: a handoff's releaser writes nothing after it), no
-        index key moving.
+        session and fence (``lease_session`` and ``fence_token``), on no handoff of it
+        (``released_fence`` absent: a handoff's releaser writes nothing after it) and on
+        the stored checkpoint not being past it (a checkpoint never goes backwards):
+        :data:`~.conditions.CHECKPOINT`. No index key moves.
 
-        A transaction is all or nothing. Per entry, in order: True when written, False
-        when its condition failed (the connection is no longer ours), None when it was not
-        written only because another entry failed (write it again without that one).
-        Raises :class:`TransientError` when the transaction was cancelled for reasons that
-        say nothing about ownership (a conflict with another write to one of the items,
-        throttling): the whole group may go again. A retry of a transaction that landed
-        writes the same values again under conditions that still hold."""
+        A transaction is all or nothing. Per entry, in order: True when written, or when
+        refused only because the stored checkpoint is past it (still ours: nothing to
+        write); False when the connection is no longer ours; None when it was not
+        written only because another entry's connection is no longer ours (write it
+        again without that one). Entries refused only as behind do not cost the others:
+        those go again at once, without them. Raises :class:`TransientError` when the
+        transaction was cancelled for reasons that say nothing about ownership (a
+        conflict with another write to one of the items, throttling): the whole group
+        may go again. A retry of a transaction that landed writes the same values again
+        under conditions that still hold."""
         if not 0 < len(entries) <= MAX_TRANSACTION:
             raise ValueError(f"a checkpoint transaction holds 1 to {MAX_TRANSACTION} entries, not {len(entries)}")
-        now = self._now_ms()
-        reasons = self._transact(
-            [
-                self._transact_update(
-                    e.connection_id,
-                    update="SET #q = :seq, #u = :now",
-                    condition=HOLDING,
-                    values={":seq": e.last_seq, ":now": now, ":session": e.session_id, ":fence": e.fence_token},
-                )
-                for e in entries
-            ]
-        )
-        if reasons is None:
-            return [True] * len(entries)
-        return [False if r["Code"] == "ConditionalCheckFailed" else None for r in reasons]
+        answers: list[bool | None] = [None] * len(entries)
+        pending = list(range(len(entries)))
+        while pending:
+            now = self._now_ms()
+            reasons = self._transact(
+                [
+                    self._transact_update(
+                        e.connection_id,
+                        update="SET #q = :seq, #u = :now",
+                        condition=cond.CHECKPOINT,
+                        values={":seq": e.last_seq, ":now": now, ":session": e.session_id, ":fence": e.fence_token},
+                        return_old=True,
+                    )
+                    for e in (entries[i] for i in pending)
+                ]
+            )
+            if reasons is None:
+                for i in pending:
+                    answers[i] = True
+                break
+            written_again = []
+            for i, reason in zip(pending, reasons, strict=True):
+                if reason["Code"] != "ConditionalCheckFailed":
+                    written_again.append(i)
+                else:
+                    # Still held: HOLDING passed, so only the stored checkpoint, past this one, refused it.
+                    answers[i] = cond.holds(reason.get("Item"), entries[i].session_id, entries[i].fence_token)
+            if any(answers[i] is False for i in pending):
+                break  # a connection no longer ours: the others stay None, for the caller to send again
+            pending = written_again
+        return answers
 
 
 def _taken(item: Mapping[str, Any], *, session_id: str, worker_id: str, now_ms: int) -> dict:

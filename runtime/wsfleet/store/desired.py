@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError
 
 from .. import schema
 from ..leases import backoff_s
+from . import conditions as cond
 from .base import TransactionCancelled, TransientError, _condition_failed, _names, _old_item, marshal
 
 if TYPE_CHECKING:
@@ -108,8 +109,8 @@ class DesiredState:
                 self._call(
                     "put_item",
                     Item=marshal(item),
-                    ConditionExpression="attribute_not_exists(#pk)",
-                    ExpressionAttributeNames=_names("#pk"),
+                    ConditionExpression=cond.CONNECTION_IS_NEW,
+                    ExpressionAttributeNames=_names(cond.CONNECTION_IS_NEW),
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
                 return Started(StartOutcome.CREATED, unowned=True)
@@ -138,7 +139,7 @@ class DesiredState:
             params = self._update(
                 connection_id,
                 update=update,
-                condition="#s = :stopped AND #l = :session",
+                condition=cond.RESTARTABLE,
                 values={
                     ":started": schema.STARTED,
                     ":stopped": schema.STOPPED,
@@ -183,7 +184,7 @@ class DesiredState:
                 return Stopped(StopOutcome.ALREADY_STOPPED, session, fence, told)
             stop = {
                 "update": "SET #s = :stopped, #u = :now" + (" REMOVE #k" if not session else ""),
-                "condition": "attribute_exists(#pk) AND #s = :started AND #l = :session AND #f = :fence",
+                "condition": cond.STOPPABLE,
                 "values": {
                     ":stopped": schema.STOPPED,
                     ":started": schema.STARTED,

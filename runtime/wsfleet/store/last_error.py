@@ -7,13 +7,9 @@ writes stay one room."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
-from .. import schema
-
-# Held by this ownership: attached to its session at its fence, and not handed off since
-# (a handoff's releaser writes nothing after it). ConnectionsStore's checkpoints too.
-HOLDING = "#l = :session AND #f = :fence AND attribute_not_exists(#rf)"
+from . import conditions as cond
 
 
 class LastErrors:
@@ -32,11 +28,11 @@ class LastErrors:
         new, old = self._conditional_update(
             connection_id,
             update="SET #le = :text, #lt = :now",
-            condition=f"{HOLDING} AND (attribute_not_exists(#le) OR #le <> :text)",
+            condition=cond.NEW_ERROR,
             values={":text": text, ":now": self._now_ms(), ":session": session_id, ":fence": fence_token},
             returns="NONE",
         )
-        return new is not None or _ours(old, session_id, fence_token)
+        return new is not None or cond.holds(old, session_id, fence_token)
 
     def clear_error(self, connection_id: str, *, session_id: str, fence_token: int) -> bool:
         """Remove ``last_error`` once a frame is accepted again. Conditional on:
@@ -46,18 +42,9 @@ class LastErrors:
         new, old = self._conditional_update(
             connection_id,
             update="REMOVE #le, #lt",
-            condition=f"{HOLDING} AND attribute_exists(#le)",
+            condition=cond.STORED_ERROR,
             values={":session": session_id, ":fence": fence_token},
             returns="NONE",
         )
-        return new is not None or _ours(old, session_id, fence_token)
+        return new is not None or cond.holds(old, session_id, fence_token)
 
-
-def _ours(item: Mapping[str, Any] | None, session_id: str, fence_token: int) -> bool:
-    """Whether an item (as a failed condition returned it) is still held by this ownership."""
-    return (
-        item is not None
-        and item.get(schema.LEASE_SESSION) == session_id
-        and int(item.get(schema.FENCE_TOKEN, -1)) == fence_token
-        and schema.RELEASED_FENCE not in item
-    )

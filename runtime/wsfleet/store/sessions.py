@@ -9,6 +9,7 @@ from botocore.exceptions import ClientError
 
 from .. import schema
 from ..leases import EndFailure, RenewFailure, classify_end_failure, classify_renew_failure
+from . import conditions as cond
 from .base import TransientError, _condition_failed, _names, _old_item, _Table, marshal, unmarshal
 
 
@@ -32,8 +33,9 @@ class SessionsStore(_Table):
     def open(self, session_id: str, *, worker_id: str, lease_ms: int, max_connections: int) -> dict:
         """Create a LIVE session in the watch ring.
 
-        Conditional on: no item with this id (ids are unique per run; a retry of a put
-        that landed finds its own item and returns it)."""
+        Conditional on: no item with this id (:data:`~.conditions.SESSION_IS_NEW`; ids
+        are unique per run). A retry of a put that landed finds its own item and returns
+        it; an item of another worker's with this id raises the ClientError."""
         now = self._now_ms()
         item = {
             schema.SESSION_ID: session_id,
@@ -50,8 +52,8 @@ class SessionsStore(_Table):
             self._call(
                 "put_item",
                 Item=marshal(item),
-                ConditionExpression="attribute_not_exists(#sid)",
-                ExpressionAttributeNames=_names("#sid"),
+                ConditionExpression=cond.SESSION_IS_NEW,
+                ExpressionAttributeNames=_names(cond.SESSION_IS_NEW),
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
         except ClientError as exc:
@@ -76,8 +78,10 @@ class SessionsStore(_Table):
         """Extend the session, report its load, and take the STOPs posted to it.
 
         Conditional on: the session is LIVE and its expiry not past the new one (a slow,
-        superseded renewal never moves it back). Returns the item as renewed (its ``stops``
-        are the STOPs not yet handled); on failure, why (ENDED / gone). Idempotent: a
+        superseded renewal never moves it back: :data:`~.conditions.SESSION_RENEWABLE`).
+        Returns the item as renewed (its ``stops`` are the STOPs not yet handled); on a
+        lost lease, why (ENDED / gone); raises :class:`TransientError` when a later
+        renewal of ours landed first (that says nothing about ownership). Idempotent: a
         retry of a renewal that landed succeeds again. ``stops_done`` are removed from
         the inbox in the same write.
 
@@ -98,7 +102,7 @@ class SessionsStore(_Table):
         if done:
             update += " DELETE #in :done"
             values[":done"] = set(done)
-        new, old = self._conditional_update(session_id, update=update, condition="#st = :live AND #e <= :exp", values=values)
+        new, old = self._conditional_update(session_id, update=update, condition=cond.SESSION_RENEWABLE, values=values)
         if new is None and old is not None and old.get(schema.SESSION_STATE) == schema.LIVE:
             # A later renewal of ours landed first (this one was slow): never move the
             # expiry back, and this says nothing about ownership.
@@ -126,8 +130,9 @@ class SessionsStore(_Table):
         so that every later drainer of the session continues that trace.
 
         Conditional on: LIVE and ``expires_at_ms`` more than ``max_clock_skew_ms`` in the
-        past by our clock. Exactly one of any number of racing callers succeeds; the
-        others learn whether it was renewed after all or ended by someone else."""
+        past by our clock (:data:`~.conditions.SESSION_EXPIRED`). Exactly one of any
+        number of racing callers succeeds (the ENDED item); the others get an
+        :class:`~wsfleet.leases.EndFailure`: renewed after all, or ended by someone else."""
         now = self._now_ms()
         values = {
             ":ended": schema.ENDED,
@@ -141,7 +146,7 @@ class SessionsStore(_Table):
         new, old = self._conditional_update(
             session_id,
             update="SET #st = :ended, #by = :me, #ttl = :ttl" + (", #th = :th" if trace_header else ""),
-            condition="#st = :live AND #e < :cutoff",
+            condition=cond.SESSION_EXPIRED,
             values=values,
         )
         return new if new is not None else classify_end_failure(old)
@@ -157,7 +162,7 @@ class SessionsStore(_Table):
         new, old = self._conditional_update(
             session_id,
             update="SET #st = :ended, #by = :me, #ttl = :ttl",
-            condition="#st = :live",
+            condition=cond.SESSION_LIVE,
             values={
                 ":ended": schema.ENDED,
                 ":live": schema.LIVE,
@@ -170,9 +175,10 @@ class SessionsStore(_Table):
     def leave_ring(self, session_id: str) -> bool:
         """Take a drained session out of the watch ring.
 
-        Conditional on: ENDED (a LIVE session is never dropped from watching)."""
+        Conditional on: ENDED (a LIVE session is never dropped from watching). Returns
+        False when it is LIVE (or gone)."""
         new, _ = self._conditional_update(
-            session_id, update="REMOVE #r", condition="#st = :ended", values={":ended": schema.ENDED}, returns="NONE"
+            session_id, update="REMOVE #r", condition=cond.SESSION_ENDED, values={":ended": schema.ENDED}, returns="NONE"
         )
         return new is not None
 
@@ -180,11 +186,11 @@ class SessionsStore(_Table):
         """Put a LIVE session that is missing from the watch ring back in it (the
         reachability sweep's repair: a LIVE session is always watched).
 
-        Conditional on: LIVE."""
+        Conditional on: LIVE. Returns False when it has ended (or is gone)."""
         new, _ = self._conditional_update(
             session_id,
             update="SET #r = :ring",
-            condition="#st = :live",
+            condition=cond.SESSION_LIVE,
             values={":ring": schema.RING_VALUE, ":live": schema.LIVE},
             returns="NONE",
         )
@@ -201,14 +207,15 @@ class SessionsStore(_Table):
 
     def stop_notice(self, session_id: str, connection_id: str, fence_token: int) -> dict:
         """:meth:`post_stop` as an entry of a TransactWriteItems, so that a STOP and its
-        notice are one write (see :meth:`ConnectionsStore.stop`). Conditional on: LIVE."""
+        notice are one write (see :meth:`ConnectionsStore.stop`). Conditional on: LIVE;
+        when it is not, this entry's condition cancels the transaction."""
         return self._transact_update(session_id, **self._stop_notice(connection_id, fence_token))
 
     @staticmethod
     def _stop_notice(connection_id: str, fence_token: int) -> dict[str, Any]:
         return {
             "update": "ADD #in :c",
-            "condition": "#st = :live",
+            "condition": cond.SESSION_LIVE,
             "values": {":c": {schema.stop_entry(connection_id, fence_token)}, ":live": schema.LIVE},
         }
 
@@ -230,8 +237,8 @@ class SessionsStore(_Table):
         """The Query of the whole watch ring (``by_ring_load``), in id order."""
         return {
             "IndexName": schema.RING_INDEX,
-            "KeyConditionExpression": "#r = :r",
-            "ExpressionAttributeNames": _names("#r"),
+            "KeyConditionExpression": cond.RING,
+            "ExpressionAttributeNames": _names(cond.RING),
             "ExpressionAttributeValues": marshal({":r": schema.RING_VALUE}),
             **extra,
         }
@@ -260,9 +267,10 @@ class SessionsStore(_Table):
 
     def announce(self, session_id: str) -> bool:
         """Tell a watching session that its successors changed (its next renewal returns
-        the bumped ``ring_changes``). Conditional on: LIVE."""
+        the bumped ``ring_changes``). Conditional on: LIVE. Returns False when it has
+        ended (or is gone): it watches nothing any more."""
         new, _ = self._conditional_update(
-            session_id, update="ADD #rc :one", condition="#st = :live", values={":one": 1, ":live": schema.LIVE}, returns="NONE"
+            session_id, update="ADD #rc :one", condition=cond.SESSION_LIVE, values={":one": 1, ":live": schema.LIVE}, returns="NONE"
         )
         return new is not None
 
@@ -280,8 +288,8 @@ class SessionsStore(_Table):
         """The nearest ``limit`` ids on one side of ``session_id``, going round the ring:
         one query from it in that direction, and one from the far end if that ran out."""
         found: list[str] = []
-        beyond = "#r = :r AND #sid > :me" if forward else "#r = :r AND #sid < :me"
-        for condition, start in ((beyond, session_id), ("#r = :r", None)):
+        beyond = cond.RING_AFTER if forward else cond.RING_BEFORE
+        for condition, start in ((beyond, session_id), (cond.RING, None)):
             values = {":r": schema.RING_VALUE, **({":me": start} if start is not None else {})}
             resp = self._call(
                 "query",
