@@ -16,6 +16,11 @@ from .sink import InvalidItem
 
 MAX_BATCH = 25  # BatchWriteItem limit
 
+# The key conditions of its queries (``#p`` the connection's partition key, ``#s`` the seq;
+# it has no conditional writes: a replay rewrites the same key).
+PARTITION = "#p = :p"  # every item of a connection (or, in the markers index, its markers)
+PARTITION_AFTER = "#p = :p AND #s > :after"  # a connection's items past ``:after``
+
 
 class MessagesStore(_Table):
     """The messages table: one item per (connection, seq). A :class:`~.sink.Sink`."""
@@ -115,9 +120,9 @@ class MessagesStore(_Table):
         and owners resume after it), so the ranges that matter start past it."""
         end = checkpoint
         pages = self._query_pages(
-            KeyConditionExpression="#p = :p AND #s > :c",
+            KeyConditionExpression=PARTITION_AFTER,
             ExpressionAttributeNames={"#p": schema.MSG_PK, "#s": schema.MSG_SK, "#t": schema.SKIP_TO},
-            ExpressionAttributeValues=marshal({":p": schema.connection_pk(connection_id), ":c": checkpoint}),
+            ExpressionAttributeValues=marshal({":p": schema.connection_pk(connection_id), ":after": checkpoint}),
             ProjectionExpression="#s, #t",
             ConsistentRead=True,
             Limit=500,
@@ -133,7 +138,7 @@ class MessagesStore(_Table):
         out: list[dict] = []
         kwargs: dict[str, Any] = {
             "TableName": self._table,
-            "KeyConditionExpression": "#p = :p",
+            "KeyConditionExpression": PARTITION,
             "ExpressionAttributeNames": {"#p": schema.MSG_PK},
             "ExpressionAttributeValues": marshal({":p": schema.connection_pk(connection_id)}),
         }
@@ -163,9 +168,9 @@ class MessagesStore(_Table):
             "#e": schema.MESSAGE_TTL_ATTRIBUTE,
         }
         pages = self._query_pages(
-            KeyConditionExpression="#p = :p AND #s > :a",
+            KeyConditionExpression=PARTITION_AFTER,
             ExpressionAttributeNames=names,
-            ExpressionAttributeValues=marshal({":p": schema.connection_pk(connection_id), ":a": after_seq}),
+            ExpressionAttributeValues=marshal({":p": schema.connection_pk(connection_id), ":after": after_seq}),
             ProjectionExpression="#s, #d, #r, #b, #h, #k, #t, #e",
             ConsistentRead=True,
             Limit=batch,
@@ -179,7 +184,7 @@ class MessagesStore(_Table):
         consistent, as every GSI read is."""
         pages = self._query_pages(
             IndexName=schema.MARKERS_INDEX,
-            KeyConditionExpression="#p = :p",
+            KeyConditionExpression=PARTITION,
             ExpressionAttributeNames={"#p": schema.MSG_PK},
             ExpressionAttributeValues=marshal({":p": schema.connection_pk(connection_id)}),
             Select="COUNT",
