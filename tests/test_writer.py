@@ -18,8 +18,8 @@ from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
 from wsfleet.store import MessagesStore, ObjectsStore
 from wsfleet.stream import Frame, Problem, upstream_gap
-from wsfleet.worker.retry import LeaseExpired
 from wsfleet.worker.latency import Latency, histogram_of, histogram_quantile
+from wsfleet.worker.retry import LeaseExpired
 from wsfleet.worker.writer import Writer
 
 
