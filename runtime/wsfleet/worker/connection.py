@@ -137,6 +137,8 @@ class ConnectionRunner:
         )
         self.upstream = self._dialer.upstream
         self._shape = FrameShape(self.upstream.seq_pointer, self.upstream.data_pointer)
+        # Its first ownership ever (fence 1) of an upstream that cannot replay (see .frames).
+        self._fresh = self.upstream.resume is upstream_spec.Resume.NONE and fence_token == 1
         self.refused = False  # the last connect was refused (the RefusedConnections gauge)
         self.last_error = last_error  # the item's last_error, as far as this ownership knows
         self.session_id = session_id
@@ -313,8 +315,8 @@ class ConnectionRunner:
         frame's gap marker covers its seq."""
         size = len(message)
         try:
-            fresh = self.upstream.resume is upstream_spec.Resume.NONE and self.fence_token == 1
-            got = receive(message, int(time.time() * 1000), tracker=self.tracker, shape=self._shape, may_start_fresh=fresh)
+            now_ms = int(time.time() * 1000)
+            got = receive(message, now_ms, tracker=self.tracker, shape=self._shape, may_start_fresh=self._fresh)
             # The raw bytes are not needed past parsing: not held while the put below
             # waits for the writer's room (for a frame at the limit, 32 MiB a socket).
             del message

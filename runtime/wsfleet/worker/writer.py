@@ -104,6 +104,7 @@ MAX_PENDING = 20_000
 # Large-data uploads in flight at once, worker-wide: each holds a pool thread.
 UPLOAD_CONCURRENCY = 4
 
+
 @dataclass(kw_only=True)
 class _Queue(Lane):
     """A connection's lane, with what the driver keeps for it."""
