@@ -266,7 +266,7 @@ def latency_between(a: Stats, b: Stats) -> dict[str, Any]:
     stats lines: the difference of the writer's cumulative histograms (buckets 9 % wide).
     p50 and p99 are interpolated inside their bucket; max is the upper bound of the
     highest non-empty bucket (so at most 9 % above the true maximum)."""
-    from wsfleet.worker.writer import histogram_of, histogram_quantile
+    from wsfleet.worker.latency import histogram_of, histogram_quantile
 
     key = "received_to_stored_hist"
     before, after = histogram_of(a.writer.get(key, {})), histogram_of(b.writer.get(key, {}))

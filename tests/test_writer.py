@@ -18,8 +18,9 @@ from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
 from wsfleet.sinks import MessagesStore, ObjectsStore
 from wsfleet.stream import Frame, Problem, upstream_gap
+from wsfleet.worker.latency import Latency, histogram_of, histogram_quantile
 from wsfleet.worker.retry import LeaseExpired
-from wsfleet.worker.writer import Latency, Writer, histogram_of, histogram_quantile
+from wsfleet.worker.writer import Writer
 
 
 class RecordingDynamoDB:

@@ -25,6 +25,7 @@ from typing import Iterable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from . import schema
+from .checkpoint import Checkpoint
 from .pointer import MISSING, Pointer
 
 # Data up to this size (compact JSON, UTF-8) is stored inline in its item, well inside
@@ -317,8 +318,8 @@ class SeqTracker:
     """
 
     def __init__(self, checkpoint: int) -> None:
-        self.checkpoint = checkpoint
-        self.last_accepted = checkpoint
+        self.checkpoint = Checkpoint(checkpoint)
+        self.last_accepted = int(checkpoint)
         self._over_limit_closes = 0  # at next_seq, since the last frame accepted (or marker)
 
     @property
@@ -377,8 +378,9 @@ class SeqTracker:
         they are no gap to mark."""
         if self.last_accepted != 0 or self.checkpoint != 0:
             raise ValueError(f"a stream with seqs in hand (up to {self.last_accepted}) cannot start anew")
-        self.checkpoint = self.last_accepted = end
+        self.checkpoint = self.checkpoint.advanced(end)
+        self.last_accepted = end
 
     def stored(self, end: int) -> None:
         """Stored up to ``end``, gap-free (a range marker's: the end of its range)."""
-        self.checkpoint = max(self.checkpoint, end)
+        self.checkpoint = self.checkpoint.advanced(end)

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from wsfleet import schema
-from wsfleet.worker.connection import CLOSE_TIMEOUT_S
+from wsfleet.worker.upstream_socket import CLOSE_TIMEOUT_S
 from ..fleet import Timing, reachability_violations
 from ..upstream import stream_name
 from ..stream_audit import Delivery

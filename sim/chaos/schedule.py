@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from wsfleet.leases import SessionTiming
-from wsfleet.worker.connection import CLOSE_TIMEOUT_S
+from wsfleet.worker.upstream_socket import CLOSE_TIMEOUT_S
 from wsfleet.worker.takeover import RING_REFRESH_S
 from ..fleet import TAKEOVER_SLACK_S, Timing
 from .byzantine import CLASSES

@@ -11,15 +11,10 @@ connection, driven by one :class:`ConnectionRunner`:
   worker's shared :class:`~wsfleet.worker.writer.Writer` (which batches them with other
   connections' frames), reconnect with backoff while the session holds. A refused
   handshake waits ``refused_retry_s`` instead, shown in the item's ``last_error`` until a
-  frame is accepted again. An upstream that cannot replay (``resume: none``) starts,
-  on a connection's first ownership ever, where the upstream is. A frame never fails the
-  connection: one that cannot be parsed or stored is counted and skipped (or stored as a
-  skip marker, see :mod:`wsfleet.stream`), and whatever goes wrong handling one frame
-  costs only that frame; an unexpected error in the loop itself costs a reconnect under
-  the same ownership, never the lease. No silent holes: seqs the upstream jumps over are
-  stored as one ``upstream_gap`` marker before the frame, and a frame over the socket's
-  limit that closes it at the same resume point ``OVER_LIMIT_TRIES`` times becomes an
-  ``over_frame_limit`` marker, the stream resuming after it;
+  frame is accepted again. What to do with each frame is :mod:`.frames`' decision (the
+  frame rules are there); whatever goes wrong handling one costs only that frame, and an
+  unexpected error in the loop itself costs a reconnect under the same ownership, never
+  the lease;
 * checkpointer: store the checkpoint at least every ``checkpoint_s`` while frames are
   stored (never for a quiet connection), through the worker's shared
   :class:`~wsfleet.worker.checkpoints.Checkpoints`: it asks a tenth of that early, and
@@ -38,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -48,24 +42,25 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidH
 from .. import clock
 from .. import metrics_names as names
 from .. import tracing, upstream_spec
+from ..checkpoint import Checkpoint
 from ..config import DEFAULT_MAX_FRAME_BYTES
 from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import CheckpointEntry, ConnectionsStore, Released
-from ..stream import Frame, FrameShape, Problem, Rejected, SeqTracker, parse_frame
+from ..stream import FrameShape, SeqTracker
 from ..validation import Allowlist
 from .checkpoints import Checkpoints
+from .frame_log import UNEXPECTED, FrameLog
+from .frames import CheckpointTimer, receive
 from .gate import ReceiveGate
 from .retry import LeaseExpired, call_until
 from .secrets import Secrets, SecretUnavailable
-from .supervision import LogSampler, Supervisor
-from .upstream_socket import CLOSE_TIMEOUT_S, REFUSED_RETRY_S, Dialer, Refused, SocketOptions, refused_pause_s
+from .supervision import Supervisor
+from .upstream_socket import REFUSED_RETRY_S, Dialer, Refused, SocketOptions, close_socket, refused_pause_s
 from .writer import Writer
 
 RECONNECT_CAP_S = 10.0
-FRAME_LOG_EVERY_S = 60.0  # a connection logs each class of bad frame at most this often
-UNEXPECTED = "unexpected"  # the log class of an error of ours while handling a frame
 
 
 class EndReason(enum.Enum):
@@ -142,6 +137,8 @@ class ConnectionRunner:
         )
         self.upstream = self._dialer.upstream
         self._shape = FrameShape(self.upstream.seq_pointer, self.upstream.data_pointer)
+        # Its first ownership ever (fence 1) of an upstream that cannot replay (see .frames).
+        self._fresh = self.upstream.resume is upstream_spec.Resume.NONE and fence_token == 1
         self.refused = False  # the last connect was refused (the RefusedConnections gauge)
         self.last_error = last_error  # the item's last_error, as far as this ownership knows
         self.session_id = session_id
@@ -151,9 +148,10 @@ class ConnectionRunner:
         self._deadline = deadline
         # Resume after what is stored gap-free (a crashed owner may have stored past its
         # last checkpoint); the next checkpoint write records it.
-        self.tracker = SeqTracker(max(checkpoint, stored_end))
-        self._checkpoint_written = checkpoint
-        self._checkpoint_at = clock.now()
+        self.tracker = SeqTracker(Checkpoint(checkpoint).advanced(stored_end))
+        self._timer = CheckpointTimer(
+            settings.checkpoint_s, settings.checkpoint_gather_share, Checkpoint(checkpoint), clock.now()
+        )
         self.connected = asyncio.Event()
         self.end_reason: EndReason | None = None
         self.detached = False  # the release answered: it is no longer attached to our session
@@ -169,7 +167,7 @@ class ConnectionRunner:
         self._counters = counters
         self._log = log.bind(connection_id=connection_id, fence_token=fence_token)
         self._supervisor = Supervisor(log=self._log, counters=counters)
-        self._frame_logs = LogSampler(FRAME_LOG_EVERY_S)
+        self._frame_log = FrameLog(self._log)
         # Reconnect backoff: grows until a frame is accepted (not merely until a connect
         # succeeds), so an upstream that closes each socket at once is not hammered.
         self._attempt = 0
@@ -306,73 +304,57 @@ class ConnectionRunner:
         marker = self.tracker.closed_over_limit(int(time.time() * 1000), size)
         if marker is None:
             return
-        self._skip_problem(marker, size=size)
+        self._frame_log.skip(marker, size=size)
         await self._writer.put(self.connection_id, marker)
         self.tracker.skip_over_limit(marker)
 
     async def _receive(self, message: bytes) -> None:
         """Hand one frame to the writer (or count it and skip it), after a gap marker if
-        it jumps ahead. Nothing it meets ends the socket: an error of ours costs this
-        frame only, logged and counted, and the next frame's gap marker covers its seq."""
+        it jumps ahead (:func:`.frames.receive` decides). Nothing it meets ends the
+        socket: an error of ours costs this frame only, logged and counted, and the next
+        frame's gap marker covers its seq."""
         size = len(message)
         try:
-            frame = parse_frame(message, int(time.time() * 1000), self._shape)
+            now_ms = int(time.time() * 1000)
+            got = receive(message, now_ms, tracker=self.tracker, shape=self._shape, may_start_fresh=self._fresh)
             # The raw bytes are not needed past parsing: not held while the put below
             # waits for the writer's room (for a frame at the limit, 32 MiB a socket).
             del message
-            if isinstance(frame, Rejected):
+            if got.problem is not None:
                 self._counters.add(names.MALFORMED_FRAMES)
-                return self._frame_problem(frame.problem, size=frame.size, stored="nothing")
-            if frame.problem is not None:
-                self._counters.add(names.MALFORMED_FRAMES)
-                stored = "skip_marker" if frame.is_marker else "escaped"
-                self._frame_problem(frame.problem, size=size, seq=frame.seq, stored=stored)
-            if self._starts_where_the_upstream_is(frame) and not await self._start_at(frame.seq):
+                self._frame_log.problem(got.problem, **got.problem_fields())
+            if got.start_at is not None and not await self._start_at(got.start_at):
                 return
-            frames = self.tracker.to_store(frame)
-            if not frames:
-                return  # a replay of a frame already in hand
-            if frames[0].problem is Problem.UPSTREAM_GAP:
-                self._skip_problem(frames[0])
-            await self._writer.put(self.connection_id, *frames)  # waits while the writer is full
-            self.tracker.accept(frame.seq)  # in hand once queued (see SeqTracker)
+            if not got.frames:
+                return  # rejected, or a replay of a frame already in hand
+            if got.gap is not None:
+                self._frame_log.skip(got.gap)
+            await self._writer.put(self.connection_id, *got.frames)  # waits while the writer is full
+            self.tracker.accept(got.frames[-1].seq)  # in hand once queued (see SeqTracker)
             self._attempt = 0
-            if frames[0].problem is Problem.UPSTREAM_GAP:
-                self._counters.add(names.MISSED_SEQS, frames[0].end - frames[0].seq + 1)
+            if got.gap is not None:
+                self._counters.add(names.MISSED_SEQS, got.gap.end - got.gap.seq + 1)
             if self.last_error is not None:
                 await self._note_error(None)  # connecting works again: GET stops saying otherwise
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - one frame never costs the connection
             self._counters.add(names.LOOP_ERRORS)
-            self._frame_problem(UNEXPECTED, size=size, error=f"{type(exc).__name__}: {exc}", exc=exc)
+            self._frame_log.problem(UNEXPECTED, size=size, error=f"{type(exc).__name__}: {exc}", exc=exc)
 
-    def _starts_where_the_upstream_is(self, frame: Frame) -> bool:
-        """An upstream that cannot replay, on its first ownership ever (fence 1) with no
-        frame in hand yet: its first frame is where the stream starts for us, not the end
-        of a gap (nothing before it was ever asked for). A later owner finding nothing
-        stored does not start fresh: an owner before it may have been sent frames and
-        died before storing any (kill -9 between its first frames and its first write),
-        so what lies below the first frame is a gap to mark, never silently skipped."""
-        return (
-            self.upstream.resume is upstream_spec.Resume.NONE
-            and self.fence_token == 1
-            and self.tracker.last_accepted == 0
-            and frame.seq > 1
-        )
-
-    async def _start_at(self, seq: int) -> bool:
-        """Checkpoint ``seq - 1`` before the first frame is queued (conditional on our
-        session and fence, as every checkpoint): a later owner then finds the stream's
-        start in the item, so that a seq missing after it is a gap to mark, never read
-        as "nothing stored yet". False when the connection is no longer ours."""
+    async def _start_at(self, end: int) -> bool:
+        """Checkpoint ``end`` (the first frame's seq less one) before that frame is
+        queued (conditional on our session and fence, as every checkpoint): a later owner
+        then finds the stream's start in the item, so that a seq missing after it is a
+        gap to mark, never read as "nothing stored yet". False when the connection is no
+        longer ours."""
         try:
             ours = await self._until_deadline(
                 self._connections.checkpoint,
                 connection_id=self.connection_id,
                 session_id=self.session_id,
                 fence_token=self.fence_token,
-                last_seq=seq - 1,
+                last_seq=end,
             )
         except LeaseExpired:
             self._end(EndReason.EXPIRED)
@@ -380,43 +362,17 @@ class ConnectionRunner:
         if not ours:
             self._end(EndReason.LOST)
             return False
-        self.tracker.start_at(seq - 1)
-        self._checkpoint_written = seq - 1
-        self._log.info("stream_starts_where_the_upstream_is", seq=seq)
+        self.tracker.start_at(end)
+        self._timer.started(self.tracker.checkpoint)
+        self._log.info("stream_starts_where_the_upstream_is", seq=end + 1)
         return True
-
-    def _frame_problem(self, problem: Problem | str, *, exc: BaseException | None = None, **fields: object) -> None:
-        """Log a bad frame, at most once per FRAME_LOG_EVERY_S per class, saying how many
-        of that class were not logged since (``suppressed``)."""
-        name = problem.value if isinstance(problem, Problem) else problem
-        suppressed = self._frame_logs.take(name, clock.now())
-        if suppressed is None:
-            return
-        if exc is not None:
-            fields["traceback"] = "".join(traceback.format_exception(exc))
-        level = self._log.error if exc is not None else self._log.warning
-        level("malformed_frame" if exc is None else "frame_error", problem=name, suppressed=suppressed, **fields)
-
-    def _skip_problem(self, marker: Frame, **fields: object) -> None:
-        """Log a marker the stream makes (a gap, a frame over the limit), sampled like bad
-        frames: ``skip_marker`` with its reason and the seqs it stands for."""
-        suppressed = self._frame_logs.take(marker.reason, clock.now())
-        if suppressed is not None:
-            self._log.warning(
-                "skip_marker", reason=marker.reason, seq=marker.seq, skip_to=marker.end, suppressed=suppressed, **fields
-            )
 
     def _on_stored(self, seq: int, count: int) -> None:
         """The writer stored this connection's seqs up to ``seq`` (a gap-free prefix);
         the checkpointer is woken only once a checkpoint may be due (not at every batch)."""
         self.tracker.stored(seq)
-        if self._time_to_ask():
+        if self._timer.time_to_ask(clock.now()):
             self._stored.set()
-
-    def _time_to_ask(self) -> bool:
-        """``checkpoint_s`` less the gathering time has passed since the last checkpoint."""
-        s = self._s
-        return clock.now() - self._checkpoint_at >= s.checkpoint_s * (1 - s.checkpoint_gather_share)
 
     async def _checkpointer(self) -> None:
         # The end reason, not cancellation alone, stops this loop: on Python 3.11,
@@ -425,18 +381,13 @@ class ConnectionRunner:
         while self.end_reason is None:
             await self._stored.wait()
             self._stored.clear()
-            if not self._checkpoint_due():
+            if not self._timer.due(self.tracker.checkpoint, clock.now()):
                 continue
             try:
                 await self._write_checkpoint()
             except LeaseExpired:
                 self._log.warning("deadline_passed_before_checkpoint", checkpoint=self.tracker.checkpoint)
                 return self._end(EndReason.EXPIRED)
-
-    def _checkpoint_due(self) -> bool:
-        """A checkpoint is asked for once it is time to, and only if frames were stored
-        since the last one."""
-        return self.tracker.checkpoint > self._checkpoint_written and self._time_to_ask()
 
     async def _write_checkpoint(self) -> None:
         """Store the checkpoint while holding the connection (conditional on our session
@@ -445,14 +396,13 @@ class ConnectionRunner:
         seq = self.tracker.checkpoint  # stored gap-free: the value written (frames stored meanwhile wait for the next)
         ours = await self._checkpoints.write(
             CheckpointEntry(self.connection_id, self.session_id, self.fence_token, seq),
-            by=self._checkpoint_at + self._s.checkpoint_s,
+            by=self._timer.by,
             deadline=self._deadline,
         )
         if not ours:
             self._log.warning("checkpoint_found_connection_gone", checkpoint=seq)
             return self._end(EndReason.LOST)
-        self._checkpoint_written = seq
-        self._checkpoint_at = clock.now()
+        self._timer.wrote(seq, clock.now())
 
     async def flush(self) -> None:
         """Return once every accepted frame is stored (the writer sends this connection's
@@ -493,7 +443,10 @@ class ConnectionRunner:
             # stream task sees end_reason and does not reconnect. A lost or expired
             # session's sockets are aborted at once: the next owner may connect any
             # moment now, and a close handshake would keep ours open meanwhile.
-            await self._close_socket(abort=self.end_reason in (EndReason.LOST, EndReason.EXPIRED))
+            abort = self.end_reason in (EndReason.LOST, EndReason.EXPIRED)
+            if self._ws is not None:
+                await close_socket(self._ws, abort=abort)
+            self._log.info("socket_closed", aborted=abort)
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -508,61 +461,38 @@ class ConnectionRunner:
             self._writer.close(self.connection_id)
         return reason
 
-    async def _close_socket(self, *, abort: bool) -> None:
-        """Close the socket: with a close handshake bounded by ``CLOSE_TIMEOUT_S`` (an
-        upstream that stalls it is cut off), or, when ``abort``, by dropping the TCP
-        connection at once."""
-        ws = self._ws
-        if ws is not None:
-            if abort:
-                ws.transport.abort()
-            else:
-                try:
-                    await asyncio.wait_for(ws.close(), timeout=CLOSE_TIMEOUT_S)
-                except Exception:  # noqa: BLE001 - closing is best effort; abort the transport
-                    ws.transport.abort()
-        self._log.info("socket_closed", aborted=abort)
-
     async def _flush_and_release(self) -> None:
-        with tracing.segment(
-            "release",
-            connection_id=self.connection_id,
-            session=self.session_id,
-            fence=self.fence_token,
-            why=self.end_reason.value,
-        ) as span:
+        why = self.end_reason.value
+        segment = dict(connection_id=self.connection_id, session=self.session_id, fence=self.fence_token, why=why)
+        with tracing.segment("release", **segment) as span:
             self.release_trace = span.header
-            await self._flush_and_release_traced()
-
-    async def _flush_and_release_traced(self) -> None:
-        try:
-            await self.flush()
-            # An error that says nothing about ownership (AccessDenied mid-deploy) is tried
-            # again until the deadline: a connection we hold is never left unreleased early.
-            released = await self._supervisor.retry(
-                "release",
-                lambda: self._until_deadline(
-                    self._connections.release,
-                    connection_id=self.connection_id,
-                    session_id=self.session_id,
-                    fence_token=self.fence_token,
-                    last_seq=self.tracker.checkpoint,
-                    stopped=self.end_reason is EndReason.STOPPED,
-                    handoff=self.end_reason in (EndReason.SHUTDOWN, EndReason.SHED),
-                ),
-                deadline=self._deadline,
-            )
-        except LeaseExpired:
-            self._counters.add(names.LEASES_LOST)
-            self._log.warning("deadline_passed_before_release", unwritten=self._writer.close(self.connection_id))
-            return
-        self.freed = released is Released.FREE
-        self.handed = released is Released.HANDED
-        self.detached = not self.handed  # released now, or found no longer ours (a handoff stays attached)
-        if released:
-            self._counters.add(names.LEASES_RELEASED)
-            self._log.info("lease_released", checkpoint=self.tracker.checkpoint, why=self.end_reason.value)
-        else:
-            self._counters.add(names.LEASES_LOST)
-            self._log.warning("release_found_lease_gone", checkpoint=self.tracker.checkpoint)
-
+            try:
+                await self.flush()
+                # An error that says nothing about ownership (AccessDenied mid-deploy) is tried
+                # again until the deadline: a connection we hold is never left unreleased early.
+                released = await self._supervisor.retry(
+                    "release",
+                    lambda: self._until_deadline(
+                        self._connections.release,
+                        connection_id=self.connection_id,
+                        session_id=self.session_id,
+                        fence_token=self.fence_token,
+                        last_seq=self.tracker.checkpoint,
+                        stopped=self.end_reason is EndReason.STOPPED,
+                        handoff=self.end_reason in (EndReason.SHUTDOWN, EndReason.SHED),
+                    ),
+                    deadline=self._deadline,
+                )
+            except LeaseExpired:
+                self._counters.add(names.LEASES_LOST)
+                self._log.warning("deadline_passed_before_release", unwritten=self._writer.close(self.connection_id))
+                return
+            self.freed = released is Released.FREE
+            self.handed = released is Released.HANDED
+            self.detached = not self.handed  # released now, or found no longer ours (a handoff stays attached)
+            if released:
+                self._counters.add(names.LEASES_RELEASED)
+                self._log.info("lease_released", checkpoint=self.tracker.checkpoint, why=why)
+            else:
+                self._counters.add(names.LEASES_LOST)
+                self._log.warning("release_found_lease_gone", checkpoint=self.tracker.checkpoint)

@@ -130,6 +130,19 @@ async def open_socket(
     )
 
 
+async def close_socket(ws: ClientConnection, *, abort: bool) -> None:
+    """Close the socket: with a close handshake bounded by ``CLOSE_TIMEOUT_S`` (an
+    upstream that stalls it is cut off), or, when ``abort``, by dropping the TCP
+    connection at once."""
+    if abort:
+        ws.transport.abort()
+        return
+    try:
+        await asyncio.wait_for(ws.close(), timeout=CLOSE_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - closing is best effort; abort the transport
+        ws.transport.abort()
+
+
 class Dialer:
     """How one connection opens its socket: its upstream (parsed from the stored item
     with this worker's secret prefix; one it refuses is a refusal at every connect), its

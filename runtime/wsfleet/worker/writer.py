@@ -65,25 +65,21 @@ being uploaded still counts. When a cap is reached the receive loop waits (backp
 counted in ``BackpressureWaits``), nothing is dropped; a frame is always taken when the
 writer holds no bytes, so one larger than the cap cannot wedge it.
 
-Received to stored: each pending frame keeps the time (:func:`wsfleet.clock.now`) it was handed to the
-writer, and when its batch is stored, ``now - handed`` goes into a :class:`Latency`
-histogram (fixed log-spaced buckets, no allocation per frame beyond the float). The
-``stats`` line shows p50 / p99 / max over a rolling window (the last 50-60 s by default:
-six 10 s slots, the oldest one dropped as a new one starts), so reading it twice (the
-metrics publish and the log line both do) changes nothing; it also carries the
-cumulative histogram, which tools subtract between two lines for any window's
-percentiles (the benchmarks do).
+Received to stored: each pending frame keeps the time (:func:`wsfleet.clock.now`) it was
+handed to the writer, and when its batch is stored, ``now - handed`` goes into a
+:class:`~wsfleet.worker.latency.Latency` histogram; the ``stats`` line shows p50 / p99 /
+max over a rolling window (the last 50-60 s by default) and the cumulative histogram.
+
+What goes into a batch and what becomes of it is decided in :mod:`.batches` (no I/O);
+this module drives it: the tasks, the events receive loops wait on, the store's calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import math
-from bisect import bisect_left
-from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 from .. import clock
 from .. import metrics_names as names
@@ -92,7 +88,10 @@ from ..logs import JsonLogger
 from ..metrics import Counters
 from ..config import DEFAULT_MAX_FRAME_BYTES
 from ..sinks import InvalidItem, ObjectsStore, Sink, StoredObject, data_size, needs_object
-from ..stream import Frame, Problem
+from ..stream import Frame
+from . import batches
+from .batches import Batch, Entry, Lane, Pending, frame_bytes, within_limit
+from .latency import Latency
 from .retry import DEADLINE_POLL_S, LeaseExpired, call_until, first_of, woken_or_timeout
 from .supervision import Supervisor
 
@@ -105,126 +104,15 @@ MAX_PENDING = 20_000
 # Large-data uploads in flight at once, worker-wide: each holds a pool thread.
 UPLOAD_CONCURRENCY = 4
 
-# Upper bounds (ms) of the received -> stored histogram's buckets: 8 per doubling from
-# 1 ms to 2^17 ms (about 131 s), so a bucket is 9 % wide; one more bucket beyond.
-LATENCY_BOUNDS_MS: tuple[float, ...] = tuple(2 ** (i / 8) for i in range(8 * 17 + 1))
 
+@dataclass(kw_only=True)
+class _Queue(Lane):
+    """A connection's lane, with what the driver keeps for it."""
 
-def latency_key(bucket: int) -> str:
-    """How a bucket is named in the stats line: its upper bound in ms (3 digits), or
-    ``inf`` for the one beyond the last bound."""
-    return f"{LATENCY_BOUNDS_MS[bucket]:.3g}" if bucket < len(LATENCY_BOUNDS_MS) else "inf"
-
-
-def histogram_quantile(counts: Sequence[int], q: float, max_ms: float | None = None) -> float | None:
-    """The q-th percentile (0..100) of a histogram over :data:`LATENCY_BOUNDS_MS` (counts
-    per bucket, the overflow bucket last), interpolated linearly inside its bucket and
-    never above ``max_ms`` when the largest value is known; None when it is empty. With
-    q 100 and no ``max_ms``: the upper bound of the highest non-empty bucket."""
-    n = sum(counts)
-    if n == 0:
-        return None
-    rank = max(1.0, q / 100 * n)
-    seen = 0
-    for b, c in enumerate(counts):
-        if c and seen + c >= rank:
-            lower = LATENCY_BOUNDS_MS[b - 1] if b > 0 else 0.0
-            if b >= len(LATENCY_BOUNDS_MS):  # beyond the last bound: only the maximum says more
-                return max_ms if max_ms is not None else lower
-            value = lower + (LATENCY_BOUNDS_MS[b] - lower) * (rank - seen) / c
-            return min(value, max_ms) if max_ms is not None else value
-        seen += c
-    return max_ms
-
-
-def histogram_of(cumulative: Mapping[str, int]) -> list[int]:
-    """A stats line's cumulative histogram (``{bound: count}``, see :func:`latency_key`)
-    back as counts per bucket."""
-    index = {latency_key(b): b for b in range(len(LATENCY_BOUNDS_MS) + 1)}
-    counts = [0] * (len(LATENCY_BOUNDS_MS) + 1)
-    for key, n in cumulative.items():
-        counts[index[key]] += n
-    return counts
-
-
-class Latency:
-    """Frame received -> stored times: a histogram per time slot (``slots`` of
-    ``window_s / slots`` seconds each, reused round-robin) for the rolling summary, and
-    one since start for tools that difference two readings."""
-
-    def __init__(self, window_s: float = 60.0, slots: int = 6, clock: Callable[[], float] = clock.now) -> None:
-        self.window_s = window_s
-        self._slot_s = window_s / slots
-        self._clock = clock
-        width = len(LATENCY_BOUNDS_MS) + 1
-        self._counts = [[0] * width for _ in range(slots)]
-        self._max = [0.0] * slots
-        self._epoch = [-1] * slots
-        self._total = [0] * width
-
-    def record(self, now: float, handed: Iterable[float]) -> None:
-        """One stored batch: ``handed`` are its frames' hand-over times (clock.now() s)."""
-        epoch = int(now // self._slot_s)
-        slot = epoch % len(self._epoch)
-        counts = self._counts[slot]
-        if self._epoch[slot] != epoch:  # a slot last used a whole window ago, or never
-            counts[:] = [0] * len(counts)
-            self._max[slot] = 0.0
-            self._epoch[slot] = epoch
-        total, bounds, top = self._total, LATENCY_BOUNDS_MS, self._max[slot]
-        for t in handed:
-            ms = (now - t) * 1000.0
-            b = bisect_left(bounds, ms)
-            counts[b] += 1
-            total[b] += 1
-            if ms > top:
-                top = ms
-        self._max[slot] = top
-
-    def summary(self) -> dict[str, Any]:
-        """n, p50, p99 and max (ms) over the slots of the rolling window."""
-        now_epoch = int(self._clock() // self._slot_s)
-        live = [s for s, e in enumerate(self._epoch) if now_epoch - len(self._epoch) < e <= now_epoch]
-        counts = [sum(col) for col in zip(*(self._counts[s] for s in live), strict=True)] if live else []
-        top = max((self._max[s] for s in live), default=0.0)
-        n = sum(counts)
-
-        def r(v: float | None) -> float | None:
-            return None if v is None else round(v, 1)
-
-        return {
-            "window_s": self.window_s,
-            "n": n,
-            "p50": r(histogram_quantile(counts, 50, top)) if n else None,
-            "p99": r(histogram_quantile(counts, 99, top)) if n else None,
-            "max": r(top) if n else None,
-        }
-
-    def cumulative(self) -> dict[str, int]:
-        """Every frame stored since start, per bucket (non-empty buckets only)."""
-        return {latency_key(b): c for b, c in enumerate(self._total) if c}
-
-
-@dataclass
-class _Queue:
-    connection_id: str
-    fence_token: int
     deadline: Callable[[], float]
     on_stored: Callable[[int, int], None]  # (last seq stored, how many)
-    frames: deque[tuple[Frame, float]] = field(default_factory=deque)  # (frame, handed over: clock.now())
-    in_flight: bool = False
-    flushing: int = 0  # callers waiting for this queue to empty
-    objects: dict[int, StoredObject] = field(default_factory=dict)  # by seq: large data stored, its item not yet
     uploads: dict[int, asyncio.Task] = field(default_factory=dict)  # by seq: large data being stored
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # room freed, or emptied
-
-
-def frame_bytes(frame: Frame) -> int:
-    """The data a pending frame holds (:func:`data_size`: none for a marker, whatever size
-    it records). Large data counts twice: its upload encodes a copy of it (the request's
-    body)."""
-    size = data_size(frame)
-    return 2 * size if needs_object(frame) else size
 
 
 class Writer:
@@ -247,8 +135,6 @@ class Writer:
         latency_window_s: float = 60.0,
     ) -> None:
         self._messages = messages
-        # Entries per put_many: the table's BatchWriteItem (25), a stream's PutRecords (500).
-        self._batch = messages.max_batch
         self._objects = objects
         self._max_data_bytes = max_data_bytes
         self._upload_slots = asyncio.Semaphore(upload_concurrency)
@@ -258,18 +144,18 @@ class Writer:
         self._counters = counters
         self._log = log
         self._supervisor = Supervisor(log=log, counters=counters)
-        self._interval = flush_interval_s
-        self._cap_one = max_pending_per_connection
-        self._cap_all = max_pending
-        self._cap_bytes = max_pending_bytes
-        self._bytes = 0  # data of frames handed over and not yet stored or given up
-        self.bytes_high_water = 0
+        self._pending = Pending(
+            # Entries per put_many: the table's BatchWriteItem (25), a stream's PutRecords (500).
+            batch=messages.max_batch,
+            concurrency=concurrency,
+            interval_s=flush_interval_s,
+            max_per_lane=max_pending_per_connection,
+            max_frames=max_pending,
+            max_bytes=max_pending_bytes,
+        )
         self._concurrency = concurrency
         self._slots = asyncio.Semaphore(concurrency)
         self._queues: dict[str, _Queue] = {}
-        # Queues with pending frames, in the order their first pending frame arrived.
-        self._waiting: OrderedDict[str, _Queue] = OrderedDict()
-        self._pending = 0
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._sends: set[asyncio.Task] = set()
@@ -280,7 +166,9 @@ class Writer:
     # --- what a connection calls ------------------------------------------------------
 
     def open(self, connection_id: str, *, fence_token: int, deadline: Callable[[], float], on_stored: Callable[[int, int], None]) -> None:
-        self._queues[connection_id] = _Queue(connection_id, fence_token, deadline, on_stored)
+        self._queues[connection_id] = _Queue(
+            connection_id=connection_id, fence_token=fence_token, deadline=deadline, on_stored=on_stored
+        )
 
     async def put(self, connection_id: str, *frames: Frame) -> None:
         """Queue frames of one connection, in seq order; waits while the connection's or
@@ -290,7 +178,7 @@ class Writer:
         frames = tuple(self._within_limit(connection_id, f) for f in frames)
         size = sum(frame_bytes(f) for f in frames)
         waited = False
-        while len(q.frames) >= self._cap_one or self._pending >= self._cap_all or self._over_bytes(size):
+        while self._pending.full(q, size):
             if not waited:
                 self._counters.add(names.BACKPRESSURE_WAITS)
                 waited = True
@@ -299,37 +187,18 @@ class Writer:
             await first_of(q.changed.wait(), self._room.wait())
             if connection_id not in self._queues:
                 return  # closed while waiting: the connection is being dropped
-        now = clock.now()
-        q.frames.extend((frame, now) for frame in frames)
-        self._pending += len(frames)
-        self._bytes += size
-        self.bytes_high_water = max(self.bytes_high_water, self._bytes)
+        wake = self._pending.add(q, frames, size, clock.now())
         for frame in frames:
             self._upload(q, frame)
-        if connection_id not in self._waiting:
-            self._waiting[connection_id] = q
-        if self._pending >= self._batch or len(self._waiting) == 1:
+        if wake:
             self._wake.set()
 
     def _within_limit(self, connection_id: str, frame: Frame) -> Frame:
-        """The frame, or its over_frame_limit marker if its data grew over the frame
-        limit once re-encoded (escaping can)."""
-        if (size := data_size(frame)) > self._max_data_bytes:
+        checked = within_limit(frame, self._max_data_bytes)
+        if checked is not frame:
             self._counters.add(names.MALFORMED_FRAMES)
-            self._log.warning("frame_over_limit", connection_id=connection_id, seq=frame.seq, data_bytes=size)
-            return frame.as_marker(Problem.TOO_LARGE)
-        return frame
-
-    def _over_bytes(self, size: int) -> bool:
-        """Taking ``size`` more bytes would pass the byte cap (never when none are held)."""
-        return self._cap_bytes is not None and self._bytes > 0 and self._bytes + size > self._cap_bytes
-
-    def _release(self, frames: Iterable[tuple[Frame, float]]) -> None:
-        """These frames' data is no longer ours to hold: stored, or given up."""
-        freed = sum(frame_bytes(f) for f, _ in frames)
-        if freed:
-            self._bytes -= freed
-            self._room.set()
+            self._log.warning("frame_over_limit", connection_id=connection_id, seq=frame.seq, data_bytes=data_size(frame))
+        return checked
 
     async def flush(self, connection_id: str) -> None:
         """Return once every frame queued so far for the connection is stored (sent at once,
@@ -354,11 +223,7 @@ class Writer:
         q = self._queues.pop(connection_id, None)
         if q is None:
             return 0
-        self._waiting.pop(connection_id, None)
-        dropped = len(q.frames)
-        self._pending -= dropped
-        self._release(q.frames)
-        q.frames.clear()
+        dropped = self._pending.drop(q)
         for task in q.uploads.values():
             task.cancel()
         q.changed.set()
@@ -367,10 +232,10 @@ class Writer:
 
     def stats(self) -> dict[str, Any]:
         return {
-            "pending": self._pending,
+            "pending": self._pending.count,
             "uploading": len(self._uploads),
-            "pending_bytes": self._bytes,
-            "pending_bytes_max": self.bytes_high_water,
+            "pending_bytes": self._pending.bytes,
+            "pending_bytes_max": self._pending.bytes_high_water,
             "batches": self.batches,
             "items_per_batch": round(self.items / self.batches, 2) if self.batches else None,
             "received_to_stored_ms": self.latency.summary(),
@@ -388,7 +253,7 @@ class Writer:
                 self._upload(q, frame)
         try:
             while True:
-                delay = self._due_in()
+                delay = self._pending.due_in(clock.now())
                 if delay is None:
                     self._wake.clear()
                     await self._wake.wait()
@@ -420,75 +285,16 @@ class Writer:
         if not task.cancelled() and task.exception() is not None:
             self._supervisor.report("writer", task.exception())
 
-    def _ready(self) -> list[_Queue]:
-        return [q for q in self._waiting.values() if not q.in_flight and q.frames and not _awaiting_object(q, q.frames[0][0])]
-
-    def _due_in(self) -> float | None:
-        """Seconds until a batch is due (0: now), or None when nothing can be sent."""
-        ready = self._ready()
-        if not ready:
-            return None
-        if sum(len(q.frames) for q in ready) >= self._batch or any(q.flushing for q in ready):
-            return 0.0
-        oldest = min(q.frames[0][1] for q in ready)
-        return max(0.0, oldest + self._interval - clock.now())
-
-    def _take(self) -> list[tuple[_Queue, list[tuple[Frame, float]]]]:
-        """Up to a batch (the sink's ``max_batch``) from the queues whose first frame is
-        oldest. When more is pending than one batch holds, the ready queues are spread
-        over as many concurrent batches as the pending frames fill (a connection has one
-        batch in flight at a time, so one batch holding every busy connection would
-        serialise them all); within a batch, each queue's fair share first, then the rest from the
-        front. A queue served goes to the back."""
-        ready = self._ready()
-        if not ready:
-            return []
-        batches = min(self._concurrency, math.ceil(sum(len(q.frames) for q in ready) / self._batch))
-        # The spread is for a few deep queues; many shallow ones (a frame or two each, the
-        # usual case with many quiet connections) still fill one whole batch: 26 pending
-        # frames of 26 connections go as 25 now and 1 later, not as 13 and 13.
-        take, have = max(1, math.ceil(len(ready) / max(1, batches))), 0
-        for n, q in enumerate(ready, 1):
-            have += len(q.frames)
-            if n >= take and have >= self._batch:
-                take = n
-                break
-        else:
-            take = len(ready)
-        ready = ready[:take]
-        share = max(1, self._batch // len(ready))
-        taken: dict[str, list[tuple[Frame, float]]] = {}
-        room = self._batch
-        for limit in (share, self._batch):
-            for q in ready:
-                if room == 0:
-                    break
-                have = taken.setdefault(q.connection_id, [])
-                n = min(limit - len(have), len(q.frames), room)
-                moved = 0
-                while moved < n and not _awaiting_object(q, q.frames[0][0]):  # up to a frame still uploading
-                    have.append(q.frames.popleft())
-                    moved += 1
-                room -= moved
-        batch = []
-        for q in ready:
-            frames = taken.get(q.connection_id) or []
-            if not frames:
-                continue
-            q.in_flight = True
-            self._pending -= len(frames)
-            self._waiting.pop(q.connection_id, None)
-            if q.frames:
-                self._waiting[q.connection_id] = q  # its next frame is younger: to the back
-            batch.append((q, frames))
+    def _take(self) -> Batch:
+        """The next batch (:meth:`Pending.take`); its frames leave the caps' count."""
+        batch = self._pending.take()
         self._room.set()
         for q, _ in batch:
             q.changed.set()
         return batch
 
-    async def _send(self, batch: list[tuple[_Queue, list[tuple[Frame, float]]]]) -> None:
-        entries = [(q.connection_id, q.fence_token, f) for q, frames in batch for f, _ in frames]
-        objects = {(q.connection_id, f.seq): q.objects[f.seq] for q, frames in batch for f, _ in frames if needs_object(f)}
+    async def _send(self, batch: Batch) -> None:
+        entries, objects = batches.entries(batch), batches.objects(batch)
         stored = False
         try:
             # The deadline is read afresh at every retry: renewals extend it meanwhile.
@@ -500,51 +306,39 @@ class Writer:
             self._slots.release()
             self._sent(batch, stored)
 
-    def _sent(self, batch: list[tuple[_Queue, list[tuple[Frame, float]]]], stored: bool) -> None:
-        """The batch is over: its queues may send again. Stored, each connection hears up to
-        which seq; not stored (past the deadline, or cancelled), the frames go back in
-        front of their queues with the times they were handed over. Past the deadline they
-        are never written by us, and their connections are being dropped with the session
-        (the next owner replays them); any whose deadline has moved on (it cannot, once
-        passed, but a frame is never dropped on a guess) gets them back."""
+    def _sent(self, batch: Batch, stored: bool) -> None:
+        """The batch is over (:meth:`Pending.settle` says what becomes of its frames):
+        stored, each connection hears up to which seq; not stored, its frames are back
+        in front of their queues."""
         now = clock.now()
-        for q, _ in batch:
-            q.in_flight = False
+        settled = self._pending.settle(
+            batch,
+            stored=stored,
+            is_open=lambda lane: self._queues.get(lane.connection_id) is lane,
+            # Once passed, a deadline cannot move on, but a frame is never dropped on a guess.
+            is_live=lambda lane: lane.deadline() > now,
+        )
         if stored:
             self.batches += 1
             self.items += sum(len(frames) for _, frames in batch)
             self.latency.record(now, (t for _, frames in batch for _, t in frames))
             self._counters.add(names.MESSAGES_STORED, sum(len(frames) for _, frames in batch))
-            large = 0
-            for q, frames in batch:
-                if q.objects:  # (most queues never have any: no work per frame for them)
-                    large += sum(q.objects.pop(f.seq, None) is not None for f, _ in frames)
-            if large:
-                self._counters.add(names.LARGE_FRAMES, large)
-        for q, frames in batch:
+            if settled.large:
+                self._counters.add(names.LARGE_FRAMES, settled.large)
+        for q, _ in batch:
             q.changed.set()
-            if self._queues.get(q.connection_id) is not q:
-                self._release(frames)
-                continue  # closed meanwhile (and perhaps opened again): its runner is gone
-            if not stored:
-                if q.deadline() > now:
-                    q.frames.extendleft(reversed(frames))
-                    self._pending += len(frames)
-                    self._waiting[q.connection_id] = q
-                    self._waiting.move_to_end(q.connection_id, last=False)
-                else:
-                    self._release(frames)
-                continue
-            self._release(frames)
+        if settled.freed:
+            self._room.set()
+        for q, end, count in settled.stored:
             try:
-                q.on_stored(frames[-1][0].end, len(frames))
+                q.on_stored(end, count)
             except Exception as exc:  # noqa: BLE001 - one runner's callback must not cost the others theirs
                 self._supervisor.report("writer", exc, connection_id=q.connection_id)
         self._wake.set()
 
     async def _store(
         self,
-        entries: list[tuple[str, int, Frame]],
+        entries: list[Entry],
         deadline: Callable[[], float],
         objects: Mapping[tuple[str, int], StoredObject],
     ) -> None:
@@ -559,19 +353,17 @@ class Writer:
             if markers := sum(1 for _, _, f in entries if f.is_marker):
                 self._counters.add(names.SKIPPED_FRAMES, markers)
             return
-        if len(entries) > 1:
-            half = len(entries) // 2
-            await self._store(entries[:half], deadline, objects)
-            await self._store(entries[half:], deadline, objects)
-            return
-        ((connection_id, fence_token, frame),) = entries
-        if frame.is_marker:
+        then = batches.refusal(entries)
+        if then.dropped is not None:
+            connection_id, _, frame = then.dropped
             self._counters.add(names.FRAMES_DROPPED)
             self._log.error("frame_dropped", connection_id=connection_id, seq=frame.seq, error=str(refused))
-            return
-        self._counters.add(names.MALFORMED_FRAMES)
-        self._log.warning("frame_refused_by_store", connection_id=connection_id, seq=frame.seq, error=str(refused))
-        await self._store([(connection_id, fence_token, frame.as_marker(Problem.STORE_REFUSED))], deadline, objects)
+        if then.malformed is not None:
+            connection_id, _, frame = then.malformed
+            self._counters.add(names.MALFORMED_FRAMES)
+            self._log.warning("frame_refused_by_store", connection_id=connection_id, seq=frame.seq, error=str(refused))
+        for part in then.again:
+            await self._store(part, deadline, objects)
 
     async def _until_done(
         self,
@@ -593,7 +385,7 @@ class Writer:
             passes=passes,
         )
 
-    def _put(self, *, entries: list[tuple[str, int, Frame]], objects: Mapping[tuple[str, int], StoredObject]) -> None:
+    def _put(self, *, entries: list[Entry], objects: Mapping[tuple[str, int], StoredObject]) -> None:
         # Runs in a pool thread, possibly long after it was queued (or after a freeze):
         # the deadline is checked as each request leaves, not when the write was decided,
         # and read afresh at each: a sink's own retries inside one call (the stream's
@@ -656,9 +448,4 @@ class Writer:
             del q.uploads[seq]
         if not task.cancelled() and task.exception() is not None:
             self._supervisor.report("writer", task.exception(), connection_id=q.connection_id)
-
-
-def _awaiting_object(q: _Queue, frame: Frame) -> bool:
-    """Whether the frame's item must wait: its data needs an object not stored yet."""
-    return needs_object(frame) and frame.seq not in q.objects
 
