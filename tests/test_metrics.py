@@ -103,7 +103,7 @@ def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatc
         await worker.takeover.watch_once()  # watches elsewhere#1 and dead#1
         worker.takeover.cancel()  # counted while still attached: stop the drain it just spawned
         await worker.balancer.summarize_once()  # the last in the ring: it counts for the fleet, dead#1 included
-        worker._lag_ms.append(4.0)  # what the loop probe would have recorded
+        worker.lag_ms.append(4.0)  # what the loop probe would have recorded
         # A connection counts as free only once it is still free at the next count: "e"
         # was free at the first and taken before the second, "a" stays free.
         assert await worker.count_unowned() == 1  # only "d" (its session ENDED): "a" and "e" just seen
