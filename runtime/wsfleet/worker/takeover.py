@@ -348,10 +348,11 @@ class Takeover:
     async def reconcile_once(self) -> int:
         """Query the FREE# shards (a random one first, each from a random point, round
         to it) for STARTED connections nobody owns and try to take as many as there is
-        room for (``scan_room``: none while this worker is at its fair share and another
-        is under theirs, so that what a peer shed goes to that one), each after a little
-        load-weighted jitter so that the least loaded worker tends to win. Counts the
-        scans in a row that found nothing (``idle_scans``). Returns how many it tried."""
+        room for (:meth:`.decide.Standing.scan_room`: none while this worker is at its
+        fair share and another is under theirs, so that what a peer shed goes to that
+        one), each after a little load-weighted jitter so that the least loaded worker
+        tends to win. Counts the scans in a row that found nothing (``idle_scans``).
+        Returns how many it tried."""
         room = self._holdings.standing(self._keeper.session_id).scan_room()
         if room <= 0 or not self._keeper.live():
             return 0
