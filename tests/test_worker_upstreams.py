@@ -198,7 +198,7 @@ def test_refused_connections_try_again_once_per_wait_and_are_gauged(
                 "provide-client-params.cloudwatch.PutMetricData", lambda params, **_: cw.append(params["MetricData"])
             )
             await eventually(lambda: worker.counters.total(names.UPSTREAM_REFUSALS) >= 4, what="four refusals")
-            await worker.publish_metrics_once(count_unowned=False)
+            await worker.report.publish_metrics_once(count_unowned=False)
             tries = sum(up.refusals("n").values())
             refusals = worker.counters.total(names.UPSTREAM_REFUSALS)
             # Nothing to fetch again: each try is one handshake, then the wait.

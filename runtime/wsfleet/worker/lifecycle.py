@@ -11,28 +11,26 @@
   scans for STARTED connections nobody owns;
 * :class:`~.intake.Intake` takes START hints from SQS (:class:`~.hints.Hints` sends them);
 * :class:`~.balancer.Balancer` summarizes the fleet and sheds what is above our share;
-* :class:`~.shutdown.Departure` hands everything over at shutdown.
+* :class:`~.shutdown.Departure` hands everything over at shutdown;
+* :class:`~.report.Report` publishes the metrics and the ``stats`` line.
 
-This module runs their loops, reopens a lost session, publishes metrics, and shuts down
-within the budget. ``Acquisition.try_acquire`` and ``audit_once``, the keeper's
-``renew_once`` and the takeover's ``watch_once`` / ``reconcile_once`` are the run-once
-steps tests can drive one at a time.
+This module runs their loops, reopens a lost session, and shuts down within the budget.
+``Acquisition.try_acquire`` and ``audit_once``, the keeper's ``renew_once`` and the
+takeover's ``watch_once`` / ``reconcile_once`` are the run-once steps tests can drive
+one at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
-import resource
-from collections import deque
 from typing import Any, Awaitable, Callable
 
-from .. import clock, tracing
+from .. import clock
 from ..aws import Aws
-from ..balance import is_summarizer
 from ..config import WorkerConfig
 from ..leases import SessionTiming, reconcile_pause_s
 from ..logs import JsonLogger
-from ..metrics import Counters, metric_data
+from ..metrics import Counters
 from ..store import ConnectionsStore, ObjectsStore, SessionsStore, now_ms
 from ..validation import Allowlist
 from .acquirer import Acquirer
@@ -55,13 +53,13 @@ from .sinks import build_sink
 from .stops import Stops
 from .summary import FleetSummary
 from .supervision import Supervisor
+from .report import Report
 from .sweep import PAGE_PAUSE_S, Sweeper
 from .takeover import Takeover
 from .writer import Writer
 
 SHUTDOWN_MARGIN_S = 1.0  # kept back from the budget for the final log line and exit
 HINT_GRACE_S = 0.5  # at shutdown, how long our in-flight polls get to return our own hints
-LAG_PROBE_S = 0.25  # how often the event-loop lag probe wakes up
 FULL_RECHECK_S = 1.0  # a full worker's hint pollers look again at least this often
 AUDIT_EVERY = 3  # the owner-index audit runs every AUDIT_EVERY reconcile intervals
 
@@ -218,7 +216,22 @@ class Worker:
         self.departure = Departure(
             holdings=self.holdings, keeper=self.keeper, handoffs=self.handoffs, attachments=self.attachments, log=self._log
         )
-        self.lag_ms: deque[float] = deque(maxlen=480)  # the event loop's lag, the last two minutes of probes
+        self.report = Report(
+            config=config,
+            worker_id=worker_id,
+            aws=aws,
+            counters=self.counters,
+            log=self._log,
+            holdings=self.holdings,
+            keeper=self.keeper,
+            takeover=self.takeover,
+            balancer=self.balancer,
+            sweeper=self.sweeper,
+            writer=self.writer,
+            checkpoints=self.checkpoints,
+            budget=self.budget,
+            gate=self.gate,
+        )
 
     async def _keep_session(self) -> None:
         """Open a session and keep it. When it is lost: drop every connection (close the
@@ -246,72 +259,6 @@ class Worker:
                 await asyncio.wait(pending, timeout=5)
             if reason is Lost.EXPIRED and not await self.keeper.end():
                 previous = ""  # still LIVE for all we know: its watchers end it at expiry
-
-    # --- metrics -------------------------------------------------------------------------
-
-    async def count_unowned(self) -> int | None:
-        """STARTED connections nobody owns, counted for the whole fleet by its summarizer
-        (the last session of the ring, which reads every session); None from any other
-        worker, and if the count failed (the alarm then sees a gap, not a false zero)."""
-        if not is_summarizer(self.keeper.session_id, self.takeover.successors()):
-            return None
-        try:
-            return await self.takeover.count_unowned(self.balancer.dead_sessions)
-        except Exception as exc:  # noqa: BLE001 - metrics must never take the worker down
-            self._log.warning("count_unowned_failed", error=str(exc))
-            return None
-
-    async def publish_metrics_once(self, *, count_unowned: bool = True) -> None:
-        data = metric_data(
-            service_name=self.config.service_name,
-            active_connections=self.holdings.count(),
-            deltas=self.counters.take_deltas(),
-            unowned_connections=await self.count_unowned() if count_unowned else None,
-            worker_id=self.worker_id,
-            loop_lag_p99_ms=self.stats()["loop_lag_p99_ms"],
-            refused_connections=sum(1 for r in list(self.holdings.runners.values()) if r.refused),
-            trace_export_failures=tracing.take_export_failures(),
-        )
-        try:
-            for start in range(0, len(data), 20):
-                await self.aws.call(
-                    self.aws.cloudwatch.put_metric_data,
-                    Namespace=self.config.metrics_namespace,
-                    MetricData=data[start : start + 20],
-                )
-        except Exception as exc:  # noqa: BLE001 - metrics must never take the worker down
-            self._log.warning("metrics_failed", error=str(exc))
-        self._log.info("stats", **self.stats())
-
-    def stats(self) -> dict[str, Any]:
-        """What the ``stats`` log line reports: session, connections, counters, AWS
-        requests sent, event-loop lag and memory (for operators and the benchmarks)."""
-        lags = sorted(self.lag_ms)
-        return {
-            "session_id": self.keeper.session_id,
-            "renewals": self.keeper.renewals,
-            "active": self.holdings.count(),
-            "sessions_ended": self.takeover.sessions_ended,
-            "shed": self.balancer.shed,
-            "sweep": self.sweeper.stats(),
-            **self.counters.totals(),
-            "writer": self.writer.stats(),
-            "budget": self.budget.describe() if self.budget else None,
-            "gate": self.gate.stats() if self.gate else None,
-            "checkpoints": self.checkpoints.stats(),
-            "requests": dict(self.aws.requests),
-            "loop_lag_p99_ms": round(lags[int(0.99 * (len(lags) - 1))], 2) if lags else None,
-            "loop_lag_max_ms": round(lags[-1], 2) if lags else None,
-            "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "cpu_s": round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]), 3),
-        }
-
-    async def _probe_lag(self) -> None:
-        """How late the loop wakes a sleeper: the delay every socket and the renewal see."""
-        while True:
-            before = clock.now()
-            await asyncio.sleep(LAG_PROBE_S)
-            self.lag_ms.append(max(0.0, (clock.now() - before - LAG_PROBE_S) * 1000))
 
     # --- the loops ---------------------------------------------------------------------
 
@@ -428,8 +375,8 @@ class Worker:
             self._supervised("balance", self._balance_loop),
             self._supervised("sweep", lambda: self._every(lambda: PAGE_PAUSE_S, self.sweeper.step)),
             self._supervised("audit", lambda: self._every(audit, self.acquisition.audit_once, wait_first=True)),
-            self._supervised("metrics", lambda: self._every(metrics, self.publish_metrics_once, wait_first=True)),
-            self._supervised("lag-probe", self._probe_lag),
+            self._supervised("metrics", lambda: self._every(metrics, self.report.publish_metrics_once, wait_first=True)),
+            self._supervised("lag-probe", self.report.probe_lag),
         ]
         await self.stopping.wait()
         started = clock.now()
@@ -470,6 +417,6 @@ class Worker:
         # The last counters and ActiveConnections, within what is left of the budget.
         left = budget_s - (clock.now() - started)
         try:
-            await asyncio.wait_for(self.publish_metrics_once(count_unowned=False), timeout=max(0.1, left))
+            await asyncio.wait_for(self.report.publish_metrics_once(count_unowned=False), timeout=max(0.1, left))
         except TimeoutError:
             self._log.warning("final_metrics_timed_out")
