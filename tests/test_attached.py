@@ -40,11 +40,11 @@ def test_an_acquisition_answered_only_after_the_session_ended_is_freed_before_th
     async def scenario():
         cfg = config(aws_env, RECONCILE_SECONDS="60")  # no free scan, no audit: only the hint brings it
         async with running(cfg) as worker:
-            worker._aws.dynamodb.meta.events.register("after-call.dynamodb.TransactWriteItems", hold_the_answer)
+            worker.aws.dynamodb.meta.events.register("after-call.dynamodb.TransactWriteItems", hold_the_answer)
             await worker.takeover.reconcile_once()  # there is no hint: the free scan is asked once, by hand
             await asyncio.to_thread(landed.wait, 10)
             session_id = worker.keeper.session_id
-            assert conns.get("late")[schema.LEASE_SESSION] == session_id and "late" not in worker.runners
+            assert conns.get("late")[schema.LEASE_SESSION] == session_id and "late" not in worker.holdings.runners
             worker.request_shutdown()
             await eventually(lambda: sessions.get(session_id)["state"] == schema.ENDED, what="the session ended")
             answer.set()
@@ -90,8 +90,8 @@ def test_a_session_with_a_connection_still_held_at_the_end_of_the_budget_stays_i
 
     async def scenario():
         async with running(config(aws_env, SHUTDOWN_SECONDS="2")) as worker:
-            await eventually(lambda: "slow" in worker.runners and worker.runners["slow"].connected.is_set(), what="held")
-            runner = worker.runners["slow"]
+            await eventually(lambda: "slow" in worker.holdings.runners and worker.holdings.runners["slow"].connected.is_set(), what="held")
+            runner = worker.holdings.runners["slow"]
 
             async def never_flushes() -> None:
                 await asyncio.sleep(30)
@@ -124,7 +124,7 @@ def test_a_stopped_connection_attached_with_no_runner_is_freed_by_the_audit(aws_
             )
             await asyncio.to_thread(conns.stop, "quiet", sessions=sessions)
             await eventually(lambda: any(r.connection_id == "quiet" for r in conns.owned_by(session_id)), what="indexed")
-            assert await worker.audit_once() == 1
+            assert await worker.acquisition.audit_once() == 1
             item = conns.get("quiet")
             assert item[schema.LEASE_SESSION] == "" and schema.OWNER_KEY not in item
 

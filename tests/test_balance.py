@@ -243,6 +243,8 @@ def test_a_worker_never_sheds_on_a_summary_older_than_its_own_latest_acquisition
 
     from wsfleet.logs import JsonLogger
     from wsfleet.worker.balancer import Balancer
+    from wsfleet.worker.holdings import Holdings
+    from wsfleet.worker.summary import FleetSummary
 
     now = int(time.time() * 1000)
     runners = {f"c{i}": SimpleNamespace(connection_id=f"c{i}", end_reason=None, acquired_mono=0.0, shed=False) for i in range(8)}
@@ -250,14 +252,17 @@ def test_a_worker_never_sheds_on_a_summary_older_than_its_own_latest_acquisition
         r.request_shed = lambda to="", r=r: setattr(r, "shed", True)
     acquired = {"ms": now - 1_000}
 
-    def balancer(summary: FleetLoad) -> Balancer:
-        b = Balancer(
-            sessions=None, keeper=SimpleNamespace(live=lambda: True, session_id="me#1"), timing=T, max_connections=100,
-            enabled=True, tolerance=0.1, call=None, log=JsonLogger(), successors=lambda: [], recovering=lambda: False,
-            runners=lambda: runners, last_acquired_ms=lambda: acquired["ms"], clock_ms=lambda: now,
+    def balancer(fleet: FleetLoad) -> Balancer:
+        summary = FleetSummary(clock_ms=lambda: now)
+        summary.known(fleet)
+        holdings = Holdings(max_connections=100, summary=summary)
+        holdings.runners.update(runners)
+        holdings.last_acquired_ms = acquired["ms"]
+        return Balancer(
+            sessions=None, keeper=SimpleNamespace(live=lambda: True, session_id="me#1"), timing=T, enabled=True,
+            tolerance=0.1, call=None, log=JsonLogger(), holdings=holdings, summary=summary,
+            takeover=SimpleNamespace(successors=lambda: [], recovering=lambda: False, watched={}), clock_ms=lambda: now,
         )
-        b.fleet = summary
-        return b
 
     stale = FleetLoad(workers=2, active=0, capacity=200, below_share=0, suspects=0, at_ms=now - 5_000)
     assert asyncio.run(balancer(stale).balance_once()) == 0
@@ -300,11 +305,14 @@ def _projected(item):
 
 
 def _summarizer(ring, clock, monkeypatch):
+    """A summarizer over ``ring``, and where its summaries go."""
     from types import SimpleNamespace
 
     from wsfleet.logs import JsonLogger
     from wsfleet.worker import balancer
     from wsfleet.worker.balancer import Balancer
+    from wsfleet.worker.holdings import Holdings
+    from wsfleet.worker.summary import FleetSummary
 
     monkeypatch.setattr(balancer, "SUMMARY_PAGE_ITEMS", 2)
     monkeypatch.setattr(balancer, "SUMMARY_PAGES", 1)
@@ -312,10 +320,12 @@ def _summarizer(ring, clock, monkeypatch):
     async def call(f, *args, **kwargs):
         return f(*args, **kwargs)
 
-    return Balancer(
-        sessions=ring, keeper=SimpleNamespace(live=lambda: True, session_id="z#9"), timing=T, max_connections=100,
-        enabled=True, tolerance=0.1, call=call, log=JsonLogger(), successors=lambda: ["a#1"], recovering=lambda: False,
-        runners=dict, clock_ms=lambda: clock["ms"],
+    summary = FleetSummary(clock_ms=lambda: clock["ms"])
+    return summary, Balancer(
+        sessions=ring, keeper=SimpleNamespace(live=lambda: True, session_id="z#9"), timing=T, enabled=True,
+        tolerance=0.1, call=call, log=JsonLogger(), holdings=Holdings(max_connections=100, summary=summary),
+        summary=summary, takeover=SimpleNamespace(successors=lambda: ["a#1"], recovering=lambda: False, watched={}),
+        clock_ms=lambda: clock["ms"],
     )
 
 
@@ -326,20 +336,20 @@ def test_the_summarizer_reads_a_bounded_part_of_the_ring_a_pass_and_writes_only_
 
     ring = _Ring([_projected(session(f"w{i}#1", 10)) for i in range(5)], fail_at={2})
     clock = {"ms": NOW}
-    b = _summarizer(ring, clock, monkeypatch)
+    summary, b = _summarizer(ring, clock, monkeypatch)
     assert asyncio.run(b.summarize_once()) is None and ring.queries == 1  # two of five sessions read
-    assert not b.summary_arrived.is_set()
+    assert not summary.arrived.is_set()
     with pytest.raises(RuntimeError):
         asyncio.run(b.summarize_once())  # a failed page: the pass ends, the cursor stays
     assert asyncio.run(b.summarize_once()) is None and ring.queries == 3  # sessions 3-4
     fleet = asyncio.run(b.summarize_once())  # session 5: a whole ring, one page a pass
     assert ring.queries == 4 and (fleet.workers, fleet.active) == (5, 50) and len(ring.written) == 1
-    assert b.summary_arrived.is_set()  # the summarizer's own balance pass follows (it reads no summary item)
+    assert summary.arrived.is_set()  # the summarizer's own balance pass follows (it reads no summary item)
     for _ in range(3):  # the same figures: read again, not written again
         clock["ms"] += 2_000
         for _ in range(3):
             asyncio.run(b.summarize_once())
-    assert len(ring.written) == 1 and b.fleet.at_ms == clock["ms"]
+    assert len(ring.written) == 1 and summary.fleet.at_ms == clock["ms"]
     clock["ms"] = NOW + SUMMARY_REFRESH_MS  # ... until it is old enough to look stale
     for _ in range(3):
         asyncio.run(b.summarize_once())
@@ -381,6 +391,8 @@ def _drainer(ring_loads, room=100):
 
     from wsfleet.logs import JsonLogger
     from wsfleet.store import Owned
+    from wsfleet.worker.holdings import Holdings
+    from wsfleet.worker.summary import FleetSummary
     from wsfleet.worker.takeover import Takeover
 
     done = {"acquired": [], "hinted": []}
@@ -396,11 +408,12 @@ def _drainer(ring_loads, room=100):
         done["hinted"].append((cid, kw.get("shed_to", ""), kw.get("from_session", "")))
 
     rows = [Owned(f"c{i:02d}", schema.STARTED) for i in range(20)]
+    summary = FleetSummary()
     takeover = Takeover(
         sessions=SimpleNamespace(ring_loads=ring_loads), connections=SimpleNamespace(owned_by=lambda sid: rows),
         keeper=SimpleNamespace(live=lambda: True, session_id="w2"), timing=T, state_shards=1, call=call,
-        log=JsonLogger(), acquire=acquire, hint=hint, room=lambda: room, scan_room=lambda: 0, load=lambda: 0.0,
-        busy=lambda cid: False,
+        log=JsonLogger(), acquisition=SimpleNamespace(try_acquire=acquire), hints=SimpleNamespace(hint=hint),
+        holdings=Holdings(max_connections=room, summary=summary), summary=summary,
     )
     return takeover, done
 
@@ -441,7 +454,7 @@ def test_a_ring_read_while_connections_move_does_not_lower_the_targets(monkeypat
 
     ring = _Ring([_projected(session(f"w{i}#1", 20)) for i in range(5)])
     clock = {"ms": NOW}
-    b = _summarizer(ring, clock, monkeypatch)
+    summary, b = _summarizer(ring, clock, monkeypatch)
     for _ in range(3):
         fleet = asyncio.run(b.summarize_once())
     assert fleet.active == 100 and fleet.target("w4#1", 100) == 20

@@ -45,15 +45,15 @@ def test_a_joining_worker_gets_its_fair_share_and_only_the_excess_moves(aws_env,
 
     async def scenario():
         async with running(cfg, "w1") as w1:
-            await eventually(lambda: len(w1.runners) == 12 and all(upstream.open_sockets(c) for c in cids), what="all on w1")
+            await eventually(lambda: len(w1.holdings.runners) == 12 and all(upstream.open_sockets(c) for c in cids), what="all on w1")
             async with running(cfg, "w2") as w2:
-                await eventually(lambda: len(w2.runners) >= 5 and len(w1.runners) <= 7, timeout=60, what="balanced")
+                await eventually(lambda: len(w2.holdings.runners) >= 5 and len(w1.holdings.runners) <= 7, timeout=60, what="balanced")
                 moved = w1.balancer.shed
                 await asyncio.sleep(8.0)  # several balance passes of a balanced fleet
                 assert (w1.balancer.shed, w2.balancer.shed) == (moved, 0)  # no churn, nothing moved back
                 # Only the excess moved, to the newcomer (one may come back to its shedder
                 # after three refusals, which keeps a hint from bouncing on a stale summary).
-                assert 5 <= len(w2.runners) <= moved <= len(w2.runners) + 1 <= 8, (moved, len(w2.runners))
+                assert 5 <= len(w2.holdings.runners) <= moved <= len(w2.holdings.runners) + 1 <= 8, (moved, len(w2.holdings.runners))
                 await eventually(lambda: all(upstream.open_sockets(c) for c in cids), what="all connected")
                 for cid in cids:
                     await eventually(lambda c=cid: len(seqs(msgs, c)) >= 5, what="frames stored")
@@ -73,10 +73,10 @@ def test_with_rebalance_off_a_joining_worker_gets_only_new_connections(aws_env, 
 
     async def scenario():
         async with running(cfg, "w1") as w1:
-            await eventually(lambda: len(w1.runners) == 6, what="all on w1")
+            await eventually(lambda: len(w1.holdings.runners) == 6, what="all on w1")
             async with running(cfg, "w2") as w2:
                 await asyncio.sleep(10.0)  # a few balance passes
-                assert len(w1.runners) == 6 and not w2.runners and w1.balancer.shed == 0
+                assert len(w1.holdings.runners) == 6 and not w2.holdings.runners and w1.balancer.shed == 0
 
     asyncio.run(scenario())
 
@@ -93,21 +93,21 @@ def test_what_workers_shed_goes_to_the_one_under_its_share_not_to_peers_at_their
 
     async def scenario():
         async with running(cfg, "w1") as w1, running(cfg, "w2") as w2:
-            await eventually(lambda: len(w1.runners) + len(w2.runners) == 12, what="all held")
-            await eventually(lambda: abs(len(w1.runners) - len(w2.runners)) <= 2, timeout=60, what="two balanced")
+            await eventually(lambda: len(w1.holdings.runners) + len(w2.holdings.runners) == 12, what="all held")
+            await eventually(lambda: abs(len(w1.holdings.runners) - len(w2.holdings.runners)) <= 2, timeout=60, what="two balanced")
             # Settled: all twelve held, and nothing shed for a few balance passes.
             before = -1
-            while before != w1.balancer.shed + w2.balancer.shed or len(w1.runners) + len(w2.runners) != 12:
+            while before != w1.balancer.shed + w2.balancer.shed or len(w1.holdings.runners) + len(w2.holdings.runners) != 12:
                 before = w1.balancer.shed + w2.balancer.shed
                 await asyncio.sleep(8.0)
             async with running(cfg, "w3") as w3:
-                await eventually(lambda: len(w3.runners) >= 3, timeout=60, what="the newcomer's share")
+                await eventually(lambda: len(w3.holdings.runners) >= 3, timeout=60, what="the newcomer's share")
                 await asyncio.sleep(8.0)
                 moved = w1.balancer.shed + w2.balancer.shed + w3.balancer.shed - before
                 # Only the excess moved, and (but for one, on a stale summary) to the
                 # newcomer; before the fix peers at their share took most of it.
-                assert len(w3.runners) <= moved <= len(w3.runners) + 2, (moved, len(w1.runners), len(w2.runners), len(w3.runners))
-                assert max(len(w1.runners), len(w2.runners)) <= 5
+                assert len(w3.holdings.runners) <= moved <= len(w3.holdings.runners) + 2, (moved, len(w1.holdings.runners), len(w2.holdings.runners), len(w3.holdings.runners))
+                assert max(len(w1.holdings.runners), len(w2.holdings.runners)) <= 5
 
     asyncio.run(scenario())
     for cid in cids:

@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import boto3
 import pytest
@@ -19,6 +20,7 @@ from wsfleet.leases import HANDOFF_UNREACHABLE_MS, AcquireFailure
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
 from wsfleet.store import Acquired, CheckpointEntry, ConnectionsStore, NotAcquired, Released, SessionsStore, StopOutcome
+from wsfleet.worker.attached import Attachments
 from wsfleet.worker.handoffs import Handoffs
 
 from tests.conftest import open_sessions
@@ -167,8 +169,11 @@ def _handoffs(store, hints, counters=None, claim_s=0.0):
     async def call(fn, *args, **kwargs):
         return await asyncio.to_thread(fn, *args, **kwargs)
 
+    hinting = SimpleNamespace(hint=hint)
+    attachments = Attachments(connections=store, sessions=None, call=call, hints=hinting, log=JsonLogger())
     return Handoffs(
-        connections=store, call=call, hint=hint, counters=counters or Counters(), log=JsonLogger(), claim_s=claim_s
+        connections=store, call=call, hints=hinting, attachments=attachments, counters=counters or Counters(),
+        log=JsonLogger(), claim_s=claim_s,
     )
 
 
@@ -282,8 +287,9 @@ def test_the_sweep_repairs_a_live_sessions_handoff_only_once_it_is_old(store, se
 
     now = [released_at + 1_000]
     sweeper = Sweeper(
-        connections=store, sessions=sessions_store, keeper=Keeper(), successors=lambda: [], call=call, hint=hint,
-        counters=Counters(), log=JsonLogger(), sweep_s=0.0, clock_ms=lambda: now[0],
+        connections=store, sessions=sessions_store, keeper=Keeper(), takeover=SimpleNamespace(successors=lambda: []),
+        call=call, hints=SimpleNamespace(hint=hint), counters=Counters(), log=JsonLogger(), sweep_s=0.0,
+        clock_ms=lambda: now[0],
     )
     items, _ = store.sweep_page(None, limit=10)
     assert asyncio.run(sweeper.check(items)) == 0  # young: its taker or releaser still comes
@@ -357,16 +363,16 @@ def test_a_give_up_whose_hint_was_not_sent_is_hinted_as_free_by_the_next_check_o
         hints: list = []
         handoffs = _handoffs(store, hints)
         handoffs.handed(cid, session_id="a#1", fence_token=1, released=handed(store, cid))
-        sent = handoffs._hint
+        sent = handoffs._hints.hint
 
         async def lost(connection_id, **kwargs):
             raise TimeoutError("SQS send timed out")
 
-        handoffs._hint = lost
+        handoffs._hints.hint = lost
         with pytest.raises(TimeoutError):
             asyncio.run(handoffs.check_once())
         assert store.get(cid)["owner_key"] == schema.owner_key_free(cid, 4) and not hints  # freed, not hinted
-        handoffs._hint = sent
+        handoffs._hints.hint = sent
         asyncio.run(getattr(handoffs, check)())
         ((hinted, kwargs),) = hints
         assert hinted == cid and schema.LEASE_SESSION not in kwargs["released"]  # as free: the taker needs no read
@@ -376,19 +382,19 @@ def test_a_give_up_whose_hint_was_not_sent_is_hinted_as_free_by_the_next_check_o
     hints = []
     handoffs = _handoffs(store, hints)
     handoffs.handed("c-cancel", session_id="a#1", fence_token=1, released=handed(store, "c-cancel"))
-    sent = handoffs._hint
+    sent = handoffs._hints.hint
 
     async def cancelled_in_flight():
         async def hangs(connection_id, **kwargs):
             await asyncio.Event().wait()
 
-        handoffs._hint = hangs
+        handoffs._hints.hint = hangs
         step = asyncio.create_task(handoffs.check_once())
         while store.get("c-cancel")["lease_session"]:
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.05)
         step.cancel()
-        handoffs._hint = sent
+        handoffs._hints.hint = sent
         await handoffs.hint_again()
 
     asyncio.run(cancelled_in_flight())
@@ -401,15 +407,15 @@ def test_a_stopped_then_started_handoff_whose_free_hint_was_lost_is_hinted_by_th
     handoffs.handed("c1", session_id="a#1", fence_token=1, released=handed(store))
     store.stop("c1", sessions=sessions)
     assert store.start("c1", URL).unowned is False  # still attached: the START hints nothing
-    sent = handoffs._hint
+    sent = handoffs._hints.hint
 
     async def lost(connection_id, **kwargs):
         raise TimeoutError("SQS send timed out")
 
-    handoffs._hint = lost
+    handoffs._hints.hint = lost
     with pytest.raises(TimeoutError):
         asyncio.run(handoffs.stop("c1", 1))
     assert store.get("c1")["owner_key"] == schema.owner_key_free("c1", 4) and not hints
-    handoffs._hint = sent
+    handoffs._hints.hint = sent
     asyncio.run(handoffs.check_once())
     assert [h[0] for h in hints] == ["c1"] and not len(handoffs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,15 +23,58 @@ from wsfleet.leases import (
     after_poll_pause_s,
 )
 from wsfleet.logs import JsonLogger
+from wsfleet.worker.hints import Hints
+from wsfleet.worker.holdings import Holdings
 from wsfleet.worker.intake import Intake
+from wsfleet.worker.summary import FleetSummary
 
 
 def named(connection_id: str, to: str = "other#1") -> str:
     return json.dumps({schema.HINT_CONNECTION_ID: connection_id, schema.HINT_SHED_BY: "shedder#1", schema.HINT_SHED_TO: to})
 
 
+class _Standing:
+    """Where the worker stands, as each test has it: which shed hints it declines, and
+    whether it is under its target."""
+
+    def __init__(self, declines, under: bool, batch: int) -> None:
+        self._declines, self._under, self._batch = declines, under, batch
+        self.room, self.me = 10, "me#1"
+
+    def declines_shed(self, shed_by: str, shed_to: str = "", age_s: float = 0.0, from_session: str = "") -> bool:
+        return self._declines(shed_by, shed_to, age_s, from_session)
+
+    def under_target(self) -> bool:
+        return self._under
+
+    def hints_per_poll(self) -> int:
+        return self._batch
+
+
+class _Holdings(Holdings):
+    """Nothing held (room for 10), standing as the test says."""
+
+    def __init__(self, standing: _Standing) -> None:
+        super().__init__(max_connections=10, summary=FleetSummary())
+        self._standing = standing
+
+    def standing(self, me: str) -> _Standing:
+        return self._standing
+
+
 def intake(
-    aws: Aws, cfg: WorkerConfig, taken: list[str], *, under: bool = False, clock=time.monotonic, wall=time.time
+    aws: Aws,
+    cfg: WorkerConfig,
+    taken: list[str],
+    *,
+    under: bool = False,
+    clock=time.monotonic,
+    wall=time.time,
+    # a named one is its target's (us only if named so), any other ours
+    declines=lambda shed_by, shed_to, age_s, from_session: bool(shed_to) and shed_to != "me#1",
+    batch: int = 10,
+    accepting=lambda: True,
+    hints: Hints | None = None,
 ) -> Intake:
     async def acquire(connection_id: str, **_) -> None:
         taken.append(connection_id)
@@ -39,16 +83,11 @@ def intake(
         aws=aws,
         queue_url=cfg.queue_url,
         log=JsonLogger(),
-        acquire=acquire,
-        room=lambda: 10,
-        load=lambda: 0.0,
-        busy=lambda connection_id: False,
-        accepting=lambda: True,
-        # a named one is its target's (us only if named so), any other ours
-        declines_shed=lambda shed_by, shed_to, age_s, from_session: bool(shed_to) and shed_to != "me#1",
-        batch=lambda: 10,
-        under_target=lambda: under,
-        me=lambda: "me#1",
+        hints=hints or Hints(aws=aws, queue_url=cfg.queue_url, log=JsonLogger()),
+        holdings=_Holdings(_Standing(declines, under, batch)),
+        acquisition=SimpleNamespace(try_acquire=acquire, accepting=accepting),
+        keeper=SimpleNamespace(session_id="me#1"),
+        takeover=SimpleNamespace(note_work=lambda: None),
         monotonic=clock,
         wall=wall,
     )
@@ -146,12 +185,8 @@ def test_a_handoff_named_for_a_worker_already_at_its_target_is_hinted_again_for_
     async def scenario():
         aws = Aws(cfg, threads=4)
         taken: list[str] = []
-        full = Intake(
-            aws=aws, queue_url=cfg.queue_url, log=JsonLogger(), acquire=lambda *a, **k: taken.append(a), room=lambda: 10,
-            load=lambda: 0.0, busy=lambda connection_id: False, accepting=lambda: True,
-            declines_shed=lambda shed_by, shed_to, age_s, from_session: True,  # at our target: we leave every shed one
-            me=lambda: "me#1",
-        )
+        # at our target: we leave every shed one
+        full = intake(aws, cfg, taken, declines=lambda shed_by, shed_to, age_s, from_session: True, batch=1)
         try:
             assert await full.poll_once(wait_seconds=1) == 1 and not taken
             assert full.held_s() == 0  # nothing left named for a peer: no pause
@@ -176,10 +211,10 @@ def test_a_held_poll_waits_out_a_hold_back_lengthened_while_it_waited(aws_env, s
         aws = Aws(cfg, threads=4)
         me = intake(aws, cfg, [], clock=lambda: now[0])
         try:
-            me._paused_until = now[0] + 0.2  # a poll of ours left a peer's handoff
+            me.hold_back(0.2)  # a poll of ours left a peer's handoff
             held = asyncio.create_task(me.poll_once(wait_seconds=0))
             await asyncio.sleep(0.05)
-            me._paused_until = now[0] + 1.0  # ... and another, still in flight then
+            me.hold_back(1.0)  # ... and another, still in flight then
             await asyncio.sleep(0.6)  # past the first hold's end, well before the second's
             assert aws.requests["sqs.ReceiveMessage"] == 0 and not held.done()
             now[0] += 1.0  # the second hold is over
@@ -200,12 +235,9 @@ def test_a_poll_held_back_when_the_worker_stops_does_not_poll(aws_env, sqs):
 
     async def scenario():
         aws = Aws(cfg, threads=4)
-        me = Intake(
-            aws=aws, queue_url=cfg.queue_url, log=JsonLogger(), acquire=lambda cid, **_: _took([], cid),
-            room=lambda: 10, load=lambda: 0.0, busy=lambda connection_id: False, accepting=lambda: accepting[0],
-        )
+        me = intake(aws, cfg, [], declines=lambda *_: False, batch=1, accepting=lambda: accepting[0])
         try:
-            me._paused_until = time.monotonic() + 0.2  # a poll of ours left a peer's handoff
+            me.hold_back(0.2)  # a poll of ours left a peer's handoff
             held = asyncio.create_task(me.poll_once(wait_seconds=1))
             await asyncio.sleep(0.05)
             accepting[0] = False  # SIGTERM
@@ -215,11 +247,6 @@ def test_a_poll_held_back_when_the_worker_stops_does_not_poll(aws_env, sqs):
             aws.close()
 
     asyncio.run(scenario())
-
-
-
-async def _took(taken: list[str], connection_id: str) -> None:
-    taken.append(connection_id)
 
 
 def test_taking_a_handoff_named_for_a_peer_does_not_make_us_expect_our_own(aws_env, sqs):
@@ -233,12 +260,8 @@ def test_taking_a_handoff_named_for_a_peer_does_not_make_us_expect_our_own(aws_e
     async def scenario():
         aws = Aws(cfg, threads=4)
         taken: list[str] = []
-        me = Intake(
-            aws=aws, queue_url=cfg.queue_url, log=JsonLogger(), acquire=lambda cid, **_: _took(taken, cid),
-            room=lambda: 10, load=lambda: 0.0, busy=lambda connection_id: False, accepting=lambda: True,
-            declines_shed=lambda shed_by, shed_to, age_s, from_session: False,  # anyone's by now: we take it
-            under_target=lambda: False, me=lambda: "me#1",
-        )
+        # anyone's by now: we take it
+        me = intake(aws, cfg, taken, declines=lambda shed_by, shed_to, age_s, from_session: False, batch=1)
         try:
             assert await me.poll_once(wait_seconds=1) == 1 and taken == ["n1"]
             assert not me.expecting()
@@ -289,15 +312,14 @@ def test_a_handoff_named_for_us_at_our_target_is_not_hinted_again_past_its_targe
 
     async def scenario() -> int:
         aws = Aws(cfg, threads=4)
-        full = Intake(
-            aws=aws, queue_url=cfg.queue_url, log=JsonLogger(), acquire=lambda cid, **_: _took([], cid),
-            room=lambda: 10, load=lambda: 0.0, busy=lambda connection_id: False, accepting=lambda: True,
-            declines_shed=lambda shed_by, shed_to, age_s, from_session: True,  # at our target: we leave every shed one
-            me=lambda: "me#1", wall=lambda: time.time() + SHED_TARGET_WAIT_S + 0.5,
+        hints = Hints(aws=aws, queue_url=cfg.queue_url, log=JsonLogger())
+        full = intake(  # at our target: we leave every shed one
+            aws, cfg, [], declines=lambda shed_by, shed_to, age_s, from_session: True, batch=1,
+            wall=lambda: time.time() + SHED_TARGET_WAIT_S + 0.5, hints=hints,
         )
         try:
             assert await full.poll_once(wait_seconds=1) == 1
-            return full.hints_sent
+            return hints.sent
         finally:
             aws.close()
 

@@ -62,7 +62,7 @@ def test_a_500_kb_and_a_20_mb_frame_are_stored_whole_and_read_back_byte_for_byte
             await eventually(lambda: len(msgs.read_all("a")) == 6, timeout=30, what="the frame after the replay")
         # Read once it has stopped: a count is added after its batch is stored.
         assert worker.counters.total(names.LARGE_FRAMES) == 2
-        assert worker._aws.requests["s3.PutObject"] == 2
+        assert worker.aws.requests["s3.PutObject"] == 2
 
     asyncio.run(scenario())
     rows = {r["sk"]: r for r in msgs.read_all("a")}
@@ -113,9 +113,9 @@ def test_after_a_crash_around_a_large_frame_the_new_owner_resumes_with_no_gap_an
 
     async def scenario():
         async with running(cfg) as worker:
-            await eventually(lambda: set(data) <= set(worker.runners), timeout=cfg.lease_ms / 1000 + 10, what="takeover")
+            await eventually(lambda: set(data) <= set(worker.holdings.runners), timeout=cfg.lease_ms / 1000 + 10, what="takeover")
             await eventually(lambda: all(len(msgs.read_all(c)) == 5 for c in data), timeout=30, what="all five, each")
-            assert worker._aws.requests["s3.PutObject"] == 1  # "obj"'s large frame, again; not "item"'s
+            assert worker.aws.requests["s3.PutObject"] == 1  # "obj"'s large frame, again; not "item"'s
 
     asyncio.run(scenario())
     assert upstream.sockets("obj")[0].from_seq == 3 and upstream.sockets("item")[0].from_seq == 4

@@ -103,12 +103,12 @@ def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatc
         await worker.takeover.watch_once()  # watches elsewhere#1 and dead#1
         worker.takeover.cancel()  # counted while still attached: stop the drain it just spawned
         await worker.balancer.summarize_once()  # the last in the ring: it counts for the fleet, dead#1 included
-        worker._lag_ms.append(4.0)  # what the loop probe would have recorded
+        worker.report.lag_ms.append(4.0)  # what the loop probe would have recorded
         # A connection counts as free only once it is still free at the next count: "e"
         # was free at the first and taken before the second, "a" stays free.
-        assert await worker.count_unowned() == 1  # only "d" (its session ENDED): "a" and "e" just seen
+        assert await worker.report.count_unowned() == 1  # only "d" (its session ENDED): "a" and "e" just seen
         conns.acquire("e", session_id="elsewhere#1", worker_id="elsewhere")
-        await worker.publish_metrics_once()
+        await worker.report.publish_metrics_once()
         aws.close()
 
     start = datetime.now(timezone.utc) - timedelta(minutes=5)
@@ -143,13 +143,13 @@ def test_only_the_last_session_of_the_ring_counts_unowned_connections_for_the_fl
         worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())
         assert await worker.keeper.open(asyncio.Event())
         await worker.takeover.watch_once()
-        assert await worker.count_unowned() == 0  # alone: it counts
+        assert await worker.report.count_unowned() == 0  # alone: it counts
         sessions.open("zz#1", worker_id="zz", lease_ms=60_000, max_connections=10)  # a later session joins
         assert sessions.announce(worker.keeper.session_id)  # as a newcomer tells its watchers
         assert await worker.keeper.renew_once()  # which brings the news
         await worker.takeover.watch_once()
         assert worker.takeover.successors() == ["zz#1"]
-        assert await worker.count_unowned() is None  # not the last of the ring any more: zz#1 counts
+        assert await worker.report.count_unowned() is None  # not the last of the ring any more: zz#1 counts
         worker.takeover.cancel()
         aws.close()
 

@@ -5,6 +5,7 @@ the summarizer sweeps, and a pass starts at most every SWEEP_SECONDS."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -71,9 +72,9 @@ def sweeper(fleet, sessions, *, successors=(), clock=None, hints=None, counters=
         connections=fleet,
         sessions=sessions,
         keeper=Keeper("zz#1"),
-        successors=lambda: list(successors),
+        takeover=SimpleNamespace(successors=lambda: list(successors)),
         call=direct,
-        hint=hint,
+        hints=SimpleNamespace(hint=hint),
         counters=counters or Counters(),
         log=JsonLogger(),
         sweep_s=600,

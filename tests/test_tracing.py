@@ -181,9 +181,16 @@ def test_a_hint_with_a_hostile_trace_header_is_still_taken_without_its_trace(cap
         async def call(self, fn, /, *args, **kwargs):
             return fn(*args, **kwargs)
 
+    from types import SimpleNamespace
+
+    from wsfleet.worker.holdings import Holdings
+    from wsfleet.worker.summary import FleetSummary
+
     intake = Intake(
-        aws=Aws(), queue_url="q", log=JsonLogger(io.StringIO()), acquire=acquire,
-        room=lambda: 5, load=lambda: 0.0, busy=lambda c: False, accepting=lambda: True,
+        aws=Aws(), queue_url="q", log=JsonLogger(io.StringIO()), hints=None,
+        holdings=Holdings(max_connections=5, summary=FleetSummary()),
+        acquisition=SimpleNamespace(try_acquire=acquire, accepting=lambda: True),
+        keeper=SimpleNamespace(session_id=""), takeover=SimpleNamespace(note_work=lambda: None),
     )
     import asyncio
 

@@ -169,12 +169,12 @@ def test_a_workers_own_hints_carry_the_trace_of_the_span_that_sent_them(aws_env,
             await asyncio.to_thread(conns.start, "h1", upstream.url_for("h1"))
             # A hint sent under a span (as a drain's are): batched, through the queue.
             with tracing.segment("drain", session="test") as sent:
-                await first.intake.hint("h1")
-            await eventually(lambda: "h1" in first.runners, what="w1 took its own hint")
+                await first.hints.hint("h1")
+            await eventually(lambda: "h1" in first.holdings.runners, what="w1 took its own hint")
             async with running(cfg, "w2") as second:
                 await asyncio.sleep(0.2)
                 await first.shutdown(budget_s=5)  # its handoff hint carries the release's trace
-                await eventually(lambda: "h1" in second.runners, what="w2 took the handoff")
+                await eventually(lambda: "h1" in second.holdings.runners, what="w2 took the handoff")
                 await eventually(lambda: len([s for s in spans() if s.name == "connect"]) == 2, what="the connects")
                 return sent, first.keeper.session_id, second.keeper.session_id
 

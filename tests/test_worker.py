@@ -77,7 +77,7 @@ async def running(
     aws = Aws(cfg, threads=8)
     worker = Worker(cfg, worker_id, aws=aws, log=log or JsonLogger(), **kwargs)
     if refused_retry_s is not None:
-        worker._settings = replace(worker._settings, refused_retry_s=refused_retry_s)
+        worker.acquisition.settings = replace(worker.acquisition.settings, refused_retry_s=refused_retry_s)
     task = asyncio.create_task(worker.run())
     try:
         yield worker
@@ -109,7 +109,7 @@ def test_frames_are_stored_gap_free_and_checkpointed_on_release(aws_env, stores,
     async def scenario():
         async with running(config(aws_env)) as worker:
             await eventually(lambda: all(len(seqs(msgs, c)) >= 20 for c in ("a", "b")), what="20 stored each")
-            assert set(worker.runners) == {"a", "b"}
+            assert set(worker.holdings.runners) == {"a", "b"}
             return worker.keeper.session_id
 
     session_id = asyncio.run(scenario())
@@ -131,9 +131,9 @@ def test_frames_are_stored_gap_free_and_checkpointed_on_release(aws_env, stores,
 def test_shutdown_hands_connections_over_a_few_at_a_time_each_socket_open_until_its_own_turn(
     aws_env, stores, upstream, monkeypatch
 ):
-    import wsfleet.worker.lifecycle as lifecycle
+    import wsfleet.worker.shutdown as shutdown
 
-    monkeypatch.setattr(lifecycle, "HANDOFF_CONCURRENCY", 2)
+    monkeypatch.setattr(shutdown, "HANDOFF_CONCURRENCY", 2)
     conns, msgs = stores
     cids = [f"h{i}" for i in range(8)]
     for cid in cids:
@@ -171,11 +171,11 @@ def test_holding_connections_costs_one_session_renewal_per_heartbeat_and_no_conn
 
         async def scenario():
             async with running(cfg) as worker:
-                await eventually(lambda: len(worker.runners) == 5 and all(quiet.open_sockets(f"q{i}") for i in range(5)))
-                before = dict(worker._aws.requests)
+                await eventually(lambda: len(worker.holdings.runners) == 5 and all(quiet.open_sockets(f"q{i}") for i in range(5)))
+                before = dict(worker.aws.requests)
                 renewals = worker.keeper.renewals
                 await asyncio.sleep(2.0)
-                sent = {k: v - before.get(k, 0) for k, v in worker._aws.requests.items() if v - before.get(k, 0)}
+                sent = {k: v - before.get(k, 0) for k, v in worker.aws.requests.items() if v - before.get(k, 0)}
                 return sent, worker.keeper.renewals - renewals
 
         sent, renewals = asyncio.run(scenario())
@@ -210,7 +210,7 @@ def test_checkpoints_of_many_connections_share_transactions(aws_env, stores, ups
         async with running(config(aws_env, CHECKPOINT_SECONDS="1")) as worker:
             await eventually(lambda: worker.checkpoints.written >= 24, timeout=30, what="four rounds of checkpoints")
             held = [conns.get(c) for c in ids]
-            return worker.checkpoints.stats(), dict(worker._aws.requests), held
+            return worker.checkpoints.stats(), dict(worker.aws.requests), held
 
     stats, requests, held = asyncio.run(scenario())
     # Six connections ask for their checkpoints within a tenth of a second of each other
@@ -379,11 +379,11 @@ def test_stop_reaches_the_owner_through_its_session_inbox_with_no_per_connection
                 if model.name != "Query" or not key.startswith(schema.OWNER_KEY_FREE_PREFIX):
                     reads.append((model.name, key))
 
-            worker._aws.dynamodb.meta.events.register("provide-client-params.dynamodb", record)
+            worker.aws.dynamodb.meta.events.register("provide-client-params.dynamodb", record)
             stopped_at = time.monotonic()
             assert post(router, {"event_type": "STOP", "connection_id": "a"}) == 202
             await eventually(
-                lambda: not upstream.open_sockets("a") and conns.get("a")["lease_session"] == "" and "a" not in worker.runners,
+                lambda: not upstream.open_sockets("a") and conns.get("a")["lease_session"] == "" and "a" not in worker.holdings.runners,
                 what="socket closed, connection released",
             )
             took = time.monotonic() - stopped_at
@@ -416,9 +416,9 @@ def test_a_renewal_that_finds_the_session_ended_drops_everything_and_comes_back_
             )
             await eventually(lambda: worker.counters.total(names.LEASES_LOST) == 1, what="the connection dropped")
             await eventually(
-                lambda: worker.keeper.session_id != first and "a" in worker.runners, what="a new session takes it back"
+                lambda: worker.keeper.session_id != first and "a" in worker.holdings.runners, what="a new session takes it back"
             )
-            assert worker.runners["a"].fence_token == 2
+            assert worker.holdings.runners["a"].fence_token == 2
             await eventually(lambda: len(seqs(msgs, "a")) >= upstream.produced("a") - 30, what="storing again")
             return first
 
@@ -439,13 +439,13 @@ def test_a_dead_sessions_connections_are_taken_over_soon_after_it_expires(aws_en
 
     async def scenario():
         async with running(cfg) as worker:
-            await eventually(lambda: {"a", "b"} <= set(worker.runners), timeout=cfg.lease_ms / 1000 + 5, what="takeover")
+            await eventually(lambda: {"a", "b"} <= set(worker.holdings.runners), timeout=cfg.lease_ms / 1000 + 5, what="takeover")
             took = time.time() - expires_s
             # Ended the moment it became endable (expiry + skew), plus jitter and a few
             # requests on a busy machine: not a watch or scan interval later.
             assert took < cfg.max_clock_skew_ms / 1000 + 2.0, took
             assert worker.counters.total(names.ORPHANS_RECOVERED) == 2
-            assert {worker.runners[c].fence_token for c in ("a", "b")} == {2}
+            assert {worker.holdings.runners[c].fence_token for c in ("a", "b")} == {2}
 
     asyncio.run(scenario())
     ended = sessions.get("dead#1")
@@ -464,8 +464,8 @@ def test_a_drain_takes_its_share_in_one_read_and_one_transaction_per_25_connecti
 
     async def scenario():
         async with running(cfg) as worker:
-            await eventually(lambda: set(cids) <= set(worker.runners), timeout=cfg.lease_ms / 1000 + 5, what="takeover")
-            return worker.acquirer.batches, dict(worker._aws.requests)
+            await eventually(lambda: set(cids) <= set(worker.holdings.runners), timeout=cfg.lease_ms / 1000 + 5, what="takeover")
+            return worker.acquirer.batches, dict(worker.aws.requests)
 
     batches, requests = asyncio.run(scenario())
     assert batches <= 3  # 25 and 5, and room for one more on a busy machine
@@ -537,13 +537,13 @@ def test_a_takeover_that_meets_a_late_last_renewal_ends_the_session_at_its_new_e
             # The dead worker's last renewal lands after our read.
             late = sessions.renew("dead#1", lease_ms=cfg.lease_ms, active=1, max_connections=10)
             await asyncio.sleep(dead["expires_at_ms"] / 1000 + cfg.max_clock_skew_ms / 1000 + 0.5 - time.time())
-            assert "a" not in worker.runners and sessions.get("dead#1")["state"] == schema.LIVE
-            while "a" not in worker.runners and time.time() * 1000 < late["expires_at_ms"] + cfg.max_clock_skew_ms + 2000:
+            assert "a" not in worker.holdings.runners and sessions.get("dead#1")["state"] == schema.LIVE
+            while "a" not in worker.holdings.runners and time.time() * 1000 < late["expires_at_ms"] + cfg.max_clock_skew_ms + 2000:
                 await worker.takeover.watch_once()
                 await asyncio.sleep(0.2)
-            assert "a" in worker.runners
+            assert "a" in worker.holdings.runners
             assert time.time() * 1000 >= late["expires_at_ms"] + cfg.max_clock_skew_ms
-            assert worker.runners["a"].fence_token == 2
+            assert worker.holdings.runners["a"].fence_token == 2
         finally:
             await worker.shutdown(budget_s=3)
             renewing.cancel()
@@ -569,7 +569,7 @@ def test_a_taker_that_died_halfway_leaves_nothing_stuck(aws_env, stores, session
 
     async def scenario():
         async with running(cfg) as worker:
-            await eventually(lambda: set(cids) <= set(worker.runners), timeout=cfg.lease_ms / 1000 + 6, what="all six")
+            await eventually(lambda: set(cids) <= set(worker.holdings.runners), timeout=cfg.lease_ms / 1000 + 6, what="all six")
             assert time.time() < bound
             await eventually(lambda: all(upstream.open_sockets(c) for c in cids), what="all six connected")
 
@@ -592,7 +592,7 @@ def test_after_a_crash_with_a_partly_written_last_batch_the_new_owner_resumes_wi
 
     async def scenario():
         async with running(cfg) as worker:
-            await eventually(lambda: "a" in worker.runners, timeout=cfg.lease_ms / 1000 + 5, what="takeover")
+            await eventually(lambda: "a" in worker.holdings.runners, timeout=cfg.lease_ms / 1000 + 5, what="takeover")
             await eventually(lambda: len(seqs(msgs, "a")) >= head + 5, what="frames past the crash")
 
     asyncio.run(scenario())
@@ -613,7 +613,7 @@ def test_a_start_hint_is_taken_from_the_queue_and_connected_quickly(aws_env, sto
             sqs.send_message(QueueUrl=aws_env["QUEUE_URL"], MessageBody=json.dumps({"connection_id": "h"}))
             await eventually(lambda: upstream.open_sockets("h"), what="hinted connection connected")
             assert time.monotonic() - sent < 3.0
-            assert "h" in worker.runners
+            assert "h" in worker.holdings.runners
 
     asyncio.run(scenario())
 
@@ -636,13 +636,13 @@ def test_a_drained_sessions_connection_is_hinted_naming_it_and_the_taker_acquire
         async with running(cfg) as worker:
             await asyncio.sleep(0.2)
             # What a drainer sends for the connections it leaves to peers: no free first.
-            await asyncio.gather(*(worker.intake.hint(c, from_session="dead#1") for c in ("d1", "d2")))
+            await asyncio.gather(*(worker.hints.hint(c, from_session="dead#1") for c in ("d1", "d2")))
             await eventually(lambda: all(upstream.open_sockets(c) for c in ("d1", "d2")), what="both connected")
             for cid in ("d1", "d2"):
                 item = await asyncio.to_thread(conns.get, cid)
                 # taken once, straight from the dead session (the fence bumped once)
                 assert (item["lease_session"], item["fence_token"]) == (worker.keeper.session_id, 2)
-            return dict(worker._aws.requests)
+            return dict(worker.aws.requests)
 
     requests = asyncio.run(scenario())
     assert requests.get("sqs.SendMessageBatch") == 1 and not requests.get("sqs.SendMessage")  # sent together
@@ -659,8 +659,8 @@ def test_a_worker_at_capacity_leaves_hints_for_its_peers(aws_env, stores, upstre
         worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())
         assert await worker.keeper.open(asyncio.Event())
         writing = asyncio.create_task(worker.writer.run())
-        assert await worker.try_acquire("a", source="test") is not None
-        assert worker.free() == 0
+        assert await worker.acquisition.try_acquire("a", source="test") is not None
+        assert worker.holdings.free() == 0
         assert await worker.intake.poll_once(wait_seconds=0) == 0  # does not even poll when full
         await worker.shutdown(budget_s=5)
         writing.cancel()
@@ -687,16 +687,16 @@ def test_a_full_workers_hint_pollers_wait_instead_of_spinning(aws_env):
             await asyncio.sleep(0.05)
             return 0
 
-        worker.free = free
+        worker.holdings.free = free
         worker.intake.poll_once = poll_once
-        worker._session_ready.set()
-        poller = asyncio.create_task(worker._poll_loop())
+        worker.session_ready.set()
+        poller = asyncio.create_task(worker.poll_loop())
         await asyncio.sleep(2.0)  # full, with a live session
         full = (len(looks), len(polls))
         room[0] = 1
-        worker._capacity_freed.set()  # a connection ended
+        worker.holdings.capacity_freed.set()  # a connection ended
         await eventually(lambda: polls, timeout=5, what="polling again once there is room")
-        worker._stopping.set()
+        worker.stopping.set()
         poller.cancel()
         await asyncio.gather(poller, return_exceptions=True)
         aws.close()
@@ -762,17 +762,17 @@ def test_throttled_renewals_shorter_than_the_lease_do_not_drop_the_connection(aw
     async def scenario():
         async with running(cfg) as worker:
             await eventually(lambda: upstream.open_sockets("a") and len(seqs(msgs, "a")) >= 5, what="connected")
-            worker._aws.dynamodb.meta.events.register("before-send.dynamodb.UpdateItem", throttle)
+            worker.aws.dynamodb.meta.events.register("before-send.dynamodb.UpdateItem", throttle)
             throttle.on = True
             # Throttle every renewal for 1.5 s: three heartbeats fail, well inside the lease.
             await asyncio.sleep(1.5)
             throttle.on = False
-            fence = worker.runners["a"].fence_token
+            fence = worker.holdings.runners["a"].fence_token
             beat = sessions.get(worker.keeper.session_id)["heartbeat_at_ms"]
             await eventually(
                 lambda: sessions.get(worker.keeper.session_id)["heartbeat_at_ms"] > beat, what="a renewal after it"
             )
-            assert worker.runners["a"].fence_token == fence
+            assert worker.holdings.runners["a"].fence_token == fence
             assert worker.counters.total(names.LEASES_LOST) == 0
 
     asyncio.run(scenario())
@@ -792,14 +792,14 @@ def test_renewals_failing_past_the_deadline_stop_all_writes_then_a_new_session_t
         async with running(cfg) as worker:
             await eventually(lambda: upstream.open_sockets("a") and len(seqs(msgs, "a")) >= 5, what="connected")
             first = worker.keeper.session_id
-            for client in worker._aws.dynamodb_clients:
+            for client in worker.aws.dynamodb_clients:
                 client.meta.events.register("before-send.dynamodb", throttle)
             throttle.on = True  # every DynamoDB request, message writes included
             await eventually(lambda: worker.keeper.lost_reason is not None, timeout=5, what="the deadline to pass")
             await eventually(lambda: not upstream.open_sockets("a"), what="the socket closed")
             stored_then = seqs(msgs, "a")
             throttle.on = False
-            await eventually(lambda: worker.keeper.session_id != first and "a" in worker.runners, what="taken back")
+            await eventually(lambda: worker.keeper.session_id != first and "a" in worker.holdings.runners, what="taken back")
             await eventually(lambda: len(seqs(msgs, "a")) > len(stored_then) + 5, what="storing again")
             return first
 
@@ -825,12 +825,12 @@ def test_a_worker_whose_clock_is_off_by_less_than_the_skew_margin_never_overlaps
 
     async def scenario():
         async with running(cfg, "slow", clock_ms=lambda: int(time.time() * 1000) - off) as holder:
-            await eventually(lambda: len(holder.runners) == 2 and len(seqs(msgs, "a")) >= 5, what="held")
+            await eventually(lambda: len(holder.holdings.runners) == 2 and len(seqs(msgs, "a")) >= 5, what="held")
             async with running(cfg, "fast", clock_ms=lambda: int(time.time() * 1000) + off) as taker:
-                for client in holder._aws.dynamodb_clients:
+                for client in holder.aws.dynamodb_clients:
                     client.meta.events.register("before-send.dynamodb", throttle)
                 throttle.on = True  # the holder stalls: no renewal and no write gets through
-                await eventually(lambda: len(taker.runners) == 2, timeout=8, what="the takeover")
+                await eventually(lambda: len(taker.holdings.runners) == 2, timeout=8, what="the takeover")
                 await eventually(lambda: all(len(seqs(msgs, c)) >= upstream.produced(c) - 30 for c in ("a", "b")))
                 throttle.on = False
 
@@ -852,9 +852,9 @@ def test_a_host_name_that_resolves_to_an_internal_address_is_not_connected_to(aw
 
     async def scenario():
         async with running(config(aws_env, ALLOWED_WS_HOSTS="*.localhost,127.0.0.2")) as worker:
-            await eventually(lambda: "a" in worker.runners, what="the lease")
+            await eventually(lambda: "a" in worker.holdings.runners, what="the lease")
             await asyncio.sleep(0.5)
-            assert upstream.sockets("a") == [] and not worker.runners["a"].connected.is_set()
+            assert upstream.sockets("a") == [] and not worker.holdings.runners["a"].connected.is_set()
 
     asyncio.run(scenario())
 
@@ -920,17 +920,17 @@ def test_hints_a_leaving_workers_own_polls_receive_after_it_stopped_waiting_are_
 
     async def scenario():
         async with running(config(aws_env)) as worker:
-            receive = worker._aws.sqs.receive_message
+            receive = worker.aws.sqs.receive_message
 
             def slow_answer(**kwargs):  # what a poll received reaches the worker 0.5 s later
                 resp = receive(**kwargs)
                 time.sleep(0.5)
                 return resp
 
-            worker._aws.sqs.receive_message = slow_answer  # before its first poll
+            worker.aws.sqs.receive_message = slow_answer  # before its first poll
             await eventually(lambda: worker.keeper.live(), what="a session")
             await worker.takeover.reconcile_once()
-            await eventually(lambda: set(worker.runners) == set(cids), what="all held")
+            await eventually(lambda: set(worker.holdings.runners) == set(cids), what="all held")
 
     asyncio.run(scenario())
 

@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -52,17 +53,17 @@ def test_a_stop_for_a_connection_handed_off_and_not_yet_taken_ends_it_stopped_an
         async with running(config(aws_env, RECONCILE_SECONDS="60")) as worker:
             await _holding(worker, conns, msgs, "c1", upstream.url_for("c1"))
             session_id = worker.keeper.session_id
-            worker.runners["c1"].request_shed()
+            worker.holdings.runners["c1"].request_shed()
             await eventually(lambda: _handed_by(conns, "c1", session_id), what="handed off")
             assert worker.handoffs.pending("c1")
             # our owner-index audit sees it attached to us and leaves it for its taker
-            assert await worker.audit_once() == 0 and _handed_by(conns, "c1", session_id)
+            assert await worker.acquisition.audit_once() == 0 and _handed_by(conns, "c1", session_id)
             assert await asyncio.to_thread(post, events, {"event_type": "STOP", "connection_id": "c1"}) == 202
             item = await eventually(
                 lambda: (i := conns.get("c1"))["lease_session"] == "" and i, timeout=5, what="freed by its releaser"
             )
             assert item["desired_state"] == schema.STOPPED and "owner_key" not in item
-            assert not worker.handoffs.pending("c1") and "c1" not in worker.runners
+            assert not worker.handoffs.pending("c1") and "c1" not in worker.holdings.runners
 
     asyncio.run(scenario())
 
@@ -74,11 +75,11 @@ def test_a_handoff_nobody_claims_is_freed_into_the_free_pool_and_hinted_then_tak
         async with running(config(aws_env, RECONCILE_SECONDS="60")) as worker:
             await _holding(worker, conns, msgs, "c1", upstream.url_for("c1"))
             worker.handoffs._claim_s = 0.5  # nobody else runs: a shed of ours is never claimed
-            worker.runners["c1"].request_shed()
+            worker.holdings.runners["c1"].request_shed()
             # Freed and hinted as free after the claim time; this worker then takes it back
             # itself (its shed hint it declined, the free one it may take).
             await eventually(lambda: worker.counters.total(names.HANDOFFS_UNCLAIMED) == 1, what="given up")
-            await eventually(lambda: "c1" in worker.runners, what="taken again from the free hint")
+            await eventually(lambda: "c1" in worker.holdings.runners, what="taken again from the free hint")
             assert conns.get("c1")["fence_token"] == 2
 
     asyncio.run(scenario())
@@ -96,11 +97,11 @@ def test_a_leaving_workers_connection_is_taken_by_a_peer_from_the_hint_pinned_to
             await _holding(w1, conns, msgs, "c1", upstream.url_for("c1"))  # w2 has scanned already
             released_by = w1.keeper.session_id
             w1.request_shutdown()  # SIGTERM: handed off to a peer, its session ended after
-            await eventually(lambda: "c1" in w2.runners, timeout=10, what="taken by w2")
+            await eventually(lambda: "c1" in w2.holdings.runners, timeout=10, what="taken by w2")
             item = conns.get("c1")
             assert item["lease_session"] == w2.keeper.session_id and item["fence_token"] == 2
             assert "released_fence" not in item and item["last_seq"] >= 3
-            assert w2.runners["c1"].fence_token == 2
+            assert w2.holdings.runners["c1"].fence_token == 2
             assert released_by != item["lease_session"]
 
     asyncio.run(scenario())
@@ -118,14 +119,14 @@ def test_the_free_scan_backs_off_while_it_finds_nothing_and_a_hint_cuts_its_paus
             await eventually(lambda: worker.takeover.idle_scans >= 3, timeout=10, what="three empty scans")
             conns.start("lost", "ws://127.0.0.1:9/quiet")  # a START whose hint was lost
             await asyncio.sleep(0.3)
-            assert "lost" not in worker.runners and worker.takeover.idle_scans >= 3  # still backing off
+            assert "lost" not in worker.holdings.runners and worker.takeover.idle_scans >= 3  # still backing off
             # A hint (for another connection) says there is work: the pause is cut to one
             # RECONCILE_SECONDS at most, and the scan finds the lost one.
             hinted = time.monotonic()
             await asyncio.to_thread(
                 sqs.send_message, QueueUrl=aws_env["QUEUE_URL"], MessageBody=json.dumps({"connection_id": "nope"})
             )
-            await eventually(lambda: "lost" in worker.runners, timeout=10, what="found by the scan")
+            await eventually(lambda: "lost" in worker.holdings.runners, timeout=10, what="found by the scan")
             took = time.monotonic() - hinted
             assert took < 4.0, took  # not the 6-8 s left of the backed-off pause
             assert worker.takeover.idle_scans == 0
@@ -141,10 +142,10 @@ def test_a_free_scan_starts_after_an_id_seen_before(aws_env, stores):
 
     async def scenario():
         async with running(config(aws_env, RECONCILE_SECONDS="60", MAX_CONNECTIONS="2")) as worker:
-            await eventually(lambda: len(worker.runners) + len(worker._acquiring) >= 1, what="a first scan")
+            await eventually(lambda: worker.holdings.taken() >= 1, what="a first scan")
             points = set(worker.takeover._scan_points)
             assert points and points <= set(cids)
-            assert {worker.takeover._start_point() for _ in range(50)} <= points | set(worker.runners)
+            assert {worker.takeover._start_point() for _ in range(50)} <= points | set(worker.holdings.runners)
 
     asyncio.run(scenario())
 
@@ -179,13 +180,13 @@ def test_a_shed_taken_by_a_peer_or_given_back_is_forgotten_by_the_releasers_atta
 
     async def scenario():
         async with running(config(aws_env, RECONCILE_SECONDS="60", REBALANCE="false")) as worker:
-            worker.handoffs._hint = _no_hint  # what it gives back is not hinted, so not taken again here
+            worker.handoffs._hints = SimpleNamespace(hint=_no_hint)  # what it gives back is not hinted, so not taken again here
             for cid in ("c1", "c2"):
                 await _holding(worker, conns, msgs, cid, upstream.url_for(cid))
-                worker.runners[cid].request_shed()
+                worker.holdings.runners[cid].request_shed()
             session_id = worker.keeper.session_id
             await eventually(lambda: _handed_by(conns, "c1", session_id) and _handed_by(conns, "c2", session_id), what="handed")
-            assert {"c1", "c2"} <= worker.attachments._maybe  # still attached to us: checked at exit
+            assert all(worker.attachments.maybe_attached(c) for c in ("c1", "c2"))  # still attached to us: checked at exit
             conns.acquire("c1", session_id="peer#1", worker_id="peer")  # c1 taken by a peer
             worker.handoffs._claim_s = 0.0  # c2 given back to the free pool
             await worker.handoffs.check_once()
@@ -194,7 +195,7 @@ def test_a_shed_taken_by_a_peer_or_given_back_is_forgotten_by_the_releasers_atta
             await eventually(
                 lambda: conns.get("c2")["lease_session"] == "" and not len(worker.handoffs), what="c2 given back"
             )
-            assert not {"c1", "c2"} & worker.attachments._maybe
+            assert not any(worker.attachments.maybe_attached(c) for c in ("c1", "c2"))
 
     asyncio.run(scenario())
 

@@ -91,7 +91,7 @@ def test_a_takeover_after_a_crash_delivers_again_from_the_checkpoint_with_the_hi
 
     async def scenario():
         async with running(cfg) as worker:
-            await eventually(lambda: "a" in worker.runners, timeout=cfg.lease_ms / 1000 + 5, what="takeover")
+            await eventually(lambda: "a" in worker.holdings.runners, timeout=cfg.lease_ms / 1000 + 5, what="takeover")
             await eventually(lambda: len(by_connection(kinesis, stream).get("a", [])) >= 30 + 35, what="frames past the crash")
 
     asyncio.run(scenario())

@@ -183,7 +183,7 @@ def test_a_new_owner_after_a_crash_right_after_markers_resumes_past_them_without
 
         async def scenario():
             async with running(cfg) as worker:
-                await eventually(lambda: "a" in worker.runners, timeout=cfg.lease_ms / 1000 + 5, what="takeover")
+                await eventually(lambda: "a" in worker.holdings.runners, timeout=cfg.lease_ms / 1000 + 5, what="takeover")
                 await eventually(lambda: covered_end(msgs, "a") == 15, timeout=30, what="frames past the markers")
             return worker.counters.totals()  # once stopped: every count of what it stored is in
 

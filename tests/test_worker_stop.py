@@ -48,9 +48,9 @@ def slow_scans(aws_env):
 
 async def held(worker, upstream, cid: str):
     """The runner holding ``cid`` and its socket, once connected."""
-    await eventually(lambda: upstream.open_sockets(cid) and cid in worker.runners, what=f"{cid} held and connected")
+    await eventually(lambda: upstream.open_sockets(cid) and cid in worker.holdings.runners, what=f"{cid} held and connected")
     (sock,) = upstream.open_sockets(cid)
-    return worker.runners[cid], sock
+    return worker.holdings.runners[cid], sock
 
 
 async def just_renewed(worker) -> None:
@@ -66,7 +66,7 @@ async def stopped_in_time(worker, runner, upstream, sock, *, sent_at: float):
 
     def closed():
         (now,) = [r for r in upstream.sockets(sock.stream) if r.id == sock.id]
-        return now if now.closed_at is not None and worker.runners.get(runner.connection_id) is not runner else None
+        return now if now.closed_at is not None and worker.holdings.runners.get(runner.connection_id) is not runner else None
 
     record = await eventually(closed, timeout=8, what="the STOP acted on")
     assert runner.end_reason is EndReason.STOPPED  # not a lost session
@@ -155,7 +155,7 @@ def test_stop_then_start_with_a_new_url_within_100ms_moves_the_stream_to_the_new
             await eventually(lambda: upstream.open_sockets("a-v2"), timeout=8, what="a socket to the new url")
             (new,) = upstream.sockets("a-v2")
             assert new.opened_at - closed.closed_at < START_TARGET_S, new.opened_at - closed.closed_at
-            assert worker.runners["a"].ws_url == new_url
+            assert worker.holdings.runners["a"].ws_url == new_url
 
     asyncio.run(scenario())
     assert len(upstream.sockets("a")) == 1  # the old url never got another socket

@@ -135,7 +135,7 @@ def test_a_rotated_credential_is_fetched_again_after_one_refusal_and_the_stream_
             await eventually(lambda: len(seqs(msgs, "a")) >= stored + 5, what="frames with the new credential")
             assert worker.counters.total(names.SECRET_FETCHES) == 2  # one more GetSecretValue, once
             assert worker.counters.total(names.UPSTREAM_REFUSALS) == 0  # the retry at once worked
-            assert not worker.runners["a"].refused
+            assert not worker.holdings.runners["a"].refused
 
     asyncio.run(scenario())
     assert up.refusals("a") == {403: 1}
@@ -168,10 +168,10 @@ def test_a_revoked_credential_is_refused_twice_then_waited_out_not_stormed(
             assert up.refusals("r") == {403: 2}
             assert worker.counters.total(names.UPSTREAM_REFUSALS) == 1
             assert worker.counters.total(names.SECRET_FETCHES) == 2  # the first fetch and the one after the 403
-            assert worker.runners["r"].refused and not worker.runners["r"].connected.is_set()
+            assert worker.holdings.runners["r"].refused and not worker.holdings.runners["r"].connected.is_set()
             # A STOP cuts the wait short: released at once, not after 60 s.
             await asyncio.to_thread(conns.stop, "r", sessions=sessions)
-            await eventually(lambda: "r" not in worker.runners, timeout=10, what="the STOP during the wait")
+            await eventually(lambda: "r" not in worker.holdings.runners, timeout=10, what="the STOP during the wait")
 
     asyncio.run(scenario())
     item = conns.get("r")
@@ -194,11 +194,11 @@ def test_refused_connections_try_again_once_per_wait_and_are_gauged(
     async def scenario():
         cw = []
         async with running(config(aws_env), JsonLogger(captured.stream), refused_retry_s=0.3) as worker:
-            worker._aws.cloudwatch.meta.events.register(
+            worker.aws.cloudwatch.meta.events.register(
                 "provide-client-params.cloudwatch.PutMetricData", lambda params, **_: cw.append(params["MetricData"])
             )
             await eventually(lambda: worker.counters.total(names.UPSTREAM_REFUSALS) >= 4, what="four refusals")
-            await worker.publish_metrics_once(count_unowned=False)
+            await worker.report.publish_metrics_once(count_unowned=False)
             tries = sum(up.refusals("n").values())
             refusals = worker.counters.total(names.UPSTREAM_REFUSALS)
             # Nothing to fetch again: each try is one handshake, then the wait.
@@ -390,7 +390,7 @@ def test_a_stored_upstream_this_worker_refuses_is_a_refusal_not_a_crash(
     async def scenario():
         async with running(config(aws_env), JsonLogger(captured.stream), refused_retry_s=30) as worker:
             await eventually(lambda: schema.LAST_ERROR in (conns.get("o") or {}), what="last_error")
-            assert "o" in worker.runners and worker.counters.total(names.LOOP_ERRORS) == 0
+            assert "o" in worker.holdings.runners and worker.counters.total(names.LOOP_ERRORS) == 0
 
     asyncio.run(scenario())
     error = conns.get("o")[schema.LAST_ERROR]

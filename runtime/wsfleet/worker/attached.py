@@ -22,6 +22,7 @@ from typing import Any, Awaitable, Callable
 from .. import schema
 from ..logs import JsonLogger
 from ..store import ConnectionsStore, SessionsStore
+from .hints import Hints
 
 Call = Callable[..., Awaitable[Any]]
 
@@ -33,7 +34,7 @@ class Attachments:
         connections: ConnectionsStore,
         sessions: SessionsStore,
         call: Call,
-        hint: Callable[..., Awaitable[None]],
+        hints: Hints,
         log: JsonLogger,
     ) -> None:
         self.session_id = ""
@@ -41,7 +42,7 @@ class Attachments:
         self._connections = connections
         self._sessions = sessions
         self._call = call
-        self._hint = hint
+        self._hints = hints
         self._log = log
 
     def reset(self, session_id: str) -> None:
@@ -57,6 +58,15 @@ class Attachments:
         """Known not to be attached to the current session: released, freed, taken by
         another, or refused by the one and only acquire request sent for it."""
         self._maybe.discard(connection_id)
+
+    def detached(self, connection_id: str, session_id: str) -> None:
+        """Known no longer attached to ``session_id``: settled, if that is the current one."""
+        if session_id == self.session_id:
+            self._maybe.discard(connection_id)
+
+    def maybe_attached(self, connection_id: str) -> bool:
+        """Tried for the current session and not seen leave: checked at a clean exit."""
+        return connection_id in self._maybe
 
     async def leave_ring_when_clear(
         self, session_id: str, *, held: Callable[[str], bool], handed: Callable[[str], bool] = lambda _: False
@@ -89,7 +99,7 @@ class Attachments:
                 continue
             if await self._call(self._connections.free_orphan, connection_id, dead_session=session_id):
                 freed += 1
-                await self._hint(connection_id)
+                await self._hints.hint(connection_id)
         if left:
             self._log.warning("session_left_in_ring", session_id=session_id, attached=len(left), handed=len(handing))
             return False

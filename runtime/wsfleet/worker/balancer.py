@@ -18,20 +18,21 @@
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable
 
 from .. import clock, schema
-from ..balance import IN_TRANSIT_S, FleetLoad, is_summarizer, max_moves, shed_count, shed_targets, summarize
-from ..leases import SessionTiming, Watched
+from ..balance import IN_TRANSIT_S, FleetLoad, is_summarizer, max_moves, summarize
+from ..leases import SessionTiming
 from ..logs import JsonLogger
 from ..store import SessionsStore, now_ms
 from ..store.sessions import RING_PAGE_LIMIT
+from .decide import choose_shed
+from .holdings import Holdings
 from .session import SessionKeeper
+from .summary import FleetSummary
+from .takeover import Takeover
 
 MIN_HOLD_S = 60.0  # a connection held for less than this is never moved: none moves twice
-SHED_COOLDOWN_S = 60.0  # the shedder's free scan leaves what it shed alone this long
-SUMMARY_MAX_AGE_MS = 60_000  # an older summary is not acted on (its writer may be gone)
 # An unchanged summary is written again this often, so that its age tells readers its
 # writer is alive: well under SUMMARY_MAX_AGE_MS, less the readers' ~16 s between reads.
 SUMMARY_REFRESH_MS = 30_000
@@ -48,19 +49,17 @@ class Balancer:
         sessions: SessionsStore,
         keeper: SessionKeeper,
         timing: SessionTiming,
-        max_connections: int,
         enabled: bool,
         tolerance: float,
         call: Call,
         log: JsonLogger,
-        successors: Callable[[], list[str]],
-        recovering: Callable[[], bool],
-        runners: Callable[[], Mapping[str, Any]],
-        last_acquired_ms: Callable[[], int] = lambda: 0,
-        watched: Callable[[], Mapping[str, Watched]] = dict,
+        holdings: Holdings,
+        summary: FleetSummary,
+        takeover: Takeover,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
-        self.fleet: FleetLoad | None = None
+        """``takeover``: its ring reads say whether we summarize (its successors) and what
+        our watched sessions look like; ``summary``: where the summary we make goes."""
         # ENDED sessions still in the ring as the summary read them, and those of its watched
         # ones past expiry and skew (an unwatched crashed one counts once its watchers end it)
         self.dead_sessions: list[str] = []
@@ -68,41 +67,19 @@ class Balancer:
         self._sessions = sessions
         self._keeper = keeper
         self._timing = timing
-        self._max = max_connections
         self._enabled = enabled
         self._tolerance = tolerance
         self._call = call
         self._log = log
-        self._successors = successors
-        self._recovering = recovering
-        self._runners = runners
-        self._last_acquired_ms = last_acquired_ms
+        self._holdings = holdings
+        self._summary = summary
+        self._takeover = takeover
         self._clock_ms = clock_ms
-        self._watched = watched
         self._counts: list[tuple[int, int]] = []  # (ms, connections counted) of the recent summaries
         self._read: list[dict] = []  # the ring read so far, when it takes several passes
         self._cursor: dict | None = None  # where the next page starts
         self._written: dict | None = None  # the figures last written, and when
         self._written_at_ms = 0
-        self._shed_at: dict[str, float] = {}
-        self.summary_arrived = asyncio.Event()
-
-    def on_summary(self, item: Mapping) -> None:
-        """The summary item, as a watch read brought it: a balance pass follows at once
-        (see ``Worker._balance_loop``), so a join is acted on as soon as each worker
-        reads of it, not up to a pass later."""
-        self.fleet = FleetLoad.from_item(item)
-        self.summary_arrived.set()
-
-    def fresh_fleet(self) -> FleetLoad | None:
-        fleet = self.fleet
-        if fleet is None or self._clock_ms() - fleet.at_ms > SUMMARY_MAX_AGE_MS:
-            return None
-        return fleet
-
-    def shed_recently(self, connection_id: str) -> bool:
-        at = self._shed_at.get(connection_id)
-        return at is not None and clock.now() - at < SHED_COOLDOWN_S
 
     async def summarize_once(self) -> FleetLoad | None:
         """If this is the last session of the ring, read the next page(s) of the ring
@@ -113,7 +90,7 @@ class Balancer:
         ``SUMMARY_REFRESH_MS`` old (so that readers can tell a stale one). Returns the
         summary made this pass, or None."""
         me = self._keeper.session_id
-        if not self._keeper.live() or not is_summarizer(me, self._successors()):
+        if not self._keeper.live() or not is_summarizer(me, self._takeover.successors()):
             self._read, self._cursor = [], None
             return None
         for _ in range(SUMMARY_PAGES):
@@ -125,7 +102,7 @@ class Balancer:
             return None  # the rest of the ring at the next pass
         items, self._read = self._read, []
         now = self._clock_ms()
-        watched = self._watched()
+        watched = self._takeover.watched
         counted = sum(int(i.get(schema.ACTIVE, 0)) for i in items if i.get(schema.SESSION_STATE) == schema.LIVE)
         self._counts = [(at, n) for at, n in self._counts if now - at < IN_TRANSIT_S * 1000] + [(now, counted)]
         fleet = summarize(
@@ -138,50 +115,43 @@ class Balancer:
             if i.get(schema.SESSION_STATE) == schema.ENDED
             or (i[schema.SESSION_ID] in watched and watched[i[schema.SESSION_ID]].expires_at_ms < endable)
         ]
-        self.fleet = fleet
-        self.summary_arrived.set()  # its own balance pass: it does not read the item it writes
+        self._summary.known(fleet)  # its own balance pass follows: it does not read the item it writes
         if fleet.figures() != self._written or now - self._written_at_ms >= SUMMARY_REFRESH_MS:
             await self._call(self._sessions.put_summary, fleet.as_item())
             self._written, self._written_at_ms = fleet.figures(), now
         return fleet
 
     async def balance_once(self) -> int:
-        """Shed what is above this worker's fair share (see :func:`shed_count`), oldest
-        held first. Returns how many it asked to shed."""
-        fleet = self.fresh_fleet()
+        """Shed what is above this worker's fair share (:func:`.decide.choose_shed`),
+        oldest held first. Returns how many it asked to shed."""
+        fleet = self._summary.fresh()
         if not self._enabled or fleet is None or not self._keeper.live():
             return 0
-        runners = self._runners()
-        # A summary taken before our latest acquisition reached our session item (one
-        # renewal later) undercounts the fleet: a fleet that is filling up would shed.
-        if self._last_acquired_ms() + self._timing.heartbeat_ms >= fleet.at_ms or fleet.active < len(runners):
-            return 0
-        n = shed_count(
-            active=len(runners),
-            max_connections=self._max,
+        me, max_connections = self._keeper.session_id, self._holdings.max_connections
+        moves = choose_shed(
+            self._holdings.held(),
             fleet=fleet,
+            me=me,
+            max_connections=max_connections,
             tolerance=self._tolerance,
-            max_moves=max_moves(self._max),
-            recovering=self._recovering(),
-            me=self._keeper.session_id,
+            max_moves=max_moves(max_connections),
+            recovering=self._takeover.recovering(),
+            last_acquired_ms=self._holdings.last_acquired_ms,
+            heartbeat_ms=self._timing.heartbeat_ms,
+            now=clock.now(),
+            min_hold_s=MIN_HOLD_S,
         )
-        now = clock.now()
-        movable = sorted(
-            (r for r in runners.values() if r.end_reason is None and now - r.acquired_mono >= MIN_HOLD_S),
-            key=lambda r: r.acquired_mono,
-        )[:n]
-        for runner, to in zip(movable, shed_targets(fleet, self._keeper.session_id, len(movable)), strict=True):
-            self._shed_at[runner.connection_id] = now
-            runner.request_shed(to)
-        self._shed_at = {c: t for c, t in self._shed_at.items() if now - t < SHED_COOLDOWN_S}
-        if movable:
-            self.shed += len(movable)
+        for connection_id, to in moves:
+            self._holdings.shed(connection_id)
+            self._holdings.runners[connection_id].request_shed(to)
+        if moves:
+            self.shed += len(moves)
             self._log.info(
                 "rebalance_shed",
-                count=len(movable),
-                active=len(runners),
-                target=fleet.target(self._keeper.session_id, self._max),
+                count=len(moves),
+                active=self._holdings.count(),
+                target=fleet.target(me, max_connections),
                 fleet_active=fleet.active,
                 workers=fleet.workers,
             )
-        return len(movable)
+        return len(moves)

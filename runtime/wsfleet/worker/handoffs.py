@@ -37,6 +37,8 @@ from ..leases import released_at_fence
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import ConnectionsStore, Released
+from .attached import Attachments
+from .hints import Hints
 
 # A shed hint is for anyone after SHED_ANYONE_AFTER_S; a hint comes back from a declining
 # poll within a second or two more. Past this, nobody is taking it.
@@ -60,27 +62,26 @@ class Handoffs:
         *,
         connections: ConnectionsStore,
         call: Call,
-        hint: Callable[..., Awaitable[None]],
+        hints: Hints,
+        attachments: Attachments,
         counters: Counters,
         log: JsonLogger,
         claim_s: float = HANDOFF_CLAIM_S,
         clock: Callable[[], float] = clock.now,
-        settled: Callable[[str, str], None] = lambda connection_id, session_id: None,
     ) -> None:
-        """``settled(connection_id, session_id)``: a handoff is known to be no longer
-        attached to its session (taken by another, freed, gone): what the worker keeps
-        of its session's possible attachments (:class:`.attached.Attachments`) drops it,
-        as a release that detached would have."""
+        """``attachments``: what may be attached to our session; a handoff known to be no
+        longer attached to its session (taken by another, freed, gone) is dropped from it,
+        as a release that detached would have been."""
         self.last_at = float("-inf")  # clock() of our last handoff
         self._pending: dict[str, Handoff] = {}
         self._connections = connections
         self._call = call
-        self._hint = hint
+        self._hints = hints
+        self._attachments = attachments
         self._counters = counters
         self._log = log
         self._claim_s = claim_s
         self._clock = clock
-        self._settled = settled
 
     def handed(self, connection_id: str, *, session_id: str, fence_token: int, released: dict) -> None:
         """A release of ours landed as a handoff (Released.HANDED)."""
@@ -112,7 +113,7 @@ class Handoffs:
                 handed.append(connection_id)
                 continue
             if item is None or item.get(schema.LEASE_SESSION) != handoff.session_id:
-                self._settled(connection_id, handoff.session_id)
+                self._attachments.detached(connection_id, handoff.session_id)
             if item is not None and _free_at_fence(item, handoff):
                 given_back.append(connection_id)
             else:
@@ -122,7 +123,7 @@ class Handoffs:
     async def _hint_given_back(self, connection_ids: list[str]) -> None:
         """Hint as free, then forget, what we gave back (its first hint perhaps lost)."""
         for connection_id in connection_ids:
-            await self._hint(connection_id, released=_free_state(self._pending[connection_id]))
+            await self._hints.hint(connection_id, released=_free_state(self._pending[connection_id]))
             self._pending.pop(connection_id, None)
         if connection_ids:
             self._log.info("handoffs_given_back_hinted", count=len(connection_ids))
@@ -137,7 +138,7 @@ class Handoffs:
         unclaimed, given_back = await self._still_handed(sorted(self._pending))
         await self._hint_given_back(given_back)
         for connection_id in unclaimed:
-            await self._hint(connection_id, released=self._pending[connection_id].released)
+            await self._hints.hint(connection_id, released=self._pending[connection_id].released)
         if unclaimed:
             self._log.info("handoffs_hinted_again", count=len(unclaimed))
         return len(unclaimed)
@@ -183,12 +184,12 @@ class Handoffs:
             stopped=stopped,
         )
         if landed:
-            self._settled(connection_id, handoff.session_id)
+            self._attachments.detached(connection_id, handoff.session_id)
         if landed is Released.FREE:
             if not stopped:
                 self._counters.add(names.HANDOFFS_UNCLAIMED)
                 self._log.warning("handoff_unclaimed", connection_id=connection_id, fence_token=handoff.fence_token)
-            await self._hint(connection_id, released=_free_state(handoff))
+            await self._hints.hint(connection_id, released=_free_state(handoff))
         self._pending.pop(connection_id, None)
         return landed
 

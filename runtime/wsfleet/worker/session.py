@@ -50,9 +50,12 @@ class SessionKeeper:
         call: Call,
         log: JsonLogger,
         active: Callable[[], int],
-        on_stops: Callable[[set[str]], None],
+        on_stops: Callable[[set[str]], set[str]],
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
+        """``active``: how many connections the worker holds (each renewal reports it);
+        ``on_stops``: the STOPs a renewal brought back, not yet acted on; returns those it
+        acted on (the next renewal removes them from the inbox)."""
         self.worker_id = worker_id
         self.timing = timing
         self.session_id = ""
@@ -82,10 +85,6 @@ class SessionKeeper:
         if session_id != self.session_id or self.lost_reason is not None:
             return 0.0
         return self.deadline_mono
-
-    def stop_handled(self, connection_id: str) -> None:
-        """A STOP from the inbox has been acted on: the next renewal removes it."""
-        self._stops_done.add(connection_id)
 
     async def wait_lost(self) -> Lost:
         await self._lost.wait()
@@ -183,7 +182,7 @@ class SessionKeeper:
                     self._stops_done -= done
                     stops = set(result.get(schema.STOP_INBOX) or ()) - self._stops_done
                     if stops:
-                        self._on_stops(stops)
+                        self._stops_done |= self._on_stops(stops)
                     return True
                 if not finished and pending and clock.now() >= next_try:
                     self._log.warning(

@@ -34,7 +34,9 @@ from ..leases import Unreachable, unreachable
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import ConnectionsStore, Released, SessionsStore, now_ms
+from .hints import Hints
 from .session import SessionKeeper
+from .takeover import Takeover
 
 SWEEP_PAGE_ITEMS = 200
 PAGE_PAUSE_S = 1.0  # between two pages of a pass: at most SWEEP_PAGE_ITEMS a second
@@ -49,9 +51,9 @@ class Sweeper:
         connections: ConnectionsStore,
         sessions: SessionsStore,
         keeper: SessionKeeper,
-        successors: Callable[[], list[str]],
+        takeover: Takeover,
         call: Call,
-        hint: Callable[..., Awaitable[None]],
+        hints: Hints,
         counters: Counters,
         log: JsonLogger,
         sweep_s: float,
@@ -60,16 +62,17 @@ class Sweeper:
         clock: Callable[[], float] = clock.now,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
-        """``first_pass_s``: when the first pass may start, from now (a whole ``sweep_s``
+        """``takeover``: its ring reads say whether we sweep for the fleet (the summarizer
+        does). ``first_pass_s``: when the first pass may start, from now (a whole ``sweep_s``
         by default: a fleet that restarts its workers does not sweep at every restart)."""
         self.passes = 0
         self.found = 0
         self._connections = connections
         self._sessions = sessions
         self._keeper = keeper
-        self._successors = successors
+        self._takeover = takeover
         self._call = call
-        self._hint = hint
+        self._hints = hints
         self._counters = counters
         self._log = log
         self._sweep_s = sweep_s
@@ -85,7 +88,7 @@ class Sweeper:
     async def step(self) -> int:
         """If this worker sweeps for the fleet and a pass is under way or due: one page.
         Returns how many unreachable connections it found (and repaired)."""
-        if not self._keeper.live() or not is_summarizer(self._keeper.session_id, self._successors()):
+        if not self._keeper.live() or not is_summarizer(self._keeper.session_id, self._takeover.successors()):
             self._sweeping = False  # another worker sweeps now; a pass starts over here if it comes back
             return 0
         if not self._sweeping:
@@ -151,13 +154,13 @@ class Sweeper:
             fence = int(item[schema.FENCE_TOKEN])
             landed = await self._call(self._connections.free_released, connection_id, session_id=session_id, fence_token=fence)
             if landed is Released.FREE:
-                await self._hint(connection_id)
+                await self._hints.hint(connection_id)
             return landed is not Released.LOST
         if session is not None and session.get(schema.SESSION_STATE) == schema.LIVE:
             return await self._call(self._sessions.rejoin_ring, session_id)  # its worker holds the socket
         freed = await self._call(self._connections.free_orphan, connection_id, dead_session=session_id)
         if freed and item.get(schema.DESIRED_STATE) == schema.STARTED:
-            await self._hint(connection_id)
+            await self._hints.hint(connection_id)
         return freed
 
     def stats(self) -> dict[str, Any]:

@@ -34,10 +34,15 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from .. import clock, schema, tracing
 from ..balance import drain_targets, is_summarizer
-from ..leases import EndFailure, SessionTiming, Watched, drain_split, takeover_jitter_s, watch_plan
+from ..leases import EndFailure, SessionTiming, Watched, takeover_jitter_s, watch_plan
 from ..logs import JsonLogger
 from ..store import ConnectionsStore, SessionsStore, TransientError, now_ms
+from .acquisition import Acquisition
+from .decide import DrainSplit, split_drain
+from .hints import Hints
+from .holdings import Holdings
 from .session import SessionKeeper
+from .summary import FleetSummary
 
 WATCH_K = 2  # successors each worker watches: a death is seen while either predecessor lives
 # The ring changes only when workers come and go. A newcomer announces itself to its
@@ -52,7 +57,6 @@ SUMMARY_EVERY = 3
 SCAN_POINTS = 64  # connection ids kept from the free scans, to start the next ones at
 
 Call = Callable[..., Awaitable[Any]]
-Acquire = Callable[..., Awaitable[Any]]
 
 
 class Takeover:
@@ -66,15 +70,10 @@ class Takeover:
         state_shards: int,
         call: Call,
         log: JsonLogger,
-        acquire: Acquire,
-        hint: Callable[..., Awaitable[None]],
-        room: Callable[[], int],
-        scan_room: Callable[[], int],
-        load: Callable[[], float],
-        busy: Callable[[str], bool],
-        avoid: Callable[[str], bool] = lambda _: False,
-        held: Callable[[], list[str]] = lambda: [],
-        on_summary: Callable[[dict], None] = lambda _: None,
+        acquisition: Acquisition,
+        hints: Hints,
+        holdings: Holdings,
+        summary: FleetSummary,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         self.watched: dict[str, Watched] = {}
@@ -87,15 +86,10 @@ class Takeover:
         self._shards = state_shards
         self._call = call
         self._log = log
-        self._acquire = acquire
-        self._hint = hint
-        self._room = room
-        self._scan_room = scan_room
-        self._load = load
-        self._busy = busy
-        self._avoid = avoid
-        self._held = held
-        self._on_summary = on_summary
+        self._acquisition = acquisition
+        self._hints = hints
+        self._holdings = holdings
+        self._summary = summary
         self._passes = 0
         self._clock_ms = clock_ms
         self._ring: list[str] = []
@@ -160,7 +154,7 @@ class Takeover:
         items = await self._call(self._sessions.get_many, [*self._ring, *([schema.FLEET_SUMMARY_ID] if summary else [])])
         for item in items:
             if item[schema.SESSION_ID] == schema.FLEET_SUMMARY_ID:
-                self._on_summary(item)
+                self._summary.on_item(item)
         items = [i for i in items if i[schema.SESSION_ID] != schema.FLEET_SUMMARY_ID]
         self.watched = {
             i[schema.SESSION_ID]: Watched(i[schema.SESSION_ID], i.get(schema.SESSION_STATE, ""), int(i.get(schema.EXPIRES_AT_MS, 0)))
@@ -178,7 +172,7 @@ class Takeover:
         loop = asyncio.get_running_loop()
         for session_id, at_ms in end:
             if session_id not in self._ending:
-                delay = max(0.0, (at_ms - now) / 1000) + takeover_jitter_s(self._load())
+                delay = max(0.0, (at_ms - now) / 1000) + takeover_jitter_s(self._holdings.load())
                 self._ending[session_id] = loop.call_later(delay, self._end_due, session_id)
                 self._log.info("session_suspect", suspect=session_id, end_in_s=round(delay, 3))
         return len(items)
@@ -286,13 +280,14 @@ class Takeover:
                 self._log.info("session_drained", drained=session_id)
             return 0
         self._empty.pop(session_id, None)
-        started = [r.connection_id for r in rows if r.desired_state == schema.STARTED and not self._busy(r.connection_id)]
+        started = [r.connection_id for r in rows if r.desired_state == schema.STARTED and not self._holdings.busy(r.connection_id)]
         stopped = [r.connection_id for r in rows if r.desired_state != schema.STARTED]
-        mine, named, anyone = await self._drain_plan(session_id, started)
+        split = await self._drain_plan(session_id, started)
+        mine, named, anyone = split.mine, split.named, split.anyone
         results = await asyncio.gather(
-            *(self._acquire(cid, source="orphan", expected_session=session_id, trace_parent=trace) for cid in mine),
-            *(self._hint(cid, from_session=session_id, shed_by=session_id, shed_to=to) for cid, to in named),
-            *(self._hint(cid, from_session=session_id) for cid in anyone),
+            *(self._acquisition.try_acquire(cid, source="orphan", expected_session=session_id, trace_parent=trace) for cid in mine),
+            *(self._hints.hint(cid, from_session=session_id, shed_by=session_id, shed_to=to) for cid, to in named),
+            *(self._hints.hint(cid, from_session=session_id) for cid in anyone),
             *(self._free(cid, session_id) for cid in stopped),
             return_exceptions=True,
         )
@@ -308,30 +303,22 @@ class Takeover:
         )
         return acquired
 
-    async def _drain_plan(self, session_id: str, started: list[str]) -> tuple[list[str], list[tuple[str, str]], list[str]]:
-        """Split a dead session's STARTED connections: (to acquire here, [(to hint, the
-        session it is meant for)], to hint to anyone). The plan is the fleet's
-        (:func:`wsfleet.balance.drain_targets`, from one read of the ring): this worker
-        takes its own deficit (as far as its room goes: the rest goes to anyone) and
-        names a survivor under its target for each of the rest, so that the crash ends
-        within about one of fair share with nothing left to rebalance. A hint its target
-        cannot take goes to anyone after a moment (``declines_shed_hint``): never one
-        left unowned. Without the ring (a failed read, no survivor with room) it falls
-        back to :func:`drain_split`: half its room here, the rest to anyone."""
+    async def _drain_plan(self, session_id: str, started: list[str]) -> DrainSplit:
+        """Split a dead session's STARTED connections (:func:`.decide.split_drain`) by the
+        fleet's plan (:func:`wsfleet.balance.drain_targets`, from one read of the ring):
+        this worker takes its own deficit (as far as its room goes: the rest goes to
+        anyone) and names a survivor under its target for each of the rest, so that the
+        crash ends within about one of fair share with nothing left to rebalance. A hint
+        its target cannot take goes to anyone after a moment (``declines_shed_hint``):
+        never one left unowned. Without the ring (a failed read, no survivor with room):
+        half its room here, the rest to anyone."""
         plan = None
         if started:
             try:
                 plan = drain_targets(await self._call(self._sessions.ring_loads), dead_session=session_id, count=len(started))
             except Exception as exc:  # noqa: BLE001 - the split below needs no read
                 self._log.warning("drain_plan_failed", drained=session_id, error=f"{type(exc).__name__}: {exc}")
-        if plan is None:
-            take = drain_split(len(started), self._room())
-            return started[:take], [], started[take:]
-        me, room = self._keeper.session_id, max(0, self._room())
-        mine = [cid for cid, to in zip(started, plan, strict=True) if to == me]
-        named = [(cid, to) for cid, to in zip(started, plan, strict=True) if to and to != me]
-        anyone = [cid for cid, to in zip(started, plan, strict=True) if not to] + mine[room:]
-        return mine[:room], named, anyone
+        return split_drain(started, plan, me=self._keeper.session_id, room=self._holdings.free())
 
     async def _free(self, connection_id: str, dead_session: str) -> None:
         if not self._keeper.live():
@@ -351,7 +338,7 @@ class Takeover:
         those earlier scans read and one this worker holds (connection ids are the
         users': a point drawn from ids seen falls among the entries wherever they
         cluster), else after a random one."""
-        held = self._held()
+        held = self._holdings.held_ids()
         points = self._scan_points + ([random.choice(held)] if held else [])
         return random.choice(points) if points else f"{random.getrandbits(64):016x}"
 
@@ -361,11 +348,12 @@ class Takeover:
     async def reconcile_once(self) -> int:
         """Query the FREE# shards (a random one first, each from a random point, round
         to it) for STARTED connections nobody owns and try to take as many as there is
-        room for (``scan_room``: none while this worker is at its fair share and another
-        is under theirs, so that what a peer shed goes to that one), each after a little
-        load-weighted jitter so that the least loaded worker tends to win. Counts the
-        scans in a row that found nothing (``idle_scans``). Returns how many it tried."""
-        room = self._scan_room()
+        room for (:meth:`.decide.Standing.scan_room`: none while this worker is at its
+        fair share and another is under theirs, so that what a peer shed goes to that
+        one), each after a little load-weighted jitter so that the least loaded worker
+        tends to win. Counts the scans in a row that found nothing (``idle_scans``).
+        Returns how many it tried."""
+        room = self._holdings.standing(self._keeper.session_id).scan_room()
         if room <= 0 or not self._keeper.live():
             return 0
         shards = list(range(self._shards))
@@ -376,7 +364,7 @@ class Takeover:
                 _take, self._connections.free(shard, limit=min(100, room + 10), start_after=self._start_point()), room + 10
             )
             self._keep_points(ids)
-            found.extend(c for c in ids if not self._busy(c) and not self._avoid(c))
+            found.extend(c for c in ids if not self._holdings.busy(c) and not self._holdings.shed_recently(c))
             if len(found) >= room:
                 break
         found = list(dict.fromkeys(found))[:room]
@@ -387,8 +375,8 @@ class Takeover:
         return len(found)
 
     async def _jittered_acquire(self, connection_id: str) -> None:
-        await asyncio.sleep(takeover_jitter_s(self._load()))
-        await self._acquire(connection_id, source="unowned")
+        await asyncio.sleep(takeover_jitter_s(self._holdings.load()))
+        await self._acquisition.try_acquire(connection_id, source="unowned")
 
     async def count_unowned(self, dead: Iterable[str]) -> int:
         """STARTED connections that nobody owns: those in the FREE# shards now that were

@@ -1,0 +1,263 @@
+"""The worker's decisions about a hint, a drain, a move and a STOP, without I/O.
+
+No boto3, no asyncio, no clock read: what a decision needs (the worker's load, the fleet
+summary, the time) is passed in, and what to do comes back as a value the worker's roles
+then carry out (:mod:`.intake`, :mod:`.takeover`, :mod:`.balancer`, :mod:`.stops`). The
+fleet-wide rules they apply are :mod:`wsfleet.balance`'s and :mod:`wsfleet.leases`'s.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from .. import schema
+from ..balance import (
+    SHED_TARGET_WAIT_S,
+    FleetLoad,
+    declines_shed_hint,
+    hints_per_poll,
+    shed_count,
+    shed_targets,
+    under_target,
+)
+from ..leases import drain_split
+
+# --- where this worker stands ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Standing:
+    """This worker's load against the fleet summary, at one moment: ``active`` counts what
+    it holds and what it is acquiring; ``fleet`` is None when no fresh summary is known;
+    ``me`` is its session id."""
+
+    active: int
+    max_connections: int
+    fleet: FleetLoad | None
+    me: str
+
+    @property
+    def room(self) -> int:
+        return self.max_connections - self.active
+
+    def declines_shed(self, shed_by: str, shed_to: str = "", age_s: float = 0.0, from_session: str = "") -> bool:
+        """Whether to leave a connection ``shed_by`` shed (see
+        :func:`wsfleet.balance.declines_shed_hint`); ``from_session``: a crashed
+        session's, hinted by its drainer."""
+        return declines_shed_hint(
+            active=self.active,
+            max_connections=self.max_connections,
+            fleet=self.fleet,
+            shed_by_me=shed_by == self.me,
+            age_s=age_s,
+            shed_to=shed_to,
+            me=self.me,
+            drained=bool(from_session),
+        )
+
+    def under_target(self) -> bool:
+        return under_target(active=self.active, max_connections=self.max_connections, fleet=self.fleet, me=self.me)
+
+    def hints_per_poll(self) -> int:
+        return hints_per_poll(
+            active=self.active, max_connections=self.max_connections, room=self.room, fleet=self.fleet, me=self.me
+        )
+
+    def scan_room(self) -> int:
+        """How many the free scan may take: none while this worker would leave a shed
+        connection for a peer under its share (what a peer shed goes to that one)."""
+        return 0 if self.declines_shed("") else self.room
+
+
+# --- a START hint ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hint:
+    connection_id: str | None  # None when the body is malformed
+    shed_by: str = ""  # the shedding session
+    from_session: str = ""  # the ENDED session it is still attached to
+    shed_to: str = ""  # the session a shed one is meant for
+    released: dict | None = None  # the connection item as its clean release left it
+
+
+def parse_hint(body: str) -> Hint:
+    """A hint's body, read leniently: anything malformed beyond the connection id is
+    left out (a hint is only ever a suggestion; the conditional acquire decides)."""
+    try:
+        obj = json.loads(body)
+        value = obj.get(schema.HINT_CONNECTION_ID)
+        fields = [obj.get(name, "") for name in (schema.HINT_SHED_BY, schema.HINT_FROM_SESSION, schema.HINT_SHED_TO)]
+        released = obj.get(schema.HINT_RELEASED)
+    except (ValueError, AttributeError):
+        return Hint(None)
+    if not isinstance(value, str) or not value:
+        return Hint(None)
+    shed_by, from_session, shed_to = (f if isinstance(f, str) else "" for f in fields)
+    return Hint(value, shed_by, from_session, shed_to, schema.item_from_released(value, released))
+
+
+def hint_age_s(attributes: Mapping[str, str], wall_s: float) -> float:
+    """How long ago the hint was sent (``wall_s``: epoch seconds now); without its
+    SentTimestamp, a second per earlier receive."""
+    sent_ms = attributes.get("SentTimestamp")
+    if sent_ms:
+        return max(0.0, wall_s - int(sent_ms) / 1000)
+    return float(int(attributes.get("ApproximateReceiveCount", 1)) - 1)
+
+
+class HintAction(enum.Enum):
+    BAD = "bad"  # malformed: deleted
+    KEEP = "keep"  # left in the queue, visible again after ``visibility_s``
+    PASS_ON = "pass_on"  # named for us while we are at our target: hinted again for anyone, then deleted
+    TAKE = "take"  # acquire it, then delete the hint
+    DONE = "done"  # already ours (or being acquired): deleted
+
+
+@dataclass(frozen=True)
+class HintChoice:
+    action: HintAction
+    visibility_s: int = 0  # KEEP (and PASS_ON, if the new hint is not sent): when it is visible again
+    # A shed connection left for the worker it names: every poll of ours holds back for it.
+    targeted: bool = False
+    declined_shed: bool = False  # a shed one we leave (logged as such)
+    source: str = ""  # TAKE: what the acquisition is counted as
+    named_for_me: bool = False  # TAKE: a shed one named for us
+
+
+def choose_hint(
+    hint: Hint, *, age_s: float, accepting: bool, busy: bool, ending: bool, standing: Standing
+) -> HintChoice:
+    """What to do with one START hint. ``busy``: held here or being acquired; ``ending``:
+    held here but being released (a STOP, a shed)."""
+    if hint.connection_id is None:
+        return HintChoice(HintAction.BAD)
+    if not accepting or (not busy and standing.room <= 0):
+        return HintChoice(HintAction.KEEP)  # no room (or no session) here: back to the queue for a peer, now
+    if ending:
+        # A START that came while we release the connection for its STOP (or a shed):
+        # it is for whoever takes it once released, us included. Look again shortly.
+        return HintChoice(HintAction.KEEP, visibility_s=1)
+    shed_to, named_for_me = hint.shed_to, bool(hint.shed_to) and hint.shed_to == standing.me
+    if hint.shed_by and not busy and standing.declines_shed(hint.shed_by, shed_to, age_s, hint.from_session):
+        # Shed to rebalance: for the worker it names (SHED_TARGET_WAIT_S), else for one
+        # under its share. Past that wait it is no longer left for its named worker: no
+        # hold-back of every poll of ours for it, and back in a second like any other.
+        targeted = bool(shed_to) and age_s < SHED_TARGET_WAIT_S
+        # Named for us, but we are at our target already (its shedder planned from an
+        # older summary): hinted again for nobody in particular, a worker under its share
+        # takes it now, instead of after every peer has left it for us SHED_TARGET_WAIT_S.
+        # Not past that wait: it is any under-share worker's already, and a new hint would
+        # only start its age again, SHED_ANYONE_AFTER_S later for anyone, past the
+        # shedder's claim (worker.handoffs.HANDOFF_CLAIM_S).
+        action = HintAction.PASS_ON if named_for_me and age_s < SHED_TARGET_WAIT_S else HintAction.KEEP
+        return HintChoice(action, visibility_s=0 if targeted else 1, targeted=targeted, declined_shed=True)
+    if busy:
+        return HintChoice(HintAction.DONE)
+    # A crash's connection named for a survivor by its drainer is an orphan, not a move.
+    source = "orphan" if hint.from_session else "rebalance" if hint.shed_by else "hint"
+    return HintChoice(HintAction.TAKE, source=source, named_for_me=named_for_me)
+
+
+# --- a dead session's connections --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DrainSplit:
+    mine: list[str]  # acquired here
+    named: list[tuple[str, str]]  # hinted naming the session meant to take each
+    anyone: list[str]  # hinted for anyone
+
+
+def split_drain(started: list[str], plan: list[str] | None, *, me: str, room: int) -> DrainSplit:
+    """Split a dead session's STARTED connections by the fleet's ``plan`` (one session
+    id, or "" for anyone, per connection: :func:`wsfleet.balance.drain_targets`): this
+    worker takes what the plan gives it as far as its ``room`` goes (the rest to anyone)
+    and names the planned survivor for each of the others. Without a plan (no ring read,
+    no survivor with room): :func:`wsfleet.leases.drain_split`, half its room here and the
+    rest to anyone."""
+    if plan is None:
+        take = drain_split(len(started), room)
+        return DrainSplit(started[:take], [], started[take:])
+    room = max(0, room)
+    mine = [cid for cid, to in zip(started, plan, strict=True) if to == me]
+    named = [(cid, to) for cid, to in zip(started, plan, strict=True) if to and to != me]
+    anyone = [cid for cid, to in zip(started, plan, strict=True) if not to] + mine[room:]
+    return DrainSplit(mine[:room], named, anyone)
+
+
+# --- a move --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Held:
+    """One connection as the balancer sees it."""
+
+    connection_id: str
+    acquired_at: float  # when it was acquired (clock.now())
+    ending: bool  # being released already (a STOP, a shed, a shutdown)
+
+
+def choose_shed(
+    held: Iterable[Held],
+    *,
+    fleet: FleetLoad,
+    me: str,
+    max_connections: int,
+    tolerance: float,
+    max_moves: int,
+    recovering: bool,
+    last_acquired_ms: int,
+    heartbeat_ms: int,
+    now: float,
+    min_hold_s: float,
+) -> list[tuple[str, str]]:
+    """What to shed now and the session each is meant for ("" for anyone under its
+    share): down to this worker's fair share (:func:`wsfleet.balance.shed_count`), the
+    oldest held first, none held for less than ``min_hold_s``. Nothing on a summary that
+    cannot count us yet: one taken before our latest acquisition reached our session item
+    (a renewal, at most a heartbeat, later) undercounts the fleet, and a fleet that is
+    filling up would shed."""
+    held = list(held)
+    if last_acquired_ms + heartbeat_ms >= fleet.at_ms or fleet.active < len(held):
+        return []
+    n = shed_count(
+        active=len(held),
+        max_connections=max_connections,
+        fleet=fleet,
+        tolerance=tolerance,
+        max_moves=max_moves,
+        recovering=recovering,
+        me=me,
+    )
+    movable = sorted(
+        (h for h in held if not h.ending and now - h.acquired_at >= min_hold_s), key=lambda h: h.acquired_at
+    )[:n]
+    return [(h.connection_id, to) for h, to in zip(movable, shed_targets(fleet, me, len(movable)), strict=True)]
+
+
+# --- a STOP from the session's inbox ----------------------------------------------------------
+
+
+class StopAction(enum.Enum):
+    WAIT = "wait"  # not held yet, or being handed off: it stays in the inbox for the next renewal
+    STOP = "stop"  # ours: release it, STOPPED
+    STOP_HANDED = "stop_handed"  # handed off and not taken yet: free it, STOPPED
+    IGNORE = "ignore"  # another ownership's (an older fence), or nothing of ours: done
+
+
+def choose_stop(*, acquiring: bool, held_fence: int | None, handing_off: bool, handed: bool, fence: int) -> StopAction:
+    """What a STOP for one ownership (``fence``) of a connection asks of us.
+    ``held_fence``: the fence we hold it at, None when no runner holds it;
+    ``handing_off``: its runner is releasing it for a shutdown or a shed; ``handed``: it
+    is a handoff of ours nobody has taken yet."""
+    if acquiring:
+        return StopAction.WAIT
+    if held_fence is not None:
+        if held_fence != fence:
+            return StopAction.IGNORE
+        return StopAction.WAIT if handing_off else StopAction.STOP
+    return StopAction.STOP_HANDED if handed else StopAction.IGNORE

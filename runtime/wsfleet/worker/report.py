@@ -1,0 +1,133 @@
+"""What the worker reports: its CloudWatch metrics, the ``stats`` log line, and the
+event loop's lag.
+
+Every ``METRICS_SECONDS`` the worker publishes its counters' deltas, its connections and
+its loop lag (:func:`wsfleet.metrics.metric_data`); the fleet's summarizer adds the count
+of STARTED connections nobody owns. A failed publish is logged, never raised: metrics must
+never take the worker down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from collections import deque
+from typing import Any
+
+from .. import clock, tracing
+from ..aws import Aws
+from ..balance import is_summarizer
+from ..config import WorkerConfig
+from ..logs import JsonLogger
+from ..metrics import Counters, metric_data
+from .balancer import Balancer
+from .budget import MemoryBudget
+from .checkpoints import Checkpoints
+from .gate import ReceiveGate
+from .holdings import Holdings
+from .session import SessionKeeper
+from .sweep import Sweeper
+from .takeover import Takeover
+from .writer import Writer
+
+LAG_PROBE_S = 0.25  # how often the event-loop lag probe wakes up
+
+
+class Report:
+    def __init__(
+        self,
+        *,
+        config: WorkerConfig,
+        worker_id: str,
+        aws: Aws,
+        counters: Counters,
+        log: JsonLogger,
+        holdings: Holdings,
+        keeper: SessionKeeper,
+        takeover: Takeover,
+        balancer: Balancer,
+        sweeper: Sweeper,
+        writer: Writer,
+        checkpoints: Checkpoints,
+        budget: MemoryBudget | None,
+        gate: ReceiveGate | None,
+    ) -> None:
+        self.lag_ms: deque[float] = deque(maxlen=480)  # the event loop's lag, the last two minutes of probes
+        self._config = config
+        self._worker_id = worker_id
+        self._aws = aws
+        self._counters = counters
+        self._log = log
+        self._holdings = holdings
+        self._keeper = keeper
+        self._takeover = takeover
+        self._balancer = balancer
+        self._sweeper = sweeper
+        self._writer = writer
+        self._checkpoints = checkpoints
+        self._budget = budget
+        self._gate = gate
+
+    async def count_unowned(self) -> int | None:
+        """STARTED connections nobody owns, counted for the whole fleet by its summarizer
+        (the last session of the ring, which reads every session); None from any other
+        worker, and if the count failed (the alarm then sees a gap, not a false zero)."""
+        if not is_summarizer(self._keeper.session_id, self._takeover.successors()):
+            return None
+        try:
+            return await self._takeover.count_unowned(self._balancer.dead_sessions)
+        except Exception as exc:  # noqa: BLE001 - metrics must never take the worker down
+            self._log.warning("count_unowned_failed", error=str(exc))
+            return None
+
+    async def publish_metrics_once(self, *, count_unowned: bool = True) -> None:
+        data = metric_data(
+            service_name=self._config.service_name,
+            active_connections=self._holdings.count(),
+            deltas=self._counters.take_deltas(),
+            unowned_connections=await self.count_unowned() if count_unowned else None,
+            worker_id=self._worker_id,
+            loop_lag_p99_ms=self.stats()["loop_lag_p99_ms"],
+            refused_connections=sum(1 for r in list(self._holdings.runners.values()) if r.refused),
+            trace_export_failures=tracing.take_export_failures(),
+        )
+        try:
+            for start in range(0, len(data), 20):
+                await self._aws.call(
+                    self._aws.cloudwatch.put_metric_data,
+                    Namespace=self._config.metrics_namespace,
+                    MetricData=data[start : start + 20],
+                )
+        except Exception as exc:  # noqa: BLE001 - metrics must never take the worker down
+            self._log.warning("metrics_failed", error=str(exc))
+        self._log.info("stats", **self.stats())
+
+    def stats(self) -> dict[str, Any]:
+        """What the ``stats`` log line reports: session, connections, counters, AWS
+        requests sent, event-loop lag and memory (for operators and the benchmarks)."""
+        lags = sorted(self.lag_ms)
+        return {
+            "session_id": self._keeper.session_id,
+            "renewals": self._keeper.renewals,
+            "active": self._holdings.count(),
+            "sessions_ended": self._takeover.sessions_ended,
+            "shed": self._balancer.shed,
+            "sweep": self._sweeper.stats(),
+            **self._counters.totals(),
+            "writer": self._writer.stats(),
+            "budget": self._budget.describe() if self._budget else None,
+            "gate": self._gate.stats() if self._gate else None,
+            "checkpoints": self._checkpoints.stats(),
+            "requests": dict(self._aws.requests),
+            "loop_lag_p99_ms": round(lags[int(0.99 * (len(lags) - 1))], 2) if lags else None,
+            "loop_lag_max_ms": round(lags[-1], 2) if lags else None,
+            "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "cpu_s": round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]), 3),
+        }
+
+    async def probe_lag(self) -> None:
+        """How late the loop wakes a sleeper: the delay every socket and the renewal see."""
+        while True:
+            before = clock.now()
+            await asyncio.sleep(LAG_PROBE_S)
+            self.lag_ms.append(max(0.0, (clock.now() - before - LAG_PROBE_S) * 1000))

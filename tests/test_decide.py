@@ -1,0 +1,160 @@
+"""The worker's decisions about a hint, a drain, a move and a STOP, without AWS, sockets
+or a clock: values in, a decision out."""
+
+import json
+
+from wsfleet import schema
+from wsfleet.balance import SHED_ANYONE_AFTER_S, SHED_TARGET_WAIT_S, FleetLoad
+from wsfleet.worker.decide import (
+    Held,
+    Hint,
+    HintAction,
+    Standing,
+    StopAction,
+    choose_hint,
+    choose_shed,
+    choose_stop,
+    hint_age_s,
+    parse_hint,
+    split_drain,
+)
+
+NOW_MS = 1_000_000
+# Two workers of 100, 20 connections: a target of 10 each, and someone is under theirs.
+FLEET = FleetLoad(workers=2, active=20, capacity=200, below_share=5, suspects=0, at_ms=NOW_MS)
+
+
+def standing(active: int, fleet: FleetLoad | None = FLEET, me: str = "me#1") -> Standing:
+    return Standing(active=active, max_connections=100, fleet=fleet, me=me)
+
+
+def choose(hint: Hint, *, active: int = 10, age_s: float = 0.0, accepting=True, busy=False, ending=False, fleet=FLEET):
+    return choose_hint(hint, age_s=age_s, accepting=accepting, busy=busy, ending=ending, standing=standing(active, fleet))
+
+
+# --- where the worker stands -----------------------------------------------------------------
+
+
+def test_a_worker_at_its_target_leaves_peers_sheds_and_its_free_scan_takes_nothing():
+    at, under = standing(10), standing(5)
+    assert at.declines_shed("peer#1") and not under.declines_shed("peer#1")
+    assert at.scan_room() == 0 and under.scan_room() == 95
+    assert standing(10, fleet=None).scan_room() == 90  # no fresh summary: the room is all it knows
+    assert under.declines_shed("me#1")  # its own shed it never takes back
+    assert under.under_target() and not at.under_target()
+    assert under.hints_per_poll() == 5 and at.hints_per_poll() == 1
+
+
+def test_a_crashed_session_s_connection_named_for_us_is_ours_whatever_our_summary_says():
+    assert standing(10).declines_shed("peer#1", "me#1")  # a shed named for us, at our target: passed on
+    assert not standing(10).declines_shed("dead#1", "me#1", from_session="dead#1")  # a drain's: ours
+
+
+# --- a START hint ------------------------------------------------------------------------------
+
+
+def test_a_hint_s_body_is_read_leniently_and_its_age_from_when_it_was_sent():
+    assert parse_hint("not json") == Hint(None) and parse_hint(json.dumps({schema.HINT_CONNECTION_ID: ""})) == Hint(None)
+    body = {schema.HINT_CONNECTION_ID: "c1", schema.HINT_SHED_BY: "a#1", schema.HINT_SHED_TO: 7}
+    assert parse_hint(json.dumps(body)) == Hint("c1", shed_by="a#1")
+    assert hint_age_s({"SentTimestamp": "1000000"}, 1_002.5) == 2.5
+    assert hint_age_s({"SentTimestamp": "1003000"}, 1_002.5) == 0.0  # a clock behind the sender's
+    assert hint_age_s({"ApproximateReceiveCount": "3"}, 1_002.5) == 2.0  # a second per earlier receive
+
+
+def test_a_hint_is_taken_when_there_is_room_and_left_to_the_queue_when_there_is_none():
+    assert choose(Hint(None)).action is HintAction.BAD
+    taken = choose(Hint("c1"))
+    assert (taken.action, taken.source) == (HintAction.TAKE, "hint")
+    assert choose(Hint("c1"), busy=True).action is HintAction.DONE  # ours already
+    for full in (choose(Hint("c1"), active=100), choose(Hint("c1"), accepting=False)):
+        assert (full.action, full.visibility_s, full.targeted) == (HintAction.KEEP, 0, False)  # for a peer, now
+    ending = choose(Hint("c1"), busy=True, ending=True)  # a START while we release it for its STOP
+    assert (ending.action, ending.visibility_s) == (HintAction.KEEP, 1)
+
+
+def test_a_shed_connection_named_for_a_peer_is_left_to_it_then_to_anyone_under_its_share():
+    named = Hint("c1", shed_by="peer#1", shed_to="other#1")
+    young = choose(named, active=5)
+    assert (young.action, young.visibility_s, young.targeted, young.declined_shed) == (HintAction.KEEP, 0, True, True)
+    aged = choose(named, active=10, age_s=SHED_TARGET_WAIT_S + 0.5)  # at our share: still not ours
+    assert (aged.action, aged.visibility_s, aged.targeted) == (HintAction.KEEP, 1, False)
+    assert choose(named, active=5, age_s=SHED_TARGET_WAIT_S + 0.5).action is HintAction.TAKE  # under ours
+    anyone = choose(named, active=10, age_s=SHED_ANYONE_AFTER_S)
+    assert (anyone.action, anyone.source) == (HintAction.TAKE, "rebalance")
+
+
+def test_a_shed_connection_named_for_us_at_our_target_is_passed_on_while_young():
+    named = Hint("c1", shed_by="peer#1", shed_to="me#1")
+    passed = choose(named, active=10)
+    assert (passed.action, passed.visibility_s, passed.targeted) == (HintAction.PASS_ON, 0, True)
+    aged = choose(named, active=10, age_s=SHED_TARGET_WAIT_S + 0.5)  # any under-share worker's already
+    assert (aged.action, aged.visibility_s, aged.targeted) == (HintAction.KEEP, 1, False)
+    ours = choose(named, active=5)
+    assert (ours.action, ours.source, ours.named_for_me) == (HintAction.TAKE, "rebalance", True)
+    drained = choose(Hint("c1", shed_by="dead#1", shed_to="me#1", from_session="dead#1"), active=10)
+    assert (drained.action, drained.source, drained.named_for_me) == (HintAction.TAKE, "orphan", True)
+
+
+# --- a dead session's connections ------------------------------------------------------------------
+
+
+def test_the_drain_takes_its_planned_part_as_far_as_its_room_goes_and_names_the_others():
+    started = ["c1", "c2", "c3", "c4", "c5"]
+    plan = ["me#1", "w2", "me#1", "", "me#1"]
+    split = split_drain(started, plan, me="me#1", room=2)
+    assert split.mine == ["c1", "c3"] and split.named == [("c2", "w2")] and split.anyone == ["c4", "c5"]
+    assert split_drain(started, plan, me="me#1", room=-1).mine == []  # over full: every planned one to anyone
+
+
+def test_without_a_plan_the_drain_takes_half_its_room_and_leaves_the_rest_to_anyone():
+    split = split_drain(["c1", "c2", "c3", "c4", "c5"], None, me="me#1", room=4)
+    assert split.mine == ["c1", "c2"] and split.named == [] and split.anyone == ["c3", "c4", "c5"]
+
+
+# --- a move ------------------------------------------------------------------------------------------
+
+
+def shed(held: list[Held], fleet: FleetLoad, *, last_acquired_ms: int = 0, now: float = 1_000.0) -> list[tuple[str, str]]:
+    return choose_shed(
+        held,
+        fleet=fleet,
+        me="me#1",
+        max_connections=100,
+        tolerance=0.1,
+        max_moves=20,
+        recovering=False,
+        last_acquired_ms=last_acquired_ms,
+        heartbeat_ms=2_500,
+        now=now,
+        min_hold_s=60.0,
+    )
+
+
+def test_the_balancer_sheds_its_oldest_movable_connections_down_to_its_share():
+    # 14 here of a fleet of 20 on two workers: 4 over our target of 10; two ask for them.
+    fleet = FleetLoad(2, 20, 200, 4, 0, NOW_MS, under={"w2#1": 4}, over={"me#1": 4})
+    held = [Held(f"c{i:02d}", acquired_at=float(i), ending=False) for i in range(14)]
+    held[0] = Held("c00", acquired_at=0.0, ending=True)  # being released already
+    held[13] = Held("c13", acquired_at=999.0, ending=False)  # held for less than the minimum
+    assert shed(held, fleet) == [("c01", "w2#1"), ("c02", "w2#1"), ("c03", "w2#1"), ("c04", "w2#1")]
+
+
+def test_the_balancer_sheds_nothing_on_a_summary_that_cannot_count_us_yet():
+    fleet = FleetLoad(2, 20, 200, 4, 0, NOW_MS, under={"w2#1": 4}, over={"me#1": 4})
+    held = [Held(f"c{i:02d}", acquired_at=0.0, ending=False) for i in range(14)]
+    assert shed(held, fleet, last_acquired_ms=NOW_MS - 2_500) == []  # our latest acquisition may not be in it
+    assert shed(held, FleetLoad(2, 10, 200, 4, 0, NOW_MS)) == []  # it counts fewer than we hold
+    assert len(shed(held, fleet, last_acquired_ms=NOW_MS - 2_501)) == 4
+
+
+# --- a STOP -------------------------------------------------------------------------------------------
+
+
+def test_a_stop_is_for_the_ownership_it_names_and_waits_while_the_connection_is_on_the_move():
+    assert choose_stop(acquiring=True, held_fence=None, handing_off=False, handed=False, fence=3) is StopAction.WAIT
+    assert choose_stop(acquiring=False, held_fence=3, handing_off=False, handed=False, fence=3) is StopAction.STOP
+    assert choose_stop(acquiring=False, held_fence=3, handing_off=True, handed=False, fence=3) is StopAction.WAIT
+    assert choose_stop(acquiring=False, held_fence=4, handing_off=False, handed=False, fence=3) is StopAction.IGNORE
+    assert choose_stop(acquiring=False, held_fence=None, handing_off=False, handed=True, fence=3) is StopAction.STOP_HANDED
+    assert choose_stop(acquiring=False, held_fence=None, handing_off=False, handed=False, fence=3) is StopAction.IGNORE
