@@ -50,7 +50,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
 from ..config import ConfigError
-from . import OTLP_NAMES, Settings, Span
+from ._base import OTLP_NAMES, Settings, Span
 
 _XRAY_ENDPOINT = re.compile(r"https://xray\.([a-z0-9-]+)\.amazonaws\.com/v1/traces/?")
 _HEADER = "X-Amzn-Trace-Id"
