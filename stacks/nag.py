@@ -14,7 +14,8 @@ from aws_cdk import Acknowledgment, App, Stack, Validations
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
-from stacks.settings import TRACING_OFF, TRACING_OTEL, TRACING_XRAY_SDK, EnvironmentSettings
+from stacks.settings import EnvironmentSettings
+from stacks.settings_parts import TRACING_OFF, TRACING_OTEL, TRACING_XRAY_SDK
 
 if TYPE_CHECKING:
     from stacks.service_stack import ServiceStack

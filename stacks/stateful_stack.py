@@ -21,7 +21,8 @@ from stacks.constructs.messages_bucket import MessagesBucket
 from stacks.constructs.messages_stream import MessagesStream
 from stacks.constructs.queue import StartQueue
 from stacks.constructs.tables import Tables
-from stacks.settings import STREAM_KMS_CUSTOMER_MANAGED, EnvironmentSettings, WarmThroughput
+from stacks.settings import EnvironmentSettings
+from stacks.settings_parts import STREAM_KMS_CUSTOMER_MANAGED, WarmThroughput
 from wsfleet import stack_outputs
 
 # A hint that keeps failing goes to the dead-letter queue after this many receives.
