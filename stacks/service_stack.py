@@ -217,7 +217,16 @@ class ServiceStack(Stack):
             description=f"The events API's stage URL (/{API_STAGE}/, SigV4): POST events, GET connections/ID",
         )
         CfnOutput(self, "DashboardUrl", value=self.dashboard.url, description="The fleet's CloudWatch dashboard")
-        nag.acknowledge_service_findings(self, settings)
+        nag.acknowledge_service_findings(
+            settings,
+            api=self.api,
+            router=self.router,
+            workers=self.workers,
+            consumer=self.consumer,
+            message_objects_arn=self.message_objects_arn,
+            consumer_objects_arn=self.consumer_objects_arn if self.consumer is not None else None,
+            upstream_secrets_arn=self.upstream_secrets_arn,
+        )
 
     def grant_router(self, role: iam.IRole) -> None:
         """The router reads a connection and writes its desired state (conditional

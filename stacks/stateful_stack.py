@@ -84,7 +84,13 @@ class StatefulStack(Stack):
             *self._stream_outputs(),
         ):
             CfnOutput(self, output_id, value=value, description=description)
-        nag.acknowledge_stateful_findings(self, settings)
+        nag.acknowledge_stateful_findings(
+            settings,
+            messages_bucket=self.messages_bucket.bucket,
+            messages_stream=self.messages_stream,
+            consumer_store=self.consumer_store,
+            tables=(tables.connections, tables.sessions, tables.messages),
+        )
 
     def _stream_outputs(self) -> list[tuple[str, str, str]]:
         outputs = []
