@@ -318,9 +318,11 @@ class WorkerConfig:
     # The router's allow-list: here only its exact names and addresses matter, as the
     # ones allowed to resolve to an internal address (see validation.check_resolved).
     allowed_ws_hosts: tuple[str, ...] = ()
-    rebalance: bool = True  # shed connections above this worker's fair share
-    rebalance_tolerance: float = 0.1  # band above the fair share (a fraction of it) that is left alone
-    sweep_ms: int = 600_000  # the fleet's reachability sweep starts a pass over every connection this often
+    rebalance: bool = VARIABLES[REBALANCE].default  # shed connections above this worker's fair share
+    # The band above the fair share (a fraction of it) that is left alone.
+    rebalance_tolerance: float = VARIABLES[REBALANCE_TOLERANCE].default
+    # The fleet's reachability sweep starts a pass over every connection this often.
+    sweep_ms: int = round(VARIABLES[SWEEP_SECONDS].default * 1000)
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # the WebSocket frame limit
     # Frame bytes held at once, sockets and writer (worker.budget); None: unbounded
     # (websockets' default queue, no receive gate, the writer's count caps only).
