@@ -14,15 +14,9 @@ from aws_cdk import aws_logs as logs
 
 from stacks import nag
 from stacks.service_stack import ServiceStack
-from stacks.settings import (
-    ConsumerSettings,
-    EnvironmentSettings,
-    SettingsError,
-    TracingSettings,
-    WarmThroughput,
-    check_plan,
-    with_context,
-)
+from stacks.settings import EnvironmentSettings
+from stacks.settings_parts import ConsumerSettings, SettingsError, TracingSettings, WarmThroughput
+from stacks.synth import check_plan, with_context
 from stacks.stateful_stack import StatefulStack
 from wsfleet import stack_outputs
 
@@ -147,7 +141,7 @@ ENVIRONMENTS = {
 
 def create_stacks(app: App) -> tuple[StatefulStack, ServiceStack]:
     """The two stacks of the environment named by the ``env`` context value, with the
-    settings that context overrides (stacks.settings.CONTEXT_OVERRIDES)."""
+    settings that context overrides (stacks.synth.CONTEXT_OVERRIDES)."""
     name = app.node.try_get_context("env")
     if name not in ENVIRONMENTS:
         raise SystemExit(f"choose an environment with -c env=<name>: one of {', '.join(ENVIRONMENTS)}")

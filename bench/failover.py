@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wsfleet import config as cfg
+from wsfleet import settings_spec as cfg
 from wsfleet import schema
 from sim import report
 from sim.fleet import EmulatorProcess, Fleet, Timing, eventually

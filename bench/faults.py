@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from wsfleet import config as cfg
+from wsfleet import settings_spec as cfg
 from wsfleet import schema
 from wsfleet.leases import SessionTiming
 from sim.emulator import faults, set_faults

@@ -37,7 +37,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from wsfleet import config as cfg
+from wsfleet import settings_spec as cfg
 from wsfleet import records, schema
 from sim import stream_audit
 from sim.emulator import faults, set_faults

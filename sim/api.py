@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import parse_qsl, urlsplit
 
 from wsfleet import router
-from wsfleet.config import ConfigError
+from wsfleet.settings_spec import ConfigError
 from wsfleet.logs import JsonLogger, route_stdlib_logging
 
 # The router's resources (its route templates), as the stack's API declares them.

@@ -14,7 +14,7 @@ import json
 import urllib.request
 from typing import Any, Callable, Sequence
 
-from wsfleet import config as cfg
+from wsfleet import settings_spec as cfg
 from wsfleet import schema
 from . import stream_audit
 from .emulator import journal

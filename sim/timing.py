@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wsfleet import config as cfg
+from wsfleet import settings_spec as cfg
 
 
 

@@ -8,17 +8,21 @@ produces it, with the reason it is accepted. ``cdk synth`` fails on anything els
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aws_cdk import Acknowledgment, App, Stack, Validations
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_s3 as s3
 from cdk_nag import AwsSolutionsChecks
 from constructs import IConstruct
 
-from stacks.settings import TRACING_OFF, TRACING_OTEL, TRACING_XRAY_SDK, EnvironmentSettings
-
-if TYPE_CHECKING:
-    from stacks.service_stack import ServiceStack
-    from stacks.stateful_stack import StatefulStack
+from stacks.constructs.api import EventsApi
+from stacks.constructs.consumer import ConsumerStore, ReferenceConsumer
+from stacks.constructs.messages_stream import MessagesStream
+from stacks.constructs.router import Router
+from stacks.constructs.worker_service import WorkerService
+from stacks.settings import EnvironmentSettings
+from stacks.settings_parts import TRACING_OFF, TRACING_OTEL, TRACING_XRAY_SDK
 
 _APIGW_LOGS_POLICY = (
     "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
@@ -42,9 +46,18 @@ def _acknowledge(construct: IConstruct, rule_id: str, reason: str) -> None:
     Validations.of(construct).acknowledge(Acknowledgment(id=rule_id, reason=reason))
 
 
-def acknowledge_stateful_findings(stack: "StatefulStack", settings: EnvironmentSettings) -> None:
+def acknowledge_stateful_findings(
+    settings: EnvironmentSettings,
+    *,
+    messages_bucket: s3.IBucket,
+    messages_stream: MessagesStream | None,
+    consumer_store: ConsumerStore | None,
+    tables: tuple[dynamodb.ITable, ...],
+) -> None:
+    """The stateful stack's findings, on its constructs (the stack passes them: this
+    module is below the stacks and imports none of them)."""
     _acknowledge(
-        stack.messages_bucket.bucket,
+        messages_bucket,
         "AwsSolutions-S1",
         "No server access logs: every object is written by the worker task role and read "
         "through GETs the router presigns with its own role, only for IAM-authenticated API "
@@ -52,18 +65,18 @@ def acknowledge_stateful_findings(stack: "StatefulStack", settings: EnvironmentS
         "access-log bucket would be a second bucket, itself unlogged, recording what those "
         "logs already attribute; turn on CloudTrail S3 data events for an object-level audit.",
     )
-    if stack.messages_stream is not None and stack.messages_stream.key is not None:
+    if messages_stream is not None and messages_stream.key is not None:
         _acknowledge(
-            stack.messages_stream.stream,
+            messages_stream.stream,
             "AwsSolutions-KDS3",
             "stream_kms is customer-managed in this environment, by choice: a key of the stack's own "
             "(rotation on) whose key policy and CloudTrail trail the operators hold, where the aws/kinesis "
             "key's are AWS's. The workers may use it only to generate data keys and the consumer only to "
             "decrypt, each only through Kinesis for this stream.",
         )
-    if stack.consumer_store is not None:
+    if consumer_store is not None:
         _acknowledge(
-            stack.consumer_store.bucket,
+            consumer_store.bucket,
             "AwsSolutions-S1",
             "No server access logs on the reference consumer's output: only its function's role writes "
             "objects (one per connection and batch, under its prefix) and nothing in the stack reads them; "
@@ -71,7 +84,7 @@ def acknowledge_stateful_findings(stack: "StatefulStack", settings: EnvironmentS
             "events for an object-level audit.",
         )
     if not settings.retain_data:
-        for table in (stack.tables.connections, stack.tables.sessions, stack.tables.messages):
+        for table in tables:
             _acknowledge(
                 table,
                 "AwsSolutions-DDB3",
@@ -80,8 +93,21 @@ def acknowledge_stateful_findings(stack: "StatefulStack", settings: EnvironmentS
             )
 
 
-def acknowledge_service_findings(stack: "ServiceStack", settings: EnvironmentSettings) -> None:
-    rest_api = stack.api.rest_api
+def acknowledge_service_findings(
+    settings: EnvironmentSettings,
+    *,
+    api: EventsApi,
+    router: Router,
+    workers: WorkerService,
+    consumer: ReferenceConsumer | None,
+    message_objects_arn: str,
+    consumer_objects_arn: str | None,
+    upstream_secrets_arn: str,
+) -> None:
+    """The service stack's findings, on its constructs and the ARNs of its wildcard
+    grants (the stack passes them: this module is below the stacks and imports none of
+    them)."""
+    rest_api = api.rest_api
     _acknowledge(
         rest_api,
         "AwsSolutions-COG4",
@@ -103,35 +129,35 @@ def acknowledge_service_findings(stack: "ServiceStack", settings: EnvironmentSet
     )
     if settings.tracing.mode != TRACING_OFF:
         _acknowledge(
-            stack.router.role,
+            router.role,
             "AwsSolutions-IAM5[Resource::*]",
             "Only X-Ray actions use '*': xray:PutTraceSegments and xray:PutTelemetryRecords (added by "
             "active tracing), and with otel exported straight to X-Ray's OTLP endpoint xray:PutSpans "
             "and xray:PutSpansForIndexing. X-Ray has no resource-level permissions. Data access is "
             "granted on the table and queue ARNs.",
         )
-    objects = _wildcard_resource(stack, stack.message_objects_arn)
+    objects = _wildcard_resource(router, message_objects_arn)
     _acknowledge(
-        stack.router.role,
+        router.role,
         objects,
         "s3:GetObject on the objects under the messages prefix, the router's presigned "
         "reads of large message data: one object per (connection, seq), so no fixed ARN.",
     )
-    if stack.consumer is not None:
+    if consumer is not None:
         _acknowledge(
-            stack.consumer.role,
-            _wildcard_resource(stack, stack.consumer_objects_arn),
+            consumer.role,
+            _wildcard_resource(consumer, consumer_objects_arn),
             "s3:PutObject on the objects under the reference consumer's prefix (CONSUMER_PREFIX), one per "
             "connection and batch, so no fixed ARN; nothing else in its bucket, and no other S3 action.",
         )
         _acknowledge(
-            stack.consumer.failure_queue,
+            consumer.failure_queue,
             "AwsSolutions-SQS3",
             "This queue is itself a dead-letter destination: the reference consumer's event source "
             "mapping records here the batches it gave up on (their shard and sequence numbers). Nothing "
             "consumes it but an operator, so nothing could fail to process its messages.",
         )
-    task_definition = stack.workers.task_definition
+    task_definition = workers.task_definition
     _acknowledge(
         task_definition.task_role,
         "AwsSolutions-IAM5[Resource::*]",
@@ -149,7 +175,7 @@ def acknowledge_service_findings(stack: "ServiceStack", settings: EnvironmentSet
     if settings.secret_prefix:
         _acknowledge(
             task_definition.task_role,
-            _wildcard_resource(stack, stack.upstream_secrets_arn),
+            _wildcard_resource(workers, upstream_secrets_arn),
             "secretsmanager:GetSecretValue on the secrets under the environment's "
             "upstream_secret_prefix (UPSTREAM_SECRET_PREFIX), in this account and region: "
             "callers name them per connection in START's secret_headers, so no fixed ARN; "

@@ -17,7 +17,7 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from stacks import nag, tracing
+from stacks import environments, nag, tracing
 from stacks.constructs.alarms import Alarms
 from stacks.constructs.api import EventsApi
 from stacks.constructs.consumer import ReferenceConsumer
@@ -26,18 +26,12 @@ from stacks.constructs.network import Network
 from stacks.constructs.router import Router
 from stacks.constructs.tables import LEGACY_RING_INDEX
 from stacks.constructs.worker_service import WorkerService
-from stacks.settings import (
-    AVAILABILITY_ZONES,
-    LAMBDA_OTEL_SDK,
-    TRACING_OFF,
-    TRACING_OTEL,
-    TRACING_XRAY_SDK,
-    EnvironmentSettings,
-)
-from wsfleet import config, metrics_names, schema, stack_outputs
+from stacks.settings import AVAILABILITY_ZONES, EnvironmentSettings
+from stacks.settings_parts import LAMBDA_OTEL_SDK, TRACING_OFF, TRACING_OTEL, TRACING_XRAY_SDK
+from stacks.environments import METRICS_NAMESPACE
+from wsfleet import metrics_names, schema, stack_outputs
 
 API_STAGE = "v1"
-METRICS_NAMESPACE = metrics_names.DEFAULT_NAMESPACE
 
 
 class ServiceStack(Stack):
@@ -68,7 +62,6 @@ class ServiceStack(Stack):
         ):
             raise ValueError("the stream, and the consumer's bucket and table, go exactly where the settings have them")
         self._secret_prefix = settings.secret_prefix
-        self._sinks = settings.sinks
         self._stores_in_table = settings.stores_in_table
         self._ring_indexes = [schema.RING_INDEX, *([LEGACY_RING_INDEX] if settings.keep_legacy_ring_index else [])]
         self.messages_stream = messages_stream
@@ -82,6 +75,15 @@ class ServiceStack(Stack):
         self.messages_bucket = s3.Bucket.from_bucket_name(self, "MessagesBucket", messages_bucket_name)
         self.start_queue = start_queue
         self.tracing_settings = settings.tracing
+        resources = environments.Resources(
+            connections_table_name=connections_table.table_name,
+            sessions_table_name=sessions_table.table_name,
+            messages_table_name=messages_table.table_name,
+            messages_bucket_name=self.messages_bucket.bucket_name,
+            queue_url=start_queue.queue_url,
+            messages_stream_name=messages_stream.stream_name if messages_stream is not None else None,
+            stores_in_table=settings.stores_in_table,
+        )
 
         self.network = Network(
             self,
@@ -97,18 +99,7 @@ class ServiceStack(Stack):
         self.router = Router(
             self,
             "Router",
-            environment={
-                config.TABLE_NAME: connections_table.table_name,
-                config.SESSIONS_TABLE_NAME: sessions_table.table_name,
-                **self._sink_environment(),
-                config.MESSAGES_BUCKET_NAME: self.messages_bucket.bucket_name,
-                config.QUEUE_URL: start_queue.queue_url,
-                config.ALLOWED_WS_HOSTS: ",".join(settings.allowed_ws_hosts),
-                config.STATE_SHARDS: str(settings.state_shards),
-                # The router only checks that secret_headers ARNs are under it; it reads no secret.
-                config.UPSTREAM_SECRET_PREFIX: settings.secret_prefix,
-                **tracing.router_environment(settings.tracing, f"wsfleet-{settings.name}-router", self.region),
-            },
+            environment=environments.router(settings, resources, self.region),
             log_retention=settings.log_retention,
             removal_policy=settings.removal_policy,
             tracing_settings=settings.tracing,
@@ -140,7 +131,7 @@ class ServiceStack(Stack):
             "Workers",
             vpc=self.network.vpc,
             subnets=self.network.worker_subnets,
-            environment=self._worker_environment(settings),
+            environment=environments.worker(settings, resources, self.region),
             cpu=settings.worker_cpu,
             memory_mib=settings.worker_memory_mib,
             stop_timeout=Duration.seconds(settings.stop_timeout_seconds),
@@ -166,13 +157,9 @@ class ServiceStack(Stack):
                 "Consumer",
                 settings=settings.consumer,
                 stream=messages_stream,
-                environment={
-                    config.CONSUMER_BUCKET_NAME: self.consumer_bucket.bucket_name,
-                    config.CONSUMER_TABLE_NAME: consumer_table.table_name,
-                    config.CONSUMER_PREFIX: settings.consumer.prefix,
-                    config.METRICS_NAMESPACE: METRICS_NAMESPACE,
-                    config.SERVICE_NAME: settings.consumer_service_name,
-                },
+                environment=environments.consumer(
+                    settings, bucket_name=self.consumer_bucket.bucket_name, table_name=consumer_table.table_name
+                ),
                 dependencies=self.router.dependencies,
                 log_retention=settings.log_retention,
                 removal_policy=settings.removal_policy,
@@ -230,57 +217,16 @@ class ServiceStack(Stack):
             description=f"The events API's stage URL (/{API_STAGE}/, SigV4): POST events, GET connections/ID",
         )
         CfnOutput(self, "DashboardUrl", value=self.dashboard.url, description="The fleet's CloudWatch dashboard")
-        nag.acknowledge_service_findings(self, settings)
-
-    def _sink_environment(self) -> dict[str, str]:
-        """SINK and what it names, for the worker and the router alike. Where the sink is
-        the default (the table alone) SINK is left unset, as before there was a choice;
-        where the table is not a sink its name is not given: nothing reads it then."""
-        variables = {}
-        if self._stores_in_table:
-            variables[config.MESSAGES_TABLE_NAME] = self.messages_table.table_name
-        if self.messages_stream is not None:
-            variables[config.SINK] = ",".join(self._sinks)
-            variables[config.MESSAGES_STREAM_NAME] = self.messages_stream.stream_name
-        return variables
-
-    def _worker_environment(self, settings: EnvironmentSettings) -> dict[str, str]:
-        # WORKER_ID stays unset: on ECS the worker takes its task id from task metadata.
-        return {
-            config.TABLE_NAME: self.connections_table.table_name,
-            config.SESSIONS_TABLE_NAME: self.sessions_table.table_name,
-            **self._sink_environment(),
-            config.MESSAGES_BUCKET_NAME: self.messages_bucket.bucket_name,
-            config.QUEUE_URL: self.start_queue.queue_url,
-            config.AWS_REGION: self.region,
-            config.LEASE_SECONDS: _seconds(settings.lease_seconds),
-            config.HEARTBEAT_SECONDS: _seconds(settings.heartbeat_seconds),
-            config.RECONCILE_SECONDS: _seconds(settings.reconcile_seconds),
-            config.CHECKPOINT_SECONDS: _seconds(settings.checkpoint_seconds),
-            config.MAX_CONNECTIONS: str(settings.max_connections_per_worker),
-            config.REBALANCE: "on" if settings.rebalance else "off",
-            config.REBALANCE_TOLERANCE: f"{settings.rebalance_tolerance:g}",
-            config.MAX_CLOCK_SKEW_MS: str(settings.max_clock_skew_ms),
-            config.METRICS_NAMESPACE: METRICS_NAMESPACE,
-            config.SERVICE_NAME: settings.service_name,
-            config.STATE_SHARDS: str(settings.state_shards),
-            config.SHUTDOWN_SECONDS: str(settings.shutdown_seconds),
-            config.METRICS_SECONDS: str(settings.metrics_seconds),
-            config.MESSAGE_TTL_DAYS: str(settings.message_ttl_days),
-            config.MAX_FRAME_BYTES: str(settings.max_frame_bytes),
-            # Half the worker's memory (the task's, less its tracing sidecar's reservation)
-            # for frame bytes, set here: the worker's own default reads its cgroup limit,
-            # and on Fargate the container may see none (then it would take 256 MiB).
-            config.MAX_BUFFERED_BYTES: str(
-                (settings.worker_memory_mib - tracing.worker_sidecar_memory_mib(settings.tracing)) * 1024 * 1024 // 2
-            ),
-            # The router's allow-list: the worker lets only exactly listed hosts resolve
-            # to internal addresses (validation.check_resolved).
-            config.ALLOWED_WS_HOSTS: ",".join(settings.allowed_ws_hosts),
-            # The same prefix as the router's: a stored upstream naming another secret is refused.
-            config.UPSTREAM_SECRET_PREFIX: settings.secret_prefix,
-            **tracing.worker_environment(settings.tracing, settings.service_name),
-        }
+        nag.acknowledge_service_findings(
+            settings,
+            api=self.api,
+            router=self.router,
+            workers=self.workers,
+            consumer=self.consumer,
+            message_objects_arn=self.message_objects_arn,
+            consumer_objects_arn=self.consumer_objects_arn if self.consumer is not None else None,
+            upstream_secrets_arn=self.upstream_secrets_arn,
+        )
 
     def grant_router(self, role: iam.IRole) -> None:
         """The router reads a connection and writes its desired state (conditional
@@ -520,7 +466,3 @@ class ServiceStack(Stack):
 def _index_arn(table: dynamodb.ITable, index_name: str) -> str:
     return f"{table.table_arn}/index/{index_name}"
 
-
-def _seconds(value: float) -> str:
-    """A duration as the worker parses it: 10 -> "10", 2.5 -> "2.5"."""
-    return f"{value:g}"

@@ -21,7 +21,8 @@ from stacks.constructs.messages_bucket import MessagesBucket
 from stacks.constructs.messages_stream import MessagesStream
 from stacks.constructs.queue import StartQueue
 from stacks.constructs.tables import Tables
-from stacks.settings import STREAM_KMS_CUSTOMER_MANAGED, EnvironmentSettings, WarmThroughput
+from stacks.settings import EnvironmentSettings
+from stacks.settings_parts import STREAM_KMS_CUSTOMER_MANAGED, WarmThroughput
 from wsfleet import stack_outputs
 
 # A hint that keeps failing goes to the dead-letter queue after this many receives.
@@ -83,7 +84,13 @@ class StatefulStack(Stack):
             *self._stream_outputs(),
         ):
             CfnOutput(self, output_id, value=value, description=description)
-        nag.acknowledge_stateful_findings(self, settings)
+        nag.acknowledge_stateful_findings(
+            settings,
+            messages_bucket=self.messages_bucket.bucket,
+            messages_stream=self.messages_stream,
+            consumer_store=self.consumer_store,
+            tables=(tables.connections, tables.sessions, tables.messages),
+        )
 
     def _stream_outputs(self) -> list[tuple[str, str, str]]:
         outputs = []

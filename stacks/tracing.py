@@ -25,26 +25,19 @@ from pathlib import Path
 from aws_cdk import Aws, CfnRule, CfnRuleAssertion, Fn, Stack, Token
 from constructs import Construct
 
-from stacks.settings import (
-    LAMBDA_OTEL_LAYER,
-    TRACING_OTEL,
-    TRACING_XRAY_SDK,
-    SettingsError,
-    TracingSettings,
+from stacks.settings_parts import LAMBDA_OTEL_LAYER, TRACING_OTEL, TRACING_XRAY_SDK, SettingsError, TracingSettings
+from wsfleet.settings_spec import (
+    OPENTELEMETRY_COLLECTOR_CONFIG_URI,
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+    OTEL_SERVICE_NAME,
+    OTEL_TRACES_SAMPLER,
+    OTEL_TRACES_SAMPLER_ARG,
+    TRACING,
 )
-from wsfleet import config
 
-# The runtime's variable (CONTRACT section 2) and the standard OpenTelemetry ones: those
-# the runtime parses itself by its names, the others (read by the SDK) by the standard's.
-TRACING = config.TRACING
-OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
-OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = config.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT
-OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = config.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL
-OTEL_TRACES_SAMPLER = "OTEL_TRACES_SAMPLER"
-OTEL_TRACES_SAMPLER_ARG = "OTEL_TRACES_SAMPLER_ARG"
-# Where the ADOT Lambda extension reads its configuration (a confmap URI).
-OPENTELEMETRY_COLLECTOR_CONFIG_URI = "OPENTELEMETRY_COLLECTOR_CONFIG_URI"
-# Where the ADOT collector image reads its whole configuration from.
+# Where the ADOT collector image reads its whole configuration from (the sidecar's own
+# variable, not the worker's: no wsfleet process reads it).
 AOT_CONFIG_CONTENT = "AOT_CONFIG_CONTENT"
 
 # --- xray-sdk: the X-Ray daemon sidecar -------------------------------------------------

@@ -2,7 +2,8 @@
 
 import pytest
 
-from wsfleet.config import ConfigError, RouterConfig, WorkerConfig
+from wsfleet.config import RouterConfig, WorkerConfig
+from wsfleet.settings_spec import ConfigError
 
 BASE = {
     "TABLE_NAME": "t",

@@ -3,6 +3,8 @@ planning, pacing."""
 
 import random
 
+import pytest
+
 from wsfleet import schema
 from wsfleet.leases import (
     AcquireFailure,
@@ -11,6 +13,7 @@ from wsfleet.leases import (
     RECONCILE_BACKOFF_CAP,
     RenewFailure,
     SessionTiming,
+    TimingError,
     Watched,
     acquire_already_landed,
     backoff_s,
@@ -31,6 +34,30 @@ from wsfleet.leases import (
 )
 
 T = SessionTiming(lease_ms=10_000, heartbeat_ms=2_500, max_clock_skew_ms=1_000)
+NAMES = {"lease": "LEASE_SECONDS", "heartbeat": "HEARTBEAT_SECONDS", "skew": "MAX_CLOCK_SKEW_MS"}
+
+
+def test_a_checked_timing_is_the_same_value_in_milliseconds():
+    assert SessionTiming.checked(lease_s=10, heartbeat_s=2.5, max_clock_skew_ms=1_000) == T
+
+
+@pytest.mark.parametrize(
+    "lease_s, heartbeat_s, skew_ms, sentence",
+    [
+        (8, 5, 1_000, "LEASE_SECONDS (8) must be at least twice HEARTBEAT_SECONDS (5)"),
+        (10, 2.5, 7_500, "MAX_CLOCK_SKEW_MS (7500) must be less than LEASE_SECONDS minus HEARTBEAT_SECONDS (7500 ms)"),
+        (10, 2.5, -1, "MAX_CLOCK_SKEW_MS (-1) must be 0 or more"),
+    ],
+)
+def test_a_timing_that_breaks_the_rule_is_refused_in_the_callers_names(lease_s, heartbeat_s, skew_ms, sentence):
+    with pytest.raises(TimingError) as refused:
+        SessionTiming.checked(lease_s=lease_s, heartbeat_s=heartbeat_s, max_clock_skew_ms=skew_ms)
+    assert refused.value.sentence(**NAMES) == sentence
+
+
+def test_the_failover_bound_is_lease_skew_watch_window_and_two_reconcile_pauses_rounded_up():
+    # 10 s + 1 s + 7.25 s (10 - 2.5 - 1.25 + 1) + 2 x 10 s = 38.25 s
+    assert T.failover_bound_s(reconcile_ms=10_000) == 39
 
 
 def test_the_deadline_counts_from_the_renewals_send_time_less_the_skew():

@@ -25,7 +25,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from wsfleet import router as router_module
 from wsfleet import tracing
-from wsfleet.config import ConfigError, RouterConfig, WorkerConfig, otlp_traces_endpoint
+from wsfleet.config import RouterConfig, WorkerConfig, otlp_traces_endpoint
+from wsfleet.settings_spec import ConfigError
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import metric_data
 from wsfleet.tracing import _otel

@@ -14,7 +14,8 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from wsfleet import router as router_module
 from wsfleet import tracing
-from wsfleet.config import ConfigError, WorkerConfig
+from wsfleet.config import WorkerConfig
+from wsfleet.settings_spec import ConfigError
 from wsfleet.tracing import _otel
 from wsfleet.worker import __main__ as worker_main
 

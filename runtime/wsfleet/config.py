@@ -1,5 +1,6 @@
-"""Configuration: every environment variable is named here, parsed and validated once
-into a frozen dataclass. Nothing else in the runtime reads ``os.environ``.
+"""Configuration: every environment variable, as :mod:`wsfleet.settings_spec` declares it
+(name, default, bounds), parsed and validated once into a frozen dataclass. Nothing else
+in the runtime reads ``os.environ``.
 
 A bad value raises :class:`ConfigError` whose message names the variable, so that a
 misconfigured task fails at start-up with one readable line instead of later.
@@ -14,78 +15,66 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, TypeVar
 
 from . import metrics_names, schema, tracing
+from .leases import SessionTiming, TimingError
+from .settings_spec import (
+    ALLOWED_WS_HOSTS,
+    AWS_DEFAULT_REGION,
+    AWS_ENDPOINT_URL,
+    AWS_REGION,
+    AWS_XRAY_SDK_ENABLED,
+    CHECKPOINT_SECONDS,
+    CONSUMER_BUCKET_NAME,
+    CONSUMER_PREFIX,
+    CONSUMER_TABLE_NAME,
+    ECS_CONTAINER_METADATA_URI_V4,
+    FLUSH_INTERVAL_MS,
+    HEARTBEAT_SECONDS,
+    LEASE_SECONDS,
+    MAX_BUFFERED_BYTES,
+    MAX_CLOCK_SKEW_MS,
+    MAX_CONNECTIONS,
+    MAX_FRAME_BYTES,
+    MESSAGE_TTL_DAYS,
+    MESSAGES_BUCKET_NAME,
+    MESSAGES_STREAM_NAME,
+    MESSAGES_TABLE_NAME,
+    METRICS_NAMESPACE,
+    METRICS_SECONDS,
+    OTEL_BSP_EXPORT_TIMEOUT,
+    OTEL_BSP_MAX_EXPORT_BATCH_SIZE,
+    OTEL_BSP_MAX_QUEUE_SIZE,
+    OTEL_BSP_SCHEDULE_DELAY,
+    OTEL_EXPORTER_OTLP_ENDPOINT,
+    OTEL_EXPORTER_OTLP_PROTOCOL,
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT,
+    OTEL_EXPORTER_OTLP_TRACES_PROTOCOL,
+    OTEL_TRACES_EXPORTER,
+    QUEUE_URL,
+    REBALANCE,
+    REBALANCE_TOLERANCE,
+    RECONCILE_SECONDS,
+    SERVICE_NAME,
+    SESSIONS_TABLE_NAME,
+    SHUTDOWN_SECONDS,
+    SINK,
+    STATE_SHARDS,
+    SWEEP_SECONDS,
+    TABLE_NAME,
+    TRACING,
+    TRACING_FILE,
+    UPSTREAM_SECRET_PREFIX,
+    VARIABLES,
+    WORKER_ID,
+    ConfigError,
+)
 from .upstream_spec import SECRET_NAME_CHARS
 from .worker import budget
 
-# Variable names, shared with the CDK stacks that set them.
-TABLE_NAME = "TABLE_NAME"
-SESSIONS_TABLE_NAME = "SESSIONS_TABLE_NAME"
-MESSAGES_TABLE_NAME = "MESSAGES_TABLE_NAME"
-MESSAGES_BUCKET_NAME = "MESSAGES_BUCKET_NAME"
-MAX_FRAME_BYTES = "MAX_FRAME_BYTES"
-MAX_BUFFERED_BYTES = "MAX_BUFFERED_BYTES"
-QUEUE_URL = "QUEUE_URL"
-AWS_REGION = "AWS_REGION"
-AWS_DEFAULT_REGION = "AWS_DEFAULT_REGION"
-AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
-WORKER_ID = "WORKER_ID"
-LEASE_SECONDS = "LEASE_SECONDS"
-HEARTBEAT_SECONDS = "HEARTBEAT_SECONDS"
-RECONCILE_SECONDS = "RECONCILE_SECONDS"
-SWEEP_SECONDS = "SWEEP_SECONDS"
-CHECKPOINT_SECONDS = "CHECKPOINT_SECONDS"
-MAX_CONNECTIONS = "MAX_CONNECTIONS"
-MAX_CLOCK_SKEW_MS = "MAX_CLOCK_SKEW_MS"
-METRICS_NAMESPACE = "METRICS_NAMESPACE"
-SERVICE_NAME = "SERVICE_NAME"
-STATE_SHARDS = "STATE_SHARDS"
-SHUTDOWN_SECONDS = "SHUTDOWN_SECONDS"
-METRICS_SECONDS = "METRICS_SECONDS"
-MESSAGE_TTL_DAYS = "MESSAGE_TTL_DAYS"
-FLUSH_INTERVAL_MS = "FLUSH_INTERVAL_MS"
-ALLOWED_WS_HOSTS = "ALLOWED_WS_HOSTS"
-REBALANCE = "REBALANCE"
-REBALANCE_TOLERANCE = "REBALANCE_TOLERANCE"
-ECS_CONTAINER_METADATA_URI_V4 = "ECS_CONTAINER_METADATA_URI_V4"
-UPSTREAM_SECRET_PREFIX = "UPSTREAM_SECRET_PREFIX"
-SINK = "SINK"
-MESSAGES_STREAM_NAME = "MESSAGES_STREAM_NAME"
-TRACING = "TRACING"
-TRACING_FILE = "TRACING_FILE"  # local runs: TRACING=otel's spans as OTLP JSON lines in this file
-# The standard OpenTelemetry variables read here (the SDK reads the rest itself).
-OTEL_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
-OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
-OTEL_EXPORTER_OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
-OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
-OTEL_EXPORTER_OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
-AWS_XRAY_SDK_ENABLED = "AWS_XRAY_SDK_ENABLED"
-# The batch processor's, read by the SDK itself: checked here (tracing_settings), since
-# the SDK raises at start on one out of its range (a traceback, or a router that fails
-# every invocation) and silently uses its default for one that is not a number.
-OTEL_BSP_MAX_QUEUE_SIZE = "OTEL_BSP_MAX_QUEUE_SIZE"
-OTEL_BSP_MAX_EXPORT_BATCH_SIZE = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
-OTEL_BSP_SCHEDULE_DELAY = "OTEL_BSP_SCHEDULE_DELAY"
-OTEL_BSP_EXPORT_TIMEOUT = "OTEL_BSP_EXPORT_TIMEOUT"
-BSP_MAX_QUEUE_SIZE = 65536  # spans of about 1-2 KB each: the queue stays bounded in memory
-# The reference consumer (wsfleet.consumer): where it writes and keeps its state.
-CONSUMER_BUCKET_NAME = "CONSUMER_BUCKET_NAME"
-CONSUMER_TABLE_NAME = "CONSUMER_TABLE_NAME"
-CONSUMER_PREFIX = "CONSUMER_PREFIX"
-DEFAULT_CONSUMER_PREFIX = "frames/"
-
-DEFAULT_MAX_FRAME_BYTES = 32 * 1024 * 1024
-# A frame limit below the largest item's data would make no frame large; above this,
-# one frame is more than a task's memory.
-MIN_MAX_FRAME_BYTES, MAX_MAX_FRAME_BYTES = 4096, 512 * 1024 * 1024
-# The worker's budget of frame bytes held at once (worker.budget); "off" only to compare
-# with the unbounded behaviour (the benchmark's baseline).
-MIN_MAX_BUFFERED_BYTES, MAX_MAX_BUFFERED_BYTES = 1024 * 1024, 1 << 40
+# The worker's frame limit (worker.connection and worker.writer default to it).
+DEFAULT_MAX_FRAME_BYTES = VARIABLES[MAX_FRAME_BYTES].default
+MIN_MAX_FRAME_BYTES, MAX_MAX_FRAME_BYTES = VARIABLES[MAX_FRAME_BYTES].low, VARIABLES[MAX_FRAME_BYTES].high
 
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A configuration value is missing or invalid; the message names the variable."""
 
 
 def _required(env: Mapping[str, str], name: str) -> str:
@@ -105,24 +94,28 @@ def _parsed(env: Mapping[str, str], name: str, default: T, parse: Callable[[str]
         raise ConfigError(f"{name} must be {what}, got {raw!r}") from None
 
 
-def _positive_float(env: Mapping[str, str], name: str, default: float) -> float:
-    value = _parsed(env, name, default, float, "a number of seconds")
+def _positive_float(env: Mapping[str, str], name: str) -> float:
+    value = _parsed(env, name, VARIABLES[name].default, float, "a number of seconds")
     if not value > 0 or value != value or value == float("inf"):
         raise ConfigError(f"{name} must be a positive number of seconds, got {env.get(name)!r}")
     return value
 
 
-def _int_in(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    value = _parsed(env, name, default, int, "a whole number")
+def _int_in(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    """A whole number within the variable's declared bounds; ``default``: one worked out
+    at start-up, where the declaration has none."""
+    spec = VARIABLES[name]
+    value = _parsed(env, name, spec.default if default is None else default, int, "a whole number")
+    low, high = spec.low, spec.high
     if not low <= value <= high:
         raise ConfigError(f"{name} must be between {low} and {high}, got {value}")
     return value
 
 
-def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+def _flag(env: Mapping[str, str], name: str) -> bool:
     raw = env.get(name, "").strip().lower()
     if not raw:
-        return default
+        return VARIABLES[name].default
     if raw in ("1", "true", "on", "yes"):
         return True
     if raw in ("0", "false", "off", "no"):
@@ -130,11 +123,27 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ConfigError(f"{name} must be on or off (1/0, true/false), got {env.get(name)!r}")
 
 
-def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
-    value = _parsed(env, name, default, float, "a number between 0 and 1")
-    if not 0 <= value <= 1:
+def _fraction(env: Mapping[str, str], name: str) -> float:
+    value = _parsed(env, name, VARIABLES[name].default, float, "a number between 0 and 1")
+    if not VARIABLES[name].low <= value <= VARIABLES[name].high:
         raise ConfigError(f"{name} must be between 0 and 1, got {env.get(name)!r}")
     return value
+
+
+def _text(env: Mapping[str, str], name: str) -> str:
+    return env.get(name, "").strip() or VARIABLES[name].default
+
+
+def session_timing(env: Mapping[str, str]) -> SessionTiming:
+    """``LEASE_SECONDS``, ``HEARTBEAT_SECONDS`` and ``MAX_CLOCK_SKEW_MS``, each in its
+    bounds, together as :class:`SessionTiming` allows them."""
+    lease = _positive_float(env, LEASE_SECONDS)
+    heartbeat = _positive_float(env, HEARTBEAT_SECONDS)
+    skew = _int_in(env, MAX_CLOCK_SKEW_MS)
+    try:
+        return SessionTiming.checked(lease_s=lease, heartbeat_s=heartbeat, max_clock_skew_ms=skew)
+    except TimingError as error:
+        raise ConfigError(error.sentence(lease=LEASE_SECONDS, heartbeat=HEARTBEAT_SECONDS, skew=MAX_CLOCK_SKEW_MS)) from None
 
 
 def _region(env: Mapping[str, str]) -> str:
@@ -158,7 +167,7 @@ def max_buffered_bytes(env: Mapping[str, str]) -> int | None:
     if raw.lower() == "off":
         return None
     default = budget.default_budget_bytes(budget.task_memory_bytes())
-    return _int_in(env, MAX_BUFFERED_BYTES, default, MIN_MAX_BUFFERED_BYTES, MAX_MAX_BUFFERED_BYTES)
+    return _int_in(env, MAX_BUFFERED_BYTES, default)
 
 
 def allowed_ws_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -257,15 +266,16 @@ def tracing_settings(env: Mapping[str, str]) -> tracing.Settings:
 def check_batch_processor(env: Mapping[str, str]) -> None:
     """The ``OTEL_BSP_*`` variables as the SDK's batch span processor will read them
     (its defaults where unset): whole numbers, the queue at most
-    :data:`BSP_MAX_QUEUE_SIZE`, and an export batch no larger than the queue."""
-    queue = _int_in(env, OTEL_BSP_MAX_QUEUE_SIZE, 2048, 1, BSP_MAX_QUEUE_SIZE)
-    batch = _int_in(env, OTEL_BSP_MAX_EXPORT_BATCH_SIZE, 512, 1, BSP_MAX_QUEUE_SIZE)
+    declared (65536 spans of 1-2 KB each: bounded in memory), and an export batch no
+    larger than the queue."""
+    queue = _int_in(env, OTEL_BSP_MAX_QUEUE_SIZE)
+    batch = _int_in(env, OTEL_BSP_MAX_EXPORT_BATCH_SIZE)
     if batch > queue:
         raise ConfigError(
             f"{OTEL_BSP_MAX_EXPORT_BATCH_SIZE} must be at most {OTEL_BSP_MAX_QUEUE_SIZE} ({queue}), got {batch}"
         )
-    for name, default in ((OTEL_BSP_SCHEDULE_DELAY, 5000), (OTEL_BSP_EXPORT_TIMEOUT, 30000)):
-        _int_in(env, name, default, 1, 3_600_000)  # milliseconds
+    for name in (OTEL_BSP_SCHEDULE_DELAY, OTEL_BSP_EXPORT_TIMEOUT):
+        _int_in(env, name)  # milliseconds
 
 
 def otlp_traces_endpoint(env: Mapping[str, str]) -> str:
@@ -278,7 +288,7 @@ def otlp_traces_endpoint(env: Mapping[str, str]) -> str:
 
 
 def state_shards(env: Mapping[str, str]) -> int:
-    return _int_in(env, STATE_SHARDS, schema.DEFAULT_STATE_SHARDS, 1, schema.MAX_STATE_SHARDS)
+    return _int_in(env, STATE_SHARDS)
 
 
 @dataclass(frozen=True)
@@ -308,9 +318,11 @@ class WorkerConfig:
     # The router's allow-list: here only its exact names and addresses matter, as the
     # ones allowed to resolve to an internal address (see validation.check_resolved).
     allowed_ws_hosts: tuple[str, ...] = ()
-    rebalance: bool = True  # shed connections above this worker's fair share
-    rebalance_tolerance: float = 0.1  # band above the fair share (a fraction of it) that is left alone
-    sweep_ms: int = 600_000  # the fleet's reachability sweep starts a pass over every connection this often
+    rebalance: bool = VARIABLES[REBALANCE].default  # shed connections above this worker's fair share
+    # The band above the fair share (a fraction of it) that is left alone.
+    rebalance_tolerance: float = VARIABLES[REBALANCE_TOLERANCE].default
+    # The fleet's reachability sweep starts a pass over every connection this often.
+    sweep_ms: int = round(VARIABLES[SWEEP_SECONDS].default * 1000)
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # the WebSocket frame limit
     # Frame bytes held at once, sockets and writer (worker.budget); None: unbounded
     # (websockets' default queue, no receive gate, the writer's count caps only).
@@ -323,16 +335,7 @@ class WorkerConfig:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
         env = os.environ if env is None else env
-        lease = _positive_float(env, LEASE_SECONDS, 10.0)
-        heartbeat = _positive_float(env, HEARTBEAT_SECONDS, 2.5)
-        if lease < 2 * heartbeat:
-            raise ConfigError(f"{LEASE_SECONDS} ({lease:g}) must be at least twice {HEARTBEAT_SECONDS} ({heartbeat:g})")
-        skew = _int_in(env, MAX_CLOCK_SKEW_MS, 1000, 0, 60_000)
-        if skew >= (lease - heartbeat) * 1000:
-            raise ConfigError(
-                f"{MAX_CLOCK_SKEW_MS} ({skew}) must be less than {LEASE_SECONDS} minus "
-                f"{HEARTBEAT_SECONDS} ({(lease - heartbeat) * 1000:.0f} ms)"
-            )
+        timing = session_timing(env)
         worker_id = env.get(WORKER_ID, "").strip() or None
         if worker_id is not None and len(worker_id) > 256:
             raise ConfigError(f"{WORKER_ID} must be at most 256 characters")
@@ -347,24 +350,24 @@ class WorkerConfig:
             endpoint_url=_endpoint(env),
             worker_id=worker_id,
             ecs_metadata_uri=env.get(ECS_CONTAINER_METADATA_URI_V4, "").strip() or None,
-            lease_ms=round(lease * 1000),
-            heartbeat_ms=round(heartbeat * 1000),
-            reconcile_ms=round(_positive_float(env, RECONCILE_SECONDS, 10.0) * 1000),
-            checkpoint_ms=round(_positive_float(env, CHECKPOINT_SECONDS, 120.0) * 1000),
-            max_connections=_int_in(env, MAX_CONNECTIONS, 100, 1, 100_000),
-            max_clock_skew_ms=skew,
-            metrics_namespace=env.get(METRICS_NAMESPACE, "").strip() or metrics_names.DEFAULT_NAMESPACE,
+            lease_ms=timing.lease_ms,
+            heartbeat_ms=timing.heartbeat_ms,
+            reconcile_ms=round(_positive_float(env, RECONCILE_SECONDS) * 1000),
+            checkpoint_ms=round(_positive_float(env, CHECKPOINT_SECONDS) * 1000),
+            max_connections=_int_in(env, MAX_CONNECTIONS),
+            max_clock_skew_ms=timing.max_clock_skew_ms,
+            metrics_namespace=_text(env, METRICS_NAMESPACE),
             service_name=env.get(SERVICE_NAME, "").strip() or "wsfleet-worker",
             state_shards=state_shards(env),
-            shutdown_seconds=_positive_float(env, SHUTDOWN_SECONDS, 25.0),
-            metrics_seconds=_positive_float(env, METRICS_SECONDS, 60.0),
-            message_ttl_days=_int_in(env, MESSAGE_TTL_DAYS, 0, 0, 3650),
-            flush_interval_ms=_int_in(env, FLUSH_INTERVAL_MS, 100, 0, 10_000),
+            shutdown_seconds=_positive_float(env, SHUTDOWN_SECONDS),
+            metrics_seconds=_positive_float(env, METRICS_SECONDS),
+            message_ttl_days=_int_in(env, MESSAGE_TTL_DAYS),
+            flush_interval_ms=_int_in(env, FLUSH_INTERVAL_MS),
             allowed_ws_hosts=allowed_ws_hosts(env),
-            rebalance=_flag(env, REBALANCE, True),
-            rebalance_tolerance=_fraction(env, REBALANCE_TOLERANCE, 0.1),
-            sweep_ms=round(_positive_float(env, SWEEP_SECONDS, 600.0) * 1000),
-            max_frame_bytes=_int_in(env, MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_BYTES, MIN_MAX_FRAME_BYTES, MAX_MAX_FRAME_BYTES),
+            rebalance=_flag(env, REBALANCE),
+            rebalance_tolerance=_fraction(env, REBALANCE_TOLERANCE),
+            sweep_ms=round(_positive_float(env, SWEEP_SECONDS) * 1000),
+            max_frame_bytes=_int_in(env, MAX_FRAME_BYTES),
             max_buffered_bytes=max_buffered_bytes(env),
             upstream_secret_prefix=upstream_secret_prefix(env),
             sinks=chosen,
@@ -438,7 +441,7 @@ class ConsumerConfig:
             prefix=consumer_prefix(env),
             region=_region(env),
             endpoint_url=_endpoint(env),
-            metrics_namespace=env.get(METRICS_NAMESPACE, "").strip() or metrics_names.DEFAULT_NAMESPACE,
+            metrics_namespace=_text(env, METRICS_NAMESPACE),
             service_name=env.get(SERVICE_NAME, "").strip() or metrics_names.CONSUMER_SERVICE_NAME,
         )
 
@@ -447,7 +450,7 @@ def consumer_prefix(env: Mapping[str, str]) -> str:
     """``CONSUMER_PREFIX`` [frames/]: S3 key characters only, relative (no leading /),
     short enough that a connection id and an object name fit under S3's 1,024 bytes."""
     raw = env.get(CONSUMER_PREFIX)
-    prefix = DEFAULT_CONSUMER_PREFIX if raw is None or raw.strip() == "" else raw.strip()
+    prefix = VARIABLES[CONSUMER_PREFIX].default if raw is None or raw.strip() == "" else raw.strip()
     if len(prefix) > 512 or prefix.startswith("/") or not re.fullmatch(r"[A-Za-z0-9!_.*'()/=-]*", prefix):
         raise ConfigError(
             f"{CONSUMER_PREFIX} must be an S3 key prefix of letters, digits and !_.*'()/=- (at most 512, "

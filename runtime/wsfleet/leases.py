@@ -20,6 +20,7 @@ Times come in two kinds and are never mixed:
 from __future__ import annotations
 
 import enum
+import math
 import random
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -27,11 +28,47 @@ from typing import Iterable, Mapping, Sequence
 from . import schema
 
 
+class TimingError(ValueError):
+    """Session timings that break the rule of :meth:`SessionTiming.checked`;
+    :meth:`sentence` says which, in the caller's names for the three settings."""
+
+    def __init__(self, broken: str, lease_s: float, heartbeat_s: float, max_clock_skew_ms: int) -> None:
+        super().__init__(broken)
+        self.broken = broken  # "lease" or "skew"
+        self.lease_s, self.heartbeat_s, self.max_clock_skew_ms = lease_s, heartbeat_s, max_clock_skew_ms
+
+    def sentence(self, *, lease: str, heartbeat: str, skew: str) -> str:
+        if self.broken == "lease":
+            return f"{lease} ({self.lease_s:g}) must be at least twice {heartbeat} ({self.heartbeat_s:g})"
+        if self.max_clock_skew_ms < 0:
+            return f"{skew} ({self.max_clock_skew_ms}) must be 0 or more"
+        return (
+            f"{skew} ({self.max_clock_skew_ms}) must be less than {lease} minus "
+            f"{heartbeat} ({(self.lease_s - self.heartbeat_s) * 1000:.0f} ms)"
+        )
+
+
 @dataclass(frozen=True)
 class SessionTiming:
+    """The session timing and everything derived from it. The rule, checked by
+    :meth:`checked` wherever timings are chosen (the worker's environment, the stacks'
+    settings): the lease is at least two heartbeats, so one renewal may fail and the
+    next still lands in time; the skew margin is below the lease less a heartbeat, so a
+    holder's deadline is after its last renewal was sent."""
+
     lease_ms: int
     heartbeat_ms: int
     max_clock_skew_ms: int
+
+    @classmethod
+    def checked(cls, *, lease_s: float, heartbeat_s: float, max_clock_skew_ms: int) -> "SessionTiming":
+        """The timing of a lease and a heartbeat in seconds; :class:`TimingError` if it
+        breaks the rule."""
+        if lease_s < 2 * heartbeat_s:
+            raise TimingError("lease", lease_s, heartbeat_s, max_clock_skew_ms)
+        if not 0 <= max_clock_skew_ms < (lease_s - heartbeat_s) * 1000:
+            raise TimingError("skew", lease_s, heartbeat_s, max_clock_skew_ms)
+        return cls(round(lease_s * 1000), round(heartbeat_s * 1000), max_clock_skew_ms)
 
     def expiry_ms(self, now_ms: int) -> int:
         return now_ms + self.lease_ms
@@ -70,6 +107,28 @@ class SessionTiming:
         room for a slow read and a busy event loop."""
         window = max(self.watch_window_ms(), 200)
         return window * (0.6 + 0.25 * (rng or random).random()) / 1000
+
+    def failover_bound_s(self, reconcile_ms: int) -> int:
+        """How long a STARTED connection may stay unowned after its owner dies, in whole
+        seconds:
+
+            lease + skew margin + watch window + 2 x reconcile
+
+        A crashed worker's session expires a lease after its last renewal. A watcher
+        may end it once it is past the skew margin, and then takes or frees (and hints)
+        its connections at once. Its watchers read it less than a watch window apart
+        (:meth:`watch_pause_s`), so one read normally lands between the first missed
+        renewal and that moment and the end is on time; a watcher that comes to it
+        later (a read failed) ends it at its next read, about a window late. A freed
+        connection whose hint is lost is found by the next scan of the FREE# shards
+        (pauses of at most ``reconcile_ms``). The second interval is room: for a scan
+        that had just passed its shard, takeover jitter, retries under throttling, and
+        a worker that dies before its predecessors have refreshed their view of the
+        ring (``wsfleet.worker.takeover.RING_REFRESH_S``) to watch it.
+        """
+        return math.ceil(
+            (self.lease_ms + self.max_clock_skew_ms + self.watch_window_ms() + 2 * reconcile_ms) / 1000
+        )
 
     def renew_retry_s(self, rng: random.Random | None = None) -> float:
         """Pause before retrying a failed renewal. It is one cheap request per worker,

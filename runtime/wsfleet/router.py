@@ -39,7 +39,8 @@ import boto3
 from botocore.config import Config
 
 from . import message_pages, schema, tracing, upstream_spec
-from .config import ConfigError, RouterConfig
+from .config import RouterConfig
+from .settings_spec import ConfigError
 from .leases import released_at_fence
 from .logs import JsonLogger, route_stdlib_logging
 from .sinks import MessagesStore

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from wsfleet import config as cfg
+from wsfleet import settings_spec as cfg
 from ..emulator import record_journal, request_ledger
 from ..fleet import RUNTIME_DIR, Fleet, Sample, Timing, new_run_dir, pin_runtime
 from ..report import progress_line

@@ -28,7 +28,7 @@ from constructs import Construct
 from stacks import runtime_assets
 from stacks.constructs.messages_bucket import ABORT_INCOMPLETE_UPLOADS_AFTER, private_bucket
 from stacks.constructs.tables import table_from_spec
-from stacks.settings import ConsumerSettings
+from stacks.settings_parts import ConsumerSettings
 from wsfleet import schema
 
 HANDLER = "wsfleet.consumer.handler"

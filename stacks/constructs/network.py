@@ -21,7 +21,7 @@ Sizes scale with the settings: a NAT address holds about 55,000 simultaneous con
 to one destination IP and port, so each gateway gets ``addresses_per_gateway`` Elastic IP
 addresses (its primary and secondary ones, ``SecondaryAllocationIds``); the worker subnets
 are ``/worker_subnet_mask`` each, an address per task and twice the tasks during a deploy.
-``wsfleet plan`` checks both against the connections (stacks.settings.check_plan).
+``wsfleet plan`` checks both against the connections (stacks.synth.check_plan).
 """
 
 from __future__ import annotations

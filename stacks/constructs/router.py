@@ -11,7 +11,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from stacks import runtime_assets, tracing
-from stacks.settings import LAMBDA_OTEL_LAYER, TRACING_OFF, TRACING_OTEL, TracingSettings
+from stacks.settings_parts import LAMBDA_OTEL_LAYER, TRACING_OFF, TRACING_OTEL, TracingSettings
 
 HANDLER = "wsfleet.router.handler"
 

@@ -19,7 +19,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from stacks import runtime_assets, tracing
-from stacks.settings import TRACING_OTEL, TRACING_XRAY_SDK, TracingSettings
+from stacks.settings_parts import TRACING_OTEL, TRACING_XRAY_SDK, TracingSettings
 
 # Scale out quickly when connections pile up; scale in slowly, because every task
 # removed hands its connections over (a reconnect and a replay for each).

@@ -31,8 +31,10 @@ from aws_cdk.assertions import Template  # noqa: E402
 
 import app as cdk_app  # noqa: E402
 from stacks.service_stack import ServiceStack  # noqa: E402
-from stacks.settings import EnvironmentSettings, TracingSettings, with_context  # noqa: E402
+from stacks.settings import EnvironmentSettings  # noqa: E402
+from stacks.settings_parts import TracingSettings  # noqa: E402
 from stacks.stateful_stack import StatefulStack  # noqa: E402
+from stacks.synth import with_context  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVIRONMENTS = tuple(cdk_app.ENVIRONMENTS)

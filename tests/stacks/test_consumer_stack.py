@@ -23,8 +23,8 @@ from stacks.constructs.consumer import (
     HANDLER,
     ReferenceConsumer,
 )
-from stacks.settings import ConsumerSettings
-from wsfleet import config, schema, stack_outputs
+from stacks.settings_parts import ConsumerSettings
+from wsfleet import schema, settings_spec, stack_outputs
 
 from tests.stacks.policies import actions, statements
 
@@ -64,18 +64,18 @@ def test_the_consumer_runs_the_routers_code_and_layer_with_its_own_handler(dev):
 def test_the_consumer_is_told_its_bucket_table_prefix_and_metrics_identity_and_nothing_else(dev):
     variables = _function(dev, HANDLER)["Environment"]["Variables"]
     assert variables == {
-        config.CONSUMER_BUCKET_NAME: {
+        settings_spec.CONSUMER_BUCKET_NAME: {
             "Fn::GetStackOutput": {
                 "StackName": dev.stateful.stack_name,
                 "OutputName": stack_outputs.CONSUMER_BUCKET_NAME,
                 "Region": {"Ref": "AWS::Region"},
             }
         },
-        config.CONSUMER_TABLE_NAME: _resolved(dev, dev.service.consumer_table.table_name),
-        config.CONSUMER_PREFIX: dev.settings.consumer.prefix,
+        settings_spec.CONSUMER_TABLE_NAME: _resolved(dev, dev.service.consumer_table.table_name),
+        settings_spec.CONSUMER_PREFIX: dev.settings.consumer.prefix,
         # Its metrics per environment: dev's and prod's counts never add up in one account.
-        config.METRICS_NAMESPACE: "WsFleet",
-        config.SERVICE_NAME: "wsfleet-dev-consumer",
+        settings_spec.METRICS_NAMESPACE: "WsFleet",
+        settings_spec.SERVICE_NAME: "wsfleet-dev-consumer",
     }
     for output_id, logical_id in (
         (stack_outputs.CONSUMER_BUCKET_NAME, CONSUMER_BUCKET_LOGICAL_ID),

@@ -17,9 +17,11 @@ from aws_cdk.assertions import Template
 from app import ENVIRONMENTS, create_stacks
 from stacks.constructs.consumer import CONSUMER_BUCKET_LOGICAL_ID, CONSUMER_TABLE_LOGICAL_ID
 from stacks.constructs.messages_stream import MESSAGES_STREAM_KEY_LOGICAL_ID, MESSAGES_STREAM_LOGICAL_ID
-from stacks.settings import ConsumerSettings, EnvironmentSettings, SettingsError, with_context
+from stacks.settings import EnvironmentSettings
+from stacks.settings_parts import ConsumerSettings, SettingsError
+from stacks.synth import with_context
 from stacks.stateful_stack import StatefulStack
-from wsfleet import config, metrics_names, schema, stack_outputs
+from wsfleet import config, metrics_names, schema, settings_spec, stack_outputs
 
 from tests.stacks.policies import actions, statements
 
@@ -109,7 +111,7 @@ def test_bad_consumer_settings_are_refused_with_the_setting_named(change, named)
 @pytest.mark.parametrize("raw", ["dynamodb", "kinesis", "kinesis,dynamodb", " Kinesis , DynamoDB "])
 def test_the_sink_setting_is_parsed_by_the_runtimes_own_rules(raw):
     settings = EnvironmentSettings(name="x", sink=raw)
-    assert settings.sinks == config.sinks({config.SINK: raw})
+    assert settings.sinks == config.sinks({settings_spec.SINK: raw})
     assert settings.has_stream == (schema.SINK_KINESIS in settings.sinks)
     assert settings.stores_in_table == (schema.SINK_DYNAMODB in settings.sinks)
 
@@ -210,7 +212,7 @@ def test_prod_has_no_stream_no_key_and_no_consumer(prod):
         assert not prod.stateful_template.find_resources(type_)
     assert not prod.service_template.find_resources("AWS::Lambda::EventSourceMapping")
     assert stack_outputs.MESSAGES_STREAM_NAME not in prod.stateful_template.to_json()["Outputs"]
-    assert config.SINK not in _container_environment(prod) and config.SINK not in _router_environment(prod)
+    assert settings_spec.SINK not in _container_environment(prod) and settings_spec.SINK not in _router_environment(prod)
 
 
 @pytest.mark.parametrize("which", ["dev", "kinesis_only"])
@@ -220,8 +222,8 @@ def test_the_stream_name_is_a_stack_output_and_what_worker_and_router_are_given(
         stack_outputs.MESSAGES_STREAM_NAME, {"Value": {"Ref": MESSAGES_STREAM_LOGICAL_ID}}
     )
     name = _resolved(env, env.service.messages_stream.stream_name)
-    assert _container_environment(env)[config.MESSAGES_STREAM_NAME] == name
-    assert _router_environment(env)[config.MESSAGES_STREAM_NAME] == name
+    assert _container_environment(env)[settings_spec.MESSAGES_STREAM_NAME] == name
+    assert _router_environment(env)[settings_spec.MESSAGES_STREAM_NAME] == name
 
 
 @pytest.mark.parametrize("which", ["dev", "kinesis_only"])
@@ -229,9 +231,9 @@ def test_sink_reaches_worker_and_router_as_they_parse_it(request, which):
     env = request.getfixturevalue(which)
     for variables, parse in (
         (_container_environment(env), config.WorkerConfig.from_env),
-        ({**_router_environment(env), config.AWS_REGION: "us-east-1"}, config.RouterConfig.from_env),
+        ({**_router_environment(env), settings_spec.AWS_REGION: "us-east-1"}, config.RouterConfig.from_env),
     ):
-        assert variables[config.SINK] == ",".join(env.settings.sinks)
+        assert variables[settings_spec.SINK] == ",".join(env.settings.sinks)
         literal = {k: v for k, v in variables.items() if isinstance(v, str)}
         tokens = {k: "resolved-at-deploy" for k, v in variables.items() if not isinstance(v, str)}
         parsed = parse({**literal, **tokens})
@@ -288,8 +290,8 @@ def test_where_the_table_is_not_a_sink_nothing_is_granted_on_it_nor_named(kinesi
     for role in (_worker_role(env), env.service.router.role):
         for statement in statements(env, role):
             assert messages not in json.dumps(statement), statement
-    assert config.MESSAGES_TABLE_NAME not in _container_environment(env)
-    assert config.MESSAGES_TABLE_NAME not in _router_environment(env)
+    assert settings_spec.MESSAGES_TABLE_NAME not in _container_environment(env)
+    assert settings_spec.MESSAGES_TABLE_NAME not in _router_environment(env)
     # The read API answers 409 without reading: no presigned GETs either. The worker
     # still stores large data in the bucket, and the record points at it.
     assert not _touching(statements(env, env.service.router.role), "s3:")

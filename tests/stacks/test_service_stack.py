@@ -16,7 +16,7 @@ from stacks import runtime_assets, tracing
 from stacks.constructs.api import EVENT_SCHEMA, INVALID_EVENT_MESSAGE
 from stacks.constructs.messages_bucket import MESSAGES_BUCKET_LOGICAL_ID
 from stacks.settings import FARGATE_MAX_STOP_TIMEOUT_SECONDS
-from wsfleet import config, metrics, metrics_names, schema, stack_outputs
+from wsfleet import config, metrics, metrics_names, schema, settings_spec, stack_outputs
 from wsfleet.leases import SessionTiming
 
 # --- helpers ---------------------------------------------------------------------------
@@ -306,8 +306,8 @@ def test_router_runs_the_current_python_with_json_logs(env):
 def _sink_variables(env) -> set[str]:
     """The table where it is a sink; SINK and the stream where the stream is one (the
     default sink, the table alone, is left to the runtime's default)."""
-    return ({config.MESSAGES_TABLE_NAME} if env.settings.stores_in_table else set()) | (
-        {config.SINK, config.MESSAGES_STREAM_NAME} if env.settings.has_stream else set()
+    return ({settings_spec.MESSAGES_TABLE_NAME} if env.settings.stores_in_table else set()) | (
+        {settings_spec.SINK, settings_spec.MESSAGES_STREAM_NAME} if env.settings.has_stream else set()
     )
 
 
@@ -322,16 +322,16 @@ def _tracing_variables(env, which: str) -> set[str]:
 def test_router_environment_is_what_the_contract_names(env):
     variables = _router(env)["Environment"]["Variables"]
     assert set(variables) == {
-        config.TABLE_NAME,
-        config.SESSIONS_TABLE_NAME,
-        config.MESSAGES_BUCKET_NAME,
-        config.QUEUE_URL,
-        config.ALLOWED_WS_HOSTS,
-        config.STATE_SHARDS,
-        config.UPSTREAM_SECRET_PREFIX,
+        settings_spec.TABLE_NAME,
+        settings_spec.SESSIONS_TABLE_NAME,
+        settings_spec.MESSAGES_BUCKET_NAME,
+        settings_spec.QUEUE_URL,
+        settings_spec.ALLOWED_WS_HOSTS,
+        settings_spec.STATE_SHARDS,
+        settings_spec.UPSTREAM_SECRET_PREFIX,
     } | _sink_variables(env) | _tracing_variables(env, "router")
-    assert variables[config.ALLOWED_WS_HOSTS] == ",".join(env.settings.allowed_ws_hosts)
-    assert variables[config.STATE_SHARDS] == str(env.settings.state_shards)
+    assert variables[settings_spec.ALLOWED_WS_HOSTS] == ",".join(env.settings.allowed_ws_hosts)
+    assert variables[settings_spec.STATE_SHARDS] == str(env.settings.state_shards)
 
 
 def test_router_environment_passes_the_routers_own_validation(env):
@@ -339,7 +339,7 @@ def test_router_environment_passes_the_routers_own_validation(env):
     literal = {k: v for k, v in variables.items() if isinstance(v, str)}
     tokens = {k: "resolved-at-deploy" for k, v in variables.items() if not isinstance(v, str)}
     # Lambda sets AWS_REGION itself.
-    parsed = config.RouterConfig.from_env({**literal, **tokens, config.AWS_REGION: "us-east-1"})
+    parsed = config.RouterConfig.from_env({**literal, **tokens, settings_spec.AWS_REGION: "us-east-1"})
     assert parsed.state_shards == env.settings.state_shards
     assert parsed.upstream_secret_prefix == env.settings.secret_prefix
     assert parsed.messages_table_name == parsed.messages_bucket_name == "resolved-at-deploy"
@@ -372,41 +372,41 @@ def test_router_may_write_connections_post_stops_read_messages_and_send_hints_on
 
 def test_worker_stop_timeout_exceeds_its_shutdown_budget_within_fargates_limit(env):
     stop_timeout = _container(env, "worker")["StopTimeout"]
-    shutdown = int(_worker_environment(env)[config.SHUTDOWN_SECONDS])
+    shutdown = int(_worker_environment(env)[settings_spec.SHUTDOWN_SECONDS])
     assert shutdown < stop_timeout <= FARGATE_MAX_STOP_TIMEOUT_SECONDS
 
 
 def test_worker_environment_is_what_the_contract_names(env):
     variables = _worker_environment(env)
     assert set(variables) == {
-        config.TABLE_NAME,
-        config.SESSIONS_TABLE_NAME,
-        config.QUEUE_URL,
-        config.AWS_REGION,
-        config.LEASE_SECONDS,
-        config.HEARTBEAT_SECONDS,
-        config.RECONCILE_SECONDS,
-        config.CHECKPOINT_SECONDS,
-        config.MAX_CONNECTIONS,
-        config.REBALANCE,
-        config.REBALANCE_TOLERANCE,
-        config.MAX_CLOCK_SKEW_MS,
-        config.METRICS_NAMESPACE,
-        config.SERVICE_NAME,
-        config.STATE_SHARDS,
-        config.SHUTDOWN_SECONDS,
-        config.METRICS_SECONDS,
-        config.MESSAGE_TTL_DAYS,
-        config.MESSAGES_BUCKET_NAME,
-        config.MAX_FRAME_BYTES,
-        config.MAX_BUFFERED_BYTES,
-        config.ALLOWED_WS_HOSTS,
-        config.UPSTREAM_SECRET_PREFIX,
+        settings_spec.TABLE_NAME,
+        settings_spec.SESSIONS_TABLE_NAME,
+        settings_spec.QUEUE_URL,
+        settings_spec.AWS_REGION,
+        settings_spec.LEASE_SECONDS,
+        settings_spec.HEARTBEAT_SECONDS,
+        settings_spec.RECONCILE_SECONDS,
+        settings_spec.CHECKPOINT_SECONDS,
+        settings_spec.MAX_CONNECTIONS,
+        settings_spec.REBALANCE,
+        settings_spec.REBALANCE_TOLERANCE,
+        settings_spec.MAX_CLOCK_SKEW_MS,
+        settings_spec.METRICS_NAMESPACE,
+        settings_spec.SERVICE_NAME,
+        settings_spec.STATE_SHARDS,
+        settings_spec.SHUTDOWN_SECONDS,
+        settings_spec.METRICS_SECONDS,
+        settings_spec.MESSAGE_TTL_DAYS,
+        settings_spec.MESSAGES_BUCKET_NAME,
+        settings_spec.MAX_FRAME_BYTES,
+        settings_spec.MAX_BUFFERED_BYTES,
+        settings_spec.ALLOWED_WS_HOSTS,
+        settings_spec.UPSTREAM_SECRET_PREFIX,
     } | _sink_variables(env) | _tracing_variables(env, "worker")
     # The same allow-list as the router's: the worker checks what the host names resolve to.
-    assert variables[config.ALLOWED_WS_HOSTS] == _router(env)["Environment"]["Variables"][config.ALLOWED_WS_HOSTS]
+    assert variables[settings_spec.ALLOWED_WS_HOSTS] == _router(env)["Environment"]["Variables"][settings_spec.ALLOWED_WS_HOSTS]
     # On ECS the worker names itself from task metadata and talks to real AWS.
-    assert config.WORKER_ID not in variables and config.AWS_ENDPOINT_URL not in variables
+    assert settings_spec.WORKER_ID not in variables and settings_spec.AWS_ENDPOINT_URL not in variables
 
 
 def test_worker_environment_passes_the_workers_own_validation(env):
@@ -434,9 +434,9 @@ def test_worker_and_router_name_the_stateful_stacks_tables(env):
     worker, router = _worker_environment(env), _router(env)["Environment"]["Variables"]
     stack = env.service
     for variable, table in (
-        (config.TABLE_NAME, stack.connections_table),
-        (config.SESSIONS_TABLE_NAME, stack.sessions_table),
-        (config.MESSAGES_TABLE_NAME, stack.messages_table),
+        (settings_spec.TABLE_NAME, stack.connections_table),
+        (settings_spec.SESSIONS_TABLE_NAME, stack.sessions_table),
+        (settings_spec.MESSAGES_TABLE_NAME, stack.messages_table),
     ):
         assert worker[variable] == stack.resolve(table.table_name)
         assert router[variable] == worker[variable]
@@ -444,7 +444,7 @@ def test_worker_and_router_name_the_stateful_stacks_tables(env):
 
 def test_worker_and_router_name_the_bucket_the_stateful_stack_outputs(env):
     worker, router = _worker_environment(env), _router(env)["Environment"]["Variables"]
-    assert worker[config.MESSAGES_BUCKET_NAME] == router[config.MESSAGES_BUCKET_NAME] == {
+    assert worker[settings_spec.MESSAGES_BUCKET_NAME] == router[settings_spec.MESSAGES_BUCKET_NAME] == {
         "Fn::GetStackOutput": {
             "StackName": env.stateful.stack_name,
             "OutputName": stack_outputs.MESSAGES_BUCKET_NAME,
@@ -457,7 +457,7 @@ def test_worker_and_router_name_the_bucket_the_stateful_stack_outputs(env):
 
 
 def test_worker_and_router_agree_on_state_shards(env):
-    assert _worker_environment(env)[config.STATE_SHARDS] == _router(env)["Environment"]["Variables"][config.STATE_SHARDS]
+    assert _worker_environment(env)[settings_spec.STATE_SHARDS] == _router(env)["Environment"]["Variables"][settings_spec.STATE_SHARDS]
 
 
 def test_worker_logs_go_to_cloudwatch_without_blocking(env):
@@ -515,7 +515,7 @@ def test_capacity_provider_is_spot_only_where_settings_say(env):
 
 def test_service_scales_on_the_active_connections_metric_the_worker_publishes(env):
     variables = _worker_environment(env)
-    published = metrics.metric_data(service_name=variables[config.SERVICE_NAME], active_connections=3, deltas={})
+    published = metrics.metric_data(service_name=variables[settings_spec.SERVICE_NAME], active_connections=3, deltas={})
     gauge = next(d for d in published if d["MetricName"] == metrics_names.ACTIVE_CONNECTIONS)
     env.service_template.has_resource_properties(
         "AWS::ApplicationAutoScaling::ScalingPolicy",
@@ -525,7 +525,7 @@ def test_service_scales_on_the_active_connections_metric_the_worker_publishes(en
                 {
                     "CustomizedMetricSpecification": {
                         "MetricName": gauge["MetricName"],
-                        "Namespace": variables[config.METRICS_NAMESPACE],
+                        "Namespace": variables[settings_spec.METRICS_NAMESPACE],
                         "Dimensions": gauge["Dimensions"],
                         "Statistic": "Average",
                     },
@@ -534,7 +534,7 @@ def test_service_scales_on_the_active_connections_metric_the_worker_publishes(en
             ),
         },
     )
-    assert variables[config.METRICS_NAMESPACE] == metrics_names.DEFAULT_NAMESPACE == "WsFleet"
+    assert variables[settings_spec.METRICS_NAMESPACE] == metrics_names.DEFAULT_NAMESPACE == "WsFleet"
     assert gauge["Dimensions"] == [{"Name": "ServiceName", "Value": env.settings.service_name}]
 
 

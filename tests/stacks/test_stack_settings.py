@@ -11,7 +11,9 @@ from aws_cdk import Stack
 
 import app as cdk_app
 from app import ENVIRONMENTS, create_stacks
-from stacks.settings import ConsumerSettings, EnvironmentSettings, SettingsError, WarmThroughput, check_plan
+from stacks.settings import EnvironmentSettings
+from stacks.settings_parts import ConsumerSettings, SettingsError, WarmThroughput
+from stacks.synth import check_plan
 from wsfleet import config
 from wsfleet.leases import reconcile_pause_s
 

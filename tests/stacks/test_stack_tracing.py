@@ -17,8 +17,9 @@ from aws_cdk import region_info
 from cdk_nag import AwsSolutionsChecks
 
 from stacks import tracing
-from stacks.settings import XRAY_SDK_END_OF_SUPPORT, EnvironmentSettings, SettingsError, TracingSettings
-from wsfleet import config
+from stacks.settings import EnvironmentSettings
+from stacks.settings_parts import XRAY_SDK_END_OF_SUPPORT, SettingsError, TracingSettings
+from wsfleet import settings_spec
 
 from tests.stacks.policies import actions, statements
 
@@ -91,7 +92,7 @@ def test_xray_sdk_runs_an_xray_daemon_sidecar_that_cannot_stop_the_task(prod):
     assert daemon["MemoryReservation"] == tracing.XRAY_DAEMON_MEMORY_MIB
     assert daemon["PortMappings"] == [{"ContainerPort": 2000, "Protocol": "udp"}]
     assert daemon["LogConfiguration"]["LogDriver"] == "awslogs"
-    assert _variables(containers["worker"])[tracing.TRACING] == "xray-sdk"
+    assert _variables(containers["worker"])[settings_spec.TRACING] == "xray-sdk"
     assert not any(name.startswith("OTEL_") for name in _variables(containers["worker"]))
 
 
@@ -108,7 +109,7 @@ def test_xray_sdk_router_traces_actively_through_lambdas_daemon(prod):
     router = _router(prod)
     assert router["TracingConfig"] == {"Mode": "Active"}
     assert len(router["Layers"]) == 1  # its dependencies only
-    assert router["Environment"]["Variables"][tracing.TRACING] == "xray-sdk"
+    assert router["Environment"]["Variables"][settings_spec.TRACING] == "xray-sdk"
     assert _xray(prod, prod.service.router.role) == {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}
     assert _stage(prod)["TracingEnabled"] is True
 
@@ -143,7 +144,7 @@ def test_otel_collector_runs_the_repos_config_and_logs_to_cloudwatch(dev):
 
 def test_otel_worker_exports_to_the_collector_beside_it(dev):
     variables = _variables(_containers(dev)["worker"])
-    assert {k: v for k, v in variables.items() if k == tracing.TRACING or k.startswith("OTEL_")} == {
+    assert {k: v for k, v in variables.items() if k == settings_spec.TRACING or k.startswith("OTEL_")} == {
         "TRACING": "otel",
         "OTEL_SERVICE_NAME": dev.settings.service_name,
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://localhost:4318/v1/traces",
@@ -152,7 +153,7 @@ def test_otel_worker_exports_to_the_collector_beside_it(dev):
         "OTEL_TRACES_SAMPLER_ARG": "0.05",
     }
     # Frame bytes: half of what the task leaves the worker beside the collector.
-    assert int(variables[config.MAX_BUFFERED_BYTES]) == (512 - 128) * 1024 * 1024 // 2
+    assert int(variables[settings_spec.MAX_BUFFERED_BYTES]) == (512 - 128) * 1024 * 1024 // 2
 
 
 def test_otel_grants_the_task_role_only_the_collectors_segment_writes(dev):
@@ -228,10 +229,10 @@ def test_off_deploys_no_sidecar_no_layer_and_no_xray_grant(tracing_off):
     containers = _containers(tracing_off)
     assert set(containers) == {"worker"}
     worker = _variables(containers["worker"])
-    assert worker[tracing.TRACING] == "off"
-    assert int(worker[config.MAX_BUFFERED_BYTES]) == 512 * 1024 * 1024 // 2
+    assert worker[settings_spec.TRACING] == "off"
+    assert int(worker[settings_spec.MAX_BUFFERED_BYTES]) == 512 * 1024 * 1024 // 2
     router = _router(tracing_off)
-    assert router["Environment"]["Variables"][tracing.TRACING] == "off"
+    assert router["Environment"]["Variables"][settings_spec.TRACING] == "off"
     assert "TracingConfig" not in router and len(router["Layers"]) == 1
     assert _stage(tracing_off)["TracingEnabled"] is False
     assert not any(a.startswith("xray:") for a in _all_actions(tracing_off))

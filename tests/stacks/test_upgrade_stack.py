@@ -12,7 +12,9 @@ import json
 import pytest
 
 from stacks.constructs.tables import LEGACY_RING_INDEX, SESSIONS_LOGICAL_ID, legacy_ring_index_spec
-from stacks.settings import EnvironmentSettings, SettingsError, with_context
+from stacks.settings import EnvironmentSettings
+from stacks.settings_parts import SettingsError
+from stacks.synth import with_context
 from tests.stacks.conftest import synthesize
 from tests.stacks.policies import actions, statements
 from wsfleet import schema

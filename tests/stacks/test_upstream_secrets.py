@@ -13,8 +13,9 @@ from aws_cdk.assertions import Match, Template
 
 import app as cdk_app
 from stacks.constructs.alarms import REFUSED_MINUTES
-from stacks.settings import EnvironmentSettings, SettingsError
-from wsfleet import config, metrics_names, upstream_spec, validation
+from stacks.settings import EnvironmentSettings
+from stacks.settings_parts import SettingsError
+from wsfleet import config, metrics_names, settings_spec, upstream_spec, validation
 
 KEY_ARN = "arn:aws:kms:eu-west-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 
@@ -96,8 +97,8 @@ def test_a_prefix_the_runtime_would_refuse_stops_the_synth_naming_the_setting(pr
         EnvironmentSettings(name="dev", upstream_secret_prefix=prefix)
     # The runtime agrees, or strips what the grant would then not match.
     try:
-        parsed = config.upstream_secret_prefix({config.UPSTREAM_SECRET_PREFIX: prefix})
-    except config.ConfigError:
+        parsed = config.upstream_secret_prefix({settings_spec.UPSTREAM_SECRET_PREFIX: prefix})
+    except settings_spec.ConfigError:
         return
     assert parsed != prefix
 
@@ -129,7 +130,7 @@ def test_router_and_worker_get_the_prefix_as_upstream_secret_prefix(env):
         "AWS::Lambda::Function",
         {
             "Handler": "wsfleet.router.handler",
-            "Environment": {"Variables": Match.object_like({config.UPSTREAM_SECRET_PREFIX: prefix})},
+            "Environment": {"Variables": Match.object_like({settings_spec.UPSTREAM_SECRET_PREFIX: prefix})},
         },
     )
     env.service_template.has_resource_properties(
@@ -140,7 +141,7 @@ def test_router_and_worker_get_the_prefix_as_upstream_secret_prefix(env):
                     Match.object_like(
                         {
                             "Name": "worker",
-                            "Environment": Match.array_with([{"Name": config.UPSTREAM_SECRET_PREFIX, "Value": prefix}]),
+                            "Environment": Match.array_with([{"Name": settings_spec.UPSTREAM_SECRET_PREFIX, "Value": prefix}]),
                         }
                     )
                 ]
@@ -219,7 +220,7 @@ def test_with_an_empty_prefix_no_secret_is_allowed_and_none_is_readable(new_app,
     assert _touching(worker, "secretsmanager:", "kms:") == []
     template.has_resource_properties(
         "AWS::Lambda::Function",
-        {"Environment": {"Variables": Match.object_like({config.UPSTREAM_SECRET_PREFIX: ""})}},
+        {"Environment": {"Variables": Match.object_like({settings_spec.UPSTREAM_SECRET_PREFIX: ""})}},
     )
 
 

@@ -47,7 +47,8 @@ import boto3
 from botocore.config import Config
 
 from .. import metrics_names, records
-from ..config import ConfigError, ConsumerConfig
+from ..config import ConsumerConfig
+from ..settings_spec import ConfigError
 from ..logs import JsonLogger, route_stdlib_logging
 from ..stream import MAX_SEQ
 from ..validation import Invalid, check_connection_id

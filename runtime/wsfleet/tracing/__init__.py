@@ -32,15 +32,50 @@ import logging
 import re
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable, ContextManager, Iterator, Protocol
 
-XRAY_SDK, OTEL, OFF = "xray-sdk", "otel", "off"
-MODES = (XRAY_SDK, OTEL, OFF)
-OTLP = "otlp"  # OTLP/HTTP protobuf, the exporter shipped (also by its entry point name)
-OTLP_NAMES = (OTLP, "otlp_proto_http")
-DEFAULT_OTLP_ENDPOINT = "http://localhost:4318/v1/traces"  # a collector in the task
+from ._base import (
+    DEFAULT_OTLP_ENDPOINT,
+    MODES,
+    OFF,
+    OTEL,
+    OTLP,
+    OTLP_NAMES,
+    XRAY_SDK,
+    Settings,
+    Span,
+    failed,
+    reset_failures,
+    take_failures,
+)
+
+__all__ = [
+    "DEFAULT_OTLP_ENDPOINT",
+    "MODES",
+    "OFF",
+    "OTEL",
+    "OTLP",
+    "OTLP_NAMES",
+    "XRAY_SDK",
+    "Settings",
+    "Span",
+    "configure",
+    "configure_worker",
+    "current_header",
+    "exporter_installed",
+    "flush",
+    "invocation",
+    "log_fields",
+    "reset",
+    "segment",
+    "subsegment",
+    "take_export_failures",
+    "trace_id",
+    "untraced",
+    "valid_header",
+]
+
 HEADER_MAX = 256  # longer than any header X-Ray writes: a longer one is not read at all
 
 _log = logging.getLogger("wsfleet.tracing")
@@ -61,17 +96,6 @@ class Backend(Protocol):
     def take_export_failures(self) -> int: ...
 
 
-@dataclass(frozen=True)
-class Settings:
-    """What :func:`wsfleet.config.tracing_settings` read: ``TRACING``, ``TRACING_FILE``,
-    and for otel the exporters ``OTEL_TRACES_EXPORTER`` names and where OTLP goes."""
-
-    mode: str = XRAY_SDK
-    file: str = ""  # otel: OTLP JSON lines in this file instead of the exporters
-    exporters: tuple[str, ...] = (OTLP,)
-    endpoint: str = DEFAULT_OTLP_ENDPOINT
-
-
 def exporter_installed(name: str) -> bool:
     """An OpenTelemetry span exporter of that entry point name is installed (no import)."""
     return any(True for _ in entry_points(group="opentelemetry_traces_exporter", name=name))
@@ -79,8 +103,6 @@ def exporter_installed(name: str) -> bool:
 
 _backend: Backend | None = None
 _lock = threading.Lock()
-_span_failures = 0  # tracing calls that raised (see _failed)
-_span_failure_logged = False
 
 
 def configure(settings: Settings | str, service: str, *, worker: bool = False, exporters: list | None = None) -> None:
@@ -112,43 +134,12 @@ def configure_worker(settings: Settings | str, service: str, *, exporters: list 
 
 def reset() -> None:
     """Back to off, after flushing (tests, and a process that reconfigures)."""
-    global _backend, _span_failures, _span_failure_logged
+    global _backend
     with _lock:
         backend, _backend = _backend, None
-        _span_failures, _span_failure_logged = 0, False
+    reset_failures()
     if backend is not None:
         backend.shutdown()
-
-
-class Span:
-    """An open span (segment or subsegment), or nothing; ``annotate`` is always safe."""
-
-    def __init__(self, entity: Any = None, backend: Any = None) -> None:
-        self._entity = entity
-        self._backend = backend
-
-    @property
-    def recording(self) -> bool:
-        return self._entity is not None
-
-    def annotate(self, **annotations: str | int | float | bool | None) -> None:
-        """Indexed key/values on the span; ``None`` values are skipped."""
-        if self._entity is not None:
-            try:
-                self._backend.annotate(self._entity, {k: v for k, v in annotations.items() if v is not None})
-            except Exception as exc:  # noqa: BLE001 - see the module's docstring
-                _failed("annotate", exc)
-
-    @property
-    def header(self) -> str | None:
-        """This span's X-Ray trace header, to parent work elsewhere to it (None: none)."""
-        if self._entity is None:
-            return None
-        try:
-            return self._backend.header(self._entity)
-        except Exception as exc:  # noqa: BLE001
-            _failed("header", exc)
-            return None
 
 
 _NOTHING = Span()
@@ -188,7 +179,7 @@ def _opened(opener: Callable[[Backend], ContextManager[Span]]) -> Iterator[Span]
         manager = opener(backend)
         span = manager.__enter__()
     except Exception as exc:  # noqa: BLE001 - see the module's docstring
-        _failed("start", exc)
+        failed("start", exc)
         yield _NOTHING
         return
     try:
@@ -198,25 +189,12 @@ def _opened(opener: Callable[[Backend], ContextManager[Span]]) -> Iterator[Span]
             manager.__exit__(type(work), work, work.__traceback__)
         except BaseException as exc:  # noqa: BLE001
             if exc is not work:
-                _failed("end", exc)
+                failed("end", exc)
         raise
     try:
         manager.__exit__(None, None, None)
     except Exception as exc:  # noqa: BLE001
-        _failed("end", exc)
-
-
-def _failed(stage: str, exc: BaseException) -> None:
-    """A tracing call that raised: counted, and logged the first time (per :func:`configure`)."""
-    global _span_failures, _span_failure_logged
-    with _lock:
-        _span_failures += 1
-        first, _span_failure_logged = not _span_failure_logged, True
-    if first:
-        _log.warning(
-            "Tracing failed; the work went on untraced. Later failures are counted (TraceExportFailures), not logged.",
-            extra={"event": "trace_failed", "stage": stage, "detail": f"{type(exc).__name__}: {exc}"[:300]},
-        )
+        failed("end", exc)
 
 
 def untraced() -> contextvars.Context:
@@ -238,7 +216,7 @@ def current_header() -> str | None:
     try:
         return backend.current_header()
     except Exception as exc:  # noqa: BLE001 - see the module's docstring
-        _failed("header", exc)
+        failed("header", exc)
         return None
 
 
@@ -270,11 +248,8 @@ def flush(timeout_s: float = 5.0) -> bool:
 def take_export_failures() -> int:
     """Span exports that failed since the last call, and spans that failed to start, end
     or be annotated (the worker's ``TraceExportFailures``)."""
-    global _span_failures
     backend = _backend
-    with _lock:
-        taken, _span_failures = _span_failures, 0
-    return taken + (backend.take_export_failures() if backend is not None else 0)
+    return take_failures() + (backend.take_export_failures() if backend is not None else 0)
 
 
 def valid_header(header: object, *, where: str) -> str | None:

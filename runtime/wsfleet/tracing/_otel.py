@@ -49,8 +49,8 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 
-from ..config import ConfigError
-from . import OTLP_NAMES, Settings, Span
+from ..settings_spec import ConfigError
+from ._base import OTLP_NAMES, Settings, Span
 
 _XRAY_ENDPOINT = re.compile(r"https://xray\.([a-z0-9-]+)\.amazonaws\.com/v1/traces/?")
 _HEADER = "X-Amzn-Trace-Id"

@@ -21,7 +21,7 @@ from aws_xray_sdk.core import patch, xray_recorder
 from aws_xray_sdk.core.lambda_launcher import LambdaContext
 from aws_xray_sdk.core.models.dummy_entities import DummySegment, DummySubsegment
 
-from . import Span
+from ._base import Span
 from ._xray_context import TaskContext, entities, set_entities
 
 xray_recorder.configure(context_missing="IGNORE_ERROR")

@@ -11,7 +11,8 @@ import urllib.request
 
 from .. import tracing
 from ..aws import Aws
-from ..config import ConfigError, WorkerConfig
+from ..config import WorkerConfig
+from ..settings_spec import ConfigError
 from ..logs import JsonLogger, route_stdlib_logging
 from .lifecycle import Worker
 
