@@ -17,7 +17,9 @@ from typing import Any, Callable, Mapping
 from aws_cdk import RemovalPolicy
 from aws_cdk import aws_logs as logs
 
-from wsfleet import config, plan, plan_limits, schema, tracing
+from wsfleet import config, schema, tracing
+from wsfleet.plan import limits as plan_limits
+from wsfleet.plan import model as plan
 from wsfleet.leases import SessionTiming
 
 # Fargate rejects a container stopTimeout above 120 s.
