@@ -29,7 +29,8 @@ from botocore.config import Config
 from wsfleet import config as cfg
 from wsfleet import schema
 from sim.api import build_event
-from sim.emulator import DEFAULT_REGION, create_resources, emulator_session
+from sim.emulator import create_resources
+from sim.emulator_client import DEFAULT_REGION, emulator_session
 from sim.fleet import LOOPBACK, EmulatorProcess, Process, child_env, eventually, spawn, stop_process
 from sim.upstream import stream_path
 from wsfleet.logs import JsonLogger

@@ -48,7 +48,8 @@ from wsfleet import metrics_names, schema
 from sim.emulator import request_ledger
 from wsfleet.metrics import metric_data
 from sim.fleet import eventually
-from wsfleet import plan
+from wsfleet.plan import model
+from wsfleet.plan.fleet import fleet
 from wsfleet.store import ConnectionsStore, Released, SessionsStore, unmarshal
 
 from . import before, scaling, sinks_plan
@@ -65,7 +66,7 @@ PRICES = {
     "cloudwatch_put_metric_data_per_thousand": 0.01,
     "cloudwatch_custom_metric_month": 0.30,  # first 10,000 metrics
 }
-HOURS_PER_MONTH = plan.HOURS_PER_MONTH
+HOURS_PER_MONTH = model.HOURS_PER_MONTH
 
 def custom_metrics() -> tuple[int, int]:
     """Custom metrics a worker publishes: (per service, per worker while it runs), from
@@ -352,21 +353,21 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
     msg_wru = write_units(msg_size)
 
     ops = [
-        plan.Op("renewal", "sessions", "", "own", renewals(total) / worker_h, wru=renew_wru),
-        plan.Op("watch", "sessions", "", "own", rate("watch"),
+        model.Op("renewal", "sessions", "", "own", renewals(total) / worker_h, wru=renew_wru),
+        model.Op("watch", "sessions", "", "own", rate("watch"),
                    rru=watch_items * read_units_eventual(session_size)),
-        plan.Op("ring", "sessions", schema.RING_INDEX, "ring", rate("ring"), rru=read_units_eventual(0)),
-        plan.Op("free scan", "connections", schema.OWNER_INDEX, "shards", rate("free scan"), rru=read_units_eventual(0)),
-        plan.Op("unowned count", "connections", schema.OWNER_INDEX, "shards", rate("unowned count"),
+        model.Op("ring", "sessions", schema.RING_INDEX, "ring", rate("ring"), rru=read_units_eventual(0)),
+        model.Op("free scan", "connections", schema.OWNER_INDEX, "shards", rate("free scan"), rru=read_units_eventual(0)),
+        model.Op("unowned count", "connections", schema.OWNER_INDEX, "shards", rate("unowned count"),
                    rru=read_units_eventual(0)),
-        plan.Op("audit", "connections", schema.OWNER_INDEX, "own", rate("audit"),
+        model.Op("audit", "connections", schema.OWNER_INDEX, "own", rate("audit"),
                    rru=read_units_eventual(int(per_worker * entry_bytes)), bytes_per_connection=entry_bytes),
         # The reachability sweep: one worker for the fleet Scans every connection item once
         # per SWEEP_SECONDS (its first pass waits a whole interval, so a window this short
         # sees none): priced from its design and real item sizes, as a worker's share of
         # the Scan. The sessions its pages name (a page of 200 spans a few workers: one
         # BatchGetItem of a few items) add about 0.05 RRU per connection-hour, left out.
-        plan.Op("sweep", "connections", "", "own", 3600 / t["sweep_s"], bytes_per_connection=conn_size),
+        model.Op("sweep", "connections", "", "own", 3600 / t["sweep_s"], bytes_per_connection=conn_size),
     ]
     by = {op.purpose: op for op in ops}
     wru_ch = sum(op.wru * op.per_worker_hour for op in ops) / per_worker
@@ -394,8 +395,8 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
     ckpt_wru = 2 * conn_wru + checkpoint_index
     busy_wru_ch = msgs_per_h * msg_wru + ckpt_steady * ckpt_wru
     kw = dict(shards=t["shards"], prices=PRICES, fixed_per_worker_hour=fixed)
-    month = plan.fleet(ops, connections=1000, per_worker=per_worker, **kw)["month"]
-    month_busy = plan.fleet(ops, connections=1000, per_worker=per_worker, message_wru_per_connection_hour=busy_wru_ch, **kw)["month"]
+    month = fleet(ops, connections=1000, per_worker=per_worker, **kw)["month"]
+    month_busy = fleet(ops, connections=1000, per_worker=per_worker, message_wru_per_connection_hour=busy_wru_ch, **kw)["month"]
     before_busy = before.COST["month_holding_per_1000"] + msgs_per_h * 1000 * HOURS_PER_MONTH / 1e6 * PRICES["dynamodb_wru_per_million"]
 
     spread = {
@@ -521,7 +522,7 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
     }
     if not quick:
         # The CLI's `wsfleet plan` computes from these: the ops as measured, with provenance.
-        measured = plan.Measured(
+        measured = model.Measured(
             ops=tuple(ops),
             fixed_per_worker_hour=fixed,
             message_wru=msg_wru,
@@ -530,8 +531,8 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
             measured_with={"command": command, "commit": machine()["commit"], "date": machine()["date"], "timings": t,
                            "per_worker": per_worker, "workers": s["workers"]},
         )
-        plan.MEASURED_OPS.write_text(json.dumps(measured.as_json(), indent=1) + "\n")
-        notes.append(f"Per-operation counts written to {plan.MEASURED_OPS.name} (what `wsfleet plan` computes from).")
+        model.MEASURED_OPS.write_text(json.dumps(measured.as_json(), indent=1) + "\n")
+        notes.append(f"Per-operation counts written to {model.MEASURED_OPS.name} (what `wsfleet plan` computes from).")
         # BENCHMARKS.md's Scaling section is the plan's output: rewritten from the new counts.
         if scaling.write():
             notes.append("BENCHMARKS.md's Scaling section rewritten from them (bench/scaling.py).")

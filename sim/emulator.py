@@ -46,7 +46,7 @@ Three paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
   ambiguous, delayed and passed since the last POST: a DynamoDB or Kinesis request is
   counted once, under the first of these that applies; an SQS request only when failed
   or ambiguous; ``records_refused`` counts the PutRecords records refused one by one.
-  Requests whose User-Agent carries :data:`HARNESS_MARK` (the fleet runner's own reads:
+  Requests whose User-Agent carries :data:`.emulator_faults.HARNESS_MARK` (the fleet runner's own reads:
   its observer and its audit) are never faulted: the faults are for the system under
   test, the evidence must not depend on them.
 * ``/_wsfleet/requests``: ``GET`` answers every DynamoDB request received so far,
@@ -86,9 +86,8 @@ from werkzeug.serving import make_server
 from wsfleet import config, schema
 from wsfleet.logs import route_stdlib_logging
 from .emulator_books import JOURNAL_PATH, REQUESTS_PATH, Journal, RequestLedger
+from .emulator_client import CREDENTIALS, DEFAULT_REGION, emulator_session
 from .emulator_faults import FAULTS_PATH, Faults
-# Importable from here, as before the emulator's parts had modules of their own.
-from .emulator_faults import HARNESS_MARK, OUTAGE_SERVICES, FaultSetting  # noqa: F401
 from .emulator_wsgi import WSGIApp
 from .emulator_wsgi import operation as _operation
 from .emulator_wsgi import read_body as _read_body
@@ -103,7 +102,6 @@ from .secrets import SECRET_PREFIX
 
 
 
-DEFAULT_REGION = "us-east-1"
 TABLE_NAME = "wsfleet-connections"
 SESSIONS_TABLE_NAME = "wsfleet-sessions"
 MESSAGES_TABLE_NAME = "wsfleet-messages"
@@ -113,8 +111,6 @@ MESSAGES_STREAM_NAME = "wsfleet-messages"
 STREAM_SHARDS = 2
 MESSAGES_BUCKET_NAME = "wsfleet-messages"
 QUEUE_NAME = "wsfleet-start"
-# moto accepts any credentials; these make boto3 sign requests without a profile.
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
 _KINESIS_TARGET = "Kinesis_20131202."
@@ -297,18 +293,6 @@ class Emulator:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
-
-
-def emulator_session(region: str = DEFAULT_REGION) -> Any:
-    """A boto3 session that signs with :data:`CREDENTIALS`, whatever this process's own
-    environment holds: for clients of the emulator, and for URLs presigned for it."""
-    import boto3
-
-    return boto3.session.Session(
-        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        region_name=region,
-    )
 
 
 def create_resources(

@@ -54,7 +54,9 @@ from wsfleet.logs import JsonLogger
 from wsfleet.sinks import MessagesStore, ObjectsStore
 from wsfleet.store import unmarshal
 from .api import LocalApi
-from .emulator import DEFAULT_REGION, HARNESS_MARK, create_resources, emulator_session, record_journal
+from .emulator import create_resources, record_journal
+from .emulator_client import DEFAULT_REGION, emulator_session
+from .emulator_faults import HARNESS_MARK
 # The observer's shapes and the processes live beside this module; importable from here too.
 from .timing import TAKEOVER_SLACK_S, Timing  # noqa: F401
 from .observed import (  # noqa: F401

@@ -16,6 +16,8 @@ import json
 import sys
 from typing import Any
 
+from .emulator_client import DEFAULT_REGION, emulator_session
+
 SECRET_PREFIX = "wsfleet/local/"
 
 
@@ -29,8 +31,6 @@ def put_secret(endpoint_url: str, name: str, value: str | dict[str, Any], *, reg
     stored as JSON, for ``ARN#key`` references), or put ``value`` as its new current
     version if it exists; returns its ARN. The value is never logged."""
     from botocore.exceptions import ClientError
-
-    from .emulator import DEFAULT_REGION, emulator_session
 
     client = emulator_session(region or DEFAULT_REGION).client("secretsmanager", endpoint_url=endpoint_url)
     text = value if isinstance(value, str) else json.dumps(value)

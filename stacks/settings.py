@@ -27,8 +27,9 @@ from stacks.settings_parts import (
     WarmThroughput,
     check_types,
 )
-from wsfleet import config, plan_limits, schema, settings_spec
+from wsfleet import config, schema, settings_spec
 from wsfleet.leases import SessionTiming, TimingError
+from wsfleet.plan import limits as plan_limits
 from wsfleet.settings_spec import ConfigError
 
 # Fargate rejects a container stopTimeout above 120 s.

@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from aws_cdk import aws_logs as logs
 
-from wsfleet import config, plan_limits, settings_spec, tracing
+from wsfleet import config, settings_spec, tracing
+from wsfleet.plan import limits as plan_limits
 from wsfleet.settings_spec import ConfigError
 
 

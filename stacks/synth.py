@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 from stacks.settings import EnvironmentSettings
 from stacks.settings_parts import ConsumerSettings, SettingsError
-from wsfleet import plan, plan_limits
+from wsfleet.plan import limits as plan_limits
+from wsfleet.plan import model as plan
 
 # The settings an operator may override at synth time without editing app.py, e.g.
 #   cdk synth -c env=prod -c sink=dynamodb,kinesis -c consumer=on

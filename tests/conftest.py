@@ -16,7 +16,8 @@ import botocore.session
 import pytest
 from botocore.config import Config
 
-from sim.emulator import CREDENTIALS, Emulator, create_resources, emulator_session, set_faults
+from sim.emulator import Emulator, create_resources, set_faults
+from sim.emulator_client import CREDENTIALS, emulator_session
 from sim.fleet import EmulatorProcess
 from sim.upstream import ThreadedUpstream
 from wsfleet.sinks import MessagesStore

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from wsfleet import plan, records
+from wsfleet import records
+from wsfleet.plan.fleet import fleet
+from wsfleet.plan.model import Op
 from bench.common import Stats, Window, distribution, md_table, median_spread, percentile
 from bench.cost import PRICES, attribute_size, index_writes, item_size, read_units_eventual, release_items, write_units
 from bench.faults import session_loss
@@ -89,11 +91,11 @@ def test_release_rows_price_the_stores_own_writes(ddb):
 
 def test_the_fleet_scales_per_worker_rates_onto_tables_and_shared_partitions():
     ops = [
-        plan.Op("renewal", "sessions", "", "own", 1440, wru=1),
-        plan.Op("free scan", "connections", "by_owner", "shards", 3600, rru=0.5),
-        plan.Op("ring", "sessions", "by_ring", "ring", 360, rru=0.5),
+        Op("renewal", "sessions", "", "own", 1440, wru=1),
+        Op("free scan", "connections", "by_owner", "shards", 3600, rru=0.5),
+        Op("ring", "sessions", "by_ring", "ring", 360, rru=0.5),
     ]
-    f = plan.fleet(ops, connections=10_000, per_worker=100, shards=4, prices=PRICES, fixed_per_worker_hour={"sqs": 1e6 / 730})
+    f = fleet(ops, connections=10_000, per_worker=100, shards=4, prices=PRICES, fixed_per_worker_hour={"sqs": 1e6 / 730})
 
     assert f["workers"] == 100
     assert f["tables"]["sessions"]["wru"] == pytest.approx(100 * 1440 / 3600)
@@ -106,7 +108,7 @@ def test_the_fleet_scales_per_worker_rates_onto_tables_and_shared_partitions():
 
 
 def test_reads_that_grow_with_what_a_worker_holds_round_up_per_4_kb():
-    audit = plan.Op("audit", "connections", "by_owner", "own", 120, rru=0.5, bytes_per_connection=70)
+    audit = Op("audit", "connections", "by_owner", "own", 120, rru=0.5, bytes_per_connection=70)
     assert audit.rru_at(50) == 0.5 and audit.rru_at(100) == 1.0 and audit.rru_at(200) == 2.0
 
 

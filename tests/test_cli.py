@@ -581,19 +581,19 @@ def test_pip_install_of_runtime_gives_the_package_and_the_wsfleet_command(tmp_pa
 
 
 def test_plan_sizes_a_fleet_from_the_measured_counts_without_any_aws_call(capsys):
-    from wsfleet import plan
+    from wsfleet.plan import corrections, fleet, model
 
     assert main(["plan", "--connections", "100000", "--rate", "0.5", "--env", "prod", "--json"], env={}) == 0
     out = json.loads(capsys.readouterr().out)
-    measured = plan.load_measured()
-    assert plan.ENVIRONMENTS["prod"]["target_per_worker"] == 250  # 100,000 / 250 = 400 workers
-    expected = plan.plan(measured, connections=100_000, per_worker=250, rate=0.5, shards=16, checkpoint_s=120)
+    measured = model.load_measured()
+    assert model.ENVIRONMENTS["prod"]["target_per_worker"] == 250  # 100,000 / 250 = 400 workers
+    expected = fleet.plan(measured, connections=100_000, per_worker=250, rate=0.5, shards=16, checkpoint_s=120)
     assert out["holding"]["workers"] == 400 == expected["holding"]["workers"]
     assert out["holding"]["month"]["total"] == pytest.approx(expected["holding"]["month"]["total"])
     # Renewals: one write per worker per heartbeat, whatever the connections.
     # Renewals, plus the summarizer's #fleet writes (one worker for the fleet).
     renewal = next(op for op in measured.ops if op.purpose == "renewal")
-    summary = next(op for op in plan.holding_ops(measured, 400) if op.purpose == "summary: #fleet write")
+    summary = next(op for op in corrections.corrected_ops(measured, 400) if op.purpose == "summary: #fleet write")
     assert out["holding"]["tables"]["sessions"]["wru"] == pytest.approx(
         400 * renewal.per_worker_hour * renewal.wru / 3600 + summary.per_worker_hour * summary.wru / 3600
     )
@@ -618,7 +618,7 @@ def test_plan_refuses_more_per_worker_than_the_environment_allows(capsys):
 
 
 def test_plan_prices_a_large_frame_through_s3_against_inline_where_an_item_can_hold_it(capsys):
-    from wsfleet import plan
+    from wsfleet.plan import model as plan
 
     argv = ["plan", "--connections", "1000", "--env", "prod", "--large-rate", "0.01", "--large-bytes", "2000000", "--json"]
     assert main(argv, env={}) == 0

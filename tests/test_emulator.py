@@ -16,9 +16,8 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from sim.emulator import (
-    FAULTS_PATH, HARNESS_MARK, faults, freeze_survivors, journal, record_journal, request_ledger, set_faults,
-)
+from sim.emulator import faults, freeze_survivors, journal, record_journal, request_ledger, set_faults
+from sim.emulator_faults import FAULTS_PATH, HARNESS_MARK
 from wsfleet.sinks import MessagesStore
 from wsfleet.store import CheckpointEntry, ConnectionsStore, SessionsStore, TransientError, is_transient
 from wsfleet.stream import Frame

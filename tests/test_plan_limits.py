@@ -1,4 +1,4 @@
-"""The plan's limits (wsfleet.plan_limits): its arithmetic against a case computed by
+"""The plan's limits (wsfleet.plan.limits): its arithmetic against a case computed by
 hand, and what it says of prod at 500k and 1M connections with its documented settings."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from wsfleet import plan, plan_limits
+from wsfleet.plan import corrections, model
+from wsfleet.plan import limits as plan_limits
 from wsfleet.cli import main
-from wsfleet.plan import Measured, Op
+from wsfleet.plan.model import Measured, Op
 
 PRICES = {"region": "us-east-1", "dynamodb_wru_per_million": 1.0, "dynamodb_rru_per_million": 0.5,
           "sqs_requests_per_million": 0.0, "cloudwatch_put_metric_data_per_thousand": 0.0}
@@ -181,7 +182,7 @@ def test_prod_at_1m_names_the_first_limit_its_fix_and_the_cells_it_needs(capsys)
     # 1M to one destination through at most 2 gateways x 8 addresses x 55,000 = 880,000:
     # no setting or quota lets one fleet's NAT hold it.
     assert out["cells"] == {"cells": 2, "limit": "NAT connections per address to one destination", "scenario": "steady"}
-    spread = plan_limits.evaluate(plan.load_measured(), plan.ENVIRONMENTS["prod"], connections=1_000_000,
+    spread = plan_limits.evaluate(model.load_measured(), model.ENVIRONMENTS["prod"], connections=1_000_000,
                                   upstream_addresses=2)
     assert spread["cells"] is None  # two upstream addresses: 500,000 each
 
@@ -204,8 +205,8 @@ def test_the_plan_mirrors_the_workers_own_constants():
 
     # The summarizer's share is worked out from the watchers' ring refresh, and the #fleet
     # reads from how often a watch read carries it: the worker's figures, not a guess.
-    assert plan_limits.RING_REFRESH_S == takeover.RING_REFRESH_S
-    assert plan_limits.SUMMARY_EVERY == takeover.SUMMARY_EVERY
+    assert corrections.RING_REFRESH_S == takeover.RING_REFRESH_S
+    assert corrections.SUMMARY_EVERY == takeover.SUMMARY_EVERY
 
 
 def test_msgs_per_s_is_the_rate(capsys):

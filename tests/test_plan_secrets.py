@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from wsfleet import plan
+from wsfleet.plan import model
+from wsfleet.plan import secrets as plan_secrets
 from wsfleet.cli import main
 
 
@@ -49,7 +50,7 @@ def _simulated_fetches_per_hour(*, workers: int, per_worker: int, secrets: int, 
 )
 def test_cached_fetches_match_a_simulation_of_the_workers_cache(secrets, reconnects):
     per_worker, workers = 100, 12
-    result = plan.secrets_month(
+    result = plan_secrets.secrets_month(
         connections=per_worker * workers,
         per_worker=per_worker,
         secrets=secrets,
@@ -58,7 +59,7 @@ def test_cached_fetches_match_a_simulation_of_the_workers_cache(secrets, reconne
     )
     simulated = _simulated_fetches_per_hour(
         workers=workers, per_worker=per_worker, secrets=secrets, reconnects=reconnects,
-        cache_s=plan.SECRET_CACHE_SECONDS, hours=400 / reconnects, seed=20,
+        cache_s=plan_secrets.SECRET_CACHE_SECONDS, hours=400 / reconnects, seed=20,
     )
     # 12 workers x ~40,000 connects each: the sampling error is about 1 %. (The rate at the
     # average number of connections per secret, instead of the expectation over it, is
@@ -69,10 +70,10 @@ def test_cached_fetches_match_a_simulation_of_the_workers_cache(secrets, reconne
 
 def test_the_fetch_rate_is_bounded_by_one_per_connect_and_one_per_cache_period():
     for rate in (0.01, 1, 12, 100, 10_000):
-        fetched = plan.cached_fetch_rate(rate, 300)
+        fetched = plan_secrets.cached_fetch_rate(rate, 300)
         assert fetched <= rate and fetched <= 3600 / 300
-    assert plan.cached_fetch_rate(1e9, 300) == pytest.approx(12, rel=1e-6)
-    assert plan.cached_fetch_rate(0, 300) == 0
+    assert plan_secrets.cached_fetch_rate(1e9, 300) == pytest.approx(12, rel=1e-6)
+    assert plan_secrets.cached_fetch_rate(0, 300) == 0
 
 
 def test_dollars_by_hand_for_one_shared_secret():
@@ -80,7 +81,7 @@ def test_dollars_by_hand_for_one_shared_secret():
     # its connections on the one secret, 100 connects an hour between them. A fetch serves
     # 300 s; the next connect after that comes 1/100 h later on average: one fetch per
     # (1/12 + 1/100) h = 1200/112 an hour, per worker.
-    result = plan.secrets_month(connections=10_000, per_worker=100, secrets=1, reconnects_per_hour=1)
+    result = plan_secrets.secrets_month(connections=10_000, per_worker=100, secrets=1, reconnects_per_hour=1)
     per_worker_h = 1 / (1 / 12 + 1 / 100)
     assert per_worker_h == pytest.approx(1200 / 112)
     cached = 100 * per_worker_h
@@ -96,8 +97,8 @@ def test_dollars_by_hand_for_one_shared_secret():
 
 
 def test_a_connection_refused_for_good_costs_a_fetch_per_retry():
-    quiet = plan.secrets_month(connections=1000, per_worker=100, secrets=5, reconnects_per_hour=0.5)
-    refused = plan.secrets_month(connections=1000, per_worker=100, secrets=5, reconnects_per_hour=0.5, refused=10)
+    quiet = plan_secrets.secrets_month(connections=1000, per_worker=100, secrets=5, reconnects_per_hour=0.5)
+    refused = plan_secrets.secrets_month(connections=1000, per_worker=100, secrets=5, reconnects_per_hour=0.5, refused=10)
     # 10 connections retrying every 60 s, each retry refused once more after fetching again.
     assert refused["calls_per_hour"]["refused"] == pytest.approx(10 * 60)
     assert refused["month"]["calls"] - quiet["month"]["calls"] == pytest.approx(10 * 60 * 730 / 10_000 * 0.05)
@@ -107,18 +108,18 @@ def test_a_connection_refused_for_good_costs_a_fetch_per_retry():
 def test_the_expectation_over_how_many_connections_name_each_secret_by_hand():
     # Two connections, two secrets: a given secret is named by one of them with
     # probability 1/2 and by both with 1/4.
-    f = plan.cached_fetch_rate
-    assert plan.cached_fetches_per_worker(2, 2, 6.0, 300) == pytest.approx(2 * (0.5 * f(6.0, 300) + 0.25 * f(12.0, 300)))
+    f = plan_secrets.cached_fetch_rate
+    assert plan_secrets.cached_fetches_per_worker(2, 2, 6.0, 300) == pytest.approx(2 * (0.5 * f(6.0, 300) + 0.25 * f(12.0, 300)))
     assert f(6.0, 300) == pytest.approx(6 / 1.5) and f(12.0, 300) == pytest.approx(12 / 2)
-    assert plan.cached_fetches_per_worker(0, 2, 6.0, 300) == plan.cached_fetches_per_worker(2, 0, 6.0, 300) == 0
+    assert plan_secrets.cached_fetches_per_worker(0, 2, 6.0, 300) == plan_secrets.cached_fetches_per_worker(2, 0, 6.0, 300) == 0
 
 
 def test_distinct_secrets_per_worker():
-    assert plan.distinct_secrets(1, 70) == 1
-    assert plan.distinct_secrets(0, 70) == 0
+    assert plan_secrets.distinct_secrets(1, 70) == 1
+    assert plan_secrets.distinct_secrets(0, 70) == 0
     # Two secrets, two connections: both with probability 1/2, one otherwise.
-    assert plan.distinct_secrets(2, 2) == pytest.approx(1.5)
-    assert plan.distinct_secrets(10_000, 70) == pytest.approx(70, rel=0.01)
+    assert plan_secrets.distinct_secrets(2, 2) == pytest.approx(1.5)
+    assert plan_secrets.distinct_secrets(10_000, 70) == pytest.approx(70, rel=0.01)
 
 
 # --- the command ------------------------------------------------------------------------------
@@ -128,11 +129,11 @@ def test_plan_prices_secrets_with_the_environments_workers(capsys):
     argv = ["plan", "--connections", "100000", "--env", "prod", "--secrets", "20", "--reconnects", "2", "--json"]
     assert main(argv, env={}) == 0
     out = json.loads(capsys.readouterr().out)
-    expected = plan.secrets_month(connections=100_000, per_worker=250, secrets=20, reconnects_per_hour=2)
-    assert plan.ENVIRONMENTS["prod"]["target_per_worker"] == 250
+    expected = plan_secrets.secrets_month(connections=100_000, per_worker=250, secrets=20, reconnects_per_hour=2)
+    assert model.ENVIRONMENTS["prod"]["target_per_worker"] == 250
     assert out["secrets"]["workers"] == 400 == out["holding"]["workers"]
     assert out["secrets"]["month"]["total"] == pytest.approx(expected["month"]["total"])
-    assert out["secrets"]["cache_s"] == plan.SECRET_CACHE_SECONDS == 300
+    assert out["secrets"]["cache_s"] == plan_secrets.SECRET_CACHE_SECONDS == 300
 
 
 def test_plan_in_tables_shows_the_secrets_price_per_connection_hour(capsys):

@@ -1,6 +1,6 @@
 """`wsfleet plan`'s sinks side by side (issue 21): the messages table, the Kinesis stream
 with its reference consumer, or both, checked against hand-computed cases (the figures
-in the comments are worked by hand from the price tables in wsfleet.plan_sinks)."""
+in the comments are worked by hand from the price tables in wsfleet.plan.sinks)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from wsfleet import plan, plan_sinks, records
+from wsfleet import records
+from wsfleet.plan import model
+from wsfleet.plan import sinks as plan_sinks
 from wsfleet.cli import main
 from wsfleet.stream import Frame
 
@@ -17,9 +19,9 @@ PRICES = {"dynamodb_wru_per_million": 0.625, "dynamodb_rru_per_million": 0.125, 
 MONTH_S = 730 * 3600  # 2,628,000 s
 
 
-def _measured() -> plan.Measured:
+def _measured() -> model.Measured:
     """One renewal per worker every 2.5 s and nothing else: holding is that alone."""
-    return plan.Measured(ops=(plan.Op("renewal", "sessions", "", "own", 1440, wru=1),), fixed_per_worker_hour={},
+    return model.Measured(ops=(model.Op("renewal", "sessions", "", "own", 1440, wru=1),), fixed_per_worker_hour={},
                          message_wru=1, checkpoint_wru=1, prices=PRICES, measured_with={})
 
 
@@ -153,7 +155,7 @@ def test_plan_prints_the_sinks_side_by_side_and_its_json_is_the_computation(caps
             "--stream-retention-hours", "48", "--consumer-batch", "500", "--consumer-window", "10", "--json"]
     assert main(argv, env={}) == 0
     out = json.loads(capsys.readouterr().out)["sinks"]
-    expected = plan_sinks.sinks(plan.load_measured(), connections=1000, per_worker=250, rate=5, shards=16,
+    expected = plan_sinks.sinks(model.load_measured(), connections=1000, per_worker=250, rate=5, shards=16,
                                 checkpoint_s=120, ttl_days=30, frame_bytes=600, retention_hours=48,
                                 consumer=plan_sinks.Consumer(batch_size=500, window_s=10))
     assert out == json.loads(json.dumps(expected))

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from wsfleet import plan, plan_limits, schema
+from wsfleet import schema
+from wsfleet.plan import limits as plan_limits
+from wsfleet.plan import model as plan
 
 
 def test_the_plan_mirrors_each_environments_settings(env):

@@ -191,7 +191,7 @@ def test_app_refuses_a_missing_or_unknown_environment(new_app, env):
 
 
 def test_the_operators_plan_uses_each_environments_own_settings():
-    from wsfleet import plan
+    from wsfleet.plan import model as plan
 
     for name, settings in ENVIRONMENTS.items():
         # These five; the network, API and capacity settings: tests/stacks/test_plan_environments.py.

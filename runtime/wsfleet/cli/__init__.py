@@ -19,8 +19,8 @@ from typing import Mapping, Sequence
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import config, schema
-from ..plan import ENVIRONMENTS
-from ..plan_sinks import DEFAULT_FRAME_BYTES, Consumer
+from ..plan.model import ENVIRONMENTS
+from ..plan.sinks import DEFAULT_FRAME_BYTES, Consumer
 from ..store import TransientError
 from ..stream import MAX_SEQ
 from . import commands, render, upstream_flags
@@ -370,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _quota(text: str) -> tuple[str, float]:
-    from ..plan_limits import DEFAULT_QUOTAS
+    from ..plan.limits import DEFAULT_QUOTAS
 
     name, sep, value = text.partition("=")
     if not sep or name.strip() not in DEFAULT_QUOTAS:

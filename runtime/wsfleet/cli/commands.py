@@ -8,8 +8,12 @@ import datetime as dt
 import json
 from typing import Any, Mapping
 
-from .. import plan as planning
-from .. import plan_limits, plan_sinks
+from ..plan import fleet as plan_fleet
+from ..plan import large_frames
+from ..plan import limits as plan_limits
+from ..plan import model as plan_model
+from ..plan import secrets as plan_secrets
+from ..plan import sinks as plan_sinks
 from ..store import now_ms
 from ..stream import MAX_MESSAGE_BYTES
 from . import locate, reading, render, upstream_flags, views
@@ -159,15 +163,15 @@ LARGE_EXAMPLE_SIZES = (MAX_MESSAGE_BYTES, 1 << 20, 32 << 20)
 
 
 def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    settings = planning.ENVIRONMENTS[args.env]
+    settings = plan_model.ENVIRONMENTS[args.env]
     per_worker = args.per_worker or settings["target_per_worker"]
     if per_worker > settings["max_per_worker"]:
         raise CliError(
             f"--per-worker {per_worker} is above {args.env}'s MAX_CONNECTIONS ({settings['max_per_worker']})"
         )
-    measured = planning.load_measured()
+    measured = plan_model.load_measured()
     retention_days = settings["message_ttl_days"]
-    result = planning.plan(
+    result = plan_fleet.plan(
         measured,
         connections=args.connections,
         per_worker=per_worker,
@@ -187,7 +191,7 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         result[key] = checked[key]
     result["month"] = checked["month"]
     if args.large_rate:
-        result["large_frames"] = planning.large_frames_month(
+        result["large_frames"] = large_frames.large_frames_month(
             connections=args.connections,
             rate=args.large_rate,
             size_bytes=args.large_bytes,
@@ -197,7 +201,7 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if args.refused > args.connections:
         raise CliError(f"--refused {args.refused} is more than --connections {args.connections}")
     if args.secrets:
-        result["secrets"] = planning.secrets_month(
+        result["secrets"] = plan_secrets.secrets_month(
             connections=args.connections,
             per_worker=per_worker,
             secrets=args.secrets,
@@ -218,7 +222,7 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         consumer=consumer,
     )
     result["large_frame_cost"] = [
-        planning.large_frame_cost(size, prices=measured.prices, retention_days=retention_days)
+        large_frames.large_frame_cost(size, prices=measured.prices, retention_days=retention_days)
         for size in sorted({*LARGE_EXAMPLE_SIZES, args.large_bytes})
     ]
     _emit(args, result, render.plan(result))

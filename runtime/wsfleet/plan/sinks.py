@@ -1,7 +1,7 @@
 """Where the frames go, priced side by side (issue 21): the messages table
 (``SINK=dynamodb``), the Kinesis stream with its reference consumer (``SINK=kinesis``),
 or both; and where each one's limits bind. Pure arithmetic, no AWS calls, like
-:mod:`wsfleet.plan` (whose holding cost is the same under every sink and is added to each).
+:mod:`.fleet` (whose holding cost is the same under every sink and is added to each).
 
 What a stored frame costs:
 
@@ -27,9 +27,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from . import records, schema
-from .plan import HOURS_PER_MONTH, PARTITION_WCU, S3_PRICES, TABLE_QUOTA, Measured, fleet, holding_ops, measured_shards
-from .stream import Frame
+from .. import records, schema
+from ..stream import Frame
+from .corrections import corrected_ops
+from .fleet import fleet
+from .model import DYNAMODB_STORAGE_GB_MONTH, HOURS_PER_MONTH, PARTITION_WCU, S3_PRICES, TABLE_QUOTA, Measured, measured_shards
 
 # --- prices: us-east-1 list prices as of December 2026 (check before relying on them) -----
 #
@@ -47,7 +49,6 @@ KINESIS_PRICES = {
 }
 KMS_PRICES = {"key_month": 1.0, "per_10k_requests": 0.03}  # the monthly free tier of 20,000 requests is not counted
 LAMBDA_PRICES = {"per_million_requests": 0.20, "gb_second": 0.0000166667}  # x86
-DYNAMODB_STORAGE_GB_MONTH = 0.25
 DYNAMODB_ITEM_OVERHEAD_BYTES = 100  # what DynamoDB adds to each item's size for storage billing
 GB = 1 << 30  # Kinesis bills data in GB of 2^30 bytes
 KB = 1024
@@ -245,9 +246,9 @@ def sinks(
     consumer: Consumer | None = Consumer(),
 ) -> dict[str, Any]:
     """Each sink's $ per month for ``connections`` receiving ``rate`` frames per second
-    of ``frame_bytes`` each: holding (:func:`plan.fleet`), checkpoints, and the sink's
+    of ``frame_bytes`` each: holding (:func:`.fleet.fleet`), checkpoints, and the sink's
     own; with $ per 1,000 connections and the limits of :func:`limits`."""
-    holding = fleet(holding_ops(measured, math.ceil(connections / per_worker)), connections=connections,
+    holding = fleet(corrected_ops(measured, math.ceil(connections / per_worker)), connections=connections,
                     per_worker=per_worker, shards=shards, prices=measured.prices,
                     fixed_per_worker_hour=measured.fixed_per_worker_hour, measured_shards=measured_shards(measured, shards))
     per_s = connections * rate

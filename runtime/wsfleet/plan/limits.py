@@ -1,25 +1,11 @@
 """Every limit a fleet of N connections meets, in steady state and in the bursts it must
 survive (issue 22): DynamoDB partitions and table quotas, ECS and Fargate, subnet
 addresses, NAT gateway connections and addresses, the API's rate; and what it all costs
-per month. Pure arithmetic, no AWS calls, like :mod:`wsfleet.plan`, whose measured
-per-worker rates it corrects where the benchmark's 3-worker fleet misled them:
-
-* **workers** come from the stacks' target tracking (``target_per_worker``: the average
-  ActiveConnections per task the service scales to), not from MAX_CONNECTIONS;
-* **free scans**: each worker queries every ``FREE#`` shard, so a shard's load is
-  W x the measured rate / the shards it was measured at (4), whatever STATE_SHARDS is;
-  a scan that finds nothing free backs off (``FREE_SCAN_IDLE_BACKOFF``), and a holding
-  fleet has nothing free;
-* **the summarizer** (one worker for the fleet) reads the whole ``RING`` once per pass:
-  one paged Query of by_ring entries that carry each session's counts
-  (``RING_ENTRY_BYTES``), no read of the session items; it writes the ``#fleet`` item only
-  when the summary changed (``SUMMARY_WRITE_SHARE`` of its passes, and at least every
-  ``SUMMARY_REFRESH_S``). In a 3-worker benchmark its reads were a third of each worker's
-  rate, so they are taken out of the per-worker ``ring`` and ``unowned count`` rates and
-  priced once for the fleet, with read units that grow with the fleet;
-* the ``#fleet`` item is read by every worker with every SUMMARY_EVERY-th watch read;
-* a checkpoint and an acquisition are transactional writes: twice their item's units
-  (:attr:`plan.Measured.checkpoint_units`, ``ACQUIRE_WRU``).
+per month. Pure arithmetic, no AWS calls, on the measured per-worker rates as
+:mod:`.corrections` corrects them, with **workers** from the stacks' target tracking
+(``target_per_worker``: the average ActiveConnections per task the service scales to),
+not from MAX_CONNECTIONS. A checkpoint and an acquisition are transactional writes: twice
+their item's units (:attr:`.model.Measured.checkpoint_units`, ``ACQUIRE_WRU``).
 
 Scenarios (each limit is checked in one): ``steady``; ``crash``: 10 % of the workers die
 and their connections are acquired by the others within ``CRASH_BURST_S`` (each acquire
@@ -33,8 +19,8 @@ hands every connection over, as fast as the service launches the new tasks.
 
 A limit that no setting or quota moves past a ceiling (the NAT addresses one fleet's VPC
 can have, each good for 55,000 connections to one destination) is a reason for another
-fleet: ``cells`` says how
-many independent fleets the connections need (README, "Beyond one fleet: cells").
+fleet: ``cells`` says how many independent fleets the connections need (README, "Beyond
+one fleet: cells").
 """
 
 from __future__ import annotations
@@ -43,8 +29,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from . import plan as planning
-from .plan import HOURS_PER_MONTH, PARTITION_RCU, PARTITION_WCU, TABLE_QUOTA, TRANSACTION_FACTOR, Measured, Op
+from .corrections import corrected_ops
+from .fleet import fleet
+from .model import HOURS_PER_MONTH, PARTITION_RCU, PARTITION_WCU, TABLE_QUOTA, TRANSACTION_FACTOR, Measured, measured_shards
 
 # --- AWS limits (default quotas and documented figures, December 2026) --------------------
 ECS_TASKS_PER_SERVICE = 5000  # "Tasks per service"
@@ -91,27 +78,7 @@ SCALE_IN_BURST_S = 4.0
 RELAUNCH_WITHIN_S = 60.0
 FILL_TARGET_S = 3600.0  # the plan expects N STARTs to fit in an hour at the API's rate
 
-# --- the code's own constants and sizes the plan assumes -------------------------------------
-# These model the code as issue 22 leaves it; the lead adjusts them to the figures
-# `make bench` measures.
-RING_REFRESH_S = 15.0  # worker/takeover.py: a watcher re-reads its successors this often
-SUMMARY_EVERY = 3  # worker/takeover.py: the #fleet item rides with every third watch read
-BENCH_WORKERS = 3  # the cost benchmark's fleet (bench/cost.py), when measured_ops.json omits it
-# A by_ring entry: its keys and the counts the summarizer needs (active, max_connections,
-# state, draining), about. The summarizer's pass is one paged Query of them.
-RING_ENTRY_BYTES = 100
-SUMMARY_ITEM_BYTES = 1500  # the #fleet item (counts and the cut of the exact targets), about
-# The share of the summarizer's passes whose summary differs from the one last written:
-# any START, STOP, move or join changes it, so at fleet scale nearly every pass; it is
-# rewritten at least every SUMMARY_REFRESH_S so that readers can tell a stale one.
-SUMMARY_WRITE_SHARE = 1.0
-SUMMARY_REFRESH_S = 30.0
-# A free scan that finds nothing pauses longer each time, doubling up to 8 x
-# RECONCILE_SECONDS. The cost benchmark at 93dc85d measured the backed-off code (267
-# FREE# Queries a worker-hour, 67 scans: about 5.4 x fewer than one per RECONCILE_SECONDS),
-# so the measured rate is used as it is; set this to the factor to divide by when
-# measured_ops.json comes from code that did not back off.
-FREE_SCAN_IDLE_BACKOFF = 1
+# --- the code's own sizes the bursts assume (see :mod:`.corrections` for the rest) ----------
 ACQUIRE_WRU = TRANSACTION_FACTOR * 1  # a connection item's update (under 1 KB), in a TransactWriteItems
 ACQUIRE_RRU = 1  # the consistent read of the connection before its transaction (under 4 KB)
 RELEASE_WRU = 1  # a graceful release: the item's update at its fence; its by_owner key stays
@@ -171,39 +138,6 @@ def workers_for(connections: int, settings: Mapping[str, Any], per_worker: int |
     return max(settings["min_workers"], math.ceil(connections / target))
 
 
-def corrected_ops(measured: Measured, workers: int) -> tuple[Op, ...]:
-    """The measured ops with the summarizer's share taken out of the per-worker rates and
-    priced once for a fleet of ``workers``, and the free scans backed off (see the module
-    docstring)."""
-    bench = int(measured.measured_with.get("workers", BENCH_WORKERS))
-    ops: list[Op] = []
-    passes_h = 0.0
-    for op in measured.ops:
-        if op.purpose == "ring":
-            watcher_h = 3600 / RING_REFRESH_S
-            passes_h = max(0.0, op.per_worker_hour * bench - watcher_h * bench)  # the summarizer's ring reads
-            ops.append(Op("ring (watchers)", op.table, op.index, "ring", min(watcher_h, op.per_worker_hour), rru=op.rru))
-            ring_rru = 0.5 * max(1, math.ceil(workers * RING_ENTRY_BYTES / 4096))
-            ops.append(Op("ring (summarizer)", op.table, op.index, "ring", passes_h / workers, rru=ring_rru))
-        elif op.purpose == "unowned count":
-            # one worker counts for the fleet, every shard: per shard the measured share
-            ops.append(Op("unowned count (summarizer)", op.table, op.index, "shards", op.per_worker_hour * bench / workers,
-                          rru=op.rru))
-        elif op.purpose == "free scan":
-            ops.append(Op(op.purpose, op.table, op.index, op.spread, op.per_worker_hour / FREE_SCAN_IDLE_BACKOFF,
-                          rru=op.rru))
-        else:
-            ops.append(op)
-    writes_h = max(passes_h * SUMMARY_WRITE_SHARE, 3600 / SUMMARY_REFRESH_S) if passes_h else 0.0
-    ops.append(Op("summary: #fleet write", "sessions", "", "fleet", writes_h, wru=math.ceil(SUMMARY_ITEM_BYTES / 1024),
-                  partition="#fleet"))
-    watch = next((op for op in measured.ops if op.purpose == "watch"), None)
-    if watch is not None:
-        reads_h = watch.per_worker_hour / SUMMARY_EVERY * workers
-        ops.append(Op("summary: #fleet reads", "sessions", "", "fleet", reads_h, rru=0.5 * math.ceil(SUMMARY_ITEM_BYTES / 4096),
-                      partition="#fleet"))
-    return tuple(ops)
-
 
 def quotas_for(settings: Mapping[str, Any], quotas: Mapping[str, float] | None = None) -> dict[str, float]:
     """The quotas a plan assumes: the defaults, the environment's ``quotas`` (raised
@@ -228,7 +162,7 @@ def evaluate(
 ) -> dict[str, Any]:
     """Workers, every limit in every scenario, the first one hit and $ per month for
     ``connections`` receiving ``rate`` frames/s of ``frame_bytes`` each, under
-    ``settings`` (one of :data:`plan.ENVIRONMENTS`). ``upstream_addresses``: the
+    ``settings`` (one of :data:`.model.ENVIRONMENTS`). ``upstream_addresses``: the
     distinct upstream IP:port the connections go to (1: all to one endpoint, the worst
     case for a NAT address). ``quotas``: raised on top of the environment's own
     (:func:`quotas_for`)."""
@@ -239,10 +173,10 @@ def evaluate(
     held = connections / workers
     shards = settings["shards"]
     ops = corrected_ops(measured, workers)
-    holding = planning.fleet(ops, connections=connections, per_worker=target, shards=shards, prices=measured.prices,
+    holding = fleet(ops, connections=connections, per_worker=target, shards=shards, prices=measured.prices,
                              fixed_per_worker_hour=measured.fixed_per_worker_hour,
                              message_wru_per_connection_hour=measured.message_wru_per_connection_hour(rate, settings["checkpoint_s"]),
-                             measured_shards=planning.measured_shards(measured, shards))
+                             measured_shards=measured_shards(measured, shards))
     holding["workers"] = workers  # min_workers may hold more than connections / target
     checks: list[Check] = []
     add = checks.append
@@ -398,7 +332,7 @@ def _partition_fix(name: str) -> str:
 
 def _month(holding: Mapping[str, Any], settings: Mapping[str, Any], *, workers: int, connections: int, rate: float,
            frame_bytes: int) -> dict[str, float]:
-    """$ per month: DynamoDB, SQS, CloudWatch (plan.fleet), Fargate tasks, NAT gateways,
+    """$ per month: DynamoDB, SQS, CloudWatch (:func:`.fleet.fleet`), Fargate tasks, NAT gateways,
     their public addresses and the frames' bytes through them."""
     m = dict(holding["month"])
     task_h = settings["worker_cpu"] / 1024 * FARGATE_PRICES["vcpu_hour"] + settings["worker_memory_mib"] / 1024 * FARGATE_PRICES["gb_hour"]
