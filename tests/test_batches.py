@@ -4,7 +4,7 @@ becomes of it once the store answered, and what is sent after a refusal."""
 
 import pytest
 
-from wsfleet.store import StoredObject
+from wsfleet.sinks import StoredObject
 from wsfleet.stream import MAX_MESSAGE_BYTES, Frame, Problem, upstream_gap
 from wsfleet.worker.batches import Lane, Pending, frame_bytes, refusal, within_limit
 
