@@ -152,3 +152,10 @@ def test_a_refused_batch_is_split_until_the_item_is_found_which_becomes_a_marker
     assert (cid, fence, marker.seq, marker.problem, one.malformed) == ("a", 1, 1, Problem.STORE_REFUSED, entries[0])
     dropped = refusal([("a", 1, marker)])
     assert dropped.again == () and dropped.dropped == ("a", 1, marker)
+
+
+def test_a_closed_lanes_pending_frames_are_forgotten_with_their_bytes():
+    p = pending(batch=10)
+    a, b = lanes(p, 3, 1)
+    assert p.drop(a) == 3 and not a.frames
+    assert (p.count, p.bytes, list(p.waiting)) == (1, 10, ["c1"])

@@ -6,7 +6,9 @@ the next owner reads little past it. One conditional UpdateItem per checkpoint i
 request per connection every 120 s: at 1,000 connections x 0.5 msg/s that is 0.017
 requests per message, a third of issue 9's budget of 0.05. :class:`Checkpoints` writes
 them up to 25 at a time in one TransactWriteItems, each Update conditional on its
-connection's session and fence exactly as a lone checkpoint is.
+connection's session and fence exactly as a lone checkpoint is. What it writes is each
+runner's :class:`~wsfleet.checkpoint.Checkpoint`, as given: that value is where the rule
+that a checkpoint never goes back is kept, not here.
 
 When. A connection asks ``gather_s`` before its checkpoint is due, and says by when it
 must be written; a transaction leaves as soon as 25 are waiting, or when the earliest

@@ -18,7 +18,8 @@ What stays per connection:
   the front of its queue;
 * the checkpoint only covers a gap-free prefix: ``on_stored`` is called with the last seq
   a connection's items stand for (a range marker's ``skip_to``) once all of them are
-  stored (UnprocessedItems are retried by the store, with jittered backoff, before that);
+  stored (UnprocessedItems are retried by the store, with jittered backoff, before that),
+  and the connection's :class:`~wsfleet.checkpoint.Checkpoint` advances to it;
 * nothing is sent past the worker's deadline (checked by ``send_deadline`` as each
   request leaves).
 
