@@ -10,25 +10,25 @@ from typing import Any, Mapping
 import boto3
 from botocore.exceptions import ClientError
 
-from .. import config, stack_outputs
+from .. import config, settings_spec, stack_outputs
 from .errors import CliError
 
 # Table -> (its stack output, its variable).
 _TABLES = {
-    "connections": (stack_outputs.CONNECTIONS_TABLE_NAME, config.TABLE_NAME),
-    "sessions": (stack_outputs.SESSIONS_TABLE_NAME, config.SESSIONS_TABLE_NAME),
-    "messages": (stack_outputs.MESSAGES_TABLE_NAME, config.MESSAGES_TABLE_NAME),
+    "connections": (stack_outputs.CONNECTIONS_TABLE_NAME, settings_spec.TABLE_NAME),
+    "sessions": (stack_outputs.SESSIONS_TABLE_NAME, settings_spec.SESSIONS_TABLE_NAME),
+    "messages": (stack_outputs.MESSAGES_TABLE_NAME, settings_spec.MESSAGES_TABLE_NAME),
 }
 
 
 def aws_session(region: str | None, env: Mapping[str, str]) -> boto3.session.Session:
     """``region`` (--region), else AWS_REGION, else the default chain's."""
-    region = region or env.get(config.AWS_REGION) or env.get(config.AWS_DEFAULT_REGION) or None
+    region = region or env.get(settings_spec.AWS_REGION) or env.get(settings_spec.AWS_DEFAULT_REGION) or None
     return boto3.session.Session(region_name=region)
 
 
 def client(session: boto3.session.Session, service: str, env: Mapping[str, str]) -> Any:
-    return session.client(service, endpoint_url=env.get(config.AWS_ENDPOINT_URL) or None)
+    return session.client(service, endpoint_url=env.get(settings_spec.AWS_ENDPOINT_URL) or None)
 
 
 def stack_outputs_of(cfn: Any, stack_name: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .. import config, records, stack_outputs
+from .. import records, settings_spec, stack_outputs
 from .errors import CliError
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
@@ -42,9 +42,9 @@ def stream_of(stream: str | None, outputs: Mapping[str, str] | None, stack_name:
                 "(wsfleet-<env>-stateful) of an environment whose sink has kinesis"
             )
         return outputs[stack_outputs.MESSAGES_STREAM_NAME]
-    name = env.get(config.MESSAGES_STREAM_NAME, "").strip()
+    name = env.get(settings_spec.MESSAGES_STREAM_NAME, "").strip()
     if not name:
-        raise CliError(f"{config.MESSAGES_STREAM_NAME} not set: export the fleet's environment, or pass --stream or --stack")
+        raise CliError(f"{settings_spec.MESSAGES_STREAM_NAME} not set: export the fleet's environment, or pass --stream or --stack")
     return name
 
 
