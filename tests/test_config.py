@@ -31,7 +31,7 @@ def test_worker_defaults_follow_the_contract():
 
 
 def test_the_buffered_bytes_budget_defaults_to_half_the_task_memory_and_can_be_set_or_switched_off(tmp_path):
-    from wsfleet.worker import budget
+    from wsfleet import budget
 
     assert WorkerConfig.from_env(BASE).max_buffered_bytes == budget.default_budget_bytes(budget.task_memory_bytes())
     assert WorkerConfig.from_env({**BASE, "MAX_BUFFERED_BYTES": "67108864"}).max_buffered_bytes == 64 << 20
@@ -45,7 +45,7 @@ def test_the_buffered_bytes_budget_defaults_to_half_the_task_memory_and_can_be_s
 
 
 def test_the_budget_gives_the_sockets_slots_for_whole_frames_and_the_writer_the_rest():
-    from wsfleet.worker.budget import MemoryBudget
+    from wsfleet.budget import MemoryBudget
 
     b = MemoryBudget(total_bytes=256 << 20, max_frame_bytes=32 << 20)
     assert (b.receive_slots, b.writer_bytes) == (2, 128 << 20)

@@ -11,7 +11,7 @@ import pytest
 from wsfleet import metrics_names, schema, settings_spec, tracing
 from wsfleet.config import ConsumerConfig, RouterConfig, WorkerConfig
 from wsfleet.settings_spec import VARIABLES, WHOLE, ConfigError
-from wsfleet.worker import budget
+from wsfleet import budget
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 BASE = {

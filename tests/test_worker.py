@@ -950,7 +950,7 @@ def test_hints_a_leaving_workers_own_polls_receive_after_it_stopped_waiting_are_
 
 
 def test_frames_over_the_socket_allowance_on_every_connection_share_the_receive_slots_and_are_all_stored(aws_env, stores):
-    """MAX_BUFFERED_BYTES 1 MiB with 256 KiB frames: one receive slot (worker.budget).
+    """MAX_BUFFERED_BYTES 1 MiB with 256 KiB frames: one receive slot (wsfleet.budget).
     Four streams each have five 150 KB frames waiting when their sockets open: every
     frame is stored whole and in order, never more than one socket holds a large frame,
     and the writer never holds more than its share (or one frame)."""

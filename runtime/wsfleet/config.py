@@ -68,7 +68,7 @@ from .settings_spec import (
     ConfigError,
 )
 from .upstream_spec import SECRET_NAME_CHARS
-from .worker import budget
+from . import budget
 
 # The worker's frame limit (worker.connection and worker.writer default to it).
 DEFAULT_MAX_FRAME_BYTES = VARIABLES[MAX_FRAME_BYTES].default
@@ -324,7 +324,7 @@ class WorkerConfig:
     # The fleet's reachability sweep starts a pass over every connection this often.
     sweep_ms: int = round(VARIABLES[SWEEP_SECONDS].default * 1000)
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # the WebSocket frame limit
-    # Frame bytes held at once, sockets and writer (worker.budget); None: unbounded
+    # Frame bytes held at once, sockets and writer (wsfleet.budget); None: unbounded
     # (websockets' default queue, no receive gate, the writer's count caps only).
     max_buffered_bytes: int | None = budget.FALLBACK_BYTES
     upstream_secret_prefix: str = ""  # secret_headers ARNs must name secrets under it

@@ -38,7 +38,7 @@ from .acquirer import Acquirer
 from .acquisition import Acquisition
 from .attached import Attachments
 from .balancer import Balancer
-from .budget import MemoryBudget
+from ..budget import MemoryBudget
 from .checkpoints import Checkpoints
 from .connection import EndReason, Settings
 from .gate import ReceiveGate
@@ -85,7 +85,7 @@ class Worker:
             clock_ms=clock_ms,
         )
         self._messages = build_sink(config, aws, self.counters)
-        # Frame bytes held at once (worker.budget): the sockets' share through the
+        # Frame bytes held at once (wsfleet.budget): the sockets' share through the
         # receive gate, the writer's as its byte cap. None: unbounded (a comparison only).
         self.budget = (
             MemoryBudget(config.max_buffered_bytes, config.max_frame_bytes) if config.max_buffered_bytes else None

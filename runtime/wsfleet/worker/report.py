@@ -21,7 +21,7 @@ from ..config import WorkerConfig
 from ..logs import JsonLogger
 from ..metrics import Counters, metric_data
 from .balancer import Balancer
-from .budget import MemoryBudget
+from ..budget import MemoryBudget
 from .checkpoints import Checkpoints
 from .gate import ReceiveGate
 from .holdings import Holdings
