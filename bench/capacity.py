@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from wsfleet import config as cfg
-from sim.fleet import eventually
+from sim.processes import eventually
 
 from . import before
 from .common import Result, Rig, UpstreamProcess, Window, distribution, fmt, md_table, median_spread, proc_cpu_s, proc_rss_mb

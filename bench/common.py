@@ -31,7 +31,8 @@ from wsfleet import schema
 from sim.api import build_event
 from sim.emulator import create_resources
 from sim.emulator_client import DEFAULT_REGION, emulator_session
-from sim.fleet import LOOPBACK, EmulatorProcess, Process, child_env, eventually, spawn, stop_process
+from sim.children import EmulatorProcess, child_env
+from sim.processes import LOOPBACK, Process, eventually, spawn, stop_process
 from sim.upstream import stream_path
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router

@@ -47,7 +47,7 @@ from wsfleet import config as cfg
 from wsfleet import metrics_names, schema
 from sim.emulator import request_ledger
 from wsfleet.metrics import metric_data
-from sim.fleet import eventually
+from sim.processes import eventually
 from wsfleet.plan import model
 from wsfleet.plan.fleet import fleet
 from wsfleet.store import ConnectionsStore, Released, SessionsStore, unmarshal

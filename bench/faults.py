@@ -37,7 +37,7 @@ from wsfleet import config as cfg
 from wsfleet import schema
 from wsfleet.leases import SessionTiming
 from sim.emulator import faults, set_faults
-from sim.fleet import eventually
+from sim.processes import eventually
 from wsfleet.store import MessagesStore
 
 from .common import Result, Rig, UpstreamProcess, Window, WorkerProcess, fmt, md_table

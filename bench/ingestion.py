@@ -44,7 +44,7 @@ from typing import Any
 from wsfleet import config as cfg
 from wsfleet import schema
 from sim.emulator import faults, set_faults
-from sim.fleet import eventually
+from sim.processes import eventually
 from wsfleet.store import MessagesStore
 from wsfleet.worker import writer as writer_mod
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from wsfleet import config as cfg
-from sim.fleet import eventually
+from sim.processes import eventually
 from wsfleet.stream import MAX_MESSAGE_BYTES
 
 from .common import ReadyUpstream, Result, Rig, Window, fmt, latency_between, latency_cell, md_table

@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 from wsfleet import config as cfg
 from sim.api import LocalApi
-from sim.fleet import LOOPBACK
+from sim.processes import LOOPBACK
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router, make_presigner
 from wsfleet.store import MessagesStore, ObjectsStore

@@ -41,7 +41,7 @@ from wsfleet import config as cfg
 from wsfleet import records, schema
 from sim import stream_audit
 from sim.emulator import faults, set_faults
-from sim.fleet import eventually
+from sim.processes import eventually
 
 from .common import Result, Rig, fmt, fmt_spread, latency_cell, md_table
 from .ingestion import FLUSH_MS, connect, run_level, settings_for

@@ -71,7 +71,10 @@ from wsfleet.logs import route_stdlib_logging
 from . import kind_streams, report, traces
 from .chaos.run import Run as ChaosRun
 from .chaos.run import Settings as ChaosSettings
-from .fleet import Fleet, Sample, Timing, eventually, new_run_dir
+from .fleet import Fleet, new_run_dir
+from .observed import Sample
+from .processes import eventually
+from .timing import Timing
 
 SCENARIOS = {
     "full": ("crash", "deploy", "stop", "burst", "scale_out"),

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from wsfleet import config as cfg
 from wsfleet.logs import route_stdlib_logging
-from ..fleet import Timing
+from ..timing import Timing
 from .run import Run, Settings
 from .schedule import KINDS, dealt_kinds
 

@@ -44,7 +44,8 @@ from typing import Any, Callable, Sequence
 
 from wsfleet import schema
 from ..emulator import set_faults
-from ..fleet import Fleet, eventually
+from ..fleet import Fleet
+from ..processes import eventually
 from .byzantine import CLASSES, backwards
 from .history import Applied, Op
 from .schedule import Bounds, Fault

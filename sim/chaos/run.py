@@ -21,7 +21,10 @@ from typing import TextIO
 
 from wsfleet import config as cfg
 from ..emulator import record_journal, request_ledger
-from ..fleet import RUNTIME_DIR, Fleet, Sample, Timing, new_run_dir, pin_runtime
+from ..children import RUNTIME_DIR, pin_runtime
+from ..fleet import Fleet, new_run_dir
+from ..observed import Sample
+from ..timing import Timing
 from ..report import progress_line
 from . import checker, machine, report
 from .evidence import Snapshot, gather
