@@ -44,7 +44,8 @@ from sim.emulator import faults, set_faults
 from sim.processes import eventually
 
 from .common import Result, Rig, fmt, fmt_spread, latency_cell, md_table
-from .ingestion import FLUSH_MS, connect, run_level, settings_for
+from .ingestion import run_level, settings_for
+from .worker_load import FLUSH_MS, connect
 
 ROWS = [(100, 2.0), (1000, 0.5)]
 QUICK_ROWS = [(2, 10.0)]
