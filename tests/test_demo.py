@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sim import report, traces
-from sim.demo import parse_args
+from sim.demo.cli import parse_args
 from sim.observed import Audit, ConnState, LargeFrame, Sample, SessionState, state_from_item
 from sim.processes import eventually
 from sim.upstream import Overlap, SocketRecord
