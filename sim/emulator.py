@@ -67,7 +67,8 @@ or embed with :class:`Emulator` in tests.
 
 This module assembles the layers (:func:`build_app`) and runs the server; the layers
 live beside it: :mod:`.emulator_faults` (the fault switch), :mod:`.emulator_books` (the
-journal and the request ledger), :mod:`.moto_patches` and :mod:`.emulator_wsgi`.
+journal and the request ledger), :mod:`.moto_patches` and :mod:`.emulator_wsgi`; what a
+client signs with is :mod:`.emulator_client`'s.
 """
 
 from __future__ import annotations
