@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from sim import fleet
+from sim import children
 
 from . import capacity, cost, failover, faults, ingestion, largeframes, pauses, readapi, rebalance, sinks
 from .common import Result, machine
@@ -59,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Every process a benchmark starts imports a copy of the runtime taken now: code
     # edited while a long run goes on must not reach the workers it starts later.
     run_dir.mkdir(parents=True, exist_ok=True)
-    fleet.RUNTIME_DIR = fleet.pin_runtime(run_dir.resolve())
+    children.RUNTIME_DIR = children.pin_runtime(run_dir.resolve())
     host = machine()
     print(f"# wsfleet benchmarks ({', '.join(names)}{', quick' if args.quick else ''})")
     print(f"machine: {host['nproc']} cores ({host['cpu']}), Python {host['python']}, {host['platform']}")

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from wsfleet import config as cfg
-from sim.fleet import eventually
+from wsfleet import settings_spec
+from sim.processes import eventually
 
 from . import before
 from .common import Result, Rig, UpstreamProcess, Window, distribution, fmt, md_table, median_spread, proc_cpu_s, proc_rss_mb
@@ -64,11 +65,11 @@ def settings_for(quick: bool) -> dict[str, Any]:
         "worker": {
             # LEASE, HEARTBEAT, RECONCILE, CHECKPOINT and SHUTDOWN at the worker's defaults
             # (10 / 2.5 / 10 / 120 / 25 s); stats every 5 s for the windows.
-            **({cfg.LEASE_SECONDS: 3, cfg.HEARTBEAT_SECONDS: 1, cfg.RECONCILE_SECONDS: 1, cfg.MAX_CLOCK_SKEW_MS: 200,
-                cfg.SHUTDOWN_SECONDS: 10} if quick else {}),
-            cfg.FLUSH_INTERVAL_MS: 1000,
-            cfg.METRICS_SECONDS: 0.5 if quick else 5,
-            cfg.MAX_CONNECTIONS: n + busy + probes,
+            **({settings_spec.LEASE_SECONDS: 3, settings_spec.HEARTBEAT_SECONDS: 1, settings_spec.RECONCILE_SECONDS: 1, settings_spec.MAX_CLOCK_SKEW_MS: 200,
+                settings_spec.SHUTDOWN_SECONDS: 10} if quick else {}),
+            settings_spec.FLUSH_INTERVAL_MS: 1000,
+            settings_spec.METRICS_SECONDS: 0.5 if quick else 5,
+            settings_spec.MAX_CONNECTIONS: n + busy + probes,
         },
     }
 

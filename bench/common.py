@@ -27,11 +27,13 @@ from typing import Any, Iterable, Mapping, Sequence
 from botocore.config import Config
 
 from wsfleet import config as cfg
+from wsfleet import settings_spec
 from wsfleet import schema
 from sim.api import build_event
 from sim.emulator import create_resources
 from sim.emulator_client import DEFAULT_REGION, emulator_session
-from sim.fleet import LOOPBACK, EmulatorProcess, Process, child_env, eventually, spawn, stop_process
+from sim.children import EmulatorProcess, child_env
+from sim.processes import LOOPBACK, Process, eventually, spawn, stop_process
 from sim.upstream import stream_path
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router
@@ -398,7 +400,7 @@ class Rig:
         return u
 
     def worker(self, name: str, settings: Mapping[str, Any]) -> WorkerProcess:
-        env = child_env(**self.aws_env, **{cfg.WORKER_ID: name}, **{k: str(v) for k, v in settings.items()})
+        env = child_env(**self.aws_env, **{settings_spec.WORKER_ID: name}, **{k: str(v) for k, v in settings.items()})
         w = WorkerProcess(self.run_dir, name, env)
         self.workers.append(w)
         w.wait_started()
@@ -429,7 +431,7 @@ class Rig:
         if self._router is None:
             self._router_log = open(self.run_dir / "router.log", "a", buffering=1)
             self._router = Router.from_env(
-                {**self.aws_env, cfg.ALLOWED_WS_HOSTS: LOOPBACK}, ddb=self.ddb, sqs=self.sqs,
+                {**self.aws_env, settings_spec.ALLOWED_WS_HOSTS: LOOPBACK}, ddb=self.ddb, sqs=self.sqs,
                 logger=JsonLogger(self._router_log, component="router"),
             )
         event = build_event("POST", "/events", [("Content-Type", "application/json")], json.dumps(body).encode())

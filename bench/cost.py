@@ -17,7 +17,7 @@ with DynamoDB's rules (moto does not report consumed capacity faithfully):
 
 * a write costs ceil(item size / 1 KB) write request units (WRU); an update is sized
   by the larger of the item before and after;
-* a global secondary index costs WRU when a write changes it (:func:`index_writes`):
+* a global secondary index costs WRU when a write changes it (:func:`.units.index_writes`):
   2 when an index key attribute changes (the entry is deleted and put again), 1 when
   the item enters or leaves a sparse index or a projected non-key attribute changes,
   0 otherwise. Sessions: a renewal changes neither key of ``by_ring_load`` (ring,
@@ -26,7 +26,7 @@ with DynamoDB's rules (moto does not report consumed capacity faithfully):
   connection stays attached to its session): 0; a free release moves it into ``FREE#``
   (a handoff nobody took: 2) or out of the index (a STOP: 1); a checkpoint changes
   ``last_seq``, which ``by_owner`` does not project: 0. The release items are the
-  store's own writes read back (:func:`release_items`), not a copy of them;
+  store's own writes read back (:func:`.units.release_items`), not a copy of them;
 * an eventually consistent Query costs 0.5 read request units (RRU) per 4 KB of what
   it reads (index entries, for an index query), and 0.5 even when it reads nothing; a
   strongly consistent one (the stored-end read at a takeover) 1 per 4 KB;
@@ -37,23 +37,23 @@ with DynamoDB's rules (moto does not report consumed capacity faithfully):
 from __future__ import annotations
 
 import json
-import math
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Mapping
 
 from wsfleet import config as cfg
+from wsfleet import settings_spec
 from wsfleet import metrics_names, schema
 from sim.emulator import request_ledger
 from wsfleet.metrics import metric_data
-from sim.fleet import eventually
+from sim.processes import eventually
 from wsfleet.plan import model
 from wsfleet.plan.fleet import fleet
-from wsfleet.store import ConnectionsStore, Released, SessionsStore, unmarshal
+from wsfleet.store import SessionsStore, unmarshal
 
 from . import before, scaling, sinks_plan
 from .common import Result, Rig, Stats, Window, WorkerProcess, fmt, fmt_spread, machine, md_table, median_spread
+from .units import index_spec, index_writes, item_size, read_units_eventual, release_items, write_units
 
 # On-demand list prices, us-east-1, Standard table class, as published after the
 # November 2024 on-demand price reduction. They change: check
@@ -68,6 +68,7 @@ PRICES = {
 }
 HOURS_PER_MONTH = model.HOURS_PER_MONTH
 
+
 def custom_metrics() -> tuple[int, int]:
     """Custom metrics a worker publishes: (per service, per worker while it runs), from
     one PutMetricData it would send (a metric is a name and a set of dimensions)."""
@@ -76,100 +77,10 @@ def custom_metrics() -> tuple[int, int]:
     per_worker = sum(1 for d in data if any(dim["Name"] == metrics_names.DIMENSION_WORKER_ID for dim in d["Dimensions"]))
     return len(data) - per_worker, per_worker
 
+
 TARGET_WRU = 20  # per connection-hour, holding, at 100 connections per worker (the issue's target)
 TARGET_RRU = 20
 HOLDING = ("renewal", "watch", "ring", "free scan", "unowned count", "audit", "sweep")
-
-
-# --- DynamoDB's sizing rules ---------------------------------------------------------------
-
-
-def attribute_size(name: str, value: Any) -> int:
-    """DynamoDB's size of one attribute: name bytes plus value bytes (numbers: 1 byte
-    per two significant digits, plus 1; sets: the sum of their members)."""
-    n = len(name.encode())
-    if isinstance(value, bool) or value is None:
-        return n + 1
-    if isinstance(value, (int, float)):
-        digits = str(abs(int(value))).strip("0") or "0"
-        return n + math.ceil(len(digits) / 2) + 1
-    if isinstance(value, bytes):
-        return n + len(value)
-    if isinstance(value, (set, frozenset)):
-        return n + sum(attribute_size("", v) for v in value)
-    return n + len(str(value).encode())
-
-
-def item_size(item: Mapping[str, Any]) -> int:
-    return sum(attribute_size(k, v) for k, v in item.items())
-
-
-def write_units(size: int) -> int:
-    return max(1, math.ceil(size / 1024))
-
-
-def read_units_eventual(size: int) -> float:
-    return 0.5 * max(1, math.ceil(size / 4096))
-
-
-def index_writes(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, index: Mapping[str, Any]) -> int:
-    """Index writes DynamoDB makes when an item goes from ``old`` to ``new`` (None: absent),
-    for one GlobalSecondaryIndexes entry of a CreateTable spec."""
-    keys = [k["AttributeName"] for k in index["KeySchema"]]
-    was = old is not None and all(k in old for k in keys)
-    now = new is not None and all(k in new for k in keys)
-    if not (was or now):
-        return 0
-    if was != now:
-        return 1  # put into or deleted from a sparse index
-    if any(old[k] != new[k] for k in keys):
-        return 2  # the key moved: delete and put
-    projection = index["Projection"]
-    if projection["ProjectionType"] == "ALL":
-        changed = dict(old) != dict(new)
-    else:
-        changed = any(old.get(a) != new.get(a) for a in projection.get("NonKeyAttributes", ()))
-    return 1 if changed else 0
-
-
-def _index(spec: Mapping[str, Any], name: str) -> Mapping[str, Any]:
-    return next(i for i in spec["GlobalSecondaryIndexes"] if i["IndexName"] == name)
-
-
-def release_items(ddb: Any, ws_url: str, *, shards: int, last_seq: int) -> dict[str, dict]:
-    """A connection item at each step of the ways a worker gives one up, as the store's
-    own writes leave it, read back: ``owned`` (acquired), ``handed`` (a graceful handoff,
-    SIGTERM or a shed: :meth:`ConnectionsStore.release` with ``handoff``), ``given_up``
-    (nobody took it within the handoff's wait: :meth:`ConnectionsStore.free_released`),
-    ``stop_owned`` (the router's STOP of an owned one) and ``stopped`` (its owner's release
-    for that STOP). In a connections and a sessions table of their own, made here: no
-    worker reads them. Raises RuntimeError if a write does not land as the code says."""
-    suffix = uuid.uuid4().hex[:8]
-    table, sessions_table = f"cost-releases-{suffix}", f"cost-releases-sessions-{suffix}"
-    ddb.create_table(**schema.connections_table_spec(table))
-    ddb.create_table(**schema.sessions_table_spec(sessions_table))
-    sessions = SessionsStore(ddb, sessions_table)
-    store = ConnectionsStore(ddb, table, state_shards=shards, sessions_table_name=sessions_table)
-    session = "cost-releases#1"
-    sessions.open(session, worker_id="cost", lease_ms=600_000, max_connections=2)
-    items: dict[str, dict] = {}
-
-    def step(name: str, cid: str, landed: Any) -> None:
-        if not landed:
-            raise RuntimeError(f"release_items: {name} did not land ({landed!r})")
-        items[name] = store.get(cid) or {}
-
-    for cid in ("handed", "stopped"):
-        store.start(cid, ws_url)
-        step("owned", cid, store.acquire(cid, session_id=session, worker_id="cost"))
-    fence = int(items["owned"][schema.FENCE_TOKEN])
-    step("handed", "handed", store.release("handed", session_id=session, fence_token=fence, last_seq=last_seq, handoff=True)
-         is Released.HANDED)
-    step("given_up", "handed", store.free_released("handed", session_id=session, fence_token=fence) is Released.FREE)
-    step("stop_owned", "stopped", store.stop("stopped", sessions=sessions).told)
-    step("stopped", "stopped", store.release("stopped", session_id=session, fence_token=fence, last_seq=last_seq,
-                                             stopped=True) is Released.STOPPED)
-    return items
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -177,11 +88,11 @@ def release_items(ddb: Any, ws_url: str, *, shards: int, last_seq: int) -> dict[
 
 def settings_for(quick: bool) -> dict[str, Any]:
     per_worker = 4 if quick else 100
-    worker: dict[str, Any] = {cfg.MAX_CONNECTIONS: 2 * per_worker}
+    worker: dict[str, Any] = {settings_spec.MAX_CONNECTIONS: 2 * per_worker}
     if quick:
         worker.update({
-            cfg.LEASE_SECONDS: 3, cfg.HEARTBEAT_SECONDS: 1, cfg.RECONCILE_SECONDS: 1, cfg.MAX_CLOCK_SKEW_MS: 200,
-            cfg.METRICS_SECONDS: 1, cfg.CHECKPOINT_SECONDS: 1,
+            settings_spec.LEASE_SECONDS: 3, settings_spec.HEARTBEAT_SECONDS: 1, settings_spec.RECONCILE_SECONDS: 1, settings_spec.MAX_CLOCK_SKEW_MS: 200,
+            settings_spec.METRICS_SECONDS: 1, settings_spec.CHECKPOINT_SECONDS: 1,
         })
     return {
         "workers": 3,  # each watches WATCH_K = 2 ring successors
@@ -334,9 +245,9 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
     # change it), not a heartbeat's; what a heartbeat changes is compared without it.
     load = (schema.ACTIVE, schema.MAX_CONNECTIONS, schema.DRAINING)
     b_same_load = {**(m["session_b"] or {}), **{k: v for k, v in (m["session_a"] or {}).items() if k in load}}
-    renew_index = index_writes(m["session_a"], b_same_load if m["session_b"] else None, _index(sessions_spec, schema.RING_INDEX))
+    renew_index = index_writes(m["session_a"], b_same_load if m["session_b"] else None, index_spec(sessions_spec, schema.RING_INDEX))
     renew_wru = write_units(session_size) + renew_index
-    owner_index = _index(conn_spec, schema.OWNER_INDEX)
+    owner_index = index_spec(conn_spec, schema.OWNER_INDEX)
     acquire_index = index_writes(m["free_item"], m["owned_item"], owner_index)
     r = m["releases"]
     handoff_index = index_writes(r["owned"], r["handed"], owner_index)

@@ -36,10 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wsfleet import settings_spec as cfg
+from wsfleet import settings_spec
 from wsfleet import schema
 from sim import report
-from sim.fleet import EmulatorProcess, Fleet, Timing, eventually
+from sim.children import EmulatorProcess
+from sim.fleet import Fleet
+from sim.processes import eventually
+from sim.timing import Timing
 
 from . import before
 from .common import Result, distribution, fmt, md_table, median_spread
@@ -278,7 +281,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
             cap = math.ceil(p["connections"] / (p["workers"] - 1)) + 5
             with Fleet(
                 run_dir=run_dir / f"failover-{i}", timing=timing, rate=p["rate_per_connection"], emulator=emulator,
-                sample_interval=2.0, worker_env={cfg.MAX_CONNECTIONS: str(cap)},
+                sample_interval=2.0, worker_env={settings_spec.MAX_CONNECTIONS: str(cap)},
             ) as fleet:
                 kind = UpstreamKind.auth_subscribe(emulator.endpoint_url) if kind_name == AUTH_SUBSCRIBE else DEFAULT
                 fleet.upstream.set_credentials(kind.credentials)
@@ -362,7 +365,7 @@ def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool) -
         f"owner's session inbox). Upstream {p['rate_per_connection']} msg/s per stream, MAX_CLOCK_SKEW_MS {p['skew_ms']}, "
         f"FLUSH_INTERVAL_MS {p['flush_ms']}.",
         "Targets (the issue's): crash p50 <= lease + 1 s and p99 <= lease + 2 s; graceful handoff without a socket p99 <= 1 s; "
-        "STOP -> closed <= heartbeat + 1 s; START -> connected p99 <= 0.5 s. This design's bounds (sim.fleet.Timing): "
+        "STOP -> closed <= heartbeat + 1 s; START -> connected p99 <= 0.5 s. This design's bounds (sim.timing.Timing): "
         "crash = lease + skew + takeover slack; handoff = min(2 s, lease / 2); START 2 s; STOP = heartbeat + 1 s.",
         "Before: per-connection leases at lease 20 / heartbeat 5 / reconcile 10 s (the defaults then) and at 10 / 2.5 / 5 s.",
         "Authenticated + subscribe (issue 20): each START names a Secrets Manager secret in secret_headers (the local "

@@ -33,11 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from wsfleet import settings_spec as cfg
+from wsfleet import settings_spec
 from wsfleet import schema
 from wsfleet.leases import SessionTiming
 from sim.emulator import faults, set_faults
-from sim.fleet import eventually
+from sim.processes import eventually
 from wsfleet.sinks import MessagesStore
 
 from .common import Result, Rig, UpstreamProcess, Window, WorkerProcess, fmt, md_table
@@ -159,8 +159,8 @@ class Scenario:
 
     def run(self) -> list[dict[str, Any]]:
         rig, st = self.rig, self.st
-        env = {cfg.LEASE_SECONDS: st.lease_s, cfg.HEARTBEAT_SECONDS: st.heartbeat_s, cfg.MAX_CLOCK_SKEW_MS: st.skew_ms,
-               cfg.METRICS_SECONDS: 1}
+        env = {settings_spec.LEASE_SECONDS: st.lease_s, settings_spec.HEARTBEAT_SECONDS: st.heartbeat_s, settings_spec.MAX_CLOCK_SKEW_MS: st.skew_ms,
+               settings_spec.METRICS_SECONDS: 1}
         self.upstream = rig.upstream(self.p["rate_per_connection"])
         self.workers = [rig.worker(f"w{i + 1}", env) for i in range(self.p["workers"])]
         rig.start_connections(self.ids, self.upstream, hint=True)

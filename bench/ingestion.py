@@ -37,16 +37,11 @@ from __future__ import annotations
 
 import random
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from wsfleet import config as cfg
+from wsfleet import settings_spec
 from wsfleet import schema
-from sim.emulator import faults, set_faults
-from sim.fleet import eventually
-from wsfleet.sinks import MessagesStore
-from wsfleet.worker import writer as writer_mod
 
 from . import before
 from .common import (
@@ -60,21 +55,11 @@ from .common import (
     md_table,
     median_spread,
     proc_cpu_s,
-    proc_rss_mb,
 )
-from .faults import stored_ends
+from .ingestion_throttle import run_throttle, throttle_table
 from .kinds import AUTH_SUBSCRIBE, DEFAULT, DEFAULT_KIND, UpstreamKind
+from .worker_load import DEFAULTS, FLUSH_MS, connect
 
-
-def worker_defaults() -> cfg.WorkerConfig:
-    """The worker's configuration when nothing optional is set."""
-    required = {cfg.TABLE_NAME: "-", cfg.SESSIONS_TABLE_NAME: "-", cfg.MESSAGES_TABLE_NAME: "-", cfg.MESSAGES_BUCKET_NAME: "-", cfg.QUEUE_URL: "-",
-                cfg.AWS_REGION: "-"}
-    return cfg.WorkerConfig.from_env(required)
-
-
-DEFAULTS = worker_defaults()
-FLUSH_MS = DEFAULTS.flush_interval_ms  # FLUSH_INTERVAL_MS's default (100)
 
 # (connections, messages/s per connection, FLUSH_INTERVAL_MS). The first five were the
 # table before issue 9; the last three are its rows (20 x 100/s is already in).
@@ -121,7 +106,7 @@ def settings_for(quick: bool, kinds_only: bool = False, tracing_only: bool = Fal
         "cycle_window_s": 2 if quick else CYCLE_WINDOW_S,
         # The worker's defaults (lease 10 s, heartbeat 2.5 s, reconcile 10 s, checkpoint
         # 120 s), stats every 5 s for the sub-windows.
-        "worker": {cfg.METRICS_SECONDS: 0.5 if quick else 5},
+        "worker": {settings_spec.METRICS_SECONDS: 0.5 if quick else 5},
         "throttle": {
             "connections": 2 if quick else 20,
             "rate_per_connection": 10.0 if quick else 100.0,
@@ -131,19 +116,10 @@ def settings_for(quick: bool, kinds_only: bool = False, tracing_only: bool = Fal
             "after_s": 1.0 if quick else 30.0,
             "drain_timeout_s": 30.0 if quick else 60.0,
             "sample_every_s": 0.25 if quick else 0.5,
-            "worker": {cfg.METRICS_SECONDS: 0.5 if quick else 1},
+            "worker": {settings_spec.METRICS_SECONDS: 0.5 if quick else 1},
             "seed": random.SystemRandom().getrandbits(32),
         },
     }
-
-
-def connect(rig: Rig, upstream: Any, ids: list[str], kind: UpstreamKind = DEFAULT) -> float:
-    """START every connection with its hint; returns the seconds until every socket is open."""
-    began = time.monotonic()
-    rig.start_connections(ids, upstream, hint=True, kind=kind)
-    eventually(lambda: upstream.open_sockets() == len(ids), max(60, len(ids) * 0.3), f"{len(ids)} sockets open",
-               interval=0.5)
-    return time.monotonic() - began
 
 
 def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, Any], kind_name: str = DEFAULT_KIND,
@@ -153,9 +129,9 @@ def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, An
         kind = UpstreamKind.auth_subscribe(rig.emulator.endpoint_url) if kind_name == AUTH_SUBSCRIBE else DEFAULT
         upstream = rig.upstream(rate, credentials=kind.credentials)
         spans_file = run_dir / "traces-w1.jsonl"
-        tracing_env = {cfg.TRACING: "otel", cfg.TRACING_FILE: str(spans_file.resolve())} if traced else {}
-        worker = rig.worker("w1", {**s["worker"], cfg.FLUSH_INTERVAL_MS: flush_ms,
-                                   cfg.MAX_CONNECTIONS: max(DEFAULTS.max_connections, n), **tracing_env})
+        tracing_env = {settings_spec.TRACING: "otel", settings_spec.TRACING_FILE: str(spans_file.resolve())} if traced else {}
+        worker = rig.worker("w1", {**s["worker"], settings_spec.FLUSH_INTERVAL_MS: flush_ms,
+                                   settings_spec.MAX_CONNECTIONS: max(DEFAULTS.max_connections, n), **tracing_env})
         ids = [f"ing{i:03d}" for i in range(n)]
         connect_s = connect(rig, upstream, ids, kind)
         time.sleep(s["warmup_s"])
@@ -256,174 +232,6 @@ def tracing_lines(levels: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-# --- the throttle row ----------------------------------------------------------------------------
-
-
-def sample_rss(pid: int, seconds: float, every: float) -> list[float]:
-    """The process's resident memory (MB, from /proc) every ``every`` s for ``seconds``."""
-    out, end = [], time.monotonic() + seconds
-    while True:
-        out.append(proc_rss_mb(pid))
-        if time.monotonic() + every > end:
-            return out
-        time.sleep(every)
-
-
-def run_throttle(run_dir: Path, t: dict[str, Any]) -> dict[str, Any]:
-    """One worker at 2,000 msg/s offered; half of all DynamoDB requests throttled for
-    ``during_s``. Memory, pending frames and backpressure before / during / after; how
-    long until the frames sent by the end of the throttling were stored; then a graceful
-    stop and the read-back audit (gaps, checkpoints, frames given up)."""
-    n, rate = t["connections"], t["rate_per_connection"]
-    with Rig(run_dir) as rig:
-        url = rig.emulator.endpoint_url
-        upstream = rig.upstream(rate)
-        worker = rig.worker("w1", t["worker"])
-        ids = [f"thr{i:03d}" for i in range(n)]
-        connect(rig, upstream, ids)
-        marks = {"start": worker.next_stats()}
-        rss = {"before": sample_rss(worker.pid, t["before_s"], t["sample_every_s"])}
-        marks["on"] = worker.next_stats()
-        set_faults(url, throttle=t["share"], seed=t["seed"])
-        rss["during"] = sample_rss(worker.pid, t["during_s"], t["sample_every_s"])
-        counts = faults(url)
-        set_faults(url, throttle=0)
-        # What the upstream had sent when the throttling ended (the highest seq sent on
-        # each stream's socket): when is all of it stored?
-        sent = {cid: st["sent_head"] for cid, st in upstream.stats()["streams"].items() if cid in ids}
-        marks["off"] = worker.next_stats()
-        rss["after"] = sample_rss(worker.pid, t["after_s"], t["sample_every_s"])
-        marks["end"] = worker.next_stats()
-        # Follow each stream's gap-free stored end (each read goes on from the last one,
-        # so it stays cheap) until it reaches what was sent, or the timeout.
-        messages = MessagesStore(rig.ddb, rig.aws_env["MESSAGES_TABLE_NAME"])
-        ends = dict.fromkeys(ids, 0)
-        began = time.monotonic()
-
-        def caught_up() -> bool:
-            for cid in ids:
-                if ends[cid] < sent.get(cid, 0):
-                    ends[cid] = messages.stored_end(cid, ends[cid])
-            return all(ends[cid] >= sent.get(cid, 0) for cid in ids)
-
-        try:
-            eventually(caught_up, t["drain_timeout_s"], "every sent frame stored", interval=1.0)
-            drained_s: float | None = time.monotonic() - began
-        except TimeoutError:
-            drained_s = None
-        not_yet = sum(max(0, sent.get(cid, 0) - ends[cid]) for cid in ids)
-        lines = worker.stats()
-        # A quiet table for the audit: SIGTERM (the worker flushes, releases each
-        # connection with its final checkpoint, and exits), then read every stream back.
-        worker.stop(grace_s=DEFAULTS.shutdown_seconds + 15)
-        books = upstream.stats()["streams"]
-        stored = stored_ends(rig, messages, ids, since=ends)
-        events = worker.events()
-        errors = Counter(e.get("error", "").split(";")[0] for e in events if e["event"] == "socket_error")
-        unwritten = sum(int(e.get("unwritten") or 0) for e in events)
-        items = {cid: rig.connections.get(cid) or {} for cid in ids}
-
-    def phase(a: Any, b: Any) -> dict[str, Any]:
-        inside = [x for x in lines if a.ts <= x.ts <= b.ts]
-        w = Window.between(a, b)
-        return {
-            "seconds": w.seconds,
-            "stored_per_s": w.counters["MessagesStored"] / w.seconds if w.seconds else None,
-            "backpressure_waits": w.counters["BackpressureWaits"],
-            "pending_max": max((x.writer.get("pending", 0) for x in inside), default=0),
-            "leases_lost": w.counters["LeasesLost"],
-            "same_session": w.same_session,
-            "ddb_requests": w.ddb_total,
-            "latency_ms": latency_between(a, b),
-        }
-
-    return {
-        "connections": n,
-        "rate_per_connection": rate,
-        "share": t["share"],
-        "seed": t["seed"],
-        "throttled": sum(counts["throttled"].values()),
-        "passed": sum(counts["passed"].values()),
-        "rss_mb": {k: {"max": max(v), "first": v[0], "last": v[-1], "samples": v} for k, v in rss.items()},
-        "max_rss_mb_peak": marks["end"].max_rss_mb,
-        "phases": {"before": phase(marks["start"], marks["on"]), "during": phase(marks["on"], marks["off"]),
-                   "after": phase(marks["off"], marks["end"])},
-        "caps": {"per_connection": writer_mod.MAX_PENDING_PER_CONNECTION, "worker": writer_mod.MAX_PENDING},
-        "sent": sent,
-        "drained_s": drained_s,
-        "not_yet_stored": not_yet,
-        "gaps": sorted(cid for cid, (highest, end) in stored.items() if end < highest),
-        "missing_below_highest": sum(highest - end for highest, end in stored.values()),
-        "checkpoint_past_stored_end": sum(max(0, int(items[cid].get(schema.LAST_SEQ) or 0) - stored[cid][1]) for cid in ids),
-        "checkpoint_is_stored_end": sum(1 for cid in ids if items[cid].get(schema.LAST_SEQ) == stored[cid][1]),
-        "unwritten": unwritten,
-        "sockets_reopened": sum(books[cid]["sockets_opened"] - 1 for cid in ids if cid in books),
-        "reconnects": lines[-1].counters["Reconnects"] if lines else 0,
-        "socket_errors": dict(errors),
-        "overlaps": sum(books[cid]["overlaps"] for cid in ids if cid in books),
-        "stored_total": sum(end for _, end in stored.values()),
-        "produced_total": sum(books[cid]["produced"] for cid in ids if cid in books),
-    }
-
-
-def throttle_table(r: dict[str, Any]) -> tuple[str, list[str]]:
-    ph, rss = r["phases"], r["rss_mb"]
-    cap = r["caps"]["worker"]
-    # Bounded: the writer never held more than its cap, and memory stopped growing while
-    # it stayed there: over the second half of the after phase (still 2,000 msg/s
-    # offered, so the writer stays full) RSS grows by at most 2 %.
-    late = rss["after"]["samples"][len(rss["after"]["samples"]) // 2 :]
-    growth = (max(late) - late[0]) / late[0]
-    bounded = all(p["pending_max"] <= cap for p in ph.values()) and growth <= 0.02
-    lost = r["missing_below_highest"] + r["checkpoint_past_stored_end"] + r["unwritten"]
-    clean = lost == 0 and not r["gaps"]
-    total = r["throttled"] + r["passed"]
-    header = [f"{r['connections']} x {r['rate_per_connection']:g} msg/s offered, {r['share']:.0%} throttled for "
-              f"{r['phases']['during']['seconds']:.0f} s", "before", "during", "after"]
-    rows = [
-        ["stored msg/s", *(fmt(ph[k]["stored_per_s"], 0) for k in ph)],
-        ["worker RSS max (first -> last) MB",
-         *(f"{rss[k]['max']:.0f} ({rss[k]['first']:.0f} -> {rss[k]['last']:.0f})" for k in ("before", "during", "after"))],
-        [f"writer pending max (cap {cap:,}; {r['caps']['per_connection']:,} per connection)",
-         *(f"{ph[k]['pending_max']:,}" for k in ph)],
-        ["backpressure waits", *(f"{ph[k]['backpressure_waits']:,}" for k in ph)],
-        ["received -> stored p50 / p99 / max ms", *(latency_cell(ph[k]["latency_ms"]) for k in ph)],
-        ["leases lost; same session", *(f"{ph[k]['leases_lost']}; {'yes' if ph[k]['same_session'] else 'NO'}" for k in ph)],
-    ]
-    verdict = [
-        ["throttled (measured)", f"{r['throttled'] / total * 100:.0f} % of {total:,} DynamoDB requests" if total else "-"],
-        ["RSS bounded (pending ≤ cap; RSS growth over the after phase's second half ≤ 2 %)",
-         f"{'met' if bounded else 'MISSED'}: {growth * 100:+.1f} % ({late[0]:.1f} -> {max(late):.1f} MB)"],
-        ["messages lost: (highest stored - gap-free end) + checkpoint past the stored end + given up",
-         f"{lost} = {r['missing_below_highest']} + {r['checkpoint_past_stored_end']} + {r['unwritten']} "
-         f"({'met' if lost == 0 else 'MISSED'})"],
-        ["gaps (streams with a stored seq missing below their highest)",
-         f"{len(r['gaps'])} ({'met' if not r['gaps'] else 'MISSED'})"],
-        ["released checkpoint = gap-free stored end", f"{r['checkpoint_is_stored_end']} of {r['connections']}"],
-        ["frames sent by the upstream when the throttling ended: all stored",
-         f"{r['drained_s'] + ph['after']['seconds']:.0f} s after it ended" if r["drained_s"] is not None
-         else f"not within {ph['after']['seconds']:.0f} + 60 s ({r['not_yet_stored']:,} not yet)"],
-        ["sockets reopened (worker's reconnects); two sockets at once",
-         f"{r['sockets_reopened']} ({r['reconnects']}); {r['overlaps']}"],
-        ["target (issue 9): RSS bounded, nothing lost, gaps 0", "met" if bounded and clean else "MISSED"],
-    ]
-    md = "\n".join([md_table(header, rows), "", md_table(["throttle row", "result"], verdict)])
-    notes = [
-        f"Throttle row: one worker (defaults; METRICS_SECONDS 1), {r['connections']} connections x "
-        f"{r['rate_per_connection']:g} msg/s; the emulator answers {r['share']:.0%} of every DynamoDB request with "
-        f"ThrottlingException (seed {r['seed']}) during the middle phase. RSS: the worker's resident set from /proc "
-        f"every 0.5 s (its ru_maxrss peak, start-up included: {r['max_rss_mb_peak']:.0f} MB). After the after phase: "
-        "SIGTERM (flush, release with the checkpoint) and every stream read back from seq 1. Lost: per stream, its highest stored "
-        "seq less its gap-free stored end (0 unless a seq is missing), released checkpoints past the gap-free stored end (the next owner would resume "
-        "beyond a hole) and frames the worker logged as given up (unwritten). Frames the upstream sent but the worker "
-        "had not read (socket buffers, while its receive loops wait) are not lost: the next owner asks for them from "
-        "the checkpoint.",
-    ]
-    if r["socket_errors"]:
-        notes.append("Socket errors in the worker's log: " + "; ".join(f"{n} x {e}" for e, n in r["socket_errors"].items()))
-    return md, notes
-
-
 def kept_up(level: dict[str, Any]) -> bool:
     return level["stored_per_s"] >= KEPT_UP * level["offered_per_s"]
 
@@ -508,7 +316,7 @@ def run(*, quick: bool, run_dir: Path, command: str, kinds_only: bool = False, t
         "LEASE 20 s, HEARTBEAT 5 s), a fresh emulator and upstream process per row; "
         f"{s['window_s']} s window after {s['warmup_s']} s warm-up ({s['cycle_window_s']:g} s for the rows with a "
         "request target); stored msg/s and CPU per message are the median "
-        f"(min-max) over the window's {s['worker'][cfg.METRICS_SECONDS]} s stats intervals, the rest are whole-window "
+        f"(min-max) over the window's {s['worker'][settings_spec.METRICS_SECONDS]} s stats intervals, the rest are whole-window "
         "figures. DynamoDB req / msg counts every DynamoDB request in the window (batches, session renewals, watch, "
         "free scan, audit, UnownedConnections counts, checkpoints) over the messages stored.",
         "CPU shares are of one core; the machine has 2, shared by the worker, the emulator and the upstream. "

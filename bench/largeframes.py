@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from wsfleet import config as cfg
-from sim.fleet import eventually
+from wsfleet import settings_spec
+from sim.processes import eventually
 from wsfleet.stream import MAX_MESSAGE_BYTES
 
 from .common import ReadyUpstream, Result, Rig, Window, fmt, latency_between, latency_cell, md_table
@@ -52,7 +53,7 @@ def settings_for(quick: bool) -> dict[str, Any]:
         "warmup_s": 1.0 if quick else 5.0,
         "window_s": 2.0 if quick else 30.0,
         "sample_s": 0.05 if quick else 0.1,
-        "worker": {cfg.METRICS_SECONDS: 0.5 if quick else 2},
+        "worker": {settings_spec.METRICS_SECONDS: 0.5 if quick else 2},
         # Throughput and store latency by size, two connections each, bounded: data that
         # fits an item (inline) against data stored through S3.
         "sweep_connections": 2,
@@ -90,9 +91,9 @@ def run_one(run_dir: Path, s: dict[str, Any], n: int, budget: int | None, size: 
         try:
             worker = rig.worker("w1", {
                 **s["worker"],
-                cfg.MAX_FRAME_BYTES: max(size, s["frame_bytes"]),
-                cfg.MAX_BUFFERED_BYTES: budget if budget is not None else "off",
-                cfg.MAX_CONNECTIONS: max(n, 10),
+                settings_spec.MAX_FRAME_BYTES: max(size, s["frame_bytes"]),
+                settings_spec.MAX_BUFFERED_BYTES: budget if budget is not None else "off",
+                settings_spec.MAX_CONNECTIONS: max(n, 10),
             })
             ids = [f"big{i:02d}" for i in range(n)]
             rig.start_connections(ids, upstream, hint=True)  # type: ignore[arg-type]

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sim import fleet
+from sim.children import child_env
 from sim.emulator import Emulator, create_resources, journal, record_journal
 
 from .common import Result, md_table
@@ -78,7 +78,7 @@ def _freeze_again_and_again(endpoint_url: str, check: str, pauses: int, rng: ran
     with open(run_dir / f"pauses-{check}.log", "w") as log:
         child = subprocess.Popen(
             [sys.executable, "-m", "bench.pauses", json.dumps(env), check],
-            env=fleet.child_env(**env), stdout=subprocess.PIPE, stderr=log, text=True,
+            env=child_env(**env), stdout=subprocess.PIPE, stderr=log, text=True,
         )
         try:
             if child.stdout.readline().strip() != "ready":

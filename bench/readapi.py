@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from wsfleet import config as cfg
+from wsfleet import settings_spec
 from sim.api import LocalApi
-from sim.fleet import LOOPBACK
+from sim.processes import LOOPBACK
 from wsfleet.logs import JsonLogger
 from wsfleet.router import Router, make_presigner
 from wsfleet.sinks import MessagesStore, ObjectsStore
@@ -96,7 +97,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
             worker_id="bench",
         )
 
-        env = {**rig.aws_env, cfg.ALLOWED_WS_HOSTS: LOOPBACK}
+        env = {**rig.aws_env, settings_spec.ALLOWED_WS_HOSTS: LOOPBACK}
         with open(run_dir / "readapi" / "router.log", "a", buffering=1) as log:
             router = Router.from_env(
                 env, ddb=rig.ddb, sqs=rig.sqs, s3=make_presigner(cfg.RouterConfig.from_env(env), session=rig.session),

@@ -29,7 +29,10 @@ from typing import Any
 
 from wsfleet import schema
 from sim import report
-from sim.fleet import EmulatorProcess, Fleet, Timing, eventually
+from sim.children import EmulatorProcess
+from sim.fleet import Fleet
+from sim.processes import eventually
+from sim.timing import Timing
 from wsfleet.store import marshal, unmarshal
 from wsfleet.balance import max_moves
 from wsfleet.worker.balancer import MIN_HOLD_S

@@ -22,7 +22,7 @@ from wsfleet import records
 from wsfleet.aws import Aws
 from wsfleet.config import WorkerConfig
 from sim.emulator import create_resources
-from sim.fleet import EmulatorProcess
+from sim.children import EmulatorProcess
 from wsfleet.sinks import MessagesStore, StreamSink
 from wsfleet.stream import Frame
 

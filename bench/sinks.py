@@ -37,14 +37,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from wsfleet import settings_spec as cfg
+from wsfleet import settings_spec
 from wsfleet import records, schema
 from sim import stream_audit
 from sim.emulator import faults, set_faults
-from sim.fleet import eventually
+from sim.processes import eventually
 
 from .common import Result, Rig, fmt, fmt_spread, latency_cell, md_table
-from .ingestion import FLUSH_MS, connect, run_level, settings_for
+from .ingestion import run_level, settings_for
+from .worker_load import FLUSH_MS, connect
 
 ROWS = [(100, 2.0), (1000, 0.5)]
 QUICK_ROWS = [(2, 10.0)]
@@ -68,9 +69,9 @@ def crash_settings(quick: bool) -> dict[str, Any]:
         "ambiguous": 0.05,
         "throttle": 0.05,
         "worker": {
-            cfg.CHECKPOINT_SECONDS: checkpoint_s,
-            cfg.METRICS_SECONDS: 0.5 if quick else 5,
-            **({cfg.LEASE_SECONDS: 3, cfg.HEARTBEAT_SECONDS: 0.75} if quick else {}),
+            settings_spec.CHECKPOINT_SECONDS: checkpoint_s,
+            settings_spec.METRICS_SECONDS: 0.5 if quick else 5,
+            **({settings_spec.LEASE_SECONDS: 3, settings_spec.HEARTBEAT_SECONDS: 0.75} if quick else {}),
         },
         "seed": random.SystemRandom().getrandbits(32),
     }

@@ -67,7 +67,8 @@ or embed with :class:`Emulator` in tests.
 
 This module assembles the layers (:func:`build_app`) and runs the server; the layers
 live beside it: :mod:`.emulator_faults` (the fault switch), :mod:`.emulator_books` (the
-journal and the request ledger), :mod:`.moto_patches` and :mod:`.emulator_wsgi`.
+journal and the request ledger), :mod:`.moto_patches` and :mod:`.emulator_wsgi`; what a
+client signs with is :mod:`.emulator_client`'s.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from werkzeug.serving import make_server
 
-from wsfleet import config, schema
+from wsfleet import config, schema, settings_spec
 from wsfleet.logs import route_stdlib_logging
 from .emulator_books import JOURNAL_PATH, REQUESTS_PATH, Journal, RequestLedger
 from .emulator_client import CREDENTIALS, DEFAULT_REGION, emulator_session
@@ -316,7 +317,7 @@ def create_resources(
     allowed in ``secret_headers``, see :func:`secrets.put_secret`). ``client(service)``:
     a client of ``endpoint_url`` to create them with (default: a new session's; the
     tests, which create resources hundreds of times, pass clients made once)."""
-    sinks = config.sinks({config.SINK: sink})
+    sinks = config.sinks({settings_spec.SINK: sink})
     if client is None:
         session = emulator_session(region)
         client = functools.partial(session.client, endpoint_url=endpoint_url)
@@ -339,7 +340,7 @@ def create_resources(
         kinesis = client("kinesis")
         kinesis.create_stream(StreamName=messages_stream_name, ShardCount=stream_shards)
         kinesis.get_waiter("stream_exists").wait(StreamName=messages_stream_name, WaiterConfig={"Delay": 0.1, "MaxAttempts": 300})
-        stream = {config.MESSAGES_STREAM_NAME: messages_stream_name}
+        stream = {settings_spec.MESSAGES_STREAM_NAME: messages_stream_name}
     return {
         "AWS_ENDPOINT_URL": endpoint_url,
         "AWS_REGION": region,
@@ -350,7 +351,7 @@ def create_resources(
         "MESSAGES_BUCKET_NAME": messages_bucket_name,
         "QUEUE_URL": queue_url,
         "UPSTREAM_SECRET_PREFIX": SECRET_PREFIX,
-        config.SINK: ",".join(sinks),
+        settings_spec.SINK: ",".join(sinks),
         **stream,
     }
 

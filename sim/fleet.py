@@ -4,7 +4,7 @@ the fleet tests drive.
 A :class:`Fleet` owns everything it starts:
 
 * the local AWS backend, ``python -m sim.emulator`` in a process of its own
-  (or a shared :class:`EmulatorProcess`), with tables and a queue of its own;
+  (or a shared :class:`~sim.children.EmulatorProcess`), with tables and a queue of its own;
 * K workers, each ``python -m wsfleet.worker`` in a process of its own, with its JSON
   log in ``<run_dir>/<name>.log``;
 * the upstream (:class:`~sim.upstream.ThreadedUpstream`) and the API
@@ -35,134 +35,36 @@ import itertools
 import json
 import logging
 import os
-import shutil
 import signal
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from botocore.config import Config
 
 from wsfleet import config as cfg
+from wsfleet import settings_spec
 from wsfleet import schema, tracing
 from wsfleet.logs import JsonLogger
 from wsfleet.sinks import MessagesStore, ObjectsStore
 from wsfleet.store import unmarshal
 from .api import LocalApi
-from .emulator import create_resources, record_journal
+from .children import EmulatorProcess, child_env, pinned
+from .emulator import record_journal
 from .emulator_client import DEFAULT_REGION, emulator_session
 from .emulator_faults import HARNESS_MARK
-# The observer's shapes and the processes live beside this module; importable from here too.
-from .timing import TAKEOVER_SLACK_S, Timing  # noqa: F401
-from .observed import (  # noqa: F401
-    Audit, ConnState, LargeFrame, Observed, Sample, SessionState, reachability_violations, session_from_item,
-    state_from_item, unreachable_in,
-)
 from .fleet_audit import FleetAudit
-from .processes import LOOPBACK, Process, eventually, spawn, stop_process  # noqa: F401
+from .observed import ConnState, Sample, SessionState, session_from_item, state_from_item
+from .processes import LOOPBACK, Process, eventually, spawn, stop_process
+from .timing import Timing
 from .upstream import DEFAULT as DEFAULT_SHAPE
 from .upstream import ThreadedUpstream
 
-
 log = logging.getLogger(__name__)
-
-
-# Children import the product (``wsfleet``) from RUNTIME_DIR and the simulator (``sim``)
-# from SIM_ROOT; a benchmark or a chaos run points both at a copy taken at its start
-# (pin_runtime), by assigning this module's RUNTIME_DIR.
-SIM_ROOT = Path(__file__).resolve().parents[1]  # holds the ``sim`` package
-RUNTIME_DIR = SIM_ROOT / "runtime"  # holds the ``wsfleet`` package
-
-
-def pin_runtime(run_dir: Path) -> Path:
-    """Copy the ``wsfleet`` and ``sim`` packages into ``run_dir/runtime`` and return that
-    directory, for a long run's children to import: code edited while the run goes on must
-    not reach the workers it starts later (the API, in this process, keeps what it imported)."""
-    pinned = run_dir / "runtime"
-    ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(RUNTIME_DIR / "wsfleet", pinned / "wsfleet", ignore=ignore, dirs_exist_ok=True)
-    shutil.copytree(SIM_ROOT / "sim", pinned / "sim", ignore=ignore, dirs_exist_ok=True)
-    return pinned
-
-
-def pinned(env: dict[str, str], runtime_dir: Path | None) -> dict[str, str]:
-    """``env`` with ``runtime_dir`` first on PYTHONPATH (None: unchanged)."""
-    if runtime_dir is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(runtime_dir), env.get("PYTHONPATH", "")])
-    return env
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    """This process's environment without anything that could reach real AWS, plus
-    what a ``python -m wsfleet...`` child needs."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(RUNTIME_DIR), str(SIM_ROOT), os.environ.get("PYTHONPATH", "")]))
-    env["PYTHONUNBUFFERED"] = "1"
-    env["AWS_XRAY_SDK_ENABLED"] = "false"
-    env[cfg.TRACING] = "off"  # unless the fleet traces (Fleet(traces=True)): no daemon, no collector here
-    env.pop(cfg.TRACING_FILE, None)
-    # The local upstream is on loopback: the router and the worker must both allow it.
-    env[cfg.ALLOWED_WS_HOSTS] = LOOPBACK
-    env.update(extra)
-    return env
-
-
-class EmulatorProcess:
-    """``python -m sim.emulator`` in a process of its own: moto's DynamoDB is
-    serialised, so a fleet must not share its interpreter (and GIL) with the workers'
-    backend. Several fleets may share one (each creates its own tables and queue)."""
-
-    def __init__(self, log_path: Path, *, runtime_dir: Path | None = None) -> None:
-        self._log_path = log_path
-        self._runtime_dir = runtime_dir
-        self.proc: Process | None = None
-        self.endpoint_url = ""
-
-    def start(self, timeout: float = 30.0) -> "EmulatorProcess":
-        self.proc = spawn(
-            "emulator",
-            [sys.executable, "-m", "sim.emulator", "--host", LOOPBACK],
-            pinned(child_env(), self._runtime_dir),
-            self._log_path,
-        )
-
-        def ready() -> str | None:
-            if not self.proc.alive():
-                raise RuntimeError(f"the emulator exited at start-up; see {self._log_path}")
-            return next((line.split()[1] for line in self.proc.lines() if line.startswith("READY ")), None)
-
-        self.endpoint_url = eventually(ready, timeout, "the emulator to be READY", interval=0.05)
-        return self
-
-    def create_resources(self, sink: str = schema.SINK_DYNAMODB) -> dict[str, str]:
-        """Tables and a queue (and the messages stream, where ``sink`` has kinesis) with
-        names of their own; returns the env the worker needs."""
-        suffix = uuid.uuid4().hex[:8]
-        return create_resources(
-            self.endpoint_url,
-            table_name=f"wsfleet-connections-{suffix}",
-            sessions_table_name=f"wsfleet-sessions-{suffix}",
-            messages_table_name=f"wsfleet-messages-{suffix}",
-            messages_bucket_name=f"wsfleet-messages-{suffix}",
-            queue_name=f"wsfleet-start-{suffix}",
-            sink=sink,
-            messages_stream_name=f"wsfleet-messages-{suffix}",
-        )
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            stop_process(self.proc, grace_s=3.0)
-
-    def __enter__(self) -> "EmulatorProcess":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 # --- the fleet ------------------------------------------------------------------------------------
@@ -190,7 +92,7 @@ class Fleet(FleetAudit):
         self.run_dir = Path(run_dir)
         # TRACING=otel, every process's spans as OTLP JSON lines in traces-<name>.jsonl.
         self.traces = traces
-        self.sinks = cfg.sinks({cfg.SINK: sink})  # a bad value fails here, naming SINK
+        self.sinks = cfg.sinks({settings_spec.SINK: sink})  # a bad value fails here, naming SINK
         self.timing = timing
         self.rate = rate
         self._extra_env = dict(worker_env or {})
@@ -256,7 +158,7 @@ class Fleet(FleetAudit):
     def _start_api(self) -> None:
         from wsfleet.router import Router, make_presigner
 
-        env = {**self.aws_env, cfg.ALLOWED_WS_HOSTS: LOOPBACK}
+        env = {**self.aws_env, settings_spec.ALLOWED_WS_HOSTS: LOOPBACK}
         if self.traces:  # the API's router runs in this process
             tracing.configure(tracing.Settings(tracing.OTEL, file=str(self.trace_file("api"))), "wsfleet-router")
         self._api_log = open(self.run_dir / "api.log", "a", buffering=1)
@@ -318,7 +220,7 @@ class Fleet(FleetAudit):
         env = child_env(
             **self.aws_env,
             **self.timing.env(),
-            **{cfg.WORKER_ID: name, cfg.METRICS_SECONDS: "5"},
+            **{settings_spec.WORKER_ID: name, settings_spec.METRICS_SECONDS: "5"},
             **self._extra_env,
             **(self._traced(name) if self.traces else {}),
             **overrides,
@@ -327,7 +229,7 @@ class Fleet(FleetAudit):
 
     def _traced(self, name: str) -> dict[str, str]:
         # A short batch delay: a worker killed at the end loses at most a second of spans.
-        return {cfg.TRACING: "otel", cfg.TRACING_FILE: str(self.trace_file(name)), "OTEL_BSP_SCHEDULE_DELAY": "1000"}
+        return {settings_spec.TRACING: "otel", settings_spec.TRACING_FILE: str(self.trace_file(name)), "OTEL_BSP_SCHEDULE_DELAY": "1000"}
 
     def trace_file(self, name: str) -> Path:
         return self.run_dir / f"traces-{name}.jsonl"

@@ -14,7 +14,7 @@ import json
 import urllib.request
 from typing import Any, Callable, Sequence
 
-from wsfleet import settings_spec as cfg
+from wsfleet import settings_spec
 from wsfleet import schema
 from . import stream_audit
 from .emulator import journal
@@ -47,7 +47,7 @@ class FleetAudit:
 
     def read_stream(self) -> list[stream_audit.Delivery]:
         """Every record on the messages stream now, shard by shard."""
-        return stream_audit.read_stream(self._kinesis, self.aws_env[cfg.MESSAGES_STREAM_NAME])
+        return stream_audit.read_stream(self._kinesis, self.aws_env[settings_spec.MESSAGES_STREAM_NAME])
 
     def _journal(self) -> list[dict]:
         """This fleet's entries of the emulator's journal (another fleet may share it)."""

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from wsfleet.balance import FleetLoad, shed_count
-from .fleet import Audit, LargeFrame, Sample
+from .observed import Audit, LargeFrame, Sample
 from .upstream import Overlap, SocketRecord
 
 # Event kinds, and what "done" means for the connections each affects.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from wsfleet import settings_spec as cfg
+from wsfleet import settings_spec
 
 
 
@@ -34,13 +34,13 @@ class Timing:
 
     def env(self) -> dict[str, str]:
         return {
-            cfg.LEASE_SECONDS: f"{self.lease_s:g}",
-            cfg.HEARTBEAT_SECONDS: f"{self.heartbeat_s:g}",
-            cfg.RECONCILE_SECONDS: f"{self.reconcile_s:g}",
-            cfg.MAX_CLOCK_SKEW_MS: str(self.skew_ms),
-            cfg.FLUSH_INTERVAL_MS: str(self.flush_ms),
-            cfg.SHUTDOWN_SECONDS: f"{self.shutdown_s:g}",
-            cfg.CHECKPOINT_SECONDS: f"{self.checkpoint_s:g}",
+            settings_spec.LEASE_SECONDS: f"{self.lease_s:g}",
+            settings_spec.HEARTBEAT_SECONDS: f"{self.heartbeat_s:g}",
+            settings_spec.RECONCILE_SECONDS: f"{self.reconcile_s:g}",
+            settings_spec.MAX_CLOCK_SKEW_MS: str(self.skew_ms),
+            settings_spec.FLUSH_INTERVAL_MS: str(self.flush_ms),
+            settings_spec.SHUTDOWN_SECONDS: f"{self.shutdown_s:g}",
+            settings_spec.CHECKPOINT_SECONDS: f"{self.checkpoint_s:g}",
         }
 
     @property

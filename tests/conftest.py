@@ -18,7 +18,7 @@ from botocore.config import Config
 
 from sim.emulator import Emulator, create_resources, set_faults
 from sim.emulator_client import CREDENTIALS, emulator_session
-from sim.fleet import EmulatorProcess
+from sim.children import EmulatorProcess
 from sim.upstream import ThreadedUpstream
 from wsfleet.sinks import MessagesStore
 from wsfleet.store import ConnectionsStore, SessionsStore

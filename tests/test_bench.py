@@ -21,7 +21,8 @@ from wsfleet import records
 from wsfleet.plan.fleet import fleet
 from wsfleet.plan.model import Op
 from bench.common import Stats, Window, distribution, md_table, median_spread, percentile
-from bench.cost import PRICES, attribute_size, index_writes, item_size, read_units_eventual, release_items, write_units
+from bench.cost import PRICES
+from bench.units import attribute_size, index_writes, item_size, read_units_eventual, release_items, write_units
 from bench.faults import session_loss
 from bench.sinks import audit
 from wsfleet import schema

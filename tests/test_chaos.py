@@ -19,7 +19,8 @@ from sim.chaos.recovery import kind_summary
 from sim.chaos.evidence import Evidence, Row, Snapshot, frame_data
 from sim.chaos.history import Applied, Op
 from sim.chaos.schedule import KINDS, KINESIS, Bounds, dealt_kinds, generate
-from sim.fleet import ConnState, Sample, SessionState, Timing
+from sim.observed import ConnState, Sample, SessionState
+from sim.timing import Timing
 from sim.stream_audit import Delivery
 from sim.upstream import Overlap, SocketRecord
 from wsfleet import records
@@ -591,7 +592,7 @@ def test_every_process_a_run_starts_imports_the_copy_of_the_package_taken_at_its
     router kept the old one: 80 ``stop_not_closed`` the fleet did not cause (fixed in
     c068159). A child started with the fleet's environment imports the copy, and the
     copy is the package as it was."""
-    from sim.fleet import RUNTIME_DIR, child_env, pin_runtime, pinned
+    from sim.children import RUNTIME_DIR, child_env, pin_runtime, pinned
 
     runtime = pin_runtime(tmp_path)
     code = "import wsfleet.worker.lifecycle as m, wsfleet.store as s; print(m.__file__); print(s.__file__)"

@@ -19,7 +19,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from wsfleet import config, records, schema
+from wsfleet import config, records, schema, settings_spec
 from wsfleet.consumer import Consumer, batch, delivery, object_key
 from wsfleet.consumer.delivery import Delivered, decide
 from wsfleet.consumer.local import LocalEventSource, kinesis_event
@@ -55,10 +55,10 @@ class Rig:
         self.ddb.create_table(**schema.consumer_table_spec(self.table))
         self.s3.create_bucket(Bucket=self.bucket)
         self.env = {
-            config.CONSUMER_BUCKET_NAME: self.bucket,
-            config.CONSUMER_TABLE_NAME: self.table,
-            config.AWS_REGION: REGION,
-            config.AWS_ENDPOINT_URL: endpoint_url,
+            settings_spec.CONSUMER_BUCKET_NAME: self.bucket,
+            settings_spec.CONSUMER_TABLE_NAME: self.table,
+            settings_spec.AWS_REGION: REGION,
+            settings_spec.AWS_ENDPOINT_URL: endpoint_url,
         }
         self.logs = io.StringIO()
         self.consumer = Consumer.from_env(self.env, ddb=ddb, s3=s3, logger=JsonLogger(self.logs, component="consumer"))
@@ -467,24 +467,24 @@ def test_a_batch_of_5_mib_is_one_object_per_connection(emulator):
 @pytest.mark.parametrize(
     "env, named",
     [
-        ({config.CONSUMER_TABLE_NAME: "t", config.AWS_REGION: REGION}, config.CONSUMER_BUCKET_NAME),
-        ({config.CONSUMER_BUCKET_NAME: "b", config.AWS_REGION: REGION}, config.CONSUMER_TABLE_NAME),
-        ({config.CONSUMER_BUCKET_NAME: "b", config.CONSUMER_TABLE_NAME: "t"}, config.AWS_REGION),
-        ({config.CONSUMER_BUCKET_NAME: "b", config.CONSUMER_TABLE_NAME: "t", config.AWS_REGION: REGION,
-          config.CONSUMER_PREFIX: "/abs/"}, config.CONSUMER_PREFIX),
-        ({config.CONSUMER_BUCKET_NAME: "b", config.CONSUMER_TABLE_NAME: "t", config.AWS_REGION: REGION,
-          config.CONSUMER_PREFIX: "a\nb"}, config.CONSUMER_PREFIX),
+        ({settings_spec.CONSUMER_TABLE_NAME: "t", settings_spec.AWS_REGION: REGION}, settings_spec.CONSUMER_BUCKET_NAME),
+        ({settings_spec.CONSUMER_BUCKET_NAME: "b", settings_spec.AWS_REGION: REGION}, settings_spec.CONSUMER_TABLE_NAME),
+        ({settings_spec.CONSUMER_BUCKET_NAME: "b", settings_spec.CONSUMER_TABLE_NAME: "t"}, settings_spec.AWS_REGION),
+        ({settings_spec.CONSUMER_BUCKET_NAME: "b", settings_spec.CONSUMER_TABLE_NAME: "t", settings_spec.AWS_REGION: REGION,
+          settings_spec.CONSUMER_PREFIX: "/abs/"}, settings_spec.CONSUMER_PREFIX),
+        ({settings_spec.CONSUMER_BUCKET_NAME: "b", settings_spec.CONSUMER_TABLE_NAME: "t", settings_spec.AWS_REGION: REGION,
+          settings_spec.CONSUMER_PREFIX: "a\nb"}, settings_spec.CONSUMER_PREFIX),
     ],
 )
 def test_a_bad_setting_is_an_error_naming_the_variable(env, named):
-    with pytest.raises(config.ConfigError, match=named):
+    with pytest.raises(settings_spec.ConfigError, match=named):
         config.ConsumerConfig.from_env(env)
 
 
 def test_the_prefix_defaults_to_frames_and_is_taken_as_given():
-    env = {config.CONSUMER_BUCKET_NAME: "b", config.CONSUMER_TABLE_NAME: "t", config.AWS_REGION: REGION}
+    env = {settings_spec.CONSUMER_BUCKET_NAME: "b", settings_spec.CONSUMER_TABLE_NAME: "t", settings_spec.AWS_REGION: REGION}
     assert config.ConsumerConfig.from_env(env).prefix == "frames/"
-    assert config.ConsumerConfig.from_env({**env, config.CONSUMER_PREFIX: "out/v1/"}).prefix == "out/v1/"
+    assert config.ConsumerConfig.from_env({**env, settings_spec.CONSUMER_PREFIX: "out/v1/"}).prefix == "out/v1/"
 
 
 def test_the_lambda_entry_point_with_a_bad_setting_fails_the_whole_batch_and_logs_one_line(monkeypatch, capsys):
@@ -494,12 +494,12 @@ def test_the_lambda_entry_point_with_a_bad_setting_fails_the_whole_batch_and_log
                         (threading, "excepthook")):
         monkeypatch.setattr(owner, name, copy.copy(getattr(owner, name)))
     monkeypatch.setattr(batch, "_consumer", None)
-    monkeypatch.delenv(config.CONSUMER_BUCKET_NAME, raising=False)
-    monkeypatch.setenv(config.CONSUMER_TABLE_NAME, "t")
+    monkeypatch.delenv(settings_spec.CONSUMER_BUCKET_NAME, raising=False)
+    monkeypatch.setenv(settings_spec.CONSUMER_TABLE_NAME, "t")
     event = {"Records": [{"kinesis": {"sequenceNumber": "49", "partitionKey": "c1", "data": "e30="}}]}
     assert batch.handler(event, None) == {"batchItemFailures": [{"itemIdentifier": "49"}]}
     (line,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert line["event"] == "config_invalid" and config.CONSUMER_BUCKET_NAME in line["detail"]
+    assert line["event"] == "config_invalid" and settings_spec.CONSUMER_BUCKET_NAME in line["detail"]
 
 
 # --- with the worker's own sink ---------------------------------------------------------------------

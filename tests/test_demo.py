@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from sim import report, traces
-from sim.demo import parse_args
-from sim.fleet import Audit, ConnState, LargeFrame, Sample, SessionState, eventually, state_from_item
+from sim.demo.cli import parse_args
+from sim.observed import Audit, ConnState, LargeFrame, Sample, SessionState, state_from_item
+from sim.processes import eventually
 from sim.upstream import Overlap, SocketRecord
 
 FAST = ["--lease", "3", "--heartbeat", "0.75", "--reconcile", "1", "--skew-ms", "200", "--checkpoint", "1", "--rate", "5"]

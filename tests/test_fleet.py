@@ -19,7 +19,10 @@ from wsfleet.leases import SessionTiming
 from sim.chaos.checker import IN_FLIGHT_AFTER_RESUME_S
 from sim.chaos.workers import FAKETIME_LIB
 from sim.chaos.workers import clock_off_by as chaos_clock_off_by
-from sim.fleet import Fleet, SessionState, Timing, eventually, reachability_violations
+from sim.fleet import Fleet
+from sim.observed import SessionState, reachability_violations
+from sim.processes import eventually
+from sim.timing import Timing
 from wsfleet.worker.takeover import RING_REFRESH_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -18,7 +18,8 @@ from tests.test_fleet import (
 )
 from wsfleet import schema
 from sim import report
-from sim.fleet import Fleet, eventually
+from sim.fleet import Fleet
+from sim.processes import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 import pytest
 
 from sim import kind_streams
-from sim.fleet import Fleet, Timing, eventually
+from sim.fleet import Fleet
+from sim.processes import eventually
+from sim.timing import Timing
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(150)]
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from sim.fleet import eventually
+from sim.processes import eventually
 from sim.upstream import ThreadedUpstream
 from wsfleet.router import Router
 

@@ -11,8 +11,9 @@ import sys
 from typing import Sequence
 
 from wsfleet import config as cfg
+from wsfleet import settings_spec
 from wsfleet.logs import route_stdlib_logging
-from ..fleet import Timing
+from ..timing import Timing
 from .run import Run, Settings
 from .schedule import KINDS, dealt_kinds
 
@@ -38,7 +39,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     p.add_argument("--warmup", type=float, default=None, help="seconds between the last session opening and the first fault [until every session is watched]")
     p.add_argument("--slack", type=float, default=0.0, help="seconds added to every recovery bound [0]")
     p.add_argument("--run-dir", default=".chaos", help="where each run's logs and report go [.chaos]")
-    p.add_argument("--sink", default=os.environ.get(cfg.SINK) or "dynamodb",
+    p.add_argument("--sink", default=os.environ.get(settings_spec.SINK) or "dynamodb",
                    help="SINK: dynamodb, kinesis or dynamodb,kinesis [$SINK, else dynamodb]")
     p.add_argument("--kinds", default=None, help=f"comma-separated fault kinds to deal [all: {','.join(KINDS)}]")
     a = p.parse_args(argv)
@@ -50,7 +51,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         p.error("--skew-ms must be less than --lease minus --heartbeat")
     kinds = tuple(k.strip() for k in a.kinds.split(",") if k.strip()) if a.kinds is not None else None
     try:
-        sink = ",".join(cfg.sinks({cfg.SINK: a.sink}))
+        sink = ",".join(cfg.sinks({settings_spec.SINK: a.sink}))
     except ValueError as exc:
         p.error(f"--sink: {exc}")
     try:

@@ -34,7 +34,7 @@ The stored data (``lost``, ``doubled``, ``corrupt``) is judged in :mod:`.data`.
   connection its socket;
 * ``crash``: a worker exited without being told to, or a SIGTERM ended in an error;
 * ``unreachable``: a STARTED connection no worker would ever take, between two
-  consecutive observer samples (:func:`sim.fleet.reachability_violations`);
+  consecutive observer samples (:func:`sim.observed.reachability_violations`);
 * ``stale_url``: a socket to a url the connection's ws_url no longer named: opened after
   a START with a new url (the old owner may still reconnect before it could know of the
   STOP, within the STOP bound: counted, not a violation), or still open past the STOP
@@ -54,7 +54,8 @@ from typing import Iterable, Sequence
 
 from wsfleet import schema
 from wsfleet.worker.upstream_socket import CLOSE_TIMEOUT_S
-from ..fleet import Timing, reachability_violations
+from ..observed import reachability_violations
+from ..timing import Timing
 from ..upstream import stream_name
 from ..stream_audit import Delivery
 from .data import byzantine_expectations, check_data

@@ -16,7 +16,7 @@ import json
 from typing import Iterable, Mapping, Sequence
 
 from wsfleet import schema
-from ..fleet import Timing
+from ..timing import Timing
 from ..upstream import SocketRecord, stream_name
 from .byzantine import CLASSES, MARKER
 from .evidence import Evidence, Row

@@ -28,7 +28,7 @@ from typing import Callable, Mapping, Sequence
 
 from wsfleet import metrics_names as names
 from wsfleet import schema
-from ..fleet import Timing
+from ..timing import Timing
 from ..stream_audit import Delivery, acquisitions, as_items, audit, consumer_view
 from .data import check_data
 from .evidence import Evidence, Row

@@ -28,7 +28,8 @@ from typing import Any, Mapping, Sequence, TypeVar
 
 from wsfleet import schema
 from ..emulator import journal
-from ..fleet import ConnState, Fleet, Sample, SessionState
+from ..fleet import Fleet
+from ..observed import ConnState, Sample, SessionState
 from ..stream_audit import Delivery, as_items, consumer_view
 from ..upstream import DEFAULT, Overlap, SocketRecord
 from ..upstream.kinds import stored_data

@@ -19,9 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from wsfleet import settings_spec as cfg
+from wsfleet import settings_spec
 from ..emulator import record_journal, request_ledger
-from ..fleet import RUNTIME_DIR, Fleet, Sample, Timing, new_run_dir, pin_runtime
+from ..children import RUNTIME_DIR, pin_runtime
+from ..fleet import Fleet, new_run_dir
+from ..observed import Sample
+from ..timing import Timing
 from ..report import progress_line
 from . import checker, machine, report
 from .evidence import Snapshot, gather
@@ -143,7 +146,7 @@ class Run:
             keep_samples=False,
             runtime_dir=runtime,
             sink=s.sink,
-            worker_env={cfg.MAX_FRAME_BYTES: str(MAX_FRAME_BYTES)},  # the limit the oversize faults exceed
+            worker_env={settings_spec.MAX_FRAME_BYTES: str(MAX_FRAME_BYTES)},  # the limit the oversize faults exceed
         ) as fleet:
             self.fleet = fleet
             return self._play(fleet, run_dir)

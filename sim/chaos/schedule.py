@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 from wsfleet.leases import SessionTiming
 from wsfleet.worker.upstream_socket import CLOSE_TIMEOUT_S
 from wsfleet.worker.takeover import RING_REFRESH_S
-from ..fleet import TAKEOVER_SLACK_S, Timing
+from ..timing import TAKEOVER_SLACK_S, Timing
 from .byzantine import CLASSES
 
 # Kinds, by where the fault is injected. "ambiguous" reaches SQS as well as DynamoDB.
@@ -56,7 +56,7 @@ BUSY_MACHINE_S = 1.5
 @dataclass(frozen=True)
 class Bounds:
     """How long each kind of fault may keep a connection from being whole again, from
-    the worker timing (:class:`~sim.fleet.Timing`)."""
+    the worker timing (:class:`~sim.timing.Timing`)."""
 
     timing: Timing
 

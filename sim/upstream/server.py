@@ -1,5 +1,5 @@
 """The local upstream server: streams, kinds and fault injection in one event loop
-(see the package docstring)."""
+(see the package docstring); what goes out on each socket is :mod:`.feed`'s."""
 
 from __future__ import annotations
 
@@ -8,8 +8,6 @@ import dataclasses
 import heapq
 import itertools
 import json
-import logging
-import socket
 import time
 from typing import Any, Callable, Iterable
 from urllib.parse import quote, unquote, urlsplit
@@ -19,21 +17,15 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from .books import Overlap, SocketRecord, Stream, StreamTotals
 from . import kinds
-from .kinds import BadRequest
+from .books import Overlap, SocketRecord, Stream, StreamTotals
+from .feed import send_stream, subscribed
 
 STREAM_PREFIX = "/streams/"
-# How often a stalled stream asks the kernel whether its clients closed: the books' close
-# time of such a socket is late by at most this.
-STALL_POLL_S = 0.02
-_TCP_PEER_CLOSED = (7, 8, 9)  # TCP_CLOSE, TCP_CLOSE_WAIT, TCP_LAST_ACK (linux/tcp_states.h)
 STATS_PATH = "/_stats"
 NOT_JSON = "not json"
 NO_SEQ = '{"data": 1}'
 MALFORMED_FRAMES = (NOT_JSON, NO_SEQ)
-
-log = logging.getLogger(__name__)
 
 
 def stream_name(path: str) -> str:
@@ -412,9 +404,9 @@ class Upstream:
             self._reading(ws, False)
         sender: asyncio.Task[None] | None = None
         try:
-            if kind.subscribe and not await self._subscribed(ws, s, record):
+            if kind.subscribe and not await subscribed(ws, s, record):
                 return
-            sender = asyncio.create_task(self._send(ws, s, record))
+            sender = asyncio.create_task(send_stream(ws, s, record))
             # Reading also notices the close: the iteration ends (or raises, after
             # an error code or an abort) when the TCP connection is gone. Whatever
             # else the client sends is ignored.
@@ -426,84 +418,3 @@ class Upstream:
             if sender is not None:
                 sender.cancel()
             s.closed(record, time.time())
-
-    async def _subscribed(self, ws: ServerConnection, s: Stream, record: SocketRecord) -> bool:
-        """Wait for the socket's subscribe message and take its from_seq; a bad one
-        closes the socket (1008, the reason in a sentence) and answers False."""
-        message = await ws.recv()
-        try:
-            record.subscribed_from = record.from_seq = kinds.parse_subscribe(message, s.name)
-        except BadRequest as error:
-            record.subscribe_error = str(error)
-            await ws.close(1008, kinds.close_reason(str(error)))
-            return False
-        return True
-
-    async def _send(self, ws: ServerConnection, s: Stream, record: SocketRecord) -> None:
-        # The position in the stream: seq ``last`` is behind us. A live-only socket
-        # starts at the head it opened at, past what was injected there before.
-        start = record.from_seq if record.live_from is None else record.live_from
-        last = max(0, start - 1 + record.offset)
-        extras_sent = len(s.injected.get(last, ())) if record.live_from is not None else 0
-        sent_at = 0.0  # when the last numbered frame went (monotonic), for slow()
-        try:
-            while True:
-                if s.stalled:
-                    # Not reading, we would not see the client close: ask the kernel.
-                    if _peer_closed(ws):
-                        ws.transport.abort()  # the reader sees it now and books the close
-                        return
-                    try:
-                        await asyncio.wait_for(s.changed.wait(), STALL_POLL_S)
-                    except TimeoutError:
-                        pass
-                    continue
-                extras = s.injected.get(last, ())
-                if extras_sent < len(extras):
-                    await ws.send(extras[extras_sent], text=True)
-                    extras_sent += 1
-                    record.injected_sent += 1
-                elif last < s.head:
-                    if s.slow_s > 0 and time.monotonic() < sent_at + s.slow_s:
-                        # Not yet: wake at the due time, or sooner if the setting changes.
-                        try:
-                            await asyncio.wait_for(s.changed.wait(), sent_at + s.slow_s - time.monotonic())
-                        except TimeoutError:
-                            pass
-                        continue
-                    seq = max(last + 1, s.oldest_retained)
-                    frame = s.frame(seq)
-                    if frame is None:  # skipped: never produced, nothing to send
-                        last, extras_sent = seq, 0
-                        continue
-                    sent_at = time.monotonic()
-                    await ws.send(frame, text=True)
-                    last, extras_sent = seq, 0
-                    record.frames_sent += 1
-                    record.last_seq_sent = seq
-                    if record.first_seq_sent is None:
-                        record.first_seq_sent = seq
-                else:
-                    # No await between the checks above and taking this event, so
-                    # no change can slip in unnoticed.
-                    await s.changed.wait()
-        except ConnectionClosed:
-            pass  # the reader in _serve_socket books the close
-        except Exception:
-            log.exception("upstream sender failed; closing socket %d", record.id)
-            await ws.close(1011, "upstream error")
-
-
-def _peer_closed(ws: ServerConnection) -> bool:
-    """The client has closed its end (its FIN or RST reached our kernel), whether or not
-    we have read that far (Linux TCP_INFO; False where it cannot be asked)."""
-    sock = ws.transport.get_extra_info("socket")
-    if sock is None or not hasattr(socket, "TCP_INFO"):
-        return False
-    try:
-        state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
-    except OSError:
-        return True
-    return state in _TCP_PEER_CLOSED
-
-

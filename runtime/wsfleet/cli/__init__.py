@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .. import config, schema
+from .. import schema, settings_spec
 from ..plan.model import ENVIRONMENTS
 from ..plan.sinks import DEFAULT_FRAME_BYTES, Consumer
 from ..store import TransientError
@@ -395,7 +395,7 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
         return args.run(args, env)
     except CliError as error:
         sentence = str(error)
-    except (BotoCoreError, ClientError, TransientError, config.ConfigError) as error:
+    except (BotoCoreError, ClientError, TransientError, settings_spec.ConfigError) as error:
         sentence = aws_sentence(error)
     except KeyboardInterrupt:
         return 130
