@@ -37,12 +37,17 @@ _PYTHON_VERSION = LAMBDA_RUNTIME.name.removeprefix("python")
 WORKER_CPU_ARCHITECTURE = ecs.CpuArchitecture.X86_64
 _WORKER_BUILD_PLATFORM = ecr_assets.Platform.LINUX_AMD64
 
-# The function code is the package only: no caches, no build files (the simulator is not in runtime/).
+# The function code is the package only: no caches, no build files, and not the
+# operators' CLI and plan (``wsfleet``'s __main__, cli/, plan/ and what plan reads),
+# which no Lambda imports (tests/test_structure.py checks that from the imports).
 _ROUTER_CODE_EXCLUDE = [
     "*",
     "!wsfleet",
     "!wsfleet/**",
-    "wsfleet/measured_ops.json",  # what `wsfleet plan` computes from: an operator's, not the router's
+    "wsfleet/__main__.py",
+    "wsfleet/cli",
+    "wsfleet/plan",
+    "wsfleet/measured_ops.json",
     ".dockerignore",
     "**/__pycache__",
     "**/*.pyc",

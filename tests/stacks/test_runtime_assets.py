@@ -10,6 +10,9 @@ from pathlib import Path
 from stacks import runtime_assets
 
 DOCKERFILE = runtime_assets.RUNTIME_DIR / "Dockerfile"
+# The operators' CLI and plan: in the package (pip install ./runtime), not in the worker
+# image or the Lambda functions.
+OPERATORS_ONLY = ("wsfleet/__main__.py", "wsfleet/cli/", "wsfleet/plan/", "wsfleet/measured_ops.json")
 
 
 def _asset_dir(env, stack_name: str, asset_hash: str, kind: str) -> Path:
@@ -42,7 +45,7 @@ def test_router_code_is_the_wsfleet_package_and_nothing_else(dev):
     files = _files(_router_code_dir(dev))
     assert {"wsfleet/__init__.py", "wsfleet/schema.py", "wsfleet/config.py"} <= files
     assert all(f.startswith("wsfleet/") and f.endswith(".py") for f in files), sorted(files)
-    assert not any(f.startswith("wsfleet/local/") or "__pycache__" in f for f in files)
+    assert not any(f.startswith(OPERATORS_ONLY) or "__pycache__" in f for f in files)
 
 
 def test_worker_image_context_is_the_dockerfile_requirements_and_package(dev):
@@ -50,7 +53,7 @@ def test_worker_image_context_is_the_dockerfile_requirements_and_package(dev):
     assert {"Dockerfile", ".dockerignore", "requirements.txt", "wsfleet/__init__.py"} <= files
     others = {f for f in files if not f.startswith("wsfleet/")}
     assert others == {"Dockerfile", ".dockerignore", "requirements.txt"}
-    assert not any(f.startswith("wsfleet/local/") or "__pycache__" in f for f in files)
+    assert not any(f.startswith(OPERATORS_ONLY) or "__pycache__" in f for f in files)
 
 
 def test_image_is_built_for_the_task_cpu_architecture(dev):
