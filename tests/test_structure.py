@@ -10,6 +10,7 @@ Imports are read from the source (``ast``), lazy ones inside functions and those
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +48,7 @@ def part(module: str) -> str:
     return module.split(".")[1] if module.count(".") else module
 
 
+@functools.cache
 def modules() -> dict[str, Path]:
     """Dotted module name -> file, for every module of every package."""
     found = {}
@@ -81,6 +83,7 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
     return out
 
 
+@functools.cache
 def graph() -> dict[str, set[str]]:
     known = modules()
     return {name: imports(name, path, known) for name, path in known.items()}
