@@ -13,6 +13,7 @@ from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters, metric_data
 from wsfleet.store import ConnectionsStore, SessionsStore
 from wsfleet.worker.lifecycle import Worker
+from wsfleet.worker.report import LoopLag
 
 
 def test_counter_deltas_report_only_what_changed_since_the_last_publish():
@@ -80,6 +81,29 @@ def test_loop_lag_is_a_millisecond_gauge_published_once_it_has_been_measured():
     assert names.LOOP_LAG_P99 not in {d["MetricName"] for d in unmeasured}
 
 
+def test_event_loop_lag_is_the_intervals_longest_stall_published_once_per_interval():
+    data = metric_data(service_name="svc", active_connections=0, deltas={}, loop_lag_max_ms=850.0)
+    assert {
+        "MetricName": "EventLoopLagMs",
+        "Dimensions": [{"Name": "ServiceName", "Value": "svc"}],
+        "Value": 850.0,
+        "Unit": "Milliseconds",
+    } in data
+    assert names.EVENT_LOOP_LAG not in {d["MetricName"] for d in metric_data(service_name="svc", active_connections=0, deltas={})}
+
+
+def test_the_longest_lag_is_taken_per_interval_and_starts_again_after_each_publish():
+    lag = LoopLag()
+    assert lag.take_longest() is None  # nothing probed: nothing published
+    for ms in (3.0, 120.0, 7.5):
+        lag.note(ms)
+    assert lag.take_longest() == 120.0
+    lag.note(2.0)
+    assert lag.take_longest() == 2.0  # the earlier stall belongs to the earlier interval
+    assert list(lag.recent) == [3.0, 120.0, 7.5, 2.0]  # the p99's two minutes keep every probe
+    assert lag.window_max() == 120.0
+
+
 def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatch(emulator, aws_env, ddb):
     cfg = WorkerConfig.from_env({**aws_env, "SERVICE_NAME": "wsfleet-test", "METRICS_NAMESPACE": "WsFleetTest"})
     conns = ConnectionsStore(
@@ -103,7 +127,9 @@ def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatc
         await worker.takeover.watch_once()  # watches elsewhere#1 and dead#1
         worker.takeover.cancel()  # counted while still attached: stop the drain it just spawned
         await worker.balancer.summarize_once()  # the last in the ring: it counts for the fleet, dead#1 included
-        worker.report.lag_ms.append(4.0)  # what the loop probe would have recorded
+        for _ in range(200):
+            worker.report.lag.note(4.0)  # what the loop probe would have recorded
+        worker.report.lag.note(950.0)  # one long stall: the p99 hides it, the interval's longest does not
         # A connection counts as free only once it is still free at the next count: "e"
         # was free at the first and taken before the second, "a" stays free.
         assert await worker.report.count_unowned() == 1  # only "d" (its session ENDED): "a" and "e" just seen
@@ -131,6 +157,7 @@ def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatc
     assert latest("ActiveConnections") == 0
     assert latest("ActiveConnections", [*dims, {"Name": "WorkerId", "Value": "w1"}]) == 0
     assert latest("LoopLagP99") == 4.0
+    assert latest("EventLoopLagMs") == 950.0
     assert latest("UnownedConnections") == 2  # "a", free at both counts, and "d", on an ended session
 
 

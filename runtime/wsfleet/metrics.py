@@ -40,13 +40,15 @@ def metric_data(
     unowned_connections: int | None = None,
     worker_id: str | None = None,
     loop_lag_p99_ms: float | None = None,
+    loop_lag_max_ms: float | None = None,
     refused_connections: int | None = None,
     trace_export_failures: int = 0,
 ) -> list[dict[str, Any]]:
     """The PutMetricData ``MetricData``: the ``ActiveConnections`` gauge (what ECS
     target tracking scales on, averaged over the service's tasks), the same gauge once
     more per worker when ``worker_id`` is given, the ``UnownedConnections`` gauge when
-    it could be counted, ``LoopLagP99`` when the loop has been probed, the
+    it could be counted, ``LoopLagP99`` and ``EventLoopLagMs`` (the interval's longest)
+    when the loop has been probed, the
     ``RefusedConnections`` gauge (held connections whose last connect was refused), and
     counter deltas, and ``TraceExportFailures`` when some span exports failed. Everything
     but the per-worker gauge carries ``ServiceName`` only."""
@@ -63,6 +65,8 @@ def metric_data(
         data.append(_datum(names.ACTIVE_CONNECTIONS, worker, active_connections, "Count"))
     if loop_lag_p99_ms is not None:
         data.append(_datum(names.LOOP_LAG_P99, service, loop_lag_p99_ms, "Milliseconds"))
+    if loop_lag_max_ms is not None:
+        data.append(_datum(names.EVENT_LOOP_LAG, service, loop_lag_max_ms, "Milliseconds"))
     if trace_export_failures > 0:
         data.append(_datum(names.TRACE_EXPORT_FAILURES, service, trace_export_failures, "Count"))
     return data

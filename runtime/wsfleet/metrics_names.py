@@ -23,6 +23,11 @@ MESSAGES_STORED = "MessagesStored"
 MALFORMED_FRAMES = "MalformedFrames"
 # The worker's event-loop lag, 99th percentile of the last two minutes of probes (ms).
 LOOP_LAG_P99 = "LoopLagP99"
+# The longest the worker's event loop was held since its previous publish (ms): the
+# largest lag of any probe in the interval. One stall the p99 hides (a huge frame parsed
+# on the loop, a blocking call) shows here; past a second, every socket of the worker
+# waits, and near the heartbeat its session misses a renewal.
+EVENT_LOOP_LAG = "EventLoopLagMs"
 # Receive loops that had to wait because the worker's writer was at its pending cap.
 BACKPRESSURE_WAITS = "BackpressureWaits"
 # Connections the fleet's reachability sweep found that no worker would ever take (free

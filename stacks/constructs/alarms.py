@@ -9,6 +9,9 @@
 * Did the reachability sweep find a connection that no worker would ever take?
 * Did a worker loop meet an error it was not built for? (``LoopErrors``: each one is a
   ``loop_error`` log line with its traceback; the loop went on)
+* Does a worker's event loop keep stalling? (``EventLoopLagMs``, the longest the loop
+  was held in each interval, at a second or more for minutes: every socket of that
+  worker waits as long)
 * Have an upstream's credentials stopped working? (connections whose connects keep being
   refused, ``RefusedConnections``: GET shows each one's ``last_error``)
 
@@ -62,6 +65,12 @@ _GE = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
 # every METRICS_SECONDS plus the time publishing takes, so its datapoints drift across
 # period boundaries, and a missing datapoint counts as not breaching.
 REFUSED_MINUTES = 5
+# A worker's event loop held this long (ms) delays every socket of the worker by as much,
+# a gap its neighbours' users see; held near the heartbeat, the session misses a renewal.
+# One such minute can be a GC pause or a burst; STALLED_MINUTES of STALLED_MINUTES + 2 is
+# a worker that keeps stalling (a hostile upstream's frames, a blocking call).
+STALLED_LOOP_MS = 1000
+STALLED_MINUTES = 3
 
 
 class Alarms(Construct):
@@ -209,6 +218,24 @@ class Alarms(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
 
+        # The Maximum over workers of each one's longest stall in its interval: any worker.
+        self.event_loop_stalled = cloudwatch.Alarm(
+            self,
+            "EventLoopStalled",
+            alarm_name=f"{prefix}-worker-event-loop-stalled",
+            alarm_description=(
+                f"A worker's event loop was held for {STALLED_LOOP_MS} ms or more in {STALLED_MINUTES} of the last "
+                f"{STALLED_MINUTES + 2} minutes: every connection of that worker waited as long. The worker's stats "
+                "log lines show loop_lag_max_ms; look at what it was doing then (a huge frame, a blocking call)."
+            ),
+            metric=service_metric(metrics_names.EVENT_LOOP_LAG, one_minute, cloudwatch.Stats.MAXIMUM),
+            threshold=STALLED_LOOP_MS,
+            comparison_operator=_GE,
+            evaluation_periods=STALLED_MINUTES + 2,
+            datapoints_to_alarm=STALLED_MINUTES,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+
         self.all: tuple[cloudwatch.Alarm, ...] = (
             self.dead_letters,
             self.router_errors,
@@ -218,6 +245,7 @@ class Alarms(Construct):
             self.unreachable_connections,
             self.loop_errors,
             self.refused_connections,
+            self.event_loop_stalled,
         )
         self.stream_throttled: cloudwatch.Alarm | None = None
         self.records_throttled: cloudwatch.Alarm | None = None

@@ -155,10 +155,11 @@ class OperationsDashboard(Construct):
         self.dashboard.add_widgets(*self._upstreams(refused_alarm))
         self.dashboard.add_widgets(
             self._graph(
-                "Event-loop lag, p99 of each worker (ms)",
+                "Event-loop lag of each worker (ms)",
                 [
-                    self._worker_metric(names.LOOP_LAG_P99, _MAX, "worst worker"),
-                    self._worker_metric(names.LOOP_LAG_P99, _AVG, "average worker"),
+                    self._worker_metric(names.LOOP_LAG_P99, _MAX, "p99, worst worker"),
+                    self._worker_metric(names.LOOP_LAG_P99, _AVG, "p99, average worker"),
+                    self._worker_metric(names.EVENT_LOOP_LAG, _MAX, "longest stall, worst worker"),
                 ],
             ),
             self._graph(

@@ -336,6 +336,7 @@ _EVERY_ENVIRONMENTS_ALARMS = {
     "connections-unreachable",
     "worker-loop-errors",
     "upstream-refused",
+    "worker-event-loop-stalled",
 }
 _STREAM_ALARMS = {"stream-write-throttled", "worker-records-throttled"}
 _CONSUMER_ALARMS = {"consumer-iterator-age", "consumer-errors", "consumer-batches-abandoned", "consumer-seqs-abandoned"}

@@ -672,6 +672,20 @@ def test_alarm_when_connections_stay_unowned_past_the_failover_bound(env):
     assert alarm["TreatMissingData"] == "breaching"
 
 
+def test_alarm_on_a_worker_whose_event_loop_keeps_stalling_for_a_second(env):
+    alarm = _alarm(env, "worker-event-loop-stalled")
+    assert (alarm["Namespace"], alarm["MetricName"]) == (metrics_names.DEFAULT_NAMESPACE, metrics_names.EVENT_LOOP_LAG)
+    assert alarm["Dimensions"] == [
+        {"Name": metrics_names.DIMENSION_SERVICE_NAME, "Value": env.settings.service_name}
+    ]
+    # Any worker's longest stall in a minute, in 3 of 5 minutes: a worker that keeps
+    # stalling, not one GC pause.
+    assert alarm["Statistic"] == "Maximum" and alarm["Period"] == 60
+    assert alarm["Threshold"] == 1000 and alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    assert (alarm["DatapointsToAlarm"], alarm["EvaluationPeriods"]) == (3, 5)
+    assert alarm["TreatMissingData"] == "notBreaching"
+
+
 def test_alarm_on_any_worker_loop_error(env):
     alarm = _alarm(env, "worker-loop-errors")
     assert (alarm["Namespace"], alarm["MetricName"]) == (metrics_names.DEFAULT_NAMESPACE, metrics_names.LOOP_ERRORS)

@@ -33,6 +33,32 @@ from .writer import Writer
 LAG_PROBE_S = 0.25  # how often the event-loop lag probe wakes up
 
 
+class LoopLag:
+    """The event loop's lag as the probe measures it: the last two minutes of probes (for
+    ``LoopLagP99`` and the stats line) and the longest since the previous publish (for
+    ``EventLoopLagMs``: one stall the p99 would hide)."""
+
+    def __init__(self) -> None:
+        self.recent: deque[float] = deque(maxlen=round(120 / LAG_PROBE_S))
+        self._longest: float | None = None
+
+    def note(self, lag_ms: float) -> None:
+        self.recent.append(lag_ms)
+        self._longest = lag_ms if self._longest is None else max(self._longest, lag_ms)
+
+    def p99(self) -> float | None:
+        lags = sorted(self.recent)
+        return round(lags[int(0.99 * (len(lags) - 1))], 2) if lags else None
+
+    def window_max(self) -> float | None:
+        return round(max(self.recent), 2) if self.recent else None
+
+    def take_longest(self) -> float | None:
+        """The longest lag since the previous call (None: no probe since)."""
+        longest, self._longest = self._longest, None
+        return None if longest is None else round(longest, 2)
+
+
 class Report:
     def __init__(
         self,
@@ -52,7 +78,7 @@ class Report:
         budget: MemoryBudget | None,
         gate: ReceiveGate | None,
     ) -> None:
-        self.lag_ms: deque[float] = deque(maxlen=480)  # the event loop's lag, the last two minutes of probes
+        self.lag = LoopLag()
         self._config = config
         self._worker_id = worker_id
         self._aws = aws
@@ -87,7 +113,8 @@ class Report:
             deltas=self._counters.take_deltas(),
             unowned_connections=await self.count_unowned() if count_unowned else None,
             worker_id=self._worker_id,
-            loop_lag_p99_ms=self.stats()["loop_lag_p99_ms"],
+            loop_lag_p99_ms=self.lag.p99(),
+            loop_lag_max_ms=self.lag.take_longest(),
             refused_connections=sum(1 for r in list(self._holdings.runners.values()) if r.refused),
             trace_export_failures=tracing.take_export_failures(),
         )
@@ -105,7 +132,6 @@ class Report:
     def stats(self) -> dict[str, Any]:
         """What the ``stats`` log line reports: session, connections, counters, AWS
         requests sent, event-loop lag and memory (for operators and the benchmarks)."""
-        lags = sorted(self.lag_ms)
         return {
             "session_id": self._keeper.session_id,
             "renewals": self._keeper.renewals,
@@ -119,8 +145,8 @@ class Report:
             "gate": self._gate.stats() if self._gate else None,
             "checkpoints": self._checkpoints.stats(),
             "requests": dict(self._aws.requests),
-            "loop_lag_p99_ms": round(lags[int(0.99 * (len(lags) - 1))], 2) if lags else None,
-            "loop_lag_max_ms": round(lags[-1], 2) if lags else None,
+            "loop_lag_p99_ms": self.lag.p99(),
+            "loop_lag_max_ms": self.lag.window_max(),
             "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "cpu_s": round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]), 3),
         }
@@ -130,4 +156,4 @@ class Report:
         while True:
             before = clock.now()
             await asyncio.sleep(LAG_PROBE_S)
-            self.lag_ms.append(max(0.0, (clock.now() - before - LAG_PROBE_S) * 1000))
+            self.lag.note(max(0.0, (clock.now() - before - LAG_PROBE_S) * 1000))
