@@ -13,6 +13,7 @@ from typing import Any, Awaitable, Callable
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.frames import Frame, Opcode
 from websockets.sync.client import connect as sync_connect
 
 from sim.upstream import FLAT, NESTED, Kind, ThreadedUpstream, Upstream
@@ -293,13 +294,46 @@ async def test_every_kind_at_once():
 def test_request_parsing_refuses_unknown_values_in_a_sentence():
     assert parse_request("/streams/a") == (1, Kind())
     assert parse_request("/streams/a?from_seq=7&replay=none&subscribe=0") == (7, Kind(replay="none"))
+    assert parse_request("/streams/a?ping_flood=2.5") == (1, Kind(ping_flood=2.5))
+    assert Kind(ping_flood=2000).text == "ping_flood=2000"
     for bad in ("from_seq=0", "from_seq=x", "auth=", "auth=a%20b", "subprotocol=a,b", "subscribe=yes",
-                "shape=round", "replay=some"):
+                "shape=round", "replay=some", "ping_flood=0", "ping_flood=fast", "ping_flood=nan", "ping_flood=1e9"):
         with pytest.raises(BadRequest) as error:
             parse_request("/streams/a?" + bad)
         assert str(error.value)
     with pytest.raises(BadRequest):
         parse_subscribe(subscribe("a", 2**70 * -1), "a")
+
+
+class _Pinged(ClientConnection):
+    """A client connection that notes each PING's payload (websockets answers it)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pings: list[bytes] = []
+
+    def process_event(self, event: Any) -> None:
+        super().process_event(event)
+        if isinstance(event, Frame) and event.opcode is Opcode.PING:
+            self.pings.append(bytes(event.data))
+
+
+async def until(predicate: Callable[[], Any]) -> None:
+    while not predicate():
+        await asyncio.sleep(0.02)
+
+
+@run
+async def test_a_ping_flood_socket_is_sent_large_pings_and_no_frame_and_closes_though_it_never_reads():
+    async with Upstream(rate=None) as up:
+        up.publish("f")  # the stream has a frame: a flood socket is never sent it
+        url = up.url_for("f") + "?ping_flood=200"
+        async with connect(url, compression=None, create_connection=_Pinged, close_timeout=0.5) as ws:
+            await until(lambda: len(ws.pings) >= 10)
+            [record] = up.open_sockets("f")
+        assert record.kind.ping_flood == 200 and record.frames_sent == 0 and record.pings_sent >= 10
+        assert all(len(data) == 125 for data in ws.pings)
+        await until(lambda: not up.open_sockets("f"))  # our close is seen, though nothing is read
 
 
 @pytest.mark.slow

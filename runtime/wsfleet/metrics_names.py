@@ -52,6 +52,10 @@ LARGE_FRAMES = "LargeFrames"
 # another 4xx, a secret that cannot be read, a stored upstream this worker refuses):
 # each is followed by a long wait (worker.connection REFUSED_RETRY_S), never a storm.
 UPSTREAM_REFUSALS = "UpstreamRefusals"
+# Sockets the worker closed because their peer went over a budget (worker.socket_budget:
+# budget control_flood, a peer flooding control frames or not reading our answers), each
+# followed by the refusal wait and shown in the connection's last_error, which names the budget.
+BUDGET_CLOSES = "BudgetCloses"
 # Connections whose last connect attempt was refused, at publish time (a gauge: the
 # alarm on credentials that stopped working reads it).
 REFUSED_CONNECTIONS = "RefusedConnections"
@@ -108,6 +112,7 @@ COUNTERS = (
     SKIPPED_FRAMES,
     LARGE_FRAMES,
     UPSTREAM_REFUSALS,
+    BUDGET_CLOSES,
     SECRET_FETCHES,
     MISSED_SEQS,
     RECORDS_RESENT,

@@ -27,7 +27,9 @@ that an upstream in another process is configured by ``ws_url`` alone (see
 be offered, else 400), ``subscribe=1`` (nothing sent before
 ``{"op":"subscribe","stream":..,"from_seq":n}``, which overrides the URL's from_seq; a
 bad one closes with 1008), ``shape=nested|flat`` (fixed per stream at its creation; a
-socket asking another shape gets 400) and ``replay=none`` (live frames only). Refused
+socket asking another shape gets 400), ``replay=none`` (live frames only) and, hostile,
+``ping_flood=<per second>`` (PINGs at that rate, 125-byte payloads, nothing else sent and
+nothing the client sends read: each socket's ``pings_sent`` is in its record). Refused
 handshakes are counted per stream and status (:meth:`Upstream.refusals`);
 :meth:`Upstream.expected_data` gives, per seq, what a worker reading the stream's shape
 should store, for audits of any shape.

@@ -42,6 +42,7 @@ class SocketRecord:
     subscribed_from: int | None = None  # the subscribe message's from_seq
     subscribe_error: str | None = None  # why its subscribe message was refused (closed 1008)
     live_from: int | None = None
+    pings_sent: int = 0  # ping_flood: PINGs sent
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """What the local upstream sends on one socket: the subscribe handshake of a ``subscribe=1``
 kind, then the stream's frames from the socket's position (retained ones, then live ones),
-with the stream's faults (stall, slow, injected frames) applied as it goes. Per socket,
-no state of the server's own: :class:`~.server.Upstream` runs one of these per socket."""
+with the stream's faults (stall, slow, injected frames) applied as it goes; or, for a
+``ping_flood`` socket, nothing but PINGs. Per socket, no state of the server's own:
+:class:`~.server.Upstream` runs one of these per socket."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 
 from . import kinds
 from .books import SocketRecord, Stream
@@ -20,6 +22,12 @@ from .kinds import BadRequest
 # How often a stalled stream asks the kernel whether its clients closed: the books' close
 # time of such a socket is late by at most this.
 STALL_POLL_S = 0.02
+# A ping_flood socket: PINGs go out in batches this often, each with the largest payload
+# a control frame carries (RFC 6455 5.5), and no more than this many bytes wait unsent on
+# our side (what the client's kernel does not take is its problem, not ours to buffer).
+FLOOD_TICK_S = 0.01
+FLOOD_PAYLOAD = 125
+FLOOD_UNSENT_BYTES = 256 * 1024
 _TCP_PEER_CLOSED = (7, 8, 9)  # TCP_CLOSE, TCP_CLOSE_WAIT, TCP_LAST_ACK (linux/tcp_states.h)
 
 log = logging.getLogger(__name__)
@@ -91,6 +99,27 @@ async def send_stream(ws: ServerConnection, s: Stream, record: SocketRecord) -> 
     except Exception:
         log.exception("upstream sender failed; closing socket %d", record.id)
         await ws.close(1011, "upstream error")
+
+
+async def flood_pings(ws: ServerConnection, record: SocketRecord, rate: float) -> None:
+    """A hostile peer: PINGs at ``rate`` a second and not one byte read of what the
+    client sends, so its pongs pile up on its side until it stops reading us. The frames
+    go straight to the transport in batches (websockets' ``ping`` would keep a waiter per
+    ping, and cost a task switch each); whole frames only, and this socket is sent no
+    data frame, so none is split. A closed client is seen by asking the kernel."""
+    ws.transport.pause_reading()
+    ping = Frame(Opcode.PING, b"p" * FLOOD_PAYLOAD).serialize(mask=False)
+    owed, last = 0.0, time.monotonic()
+    while not ws.transport.is_closing() and not peer_closed(ws):
+        now = time.monotonic()
+        # Owed pings, a tick or so at most: a late wake-up sends a burst, not a backlog.
+        owed, last = min(owed + (now - last) * rate, max(1.0, 2 * rate * FLOOD_TICK_S)), now
+        if owed >= 1 and ws.transport.get_write_buffer_size() < FLOOD_UNSENT_BYTES:
+            ws.transport.write(ping * int(owed))
+            record.pings_sent += int(owed)
+            owed -= int(owed)
+        await asyncio.sleep(FLOOD_TICK_S)
+    ws.transport.abort()  # the reader in Upstream._serve_socket books the close
 
 
 def peer_closed(ws: ServerConnection) -> bool:

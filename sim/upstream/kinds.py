@@ -12,7 +12,10 @@ from the path), so an upstream in another process is configured by ``ws_url`` al
   the URL's; a bad one closes the socket with 1008 and a reason;
 * ``shape=nested`` / ``shape=flat`` (default ``shape=default``): see :data:`SHAPES`;
 * ``replay=none`` (default ``replay=all``): the socket gets only frames produced after it
-  opened, whatever from_seq it asked for.
+  opened, whatever from_seq it asked for;
+* ``ping_flood=<per second>``: hostile: the socket is sent PINGs at that rate, each with
+  the largest payload a control frame carries (125 bytes), and no frame of the stream;
+  nothing the client sends is ever read, so its answers pile up on its side.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ FLAT = "flat"  # {"u": n, "stream": .., "t": .., "v": n}: the whole frame is the
 # Shape -> (seq pointer, data pointer) an `upstream` object names to read it.
 SHAPES = {DEFAULT: ("/seq", "/data"), NESTED: ("/meta/sequence", "/payload"), FLAT: ("/u", "")}
 REPLAYS = ("all", "none")
-KIND_PARAMS = ("auth", "subprotocol", "subscribe", "shape", "replay")
+KIND_PARAMS = ("auth", "subprotocol", "subscribe", "shape", "replay", "ping_flood")
+MAX_PING_FLOOD = 1_000_000.0  # pings a second: more than any socket carries
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110: header names, subprotocols
 MAX_CLOSE_REASON = 120  # bytes; a close frame's reason must fit in 123
@@ -53,6 +57,7 @@ class Kind:
     subscribe: bool = False  # wait for a subscribe message before sending
     shape: str = DEFAULT
     replay: str = "all"  # "none": live frames only
+    ping_flood: float | None = None  # hostile: PINGs a second, nothing else sent, nothing read
 
     @property
     def text(self) -> str:
@@ -62,6 +67,7 @@ class Kind:
         parts += ["subscribe"] if self.subscribe else []
         parts += [f"shape={self.shape}"] if self.shape != DEFAULT else []
         parts += ["replay=none"] if self.replay == "none" else []
+        parts += [f"ping_flood={self.ping_flood:g}"] if self.ping_flood else []
         return "&".join(parts) or DEFAULT
 
 
@@ -91,7 +97,18 @@ def parse_request(path: str) -> tuple[int, Kind]:
     replay = _last(query, "replay") or "all"
     if replay not in REPLAYS:
         raise BadRequest(f"replay must be one of {', '.join(REPLAYS)}, got {replay!r}")
-    return from_seq, Kind(auth, subprotocol, subscribe == "1", shape, replay)
+    flood = _last(query, "ping_flood")
+    return from_seq, Kind(auth, subprotocol, subscribe == "1", shape, replay, None if flood is None else _rate(flood))
+
+
+def _rate(raw: str) -> float:
+    try:
+        rate = float(raw)
+    except ValueError:
+        raise BadRequest(f"ping_flood must be a number of pings a second, got {raw!r}") from None
+    if not 0 < rate <= MAX_PING_FLOOD:  # NaN fails this too
+        raise BadRequest(f"ping_flood must be above 0 and at most {MAX_PING_FLOOD:g}, got {raw!r}")
+    return rate
 
 
 def check_handshake(path: str, headers: Any, credentials: Collection[str], shape: str | None) -> tuple[int, str]:

@@ -19,7 +19,7 @@ from websockets.typing import Subprotocol
 
 from . import kinds
 from .books import Overlap, SocketRecord, Stream, StreamTotals
-from .feed import send_stream, subscribed
+from .feed import flood_pings, send_stream, subscribed
 
 STREAM_PREFIX = "/streams/"
 STATS_PATH = "/_stats"
@@ -406,7 +406,8 @@ class Upstream:
         try:
             if kind.subscribe and not await subscribed(ws, s, record):
                 return
-            sender = asyncio.create_task(send_stream(ws, s, record))
+            flood = kind.ping_flood
+            sender = asyncio.create_task(flood_pings(ws, record, flood) if flood else send_stream(ws, s, record))
             # Reading also notices the close: the iteration ends (or raises, after
             # an error code or an abort) when the TCP connection is gone. Whatever
             # else the client sends is ignored.

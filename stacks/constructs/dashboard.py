@@ -261,8 +261,9 @@ class OperationsDashboard(Construct):
     def _upstreams(self, refused_alarm: cloudwatch.Alarm) -> list[cloudwatch.IWidget]:
         # Refusals, and the fetches of the secrets they are about (each GetSecretValue is
         # priced by `wsfleet plan`: a fetch per secret per worker per cache period, plus one
-        # after each 401/403); MissedSeqs counts every seq an upstream went past (resume
-        # none), where SkippedFrames counts the markers.
+        # after each 401/403), beside the sockets closed over a budget, which wait as
+        # refusals do; MissedSeqs counts every seq an upstream went past (resume none),
+        # where SkippedFrames counts the markers.
         return [
             cloudwatch.GraphWidget(
                 title="Connections refused by their upstream (most on one worker)",
@@ -274,6 +275,7 @@ class OperationsDashboard(Construct):
                 "Upstream refusals and secret fetches (per minute)",
                 [
                     self._worker_metric(names.UPSTREAM_REFUSALS, _SUM, "refusals"),
+                    self._worker_metric(names.BUDGET_CLOSES, _SUM, "closes over budget"),
                     self._worker_metric(names.SECRET_FETCHES, _SUM, "GetSecretValue calls"),
                 ],
             ),

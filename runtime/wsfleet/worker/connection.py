@@ -10,11 +10,11 @@ connection, driven by one :class:`ConnectionRunner`:
   right after), receive frames (read where its pointers say) and hand them to the
   worker's shared :class:`~wsfleet.worker.writer.Writer` (which batches them with other
   connections' frames), reconnect with backoff while the session holds. A refused
-  handshake waits ``refused_retry_s`` instead, shown in the item's ``last_error`` until a
-  frame is accepted again. What to do with each frame is :mod:`.frames`' decision (the
-  frame rules are there); whatever goes wrong handling one costs only that frame, and an
-  unexpected error in the loop itself costs a reconnect under the same ownership, never
-  the lease;
+  handshake (or a close over budget, :mod:`.socket_budget`) waits ``refused_retry_s``
+  instead, shown in ``last_error`` until a frame is accepted again. What to do with
+  each frame is :mod:`.frames`' decision (the frame rules are there); whatever goes
+  wrong handling one costs only that frame, and an unexpected error in the loop itself
+  costs a reconnect under the same ownership, never the lease;
 * checkpointer: store the checkpoint at least every ``checkpoint_s`` while frames are
   stored (never for a quiet connection), through the worker's shared
   :class:`~wsfleet.worker.checkpoints.Checkpoints`: it asks a tenth of that early, and
@@ -56,6 +56,7 @@ from .frames import CheckpointTimer, receive
 from .gate import ReceiveGate
 from .retry import LeaseExpired, call_until
 from .secrets import Secrets, SecretUnavailable
+from .socket_budget import OverBudget, over_budget
 from .supervision import Supervisor
 from .upstream_socket import REFUSED_RETRY_S, Dialer, Refused, SocketOptions, close_socket, refused_pause_s
 from .writer import Writer
@@ -136,6 +137,7 @@ class ConnectionRunner:
             log=log.bind(connection_id=connection_id, fence_token=fence_token),
         )
         self.upstream = self._dialer.upstream
+        self.budget = self._dialer.budget  # what its sockets measured (worker.socket_budget)
         self._shape = FrameShape(self.upstream.seq_pointer, self.upstream.data_pointer)
         # Its first ownership ever (fence 1) of an upstream that cannot replay (see .frames).
         self._fresh = self.upstream.resume is upstream_spec.Resume.NONE and fence_token == 1
@@ -198,7 +200,7 @@ class ConnectionRunner:
     async def _stream(self) -> None:
         while self.live() and self.end_reason is None:
             over_limit: PayloadTooBig | None = None
-            refused: Refused | None = None
+            refused: Refused | OverBudget | None = None
             from_seq = self.tracker.next_seq
             try:
                 parent, self._trace_parent = self._trace_parent, None
@@ -233,6 +235,7 @@ class ConnectionRunner:
                 code = None
                 if isinstance(exc, ConnectionClosed) and isinstance(exc.__cause__, PayloadTooBig):
                     over_limit = exc.__cause__  # we closed it (1009): a frame over max_frame_bytes
+                refused = over_budget(exc)  # we closed it over a budget: waited out as a refusal
                 self._log.warning("socket_error", error=f"{type(exc).__name__}: {exc}", attempt=self._attempt)
             except Exception as exc:  # noqa: BLE001 - a bug costs a reconnect, never the lease
                 code = None
@@ -261,14 +264,13 @@ class ConnectionRunner:
         except TimeoutError:
             pass
 
-    async def _wait_out(self, refused: Refused) -> None:
-        """A refusal: counted, shown in the item (``last_error``, when its text
-        changes), then ``refused_retry_s`` (jittered) before the next try, cut short
-        only by the connection's end. Never a storm, whatever fails here."""
-        self.refused = True
-        self._counters.add(names.UPSTREAM_REFUSALS)
+    async def _wait_out(self, refused: Refused | OverBudget) -> None:
+        """A refusal (or a close over budget): counted, shown in ``last_error`` (when its text changes),
+        then ``refused_retry_s`` (jittered), cut short only by the connection's end. Never a storm."""
+        self.refused = isinstance(refused, Refused)  # the RefusedConnections gauge: handshakes only
+        self._counters.add(refused.counter)
         delay = refused_pause_s(self._s.refused_retry_s)
-        self._log.warning("upstream_refused", error=refused.text, retry_in_s=round(delay, 1), attempt=self._attempt)
+        self._log.warning(refused.event, error=refused.text, retry_in_s=round(delay, 1), attempt=self._attempt)
         self._attempt += 1
         try:
             await self._note_error(refused.text)

@@ -19,9 +19,10 @@ internals, which this module relies on (checked by tests/test_gate.py):
   reference to the last frame until the next one is whole: one large frame per socket
   otherwise);
 * ``recv_messages.pause`` / ``.resume``: the assembler's flow control callbacks (its
-  frame queue's high-water mark, ``max_queue``), replaced so that reading is paused
-  while either the queue is full or the socket waits for a slot, and resumed only when
-  neither holds it: neither resumes what the other paused.
+  frame queue's high-water mark, ``max_queue``), replaced (by the base class,
+  :class:`~.socket_budget.BudgetedConnection`) so that reading is paused while the queue
+  is full, the socket's unsent bytes are over their mark, or the socket waits for a slot,
+  and resumed only when none holds it: none resumes what another paused.
 
 and the receive loop's side: the message ``recv`` returned is held until the loop calls
 ``recv`` again (it has handed the message on to the writer by then, which accounts for
@@ -44,8 +45,10 @@ slot holder holds one large message and at most one read of the next, not ``max_
 large frames while its loop waits for the writer.
 
 Closing: the close handshake needs the upstream's close frame read, so once our close
-begins the socket is never paused by us and does not queue for a slot (what arrives
+begins the socket is never paused by the gate and does not queue for a slot (what arrives
 meanwhile is bounded by the close timeout); a slot it holds is kept until it is done.
+(A socket paused for its unsent bytes stays paused: an upstream that does not read
+those will not read our close frame behind them either; the close timeout cuts it off.)
 
 Keepalive: a socket paused for a slot (or for read-ahead) cannot read the upstream's
 pong, and a large frame on a slow link delays it as long as the frame takes. websockets'
@@ -67,6 +70,8 @@ from typing import Any, Callable
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import DATA_OPCODES, CloseCode, Frame
+
+from .socket_budget import BudgetedConnection
 
 
 class ReceiveGate:
@@ -143,22 +148,20 @@ def connect_options(gate: ReceiveGate | None) -> dict[str, Any]:
     return {"create_connection": gate.connection_factory(), "max_queue": MAX_QUEUE}
 
 
-class GatedConnection(ClientConnection):
+class GatedConnection(BudgetedConnection):
     """A client connection that asks its :class:`ReceiveGate` before it holds more than
-    the allowance. Built by ``connect(create_connection=gate.connection_factory())``."""
+    the allowance (and keeps to a socket's budgets, :mod:`.socket_budget`). Built by
+    ``connect(create_connection=gate.connection_factory())``."""
 
     def __init__(self, *args: Any, gate: ReceiveGate, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.gate = gate
         self.has_slot = False
         self._gate_wait = False  # queued for a slot: reading paused by the gate
-        self._queue_full = False  # reading paused by the assembler (max_queue)
         self._read_ahead_full = False  # reading paused: a large message waits for the receive loop
         self.held_max = 0  # most bytes held at once (tests and benchmarks)
-        self._pause_changed_at = 0.0  # loop time reading was last paused or resumed by us
-        self._reading_paused = False
         self._gone = False  # connection lost, or its async with left: needs nothing
-        self._closing = False  # our close began: never paused by us (see close)
+        self._closing = False  # our close began: never paused by the gate (see close)
         self._assembling = 0  # bytes of a fragmented message recv has not returned yet
         self._out = 0  # bytes of the message recv returned, until the next recv
         self._handed_large = False  # that message needed a slot: its turn ends at the next recv
@@ -205,33 +208,12 @@ class GatedConnection(ClientConnection):
         self._gate_wait = False
         self._apply_reading()
 
-    # --- reading: paused while the queue is full or a slot is awaited ----------------------
+    # --- reading: paused also while a slot is awaited or a large message waits -------------
 
-    def _apply_reading(self) -> None:
-        paused = self._queue_full or self._gate_wait or self._read_ahead_full
-        if paused == self._reading_paused:
-            return
-        self._reading_paused = paused
-        self._pause_changed_at = self.loop.time()
-        if paused:
-            self.transport.pause_reading()
-        else:
-            self.transport.resume_reading()
-
-    def _queue_pause(self) -> None:
-        self._queue_full = True
-        self._apply_reading()
-
-    def _queue_resume(self) -> None:
-        self._queue_full = False
-        self._apply_reading()
+    def _pause_wanted(self) -> bool:
+        return super()._pause_wanted() or self._gate_wait or self._read_ahead_full
 
     # --- websockets' hooks ------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self.recv_messages.pause = self._queue_pause
-        self.recv_messages.resume = self._queue_resume
 
     def data_received(self, data: bytes) -> None:
         self._data_at = self.loop.time()
@@ -287,9 +269,9 @@ class GatedConnection(ClientConnection):
 
     async def close(self, code: int = CloseCode.NORMAL_CLOSURE, reason: str = "") -> None:
         # The close handshake needs the upstream's close frame read: from now on reading
-        # is never paused by us, and a socket without a slot does not queue for one (what
-        # arrives while closing is bounded by the close timeout). A slot held is kept
-        # until the socket is done with it.
+        # is never paused by the gate, and a socket without a slot does not queue for one
+        # (what arrives while closing is bounded by the close timeout). A slot held is
+        # kept until the socket is done with it.
         self._closing, self._out = True, 0
         self._check()
         await super().close(code, reason)

@@ -143,6 +143,8 @@ class Report:
             "writer": self._writer.stats(),
             "budget": self._budget.describe() if self._budget else None,
             "gate": self._gate.stats() if self._gate else None,
+            # The most bytes a socket of a held connection left unsent (worker.socket_budget).
+            "unsent_max": max((r.budget.unsent_max for r in list(self._holdings.runners.values())), default=0),
             "checkpoints": self._checkpoints.stats(),
             "requests": dict(self._aws.requests),
             "loop_lag_p99_ms": self.lag.p99(),

@@ -10,6 +10,10 @@ is a refusal that will not pass by itself (a revoked key, a wrong ARN), waited o
 A 401/403 is first answered by fetching the connection's secrets again once (a
 rotation), and trying again at once.
 
+Every socket keeps to its budgets (:mod:`.socket_budget`: unsent bytes bounded, a
+control-frame flood closed), and to the worker's receive gate (:mod:`.gate`) when it has
+one; what a connection's sockets measured is in its dialer's ``budget`` stats.
+
 Header values never reach a log: websockets logs every request header at DEBUG, so the
 sockets get a logger (:data:`SOCKET_LOGGER`) that is never enabled for DEBUG, whatever
 the process's log level.
@@ -29,9 +33,11 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import InvalidStatus
 
 from .. import clock, upstream_spec
+from .. import metrics_names as names
 from ..logs import JsonLogger
 from ..upstream_spec import Upstream
 from ..validation import Allowlist, Invalid, check_resolved
+from . import socket_budget
 from .gate import ReceiveGate, connect_options
 from .secrets import Resolved, SecretError, Secrets
 
@@ -58,6 +64,8 @@ SOCKET_LOGGER = _NoDebug(logging.getLogger("websockets.client"), {})
 class Refused(Exception):
     """A handshake that will not succeed by trying again soon. ``text`` says why, for
     ``last_error`` and the log (never a header value); ``auth``: 401 or 403."""
+
+    counter, event = names.UPSTREAM_REFUSALS, "upstream_refused"  # as the wait counts and logs it
 
     def __init__(self, text: str, *, auth: bool = False) -> None:
         super().__init__(text)
@@ -108,11 +116,15 @@ async def open_socket(
     from_seq: int,
     secret_headers: tuple[tuple[str, str], ...],
     options: SocketOptions,
+    stats: socket_budget.BudgetStats,
 ) -> ClientConnection:
     """The handshake ``upstream`` asks for, to the checked address of ``ws_url``
-    (raises Invalid, OSError, TimeoutError or websockets' handshake errors)."""
+    (raises Invalid, OSError, TimeoutError or websockets' handshake errors); the
+    socket's budgets count into ``stats``."""
     address, port = await resolve(ws_url, options.allowlist)
     headers = [*upstream.headers, *secret_headers]
+    gated = connect_options(options.gate)  # the worker's byte budget (worker.gate)
+    factory = socket_budget.connection_factory(gated.pop("create_connection", None), stats)
     return await connect(
         upstream.url(ws_url, from_seq),
         host=address,  # pinned: the address checked is the one connected to
@@ -126,7 +138,9 @@ async def open_socket(
         ping_timeout=options.ping_interval_s,
         close_timeout=CLOSE_TIMEOUT_S,
         max_size=options.max_frame_bytes,
-        **connect_options(options.gate),  # the worker's byte budget (worker.gate)
+        create_connection=factory,
+        **socket_budget.connect_options(),
+        **gated,
     )
 
 
@@ -164,6 +178,7 @@ class Dialer:
         self._secrets = secrets
         self._log = log
         self._refused: Refused | None = None
+        self.budget = socket_budget.BudgetStats()  # what its sockets measured
         try:
             self.upstream = upstream_spec.parse(upstream_item or None, secret_prefix=secret_prefix, region=region)
         except Invalid as exc:
@@ -187,6 +202,7 @@ class Dialer:
                     from_seq=from_seq,
                     secret_headers=secret.headers,
                     options=self._options,
+                    stats=self.budget,
                 )
             except InvalidStatus as exc:
                 refused = refusal(exc)
