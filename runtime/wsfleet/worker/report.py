@@ -23,6 +23,7 @@ from ..metrics import Counters, metric_data
 from .balancer import Balancer
 from ..budget import MemoryBudget
 from .checkpoints import Checkpoints
+from .decoder import FrameDecoder
 from .gate import ReceiveGate
 from .holdings import Holdings
 from .session import SessionKeeper
@@ -51,6 +52,7 @@ class Report:
         checkpoints: Checkpoints,
         budget: MemoryBudget | None,
         gate: ReceiveGate | None,
+        decoder: FrameDecoder,
     ) -> None:
         self.lag_ms: deque[float] = deque(maxlen=480)  # the event loop's lag, the last two minutes of probes
         self._config = config
@@ -67,6 +69,7 @@ class Report:
         self._checkpoints = checkpoints
         self._budget = budget
         self._gate = gate
+        self._decoder = decoder
 
     async def count_unowned(self) -> int | None:
         """STARTED connections nobody owns, counted for the whole fleet by its summarizer
@@ -117,6 +120,7 @@ class Report:
             "writer": self._writer.stats(),
             "budget": self._budget.describe() if self._budget else None,
             "gate": self._gate.stats() if self._gate else None,
+            "decoder": self._decoder.describe(),
             "checkpoints": self._checkpoints.stats(),
             "requests": dict(self._aws.requests),
             "loop_lag_p99_ms": round(lags[int(0.99 * (len(lags) - 1))], 2) if lags else None,

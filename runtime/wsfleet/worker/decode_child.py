@@ -1,0 +1,60 @@
+"""The decoder's child process (:mod:`.decoder` starts it, feeds it and replaces it):
+large frames parsed by :func:`wsfleet.stream.parse_frame`, exactly as the event loop
+parses small ones, in an address space capped so that a frame built to amplify
+(``[{},{},...]``: 72 bytes of Python objects for every 3 bytes sent) costs a
+``MemoryError`` here, never the worker.
+
+It imports only the stream rules and the standard library: it starts small, and its
+cap is room for one frame and its parse, not for a copy of the worker.
+"""
+
+from __future__ import annotations
+
+import resource
+from multiprocessing.connection import Connection
+
+from ..pointer import Pointer
+from ..stream import Frame, FrameShape, Problem, Rejected, parse_frame, unparsed
+
+
+def serve(conn: Connection, budget_bytes: int | None) -> None:
+    """Answer frames until the pipe closes. Each request is ``(received_at_ms,
+    seq_pointer, data_pointer)`` then the frame's bytes; each answer what :func:`decode`
+    makes of it. ``budget_bytes``: how much the address space may grow beyond what it
+    maps now (None: no cap)."""
+    mapped = _mapped_bytes()
+    if budget_bytes is not None and mapped is not None:
+        cap = mapped + budget_bytes
+        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    while True:
+        try:
+            received_at_ms, seq_pointer, data_pointer = conn.recv()
+            message = conn.recv_bytes()
+        except EOFError:  # the worker closed its end: leave
+            return
+        shape = FrameShape(Pointer.parse(seq_pointer), Pointer.parse(data_pointer))
+        answer = decode(message, received_at_ms, shape)
+        try:
+            conn.send(answer)
+        except MemoryError:  # pickling the data as well did not fit: the frame is given up all the same
+            conn.send(unparsed(message, Problem.OVER_DECODE_BUDGET, received_at_ms, shape))
+
+
+def decode(message: bytes, received_at_ms: int, shape: FrameShape) -> Frame | Rejected:
+    """:func:`parse_frame`, or, when that runs out of memory, the frame given up
+    (:func:`wsfleet.stream.unparsed`: a skip marker at the seq a scan of its head finds)."""
+    try:
+        return parse_frame(message, received_at_ms, shape)
+    except MemoryError:
+        pass  # left here, the handler frees the parse's objects (its traceback) before the scan
+    return unparsed(message, Problem.OVER_DECODE_BUDGET, received_at_ms, shape)
+
+
+def _mapped_bytes() -> int | None:
+    """The process's address space now (Linux: ``/proc/self/statm``); None elsewhere,
+    where the child then runs with no cap."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * resource.getpagesize()
+    except OSError:
+        return None
