@@ -27,7 +27,9 @@ that an upstream in another process is configured by ``ws_url`` alone (see
 be offered, else 400), ``subscribe=1`` (nothing sent before
 ``{"op":"subscribe","stream":..,"from_seq":n}``, which overrides the URL's from_seq; a
 bad one closes with 1008), ``shape=nested|flat`` (fixed per stream at its creation; a
-socket asking another shape gets 400) and ``replay=none`` (live frames only). Refused
+socket asking another shape gets 400), ``replay=none`` (live frames only) and
+``amplify=<bytes>`` (hostile: every tenth seq sent as a frame of that size made of tiny
+values, ``[{},{},...]``, costly to parse; ``amplify_every``, ``amplify_with=zeros``). Refused
 handshakes are counted per stream and status (:meth:`Upstream.refusals`);
 :meth:`Upstream.expected_data` gives, per seq, what a worker reading the stream's shape
 should store, for audits of any shape.
