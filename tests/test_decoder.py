@@ -17,7 +17,7 @@ from wsfleet.stream import DEFAULT_SHAPE, Frame, FrameShape, Problem, Rejected, 
 from wsfleet.worker.decoder import IN_LOOP, FrameDecoder
 from wsfleet.worker.frames import receive
 
-MAX_FRAME = 4 << 20  # the child's budget: 20 MiB beyond what it maps at start
+MAX_FRAME = 4 << 20  # the child's budget: 20 MiB beyond the frame
 OFF_LOOP = 64 << 10
 
 

@@ -21,17 +21,17 @@ def serve(conn: Connection, budget_bytes: int | None) -> None:
     """Answer frames until the pipe closes. Each request is ``(received_at_ms,
     seq_pointer, data_pointer)`` then the frame's bytes; each answer what :func:`decode`
     makes of it. ``budget_bytes``: how much the address space may grow beyond what it
-    maps now (None: no cap)."""
-    mapped = _mapped_bytes()
-    if budget_bytes is not None and mapped is not None:
-        cap = mapped + budget_bytes
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    maps once the frame is in hand (None: no cap)."""
     while True:
         try:
             received_at_ms, seq_pointer, data_pointer = conn.recv()
             message = conn.recv_bytes()
         except EOFError:  # the worker closed its end: leave
             return
+        if budget_bytes is not None:
+            # From what is mapped now, frame included: what earlier frames left mapped
+            # (free heap the allocator reuses) and reading this one cost is not its parse's.
+            _cap(budget_bytes)
         shape = FrameShape(Pointer.parse(seq_pointer), Pointer.parse(data_pointer))
         answer = decode(message, received_at_ms, shape)
         try:
@@ -50,11 +50,15 @@ def decode(message: bytes, received_at_ms: int, shape: FrameShape) -> Frame | Re
     return unparsed(message, Problem.OVER_DECODE_BUDGET, received_at_ms, shape)
 
 
-def _mapped_bytes() -> int | None:
-    """The process's address space now (Linux: ``/proc/self/statm``); None elsewhere,
-    where the child then runs with no cap."""
+def _cap(budget_bytes: int) -> None:
+    """Let the address space grow by at most ``budget_bytes`` from now (the soft limit,
+    which the kernel enforces; within a hard limit the container may set). Linux reads
+    the mapped size from ``/proc/self/statm``; elsewhere the child runs with no cap."""
     try:
         with open("/proc/self/statm") as f:
-            return int(f.read().split()[0]) * resource.getpagesize()
+            mapped = int(f.read().split()[0]) * resource.getpagesize()
     except OSError:
-        return None
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = mapped + budget_bytes if hard == resource.RLIM_INFINITY else min(mapped + budget_bytes, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))

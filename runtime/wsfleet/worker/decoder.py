@@ -6,8 +6,8 @@ the loop, held it about 3 s and cost 856 MB (sessions missed renewals, neighbour
 stalled, the task ran out of memory, and again at every takeover). So a frame over
 ``OFF_LOOP_BYTES`` is parsed in a child process (:mod:`.decode_child`: the same
 :func:`~wsfleet.stream.parse_frame`, so it becomes exactly what it would have on the
-loop) whose address space may grow by at most the largest frame plus ``DECODE_FACTOR``
-times it. A frame that needs more, or longer than ``DECODE_TIMEOUT_S``, or that the
+loop) whose address space may grow by at most ``DECODE_FACTOR`` times the largest frame
+beyond that frame. A frame that needs more, or longer than ``DECODE_TIMEOUT_S``, or that the
 child dies on, is given up as a skip marker at its seq (``Problem.OVER_DECODE_BUDGET``,
 stored ``over_frame_limit``); the connection stays up, as for any bad frame.
 
@@ -36,13 +36,14 @@ from .frames import Received, decided, receive
 # 2-core machine, against a 100 ms bound on holding the loop: a quarter of a MiB leaves
 # room. Ordinary frames are far smaller; data this large goes to S3 anyway.
 OFF_LOOP_BYTES = 256 * 1024
-# The child's address space may grow, beyond what it maps at start, by the largest frame
-# (the one it holds) plus this many times it, whatever frame it parses: a task's memory
-# is then the worker's plus a known bound. Four covers JSON text of any shape short of
-# the tiny-values ones (a list of small numbers takes 4x its text in pointers alone; a
-# frame of non-ASCII text about 6x its UTF-8 size at the peak), which are what an
-# amplifying frame is made of.
-DECODE_FACTOR = 4
+# While the child parses a frame, its address space may grow, beyond what it maps with the
+# frame in hand, by this many times the largest frame, whatever frame it parses: a task's
+# memory is then the worker's plus a known bound (160 MiB at the default 32 MiB limit).
+# Five covers JSON text of any shape short of the tiny-values ones: ASCII peaks at 3x its
+# size, text beyond Latin-1 (two bytes a character in Python) at 7x (a 20 MiB frame: 140
+# MiB), a list of small numbers at 7x (30 MiB of [0,0,...]: 206 MiB, given up), a list of
+# empty objects at 24x: what an amplifying frame is made of.
+DECODE_FACTOR = 5
 # A parse that takes longer is given up (its child killed): a frame at the limit within
 # the budget parses in 1-3 s; this leaves a busy machine ample margin.
 DECODE_TIMEOUT_S = 20.0
@@ -69,7 +70,7 @@ class FrameDecoder:
         timeout_s: float = DECODE_TIMEOUT_S,
     ) -> None:
         self.off_loop_bytes = off_loop_bytes
-        self.budget_bytes = (1 + DECODE_FACTOR) * max_frame_bytes
+        self.budget_bytes = DECODE_FACTOR * max_frame_bytes
         self.timeout_s = timeout_s
         self.stats = DecoderStats()
         self._lock = asyncio.Lock()
