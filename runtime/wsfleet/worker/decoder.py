@@ -125,13 +125,13 @@ class FrameDecoder:
         died before it had the frame (while idle: no fault of this frame) is replaced and
         the frame sent again, once; one that dies after raises (EOFError, OSError)."""
         for attempt in (1, 2):
-            if ticket.abandoned:
-                raise EOFError("the frame was given up before it reached the child")
             child = self._child
             if child is None or not child.process.is_alive():
                 self._drop(child)
                 child = self._child = _Child(self.budget_bytes)
                 self.stats.children_started += 1
+            if ticket.abandoned:  # (checked once the child is up: starting one can take a while)
+                raise EOFError("the frame was given up before it reached the child")
             try:
                 child.conn.send((received_at_ms, shape.seq.text, shape.data.text))
                 child.conn.send_bytes(message)
