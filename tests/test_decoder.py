@@ -182,3 +182,20 @@ def test_a_large_frame_being_parsed_holds_back_no_small_frame(decoder):
 
     run(go())
     assert order == ["small", "big"]
+
+
+@pytest.mark.slow
+def test_a_parse_cancelled_midway_kills_its_child_so_the_next_frame_gets_its_own_answer(decoder):
+    slow = json.dumps({"seq": 3, "data": [0] * 400_000}).encode()
+
+    async def go():
+        await decoder.parse(ordinary(1, 10 << 10), 7, DEFAULT_SHAPE)  # the child is up
+        task = asyncio.create_task(decoder.parse(slow, 7, DEFAULT_SHAPE))
+        await asyncio.sleep(0.005)  # sent, being parsed
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await decoder.parse(ordinary(4, 300 << 10), 7, DEFAULT_SHAPE)
+
+    assert run(go()) == parse_frame(ordinary(4, 300 << 10), 7)
+    assert decoder.stats.children_started == 2
