@@ -75,6 +75,7 @@ def test_a_large_frame_becomes_exactly_what_the_loop_would_make_of_it(decoder):
         (ordinary(5, 1 << 20), DEFAULT_SHAPE),
         (json.dumps({"meta": {"sequence": 6}, "payload": list(range(100_000))}).encode(), shape),
         (b'{"seq": 7, "data": "\xf0\x9f\x98\x80' + b"x" * (300 << 10) + b'"}', DEFAULT_SHAPE),  # 4 bytes a character
+        (json.dumps({"seq": 10, "data": "€😀" * 400_000}, ensure_ascii=False).encode(), DEFAULT_SHAPE),  # split by pieces
         (b'{"seq": 8, "data": "\\ud83d' + b"x" * (1 << 20) + b'"}', DEFAULT_SHAPE),  # stored escaped
         (b'{"seq": 9, "data": "\xff' + b"x" * (1 << 20) + b'"}', DEFAULT_SHAPE),  # a marker: invalid UTF-8
         (b"[" * (1 << 17) + b"]" * (1 << 17), DEFAULT_SHAPE),  # rejected: no seq

@@ -11,6 +11,7 @@ cap is room for one frame and its parse, not for a copy of the worker.
 from __future__ import annotations
 
 import resource
+from dataclasses import replace
 from multiprocessing.connection import Connection
 
 from ..pointer import Pointer
@@ -20,7 +21,7 @@ from ..stream import Frame, FrameShape, Problem, Rejected, parse_frame, unparsed
 def serve(conn: Connection, budget_bytes: int | None) -> None:
     """Answer frames until the pipe closes. Each request is ``(received_at_ms,
     seq_pointer, data_pointer)`` then the frame's bytes; each answer what :func:`decode`
-    makes of it. ``budget_bytes``: how much the address space may grow beyond what it
+    makes of it (:func:`_answer`). ``budget_bytes``: how much the address space may grow beyond what it
     maps once the frame is in hand (None: no cap)."""
     while True:
         try:
@@ -35,9 +36,21 @@ def serve(conn: Connection, budget_bytes: int | None) -> None:
         shape = FrameShape(Pointer.parse(seq_pointer), Pointer.parse(data_pointer))
         answer = decode(message, received_at_ms, shape)
         try:
-            conn.send(answer)
-        except MemoryError:  # pickling the data as well did not fit: the frame is given up all the same
-            conn.send(unparsed(message, Problem.OVER_DECODE_BUDGET, received_at_ms, shape))
+            data = None if isinstance(answer, Rejected) or answer.data_json is None else answer.data_json.encode("utf-8")
+        except MemoryError:  # its UTF-8 as well did not fit: the frame is given up all the same
+            answer, data = unparsed(message, Problem.OVER_DECODE_BUDGET, received_at_ms, shape), None
+        _answer(conn, answer, data)
+
+
+def _answer(conn: Connection, answer: Frame | Rejected, data: bytes | None) -> None:
+    """The answer without its data, then the data as UTF-8 bytes, if any: sent as they
+    are (no pickled copy), and the worker decodes them piece by piece, never holding its
+    GIL for a whole frame's text at once."""
+    if data is None:
+        conn.send((answer, False))
+        return
+    conn.send((replace(answer, data_json=""), True))
+    conn.send_bytes(data)
 
 
 def decode(message: bytes, received_at_ms: int, shape: FrameShape) -> Frame | Rejected:
