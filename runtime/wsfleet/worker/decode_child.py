@@ -21,8 +21,8 @@ from ..stream import Frame, FrameShape, Problem, Rejected, parse_frame, unparsed
 def serve(conn: Connection, budget_bytes: int | None) -> None:
     """Answer frames until the pipe closes. Each request is ``(received_at_ms,
     seq_pointer, data_pointer)`` then the frame's bytes; each answer what :func:`decode`
-    makes of it (:func:`_answer`). ``budget_bytes``: how much the address space may grow beyond what it
-    maps once the frame is in hand (None: no cap)."""
+    makes of it (sent by :func:`_answer`). ``budget_bytes``: how much the address space
+    may grow beyond what it maps once the frame is in hand (None: no cap)."""
     while True:
         try:
             received_at_ms, seq_pointer, data_pointer = conn.recv()
