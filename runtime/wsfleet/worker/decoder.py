@@ -28,6 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from ..logs import JsonLogger
 from ..stream import Frame, FrameShape, Problem, Rejected, SeqTracker, unparsed
 from . import decode_child
 from .frames import Received, decided, receive
@@ -71,11 +72,13 @@ class FrameDecoder:
         max_frame_bytes: int,
         off_loop_bytes: int | None = OFF_LOOP_BYTES,
         timeout_s: float = DECODE_TIMEOUT_S,
+        log: JsonLogger | None = None,
     ) -> None:
         self.off_loop_bytes = off_loop_bytes
         self.budget_bytes = DECODE_FACTOR * max_frame_bytes
         self.timeout_s = timeout_s
         self.stats = DecoderStats()
+        self._log = log or JsonLogger()
         self._lock = asyncio.Lock()
         self._thread: ThreadPoolExecutor | None = None  # the pipe's one thread, started with the first child
         self._child: _Child | None = None  # touched by that thread only, but for kill() and close()
@@ -104,8 +107,10 @@ class FrameDecoder:
                 parsed = await asyncio.wait_for(exchange, self.timeout_s)
             except TimeoutError:
                 self.stats.timeouts += 1
+                self._log.warning("decode_timed_out", size=len(message), timeout_s=self.timeout_s)
                 parsed = None
-            except (EOFError, OSError):  # the child died on this frame (killed, or beyond its cap)
+            except (EOFError, OSError) as exc:  # the child died on this frame (killed, beyond its cap), or did not start
+                self._log.warning("decoder_child_lost", size=len(message), error=f"{type(exc).__name__}: {exc}")
                 parsed = None
             except BaseException:
                 ticket.abandoned = True

@@ -95,7 +95,7 @@ class Worker:
             ReceiveGate(slots=self.budget.receive_slots, allowance=self.budget.allowance_bytes) if self.budget else None
         )
         # Large frames are parsed in a child process, within a memory budget (.decoder).
-        self.decoder = FrameDecoder(max_frame_bytes=config.max_frame_bytes)
+        self.decoder = FrameDecoder(max_frame_bytes=config.max_frame_bytes, log=self._log)
         settings = Settings(
             worker_id=worker_id,
             checkpoint_s=config.checkpoint_ms / 1000,
