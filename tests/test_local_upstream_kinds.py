@@ -17,7 +17,7 @@ from websockets.frames import Frame, Opcode
 from websockets.sync.client import connect as sync_connect
 
 from sim.upstream import FLAT, NESTED, Kind, ThreadedUpstream, Upstream
-from sim.upstream.kinds import BadRequest, parse_request, parse_subscribe, stored_data
+from sim.upstream.kinds import BadRequest, amplified, parse_request, parse_subscribe, stored_data
 
 pytestmark = pytest.mark.timeout(30)
 SECRET = "s3cr3t-value"
@@ -297,7 +297,8 @@ def test_request_parsing_refuses_unknown_values_in_a_sentence():
     assert parse_request("/streams/a?ping_flood=2.5") == (1, Kind(ping_flood=2.5))
     assert Kind(ping_flood=2000).text == "ping_flood=2000"
     for bad in ("from_seq=0", "from_seq=x", "auth=", "auth=a%20b", "subprotocol=a,b", "subscribe=yes",
-                "shape=round", "replay=some", "ping_flood=0", "ping_flood=fast", "ping_flood=nan", "ping_flood=1e9"):
+                "shape=round", "replay=some", "ping_flood=0", "ping_flood=fast", "ping_flood=nan", "ping_flood=1e9",
+                "amplify=0", "amplify=2000000000", "amplify_every=0", "amplify_with=ones"):
         with pytest.raises(BadRequest) as error:
             parse_request("/streams/a?" + bad)
         assert str(error.value)
@@ -334,6 +335,35 @@ async def test_a_ping_flood_socket_is_sent_large_pings_and_no_frame_and_closes_t
         assert record.kind.ping_flood == 200 and record.frames_sent == 0 and record.pings_sent >= 10
         assert all(len(data) == 125 for data in ws.pings)
         await until(lambda: not up.open_sockets("f"))  # our close is seen, though nothing is read
+
+
+# --- amplify (hostile) -------------------------------------------------------------
+
+
+@run
+async def test_an_amplifying_socket_sends_every_tenth_seq_as_a_large_frame_of_tiny_objects():
+    async with Upstream(rate=None) as up:
+        for _ in range(21):
+            up.publish("h")
+        async with connect(up.url_for("h") + "?from_seq=9&amplify=100000", compression=None, max_size=None) as ws:
+            frames = await receive(ws, 13)
+        ordinary = up.expected_data("h")  # the books keep the ordinary frames
+    assert [f["seq"] for f in frames] == list(range(9, 22))
+    for f in frames:
+        if f["seq"] in (10, 20):
+            assert f["data"] == [{}] * len(f["data"]) and 99_000 < len(json.dumps(f, separators=(",", ":"))) <= 100_000
+        else:
+            assert json.dumps(f["data"], separators=(",", ":")) == ordinary[f["seq"]]
+    [record] = up.sockets("h")
+    assert record.amplified_sent == 2 and record.kind.text == "amplify=100000"
+
+
+def test_an_amplification_frame_carries_its_seq_in_each_shape_and_its_size():
+    for shape, seq_of in (("default", lambda f: f["seq"]), (NESTED, lambda f: f["meta"]["sequence"]), (FLAT, lambda f: f["u"])):
+        frame = amplified(shape, 30, 5000, "zeros")
+        assert seq_of(json.loads(frame)) == 30 and 4990 < len(frame) <= 5000 and b"0,0,0" in frame
+    assert parse_request("/streams/a?amplify=64&amplify_every=3&amplify_with=zeros")[1].amplifies(6)
+    assert not Kind().amplifies(10)
 
 
 @pytest.mark.slow

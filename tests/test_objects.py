@@ -58,6 +58,12 @@ def test_an_object_holds_the_datas_compact_json_at_its_seq_key(objects, s3, aws_
     assert objects.get(stored.ref) == body
 
 
+def test_data_encoded_piece_by_piece_is_its_utf8_byte_for_byte(objects):
+    data = json.dumps(["€😀ü" * 500_000, "y" * 1_500_000], ensure_ascii=False)  # pieces split it anywhere
+    stored = objects.put("c1", 8, data)
+    assert objects.get(stored.ref) == data.encode("utf-8") and stored.size == len(data.encode("utf-8"))
+
+
 def test_a_large_frames_item_points_at_its_object_and_reads_back_byte_for_byte(objects, ddb, aws_env):
     msgs = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"])
     small, large = Frame(1, '{"v":1}', 1_000, data_bytes=7), large_frame(2, 500_000)

@@ -23,6 +23,7 @@ from wsfleet.stream import (
     contiguous_end,
     parse_frame,
     resume_url,
+    unparsed,
     upstream_gap,
 )
 
@@ -279,8 +280,22 @@ def test_every_marker_says_its_reason():
     assert reasons.pop(Problem.UPSTREAM_GAP) == schema.SKIPPED_UPSTREAM_GAP
     assert reasons.pop(Problem.OVER_FRAME_LIMIT) == schema.SKIPPED_OVER_FRAME_LIMIT
     assert reasons.pop(Problem.TOO_LARGE) == schema.SKIPPED_OVER_FRAME_LIMIT  # over the limit once re-encoded
+    assert reasons.pop(Problem.OVER_DECODE_BUDGET) == schema.SKIPPED_OVER_FRAME_LIMIT  # too costly to parse
     assert set(reasons.values()) == {schema.SKIPPED_MALFORMED}  # every parser class, and the store's refusal
     assert Frame(1, None, 0).reason == schema.SKIPPED_MALFORMED
+
+
+def test_a_frame_given_up_unparsed_is_a_marker_at_the_seq_its_head_shows_with_its_size():
+    big = b'{"seq": 12, "data": [' + b"{}," * 100_000 + b"{}]}"
+    assert unparsed(big, Problem.OVER_DECODE_BUDGET, 5) == Frame(12, None, 5, Problem.OVER_DECODE_BUDGET, data_bytes=len(big))
+    nested = FrameShape(Pointer.parse("/u"), Pointer.parse(""))
+    assert unparsed(b'{"u": 3, "v": [' + b"0," * 100_000 + b"0]}", Problem.OVER_DECODE_BUDGET, 5, nested).seq == 3
+
+
+def test_a_frame_given_up_unparsed_with_no_seq_in_its_head_is_only_counted():
+    seq_last = b'{"data": [' + b"{}," * 100_000 + b'{}], "seq": 12}'
+    assert unparsed(seq_last, Problem.OVER_DECODE_BUDGET, 5) == Rejected(Problem.OVER_DECODE_BUDGET, len(seq_last))
+    assert unparsed(b"\xff" * 300_000, Problem.OVER_DECODE_BUDGET, 5) == Rejected(Problem.OVER_DECODE_BUDGET, 300_000)
 
 
 def test_a_frame_over_the_limit_is_given_up_after_a_bounded_number_of_closes_at_one_resume_point():

@@ -60,6 +60,9 @@ class Problem(enum.Enum):
     NUMBER_TOO_LONG = "number_too_long"  # an integer of more than 4,300 digits (Python refuses it)
     NOT_FINITE = "not_finite"  # NaN, Infinity (not JSON) or a number beyond a double (1e400)
     TOO_LARGE = "too_large"  # data over MAX_FRAME_BYTES as compact JSON (the writer makes the marker)
+    # Parsing it would cost more memory or time than the worker's decoder allows (made by
+    # wsfleet.worker.decoder): a skip marker at the seq a scan finds, as too_deep.
+    OVER_DECODE_BUDGET = "over_decode_budget"
     STORE_REFUSED = "store_refused"  # the table refused the item (the writer makes the marker)
     # Not a frame's content: seqs the stream went past (markers made by SeqTracker and the
     # worker, not by the parser; counted in SkippedFrames, not MalformedFrames).
@@ -95,8 +98,9 @@ class Frame:
     @property
     def reason(self) -> str:
         """A marker's ``skipped`` reason (schema.SKIPPED_*): a gap is ``upstream_gap``, a
-        frame over MAX_FRAME_BYTES (on the socket, or once re-encoded) ``over_frame_limit``,
-        every other parser class, and the store's refusal, ``malformed``."""
+        frame over MAX_FRAME_BYTES (on the socket, once re-encoded, or in what parsing it
+        would cost) ``over_frame_limit``, every other parser class, and the store's
+        refusal, ``malformed``."""
         return _REASONS.get(self.problem, schema.SKIPPED_MALFORMED)
 
     def as_marker(self, problem: Problem) -> Frame:
@@ -111,6 +115,7 @@ _REASONS = {
     Problem.UPSTREAM_GAP: schema.SKIPPED_UPSTREAM_GAP,
     Problem.OVER_FRAME_LIMIT: schema.SKIPPED_OVER_FRAME_LIMIT,
     Problem.TOO_LARGE: schema.SKIPPED_OVER_FRAME_LIMIT,  # over the limit once re-encoded
+    Problem.OVER_DECODE_BUDGET: schema.SKIPPED_OVER_FRAME_LIMIT,  # too large in effect: to parse
 }
 
 
@@ -175,12 +180,17 @@ def parse_frame(message: str | bytes, received_at_ms: int, shape: FrameShape = D
         return _by_scan(text, problem or Problem.TOO_DEEP, received_at_ms, len(message), shape)
     except ValueError:  # JSON beyond what Python takes: an integer over 4,300 digits
         return _by_scan(text, problem or Problem.NUMBER_TOO_LONG, received_at_ms, len(message), shape)
+    # Fewer brackets than MAX_DEPTH, in strings or not, cannot nest deeper. Counted now, so
+    # that the text is freed before the data is re-encoded: for a large frame (parsed in the
+    # decoder's child, whose memory is capped) that is one copy of the frame less at the peak.
+    brackets = text.count("[") + text.count("{")
+    del text
     is_object = type(obj) is dict
     seq = obj.get(shape.seq_key) if is_object and shape.seq_key is not None else shape.seq.resolve(obj)
     if type(seq) is not int or not 0 <= seq <= MAX_SEQ:  # bool is a subclass of int: excluded
         return Rejected(problem or (Problem.BAD_SEQ if is_object else Problem.NOT_AN_OBJECT), len(message))
-    if problem is None and text.count("[") + text.count("{") > MAX_DEPTH and _deeper_than(obj, MAX_DEPTH):
-        problem = Problem.TOO_DEEP  # (fewer brackets than that, in strings or not, cannot nest deeper)
+    if problem is None and brackets > MAX_DEPTH and _deeper_than(obj, MAX_DEPTH):
+        problem = Problem.TOO_DEEP
     if problem is not None:
         return Frame(seq, None, received_at_ms, problem)
     if is_object and shape.data_key is not None:
@@ -247,6 +257,16 @@ def _by_scan(text: str, problem: Problem, received_at_ms: int, size: int, shape:
         return Rejected(problem, size)
     seq = _top_level_seq(text[:SEQ_SCAN_CHARS], shape.seq_key)
     return Rejected(problem, size) if seq is None else Frame(seq, None, received_at_ms, problem)
+
+
+def unparsed(message: bytes, problem: Problem, received_at_ms: int, shape: FrameShape = DEFAULT_SHAPE) -> Frame | Rejected:
+    """A frame given up on unparsed (``problem``: it would cost too much): a skip marker
+    at its top-level seq, with the frame's size, if a scan of its first SEQ_SCAN_CHARS
+    finds one (as for a frame json cannot read); else :class:`Rejected`. Never raises, and
+    costs no more than that scan, whatever the frame's size."""
+    head = message[: 4 * SEQ_SCAN_CHARS].decode("utf-8", "replace")  # a character is at most 4 bytes
+    found = _by_scan(head, problem, received_at_ms, len(message), shape)
+    return replace(found, data_bytes=len(message)) if isinstance(found, Frame) else found
 
 
 def _is_key(token: str, key: str, quoted: str) -> bool:

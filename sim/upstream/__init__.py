@@ -29,7 +29,9 @@ be offered, else 400), ``subscribe=1`` (nothing sent before
 bad one closes with 1008), ``shape=nested|flat`` (fixed per stream at its creation; a
 socket asking another shape gets 400), ``replay=none`` (live frames only) and, hostile,
 ``ping_flood=<per second>`` (PINGs at that rate, 125-byte payloads, nothing else sent and
-nothing the client sends read: each socket's ``pings_sent`` is in its record). Refused
+nothing the client sends read: each socket's ``pings_sent`` is in its record) and
+``amplify=<bytes>`` (every tenth seq sent as a frame of that size made of tiny values,
+``[{},{},...]``, costly to parse; ``amplify_every``, ``amplify_with=zeros``). Refused
 handshakes are counted per stream and status (:meth:`Upstream.refusals`);
 :meth:`Upstream.expected_data` gives, per seq, what a worker reading the stream's shape
 should store, for audits of any shape.

@@ -35,6 +35,7 @@ class SocketRecord:
     first_seq_sent: int | None = None
     injected_sent: int = 0
     oversized_sent: int = 0
+    amplified_sent: int = 0  # amplification frames (an amplify= kind) sent in place of seqs
     dropped: bool = False
     offset: int = 0  # replay_from: it started this many seqs after from_seq (before, if negative)
     kind: Kind = field(default_factory=Kind)

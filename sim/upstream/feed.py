@@ -83,6 +83,10 @@ async def send_stream(ws: ServerConnection, s: Stream, record: SocketRecord) -> 
                 if frame is None:  # skipped: never produced, nothing to send
                     last, extras_sent = seq, 0
                     continue
+                if record.kind.amplifies(seq):
+                    kind = record.kind
+                    frame = kinds.amplified(s.shape, seq, kind.amplify, kind.amplify_with)
+                    record.amplified_sent += 1
                 sent_at = time.monotonic()
                 await ws.send(frame, text=True)
                 last, extras_sent = seq, 0

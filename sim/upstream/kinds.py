@@ -16,10 +16,17 @@ from the path), so an upstream in another process is configured by ``ws_url`` al
 * ``ping_flood=<per second>``: hostile: the socket is sent PINGs at that rate, each with
   the largest payload a control frame carries (125 bytes), and no frame of the stream;
   nothing the client sends is ever read, so its answers pile up on its side.
+* ``amplify=<bytes>`` (hostile: an amplification peer): in place of each seq that is a
+  multiple of ``amplify_every`` (default 10), the socket sends a frame of about that many
+  bytes whose data is a list of tiny values (``amplify_with=objects``, the default:
+  ``[{},{},...]``, about 24 times its size as Python objects; ``zeros``: ``[0,0,...]``,
+  about 4 times), cheap to send, costly to parse. A socket resuming there gets it again,
+  as a hostile source would send it; the stream's books keep the ordinary frame.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -33,8 +40,13 @@ FLAT = "flat"  # {"u": n, "stream": .., "t": .., "v": n}: the whole frame is the
 # Shape -> (seq pointer, data pointer) an `upstream` object names to read it.
 SHAPES = {DEFAULT: ("/seq", "/data"), NESTED: ("/meta/sequence", "/payload"), FLAT: ("/u", "")}
 REPLAYS = ("all", "none")
-KIND_PARAMS = ("auth", "subprotocol", "subscribe", "shape", "replay", "ping_flood")
+KIND_PARAMS = (
+    "auth", "subprotocol", "subscribe", "shape", "replay", "ping_flood", "amplify", "amplify_every", "amplify_with",
+)
 MAX_PING_FLOOD = 1_000_000.0  # pings a second: more than any socket carries
+AMPLIFY_EVERY = 10
+AMPLIFY_WITH = {"objects": b"{}", "zeros": b"0"}  # amplify_with -> the list's item
+MAX_AMPLIFY = 1 << 30  # bytes: a bound on what one URL makes the upstream build
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110: header names, subprotocols
 MAX_CLOSE_REASON = 120  # bytes; a close frame's reason must fit in 123
@@ -58,6 +70,13 @@ class Kind:
     shape: str = DEFAULT
     replay: str = "all"  # "none": live frames only
     ping_flood: float | None = None  # hostile: PINGs a second, nothing else sent, nothing read
+    amplify: int = 0  # bytes of an amplification frame (0: none)
+    amplify_every: int = AMPLIFY_EVERY  # it replaces each seq that is a multiple of this
+    amplify_with: str = "objects"  # what its data's list holds (AMPLIFY_WITH)
+
+    def amplifies(self, seq: int) -> bool:
+        """Whether this socket sends seq ``seq`` as an amplification frame."""
+        return self.amplify > 0 and seq % self.amplify_every == 0
 
     @property
     def text(self) -> str:
@@ -68,6 +87,9 @@ class Kind:
         parts += [f"shape={self.shape}"] if self.shape != DEFAULT else []
         parts += ["replay=none"] if self.replay == "none" else []
         parts += [f"ping_flood={self.ping_flood:g}"] if self.ping_flood else []
+        parts += [f"amplify={self.amplify}"] if self.amplify else []
+        parts += [f"amplify_every={self.amplify_every}"] if self.amplify and self.amplify_every != AMPLIFY_EVERY else []
+        parts += [f"amplify_with={self.amplify_with}"] if self.amplify and self.amplify_with != "objects" else []
         return "&".join(parts) or DEFAULT
 
 
@@ -97,8 +119,20 @@ def parse_request(path: str) -> tuple[int, Kind]:
     replay = _last(query, "replay") or "all"
     if replay not in REPLAYS:
         raise BadRequest(f"replay must be one of {', '.join(REPLAYS)}, got {replay!r}")
+    raw = _last(query, "amplify")
+    amplify = 0 if raw is None else _whole(raw, "amplify")
+    if amplify > MAX_AMPLIFY:
+        raise BadRequest(f"amplify must be at most {MAX_AMPLIFY}, got {amplify}")
+    raw = _last(query, "amplify_every")
+    every = AMPLIFY_EVERY if raw is None else _whole(raw, "amplify_every")
+    amplify_with = _last(query, "amplify_with") or "objects"
+    if amplify_with not in AMPLIFY_WITH:
+        raise BadRequest(f"amplify_with must be one of {', '.join(AMPLIFY_WITH)}, got {amplify_with!r}")
     flood = _last(query, "ping_flood")
-    return from_seq, Kind(auth, subprotocol, subscribe == "1", shape, replay, None if flood is None else _rate(flood))
+    return from_seq, Kind(
+        auth, subprotocol, subscribe == "1", shape, replay, None if flood is None else _rate(flood),
+        amplify, every, amplify_with,
+    )
 
 
 def _rate(raw: str) -> float:
@@ -193,6 +227,21 @@ def render(shape: str, seq: int, data: Any) -> bytes:
     else:
         frame = {"seq": seq, "data": data}
     return _COMPACT.encode(frame).encode()
+
+
+def amplified(shape: str, seq: int, size: int, amplify_with: str = "objects") -> bytes:
+    """The amplification frame carrying ``seq`` in ``shape``: about ``size`` bytes (at
+    least the frame around one item), its data a list of ``amplify_with`` items."""
+    frame = render(shape, seq, {"v": []} if shape == FLAT else [])
+    at = frame.rindex(b"[]") + 1  # the empty list is the data (a flat frame's: its "v")
+    item = AMPLIFY_WITH[amplify_with]
+    return frame[:at] + _items(item, max(1, (size - len(frame)) // (len(item) + 1))) + frame[at:]
+
+
+@functools.lru_cache(maxsize=4)
+def _items(item: bytes, count: int) -> bytes:
+    """``count`` items, comma-separated: built once per size, each frame only joins it."""
+    return item + (b"," + item) * (count - 1)
 
 
 def stored_data(shape: str, frame: bytes) -> str | None:

@@ -27,6 +27,9 @@ from ..stream import MAX_MESSAGE_BYTES, Frame
 from ..store.base import TransientError, is_transient, unwrap_refusal
 
 CONTENT_TYPE = "application/json"
+# Data is encoded for its upload a piece of this many characters at a time (in a pool
+# thread): encoding 32 MiB at once would hold the GIL, so the event loop, 50-140 ms.
+ENCODE_PIECE_CHARS = 1 << 20
 
 
 class CorruptObject(Exception):
@@ -54,6 +57,13 @@ def needs_object(frame: Frame) -> bool:
     return frame.data_json is not None and data_size(frame) > MAX_MESSAGE_BYTES
 
 
+def _utf8(text: str) -> bytes:
+    """``text`` as UTF-8, encoded a piece at a time (the join at the end is one copy)."""
+    if len(text) <= ENCODE_PIECE_CHARS:
+        return text.encode("utf-8")
+    return b"".join([text[i : i + ENCODE_PIECE_CHARS].encode("utf-8") for i in range(0, len(text), ENCODE_PIECE_CHARS)])
+
+
 class ObjectsStore:
     """The messages bucket. Calls are synchronous boto3, like the tables' (the worker runs
     them in its pool, under the send deadline)."""
@@ -66,8 +76,8 @@ class ObjectsStore:
         """Store one frame's data at its key, replacing whatever a replay stored there
         before (the same data). S3 checks the body against the SHA-256 sent with it, so a
         body damaged on the way is refused, never stored."""
-        body = data_json.encode("utf-8")
-        digest = hashlib.sha256(body).digest()
+        body = _utf8(data_json)
+        digest = hashlib.sha256(body).digest()  # (hashlib lets go of the GIL for data this large)
         key = schema.message_object_key(connection_id, seq)
         self._call(
             "put_object",

@@ -20,12 +20,10 @@ connection, driven by one :class:`ConnectionRunner`:
   :class:`~wsfleet.worker.checkpoints.Checkpoints`: it asks a tenth of that early, and
   its checkpoint leaves in a transaction with other connections' ones.
 
-Both tasks run under a :class:`~wsfleet.worker.supervision.Supervisor`: an exception
-is logged with its traceback, counted in ``LoopErrors``, and the task goes on.
-
-The runner ends for exactly one reason (:class:`EndReason`), set by itself or by the
-worker (a STOP from the session inbox, a lost session, shutdown, a shed); its teardown
-closes the socket first and only then releases, so a stream never has two sockets.
+Both run under a :class:`~wsfleet.worker.supervision.Supervisor` (an exception is
+logged, counted in ``LoopErrors``, and the task goes on). The runner ends for exactly one
+reason (:class:`EndReason`: a STOP, a lost session, shutdown, a shed); its teardown closes
+the socket before it releases, so a stream never has two sockets.
 """
 
 from __future__ import annotations
@@ -52,7 +50,8 @@ from ..stream import FrameShape, SeqTracker
 from ..validation import Allowlist
 from .checkpoints import Checkpoints
 from .frame_log import UNEXPECTED, FrameLog
-from .frames import CheckpointTimer, receive
+from .decoder import IN_LOOP, FrameDecoder
+from .frames import CheckpointTimer
 from .gate import ReceiveGate
 from .retry import LeaseExpired, call_until
 from .secrets import Secrets, SecretUnavailable
@@ -84,6 +83,7 @@ class Settings:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # the worker's is config.max_frame_bytes
     allowlist: Allowlist = Allowlist.of(())  # hosts allowed to resolve to internal addresses
     gate: ReceiveGate | None = None  # the worker's receive slots for large frames; None: unbounded
+    decoder: FrameDecoder = IN_LOOP  # the worker's, which parses large frames off the loop
     refused_retry_s: float = REFUSED_RETRY_S  # the wait after a refused handshake (jittered)
     upstream_secret_prefix: str = ""  # secrets a stored upstream may name (config.upstream_secret_prefix)
     region: str | None = None  # the region those secrets must be in (config.region; None: any)
@@ -318,9 +318,8 @@ class ConnectionRunner:
         size = len(message)
         try:
             now_ms = int(time.time() * 1000)
-            got = receive(message, now_ms, tracker=self.tracker, shape=self._shape, may_start_fresh=self._fresh)
-            # The raw bytes are not needed past parsing: not held while the put below
-            # waits for the writer's room (for a frame at the limit, 32 MiB a socket).
+            got = await self._s.decoder.receive(message, now_ms, self.tracker, self._shape, may_start_fresh=self._fresh)
+            # Past parsing, not held while the put below waits for the writer (32 MiB a socket at the limit).
             del message
             if got.problem is not None:
                 self._counters.add(names.MALFORMED_FRAMES)

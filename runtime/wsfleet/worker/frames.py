@@ -65,8 +65,13 @@ def receive(
     may have been sent frames and died before storing any (kill -9 between its first
     frames and its first write), so what lies below the first frame is a gap to mark,
     never silently skipped."""
-    size = len(message)
-    frame = parse_frame(message, received_at_ms, shape)
+    parsed = parse_frame(message, received_at_ms, shape)
+    return decided(parsed, len(message), tracker=tracker, may_start_fresh=may_start_fresh)
+
+
+def decided(frame: Frame | Rejected, size: int, *, tracker: SeqTracker, may_start_fresh: bool) -> Received:
+    """:func:`receive` for a frame parsed already (elsewhere: a large one, off the event
+    loop, by :mod:`.decoder`), ``size`` bytes as received."""
     if isinstance(frame, Rejected):
         return Received(frame.size, frame.problem, "nothing")
     stored_as = None if frame.problem is None else "skip_marker" if frame.is_marker else "escaped"

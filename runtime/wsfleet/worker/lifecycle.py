@@ -41,6 +41,7 @@ from .balancer import Balancer
 from ..budget import MemoryBudget
 from .checkpoints import Checkpoints
 from .connection import EndReason, Settings
+from .decoder import FrameDecoder
 from .gate import ReceiveGate
 from .handoffs import CHECK_EVERY_S, Handoffs
 from .hints import Hints
@@ -93,12 +94,15 @@ class Worker:
         self.gate = (
             ReceiveGate(slots=self.budget.receive_slots, allowance=self.budget.allowance_bytes) if self.budget else None
         )
+        # Large frames are parsed in a child process, within a memory budget (.decoder).
+        self.decoder = FrameDecoder(max_frame_bytes=config.max_frame_bytes, log=self._log)
         settings = Settings(
             worker_id=worker_id,
             checkpoint_s=config.checkpoint_ms / 1000,
             max_frame_bytes=config.max_frame_bytes,
             allowlist=Allowlist.of(config.allowed_ws_hosts),
             gate=self.gate,
+            decoder=self.decoder,
             upstream_secret_prefix=config.upstream_secret_prefix,
             region=config.region,
         )
@@ -232,6 +236,7 @@ class Worker:
             checkpoints=self.checkpoints,
             budget=self.budget,
             gate=self.gate,
+            decoder=self.decoder,
         )
 
     async def _keep_session(self) -> None:
@@ -401,6 +406,7 @@ class Worker:
             p.cancel()
         await self.departure.hint_handoffs_again(until=started + budget, after=HINT_GRACE_S)
         await asyncio.gather(keeper, writer, checkpoints, *polls, *loops, return_exceptions=True)
+        self.decoder.close()
         self._log.info(
             "shutdown_complete",
             took_s=round(clock.now() - started, 3),

@@ -23,6 +23,7 @@ from ..metrics import Counters, metric_data
 from .balancer import Balancer
 from ..budget import MemoryBudget
 from .checkpoints import Checkpoints
+from .decoder import FrameDecoder
 from .gate import ReceiveGate
 from .holdings import Holdings
 from .session import SessionKeeper
@@ -77,6 +78,7 @@ class Report:
         checkpoints: Checkpoints,
         budget: MemoryBudget | None,
         gate: ReceiveGate | None,
+        decoder: FrameDecoder,
     ) -> None:
         self.lag = LoopLag()
         self._config = config
@@ -93,6 +95,7 @@ class Report:
         self._checkpoints = checkpoints
         self._budget = budget
         self._gate = gate
+        self._decoder = decoder
 
     async def count_unowned(self) -> int | None:
         """STARTED connections nobody owns, counted for the whole fleet by its summarizer
@@ -145,6 +148,7 @@ class Report:
             "gate": self._gate.stats() if self._gate else None,
             # The most bytes a socket of a held connection left unsent (worker.socket_budget).
             "unsent_max": max((r.budget.unsent_max for r in list(self._holdings.runners.values())), default=0),
+            "decoder": self._decoder.describe(),
             "checkpoints": self._checkpoints.stats(),
             "requests": dict(self._aws.requests),
             "loop_lag_p99_ms": self.lag.p99(),
