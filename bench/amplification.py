@@ -32,7 +32,8 @@ from sim import children
 from sim.processes import eventually
 from wsfleet import schema, settings_spec
 from wsfleet.sinks import MessagesStore
-from wsfleet.worker.decoder import DECODE_FACTOR, OFF_LOOP_BYTES
+from wsfleet.budget import DECODE_FACTOR
+from wsfleet.worker.decoder import OFF_LOOP_BYTES
 
 from .common import Result, Rig, fmt, md_table
 from .largeframes import vm

@@ -10,7 +10,7 @@ from typing import Any
 
 from stacks import tracing
 from stacks.settings import EnvironmentSettings
-from wsfleet import metrics_names
+from wsfleet import budget, metrics_names
 from wsfleet import settings_spec as spec
 
 METRICS_NAMESPACE = metrics_names.DEFAULT_NAMESPACE
@@ -82,11 +82,13 @@ def worker(settings: EnvironmentSettings, resources: Resources, region: str) -> 
         spec.METRICS_SECONDS: settings.metrics_seconds,
         spec.MESSAGE_TTL_DAYS: settings.message_ttl_days,
         spec.MAX_FRAME_BYTES: settings.max_frame_bytes,
-        # Half the worker's memory (the task's, less its tracing sidecar's reservation)
-        # for frame bytes, set here: the worker's own default reads its cgroup limit,
-        # and on Fargate the container may see none (then it would take 256 MiB).
-        spec.MAX_BUFFERED_BYTES: (
-            (settings.worker_memory_mib - tracing.worker_sidecar_memory_mib(settings.tracing)) * 1024 * 1024 // 2
+        # The worker's own default for frame bytes (half of what its memory, the task's
+        # less its tracing sidecar's reservation, leaves beside the frame decoder), set
+        # here: the worker's default reads its cgroup limit, and on Fargate the container
+        # may see none (then it would take 256 MiB).
+        spec.MAX_BUFFERED_BYTES: budget.default_budget_bytes(
+            (settings.worker_memory_mib - tracing.worker_sidecar_memory_mib(settings.tracing)) * 1024 * 1024,
+            settings.max_frame_bytes,
         ),
         # The router's allow-list: the worker lets only exactly listed hosts resolve
         # to internal addresses (validation.check_resolved).

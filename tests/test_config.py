@@ -33,14 +33,18 @@ def test_worker_defaults_follow_the_contract():
 def test_the_buffered_bytes_budget_defaults_to_half_the_task_memory_and_can_be_set_or_switched_off(tmp_path):
     from wsfleet import budget
 
-    assert WorkerConfig.from_env(BASE).max_buffered_bytes == budget.default_budget_bytes(budget.task_memory_bytes())
+    frame = 32 << 20
+    assert WorkerConfig.from_env(BASE).max_buffered_bytes == budget.default_budget_bytes(budget.task_memory_bytes(), frame)
     assert WorkerConfig.from_env({**BASE, "MAX_BUFFERED_BYTES": "67108864"}).max_buffered_bytes == 64 << 20
     assert WorkerConfig.from_env({**BASE, "MAX_BUFFERED_BYTES": "off"}).max_buffered_bytes is None
     limit = tmp_path / "memory.max"
     limit.write_text("536870912\n")
-    assert budget.default_budget_bytes(budget.task_memory_bytes(limit)) == 256 << 20
+    # 512 MiB less the decoder's reserve (32 MiB and six frames at the limit: 224 MiB), halved.
+    assert budget.decoder_reserve_bytes(frame) == 224 << 20
+    assert budget.default_budget_bytes(budget.task_memory_bytes(limit), frame) == 144 << 20
+    assert budget.default_budget_bytes(256 << 20, frame) == frame  # never under one frame
     limit.write_text("max\n")
-    assert budget.task_memory_bytes(limit) is None and budget.default_budget_bytes(None) == budget.FALLBACK_BYTES
+    assert budget.task_memory_bytes(limit) is None and budget.default_budget_bytes(None, frame) == budget.FALLBACK_BYTES
     assert budget.task_memory_bytes(tmp_path / "absent") is None
 
 

@@ -15,7 +15,8 @@ A slot is costed at ``SLOT_FRAMES`` frames at the limit: while a frame arrives,
 websockets keeps the partial frame and, at its end, a copy of it; while the receive loop
 hands a message on, it holds the message and its parsed data. Parsing itself (one frame
 at a time: it runs on the event loop) and the Python process are outside the budget,
-which is why the default leaves half of the task's memory to them.
+which is why the default leaves half of the task's memory to them, after setting aside
+what the frame decoder's child process may use (:func:`decoder_reserve_bytes`).
 
 Pure arithmetic and one read of the cgroup file; no asyncio, no websockets.
 """
@@ -31,6 +32,16 @@ FALLBACK_BYTES = 256 * 1024 * 1024  # when it is not (no cgroup v2 limit: a lapt
 ALLOWANCE_BYTES = 64 * 1024  # what a socket holds without a slot: every ordinary frame
 SLOT_FRAMES = 2  # frames at the limit a slot is costed at (see the module docstring)
 RECEIVE_SHARE = 0.5  # of the budget, for the sockets' slots; the rest is the writer's
+# While the decoder's child parses a frame, its address space may grow, beyond what it maps
+# with the frame in hand, by this many times the largest frame, whatever frame it parses:
+# a task's memory is then the worker's plus a known bound (160 MiB at the default 32 MiB
+# limit), which the default budget leaves aside. Five covers JSON text of any shape short
+# of the tiny-values ones: ASCII peaks at 3x its size, text beyond Latin-1 (two bytes a
+# character in Python) at 7x (a 20 MiB frame: 140 MiB), a list of small numbers at 7x
+# (30 MiB of [0,0,...]: 206 MiB, given up), a list of empty objects at 24x: what an
+# amplifying frame is made of.
+DECODE_FACTOR = 5
+DECODER_BASE_BYTES = 32 * 1024 * 1024  # the decoder child's interpreter and what it imports
 
 
 def task_memory_bytes(path: Path = CGROUP_MEMORY_MAX) -> int | None:
@@ -45,9 +56,18 @@ def task_memory_bytes(path: Path = CGROUP_MEMORY_MAX) -> int | None:
     return int(raw) or None
 
 
-def default_budget_bytes(task_memory: int | None) -> int:
-    """``MAX_BUFFERED_BYTES`` when it is not set: half the task's memory, else 256 MiB."""
-    return int(task_memory * DEFAULT_SHARE) if task_memory else FALLBACK_BYTES
+def decoder_reserve_bytes(max_frame_bytes: int) -> int:
+    """What the worker's frame decoder (:mod:`wsfleet.worker.decoder`) may hold at most:
+    its interpreter, the largest frame, and what parsing it may grow by."""
+    return DECODER_BASE_BYTES + (1 + DECODE_FACTOR) * max_frame_bytes
+
+
+def default_budget_bytes(task_memory: int | None, max_frame_bytes: int) -> int:
+    """``MAX_BUFFERED_BYTES`` when it is not set: half of what the task's memory leaves
+    beside the frame decoder (at least one frame), else 256 MiB."""
+    if not task_memory:
+        return FALLBACK_BYTES
+    return max(max_frame_bytes, int((task_memory - decoder_reserve_bytes(max_frame_bytes)) * DEFAULT_SHARE))
 
 
 @dataclass(frozen=True)

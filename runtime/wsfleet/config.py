@@ -160,13 +160,14 @@ def _endpoint(env: Mapping[str, str]) -> str | None:
     return url or None
 
 
-def max_buffered_bytes(env: Mapping[str, str]) -> int | None:
+def max_buffered_bytes(env: Mapping[str, str], max_frame_bytes: int) -> int | None:
     """``MAX_BUFFERED_BYTES``: a whole number of bytes, ``off`` (None: no byte bound), or
-    by default half the task's memory (its cgroup limit), else 256 MiB."""
+    by default half of what the task's memory (its cgroup limit) leaves beside the frame
+    decoder, else 256 MiB."""
     raw = env.get(MAX_BUFFERED_BYTES, "").strip()
     if raw.lower() == "off":
         return None
-    default = budget.default_budget_bytes(budget.task_memory_bytes())
+    default = budget.default_budget_bytes(budget.task_memory_bytes(), max_frame_bytes)
     return _int_in(env, MAX_BUFFERED_BYTES, default)
 
 
@@ -368,7 +369,7 @@ class WorkerConfig:
             rebalance_tolerance=_fraction(env, REBALANCE_TOLERANCE),
             sweep_ms=round(_positive_float(env, SWEEP_SECONDS) * 1000),
             max_frame_bytes=_int_in(env, MAX_FRAME_BYTES),
-            max_buffered_bytes=max_buffered_bytes(env),
+            max_buffered_bytes=max_buffered_bytes(env, _int_in(env, MAX_FRAME_BYTES)),
             upstream_secret_prefix=upstream_secret_prefix(env),
             sinks=chosen,
             messages_stream_name=messages_stream_name(env, chosen),

@@ -233,7 +233,7 @@ _VARIABLES = (
         "frame bytes the worker holds at once, in its sockets and its writer (see \"Memory under large frames\"); "
         "`off` only to compare with the unbounded behaviour",
         (WORKER,), low=1024 * 1024, high=1 << 40,
-        shown="half the task's memory (cgroup `memory.max`), else 268435456 (256 MiB)", stack=(WORKER,),
+        shown="half of what the task's memory (cgroup `memory.max`) leaves beside the frame decoder, else 268435456 (256 MiB)", stack=(WORKER,),
     ),
     Variable(
         UPSTREAM_SECRET_PREFIX, TEXT, "",

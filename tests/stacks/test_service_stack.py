@@ -424,10 +424,12 @@ def test_worker_environment_passes_the_workers_own_validation(env):
     assert parsed.upstream_secret_prefix == env.settings.secret_prefix
     assert parsed.sinks == env.settings.sinks
     assert bool(parsed.messages_stream_name) == env.settings.has_stream
-    # Frame bytes: half the worker container's memory (the task's, less its tracing
-    # sidecar's reservation), whatever cgroup limit the container sees on Fargate.
+    # Frame bytes: half of what the worker container's memory (the task's, less its
+    # tracing sidecar's reservation) leaves beside the frame decoder's child (32 MiB and
+    # six frames at the limit), whatever cgroup limit the container sees on Fargate.
     sidecar_mib = {"xray-sdk": 64, "otel": 128, "off": 0}[env.settings.tracing.mode]
-    assert parsed.max_buffered_bytes == (env.settings.worker_memory_mib - sidecar_mib) * 1024 * 1024 // 2
+    decoder_mib = 32 + 6 * env.settings.max_frame_bytes // (1024 * 1024)
+    assert parsed.max_buffered_bytes == (env.settings.worker_memory_mib - sidecar_mib - decoder_mib) * 1024 * 1024 // 2
 
 
 def test_worker_and_router_name_the_stateful_stacks_tables(env):

@@ -152,8 +152,9 @@ def test_otel_worker_exports_to_the_collector_beside_it(dev):
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
         "OTEL_TRACES_SAMPLER_ARG": "0.05",
     }
-    # Frame bytes: half of what the task leaves the worker beside the collector.
-    assert int(variables[settings_spec.MAX_BUFFERED_BYTES]) == (512 - 128) * 1024 * 1024 // 2
+    # Frame bytes: half of what the task leaves the worker beside the collector and the
+    # frame decoder (32 MiB and six 32 MiB frames).
+    assert int(variables[settings_spec.MAX_BUFFERED_BYTES]) == (512 - 128 - 224) * 1024 * 1024 // 2
 
 
 def test_otel_grants_the_task_role_only_the_collectors_segment_writes(dev):
@@ -230,7 +231,7 @@ def test_off_deploys_no_sidecar_no_layer_and_no_xray_grant(tracing_off):
     assert set(containers) == {"worker"}
     worker = _variables(containers["worker"])
     assert worker[settings_spec.TRACING] == "off"
-    assert int(worker[settings_spec.MAX_BUFFERED_BYTES]) == 512 * 1024 * 1024 // 2
+    assert int(worker[settings_spec.MAX_BUFFERED_BYTES]) == (512 - 224) * 1024 * 1024 // 2
     router = _router(tracing_off)
     assert router["Environment"]["Variables"][settings_spec.TRACING] == "off"
     assert "TracingConfig" not in router and len(router["Layers"]) == 1

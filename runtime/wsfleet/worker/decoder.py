@@ -28,6 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
+from ..budget import DECODE_FACTOR
 from ..logs import JsonLogger
 from ..stream import Frame, FrameShape, Problem, Rejected, SeqTracker, unparsed
 from . import decode_child
@@ -38,14 +39,6 @@ from .frames import Received, decided, receive
 # 2-core machine, against a 100 ms bound on holding the loop: a quarter of a MiB leaves
 # room. Ordinary frames are far smaller; data this large goes to S3 anyway.
 OFF_LOOP_BYTES = 256 * 1024
-# While the child parses a frame, its address space may grow, beyond what it maps with the
-# frame in hand, by this many times the largest frame, whatever frame it parses: a task's
-# memory is then the worker's plus a known bound (160 MiB at the default 32 MiB limit).
-# Five covers JSON text of any shape short of the tiny-values ones: ASCII peaks at 3x its
-# size, text beyond Latin-1 (two bytes a character in Python) at 7x (a 20 MiB frame: 140
-# MiB), a list of small numbers at 7x (30 MiB of [0,0,...]: 206 MiB, given up), a list of
-# empty objects at 24x: what an amplifying frame is made of.
-DECODE_FACTOR = 5
 # A parse that takes longer is given up (its child killed): a frame at the limit within
 # the budget parses in 1-3 s; this leaves a busy machine ample margin.
 DECODE_TIMEOUT_S = 20.0
@@ -75,7 +68,7 @@ class FrameDecoder:
         log: JsonLogger | None = None,
     ) -> None:
         self.off_loop_bytes = off_loop_bytes
-        self.budget_bytes = DECODE_FACTOR * max_frame_bytes
+        self.budget_bytes = DECODE_FACTOR * max_frame_bytes  # what the default budget leaves aside (wsfleet.budget)
         self.timeout_s = timeout_s
         self.stats = DecoderStats()
         self._log = log or JsonLogger()
