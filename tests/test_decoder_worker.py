@@ -32,7 +32,7 @@ def test_an_amplifying_neighbour_costs_markers_not_the_worker_nor_the_healthy_st
             await eventually(lambda: all(len(seqs(msgs, c)) >= LAST for c in ("healthy", "hostile")), timeout=60,
                              what=f"{LAST} stored on each")
             assert not worker.stopping.is_set() and set(worker.holdings.runners) == {"healthy", "hostile"}
-            return worker.decoder.describe(), max(worker.report.lag_ms), worker.counters.total(names.MALFORMED_FRAMES)
+            return worker.decoder.describe(), max(worker.report.lag.recent), worker.counters.total(names.MALFORMED_FRAMES)
 
     decoder, lag_ms, malformed = asyncio.run(scenario())
     healthy = msgs.read_all("healthy")
