@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 
 import pytest
 
@@ -132,12 +133,24 @@ def test_a_frame_with_no_seq_in_its_head_given_up_is_only_counted(decoder):
 
 
 @pytest.mark.slow
+def _dead(pid: int) -> bool:
+    """Killed: a zombie, or already reaped (then /proc has no entry, even between a look
+    at the directory and a read of its status)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return "zombie" in status.read()
+    except FileNotFoundError:
+        return True
+
+
 def test_a_killed_child_is_replaced_and_the_next_frame_parsed(decoder):
     async def go():
         first = await decoder.parse(ordinary(1, 1 << 20), 7, DEFAULT_SHAPE)
         pid = decoder.child_pid
         os.kill(pid, signal.SIGKILL)
-        while os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read():
+        deadline = time.monotonic() + 30
+        while not _dead(pid):
+            assert time.monotonic() < deadline, "the killed child lingered"
             await asyncio.sleep(0.01)
         second = await decoder.parse(ordinary(2, 1 << 20), 7, DEFAULT_SHAPE)
         return first, pid, second
