@@ -135,7 +135,7 @@ class EnvironmentSettings:
     connections_warm_throughput: WarmThroughput | None = None
     owner_index_warm_throughput: WarmThroughput | None = None
     # The adjustable AWS quotas this environment needs raised before it is deployed (names
-    # of wsfleet.plan_limits.DEFAULT_QUOTAS): synth checks the plan against them.
+    # of wsfleet.plan.limits.DEFAULT_QUOTAS): synth checks the plan against them.
     quotas: Mapping[str, float] = field(default_factory=dict)
 
     # --- upgrading an existing stack (README, "Upgrading an existing stack") -----------

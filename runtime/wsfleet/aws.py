@@ -121,7 +121,7 @@ class Aws:
         self.dynamodb_writes = session.client(
             "dynamodb", endpoint_url=config.endpoint_url, config=Config(parameter_validation=False, **once)
         )
-        # Large message data (wsfleet.store.objects): one attempt, retried by the worker
+        # Large message data (wsfleet.sinks.objects): one attempt, retried by the worker
         # like the message writes, under the same deadline checks. The read timeout is
         # per socket operation, not per upload, so 32 MiB bodies fit it.
         self.s3 = session.client("s3", endpoint_url=config.endpoint_url, config=Config(**once))

@@ -1,5 +1,5 @@
 """The Kinesis sink's record (CONTRACT.md section 4): one per frame, written by the worker
-(:mod:`wsfleet.store.kinesis`), read by the reference consumer and the local audits.
+(:mod:`wsfleet.sinks.kinesis`), read by the reference consumer and the local audits.
 
 A record is the UTF-8 JSON object ``{"connection_id", "seq", "fence_token", "worker_id",
 "received_at_ms", ...}`` with exactly one of:
@@ -7,7 +7,7 @@ A record is the UTF-8 JSON object ``{"connection_id", "seq", "fence_token", "wor
 * ``"data"``: the frame's data, as the compact JSON the messages table would have held
   in ``message_data`` (embedded as JSON, not as a string of it);
 * ``"data_ref"``, ``"data_bytes"``, ``"data_sha256"``: data too large for a record,
-  stored in the messages bucket first (as for an item: :mod:`wsfleet.store.objects`);
+  stored in the messages bucket first (as for an item: :mod:`wsfleet.sinks.objects`);
 * ``"skipped"`` (a reason of ``schema.SKIPPED_REASONS``), with ``"data_bytes"`` where
   known and ``"skip_to"`` for a range: a skip marker.
 
@@ -54,7 +54,7 @@ MAX_PARTITION_KEY_CHARS = 256
 def encode(connection_id: str, fence_token: int, worker_id: str, frame: Frame, *, data_ref: tuple[str, int, str] | None = None) -> bytes:
     """The record of one frame. ``data_ref``: (ref, size, sha256 hex) of its data's
     object, for data stored in the bucket (the caller decides which: see
-    ``store.objects.needs_object``); then the data itself is not in the record."""
+    ``sinks.objects.needs_object``); then the data itself is not in the record."""
     head = (
         f'{{"{CONNECTION_ID}":{json.dumps(connection_id)},"{SEQ}":{int(frame.seq)},'
         f'"{FENCE_TOKEN}":{int(fence_token)},"{WORKER_ID}":{json.dumps(worker_id)},'

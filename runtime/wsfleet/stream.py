@@ -29,7 +29,7 @@ from .checkpoint import Checkpoint
 from .pointer import MISSING, Pointer
 
 # Data up to this size (compact JSON, UTF-8) is stored inline in its item, well inside
-# DynamoDB's 400 KB item limit; larger data goes to an S3 object (wsfleet.store.objects).
+# DynamoDB's 400 KB item limit; larger data goes to an S3 object (wsfleet.sinks.objects).
 MAX_MESSAGE_BYTES = 350_000
 MAX_SEQ = 2**63 - 1  # a seq is a non-negative integer below 2^63
 # Deepest nesting of arrays and objects a frame may have (the frame's own object is 1).

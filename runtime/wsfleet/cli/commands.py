@@ -180,7 +180,7 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         checkpoint_s=settings["checkpoint_s"],
     )
     result["env"] = args.env
-    # The limits in every scenario, the first hit and the month's $ (plan_limits): at the top
+    # The limits in every scenario, the first hit and the month's $ (wsfleet.plan.limits): at the top
     # level, as `--json` promises {"workers", "limits", "first_limit", "usd_per_month"}.
     checked = plan_limits.evaluate(
         measured, settings, connections=args.connections, rate=args.rate, per_worker=per_worker,

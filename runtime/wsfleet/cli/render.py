@@ -224,7 +224,7 @@ def plan(result: Mapping[str, Any]) -> str:
 
 
 def limits(result: Mapping[str, Any]) -> list[str]:
-    """The limits in every scenario (plan_limits), the first one hit and what moves it."""
+    """The limits in every scenario (wsfleet.plan.limits), the first one hit and what moves it."""
     if "limits" not in result:
         return []
     rows = [

@@ -2,7 +2,7 @@
 
 Every held connection hands its accepted frames to the :class:`Writer`, which fills
 batches from the pending frames of all connections and stores them through its sink
-(:mod:`wsfleet.store.sink`: BatchWriteItem requests of 25 items for the messages table,
+(:mod:`wsfleet.sinks.sink`: BatchWriteItem requests of 25 items for the messages table,
 PutRecords of up to 500 records for a Kinesis stream): as soon as a batch is pending, or
 ``flush_interval_s`` after the oldest pending frame arrived. At the rates most streams
 have, that turns one request per frame into one per batch.
@@ -24,7 +24,7 @@ What stays per connection:
   request leaves).
 
 Data too large for an item (over ``stream.MAX_MESSAGE_BYTES``) goes to an S3 object
-first (:mod:`wsfleet.store.objects`), and its item, which points at the object, is
+first (:mod:`wsfleet.sinks.objects`), and its item, which points at the object, is
 written only once the object is stored:
 
 * the upload starts as soon as the frame is queued, worker-wide at most
