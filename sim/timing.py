@@ -4,10 +4,11 @@ bounds measure against."""
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 from wsfleet import settings_spec
-
+from wsfleet.leases import SessionTiming, TimingError
 
 
 # What a takeover costs past the dead session's expiry + skew: the watcher's jitter (at
@@ -67,3 +68,34 @@ class Timing:
     def stop_bound_s(self) -> float:
         """The owner sees STOP at its next renewal, then closes the socket."""
         return self.heartbeat_s + 1.0
+
+
+def add_arguments(p: argparse.ArgumentParser, *, shutdown: bool = False) -> None:
+    """The worker settings a run's command line may set (``--shutdown`` where asked), each
+    defaulting to :class:`Timing`'s."""
+    d = Timing()
+    p.add_argument("--lease", type=float, default=d.lease_s, help=f"LEASE_SECONDS, the session lease [{d.lease_s:g}]")
+    p.add_argument("--heartbeat", type=float, default=d.heartbeat_s, help=f"HEARTBEAT_SECONDS [{d.heartbeat_s:g}]")
+    p.add_argument("--reconcile", type=float, default=d.reconcile_s, help=f"RECONCILE_SECONDS [{d.reconcile_s:g}]")
+    p.add_argument("--skew-ms", type=int, default=d.skew_ms, help=f"MAX_CLOCK_SKEW_MS [{d.skew_ms}]")
+    p.add_argument("--flush-ms", type=int, default=d.flush_ms, help=f"FLUSH_INTERVAL_MS [{d.flush_ms}]")
+    p.add_argument("--checkpoint", type=float, default=d.checkpoint_s, help=f"CHECKPOINT_SECONDS [{d.checkpoint_s:g}]")
+    if shutdown:
+        p.add_argument("--shutdown", type=float, default=d.shutdown_s, help=f"SHUTDOWN_SECONDS [{d.shutdown_s:g}]")
+
+
+def from_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> Timing:
+    """The :class:`Timing` the parsed arguments ask for; the worker's own rule
+    (:meth:`SessionTiming.checked`) refuses a bad one, in the flags' names."""
+    try:
+        SessionTiming.checked(lease_s=a.lease, heartbeat_s=a.heartbeat, max_clock_skew_ms=a.skew_ms)
+    except TimingError as exc:
+        p.error(exc.sentence(lease="--lease", heartbeat="--heartbeat", skew="--skew-ms"))
+    return of_arguments(a)
+
+
+def of_arguments(a: argparse.Namespace) -> Timing:
+    """The :class:`Timing` of arguments :func:`from_arguments` has already checked."""
+    return Timing(lease_s=a.lease, heartbeat_s=a.heartbeat, reconcile_s=a.reconcile, skew_ms=a.skew_ms,
+                  flush_ms=a.flush_ms, checkpoint_s=a.checkpoint,
+                  **({"shutdown_s": a.shutdown} if hasattr(a, "shutdown") else {}))

@@ -13,7 +13,8 @@ from typing import Sequence
 from wsfleet import config as cfg
 from wsfleet import settings_spec
 from wsfleet.logs import route_stdlib_logging
-from ..timing import Timing
+from ..timing import add_arguments as timing_arguments
+from ..timing import from_arguments as timing_from
 from .run import Run, Settings
 from .schedule import KINDS, dealt_kinds
 
@@ -28,14 +29,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     p.add_argument("--workers", type=int, default=4, help="worker processes kept running [4]")
     p.add_argument("--connections", type=int, default=40, help="connections STARTed [40]")
     p.add_argument("--rate", type=float, default=2.0, help="messages per second per stream [2]")
-    d = Timing()
-    p.add_argument("--lease", type=float, default=d.lease_s, help=f"LEASE_SECONDS [{d.lease_s:g}]")
-    p.add_argument("--heartbeat", type=float, default=d.heartbeat_s, help=f"HEARTBEAT_SECONDS [{d.heartbeat_s:g}]")
-    p.add_argument("--reconcile", type=float, default=d.reconcile_s, help=f"RECONCILE_SECONDS [{d.reconcile_s:g}]")
-    p.add_argument("--skew-ms", type=int, default=d.skew_ms, help=f"MAX_CLOCK_SKEW_MS [{d.skew_ms}]")
-    p.add_argument("--flush-ms", type=int, default=d.flush_ms, help=f"FLUSH_INTERVAL_MS [{d.flush_ms}]")
-    p.add_argument("--checkpoint", type=float, default=d.checkpoint_s, help=f"CHECKPOINT_SECONDS [{d.checkpoint_s:g}]")
-    p.add_argument("--shutdown", type=float, default=d.shutdown_s, help=f"SHUTDOWN_SECONDS [{d.shutdown_s:g}]")
+    timing_arguments(p, shutdown=True)
     p.add_argument("--warmup", type=float, default=None, help="seconds between the last session opening and the first fault [until every session is watched]")
     p.add_argument("--slack", type=float, default=0.0, help="seconds added to every recovery bound [0]")
     p.add_argument("--run-dir", default=".chaos", help="where each run's logs and report go [.chaos]")
@@ -45,10 +39,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     a = p.parse_args(argv)
     if a.workers < 2 or a.connections < 1 or a.minutes <= 0:
         p.error("--workers must be at least 2 (a crash needs a survivor), --connections at least 1, --minutes positive")
-    if a.lease < 2 * a.heartbeat:
-        p.error("--lease must be at least twice --heartbeat")
-    if a.skew_ms >= (a.lease - a.heartbeat) * 1000:
-        p.error("--skew-ms must be less than --lease minus --heartbeat")
+    timing = timing_from(p, a)
     kinds = tuple(k.strip() for k in a.kinds.split(",") if k.strip()) if a.kinds is not None else None
     try:
         sink = ",".join(cfg.sinks({settings_spec.SINK: a.sink}))
@@ -58,8 +49,6 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
         dealt_kinds(kinds, a.workers, sink)
     except ValueError as exc:
         p.error(f"--kinds: {exc}")
-    timing = Timing(lease_s=a.lease, heartbeat_s=a.heartbeat, reconcile_s=a.reconcile, skew_ms=a.skew_ms,
-                    flush_ms=a.flush_ms, shutdown_s=a.shutdown, checkpoint_s=a.checkpoint)
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1, 10**6)
     return Settings(seed=seed, minutes=a.minutes, workers=a.workers, connections=a.connections, rate=a.rate,
                     timing=timing, warmup_s=a.warmup, slack_s=a.slack, run_dir=a.run_dir, kinds=kinds,

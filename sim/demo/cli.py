@@ -71,6 +71,9 @@ from ..chaos.run import Settings as ChaosSettings
 from ..fleet import Fleet, new_run_dir
 from ..observed import Sample
 from ..timing import Timing
+from ..timing import add_arguments as timing_arguments
+from ..timing import from_arguments as timing_from
+from ..timing import of_arguments as timing_of
 from .scenarios import SCENARIOS, Demo
 
 CHAOS = "chaos"  # not a list of steps: the chaos soak, seeded
@@ -84,15 +87,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None, help="chaos only: the fault schedule's seed [random, printed]")
     p.add_argument("--duration", type=float, default=150.0, help="seconds from the first START to the final STOP [150]")
     p.add_argument("--rate", type=float, default=2.0, help="messages per second per upstream stream [2]")
-    defaults = Timing()
-    p.add_argument("--lease", type=float, default=defaults.lease_s, help=f"LEASE_SECONDS, the session lease [{defaults.lease_s:g}]")
-    p.add_argument("--heartbeat", type=float, default=defaults.heartbeat_s, help=f"HEARTBEAT_SECONDS [{defaults.heartbeat_s:g}]")
-    p.add_argument("--reconcile", type=float, default=defaults.reconcile_s, help=f"RECONCILE_SECONDS [{defaults.reconcile_s:g}]")
-    p.add_argument("--skew-ms", type=int, default=defaults.skew_ms, help=f"MAX_CLOCK_SKEW_MS [{defaults.skew_ms}]")
-    p.add_argument("--flush-ms", type=int, default=defaults.flush_ms, help=f"FLUSH_INTERVAL_MS [{defaults.flush_ms}]")
-    p.add_argument(
-        "--checkpoint", type=float, default=defaults.checkpoint_s, help=f"CHECKPOINT_SECONDS [{defaults.checkpoint_s:g}]"
-    )
+    timing_arguments(p)
     p.add_argument("--no-kinds", dest="kinds", action="store_false",
                    help="leave out the connections of each upstream kind (authenticated, subscribe, flat, no replay)")
     p.add_argument("--run-dir", default=".demo", help="where each run's logs and report go [.demo]")
@@ -106,10 +101,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--workers and --connections must be at least 1")
     if args.scenario in ("crash", "deploy", "pause", "full", "scale-out", CHAOS) and args.workers < 2:
         p.error(f"the {args.scenario} scenario needs at least 2 workers")
-    if args.lease < 2 * args.heartbeat:
-        p.error("--lease must be at least twice --heartbeat")
-    if args.skew_ms >= (args.lease - args.heartbeat) * 1000:
-        p.error("--skew-ms must be less than --lease minus --heartbeat")
+    timing_from(p, args)  # refuses timings the worker would refuse
     try:
         args.sink = ",".join(cfg.sinks({settings_spec.SINK: args.sink}))
     except ValueError as exc:
@@ -122,14 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # a crash go to stderr as JSON lines (the workers' own logs are in the run directory).
     route_stdlib_logging(stream=sys.stderr, component="demo")
     args = parse_args(argv)
-    timing = Timing(
-        lease_s=args.lease,
-        heartbeat_s=args.heartbeat,
-        reconcile_s=args.reconcile,
-        skew_ms=args.skew_ms,
-        flush_ms=args.flush_ms,
-        checkpoint_s=args.checkpoint,
-    )
+    timing = timing_of(args)
     if args.scenario == CHAOS:
         return _chaos(args, timing)
     run_dir = new_run_dir(Path(args.run_dir))
