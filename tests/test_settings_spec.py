@@ -13,15 +13,9 @@ from wsfleet.config import ConsumerConfig, RouterConfig, WorkerConfig
 from wsfleet.settings_spec import VARIABLES, WHOLE, ConfigError
 from wsfleet import budget
 
+from tests.test_config import BASE
+
 README = Path(__file__).resolve().parents[1] / "README.md"
-BASE = {
-    "TABLE_NAME": "t",
-    "SESSIONS_TABLE_NAME": "s",
-    "MESSAGES_TABLE_NAME": "m",
-    "MESSAGES_BUCKET_NAME": "b",
-    "QUEUE_URL": "http://q",
-    "AWS_REGION": "eu-west-1",
-}
 CONSUMER_BASE = {"CONSUMER_BUCKET_NAME": "b", "CONSUMER_TABLE_NAME": "t", "AWS_REGION": "eu-west-1"}
 PARSE = {
     settings_spec.WORKER: lambda env: WorkerConfig.from_env({**BASE, **env}),
