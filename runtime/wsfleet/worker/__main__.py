@@ -14,6 +14,7 @@ from ..aws import Aws
 from ..config import WorkerConfig
 from ..settings_spec import ConfigError
 from ..logs import JsonLogger, route_stdlib_logging
+from . import allocator
 from .lifecycle import Worker
 
 FLUSH_AT_EXIT_S = 2.0  # inside SHUTDOWN_SECONDS' margin below the container's stopTimeout
@@ -61,6 +62,8 @@ def main() -> int:
         return 2
     worker_id = resolve_worker_id(config)
     route_stdlib_logging(worker_id=worker_id)
+    # Before the first large frame: glibc's threshold moves with the blocks freed (see allocator).
+    log.info("allocator_tuned", **allocator.tune())
     asyncio.run(run(config, worker_id, log))
     return 0
 
