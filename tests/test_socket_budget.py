@@ -20,10 +20,14 @@ from wsfleet.worker.socket_budget import (
     CONTROL_RATE,
     FLOOD_S,
     FLOOD_TEXT,
+    LOOP_SHARE,
+    LOOP_SHARE_BUDGET,
+    LOOP_SHARE_S,
     WRITE_LIMIT_BYTES,
     WRITE_RESUME_BYTES,
     BudgetStats,
     ControlFlood,
+    LoopShare,
     OverBudget,
     over_budget,
 )
@@ -151,5 +155,89 @@ def test_a_peer_that_pings_and_never_reads_pauses_our_reading_and_our_unsent_byt
         # 125-byte ping is 131 bytes: masked, its ping's size and a little).
         assert WRITE_LIMIT_BYTES < stats.unsent_max <= WRITE_LIMIT_BYTES + 2 * READ_CHUNK
         assert stats.write_pauses == 1 and stats.flood_closes == 0
+
+    asyncio.run(scenario())
+
+
+def busy(share: LoopShare, fraction: float, start: float, seconds: float) -> float:
+    """Frames taking ``fraction`` of the loop, 10 ms apart, for ``seconds``; the time after."""
+    n = int(seconds * 100)
+    for i in range(n):
+        share.add(start + (i + 1) / 100, fraction / 100)
+    return start + n / 100
+
+
+def test_more_than_the_loop_share_sustained_is_over_after_loop_share_s_and_the_share_itself_never():
+    hog = LoopShare(0.0)
+    end = busy(hog, LOOP_SHARE + 0.1, 0.0, LOOP_SHARE_S - 0.5)
+    assert not hog.over(end)
+    assert hog.over(busy(hog, LOOP_SHARE + 0.1, end, 1.0))
+    fair = LoopShare(0.0)
+    assert not fair.over(busy(fair, LOOP_SHARE - 0.05, 0.0, 6 * LOOP_SHARE_S))
+
+
+def test_a_burst_of_loop_time_is_forgiven_up_to_share_times_the_limit():
+    forgiven = LoopShare(0.0)
+    forgiven.add(0.0, LOOP_SHARE * LOOP_SHARE_S * 0.9)  # a backlog parsed at once after a reconnect
+    assert not any(forgiven.over(t / 10) for t in range(int(LOOP_SHARE_S * 10) + 20))
+    taken = LoopShare(0.0)
+    taken.add(0.0, LOOP_SHARE * LOOP_SHARE_S * 1.1)
+    assert taken.over(LOOP_SHARE_S)
+
+
+def test_a_socket_over_its_loop_share_is_closed_naming_the_budget():
+    async def scenario():
+        stats = BudgetStats()
+        factory = socket_budget.connection_factory(None, stats)
+        async with Upstream(rate=None) as up:
+            async with connect(up.url_for("hog"), compression=None, create_connection=factory) as ws:
+                ws.charge_loop(0.001)  # its frames' share so far: nothing near the budget
+                assert not ws.transport.is_closing() and stats.share_closes == 0
+                # As if its frames had held the loop more than half the time since LOOP_SHARE_S ago.
+                began = ws.loop.time() - LOOP_SHARE_S - 0.1
+                ws._share = LoopShare(began)
+                ws._share.add(began, LOOP_SHARE * LOOP_SHARE_S + 1.0)
+                ws.charge_loop(0.001)
+                with pytest.raises(ConnectionClosedError) as closed:
+                    while True:
+                        await ws.recv()
+        why = over_budget(closed.value)
+        assert why is not None and why.budget == LOOP_SHARE_BUDGET and why.text.startswith(LOOP_SHARE_BUDGET + ": ")
+        assert stats.share_closes == 1 and stats.loop_s > 0
+
+    asyncio.run(scenario())
+
+
+def test_unsent_bytes_count_in_the_gate_a_second_flooder_without_a_slot_stops_reading_at_the_allowance():
+    allowance = 64 * 1024
+
+    async def scenario():
+        gate = ReceiveGate(slots=1, allowance=allowance)
+        first, second = BudgetStats(), BudgetStats()
+        async with Upstream(rate=None) as up:
+            def dial(name, stats):
+                options = connect_options(gate)
+                factory = socket_budget.connection_factory(options.pop("create_connection"), stats)
+                return connect(up.url_for(name) + "?ping_flood=20000", compression=None, create_connection=factory,
+                               **socket_budget.connect_options(), **options)
+
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 60
+            async with dial("a", first) as a:
+                while not a.has_slot:  # its unsent bytes passed the allowance: it took the slot
+                    assert loop.time() < deadline, f"never took the slot: {first}"
+                    await asyncio.sleep(0.02)
+                assert gate.holding() == 1
+                async with dial("b", second) as b:
+                    while not b._gate_wait:
+                        assert loop.time() < deadline, "the second flooder never queued for the slot"
+                        await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.5)  # it reads nothing more, so it answers nothing more
+                    assert second.unsent_max <= allowance + 3 * READ_CHUNK and second.write_pauses == 0
+                    a.transport.abort()  # the slot's holder goes: the waiter gets the slot
+                    while not b.has_slot:
+                        assert loop.time() < deadline, "the slot never went to the waiter"
+                        await asyncio.sleep(0.05)
+                    b.transport.abort()
 
     asyncio.run(scenario())

@@ -34,7 +34,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidHandshake, InvalidURI, PayloadTooBig
 
 from .. import clock
@@ -55,7 +54,7 @@ from .frames import CheckpointTimer
 from .gate import ReceiveGate
 from .retry import LeaseExpired, call_until
 from .secrets import Secrets, SecretUnavailable
-from .socket_budget import OverBudget, over_budget
+from .socket_budget import BudgetedConnection, OverBudget, over_budget
 from .supervision import Supervisor
 from .upstream_socket import REFUSED_RETRY_S, Dialer, Refused, SocketOptions, close_socket, refused_pause_s
 from .writer import Writer
@@ -175,7 +174,7 @@ class ConnectionRunner:
         self._attempt = 0
         self._stored = asyncio.Event()
         self._ended = asyncio.Event()
-        self._ws: ClientConnection | None = None
+        self._ws: BudgetedConnection | None = None
         writer.open(connection_id, fence_token=fence_token, deadline=deadline, on_stored=self._on_stored)
 
     # --- ownership ----------------------------------------------------------------------
@@ -318,7 +317,8 @@ class ConnectionRunner:
         size = len(message)
         try:
             now_ms = int(time.time() * 1000)
-            got = await self._s.decoder.receive(message, now_ms, self.tracker, self._shape, may_start_fresh=self._fresh)
+            got = await self._s.decoder.receive(message, now_ms, self.tracker, self._shape, may_start_fresh=self._fresh,
+                                                meter=self._ws)
             # Past parsing, not held while the put below waits for the writer (32 MiB a socket at the limit).
             del message
             if got.problem is not None:

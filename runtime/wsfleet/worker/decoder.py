@@ -27,6 +27,7 @@ import multiprocessing
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from ..budget import DECODE_FACTOR
 from ..logs import JsonLogger
@@ -44,6 +45,12 @@ OFF_LOOP_BYTES = 256 * 1024
 DECODE_TIMEOUT_S = 20.0
 # The child's answer is decoded from UTF-8 in pieces of this size (see _decoded).
 DECODE_PIECE_BYTES = 1 << 20
+
+
+class LoopMeter(Protocol):
+    """What the loop time of a frame parsed on the loop is charged to: its socket."""
+
+    def charge_loop(self, seconds: float) -> None: ...
 
 
 @dataclass
@@ -77,11 +84,24 @@ class FrameDecoder:
         self._child: _Child | None = None  # touched by that thread only, but for kill() and close()
 
     async def receive(
-        self, message: bytes, received_at_ms: int, tracker: SeqTracker, shape: FrameShape, *, may_start_fresh: bool
+        self,
+        message: bytes,
+        received_at_ms: int,
+        tracker: SeqTracker,
+        shape: FrameShape,
+        *,
+        may_start_fresh: bool,
+        meter: LoopMeter | None = None,
     ) -> Received:
-        """:func:`.frames.receive`, with a frame over ``off_loop_bytes`` parsed in the child."""
+        """:func:`.frames.receive`, with a frame over ``off_loop_bytes`` parsed in the child;
+        the loop time a frame parsed here takes is charged to ``meter`` (its socket's share
+        of the loop, :mod:`.socket_budget`)."""
         if self.off_loop_bytes is None or len(message) <= self.off_loop_bytes:
-            return receive(message, received_at_ms, tracker=tracker, shape=shape, may_start_fresh=may_start_fresh)
+            began = time.perf_counter()
+            got = receive(message, received_at_ms, tracker=tracker, shape=shape, may_start_fresh=may_start_fresh)
+            if meter is not None:
+                meter.charge_loop(time.perf_counter() - began)
+            return got
         parsed = await self.parse(message, received_at_ms, shape)
         return decided(parsed, len(message), tracker=tracker, may_start_fresh=may_start_fresh)
 

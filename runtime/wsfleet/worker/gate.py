@@ -24,6 +24,9 @@ internals, which this module relies on (checked by tests/test_gate.py):
   is full, the socket's unsent bytes are over their mark, or the socket waits for a slot,
   and resumed only when none holds it: none resumes what another paused.
 
+* the socket's unsent bytes (the transport's write buffer: our pongs to a peer that pings
+  and does not read, :mod:`.socket_budget`), re-checked as they cross the write marks;
+
 and the receive loop's side: the message ``recv`` returned is held until the loop calls
 ``recv`` again (it has handed the message on to the writer by then, which accounts for
 it in its own share) or leaves the socket's ``async with``.
@@ -138,6 +141,7 @@ class ReceiveGate:
 
 
 MAX_QUEUE = 4  # whole frames a gated socket queues for recv (websockets' default: 16)
+UNSENT_RECHECK_S = 0.1  # how often a socket needing a slot for its unsent bytes looks at them again
 
 
 def connect_options(gate: ReceiveGate | None) -> dict[str, Any]:
@@ -167,6 +171,7 @@ class GatedConnection(BudgetedConnection):
         self._handed_large = False  # that message needed a slot: its turn ends at the next recv
         self._delivered: deque[Frame] = deque()  # data frames given to the assembler, in order
         self._data_at = 0.0  # loop time of the last bytes read: the peer is alive
+        self._recheck: asyncio.TimerHandle | None = None  # a look at unsent bytes draining (_recheck_unsent)
 
     # --- what the socket holds ------------------------------------------------------------
 
@@ -175,8 +180,13 @@ class GatedConnection(BudgetedConnection):
         return sum(len(f.data) for f in self.recv_messages.frames.queue) + self._out
 
     def held_bytes(self) -> int:
-        """Frame bytes this socket holds now (see the module docstring)."""
-        return len(self.protocol.reader.buffer) + self._waiting_bytes() + self._assembling
+        """Bytes this socket holds now: frames, and what it has not sent (see the module
+        docstring). Unsent bytes over the allowance need a slot like a large frame: with
+        none free, reading stops, and no more pongs are made, at the allowance, not at the
+        socket's own 1 MiB mark."""
+        transport = self.transport
+        unsent = transport.get_write_buffer_size() if transport is not None and not self._gone else 0
+        return len(self.protocol.reader.buffer) + self._waiting_bytes() + self._assembling + unsent
 
     def _check(self) -> None:
         """Take, keep or give back a slot for what the socket holds now, and read ahead
@@ -184,6 +194,7 @@ class GatedConnection(BudgetedConnection):
         holds one large message at a time, not ``max_queue`` of them."""
         held = self.held_bytes()
         self.held_max = max(self.held_max, held)
+        self._recheck_unsent()
         ahead = not self._closing and self._waiting_bytes() > self.gate.allowance
         if ahead != self._read_ahead_full:
             self._read_ahead_full = ahead
@@ -201,6 +212,19 @@ class GatedConnection(BudgetedConnection):
                 self._gate_wait = False
                 self._apply_reading()
             self.gate._leave(self)
+
+    def _recheck_unsent(self) -> None:
+        """asyncio tells of unsent bytes only as they cross the write marks: while they
+        are part of why this socket needs a slot, look again every UNSENT_RECHECK_S, so
+        that the slot (or the place in the queue) goes once they drain."""
+        transport = self.transport
+        unsent = transport.get_write_buffer_size() if transport is not None and not self._gone else 0
+        if unsent and (self.has_slot or self._gate_wait) and self._recheck is None:
+            self._recheck = self.loop.call_later(UNSENT_RECHECK_S, self._rechecked)
+
+    def _rechecked(self) -> None:
+        self._recheck = None
+        self._check()
 
     def _granted(self) -> None:
         """The gate gave this waiting socket a slot: read again."""
@@ -222,6 +246,14 @@ class GatedConnection(BudgetedConnection):
         if size is not None:
             self._assembling = max(self._assembling, size)
         self._check()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._check()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._check()  # drained: a slot taken for unsent bytes is given back
 
     def process_event(self, event: Any) -> None:
         super().process_event(event)

@@ -148,6 +148,8 @@ class Report:
             "gate": self._gate.stats() if self._gate else None,
             # The most bytes a socket of a held connection left unsent (worker.socket_budget).
             "unsent_max": max((r.budget.unsent_max for r in list(self._holdings.runners.values())), default=0),
+            # The held connection whose frames took the most loop time so far (its share: socket_budget).
+            "loop_top": self.loop_top(),
             "decoder": self._decoder.describe(),
             "checkpoints": self._checkpoints.stats(),
             "requests": dict(self._aws.requests),
@@ -156,6 +158,14 @@ class Report:
             "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "cpu_s": round(sum(resource.getrusage(resource.RUSAGE_SELF)[:2]), 3),
         }
+
+    def loop_top(self) -> dict[str, Any] | None:
+        """The held connection whose frames took the most event-loop time, and how much."""
+        runners = list(self._holdings.runners.items())
+        if not runners:
+            return None
+        cid, runner = max(runners, key=lambda item: item[1].budget.loop_s)
+        return {"connection_id": cid, "loop_s": round(runner.budget.loop_s, 3)}
 
     async def probe_lag(self) -> None:
         """How late the loop wakes a sleeper: the delay every socket and the renewal see."""

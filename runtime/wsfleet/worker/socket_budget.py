@@ -35,6 +35,17 @@ per socket:
   :class:`OverBudget` as the cause of websockets' ``ConnectionClosed``; the runner then
   writes its text to ``last_error`` and waits like a refusal (:mod:`.connection`).
 
+* **Its share of the event loop.** The loop time a socket's frames take (websockets'
+  parsing of its bytes in ``data_received``, and the receive loop's parse of each frame
+  small enough to parse on the loop: :mod:`.decoder` charges it here) fills a second
+  leaky bucket (:class:`LoopShare`, pure), which leaks :data:`LOOP_SHARE` of a second a
+  second. A socket whose bucket has not emptied for :data:`LOOP_SHARE_S` (more than half
+  of the loop's time sustained over 10 s, or one burst of more than 5 s of it) is closed
+  the same way, ``last_error`` naming ``loop_share``. Round-robin scheduling already
+  gives neighbours their turn between its frames; this stops one feed (frames the
+  parser works hard on and then rejects, say, which nothing stores and so nothing slows)
+  from taking a worker's CPU for ever.
+
 Each socket counts afresh; what a connection's sockets measured is kept across its
 reconnects in its :class:`BudgetStats`.
 """
@@ -44,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from dataclasses import dataclass
+import time
 from typing import Any, Callable
 
 from websockets.asyncio.client import ClientConnection
@@ -76,34 +88,75 @@ FLOOD_TEXT = (
     " closed, and tried again after the refusal wait"
 )
 
+LOOP_SHARE_BUDGET = "loop_share"  # the budget's name, in last_error and the log
+# Of the event loop's time, what one connection's frames may take for ever: a worker holds
+# hundreds of connections; one taking half of its only core is a feed for a worker of its own.
+LOOP_SHARE = 0.5
+# How long a connection may stay over LOOP_SHARE before it is closed (a backlog replayed
+# after a reconnect is parsed in a burst: up to LOOP_SHARE * LOOP_SHARE_S seconds of it
+# are forgiven).
+LOOP_SHARE_S = 10.0
+LOOP_SHARE_TEXT = (
+    f"{LOOP_SHARE_BUDGET}: the upstream's frames took more than {LOOP_SHARE:.0%} of the worker's event loop"
+    f" for {LOOP_SHARE_S:g} s; closed, and tried again after the refusal wait"
+)
 
-class ControlFlood:
-    """One socket's flood accounting, on the clock its caller passes (no I/O).
 
-    A leaky bucket: each control frame adds one, :data:`CONTROL_RATE` a second leak out.
-    The socket floods while the bucket is not empty or its reading is paused for unsent
-    bytes; :meth:`over` once it has flooded for :data:`FLOOD_S` without a break, which is
-    more than CONTROL_RATE control frames a second sustained over FLOOD_S, unsent bytes
-    that did not drain for FLOOD_S, or the one running into the other."""
+class LeakyBucket:
+    """A bucket that leaks ``rate`` a second, on the clock its caller passes (no I/O):
+    :meth:`over` once it has not been empty (or, for a flood, reading has been paused)
+    for ``limit_s`` without a break."""
 
-    def __init__(self, now: float) -> None:
-        self._level = 0.0  # control frames beyond the rate, not leaked out yet
+    def __init__(self, now: float, *, rate: float, limit_s: float) -> None:
+        self.rate, self.limit_s = rate, limit_s
+        self._level = 0.0  # what came beyond the rate, not leaked out yet
         self._at = now  # when _level was last brought up to date
-        self._since: float | None = None  # when the flood going on began
-        self._paused = False  # reading is paused for unsent bytes
+        self._since: float | None = None  # when the excess going on began
+        self._paused = False  # reading is paused for unsent bytes (a flood's)
 
     def _settle(self, now: float) -> None:
-        self._level = max(0.0, self._level - CONTROL_RATE * (now - self._at))
+        self._level = max(0.0, self._level - self.rate * (now - self._at))
         self._at = now
         if self._level == 0.0 and not self._paused:
-            self._since = None  # empty and reading: whatever flood there was has ended
+            self._since = None  # empty and reading: whatever excess there was has ended
+
+    def add(self, now: float, amount: float = 1.0) -> None:
+        self._settle(now)
+        self._level += amount
+        if self._since is None:
+            self._since = now
+
+    def deadline(self) -> float | None:
+        """When the excess going on (if any) is over the budget, unless it ends first."""
+        return None if self._since is None else self._since + self.limit_s
+
+    def over(self, now: float) -> bool:
+        """Not empty (or paused) for ``limit_s`` without a break."""
+        self._settle(now)
+        return self._since is not None and now - self._since >= self.limit_s
+
+
+class LoopShare(LeakyBucket):
+    """One socket's share of the event loop: seconds of loop time in, :data:`LOOP_SHARE`
+    a second out."""
+
+    def __init__(self, now: float) -> None:
+        super().__init__(now, rate=LOOP_SHARE, limit_s=LOOP_SHARE_S)
+
+
+class ControlFlood(LeakyBucket):
+    """One socket's flood accounting: each control frame adds one, :data:`CONTROL_RATE`
+    a second leak out. The socket floods while the bucket is not empty or its reading is
+    paused for unsent bytes; :meth:`over` once it has flooded for :data:`FLOOD_S` without
+    a break, which is more than CONTROL_RATE control frames a second sustained over
+    FLOOD_S, unsent bytes that did not drain for FLOOD_S, or the one running into the other."""
+
+    def __init__(self, now: float) -> None:
+        super().__init__(now, rate=CONTROL_RATE, limit_s=FLOOD_S)
 
     def control(self, now: float) -> None:
         """A control frame arrived."""
-        self._settle(now)
-        self._level += 1
-        if self._since is None:
-            self._since = now
+        self.add(now)
 
     def pause(self, now: float) -> None:
         """Reading paused: the unsent bytes passed the mark."""
@@ -119,18 +172,10 @@ class ControlFlood:
         if self._level == 0.0:
             self._since = None
 
-    def deadline(self) -> float | None:
-        """When the flood going on (if any) is over the budget, unless it ends first."""
-        return None if self._since is None else self._since + FLOOD_S
-
-    def over(self, now: float) -> bool:
-        """The socket has flooded for FLOOD_S without a break."""
-        self._settle(now)
-        return self._since is not None and now - self._since >= FLOOD_S
-
 
 class OverBudget(Exception):
-    """Why we closed a socket: ``budget`` names the budget (:data:`CONTROL_FLOOD`),
+    """Why we closed a socket: ``budget`` names the budget (:data:`CONTROL_FLOOD`,
+    :data:`LOOP_SHARE_BUDGET`),
     ``text`` is the sentence for ``last_error``. The cause of the ``ConnectionClosed``
     that the socket's ``recv`` raises then."""
 
@@ -155,6 +200,8 @@ class BudgetStats:
     unsent_max: int = 0  # most bytes a socket of it left unsent at once
     write_pauses: int = 0  # times a socket's reading paused for unsent bytes
     flood_closes: int = 0  # sockets closed as a control flood
+    share_closes: int = 0  # sockets closed for taking more than their share of the loop
+    loop_s: float = 0.0  # loop time its frames took (websockets' parsing and ours on the loop)
 
 
 class BudgetedConnection(ClientConnection):
@@ -167,6 +214,7 @@ class BudgetedConnection(ClientConnection):
         super().__init__(*args, **kwargs)
         self.stats = stats if stats is not None else BudgetStats()
         self._flood = ControlFlood(self.loop.time())
+        self._share = LoopShare(self.loop.time())
         self._flood_check: asyncio.TimerHandle | None = None  # wakes a paused socket at its deadline
         self._queue_full = False  # reading paused by the assembler (max_queue)
         self._write_full = False  # reading paused: unsent bytes past WRITE_LIMIT_BYTES
@@ -219,8 +267,19 @@ class BudgetedConnection(ClientConnection):
         self._flood.resume(self.loop.time())
 
     def data_received(self, data: bytes) -> None:
+        began = time.perf_counter()
         super().data_received(data)  # answers its pings: the pongs are written here
         self.stats.unsent_max = max(self.stats.unsent_max, self.transport.get_write_buffer_size())
+        self.charge_loop(time.perf_counter() - began)
+
+    def charge_loop(self, seconds: float) -> None:
+        """``seconds`` of the event loop taken for this socket's frames (see LoopShare)."""
+        self.stats.loop_s += seconds
+        now = self.loop.time()
+        self._share.add(now, seconds)
+        if self._share.over(now) and not self.transport.is_closing():
+            self.stats.share_closes += 1
+            self._close_over(OverBudget(LOOP_SHARE_BUDGET, LOOP_SHARE_TEXT))
 
     def process_event(self, event: Any) -> None:
         super().process_event(event)
@@ -258,7 +317,11 @@ class BudgetedConnection(ClientConnection):
         if self.transport.is_closing():
             return  # closed already (by us, a moment ago, or otherwise)
         self.stats.flood_closes += 1
-        self.set_connection_exc(OverBudget(CONTROL_FLOOD, FLOOD_TEXT))
+        self._close_over(OverBudget(CONTROL_FLOOD, FLOOD_TEXT))
+
+    def _close_over(self, why: OverBudget) -> None:
+        # Aborted: a peer over a budget is not waited for through a close handshake.
+        self.set_connection_exc(why)
         self.transport.abort()
 
 
