@@ -7,7 +7,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
-ENVS := dev prod
+# One per file in environments/ (a new file is a new environment, synthesized and linted too).
+ENVS := $(sort $(basename $(notdir $(wildcard environments/*.toml))))
 # libfaketime: the fleet test of workers whose wall clocks disagree, and the chaos soak's
 # clock faults, run workers under it.
 FAKETIME_LIB := /usr/lib/$(shell uname -m)-linux-gnu/faketime/libfaketime.so.1

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from wsfleet.plan import limits, model
+from wsfleet.plan import environments, limits, model
 
 from .common import md_table
 from .generated import BENCHMARKS_MD, Generated
@@ -42,9 +42,10 @@ def section(measured: model.Measured | None = None) -> str:
         "",
     ]
     rows = []
-    for env in model.ENVIRONMENTS:
+    envs = {name: environments.load(name) for name in ("dev", "prod")}
+    for env in envs:
         for n in FLEETS:
-            r = limits.evaluate(measured, model.ENVIRONMENTS[env], connections=n)
+            r = limits.evaluate(measured, envs[env], connections=n)
             first = r["first_limit"]
             beyond = next((e for e in r["exceeded"] if not e.startswith("max_workers")), "none")
             rows.append([
@@ -56,12 +57,12 @@ def section(measured: model.Measured | None = None) -> str:
               "fleets (cells) needed", "$ / month"]
     out += [md_table(header, rows), ""]
     for env, n in DETAILED:
-        r = limits.evaluate(measured, model.ENVIRONMENTS[env], connections=n)
+        r = limits.evaluate(measured, envs[env], connections=n)
         out += [f"`wsfleet plan --env {env} --connections {n} --json`: {r['workers']:,} workers, "
                 f"${r['usd_per_month']:,.0f} / month; every limit:", ""]
         out += [_limits(r), ""]
         out += [_first(r), ""]
-    quotas = model.ENVIRONMENTS["prod"]["quotas"]
+    quotas = envs["prod"]["quotas"]
     out += [
         "prod's quotas to raise before deploying it (README): "
         + ", ".join(f"{k} {limits.DEFAULT_QUOTAS[k]:,} -> {v:,}" for k, v in quotas.items()) + ".",

@@ -8,6 +8,7 @@ stack sets from these values.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from stacks.settings_parts import (
 )
 from wsfleet import config, schema, settings_spec
 from wsfleet.leases import SessionTiming, TimingError
+from wsfleet.plan import environments as plan_environments
 from wsfleet.plan import limits as plan_limits
 from wsfleet.settings_spec import ConfigError
 
@@ -50,7 +52,10 @@ _FARGATE_MEMORY_MIB = {
 # (16,379 task addresses each); /24 (251) is the smallest worth having.
 VPC_CIDR_MASK = 16
 WORKER_SUBNET_MASKS = range(18, 25)
-AVAILABILITY_ZONES = 2  # the VPC's: a worker subnet and at most one NAT gateway in each
+AVAILABILITY_ZONES = plan_environments.AVAILABILITY_ZONES  # the VPC's: a worker subnet and at most one NAT gateway in each
+# The defaults of the settings a plan reads: declared with the plan (which reads the same
+# environment files), so that a setting a file leaves out is the same to both.
+_PLAN = plan_environments.DEFAULTS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +68,7 @@ class EnvironmentSettings:
     retain_data: bool = False  # prod: RETAIN, deletion protection, point-in-time recovery
     # Messages expire through DynamoDB TTL, and the messages bucket's objects with them;
     # 0 keeps both for ever.
-    message_ttl_days: int = 7
+    message_ttl_days: int = _PLAN["message_ttl_days"]
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_WEEK
 
     # --- where frames go (SINK; CONTRACT section 4) --------------------------------------
@@ -78,27 +83,27 @@ class EnvironmentSettings:
     consumer: ConsumerSettings | None = None
 
     # --- session timing (the worker's LEASE_SECONDS, ...; see CONTRACT section 2) ------
-    lease_seconds: float = 10  # session lease
-    heartbeat_seconds: float = 2.5  # session renewal interval
+    lease_seconds: float = _PLAN["lease_seconds"]  # session lease
+    heartbeat_seconds: float = _PLAN["heartbeat_seconds"]  # session renewal interval
     reconcile_seconds: float = 10  # scan of the FREE# shards for connections nobody owns
-    checkpoint_seconds: float = 120  # longest time between checkpoints of a busy connection
+    checkpoint_seconds: float = _PLAN["checkpoint_seconds"]  # longest time between checkpoints of a busy connection
     max_clock_skew_ms: int = 1000
-    state_shards: int = schema.DEFAULT_STATE_SHARDS
+    state_shards: int = _PLAN["state_shards"]
 
     # --- worker fleet ----------------------------------------------------------------
-    worker_cpu: int = 256  # Fargate CPU units
-    worker_memory_mib: int = 512
-    max_connections_per_worker: int = 100
+    worker_cpu: int = _PLAN["worker_cpu"]  # Fargate CPU units
+    worker_memory_mib: int = _PLAN["worker_memory_mib"]
+    max_connections_per_worker: int = _PLAN["max_connections_per_worker"]
     # Rebalancing (REBALANCE, REBALANCE_TOLERANCE): a worker more than this fraction above
     # its fair share hands the excess over to workers under theirs, a few at a time.
     rebalance: bool = True
     rebalance_tolerance: float = 0.1
     # Target tracking keeps the average ActiveConnections per task near this value;
     # the headroom up to max_connections_per_worker absorbs a failed-over task's share.
-    target_connections_per_worker: int = 70
-    min_workers: int = 1
-    max_workers: int = 4
-    use_fargate_spot: bool = False  # Spot's 2-minute SIGTERM notice is our normal failover path
+    target_connections_per_worker: int = _PLAN["target_connections_per_worker"]
+    min_workers: int = _PLAN["min_workers"]
+    max_workers: int = _PLAN["max_workers"]
+    use_fargate_spot: bool = _PLAN["use_fargate_spot"]  # Spot's 2-minute SIGTERM notice is our normal failover path
     shutdown_seconds: int = 25  # the worker's graceful-shutdown budget (SHUTDOWN_SECONDS)
     stop_timeout_seconds: int = 45  # container stopTimeout: SIGKILL after this
     metrics_seconds: int = 60
@@ -107,8 +112,8 @@ class EnvironmentSettings:
 
     # --- router and API ----------------------------------------------------------------
     allowed_ws_hosts: tuple[str, ...] = ()  # empty: the router accepts no upstream at all
-    api_rate_limit: int = 50  # requests per second, stage-wide
-    api_burst_limit: int = 100
+    api_rate_limit: int = _PLAN["api_rate_limit"]  # requests per second, stage-wide
+    api_burst_limit: int = _PLAN["api_burst_limit"]
 
     # --- upstream credentials ----------------------------------------------------------
     # The Secrets Manager name prefix START's secret_headers ARNs must be under
@@ -120,23 +125,23 @@ class EnvironmentSettings:
     upstream_secret_kms_key_arns: tuple[str, ...] = ()
 
     # --- network ---------------------------------------------------------------------
-    nat_gateways: int = 1  # 1: cheapest; one per AZ: no single-AZ egress outage
+    nat_gateways: int = _PLAN["nat_gateways"]  # 1: cheapest; one per AZ: no single-AZ egress outage
     # Each address of a NAT gateway holds about 55,000 connections to one upstream IP and
     # port at a time: the primary, and secondary ones (each an Elastic IP: see quotas).
-    nat_addresses_per_gateway: int = 1
+    nat_addresses_per_gateway: int = _PLAN["nat_addresses_per_gateway"]
     # The worker subnets' size (one per AZ): a rolling deploy runs up to twice the tasks,
     # each with an address of its own.
-    worker_subnet_mask: int = 20
+    worker_subnet_mask: int = _PLAN["worker_subnet_mask"]
 
     # --- capacity --------------------------------------------------------------------
     # What the connections table and its by_owner index absorb at once: a crash's
     # acquisitions and a scale-in's handoffs come in seconds, faster than on-demand grows
     # (`wsfleet plan` sizes the burst). None: a new on-demand table's (12,000 / 4,000).
-    connections_warm_throughput: WarmThroughput | None = None
-    owner_index_warm_throughput: WarmThroughput | None = None
+    connections_warm_throughput: WarmThroughput | None = _PLAN["connections_warm_throughput"]
+    owner_index_warm_throughput: WarmThroughput | None = _PLAN["owner_index_warm_throughput"]
     # The adjustable AWS quotas this environment needs raised before it is deployed (names
     # of wsfleet.plan.limits.DEFAULT_QUOTAS): synth checks the plan against them.
-    quotas: Mapping[str, float] = field(default_factory=dict)
+    quotas: Mapping[str, float] = field(default_factory=lambda: dict(_PLAN["quotas"]))
 
     # --- upgrading an existing stack (README, "Upgrading an existing stack") -----------
     # The sessions table keeps the ring index stacks before issue 22 deployed ("by_ring",
@@ -202,6 +207,10 @@ class EnvironmentSettings:
             raise SettingsError("nat_gateways must be 1 or 2 (the VPC spans two AZs)")
         self._check_capacity()
         self._check_secrets()
+        try:  # the router's own reading of ALLOWED_WS_HOSTS: what it would refuse at start-up
+            config.allowed_ws_hosts({settings_spec.ALLOWED_WS_HOSTS: ",".join(self.allowed_ws_hosts)})
+        except ConfigError as error:
+            raise SettingsError(str(error).replace(settings_spec.ALLOWED_WS_HOSTS, "allowed_ws_hosts")) from None
         self._check_sink()
         if not isinstance(self.tracing, TracingSettings):
             raise SettingsError(f"tracing must be a TracingSettings(mode=..., ...), got {self.tracing!r}")
@@ -238,31 +247,13 @@ class EnvironmentSettings:
 
     @property
     def plan_settings(self) -> dict[str, Any]:
-        """These settings as ``wsfleet plan`` reads an environment (``plan.ENVIRONMENTS``
-        holds a copy: the runtime cannot import the stacks)."""
-        warm = {"connections_warm": self.connections_warm_throughput, "owner_index_warm": self.owner_index_warm_throughput}
-        return {
-            "max_per_worker": self.max_connections_per_worker,
-            "target_per_worker": self.target_connections_per_worker,
-            "shards": self.state_shards,
-            "checkpoint_s": self.checkpoint_seconds,
-            "message_ttl_days": self.message_ttl_days,
-            "min_workers": self.min_workers,
-            "max_workers": self.max_workers,
-            "worker_cpu": self.worker_cpu,
-            "worker_memory_mib": self.worker_memory_mib,
-            "api_rate_limit": self.api_rate_limit,
-            "api_burst_limit": self.api_burst_limit,
-            "nat_gateways": self.nat_gateways,
-            "nat_addresses_per_gateway": self.nat_addresses_per_gateway,
-            "worker_subnet_mask": self.worker_subnet_mask,
-            "azs": AVAILABILITY_ZONES,
-            "lease_s": self.lease_seconds,
-            "heartbeat_s": self.heartbeat_seconds,
-            "spot": self.use_fargate_spot,
-            **{key: value.as_plan() if value else None for key, value in warm.items()},
-            "quotas": dict(self.quotas),
-        }
+        """These settings as ``wsfleet plan`` reads an environment (from its file: the
+        same mapping, :func:`wsfleet.plan.environments.plan_settings`)."""
+        values = {key: getattr(self, key) for key in plan_environments.DEFAULTS}
+        for key in ("connections_warm_throughput", "owner_index_warm_throughput"):
+            if values[key] is not None:
+                values[key] = dataclasses.asdict(values[key])
+        return plan_environments.plan_settings(values)
 
     @property
     def capacity_connections(self) -> int:

@@ -11,9 +11,12 @@ from stacks.settings_parts import ConsumerSettings, SettingsError
 from wsfleet.plan import limits as plan_limits
 from wsfleet.plan import model as plan
 
-# The settings an operator may override at synth time without editing app.py, e.g.
-#   cdk synth -c env=prod -c sink=dynamodb,kinesis -c consumer=on
-CONTEXT_OVERRIDES = ("sink", "stream_retention_hours", "stream_kms", "consumer", "keep_legacy_ring_index")
+# The settings an operator may override at synth time without editing the environment's
+# file, e.g.
+#   cdk synth -c env=prod -c sink=dynamodb,kinesis -c consumer=on -c allowed_ws_hosts=a.example.com,*.b.example.com
+CONTEXT_OVERRIDES = (
+    "sink", "stream_retention_hours", "stream_kms", "consumer", "keep_legacy_ring_index", "allowed_ws_hosts",
+)
 _ON, _OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
 
 
@@ -44,6 +47,8 @@ def with_context(settings: EnvironmentSettings, lookup: Callable[[str], Any]) ->
                 changes[key] = int(text)
             except ValueError:
                 raise SettingsError(f"-c stream_retention_hours must be a whole number of hours, got {value!r}") from None
+        elif key == "allowed_ws_hosts":
+            changes[key] = tuple(host.strip() for host in text.split(",") if host.strip())
         else:
             changes[key] = text
     if not changes:

@@ -581,12 +581,12 @@ def test_pip_install_of_runtime_gives_the_package_and_the_wsfleet_command(tmp_pa
 
 
 def test_plan_sizes_a_fleet_from_the_measured_counts_without_any_aws_call(capsys):
-    from wsfleet.plan import corrections, fleet, model
+    from wsfleet.plan import corrections, environments, fleet, model
 
     assert main(["plan", "--connections", "100000", "--rate", "0.5", "--env", "prod", "--json"], env={}) == 0
     out = json.loads(capsys.readouterr().out)
     measured = model.load_measured()
-    assert model.ENVIRONMENTS["prod"]["target_per_worker"] == 250  # 100,000 / 250 = 400 workers
+    assert environments.load("prod")["target_per_worker"] == 250  # 100,000 / 250 = 400 workers
     expected = fleet.plan(measured, connections=100_000, per_worker=250, rate=0.5, shards=16, checkpoint_s=120)
     assert out["holding"]["workers"] == 400 == expected["holding"]["workers"]
     assert out["holding"]["month"]["total"] == pytest.approx(expected["holding"]["month"]["total"])

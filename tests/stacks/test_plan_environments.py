@@ -1,7 +1,8 @@
-"""``wsfleet plan`` sizes each environment from a copy of its settings (the runtime cannot
-import stacks): the copy must agree with app.py's settings and with what the stacks
-synthesize (target tracking, the scaling ceiling, subnets, NAT gateways, the API's rate,
-a deploy's task ceiling, NAT addresses, warm throughput)."""
+"""``wsfleet plan`` sizes each environment from its file (environments/<name>.toml), as
+the stacks do, reading the settings it needs with defaults of its own declaration: what
+it reads must agree with the stacks' checked settings and with what they synthesize
+(target tracking, the scaling ceiling, subnets, NAT gateways, the API's rate, a deploy's
+task ceiling, NAT addresses, warm throughput)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ import ipaddress
 
 from wsfleet import schema
 from wsfleet.plan import limits as plan_limits
-from wsfleet.plan import model as plan
+from wsfleet.plan import environments as plan
 
 
 def test_the_plan_mirrors_each_environments_settings(env):
-    assert plan.ENVIRONMENTS[env.settings.name] == env.settings.plan_settings
+    assert plan.load(env.settings.name) == env.settings.plan_settings
 
 
 def test_the_plan_mirrors_what_the_stacks_synthesize(env):
-    mirrored = plan.ENVIRONMENTS[env.settings.name]
+    mirrored = plan.load(env.settings.name)
     t = env.service_template
     # Target tracking on ActiveConnections per task, between min and max workers.
     (policy,) = t.find_resources("AWS::ApplicationAutoScaling::ScalingPolicy").values()
@@ -56,7 +57,7 @@ def test_the_plan_mirrors_what_the_stacks_synthesize(env):
 
 
 def test_the_connections_table_and_its_owner_index_are_warmed_as_the_plan_sizes_them(env):
-    mirrored = plan.ENVIRONMENTS[env.settings.name]
+    mirrored = plan.load(env.settings.name)
     (table,) = [
         r["Properties"] for r in env.stateful_template.find_resources("AWS::DynamoDB::Table").values()
         if any(i["IndexName"] == schema.OWNER_INDEX for i in r["Properties"].get("GlobalSecondaryIndexes", []))

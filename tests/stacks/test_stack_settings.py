@@ -124,13 +124,16 @@ def test_consumer_number_settings_of_another_type_are_refused_by_name(setting, v
         ConsumerSettings(**{setting: value})
 
 
-def test_app_stops_on_a_bad_setting_with_a_sentence_not_a_traceback():
+def test_app_stops_on_a_bad_environment_file_with_a_sentence_not_a_traceback(tmp_path):
+    (tmp_path / "dev.toml").write_text('max_workers = "20"\n')
     with pytest.raises(SystemExit) as stopped:
-        cdk_app.built(EnvironmentSettings, name="dev", max_workers="20")
-    assert str(stopped.value) == "app.py, EnvironmentSettings 'dev': max_workers must be a whole number, got '20'"
-    with pytest.raises(SystemExit, match=r"^app.py, ConsumerSettings: consumer.batch_size must be a whole number"):
-        cdk_app.built(ConsumerSettings, batch_size=None)
-    assert cdk_app.built(EnvironmentSettings, name="dev", nat_gateways=2).nat_gateways == 2
+        cdk_app.load_all(tmp_path)
+    assert str(stopped.value) == f"{tmp_path / 'dev.toml'}: max_workers must be a whole number, got '20'"
+    (tmp_path / "dev.toml").write_text("[consumer]\nbatch_size = 2.5\n")
+    with pytest.raises(SystemExit, match=r"dev.toml: consumer.batch_size must be a whole number"):
+        cdk_app.load_all(tmp_path)
+    (tmp_path / "dev.toml").write_text("nat_gateways = 2\n")
+    assert cdk_app.load_all(tmp_path)["dev"].nat_gateways == 2
 
 
 def test_max_frame_bytes_takes_exactly_the_range_the_worker_accepts():
@@ -191,11 +194,11 @@ def test_app_refuses_a_missing_or_unknown_environment(new_app, env):
 
 
 def test_the_operators_plan_uses_each_environments_own_settings():
-    from wsfleet.plan import model as plan
+    from wsfleet.plan import environments as plan
 
     for name, settings in ENVIRONMENTS.items():
         # These five; the network, API and capacity settings: tests/stacks/test_plan_environments.py.
-        assert {k: plan.ENVIRONMENTS[name][k] for k in ("max_per_worker", "target_per_worker", "shards", "checkpoint_s", "message_ttl_days")} == {
+        assert {k: plan.load(name)[k] for k in ("max_per_worker", "target_per_worker", "shards", "checkpoint_s", "message_ttl_days")} == {
             "max_per_worker": settings.max_connections_per_worker,
             "target_per_worker": settings.target_connections_per_worker,
             "shards": settings.state_shards,

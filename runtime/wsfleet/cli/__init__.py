@@ -19,7 +19,6 @@ from typing import Mapping, Sequence
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import schema, settings_spec
-from ..plan.model import ENVIRONMENTS
 from ..plan.sinks import DEFAULT_FRAME_BYTES, Consumer
 from ..store import TransientError
 from ..stream import MAX_SEQ
@@ -292,7 +291,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--upstream-addresses", type=_positive, default=1, metavar="K",
         help="distinct upstream IP:port the connections go to, for the NAT's per-destination limit [1: all to one]",
     )
-    plan.add_argument("--env", choices=sorted(ENVIRONMENTS), default="dev", help="the stacks' environment [dev]")
+    plan.add_argument(
+        "--env", default="dev", metavar="NAME",
+        help="the stacks' environment: its file environments/NAME.toml (the directory: WSFLEET_ENVIRONMENTS, else "
+        "./environments, else the checkout's) [dev]",
+    )
     plan.add_argument(
         "--per-worker",
         type=_positive,

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 from typing import Any, Mapping
 
+from ..plan import environments as plan_environments
 from ..plan import fleet as plan_fleet
 from ..plan import large_frames
 from ..plan import limits as plan_limits
@@ -163,7 +164,10 @@ LARGE_EXAMPLE_SIZES = (MAX_MESSAGE_BYTES, 1 << 20, 32 << 20)
 
 
 def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    settings = plan_model.ENVIRONMENTS[args.env]
+    try:
+        settings = plan_environments.load(args.env, env)
+    except (plan_environments.EnvironmentNotFound, plan_environments.BadEnvironment) as error:
+        raise CliError(f"--env {args.env}: {error}") from None
     per_worker = args.per_worker or settings["target_per_worker"]
     if per_worker > settings["max_per_worker"]:
         raise CliError(

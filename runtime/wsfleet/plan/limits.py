@@ -162,7 +162,7 @@ def evaluate(
 ) -> dict[str, Any]:
     """Workers, every limit in every scenario, the first one hit and $ per month for
     ``connections`` receiving ``rate`` frames/s of ``frame_bytes`` each, under
-    ``settings`` (one of :data:`.model.ENVIRONMENTS`). ``upstream_addresses``: the
+    ``settings`` (an environment, :func:`.environments.load`). ``upstream_addresses``: the
     distinct upstream IP:port the connections go to (1: all to one endpoint, the worst
     case for a NAT address). ``quotas``: raised on top of the environment's own
     (:func:`quotas_for`)."""

@@ -1,8 +1,8 @@
 """The plan's shared model: what one cost benchmark run measured (:class:`Op`,
 :class:`Measured`, read from ``measured_ops.json``), DynamoDB's partition and table
-limits, the prices more than one part of the plan uses, and the stacks' environments as
-far as a plan needs them. Pure data, no AWS calls; every other module of
-:mod:`wsfleet.plan` builds on this one.
+limits and the prices more than one part of the plan uses (the stacks' environments, as
+a plan reads them: :mod:`wsfleet.plan.environments`). Pure data, no AWS calls; every
+other module of :mod:`wsfleet.plan` builds on this one.
 
 The cost benchmark measures, per worker-hour, how many requests of each kind a worker
 sends while holding (renewal, watch, ring, free scan, audit, UnownedConnections counts),
@@ -71,31 +71,6 @@ class Op:
 # Package data of wsfleet (runtime/pyproject.toml): in wsfleet/, beside this package, where
 # the cost benchmark writes it and the stacks leave it out of the Lambda.
 MEASURED_OPS = Path(__file__).parent.parent / "measured_ops.json"
-
-# The stacks' environments, as far as a plan needs them (app.py is the source; a stack
-# test checks that these agree with it, and synth refuses settings whose plan at
-# max_workers x target_per_worker exceeds a limit). ``quotas``: the adjustable quotas the
-# environment needs raised before it is deployed (README, "Quotas to raise"); the
-# ``*_warm`` figures: the warm throughput the stacks give the connections table and its
-# by_owner index (None: a new on-demand table's).
-ENVIRONMENTS = {
-    "dev": {
-        "max_per_worker": 100, "target_per_worker": 70, "shards": 4, "checkpoint_s": 120, "message_ttl_days": 3,
-        "min_workers": 1, "max_workers": 4, "worker_cpu": 256, "worker_memory_mib": 512,
-        "api_rate_limit": 20, "api_burst_limit": 40, "nat_gateways": 1, "nat_addresses_per_gateway": 1,
-        "worker_subnet_mask": 20, "azs": 2, "lease_s": 10, "heartbeat_s": 2.5, "spot": True,
-        "connections_warm": None, "owner_index_warm": None, "quotas": {},
-    },
-    "prod": {
-        "max_per_worker": 350, "target_per_worker": 250, "shards": 16, "checkpoint_s": 120, "message_ttl_days": 30,
-        "min_workers": 2, "max_workers": 2000, "worker_cpu": 512, "worker_memory_mib": 1024,
-        "api_rate_limit": 200, "api_burst_limit": 400, "nat_gateways": 2, "nat_addresses_per_gateway": 5,
-        "worker_subnet_mask": 20, "azs": 2, "lease_s": 10, "heartbeat_s": 2.5, "spot": False,
-        "connections_warm": {"read": 15_000, "write": 40_000}, "owner_index_warm": {"read": 12_000, "write": 30_000},
-        "quotas": {"eips_per_nat_gateway": 5, "eips_per_region": 10},
-    },
-}
-
 
 @dataclass(frozen=True)
 class Measured:
