@@ -60,6 +60,16 @@ CHECKPOINT_NOT_BEHIND = "(attribute_not_exists(#q) OR #q <= :seq)"
 # A checkpoint (checkpoint_many): HOLDING, and not behind the stored one.
 CHECKPOINT = all_of(HOLDING, CHECKPOINT_NOT_BEHIND)
 
+# A checkpoint that counts what it covers (checkpoint_many with an Uncounted): HOLDING,
+# and the stored checkpoint is exactly the one its counts were taken against
+# (``:from``; an absent one reads as 0). Fails when no longer ours, or when the stored
+# checkpoint is another: a retry of a write that landed finds its own (nothing left to
+# count), an owner before us moved it (counted what it stored): taken again against it.
+def counted_checkpoint(from_seq: int) -> str:
+    at = "(attribute_not_exists(#q) OR #q = :from)" if from_seq == 0 else "#q = :from"
+    return all_of(HOLDING, at)
+
+
 # note_error: HOLDING, and last_error is not already ``:text``. Fails when no longer
 # ours, or when the same error is stored already (its time says when it began).
 NEW_ERROR = all_of(HOLDING, "(attribute_not_exists(#le) OR #le <> :text)")

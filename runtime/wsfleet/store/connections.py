@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import schema
+from ..checkpoint import Uncounted
 from ..leases import (
     AcquireFailure,
     acquire_already_landed,
@@ -39,6 +40,9 @@ class CheckpointEntry:
     session_id: str
     fence_token: int
     last_seq: int
+    # What the checkpoint covers that no write has counted yet: added to the item's counts
+    # (frames, bytes, last_frame_at_ms) by the write that moves last_seq over it, once.
+    uncounted: Uncounted = Uncounted()
 
 
 @dataclass(frozen=True)
@@ -288,6 +292,7 @@ class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
         last_seq: int,
         stopped: bool = False,
         handoff: bool = False,
+        uncounted: Uncounted | None = None,
     ) -> Released:
         """Give the connection up with a final checkpoint.
 
@@ -305,7 +310,15 @@ class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
         FREE# partition), marked released at our fence (``released_fence``): HANDED. From
         then on this ownership writes nothing more to it (every write of ours is
         conditional on no such mark) but :meth:`free_released`. A STOPPED one is freed
-        as for a STOP. A retry finding it already so reports HANDED."""
+        as for a STOP. A retry finding it already so reports HANDED.
+
+        ``uncounted``: what ``last_seq`` covers that no checkpoint counted yet. If there is
+        any, a counting checkpoint (:meth:`checkpoint_many`) goes first, so that the
+        release's own writes, retried in several forms, add nothing: one more write, only
+        at a release after frames were stored since the last checkpoint."""
+        if uncounted is not None and uncounted.past(uncounted.base, last_seq):
+            entry = CheckpointEntry(connection_id, session_id, fence_token, last_seq, uncounted)
+            self.checkpoint_many([entry])  # not ours any more: the release below finds it so
         if handoff:
             values = {":fence": fence_token, ":now": self._now_ms(), ":session": session_id, ":started": schema.STARTED}
             new, old = self._conditional_update(
@@ -393,40 +406,57 @@ class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
         transaction was cancelled for reasons that say nothing about ownership (a
         conflict with another write to one of the items, throttling): the whole group
         may go again. A retry of a transaction that landed writes the same values again
-        under conditions that still hold."""
+        under conditions that still hold.
+
+        Counting: an entry with an :class:`~wsfleet.checkpoint.Uncounted` adds what lies
+        in (stored checkpoint, ``last_seq``] to ``frames`` and ``bytes`` and sets
+        ``last_frame_at_ms``, conditional on the stored checkpoint being the one it was
+        counted against (:func:`~.conditions.counted_checkpoint`); refused while still
+        ours with the stored one behind ``last_seq`` (an owner before us moved it), it
+        is counted again against that one and goes again. A retry of a write that landed
+        finds its own ``last_seq`` stored: refused as not behind, it adds nothing."""
         if not 0 < len(entries) <= MAX_TRANSACTION:
             raise ValueError(f"a checkpoint transaction holds 1 to {MAX_TRANSACTION} entries, not {len(entries)}")
         answers: list[bool | None] = [None] * len(entries)
         pending = list(range(len(entries)))
+        counted_from = [e.uncounted.base for e in entries]  # the stored checkpoint each count is taken against
         while pending:
             now = self._now_ms()
-            reasons = self._transact(
-                [
-                    self._transact_update(
-                        e.connection_id,
-                        update="SET #q = :seq, #u = :now",
-                        condition=cond.CHECKPOINT,
-                        values={":seq": e.last_seq, ":now": now, ":session": e.session_id, ":fence": e.fence_token},
-                        return_old=True,
-                    )
-                    for e in (entries[i] for i in pending)
-                ]
-            )
+            reasons = self._transact([self._checkpoint_update(entries[i], counted_from[i], now) for i in pending])
             if reasons is None:
                 for i in pending:
                     answers[i] = True
                 break
             written_again = []
             for i, reason in zip(pending, reasons, strict=True):
+                old = reason.get("Item")
+                ours = cond.holds(old, entries[i].session_id, entries[i].fence_token)
+                stored = int((old or {}).get(schema.LAST_SEQ, 0))
                 if reason["Code"] != "ConditionalCheckFailed":
+                    written_again.append(i)
+                elif ours and stored < entries[i].last_seq:
+                    counted_from[i] = stored  # counted against another checkpoint than the one stored
                     written_again.append(i)
                 else:
                     # Still held: HOLDING passed, so only the stored checkpoint, past this one, refused it.
-                    answers[i] = cond.holds(reason.get("Item"), entries[i].session_id, entries[i].fence_token)
+                    answers[i] = ours
             if any(answers[i] is False for i in pending):
                 break  # a connection no longer ours: the others stay None, for the caller to send again
             pending = written_again
         return answers
+
+    def _checkpoint_update(self, e: CheckpointEntry, counted_from: int, now: int) -> dict:
+        """One entry of :meth:`checkpoint_many`: counting what lies in (``counted_from``,
+        ``last_seq``] if anything, else a plain checkpoint."""
+        values = {":seq": e.last_seq, ":now": now, ":session": e.session_id, ":fence": e.fence_token}
+        counts = e.uncounted.past(counted_from, e.last_seq)
+        if not counts:
+            update, condition = "SET #q = :seq, #u = :now", cond.CHECKPOINT
+        else:
+            update = "SET #q = :seq, #u = :now, #lfa = :lfa ADD #nf :nf, #nb :nb"
+            condition = cond.counted_checkpoint(counted_from)
+            values.update({":from": counted_from, ":nf": counts.frames, ":nb": counts.bytes, ":lfa": counts.last_frame_at_ms})
+        return self._transact_update(e.connection_id, update=update, condition=condition, values=values, return_old=True)
 
 
 def _taken(item: Mapping[str, Any], *, session_id: str, worker_id: str, now_ms: int) -> dict:
