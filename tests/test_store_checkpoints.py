@@ -11,8 +11,11 @@ import pytest
 from botocore.config import Config
 
 from wsfleet import schema
-from wsfleet.checkpoint import Tally, Uncounted
+from wsfleet.checkpoint import Checkpoint, Tally, Uncounted
+from wsfleet.sinks import MessagesStore
 from wsfleet.store import Acquired, CheckpointEntry, ConnectionsStore, Released, SessionsStore
+from wsfleet.stream import Frame
+from wsfleet.worker.frames import CheckpointTimer
 
 from tests.conftest import open_sessions
 
@@ -160,3 +163,23 @@ def test_a_release_counts_what_its_last_seq_covers_once_even_retried(store, ddb,
 def test_a_checkpoint_with_nothing_to_count_leaves_the_counts_absent(store):
     held(store, "c1", last_seq=4)
     assert counts(store, "c1") == (0, 0, 0) and schema.FRAMES not in store.get("c1")
+
+
+def test_what_a_dead_owner_stored_past_its_checkpoint_is_counted_by_the_next_owners_first_checkpoint_once(
+    store, ddb, aws_env
+):
+    msgs = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"])
+    held(store, "c1")
+    data = [Frame(s, '"abc"', 1_000 + s) for s in range(1, 7)]
+    msgs.put("c1", data, fence_token=1, worker_id="a")
+    counted = Uncounted(0, tuple((f.seq, Tally(1, 5, f.received_at_ms)) for f in data[:2]))
+    assert store.checkpoint_many([CheckpointEntry("c1", "a#1", 1, 2, counted)]) == [True]
+    SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"]).end_own("a#1", worker_id="a")  # dies with 3..6 uncounted
+
+    taken = store.acquire("c1", session_id="b#1", worker_id="b", expected_session="a#1")
+    assert isinstance(taken, Acquired) and not taken.checkpoint_is_end
+    end = msgs.stored_end("c1", taken.item["last_seq"])
+    timer = CheckpointTimer.after(120.0, 0.1, Checkpoint(2), 0.0, end)
+    timer.stored(7, Tally(1, 5, 1_007))  # the new owner's own first frame
+    assert store.checkpoint_many([CheckpointEntry("c1", "b#1", 2, 7, timer.uncounted())]) == [True]
+    assert end == 6 and counts(store, "c1") == (7, 35, 1_007)

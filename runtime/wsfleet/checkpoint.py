@@ -82,3 +82,17 @@ class Uncounted:
             if end > seq and (upto is None or end <= upto):
                 total += tally
         return total
+
+
+class StoredEnd(int):
+    """Where what is stored gap-free past a checkpoint ends (a seq, as a sink's
+    ``stored_end`` returns it), with what its items add to the counts, per item (its last
+    seq, its :class:`Tally`): stored by an owner that died before a checkpoint covered
+    them, they are counted by the next owner's first checkpoint, once (:class:`Uncounted`)."""
+
+    pieces: tuple[tuple[int, Tally], ...]
+
+    def __new__(cls, end: int, pieces: tuple[tuple[int, Tally], ...] = ()) -> StoredEnd:
+        value = super().__new__(cls, end)
+        value.pieces = pieces
+        return value

@@ -151,8 +151,8 @@ class ConnectionRunner:
         # Resume after what is stored gap-free (a crashed owner may have stored past its
         # last checkpoint); the next checkpoint write records it.
         self.tracker = SeqTracker(Checkpoint(checkpoint).advanced(stored_end))
-        self._timer = CheckpointTimer(
-            settings.checkpoint_s, settings.checkpoint_gather_share, Checkpoint(checkpoint), clock.now()
+        self._timer = CheckpointTimer.after(
+            settings.checkpoint_s, settings.checkpoint_gather_share, Checkpoint(checkpoint), clock.now(), stored_end
         )
         self.connected = asyncio.Event()
         self.end_reason: EndReason | None = None

@@ -98,7 +98,14 @@ class CheckpointTimer:
     gather_share: float
     written: Checkpoint  # the last checkpoint in the item, as far as this ownership knows
     at: float  # when it was written (or the ownership began)
-    pieces: list[tuple[int, Tally]] = field(default_factory=list)  # stored past ``written``: (last seq, counts)
+    pieces: list[tuple[int, Tally]] = field(default_factory=list)  # stored past ``written``, uncounted: (last seq, counts)
+
+    @classmethod
+    def after(cls, every_s: float, gather_share: float, written: Checkpoint, now: float, stored_end: int) -> CheckpointTimer:
+        """A new ownership's timer, from its checkpoint as read; ``stored_end``: where a sink
+        found the stored messages end past it (a :class:`~wsfleet.checkpoint.StoredEnd`
+        brings what a dead owner stored there, for the first checkpoint to count)."""
+        return cls(every_s, gather_share, written, now, list(getattr(stored_end, "pieces", ())))
 
     def time_to_ask(self, now: float) -> bool:
         """``every_s`` less the gathering time has passed since the last checkpoint."""
