@@ -183,3 +183,26 @@ def test_what_a_dead_owner_stored_past_its_checkpoint_is_counted_by_the_next_own
     timer.stored(7, Tally(1, 5, 1_007))  # the new owner's own first frame
     assert store.checkpoint_many([CheckpointEntry("c1", "b#1", 2, 7, timer.uncounted())]) == [True]
     assert end == 6 and counts(store, "c1") == (7, 35, 1_007)
+
+
+@pytest.mark.parametrize("handoff", [False, True])
+def test_a_release_applied_with_its_answer_lost_counts_once(emulator, aws_env, store, lose_first_answer, handoff):
+    retrying = boto3.client(
+        "dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1",
+        config=Config(retries={"mode": "standard", "total_max_attempts": 3}),
+    )
+    mine = ConnectionsStore(retrying, aws_env["TABLE_NAME"], state_shards=4, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"])
+    held(store, "c1")
+    lost = lose_first_answer(retrying, {"UpdateItem": 1.0})
+    assert mine.release("c1", session_id="a#1", fence_token=1, last_seq=3, handoff=handoff, uncounted=batches((3, 3, 9, 500)))
+    assert lost == ["UpdateItem"]  # the counts rode on the release's own write, and its retry added nothing
+    assert counts(store, "c1") == (3, 9, 500) and store.get("c1")["last_seq"] == 3
+
+
+def test_a_release_after_a_checkpoint_it_did_not_hear_of_counts_only_what_lies_past_it(store):
+    held(store, "c1")
+    in_flight = CheckpointEntry("c1", "a#1", 1, 4, batches((4, 4, 40, 1_000)))
+    assert store.checkpoint_many([in_flight]) == [True]  # landed while its runner had stopped waiting
+    uncounted = batches((4, 4, 40, 1_000), (6, 2, 20, 2_000))
+    assert store.release("c1", session_id="a#1", fence_token=1, last_seq=6, uncounted=uncounted) is Released.FREE
+    assert counts(store, "c1") == (6, 60, 2_000) and store.get("c1")["last_seq"] == 6

@@ -66,8 +66,12 @@ CHECKPOINT = all_of(HOLDING, CHECKPOINT_NOT_BEHIND)
 # checkpoint is another: a retry of a write that landed finds its own (nothing left to
 # count), an owner before us moved it (counted what it stored): taken again against it.
 def counted_checkpoint(from_seq: int) -> str:
-    at = "(attribute_not_exists(#q) OR #q = :from)" if from_seq == 0 else "#q = :from"
-    return all_of(HOLDING, at)
+    return all_of(HOLDING, counted_from(from_seq))
+
+
+def counted_from(from_seq: int) -> str:
+    """The stored checkpoint is ``:from`` (``from_seq``), the one counts were taken against."""
+    return "(attribute_not_exists(#q) OR #q = :from)" if from_seq == 0 else "#q = :from"
 
 
 # note_error: HOLDING, and last_error is not already ``:text``. Fails when no longer
@@ -90,6 +94,12 @@ RELEASED_AT_FENCE = "#rf = :fence"
 # A handoff (release with handoff): ours and still STARTED (``:started``). Fails when no
 # longer ours, already handed off by a retry that landed, or STOPPED meanwhile.
 HANDOFF = all_of(OURS, "#s = :started")
+
+# A handoff that counts what its checkpoint covers: HOLDING (not handed off already: a
+# retry that landed adds nothing), STARTED, and the stored checkpoint is the one counted
+# against (:func:`counted_from`). Fails for any of those: the release goes the long way.
+def counted_handoff(from_seq: int) -> str:
+    return all_of(HOLDING, "#s = :started", counted_from(from_seq))
 
 # free_orphan: attached to the ENDED session ``:dead``. Fails when someone else freed or
 # took it first.
