@@ -4,9 +4,10 @@ becomes of it once the store answered, and what is sent after a refusal."""
 
 import pytest
 
+from wsfleet.checkpoint import Tally
 from wsfleet.sinks import StoredObject
 from wsfleet.stream import MAX_MESSAGE_BYTES, Frame, Problem, upstream_gap
-from wsfleet.worker.batches import Lane, Pending, frame_bytes, refusal, within_limit
+from wsfleet.worker.batches import Lane, Pending, frame_bytes, refusal, tally, within_limit
 
 LARGE = MAX_MESSAGE_BYTES + 1
 
@@ -119,8 +120,15 @@ def test_a_stored_batch_tells_each_open_lane_its_last_seq_and_frees_its_bytes():
     p.add(a, [gap], 0, 0.0)
     batch = p.take()
     settled = p.settle(batch, stored=True, is_open=lambda lane: lane is a, is_live=lambda _: True)
-    assert [(lane, end, n) for lane, end, n in settled.stored] == [(a, 9, 2)]  # a range marker's end
+    assert [(lane, end) for lane, end, _ in settled.stored] == [(a, 9)]  # a range marker's end
+    assert settled.stored[0][2] == Tally(frames=1, bytes=10, last_frame_at_ms=0)  # the marker counts no frame
     assert settled.freed == 20 and p.bytes == 0 and not a.in_flight and not b.in_flight
+
+
+def test_a_stored_batch_counts_its_data_frames_their_bytes_and_the_newest_ones_time_not_its_markers():
+    frames = [Frame(1, '"ab"', 5_000), Frame(2, None, 9_000, Problem.TOO_DEEP, data_bytes=7), Frame(3, '"é"', 6_000)]
+    assert tally((fr, 0.0) for fr in frames) == Tally(frames=2, bytes=4 + 4, last_frame_at_ms=6_000)
+    assert not tally([(upstream_gap(4, 9, 9_500), 0.0)])  # nothing to count: no piece to add
 
 
 def test_a_batch_not_stored_goes_back_in_front_of_live_lanes_and_is_given_up_for_the_others():

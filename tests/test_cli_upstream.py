@@ -195,6 +195,28 @@ def test_get_shows_the_upstream_with_arns_and_the_last_error_with_its_age(capsys
     assert (fields["upstream"], fields["last_error"], fields["last_error_at_ms"]) == ("default", "-", "-")
 
 
+def test_get_shows_frames_bytes_humanly_and_the_newest_frames_age(capsys, aws_env, api, ddb):
+    run(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url)
+    run(capsys, aws_env, "start", "c2", URL + "c2", "--api", api.url)
+    ddb.update_item(  # as a counting checkpoint leaves it (tested with the store)
+        TableName=aws_env["TABLE_NAME"],
+        Key={schema.PK: {"S": schema.connection_pk("c1")}},
+        UpdateExpression="SET #f = :f, #b = :b, #t = :t",
+        ExpressionAttributeNames={"#f": schema.FRAMES, "#b": schema.BYTES, "#t": schema.LAST_FRAME_AT_MS},
+        ExpressionAttributeValues={":f": {"N": "12345"}, ":b": {"N": str(3 * 1024 * 1024 + 1)}, ":t": {"N": str(now_ms() - 5_000)}},
+    )
+
+    def fields(cid: str) -> dict:
+        out = run(capsys, aws_env, "get", cid, "--api", api.url)[1]
+        return dict(re.split(r"\s{2,}", line, maxsplit=1) for line in out.splitlines()[1:])
+
+    shown = fields("c1")
+    assert (shown["frames"], shown["bytes"]) == ("12,345", "3,145,729  (3.0 MiB)")
+    assert re.fullmatch(r"\d+\s+\([5-9]\.\ds ago\)", shown["last_frame_at_ms"])
+    shown = fields("c2")
+    assert (shown["frames"], shown["bytes"], shown["last_frame_at_ms"]) == ("0", "0", "0  (none counted yet)")
+
+
 def test_connections_shows_upstream_and_last_error_columns_when_a_connection_has_one(capsys, ddb, aws_env):
     store = ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4)
     store.start("c1", URL + "c1", {"resume": "none", "seq_pointer": "/u", "data_pointer": "", "secret_headers": {"X-Key": ARN}})

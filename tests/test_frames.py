@@ -3,7 +3,7 @@ what the connection has in hand, and when it asks for its checkpoint."""
 
 import json
 
-from wsfleet.checkpoint import Checkpoint
+from wsfleet.checkpoint import Checkpoint, StoredEnd, Tally, Uncounted
 from wsfleet.stream import DEFAULT_SHAPE, Frame, Problem, SeqTracker
 from wsfleet.worker.frames import CheckpointTimer, receive
 
@@ -78,3 +78,18 @@ def test_the_written_checkpoint_never_goes_back_and_a_start_keeps_the_timing():
     assert (timer.written, timer.at) == (41, 0)
     timer.wrote(Checkpoint(30), 50)  # a stale one
     assert (timer.written, timer.at) == (41, 50)
+
+
+def test_a_stored_batch_waits_for_its_checkpoint_until_one_may_be_asked_for_a_bursts_last_too():
+    timer = CheckpointTimer(every_s=100, gather_share=0.1, written=Checkpoint(5), at=1000)
+    assert timer.wait_s(1010) == 80 and timer.wait_s(1095) == 0  # then due(): the checkpointer asks
+
+
+def test_what_is_stored_is_uncounted_until_a_checkpoint_covers_it_and_a_dead_owners_items_come_first():
+    timer = CheckpointTimer.after(100, 0.1, Checkpoint(5), 0, StoredEnd(7, ((7, Tally(2, 20, 70)),)))
+    timer.stored(8, Tally(1, 3, 80))
+    timer.stored(9, Tally())  # markers only: nothing to count
+    assert timer.uncounted() == Uncounted(5, ((7, Tally(2, 20, 70)), (8, Tally(1, 3, 80))))
+    timer.wrote(Checkpoint(7), 10)
+    assert timer.uncounted() == Uncounted(7, ((8, Tally(1, 3, 80)),))
+    assert timer.uncounted().past(7, 8) == Tally(1, 3, 80) and not timer.uncounted().past(8)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from wsfleet import schema
+from wsfleet.checkpoint import Tally
 from wsfleet.sinks import InvalidItem, MessagesStore
 from wsfleet.stream import Frame, Problem, upstream_gap
 
@@ -19,6 +20,15 @@ def test_the_stored_end_past_a_checkpoint_stops_at_the_first_hole(ddb, aws_env):
     assert msgs.stored_end("c1", 31) == 33
     assert msgs.stored_end("c1", 40) == 40
     assert msgs.stored_end("other", 0) == 0
+
+
+def test_the_stored_end_brings_what_its_items_add_to_the_counts_markers_and_items_past_the_hole_none(ddb, aws_env):
+    msgs = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"])
+    stored = [Frame(1, '"ab"', 100), upstream_gap(2, 4, 150), Frame(5, '"é"', 200), Frame(7, "{}", 300)]
+    msgs.put("c1", stored, fence_token=1, worker_id="a")
+    end = msgs.stored_end("c1", 0)
+    assert end == 5 and end.pieces == ((1, Tally(1, 4, 100)), (5, Tally(1, 4, 200)))  # 7 is past the hole at 6
+    assert msgs.stored_end("c1", 1).pieces == ((5, Tally(1, 4, 200)),)
 
 
 def test_messages_are_keyed_by_seq_so_a_replay_rewrites_not_duplicates(ddb, aws_env):

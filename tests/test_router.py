@@ -21,7 +21,8 @@ from wsfleet import schema, tracing
 from wsfleet.config import RouterConfig
 from wsfleet.logs import JsonLogger
 from wsfleet.router import MAX_BODY_BYTES, Router, make_client
-from wsfleet.store import ConnectionsStore, SessionsStore
+from wsfleet.checkpoint import Tally, Uncounted
+from wsfleet.store import CheckpointEntry, ConnectionsStore, SessionsStore
 
 ALLOWED = "127.0.0.1,*.feeds.example.com"
 URL = "wss://eu.feeds.example.com/stream?topic=prices"
@@ -400,6 +401,17 @@ def test_get_returns_exactly_the_public_state_with_the_owning_sessions_expiry(ap
     assert body["connection_id"] == "feed-1"
     assert (body["lease_owner"], body["fence_token"], body["last_seq"]) == ("worker-a", 1, 9)
     assert body["lease_expires_at_ms"] == session[schema.EXPIRES_AT_MS]
+
+
+def test_get_shows_frames_bytes_and_the_newest_frames_time_as_checkpoints_counted_them_zero_before_the_first(api):
+    api.start("feed-1")
+    body = api.get("feed-1")[1]
+    assert (body["frames"], body["bytes"], body["last_frame_at_ms"]) == (0, 0, 0)
+    api.hold_lease("feed-1", last_seq=0)
+    counted = Uncounted(0, ((4, Tally(3, 1_200, 1_700_000_000_000)),))
+    assert api.store.checkpoint_many([CheckpointEntry("feed-1", "worker-a#1", 1, 4, counted)]) == [True]
+    body = api.get("feed-1")[1]
+    assert (body["frames"], body["bytes"], body["last_frame_at_ms"], body["last_seq"]) == (3, 1_200, 1_700_000_000_000, 4)
 
 
 def test_get_of_a_free_connection_reports_expiry_zero(api):

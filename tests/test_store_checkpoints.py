@@ -1,14 +1,21 @@
 """The store refuses a checkpoint that goes backwards (store.conditions.CHECKPOINT_NOT_BEHIND),
 against the emulator: a refusal while still holding the connection is nothing to do,
 never a lost race, costs the other checkpoints of its transaction nothing, and a release
-behind the stored checkpoint still lands, without moving it back."""
+behind the stored checkpoint still lands, without moving it back. What a checkpoint
+covers is counted (frames, bytes, last_frame_at_ms) once, whatever is retried."""
 
 from __future__ import annotations
 
+import boto3
 import pytest
+from botocore.config import Config
 
 from wsfleet import schema
+from wsfleet.checkpoint import Checkpoint, Tally, Uncounted
+from wsfleet.sinks import MessagesStore
 from wsfleet.store import Acquired, CheckpointEntry, ConnectionsStore, Released, SessionsStore
+from wsfleet.stream import Frame
+from wsfleet.worker.frames import CheckpointTimer
 
 from tests.conftest import open_sessions
 
@@ -91,3 +98,111 @@ def test_stop_and_start_keep_the_checkpoint_and_the_next_owner_goes_on_from_it(s
     assert store.checkpoint("c1", session_id="b#1", fence_token=2, last_seq=12)
     assert store.checkpoint("c1", session_id="b#1", fence_token=2, last_seq=13)
     assert store.get("c1")["last_seq"] == 13
+
+
+# --- the counts a checkpoint carries (frames, bytes, last_frame_at_ms) ------------------
+
+
+def counts(store: ConnectionsStore, cid: str) -> tuple:
+    item = store.get(cid)
+    return tuple(item.get(name, 0) for name in (schema.FRAMES, schema.BYTES, schema.LAST_FRAME_AT_MS))
+
+
+def batches(*pieces: tuple[int, int, int, int], base: int = 0) -> Uncounted:
+    """Stored batches as (last seq, frames, bytes, newest frame's ms), past ``base``."""
+    return Uncounted(base, tuple((end, Tally(n, b, at)) for end, n, b, at in pieces))
+
+
+def test_a_checkpoint_adds_what_it_covers_once_and_its_retry_adds_nothing(store):
+    held(store, "c1")
+    first = CheckpointEntry("c1", "a#1", 1, 5, batches((3, 3, 30, 1_000), (5, 2, 20, 2_000)))
+    assert store.checkpoint_many([first]) == [True]
+    assert counts(store, "c1") == (5, 50, 2_000) and store.get("c1")["last_seq"] == 5
+    assert store.checkpoint_many([first]) == [True]  # sent again: its own checkpoint is stored, nothing left to add
+    assert counts(store, "c1") == (5, 50, 2_000)
+    assert store.checkpoint_many([CheckpointEntry("c1", "a#1", 1, 8, batches((8, 1, 7, 3_000), base=5))]) == [True]
+    assert counts(store, "c1") == (6, 57, 3_000)
+
+
+def test_counts_taken_against_a_checkpoint_another_write_moved_are_taken_again_against_the_stored_one(store):
+    held(store, "c1", "c2")
+    assert store.checkpoint("c1", session_id="a#1", fence_token=1, last_seq=3)  # batches up to 3: counted by that write
+    entries = [
+        CheckpointEntry("c1", "a#1", 1, 5, batches((3, 3, 30, 1_000), (5, 2, 20, 2_000))),
+        CheckpointEntry("c2", "a#1", 1, 4, batches((4, 4, 40, 1_500))),
+    ]
+    assert store.checkpoint_many(entries) == [True, True]
+    assert counts(store, "c1") == (2, 20, 2_000) and counts(store, "c2") == (4, 40, 1_500)
+
+
+def test_a_counting_checkpoint_applied_with_its_answer_lost_counts_once(emulator, aws_env, store, lose_first_answer):
+    retrying = boto3.client(
+        "dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1",
+        config=Config(retries={"mode": "standard", "total_max_attempts": 3}),
+    )
+    mine = ConnectionsStore(retrying, aws_env["TABLE_NAME"], state_shards=4, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"])
+    held(store, "c1")
+    lost = lose_first_answer(retrying, {"TransactWriteItems": 1.0})
+    entry = CheckpointEntry("c1", "a#1", 1, 9, batches((9, 9, 90, 4_000)))
+    assert mine.checkpoint_many([entry]) == [True]  # the SDK's retry finds 9 stored: refused, nothing added
+    assert lost == ["TransactWriteItems"]
+    assert counts(store, "c1") == (9, 90, 4_000) and store.get("c1")["last_seq"] == 9
+
+
+@pytest.mark.parametrize("how", ["free", "stop", "handoff"])
+def test_a_release_counts_what_its_last_seq_covers_once_even_retried(store, ddb, aws_env, how):
+    held(store, "c1")
+    kwargs = dict(session_id="a#1", fence_token=1, last_seq=6, uncounted=batches((4, 4, 40, 1_000), (6, 1, 5, 2_000)))
+    if how == "stop":
+        store.stop("c1", sessions=SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"]))
+    assert store.release("c1", **kwargs, stopped=how == "stop", handoff=how == "handoff")
+    assert store.release("c1", **kwargs, stopped=how == "stop", handoff=how == "handoff")  # a retry: already so
+    assert counts(store, "c1") == (5, 45, 2_000) and store.get("c1")["last_seq"] == 6
+
+
+def test_a_checkpoint_with_nothing_to_count_leaves_the_counts_absent(store):
+    held(store, "c1", last_seq=4)
+    assert counts(store, "c1") == (0, 0, 0) and schema.FRAMES not in store.get("c1")
+
+
+def test_what_a_dead_owner_stored_past_its_checkpoint_is_counted_by_the_next_owners_first_checkpoint_once(
+    store, ddb, aws_env
+):
+    msgs = MessagesStore(ddb, aws_env["MESSAGES_TABLE_NAME"])
+    held(store, "c1")
+    data = [Frame(s, '"abc"', 1_000 + s) for s in range(1, 7)]
+    msgs.put("c1", data, fence_token=1, worker_id="a")
+    counted = Uncounted(0, tuple((f.seq, Tally(1, 5, f.received_at_ms)) for f in data[:2]))
+    assert store.checkpoint_many([CheckpointEntry("c1", "a#1", 1, 2, counted)]) == [True]
+    SessionsStore(ddb, aws_env["SESSIONS_TABLE_NAME"]).end_own("a#1", worker_id="a")  # dies with 3..6 uncounted
+
+    taken = store.acquire("c1", session_id="b#1", worker_id="b", expected_session="a#1")
+    assert isinstance(taken, Acquired) and not taken.checkpoint_is_end
+    end = msgs.stored_end("c1", taken.item["last_seq"])
+    timer = CheckpointTimer.after(120.0, 0.1, Checkpoint(2), 0.0, end)
+    timer.stored(7, Tally(1, 5, 1_007))  # the new owner's own first frame
+    assert store.checkpoint_many([CheckpointEntry("c1", "b#1", 2, 7, timer.uncounted())]) == [True]
+    assert end == 6 and counts(store, "c1") == (7, 35, 1_007)
+
+
+@pytest.mark.parametrize("handoff", [False, True])
+def test_a_release_applied_with_its_answer_lost_counts_once(emulator, aws_env, store, lose_first_answer, handoff):
+    retrying = boto3.client(
+        "dynamodb", endpoint_url=emulator.endpoint_url, region_name="us-east-1",
+        config=Config(retries={"mode": "standard", "total_max_attempts": 3}),
+    )
+    mine = ConnectionsStore(retrying, aws_env["TABLE_NAME"], state_shards=4, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"])
+    held(store, "c1")
+    lost = lose_first_answer(retrying, {"UpdateItem": 1.0})
+    assert mine.release("c1", session_id="a#1", fence_token=1, last_seq=3, handoff=handoff, uncounted=batches((3, 3, 9, 500)))
+    assert lost == ["UpdateItem"]  # the counts rode on the release's own write, and its retry added nothing
+    assert counts(store, "c1") == (3, 9, 500) and store.get("c1")["last_seq"] == 3
+
+
+def test_a_release_after_a_checkpoint_it_did_not_hear_of_counts_only_what_lies_past_it(store):
+    held(store, "c1")
+    in_flight = CheckpointEntry("c1", "a#1", 1, 4, batches((4, 4, 40, 1_000)))
+    assert store.checkpoint_many([in_flight]) == [True]  # landed while its runner had stopped waiting
+    uncounted = batches((4, 4, 40, 1_000), (6, 2, 20, 2_000))
+    assert store.release("c1", session_id="a#1", fence_token=1, last_seq=6, uncounted=uncounted) is Released.FREE
+    assert counts(store, "c1") == (6, 60, 2_000) and store.get("c1")["last_seq"] == 6

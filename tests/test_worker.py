@@ -599,6 +599,11 @@ def test_after_a_crash_with_a_partly_written_last_batch_the_new_owner_resumes_wi
     stored = seqs(msgs, "a")
     assert stored == list(range(1, len(stored) + 1))
     assert upstream.sockets("a")[0].from_seq == 31  # little replayed: from the first hole
+    # Counted once each past the bare checkpoint at 10: 11..30 by the taker from the dead
+    # owner's items, 31 onwards as it stored them (its release at shutdown counts the last).
+    item = conns.get("a")
+    data = [len(r["message_data"].encode()) for r in msgs.read_all("a") if r["sk"] > 10]
+    assert item["last_seq"] == len(stored) and (item["frames"], item["bytes"]) == (len(data), sum(data))
 
 
 def test_a_start_hint_is_taken_from_the_queue_and_connected_quickly(aws_env, stores, upstream, sqs):

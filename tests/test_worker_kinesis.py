@@ -71,6 +71,8 @@ def test_frames_reach_the_stream_in_order_and_a_graceful_handoff_delivers_none_t
         expected = upstream.expected_data(cid)
         assert all(r.has_data and json.dumps(r.data, separators=(",", ":")) == expected[r.seq] for r in recs)
         assert conns.get(cid)["last_seq"] == seqs[-1]  # the release's checkpoint: what the stream acknowledged
+        item = conns.get(cid)  # counted once each, by two owners' checkpoints
+        assert (item["frames"], item["bytes"]) == (len(seqs), sum(len(expected[s].encode()) for s in seqs))
 
 
 @pytest.mark.parametrize("env", ["dynamodb,kinesis"], indirect=True)
@@ -103,3 +105,6 @@ def test_a_takeover_after_a_crash_delivers_again_from_the_checkpoint_with_the_hi
     table = [row["sk"] for row in msgs.read_all("a")]
     assert table == list(range(1, len(table) + 1)) and len(table) >= 30
     assert all(row["fence_token"] == 2 for row in msgs.read_all("a") if row["sk"] > 10)  # rewritten by the new owner
+    item = conns.get("a")  # 11..30 delivered twice, counted once (the bare checkpoint at 10 counted nothing)
+    data = [len(row["message_data"].encode()) for row in msgs.read_all("a") if 10 < row["sk"] <= item["last_seq"]]
+    assert (item["frames"], item["bytes"]) == (len(data), sum(data))

@@ -82,7 +82,7 @@ class Harness:
         for cid in cids:
             self.stored[cid] = []
             self.writer.open(
-                cid, fence_token=1, deadline=lambda: self.deadline, on_stored=lambda s, n, c=cid: self.stored[c].append((s, n))
+                cid, fence_token=1, deadline=lambda: self.deadline, on_stored=lambda s, n, c=cid: self.stored[c].append((s, n.frames))
             )
 
     async def put(self, cid: str, *seqs: int, data: str = "{}") -> None:
@@ -278,7 +278,7 @@ def test_a_range_marker_is_reported_stored_to_its_end_and_each_marker_counted_on
         return h
 
     h = run(scenario())
-    assert h.stored["a"][0] == (99, 2)  # a checkpoint past 99 covers seqs stored as one range item
+    assert h.stored["a"][0] == (99, 1)  # a checkpoint past 99 covers seqs stored as one range item; markers count no frame
     assert h.stored["a"][-1][0] == 102
     assert h.ddb.items[("CONN#a", 2)]["skip_to"] == {"N": "99"}
     assert h.ddb.items[("CONN#a", 101)]["skipped"] == {"S": "over_frame_limit"}
@@ -305,7 +305,7 @@ def test_frames_put_together_are_queued_together_or_not_at_all():
     h, pending_after_cancel = run(scenario())
     assert pending_after_cancel == 2  # neither of the two
     assert [k[1] for r in h.ddb.requests for k in r] == [1, 2, 3, 6]
-    assert h.stored["a"] == [(2, 2), (6, 2)]
+    assert h.stored["a"] == [(2, 2), (6, 1)]  # frames counted: the gap marker is none
 
 
 def test_a_full_connection_makes_its_receive_loop_wait_and_nothing_is_dropped():

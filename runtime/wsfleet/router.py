@@ -299,6 +299,8 @@ class Router:
         item[schema.SKIPPED_COUNT] = self._messages.count_markers(connection_id) if self._reads_table else None
         # The stored form: ARNs, never a secret's value (none is ever stored); {} for the default.
         item[schema.UPSTREAM] = item.get(schema.UPSTREAM) or {}
+        # Frames, bytes and the newest frame's time as the last checkpoint counted them; 0 before the first.
+        item.update({name: int(item.get(name, 0)) for name in schema.COUNTS})
         return 200, {"connection_id": connection_id, **{name: item.get(name) for name in schema.PUBLIC_FIELDS}}
 
     def _get_messages(self, raw_id: object, event: Mapping[str, Any], fields: dict[str, Any]) -> tuple[int, dict]:

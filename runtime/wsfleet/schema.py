@@ -39,6 +39,12 @@ UPSTREAM = "upstream"
 # once a frame is accepted again. Written conditional on session and fence.
 LAST_ERROR = "last_error"
 LAST_ERROR_AT_MS = "last_error_at_ms"
+# What the connection stored, as the checkpoint covering it counted it (wsfleet.checkpoint.Tally):
+# data frames, their data's bytes, the newest one's received time. Absent before the first.
+LAST_FRAME_AT_MS = "last_frame_at_ms"
+FRAMES = "frames"
+BYTES = "bytes"
+COUNTS = (FRAMES, BYTES, LAST_FRAME_AT_MS)  # GET shows 0 for an absent one
 
 STARTED = "STARTED"
 STOPPED = "STOPPED"
@@ -213,6 +219,9 @@ PUBLIC_FIELDS = (
     UPSTREAM,
     LAST_ERROR,
     LAST_ERROR_AT_MS,
+    LAST_FRAME_AT_MS,
+    FRAMES,
+    BYTES,
 )
 
 # --- queue --------------------------------------------------------------------

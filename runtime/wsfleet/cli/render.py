@@ -91,8 +91,14 @@ def connection(body: Mapping[str, Any], now: int) -> str:
     for key, value in body.items():
         if key == schema.LEASE_EXPIRES_AT_MS and isinstance(value, int):
             value = f"{value}  ({_when(value, now) if value else 'free'})"
-        elif key in (schema.UPDATED_AT_MS, schema.LAST_ERROR_AT_MS) and isinstance(value, int) and value:
+        elif key in (schema.UPDATED_AT_MS, schema.LAST_ERROR_AT_MS, schema.LAST_FRAME_AT_MS) and isinstance(value, int) and value:
             value = f"{value}  ({_when(value, now)})"
+        elif key == schema.LAST_FRAME_AT_MS and value == 0:
+            value = "0  (none counted yet)"
+        elif key == schema.BYTES and isinstance(value, int):
+            value = f"{value:,}  ({human_bytes(value)})" if value >= 1024 else f"{value:,}"
+        elif key == schema.FRAMES and isinstance(value, int):
+            value = f"{value:,}"
         elif key == schema.LAST_ERROR and isinstance(value, str):
             value = _one_line(value)
         elif key == schema.UPSTREAM and isinstance(value, dict):
@@ -170,6 +176,16 @@ def message(entry: Mapping[str, Any]) -> str:
     if "data_url" in entry:
         return f"{seq}  (large data: {entry.get('data_bytes', 0):,} bytes at its data_url; --follow-urls fetches it)"
     return f"{seq}  {_clip(json.dumps(entry.get('data'), ensure_ascii=False, separators=(',', ':')), MESSAGE_WIDTH)}"
+
+
+def human_bytes(n: int) -> str:
+    """A byte count as an operator reads it: "512 B", "1.5 KiB", "3.2 GiB"."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
 
 
 def _when(ms: int, now: int) -> str:

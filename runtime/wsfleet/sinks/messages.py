@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import schema
+from ..checkpoint import StoredEnd, Tally
 from ..stream import Frame, contiguous_end
 from ..store.base import TransientError, _Table, is_transient, marshal, retry_pause_s, unmarshal, unwrap_refusal
 from .objects import StoredObject, needs_object
@@ -107,31 +108,39 @@ class MessagesStore(_Table):
             self._sleep(retry_pause_s(attempt))
         raise TransientError(f"{len(requests)} messages still unprocessed after retries")
 
-    def stored_end(self, connection_id: str, checkpoint: int) -> int:
+    def stored_end(self, connection_id: str, checkpoint: int) -> StoredEnd:
         """The end of what is stored gap-free from ``checkpoint``: the highest seq s such
         that every seq in (checkpoint, s] has a row or lies in a range marker's
         (seq..skip_to). A new owner resumes after it, so a dead owner's writes past its
         last checkpoint are neither lost nor stored twice, a last batch that was only
         partly written (UnprocessedItems) is replayed from its first hole, and a skipped
         range is never asked for again. Strongly consistent; reads keys and ``skip_to``
-        only, page by page, and stops at the first hole.
+        page by page, and stops at the first hole. It returns what those items add to the
+        connection's counts too (:class:`~wsfleet.checkpoint.StoredEnd`): the owner that
+        stored them died before a checkpoint counted them. (Reading the items whole costs
+        no more read units than their keys: a Query is billed by the items' size.)
 
         A checkpoint is never inside a range (the writer reports a range's end as stored,
         and owners resume after it), so the ranges that matter start past it."""
-        end = checkpoint
+        end, pieces = checkpoint, []
         pages = self._query_pages(
             KeyConditionExpression=PARTITION_AFTER,
-            ExpressionAttributeNames={"#p": schema.MSG_PK, "#s": schema.MSG_SK, "#t": schema.SKIP_TO},
+            ExpressionAttributeNames={
+                "#p": schema.MSG_PK, "#s": schema.MSG_SK, "#t": schema.SKIP_TO, "#d": schema.MESSAGE_DATA,
+                "#b": schema.DATA_BYTES, "#k": schema.SKIPPED, "#r": schema.RECEIVED_AT_MS,
+            },
             ExpressionAttributeValues=marshal({":p": schema.connection_pk(connection_id), ":after": checkpoint}),
-            ProjectionExpression="#s, #t",
+            ProjectionExpression="#s, #t, #d, #b, #k, #r",
             ConsistentRead=True,
             Limit=500,
         )
         for resp in pages:
-            end, complete = contiguous_end(end, map(_span, resp.get("Items", [])))
+            items = [unmarshal(raw) for raw in resp.get("Items", [])]
+            end, complete = contiguous_end(end, map(_span, items))
+            pieces += [(last, _counts(item)) for item in items if (last := _span(item)[1]) <= end]
             if not complete:
                 break
-        return end
+        return StoredEnd(end, tuple(p for p in pieces if p[1]))
 
     def read_all(self, connection_id: str) -> list[dict]:
         """Every stored message of a connection in seq order (tests, demo reports)."""
@@ -192,8 +201,18 @@ class MessagesStore(_Table):
         return sum(int(resp.get("Count", 0)) for resp in pages)
 
 
-def _span(raw: dict) -> tuple[int, int]:
+def _counts(item: Mapping[str, Any]) -> Tally:
+    """What a stored item adds to its connection's counts (as :func:`wsfleet.worker.batches.tally`
+    counts a frame the writer stored): a frame with data, its size; a skip marker, nothing."""
+    if schema.SKIPPED in item:
+        return Tally()
+    size = item.get(schema.DATA_BYTES)
+    if size is None:
+        size = len(str(item.get(schema.MESSAGE_DATA, "")).encode("utf-8"))
+    return Tally(1, int(size), int(item.get(schema.RECEIVED_AT_MS, 0)))
+
+
+def _span(item: Mapping[str, Any]) -> tuple[int, int]:
     """(seq, last seq it stands for) of a stored item: a range marker's skip_to, or its seq."""
-    item = unmarshal(raw)
     seq = int(item[schema.MSG_SK])
     return seq, max(seq, int(item.get(schema.SKIP_TO, seq)))

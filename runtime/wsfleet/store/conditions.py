@@ -60,6 +60,20 @@ CHECKPOINT_NOT_BEHIND = "(attribute_not_exists(#q) OR #q <= :seq)"
 # A checkpoint (checkpoint_many): HOLDING, and not behind the stored one.
 CHECKPOINT = all_of(HOLDING, CHECKPOINT_NOT_BEHIND)
 
+# A checkpoint that counts what it covers (checkpoint_many with an Uncounted): HOLDING,
+# and the stored checkpoint is exactly the one its counts were taken against
+# (``:from``; an absent one reads as 0). Fails when no longer ours, or when the stored
+# checkpoint is another: a retry of a write that landed finds its own (nothing left to
+# count), an owner before us moved it (counted what it stored): taken again against it.
+def counted_checkpoint(from_seq: int) -> str:
+    return all_of(HOLDING, counted_from(from_seq))
+
+
+def counted_from(from_seq: int) -> str:
+    """The stored checkpoint is ``:from`` (``from_seq``), the one counts were taken against."""
+    return "(attribute_not_exists(#q) OR #q = :from)" if from_seq == 0 else "#q = :from"
+
+
 # note_error: HOLDING, and last_error is not already ``:text``. Fails when no longer
 # ours, or when the same error is stored already (its time says when it began).
 NEW_ERROR = all_of(HOLDING, "(attribute_not_exists(#le) OR #le <> :text)")
@@ -80,6 +94,12 @@ RELEASED_AT_FENCE = "#rf = :fence"
 # A handoff (release with handoff): ours and still STARTED (``:started``). Fails when no
 # longer ours, already handed off by a retry that landed, or STOPPED meanwhile.
 HANDOFF = all_of(OURS, "#s = :started")
+
+# A handoff that counts what its checkpoint covers: HOLDING (not handed off already: a
+# retry that landed adds nothing), STARTED, and the stored checkpoint is the one counted
+# against (:func:`counted_from`). Fails for any of those: the release goes the long way.
+def counted_handoff(from_seq: int) -> str:
+    return all_of(HOLDING, "#s = :started", counted_from(from_seq))
 
 # free_orphan: attached to the ENDED session ``:dead``. Fails when someone else freed or
 # took it first.

@@ -1,7 +1,8 @@
 """The connections table: ownership and checkpoints (the workers), with the reads
 (:mod:`.connection_reads`), the router's desired state (:mod:`.desired`) and the owners'
 last_error (:mod:`.last_error`) as parts of the same store. Every write is conditional
-(its condition named in :mod:`.conditions`); a lost race comes back as a value."""
+(its condition named in :mod:`.conditions`); a lost race comes back as a value. What a
+checkpoint counts (frames, bytes, last_frame_at_ms) is written by :mod:`.counting`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from .. import schema
+from ..checkpoint import Tally, Uncounted
 from ..leases import (
     AcquireFailure,
     acquire_already_landed,
@@ -20,6 +22,7 @@ from ..leases import (
 from . import conditions as cond
 from .base import TransientError, _names, _Table, marshal, now_ms
 from .connection_reads import ConnectionReads
+from .counting import CheckpointEntry, Counting, counted_values
 from .desired import DesiredState
 from .last_error import LastErrors
 
@@ -29,16 +32,6 @@ MAX_TRANSACTION = 25
 # An acquire whose items keep changing between its read and its transaction (a START or
 # STOP landing in between, each time) gives up after this many transactions.
 ACQUIRE_ROUNDS = 4
-
-
-@dataclass(frozen=True)
-class CheckpointEntry:
-    """One connection's checkpoint, as :meth:`ConnectionsStore.checkpoint_many` writes it."""
-
-    connection_id: str
-    session_id: str
-    fence_token: int
-    last_seq: int
 
 
 @dataclass(frozen=True)
@@ -75,7 +68,7 @@ class Released(enum.Enum):
         return self is not Released.LOST
 
 
-class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
+class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, Counting, _Table):
     """The connections table: desired state, checkpoint, and which session owns it."""
 
     key_name = schema.PK
@@ -231,6 +224,7 @@ class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
         values: Mapping[str, Any],
         last_seq: int | None,
         expect_stopped: bool = False,
+        counting: tuple[int, Tally] | None = None,
     ) -> tuple[str | None, dict]:
         """Make the connection free (``owner_key`` FREE#shard if STARTED, removed if
         STOPPED; any ``released_fence`` removed), under ``condition``. The index key depends on the desired state, which
@@ -239,7 +233,10 @@ class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
         the likelier state goes first). ``last_seq`` (a release's final checkpoint) is
         written only if the stored one is not past it: if it is, the write goes again
         without it. Returns (the desired state of the form that landed, {}), or (None,
-        the old item, {} if gone) when the condition failed for another reason."""
+        the old item, {} if gone) when the condition failed for another reason.
+        ``counting`` (a release's counts, with ``last_seq``: the checkpoint they were
+        counted against, and what to add): the write adds them, conditional on that
+        checkpoint, and is tried once only."""
         old: dict | None = None
         first, other = (schema.STOPPED, schema.STARTED) if expect_stopped else (schema.STARTED, schema.STOPPED)
         states = [first, other, first]
@@ -253,12 +250,16 @@ class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
                 # messages end, as of this ownership (fence) -- see checkpoint_is_end().
                 update += ", #q = :seq, #ce = :fence"
                 state_values[":seq"] = last_seq
-                conditions.append(cond.CHECKPOINT_NOT_BEHIND)
+                conditions.append(cond.CHECKPOINT_NOT_BEHIND if counting is None else cond.counted_from(counting[0]))
+            if counting is not None:
+                update += ", #lfa = :lfa"
+                state_values.update(counted_values(*counting))
             if state == schema.STARTED:
                 update += ", #k = :free REMOVE #rf"
                 state_values[":free"] = schema.owner_key_free(connection_id, self._shards)
             else:
                 update += " REMOVE #k, #rf"
+            update += " ADD #nf :nf, #nb :nb" if counting is not None else ""
             new, old = self._conditional_update(
                 connection_id,
                 update=update,
@@ -268,6 +269,8 @@ class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
             )
             if new is not None:
                 return state, {}
+            if counting is not None:
+                return None, old or {}
             if last_seq is not None and cond.checkpoint_behind(old, last_seq):
                 # A checkpoint past ours, stored by the owner before us after our acquire
                 # read the item: it stays, and this release marks no stored end. (If the
@@ -288,6 +291,7 @@ class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
         last_seq: int,
         stopped: bool = False,
         handoff: bool = False,
+        uncounted: Uncounted | None = None,
     ) -> Released:
         """Give the connection up with a final checkpoint.
 
@@ -305,7 +309,21 @@ class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
         FREE# partition), marked released at our fence (``released_fence``): HANDED. From
         then on this ownership writes nothing more to it (every write of ours is
         conditional on no such mark) but :meth:`free_released`. A STOPPED one is freed
-        as for a STOP. A retry finding it already so reports HANDED."""
+        as for a STOP. A retry finding it already so reports HANDED.
+
+        ``uncounted``: what ``last_seq`` covers that no checkpoint counted yet. The release's
+        write adds it (as :meth:`checkpoint_many` does), tried once in the form expected,
+        conditional on the stored checkpoint being ``uncounted.base``. If that fails (the
+        checkpoint is another, a START or STOP flipped the state, a retry of one that
+        landed), nothing was written: a counting checkpoint goes first, then the release
+        as without counts, whose forms and retries add nothing."""
+        if uncounted is not None and (counts := uncounted.past(uncounted.base, last_seq)):
+            counting = (uncounted.base, counts)
+            landed = self._release_counting(connection_id, session_id, fence_token, last_seq, stopped, handoff, counting)
+            if landed is not None:
+                return landed
+            entry = CheckpointEntry(connection_id, session_id, fence_token, last_seq, uncounted)
+            self.checkpoint_many([entry])  # not ours any more: the release below finds it so
         if handoff:
             values = {":fence": fence_token, ":now": self._now_ms(), ":session": session_id, ":started": schema.STARTED}
             new, old = self._conditional_update(
@@ -326,6 +344,25 @@ class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
                 return Released.HANDED if release_already_landed(old, fence_token, session_id) else Released.LOST
             stopped = True  # a STOP came meanwhile (or it is gone): freed as for a STOP
         return self._free_ours(connection_id, cond.OURS, session_id, fence_token, last_seq, stopped)
+
+    def _release_counting(
+        self, cid: str, session_id: str, fence_token: int, last_seq: int, stopped: bool, handoff: bool, counting: tuple[int, Tally]
+    ) -> Released | None:
+        """:meth:`release` with its counts in its write, once: None when its condition failed."""
+        values = {":fence": fence_token, ":session": session_id}
+        if not handoff:
+            landed, _ = self._detach(
+                cid, condition=cond.OURS, values=values, last_seq=last_seq, expect_stopped=stopped, counting=counting
+            )
+            return None if landed is None else Released.FREE if landed == schema.STARTED else Released.STOPPED
+        new, _ = self._conditional_update(
+            cid,
+            update="SET #q = :seq, #ce = :fence, #rf = :fence, #u = :now, #lfa = :lfa ADD #nf :nf, #nb :nb",
+            condition=cond.counted_handoff(counting[0]),
+            values={**values, ":now": self._now_ms(), ":seq": last_seq, ":started": schema.STARTED, **counted_values(*counting)},
+            returns="NONE",
+        )
+        return None if new is None else Released.HANDED
 
     def free_released(self, connection_id: str, *, session_id: str, fence_token: int, stopped: bool = False) -> Released:
         """Free a connection our session handed off and nobody took (the old way: into
@@ -393,36 +430,40 @@ class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
         transaction was cancelled for reasons that say nothing about ownership (a
         conflict with another write to one of the items, throttling): the whole group
         may go again. A retry of a transaction that landed writes the same values again
-        under conditions that still hold."""
+        under conditions that still hold.
+
+        Counting: an entry with an :class:`~wsfleet.checkpoint.Uncounted` adds what lies
+        in (stored checkpoint, ``last_seq``] to ``frames`` and ``bytes`` and sets
+        ``last_frame_at_ms``, conditional on the stored checkpoint being the one it was
+        counted against (:func:`~.conditions.counted_checkpoint`); refused while still
+        ours with the stored one behind ``last_seq`` (an owner before us moved it), it
+        is counted again against that one and goes again. A retry of a write that landed
+        finds its own ``last_seq`` stored: refused as not behind, it adds nothing."""
         if not 0 < len(entries) <= MAX_TRANSACTION:
             raise ValueError(f"a checkpoint transaction holds 1 to {MAX_TRANSACTION} entries, not {len(entries)}")
         answers: list[bool | None] = [None] * len(entries)
         pending = list(range(len(entries)))
+        counted_from = [e.uncounted.base for e in entries]  # the stored checkpoint each count is taken against
         while pending:
             now = self._now_ms()
-            reasons = self._transact(
-                [
-                    self._transact_update(
-                        e.connection_id,
-                        update="SET #q = :seq, #u = :now",
-                        condition=cond.CHECKPOINT,
-                        values={":seq": e.last_seq, ":now": now, ":session": e.session_id, ":fence": e.fence_token},
-                        return_old=True,
-                    )
-                    for e in (entries[i] for i in pending)
-                ]
-            )
+            reasons = self._transact([self._checkpoint_update(entries[i], counted_from[i], now) for i in pending])
             if reasons is None:
                 for i in pending:
                     answers[i] = True
                 break
             written_again = []
             for i, reason in zip(pending, reasons, strict=True):
+                old = reason.get("Item")
+                ours = cond.holds(old, entries[i].session_id, entries[i].fence_token)
+                stored = int((old or {}).get(schema.LAST_SEQ, 0))
                 if reason["Code"] != "ConditionalCheckFailed":
+                    written_again.append(i)
+                elif ours and stored < entries[i].last_seq:
+                    counted_from[i] = stored  # counted against another checkpoint than the one stored
                     written_again.append(i)
                 else:
                     # Still held: HOLDING passed, so only the stored checkpoint, past this one, refused it.
-                    answers[i] = cond.holds(reason.get("Item"), entries[i].session_id, entries[i].fence_token)
+                    answers[i] = ours
             if any(answers[i] is False for i in pending):
                 break  # a connection no longer ours: the others stay None, for the caller to send again
             pending = written_again

@@ -16,6 +16,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
+from ..checkpoint import Tally
 from ..sinks import StoredObject, data_size, needs_object
 from ..stream import Frame, Problem
 
@@ -29,6 +30,13 @@ def frame_bytes(frame: Frame) -> int:
     body)."""
     size = data_size(frame)
     return 2 * size if needs_object(frame) else size
+
+
+def tally(frames: Iterable[Handed]) -> Tally:
+    """What stored frames add to their connection's counts: the data frames (not the skip
+    markers), their data's bytes, the newest one's received time."""
+    data = [f for f, _ in frames if not f.is_marker]
+    return Tally(len(data), sum(map(data_size, data)), max((f.received_at_ms for f in data), default=0))
 
 
 def within_limit(frame: Frame, max_data_bytes: int) -> Frame:
@@ -76,7 +84,7 @@ def objects(batch: Batch) -> dict[tuple[str, int], StoredObject]:
 class Settled:
     """What became of a batch (:meth:`Pending.settle`)."""
 
-    stored: list[tuple[Lane, int, int]]  # each lane stored: (lane, the last seq its items stand for, how many)
+    stored: list[tuple[Lane, int, Tally]]  # each lane stored: (lane, the last seq its items stand for, what it counts)
     large: int  # of the stored frames, those whose data is in an object
     freed: int  # bytes of data no longer held (stored, or given up)
 
@@ -235,7 +243,7 @@ class Pending:
             if stored or not is_open(lane) or not is_live(lane):
                 freed += self.release(frames)
                 if stored and is_open(lane):
-                    told.append((lane, frames[-1][0].end, len(frames)))
+                    told.append((lane, frames[-1][0].end, tally(frames)))
                 continue
             lane.frames.extendleft(reversed(frames))
             self.count += len(frames)

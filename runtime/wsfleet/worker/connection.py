@@ -39,7 +39,7 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidH
 from .. import clock
 from .. import metrics_names as names
 from .. import tracing, upstream_spec
-from ..checkpoint import Checkpoint
+from ..checkpoint import Checkpoint, Tally
 from ..config import DEFAULT_MAX_FRAME_BYTES
 from ..leases import backoff_s
 from ..logs import JsonLogger
@@ -150,8 +150,8 @@ class ConnectionRunner:
         # Resume after what is stored gap-free (a crashed owner may have stored past its
         # last checkpoint); the next checkpoint write records it.
         self.tracker = SeqTracker(Checkpoint(checkpoint).advanced(stored_end))
-        self._timer = CheckpointTimer(
-            settings.checkpoint_s, settings.checkpoint_gather_share, Checkpoint(checkpoint), clock.now()
+        self._timer = CheckpointTimer.after(
+            settings.checkpoint_s, settings.checkpoint_gather_share, Checkpoint(checkpoint), clock.now(), stored_end
         )
         self.connected = asyncio.Event()
         self.end_reason: EndReason | None = None
@@ -368,12 +368,11 @@ class ConnectionRunner:
         self._log.info("stream_starts_where_the_upstream_is", seq=end + 1)
         return True
 
-    def _on_stored(self, seq: int, count: int) -> None:
-        """The writer stored this connection's seqs up to ``seq`` (a gap-free prefix);
-        the checkpointer is woken only once a checkpoint may be due (not at every batch)."""
+    def _on_stored(self, seq: int, counts: Tally) -> None:
+        """The writer stored seqs up to ``seq`` (a gap-free prefix), adding ``counts``."""
         self.tracker.stored(seq)
-        if self._timer.time_to_ask(clock.now()):
-            self._stored.set()
+        self._timer.stored(seq, counts)
+        self._stored.set()  # the checkpointer waits from there until one may be due
 
     async def _checkpointer(self) -> None:
         # The end reason, not cancellation alone, stops this loop: on Python 3.11,
@@ -381,8 +380,9 @@ class ConnectionRunner:
         # iteration its call completes.
         while self.end_reason is None:
             await self._stored.wait()
+            await self._pause(self._timer.wait_s(clock.now()))  # the last frames of a burst too
             self._stored.clear()
-            if not self._timer.due(self.tracker.checkpoint, clock.now()):
+            if self.end_reason is not None or not self._timer.due(self.tracker.checkpoint, clock.now()):
                 continue
             try:
                 await self._write_checkpoint()
@@ -396,7 +396,7 @@ class ConnectionRunner:
         crash the next owner reads less past it."""
         seq = self.tracker.checkpoint  # stored gap-free: the value written (frames stored meanwhile wait for the next)
         ours = await self._checkpoints.write(
-            CheckpointEntry(self.connection_id, self.session_id, self.fence_token, seq),
+            CheckpointEntry(self.connection_id, self.session_id, self.fence_token, seq, self._timer.uncounted()),
             by=self._timer.by,
             deadline=self._deadline,
         )
@@ -478,7 +478,7 @@ class ConnectionRunner:
                         connection_id=self.connection_id,
                         session_id=self.session_id,
                         fence_token=self.fence_token,
-                        last_seq=self.tracker.checkpoint,
+                        last_seq=self.tracker.checkpoint, uncounted=self._timer.uncounted(),
                         stopped=self.end_reason is EndReason.STOPPED,
                         handoff=self.end_reason in (EndReason.SHUTDOWN, EndReason.SHED),
                     ),

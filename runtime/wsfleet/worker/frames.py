@@ -18,10 +18,10 @@ the upstream is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..checkpoint import Checkpoint
+from ..checkpoint import Checkpoint, Tally, Uncounted
 from ..stream import Frame, FrameShape, Problem, Rejected, SeqTracker, parse_frame
 
 
@@ -86,16 +86,43 @@ class CheckpointTimer:
     ``every_s`` while frames are stored, never for a quiet connection. It asks
     ``gather_share`` of that early, so that its checkpoint can leave together with other
     connections' ones (:mod:`wsfleet.worker.checkpoints`). Times are
-    :func:`wsfleet.clock.now` seconds, passed in."""
+    :func:`wsfleet.clock.now` seconds, passed in.
+
+    A frame stored is covered by a checkpoint within ``every_s``, the last of a burst
+    too: the checkpointer, woken by a stored batch, waits :meth:`wait_s` and asks then.
+    So the item's counts (frames, bytes, last_frame_at_ms) are at most ``every_s`` (and a
+    flush) behind what is stored. It also keeps what was stored since the last checkpoint
+    and not counted yet (:meth:`uncounted`), for the next checkpoint write to add."""
 
     every_s: float
     gather_share: float
     written: Checkpoint  # the last checkpoint in the item, as far as this ownership knows
     at: float  # when it was written (or the ownership began)
+    pieces: list[tuple[int, Tally]] = field(default_factory=list)  # stored past ``written``, uncounted: (last seq, counts)
+
+    @classmethod
+    def after(cls, every_s: float, gather_share: float, written: Checkpoint, now: float, stored_end: int) -> CheckpointTimer:
+        """A new ownership's timer, from its checkpoint as read; ``stored_end``: where a sink
+        found the stored messages end past it (a :class:`~wsfleet.checkpoint.StoredEnd`
+        brings what a dead owner stored there, for the first checkpoint to count)."""
+        return cls(every_s, gather_share, written, now, list(getattr(stored_end, "pieces", ())))
 
     def time_to_ask(self, now: float) -> bool:
         """``every_s`` less the gathering time has passed since the last checkpoint."""
         return now - self.at >= self.every_s * (1 - self.gather_share)
+
+    def wait_s(self, now: float) -> float:
+        """Seconds until it is time to ask (0: now)."""
+        return max(0.0, self.at + self.every_s * (1 - self.gather_share) - now)
+
+    def stored(self, end: int, counts: Tally) -> None:
+        """A batch stored the connection's seqs up to ``end``, adding ``counts``."""
+        if counts:
+            self.pieces.append((end, counts))
+
+    def uncounted(self) -> Uncounted:
+        """What a checkpoint written now adds to the item's counts, against ``written``."""
+        return Uncounted(self.written, tuple(self.pieces))
 
     def due(self, stored: Checkpoint, now: float) -> bool:
         """A checkpoint is asked for once it is time to, and only if frames were stored
@@ -111,7 +138,9 @@ class CheckpointTimer:
         """``checkpoint`` is in the item since ``now``."""
         self.written = self.written.advanced(checkpoint)
         self.at = now
+        self.pieces = [p for p in self.pieces if p[0] > self.written]  # counted
 
     def started(self, checkpoint: Checkpoint) -> None:
         """The stream's start was written: not a periodic checkpoint, so the timing stays."""
         self.written = self.written.advanced(checkpoint)
+        self.pieces = [p for p in self.pieces if p[0] > self.written]

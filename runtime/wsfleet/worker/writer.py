@@ -85,6 +85,7 @@ from typing import Any, Awaitable, Callable, Mapping, TypeVar
 from .. import clock
 from .. import metrics_names as names
 from ..aws import send_deadline
+from ..checkpoint import Tally
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..config import DEFAULT_MAX_FRAME_BYTES
@@ -111,7 +112,7 @@ class _Queue(Lane):
     """A connection's lane, with what the driver keeps for it."""
 
     deadline: Callable[[], float]
-    on_stored: Callable[[int, int], None]  # (last seq stored, how many)
+    on_stored: Callable[[int, Tally], None]  # (last seq stored, what it adds to the connection's counts)
     uploads: dict[int, asyncio.Task] = field(default_factory=dict)  # by seq: large data being stored
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # room freed, or emptied
 
@@ -166,7 +167,9 @@ class Writer:
 
     # --- what a connection calls ------------------------------------------------------
 
-    def open(self, connection_id: str, *, fence_token: int, deadline: Callable[[], float], on_stored: Callable[[int, int], None]) -> None:
+    def open(
+        self, connection_id: str, *, fence_token: int, deadline: Callable[[], float], on_stored: Callable[[int, Tally], None]
+    ) -> None:
         self._queues[connection_id] = _Queue(
             connection_id=connection_id, fence_token=fence_token, deadline=deadline, on_stored=on_stored
         )
@@ -330,9 +333,9 @@ class Writer:
             q.changed.set()
         if settled.freed:
             self._room.set()
-        for q, end, count in settled.stored:
+        for q, end, counts in settled.stored:
             try:
-                q.on_stored(end, count)
+                q.on_stored(end, counts)
             except Exception as exc:  # noqa: BLE001 - one runner's callback must not cost the others theirs
                 self._supervisor.report("writer", exc, connection_id=q.connection_id)
         self._wake.set()
