@@ -299,7 +299,10 @@ class Router:
         item[schema.SKIPPED_COUNT] = self._messages.count_markers(connection_id) if self._reads_table else None
         # The stored form: ARNs, never a secret's value (none is ever stored); {} for the default.
         item[schema.UPSTREAM] = item.get(schema.UPSTREAM) or {}
-        return 200, {"connection_id": connection_id, **{name: item.get(name) for name in schema.PUBLIC_FIELDS}}
+        public = {"connection_id": connection_id, **{name: item.get(name) for name in schema.PUBLIC_FIELDS}}
+        if schema.QUARANTINED in item:  # absent unless the crash-loop breaker set it aside
+            public[schema.QUARANTINED] = item[schema.QUARANTINED]
+        return 200, public
 
     def _get_messages(self, raw_id: object, event: Mapping[str, Any], fields: dict[str, Any]) -> tuple[int, dict]:
         """A page of the connection's stored messages after ``after_seq``; reads only."""

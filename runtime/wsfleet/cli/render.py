@@ -95,6 +95,8 @@ def connection(body: Mapping[str, Any], now: int) -> str:
             value = f"{value}  ({_when(value, now)})"
         elif key == schema.LAST_ERROR and isinstance(value, str):
             value = _one_line(value)
+        elif key == schema.QUARANTINED and isinstance(value, dict):
+            value = f"{_one_line(str(value.get('reason', '')))}  ({_when(int(value.get('at_ms', 0)), now)})"
         elif key == schema.UPSTREAM and isinstance(value, dict):
             # Its stored form: secret ARNs, never values. {} is the default protocol.
             value = json.dumps(value, separators=(",", ":")) if value else "default"

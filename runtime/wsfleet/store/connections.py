@@ -1,7 +1,8 @@
 """The connections table: ownership and checkpoints (the workers), with the reads
-(:mod:`.connection_reads`), the router's desired state (:mod:`.desired`) and the owners'
-last_error (:mod:`.last_error`) as parts of the same store. Every write is conditional
-(its condition named in :mod:`.conditions`); a lost race comes back as a value."""
+(:mod:`.connection_reads`), the router's desired state (:mod:`.desired`), the owners'
+last_error (:mod:`.last_error`) and the crash-loop breaker's strikes
+(:mod:`.quarantine`) as parts of the same store. Every write is conditional (its
+condition named in :mod:`.conditions`); a lost race comes back as a value."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from .base import TransientError, _names, _Table, marshal, now_ms
 from .connection_reads import ConnectionReads
 from .desired import DesiredState
 from .last_error import LastErrors
+from .quarantine import Quarantines
 
 # Checkpoints per TransactWriteItems (DynamoDB takes up to 100). 25 keeps one
 # transaction's hold on the embedded emulator's DynamoDB lock to about that of a batch.
@@ -75,7 +77,7 @@ class Released(enum.Enum):
         return self is not Released.LOST
 
 
-class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
+class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, Quarantines, _Table):
     """The connections table: desired state, checkpoint, and which session owns it."""
 
     key_name = schema.PK

@@ -80,6 +80,11 @@ class Holdings:
     def held_ids(self) -> list[str]:
         return list(self.runners)
 
+    def received(self) -> dict[tuple[str, int], int]:
+        """Bytes each ownership held here (connection id, fence) received from its sockets
+        so far: what :class:`wsfleet.crash_loop.SuspectWatch` names a suspect from."""
+        return {(r.connection_id, r.fence_token): r.budget.received_bytes for r in self.runners.values()}
+
     def held(self) -> list[Held]:
         """What the balancer may move, as :func:`.decide.choose_shed` reads it."""
         return [Held(r.connection_id, r.acquired_mono, r.end_reason is not None) for r in self.runners.values()]
