@@ -259,6 +259,7 @@ class Alarms(Construct):
             self.unowned_connections,
             self.unreachable_connections,
             self.loop_errors,
+            self.quarantined_connections,
             self.refused_connections,
             self.event_loop_stalled,
         )
