@@ -300,8 +300,9 @@ class Router:
         # The stored form: ARNs, never a secret's value (none is ever stored); {} for the default.
         item[schema.UPSTREAM] = item.get(schema.UPSTREAM) or {}
         public = {"connection_id": connection_id, **{name: item.get(name) for name in schema.PUBLIC_FIELDS}}
-        if schema.QUARANTINED in item:  # absent unless the crash-loop breaker set it aside
-            public[schema.QUARANTINED] = item[schema.QUARANTINED]
+        quarantined = item.get(schema.QUARANTINED)
+        if isinstance(quarantined, dict):  # absent unless the crash-loop breaker set it aside
+            public[schema.QUARANTINED] = {"reason": str(quarantined.get("reason", "")), "at_ms": int(quarantined.get("at_ms", 0))}
         return 200, public
 
     def _get_messages(self, raw_id: object, event: Mapping[str, Any], fields: dict[str, Any]) -> tuple[int, dict]:
