@@ -249,7 +249,8 @@ def unreachable(connection: Mapping, session: Mapping | None, *, now_ms: int = 0
     or already holds it, else why none will.
 
     Every connection is always reachable: free and STARTED in a ``FREE#`` partition (a
-    free scan finds it), free and STOPPED (nothing to take), or attached to a session in
+    free scan finds it), free and STOPPED (nothing to take), free and quarantined (set
+    aside by the crash-loop breaker until a START: nothing to take either), or attached to a session in
     the watch ring: a LIVE one (its worker, or its watchers once it dies), or an ENDED
     one not yet drained. A STOPPED connection attached to a session counts too: its
     release is still to come, and a START would keep the attachment. A STARTED one a
