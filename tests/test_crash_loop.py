@@ -4,7 +4,7 @@ prime suspect, and what each death of its owner counts against it."""
 from __future__ import annotations
 
 from wsfleet import schema
-from wsfleet.crash_loop import SUSPECT_MIN_BYTES, WINDOW_MS, Suspect, SuspectWatch, strike
+from wsfleet.crash_loop import SUSPECT_MIN_BYTES, SUSPECT_MIN_LOOP_S, WINDOW_MS, Suspect, SuspectWatch, strike
 
 NOW = 1_700_000_000_000
 BIG = 2 * SUSPECT_MIN_BYTES
@@ -22,28 +22,43 @@ def struck(item, s):
     return out
 
 
+def b(n):
+    """Costs of bytes only."""
+    return (n, 0.0)
+
+
 def test_the_suspect_is_the_connection_that_brought_most_bytes_when_that_is_remarkable():
     watch = SuspectWatch()
-    assert watch.look({("a", 1): 0, ("b", 3): 0}) is None
-    named = watch.look({("a", 1): 1_000, ("b", 3): BIG})
-    assert (named.connection_id, named.fence_token) == ("b", 3) and "most bytes received" in named.why
+    assert watch.look({("a", 1): b(0), ("b", 3): b(0)}) is None
+    named = watch.look({("a", 1): b(1_000), ("b", 3): b(BIG)})
+    assert (named.connection_id, named.fence_token) == ("b", 3) and named.why.startswith(f"most bytes received: {BIG} of")
+
+
+def test_without_a_remarkable_byte_count_the_suspect_is_the_one_that_took_most_loop_time():
+    watch = SuspectWatch()
+    watch.look({("a", 1): (0, 0.0), ("b", 1): (0, 0.0)})
+    named = watch.look({("a", 1): (1_000, 0.01), ("b", 1): (2_000, 2 * SUSPECT_MIN_LOOP_S)})
+    assert named.connection_id == "b" and named.why.startswith("most event-loop seconds: 0.50 of")
+    # Bytes come first: a memory death's culprit is named over a loop hog.
+    named = watch.look({("a", 1): (BIG, 0.01), ("b", 1): (2_000, 4 * SUSPECT_MIN_LOOP_S)})
+    assert named.connection_id == "a"
 
 
 def test_a_worker_with_nothing_remarkable_names_no_suspect():
     watch = SuspectWatch()
     assert watch.look({}) is None
-    assert watch.look({("a", 1): SUSPECT_MIN_BYTES // 4}) is None  # too little to matter
-    even = {(f"c{i}", 1): BIG for i in range(10)}
-    assert SuspectWatch().look(even) is None  # busy but alike: none has a quarter of the bytes
+    assert watch.look({("a", 1): (SUSPECT_MIN_BYTES // 4, SUSPECT_MIN_LOOP_S / 4)}) is None  # too little to matter
+    even = {(f"c{i}", 1): (BIG, 2 * SUSPECT_MIN_LOOP_S) for i in range(10)}
+    assert SuspectWatch().look(even) is None  # busy but alike: none has a quarter of the bytes or the loop
 
 
 def test_the_suspect_counts_the_recent_bytes_not_a_connections_whole_life():
     watch = SuspectWatch()
-    watch.look({("old", 1): 0, ("new", 1): 0})
-    assert watch.look({("old", 1): 50 * BIG, ("new", 1): 0}).connection_id == "old"
+    watch.look({("old", 1): b(0), ("new", 1): b(0)})
+    assert watch.look({("old", 1): b(50 * BIG), ("new", 1): b(0)}).connection_id == "old"
     for _ in range(8):  # old goes quiet: its share halves at every renewal
-        watch.look({("old", 1): 50 * BIG, ("new", 1): 0})
-    assert watch.look({("old", 1): 50 * BIG, ("new", 1): BIG}).connection_id == "new"
+        watch.look({("old", 1): b(50 * BIG), ("new", 1): b(0)})
+    assert watch.look({("old", 1): b(50 * BIG), ("new", 1): b(BIG)}).connection_id == "new"
 
 
 def test_the_suspect_round_trips_through_the_session_item():

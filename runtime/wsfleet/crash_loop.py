@@ -3,11 +3,13 @@ prime suspect, and what the death of an owner that named it counts against it.
 
 * **The prime suspect.** Every renewal of a worker's session names the connection that
   costs it most right now: the most bytes received from its sockets (frames, pings and
-  all: what the worker had to read, hold and parse), summed over the last few heartbeats
-  (halved at every renewal). Only a remarkable one is named: at least
-  :data:`SUSPECT_MIN_BYTES` and at least :data:`SUSPECT_SHARE` of all the worker
-  received. A worker with nothing remarkable names none. It is written by the renewal
-  the worker makes anyway (no write of its own), with the ownership's fence.
+  all: what the worker had to read, hold and parse: a memory death), else the most event
+  loop time its frames took (a stalled loop: missed renewals), each summed over the last
+  few heartbeats (halved at every renewal). Only a remarkable one is named: at least
+  :data:`SUSPECT_MIN_BYTES` (or :data:`SUSPECT_MIN_LOOP_S`) and at least
+  :data:`SUSPECT_SHARE` of the worker's whole. A worker with nothing remarkable names
+  none. It is written by the renewal the worker makes anyway (no write of its own), with
+  the ownership's fence.
 * **Strikes.** The worker that ends a dead session counts one strike against the suspect
   that session named, and against nothing else: a neighbour that shared the dead
   workers is never struck. A strike is for one ownership (its fence), so it counts once
@@ -33,8 +35,10 @@ WINDOW_MS = 15 * 60 * 1000  # a run of strikes counts within this of its first
 # A connection is named only when it brought at least this much over the last few
 # heartbeats (halved at each: about twice one heartbeat's worth) ...
 SUSPECT_MIN_BYTES = 256 * 1024
-# ... and at least this share of all the worker received: one of a hundred busy but alike
-# connections is no suspect.
+# ... or took at least this much of the event loop ...
+SUSPECT_MIN_LOOP_S = 0.25
+# ... and at least this share of all the worker received (or of all its loop time): one
+# of a hundred busy but alike connections is no suspect.
 SUSPECT_SHARE = 0.25
 
 
@@ -61,27 +65,30 @@ class Suspect:
 
 
 class SuspectWatch:
-    """Bytes received per ownership, halved at every renewal; names the prime suspect."""
+    """What each ownership cost, halved at every renewal; names the prime suspect."""
 
     def __init__(self) -> None:
-        self._seen: dict[tuple[str, int], int] = {}  # ownership -> its bytes at the previous look
-        self._score: dict[tuple[str, int], float] = {}
+        self._seen: dict[tuple[str, int], tuple[int, float]] = {}  # ownership -> its totals at the previous look
+        self._score: dict[tuple[str, int], tuple[float, float]] = {}  # ownership -> (bytes, loop s), decayed
 
-    def look(self, received: Mapping[tuple[str, int], int]) -> Suspect | None:
-        """``received``: bytes each ownership held now (connection id, fence) received so
-        far. Returns the prime suspect, or None when nothing is remarkable."""
+    def look(self, costs: Mapping[tuple[str, int], tuple[int, float]]) -> Suspect | None:
+        """``costs``: for each ownership held now (connection id, fence), the bytes its
+        sockets received and the loop seconds its frames took, so far. Returns the prime
+        suspect, or None when nothing is remarkable."""
         score = {}
-        for key, total in received.items():
-            score[key] = self._score.get(key, 0.0) / 2 + max(0, total - self._seen.get(key, 0))
-        self._seen, self._score = dict(received), score
-        if not score:
-            return None
-        key, top = max(score.items(), key=lambda kv: (kv[1], kv[0]))
-        everything = sum(score.values())
-        if top < SUSPECT_MIN_BYTES or top < SUSPECT_SHARE * everything:
-            return None
-        why = f"most bytes received: {int(top)} of the worker's {int(everything)} over its last heartbeats"
-        return Suspect(key[0], key[1], why)
+        for key, (total_bytes, total_s) in costs.items():
+            seen_bytes, seen_s = self._seen.get(key, (0, 0.0))
+            old_bytes, old_s = self._score.get(key, (0.0, 0.0))
+            score[key] = (old_bytes / 2 + max(0, total_bytes - seen_bytes), old_s / 2 + max(0.0, total_s - seen_s))
+        self._seen, self._score = dict(costs), score
+        for which, floor, unit, fmt in ((0, SUSPECT_MIN_BYTES, "bytes received", ".0f"), (1, SUSPECT_MIN_LOOP_S, "event-loop seconds", ".2f")):
+            if not score:
+                return None
+            key, top = max(((k, v[which]) for k, v in score.items()), key=lambda kv: (kv[1], kv[0]))
+            everything = sum(v[which] for v in score.values())
+            if top >= floor and top >= SUSPECT_SHARE * everything:
+                return Suspect(key[0], key[1], f"most {unit}: {top:{fmt}} of the worker's {everything:{fmt}} over its last heartbeats")
+        return None
 
 
 @dataclass(frozen=True)

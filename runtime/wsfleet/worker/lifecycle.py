@@ -348,7 +348,7 @@ class Worker:
     def _prime_suspect(self) -> dict | None:
         """The prime suspect each renewal stores (:mod:`wsfleet.crash_loop`), logged when
         it changes."""
-        found = self._suspects.look(self.holdings.received())
+        found = self._suspects.look(self.holdings.costs())
         named = None if found is None else found.connection_id
         if named != self._named:
             self._named = named
