@@ -4,6 +4,7 @@ it is; a STOPPED or unknown one is one sentence and exit status 1."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -52,3 +53,14 @@ def test_retry_of_a_stopped_or_unknown_connection_is_one_sentence(capsys, aws_en
     assert (code, out) == (1, "") and "c1 is STOPPED: START it to run it again." in err
     code, _, err = run(capsys, aws_env, "retry", "nope", "--api", api.url)
     assert code == 1 and "nope" in err and "\n" == err[-1] and err.count("\n") == 1
+
+
+def test_status_lists_a_quarantined_connection_with_its_reason_and_not_as_unowned(capsys, ddb, aws_env):
+    ConnectionsStore(ddb, aws_env["TABLE_NAME"], state_shards=4).start("c1", URL + "c1")
+    quarantined(ddb, aws_env, "c1")
+    code, out, _ = run(capsys, aws_env, "status")
+    assert code == 0 and "STARTED but unowned: 0" in out
+    assert "STARTED and quarantined (wsfleet retry ID runs one again): 1" in out and "crash_loop: the prime" in out
+    code, out, _ = run(capsys, aws_env, "status", "--json")
+    [entry] = json.loads(out)["quarantined"]
+    assert entry["connection_id"] == "c1" and entry["reason"].startswith("crash_loop:") and entry["since_s"] >= 0

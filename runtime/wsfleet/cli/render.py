@@ -71,6 +71,11 @@ def status(view: Mapping[str, Any]) -> str:
             for r in refused
         ]
         lines.append(_indent(table(("CONNECTION", "SINCE", "LAST ERROR"), rows)))
+    quarantined = view["quarantined"]
+    lines.append(f"STARTED and quarantined (wsfleet retry ID runs one again): {len(quarantined)}")
+    if quarantined:
+        rows = [(q["connection_id"], duration(q["since_s"]) + " ago", _clip(_one_line(q["reason"]), ERROR_WIDTH)) for q in quarantined]
+        lines.append(_indent(table(("CONNECTION", "SINCE", "REASON"), rows)))
     oldest = view["oldest_checkpoint"]
     if oldest:
         lines.append(
