@@ -22,9 +22,10 @@ T = SessionTiming(lease_ms=10_000, heartbeat_ms=2_500, max_clock_skew_ms=1_000)
 ROWS = [Owned(cid, schema.STARTED) for cid in ("culprit", "n1", "n2")]
 
 
-def ender(ended_item: dict, *, quarantines: bool = False):
-    """A Takeover that ends 'dead' with ``ended_item`` as the ENDED session; returns it
-    and the log of store calls in order."""
+def ender(ended_item: dict, *, quarantines: bool = False, failing_strike=None):
+    """A Takeover that ends 'dead' with ``ended_item`` as the ENDED session; returns it,
+    the log of store calls in order and its counters. ``failing_strike``: the store's
+    strike, in place of one that lands."""
     calls: list[tuple] = []
 
     async def call(f, *args, **kwargs):
@@ -44,7 +45,7 @@ def ender(ended_item: dict, *, quarantines: bool = False):
     counters = Counters()
     takeover = Takeover(
         sessions=SimpleNamespace(end_expired=lambda *a, **k: ended_item, ring_loads=lambda: []),
-        connections=SimpleNamespace(owned_by=lambda sid: ROWS, strike=strike),
+        connections=SimpleNamespace(owned_by=lambda sid: ROWS, strike=failing_strike or strike),
         keeper=SimpleNamespace(live=lambda: True, session_id="me#1"), timing=T, state_shards=1, call=call,
         log=JsonLogger(), acquisition=SimpleNamespace(try_acquire=acquire), hints=SimpleNamespace(hint=hint),
         holdings=Holdings(max_connections=100, summary=summary), summary=summary, counters=counters, quarantine_after=3,
@@ -73,3 +74,18 @@ def test_a_dead_session_that_named_no_suspect_strikes_nothing():
     takeover, calls, _ = ender({schema.SESSION_ID: "dead"})
     assert asyncio.run(takeover.end_session("dead"))
     assert not [c for c in calls if c[0] == "strike"]
+
+
+def test_a_strike_that_meets_a_transient_fault_is_tried_again_and_the_drain_goes_on_regardless():
+    from wsfleet.store import TransientError
+
+    tries = []
+
+    def flaky(cid, s, **kw):
+        tries.append(cid)
+        raise TransientError("throttled")
+
+    suspect = Suspect("culprit", 7, "most bytes received")
+    takeover, calls, _ = ender({schema.SESSION_ID: "dead", schema.SUSPECT: suspect.item()}, failing_strike=flaky)
+    assert asyncio.run(takeover.end_session("dead"))
+    assert len(tries) == 3 and {c[1] for c in calls} == {"culprit", "n1", "n2"}

@@ -57,6 +57,7 @@ EMPTY_DRAINS_TO_LEAVE = 2  # the owner index is eventually consistent: see it em
 # out of the ring partition: a ring Query returns the sessions after ours, never also the
 # summary, and an item in the index would double every summary write.
 SUMMARY_EVERY = 3
+STRIKE_TRIES = 3  # a strike's tries through transient faults, before the drain goes on without it
 SCAN_POINTS = 64  # connection ids kept from the free scans, to start the next ones at
 
 Call = Callable[..., Awaitable[Any]]
@@ -258,19 +259,27 @@ class Takeover:
     async def _strike(self, session_id: str, suspect: Suspect) -> None:
         """Count the death of ``session_id`` (just ended by us) against the suspect it
         named, before its drain takes it (a strike that quarantines it sets it aside
-        there and then). Best effort: a strike that cannot be written is logged and
-        missed (the run starts again later), never a reason to hold the takeover back."""
-        try:
-            struck = await self._call(
-                self._connections.strike,
-                suspect.connection_id,
-                suspect,
-                dead_session=session_id,
-                quarantine_after=self._quarantine_after,
-            )
-        except Exception as exc:  # noqa: BLE001 - the drain goes on without it
-            self._log.warning("strike_failed", connection_id=suspect.connection_id, error=f"{type(exc).__name__}: {exc}")
-            return
+        there and then). A transient fault is tried again (a strike that landed with
+        its answer lost finds itself and counts nothing more). Best effort: one that
+        cannot be written is logged and missed (the run starts again later), never a
+        reason to hold the takeover back."""
+        for attempt in range(STRIKE_TRIES):
+            try:
+                struck = await self._call(
+                    self._connections.strike,
+                    suspect.connection_id,
+                    suspect,
+                    dead_session=session_id,
+                    quarantine_after=self._quarantine_after,
+                )
+                break
+            except Exception as exc:  # noqa: BLE001 - the drain goes on without it
+                self._log.warning(
+                    "strike_failed", connection_id=suspect.connection_id, error=f"{type(exc).__name__}: {exc}", attempt=attempt
+                )
+                if not isinstance(exc, TransientError) or attempt == STRIKE_TRIES - 1:
+                    return
+                await asyncio.sleep(0.1 + 0.2 * random.random())
         if struck is None:
             return
         self._log.warning(
