@@ -390,6 +390,7 @@ def _drainer(ring_loads, room=100):
     from types import SimpleNamespace
 
     from wsfleet.logs import JsonLogger
+    from wsfleet.metrics import Counters
     from wsfleet.store import Owned
     from wsfleet.worker.holdings import Holdings
     from wsfleet.worker.summary import FleetSummary
@@ -413,7 +414,7 @@ def _drainer(ring_loads, room=100):
         sessions=SimpleNamespace(ring_loads=ring_loads), connections=SimpleNamespace(owned_by=lambda sid: rows),
         keeper=SimpleNamespace(live=lambda: True, session_id="w2"), timing=T, state_shards=1, call=call,
         log=JsonLogger(), acquisition=SimpleNamespace(try_acquire=acquire), hints=SimpleNamespace(hint=hint),
-        holdings=Holdings(max_connections=room, summary=summary), summary=summary,
+        holdings=Holdings(max_connections=room, summary=summary), summary=summary, counters=Counters(), quarantine_after=3,
     )
     return takeover, done
 

@@ -33,6 +33,7 @@ from .settings_spec import (
     MAX_BUFFERED_BYTES,
     MAX_CLOCK_SKEW_MS,
     MAX_CONNECTIONS,
+    QUARANTINE_AFTER,
     MAX_FRAME_BYTES,
     MESSAGE_TTL_DAYS,
     MESSAGES_BUCKET_NAME,
@@ -324,6 +325,8 @@ class WorkerConfig:
     rebalance_tolerance: float = VARIABLES[REBALANCE_TOLERANCE].default
     # The fleet's reachability sweep starts a pass over every connection this often.
     sweep_ms: int = round(VARIABLES[SWEEP_SECONDS].default * 1000)
+    # Consecutive deaths of its owners, each naming it the prime suspect, that quarantine a connection.
+    quarantine_after: int = VARIABLES[QUARANTINE_AFTER].default
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # the WebSocket frame limit
     # Frame bytes held at once, sockets and writer (wsfleet.budget); None: unbounded
     # (websockets' default queue, no receive gate, the writer's count caps only).
@@ -356,6 +359,7 @@ class WorkerConfig:
             reconcile_ms=round(_positive_float(env, RECONCILE_SECONDS) * 1000),
             checkpoint_ms=round(_positive_float(env, CHECKPOINT_SECONDS) * 1000),
             max_connections=_int_in(env, MAX_CONNECTIONS),
+            quarantine_after=_int_in(env, QUARANTINE_AFTER),
             max_clock_skew_ms=timing.max_clock_skew_ms,
             metrics_namespace=_text(env, METRICS_NAMESPACE),
             service_name=env.get(SERVICE_NAME, "").strip() or "wsfleet-worker",

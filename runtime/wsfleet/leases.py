@@ -162,6 +162,7 @@ class AcquireFailure(enum.Enum):
     STOPPED = "stopped"  # desired state is STOPPED
     NOT_FOUND = "not_found"  # no such connection
     NOT_LIVE = "not_live"  # the acquirer's own session is not LIVE: nothing may be attached to it
+    QUARANTINED = "quarantined"  # the crash-loop breaker set it aside until a new START (wsfleet.crash_loop)
 
 
 def classify_renew_failure(old: Mapping | None) -> RenewFailure:
@@ -195,6 +196,8 @@ def acquire_refusal(item: Mapping | None, *, expected_session: str) -> AcquireFa
         return AcquireFailure.NOT_FOUND
     if item.get(schema.DESIRED_STATE) != schema.STARTED:
         return AcquireFailure.STOPPED
+    if schema.QUARANTINED in item:
+        return AcquireFailure.QUARANTINED
     if item.get(schema.LEASE_SESSION, "") != expected_session and not released_at_fence(item):
         return AcquireFailure.HELD
     return None
@@ -246,7 +249,8 @@ def unreachable(connection: Mapping, session: Mapping | None, *, now_ms: int = 0
     or already holds it, else why none will.
 
     Every connection is always reachable: free and STARTED in a ``FREE#`` partition (a
-    free scan finds it), free and STOPPED (nothing to take), or attached to a session in
+    free scan finds it), free and STOPPED (nothing to take), free and quarantined (set
+    aside by the crash-loop breaker until a START: nothing to take either), or attached to a session in
     the watch ring: a LIVE one (its worker, or its watchers once it dies), or an ENDED
     one not yet drained. A STOPPED connection attached to a session counts too: its
     release is still to come, and a START would keep the attachment. A STARTED one a
@@ -257,7 +261,9 @@ def unreachable(connection: Mapping, session: Mapping | None, *, now_ms: int = 0
     session_id = connection.get(schema.LEASE_SESSION, "")
     if not session_id:
         free = str(connection.get(schema.OWNER_KEY, "")).startswith(schema.OWNER_KEY_FREE_PREFIX)
-        return None if free or connection.get(schema.DESIRED_STATE) != schema.STARTED else Unreachable.NOT_IN_FREE_POOL
+        # A quarantined one is out of the pool on purpose, until a new START.
+        left = schema.QUARANTINED in connection or connection.get(schema.DESIRED_STATE) != schema.STARTED
+        return None if free or left else Unreachable.NOT_IN_FREE_POOL
     if session is None:
         return Unreachable.SESSION_GONE
     if session.get(schema.RING) != schema.RING_VALUE:

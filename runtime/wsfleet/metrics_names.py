@@ -92,6 +92,10 @@ DELIVERIES_FAILED = "DeliveriesFailed"
 SEQS_ABANDONED = "SeqsAbandoned"
 CONSUMER_METRICS = (FRAMES_DELIVERED, DUPLICATES_DROPPED, STALE_RECORDS_DROPPED, BAD_RECORDS, DELIVERIES_FAILED, SEQS_ABANDONED)
 
+# Connections quarantined by the crash-loop breaker (wsfleet.crash_loop), counted by the
+# worker whose strike quarantined each (one write lands it: one count). Any at all: a
+# connection took down its owners QUARANTINE_AFTER times in a row and waits for a START.
+QUARANTINED_CONNECTIONS = "QuarantinedConnections"
 # TRACING=otel: span exports that failed (wsfleet.tracing._otel), published only when
 # not zero (a metric that exists only while tracing is broken costs nothing otherwise).
 TRACE_EXPORT_FAILURES = "TraceExportFailures"
@@ -117,4 +121,5 @@ COUNTERS = (
     MISSED_SEQS,
     RECORDS_RESENT,
     RECORDS_THROTTLED,
+    QUARANTINED_CONNECTIONS,
 )

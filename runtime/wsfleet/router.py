@@ -301,7 +301,11 @@ class Router:
         item[schema.UPSTREAM] = item.get(schema.UPSTREAM) or {}
         # Frames, bytes and the newest frame's time as the last checkpoint counted them; 0 before the first.
         item.update({name: int(item.get(name, 0)) for name in schema.COUNTS})
-        return 200, {"connection_id": connection_id, **{name: item.get(name) for name in schema.PUBLIC_FIELDS}}
+        public = {"connection_id": connection_id, **{name: item.get(name) for name in schema.PUBLIC_FIELDS}}
+        quarantined = item.get(schema.QUARANTINED)
+        if isinstance(quarantined, dict):  # absent unless the crash-loop breaker set it aside
+            public[schema.QUARANTINED] = {"reason": str(quarantined.get("reason", "")), "at_ms": int(quarantined.get("at_ms", 0))}
+        return 200, public
 
     def _get_messages(self, raw_id: object, event: Mapping[str, Any], fields: dict[str, Any]) -> tuple[int, dict]:
         """A page of the connection's stored messages after ``after_seq``; reads only."""

@@ -45,6 +45,12 @@ LAST_FRAME_AT_MS = "last_frame_at_ms"
 FRAMES = "frames"
 BYTES = "bytes"
 COUNTS = (FRAMES, BYTES, LAST_FRAME_AT_MS)  # GET shows 0 for an absent one
+# The crash-loop breaker (wsfleet.crash_loop): strikes against a connection, each the death
+# of an owner whose session named it as its prime suspect, and the quarantine they lead to.
+STRIKES = "strikes"  # strikes in the current run of consecutive ones
+STRIKES_SINCE_MS = "strikes_since_ms"  # when the run's first strike was counted
+STRIKE_FENCE = "strike_fence"  # the ownership (fence) the newest strike was for: each counts once
+QUARANTINED = "quarantined"  # {"reason", "at_ms"}: not taken again until a new START
 
 STARTED = "STARTED"
 STOPPED = "STOPPED"
@@ -72,6 +78,9 @@ SESSION_TTL = "ttl"  # epoch seconds, DynamoDB TTL of ended sessions
 # The X-Ray trace header of the end_session span that ended a dead session, written by the
 # conditional write that ends it: whoever drains it later continues that trace.
 END_TRACE = "end_trace"
+# The worker's prime suspect, written by each renewal (absent: nothing remarkable):
+# {"connection_id", "fence_token", "why"} (wsfleet.crash_loop.Suspect).
+SUSPECT = "suspect"
 # Connections whose STOP the router posted to the owning session: the renewal returns
 # them, so a STOP reaches its owner at its next heartbeat without a per-connection read.
 STOP_INBOX = "stops"

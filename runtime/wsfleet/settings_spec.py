@@ -59,6 +59,7 @@ MESSAGE_TTL_DAYS = "MESSAGE_TTL_DAYS"
 FLUSH_INTERVAL_MS = "FLUSH_INTERVAL_MS"
 MAX_FRAME_BYTES = "MAX_FRAME_BYTES"
 MAX_BUFFERED_BYTES = "MAX_BUFFERED_BYTES"
+QUARANTINE_AFTER = "QUARANTINE_AFTER"
 UPSTREAM_SECRET_PREFIX = "UPSTREAM_SECRET_PREFIX"
 ALLOWED_WS_HOSTS = "ALLOWED_WS_HOSTS"
 TRACING = "TRACING"
@@ -227,6 +228,12 @@ _VARIABLES = (
         # Below the largest item's data no frame would be large; above, one frame is more
         # than a task's memory.
         (WORKER,), low=4096, high=512 * 1024 * 1024, shown="33554432 (32 MiB)", stack=(WORKER,),
+    ),
+    Variable(
+        QUARANTINE_AFTER, WHOLE, 3,
+        "the crash-loop breaker: a connection that was the prime suspect of this many consecutive deaths of its owners "
+        "within 15 minutes is quarantined (not taken again until a new START; see \"The crash-loop breaker\")",
+        (WORKER,), low=2, high=100,
     ),
     Variable(
         MAX_BUFFERED_BYTES, WHOLE, None,

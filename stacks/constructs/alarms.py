@@ -9,6 +9,9 @@
 * Did the reachability sweep find a connection that no worker would ever take?
 * Did a worker loop meet an error it was not built for? (``LoopErrors``: each one is a
   ``loop_error`` log line with its traceback; the loop went on)
+* Did the crash-loop breaker quarantine a connection? (``QuarantinedConnections``: it
+  was the prime suspect of consecutive deaths of its owners, and waits for a START or
+  ``wsfleet retry``; GET shows ``quarantined`` with the reason)
 * Does a worker's event loop keep stalling? (``EventLoopLagMs``, the longest the loop
   was held in each interval, at a second or more for minutes: every socket of that
   worker waits as long)
@@ -193,6 +196,18 @@ class Alarms(Construct):
             metric=service_metric(metrics_names.LOOP_ERRORS, five_minutes, cloudwatch.Stats.SUM),
         )
 
+        # Counted once per quarantine, by the worker whose strike set it: one is news.
+        self.quarantined_connections = self._any_in_period(
+            "QuarantinedConnections",
+            alarm_name=f"{prefix}-connections-quarantined",
+            alarm_description=(
+                "The crash-loop breaker quarantined a connection: it was the prime suspect of consecutive deaths of "
+                "its workers. Search the worker logs for connection_struck (its connection_id and why); GET "
+                "/connections/<id> shows quarantined. Fix the upstream or the limits, then wsfleet retry <id>."
+            ),
+            metric=service_metric(metrics_names.QUARANTINED_CONNECTIONS, five_minutes, cloudwatch.Stats.SUM),
+        )
+
         # Each worker publishes how many of its connections had their last connect refused
         # (after the re-fetch of their secrets, for a 401/403); such a connection retries
         # about once a minute. One refusal that the next retry gets past (a rotation that
@@ -244,6 +259,7 @@ class Alarms(Construct):
             self.unowned_connections,
             self.unreachable_connections,
             self.loop_errors,
+            self.quarantined_connections,
             self.refused_connections,
             self.event_loop_stalled,
         )

@@ -141,13 +141,15 @@ class OperationsDashboard(Construct):
             # All should stay at zero: each loop error has a loop_error log line with its
             # traceback (and an alarm); a dropped frame, a frame_dropped line; failed span
             # exports (TRACING=otel: the collector sidecar down or refusing), a
-            # trace_export_failed line per burst. Traces lost cost no data: no alarm.
+            # trace_export_failed line per burst. Traces lost cost no data: no alarm. A
+            # quarantine (the crash-loop breaker's, alarmed) has a connection_struck line.
             self._graph(
                 "Worker errors (per minute)",
                 [
                     self._worker_metric(names.LOOP_ERRORS, _SUM, "loop errors"),
                     self._worker_metric(names.FRAMES_DROPPED, _SUM, "frames dropped"),
                     self._worker_metric(names.TRACE_EXPORT_FAILURES, _SUM, "trace exports failed"),
+                    self._worker_metric(names.QUARANTINED_CONNECTIONS, _SUM, "connections quarantined"),
                 ],
                 width=6,
             ),

@@ -335,6 +335,7 @@ _EVERY_ENVIRONMENTS_ALARMS = {
     "connections-unowned",
     "connections-unreachable",
     "worker-loop-errors",
+    "connections-quarantined",
     "upstream-refused",
     "worker-event-loop-stalled",
 }

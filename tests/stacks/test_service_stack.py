@@ -688,6 +688,17 @@ def test_alarm_on_a_worker_whose_event_loop_keeps_stalling_for_a_second(env):
     assert alarm["TreatMissingData"] == "notBreaching"
 
 
+def test_alarm_on_any_connection_quarantined_by_the_crash_loop_breaker(env):
+    alarm = _alarm(env, "connections-quarantined")
+    assert (alarm["Namespace"], alarm["MetricName"]) == (metrics_names.DEFAULT_NAMESPACE, metrics_names.QUARANTINED_CONNECTIONS)
+    assert alarm["Dimensions"] == [
+        {"Name": metrics_names.DIMENSION_SERVICE_NAME, "Value": env.settings.service_name}
+    ]
+    assert alarm["Statistic"] == "Sum" and alarm["Threshold"] == 1
+    assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold" and alarm["EvaluationPeriods"] == 1
+    assert "wsfleet retry" in alarm["AlarmDescription"]
+
+
 def test_alarm_on_any_worker_loop_error(env):
     alarm = _alarm(env, "worker-loop-errors")
     assert (alarm["Namespace"], alarm["MetricName"]) == (metrics_names.DEFAULT_NAMESPACE, metrics_names.LOOP_ERRORS)

@@ -1,7 +1,7 @@
 """The operators' CLI, ``wsfleet``: START, STOP, GET and the stored messages through the
 API, and the fleet as the tables record it (workers, ownership, checkpoints).
 
-Two ways in, as the fleet has them. ``start``, ``stop``, ``get`` and ``messages`` go
+Two ways in, as the fleet has them. ``start``, ``stop``, ``retry``, ``get`` and ``messages`` go
 through the API like any caller (``api``, ``reading``). ``status`` and ``connections``
 only read the tables (``fleet``, ``views``), found through the worker's environment
 variables or a stack's outputs (``locate``); they never write. ``records`` reads the
@@ -155,6 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stop.add_argument("connection_id", metavar="CONNECTION_ID")
     stop.set_defaults(run=commands.stop)
+
+    retry = subcommands.add_parser(
+        "retry",
+        parents=[api],
+        help="run a quarantined connection again (GET, then START with its ws_url and upstream)",
+        description=(
+            "Run a connection the crash-loop breaker quarantined again: START it with the ws_url and upstream it has, "
+            "which clears the quarantine and its strikes. A STARTED connection that is not quarantined is left as it is."
+        ),
+    )
+    retry.add_argument("connection_id", metavar="CONNECTION_ID")
+    retry.set_defaults(run=commands.retry)
 
     get = subcommands.add_parser(
         "get",

@@ -8,6 +8,7 @@ import datetime as dt
 import json
 from typing import Any, Mapping
 
+from .. import schema
 from ..plan import environments as plan_environments
 from ..plan import fleet as plan_fleet
 from ..plan import large_frames
@@ -61,6 +62,21 @@ def start(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 def stop(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     reply = _api(args, env).stop(args.connection_id)
     return _reply(args, reply, _event_line(reply))
+
+
+def retry(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Run a quarantined connection again: START it with the ws_url and upstream it has
+    (GET first), which clears the quarantine (a START of one not quarantined changes nothing)."""
+    client = _api(args, env)
+    got = client.get(args.connection_id)
+    if not got.ok:
+        return _reply(args, got, "")
+    if got.body.get(schema.DESIRED_STATE) != schema.STARTED:
+        raise CliError(f"Connection {args.connection_id} is {got.body.get(schema.DESIRED_STATE)}: START it to run it again.")
+    reply = client.start(args.connection_id, got.body[schema.WS_URL], got.body.get(schema.UPSTREAM) or None)
+    was = got.body.get(schema.QUARANTINED)
+    human = _event_line(reply) + (f"; was quarantined: {was.get('reason')}" if isinstance(was, dict) else "; was not quarantined")
+    return _reply(args, reply, human)
 
 
 def get(args: argparse.Namespace, env: Mapping[str, str]) -> int:

@@ -73,6 +73,8 @@ class ScanSummary:
     # STARTED items a live session handed off and nobody has taken yet (released at their
     # fence): attached, but no socket is open for them.
     handed_off: tuple[dict, ...] = ()
+    # STARTED items the crash-loop breaker quarantined (key, quarantined): none runs.
+    quarantined: tuple[dict, ...] = ()
 
 
 class FleetReader:
@@ -108,6 +110,7 @@ class FleetReader:
         free_shards: set[int] = set()
         refused: list[dict] = []
         handed_off: list[dict] = []
+        quarantined: list[dict] = []
         names = {
             "#s": schema.DESIRED_STATE,
             "#u": schema.UPDATED_AT_MS,
@@ -118,6 +121,7 @@ class FleetReader:
             "#t": schema.LAST_ERROR_AT_MS,
             "#f": schema.FENCE_TOKEN,
             "#rf": schema.RELEASED_FENCE,
+            "#q": schema.QUARANTINED,
         }
         for page in self._pages(
             "scan",
@@ -140,7 +144,9 @@ class FleetReader:
                     oldest = item
                 if state == schema.STARTED and item.get(schema.LAST_ERROR):
                     refused.append(item)
-        return ScanSummary(by_state, oldest, frozenset(free_shards), tuple(refused), tuple(handed_off))
+                if state == schema.STARTED and isinstance(item.get(schema.QUARANTINED), dict):
+                    quarantined.append(item)
+        return ScanSummary(by_state, oldest, frozenset(free_shards), tuple(refused), tuple(handed_off), tuple(quarantined))
 
     def items(self, connection_ids: Sequence[str]) -> dict[str, dict]:
         """The connection items, BatchGetItem by a hundred (missing ones left out)."""

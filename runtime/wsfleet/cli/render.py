@@ -71,6 +71,11 @@ def status(view: Mapping[str, Any]) -> str:
             for r in refused
         ]
         lines.append(_indent(table(("CONNECTION", "SINCE", "LAST ERROR"), rows)))
+    quarantined = view["quarantined"]
+    lines.append(f"STARTED and quarantined (wsfleet retry ID runs one again): {len(quarantined)}")
+    if quarantined:
+        rows = [(q["connection_id"], duration(q["since_s"]) + " ago", _clip(_one_line(q["reason"]), ERROR_WIDTH)) for q in quarantined]
+        lines.append(_indent(table(("CONNECTION", "SINCE", "REASON"), rows)))
     oldest = view["oldest_checkpoint"]
     if oldest:
         lines.append(
@@ -101,6 +106,8 @@ def connection(body: Mapping[str, Any], now: int) -> str:
             value = f"{value:,}"
         elif key == schema.LAST_ERROR and isinstance(value, str):
             value = _one_line(value)
+        elif key == schema.QUARANTINED and isinstance(value, dict):
+            value = f"{_one_line(str(value.get('reason', '')))}  ({_when(int(value.get('at_ms', 0)), now)})"
         elif key == schema.UPSTREAM and isinstance(value, dict):
             # Its stored form: secret ARNs, never values. {} is the default protocol.
             value = json.dumps(value, separators=(",", ":")) if value else "default"

@@ -114,6 +114,15 @@ def status(reader: FleetReader, now: int) -> dict:
             }
             for item in sorted(summary.refused, key=lambda i: int(i.get(schema.LAST_ERROR_AT_MS, now)))
         ],
+        # STARTED connections the crash-loop breaker set aside until a START (wsfleet retry).
+        "quarantined": [
+            {
+                "connection_id": schema.connection_id_from_pk(item[schema.PK]),
+                "reason": str(item[schema.QUARANTINED].get("reason", "")),
+                "since_s": _age_s(now, int(item[schema.QUARANTINED].get("at_ms", now))),
+            }
+            for item in sorted(summary.quarantined, key=lambda i: int(i[schema.QUARANTINED].get("at_ms", now)))
+        ],
         "oldest_checkpoint": None
         if oldest is None
         else {

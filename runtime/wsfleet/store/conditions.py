@@ -120,8 +120,35 @@ def acquire_pinned(item: Mapping[str, Any], *, released: bool) -> str:
     won, a STOP, a STOP then START with another upstream): the cancellation's item is
     judged again."""
     upstream = "#up = :up" if schema.UPSTREAM in item else "attribute_not_exists(#up)"
-    pinned = ["attribute_exists(#pk)", "#s = :started", "#l = :holder", "#f = :fence", "#w = :url"]
+    pinned = ["attribute_exists(#pk)", "#s = :started", NOT_QUARANTINED, "#l = :holder", "#f = :fence", "#w = :url"]
     return all_of(*pinned, *(["#rf = :fence"] if released else []), upstream)
+
+
+# --- the connections table: the crash-loop breaker (wsfleet.crash_loop) ----------------
+
+# Every acquisition: the connection is not quarantined. Fails when the breaker set it
+# aside: nobody takes it until a new START removes the mark.
+NOT_QUARANTINED = "attribute_not_exists(#qt)"
+
+
+def strike_pinned(item: Mapping[str, Any]) -> str:
+    """A strike (``strike``): still STARTED (``:started``), not quarantined, attached to
+    the session read (``:holder``) at the fence read (``:fence``), and its newest strike
+    the one read (``:last``, or none). Fails when any of these changed since the read (a
+    takeover, a STOP, another strike, a retry of ours that landed): the item is read and
+    judged again."""
+    last = "#sf = :last" if schema.STRIKE_FENCE in item else "attribute_not_exists(#sf)"
+    return all_of("#s = :started", NOT_QUARANTINED, "#l = :holder", "#f = :fence", last)
+
+
+# set_aside: quarantined, and still attached to the session read (``:holder``; "" when
+# free). Fails when a START cleared the mark, or another set it aside (or took it) first.
+SET_ASIDE = all_of("attribute_exists(#qt)", "#l = :holder")
+
+# START of a quarantined STARTED connection (the same ws_url and upstream): still
+# quarantined and attached to the session read (``:session``). Fails when it changed
+# since the read: the next put reads it again.
+QUARANTINE_CLEARABLE = all_of("#s = :started", "attribute_exists(#qt)", "#l = :session")
 
 
 # --- the connections table: the router's writes ----------------------------------------

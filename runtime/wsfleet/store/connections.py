@@ -1,7 +1,8 @@
 """The connections table: ownership and checkpoints (the workers), with the reads
-(:mod:`.connection_reads`), the router's desired state (:mod:`.desired`) and the owners'
-last_error (:mod:`.last_error`) as parts of the same store. Every write is conditional
-(its condition named in :mod:`.conditions`); a lost race comes back as a value. What a
+(:mod:`.connection_reads`), the router's desired state (:mod:`.desired`), the owners'
+last_error (:mod:`.last_error`) and the crash-loop breaker's strikes
+(:mod:`.quarantine`) as parts of the same store. Every write is conditional (its
+condition named in :mod:`.conditions`); a lost race comes back as a value. What a
 checkpoint counts (frames, bytes, last_frame_at_ms) is written by :mod:`.counting`."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .connection_reads import ConnectionReads
 from .counting import CheckpointEntry, Counting, counted_values
 from .desired import DesiredState
 from .last_error import LastErrors
+from .quarantine import Quarantines
 
 # Checkpoints per TransactWriteItems (DynamoDB takes up to 100). 25 keeps one
 # transaction's hold on the embedded emulator's DynamoDB lock to about that of a batch.
@@ -68,7 +70,7 @@ class Released(enum.Enum):
         return self is not Released.LOST
 
 
-class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, Counting, _Table):
+class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, Quarantines, Counting, _Table):
     """The connections table: desired state, checkpoint, and which session owns it."""
 
     key_name = schema.PK

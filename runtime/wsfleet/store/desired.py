@@ -58,6 +58,11 @@ STOP_CONFLICT_PAUSE_S = 0.02
 STOP_CONFLICT_PAUSE_CAP_S = 0.4
 
 
+# What a START removes of the crash-loop breaker's (wsfleet.crash_loop): the quarantine
+# and the strikes that led to it.
+_BREAKER = "#qt, #sk, #ss, #sf"
+
+
 class DesiredState:
     """``ConnectionsStore``'s START and STOP (it supplies the table helpers below)."""
 
@@ -82,9 +87,11 @@ class DesiredState:
         attached: its owner, told of the STOP, releases it and hints it), keeping its
         checkpoint and fence; it takes the new ``ws_url`` and ``upstream`` (set, or
         removed for the default) and loses any ``last_error``, which was about the old
-        ones. A STARTED one is never written, so a repeated or concurrent START cannot
+        ones, and any quarantine and strikes. A STARTED one is never written, so a repeated or concurrent START cannot
         disturb its owner: the same ``ws_url`` and ``upstream`` are UNCHANGED, another
-        is a CONFLICT naming what differs. Losing a race re-reads the outcome from the
+        is a CONFLICT naming what differs; but a quarantined one (the crash-loop
+        breaker's) is RESTARTED: the START clears its quarantine and strikes and puts it
+        back where a taker finds it. Losing a race re-reads the outcome from the
         item it lost to; so does a retry of a write that landed with its answer lost,
         which finds its own ``ws_url`` and ``upstream`` and reads UNCHANGED. ``unowned``
         in the result: STARTED and attached to no session (whatever the outcome), so
@@ -133,9 +140,14 @@ class DesiredState:
                 )
                 if differs:
                     return Started(StartOutcome.CONFLICT, differs=differs)
-                return Started(StartOutcome.UNCHANGED, unowned=not session)
+                if schema.QUARANTINED not in old:
+                    return Started(StartOutcome.UNCHANGED, unowned=not session)
+                if self._clear_quarantine(connection_id, session, now):
+                    return Started(StartOutcome.RESTARTED, unowned=not session)
+                continue  # it changed since we read it: the next put reads what it became
             update = "SET #s = :started, #w = :url, #u = :now" + (", #k = :free" if not session else "")
             update += ", #up = :upstream REMOVE #le, #lt" if wanted else " REMOVE #up, #le, #lt"
+            update += ", " + _BREAKER
             params = self._update(
                 connection_id,
                 update=update,
@@ -158,6 +170,28 @@ class DesiredState:
                 continue  # it changed since we read it: the next put reads what it became
             return Started(StartOutcome.RESTARTED, unowned=not session)
         raise TransientError(f"start of {connection_id!r} kept losing races; try again")
+
+    def _clear_quarantine(self, connection_id: str, session: str, now: int) -> bool:
+        """A START of a quarantined STARTED connection (same ws_url and upstream): the
+        quarantine and the strikes go, and a free one goes back into its FREE#
+        partition (the router hints it). Conditional on: still quarantined and attached
+        to the session read (:data:`~.conditions.QUARANTINE_CLEARABLE`). False when it
+        changed since the read."""
+        values: dict[str, Any] = {":started": schema.STARTED, ":session": session, ":now": now}
+        update = "SET #u = :now"
+        if not session:
+            update += ", #k = :free"
+            values[":free"] = schema.owner_key_free(connection_id, self._shards)
+        params = self._update(
+            connection_id, update=f"{update} REMOVE {_BREAKER}", condition=cond.QUARANTINE_CLEARABLE, values=values
+        )
+        try:
+            self._call("update_item", **params)
+        except ClientError as exc:
+            if not _condition_failed(exc):
+                raise
+            return False
+        return True
 
     def stop(self, connection_id: str, *, sessions: SessionsStore) -> Stopped:
         """Record that the connection should stop, and tell its owner in the same write.

@@ -74,6 +74,7 @@ class SessionsStore(_Table):
         max_connections: int,
         stops_done: Iterable[str] = (),
         draining: bool = False,
+        suspect: Mapping[str, Any] | None = None,
     ) -> dict | RenewFailure:
         """Extend the session, report its load, and take the STOPs posted to it.
 
@@ -83,7 +84,9 @@ class SessionsStore(_Table):
         lost lease, why (ENDED / gone); raises :class:`TransientError` when a later
         renewal of ours landed first (that says nothing about ownership). Idempotent: a
         retry of a renewal that landed succeeds again. ``stops_done`` are removed from
-        the inbox in the same write.
+        the inbox in the same write. ``suspect``: the worker's prime suspect
+        (:meth:`wsfleet.crash_loop.Suspect.item`), stored as ``suspect`` (removed when
+        None), for whoever ends this session if it dies (not projected in any index).
 
         The load (active, max_connections, draining) is projected into the ring index:
         it is written only when it differs from what the newest renewal that landed
@@ -99,6 +102,11 @@ class SessionsStore(_Table):
         if stored is None or stored[1] != load:
             update += ", #a = :active, #m = :max, #dr = :draining"
             values.update({":active": active, ":max": max_connections, ":draining": bool(draining)})
+        if suspect is not None:
+            update += ", #ps = :suspect"
+            values[":suspect"] = dict(suspect)
+        else:
+            update += " REMOVE #ps"
         if done:
             update += " DELETE #in :done"
             values[":done"] = set(done)

@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable
 from .. import clock, schema, tracing
 from .. import metrics_names as names
 from ..aws import Aws
+from ..leases import AcquireFailure
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..sinks import Sink
@@ -80,6 +81,13 @@ class Acquisition:
         self._log = log
         self._slots = asyncio.Semaphore(ACQUIRE_CONCURRENCY)
 
+    async def _set_aside(self, connection_id: str, holder: str) -> None:
+        """Best effort: one left in place is refused again by the next taker, who tries again."""
+        try:
+            await self._aws.call(self._connections.set_aside, connection_id, holder=holder)
+        except TransientError as exc:
+            self._log.warning("set_aside_failed", connection_id=connection_id, error=str(exc))
+
     def accepting(self) -> bool:
         """Taking connections: not shutting down, and our session is live."""
         return not self._stopping.is_set() and self._keeper.live()
@@ -119,6 +127,9 @@ class Acquisition:
             if sent == 1:  # refused by the only request sent: none can land later
                 self._attachments.settled(connection_id)
             self._log.info("acquire_lost", connection_id=connection_id, source=source, why=result.reason.value)
+            if result.reason is AcquireFailure.QUARANTINED and result.lease_session in ("", expected_session):
+                # Free, or left on the ENDED session we drain: out of every taker's way until a START.
+                await self._set_aside(connection_id, result.lease_session)
             return None
         item = result.item
         if not self.accepting() or self._keeper.session_id != session_id:

@@ -80,6 +80,12 @@ class Holdings:
     def held_ids(self) -> list[str]:
         return list(self.runners)
 
+    def costs(self) -> dict[tuple[str, int], tuple[int, float]]:
+        """What each ownership held here (connection id, fence) cost so far: bytes its
+        sockets received, loop seconds its frames took (:class:`.socket_budget.BudgetStats`).
+        :class:`wsfleet.crash_loop.SuspectWatch` names a suspect from them."""
+        return {(r.connection_id, r.fence_token): (r.budget.received_bytes, r.budget.loop_s) for r in self.runners.values()}
+
     def held(self) -> list[Held]:
         """What the balancer may move, as :func:`.decide.choose_shed` reads it."""
         return [Held(r.connection_id, r.acquired_mono, r.end_reason is not None) for r in self.runners.values()]

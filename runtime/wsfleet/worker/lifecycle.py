@@ -28,6 +28,7 @@ from typing import Any, Awaitable, Callable
 from .. import clock
 from ..aws import Aws
 from ..config import WorkerConfig
+from ..crash_loop import SuspectWatch
 from ..leases import SessionTiming, reconcile_pause_s
 from ..logs import JsonLogger
 from ..metrics import Counters
@@ -127,6 +128,8 @@ class Worker:
         self.session_ready = asyncio.Event()  # set while a session is open
         self.summary = FleetSummary(clock_ms=clock_ms)
         self.holdings = Holdings(max_connections=config.max_connections, summary=self.summary, clock_ms=clock_ms)
+        self._suspects = SuspectWatch()
+        self._named: str | None = None  # the prime suspect the last renewal named
         self.hints = Hints(aws=aws, queue_url=config.queue_url, log=self._log)
         self.attachments = Attachments(
             connections=self._connections, sessions=self._sessions, call=aws.call, hints=self.hints, log=self._log
@@ -149,6 +152,7 @@ class Worker:
             log=self._log,
             active=self.holdings.count,
             on_stops=self.stops.on_stops,
+            suspect=self._prime_suspect,
             clock_ms=clock_ms,
         )
         self.acquisition = Acquisition(
@@ -181,6 +185,8 @@ class Worker:
             hints=self.hints,
             holdings=self.holdings,
             summary=self.summary,
+            counters=self.counters,
+            quarantine_after=config.quarantine_after,
             clock_ms=clock_ms,
         )
         self.intake = Intake(
@@ -338,6 +344,16 @@ class Worker:
                     pass
                 continue
             await self.intake.poll_once()
+
+    def _prime_suspect(self) -> dict | None:
+        """The prime suspect each renewal stores (:mod:`wsfleet.crash_loop`), logged when
+        it changes."""
+        found = self._suspects.look(self.holdings.costs())
+        named = None if found is None else found.connection_id
+        if named != self._named:
+            self._named = named
+            self._log.info("prime_suspect", suspect=named, why=None if found is None else found.why)
+        return None if found is None else found.item()
 
     def _supervised(self, name: str, loop: Callable[[], Any]) -> asyncio.Task:
         """A task running ``loop`` under the supervisor: an exception it raises is logged

@@ -51,11 +51,14 @@ class SessionKeeper:
         log: JsonLogger,
         active: Callable[[], int],
         on_stops: Callable[[set[str]], set[str]],
+        suspect: Callable[[], dict | None] = lambda: None,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         """``active``: how many connections the worker holds (each renewal reports it);
         ``on_stops``: the STOPs a renewal brought back, not yet acted on; returns those it
-        acted on (the next renewal removes them from the inbox)."""
+        acted on (the next renewal removes them from the inbox); ``suspect``: the
+        worker's prime suspect now (:mod:`wsfleet.crash_loop`), asked once a renewal,
+        which stores it for whoever ends the session if the worker dies."""
         self.worker_id = worker_id
         self.timing = timing
         self.session_id = ""
@@ -70,6 +73,7 @@ class SessionKeeper:
         self._log = log
         self._active = active
         self._on_stops = on_stops
+        self._suspect = suspect
         self._clock_ms = clock_ms
         self._stops_done: set[str] = set()
         self._lost = asyncio.Event()
@@ -143,6 +147,7 @@ class SessionKeeper:
         came after its try had been given up, while the retries queued behind them."""
         pending: dict[asyncio.Future, float] = {}  # try -> its send time (clock.now())
         done = set(self._stops_done)
+        suspect = self._suspect()
         next_try = clock.now()
         try:
             while self.lost_reason is None:
@@ -152,7 +157,7 @@ class SessionKeeper:
                     self.lose(Lost.EXPIRED)
                     break
                 if now >= next_try and len(pending) < RENEW_IN_FLIGHT:
-                    pending[asyncio.ensure_future(self._renew_try(done))] = now
+                    pending[asyncio.ensure_future(self._renew_try(done, suspect))] = now
                     next_try = now + RENEW_TIMEOUT_S  # the next try: a hedge, if this one is slow
                 wait = max(0.0, min(left, next_try - clock.now()))
                 if not pending:  # the last try failed fast: pause before the next
@@ -193,7 +198,7 @@ class SessionKeeper:
             for attempt in pending:  # still in flight: their answers no longer matter
                 attempt.add_done_callback(_quiet)
 
-    async def _renew_try(self, stops_done: set[str]) -> Any:
+    async def _renew_try(self, stops_done: set[str], suspect: dict | None) -> Any:
         return await self._call(
             self._sessions.renew,
             self.session_id,
@@ -202,6 +207,7 @@ class SessionKeeper:
             max_connections=self._max,
             stops_done=stops_done,
             draining=self.draining,
+            suspect=suspect,
         )
 
     async def run(self) -> Lost:

@@ -202,6 +202,7 @@ class BudgetStats:
     flood_closes: int = 0  # sockets closed as a control flood
     share_closes: int = 0  # sockets closed for taking more than their share of the loop
     loop_s: float = 0.0  # loop time its frames took (websockets' parsing and ours on the loop)
+    received_bytes: int = 0  # bytes its sockets received: what names a prime suspect (wsfleet.crash_loop)
 
 
 class BudgetedConnection(ClientConnection):
@@ -268,6 +269,7 @@ class BudgetedConnection(ClientConnection):
 
     def data_received(self, data: bytes) -> None:
         began = time.perf_counter()
+        self.stats.received_bytes += len(data)
         super().data_received(data)  # answers its pings: the pongs are written here
         self.stats.unsent_max = max(self.stats.unsent_max, self.transport.get_write_buffer_size())
         self.charge_loop(time.perf_counter() - began)

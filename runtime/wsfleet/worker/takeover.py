@@ -33,9 +33,12 @@ from itertools import islice
 from typing import Any, Awaitable, Callable, Iterable
 
 from .. import clock, schema, tracing
+from .. import metrics_names as names
 from ..balance import drain_targets, is_summarizer
+from ..crash_loop import Suspect
 from ..leases import EndFailure, SessionTiming, Watched, takeover_jitter_s, watch_plan
 from ..logs import JsonLogger
+from ..metrics import Counters
 from ..store import ConnectionsStore, SessionsStore, TransientError, now_ms
 from .acquisition import Acquisition
 from .decide import DrainSplit, split_drain
@@ -54,6 +57,7 @@ EMPTY_DRAINS_TO_LEAVE = 2  # the owner index is eventually consistent: see it em
 # out of the ring partition: a ring Query returns the sessions after ours, never also the
 # summary, and an item in the index would double every summary write.
 SUMMARY_EVERY = 3
+STRIKE_TRIES = 3  # a strike's tries through transient faults, before the drain goes on without it
 SCAN_POINTS = 64  # connection ids kept from the free scans, to start the next ones at
 
 Call = Callable[..., Awaitable[Any]]
@@ -74,8 +78,12 @@ class Takeover:
         hints: Hints,
         holdings: Holdings,
         summary: FleetSummary,
+        counters: Counters,
+        quarantine_after: int,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
+        """``quarantine_after``: the consecutive strikes that quarantine a connection
+        (:mod:`wsfleet.crash_loop`); each dead session this worker ends strikes its suspect."""
         self.watched: dict[str, Watched] = {}
         self._end_traces: dict[str, object] = {}  # ENDED watched sessions' end_trace, as read
         self.sessions_ended = 0
@@ -90,6 +98,8 @@ class Takeover:
         self._hints = hints
         self._holdings = holdings
         self._summary = summary
+        self._counters = counters
+        self._quarantine_after = quarantine_after
         self._passes = 0
         self._clock_ms = clock_ms
         self._ring: list[str] = []
@@ -236,12 +246,52 @@ class Takeover:
             return False
         self.sessions_ended += 1
         self._log.info("session_ended_dead", ended=session_id, worker=result.get(schema.SESSION_WORKER_ID))
+        suspect = Suspect.from_item(result.get(schema.SUSPECT))
+        if suspect is not None:
+            await self._strike(session_id, suspect)
         try:
             read = await rows
         except Exception:  # noqa: BLE001 - drain() reads it again
             read = None
         await self.drain(session_id, rows=read, trace_parent=trace)
         return True
+
+    async def _strike(self, session_id: str, suspect: Suspect) -> None:
+        """Count the death of ``session_id`` (just ended by us) against the suspect it
+        named, before its drain takes it (a strike that quarantines it sets it aside
+        there and then). A transient fault is tried again (a strike that landed with
+        its answer lost finds itself and counts nothing more). Best effort: one that
+        cannot be written is logged and missed (the run starts again later), never a
+        reason to hold the takeover back."""
+        for attempt in range(STRIKE_TRIES):
+            try:
+                struck = await self._call(
+                    self._connections.strike,
+                    suspect.connection_id,
+                    suspect,
+                    dead_session=session_id,
+                    quarantine_after=self._quarantine_after,
+                )
+                break
+            except Exception as exc:  # noqa: BLE001 - the drain goes on without it
+                self._log.warning(
+                    "strike_failed", connection_id=suspect.connection_id, error=f"{type(exc).__name__}: {exc}", attempt=attempt
+                )
+                if not isinstance(exc, TransientError) or attempt == STRIKE_TRIES - 1:
+                    return
+                await asyncio.sleep(0.1 + 0.2 * random.random())
+        if struck is None:
+            return
+        self._log.warning(
+            "connection_struck",
+            connection_id=suspect.connection_id,
+            dead_session=session_id,
+            strikes=struck.strikes,
+            why=suspect.why,
+            quarantined=struck.quarantined is not None,
+        )
+        if struck.quarantined is not None:
+            self._counters.add(names.QUARANTINED_CONNECTIONS)
 
     def announce_soon(self) -> None:
         self._spawn(self.announce(), "announce")
