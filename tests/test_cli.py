@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import io
 import json
+import time
 import os
 import re
 import shutil
@@ -462,7 +463,8 @@ def test_connections_of_one_worker_come_from_its_sessions(capsys, aws_env, fleet
     assert [r["connection_id"] for r in run_json(capsys, aws_env, "connections", "--worker", "w1")] == ["c1", "c2"]
     assert [r["connection_id"] for r in run_json(capsys, aws_env, "connections", "--worker", "w2")] == ["c3"]
     assert run_json(capsys, aws_env, "connections", "--worker", "w1", "--state", "STOPPED") == []
-    assert run(capsys, aws_env, "connections", "--worker", "nobody")[1].strip() == "no connections"
+    code, out, err = run(capsys, aws_env, "connections", "--worker", "wl")  # a typo of w1
+    assert code == 1 and out == "" and "no worker 'wl' in the sessions table (live or in the ring: w1, w2)" in err
 
 
 # --- where the tables and the API are -----------------------------------------------------------------
@@ -645,3 +647,41 @@ def test_plan_in_tables_shows_what_a_large_frame_costs(capsys):
     out = capsys.readouterr().out
     assert "$ per million large frames (kept 3 days" in out
     assert "32 MiB" in out and "over the 400 KB item limit" in out
+
+
+# --- the command line itself ----------------------------------------------------------------
+
+
+def test_version_prints_the_packages_version(capsys):
+    from wsfleet import __version__
+
+    assert main(["--version"], env={}) == 0
+    assert capsys.readouterr().out.strip() == f"wsfleet {__version__}"
+
+
+@pytest.mark.parametrize("flag", ["--connections", "--per-worker", "--secrets"])
+def test_a_number_flag_given_letters_says_so_in_words(capsys, flag):
+    argv = ["plan", "--connections", "1000", flag, "abc"] if flag != "--connections" else ["plan", flag, "abc"]
+    assert main(argv, env={}) == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}: must be a whole number, got 'abc'" in err and "_" + "positive" not in err
+
+
+def test_output_json_is_the_same_as_json_and_disagreeing_flags_are_refused(capsys):
+    assert main(["plan", "--connections", "1000", "--output", "json"], env={}) == 0
+    assert json.loads(capsys.readouterr().out)["env"] == "dev"
+    assert main(["plan", "--connections", "1000", "--json", "--output", "text"], env={}) == 2
+    assert "disagree" in capsys.readouterr().err
+
+
+def test_plan_refuses_a_region_whose_prices_it_does_not_carry(capsys):
+    assert main(["plan", "--connections", "1000", "--region", "eu-west-1"], env={}) == 1
+    assert "--region eu-west-1: the plan carries us-east-1's list prices only" in capsys.readouterr().err
+    assert main(["plan", "--connections", "1000", "--region", "us-east-1", "--json"], env={}) == 0
+
+
+def test_tables_out_of_reach_are_one_sentence_in_seconds_not_a_silent_minute(capsys, aws_env):
+    began = time.monotonic()
+    code, out, err = run(capsys, {**aws_env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "status")
+    assert code == 1 and "Could not connect to the endpoint URL" in err and "Traceback" not in err
+    assert time.monotonic() - began < 30  # refused at once; retried twice at most, not botocore's default

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .. import schema, settings_spec
+from .. import __version__, schema, settings_spec
 from ..plan.sinks import DEFAULT_FRAME_BYTES, Consumer
 from ..store import TransientError
 from ..stream import MAX_SEQ
@@ -29,8 +29,15 @@ from .errors import CliError, aws_sentence
 PROG = "wsfleet"
 
 
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+
+
 def _positive(text: str) -> int:
-    value = int(text)
+    value = _int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
@@ -51,7 +58,7 @@ def _rate(text: str) -> float:
 
 
 def _count(text: str) -> int:
-    value = int(text)
+    value = _int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be zero or more, got {value}")
     return value
@@ -65,7 +72,7 @@ def _per_hour(text: str) -> float:
 
 
 def _seq(text: str) -> int:
-    value = int(text)
+    value = _int(text)
     if not 0 <= value <= MAX_SEQ:
         raise argparse.ArgumentTypeError(f"must be a seq from 0 to {MAX_SEQ}, got {value}")
     return value
@@ -94,7 +101,10 @@ def _seconds(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print JSON on stdout for scripts, instead of tables")
+    common.add_argument("--json", action="store_true", help="print JSON on stdout for scripts (--output json)")
+    common.add_argument(
+        "--output", choices=("text", "json"), default=None, help="text (tables, for people) or json (for scripts) [text]"
+    )
     common.add_argument(
         "--region", help="AWS region [AWS_REGION, else the default chain's]; an execute-api URL names its own"
     )
@@ -131,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Exit status: 0 done; 1 an error, the API's 4xx/5xx included (one sentence on stderr); 2 bad usage."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     start = subcommands.add_parser(
@@ -406,6 +417,11 @@ def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = N
     except SystemExit as exit_:  # --help, or bad usage (argparse has said why)
         return int(exit_.code or 0)
     env = os.environ if env is None else env
+    if getattr(args, "output", None) is not None:
+        if args.json and args.output == "text":
+            print(f"{PROG}: --json and --output text disagree: give one.", file=sys.stderr)
+            return 2
+        args.json = args.output == "json"
     try:
         return args.run(args, env)
     except CliError as error:

@@ -19,7 +19,7 @@ from botocore.awsrequest import AWSRequest
 from .errors import CliError
 
 API_SERVICE = "execute-api"
-HTTP_TIMEOUT_S = 30
+HTTP_TIMEOUT_S = 10  # an API out of reach is a sentence within this, never a silent minute
 _REGION_IN_HOST = re.compile(r"\.execute-api\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?")
 
 

@@ -168,6 +168,9 @@ def connections(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     reader = _reader(args, env, "connections", "sessions")
     now = now_ms()
     rows = views.connections(reader, now, worker=args.worker, state=args.state)
+    if args.worker and not rows and not views.known_worker(reader, args.worker):
+        known = ", ".join(views.worker_names(reader)) or "none"
+        raise CliError(f"no worker {args.worker!r} in the sessions table (live or in the ring: {known})")
     _emit(args, rows, render.connections(rows, now))
     return 0
 
@@ -180,6 +183,11 @@ LARGE_EXAMPLE_SIZES = (MAX_MESSAGE_BYTES, 1 << 20, 32 << 20)
 
 
 def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    if args.region and args.region != plan_model.PRICES_REGION:
+        raise CliError(
+            f"--region {args.region}: the plan carries {plan_model.PRICES_REGION}'s list prices only; leave --region out "
+            "and scale its dollars by your region's prices"
+        )
     try:
         settings = plan_environments.load(args.env, env)
     except (plan_environments.EnvironmentNotFound, plan_environments.BadEnvironment) as error:

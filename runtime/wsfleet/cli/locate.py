@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import boto3
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from .. import config, settings_spec, stack_outputs
@@ -27,8 +28,13 @@ def aws_session(region: str | None, env: Mapping[str, str]) -> boto3.session.Ses
     return boto3.session.Session(region_name=region)
 
 
+# An operator waits seconds, not minutes: botocore's defaults (60 s to connect, 60 to read,
+# several retries) kept `status` silent 26 s on an endpoint out of reach.
+CLIENT_CONFIG = Config(connect_timeout=3, read_timeout=10, retries={"mode": "standard", "max_attempts": 2})
+
+
 def client(session: boto3.session.Session, service: str, env: Mapping[str, str]) -> Any:
-    return session.client(service, endpoint_url=env.get(settings_spec.AWS_ENDPOINT_URL) or None)
+    return session.client(service, endpoint_url=env.get(settings_spec.AWS_ENDPOINT_URL) or None, config=CLIENT_CONFIG)
 
 
 def stack_outputs_of(cfn: Any, stack_name: str) -> dict[str, str]:

@@ -146,6 +146,15 @@ def connections(reader: FleetReader, now: int, *, worker: str | None, state: str
     return _connection_rows(items, sessions, now)
 
 
+def worker_names(reader: FleetReader) -> list[str]:
+    """The workers with a live session or one still in the ring."""
+    return sorted({s.worker_id for s in reader.sessions().values() if s.state == schema.LIVE or s.in_ring})
+
+
+def known_worker(reader: FleetReader, worker: str) -> bool:
+    return worker in worker_names(reader)
+
+
 def _owner(item: Mapping[str, Any], sessions: Mapping[str, Session], now: int) -> tuple[str, bool]:
     """(who holds it, as shown; whether that session owns it now)."""
     session_id = item.get(schema.LEASE_SESSION, "")

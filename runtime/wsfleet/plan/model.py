@@ -37,6 +37,8 @@ TABLE_QUOTA = 40000  # on-demand read or write units per second per table or ind
 HOURS_PER_MONTH = 730
 TRANSACTION_FACTOR = 2  # a write inside TransactWriteItems costs twice its units
 
+PRICES_REGION = "us-east-1"  # the one region whose list prices the plan carries
+
 # --- prices used by more than one part of the plan (us-east-1, December 2026: check them
 # before relying on them) -------------------------------------------------------------------
 # S3 Standard.
