@@ -43,11 +43,10 @@ from typing import Any, Mapping
 
 from wsfleet import config as cfg
 from wsfleet import settings_spec
-from wsfleet import metrics_names, schema
+from wsfleet import schema
 from sim.emulator import request_ledger
-from wsfleet.metrics import metric_data
 from sim.processes import eventually
-from wsfleet.plan import model
+from wsfleet.plan import metrics_cost, model
 from wsfleet.plan.fleet import fleet
 from wsfleet.store import SessionsStore, unmarshal
 
@@ -63,19 +62,16 @@ PRICES = {
     "dynamodb_wru_per_million": 0.625,
     "dynamodb_rru_per_million": 0.125,
     "sqs_requests_per_million": 0.40,  # standard queue, beyond the free tier
-    "cloudwatch_put_metric_data_per_thousand": 0.01,
-    "cloudwatch_custom_metric_month": 0.30,  # first 10,000 metrics
+    "cloudwatch_logs_ingest_per_gb": metrics_cost.CLOUDWATCH_LOGS_INGEST_PER_GB,  # the metrics' EMF lines
+    "cloudwatch_custom_metric_month": metrics_cost.CLOUDWATCH_CUSTOM_METRIC_MONTH,  # first 10,000 metrics
 }
 HOURS_PER_MONTH = model.HOURS_PER_MONTH
 
 
 def custom_metrics() -> tuple[int, int]:
-    """Custom metrics a worker publishes: (per service, per worker while it runs), from
-    one PutMetricData it would send (a metric is a name and a set of dimensions)."""
-    data = metric_data(service_name="s", active_connections=1, deltas=dict.fromkeys(metrics_names.COUNTERS, 0),
-                       unowned_connections=0, worker_id="w", loop_lag_p99_ms=1.0)
-    per_worker = sum(1 for d in data if any(dim["Name"] == metrics_names.DIMENSION_WORKER_ID for dim in d["Dimensions"]))
-    return len(data) - per_worker, per_worker
+    """Custom metrics the fleet publishes: (per service, per worker while it runs). Every
+    metric carries ServiceName only (EMF lines: wsfleet.plan.metrics_cost), so none per worker."""
+    return metrics_cost.metric_count(), 0
 
 
 TARGET_WRU = 20  # per connection-hour, holding, at 100 connections per worker (the issue's target)
@@ -357,7 +353,8 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
          fmt(before.COST["dynamodb_requests_per_connection_hour"], 1), f"renewal tries, watch, ring, free scan, audit, counts, / {per_worker}"],
         ["SQS + CloudWatch requests / connection-hour", f"{fmt(sqs_h / per_worker, 1)} + {fmt(cw_h / per_worker, 2)}", "-",
          f"{before.COST['sqs_requests_per_connection_hour']} + {before.COST['cloudwatch_requests_per_connection_hour']}",
-         f"hint long polls ({sqs_h:.0f} / worker-hour) and PutMetricData ({cw_h:.0f} / worker-hour), / {per_worker}"],
+         f"hint long polls ({sqs_h:.0f} / worker-hour) and CloudWatch calls ({cw_h:.0f} / worker-hour: the metrics are "
+         f"EMF log lines, {metrics_cost.line_bytes():,} B each per METRICS_SECONDS), / {per_worker}"],
         ["per connection taken: requests, units", f"3: {2 * conn_wru + acquire_index + 2} WRU + 2 RRU", "-",
          "2: 3 WRU + 1 RRU", f"consistent read (BatchGetItem, 1 RRU), then a TransactWriteItems: the connection's Update "
          f"(2 x {conn_wru} WRU, transactional, + {acquire_index} index: owner_key moves) and the ConditionCheck that "
@@ -382,10 +379,9 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
         ["WRU / message", str(msg_wru), "-", str(before.COST["wru_per_message"]), f"message item {msg_size} B; no index"],
         ["$ / 1,000 connections / month, holding (requests)", fmt(month["total"], 2), "-", f"{before.COST['month_holding_per_1000']:,}",
          f"DynamoDB writes {fmt(month['dynamodb_writes'], 2)} + reads {fmt(month['dynamodb_reads'], 2)} + SQS "
-         f"{fmt(month['sqs'], 2)} + CloudWatch requests {fmt(month['cloudwatch'], 2)}; custom metrics extra: "
-         f"{service_metrics} per service (${service_metrics * PRICES['cloudwatch_custom_metric_month']:.2f}) and "
-         f"{worker_metrics} per running worker (${1000 / per_worker * worker_metrics * PRICES['cloudwatch_custom_metric_month']:.2f}"
-         f" for the {1000 // per_worker} workers)"],
+         f"{fmt(month['sqs'], 2)} + CloudWatch metrics {fmt(month['cloudwatch'], 2)} (the workers' EMF lines ingested, "
+         f"and the fleet's {service_metrics} custom metrics, ${service_metrics * PRICES['cloudwatch_custom_metric_month']:.2f}, "
+         f"{worker_metrics} per worker)"],
         [f"$ / 1,000 connections / month, with messages ({s['rate_per_busy_connection']:g} msg/s each)", fmt(month_busy["total"], 0),
          "-", f"{before_busy:,.0f}", f"+ {msgs_per_h:,.0f} messages and {ckpt_steady:.0f} checkpoints per connection-hour"],
         ["$ / million messages (writes only, storage extra)", fmt(msg_wru * PRICES["dynamodb_wru_per_million"], 3), "-",
@@ -410,7 +406,8 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
             f"{p} {v['n']}" for p, v in sorted(ledger.items())) + f" ({m['ledger_seconds']:.0f} s, all workers).",
         f"Prices: {PRICES['region']} on-demand, ${PRICES['dynamodb_wru_per_million']}/M WRU, "
         f"${PRICES['dynamodb_rru_per_million']}/M RRU, SQS ${PRICES['sqs_requests_per_million']}/M requests, "
-        f"PutMetricData ${PRICES['cloudwatch_put_metric_data_per_thousand']}/1,000; month = {HOURS_PER_MONTH} h; "
+        f"CloudWatch Logs ${PRICES['cloudwatch_logs_ingest_per_gb']}/GB ingested (the metrics' EMF lines), "
+        f"${PRICES['cloudwatch_custom_metric_month']}/custom metric-month; month = {HOURS_PER_MONTH} h; "
         "check them before relying on them.",
     ]
     if not total.same_session:

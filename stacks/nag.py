@@ -161,9 +161,8 @@ def acknowledge_service_findings(
     _acknowledge(
         task_definition.task_role,
         "AwsSolutions-IAM5[Resource::*]",
-        "Only cloudwatch:PutMetricData (which has no resource-level permissions and is "
-        f"limited to the fleet's namespace by a condition) and {_WORKER_TRACING_GRANTS[settings.tracing.mode]} "
-        "use '*'. Data access is granted on the table, index and queue ARNs.",
+        f"Only {_WORKER_TRACING_GRANTS[settings.tracing.mode]} use '*' (the worker's metrics are log lines: no "
+        "cloudwatch:PutMetricData). Data access is granted on the table, index and queue ARNs.",
     )
     _acknowledge(
         task_definition.task_role,

@@ -209,6 +209,7 @@ class ServiceStack(Stack):
             stream=messages_stream,
             consumer=self.consumer,
             iterator_age_alarm=self.alarms.consumer_iterator_age,
+            worker_log_group=self.workers.log_group,
         )
         CfnOutput(
             self,
@@ -339,15 +340,8 @@ class ServiceStack(Stack):
                 resources=[self.start_queue.queue_arn],
             )
         )
-        # PutMetricData has no resource-level permissions; the namespace condition is
-        # how it is scoped.
-        role.add_to_principal_policy(
-            iam.PolicyStatement(
-                actions=["cloudwatch:PutMetricData"],
-                resources=["*"],
-                conditions={"StringEquals": {"cloudwatch:namespace": METRICS_NAMESPACE}},
-            )
-        )
+        # No cloudwatch:PutMetricData: the worker's metrics are EMF lines in its log
+        # (wsfleet.metrics), which the awslogs driver ships and CloudWatch extracts.
         self.grant_worker_tracing(role)
 
     def grant_worker_tracing(self, role: iam.IRole) -> None:

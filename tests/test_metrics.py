@@ -1,16 +1,18 @@
 """Worker metrics: what is published, under the identity the stack scales on."""
 
 import asyncio
-from datetime import datetime, timedelta, timezone
+import io
+import json
 
-import boto3
 import pytest
+
+from sim import emf as sim_emf
 
 from wsfleet import metrics_names as names
 from wsfleet.aws import Aws
 from wsfleet.config import WorkerConfig
 from wsfleet.logs import JsonLogger
-from wsfleet.metrics import Counters, metric_data
+from wsfleet.metrics import EMF_MAX_METRICS, Counters, emf, metric_data
 from wsfleet.store import ConnectionsStore, SessionsStore
 from wsfleet.worker.lifecycle import Worker
 from wsfleet.worker.report import LoopLag
@@ -43,19 +45,49 @@ def test_metric_data_carries_the_gauge_and_counters_with_the_service_dimension()
     assert {d["MetricName"]: d["Value"] for d in with_unowned} == {"ActiveConnections": 0.0, "UnownedConnections": 2.0}
 
 
-def test_active_connections_is_published_once_more_per_worker_when_the_worker_is_named():
-    data = metric_data(service_name="svc", active_connections=3, deltas={}, worker_id="task-1")
-    gauges = [d for d in data if d["MetricName"] == names.ACTIVE_CONNECTIONS]
-    assert [g["Dimensions"] for g in gauges] == [
-        [{"Name": "ServiceName", "Value": "svc"}],
-        [{"Name": "ServiceName", "Value": "svc"}, {"Name": "WorkerId", "Value": "task-1"}],
-    ]
-    assert [g["Value"] for g in gauges] == [3.0, 3.0]
-    # Only that gauge: every other metric stays one per service, not one per task.
-    counters = metric_data(service_name="svc", active_connections=0, deltas={names.RECONNECTS: 1}, worker_id="task-1")
-    assert [d["Dimensions"] for d in counters if d["MetricName"] == names.RECONNECTS] == [
-        [{"Name": "ServiceName", "Value": "svc"}]
-    ]
+def test_every_metric_carries_the_service_dimension_only_so_their_number_does_not_grow_with_workers():
+    data = metric_data(service_name="svc", active_connections=3, deltas=dict.fromkeys(names.COUNTERS, 1),
+                       unowned_connections=1, loop_lag_p99_ms=1.0, loop_lag_max_ms=2.0, refused_connections=0,
+                       trace_export_failures=1)
+    assert {tuple(d["Name"] for d in datum["Dimensions"]) for datum in data} == {("ServiceName",)}
+    assert len({d["MetricName"] for d in data}) == len(data)  # one of each
+
+
+def test_an_emf_line_is_what_cloudwatch_extracts_the_same_datapoints_from():
+    data = metric_data(service_name="svc", active_connections=3, deltas={names.RECONNECTS: 2}, loop_lag_max_ms=850.0)
+    line = emf("WsFleet", data, timestamp_ms=1_800_000_000_000, properties={"WorkerId": "task-1"})
+    points = sim_emf.extract(json.loads(json.dumps(line)))  # as written to the log and read back
+    assert {(p.name, p.value, p.unit) for p in points} == {
+        ("ActiveConnections", 3.0, "Count"), ("Reconnects", 2.0, "Count"), ("EventLoopLagMs", 850.0, "Milliseconds")}
+    assert {p.dimensions for p in points} == {(("ServiceName", "svc"),)}
+    assert {p.namespace for p in points} == {"WsFleet"} and {p.timestamp_ms for p in points} == {1_800_000_000_000}
+    assert line["WorkerId"] == "task-1"  # a property: in the line, not a dimension
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        (lambda line: line["_aws"].update(Timestamp="now"), "Timestamp"),
+        (lambda line: line.pop("ServiceName"), "dimension 'ServiceName'"),
+        (lambda line: line.update(ActiveConnections="3"), "metric ActiveConnections must be a number"),
+        (lambda line: line["_aws"]["CloudWatchMetrics"][0]["Metrics"][0].update(Unit="Connections"), "unknown Unit"),
+    ],
+)
+def test_a_line_cloudwatch_would_drop_is_refused_locally(change, why):
+    line = emf("WsFleet", metric_data(service_name="svc", active_connections=3, deltas={}), timestamp_ms=1,
+               properties={"WorkerId": "w"})
+    change(line)
+    with pytest.raises(sim_emf.InvalidEmf, match=why):
+        sim_emf.extract(line)
+
+
+def test_emf_refuses_what_the_format_cannot_say():
+    data = metric_data(service_name="svc", active_connections=3, deltas={})
+    with pytest.raises(ValueError, match="named twice"):
+        emf("WsFleet", data, timestamp_ms=1, properties={"ActiveConnections": 1})
+    many = [{**data[0], "MetricName": f"M{i}"} for i in range(EMF_MAX_METRICS + 1)]
+    with pytest.raises(ValueError, match="at most 100 metrics"):
+        emf("WsFleet", many, timestamp_ms=1, properties={})
 
 
 def test_refused_connections_is_a_gauge_published_when_counted():
@@ -104,7 +136,7 @@ def test_the_longest_lag_is_taken_per_interval_and_starts_again_after_each_publi
     assert lag.window_max() == 120.0
 
 
-def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatch(emulator, aws_env, ddb):
+def test_the_worker_publishes_its_gauges_as_one_emf_line_naming_itself(emulator, aws_env, ddb):
     cfg = WorkerConfig.from_env({**aws_env, "SERVICE_NAME": "wsfleet-test", "METRICS_NAMESPACE": "WsFleetTest"})
     conns = ConnectionsStore(
         ddb, aws_env["TABLE_NAME"], state_shards=cfg.state_shards, sessions_table_name=aws_env["SESSIONS_TABLE_NAME"]
@@ -122,7 +154,7 @@ def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatc
 
     async def publish():
         aws = Aws(cfg, threads=2)
-        worker = Worker(cfg, "w1", aws=aws, log=JsonLogger())
+        worker = Worker(cfg, "w1", aws=aws, log=JsonLogger(log))
         assert await worker.keeper.open(asyncio.Event())
         await worker.takeover.watch_once()  # watches elsewhere#1 and dead#1
         worker.takeover.cancel()  # counted while still attached: stop the drain it just spawned
@@ -137,25 +169,19 @@ def test_the_worker_publishes_its_gauges_per_service_and_per_worker_to_cloudwatc
         await worker.report.publish_metrics_once()
         aws.close()
 
-    start = datetime.now(timezone.utc) - timedelta(minutes=5)
+    log = io.StringIO()
     asyncio.run(publish())
-    cw = boto3.client("cloudwatch", endpoint_url=emulator.endpoint_url, region_name="us-east-1")
-    dims = [{"Name": "ServiceName", "Value": "wsfleet-test"}]
+    lines = [json.loads(line) for line in log.getvalue().splitlines()]
+    (line,) = [line for line in lines if line.get("event") == "metrics"]
+    points = {p.name: p for p in sim_emf.extract(line)}
+    assert {p.namespace for p in points.values()} == {"WsFleetTest"}
+    assert {p.dimensions for p in points.values()} == {(("ServiceName", "wsfleet-test"),)}
+    assert line["WorkerId"] == "w1"  # which worker: a property of the line, never a dimension
 
-    def latest(metric: str, dims: list[dict[str, str]] = dims) -> float:
-        points = cw.get_metric_statistics(
-            Namespace="WsFleetTest",
-            MetricName=metric,
-            Dimensions=dims,
-            StartTime=start,
-            EndTime=datetime.now(timezone.utc) + timedelta(minutes=1),
-            Period=60,
-            Statistics=["Maximum"],
-        )["Datapoints"]
-        return points[0]["Maximum"]
+    def latest(metric: str) -> float:
+        return points[metric].value
 
     assert latest("ActiveConnections") == 0
-    assert latest("ActiveConnections", [*dims, {"Name": "WorkerId", "Value": "w1"}]) == 0
     assert latest("LoopLagP99") == 4.0
     assert latest("EventLoopLagMs") == 950.0
     assert latest("UnownedConnections") == 2  # "a", free at both counts, and "d", on an ended session
@@ -181,3 +207,18 @@ def test_only_the_last_session_of_the_ring_counts_unowned_connections_for_the_fl
         aws.close()
 
     asyncio.run(scenario())
+
+
+def test_the_plan_prices_metrics_as_log_bytes_and_a_fixed_set_of_metrics_whatever_the_workers():
+    from wsfleet.plan import metrics_cost
+
+    line = metrics_cost.full_line()
+    assert sim_emf.extract(line)  # the line the plan prices is one CloudWatch extracts
+    small, large = metrics_cost.month(10), metrics_cost.month(2_000)
+    assert small["metrics"] == large["metrics"] == metrics_cost.metric_count() * metrics_cost.CLOUDWATCH_CUSTOM_METRIC_MONTH
+    assert large["logs"] == pytest.approx(small["logs"] * 200)  # only the bytes grow with the workers
+    # A line a minute per worker: 2,000 workers x 43,800 lines a month x its bytes at $0.50 a GB.
+    lines = 2_000 * 730 * 60
+    assert large["log_gb"] == pytest.approx(lines * metrics_cost.line_bytes() / 1e9)
+    # Against what PutMetricData cost (two calls a minute per worker, $0.01 per 1,000): $1,752.
+    assert large["total"] < 2_000 * 730 * 120 / 1_000 * 0.01 / 10

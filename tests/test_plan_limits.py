@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from wsfleet.plan import corrections, model
+from wsfleet.plan import corrections, environments, model
 from wsfleet.plan import limits as plan_limits
 from wsfleet.cli import main
 from wsfleet.plan.model import Measured, Op
 
 PRICES = {"region": "us-east-1", "dynamodb_wru_per_million": 1.0, "dynamodb_rru_per_million": 0.5,
-          "sqs_requests_per_million": 0.0, "cloudwatch_put_metric_data_per_thousand": 0.0}
+          "sqs_requests_per_million": 0.0, "cloudwatch_logs_ingest_per_gb": 0.0, "cloudwatch_custom_metric_month": 0.0}
 
 # Round figures, measured (as bench/cost.py does) by 3 workers at STATE_SHARDS 4.
 MEASURED = Measured(
@@ -182,7 +182,7 @@ def test_prod_at_1m_names_the_first_limit_its_fix_and_the_cells_it_needs(capsys)
     # 1M to one destination through at most 2 gateways x 8 addresses x 55,000 = 880,000:
     # no setting or quota lets one fleet's NAT hold it.
     assert out["cells"] == {"cells": 2, "limit": "NAT connections per address to one destination", "scenario": "steady"}
-    spread = plan_limits.evaluate(model.load_measured(), model.ENVIRONMENTS["prod"], connections=1_000_000,
+    spread = plan_limits.evaluate(model.load_measured(), environments.load("prod"), connections=1_000_000,
                                   upstream_addresses=2)
     assert spread["cells"] is None  # two upstream addresses: 500,000 each
 

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from wsfleet.plan import model
+from wsfleet.plan import environments
 from wsfleet.plan import secrets as plan_secrets
 from wsfleet.cli import main
 
@@ -130,7 +130,7 @@ def test_plan_prices_secrets_with_the_environments_workers(capsys):
     assert main(argv, env={}) == 0
     out = json.loads(capsys.readouterr().out)
     expected = plan_secrets.secrets_month(connections=100_000, per_worker=250, secrets=20, reconnects_per_hour=2)
-    assert model.ENVIRONMENTS["prod"]["target_per_worker"] == 250
+    assert environments.load("prod")["target_per_worker"] == 250
     assert out["secrets"]["workers"] == 400 == out["holding"]["workers"]
     assert out["secrets"]["month"]["total"] == pytest.approx(expected["month"]["total"])
     assert out["secrets"]["cache_s"] == plan_secrets.SECRET_CACHE_SECONDS == 300

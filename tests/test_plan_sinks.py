@@ -15,7 +15,7 @@ from wsfleet.cli import main
 from wsfleet.stream import Frame
 
 PRICES = {"dynamodb_wru_per_million": 0.625, "dynamodb_rru_per_million": 0.125, "sqs_requests_per_million": 0.4,
-          "cloudwatch_put_metric_data_per_thousand": 0.01}
+          "cloudwatch_logs_ingest_per_gb": 0.0, "cloudwatch_custom_metric_month": 0.0}  # metrics: tests/test_metrics.py
 MONTH_S = 730 * 3600  # 2,628,000 s
 
 

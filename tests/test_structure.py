@@ -31,10 +31,11 @@ MAY_IMPORT = {
 # The product's three floors (README, "Where things are"): a module imports only from
 # its own floor or the ones below, and no process imports another process.
 RULES = {  # pure: no boto3, no asyncio, no I/O
-    "balance", "budget", "checkpoint", "clock", "crash_loop", "leases", "message_pages", "metrics_names", "plan", "pointer",
+    "balance", "budget", "checkpoint", "clock", "crash_loop", "leases", "message_pages", "metrics", "metrics_names", "plan",
+    "pointer",
     "records", "schema", "settings_spec", "stack_outputs", "stream", "upstream_spec", "validation",
 }
-ADAPTERS = {"aws", "config", "logs", "metrics", "sinks", "store", "tracing"}
+ADAPTERS = {"aws", "config", "logs", "sinks", "store", "tracing"}
 PROCESSES = {"cli", "consumer", "router", "worker"}
 FLOORS = {**dict.fromkeys(RULES, 1), **dict.fromkeys(ADAPTERS, 2), **dict.fromkeys(PROCESSES, 3), "__main__": 4}
 # What the worker image and the Lambda functions run, and the parts they leave out

@@ -14,6 +14,7 @@ import uuid
 
 import pytest
 
+from sim import emf as sim_emf
 from wsfleet import metrics_names as names
 from wsfleet import schema
 from sim.secrets import put_secret
@@ -192,11 +193,7 @@ def test_refused_connections_try_again_once_per_wait_and_are_gauged(
     start(conns, ddb, aws_env, "n", up.url_for("n") + f"?auth={AUTH}")  # no credential at all: 401
 
     async def scenario():
-        cw = []
         async with running(config(aws_env), JsonLogger(captured.stream), refused_retry_s=0.3) as worker:
-            worker.aws.cloudwatch.meta.events.register(
-                "provide-client-params.cloudwatch.PutMetricData", lambda params, **_: cw.append(params["MetricData"])
-            )
             await eventually(lambda: worker.counters.total(names.UPSTREAM_REFUSALS) >= 4, what="four refusals")
             await worker.report.publish_metrics_once(count_unowned=False)
             tries = sum(up.refusals("n").values())
@@ -204,7 +201,8 @@ def test_refused_connections_try_again_once_per_wait_and_are_gauged(
             # Nothing to fetch again: each try is one handshake, then the wait.
             assert refusals <= tries <= refusals + 1
             assert worker.counters.total(names.SECRET_FETCHES) == 0
-        gauges = [d["Value"] for data in cw for d in data if d["MetricName"] == names.REFUSED_CONNECTIONS]
+        points = sim_emf.from_log(captured.events("metrics"))
+        gauges = [p.value for p in points if p.name == names.REFUSED_CONNECTIONS]
         assert gauges and gauges[0] == 1.0
 
     asyncio.run(scenario())

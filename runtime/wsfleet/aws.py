@@ -138,9 +138,6 @@ class Aws:
         self.sqs = session.client(
             "sqs", endpoint_url=config.endpoint_url, config=Config(read_timeout=SQS_WAIT_SECONDS + 10, **retried)
         )
-        self.cloudwatch = session.client(
-            "cloudwatch", endpoint_url=config.endpoint_url, config=Config(read_timeout=10, **retried)
-        )
         # Secret header values for upstream handshakes (wsfleet.worker.secrets), retried
         # by botocore: a fetch is not bound to a lease deadline, and a socket waits for it.
         self.secretsmanager = session.client(
@@ -153,7 +150,7 @@ class Aws:
         # Requests as sent on the wire (retries included), per "service.Operation": what
         # the bill and the cost benchmark count.
         self.requests: Counter[str] = Counter()
-        for client in (*self.dynamodb_clients, self.s3, self.sqs, self.cloudwatch, self.secretsmanager):
+        for client in (*self.dynamodb_clients, self.s3, self.sqs, self.secretsmanager):
             client.meta.events.register("request-created", self._count)
         for client in self.dynamodb_clients:
             client.meta.events.register("before-send.dynamodb", _refuse_after_deadline)

@@ -1,5 +1,10 @@
-"""Worker metrics: counters kept in memory, published to CloudWatch as one
-PutMetricData per interval. Building the request is pure; sending it is the worker's."""
+"""Worker metrics: counters kept in memory, published each interval as one log line in
+CloudWatch's Embedded Metric Format (EMF): the worker's stdout goes to CloudWatch Logs
+(the awslogs driver), which extracts the metrics from the line. No PutMetricData call,
+no API request per worker; the line is priced as log bytes, and every metric carries
+the ``ServiceName`` dimension only, so the number of metrics does not grow with the
+workers (each line names its worker as a property, for Logs Insights). Building the
+line is pure; writing it is the worker's."""
 
 from __future__ import annotations
 
@@ -38,20 +43,19 @@ def metric_data(
     active_connections: int,
     deltas: dict[str, int],
     unowned_connections: int | None = None,
-    worker_id: str | None = None,
     loop_lag_p99_ms: float | None = None,
     loop_lag_max_ms: float | None = None,
     refused_connections: int | None = None,
     trace_export_failures: int = 0,
 ) -> list[dict[str, Any]]:
-    """The PutMetricData ``MetricData``: the ``ActiveConnections`` gauge (what ECS
-    target tracking scales on, averaged over the service's tasks), the same gauge once
-    more per worker when ``worker_id`` is given, the ``UnownedConnections`` gauge when
+    """What one interval reports, as datums (``MetricName``, ``Dimensions``, ``Value``,
+    ``Unit``): the ``ActiveConnections`` gauge (what ECS target tracking scales on,
+    averaged over the service's tasks), the ``UnownedConnections`` gauge when
     it could be counted, ``LoopLagP99`` and ``EventLoopLagMs`` (the interval's longest)
     when the loop has been probed, the
     ``RefusedConnections`` gauge (held connections whose last connect was refused), and
-    counter deltas, and ``TraceExportFailures`` when some span exports failed. Everything
-    but the per-worker gauge carries ``ServiceName`` only."""
+    counter deltas, and ``TraceExportFailures`` when some span exports failed. Every
+    one carries ``ServiceName`` only."""
     service = [{"Name": names.DIMENSION_SERVICE_NAME, "Value": service_name}]
     counts = {
         names.ACTIVE_CONNECTIONS: active_connections,
@@ -59,18 +63,44 @@ def metric_data(
         names.REFUSED_CONNECTIONS: refused_connections,
         **deltas,
     }
-    data = [_datum(name, service, value, "Count") for name, value in counts.items() if value is not None]
-    if worker_id is not None:
-        worker = [*service, {"Name": names.DIMENSION_WORKER_ID, "Value": worker_id}]
-        data.append(_datum(names.ACTIVE_CONNECTIONS, worker, active_connections, "Count"))
+    data = [datum(name, service, value, "Count") for name, value in counts.items() if value is not None]
     if loop_lag_p99_ms is not None:
-        data.append(_datum(names.LOOP_LAG_P99, service, loop_lag_p99_ms, "Milliseconds"))
+        data.append(datum(names.LOOP_LAG_P99, service, loop_lag_p99_ms, "Milliseconds"))
     if loop_lag_max_ms is not None:
-        data.append(_datum(names.EVENT_LOOP_LAG, service, loop_lag_max_ms, "Milliseconds"))
+        data.append(datum(names.EVENT_LOOP_LAG, service, loop_lag_max_ms, "Milliseconds"))
     if trace_export_failures > 0:
-        data.append(_datum(names.TRACE_EXPORT_FAILURES, service, trace_export_failures, "Count"))
+        data.append(datum(names.TRACE_EXPORT_FAILURES, service, trace_export_failures, "Count"))
     return data
 
 
-def _datum(name: str, dimensions: list[dict[str, str]], value: float, unit: str) -> dict[str, Any]:
+def datum(name: str, dimensions: list[dict[str, str]], value: float, unit: str) -> dict[str, Any]:
     return {"MetricName": name, "Dimensions": dimensions, "Value": float(value), "Unit": unit}
+
+
+# The format's limits (CloudWatch drops a line that breaks them): checked here, so that a
+# change that would is a test failure, not metrics silently missing.
+EMF_EVENT = "metrics"  # the log event an EMF line is (its "event" member)
+EMF_MAX_METRICS = 100  # per directive
+EMF_MAX_DIMENSIONS = 30  # per dimension set
+
+
+def emf(namespace: str, data: list[dict[str, Any]], *, timestamp_ms: int, properties: dict[str, Any]) -> dict[str, Any]:
+    """One EMF document for ``data`` (:func:`metric_data`'s datums, which share one set of
+    dimensions): the ``_aws`` metadata (timestamp, namespace, the dimension set and each
+    metric's unit), each dimension's and metric's value as a member, and ``properties``
+    (not metrics: searchable in Logs Insights). Raises ValueError on what CloudWatch would drop."""
+    dimensions = {d["Name"]: d["Value"] for d in data[0]["Dimensions"]} if data else {}
+    if any({x["Name"]: x["Value"] for x in d["Dimensions"]} != dimensions for d in data):
+        raise ValueError("one EMF document holds metrics of one dimension set")
+    if len(data) > EMF_MAX_METRICS or len(dimensions) > EMF_MAX_DIMENSIONS:
+        raise ValueError(f"EMF: at most {EMF_MAX_METRICS} metrics and {EMF_MAX_DIMENSIONS} dimensions a directive")
+    values = {d["MetricName"]: d["Value"] for d in data}
+    clash = (set(values) | set(dimensions)) & set(properties)
+    if len(values) != len(data) or set(values) & set(dimensions) or clash:
+        raise ValueError(f"EMF: a member named twice ({sorted(clash) or 'a metric'})")
+    directive = {
+        "Namespace": namespace,
+        "Dimensions": [sorted(dimensions)],
+        "Metrics": [{"Name": d["MetricName"], "Unit": d["Unit"]} for d in data],
+    }
+    return {"_aws": {"Timestamp": timestamp_ms, "CloudWatchMetrics": [directive]}, **dimensions, **values, **properties}

@@ -3,9 +3,9 @@ and alarms on it), so that the two cannot drift apart."""
 
 DEFAULT_NAMESPACE = "WsFleet"
 DIMENSION_SERVICE_NAME = "ServiceName"
-# ActiveConnections alone is also published per worker (ServiceName + WorkerId, the
-# worker id being the ECS task id) for the dashboard's per-worker line: one more custom
-# metric for every task while it runs (see stacks/constructs/dashboard.py for the cost).
+# Not a dimension: each metrics line names its worker (the ECS task id) in this member, a
+# property Logs Insights reads (the dashboard's per-worker line), so that the number of
+# metrics does not grow with the workers.
 DIMENSION_WORKER_ID = "WorkerId"
 
 ACTIVE_CONNECTIONS = "ActiveConnections"

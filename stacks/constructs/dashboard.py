@@ -33,10 +33,12 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_kinesis as kinesis
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from wsfleet import metrics_names as names
+from wsfleet.metrics import EMF_EVENT
 
 from .consumer import ReferenceConsumer
 from .worker_metrics import worker_metric
@@ -74,6 +76,7 @@ class OperationsDashboard(Construct):
         stream: kinesis.IStream | None = None,
         consumer: ReferenceConsumer | None = None,
         iterator_age_alarm: cloudwatch.Alarm | None = None,
+        worker_log_group: logs.ILogGroup,
     ) -> None:
         """``tables`` by the name the graphs give them ("connections"); ``indexes``:
         the global secondary indexes of those tables, whose capacity is their own.
@@ -81,6 +84,7 @@ class OperationsDashboard(Construct):
         the reference consumer is deployed."""
         super().__init__(scope, id)
         self._namespace = metrics_namespace
+        self._worker_log_group = worker_log_group
         self._service_name = service_name
         self._consumer_service_name = consumer_service_name
         self.dashboard = cloudwatch.Dashboard(
@@ -222,35 +226,38 @@ class OperationsDashboard(Construct):
             self.dashboard.add_widgets(self._consumer_records())
 
     def _connections(self, target: int, maximum: int, unowned_alarm: cloudwatch.Alarm) -> list[cloudwatch.IWidget]:
-        # Per worker: the workers also publish ActiveConnections with a WorkerId dimension
-        # (the ECS task id), and a SEARCH finds whichever tasks reported. Neither a search
-        # nor a Metrics Insights GROUP BY can split the ServiceName-only metric by worker,
-        # so the extra dimension is needed; it is put on this one gauge only. Cost: every
-        # distinct WorkerId is a custom metric ($0.30 per metric-month for the first
-        # 10,000, prorated by the hour in which it receives data), so about $0.30 a month
-        # per task that runs all month (prod's 2-20 tasks: $0.60-6), plus an hour's share
-        # for each task a deployment or a scale-in replaces. The ServiceName-only metric
-        # stays: target tracking needs a plain metric, not a search.
-        search = (
-            f"SEARCH('{{{self._namespace},{names.DIMENSION_SERVICE_NAME},{names.DIMENSION_WORKER_ID}}} "
-            f'MetricName="{names.ACTIVE_CONNECTIONS}" {names.DIMENSION_SERVICE_NAME}="{self._service_name}"\', '
-            f"'Average', {int(PERIOD.to_seconds())})"
+        # Per worker: the workers publish their metrics as EMF log lines whose only
+        # dimension is ServiceName (the number of metrics does not grow with the tasks);
+        # each line names its worker (WorkerId, the ECS task id) as a property, so the
+        # per-worker view is a Logs Insights query over the worker's log group.
+        per_worker = cloudwatch.LogQueryWidget(
+            title="Active connections per worker (latest report, and its peak in the window)",
+            log_group_names=[self._worker_log_group.log_group_name],
+            query_lines=[
+                f"fields {names.DIMENSION_WORKER_ID}, {names.ACTIVE_CONNECTIONS}",
+                f'filter event = "{EMF_EVENT}"',
+                f"stats latest({names.ACTIVE_CONNECTIONS}) as active, max({names.ACTIVE_CONNECTIONS}) as peak "
+                f"by {names.DIMENSION_WORKER_ID}",
+                "sort active desc",
+                "limit 100",
+            ],
+            view=cloudwatch.LogQueryVisualizationType.TABLE,
+            width=8,
         )
-        per_worker = cloudwatch.MathExpression(
-            expression=search, using_metrics={}, label=f"${{PROP('Dim.{names.DIMENSION_WORKER_ID}')}}", period=PERIOD
-        )
-        total = cloudwatch.MathExpression(expression=f"SUM({search})", using_metrics={}, label="total", period=PERIOD)
+        # Each worker reports once a metrics interval: the sum over one is the fleet's total.
+        total = self._worker_metric(names.ACTIVE_CONNECTIONS, _SUM, "total (the workers' reports summed)")
         return [
+            per_worker,
             cloudwatch.GraphWidget(
-                title="Active connections per worker",
-                left=[per_worker],
+                title="Active connections: average per worker (left, what scaling tracks), total (right)",
+                left=[self._worker_metric(names.ACTIVE_CONNECTIONS, _AVG, "average per worker")],
                 left_annotations=[
                     cloudwatch.HorizontalAnnotation(value=target, label="scaling target"),
                     cloudwatch.HorizontalAnnotation(value=maximum, label="max per worker"),
                 ],
+                right=[total],
                 width=8,
             ),
-            self._graph("Active connections, total", [total]),
             # The alarm's own metric (one worker counts for the fleet) with its threshold drawn.
             cloudwatch.GraphWidget(
                 title="Unowned connections (counted by the fleet's summarizer)",

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from wsfleet import metrics, metrics_names, schema
+from wsfleet.metrics import EMF_EVENT
 
 NAMESPACE = metrics_names.DEFAULT_NAMESPACE
 
@@ -107,10 +108,9 @@ def test_every_metric_the_worker_publishes_for_the_service_is_graphed(env):
             deltas={name: 1 for name in metrics_names.COUNTERS},
         )
     }
-    # ActiveConnections is drawn from its per-worker twin (the next test); the stream's
-    # counts only where the stream is a sink (they stay at zero elsewhere).
+    # The stream's counts only where the stream is a sink (they stay at zero elsewhere).
     stream_only = {metrics_names.RECORDS_RESENT, metrics_names.RECORDS_THROTTLED}
-    for name in published - {metrics_names.ACTIVE_CONNECTIONS} - (set() if env.settings.has_stream else stream_only):
+    for name in published - (set() if env.settings.has_stream else stream_only):
         assert body.metrics(NAMESPACE, name), f"{name} is not on the dashboard"
         assert all(dims == service for dims in body.metrics(NAMESPACE, name))
     if not env.settings.has_stream:
@@ -118,19 +118,21 @@ def test_every_metric_the_worker_publishes_for_the_service_is_graphed(env):
     assert {metrics_names.UNOWNED_CONNECTIONS, metrics_names.LOOP_LAG_P99} | stream_only <= published
 
 
-def test_active_connections_are_drawn_per_worker_and_in_total_from_the_per_worker_metric(env):
-    per_worker = next(
-        d
-        for d in metrics.metric_data(service_name="svc", active_connections=1, deltas={}, worker_id="task")
-        if len(d["Dimensions"]) == 2
-    )
-    schema_ = "{" + ",".join([NAMESPACE, *(d["Name"] for d in per_worker["Dimensions"])]) + "}"
-    searches = [e for e in _body(env).expressions() if schema_ in e]
-    assert len(searches) == 2
-    search = next(e for e in searches if e.startswith("SEARCH("))
-    assert f'MetricName="{metrics_names.ACTIVE_CONNECTIONS}"' in search
-    assert f'{metrics_names.DIMENSION_SERVICE_NAME}="{env.settings.service_name}"' in search
-    assert f"SUM({search})" in searches
+def test_active_connections_are_drawn_on_average_and_in_total_and_per_worker_from_the_logs(env):
+    body = _body(env)
+    service = {metrics_names.DIMENSION_SERVICE_NAME: env.settings.service_name}
+    assert body.metrics(NAMESPACE, metrics_names.ACTIVE_CONNECTIONS) == [service, service]  # average, total
+    assert not [e for e in body.expressions() if NAMESPACE in e]  # no search of a per-task metric left
+    # Per worker: a Logs Insights table over the worker's log group, reading the EMF lines'
+    # WorkerId property (the metrics have no per-worker dimension).
+    (query,) = [w for w in body.widgets() if w["type"] == "log"]
+    text = query["properties"]["query"]
+    assert f'filter event = "{EMF_EVENT}"' in text
+    assert f"by {metrics_names.DIMENSION_WORKER_ID}" in text and metrics_names.ACTIVE_CONNECTIONS in text
+    (source,) = re.findall(r"SOURCE '(@ref\d+@)'", text)
+    log_groups = env.service_template.find_resources("AWS::Logs::LogGroup")
+    worker_group = next(k for k in log_groups if k.startswith("Workers"))
+    assert worker_group in body.resolved(source)  # the worker service's log group, by reference
 
 
 def _widget_drawing(env, metric: str) -> dict:

@@ -584,10 +584,8 @@ def test_worker_may_only_consume_and_send_hints_on_its_queue(env):
     }
 
 
-def test_worker_may_publish_metrics_only_in_its_namespace(env):
-    statement = next(s for s in _worker_statements(env) if "cloudwatch:PutMetricData" in _actions(s))
-    assert _actions(statement) == ["cloudwatch:PutMetricData"]
-    assert statement["Condition"] == {"StringEquals": {"cloudwatch:namespace": metrics_names.DEFAULT_NAMESPACE}}
+def test_worker_needs_no_cloudwatch_grant_its_metrics_are_log_lines(env):
+    assert _granted(_worker_statements(env), "cloudwatch:") == set()
 
 
 @pytest.mark.parametrize("stack", ["stateful", "service"])

@@ -232,7 +232,7 @@ def plan(result: Mapping[str, Any]) -> str:
         _indent(table(["PARTITION", "READ UNITS", "WRITE UNITS"], parts)),
         "",
         f"$ per month: holding {month['total']:,.0f} (DynamoDB writes {month['dynamodb_writes']:,.0f}, "
-        f"reads {month['dynamodb_reads']:,.0f}, SQS {month['sqs']:,.0f}, CloudWatch requests {month['cloudwatch']:,.0f})"
+        f"reads {month['dynamodb_reads']:,.0f}, SQS {month['sqs']:,.0f}, CloudWatch metrics {month['cloudwatch']:,.0f})"
         + (f"; with messages {busy['month']['total']:,.0f}" if rate else ""),
         f"DynamoDB binds first{' (with messages)' if rate else ''}: {b['name']} at {b['utilisation'] * 100:.1f} % "
         f"(full at about {b['connections_at_limit']:,.0f} connections)",
@@ -264,7 +264,7 @@ def limits(result: Mapping[str, Any]) -> list[str]:
         f"$ per month in all: {m['total']:,.0f} (DynamoDB {m['dynamodb_writes'] + m['dynamodb_reads']:,.0f}, "
         f"Fargate {m['fargate']:,.0f}, NAT gateways {m['nat_hours']:,.0f} + addresses {m['nat_addresses']:,.0f} "
         f"+ data {m['nat_data']:,.0f}, "
-        f"SQS {m['sqs']:,.0f}, CloudWatch requests {m['cloudwatch']:,.0f})",
+        f"SQS {m['sqs']:,.0f}, CloudWatch metrics {m['cloudwatch']:,.0f})",
         f"a rolling deploy launches {result['workers']:,} tasks: about {result['deploy_minutes']:,.1f} min at the "
         f"service's launch rate; START of every connection at the API's rate: {result['fill_seconds'] / 60:,.0f} min",
     ]

@@ -46,7 +46,7 @@ from typing import Any, Callable, Mapping
 import boto3
 from botocore.config import Config
 
-from .. import metrics_names, records
+from .. import metrics, metrics_names, records
 from ..config import ConsumerConfig
 from ..settings_spec import ConfigError
 from ..logs import JsonLogger, route_stdlib_logging
@@ -318,16 +318,9 @@ def embedded_metrics(
         metrics_names.DELIVERIES_FAILED: failed,
         metrics_names.SEQS_ABANDONED: counts.get(ABANDONED, 0),
     }
-    directive = {
-        "Namespace": namespace,
-        "Dimensions": [[metrics_names.DIMENSION_SERVICE_NAME]],
-        "Metrics": [{"Name": name, "Unit": "Count"} for name in values],
-    }
-    return {
-        "_aws": {"Timestamp": int(time.time() * 1000), "CloudWatchMetrics": [directive]},
-        metrics_names.DIMENSION_SERVICE_NAME: service_name,
-        **values,
-    }
+    service = [{"Name": metrics_names.DIMENSION_SERVICE_NAME, "Value": service_name}]
+    data = [metrics.datum(name, service, value, "Count") for name, value in values.items()]
+    return metrics.emf(namespace, data, timestamp_ms=int(time.time() * 1000), properties={})
 
 
 # --- Lambda entry point ------------------------------------------------------------------

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from . import metrics_cost
 from .corrections import corrected_ops
 from .model import HOURS_PER_MONTH, PARTITION_RCU, PARTITION_WCU, TABLE_QUOTA, Measured, Op, measured_shards
 
@@ -46,7 +47,8 @@ def fleet(
     ``shards`` is, and the table W x rate x shards / measured_shards (without it, the old
     reading: the measured rate spread over ``shards``, which understated prod's 16 4x).
 
-    ``fixed_per_worker_hour`` holds the worker's SQS and CloudWatch requests per hour;
+    ``fixed_per_worker_hour`` holds the worker's SQS requests per hour (its metrics are
+    log lines: :mod:`.metrics_cost`);
     ``message_wru_per_connection_hour``, when given, adds the messages table's writes
     (and checkpoints) of connections that receive frames."""
     workers = math.ceil(connections / per_worker)
@@ -81,8 +83,8 @@ def fleet(
         "dynamodb_writes": sum(t["wru"] for t in tables.values()) * 3600 * month_h / 1e6 * prices["dynamodb_wru_per_million"],
         "dynamodb_reads": sum(t["rru"] for t in tables.values()) * 3600 * month_h / 1e6 * prices["dynamodb_rru_per_million"],
         "sqs": fixed_per_worker_hour.get("sqs", 0) * workers * month_h / 1e6 * prices["sqs_requests_per_million"],
-        "cloudwatch": fixed_per_worker_hour.get("cloudwatch", 0) * workers * month_h / 1e3
-        * prices["cloudwatch_put_metric_data_per_thousand"],
+        # The metrics: EMF lines in the workers' logs (no PutMetricData; metrics_cost).
+        "cloudwatch": metrics_cost.month(workers, prices)["total"],
     }
     dollars["total"] = sum(dollars.values())
     return {

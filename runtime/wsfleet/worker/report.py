@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import resource
+import time
 from collections import deque
 from typing import Any
 
 from .. import clock, tracing
+from .. import metrics_names as names
 from ..aws import Aws
 from ..balance import is_summarizer
 from ..config import WorkerConfig
 from ..logs import JsonLogger
-from ..metrics import Counters, metric_data
+from ..metrics import EMF_EVENT, Counters, emf, metric_data
 from .balancer import Balancer
 from ..budget import MemoryBudget
 from .checkpoints import Checkpoints
@@ -115,19 +117,16 @@ class Report:
             active_connections=self._holdings.count(),
             deltas=self._counters.take_deltas(),
             unowned_connections=await self.count_unowned() if count_unowned else None,
-            worker_id=self._worker_id,
             loop_lag_p99_ms=self.lag.p99(),
             loop_lag_max_ms=self.lag.take_longest(),
             refused_connections=sum(1 for r in list(self._holdings.runners.values()) if r.refused),
             trace_export_failures=tracing.take_export_failures(),
         )
         try:
-            for start in range(0, len(data), 20):
-                await self._aws.call(
-                    self._aws.cloudwatch.put_metric_data,
-                    Namespace=self._config.metrics_namespace,
-                    MetricData=data[start : start + 20],
-                )
+            # One EMF line: CloudWatch Logs extracts the metrics (wsfleet.metrics).
+            document = emf(self._config.metrics_namespace, data, timestamp_ms=int(time.time() * 1000),
+                           properties={names.DIMENSION_WORKER_ID: self._worker_id})
+            self._log.info(EMF_EVENT, **document)
         except Exception as exc:  # noqa: BLE001 - metrics must never take the worker down
             self._log.warning("metrics_failed", error=str(exc))
         self._log.info("stats", **self.stats())
