@@ -5,6 +5,7 @@ shape CONTRACT.md section 4 gives them (inline data, S3 data, skip markers)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import urllib.request
@@ -216,6 +217,18 @@ def test_large_data_is_a_presigned_url_that_returns_it_byte_for_byte(api, stored
     with urllib.request.urlopen(big["data_url"], timeout=30) as reply:
         fetched = reply.read()
     assert fetched == data and hashlib.sha256(fetched).hexdigest() == digest
+
+
+def test_a_binary_feeds_frames_read_back_byte_for_byte_as_data_base64(api, stored):
+    api.start("c1")
+    payloads = [b"", b"\x00\x01\xff", bytes(range(256))]
+    frames = [
+        Frame(s, json.dumps(base64.b64encode(p).decode()), 1_700_000_000_000, binary=True) for s, p in enumerate(payloads, 1)
+    ]
+    stored.store.put("c1", frames, fence_token=1, worker_id="w1")
+    messages = read(api, "c1")[1]["messages"]
+    assert [set(e) for e in messages] == [{"seq", "data_base64"}] * 3
+    assert [base64.b64decode(e["data_base64"]) for e in messages] == payloads
 
 
 def test_reading_large_data_sends_no_s3_request(aws_env, ddb, sqs, emulator):

@@ -22,6 +22,7 @@ from .base import TransientError, _names, _Table, marshal, now_ms
 from .connection_reads import ConnectionReads
 from .desired import DesiredState
 from .last_error import LastErrors
+from .reservations import SeqReservations
 
 # Checkpoints per TransactWriteItems (DynamoDB takes up to 100). 25 keeps one
 # transaction's hold on the embedded emulator's DynamoDB lock to about that of a batch.
@@ -75,7 +76,7 @@ class Released(enum.Enum):
         return self is not Released.LOST
 
 
-class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, _Table):
+class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, SeqReservations, _Table):
     """The connections table: desired state, checkpoint, and which session owns it."""
 
     key_name = schema.PK
