@@ -81,7 +81,7 @@ class MessagesStore(_Table):
                         item[schema.DATA_BYTES] = f.data_bytes
                     if f.skip_to is not None:
                         item[schema.SKIP_TO] = f.skip_to
-                if f.binary:
+                if f.binary and f.data_json is not None:  # (a marker has no data to say the format of)
                     item[schema.DATA_FORMAT] = schema.DATA_FORMAT_BINARY
                 if self._ttl_s:
                     item[schema.MESSAGE_TTL_ATTRIBUTE] = f.received_at_ms // 1000 + self._ttl_s
