@@ -385,9 +385,9 @@ class SeqTracker:
 
     ``assigned`` (an assigned-seq feed): frames come UNNUMBERED and :meth:`numbered`
     numbers them after the last accepted; the first frame after every socket opened
-    (:meth:`opened`) but a brand-new connection's first comes after a ``reconnect``
-    marker, one seq, as the upstream cannot resend what it sent meanwhile. ``fresh``:
-    nothing was ever numbered for this connection (its first ownership, fence 1).
+    (:meth:`opened`) comes after a ``reconnect`` marker, one seq, as the upstream cannot
+    resend what it sent meanwhile; but for ``fresh`` (its first ownership, fence 1) until
+    its first frame: a brand-new connection's first frame is seq 1.
     """
 
     def __init__(self, checkpoint: int, *, assigned: bool = False, fresh: bool = False) -> None:
@@ -400,9 +400,9 @@ class SeqTracker:
 
     def opened(self) -> None:
         """A socket opened: an assigned-seq feed's next frame follows a reconnect marker,
-        unless nothing was ever numbered and this is the first socket."""
+        unless nothing was ever numbered for the connection (its first ownership has
+        taken no frame yet: the stream starts at its first frame, as with ``resume: none``)."""
         self.reconnect_due = self.assigned and not (self._fresh and self.last_accepted == 0)
-        self._fresh = False
 
     def numbered(self, frame: Frame) -> list[Frame]:
         """An UNNUMBERED frame numbered after the last accepted, after its reconnect
