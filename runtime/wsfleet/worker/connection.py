@@ -50,9 +50,9 @@ from .checkpoints import Checkpoints
 from .frame_log import UNEXPECTED, FrameLog
 from .frames import CheckpointTimer
 from .retry import LeaseExpired, call_until
+from .runner_settings import Settings
 from .secrets import Secrets, SecretUnavailable
 from .socket_budget import BudgetedConnection, OverBudget, over_budget
-from .runner_settings import Settings
 from .supervision import Supervisor
 from .upstream_socket import Dialer, Refused, close_socket, refused_pause_s
 from .writer import Writer
