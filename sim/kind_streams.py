@@ -13,7 +13,10 @@ One connection per kind, beside the default-protocol ones:
 * ``k-flat``: flat frames whose whole body is the data (``data_pointer: ""``);
 * ``k-none``: an upstream that cannot replay (``replay=none``, ``resume: none``): what
   it produced while nobody was connected is missed, and must be stored as one
-  ``upstream_gap`` marker per reconnect. The demo's crash kills this one's owner.
+  ``upstream_gap`` marker per reconnect. The demo's crash kills this one's owner;
+* ``k-text`` and ``k-binary``: feeds with no seq (``seq: assigned``), read as text and as
+  binary frames (``format=binary`` at the upstream): every frame stored as sent, in
+  order, none twice, one ``reconnect`` marker at most per socket after the first.
 
 The audit reads only independent evidence: the upstream's books (what each socket
 asked, what it was sent, what the stream produced, in which shape) and the messages
@@ -24,6 +27,7 @@ history.
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets as random_secrets
 import time
@@ -36,6 +40,7 @@ from .secrets import put_secret
 from .upstream import DEFAULT, FLAT, NESTED, SocketRecord
 
 AUTH, SUBSCRIBE, FLAT_KIND, NONE = "k-auth", "k-subscribe", "k-flat", "k-none"
+TEXT, BINARY = "k-text", "k-binary"
 AUTH_HEADER = "X-Api-Key"
 SUBPROTOCOL = "feed.v1"
 # Refusals of the authenticated stream beyond which a rotation caused a storm: one 403
@@ -51,10 +56,11 @@ class KindStream:
     shape: str
     upstream: Mapping[str, Any]  # the START's upstream object
     live_only: bool = False
+    assigned: bool = False  # seq assigned by the worker: audited by audit_assigned
 
 
 def kind_streams(secret_arn: str) -> list[KindStream]:
-    """The demo's four kinds; the authenticated one names ``secret_arn``."""
+    """The demo's six kinds; the authenticated one names ``secret_arn``."""
     subscribe = '{"op":"subscribe","stream":"' + SUBSCRIBE + '","from_seq":' + FROM_SEQ + "}"
     return [
         KindStream(AUTH, "authenticated: secret header from Secrets Manager, rotated", f"auth={AUTH_HEADER}", DEFAULT,
@@ -67,6 +73,10 @@ def kind_streams(secret_arn: str) -> list[KindStream]:
                    {"seq_pointer": "/u", "data_pointer": ""}),
         KindStream(NONE, "no replay (resume none): a missed range becomes an upstream_gap marker", "replay=none", DEFAULT,
                    {"resume": "none"}, live_only=True),
+        KindStream(TEXT, "text frames with no seq (format text, seq assigned)", "replay=none", DEFAULT,
+                   {"format": "text", "seq": "assigned"}, assigned=True),
+        KindStream(BINARY, "binary frames with no seq (format binary, seq assigned)", "replay=none&format=binary",
+                   DEFAULT, {"format": "binary", "seq": "assigned"}, assigned=True),
     ]
 
 
@@ -234,6 +244,44 @@ def audit_live_only(
     return audit
 
 
+def audit_assigned(
+    stream: KindStream, *, produced: int, checkpoint: int, items: Sequence[Mapping[str, Any]],
+    frames: Mapping[int, bytes], sockets: Sequence[SocketRecord],
+) -> KindAudit:
+    """A feed whose seqs the worker assigns (``frames``: the upstream's, by its own seq):
+    stored from seq 1; each data row a frame the upstream produced, byte for byte (text:
+    its UTF-8; binary: its base64), in the order produced and none twice; every marker a
+    ``reconnect`` one, at most one per socket after the first."""
+    data, markers = _split(items)
+    audit = KindAudit(stream.connection_id, stream.label, produced, checkpoint, len(data),
+                      min([*data, *markers], default=None), len(sockets))
+    if not data:
+        audit.problems.append("nothing was stored")
+        return audit
+    if audit.first != 1:
+        audit.problems.append(f"stored from seq {audit.first}, not 1")
+    binary = "format=binary" in stream.query
+    sent = {frame: seq for seq, frame in frames.items()}
+    order = []
+    for seq, stored in sorted(data.items()):
+        text = json.loads(stored) if isinstance(stored, str) else None
+        frame = base64.b64decode(text) if binary and isinstance(text, str) else str(text).encode()
+        if frame not in sent:
+            audit.problems.append(f"seq {seq} holds a frame the upstream never sent")
+        else:
+            order.append(sent[frame])
+    if order != sorted(set(order)):
+        audit.problems.append("frames stored out of the upstream's order, or twice")
+    reasons = {reason for _, reason in markers.values()}
+    if reasons - {schema.SKIPPED_RECONNECT}:
+        audit.problems.append(f"markers other than reconnect: {sorted(reasons)}")
+    if len(markers) > max(0, len(sockets) - 1):
+        audit.problems.append(f"{len(markers)} reconnect markers for {len(sockets)} sockets")
+    audit.notes.append(f"{len(data)} frames as sent (upstream frames {min(order, default=0)}-{max(order, default=0)}), "
+                       f"{len(markers)} reconnect marker(s) at seqs {_ranges(markers) or 'none'} for {len(sockets)} sockets")
+    return audit
+
+
 def leaks(values: Iterable[str], texts: Mapping[str, str]) -> list[str]:
     """The names of the texts (logs, items, GET bodies) that contain any of ``values``."""
     values = [v for v in values if v]
@@ -311,6 +359,10 @@ class KindStreams:
             )
             if k.live_only:
                 out.append(audit_live_only(k, **evidence))
+                continue
+            if k.assigned:
+                del evidence["expected"]
+                out.append(audit_assigned(k, frames=up.frames(cid), **evidence))
                 continue
             audit = audit_replaying(k, refusals=up.refusals(cid), **evidence)
             if cid == AUTH:

@@ -424,6 +424,8 @@ def as_items(view: Mapping[int, Record]) -> list[dict[str, Any]]:
                 item[schema.SKIP_TO] = r.skip_to
         elif r.data_ref is not None:
             item.update({schema.DATA_REF: r.data_ref, schema.DATA_BYTES: r.data_bytes, schema.DATA_SHA256: r.data_sha256})
+        elif r.data_base64 is not None:  # a binary feed's: as the table keeps it
+            item.update({schema.MESSAGE_DATA: json.dumps(r.data_base64), schema.DATA_FORMAT: schema.DATA_FORMAT_BINARY})
         else:
             item[schema.MESSAGE_DATA] = json.dumps(r.data, separators=(",", ":"), ensure_ascii=False)
         if r.data_bytes is not None:

@@ -5,6 +5,7 @@ section 4 gives them."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import subprocess
@@ -26,6 +27,7 @@ from wsfleet.cli.api import ApiClient
 from wsfleet.cli.errors import CliError
 from sim.emulator import set_faults
 from wsfleet.store import ConnectionsStore
+from wsfleet.stream import Frame
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -88,6 +90,18 @@ def test_messages_shows_markers_and_large_data_and_fetches_it_with_follow_urls(c
     assert json_lines(out)[4] == {"seq": 8, "data": {"text": "ü" * 400_000}}
     code, out, _ = run(capsys, aws_env, "messages", "c1", "--api", api.url, "--follow-urls", "--from-seq", "8")
     assert out.splitlines()[0].startswith('8  {"text":"üüü') and len(out.splitlines()[0]) == 3 + render.MESSAGE_WIDTH
+
+
+def test_messages_prints_a_binary_feeds_frames_as_bytes_and_its_large_one_fetched_as_data_base64(capsys, aws_env, api, stored):
+    run(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url)
+    small, large = b"\x00\x01\xff", bytes(range(256)) * 1200
+    stored.store.put("c1", [Frame(1, json.dumps(base64.b64encode(small).decode()), 1, binary=True)], fence_token=1, worker_id="w1")
+    as_stored = json.dumps(base64.b64encode(large).decode()).encode()  # the object: the base64 as a JSON string
+    stored.large("c1", 2, as_stored, **{schema.DATA_FORMAT: schema.DATA_FORMAT_BINARY})
+    code, out, _ = run(capsys, aws_env, "messages", "c1", "--api", api.url)
+    assert code == 0 and out.splitlines()[0] == "1  (3 bytes) 00 01 ff"
+    code, out, _ = run(capsys, aws_env, "messages", "c1", "--api", api.url, "--json", "--follow-urls")
+    assert [base64.b64decode(e["data_base64"]) for e in json_lines(out)] == [small, large]
 
 
 def test_follow_urls_refuses_data_that_does_not_match_its_hash(capsys, aws_env, api, stored):

@@ -92,6 +92,24 @@ def test_a_large_frame_becomes_exactly_what_the_loop_would_make_of_it(decoder):
 
 
 @pytest.mark.slow
+def test_a_large_frame_of_a_text_binary_or_seqless_json_feed_becomes_what_the_loop_would_make_of_it(decoder):
+    text, binary, seqless = (FrameShape(Pointer.parse("/seq"), Pointer.parse(""), f, True) for f in ("text", "binary", "json"))
+    cases = [
+        (("é" * (300 << 10)).encode(), text),
+        (b"\xff" + b"x" * (300 << 10), text),  # not UTF-8: an unnumbered marker
+        (bytes(range(256)) * 2000, binary),
+        (json.dumps({"px": list(range(100_000))}).encode(), seqless),
+    ]
+
+    async def go():
+        return [await decoder.parse(m, 7, s) for m, s in cases]
+
+    got = run(go())
+    assert got == [parse_frame(m, 7, s) for m, s in cases]
+    assert got[2].binary and got[1].is_marker and decoder.stats.children_started == 1
+
+
+@pytest.mark.slow
 def test_a_frame_of_tiny_objects_past_the_budget_is_a_marker_at_its_seq_and_the_child_goes_on(decoder):
     hostile = amplifying(41, MAX_FRAME - 100)  # under the frame limit, ~50 MB of objects
 

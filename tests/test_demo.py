@@ -89,7 +89,7 @@ def test_the_demo_plays_the_full_scenario_and_passes_its_own_audit(python_env, t
     # One connection per upstream kind, each audited against the upstream's books; the
     # one without replay lived through the crash of its owner with one marker for it.
     kinds = {k["connection_id"]: k for k in result["upstream_kinds"]}
-    assert set(kinds) == {"k-auth", "k-subscribe", "k-flat", "k-none"}
+    assert set(kinds) == {"k-auth", "k-subscribe", "k-flat", "k-none", "k-text", "k-binary"}
     assert all(k["ok"] and k["checkpoint"] > 0 for k in kinds.values()), kinds
     assert "rotated the k-auth credential" in text and "secret values found in none of" in text
     assert kinds["k-none"]["gaps"] and all(g["marker"] is not None for g in kinds["k-none"]["gaps"])

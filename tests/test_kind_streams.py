@@ -4,9 +4,12 @@ reconnect must leave."""
 
 from __future__ import annotations
 
+import base64
+import json
+
 from wsfleet import schema
 from sim.kind_streams import (
-    AUTH, FLAT_KIND, NONE, SUBSCRIBE, audit_live_only, audit_replaying, kind_streams, leaks,
+    AUTH, BINARY, FLAT_KIND, NONE, SUBSCRIBE, TEXT, audit_assigned, audit_live_only, audit_replaying, kind_streams, leaks,
 )
 from sim.upstream import Kind, SocketRecord
 from wsfleet.upstream_spec import parse
@@ -114,3 +117,44 @@ def test_leaks_names_every_text_holding_a_value():
     texts = {"w1.log": "connect X-Api-Key=demo-abc", "w2.log": "nothing", "GET k-auth": '{"upstream": {}}'}
     assert leaks(["demo-abc", ""], texts) == ["w1.log"]
     assert leaks(["demo-zzz"], texts) == []
+
+
+# --- assigned seqs: text and binary feeds ----------------------------------------------------------
+
+SENT = {10: b'{"seq":10}', 11: b'{"seq":11}', 12: b'\x00\xff'}
+
+
+def text_item(seq: int, frame: bytes) -> dict:
+    return {schema.MSG_SK: seq, schema.MESSAGE_DATA: json.dumps(frame.decode())}
+
+
+def reconnect(seq: int) -> dict:
+    return {schema.MSG_SK: seq, schema.SKIPPED: schema.SKIPPED_RECONNECT}
+
+
+def test_an_assigned_feed_stored_as_sent_in_order_with_a_reconnect_marker_per_later_socket_is_ok():
+    items = [text_item(1, SENT[10]), reconnect(2), text_item(3, SENT[11])]
+    audit = audit_assigned(KINDS[TEXT], produced=12, checkpoint=3, items=items, frames=SENT, sockets=[rec(1, 10, 10), rec(2, 11, 11)])
+    assert audit.ok, audit.problems
+
+
+def test_a_binary_feed_is_compared_byte_for_byte_through_base64():
+    items = [{schema.MSG_SK: 1, schema.MESSAGE_DATA: json.dumps(base64.b64encode(SENT[12]).decode())}]
+    audit = audit_assigned(KINDS[BINARY], produced=12, checkpoint=1, items=items, frames=SENT, sockets=[rec(1, 12, 12)])
+    assert audit.ok, audit.problems
+
+
+def test_an_assigned_feed_with_a_frame_twice_out_of_order_invented_or_too_many_markers_fails():
+    sockets = [rec(1, 10, 11)]
+    twice = [text_item(1, SENT[10]), text_item(2, SENT[10])]
+    invented = [text_item(1, b"never sent")]
+    markers = [text_item(1, SENT[10]), reconnect(2), text_item(3, SENT[11])]
+    late_start = [text_item(2, SENT[10])]
+    for items, problem in ((twice, "twice"), (invented, "never sent"), (markers, "reconnect markers"), (late_start, "not 1")):
+        audit = audit_assigned(KINDS[TEXT], produced=12, checkpoint=3, items=items, frames=SENT, sockets=sockets)
+        assert any(problem in p for p in audit.problems), (problem, audit.problems)
+
+
+def test_the_assigned_kinds_parse_as_upstreams_with_assigned_seqs():
+    for cid in (TEXT, BINARY):
+        assert parse(dict(KINDS[cid].upstream), secret_prefix="wsfleet/local/").assigned

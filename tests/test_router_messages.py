@@ -5,6 +5,7 @@ shape CONTRACT.md section 4 gives them (inline data, S3 data, skip markers)."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import urllib.request
@@ -17,7 +18,7 @@ from tests.test_router import ALLOWED, URL, Api, assert_error, get_event, inject
 from wsfleet import message_pages, schema
 from wsfleet.config import RouterConfig
 from wsfleet.router import make_client, make_presigner
-from wsfleet.sinks import MessagesStore
+from wsfleet.sinks import MessagesStore, ObjectsStore
 from wsfleet.store import marshal
 from wsfleet.stream import MAX_SEQ, Frame
 
@@ -58,8 +59,9 @@ class Stored:
         item = {schema.MSG_PK: schema.connection_pk(connection_id), schema.MSG_SK: seq, schema.MSG_FENCE_TOKEN: 1}
         self.ddb.put_item(TableName=self.table, Item=marshal({**item, **attributes}))
 
-    def large(self, connection_id: str, seq: int, data: bytes) -> str:
-        """The object first, then the item, as the worker writes them; returns the hash."""
+    def large(self, connection_id: str, seq: int, data: bytes, **attributes: Any) -> str:
+        """The object first, then the item (with ``attributes`` more), as the worker writes
+        them; returns the hash."""
         key = schema.message_object_key(connection_id, seq)
         self.s3.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType="application/json")
         digest = hashlib.sha256(data).hexdigest()
@@ -70,6 +72,7 @@ class Stored:
                 schema.DATA_REF: schema.data_ref(self.bucket, key),
                 schema.DATA_BYTES: len(data),
                 schema.DATA_SHA256: digest,
+                **attributes,
             },
         )
         return digest
@@ -216,6 +219,30 @@ def test_large_data_is_a_presigned_url_that_returns_it_byte_for_byte(api, stored
     with urllib.request.urlopen(big["data_url"], timeout=30) as reply:
         fetched = reply.read()
     assert fetched == data and hashlib.sha256(fetched).hexdigest() == digest
+
+
+def test_a_binary_feeds_frames_read_back_byte_for_byte_as_data_base64(api, stored):
+    api.start("c1")
+    payloads = [b"", b"\x00\x01\xff", bytes(range(256))]
+    frames = [
+        Frame(s, json.dumps(base64.b64encode(p).decode()), 1_700_000_000_000, binary=True) for s, p in enumerate(payloads, 1)
+    ]
+    stored.store.put("c1", frames, fence_token=1, worker_id="w1")
+    messages = read(api, "c1")[1]["messages"]
+    assert [set(e) for e in messages] == [{"seq", "data_base64"}] * 3
+    assert [base64.b64decode(e["data_base64"]) for e in messages] == payloads
+
+
+def test_a_large_binary_frame_is_a_data_url_of_its_base64_and_says_its_format(api, stored):
+    api.start("c1")
+    payload = bytes(range(256)) * 1200  # 307,200 bytes: 409,602 characters of base64 as a JSON string
+    frame = Frame(1, json.dumps(base64.b64encode(payload).decode()), 1_700_000_000_000, binary=True)
+    obj = ObjectsStore(stored.s3, stored.bucket).put("c1", 1, frame.data_json)
+    stored.store.put_many([("c1", 1, frame)], worker_id="w1", objects={("c1", 1): obj})
+    (entry,) = read(api, "c1")[1]["messages"]
+    assert entry[schema.DATA_FORMAT] == schema.DATA_FORMAT_BINARY and "data_base64" not in entry
+    with urllib.request.urlopen(entry["data_url"], timeout=30) as reply:
+        assert base64.b64decode(json.loads(reply.read())) == payload
 
 
 def test_reading_large_data_sends_no_s3_request(aws_env, ddb, sqs, emulator):

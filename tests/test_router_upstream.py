@@ -295,6 +295,11 @@ BAD_UPSTREAMS = {
         "invalid_upstream",
     ),
     "subprotocols not a list": ({"subprotocols": "v2"}, "invalid_upstream"),
+    "text with upstream seqs": ({"format": "text", "seq": "upstream"}, "invalid_upstream"),
+    "binary with no seq mode": ({"format": "binary"}, "invalid_upstream"),
+    "unknown format": ({"format": "protobuf", "seq": "assigned"}, "invalid_upstream"),
+    "unknown seq mode": ({"seq": "auto"}, "invalid_upstream"),
+    "assigned seqs with a seq pointer": ({"seq": "assigned", "seq_pointer": "/u"}, "invalid_upstream"),
 }
 
 
@@ -364,3 +369,10 @@ def test_a_stop_ignores_an_upstream_in_its_body(api):
     status, _ = api.post({"event_type": "STOP", "connection_id": "feed-1", "upstream": {"resume": "none"}})
     assert status == 202
     assert api.get("feed-1")[1]["upstream"] == UPSTREAM
+
+
+def test_a_text_or_binary_feed_is_202_and_get_returns_its_format_and_seq_mode(api):
+    for cid, upstream in (("feed-text", {"format": "text", "seq": "assigned"}), ("feed-json", {"seq": "assigned"})):
+        assert start(api, cid, upstream)[0] == 202
+        assert api.get(cid)[1]["upstream"] == upstream
+    assert start(api, "feed-text", {"format": "binary", "seq": "assigned"})[0] == 409

@@ -281,6 +281,7 @@ def test_every_marker_says_its_reason():
     assert reasons.pop(Problem.OVER_FRAME_LIMIT) == schema.SKIPPED_OVER_FRAME_LIMIT
     assert reasons.pop(Problem.TOO_LARGE) == schema.SKIPPED_OVER_FRAME_LIMIT  # over the limit once re-encoded
     assert reasons.pop(Problem.OVER_DECODE_BUDGET) == schema.SKIPPED_OVER_FRAME_LIMIT  # too costly to parse
+    assert reasons.pop(Problem.RECONNECT) == schema.SKIPPED_RECONNECT  # an assigned-seq feed reconnected
     assert set(reasons.values()) == {schema.SKIPPED_MALFORMED}  # every parser class, and the store's refusal
     assert Frame(1, None, 0).reason == schema.SKIPPED_MALFORMED
 

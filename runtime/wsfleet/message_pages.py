@@ -89,8 +89,11 @@ def _shown(value: object) -> str:
 def entry(item: Mapping[str, Any], presign: Callable[[str, str], str]) -> dict[str, Any]:
     """What a caller sees of one stored item (CONTRACT.md section 2): a skip marker
     (with ``to_seq`` for a range, ``data_bytes`` where known), large data as a presigned
-    ``data_url`` with its size and SHA-256, or the data itself."""
+    ``data_url`` with its size and SHA-256 (``data_format`` binary for a binary feed's:
+    its object holds the base64 as a JSON string), a binary feed's bytes in base64
+    (``data_base64``), or the data itself."""
     seq = int(item[schema.MSG_SK])
+    binary = item.get(schema.DATA_FORMAT) == schema.DATA_FORMAT_BINARY
     if schema.SKIPPED in item:
         marker: dict[str, Any] = {"seq": seq, "skipped": item[schema.SKIPPED]}
         if schema.SKIP_TO in item:
@@ -105,7 +108,10 @@ def entry(item: Mapping[str, Any], presign: Callable[[str, str], str]) -> dict[s
             "data_url": presign(bucket, key),
             "data_bytes": int(item[schema.DATA_BYTES]),
             "data_sha256": item[schema.DATA_SHA256],
+            **({schema.DATA_FORMAT: schema.DATA_FORMAT_BINARY} if binary else {}),
         }
+    if binary:
+        return {"seq": seq, "data_base64": _data(item.get(schema.MESSAGE_DATA))}
     return {"seq": seq, "data": _data(item.get(schema.MESSAGE_DATA))}
 
 

@@ -6,8 +6,11 @@ A record is the UTF-8 JSON object ``{"connection_id", "seq", "fence_token", "wor
 
 * ``"data"``: the frame's data, as the compact JSON the messages table would have held
   in ``message_data`` (embedded as JSON, not as a string of it);
+* ``"data_base64"``: a binary feed's frame, its bytes in base64;
 * ``"data_ref"``, ``"data_bytes"``, ``"data_sha256"``: data too large for a record,
-  stored in the messages bucket first (as for an item: :mod:`wsfleet.sinks.objects`);
+  stored in the messages bucket first (as for an item: :mod:`wsfleet.sinks.objects`),
+  with ``"data_format": "binary"`` for a binary feed's (the object holds the base64
+  as a JSON string);
 * ``"skipped"`` (a reason of ``schema.SKIPPED_REASONS``), with ``"data_bytes"`` where
   known and ``"skip_to"`` for a range: a skip marker.
 
@@ -37,6 +40,8 @@ FENCE_TOKEN = schema.MSG_FENCE_TOKEN
 WORKER_ID = schema.MSG_WORKER_ID
 RECEIVED_AT_MS = schema.RECEIVED_AT_MS
 DATA = "data"
+DATA_BASE64 = "data_base64"
+DATA_FORMAT = schema.DATA_FORMAT
 DATA_REF = schema.DATA_REF
 DATA_BYTES = schema.DATA_BYTES
 DATA_SHA256 = schema.DATA_SHA256
@@ -62,9 +67,10 @@ def encode(connection_id: str, fence_token: int, worker_id: str, frame: Frame, *
     )
     if data_ref is not None:
         ref, size, sha256 = data_ref
-        tail = f'"{DATA_REF}":{json.dumps(ref)},"{DATA_BYTES}":{int(size)},"{DATA_SHA256}":{json.dumps(sha256)}}}'
+        tail = f'"{DATA_REF}":{json.dumps(ref)},"{DATA_BYTES}":{int(size)},"{DATA_SHA256}":{json.dumps(sha256)}'
+        tail += f',"{DATA_FORMAT}":"{schema.DATA_FORMAT_BINARY}"}}' if frame.binary else "}"
     elif frame.data_json is not None:
-        tail = f'"{DATA}":{frame.data_json}}}'
+        tail = f'"{DATA_BASE64 if frame.binary else DATA}":{frame.data_json}}}'
     else:
         tail = f'"{SKIPPED}":{json.dumps(frame.reason)}'
         if frame.data_bytes is not None:
@@ -92,6 +98,21 @@ class Record:
     data_sha256: str | None = None
     skipped: str | None = None
     skip_to: int | None = None
+    data_base64: str | None = None  # a binary feed's frame
+    data_format: str | None = None  # "binary" for a binary feed's data_ref
+
+    def delivered(self) -> dict[str, Any]:
+        """Its data as a reader is given it (besides seq, fence, worker and time): the
+        data, a binary frame's data_base64, large data's reference, or the marker."""
+        if self.has_data:
+            return {DATA: self.data}
+        if self.data_base64 is not None:
+            return {DATA_BASE64: self.data_base64}
+        if self.data_ref is not None:
+            out = {DATA_REF: self.data_ref, DATA_BYTES: self.data_bytes, DATA_SHA256: self.data_sha256}
+            return {**out, DATA_FORMAT: self.data_format} if self.data_format is not None else out
+        out = {SKIPPED: self.skipped}
+        return out | {k: v for k, v in ((DATA_BYTES, self.data_bytes), (SKIP_TO, self.skip_to)) if v is not None}
 
     @property
     def end(self) -> int:
@@ -134,9 +155,11 @@ def decode(raw: bytes | str) -> Record:
             raise BadRecord(f"{name} must be a string, got {type(value).__name__}")
         return value
 
-    kinds = [k for k in (DATA, DATA_REF, SKIPPED) if k in doc]
+    kinds = [k for k in (DATA, DATA_BASE64, DATA_REF, SKIPPED) if k in doc]
     if len(kinds) != 1:
-        raise BadRecord(f"a record has exactly one of {DATA}, {DATA_REF}, {SKIPPED}; this one has {kinds or 'none'}")
+        raise BadRecord(
+            f"a record has exactly one of {DATA}, {DATA_BASE64}, {DATA_REF}, {SKIPPED}; this one has {kinds or 'none'}"
+        )
     skipped = text(SKIPPED, required=False)
     if skipped is not None and skipped not in schema.SKIPPED_REASONS:
         raise BadRecord(f"{SKIPPED} must be one of {', '.join(schema.SKIPPED_REASONS)}, got {skipped!r}")
@@ -153,6 +176,8 @@ def decode(raw: bytes | str) -> Record:
         data_sha256=text(DATA_SHA256, required=DATA_REF in doc),
         skipped=skipped,
         skip_to=whole(SKIP_TO, required=False),
+        data_base64=text(DATA_BASE64, required=False),
+        data_format=text(DATA_FORMAT, required=False),
     )
 
 

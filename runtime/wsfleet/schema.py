@@ -51,6 +51,11 @@ STRIKES = "strikes"  # strikes in the current run of consecutive ones
 STRIKES_SINCE_MS = "strikes_since_ms"  # when the run's first strike was counted
 STRIKE_FENCE = "strike_fence"  # the ownership (fence) the newest strike was for: each counts once
 QUARANTINED = "quarantined"  # {"reason", "at_ms"}: not taken again until a new START
+# An assigned-seq feed (upstream ``seq: assigned``): the highest seq any owner may have
+# numbered a frame with. An owner writes it (conditional on its session and fence) before
+# it numbers past it, so a new owner after a crash numbers after it: a late write of a
+# frozen former owner can only land at a seq below, one no later owner ever uses.
+SEQ_RESERVED = "seq_reserved"
 
 STARTED = "STARTED"
 STOPPED = "STOPPED"
@@ -143,7 +148,14 @@ DATA_BYTES = "data_bytes"  # how large the skipped data was, where known
 SKIPPED_MALFORMED = "malformed"  # a frame the parser could read a seq from, but not its data
 SKIPPED_OVER_FRAME_LIMIT = "over_frame_limit"  # a frame over MAX_FRAME_BYTES, after a bounded number of tries
 SKIPPED_UPSTREAM_GAP = "upstream_gap"  # seqs the upstream skipped (a range: see SKIP_TO)
-SKIPPED_REASONS = (SKIPPED_MALFORMED, SKIPPED_OVER_FRAME_LIMIT, SKIPPED_UPSTREAM_GAP)
+# An assigned-seq feed was (re)connected or taken over: frames the upstream sent in
+# between may have been missed (it cannot replay them).
+SKIPPED_RECONNECT = "reconnect"
+SKIPPED_REASONS = (SKIPPED_MALFORMED, SKIPPED_OVER_FRAME_LIMIT, SKIPPED_UPSTREAM_GAP, SKIPPED_RECONNECT)
+# A binary feed's item (upstream ``format: binary``): MESSAGE_DATA (or the object) holds
+# the frame's bytes in base64, as a JSON string; the read API shows ``data_base64``.
+DATA_FORMAT = "data_format"
+DATA_FORMAT_BINARY = "binary"
 # An upstream_gap marker stands for the seqs from its own (sk) to this one, inclusive;
 # every other marker stands for its own seq only.
 SKIP_TO = "skip_to"

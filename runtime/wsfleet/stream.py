@@ -17,6 +17,7 @@ a frame over the socket's limit, sent again at every resume, becomes an
 
 from __future__ import annotations
 
+import base64
 import enum
 import json
 import re
@@ -32,6 +33,8 @@ from .pointer import MISSING, Pointer
 # DynamoDB's 400 KB item limit; larger data goes to an S3 object (wsfleet.sinks.objects).
 MAX_MESSAGE_BYTES = 350_000
 MAX_SEQ = 2**63 - 1  # a seq is a non-negative integer below 2^63
+# The seq of a frame parsed for an assigned-seq feed: SeqTracker.numbered gives its own.
+UNNUMBERED = -1
 # Deepest nesting of arrays and objects a frame may have (the frame's own object is 1).
 # Deeper data is skipped: it bounds parsing, and what is stored stays readable by
 # consumers whose parsers limit depth (serde_json: 128; .NET's default is 64).
@@ -68,6 +71,7 @@ class Problem(enum.Enum):
     # worker, not by the parser; counted in SkippedFrames, not MalformedFrames).
     UPSTREAM_GAP = "upstream_gap"  # a frame's seq jumped ahead: one marker for the seqs in between
     OVER_FRAME_LIMIT = "over_frame_limit"  # closed the socket (1009) at the same resume point, again and again
+    RECONNECT = "reconnect"  # an assigned-seq feed (re)connected: what it sent meanwhile may be missed
     # Stored, but not byte for byte.
     LONE_SURROGATE = "lone_surrogate"  # half a UTF-16 pair (a cut emoji): stored as a \\uXXXX escape
 
@@ -85,6 +89,7 @@ class Frame:
     # the data it skips is, where known.
     data_bytes: int | None = None
     skip_to: int | None = None  # an upstream_gap marker's last seq: it stands for seq..skip_to
+    binary: bool = False  # data_json is the frame's bytes in base64, as a JSON string (format binary)
 
     @property
     def is_marker(self) -> bool:
@@ -116,6 +121,7 @@ _REASONS = {
     Problem.OVER_FRAME_LIMIT: schema.SKIPPED_OVER_FRAME_LIMIT,
     Problem.TOO_LARGE: schema.SKIPPED_OVER_FRAME_LIMIT,  # over the limit once re-encoded
     Problem.OVER_DECODE_BUDGET: schema.SKIPPED_OVER_FRAME_LIMIT,  # too large in effect: to parse
+    Problem.RECONNECT: schema.SKIPPED_RECONNECT,
 }
 
 
@@ -139,10 +145,14 @@ class Rejected:
 class FrameShape:
     """Where a connection's frames keep their seq and their data (its upstream's
     ``seq_pointer`` and ``data_pointer``); the default is ``{"seq", "data"}``. A pointer
-    of one token into an object is read with a dict lookup (the default's fast path)."""
+    of one token into an object is read with a dict lookup (the default's fast path).
+    ``format`` (json, text, binary) and ``assigned``: its upstream's ``format`` and
+    ``seq: assigned`` (then frames are parsed UNNUMBERED and the seq pointer is unused)."""
 
     seq: Pointer = Pointer.parse("/seq")
     data: Pointer = Pointer.parse("/data")
+    format: str = "json"
+    assigned: bool = False
     seq_key: str | None = field(init=False, repr=False, compare=False)
     data_key: str | None = field(init=False, repr=False, compare=False)
 
@@ -162,7 +172,10 @@ def parse_frame(message: str | bytes, received_at_ms: int, shape: FrameShape = D
     or a skip marker), or :class:`Rejected`. Never raises.
 
     The worker reads every frame as bytes (text frames are not decoded by the socket, so
-    invalid UTF-8 cannot fail the connection); a binary frame is read the same way."""
+    invalid UTF-8 cannot fail the connection); a binary frame is read the same way.
+    An assigned-seq feed's frame is never rejected (:func:`_unnumbered`)."""
+    if shape.assigned:
+        return _unnumbered(message, received_at_ms, shape)
     problem: Problem | None = None
     if isinstance(message, str):
         text = message
@@ -226,6 +239,37 @@ def _stored(seq: int, data: object, received_at_ms: int) -> Frame:
     return Frame(seq, data_json, received_at_ms, problem, data_bytes=size)
 
 
+def _unnumbered(message: str | bytes, received_at_ms: int, shape: FrameShape) -> Frame:
+    """A frame of an assigned-seq feed, UNNUMBERED: every frame received gets a seq, so
+    one that cannot be stored is a ``malformed`` marker (its size kept), never dropped.
+    binary: the bytes as they are, in base64; text: the frame as UTF-8 text (invalid
+    UTF-8 is no text: a marker, never stored altered); json: the data where the data
+    pointer says (the whole frame by default)."""
+    raw = message.encode("utf-8", "surrogatepass") if isinstance(message, str) else message
+    if shape.format == "binary":
+        data_json = '"' + base64.b64encode(raw).decode("ascii") + '"'
+        return Frame(UNNUMBERED, data_json, received_at_ms, data_bytes=len(data_json), binary=True)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return Frame(UNNUMBERED, None, received_at_ms, Problem.INVALID_UTF8, data_bytes=len(raw))
+    if shape.format == "text":
+        return _stored(UNNUMBERED, text, received_at_ms)
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        return Frame(UNNUMBERED, None, received_at_ms, Problem.TOO_DEEP, data_bytes=len(raw))
+    except ValueError as exc:  # not JSON, or an integer over 4,300 digits
+        problem = Problem.NOT_JSON if isinstance(exc, json.JSONDecodeError) else Problem.NUMBER_TOO_LONG
+        return Frame(UNNUMBERED, None, received_at_ms, problem, data_bytes=len(raw))
+    data = shape.data.resolve(obj)
+    if data is MISSING:
+        return Frame(UNNUMBERED, None, received_at_ms, Problem.NO_DATA, data_bytes=len(raw))
+    if (text.count("[") + text.count("{")) > MAX_DEPTH and _deeper_than([data], MAX_DEPTH + 1):
+        return Frame(UNNUMBERED, None, received_at_ms, Problem.TOO_DEEP, data_bytes=len(raw))
+    return _stored(UNNUMBERED, data, received_at_ms)
+
+
 # A JSON string, unterminated ones included (to the end of the text), so that a scan
 # never backtracks: every match either closes or runs to the end.
 _STRING = re.compile(r'"[^"\\]*+(?:\\[\s\S]?+[^"\\]*+)*+(?:"|\Z)')
@@ -263,7 +307,10 @@ def unparsed(message: bytes, problem: Problem, received_at_ms: int, shape: Frame
     """A frame given up on unparsed (``problem``: it would cost too much): a skip marker
     at its top-level seq, with the frame's size, if a scan of its first SEQ_SCAN_CHARS
     finds one (as for a frame json cannot read); else :class:`Rejected`. Never raises, and
-    costs no more than that scan, whatever the frame's size."""
+    costs no more than that scan, whatever the frame's size. (An assigned-seq feed's:
+    an UNNUMBERED marker.)"""
+    if shape.assigned:
+        return Frame(UNNUMBERED, None, received_at_ms, problem, data_bytes=len(message))
     head = message[: 4 * SEQ_SCAN_CHARS].decode("utf-8", "replace")  # a character is at most 4 bytes
     found = _by_scan(head, problem, received_at_ms, len(message), shape)
     return replace(found, data_bytes=len(message)) if isinstance(found, Frame) else found
@@ -335,12 +382,37 @@ class SeqTracker:
     a frame lost between the two (the queueing cancelled, or failing: a bug of ours,
     counted in LoopErrors) is not in hand, and the next frame's gap marker covers its
     seq. The marker then blames the upstream wrongly, but there is no silent hole.
+
+    ``assigned`` (an assigned-seq feed): frames come UNNUMBERED and :meth:`numbered`
+    numbers them after the last accepted; the first frame after every socket opened
+    (:meth:`opened`) comes after a ``reconnect`` marker, one seq, as the upstream cannot
+    resend what it sent meanwhile; but for ``fresh`` (its first ownership, fence 1) until
+    its first frame: a brand-new connection's first frame is seq 1.
     """
 
-    def __init__(self, checkpoint: int) -> None:
+    def __init__(self, checkpoint: int, *, assigned: bool = False, fresh: bool = False) -> None:
         self.checkpoint = Checkpoint(checkpoint)
         self.last_accepted = int(checkpoint)
         self._over_limit_closes = 0  # at next_seq, since the last frame accepted (or marker)
+        self.assigned = assigned
+        self._fresh = fresh and self.last_accepted == 0
+        self.reconnect_due = False  # the next numbered frame comes after a reconnect marker
+
+    def opened(self) -> None:
+        """A socket opened: an assigned-seq feed's next frame follows a reconnect marker,
+        unless nothing was ever numbered for the connection (its first ownership has
+        taken no frame yet: the stream starts at its first frame, as with ``resume: none``)."""
+        self.reconnect_due = self.assigned and not (self._fresh and self.last_accepted == 0)
+
+    def numbered(self, frame: Frame) -> list[Frame]:
+        """An UNNUMBERED frame numbered after the last accepted, after its reconnect
+        marker if one is due. Changes nothing (accepting the frame's seq clears it)."""
+        seq, out = self.next_seq, []
+        if self.reconnect_due:
+            out.append(Frame(seq, None, frame.received_at_ms, Problem.RECONNECT))
+            seq += 1
+        out.append(replace(frame, seq=seq))
+        return out
 
     @property
     def next_seq(self) -> int:
@@ -362,6 +434,7 @@ class SeqTracker:
             return False
         self.last_accepted = seq
         self._over_limit_closes = 0
+        self.reconnect_due = False
         return True
 
     def closed_over_limit(self, received_at_ms: int, size: int | None = None) -> Frame | None:
@@ -380,7 +453,7 @@ class SeqTracker:
         limit that the upstream sends once, not as that seq (a glitch), must cost a
         reconnect, not a frame that comes after it."""
         self._over_limit_closes += 1
-        if self._over_limit_closes < OVER_LIMIT_TRIES:
+        if self._over_limit_closes < OVER_LIMIT_TRIES or self.assigned:  # (assigned: the reconnect marker says it)
             return None
         return Frame(self.next_seq, None, received_at_ms, Problem.OVER_FRAME_LIMIT, data_bytes=size)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .pointer import MAX_POINTER_LENGTH, MAX_POINTER_TOKENS, Pointer, PointerError
-from .stream import resume_url
+from .stream import FrameShape, resume_url
 from .validation import Invalid
 
 INVALID = "invalid_upstream"
@@ -60,8 +60,24 @@ class Resume(enum.Enum):
     NONE = "none"  # the upstream cannot replay: what it sent meanwhile becomes an upstream_gap marker
 
 
+class Format(enum.Enum):
+    """How a frame's payload is read (whatever its opcode: a text frame of a binary feed is its UTF-8 bytes)."""
+
+    JSON = "json"  # a JSON value, its seq and data where the pointers say
+    TEXT = "text"  # any UTF-8 text, stored as a JSON string
+    BINARY = "binary"  # bytes, stored in base64 (the read API's data_base64)
+
+
+class SeqMode(enum.Enum):
+    """Where a frame's seq comes from."""
+
+    UPSTREAM = "upstream"  # read at seq_pointer; the upstream can resume at from_seq
+    ASSIGNED = "assigned"  # the worker numbers accepted frames; a reconnect leaves a reconnect marker
+
+
 DEFAULT_SEQ_POINTER = Pointer.parse("/seq")
 DEFAULT_DATA_POINTER = Pointer.parse("/data")
+WHOLE_FRAME = Pointer.parse("")  # the data pointer of an assigned-seq feed given none
 
 
 @dataclass(frozen=True)
@@ -88,6 +104,16 @@ class Upstream:
     seq_pointer: Pointer = DEFAULT_SEQ_POINTER
     data_pointer: Pointer = DEFAULT_DATA_POINTER
     resume: Resume = Resume.QUERY
+    format: Format = Format.JSON
+    seq: SeqMode = SeqMode.UPSTREAM
+
+    @property
+    def assigned(self) -> bool:
+        return self.seq is SeqMode.ASSIGNED
+
+    def shape(self) -> FrameShape:
+        """Where its frames keep seq and data, and how they are read (wsfleet.stream)."""
+        return FrameShape(self.seq_pointer, self.data_pointer, self.format.value, self.assigned)
 
     def item(self) -> dict[str, Any]:
         """The stored and public form: only the keys that differ from their defaults
@@ -104,15 +130,20 @@ class Upstream:
             out["open_message"] = self.open_message
         if self.seq_pointer != DEFAULT_SEQ_POINTER:
             out["seq_pointer"] = self.seq_pointer.text
-        if self.data_pointer != DEFAULT_DATA_POINTER:
+        if self.data_pointer != (WHOLE_FRAME if self.assigned else DEFAULT_DATA_POINTER):
             out["data_pointer"] = self.data_pointer.text
         if self.resume is not Resume.QUERY:
             out["resume"] = self.resume.value
+        if self.format is not Format.JSON:
+            out["format"] = self.format.value
+        if self.assigned:
+            out["seq"] = self.seq.value
         return out
 
     def url(self, ws_url: str, from_seq: int) -> str:
-        """The URL to open: with ``from_seq`` added when resuming by query, else as given."""
-        return resume_url(ws_url, from_seq) if self.resume is Resume.QUERY else ws_url
+        """The URL to open: with ``from_seq`` added when resuming by query (and the seqs
+        are the upstream's: an assigned seq means nothing to it), else as given."""
+        return resume_url(ws_url, from_seq) if self.resume is Resume.QUERY and not self.assigned else ws_url
 
     def opening(self, *, from_seq: int, connection_id: str) -> str | None:
         """The open message to send right after connecting, placeholders filled; None if none."""
@@ -282,11 +313,14 @@ def _check_data_pointer(value: object, ctx: _Context) -> Pointer:
     return _pointer("data_pointer", value)
 
 
-def _check_resume(value: object, ctx: _Context) -> Resume:
-    try:
-        return Resume(value)
-    except ValueError:
-        raise _fail("resume", f"must be one of {', '.join(r.value for r in Resume)}, got {_clip(value)!r}.") from None
+def _enum_check(key: str, kind: type[enum.Enum]) -> Callable[[Any, _Context], Any]:
+    def check(value: object, ctx: _Context) -> Any:
+        try:
+            return kind(value)
+        except ValueError:
+            raise _fail(key, f"must be one of {', '.join(m.value for m in kind)}, got {_clip(value)!r}.") from None
+
+    return check
 
 
 FIELDS: tuple[Field, ...] = (
@@ -360,8 +394,33 @@ FIELDS: tuple[Field, ...] = (
         False,
         "How a reconnect resumes: the from_seq query parameter, only the open message's {from_seq}, "
         "or none (the upstream cannot replay; what was missed is stored as an upstream_gap marker).",
-        _check_resume,
+        _enum_check("resume", Resume),
         tuple(r.value for r in Resume),
+    ),
+    Field(
+        "format",
+        "json | text | binary",
+        "json",
+        "--format",
+        "FORMAT",
+        False,
+        "How a frame is read: JSON; text (any UTF-8 text, stored as a JSON string); or binary (bytes, "
+        "read back as data_base64). text and binary need seq assigned.",
+        _enum_check("format", Format),
+        tuple(f.value for f in Format),
+    ),
+    Field(
+        "seq",
+        "upstream | assigned",
+        "upstream",
+        "--seq",
+        "MODE",
+        False,
+        "Where seqs come from: the upstream (read at seq_pointer), or assigned by the worker (stored end + 1, "
+        "+ 2, ...; the data is the whole frame unless data_pointer says; a reconnect or takeover stores a "
+        "reconnect marker, as such a feed cannot be resumed).",
+        _enum_check("seq", SeqMode),
+        tuple(m.value for m in SeqMode),
     ),
 )
 FIELD_NAMES = tuple(f.key for f in FIELDS)
@@ -390,6 +449,14 @@ def parse(value: object, *, secret_prefix: str, region: str | None = None) -> Up
             raise _fail(key, "names a header twice (header names are case-insensitive).")
     if len(parsed.get("headers", ())) + len(parsed.get("secret_headers", ())) > MAX_HEADERS:
         raise Invalid(INVALID, f"upstream: at most {MAX_HEADERS} headers and secret_headers together.")
+    if parsed.get("seq") is SeqMode.ASSIGNED:
+        if "seq_pointer" in parsed:
+            raise _fail("seq_pointer", "reads an upstream seq; with seq assigned the worker numbers the frames.")
+        parsed.setdefault("data_pointer", WHOLE_FRAME)
+    elif parsed.get("format", Format.JSON) is not Format.JSON:
+        raise _fail("format", f"{parsed['format'].value} frames carry no seq to read: give seq assigned.")
+    if parsed.get("format", Format.JSON) is not Format.JSON and "data_pointer" in value:
+        raise _fail("data_pointer", f"points into JSON; a {parsed['format'].value} frame is stored whole.")
     upstream = Upstream(**parsed)
     if upstream.resume is Resume.OPEN_MESSAGE and FROM_SEQ not in (upstream.open_message or ""):
         raise _fail("resume", "open_message resumes only through an open_message that contains {from_seq}.")

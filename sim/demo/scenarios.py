@@ -277,8 +277,12 @@ class Demo:
         large = fleet.large_frame(*self.large) if self.large else None
         kinds = self.kinds.audit() if self.kinds is not None else []
         # The stream, where it is a sink: every connection's order and deliveries again;
-        # the data of the default-protocol ones (the kinds' is in their own audit).
-        stream = (fleet.stream_audit(self.connections + self.kind_ids, data_of=self.connections)
+        # the data of the default-protocol ones (the kinds' is in their own audit). Not
+        # the assigned-seq kinds': after a crash their seqs jump past what the dead owner
+        # reserved (their own audit reads the stream as a consumer keeps it).
+        assigned = {k.connection_id for k in self.kinds.streams if k.assigned} if self.kinds is not None else set()
+        stream = (fleet.stream_audit([c for c in self.connections + self.kind_ids if c not in assigned], data_of=self.connections,
+                                     deliveries=[d for d in fleet.read_stream() if d.partition_key not in assigned])
                   if schema.SINK_KINESIS in fleet.sinks else None)
         sockets = self._sockets(self.connections + self.kind_ids)
         samples = list(fleet.samples)

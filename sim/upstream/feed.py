@@ -10,6 +10,7 @@ import asyncio
 import logging
 import socket
 import time
+from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
@@ -52,6 +53,9 @@ async def send_stream(ws: ServerConnection, s: Stream, record: SocketRecord) -> 
     start = record.from_seq if record.live_from is None else record.live_from
     last = max(0, start - 1 + record.offset)
     extras_sent = len(s.injected.get(last, ())) if record.live_from is not None else 0
+    # ``format=binary`` in the URL: the stream's frames go as binary frames (their bytes
+    # unchanged), for a worker reading a binary feed.
+    as_text = "binary" not in parse_qs(urlsplit(record.path).query).get("format", [])
     sent_at = 0.0  # when the last numbered frame went (monotonic), for slow()
     try:
         while True:
@@ -88,7 +92,7 @@ async def send_stream(ws: ServerConnection, s: Stream, record: SocketRecord) -> 
                     frame = kinds.amplified(s.shape, seq, kind.amplify, kind.amplify_with)
                     record.amplified_sent += 1
                 sent_at = time.monotonic()
-                await ws.send(frame, text=True)
+                await ws.send(frame, text=as_text)
                 last, extras_sent = seq, 0
                 record.frames_sent += 1
                 record.last_seq_sent = seq

@@ -125,7 +125,8 @@ def _fetch(url: str) -> tuple[int, bytes]:
 
 
 def _resolved(entry: Entry, fetch: Callable[[str], tuple[int, bytes]]) -> Entry:
-    """A ``data_url`` entry as ``{"seq", "data"}``, its object fetched and checked."""
+    """A ``data_url`` entry as ``{"seq", "data"}`` (``data_base64`` for a binary feed's),
+    its object fetched and checked."""
     seq = entry["seq"]
     try:
         status, raw = fetch(entry["data_url"])
@@ -144,4 +145,5 @@ def _resolved(entry: Entry, fetch: Callable[[str], tuple[int, bytes]]) -> Entry:
         data = json.loads(raw.decode("utf-8"))
     except ValueError:
         raise CliError(f"seq {seq}: the data fetched is not UTF-8 JSON") from None
-    return {"seq": seq, "data": data}
+    # A binary feed's object holds its base64 as a JSON string: shown as data_base64.
+    return {"seq": seq, "data_base64" if entry.get("data_format") == "binary" else "data": data}

@@ -125,6 +125,8 @@ def entry(record: records.Record) -> dict[str, Any]:
                            "received_at_ms": record.received_at_ms}
     if record.has_data:
         out["data"] = record.data
+    elif record.data_base64 is not None:
+        out["data_base64"] = record.data_base64
     elif record.data_ref is not None:
         out.update(data_ref=record.data_ref, data_bytes=record.data_bytes, data_sha256=record.data_sha256)
     else:

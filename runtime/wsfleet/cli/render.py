@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from typing import Any, Mapping, Sequence
@@ -180,6 +181,8 @@ def message(entry: Mapping[str, Any]) -> str:
         if "data_bytes" in entry:
             details.append(f"{entry['data_bytes']:,} bytes")
         return f"{seq}  (skipped: {', '.join(details)})"
+    if "data_base64" in entry:
+        return f"{seq}  {_binary(entry['data_base64'])}"
     if "data_url" in entry:
         return f"{seq}  (large data: {entry.get('data_bytes', 0):,} bytes at its data_url; --follow-urls fetches it)"
     return f"{seq}  {_clip(json.dumps(entry.get('data'), ensure_ascii=False, separators=(',', ':')), MESSAGE_WIDTH)}"
@@ -193,6 +196,15 @@ def human_bytes(n: int) -> str:
             return f"{n} B" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     raise AssertionError("unreachable")
+
+
+def _binary(text: object) -> str:
+    """A binary feed's bytes (base64 in the entry) as hex, clipped, with their size."""
+    try:
+        raw = base64.b64decode(str(text), validate=True)
+    except ValueError:
+        return f"(binary, not base64: {_clip(str(text), MESSAGE_WIDTH)})"
+    return f"({len(raw):,} bytes) {_clip(raw.hex(' '), MESSAGE_WIDTH)}"
 
 
 def _when(ms: int, now: int) -> str:

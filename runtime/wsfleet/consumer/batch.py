@@ -101,18 +101,7 @@ def fields(record: records.Record) -> dict[str, Any]:
         records.WORKER_ID: record.worker_id,
         records.RECEIVED_AT_MS: record.received_at_ms,
     }
-    if record.has_data:
-        out[records.DATA] = record.data
-    elif record.data_ref is not None:
-        out.update({records.DATA_REF: record.data_ref, records.DATA_BYTES: record.data_bytes,
-                    records.DATA_SHA256: record.data_sha256})
-    else:
-        out[records.SKIPPED] = record.skipped
-        if record.data_bytes is not None:
-            out[records.DATA_BYTES] = record.data_bytes
-        if record.skip_to is not None:
-            out[records.SKIP_TO] = record.skip_to
-    return out
+    return {**out, **record.delivered()}
 
 
 def line_of(record: records.Record) -> bytes:

@@ -49,7 +49,7 @@ class MessagesStore(_Table):
         """Store (connection_id, fence_token, frame) entries of any connections, keyed by
         seq (a replay rewrites the same key, never adds a row), 25 per BatchWriteItem; a
         frame with no data is stored as a skip marker: its reason, ``data_bytes`` where
-        known, and ``skip_to`` for a range. Data too large for an item must already be in
+        known, and ``skip_to`` for a range; a binary feed's item has ``data_format`` binary. Data too large for an item must already be in
         its object (``objects``, by (connection_id, seq): see :mod:`.objects`); its item
         holds the object's ref, size and SHA-256 instead.
 
@@ -82,6 +82,8 @@ class MessagesStore(_Table):
                         item[schema.DATA_BYTES] = f.data_bytes
                     if f.skip_to is not None:
                         item[schema.SKIP_TO] = f.skip_to
+                if f.binary and f.data_json is not None:  # (a marker has no data to say the format of)
+                    item[schema.DATA_FORMAT] = schema.DATA_FORMAT_BINARY
                 if self._ttl_s:
                     item[schema.MESSAGE_TTL_ATTRIBUTE] = f.received_at_ms // 1000 + self._ttl_s
                 try:
@@ -175,12 +177,13 @@ class MessagesStore(_Table):
             "#k": schema.SKIPPED,
             "#t": schema.SKIP_TO,
             "#e": schema.MESSAGE_TTL_ATTRIBUTE,
+            "#f": schema.DATA_FORMAT,
         }
         pages = self._query_pages(
             KeyConditionExpression=PARTITION_AFTER,
             ExpressionAttributeNames=names,
             ExpressionAttributeValues=marshal({":p": schema.connection_pk(connection_id), ":after": after_seq}),
-            ProjectionExpression="#s, #d, #r, #b, #h, #k, #t, #e",
+            ProjectionExpression="#s, #d, #r, #b, #h, #k, #t, #e, #f",
             ConsistentRead=True,
             Limit=batch,
         )

@@ -116,6 +116,7 @@ _PLACEHOLDERS = {
     "#rf": schema.RELEASED_FENCE,
     "#up": schema.UPSTREAM,
     "#le": schema.LAST_ERROR,
+    "#sr": schema.SEQ_RESERVED,
     "#lt": schema.LAST_ERROR_AT_MS,
     "#lfa": schema.LAST_FRAME_AT_MS,
     "#nf": schema.FRAMES,

@@ -27,6 +27,7 @@ from .counting import CheckpointEntry, Counting, counted_values
 from .desired import DesiredState
 from .last_error import LastErrors
 from .quarantine import Quarantines
+from .reservations import SeqReservations
 
 # Checkpoints per TransactWriteItems (DynamoDB takes up to 100). 25 keeps one
 # transaction's hold on the embedded emulator's DynamoDB lock to about that of a batch.
@@ -70,7 +71,7 @@ class Released(enum.Enum):
         return self is not Released.LOST
 
 
-class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, Quarantines, Counting, _Table):
+class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, Quarantines, Counting, SeqReservations, _Table):
     """The connections table: desired state, checkpoint, and which session owns it."""
 
     key_name = schema.PK

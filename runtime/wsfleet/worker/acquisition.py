@@ -143,6 +143,7 @@ class Acquisition:
             fence_token=int(item[schema.FENCE_TOKEN]),
             checkpoint=checkpoint,
             stored_end=stored_end,
+            reserved=0 if result.checkpoint_is_end else int(item.get(schema.SEQ_RESERVED, 0)),
             deadline=deadline,
             settings=self.settings,
             call=self._aws.call,

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import time
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidHandshake, InvalidURI, PayloadTooBig
@@ -40,23 +40,21 @@ from .. import clock
 from .. import metrics_names as names
 from .. import tracing, upstream_spec
 from ..checkpoint import Checkpoint, Tally
-from ..config import DEFAULT_MAX_FRAME_BYTES
 from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import CheckpointEntry, ConnectionsStore, Released
-from ..stream import FrameShape, SeqTracker
-from ..validation import Allowlist
+from ..stream import SeqTracker
+from . import numbering
 from .checkpoints import Checkpoints
 from .frame_log import UNEXPECTED, FrameLog
-from .decoder import IN_LOOP, FrameDecoder
 from .frames import CheckpointTimer
-from .gate import ReceiveGate
 from .retry import LeaseExpired, call_until
+from .runner_settings import Settings
 from .secrets import Secrets, SecretUnavailable
 from .socket_budget import BudgetedConnection, OverBudget, over_budget
 from .supervision import Supervisor
-from .upstream_socket import REFUSED_RETRY_S, Dialer, Refused, SocketOptions, close_socket, refused_pause_s
+from .upstream_socket import Dialer, Refused, close_socket, refused_pause_s
 from .writer import Writer
 
 RECONNECT_CAP_S = 10.0
@@ -68,28 +66,6 @@ class EndReason(enum.Enum):
     EXPIRED = "expired"  # the worker's deadline passed before a renewal got through: close, write nothing
     SHUTDOWN = "shutdown"  # this worker is leaving: close, flush, hand off (release at our fence), hint a peer
     SHED = "shed"  # moved to a worker under its fair share: close, flush, hand off, hint
-
-
-@dataclass(frozen=True)
-class Settings:
-    worker_id: str
-    checkpoint_s: float = 120.0  # longest time between checkpoints while frames arrive
-    # A checkpoint is asked for this share of checkpoint_s before it is due, so that it
-    # can leave together with other connections' ones (worker.checkpoints).
-    checkpoint_gather_share: float = 0.1
-    connect_timeout_s: float = 10.0
-    ping_interval_s: float = 20.0
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # the worker's is config.max_frame_bytes
-    allowlist: Allowlist = Allowlist.of(())  # hosts allowed to resolve to internal addresses
-    gate: ReceiveGate | None = None  # the worker's receive slots for large frames; None: unbounded
-    decoder: FrameDecoder = IN_LOOP  # the worker's, which parses large frames off the loop
-    refused_retry_s: float = REFUSED_RETRY_S  # the wait after a refused handshake (jittered)
-    upstream_secret_prefix: str = ""  # secrets a stored upstream may name (config.upstream_secret_prefix)
-    region: str | None = None  # the region those secrets must be in (config.region; None: any)
-
-    @property
-    def socket_options(self) -> SocketOptions:
-        return SocketOptions(self.connect_timeout_s, self.ping_interval_s, self.max_frame_bytes, self.allowlist, self.gate)
 
 
 Call = Callable[..., Awaitable[Any]]
@@ -105,6 +81,7 @@ class ConnectionRunner:
         fence_token: int,
         checkpoint: int,
         stored_end: int,
+        reserved: int = 0,  # an assigned-seq feed's seq_reserved, taken from a crashed owner (.numbering)
         deadline: Callable[[], float],
         settings: Settings,
         call: Call,
@@ -137,7 +114,7 @@ class ConnectionRunner:
         )
         self.upstream = self._dialer.upstream
         self.budget = self._dialer.budget  # what its sockets measured (worker.socket_budget)
-        self._shape = FrameShape(self.upstream.seq_pointer, self.upstream.data_pointer)
+        self._shape = self.upstream.shape()
         # Its first ownership ever (fence 1) of an upstream that cannot replay (see .frames).
         self._fresh = self.upstream.resume is upstream_spec.Resume.NONE and fence_token == 1
         self.refused = False  # the last connect was refused (the RefusedConnections gauge)
@@ -148,8 +125,13 @@ class ConnectionRunner:
         self.shed_to = ""
         self._deadline = deadline
         # Resume after what is stored gap-free (a crashed owner may have stored past its
-        # last checkpoint); the next checkpoint write records it.
-        self.tracker = SeqTracker(Checkpoint(checkpoint).advanced(stored_end))
+        # last checkpoint; an assigned-seq feed: after its reservation); the next checkpoint records it.
+        assigned = self.upstream.assigned
+        begin = numbering.start(assigned=assigned, checkpoint=checkpoint, stored_end=stored_end, reserved=reserved)
+        self.tracker = SeqTracker(begin, assigned=assigned, fresh=fence_token == 1)
+        key = dict(connection_id=connection_id, session_id=session_id, fence_token=fence_token)
+        reserve = functools.partial(self._until_deadline, connections.reserve_seqs, **key)
+        self._reservation = numbering.Reservation(begin, reserve) if assigned else None
         self._timer = CheckpointTimer.after(
             settings.checkpoint_s, settings.checkpoint_gather_share, Checkpoint(checkpoint), clock.now(), stored_end
         )
@@ -215,6 +197,7 @@ class ConnectionRunner:
                 async with ws:
                     self._ws = ws
                     self.connected.set()
+                    self.tracker.opened()
                     self.refused = False
                     self._log.info("connected", from_seq=from_seq, attempt=self._attempt, **tracing.log_fields(span.header))
                     opening = self.upstream.opening(from_seq=from_seq, connection_id=self.connection_id)
@@ -328,6 +311,8 @@ class ConnectionRunner:
                 return
             if not got.frames:
                 return  # rejected, or a replay of a frame already in hand
+            if self._reservation is not None and (why := await self._reservation.cover(got.frames[-1].seq)):
+                return self._end(EndReason(why))
             if got.gap is not None:
                 self._frame_log.skip(got.gap)
             await self._writer.put(self.connection_id, *got.frames)  # waits while the writer is full

@@ -20,12 +20,12 @@ from ..stream import Frame, FrameShape, Problem, Rejected, parse_frame, unparsed
 
 def serve(conn: Connection, budget_bytes: int | None) -> None:
     """Answer frames until the pipe closes. Each request is ``(received_at_ms,
-    seq_pointer, data_pointer)`` then the frame's bytes; each answer what :func:`decode`
+    seq_pointer, data_pointer, format, assigned)`` (the connection's FrameShape) then the frame's bytes; each answer what :func:`decode`
     makes of it (sent by :func:`_answer`). ``budget_bytes``: how much the address space
     may grow beyond what it maps once the frame is in hand (None: no cap)."""
     while True:
         try:
-            received_at_ms, seq_pointer, data_pointer = conn.recv()
+            received_at_ms, seq_pointer, data_pointer, form, assigned = conn.recv()
             message = conn.recv_bytes()
         except EOFError:  # the worker closed its end: leave
             return
@@ -33,7 +33,7 @@ def serve(conn: Connection, budget_bytes: int | None) -> None:
             # From what is mapped now, frame included: what earlier frames left mapped
             # (free heap the allocator reuses) and reading this one cost is not its parse's.
             _cap(budget_bytes)
-        shape = FrameShape(Pointer.parse(seq_pointer), Pointer.parse(data_pointer))
+        shape = FrameShape(Pointer.parse(seq_pointer), Pointer.parse(data_pointer), form, assigned)
         answer = decode(message, received_at_ms, shape)
         try:
             data = None if isinstance(answer, Rejected) or answer.data_json is None else answer.data_json.encode("utf-8")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..checkpoint import Checkpoint, Tally, Uncounted
-from ..stream import Frame, FrameShape, Problem, Rejected, SeqTracker, parse_frame
+from ..stream import UNNUMBERED, Frame, FrameShape, Problem, Rejected, SeqTracker, parse_frame
 
 
 @dataclass(slots=True)  # not frozen: one is built per frame, and a frozen one costs 2 us more
@@ -41,9 +41,10 @@ class Received:
 
     @property
     def gap(self) -> Frame | None:
-        """The ``upstream_gap`` marker for the seqs the frame jumped over, if any."""
+        """The marker queued before the frame, if any: ``upstream_gap`` for the seqs it
+        jumped over, or an assigned-seq feed's ``reconnect``."""
         first = self.frames[0] if self.frames else None
-        return first if first is not None and first.problem is Problem.UPSTREAM_GAP else None
+        return first if first is not None and first.problem in (Problem.UPSTREAM_GAP, Problem.RECONNECT) else None
 
     def problem_fields(self) -> dict[str, object]:
         """The bad frame's log fields besides its problem."""
@@ -75,6 +76,9 @@ def decided(frame: Frame | Rejected, size: int, *, tracker: SeqTracker, may_star
     if isinstance(frame, Rejected):
         return Received(frame.size, frame.problem, "nothing")
     stored_as = None if frame.problem is None else "skip_marker" if frame.is_marker else "escaped"
+    if frame.seq == UNNUMBERED:  # an assigned-seq feed's: numbered here, after a reconnect marker if due
+        frames = tracker.numbered(frame)
+        return Received(size, frame.problem, stored_as, frames[-1].seq, frames=frames)
     if may_start_fresh and tracker.last_accepted == 0 and frame.seq > 1:
         return Received(size, frame.problem, stored_as, frame.seq, start_at=frame.seq - 1, frames=(frame,))
     return Received(size, frame.problem, stored_as, frame.seq, frames=tracker.to_store(frame))
