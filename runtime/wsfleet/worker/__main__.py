@@ -63,7 +63,7 @@ def main() -> int:
     worker_id = resolve_worker_id(config)
     route_stdlib_logging(worker_id=worker_id)
     # Before the first large frame: glibc's threshold moves with the blocks freed (see allocator).
-    log.info("allocator_tuned", **allocator.tune())
+    log.info("allocator_tuned", worker_id=worker_id, **allocator.tune())
     asyncio.run(run(config, worker_id, log))
     return 0
 
