@@ -31,7 +31,7 @@ MAY_IMPORT = {
 # The product's three floors (README, "Where things are"): a module imports only from
 # its own floor or the ones below, and no process imports another process.
 RULES = {  # pure: no boto3, no asyncio, no I/O
-    "balance", "budget", "checkpoint", "clock", "leases", "message_pages", "metrics_names", "plan", "pointer",
+    "balance", "budget", "checkpoint", "clock", "credentials", "leases", "message_pages", "metrics_names", "plan", "pointer",
     "records", "schema", "settings_spec", "stack_outputs", "stream", "upstream_spec", "validation",
 }
 ADAPTERS = {"aws", "config", "logs", "metrics", "sinks", "store", "tracing"}

@@ -31,7 +31,7 @@ def refusal(fn, *args) -> Invalid:
 
 @pytest.mark.parametrize(
     "value",
-    ["a", "A-z_0.9:x", "tenant:42.feed-7_b", "x" * 128, "0", "..", "::"],
+    ["a", "A-z_0.9:x", "tenant:42.feed-7_b", "x" * 128, "0", "::", ".a", "a..", "..:"],
 )
 def test_connection_id_of_allowed_characters_and_length_is_accepted(value):
     assert check_connection_id(value) == value
@@ -60,6 +60,13 @@ def test_connection_id_outside_the_alphabet_or_length_is_refused(value):
     err = refusal(check_connection_id, value)
     assert err.code == "invalid_connection_id"
     assert "1 to 128" in err.message
+
+
+@pytest.mark.parametrize("value", [".", "..", "...", "." * 128])
+def test_connection_id_made_only_of_dots_is_refused_as_a_path_segment(value):
+    err = refusal(check_connection_id, value)
+    assert err.code == "invalid_connection_id"
+    assert "only of dots" in err.message
 
 
 # --- ws_url: accepted ------------------------------------------------------------------

@@ -88,6 +88,12 @@ class Upstream:
     seq_pointer: Pointer = DEFAULT_SEQ_POINTER
     data_pointer: Pointer = DEFAULT_DATA_POINTER
     resume: Resume = Resume.QUERY
+    secret_query: tuple[tuple[str, SecretRef], ...] = ()
+
+    @property
+    def secret_refs(self) -> tuple[tuple[str, SecretRef], ...]:
+        """Every secret this upstream uses: its secret headers, then its secret query parameters."""
+        return self.secret_headers + self.secret_query
 
     def item(self) -> dict[str, Any]:
         """The stored and public form: only the keys that differ from their defaults
@@ -108,6 +114,8 @@ class Upstream:
             out["data_pointer"] = self.data_pointer.text
         if self.resume is not Resume.QUERY:
             out["resume"] = self.resume.value
+        if self.secret_query:
+            out["secret_query"] = {name: ref.text for name, ref in self.secret_query}
         return out
 
     def url(self, ws_url: str, from_seq: int) -> str:
@@ -289,6 +297,27 @@ def _check_resume(value: object, ctx: _Context) -> Resume:
         raise _fail("resume", f"must be one of {', '.join(r.value for r in Resume)}, got {_clip(value)!r}.") from None
 
 
+MAX_SECRET_QUERY = 8
+# A secret query parameter's name: URL-unreserved characters, so that it needs no encoding.
+_QUERY_NAME = re.compile(r"[A-Za-z0-9._~-]{1,128}")
+_RESERVED_QUERY = frozenset({"from_seq"})  # the worker's own parameter (resume: query)
+
+
+def _check_secret_query(value: object, ctx: _Context) -> tuple[tuple[str, SecretRef], ...]:
+    if not isinstance(value, dict) or not 1 <= len(value) <= MAX_SECRET_QUERY:
+        raise _fail("secret_query", f"must be an object of 1 to {MAX_SECRET_QUERY} query parameter names to secret ARNs.")
+    out = []
+    for name, ref in value.items():
+        if not isinstance(name, str) or not _QUERY_NAME.fullmatch(name):
+            raise _fail(
+                "secret_query", f"parameter name {_clip(name)!r} must be 1 to 128 of A-Z, a-z, 0-9, '.', '_', '~' or '-'."
+            )
+        if name.lower() in _RESERVED_QUERY:
+            raise _fail("secret_query", f"parameter {name} is the worker's own (the resume point).")
+        out.append((name, parse_secret_ref(ref, ctx.secret_prefix, "secret_query", header=name, region=ctx.region)))
+    return tuple(out)
+
+
 FIELDS: tuple[Field, ...] = (
     Field(
         "headers",
@@ -362,6 +391,17 @@ FIELDS: tuple[Field, ...] = (
         "or none (the upstream cannot replay; what was missed is stored as an upstream_gap marker).",
         _check_resume,
         tuple(r.value for r in Resume),
+    ),
+    Field(
+        "secret_query",
+        "object",
+        "",
+        "--secret-query",
+        "NAME=ARN[#KEY]",
+        True,
+        "Query parameters the worker adds to ws_url at connect time, their values read from Secrets Manager (ARN "
+        "under UPSTREAM_SECRET_PREFIX; #KEY takes one field of a JSON secret); never stored, logged or returned.",
+        _check_secret_query,
     ),
 )
 FIELD_NAMES = tuple(f.key for f in FIELDS)

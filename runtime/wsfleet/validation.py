@@ -52,6 +52,8 @@ def check_connection_id(value: object) -> str:
             f"connection_id must be 1 to {MAX_CONNECTION_ID_LENGTH} characters of "
             "A-Z, a-z, 0-9, '.', '_', ':' or '-'.",
         )
+    if not value.strip("."):  # '.' and '..' are path segments in S3 keys and the CLI's paths
+        raise Invalid("invalid_connection_id", "connection_id must not be made only of dots ('.', '..').")
     return value
 
 
