@@ -195,3 +195,21 @@ def test_a_secret_is_sent_only_to_a_host_its_tag_allows(
         error = conns.get("h")[schema.LAST_ERROR]
         assert arn in error and "wsfleet:hosts" in error
     assert value not in captured.lines() + every_item(ddb, aws_env)
+
+
+def test_a_stored_upstream_with_secrets_over_ws_to_another_host_is_refused_before_any_secret_is_read(
+    emulator, aws_env, stores, ddb, captured
+):
+    conns, _ = stores
+    arn = put_secret(emulator.endpoint_url, f"test/{uuid.uuid4().hex[:8]}", "v")
+    # Stored before the router refused it: the worker refuses it at connect too.
+    start(conns, ddb, aws_env, "w", "ws://eu.feeds.example.com/s", {"secret_headers": {"X-Key": arn}})
+
+    async def scenario():
+        allowed = config(aws_env, ALLOWED_WS_HOSTS="*.feeds.example.com")
+        async with running(allowed, JsonLogger(captured.stream), refused_retry_s=30) as worker:
+            await eventually(refused_once(worker, conns, "w"), what="the refusal")
+            assert worker.counters.total(names.SECRET_FETCHES) == 0
+
+    asyncio.run(scenario())
+    assert "wss://" in conns.get("w")[schema.LAST_ERROR]

@@ -21,6 +21,7 @@ import ipaddress
 from typing import Iterable
 from urllib.parse import parse_qsl, urlsplit
 
+from .upstream_spec import Upstream
 from .validation import Invalid
 
 CLEARTEXT_SECRET = "cleartext_secret"
@@ -83,6 +84,16 @@ def check_travel(ws_url: str, *, has_secrets: bool) -> None:
             "upstream has secret_headers or secret_query but ws_url is ws://, which would send the secret in "
             "cleartext; use wss:// (ws:// is allowed only to localhost, 127.0.0.0/8 or ::1).",
         )
+
+
+def check_start(ws_url: str, upstream: Upstream) -> str:
+    """``ws_url`` if a START with ``upstream`` keeps its secrets where they belong; raises
+    ``secret_in_plain``, ``invalid_upstream`` (a secret query parameter ws_url has too) or
+    ``cleartext_secret`` otherwise."""
+    check_plain(ws_url, [name for name, _ in upstream.headers])
+    check_secret_query_names(ws_url, [name for name, _ in upstream.secret_query])
+    check_travel(ws_url, has_secrets=bool(upstream.secret_refs))
+    return ws_url
 
 
 def check_plain(ws_url: str, header_names: Iterable[str]) -> None:

@@ -244,7 +244,7 @@ class Router:
         if event_type == "START":
             ws_url = _valid(check_ws_url, _field(body, "ws_url"), self._allowlist)
             upstream = _valid_upstream(body.get("upstream"), self._config)
-            _check_credentials(ws_url, upstream)
+            _valid(credentials.check_start, ws_url, upstream)  # cleartext_secret, secret_in_plain
             return self._start(connection_id, ws_url, upstream, fields)
         return self._stop(connection_id, fields)
 
@@ -430,18 +430,6 @@ def _valid_upstream(value: object, config: RouterConfig) -> upstream_spec.Upstre
     """The START's ``upstream`` (absent or null: the default protocol), or a 400."""
     try:
         return upstream_spec.parse(value, secret_prefix=config.upstream_secret_prefix, region=config.region)
-    except Invalid as exc:
-        raise HttpError(400, exc.code, exc.message) from None
-
-
-def _check_credentials(ws_url: str, upstream: upstream_spec.Upstream) -> None:
-    """A 400 for a secret that would travel in cleartext (``cleartext_secret``) or a
-    credential in plain sight (``secret_in_plain``: stored, returned, logged); see
-    :mod:`wsfleet.credentials`."""
-    try:
-        credentials.check_plain(ws_url, [name for name, _ in upstream.headers])
-        credentials.check_secret_query_names(ws_url, [name for name, _ in upstream.secret_query])
-        credentials.check_travel(ws_url, has_secrets=bool(upstream.secret_refs))
     except Invalid as exc:
         raise HttpError(400, exc.code, exc.message) from None
 
