@@ -1,11 +1,14 @@
 """Opening one connection's socket to its upstream, and what a refusal means.
 
-:func:`open_socket` resolves and checks the host, then makes the handshake the
-connection's :class:`~wsfleet.upstream_spec.Upstream` asks for: its URL (``from_seq``
-only when it resumes by query), its plain and secret headers, its subprotocols. What
-the upstream answers decides how soon to try again (:func:`refusal`): a socket error,
-a 5xx, 408 or 429 is a fault that passes (the runner's short backoff); any other 4xx
-is a refusal that will not pass by itself (a revoked key, a wrong ARN), waited out for
+:func:`open_socket` checks the host against the allowlist again (it may have narrowed
+since the START), resolves it and checks the addresses, then makes the handshake the
+connection's :class:`~wsfleet.upstream_spec.Upstream` asks for, to the checked address,
+never through a proxy: its URL (``from_seq`` only when it resumes by query, its secret
+query parameters), its plain and secret headers, its subprotocols. What the upstream
+answers decides how soon to try again (:func:`refusal`): a socket error, a 5xx, 408 or
+429 is a fault that passes (the runner's short backoff); any other 4xx, any 3xx (a
+redirect is never followed), a closed port or a host not allowed is a refusal that will
+not pass by itself (a revoked key, a wrong ARN, a moved feed), waited out for
 ``REFUSED_RETRY_S`` (jittered) so that a fleet of refused connections is not a storm.
 A 401/403 is first answered by fetching the connection's secrets again once (a
 rotation), and trying again at once.
@@ -243,8 +246,9 @@ class Dialer:
     async def open(self, from_seq: int) -> ClientConnection:
         """The socket, as the upstream asks for it. A 401/403 is answered once by
         fetching the secrets again (newer than the ones refused) and trying again at
-        once; a refusal (that one again, another 4xx, a secret that cannot be read, a
-        host not allowed, a stored upstream refused) raises :class:`Refused`."""
+        once; a refusal (that one again, another 4xx, a 3xx, a closed port, a secret that
+        cannot be read or is not for this host, a host not allowed, a stored upstream
+        refused) raises :class:`Refused`."""
         if self._refused is not None:
             raise self._refused
         secret = await self._secret_values()
