@@ -147,7 +147,7 @@ class ReadyUpstream:
 
 class UpstreamProcess(ReadyUpstream):
     """``python -m sim.upstream``; its books come over HTTP (``GET /_stats``).
-    ``credentials``: what its ``auth=`` streams accept."""
+    ``credentials``: what its ``auth_header=`` streams accept."""
 
     def __init__(self, run_dir: Path, *, rate: float | None, name: str = "upstream", credentials: Sequence[str] = ()) -> None:
         argv = [sys.executable, "-m", "sim.upstream", "--port", "0", "--rate", f"{rate or 0:g}"]

@@ -41,7 +41,7 @@ class UpstreamKind:
 
     def ws_url(self, stream_url: str) -> str:
         """What configures the local upstream's kind: the stream URL's query."""
-        return stream_url if self.name == DEFAULT_KIND else f"{stream_url}?auth={KIND_HEADER}&subscribe=1"
+        return stream_url if self.name == DEFAULT_KIND else f"{stream_url}?auth_header={KIND_HEADER}&subscribe=1"
 
     def upstream(self) -> dict[str, Any] | None:
         """The START's upstream object (None: the default protocol)."""

@@ -3,7 +3,7 @@ object), and their audit against the upstream's books.
 
 One connection per kind, beside the default-protocol ones:
 
-* ``k-auth``: an authenticated upstream (``auth=X-Api-Key``); the START names a Secrets
+* ``k-auth``: an authenticated upstream (``auth_header=X-Api-Key``); the START names a Secrets
   Manager secret in ``secret_headers``. :meth:`KindStreams.rotate` puts a new value in
   the secret, revokes the old credential at the upstream and cuts the socket: the
   worker's reconnect is refused (403) with its cached value, it fetches the secret again
@@ -63,7 +63,7 @@ def kind_streams(secret_arn: str) -> list[KindStream]:
     """The demo's six kinds; the authenticated one names ``secret_arn``."""
     subscribe = '{"op":"subscribe","stream":"' + SUBSCRIBE + '","from_seq":' + FROM_SEQ + "}"
     return [
-        KindStream(AUTH, "authenticated: secret header from Secrets Manager, rotated", f"auth={AUTH_HEADER}", DEFAULT,
+        KindStream(AUTH, "authenticated: secret header from Secrets Manager, rotated", f"auth_header={AUTH_HEADER}", DEFAULT,
                    {"secret_headers": {AUTH_HEADER: secret_arn}}),
         KindStream(SUBSCRIBE, "subprotocol + subscribe (resume in the open message), nested frames",
                    f"subprotocol={SUBPROTOCOL}&subscribe=1&shape=nested", NESTED,

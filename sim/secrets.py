@@ -16,6 +16,8 @@ import json
 import sys
 from typing import Any
 
+from wsfleet.credentials import SECRET_HOSTS_TAG
+
 from .emulator_client import DEFAULT_REGION, emulator_session
 
 SECRET_PREFIX = "wsfleet/local/"
@@ -26,20 +28,27 @@ def secret_name(name: str) -> str:
     return name if name.startswith(SECRET_PREFIX) else SECRET_PREFIX + name
 
 
-def put_secret(endpoint_url: str, name: str, value: str | dict[str, Any], *, region: str | None = None) -> str:
+def put_secret(
+    endpoint_url: str, name: str, value: str | dict[str, Any], *, region: str | None = None, hosts: str | None = None
+) -> str:
     """Create the secret ``name`` (under :data:`SECRET_PREFIX`) with ``value`` (a dict is
     stored as JSON, for ``ARN#key`` references), or put ``value`` as its new current
-    version if it exists; returns its ARN. The value is never logged."""
+    version if it exists; returns its ARN. The value is never logged. ``hosts``: its
+    ``wsfleet:hosts`` tag (space-separated host names, ``.domain`` for a domain and its
+    subdomains), the hosts it may be sent to."""
     from botocore.exceptions import ClientError
 
     client = emulator_session(region or DEFAULT_REGION).client("secretsmanager", endpoint_url=endpoint_url)
     text = value if isinstance(value, str) else json.dumps(value)
     full = secret_name(name)
+    tags = [{"Key": SECRET_HOSTS_TAG, "Value": hosts}] if hosts is not None else []
     try:
-        return client.create_secret(Name=full, SecretString=text)["ARN"]
+        return client.create_secret(Name=full, SecretString=text, Tags=tags)["ARN"]
     except ClientError as error:
         if error.response["Error"]["Code"] != "ResourceExistsException":
             raise
+    if tags:
+        client.tag_resource(SecretId=full, Tags=tags)
     return client.put_secret_value(SecretId=full, SecretString=text)["ARN"]
 
 
@@ -49,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--region", default=None)
     parser.add_argument("name", help=f"the secret's name, under {SECRET_PREFIX} (added if left out)")
     parser.add_argument("value", help="its value; a JSON object is stored as it is, for ARN#key references")
+    parser.add_argument("--hosts", default=None, help="its wsfleet:hosts tag: the hosts it may be sent to, space-separated")
     args = parser.parse_args(argv)
-    print(put_secret(args.endpoint_url, args.name, args.value, region=args.region))
+    print(put_secret(args.endpoint_url, args.name, args.value, region=args.region, hosts=args.hosts))
     return 0
 
 

@@ -95,6 +95,7 @@ def worker(settings: EnvironmentSettings, resources: Resources, region: str) -> 
         spec.ALLOWED_WS_HOSTS: settings.allowed_ws_hosts,
         # The same prefix as the router's: a stored upstream naming another secret is refused.
         spec.UPSTREAM_SECRET_PREFIX: settings.secret_prefix,
+        spec.SECRET_HOSTS_REQUIRED: settings.secret_hosts_required,
     }
     return spec.environment(
         spec.WORKER,

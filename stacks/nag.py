@@ -175,9 +175,9 @@ def acknowledge_service_findings(
         _acknowledge(
             task_definition.task_role,
             _wildcard_resource(workers, upstream_secrets_arn),
-            "secretsmanager:GetSecretValue on the secrets under the environment's "
-            "upstream_secret_prefix (UPSTREAM_SECRET_PREFIX), in this account and region: "
-            "callers name them per connection in START's secret_headers, so no fixed ARN; "
+            "secretsmanager:GetSecretValue and DescribeSecret (the wsfleet:hosts tag) on the secrets under "
+            "the environment's upstream_secret_prefix (UPSTREAM_SECRET_PREFIX), in this account and region: "
+            "callers name them per connection in START's secret_headers and secret_query, so no fixed ARN; "
             "the router refuses ARNs under any other prefix, and no other Secrets Manager action is granted.",
         )
     _acknowledge(

@@ -356,8 +356,9 @@ class ServiceStack(Stack):
             )
 
     def grant_worker_secrets(self, role: iam.IRole, settings: EnvironmentSettings) -> None:
-        """The worker reads the values of ``secret_headers`` at connect time
-        (GetSecretValue), only of secrets of this account and region under the allowed
+        """The worker reads the values of ``secret_headers`` and ``secret_query`` at connect
+        time (GetSecretValue) and the ``wsfleet:hosts`` tag that binds each to its hosts
+        (DescribeSecret), only of secrets of this account and region under the allowed
         prefix; with no prefix, nothing. Secrets encrypted with a customer-managed key
         need kms:Decrypt on it too: granted on the listed keys only, only when Secrets
         Manager calls KMS on the worker's behalf, and only for secrets under the prefix
@@ -365,7 +366,10 @@ class ServiceStack(Stack):
         if not settings.secret_prefix:
             return
         role.add_to_principal_policy(
-            iam.PolicyStatement(actions=["secretsmanager:GetSecretValue"], resources=[self.upstream_secrets_arn])
+            iam.PolicyStatement(
+                actions=["secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"],
+                resources=[self.upstream_secrets_arn],
+            )
         )
         if settings.upstream_secret_kms_key_arns:
             role.add_to_principal_policy(

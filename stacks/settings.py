@@ -123,6 +123,9 @@ class EnvironmentSettings:
     # Customer-managed KMS keys of those secrets, if any (the aws/secretsmanager key needs no
     # grant): the worker may decrypt with them only through Secrets Manager, for those secrets.
     upstream_secret_kms_key_arns: tuple[str, ...] = ()
+    # SECRET_HOSTS_REQUIRED: a secret without a wsfleet:hosts tag (the hosts it may be sent
+    # to) is refused; off, an untagged secret may go to any allowed host.
+    secret_hosts_required: bool = False
 
     # --- network ---------------------------------------------------------------------
     nat_gateways: int = _PLAN["nat_gateways"]  # 1: cheapest; one per AZ: no single-AZ egress outage

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import functools
 import gc
+import io
 import itertools
+import json
+import logging
 import os
 import uuid
 from typing import Any, Iterator
@@ -251,3 +254,34 @@ def otel_spans():
 
     yield finished
     tracing.reset()
+
+
+class Captured:
+    """Every line the worker logs (its JSON logger) and every record of websockets'
+    client logger, enabled for DEBUG: what a secret value must never be in."""
+
+    def __init__(self) -> None:
+        self.stream = io.StringIO()
+        self.records: list[str] = []
+
+    def lines(self) -> str:
+        return self.stream.getvalue() + "\n".join(self.records)
+
+    def events(self, name: str) -> list[dict]:
+        return [e for e in map(json.loads, self.stream.getvalue().splitlines()) if e.get("event") == name]
+
+
+@pytest.fixture
+def captured():
+    cap = Captured()
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: cap.records.append(record.getMessage())  # type: ignore[method-assign]
+    ws_logger = logging.getLogger("websockets.client")  # the worker's side (the upstream's server logs its own)
+    level = ws_logger.level
+    ws_logger.addHandler(handler)
+    ws_logger.setLevel(logging.DEBUG)
+    try:
+        yield cap
+    finally:
+        ws_logger.removeHandler(handler)
+        ws_logger.setLevel(level)

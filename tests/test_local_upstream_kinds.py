@@ -54,7 +54,7 @@ async def settled(ws: ClientConnection) -> None:
 async def test_auth_refuses_a_missing_header_with_401_and_a_wrong_one_with_403_and_counts_them():
     async with Upstream(rate=None, credentials=[SECRET]) as up:
         up.publish("a")
-        url = up.url_for("a") + "?auth=X-Api-Key"
+        url = up.url_for("a") + "?auth_header=X-Api-Key"
         missing = await refused(url)
         wrong = await refused(url, additional_headers={"X-Api-Key": "guess"})
         assert (missing.response.status_code, wrong.response.status_code) == (401, 403)
@@ -70,14 +70,14 @@ async def test_auth_refuses_a_missing_header_with_401_and_a_wrong_one_with_403_a
 @run
 async def test_a_refused_handshake_creates_no_stream():
     async with Upstream(rate=None, credentials=[SECRET]) as up:
-        await refused(up.url_for("ghost") + "?auth=X-Api-Key")
+        await refused(up.url_for("ghost") + "?auth_header=X-Api-Key")
         assert up.streams() == [] and up.refusals("ghost") == {401: 1}
 
 
 @run
 async def test_rotation_revokes_the_old_credential_for_new_handshakes_and_leaves_open_sockets_open():
     async with Upstream(rate=None, credentials=["old"]) as up:
-        url = up.url_for("a") + "?auth=Authorization"
+        url = up.url_for("a") + "?auth_header=Authorization"
         async with connect(url, compression=None, additional_headers={"Authorization": "old"}) as before:
             up.publish("a")
             await receive(before, 1)
@@ -93,7 +93,7 @@ async def test_rotation_revokes_the_old_credential_for_new_handshakes_and_leaves
 def test_threaded_upstream_rotates_credentials_too():
     with ThreadedUpstream(rate=None, credentials=["one"]) as up:
         up.publish("a")
-        url = up.url_for("a") + "?auth=X-Key"
+        url = up.url_for("a") + "?auth_header=X-Key"
         with sync_connect(url, compression=None, additional_headers={"X-Key": "one"}) as ws:
             assert json.loads(ws.recv(timeout=5))["seq"] == 1
         up.set_credentials(["two"])
@@ -283,12 +283,12 @@ async def test_every_kind_at_once():
         up.create_stream("x", shape=NESTED)
         for _ in range(3):
             up.publish("x")
-        url = up.url_for("x") + "?auth=X-Token&subprotocol=v1&subscribe=1&shape=nested"
+        url = up.url_for("x") + "?auth_header=X-Token&subprotocol=v1&subscribe=1&shape=nested"
         async with connect(url, compression=None, subprotocols=["v1"], additional_headers={"X-Token": SECRET}) as ws:
             await ws.send(subscribe("x", 2))
             assert [f["meta"]["sequence"] for f in await receive(ws, 2)] == [2, 3]
         [record] = up.sockets("x")
-        assert record.kind.text == "auth=X-Token&subprotocol=v1&subscribe&shape=nested"
+        assert record.kind.text == "auth_header=X-Token&subprotocol=v1&subscribe&shape=nested"
 
 
 def test_request_parsing_refuses_unknown_values_in_a_sentence():
@@ -296,7 +296,7 @@ def test_request_parsing_refuses_unknown_values_in_a_sentence():
     assert parse_request("/streams/a?from_seq=7&replay=none&subscribe=0") == (7, Kind(replay="none"))
     assert parse_request("/streams/a?ping_flood=2.5") == (1, Kind(ping_flood=2.5))
     assert Kind(ping_flood=2000).text == "ping_flood=2000"
-    for bad in ("from_seq=0", "from_seq=x", "auth=", "auth=a%20b", "subprotocol=a,b", "subscribe=yes",
+    for bad in ("from_seq=0", "from_seq=x", "auth_header=", "auth_header=a%20b", "subprotocol=a,b", "subscribe=yes",
                 "shape=round", "replay=some", "ping_flood=0", "ping_flood=fast", "ping_flood=nan", "ping_flood=1e9",
                 "amplify=0", "amplify=2000000000", "amplify_every=0", "amplify_with=ones"):
         with pytest.raises(BadRequest) as error:
@@ -374,7 +374,7 @@ def test_process_takes_credentials(python_env):
         env=python_env, stdout=subprocess.PIPE, text=True,
     )
     try:
-        url = proc.stdout.readline().strip().split()[1] + "/streams/p?auth=X-Key"
+        url = proc.stdout.readline().strip().split()[1] + "/streams/p?auth_header=X-Key"
         with pytest.raises(InvalidStatus) as error:
             sync_connect(url, compression=None)
         assert error.value.response.status_code == 401

@@ -4,6 +4,7 @@ and by the bytes Lambda counts."""
 from __future__ import annotations
 
 import json
+import tracemalloc
 
 import pytest
 
@@ -11,10 +12,13 @@ from wsfleet import schema
 from wsfleet.message_pages import (
     DEFAULT_LIMIT,
     FIRST_AFTER_SEQ,
+    MAX_PAGE_BYTES,
     PageRequest,
     build_page,
     entry,
+    entry_text,
     page_request,
+    page_text,
     payload_bytes,
 )
 from wsfleet.router import response
@@ -132,3 +136,37 @@ def test_a_long_expired_stretch_ends_the_page_early_with_a_next_after_seq_past_i
 
     page = build_page(items(), limit=100, presign=presign, now_s=now, max_expired=50)
     assert page == {"messages": [], "next_after_seq": 50} and len(read) == 50
+
+
+# --- pages from stored text --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data", [{"a": [1, "é"]}, "日本語", {"emoji": "😀 x"}, [None, True, 1.5, "\"\\"], "plain"])
+def test_an_entry_spliced_from_stored_text_is_what_json_dumps_would_write(data):
+    item = inline(7, data)
+    assert entry_text(item, presign) == json.dumps(entry(item, presign), separators=(",", ":"))
+
+
+def test_a_page_is_built_without_parsing_any_stored_item(monkeypatch):
+    import wsfleet.message_pages as pages
+
+    def refuse(*_, **__):
+        raise AssertionError("a stored item was parsed")
+
+    monkeypatch.setattr(pages, "_data", refuse)
+    text, count = page_text(iter([inline(1, {"a": "é"}), inline(2, [1, 2])]), limit=10, presign=presign)
+    assert count == 2
+    assert json.loads(text) == {"messages": [{"seq": 1, "data": {"a": "é"}}, {"seq": 2, "data": [1, 2]}], "next_after_seq": None}
+
+
+def test_a_four_megabyte_page_takes_about_its_own_size_in_memory():
+    # Items of ~350 KB of small objects: parsed, each would be tens of MB of Python objects.
+    items = [inline(s, [{"k": i, "v": "x"} for i in range(25_000)]) for s in range(1, 12)]
+    tracemalloc.start()
+    try:
+        text, count = page_text(iter(items), limit=100, presign=presign)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert count >= 5 and len(text) <= MAX_PAGE_BYTES
+    assert peak < 3 * len(text), f"{peak / 1e6:.1f} MB for a {len(text) / 1e6:.1f} MB page"

@@ -201,6 +201,19 @@ def test_skipped_counts_every_marker_of_the_connection_and_no_other(api, stored)
     assert api.get("c3")[1]["skipped"] == 0
 
 
+def test_counting_markers_is_a_bounded_read_that_stops_at_its_cap(api, stored):
+    api.start("c1")
+    for seq in range(1, 31):
+        stored.marker("c1", seq, schema.SKIPPED_MALFORMED)
+    queries: list[dict] = []
+    api.ddb.meta.events.register("provide-client-params.dynamodb.Query", lambda params, **_: queries.append(params))
+    messages = MessagesStore(api.ddb, api.config.messages_table_name)
+
+    assert messages.count_markers("c1", most=12) == 12
+    assert len(queries) == 1 and queries[0]["Limit"] == 12  # one page, bounded, not every marker
+    assert messages.count_markers("c1") == 30
+
+
 @pytest.mark.parametrize("size", [500_000, 20_000_000])
 def test_large_data_is_a_presigned_url_that_returns_it_byte_for_byte(api, stored, size):
     api.start("c1")

@@ -32,6 +32,13 @@ def cache(client, **kwargs) -> tuple[Secrets, Counters]:
     return Secrets(client=client, call=call, counters=counters, **kwargs), counters
 
 
+HOST = "eu.feeds.example.com"
+
+
+def resolve_for(secrets: Secrets, refs, host: str = HOST):
+    return secrets.resolve(refs, host=host)
+
+
 def new_secret(emulator, value) -> tuple[str, str]:
     name = f"test/{uuid.uuid4().hex[:8]}"
     return name, put_secret(emulator.endpoint_url, name, value)
@@ -42,7 +49,7 @@ def test_connections_asking_at_once_share_one_fetch_and_a_json_field_is_taken(em
     secrets, counters = cache(client)
 
     async def scenario():
-        asks = [secrets.resolve([("X-Key", SecretRef(arn, "key")), ("X-Other", SecretRef(arn, "other"))]) for _ in range(20)]
+        asks = [resolve_for(secrets, [("X-Key", SecretRef(arn, "key")), ("X-Other", SecretRef(arn, "other"))]) for _ in range(20)]
         return await asyncio.gather(*asks)
 
     got = asyncio.run(scenario())
@@ -56,12 +63,12 @@ def test_refusals_after_one_rotation_cost_one_fetch(emulator, client):
     ref = [("Authorization", SecretRef(arn))]
 
     async def scenario():
-        used = await secrets.resolve(ref)
+        used = await resolve_for(secrets, ref)
         put_secret(emulator.endpoint_url, name, "v2")
-        assert (await secrets.resolve(ref)).headers == (("Authorization", "v1"),)  # cached until refused
+        assert (await resolve_for(secrets, ref)).headers == (("Authorization", "v1"),)  # cached until refused
         # A hundred connections refused with v1 ask for values newer than the ones they used.
         await asyncio.gather(*(secrets.refresh([arn], since=used.fetched_at) for _ in range(100)))
-        fresh = await secrets.resolve(ref)
+        fresh = await resolve_for(secrets, ref)
         await secrets.refresh([arn], since=used.fetched_at)  # a late refusal of v1: v2 is newer already
         return fresh
 
@@ -76,7 +83,7 @@ def test_a_value_past_its_time_is_fetched_again(emulator, client):
 
     async def scenario():
         for _ in range(3):
-            await secrets.resolve([("A", SecretRef(arn))])
+            await resolve_for(secrets, [("A", SecretRef(arn))])
 
     asyncio.run(scenario())
     assert counters.total(names.SECRET_FETCHES) == 3
@@ -97,7 +104,7 @@ def test_a_secret_that_cannot_be_a_header_is_an_error_naming_the_arn_and_key_not
     _, arn = new_secret(emulator, value)
     secrets, _ = cache(client)
     with pytest.raises(SecretError) as caught:
-        asyncio.run(secrets.resolve([("A", SecretRef(arn, key))]))
+        asyncio.run(resolve_for(secrets, [("A", SecretRef(arn, key))]))
     message = str(caught.value)
     assert arn in message and says in message
     text = value if isinstance(value, str) else json.dumps(value)
@@ -109,7 +116,7 @@ def test_a_missing_secret_is_an_error_naming_the_arn(emulator, client):
     missing = arn.replace("test/", "test/missing-")
     secrets, counters = cache(client)
     with pytest.raises(SecretError, match="ResourceNotFound"):
-        asyncio.run(secrets.resolve([("A", SecretRef(missing))]))
+        asyncio.run(resolve_for(secrets, [("A", SecretRef(missing))]))
     assert counters.total(names.SECRET_FETCHES) == 1
 
 
@@ -119,8 +126,8 @@ def test_a_caller_cancelled_while_waiting_does_not_cancel_the_fetch_the_others_s
     ref = [("A", SecretRef(arn))]
 
     async def scenario():
-        leaving = asyncio.ensure_future(secrets.resolve(ref))
-        staying = asyncio.ensure_future(secrets.resolve(ref))
+        leaving = asyncio.ensure_future(resolve_for(secrets, ref))
+        staying = asyncio.ensure_future(resolve_for(secrets, ref))
         await asyncio.sleep(0)  # both wait on the one fetch
         leaving.cancel()  # its connection stopped meanwhile
         return await staying, leaving
@@ -137,11 +144,11 @@ def test_after_a_refusal_every_secret_the_handshake_used_is_fetched_again(emulat
     refs = [("A", SecretRef(a)), ("B", SecretRef(b))]
 
     async def scenario():
-        used = await secrets.resolve(refs)
+        used = await resolve_for(secrets, refs)
         put_secret(emulator.endpoint_url, a_name, "a2")
         put_secret(emulator.endpoint_url, b_name, "b2")
         await secrets.refresh([a, b], since=used.fetched_at)
-        return await secrets.resolve(refs)
+        return await resolve_for(secrets, refs)
 
     assert asyncio.run(scenario()).headers == (("A", "a2"), ("B", "b2"))
     assert counters.total(names.SECRET_FETCHES) == 4

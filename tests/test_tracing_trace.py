@@ -45,6 +45,7 @@ def test_a_start_is_one_trace_from_the_api_through_the_hint_to_the_upstream_sock
 ):
     secret_value, header_value, query_token = (f"{what}-{uuid.uuid4().hex}" for what in ("secret", "header", "token"))
     arn = put_secret(emulator.endpoint_url, f"{SECRET_PREFIX}trace-{uuid.uuid4().hex[:8]}", secret_value)
+    token_arn = put_secret(emulator.endpoint_url, f"{SECRET_PREFIX}token-{uuid.uuid4().hex[:8]}", query_token)
     env = {**aws_env, "ALLOWED_WS_HOSTS": "127.0.0.1", "UPSTREAM_SECRET_PREFIX": SECRET_PREFIX}
     router = Router.from_env(env, ddb=ddb, sqs=sqs)
     monkeypatch.setenv("_X_AMZN_TRACE_ID", LAMBDA_TRACE)  # as Lambda sets it for the invocation
@@ -54,8 +55,12 @@ def test_a_start_is_one_trace_from_the_api_through_the_hint_to_the_upstream_sock
             start = {
                 "event_type": "START",
                 "connection_id": "t1",
-                "ws_url": f"{upstream.url_for('t1')}?token={query_token}",
-                "upstream": {"headers": {"X-Plain": header_value}, "secret_headers": {"X-Secret": arn}},
+                "ws_url": upstream.url_for("t1"),
+                "upstream": {
+                    "headers": {"X-Plain": header_value},
+                    "secret_headers": {"X-Secret": arn},
+                    "secret_query": {"token": token_arn},
+                },
             }
             assert await asyncio.to_thread(post, router, start) == 202
             await eventually(lambda: upstream.open_sockets("t1"), what="the START connected")

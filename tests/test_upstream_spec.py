@@ -275,6 +275,7 @@ FULL = {
     "seq_pointer": "/meta/sequence",
     "data_pointer": "",
     "resume": "open_message",
+    "secret_query": {"api_key": ARN + "#key"},
 }
 
 
@@ -308,6 +309,29 @@ def test_the_same_upstream_written_in_another_key_order_has_the_same_stored_form
 def test_the_stored_form_holds_arns_and_never_a_secret_value():
     item = ok(FULL).item()
     assert item["secret_headers"] == {"Authorization": ARN + "#token"}
+    assert item["secret_query"] == {"api_key": ARN + "#key"}
+
+
+def test_secret_query_names_secrets_like_secret_headers_and_lists_them_after_the_headers():
+    up = ok({"secret_headers": {"X-Key": ARN}, "secret_query": {"token": ARN + "#t"}})
+    assert [name for name, _ in up.secret_refs] == ["X-Key", "token"]
+    assert up.secret_query[0][1].json_key == "t"
+
+
+@pytest.mark.parametrize(
+    "value, code",
+    [
+        ({"token": "sk-live-123"}, INVALID),  # a value, not an ARN: never repeated
+        ({"from_seq": ARN}, INVALID),  # the worker's own parameter
+        ({"to ken": ARN}, INVALID),
+        ({"a&b=c": ARN}, INVALID),
+        ({}, INVALID),
+        ({"token": ARN.replace("wsfleet/test/", "prod/")}, SECRET_NOT_ALLOWED),
+    ],
+)
+def test_a_bad_secret_query_is_refused_naming_the_key(value, code):
+    err = assert_refused({"secret_query": value}, "secret_query", code=code)
+    assert "sk-live-123" not in err.message
 
 
 # --- what a connect uses -------------------------------------------------------------------------

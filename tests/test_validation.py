@@ -14,6 +14,7 @@ from wsfleet.validation import (
     check_connection_id,
     check_ws_url,
     is_internal,
+    without_addresses,
 )
 
 # As in the embedded default plus a typical production list.
@@ -31,7 +32,7 @@ def refusal(fn, *args) -> Invalid:
 
 @pytest.mark.parametrize(
     "value",
-    ["a", "A-z_0.9:x", "tenant:42.feed-7_b", "x" * 128, "0", "..", "::"],
+    ["a", "A-z_0.9:x", "tenant:42.feed-7_b", "x" * 128, "0", "::", ".a", "a..", "..:"],
 )
 def test_connection_id_of_allowed_characters_and_length_is_accepted(value):
     assert check_connection_id(value) == value
@@ -60,6 +61,13 @@ def test_connection_id_outside_the_alphabet_or_length_is_refused(value):
     err = refusal(check_connection_id, value)
     assert err.code == "invalid_connection_id"
     assert "1 to 128" in err.message
+
+
+@pytest.mark.parametrize("value", [".", "..", "...", "." * 128])
+def test_connection_id_made_only_of_dots_is_refused_as_a_path_segment(value):
+    err = refusal(check_connection_id, value)
+    assert err.code == "invalid_connection_id"
+    assert "only of dots" in err.message
 
 
 # --- ws_url: accepted ------------------------------------------------------------------
@@ -297,3 +305,29 @@ def test_an_exactly_listed_host_or_address_may_be_internal():
     assert check_resolved("127.0.0.1", ["127.0.0.1"], Allowlist.of(["127.0.0.1"])) == "127.0.0.1"
     with pytest.raises(Invalid):
         check_resolved("localhost", ["127.0.0.1"], Allowlist.of(["*.localhost"]))
+
+
+# --- last_error's text ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, shown",
+    [
+        ("connect to 10.0.0.7:443 failed", "connect to <address>:443 failed"),
+        ("resolved to 169.254.169.254", "resolved to <address>"),
+        ("refused by [fd00::1]:80", "refused by [<address>]:80"),
+        ("::1 and fe80::1%eth0 refused", "<address> and <address> refused"),
+        ("mapped ::ffff:10.1.2.3", "mapped ::ffff:<address>"),
+    ],
+)
+def test_without_addresses_hides_every_ip_address(text, shown):
+    assert without_addresses(text) == shown
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["the upstream refused the handshake: HTTP 1.1 403", "at 12:30:45 v1.2.3",
+     "secret arn:aws:secretsmanager:us-east-1:123456789012:secret:a/b-x#key cannot be read: AccessDenied"],
+)
+def test_without_addresses_leaves_other_text_as_it_is(text):
+    assert without_addresses(text) == text

@@ -7,9 +7,7 @@ every log line and every item."""
 from __future__ import annotations
 
 import asyncio
-import io
 import json
-import logging
 import uuid
 
 import pytest
@@ -57,37 +55,6 @@ def lively_upstream():
         yield up
 
 
-class Captured:
-    """Every line the worker logs (its JSON logger) and every record of websockets'
-    client logger, enabled for DEBUG: what a secret value must never be in."""
-
-    def __init__(self) -> None:
-        self.stream = io.StringIO()
-        self.records: list[str] = []
-
-    def lines(self) -> str:
-        return self.stream.getvalue() + "\n".join(self.records)
-
-    def events(self, name: str) -> list[dict]:
-        return [e for e in map(json.loads, self.stream.getvalue().splitlines()) if e.get("event") == name]
-
-
-@pytest.fixture
-def captured():
-    cap = Captured()
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = lambda record: cap.records.append(record.getMessage())  # type: ignore[method-assign]
-    ws_logger = logging.getLogger("websockets.client")  # the worker's side (the upstream's server logs its own)
-    level = ws_logger.level
-    ws_logger.addHandler(handler)
-    ws_logger.setLevel(logging.DEBUG)
-    try:
-        yield cap
-    finally:
-        ws_logger.removeHandler(handler)
-        ws_logger.setLevel(level)
-
-
 def start(conns, ddb, aws_env, cid: str, url: str, upstream: dict | None = None) -> None:
     """A START with an upstream object, as the router stores it (Upstream.item())."""
     conns.start(cid, url)
@@ -121,7 +88,7 @@ def test_a_rotated_credential_is_fetched_again_after_one_refusal_and_the_stream_
     old, new = f"old-{uuid.uuid4().hex}", f"new-{uuid.uuid4().hex}"
     up.set_credentials([old])
     name, arn = secret_arn(emulator, json.dumps({"key": old}))
-    start(conns, ddb, aws_env, "a", up.url_for("a") + f"?auth={AUTH}", {"secret_headers": {AUTH: f"{arn}#key"}})
+    start(conns, ddb, aws_env, "a", up.url_for("a") + f"?auth_header={AUTH}", {"secret_headers": {AUTH: f"{arn}#key"}})
 
     async def scenario():
         async with running(config(aws_env), JsonLogger(captured.stream)) as worker:
@@ -155,7 +122,7 @@ def test_a_revoked_credential_is_refused_twice_then_waited_out_not_stormed(
     revoked = f"revoked-{uuid.uuid4().hex}"
     up.set_credentials(["something-else"])
     _, arn = secret_arn(emulator, revoked)
-    start(conns, ddb, aws_env, "r", up.url_for("r") + f"?auth={AUTH}", {"secret_headers": {AUTH: arn}})
+    start(conns, ddb, aws_env, "r", up.url_for("r") + f"?auth_header={AUTH}", {"secret_headers": {AUTH: arn}})
     start(conns, ddb, aws_env, "ok", up.url_for("ok"))  # a stream beside it: the test's clock
 
     async def scenario():
@@ -190,7 +157,7 @@ def test_refused_connections_try_again_once_per_wait_and_are_gauged(
     conns, _ = stores
     up = lively_upstream
     up.set_credentials(["accepted"])
-    start(conns, ddb, aws_env, "n", up.url_for("n") + f"?auth={AUTH}")  # no credential at all: 401
+    start(conns, ddb, aws_env, "n", up.url_for("n") + f"?auth_header={AUTH}")  # no credential at all: 401
 
     async def scenario():
         async with running(config(aws_env), JsonLogger(captured.stream), refused_retry_s=0.3) as worker:
@@ -213,7 +180,7 @@ def test_refused_connections_try_again_once_per_wait_and_are_gauged(
 def test_a_secret_that_cannot_be_read_is_a_refusal_naming_the_arn(emulator, aws_env, stores, ddb, lively_upstream, captured):
     conns, _ = stores
     _, arn = secret_arn(emulator, "not json at all")
-    start(conns, ddb, aws_env, "k", lively_upstream.url_for("k") + f"?auth={AUTH}", {"secret_headers": {AUTH: f"{arn}#key"}})
+    start(conns, ddb, aws_env, "k", lively_upstream.url_for("k") + f"?auth_header={AUTH}", {"secret_headers": {AUTH: f"{arn}#key"}})
 
     async def scenario():
         async with running(config(aws_env), JsonLogger(captured.stream), refused_retry_s=30) as worker:
@@ -429,7 +396,7 @@ def test_a_secrets_manager_outage_is_a_fault_that_passes_not_a_refusal(
     value = f"key-{uuid.uuid4().hex}"
     up.set_credentials([value])
     _, arn = secret_arn(emulator, value)
-    start(conns, ddb, aws_env, "o", up.url_for("o") + f"?auth={AUTH}", {"secret_headers": {AUTH: arn}})
+    start(conns, ddb, aws_env, "o", up.url_for("o") + f"?auth_header={AUTH}", {"secret_headers": {AUTH: arn}})
     set_faults(emulator.endpoint_url, outage={"secretsmanager": 600})  # seconds: until switched off
     try:
 

@@ -54,6 +54,7 @@ from .settings_spec import (
     REBALANCE,
     REBALANCE_TOLERANCE,
     RECONCILE_SECONDS,
+    SECRET_HOSTS_REQUIRED,
     SERVICE_NAME,
     SESSIONS_TABLE_NAME,
     SHUTDOWN_SECONDS,
@@ -335,6 +336,7 @@ class WorkerConfig:
     sinks: tuple[str, ...] = schema.DEFAULT_SINKS  # where frames go (schema.SINKS)
     messages_stream_name: str = ""  # the Kinesis stream, when sinks has kinesis
     tracing: tracing.Settings = tracing.Settings()  # TRACING and what goes with it
+    secret_hosts_required: bool = False  # an untagged secret (no wsfleet:hosts) is refused
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
@@ -378,6 +380,7 @@ class WorkerConfig:
             sinks=chosen,
             messages_stream_name=messages_stream_name(env, chosen),
             tracing=tracing_settings(env),
+            secret_hosts_required=_flag(env, SECRET_HOSTS_REQUIRED),
         )
 
     def default_worker_id(self) -> str:

@@ -86,12 +86,15 @@ def _shown(value: object) -> str:
     return text if len(text) <= 42 else text[:40] + "..."
 
 
-def entry(item: Mapping[str, Any], presign: Callable[[str, str], str]) -> dict[str, Any]:
+def entry(
+    item: Mapping[str, Any], presign: Callable[[str, str], str], data: Callable[[str | None], Any] | None = None
+) -> dict[str, Any]:
     """What a caller sees of one stored item (CONTRACT.md section 2): a skip marker
     (with ``to_seq`` for a range, ``data_bytes`` where known), large data as a presigned
     ``data_url`` with its size and SHA-256 (``data_format`` binary for a binary feed's:
     its object holds the base64 as a JSON string), a binary feed's bytes in base64
-    (``data_base64``), or the data itself."""
+    (``data_base64``), or the data itself (``data``: what to make of the stored text
+    [parsed]; pages keep it as text, :func:`entry_text`)."""
     seq = int(item[schema.MSG_SK])
     binary = item.get(schema.DATA_FORMAT) == schema.DATA_FORMAT_BINARY
     if schema.SKIPPED in item:
@@ -112,7 +115,7 @@ def entry(item: Mapping[str, Any], presign: Callable[[str, str], str]) -> dict[s
         }
     if binary:
         return {"seq": seq, "data_base64": _data(item.get(schema.MESSAGE_DATA))}
-    return {"seq": seq, "data": _data(item.get(schema.MESSAGE_DATA))}
+    return {"seq": seq, "data": (data or _data)(item.get(schema.MESSAGE_DATA))}
 
 
 def _data(raw: str | None) -> Any:
@@ -135,6 +138,41 @@ def payload_bytes(text: str) -> int:
 _ENVELOPE = payload_bytes(json.dumps({"messages": [], "next_after_seq": MAX_SEQ}, separators=(",", ":")))
 
 
+class _Stored(str):
+    """Stored data text, to be spliced into the page as it is (see :func:`entry_text`)."""
+
+
+_NON_ASCII = re.compile(r"[^\x00-\x7f]")
+
+
+def _escaped(match: re.Match) -> str:
+    code = ord(match.group(0))
+    if code > 0xFFFF:  # a UTF-16 surrogate pair, as JSON writes characters beyond the BMP
+        code -= 0x10000
+        return "\\u%04x\\u%04x" % (0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF))
+    return "\\u%04x" % code
+
+
+def entry_text(item: Mapping[str, Any], presign: Callable[[str, str], str]) -> str:
+    """One entry of a page as JSON text (:func:`_entry_parts` joined)."""
+    return "".join(_entry_parts(item, presign))
+
+
+def _entry_parts(item: Mapping[str, Any], presign: Callable[[str, str], str]) -> tuple[str, ...]:
+    """:func:`entry` as compact ASCII JSON text, the stored data spliced in as stored, never
+    parsed: parsing each item of a 4 MB page to write it out again took ~100 MB of a 256 MB
+    Lambda. Outside strings JSON is ASCII, so escaping every other character as ``\\uXXXX``
+    keeps the value and makes the text what ``json.dumps`` would write. The compromise: the
+    text is trusted to be the JSON the worker wrote (``stream._stored``)."""
+    one = entry(item, presign, data=lambda raw: None if raw is None else _Stored(raw))
+    raw = one.get("data")
+    if not isinstance(raw, _Stored):
+        return (json.dumps(one, separators=(",", ":")),)
+    head = json.dumps({k: v for k, v in one.items() if k != "data"}, separators=(",", ":"))
+    # In parts, joined once for the whole page: the stored text is not copied per entry.
+    return head[:-1] + ',"data":', raw if raw.isascii() else _NON_ASCII.sub(_escaped, raw), "}"
+
+
 def build_page(
     items: Iterable[Mapping[str, Any]],
     *,
@@ -144,19 +182,36 @@ def build_page(
     now_s: float | None = None,
     max_expired: int = MAX_EXPIRED_PASSED,
 ) -> dict[str, Any]:
-    """``{"messages": [...], "next_after_seq": N or None}`` from items in seq order,
-    at most ``limit`` entries and ``max_bytes`` (the first entry always). ``items`` is
-    read one past what the page takes (the store reads ``limit + 1`` per Query) to tell
-    a full page with more after it (``next_after_seq``: the last seq it passed) from the
-    end of what is stored now (None). With ``now_s``, items expired by then are passed
-    over (at most ``max_expired`` of them, then the page ends)."""
-    entries: list[dict[str, Any]] = []
+    """The page of :func:`page_text` as objects (for tools and tests; the router sends the text)."""
+    text, _ = page_text(items, limit=limit, presign=presign, max_bytes=max_bytes, now_s=now_s, max_expired=max_expired)
+    return json.loads(text)
+
+
+def page_text(
+    items: Iterable[Mapping[str, Any]],
+    *,
+    limit: int,
+    presign: Callable[[str, str], str],
+    max_bytes: int = MAX_PAGE_BYTES,
+    now_s: float | None = None,
+    max_expired: int = MAX_EXPIRED_PASSED,
+) -> tuple[str, int]:
+    """(``{"messages": [...], "next_after_seq": N or null}`` as JSON text, its number of
+    entries), from items in
+    seq order, at most ``limit`` entries and ``max_bytes`` (the first entry always).
+    ``items`` is read one past what the page takes (the store reads ``limit + 1`` per
+    Query) to tell a full page with more after it (``next_after_seq``: the last seq it
+    passed) from the end of what is stored now (null). With ``now_s``, items expired by
+    then are passed over (at most ``max_expired`` of them, then the page ends). Entries are
+    built from the stored text (:func:`entry_text`), never parsed."""
+    parts: list[str] = []
+    count = 0
     used = _ENVELOPE
     more = False
     passed: int | None = None  # the last seq this page went past: an entry's, or an expired item's
     expired = 0
     for item in items:
-        if len(entries) >= limit:
+        if count >= limit:
             more = True
             break
         if now_s is not None and _expired(item, now_s):
@@ -166,15 +221,17 @@ def build_page(
                 more = True
                 break
             continue
-        one = entry(item, presign)
-        size = payload_bytes(json.dumps(one, separators=(",", ":"))) + 1  # and its comma
-        if entries and used + size > max_bytes:
+        one = _entry_parts(item, presign)
+        size = sum(map(payload_bytes, one)) + 1  # and its comma
+        if count and used + size > max_bytes:
             more = True
             break
-        entries.append(one)
+        parts += (",", *one) if count else one
+        count += 1
         used += size
-        passed = one["seq"]
-    return {"messages": entries, "next_after_seq": passed if more else None}
+        passed = int(item[schema.MSG_SK])
+    after = passed if more else None
+    return "".join(('{"messages":[', *parts, '],"next_after_seq":', json.dumps(after), "}")), count
 
 
 def _expired(item: Mapping[str, Any], now_s: float) -> bool:

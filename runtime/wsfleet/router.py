@@ -38,7 +38,7 @@ from urllib.parse import unquote
 import boto3
 from botocore.config import Config
 
-from . import message_pages, schema, tracing, upstream_spec
+from . import credentials, message_pages, schema, tracing, upstream_spec
 from .config import RouterConfig
 from .settings_spec import ConfigError
 from .leases import released_at_fence
@@ -81,11 +81,12 @@ class HttpError(Exception):
         self.headers = dict(headers or {})
 
 
-def response(status: int, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> dict:
+def response(status: int, body: Mapping[str, Any] | str, headers: Mapping[str, str] | None = None) -> dict:
+    """The proxy response; ``body`` an object, or JSON text already (a messages page)."""
     return {
         "statusCode": status,
         "headers": {"Content-Type": "application/json", **(headers or {})},
-        "body": json.dumps(body, separators=(",", ":")),
+        "body": body if isinstance(body, str) else json.dumps(body, separators=(",", ":")),
         "isBase64Encoded": False,
     }
 
@@ -215,7 +216,7 @@ class Router:
 
     # --- routing -------------------------------------------------------------------
 
-    def _dispatch(self, event: Mapping[str, Any], fields: dict[str, Any]) -> tuple[int, dict]:
+    def _dispatch(self, event: Mapping[str, Any], fields: dict[str, Any]) -> tuple[int, dict | str]:
         route, path_id = _route(event)
         fields["route"] = route
         allowed = ROUTES[route]
@@ -243,6 +244,7 @@ class Router:
         if event_type == "START":
             ws_url = _valid(check_ws_url, _field(body, "ws_url"), self._allowlist)
             upstream = _valid_upstream(body.get("upstream"), self._config)
+            _valid(credentials.check_start, ws_url, upstream)  # cleartext_secret, secret_in_plain
             return self._start(connection_id, ws_url, upstream, fields)
         return self._stop(connection_id, fields)
 
@@ -307,7 +309,7 @@ class Router:
             public[schema.QUARANTINED] = {"reason": str(quarantined.get("reason", "")), "at_ms": int(quarantined.get("at_ms", 0))}
         return 200, public
 
-    def _get_messages(self, raw_id: object, event: Mapping[str, Any], fields: dict[str, Any]) -> tuple[int, dict]:
+    def _get_messages(self, raw_id: object, event: Mapping[str, Any], fields: dict[str, Any]) -> tuple[int, str]:
         """A page of the connection's stored messages after ``after_seq``; reads only."""
         connection_id = _valid(check_connection_id, raw_id)
         fields["connection_id"] = connection_id
@@ -322,9 +324,9 @@ class Router:
         if self._store.get(connection_id) is None:
             raise _unknown_connection(connection_id)
         items = self._messages.read_after(connection_id, page.after_seq, batch=page.limit + 1)
-        body = message_pages.build_page(items, limit=page.limit, presign=self._presign, now_s=time.time())
+        body, count = message_pages.page_text(items, limit=page.limit, presign=self._presign, now_s=time.time())
         fields["outcome"] = "found"
-        fields["messages"] = len(body["messages"])
+        fields["messages"] = count
         return 200, body
 
     def _presign(self, bucket: str, key: str) -> str:

@@ -62,6 +62,7 @@ MAX_BUFFERED_BYTES = "MAX_BUFFERED_BYTES"
 QUARANTINE_AFTER = "QUARANTINE_AFTER"
 UPSTREAM_SECRET_PREFIX = "UPSTREAM_SECRET_PREFIX"
 ALLOWED_WS_HOSTS = "ALLOWED_WS_HOSTS"
+SECRET_HOSTS_REQUIRED = "SECRET_HOSTS_REQUIRED"
 TRACING = "TRACING"
 TRACING_FILE = "TRACING_FILE"
 AWS_XRAY_SDK_ENABLED = "AWS_XRAY_SDK_ENABLED"
@@ -254,6 +255,12 @@ _VARIABLES = (
         "to and connects to that checked address: an internal one (loopback, private, link-local, metadata, ...) "
         "only for a host or address listed exactly",
         _SERVICE, stack=_SERVICE,
+    ),
+    Variable(
+        SECRET_HOSTS_REQUIRED, FLAG, False,
+        "`on`: a secret is sent only to the hosts its `wsfleet:hosts` tag lists and an untagged secret is refused; "
+        '`off`: an untagged one may go to any allowed host (see "Security model")',
+        (WORKER,), shown="`off` (the stacks: `on` in prod)", stack=(WORKER,),
     ),
     # --- tracing (README "Tracing") ---------------------------------------------------------
     Variable(

@@ -21,10 +21,13 @@ from typing import Any, Callable, Mapping
 
 from .pointer import MAX_POINTER_LENGTH, MAX_POINTER_TOKENS, Pointer, PointerError
 from .stream import FrameShape, resume_url
+from .upstream_secrets import MAX_JSON_KEY as MAX_JSON_KEY
+from .upstream_secrets import SECRET_NAME_CHARS as SECRET_NAME_CHARS
+from .upstream_secrets import SECRET_NOT_ALLOWED as SECRET_NOT_ALLOWED
+from .upstream_secrets import SecretRef, check_secret_query, parse_secret_ref
 from .validation import Invalid
 
 INVALID = "invalid_upstream"
-SECRET_NOT_ALLOWED = "secret_not_allowed"
 
 FROM_SEQ = "{from_seq}"  # replaced in open_message by the seq the stream resumes at
 CONNECTION_ID = "{connection_id}"  # replaced in open_message by the connection id
@@ -34,7 +37,6 @@ MAX_HEADER_NAME = 128
 MAX_HEADER_VALUE = 4096
 MAX_SUBPROTOCOLS = 16
 MAX_OPEN_MESSAGE = 8192
-MAX_JSON_KEY = 256
 
 # RFC 9110 token: header names and subprotocols.
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -43,13 +45,7 @@ _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 # Headers the WebSocket handshake sets itself; subprotocols have their own key.
 _RESERVED_HEADERS = frozenset({"host", "connection", "upgrade", "content-length", "transfer-encoding", "te"})
 _RESERVED_HEADER_PREFIX = "sec-websocket-"
-# A Secrets Manager secret ARN: the name after "secret:" (with the 6-character suffix
-# Secrets Manager adds) is what UPSTREAM_SECRET_PREFIX must prefix.
-SECRET_NAME_CHARS = r"A-Za-z0-9/_+=.@-"
-_SECRET_ARN = re.compile(
-    r"arn:aws[a-z-]*:secretsmanager:(?P<region>[a-z0-9-]+):[0-9]{12}:secret:(?P<name>[" + SECRET_NAME_CHARS + r"]{1,512})"
-)
-_JSON_KEY = re.compile(r"[\x20-\x7e]{1,%d}" % MAX_JSON_KEY)
+
 
 
 class Resume(enum.Enum):
@@ -81,19 +77,6 @@ WHOLE_FRAME = Pointer.parse("")  # the data pointer of an assigned-seq feed give
 
 
 @dataclass(frozen=True)
-class SecretRef:
-    """A Secrets Manager secret (its ARN), and the field of its JSON value to use (None:
-    the whole SecretString)."""
-
-    arn: str
-    json_key: str | None = None
-
-    @property
-    def text(self) -> str:
-        return self.arn if self.json_key is None else f"{self.arn}#{self.json_key}"
-
-
-@dataclass(frozen=True)
 class Upstream:
     """One connection's upstream settings, validated. The default is the default protocol."""
 
@@ -106,6 +89,7 @@ class Upstream:
     resume: Resume = Resume.QUERY
     format: Format = Format.JSON
     seq: SeqMode = SeqMode.UPSTREAM
+    secret_query: tuple[tuple[str, SecretRef], ...] = ()
 
     @property
     def assigned(self) -> bool:
@@ -114,6 +98,11 @@ class Upstream:
     def shape(self) -> FrameShape:
         """Where its frames keep seq and data, and how they are read (wsfleet.stream)."""
         return FrameShape(self.seq_pointer, self.data_pointer, self.format.value, self.assigned)
+
+    @property
+    def secret_refs(self) -> tuple[tuple[str, SecretRef], ...]:
+        """Every secret this upstream uses: its secret headers, then its secret query parameters."""
+        return self.secret_headers + self.secret_query
 
     def item(self) -> dict[str, Any]:
         """The stored and public form: only the keys that differ from their defaults
@@ -138,6 +127,8 @@ class Upstream:
             out["format"] = self.format.value
         if self.assigned:
             out["seq"] = self.seq.value
+        if self.secret_query:
+            out["secret_query"] = {name: ref.text for name, ref in self.secret_query}
         return out
 
     def url(self, ws_url: str, from_seq: int) -> str:
@@ -226,45 +217,6 @@ def _check_headers(value: object, ctx: _Context) -> tuple[tuple[str, str], ...]:
             )
         out.append((name, text))
     return tuple(out)
-
-
-def parse_secret_ref(
-    text: object, secret_prefix: str, key: str = "secret_headers", *, header: str = "", region: str | None = None
-) -> SecretRef:
-    """``ARN`` or ``ARN#json-key``, the secret's name under ``secret_prefix`` and, when
-    ``region`` is given, in that region (the workers may read secrets of their own region
-    only: one elsewhere could never be read, so it is refused here rather than at every
-    connect). ``header``: the header it is for, named in the error. A value that is not
-    an ARN is never repeated in the error: it may be the secret itself, pasted in by mistake."""
-    where = f"the value of {header}" if header else "a secret"
-    if not isinstance(text, str):
-        raise _fail(key, f"{where} must be a Secrets Manager ARN string (optionally ARN#json-key).")
-    arn, sep, json_key = text.partition("#")
-    match = _SECRET_ARN.fullmatch(arn)
-    if match is None:
-        raise _fail(
-            key,
-            f"{where} is not a Secrets Manager secret ARN (arn:aws:secretsmanager:<region>:<account>:secret:<name>"
-            ", optionally #json-key); give the secret's ARN, never its value.",
-        )
-    if sep and not _JSON_KEY.fullmatch(json_key):
-        raise _fail(key, f"the JSON key after '#' must be 1 to {MAX_JSON_KEY} printable ASCII characters.")
-    if not secret_prefix:
-        raise _fail(key, "UPSTREAM_SECRET_PREFIX is empty, so no secret is allowed.", SECRET_NOT_ALLOWED)
-    if not match.group("name").startswith(secret_prefix):
-        raise _fail(
-            key,
-            f"secret {match.group('name')!r} is not under the allowed prefix {secret_prefix!r}.",
-            SECRET_NOT_ALLOWED,
-        )
-    if region is not None and match.group("region") != region:
-        raise _fail(
-            key,
-            f"secret {match.group('name')!r} is in region {match.group('region')}; this deployment reads secrets "
-            f"in {region} only.",
-            SECRET_NOT_ALLOWED,
-        )
-    return SecretRef(arn, json_key if sep else None)
 
 
 def _check_secret_headers(value: object, ctx: _Context) -> tuple[tuple[str, SecretRef], ...]:
@@ -421,6 +373,17 @@ FIELDS: tuple[Field, ...] = (
         "reconnect marker, as such a feed cannot be resumed).",
         _enum_check("seq", SeqMode),
         tuple(m.value for m in SeqMode),
+    ),
+    Field(
+        "secret_query",
+        "object",
+        "",
+        "--secret-query",
+        "NAME=ARN[#KEY]",
+        True,
+        "Query parameters the worker adds to ws_url at connect time, their values read from Secrets Manager (ARN "
+        "under UPSTREAM_SECRET_PREFIX; #KEY takes one field of a JSON secret); never stored, logged or returned.",
+        check_secret_query,
     ),
 )
 FIELD_NAMES = tuple(f.key for f in FIELDS)

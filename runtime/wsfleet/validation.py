@@ -52,6 +52,8 @@ def check_connection_id(value: object) -> str:
             f"connection_id must be 1 to {MAX_CONNECTION_ID_LENGTH} characters of "
             "A-Z, a-z, 0-9, '.', '_', ':' or '-'.",
         )
+    if not value.strip("."):  # '.' and '..' are path segments in S3 keys and the CLI's paths
+        raise Invalid("invalid_connection_id", "connection_id must not be made only of dots ('.', '..').")
     return value
 
 
@@ -213,3 +215,18 @@ def _not_allowed(message: str, allowlist: Allowlist) -> Invalid:
     if not allowlist:
         message += " ALLOWED_WS_HOSTS is empty, so no host is allowed."
     return Invalid("ws_host_not_allowed", message)
+
+
+_IPV4_LIKE = re.compile(r"(?<![0-9.])[0-9]{1,3}(?:\.[0-9]{1,3}){3}(?![0-9])")
+_IPV6_LIKE = re.compile(r"(?<![0-9A-Za-z:])[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}(?:%[0-9A-Za-z._-]+)?")
+
+
+def without_addresses(text: str) -> str:
+    """``text`` with every IP address in it replaced by ``<address>``: what a name
+    resolved to is internal knowledge, never for an API caller (``last_error``)."""
+
+    def hide(match: re.Match) -> str:
+        word = match.group(0)
+        return "<address>" if _ip_or_none(word.split("%", 1)[0]) is not None else word
+
+    return _IPV6_LIKE.sub(hide, _IPV4_LIKE.sub(hide, text))

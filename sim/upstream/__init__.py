@@ -22,7 +22,7 @@ the fleet is judged by: every socket per stream, with open and close times, and 
 
 Kinds: query parameters on the stream URL configure what one socket must do and get, so
 that an upstream in another process is configured by ``ws_url`` alone (see
-:mod:`.kinds`): ``auth=<header>`` (a credential in that header: missing 401, wrong 403;
+:mod:`.kinds`): ``auth_header=<header>`` (a credential in that header: missing 401, wrong 403;
 :meth:`Upstream.set_credentials` rotates them at run time), ``subprotocol=<name>`` (must
 be offered, else 400), ``subscribe=1`` (nothing sent before
 ``{"op":"subscribe","stream":..,"from_seq":n}``, which overrides the URL's from_seq; a

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--history", type=int, default=None, help="frames retained per stream [all]")
     parser.add_argument(
         "--credential", action="append", default=[], metavar="VALUE",
-        help="a value accepted in the header an auth= stream URL names (repeatable)",
+        help="a value accepted in the header an auth_header= stream URL names (repeatable)",
     )
     args = parser.parse_args(argv)
     route_stdlib_logging(component="upstream")

@@ -4,7 +4,7 @@ frames. No I/O, so the server, its tests and the audits share one reading of it.
 A kind is configured by query parameters on the stream URL (the stream name still comes
 from the path), so an upstream in another process is configured by ``ws_url`` alone:
 
-* ``auth=<header-name>``: the handshake must carry that header with one of the accepted
+* ``auth_header=<header-name>``: the handshake must carry that header with one of the accepted
   credentials (missing: HTTP 401, wrong: HTTP 403);
 * ``subprotocol=<name>``: the client must offer it (the server selects it), else HTTP 400;
 * ``subscribe=1``: nothing is sent until the client sends
@@ -41,7 +41,7 @@ FLAT = "flat"  # {"u": n, "stream": .., "t": .., "v": n}: the whole frame is the
 SHAPES = {DEFAULT: ("/seq", "/data"), NESTED: ("/meta/sequence", "/payload"), FLAT: ("/u", "")}
 REPLAYS = ("all", "none")
 KIND_PARAMS = (
-    "auth", "subprotocol", "subscribe", "shape", "replay", "ping_flood", "amplify", "amplify_every", "amplify_with",
+    "auth_header", "subprotocol", "subscribe", "shape", "replay", "ping_flood", "amplify", "amplify_every", "amplify_with",
 )
 MAX_PING_FLOOD = 1_000_000.0  # pings a second: more than any socket carries
 AMPLIFY_EVERY = 10
@@ -81,7 +81,7 @@ class Kind:
     @property
     def text(self) -> str:
         """Short and readable, for books and reports (``default`` for the default)."""
-        parts = [f"auth={self.auth}"] if self.auth else []
+        parts = [f"auth_header={self.auth}"] if self.auth else []
         parts += [f"subprotocol={self.subprotocol}"] if self.subprotocol else []
         parts += ["subscribe"] if self.subscribe else []
         parts += [f"shape={self.shape}"] if self.shape != DEFAULT else []
@@ -104,7 +104,7 @@ def parse_request(path: str) -> tuple[int, Kind]:
     query = parse_qs(urlsplit(path).query, keep_blank_values=True)
     raw = _last(query, "from_seq")
     from_seq = 1 if raw is None else _whole(raw, "from_seq")
-    auth = _last(query, "auth")
+    auth = _last(query, "auth_header")
     if auth is not None and not _TOKEN.fullmatch(auth):
         raise BadRequest(f"auth must name a header (an RFC 9110 token), got {auth!r}")
     subprotocol = _last(query, "subprotocol")

@@ -73,7 +73,7 @@ class Upstream:
         self._due_ids = itertools.count()
         self._first_stream = asyncio.Event()
         self._closing: set[asyncio.Task[None]] = set()
-        # What an ``auth=`` socket's header must carry; replaced whole by set_credentials.
+        # What an ``auth_header=`` socket's header must carry; replaced whole by set_credentials.
         self._credentials = frozenset(credentials)
         # Refused handshakes: stream -> HTTP status -> count (a refusal creates no stream).
         self._refused: dict[str, dict[int, int]] = {}
@@ -145,7 +145,7 @@ class Upstream:
         self._stream(stream, shape)
 
     def set_credentials(self, credentials: Iterable[str]) -> None:
-        """Accept exactly these on ``auth=`` sockets from now on (a rotation that revokes
+        """Accept exactly these on ``auth_header=`` sockets from now on (a rotation that revokes
         the old ones). Sockets already open stay open, as with a real source."""
         self._credentials = frozenset(credentials)
 

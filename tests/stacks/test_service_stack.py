@@ -402,6 +402,7 @@ def test_worker_environment_is_what_the_contract_names(env):
         settings_spec.MAX_BUFFERED_BYTES,
         settings_spec.ALLOWED_WS_HOSTS,
         settings_spec.UPSTREAM_SECRET_PREFIX,
+        settings_spec.SECRET_HOSTS_REQUIRED,
     } | _sink_variables(env) | _tracing_variables(env, "worker")
     # The same allow-list as the router's: the worker checks what the host names resolve to.
     assert variables[settings_spec.ALLOWED_WS_HOSTS] == _router(env)["Environment"]["Variables"][settings_spec.ALLOWED_WS_HOSTS]
@@ -418,6 +419,7 @@ def test_worker_environment_passes_the_workers_own_validation(env):
     assert parsed.reconcile_ms == env.settings.reconcile_seconds * 1000
     assert parsed.checkpoint_ms == env.settings.checkpoint_seconds * 1000
     assert parsed.max_connections == env.settings.max_connections_per_worker
+    assert parsed.secret_hosts_required is env.settings.secret_hosts_required
     assert (parsed.rebalance, parsed.rebalance_tolerance) == (env.settings.rebalance, env.settings.rebalance_tolerance)
     assert parsed.max_frame_bytes == env.settings.max_frame_bytes == config.DEFAULT_MAX_FRAME_BYTES
     assert parsed.message_ttl_days == env.settings.message_ttl_days

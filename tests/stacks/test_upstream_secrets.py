@@ -12,6 +12,7 @@ import pytest
 from aws_cdk.assertions import Match, Template
 
 import app as cdk_app
+from tests.stacks.test_service_stack import _worker_environment
 from stacks.constructs.alarms import REFUSED_MINUTES
 from stacks.settings import EnvironmentSettings
 from stacks.settings_parts import SettingsError
@@ -165,22 +166,15 @@ def test_the_router_accepts_an_arn_under_the_prefix_and_refuses_one_beside_it(en
 # --- the grants ----------------------------------------------------------------------------------
 
 
-def test_the_worker_may_read_exactly_the_secrets_under_the_prefix(env):
+def test_the_worker_may_read_exactly_the_secrets_under_the_prefix_and_their_hosts_tags(env):
     prefix = env.settings.secret_prefix
+    read = {"Action": ["secretsmanager:DescribeSecret", "secretsmanager:GetSecretValue"], "Effect": "Allow", "Resource": _secrets_arn(prefix)}
     env.service_template.has_resource_properties(
-        "AWS::IAM::Policy",
-        {
-            "PolicyDocument": {
-                "Statement": Match.array_with(
-                    [{"Action": "secretsmanager:GetSecretValue", "Effect": "Allow", "Resource": _secrets_arn(prefix)}]
-                )
-            }
-        },
+        "AWS::IAM::Policy", {"PolicyDocument": {"Statement": Match.array_with([read])}}
     )
     worker = _statements_of(env.service_template, _task_role(env.service_template))
-    assert _touching(worker, "secretsmanager:", "kms:") == [
-        {"Action": "secretsmanager:GetSecretValue", "Effect": "Allow", "Resource": _secrets_arn(prefix)}
-    ]
+    # DescribeSecret: the wsfleet:hosts tag that says where each secret may be sent.
+    assert _touching(worker, "secretsmanager:", "kms:") == [read]
 
 
 @pytest.mark.parametrize("stack", ["stateful", "service"])
@@ -211,7 +205,7 @@ def test_with_customer_managed_keys_the_worker_may_decrypt_only_through_secrets_
             "StringLike": {"kms:EncryptionContext:SecretARN": _secrets_arn("wsfleet/dev/")},
         },
     }
-    assert [s["Action"] for s in _touching(worker, "secretsmanager:")] == ["secretsmanager:GetSecretValue"]
+    assert [s["Action"] for s in _touching(worker, "secretsmanager:")] == [["secretsmanager:DescribeSecret", "secretsmanager:GetSecretValue"]]
 
 
 def test_with_an_empty_prefix_no_secret_is_allowed_and_none_is_readable(new_app, monkeypatch):
@@ -262,3 +256,8 @@ def test_the_refused_alarm_is_on_the_dashboards_alarm_status_and_notifies_the_to
     (dashboard,) = template.find_resources("AWS::CloudWatch::Dashboard").values()
     body = dashboard["Properties"]["DashboardBody"]["Fn::Join"][1]
     assert {"Fn::GetAtt": [logical_id, "Arn"]} in body
+
+
+def test_prod_requires_secrets_to_be_tagged_with_their_hosts_and_dev_does_not(env):
+    variables = _worker_environment(env)
+    assert variables[settings_spec.SECRET_HOSTS_REQUIRED] == ("on" if env.settings.name == "prod" else "off")

@@ -21,6 +21,7 @@ MAX_BATCH = 25  # BatchWriteItem limit
 # it has no conditional writes: a replay rewrites the same key).
 PARTITION = "#p = :p"  # every item of a connection (or, in the markers index, its markers)
 PARTITION_AFTER = "#p = :p AND #s > :after"  # a connection's items past ``:after``
+MAX_MARKERS_COUNTED = 10_000  # GET's skipped count stops here (a bounded read)
 
 
 class MessagesStore(_Table):
@@ -190,18 +191,24 @@ class MessagesStore(_Table):
         for resp in pages:
             yield from (unmarshal(i) for i in resp.get("Items", []))
 
-    def count_markers(self, connection_id: str) -> int:
-        """How many skip markers a connection has: a COUNT Query of its partition of the
-        sparse markers index (only markers are in it), so no message is read. Eventually
-        consistent, as every GSI read is."""
-        pages = self._query_pages(
+    def count_markers(self, connection_id: str, *, most: int = MAX_MARKERS_COUNTED) -> int:
+        """How many skip markers a connection has, up to ``most`` (counting stops there: a
+        GET reads a bounded number of index pages however many markers there are): a COUNT
+        Query of its partition of the sparse markers index (only markers are in it), so no
+        message is read. Eventually consistent, as every GSI read is."""
+        counted = 0
+        for resp in self._query_pages(
             IndexName=schema.MARKERS_INDEX,
             KeyConditionExpression=PARTITION,
             ExpressionAttributeNames={"#p": schema.MSG_PK},
             ExpressionAttributeValues=marshal({":p": schema.connection_pk(connection_id)}),
             Select="COUNT",
-        )
-        return sum(int(resp.get("Count", 0)) for resp in pages)
+            Limit=most,  # each page counts at most this many
+        ):
+            counted += int(resp.get("Count", 0))
+            if counted >= most:
+                return most
+        return counted
 
 
 def _counts(item: Mapping[str, Any]) -> Tally:

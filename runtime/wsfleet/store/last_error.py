@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..validation import without_addresses
 from . import conditions as cond
 
 
@@ -19,7 +20,8 @@ class LastErrors:
     _now_ms: Any
 
     def note_error(self, connection_id: str, *, session_id: str, fence_token: int, text: str) -> bool:
-        """Record why its owner cannot connect (``last_error``, with no secret in it, and
+        """Record why its owner cannot connect (``last_error``, with no secret and no IP
+        address in it: any address in ``text`` is written as ``<address>``; and
         ``last_error_at_ms``), for GET. Conditional on: ``lease_session`` and
         ``fence_token`` are ours (and not handed off), and ``last_error`` is not already ``text`` (the same
         error again is not written again: its time says when it began). Returns False if
@@ -29,7 +31,9 @@ class LastErrors:
             connection_id,
             update="SET #le = :text, #lt = :now",
             condition=cond.NEW_ERROR,
-            values={":text": text, ":now": self._now_ms(), ":session": session_id, ":fence": fence_token},
+            values={
+                ":text": without_addresses(text), ":now": self._now_ms(), ":session": session_id, ":fence": fence_token
+            },
             returns="NONE",
         )
         return new is not None or cond.holds(old, session_id, fence_token)

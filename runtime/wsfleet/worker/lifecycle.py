@@ -108,7 +108,9 @@ class Worker:
             region=config.region,
         )
         # Secret header values, one cache for every connection of the worker.
-        self.secrets = Secrets(client=aws.secretsmanager, call=aws.call, counters=self.counters)
+        self.secrets = Secrets(
+            client=aws.secretsmanager, call=aws.call, counters=self.counters, hosts_required=config.secret_hosts_required
+        )
         self.writer = Writer(
             messages=self._messages,
             objects=ObjectsStore(aws.s3, config.messages_bucket_name),

@@ -26,6 +26,7 @@ from .. import clock
 from .. import metrics_names as names
 from ..metrics import Counters
 from ..store import is_transient
+from ..credentials import SECRET_HOSTS_TAG, host_allowed, tag_hosts
 from ..upstream_spec import MAX_HEADER_VALUE, SecretRef, is_header_value
 
 SECRET_TTL_S = 300.0  # a value fetched is used this long; a 401/403 fetches it again sooner
@@ -45,6 +46,7 @@ class SecretUnavailable(Exception):
 class _Value:
     fetched_at: float  # clock.now() when the request that got it left
     string: str | None  # SecretString; None for a binary secret
+    hosts: tuple[str, ...] | None = None  # its wsfleet:hosts tag's entries; None: untagged
 
 
 @dataclass(frozen=True)
@@ -65,19 +67,26 @@ class Secrets:
         call: Callable[..., Awaitable[Any]],
         counters: Counters,
         ttl_s: float = SECRET_TTL_S,
+        hosts_required: bool = False,
     ) -> None:
+        """``hosts_required``: a secret with no ``wsfleet:hosts`` tag is refused
+        (SECRET_HOSTS_REQUIRED); otherwise it may go to any host the allowlist allows."""
         self._client = client
+        self._hosts_required = hosts_required
         self._call = call
         self._counters = counters
         self._ttl = ttl_s
         self._values: dict[str, _Value] = {}
         self._fetching: dict[str, tuple[float, asyncio.Future]] = {}  # arn -> (started, fetch)
 
-    async def resolve(self, secret_headers: Iterable[tuple[str, SecretRef]]) -> Resolved:
-        """The header values of ``secret_headers`` (name, ref) pairs, from the cache or
-        fetched. Raises :class:`SecretError` or :class:`SecretUnavailable`."""
+    async def resolve(self, secret_headers: Iterable[tuple[str, SecretRef]], *, host: str) -> Resolved:
+        """The values of ``secret_headers`` (name, ref) pairs, from the cache or fetched,
+        each checked to be meant for ``host`` (its ``wsfleet:hosts`` tag). Raises
+        :class:`SecretError` or :class:`SecretUnavailable`."""
         pairs = list(secret_headers)
         values = await asyncio.gather(*(self._value(ref.arn, newer_than=None) for _, ref in pairs))
+        for (_, ref), value in zip(pairs, values, strict=True):
+            self._check_host(ref, value, host)
         headers = tuple((name, _field(ref, value)) for (name, ref), value in zip(pairs, values, strict=True))
         return Resolved(headers, max((v.fetched_at for v in values), default=clock.now()))
 
@@ -116,7 +125,14 @@ class Secrets:
             if is_transient(exc):
                 raise SecretUnavailable(f"secret {arn} could not be read just now ({_code(exc)})") from None
             raise SecretError(f"secret {arn} cannot be read: {_code(exc)}") from None
-        value = _Value(started, resp.get("SecretString") if "SecretString" in resp else None)
+        try:
+            # The tags say which hosts the secret is for (GetSecretValue does not return them).
+            described = await self._call(self._client.describe_secret, SecretId=arn)
+        except (ClientError, BotoCoreError) as exc:
+            if is_transient(exc):
+                raise SecretUnavailable(f"secret {arn}'s tags could not be read just now ({_code(exc)})") from None
+            raise SecretError(f"secret {arn}'s tags cannot be read (DescribeSecret): {_code(exc)}") from None
+        value = _Value(started, resp.get("SecretString") if "SecretString" in resp else None, tag_hosts(described.get("Tags")))
         self._forget_expired()
         cached = self._values.get(arn)
         if cached is None or cached.fetched_at < started:  # a slower, older fetch never replaces a newer value
@@ -128,6 +144,20 @@ class Secrets:
         now = clock.now()
         for arn in [a for a, v in self._values.items() if now - v.fetched_at >= self._ttl]:
             del self._values[arn]
+
+
+    def _check_host(self, ref: SecretRef, value: _Value, host: str) -> None:
+        """A secret goes only to a host its ``wsfleet:hosts`` tag lists; an untagged one
+        anywhere the allowlist allows, unless hosts are required."""
+        if value.hosts is None:
+            if self._hosts_required:
+                raise SecretError(
+                    f"secret {ref.arn} has no {SECRET_HOSTS_TAG} tag, and SECRET_HOSTS_REQUIRED is on: tag it with "
+                    "the hosts it is for"
+                )
+            return
+        if not host_allowed(value.hosts, host):
+            raise SecretError(f"secret {ref.arn} is not for host {host}: its {SECRET_HOSTS_TAG} tag does not list it")
 
 
 def _code(exc: BaseException) -> str:
