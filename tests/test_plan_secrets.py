@@ -64,7 +64,7 @@ def test_cached_fetches_match_a_simulation_of_the_workers_cache(secrets, reconne
     # 12 workers x ~40,000 connects each: the sampling error is about 1 %. (The rate at the
     # average number of connections per secret, instead of the expectation over it, is
     # 3-4 % high at 30 and 100 secrets.)
-    assert result["calls_per_hour"]["cached"] == pytest.approx(simulated, rel=0.02)
+    assert result["calls_per_hour"]["cached"] == pytest.approx(simulated * plan_secrets.CALLS_PER_FETCH, rel=0.02)
     assert result["calls_per_hour"]["total"] == result["calls_per_hour"]["cached"]
 
 
@@ -86,23 +86,25 @@ def test_dollars_by_hand_for_one_shared_secret():
     assert per_worker_h == pytest.approx(1200 / 112)
     cached = 100 * per_worker_h
     rotations = 1 * 100 * 1 / 730  # one rotation a month, one refetch on each of 100 workers
-    calls_month = (cached + rotations) * 730
+    # Each fetch is two calls: GetSecretValue, and DescribeSecret for its wsfleet:hosts tag.
+    assert plan_secrets.CALLS_PER_FETCH == 2
+    calls_month = 2 * (cached + rotations) * 730
     assert result["calls_per_month"] == pytest.approx(calls_month)
-    assert calls_month == pytest.approx(782_242.86, abs=0.01)
+    assert calls_month == pytest.approx(2 * 782_242.86, abs=0.02)
     assert result["month"]["calls"] == pytest.approx(calls_month * 0.05 / 10_000)
     assert result["month"]["secrets"] == pytest.approx(0.40)
-    assert result["month"]["total"] == pytest.approx(3.9112 + 0.40, abs=1e-4)
+    assert result["month"]["total"] == pytest.approx(2 * 3.9112 + 0.40, abs=2e-4)
     assert result["per_connection_hour"] == pytest.approx(result["month"]["total"] / (10_000 * 730))
-    assert result["calls_per_connection_hour"] == pytest.approx((cached + rotations) / 10_000)
+    assert result["calls_per_connection_hour"] == pytest.approx(2 * (cached + rotations) / 10_000)
 
 
 def test_a_connection_refused_for_good_costs_a_fetch_per_retry():
     quiet = plan_secrets.secrets_month(connections=1000, per_worker=100, secrets=5, reconnects_per_hour=0.5)
     refused = plan_secrets.secrets_month(connections=1000, per_worker=100, secrets=5, reconnects_per_hour=0.5, refused=10)
     # 10 connections retrying every 60 s, each retry refused once more after fetching again.
-    assert refused["calls_per_hour"]["refused"] == pytest.approx(10 * 60)
-    assert refused["month"]["calls"] - quiet["month"]["calls"] == pytest.approx(10 * 60 * 730 / 10_000 * 0.05)
-    assert refused["month"]["calls"] - quiet["month"]["calls"] == pytest.approx(2.19)
+    assert refused["calls_per_hour"]["refused"] == pytest.approx(2 * 10 * 60)
+    assert refused["month"]["calls"] - quiet["month"]["calls"] == pytest.approx(2 * 10 * 60 * 730 / 10_000 * 0.05)
+    assert refused["month"]["calls"] - quiet["month"]["calls"] == pytest.approx(4.38)
 
 
 def test_the_expectation_over_how_many_connections_name_each_secret_by_hand():

@@ -13,6 +13,9 @@ from .model import HOURS_PER_MONTH
 
 # Secrets Manager, us-east-1 list prices (December 2026): check them before relying on them.
 SECRETS_PRICES = {"per_10k_calls": 0.05, "secret_month": 0.40}
+# Calls per fetch: GetSecretValue, and DescribeSecret for the secret's wsfleet:hosts tag
+# (the hosts it may be sent to: worker/secrets.py reads both, cached together).
+CALLS_PER_FETCH = 2
 # How long a worker reuses a fetched value for another connect. worker/secrets.py keeps the
 # same figure: the two must match for the plan to price what the worker does.
 SECRET_CACHE_SECONDS = 300
@@ -90,6 +93,7 @@ def secrets_month(
         "refused": refused * 3600 / refused_retry_s,
         "rotations": rotations_per_month * workers * in_use / HOURS_PER_MONTH,
     }
+    calls_h = {kind: fetches * CALLS_PER_FETCH for kind, fetches in calls_h.items()}
     calls_h["total"] = sum(calls_h.values())
     calls_month = calls_h["total"] * HOURS_PER_MONTH
     dollars = {
