@@ -32,7 +32,7 @@ MAY_IMPORT = {
 # its own floor or the ones below, and no process imports another process.
 RULES = {  # pure: no boto3, no asyncio, no I/O
     "balance", "budget", "checkpoint", "clock", "crash_loop", "credentials", "leases", "message_pages", "metrics",
-    "metrics_names", "plan", "pointer", "upstream_secrets",
+    "metrics_names", "plan", "pointer", "upstream_feed", "upstream_secrets",
     "records", "schema", "settings_spec", "stack_outputs", "stream", "upstream_spec", "validation",
 }
 ADAPTERS = {"aws", "config", "logs", "sinks", "store", "tracing"}

@@ -356,7 +356,8 @@ def test_the_open_message_has_its_placeholders_filled_and_no_open_message_is_non
 def test_every_key_of_the_object_is_declared_once_with_a_flag_and_a_sentence():
     keys = [f.key for f in FIELDS]
     assert keys == list(upstream_spec.FIELD_NAMES) and len(set(keys)) == len(keys)
-    assert set(keys) == set(FULL) | {"format", "seq"}  # (format and seq: tests/test_feed_formats.py)
+    # (format and seq: tests/test_feed_formats.py; ignore, max_silence_seconds: tests/test_feed_health.py)
+    assert set(keys) == set(FULL) | {"format", "seq", "ignore", "max_silence_seconds"}
     for f in FIELDS:
         assert f.flag.startswith("--") and f.metavar and f.help.endswith(".")
     assert next(f for f in FIELDS if f.key == "resume").choices == tuple(r.value for r in Resume)

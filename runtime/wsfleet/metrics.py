@@ -47,6 +47,8 @@ def metric_data(
     loop_lag_max_ms: float | None = None,
     refused_connections: int | None = None,
     trace_export_failures: int = 0,
+    silent_connections: int | None = None,
+    malformed_connections: int | None = None,
 ) -> list[dict[str, Any]]:
     """What one interval reports, as datums (``MetricName``, ``Dimensions``, ``Value``,
     ``Unit``): the ``ActiveConnections`` gauge (what ECS target tracking scales on,
@@ -61,6 +63,8 @@ def metric_data(
         names.ACTIVE_CONNECTIONS: active_connections,
         names.UNOWNED_CONNECTIONS: unowned_connections,
         names.REFUSED_CONNECTIONS: refused_connections,
+        names.SILENT_CONNECTIONS: silent_connections,
+        names.MALFORMED_CONNECTIONS: malformed_connections,
         **deltas,
     }
     data = [datum(name, service, value, "Count") for name, value in counts.items() if value is not None]

@@ -100,6 +100,18 @@ QUARANTINED_CONNECTIONS = "QuarantinedConnections"
 # not zero (a metric that exists only while tracing is broken costs nothing otherwise).
 TRACE_EXPORT_FAILURES = "TraceExportFailures"
 
+# Frames dropped by their upstream's ignore rules (heartbeats, acks): not stored, not
+# malformed, no marker.
+IGNORED_FRAMES = "IgnoredFrames"
+# Sockets closed and opened again because their feed sent no frame for the upstream's
+# max_silence_seconds while the socket stayed open (worker.feed_health).
+SILENCE_RECONNECTS = "SilenceReconnects"
+# Gauges at publish time (worker.feed_health): held connections that have accepted no
+# frame for longer than their max_silence_seconds, across reconnects; and those whose
+# frames over the last 5 minutes were mostly malformed (a feed whose format changed: alarm).
+SILENT_CONNECTIONS = "SilentConnections"
+MALFORMED_CONNECTIONS = "MalformedConnections"
+
 COUNTERS = (
     LEASES_ACQUIRED,
     LEASES_LOST,
@@ -122,4 +134,6 @@ COUNTERS = (
     RECORDS_RESENT,
     RECORDS_THROTTLED,
     QUARANTINED_CONNECTIONS,
+    IGNORED_FRAMES,
+    SILENCE_RECONNECTS,
 )

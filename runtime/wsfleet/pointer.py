@@ -9,6 +9,8 @@ raises: a pointer that does not lead to a value answers :data:`MISSING`.
 
 from __future__ import annotations
 
+import json
+
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -80,3 +82,18 @@ class Pointer:
 
     def __str__(self) -> str:
         return self.text
+
+
+def canonical(value: object) -> str:
+    """A JSON value as one text whatever its key order: what an ignore rule compares."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def ignored(obj: object, rules: tuple[tuple[Pointer, str], ...]) -> bool:
+    """Whether any rule (a pointer, and a value as :func:`canonical` text) holds in ``obj``:
+    its pointer leads to its value (an upstream's ``ignore`` rules: heartbeats, acks)."""
+    for pointer, equals in rules:
+        value = pointer.resolve(obj)
+        if value is not MISSING and canonical(value) == equals:
+            return True
+    return False

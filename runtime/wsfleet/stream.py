@@ -27,7 +27,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from . import schema
 from .checkpoint import Checkpoint
-from .pointer import MISSING, Pointer
+from .pointer import MISSING, Pointer, ignored
 
 # Data up to this size (compact JSON, UTF-8) is stored inline in its item, well inside
 # DynamoDB's 400 KB item limit; larger data goes to an S3 object (wsfleet.sinks.objects).
@@ -67,6 +67,9 @@ class Problem(enum.Enum):
     # wsfleet.worker.decoder): a skip marker at the seq a scan finds, as too_deep.
     OVER_DECODE_BUDGET = "over_decode_budget"
     STORE_REFUSED = "store_refused"  # the table refused the item (the writer makes the marker)
+    # Matched one of the upstream's ignore rules (a heartbeat, an ack): dropped, not stored,
+    # not malformed, no marker; counted in IgnoredFrames.
+    IGNORED = "ignored"
     # Not a frame's content: seqs the stream went past (markers made by SeqTracker and the
     # worker, not by the parser; counted in SkippedFrames, not MalformedFrames).
     UPSTREAM_GAP = "upstream_gap"  # a frame's seq jumped ahead: one marker for the seqs in between
@@ -153,6 +156,9 @@ class FrameShape:
     data: Pointer = Pointer.parse("/data")
     format: str = "json"
     assigned: bool = False
+    # The upstream's ignore rules: (pointer, the value as canonical JSON); a JSON frame
+    # where any pointer leads to its value is dropped (Problem.IGNORED).
+    ignore: tuple[tuple[Pointer, str], ...] = ()
     seq_key: str | None = field(init=False, repr=False, compare=False)
     data_key: str | None = field(init=False, repr=False, compare=False)
 
@@ -198,6 +204,8 @@ def parse_frame(message: str | bytes, received_at_ms: int, shape: FrameShape = D
     # decoder's child, whose memory is capped) that is one copy of the frame less at the peak.
     brackets = text.count("[") + text.count("{")
     del text
+    if shape.ignore and ignored(obj, shape.ignore):
+        return Rejected(Problem.IGNORED, len(message))
     is_object = type(obj) is dict
     seq = obj.get(shape.seq_key) if is_object and shape.seq_key is not None else shape.seq.resolve(obj)
     if type(seq) is not int or not 0 <= seq <= MAX_SEQ:  # bool is a subclass of int: excluded
@@ -239,7 +247,7 @@ def _stored(seq: int, data: object, received_at_ms: int) -> Frame:
     return Frame(seq, data_json, received_at_ms, problem, data_bytes=size)
 
 
-def _unnumbered(message: str | bytes, received_at_ms: int, shape: FrameShape) -> Frame:
+def _unnumbered(message: str | bytes, received_at_ms: int, shape: FrameShape) -> Frame | Rejected:
     """A frame of an assigned-seq feed, UNNUMBERED: every frame received gets a seq, so
     one that cannot be stored is a ``malformed`` marker (its size kept), never dropped.
     binary: the bytes as they are, in base64; text: the frame as UTF-8 text (invalid
@@ -262,6 +270,8 @@ def _unnumbered(message: str | bytes, received_at_ms: int, shape: FrameShape) ->
     except ValueError as exc:  # not JSON, or an integer over 4,300 digits
         problem = Problem.NOT_JSON if isinstance(exc, json.JSONDecodeError) else Problem.NUMBER_TOO_LONG
         return Frame(UNNUMBERED, None, received_at_ms, problem, data_bytes=len(raw))
+    if shape.ignore and ignored(obj, shape.ignore):
+        return Rejected(Problem.IGNORED, len(raw))  # no seq spent on it
     data = shape.data.resolve(obj)
     if data is MISSING:
         return Frame(UNNUMBERED, None, received_at_ms, Problem.NO_DATA, data_bytes=len(raw))

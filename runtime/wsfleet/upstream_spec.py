@@ -15,11 +15,14 @@ GET is :meth:`Upstream.item`: the keys that differ from their defaults, ARNs onl
 from __future__ import annotations
 
 import enum
+from decimal import Decimal
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .pointer import MAX_POINTER_LENGTH, MAX_POINTER_TOKENS, Pointer, PointerError
+from .upstream_feed import check_ignore, check_silence
 from .stream import FrameShape, resume_url
 from .upstream_secrets import MAX_JSON_KEY as MAX_JSON_KEY
 from .upstream_secrets import SECRET_NAME_CHARS as SECRET_NAME_CHARS
@@ -90,6 +93,8 @@ class Upstream:
     format: Format = Format.JSON
     seq: SeqMode = SeqMode.UPSTREAM
     secret_query: tuple[tuple[str, SecretRef], ...] = ()
+    ignore: tuple[tuple[Pointer, str], ...] = ()  # (pointer, value as canonical JSON)
+    max_silence_seconds: int | None = None
 
     @property
     def assigned(self) -> bool:
@@ -97,7 +102,7 @@ class Upstream:
 
     def shape(self) -> FrameShape:
         """Where its frames keep seq and data, and how they are read (wsfleet.stream)."""
-        return FrameShape(self.seq_pointer, self.data_pointer, self.format.value, self.assigned)
+        return FrameShape(self.seq_pointer, self.data_pointer, self.format.value, self.assigned, self.ignore)
 
     @property
     def secret_refs(self) -> tuple[tuple[str, SecretRef], ...]:
@@ -129,6 +134,10 @@ class Upstream:
             out["seq"] = self.seq.value
         if self.secret_query:
             out["secret_query"] = {name: ref.text for name, ref in self.secret_query}
+        if self.ignore:
+            out["ignore"] = [{"pointer": pointer.text, "equals": json.loads(equals)} for pointer, equals in self.ignore]
+        if self.max_silence_seconds is not None:
+            out["max_silence_seconds"] = self.max_silence_seconds
         return out
 
     def url(self, ws_url: str, from_seq: int) -> str:
@@ -385,6 +394,29 @@ FIELDS: tuple[Field, ...] = (
         "under UPSTREAM_SECRET_PREFIX; #KEY takes one field of a JSON secret); never stored, logged or returned.",
         check_secret_query,
     ),
+    Field(
+        "ignore",
+        "list",
+        "",
+        "--ignore",
+        "POINTER=JSON",
+        True,
+        "Frames to drop (heartbeats, subscription acks): a JSON frame where any rule's pointer leads to its value "
+        'is not stored, not malformed, leaves no marker (counted in IgnoredFrames); rules {"pointer", "equals"}, '
+        "json format only.",
+        check_ignore,
+    ),
+    Field(
+        "max_silence_seconds",
+        "integer",
+        "",
+        "--max-silence-seconds",
+        "S",
+        False,
+        "No frame accepted for this long (1 to 86400 s) while connected: the socket is closed and opened again, "
+        "resuming as usual (SilenceReconnects).",
+        check_silence,
+    ),
 )
 FIELD_NAMES = tuple(f.key for f in FIELDS)
 
@@ -401,6 +433,7 @@ def parse(value: object, *, secret_prefix: str, region: str | None = None) -> Up
     if unknown:
         raise Invalid(INVALID, f"upstream has unknown key {unknown[0]!r}; the keys are {', '.join(FIELD_NAMES)}.")
     ctx = _Context(secret_prefix, region)
+    value = _plain(value)  # an item read back from the table holds its numbers as Decimal
     parsed = {f.key: f.check(value[f.key], ctx) for f in FIELDS if f.key in value}
     plain = {name.lower() for name, _ in parsed.get("headers", ())}
     for name, _ in parsed.get("secret_headers", ()):
@@ -418,12 +451,25 @@ def parse(value: object, *, secret_prefix: str, region: str | None = None) -> Up
         parsed.setdefault("data_pointer", WHOLE_FRAME)
     elif parsed.get("format", Format.JSON) is not Format.JSON:
         raise _fail("format", f"{parsed['format'].value} frames carry no seq to read: give seq assigned.")
+    if parsed.get("format", Format.JSON) is not Format.JSON and "ignore" in parsed:
+        raise _fail("ignore", f"reads JSON frames; a {parsed['format'].value} frame is stored whole.")
     if parsed.get("format", Format.JSON) is not Format.JSON and "data_pointer" in value:
         raise _fail("data_pointer", f"points into JSON; a {parsed['format'].value} frame is stored whole.")
     upstream = Upstream(**parsed)
     if upstream.resume is Resume.OPEN_MESSAGE and FROM_SEQ not in (upstream.open_message or ""):
         raise _fail("resume", "open_message resumes only through an open_message that contains {from_seq}.")
     return upstream
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every Decimal (how DynamoDB returns a number) as an int or a float."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 # --- the README's table ------------------------------------------------------------------

@@ -74,6 +74,8 @@ REFUSED_MINUTES = 5
 # a worker that keeps stalling (a hostile upstream's frames, a blocking call).
 STALLED_LOOP_MS = 1000
 STALLED_MINUTES = 3
+# A feed mostly malformed this many minutes running (its gauge already looks back 5 minutes).
+MALFORMED_MINUTES = 5
 
 
 class Alarms(Construct):
@@ -251,6 +253,26 @@ class Alarms(Construct):
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
         )
 
+        # Each worker publishes how many of its connections received mostly malformed frames
+        # over the last 5 minutes (worker.feed_health): a feed whose format changed, which
+        # would otherwise look like a quiet one. Any worker with any, 5 minutes running.
+        self.malformed_feeds = cloudwatch.Alarm(
+            self,
+            "MalformedFeeds",
+            alarm_name=f"{prefix}-feeds-malformed",
+            alarm_description=(
+                "Connections whose frames have been mostly malformed for 5 minutes (more than half of at least 10 in "
+                "the last 5 minutes): did the upstream's format change? The worker logs malformed_frame lines with "
+                "the problem and the connection_id; fix the upstream object's format, pointers or ignore rules."
+            ),
+            metric=service_metric(metrics_names.MALFORMED_CONNECTIONS, one_minute, cloudwatch.Stats.MAXIMUM),
+            threshold=1,
+            comparison_operator=_GE,
+            evaluation_periods=MALFORMED_MINUTES,
+            datapoints_to_alarm=MALFORMED_MINUTES,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+        )
+
         self.all: tuple[cloudwatch.Alarm, ...] = (
             self.dead_letters,
             self.router_errors,
@@ -262,6 +284,7 @@ class Alarms(Construct):
             self.quarantined_connections,
             self.refused_connections,
             self.event_loop_stalled,
+            self.malformed_feeds,
         )
         self.stream_throttled: cloudwatch.Alarm | None = None
         self.records_throttled: cloudwatch.Alarm | None = None

@@ -292,6 +292,18 @@ class OperationsDashboard(Construct):
                 "Seqs missed by upstreams that cannot replay (per minute)",
                 [self._worker_metric(names.MISSED_SEQS, _SUM, "missed seqs")],
             ),
+            # Feeds: silent ones (reconnected after max_silence_seconds, or silent across
+            # reconnects), heartbeats and acks dropped by ignore rules, feeds gone malformed.
+            self._graph(
+                "Feeds: silent, mostly malformed (most on one worker), reconnects for silence and frames ignored",
+                [
+                    self._worker_metric(names.SILENT_CONNECTIONS, _MAX, "silent connections"),
+                    self._worker_metric(names.MALFORMED_CONNECTIONS, _MAX, "mostly malformed connections"),
+                    self._worker_metric(names.SILENCE_RECONNECTS, _SUM, "reconnects for silence"),
+                    self._worker_metric(names.IGNORED_FRAMES, _SUM, "frames ignored"),
+                ],
+                width=24,
+            ),
         ]
 
     def _dynamodb(

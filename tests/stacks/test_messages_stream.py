@@ -338,6 +338,7 @@ _EVERY_ENVIRONMENTS_ALARMS = {
     "connections-quarantined",
     "upstream-refused",
     "worker-event-loop-stalled",
+    "feeds-malformed",
 }
 _STREAM_ALARMS = {"stream-write-throttled", "worker-records-throttled"}
 _CONSUMER_ALARMS = {"consumer-iterator-age", "consumer-errors", "consumer-batches-abandoned", "consumer-seqs-abandoned"}

@@ -9,6 +9,7 @@ because only the router knows its ``UPSTREAM_SECRET_PREFIX``.
 from __future__ import annotations
 
 import argparse
+import json
 from typing import Any
 
 from ..upstream_spec import FIELDS, Field
@@ -63,5 +64,23 @@ def upstream_of(args: argparse.Namespace) -> dict[str, Any] | None:
                     raise CliError(f"{f.flag} names the header {name} twice (header names are case-insensitive)")
                 seen[name.lower()] = name
             value = dict(value)
+        if f.key == IGNORE:
+            value = [_ignore_rule(f, text) for text in value]
         upstream[f.key] = value
     return upstream or None
+
+
+IGNORE = "ignore"
+
+
+def _ignore_rule(f: Field, text: str) -> dict[str, Any]:
+    """``POINTER=JSON`` as an ignore rule; a value that is not JSON is the string itself
+    (``/type=heartbeat`` and ``/type="heartbeat"`` say the same)."""
+    pointer, sep, raw = text.partition("=")
+    if not sep:
+        raise CliError(f"{f.flag} {text!r}: must be {f.metavar}, e.g. /type=heartbeat")
+    try:
+        equals = json.loads(raw)
+    except ValueError:
+        equals = raw
+    return {"pointer": pointer, "equals": equals}

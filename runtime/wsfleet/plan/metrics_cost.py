@@ -37,6 +37,8 @@ def full_line() -> dict[str, Any]:
         loop_lag_max_ms=123.456,
         refused_connections=3,
         trace_export_failures=1,
+        silent_connections=2,
+        malformed_connections=1,
     )
     worker = "0123456789abcdef0123456789abcdef"  # an ECS task id
     document = metrics.emf(names.DEFAULT_NAMESPACE, data, timestamp_ms=1_800_000_000_000,

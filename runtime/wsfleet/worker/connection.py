@@ -44,9 +44,10 @@ from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import CheckpointEntry, ConnectionsStore, Released
-from ..stream import SeqTracker
+from ..stream import Problem, SeqTracker
 from . import numbering
 from .checkpoints import Checkpoints
+from .feed_health import FeedHealth, Silent
 from .frame_log import UNEXPECTED, FrameLog
 from .frames import CheckpointTimer
 from .retry import LeaseExpired, call_until
@@ -115,6 +116,7 @@ class ConnectionRunner:
         self.upstream = self._dialer.upstream
         self.budget = self._dialer.budget  # what its sockets measured (worker.socket_budget)
         self._shape = self.upstream.shape()
+        self.health = FeedHealth(self.upstream.max_silence_seconds, clock.now())  # silence, a malformed feed
         # Its first ownership ever (fence 1) of an upstream that cannot replay (see .frames).
         self._fresh = self.upstream.resume is upstream_spec.Resume.NONE and fence_token == 1
         self.refused = False  # the last connect was refused (the RefusedConnections gauge)
@@ -182,6 +184,7 @@ class ConnectionRunner:
         while self.live() and self.end_reason is None:
             over_limit: PayloadTooBig | None = None
             refused: Refused | OverBudget | None = None
+            silent: Silent | None = None
             from_seq = self.tracker.next_seq
             try:
                 parent, self._trace_parent = self._trace_parent, None
@@ -198,6 +201,7 @@ class ConnectionRunner:
                     self._ws = ws
                     self.connected.set()
                     self.tracker.opened()
+                    self.health.connected(clock.now())
                     self.refused = False
                     self._log.info("connected", from_seq=from_seq, attempt=self._attempt, **tracing.log_fields(span.header))
                     opening = self.upstream.opening(from_seq=from_seq, connection_id=self.connection_id)
@@ -207,9 +211,12 @@ class ConnectionRunner:
                         while True:
                             # Bytes, text frames too: decoding them, the socket would fail the
                             # connection (1007) on invalid UTF-8, a bad frame for the parser.
-                            await self._receive(await ws.recv(decode=False))
+                            await self._receive(await self.health.recv(ws))
                     except ConnectionClosedOK:
                         pass
+                    except Silent as exc:  # the feed stopped, the socket did not: a new one
+                        silent = exc
+                        ws.transport.abort()
                 code = ws.close_code
             except Refused as exc:
                 code, refused = None, exc
@@ -232,6 +239,9 @@ class ConnectionRunner:
                 continue
             if over_limit is not None:
                 await self._closed_over_limit(over_limit)
+            if silent is not None:
+                self._counters.add(names.SILENCE_RECONNECTS)
+                self._log.warning("silent_reconnect", reason=str(silent), from_seq=self.tracker.next_seq)
             delay = min(RECONNECT_CAP_S, backoff_s(self._attempt, base=0.2, cap=RECONNECT_CAP_S) + 0.05)
             self._counters.add(names.RECONNECTS)
             self._log.info("reconnecting", close_code=code, in_s=round(delay, 3), from_seq=self.tracker.next_seq)
@@ -304,6 +314,9 @@ class ConnectionRunner:
                                                 meter=self._ws)
             # Past parsing, not held while the put below waits for the writer (32 MiB a socket at the limit).
             del message
+            if got.problem is Problem.IGNORED:
+                return self._counters.add(names.IGNORED_FRAMES)  # a heartbeat, an ack: no trace
+            self.health.received(clock.now(), malformed=got.problem is not None)
             if got.problem is not None:
                 self._counters.add(names.MALFORMED_FRAMES)
                 self._frame_log.problem(got.problem, **got.problem_fields())
@@ -317,6 +330,7 @@ class ConnectionRunner:
                 self._frame_log.skip(got.gap)
             await self._writer.put(self.connection_id, *got.frames)  # waits while the writer is full
             self.tracker.accept(got.frames[-1].seq)  # in hand once queued (see SeqTracker)
+            self.health.accepted(clock.now())
             self._attempt = 0
             if got.gap is not None:
                 self._counters.add(names.MISSED_SEQS, got.gap.end - got.gap.seq + 1)

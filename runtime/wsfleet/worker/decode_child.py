@@ -25,7 +25,7 @@ def serve(conn: Connection, budget_bytes: int | None) -> None:
     may grow beyond what it maps once the frame is in hand (None: no cap)."""
     while True:
         try:
-            received_at_ms, seq_pointer, data_pointer, form, assigned = conn.recv()
+            received_at_ms, seq_pointer, data_pointer, form, assigned, ignore = conn.recv()
             message = conn.recv_bytes()
         except EOFError:  # the worker closed its end: leave
             return
@@ -33,7 +33,8 @@ def serve(conn: Connection, budget_bytes: int | None) -> None:
             # From what is mapped now, frame included: what earlier frames left mapped
             # (free heap the allocator reuses) and reading this one cost is not its parse's.
             _cap(budget_bytes)
-        shape = FrameShape(Pointer.parse(seq_pointer), Pointer.parse(data_pointer), form, assigned)
+        rules = tuple((Pointer.parse(pointer), equals) for pointer, equals in ignore)
+        shape = FrameShape(Pointer.parse(seq_pointer), Pointer.parse(data_pointer), form, assigned, rules)
         answer = decode(message, received_at_ms, shape)
         try:
             data = None if isinstance(answer, Rejected) or answer.data_json is None else answer.data_json.encode("utf-8")

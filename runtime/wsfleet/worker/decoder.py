@@ -154,7 +154,8 @@ class FrameDecoder:
             if ticket.abandoned:  # (checked once the child is up: starting one can take a while)
                 raise EOFError("the frame was given up before it reached the child")
             try:
-                child.conn.send((received_at_ms, shape.seq.text, shape.data.text, shape.format, shape.assigned))
+                child.conn.send((received_at_ms, shape.seq.text, shape.data.text, shape.format, shape.assigned,
+                                 tuple((pointer.text, equals) for pointer, equals in shape.ignore)))
                 child.conn.send_bytes(message)
                 break
             except OSError:

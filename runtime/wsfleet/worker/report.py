@@ -120,6 +120,10 @@ class Report:
             loop_lag_p99_ms=self.lag.p99(),
             loop_lag_max_ms=self.lag.take_longest(),
             refused_connections=sum(1 for r in list(self._holdings.runners.values()) if r.refused),
+            silent_connections=sum(1 for r in list(self._holdings.runners.values()) if r.health.silent(clock.now())),
+            malformed_connections=sum(
+                1 for r in list(self._holdings.runners.values()) if r.health.mostly_malformed(clock.now())
+            ),
             trace_export_failures=tracing.take_export_failures(),
         )
         try:
