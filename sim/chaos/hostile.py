@@ -22,6 +22,7 @@ class HostilePeers:
         self.ids = [connection_id(kind) for kind in KINDS]
         self.errors: dict[str, list[tuple[float, str]]] = {cid: [] for cid in self.ids}
         self._polled_at = 0.0
+        self.started_at = 0.0  # when the last hostile START was answered
 
     def start(self) -> None:
         for kind, query in KINDS.items():
@@ -29,6 +30,7 @@ class HostilePeers:
             self.fleet.upstream.create_stream(cid)
             self._api({"event_type": "START", "connection_id": cid, "ws_url": self.fleet.ws_url(cid) + "?" + query})
             self.say(f"           hostile peer {cid}: {query}")
+        self.started_at = time.time()
 
     def stop(self) -> None:
         for cid in self.ids:

@@ -18,11 +18,12 @@ of them:
   a ``last_error`` naming it within :data:`LAST_ERROR_S` of its first socket (as read by
   the run every :data:`POLL_S`). Kinds with none are reported, not judged: the contract
   names no budget for them (a slow handshake's open timeout writes no ``last_error``);
-* ``neighbour_gap``: the healthy connections' neighbours are untouched: two stored frames
+* ``neighbour_gap``: the healthy connections are untouched: two stored frames
   at consecutive seqs, stored under one fence (one ownership), both received inside a
-  quiet window, are at most :data:`NEIGHBOUR_GAP_S` apart (CONTRACT.md section 3). A quiet
-  window is the chaos phase less every fault's span (from its start to the end of its
-  recovery bound, and of its slack), so no fault's own gap is counted; an ownership move
+  quiet window, are at most :data:`NEIGHBOUR_GAP_S` apart (CONTRACT.md section 3). The
+  quiet windows are the run from the hostile STARTs (the warm-up has no fault) to the last
+  heal, less every fault's span (from its start to the end of its recovery bound, and of
+  its slack), so no fault's own gap is counted; an ownership move
   changes the fence, so a takeover's or a shed's gap is not counted either.
 """
 
@@ -73,7 +74,7 @@ class HostileEvidence:
     frames: dict[str, dict[int, str | None]]  # per hostile connection: its stream's books
     first_socket_at: dict[str, float | None]
     errors: dict[str, list[tuple[float, str]]]  # per hostile connection: last_error as polled, when it changed
-    chaos: tuple[float, float]  # the chaos phase: its start and its end (every fault healed)
+    chaos: tuple[float, float]  # judged from (the hostile STARTs) to (every fault healed)
     held_handshakes: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 

@@ -173,7 +173,7 @@ class Run:
         opened = max(e["ts"] for name in fleet.live_workers() for e in fleet.events(name) if e["event"] == "session_opened")
         self._sleep_until_epoch(opened + self.schedule.warmup_s, nemesis)
         self.say(f"{self.stamp()} every worker is up and every connection owned: the chaos phase begins")
-        began, chaos_began = time.monotonic(), time.time()
+        began = time.monotonic()
         before = request_ledger(fleet.emulator.endpoint_url)
         for fault in self.schedule.faults:
             self._sleep_until(began + fault.at_s, nemesis)
@@ -220,7 +220,9 @@ class Run:
         verdict = checker.check(evidence, nemesis.applied, nemesis.ops, s.timing, slack_s=s.slack_s)
         if self.hostile is not None:
             found, totals, notes = hostile_check.check(
-                self.hostile.evidence((chaos_began, chaos_ended)), evidence.rows, nemesis.applied, self.bounds, s.slack_s)
+                # Judged from the hostile STARTs (the warm-up has no fault) to the last heal.
+                self.hostile.evidence((self.hostile.started_at, chaos_ended)), evidence.rows, nemesis.applied,
+                self.bounds, s.slack_s)
             verdict.violations += [checker.Violation(kind, what, detail) for kind, what, detail in found]
             verdict.totals.update(totals)
             verdict.notes += notes
