@@ -64,7 +64,7 @@ def settings_for(quick: bool) -> dict[str, Any]:
         # 100 x 2/s: the load the ingestion benchmark's CPU per message is measured at.
         "neighbours": 2 if quick else 100,
         "rate": 2.0,  # frames a second, each healthy stream: their ordinary gap is 500 ms
-        "window_s": 4.0 if quick else 40.0,
+        "window_s": 2.0 if quick else 40.0,
         "poll_s": 0.5,
         "timeout_s": 60.0,
         "worker": {settings_spec.METRICS_SECONDS: 1, settings_spec.MAX_CONNECTIONS: 110},
