@@ -1,4 +1,4 @@
-"""``python -m bench [failover|cost|capacity|ingestion|faults|rebalance|pauses|readapi|largeframes|amplification|sinks|all] [--quick] [--kinds-only] [--tracing-only] [--join4-only] [--out DIR]``
+"""``python -m bench [failover|cost|capacity|ingestion|faults|rebalance|pauses|readapi|largeframes|amplification|hostile|sinks|all] [--quick] [--kinds-only] [--tracing-only] [--join4-only] [--out DIR]``
 
 Runs the chosen benchmarks one after another (each with processes of its own), prints
 each one's markdown table with the command that produced it, and writes the raw
@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from sim import children
 
-from . import amplification, capacity, cost, failover, faults, ingestion, largeframes, pauses, readapi, rebalance, sinks
+from . import amplification, capacity, cost, failover, faults, hostile, ingestion, largeframes, pauses, readapi, rebalance, sinks
 from .common import Result, machine
 
 BENCHMARKS: dict[str, Callable[..., Result]] = {
@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "readapi": readapi.run,
     "largeframes": largeframes.run,
     "amplification": amplification.run,
+    "hostile": hostile.run,
     "sinks": sinks.run,
 }
 

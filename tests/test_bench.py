@@ -29,7 +29,7 @@ from wsfleet import schema
 from wsfleet.leases import SessionTiming
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCHMARKS = ("failover", "cost", "capacity", "ingestion", "faults", "rebalance", "pauses", "readapi", "largeframes", "amplification", "sinks")
+BENCHMARKS = ("failover", "cost", "capacity", "ingestion", "faults", "rebalance", "pauses", "readapi", "largeframes", "amplification", "hostile", "sinks")
 
 
 def test_percentile_interpolates_between_closest_ranks():

@@ -35,6 +35,9 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     p.add_argument("--run-dir", default=".chaos", help="where each run's logs and report go [.chaos]")
     p.add_argument("--sink", default=os.environ.get(settings_spec.SINK) or "dynamodb",
                    help="SINK: dynamodb, kinesis or dynamodb,kinesis [$SINK, else dynamodb]")
+    p.add_argument("--hostile", action="store_true",
+                   help="also one connection of each hostile upstream kind (ping flood, amplification, firehose, "
+                        "slow handshake), judged apart (sim/chaos/hostile_check.py)")
     p.add_argument("--kinds", default=None, help=f"comma-separated fault kinds to deal [all: {','.join(KINDS)}]")
     a = p.parse_args(argv)
     if a.workers < 2 or a.connections < 1 or a.minutes <= 0:
@@ -52,7 +55,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Settings:
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1, 10**6)
     return Settings(seed=seed, minutes=a.minutes, workers=a.workers, connections=a.connections, rate=a.rate,
                     timing=timing, warmup_s=a.warmup, slack_s=a.slack, run_dir=a.run_dir, kinds=kinds,
-                    sink=sink)
+                    sink=sink, hostile=a.hostile)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -40,6 +40,8 @@ The stored data (``lost``, ``doubled``, ``corrupt``) is judged in :mod:`.data`.
   STOP, within the STOP bound: counted, not a violation), or still open past the STOP
   bound of the STOP before that START;
 * ``bounce``: a connection's fence climbed with nothing to explain the move (:mod:`.moves`);
+* with hostile peers (``--hostile``), ``hostile_data``, ``hostile_error`` and
+  ``neighbour_gap`` (:mod:`.hostile_check`);
 * with a Kinesis sink, the messages stream's at-least-once and ordering rules
   (:mod:`.delivery`): ``lost``, ``order``, ``duplicate``, ``stale_fence``, ``corrupt``.
 
@@ -62,6 +64,7 @@ from .data import byzantine_expectations, check_data
 from .delivery import check_stream, resent_note
 from .evidence import Evidence
 from .history import Applied, Op
+from .hostile_check import VIOLATION_KINDS as HOSTILE_KINDS
 from .moves import REASONS, Move, moves
 from .recovery import Recovery, recovery
 from .schedule import FRAMES, Bounds
@@ -69,7 +72,7 @@ from .schedule import FRAMES, Bounds
 VIOLATION_KINDS = (
     "lost", "doubled", "corrupt", "overlap", "frozen_socket", "stale_fence", "not_recovered",
     "slow_recovery", "stop_not_closed", "malformed_closed", "crash", "unreachable", "stale_url", "bounce",
-    "order", "duplicate",
+    "order", "duplicate", *HOSTILE_KINDS,
 )
 # After SIGCONT a worker that lost its session aborts its sockets at the next renewal
 # tick, with no close handshake (issue 17, item 5: it used to wait up to 3 s for each):

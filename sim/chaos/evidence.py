@@ -119,6 +119,21 @@ def frame_data(raw: bytes) -> str | None:
     return stored_data(DEFAULT, raw)
 
 
+def rows_of(items: Sequence[Mapping[str, Any]]) -> list[Row]:
+    """Stored message items (as the messages table or the stream's consumer keeps them) as rows."""
+    return [
+        Row(
+            seq=int(item[schema.MSG_SK]),
+            fence=int(item.get(schema.MSG_FENCE_TOKEN, 0)),
+            worker=item.get(schema.MSG_WORKER_ID, ""),
+            received_at_ms=int(item.get(schema.RECEIVED_AT_MS, 0)),
+            data=item.get(schema.MESSAGE_DATA, ""),
+            skipped=item.get(schema.SKIPPED, ""),
+        )
+        for item in items
+    ]
+
+
 def gather(fleet: Fleet, connection_ids: Sequence[str], snapshots: list[Snapshot], exits: list, end_t: float,
            streams: Mapping[str, list[str]] | None = None) -> Evidence:
     """``streams``: per connection, every stream its ws_url named (default: the one
@@ -134,19 +149,7 @@ def gather(fleet: Fleet, connection_ids: Sequence[str], snapshots: list[Snapshot
     else:
         view = consumer_view(stream or [])
         items = {cid: as_items(view.get(cid, {})) for cid in connection_ids}
-    rows: dict[str, list[Row]] = {}
-    for cid in connection_ids:
-        rows[cid] = [
-            Row(
-                seq=int(item[schema.MSG_SK]),
-                fence=int(item.get(schema.MSG_FENCE_TOKEN, 0)),
-                worker=item.get(schema.MSG_WORKER_ID, ""),
-                received_at_ms=int(item.get(schema.RECEIVED_AT_MS, 0)),
-                data=item.get(schema.MESSAGE_DATA, ""),
-                skipped=item.get(schema.SKIPPED, ""),
-            )
-            for item in items[cid]
-        ]
+    rows = {cid: rows_of(items[cid]) for cid in connection_ids}
     return Evidence(
         connections=list(connection_ids),
         sockets={s: upstream.sockets(s) for s in every},

@@ -26,8 +26,9 @@ from ..fleet import Fleet, new_run_dir
 from ..observed import Sample
 from ..timing import Timing
 from ..report import progress_line
-from . import checker, machine, report
+from . import checker, hostile_check, machine, report
 from .evidence import Snapshot, gather
+from .hostile import HostilePeers
 from .nemesis import Nemesis
 from .schedule import MAX_FRAME_BYTES, Bounds, Schedule, generate
 
@@ -48,12 +49,15 @@ class Settings:
     run_dir: str = ".chaos"
     kinds: tuple[str, ...] | None = None  # the kinds the deck deals (default: every one)
     sink: str = "dynamodb"  # SINK: with kinesis, the stream is audited and Kinesis faults are dealt
+    hostile: bool = False  # one connection of each hostile kind beside the soak's (.hostile)
 
     def replay(self) -> str:
         """The command that replays this run's schedule."""
         if self.timing == Timing() and self.rate == 2.0 and self.warmup_s is None and not self.slack_s and self.kinds is None:
             sink = f" SINK={self.sink}" if self.sink != "dynamodb" else ""
-            return f"make chaos SEED={self.seed} MINUTES={self.minutes:g} WORKERS={self.workers} CONNECTIONS={self.connections}{sink}"
+            hostile = " CHAOS_ARGS=--hostile" if self.hostile else ""
+            return (f"make chaos SEED={self.seed} MINUTES={self.minutes:g} WORKERS={self.workers} "
+                    f"CONNECTIONS={self.connections}{sink}{hostile}")
         t = self.timing
         args = [
             "--seed", self.seed, "--minutes", f"{self.minutes:g}", "--workers", self.workers, "--connections", self.connections,
@@ -69,6 +73,8 @@ class Settings:
             args += ["--kinds", ",".join(self.kinds)]
         if self.sink != "dynamodb":
             args += ["--sink", self.sink]
+        if self.hostile:
+            args += ["--hostile"]
         return "PYTHONPATH=runtime:. python -m sim.chaos " + " ".join(shlex.quote(str(a)) for a in args)
 
     def describe(self) -> str:
@@ -79,6 +85,7 @@ class Settings:
             f"checkpoint {t.checkpoint_s:g} s, flush {t.flush_ms} ms"
             + (f"; kinds {', '.join(self.kinds)}" if self.kinds is not None else "")
             + (f"; SINK={self.sink}" if self.sink != "dynamodb" else "")
+            + ("; hostile peers" if self.hostile else "")
         )
 
 
@@ -100,6 +107,7 @@ class Run:
         self._lock = threading.Lock()
         self.errors: list[str] = []  # the harness's own failures: the run proves nothing then
         self.nemesis: Nemesis | None = None
+        self.hostile: HostilePeers | None = None
 
     def say(self, line: str) -> None:
         with self._lock:
@@ -158,6 +166,9 @@ class Run:
         nemesis = self.nemesis = Nemesis(fleet, ids, workers=s.workers, seed=s.seed, say=self.say)
         nemesis.start_workers()
         nemesis.start_connections(ids)
+        if s.hostile:
+            self.hostile = HostilePeers(fleet, self.say)
+            self.hostile.start()
         fleet.wait_connected(ids, timeout=60)
         opened = max(e["ts"] for name in fleet.live_workers() for e in fleet.events(name) if e["event"] == "session_opened")
         self._sleep_until_epoch(opened + self.schedule.warmup_s, nemesis)
@@ -184,6 +195,7 @@ class Run:
         self._sleep_until(began + s.minutes * 60, nemesis)
         self.phase = "recover"
         nemesis.heal_all()
+        chaos_ended = time.time()
         recover_s = self.bounds.takeover_s + self.bounds.settle_s + 10
         self.say(f"{self.stamp()} the chaos phase is over; every fault healed; waiting for the fleet to be whole (up to {recover_s:.0f}s)")
         if not nemesis.wait_whole(recover_s):
@@ -193,8 +205,11 @@ class Run:
         self.say(f"{self.stamp()} STOP every connection, then audit")
         for cid in nemesis.started():
             nemesis.api("STOP", cid)
+        hostile_ids = self.hostile.ids if self.hostile is not None else []
+        if self.hostile is not None:
+            self.hostile.stop()
         try:
-            fleet.wait_quiet(ids, timeout=self.bounds.stop_s * 2 + s.timing.lease_s + 10,
+            fleet.wait_quiet(ids + hostile_ids, timeout=self.bounds.stop_s * 2 + s.timing.lease_s + 10,
                              streams={cid: nemesis.streams_of(cid) for cid in ids})
         except TimeoutError as exc:
             self.say(f"{'':11}{exc}; auditing anyway")
@@ -203,6 +218,14 @@ class Run:
         evidence = gather(fleet, ids, list(self.snapshots), nemesis.exits, time.time(),
                           streams={cid: nemesis.streams_of(cid) for cid in ids})
         verdict = checker.check(evidence, nemesis.applied, nemesis.ops, s.timing, slack_s=s.slack_s)
+        if self.hostile is not None:
+            found, totals, notes = hostile_check.check(
+                # Judged from the hostile STARTs (the warm-up has no fault) to the last heal.
+                self.hostile.evidence((self.hostile.started_at, chaos_ended)), evidence.rows, nemesis.applied,
+                self.bounds, s.slack_s)
+            verdict.violations += [checker.Violation(kind, what, detail) for kind, what, detail in found]
+            verdict.totals.update(totals)
+            verdict.notes += notes
         verdict.totals.update(_load(before, request_ledger(fleet.emulator.endpoint_url), time.monotonic() - began))
         lines = report.render(self.schedule, verdict, settings=s.describe(), replay=s.replay(), cpu=self.cpu)
         (run_dir / "report.txt").write_text("\n".join(lines) + "\n")
@@ -223,6 +246,8 @@ class Run:
         while (left := mono - time.monotonic()) > 0:
             time.sleep(min(left, 0.5))
             nemesis.check_exits()
+            if self.hostile is not None:
+                self.hostile.watch()
 
     def _sleep_until_epoch(self, epoch: float, nemesis: Nemesis) -> None:
         self._sleep_until(time.monotonic() + max(0.0, epoch - time.time()), nemesis)

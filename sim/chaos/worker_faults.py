@@ -40,6 +40,11 @@ class WorkerFaults:
     api: Callable[..., Op]
     _streams: Callable[[Fault], list[str]]
 
+    def _held_by(self, victim: str) -> list[str]:
+        """The soak's connections ``victim`` holds (the table says): a hostile peer it
+        holds too is judged apart (:mod:`.hostile_check`), not timed as a fault's victim."""
+        return [cid for cid in self.fleet.owned_by(victim) if cid in self.desired]
+
     def _victim(self, fault: Fault, applied: Applied) -> str:
         name = self.slots[fault.params["slot"]]
         applied.victim = name
@@ -57,7 +62,7 @@ class WorkerFaults:
 
     def _kill(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
         victim = self._victim(fault, applied)
-        held = self.fleet.owned_by(victim)
+        held = self._held_by(victim)
         at = self.fleet.kill(victim)
         applied.affected = dict.fromkeys(held, at)
         until(fault.duration_s)
@@ -66,7 +71,7 @@ class WorkerFaults:
 
     def _pause(self, fault: Fault, applied: Applied, until: Callable[[float], None]) -> None:
         victim = self._victim(fault, applied)
-        held = self.fleet.owned_by(victim)
+        held = self._held_by(victim)
         at = self.fleet.pause(victim)
         applied.affected = dict.fromkeys(held, at)
         # Frozen, its sockets stay open (the kernel answers for it): name them.
@@ -78,7 +83,7 @@ class WorkerFaults:
         victim = self._victim(fault, applied)
         slot = fault.params["slot"]
         applied.replacement = self._replace(slot, **env)  # a rolling deploy: the new one is up first
-        held = self.fleet.owned_by(victim)
+        held = self._held_by(victim)
         at, applied.exit_status = self.fleet.terminate(victim, timeout=self.fleet.timing.shutdown_s + 10)
         applied.affected = dict.fromkeys(held, at)
         applied.healed_at = time.time()
@@ -96,7 +101,7 @@ class WorkerFaults:
         """kill -9 the victim; SIGTERM the watcher that ends its session as soon as it
         says so (``session_ended_dead``), while it drains; replace both."""
         victim = self._victim(fault, applied)
-        held = self.fleet.owned_by(victim)
+        held = self._held_by(victim)
         watchers = {name: log_size(self.fleet.workers[name].log_path) for name in self.fleet.live_workers() if name != victim}
         at = self.fleet.kill(victim)
         applied.affected = dict.fromkeys(held, at)
@@ -105,7 +110,7 @@ class WorkerFaults:
             applied.note = "no watcher said it ended the victim's session in time: nobody to SIGTERM"
         else:
             applied.drainer = drainer
-            its_own = self.fleet.owned_by(drainer)
+            its_own = self._held_by(drainer)
             term_at, applied.exit_status = self.fleet.terminate(drainer, timeout=self.fleet.timing.shutdown_s + 10)
             for cid in its_own:
                 applied.affected.setdefault(cid, term_at)
@@ -144,7 +149,7 @@ class WorkerFaults:
             while pending and answered < p["term_after"]:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 answered += len(done)
-            held = self.fleet.owned_by(victim)
+            held = self._held_by(victim)
             at, applied.exit_status = self.fleet.terminate(victim, timeout=self.fleet.timing.shutdown_s + 10)
         for start in starts:
             op = start.result()
@@ -176,7 +181,7 @@ class WorkerFaults:
         victim = self._victim(fault, applied)
         if p["trigger"] == "term":
             applied.replacement = self._replace(p["slot"])
-        held = self.fleet.owned_by(victim)
+        held = self._held_by(victim)
         stalled = [self.url[cid] for cid in random.Random(self.seed * 1000 + fault.n).sample(sorted(held), min(p["few"], len(held)))]
         for stream in stalled:
             up.stall(stream, True)

@@ -31,7 +31,11 @@ socket asking another shape gets 400), ``replay=none`` (live frames only) and, h
 ``ping_flood=<per second>`` (PINGs at that rate, 125-byte payloads, nothing else sent and
 nothing the client sends read: each socket's ``pings_sent`` is in its record) and
 ``amplify=<bytes>`` (every tenth seq sent as a frame of that size made of tiny values,
-``[{},{},...]``, costly to parse; ``amplify_every``, ``amplify_with=zeros``). Refused
+``[{},{},...]``, costly to parse; ``amplify_every``, ``amplify_with=zeros``),
+``firehose=<per second>`` (frames of its own, numbered on from from_seq, as fast as the
+client reads them up to that rate; not the stream's, not in its books) and
+``slow_handshake=<seconds>`` (the upgrade held back that long, nothing sent; each
+stream's held and given-up counts: :meth:`Upstream.held_handshakes`). Refused
 handshakes are counted per stream and status (:meth:`Upstream.refusals`);
 :meth:`Upstream.expected_data` gives, per seq, what a worker reading the stream's shape
 should store, for audits of any shape.

@@ -1,7 +1,8 @@
 """What the local upstream sends on one socket: the subscribe handshake of a ``subscribe=1``
 kind, then the stream's frames from the socket's position (retained ones, then live ones),
 with the stream's faults (stall, slow, injected frames) applied as it goes; or, for a
-``ping_flood`` socket, nothing but PINGs. Per socket, no state of the server's own:
+``ping_flood`` socket, nothing but PINGs; for a ``firehose`` one, its own frames as fast
+as the client reads them. Per socket, no state of the server's own:
 :class:`~.server.Upstream` runs one of these per socket."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
+from websockets.protocol import State
 
 from . import kinds
 from .books import SocketRecord, Stream
@@ -128,6 +130,34 @@ async def flood_pings(ws: ServerConnection, record: SocketRecord, rate: float) -
             owed -= int(owed)
         await asyncio.sleep(FLOOD_TICK_S)
     ws.transport.abort()  # the reader in Upstream._serve_socket books the close
+
+
+async def firehose(ws: ServerConnection, s: Stream, record: SocketRecord, rate: float) -> None:
+    """A peer faster than the store: frames numbered on from the socket's from_seq, up to
+    ``rate`` a second, as long as its client reads them (no more than
+    FLOOD_UNSENT_BYTES wait unsent on our side: a client that pauses reading pauses us).
+    Written whole to the transport in batches, as :func:`flood_pings` does, so that one
+    thread's upstream keeps up with its other streams; this socket is sent nothing else
+    but websockets' keepalive pings, which never split a frame written whole."""
+    seq = record.from_seq
+    owed, last = 0.0, time.monotonic()
+    # Past OPEN, nothing more: a frame after our close frame would break the closing handshake.
+    while ws.state is State.OPEN and not ws.transport.is_closing():
+        now = time.monotonic()
+        owed, last = min(owed + (now - last) * rate, max(1.0, 2 * rate * FLOOD_TICK_S)), now
+        if owed >= 1 and ws.transport.get_write_buffer_size() < FLOOD_UNSENT_BYTES:
+            batch = int(owed)
+            ws.transport.write(b"".join(
+                Frame(Opcode.TEXT, kinds.firehose_frame(s.shape, s.name, n)).serialize(mask=False)
+                for n in range(seq, seq + batch)
+            ))
+            record.frames_sent += batch
+            if record.first_seq_sent is None:
+                record.first_seq_sent = seq
+            seq += batch
+            record.last_seq_sent = seq - 1
+            owed -= batch
+        await asyncio.sleep(FLOOD_TICK_S)
 
 
 def peer_closed(ws: ServerConnection) -> bool:

@@ -22,6 +22,16 @@ from the path), so an upstream in another process is configured by ``ws_url`` al
   ``[{},{},...]``, about 24 times its size as Python objects; ``zeros``: ``[0,0,...]``,
   about 4 times), cheap to send, costly to parse. A socket resuming there gets it again,
   as a hostile source would send it; the stream's books keep the ordinary frame.
+* ``firehose=<frames per second>`` (hostile: a peer faster than the store): in place of
+  the stream, the socket is sent frames numbered on from its from_seq as fast as its
+  client takes them, up to that rate (:func:`firehose_frame`: the same bytes for a seq
+  every time, so a reconnect resumes as with any source); they are not the stream's and
+  its books do not keep them (the socket's record counts them). A client that stops
+  reading stops them: no more than a few hundred KiB wait unsent on our side.
+* ``slow_handshake=<seconds>`` (hostile: a slow handshake): the TCP connection is
+  accepted and the upgrade request read, then nothing at all is sent for that long
+  (the upgrade held back), then the handshake goes on as usual if the client is still
+  there. A client whose open timeout is shorter gives up first.
 """
 
 from __future__ import annotations
@@ -42,11 +52,14 @@ SHAPES = {DEFAULT: ("/seq", "/data"), NESTED: ("/meta/sequence", "/payload"), FL
 REPLAYS = ("all", "none")
 KIND_PARAMS = (
     "auth_header", "subprotocol", "subscribe", "shape", "replay", "ping_flood", "amplify", "amplify_every", "amplify_with",
+    "firehose", "slow_handshake",
 )
 MAX_PING_FLOOD = 1_000_000.0  # pings a second: more than any socket carries
 AMPLIFY_EVERY = 10
 AMPLIFY_WITH = {"objects": b"{}", "zeros": b"0"}  # amplify_with -> the list's item
 MAX_AMPLIFY = 1 << 30  # bytes: a bound on what one URL makes the upstream build
+MAX_FIREHOSE = 100_000.0  # frames a second
+MAX_SLOW_HANDSHAKE_S = 86_400.0
 
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110: header names, subprotocols
 MAX_CLOSE_REASON = 120  # bytes; a close frame's reason must fit in 123
@@ -73,6 +86,8 @@ class Kind:
     amplify: int = 0  # bytes of an amplification frame (0: none)
     amplify_every: int = AMPLIFY_EVERY  # it replaces each seq that is a multiple of this
     amplify_with: str = "objects"  # what its data's list holds (AMPLIFY_WITH)
+    firehose: float | None = None  # hostile: frames a second at most, as fast as the client reads
+    slow_handshake: float = 0.0  # hostile: seconds the upgrade is held back
 
     def amplifies(self, seq: int) -> bool:
         """Whether this socket sends seq ``seq`` as an amplification frame."""
@@ -90,6 +105,8 @@ class Kind:
         parts += [f"amplify={self.amplify}"] if self.amplify else []
         parts += [f"amplify_every={self.amplify_every}"] if self.amplify and self.amplify_every != AMPLIFY_EVERY else []
         parts += [f"amplify_with={self.amplify_with}"] if self.amplify and self.amplify_with != "objects" else []
+        parts += [f"firehose={self.firehose:g}"] if self.firehose else []
+        parts += [f"slow_handshake={self.slow_handshake:g}"] if self.slow_handshake else []
         return "&".join(parts) or DEFAULT
 
 
@@ -129,19 +146,24 @@ def parse_request(path: str) -> tuple[int, Kind]:
     if amplify_with not in AMPLIFY_WITH:
         raise BadRequest(f"amplify_with must be one of {', '.join(AMPLIFY_WITH)}, got {amplify_with!r}")
     flood = _last(query, "ping_flood")
+    firehose = _last(query, "firehose")
+    slow = _last(query, "slow_handshake")
     return from_seq, Kind(
-        auth, subprotocol, subscribe == "1", shape, replay, None if flood is None else _rate(flood),
+        auth, subprotocol, subscribe == "1", shape, replay,
+        None if flood is None else _rate(flood, "ping_flood", "pings a second", MAX_PING_FLOOD),
         amplify, every, amplify_with,
+        None if firehose is None else _rate(firehose, "firehose", "frames a second", MAX_FIREHOSE),
+        0.0 if slow is None else _rate(slow, "slow_handshake", "seconds", MAX_SLOW_HANDSHAKE_S),
     )
 
 
-def _rate(raw: str) -> float:
+def _rate(raw: str, name: str, unit: str, most: float) -> float:
     try:
         rate = float(raw)
     except ValueError:
-        raise BadRequest(f"ping_flood must be a number of pings a second, got {raw!r}") from None
-    if not 0 < rate <= MAX_PING_FLOOD:  # NaN fails this too
-        raise BadRequest(f"ping_flood must be above 0 and at most {MAX_PING_FLOOD:g}, got {raw!r}")
+        raise BadRequest(f"{name} must be a number of {unit}, got {raw!r}") from None
+    if not 0 < rate <= most:  # NaN fails this too
+        raise BadRequest(f"{name} must be above 0 and at most {most:g}, got {raw!r}")
     return rate
 
 
@@ -236,6 +258,16 @@ def amplified(shape: str, seq: int, size: int, amplify_with: str = "objects") ->
     at = frame.rindex(b"[]") + 1  # the empty list is the data (a flat frame's: its "v")
     item = AMPLIFY_WITH[amplify_with]
     return frame[:at] + _items(item, max(1, (size - len(frame)) // (len(item) + 1))) + frame[at:]
+
+
+def firehose_data(stream: str, seq: int) -> dict[str, Any]:
+    """The data of a ``firehose`` kind's seq: the same every time it is sent."""
+    return {"stream": stream, "v": seq, "firehose": True}
+
+
+def firehose_frame(shape: str, stream: str, seq: int) -> bytes:
+    """The frame a ``firehose`` socket sends as ``seq``, in ``shape``."""
+    return render(shape, seq, firehose_data(stream, seq))
 
 
 @functools.lru_cache(maxsize=4)

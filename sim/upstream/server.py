@@ -19,13 +19,14 @@ from websockets.typing import Subprotocol
 
 from . import kinds
 from .books import Overlap, SocketRecord, Stream, StreamTotals
-from .feed import flood_pings, send_stream, subscribed
+from .feed import firehose, flood_pings, peer_closed, send_stream, subscribed
 
 STREAM_PREFIX = "/streams/"
 STATS_PATH = "/_stats"
 NOT_JSON = "not json"
 NO_SEQ = '{"data": 1}'
 MALFORMED_FRAMES = (NOT_JSON, NO_SEQ)
+HOLD_POLL_S = 0.1  # how often a held handshake asks whether its client is still there
 
 
 def stream_name(path: str) -> str:
@@ -77,6 +78,8 @@ class Upstream:
         self._credentials = frozenset(credentials)
         # Refused handshakes: stream -> HTTP status -> count (a refusal creates no stream).
         self._refused: dict[str, dict[int, int]] = {}
+        # slow_handshake kinds: stream -> [upgrades held back, of which the client gave up first].
+        self._held: dict[str, list[int]] = {}
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -93,6 +96,9 @@ class Upstream:
             # Fleets open hundreds of sockets at once; the default backlog (100)
             # drops SYNs and costs a one-second retransmit each.
             backlog=4096,
+            # No timeout of ours on a handshake: a slow_handshake kind holds its upgrade
+            # back for as long as it asks; a client gives up on its own open timeout.
+            open_timeout=None,
         )
         if self.rate is not None:
             self._generator = asyncio.create_task(self._generate(), name="upstream-generator")
@@ -290,6 +296,12 @@ class Upstream:
         """Handshakes refused on the stream, by HTTP status (401, 403, 400)."""
         return dict(self._refused.get(stream, {}))
 
+    def held_handshakes(self, stream: str) -> tuple[int, int]:
+        """``slow_handshake`` upgrades on the stream: (held back, of which the client
+        closed before the hold ended). Neither opens a socket until the upgrade is sent."""
+        held, gave_up = self._held.get(stream, (0, 0))
+        return held, gave_up
+
     def sockets(self, stream: str) -> list[SocketRecord]:
         s = self._streams.get(stream)
         return [dataclasses.replace(r) for r in s.sockets] if s else []
@@ -318,6 +330,7 @@ class Upstream:
             "history": self.history,
             "streams": {name: dataclasses.asdict(self.totals(name)) for name in self._streams},
             "refused": {name: {str(k): v for k, v in by.items()} for name, by in self._refused.items()},
+            "held_handshakes": {name: {"held": h, "gave_up": g} for name, (h, g) in self._held.items()},
             "overlaps": [dataclasses.asdict(o) for o in self.overlaps()],
         }
 
@@ -360,8 +373,9 @@ class Upstream:
                 self._produce(self._streams[name])
                 heapq.heappush(self._due, (due + period, next(self._due_ids), name))
 
-    def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
-        """Stats, or the handshake checks of the socket's kind (None: go on)."""
+    async def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
+        """Stats, or the handshake checks of the socket's kind (None: go on), after
+        holding the upgrade back as a ``slow_handshake`` kind asks."""
         if urlsplit(request.path).path == STATS_PATH:
             response = ws.respond(200, json.dumps(self.stats()) + "\n")
             response.headers["Content-Type"] = "application/json"
@@ -371,10 +385,27 @@ class Upstream:
         status, reason = kinds.check_handshake(
             request.path, request.headers, self._credentials, s.shape if s else None)
         if status == 101:
+            _, kind = kinds.parse_request(request.path)
+            if kind.slow_handshake and not await self._hold(ws, name, kind.slow_handshake):
+                ws.transport.abort()
+                return ws.respond(408, "the client gave up\n")  # written to nobody: it is gone
             return None
         by_status = self._refused.setdefault(name, {})
         by_status[status] = by_status.get(status, 0) + 1
         return ws.respond(status, reason + "\n")
+
+    async def _hold(self, ws: ServerConnection, stream: str, seconds: float) -> bool:
+        """Send nothing for ``seconds``; False if the client closed meanwhile (asked of
+        the kernel, as nothing more is read during a handshake)."""
+        counts = self._held.setdefault(stream, [0, 0])
+        counts[0] += 1
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            if peer_closed(ws) or ws.transport.is_closing():
+                counts[1] += 1
+                return False
+            await asyncio.sleep(min(left, HOLD_POLL_S))
+        return True
 
     def _select_subprotocol(self, ws: ServerConnection, offered: Any) -> Subprotocol | None:
         assert ws.request is not None
@@ -406,8 +437,12 @@ class Upstream:
         try:
             if kind.subscribe and not await subscribed(ws, s, record):
                 return
-            flood = kind.ping_flood
-            sender = asyncio.create_task(flood_pings(ws, record, flood) if flood else send_stream(ws, s, record))
+            if kind.ping_flood:
+                sender = asyncio.create_task(flood_pings(ws, record, kind.ping_flood))
+            elif kind.firehose:
+                sender = asyncio.create_task(firehose(ws, s, record, kind.firehose))
+            else:
+                sender = asyncio.create_task(send_stream(ws, s, record))
             # Reading also notices the close: the iteration ends (or raises, after
             # an error code or an abort) when the TCP connection is gone. Whatever
             # else the client sends is ignored.

@@ -142,6 +142,9 @@ class ThreadedUpstream:
     def refusals(self, stream: str) -> dict[int, int]:
         return self._call(self.upstream.refusals, stream)
 
+    def held_handshakes(self, stream: str) -> tuple[int, int]:
+        return self._call(self.upstream.held_handshakes, stream)
+
     def sockets(self, stream: str) -> list[SocketRecord]:
         return self._call(self.upstream.sockets, stream)
 
