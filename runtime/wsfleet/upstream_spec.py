@@ -15,7 +15,6 @@ GET is :meth:`Upstream.item`: the keys that differ from their defaults, ARNs onl
 from __future__ import annotations
 
 import enum
-from decimal import Decimal
 import json
 import re
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ from .upstream_secrets import MAX_JSON_KEY as MAX_JSON_KEY
 from .upstream_secrets import SECRET_NAME_CHARS as SECRET_NAME_CHARS
 from .upstream_secrets import SECRET_NOT_ALLOWED as SECRET_NOT_ALLOWED
 from .upstream_secrets import SecretRef, check_secret_query, parse_secret_ref
-from .validation import Invalid
+from .validation import Invalid, plain_numbers
 
 INVALID = "invalid_upstream"
 
@@ -433,7 +432,7 @@ def parse(value: object, *, secret_prefix: str, region: str | None = None) -> Up
     if unknown:
         raise Invalid(INVALID, f"upstream has unknown key {unknown[0]!r}; the keys are {', '.join(FIELD_NAMES)}.")
     ctx = _Context(secret_prefix, region)
-    value = _plain(value)  # an item read back from the table holds its numbers as Decimal
+    value = plain_numbers(value)  # an item read back from the table holds its numbers as Decimal
     parsed = {f.key: f.check(value[f.key], ctx) for f in FIELDS if f.key in value}
     plain = {name.lower() for name, _ in parsed.get("headers", ())}
     for name, _ in parsed.get("secret_headers", ()):
@@ -459,17 +458,6 @@ def parse(value: object, *, secret_prefix: str, region: str | None = None) -> Up
     if upstream.resume is Resume.OPEN_MESSAGE and FROM_SEQ not in (upstream.open_message or ""):
         raise _fail("resume", "open_message resumes only through an open_message that contains {from_seq}.")
     return upstream
-
-
-def _plain(value: Any) -> Any:
-    """``value`` with every Decimal (how DynamoDB returns a number) as an int or a float."""
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    return value
 
 
 # --- the README's table ------------------------------------------------------------------

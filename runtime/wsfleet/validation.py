@@ -13,7 +13,8 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
-from typing import Iterable, Union
+from decimal import Decimal
+from typing import Any, Iterable, Union
 from urllib.parse import urlsplit
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
@@ -230,3 +231,14 @@ def without_addresses(text: str) -> str:
         return "<address>" if _ip_or_none(word.split("%", 1)[0]) is not None else word
 
     return _IPV6_LIKE.sub(hide, _IPV4_LIKE.sub(hide, text))
+
+
+def plain_numbers(value: Any) -> Any:
+    """``value`` with every Decimal (how DynamoDB returns a number) as an int or a float."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: plain_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain_numbers(v) for v in value]
+    return value
