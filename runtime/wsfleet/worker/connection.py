@@ -29,7 +29,6 @@ the socket before it releases, so a stream never has two sockets.
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import time
 from typing import Any, Awaitable, Callable
@@ -39,14 +38,15 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidH
 from .. import clock
 from .. import metrics_names as names
 from .. import tracing, upstream_spec
-from ..checkpoint import Checkpoint, Tally
+from ..checkpoint import Checkpoint
 from ..leases import backoff_s
 from ..logs import JsonLogger
 from ..metrics import Counters
-from ..store import CheckpointEntry, ConnectionsStore, Released
+from ..store import ConnectionsStore, Released
 from ..stream import Problem, SeqTracker
 from . import numbering
 from .checkpoints import Checkpoints
+from .runner_checkpoints import Checkpointing, EndReason
 from .feed_health import FeedHealth, Silent
 from .frame_log import UNEXPECTED, FrameLog
 from .frames import CheckpointTimer
@@ -61,18 +61,10 @@ from .writer import Writer
 RECONNECT_CAP_S = 10.0
 
 
-class EndReason(enum.Enum):
-    STOPPED = "stopped"  # desired state STOPPED: close, flush, release
-    LOST = "lost"  # our session was ENDED, or the connection is no longer ours: close, write nothing
-    EXPIRED = "expired"  # the worker's deadline passed before a renewal got through: close, write nothing
-    SHUTDOWN = "shutdown"  # this worker is leaving: close, flush, hand off (release at our fence), hint a peer
-    SHED = "shed"  # moved to a worker under its fair share: close, flush, hand off, hint
-
-
 Call = Callable[..., Awaitable[Any]]
 
 
-class ConnectionRunner:
+class ConnectionRunner(Checkpointing):
     def __init__(
         self,
         *,
@@ -366,43 +358,6 @@ class ConnectionRunner:
         self._timer.started(self.tracker.checkpoint)
         self._log.info("stream_starts_where_the_upstream_is", seq=end + 1)
         return True
-
-    def _on_stored(self, seq: int, counts: Tally) -> None:
-        """The writer stored seqs up to ``seq`` (a gap-free prefix), adding ``counts``."""
-        self.tracker.stored(seq)
-        self._timer.stored(seq, counts)
-        self._stored.set()  # the checkpointer waits from there until one may be due
-
-    async def _checkpointer(self) -> None:
-        # The end reason, not cancellation alone, stops this loop: on Python 3.11,
-        # asyncio.wait_for (in call_until) swallows a cancel that arrives in the loop
-        # iteration its call completes.
-        while self.end_reason is None:
-            await self._stored.wait()
-            await self._pause(self._timer.wait_s(clock.now()))  # the last frames of a burst too
-            self._stored.clear()
-            if self.end_reason is not None or not self._timer.due(self.tracker.checkpoint, clock.now()):
-                continue
-            try:
-                await self._write_checkpoint()
-            except LeaseExpired:
-                self._log.warning("deadline_passed_before_checkpoint", checkpoint=self.tracker.checkpoint)
-                return self._end(EndReason.EXPIRED)
-
-    async def _write_checkpoint(self) -> None:
-        """Store the checkpoint while holding the connection (conditional on our session
-        and fence), written by ``checkpoint_s`` after the last one at the latest: after a
-        crash the next owner reads less past it."""
-        seq = self.tracker.checkpoint  # stored gap-free: the value written (frames stored meanwhile wait for the next)
-        ours = await self._checkpoints.write(
-            CheckpointEntry(self.connection_id, self.session_id, self.fence_token, seq, self._timer.uncounted()),
-            by=self._timer.by,
-            deadline=self._deadline,
-        )
-        if not ours:
-            self._log.warning("checkpoint_found_connection_gone", checkpoint=seq)
-            return self._end(EndReason.LOST)
-        self._timer.wrote(seq, clock.now())
 
     async def flush(self) -> None:
         """Return once every accepted frame is stored (the writer sends this connection's
