@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from dataclasses import replace
 
 import pytest
 
 from tests.test_worker import config, eventually, running, seqs
 from wsfleet import metrics_names as names
 from wsfleet import schema
+from wsfleet.worker.connection import HANDSHAKE_TIMEOUT
+from wsfleet.worker.socket_budget import DECODE_BUDGET, DECODE_TEXT
 
 pytestmark = pytest.mark.slow
 
@@ -28,13 +31,18 @@ def test_an_amplifying_neighbour_costs_markers_not_the_worker_nor_the_healthy_st
     conns.start("hostile", upstream.url_for("hostile") + f"?amplify={AMPLIFY}&amplify_every={EVERY}")
 
     async def scenario():
-        async with running(config(aws_env)) as worker:
+        # Each frame given up closes the hostile socket over the decode budget, which then
+        # waits like a refusal: short here, so that it reaches every amplified seq.
+        async with running(config(aws_env), refused_retry_s=0.2) as worker:
             await eventually(lambda: all(len(seqs(msgs, c)) >= LAST for c in ("healthy", "hostile")), timeout=60,
                              what=f"{LAST} stored on each")
             assert not worker.stopping.is_set() and set(worker.holdings.runners) == {"healthy", "hostile"}
-            return worker.decoder.describe(), max(worker.report.lag.recent), worker.counters.total(names.MALFORMED_FRAMES)
+            closes = worker.holdings.runners["hostile"].budget.decode_closes, worker.counters.total(names.BUDGET_CLOSES)
+            return (worker.decoder.describe(), max(worker.report.lag.recent), worker.counters.total(names.MALFORMED_FRAMES),
+                    closes)
 
-    decoder, lag_ms, malformed = asyncio.run(scenario())
+    decoder, lag_ms, malformed, closes = asyncio.run(scenario())
+    assert closes[0] >= len(range(EVERY, LAST + 1, EVERY)) and closes[1] >= closes[0]  # one close per frame given up
     healthy = msgs.read_all("healthy")
     assert [r["sk"] for r in healthy] == list(range(1, len(healthy) + 1))
     received = [int(r["received_at_ms"]) for r in healthy]
@@ -54,3 +62,39 @@ def test_an_amplifying_neighbour_costs_markers_not_the_worker_nor_the_healthy_st
             assert int(row[schema.DATA_BYTES]) > AMPLIFY - 100
         else:
             assert row[schema.MESSAGE_DATA] == expected[row["sk"]]
+
+
+def test_a_frame_given_up_closes_the_socket_naming_the_decode_budget_and_resumes_after_its_marker(
+    aws_env, stores, upstream
+):
+    conns, msgs = stores
+    conns.start("hostile", upstream.url_for("hostile") + f"?amplify={AMPLIFY}&amplify_every={EVERY}")
+
+    async def scenario():
+        async with running(config(aws_env)) as worker:  # the refusal wait: 60 s, longer than this test
+            await eventually(lambda: (conns.get("hostile") or {}).get(schema.LAST_ERROR), timeout=60, what="last_error")
+            runner = worker.holdings.runners["hostile"]
+            # Waiting, past its marker (frames the socket had read already were handed on first).
+            assert not runner.connected.is_set() and runner.tracker.next_seq > EVERY
+            return conns.get("hostile")[schema.LAST_ERROR]
+
+    last_error = asyncio.run(scenario())
+    assert last_error == DECODE_TEXT and last_error.startswith(DECODE_BUDGET + ": ")
+    rows = msgs.read_all("hostile")
+    assert [r["sk"] for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= EVERY
+    assert rows[EVERY - 1][schema.SKIPPED] == schema.SKIPPED_OVER_FRAME_LIMIT
+
+
+def test_a_handshake_that_never_completes_is_named_in_last_error(aws_env, stores, upstream):
+    conns, _ = stores
+    conns.start("slow", upstream.url_for("slow") + "?slow_handshake=3600")
+
+    async def scenario():
+        async with running(config(aws_env)) as worker:
+            settings = worker.acquisition.settings
+            worker.acquisition.settings = replace(settings, connect_timeout_s=0.5)  # (10 s by default)
+            await eventually(lambda: (conns.get("slow") or {}).get(schema.LAST_ERROR), timeout=30, what="last_error")
+            return conns.get("slow")[schema.LAST_ERROR], worker.counters.total(names.LOOP_ERRORS)
+
+    last_error, loop_errors = asyncio.run(scenario())
+    assert last_error.startswith(HANDSHAKE_TIMEOUT + ": ") and loop_errors == 0

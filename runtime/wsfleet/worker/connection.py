@@ -59,6 +59,7 @@ from .upstream_socket import Dialer, Refused, close_socket, refused_pause_s
 from .writer import Writer
 
 RECONNECT_CAP_S = 10.0
+HANDSHAKE_TIMEOUT = "handshake_timeout"  # last_error's first word when the open timed out
 
 
 Call = Callable[..., Awaitable[Any]]
@@ -177,6 +178,7 @@ class ConnectionRunner(Checkpointing):
             over_limit: PayloadTooBig | None = None
             refused: Refused | OverBudget | None = None
             silent: Silent | None = None
+            timed_out = False  # the handshake did not complete within the open timeout
             from_seq = self.tracker.next_seq
             try:
                 parent, self._trace_parent = self._trace_parent, None
@@ -217,6 +219,7 @@ class ConnectionRunner(Checkpointing):
                 if isinstance(exc, ConnectionClosed) and isinstance(exc.__cause__, PayloadTooBig):
                     over_limit = exc.__cause__  # we closed it (1009): a frame over max_frame_bytes
                 refused = over_budget(exc)  # we closed it over a budget: waited out as a refusal
+                timed_out = isinstance(exc, TimeoutError)
                 self._log.warning("socket_error", error=f"{type(exc).__name__}: {exc}", attempt=self._attempt)
             except Exception as exc:  # noqa: BLE001 - a bug costs a reconnect, never the lease
                 code = None
@@ -231,6 +234,8 @@ class ConnectionRunner(Checkpointing):
                 continue
             if over_limit is not None:
                 await self._closed_over_limit(over_limit)
+            if timed_out:  # a slow or hostile handshake: GET says why the connection does not open
+                await self._noted(f"{HANDSHAKE_TIMEOUT}: the upstream did not complete the WebSocket handshake in time")
             if silent is not None:
                 self._counters.add(names.SILENCE_RECONNECTS)
                 self._log.warning("silent_reconnect", reason=str(silent), from_seq=self.tracker.next_seq)
@@ -256,11 +261,15 @@ class ConnectionRunner(Checkpointing):
         delay = refused_pause_s(self._s.refused_retry_s)
         self._log.warning(refused.event, error=refused.text, retry_in_s=round(delay, 1), attempt=self._attempt)
         self._attempt += 1
-        try:
-            await self._note_error(refused.text)
-        except Exception as exc:  # noqa: BLE001 - the wait below happens whatever the note met
-            self._supervisor.report("last_error", exc)
+        await self._noted(refused.text)
         await self._pause(delay)
+
+    async def _noted(self, text: str) -> None:
+        """:meth:`_note_error`, whatever it meets (reported, never raised: a wait follows)."""
+        try:
+            await self._note_error(text)
+        except Exception as exc:  # noqa: BLE001
+            self._supervisor.report("last_error", exc)
 
     async def _note_error(self, text: str | None) -> None:
         """Write ``last_error`` (None: remove it), conditional on our session and fence,
@@ -322,6 +331,8 @@ class ConnectionRunner(Checkpointing):
                 self._frame_log.skip(got.gap)
             await self._writer.put(self.connection_id, *got.frames)  # waits while the writer is full
             self.tracker.accept(got.frames[-1].seq)  # in hand once queued (see SeqTracker)
+            if got.problem is Problem.OVER_DECODE_BUDGET and self._ws is not None:
+                return self._ws.close_over_decode_budget()  # its marker in hand: resumed after it
             self.health.accepted(clock.now())
             self._attempt = 0
             if got.gap is not None:

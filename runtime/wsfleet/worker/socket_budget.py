@@ -88,6 +88,11 @@ FLOOD_TEXT = (
     " closed, and tried again after the refusal wait"
 )
 
+DECODE_BUDGET = "decode_budget"  # a frame that cost more to parse than the decoder allows (worker.decoder)
+DECODE_TEXT = (
+    f"{DECODE_BUDGET}: a frame needed more memory or time to parse than the worker allows (stored as an "
+    "over_frame_limit marker at its seq); closed, and tried again after the refusal wait"
+)
 LOOP_SHARE_BUDGET = "loop_share"  # the budget's name, in last_error and the log
 # Of the event loop's time, what one connection's frames may take for ever: a worker holds
 # hundreds of connections; one taking half of its only core is a feed for a worker of its own.
@@ -201,6 +206,7 @@ class BudgetStats:
     write_pauses: int = 0  # times a socket's reading paused for unsent bytes
     flood_closes: int = 0  # sockets closed as a control flood
     share_closes: int = 0  # sockets closed for taking more than their share of the loop
+    decode_closes: int = 0  # sockets closed after a frame over the decoder's budget
     loop_s: float = 0.0  # loop time its frames took (websockets' parsing and ours on the loop)
     received_bytes: int = 0  # bytes its sockets received: what names a prime suspect (wsfleet.crash_loop)
 
@@ -320,6 +326,14 @@ class BudgetedConnection(ClientConnection):
             return  # closed already (by us, a moment ago, or otherwise)
         self.stats.flood_closes += 1
         self._close_over(OverBudget(CONTROL_FLOOD, FLOOD_TEXT))
+
+    def close_over_decode_budget(self) -> None:
+        """A frame of this socket was given up by the decoder (its marker is queued): close
+        it over that budget, as for the others; the connection waits like a refusal and
+        resumes after the marker."""
+        if not self.transport.is_closing():
+            self.stats.decode_closes += 1
+            self._close_over(OverBudget(DECODE_BUDGET, DECODE_TEXT))
 
     def _close_over(self, why: OverBudget) -> None:
         # Aborted: a peer over a budget is not waited for through a close handshake.
