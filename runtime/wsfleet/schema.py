@@ -247,6 +247,9 @@ HINT_RELEASED = "released"
 # The SQS system attribute a hint carries the sender's trace in (an X-Ray trace header),
 # and that the taker's receive asks for.
 HINT_TRACE_HEADER = "AWSTraceHeader"
+# The START queue moves a hint received this many times without a delete to its
+# dead-letter queue (the stack's redrive policy, and the local emulator's).
+MAX_HINT_RECEIVES = 5
 
 
 def hint_trace_attributes(trace_header: str | None) -> dict:
