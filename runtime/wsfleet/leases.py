@@ -143,6 +143,11 @@ def new_session_id(worker_id: str, started_at_ms: int, rng: random.Random | None
     return f"{worker_id}#{started_at_ms}-{(rng or random).getrandbits(32):08x}"
 
 
+def worker_of(session_id: str) -> str:
+    """The worker id a session id (:func:`new_session_id`) was made for."""
+    return session_id.rpartition("#")[0]
+
+
 # --- failures, read from the item a conditional write failed on (ALL_OLD) --------------
 
 
@@ -222,6 +227,16 @@ def release_already_landed(old: Mapping | None, fence_token: int, session_id: st
     if old.get(schema.LEASE_SESSION, "") == "":
         return True
     return bool(session_id) and old.get(schema.LEASE_SESSION) == session_id and released_at_fence(old)
+
+
+def move_already_landed(old: Mapping | None, *, to_session: str, fence_token: int) -> bool:
+    """A retried move whose first attempt landed finds the connection attached to its
+    target at the fence after ``fence_token`` (the one the move gave it)."""
+    return (
+        old is not None
+        and old.get(schema.LEASE_SESSION) == to_session
+        and int(old.get(schema.FENCE_TOKEN, -1)) == fence_token + 1
+    )
 
 
 # --- reachability ----------------------------------------------------------------------

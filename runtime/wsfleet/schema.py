@@ -84,6 +84,14 @@ SUSPECT = "suspect"
 # Connections whose STOP the router posted to the owning session: the renewal returns
 # them, so a STOP reaches its owner at its next heartbeat without a per-connection read.
 STOP_INBOX = "stops"
+# Connections moved to this session by another worker (a shed, a dead session's drain):
+# one conditional write attached each here (``<connection_id>#<fence>``, the fence the move
+# gave it); the renewal returns them, and the worker picks them up, as it does its STOPs.
+ASSIGNED = "assigned"
+# At most this many assignments wait in one session item (each ~80 bytes: well inside
+# an item's 400 KB); a move to a session whose inbox is full is refused like one to an
+# ENDED session, and goes the anonymous way.
+ASSIGNED_MAX = 500
 
 LIVE = "LIVE"
 ENDED = "ENDED"
@@ -341,6 +349,11 @@ def stop_entry(connection_id: str, fence_token: int) -> str:
     that a second STOP after a restart is a new entry, not one already acknowledged.
     Connection ids never contain '#'."""
     return f"{connection_id}#{fence_token}"
+
+
+def assigned_entry(connection_id: str, fence_token: int) -> str:
+    """An assignment in a session's inbox: the connection and the fence its move gave it."""
+    return stop_entry(connection_id, fence_token)
 
 
 def parse_stop_entry(entry: str) -> tuple[str, int]:
