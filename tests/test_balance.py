@@ -408,13 +408,17 @@ def _drainer(ring_loads, room=100):
     async def hint(cid, **kw):
         done["hinted"].append((cid, kw.get("shed_to", ""), kw.get("from_session", "")))
 
+    async def move_drained(sid, named):  # every named one moved to its survivor (worker.moves)
+        done["hinted"].extend((cid, to, sid) for cid, to in named)
+        return []
+
     rows = [Owned(f"c{i:02d}", schema.STARTED) for i in range(20)]
     summary = FleetSummary()
     takeover = Takeover(
         sessions=SimpleNamespace(ring_loads=ring_loads), connections=SimpleNamespace(owned_by=lambda sid: rows),
         keeper=SimpleNamespace(live=lambda: True, session_id="w2"), timing=T, state_shards=1, call=call,
         log=JsonLogger(), acquisition=SimpleNamespace(try_acquire=acquire), hints=SimpleNamespace(hint=hint),
-        holdings=Holdings(max_connections=room, summary=summary), summary=summary, counters=Counters(), quarantine_after=3,
+        mover=SimpleNamespace(move_drained=move_drained), holdings=Holdings(max_connections=room, summary=summary), summary=summary, counters=Counters(), quarantine_after=3,
     )
     return takeover, done
 

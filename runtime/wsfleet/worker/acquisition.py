@@ -29,6 +29,7 @@ from .connection import ConnectionRunner, EndReason, Settings
 from .handoffs import Handoffs
 from .hints import Hints
 from .holdings import Holdings
+from .moves import Mover
 from .retry import LeaseExpired, call_until
 from .secrets import Secrets
 from .session import SessionKeeper
@@ -53,6 +54,7 @@ class Acquisition:
         attachments: Attachments,
         handoffs: Handoffs,
         hints: Hints,
+        mover: Mover,
         connections: ConnectionsStore,
         messages: Sink,
         writer: Writer,
@@ -71,6 +73,7 @@ class Acquisition:
         self._attachments = attachments
         self._handoffs = handoffs
         self._hints = hints
+        self._mover = mover
         self._connections = connections
         self._messages = messages
         self._writer = writer
@@ -273,6 +276,16 @@ class Acquisition:
         # The hints carry the release span's trace: the taker's acquire continues it.
         if reason is EndReason.SHUTDOWN or (reason is EndReason.STOPPED and runner.freed):
             await self._hints.hint(runner.connection_id, released=released, trace=runner.release_trace)
+        elif reason is EndReason.SHED and runner.handed and runner.shed_to:
+            # Meant for one worker: moved to its session, which picks it up (worker.moves).
+            await self._mover.move_handed(
+                runner.connection_id,
+                session_id=runner.session_id,
+                fence_token=runner.fence_token,
+                to=runner.shed_to,
+                released=released,
+                trace=runner.release_trace,
+            )
         elif reason is EndReason.SHED:
             await self._hints.hint(
                 runner.connection_id,

@@ -88,6 +88,13 @@ class Handoffs:
         self.last_at = self._clock()
         self._pending[connection_id] = Handoff(session_id, fence_token, dict(released), self.last_at)
 
+    def moved(self, connection_id: str) -> None:
+        """A handoff of ours was moved to its target's session (:mod:`.moves`): no longer
+        attached to ours, nothing more to check."""
+        handoff = self._pending.pop(connection_id, None)
+        if handoff is not None:
+            self._attachments.detached(connection_id, handoff.session_id)
+
     def pending(self, connection_id: str) -> bool:
         """Handed off by us and not known to be taken or freed."""
         return connection_id in self._pending
