@@ -80,6 +80,7 @@ def pickup(*, accepting: bool = True, free: int = 5, busy: tuple[str, ...] = ())
         holdings=SimpleNamespace(busy=lambda cid: cid in busy, free=lambda: free),
         keeper=SimpleNamespace(session_id="me#1"),
         connections=SimpleNamespace(free_orphan=free_orphan),
+        sessions=None,
         attachments=SimpleNamespace(trying=lambda cid: None, settled=lambda cid: None),
         hints=SimpleNamespace(hint=hint),
         call=call,
@@ -142,3 +143,23 @@ def test_a_leaving_worker_frees_what_was_moved_to_it_and_never_picked_up_though_
     item = conns.get("c1")
     assert item["lease_session"] == "" and item["owner_key"].startswith(schema.OWNER_KEY_FREE_PREFIX)
     assert hinted == ["c1"]
+
+
+def test_between_renewals_the_session_item_is_read_only_while_moves_are_expected():
+    reads: list[str] = []
+    taken: list[set[str]] = []
+    under = [False]
+
+    def get(session_id):
+        reads.append(session_id)
+        return {schema.SESSION_STATE: schema.LIVE, schema.ASSIGNED: {"c1#2"}}
+
+    assignments, _ = pickup()
+    assignments._holdings.standing = lambda me: SimpleNamespace(under_target=lambda: under[0])
+    assignments._keeper = SimpleNamespace(session_id="me#1", live=lambda: True, take_assigned=taken.append)
+    assignments._sessions = SimpleNamespace(get=get)
+
+    assert asyncio.run(assignments.poll_once()) == 0 and reads == []  # at its target, nothing picked up lately
+    under[0] = True  # a newcomer, or a survivor of a crash, by the summary
+    assert asyncio.run(assignments.poll_once()) == 1
+    assert reads == ["me#1"] and taken == [{"c1#2"}]

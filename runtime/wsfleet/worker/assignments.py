@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
-from .. import schema
+from .. import clock, schema
 from ..logs import JsonLogger
-from ..store import ConnectionsStore
+from ..store import ConnectionsStore, SessionsStore
 from .acquisition import Acquisition
 from .attached import Attachments
 from .hints import Hints
@@ -35,6 +35,13 @@ from .holdings import Holdings
 from .session import SessionKeeper
 
 Call = Callable[..., Awaitable[Any]]
+
+# While moves are likely on their way to us (under our target by the summary: a join's
+# newcomer, a survivor of a crash; or we picked one up lately) the session item is read
+# this often between renewals, so that a move waits a fraction of a heartbeat, not a
+# whole one (a strongly consistent GetItem: 1 read unit, only while expecting).
+POLL_S = 0.25
+EXPECT_AFTER_PICKUP_S = 4.0  # moves come in bursts: keep reading this long after one
 
 
 class Assignments:
@@ -45,6 +52,7 @@ class Assignments:
         holdings: Holdings,
         keeper: SessionKeeper,
         connections: ConnectionsStore,
+        sessions: SessionsStore,
         attachments: Attachments,
         hints: Hints,
         call: Call,
@@ -55,6 +63,8 @@ class Assignments:
         self._holdings = holdings
         self._keeper = keeper
         self._connections = connections
+        self._sessions = sessions
+        self._picked_at = float("-inf")  # clock.now() of our last pickup
         self._attachments = attachments
         self._hints = hints
         self._call = call
@@ -75,12 +85,32 @@ class Assignments:
                 task.add_done_callback(self._tasks.discard)
         return set(entries)
 
+    def expecting(self) -> bool:
+        """Whether moves are likely on their way to us (see :data:`POLL_S`)."""
+        if clock.now() - self._picked_at < EXPECT_AFTER_PICKUP_S:
+            return True
+        return self._holdings.standing(self._keeper.session_id).under_target()
+
+    async def poll_once(self) -> int:
+        """Between renewals, while :meth:`expecting`: read our session item and pick up
+        its assignments as a renewal would. Returns how many entries it found."""
+        session_id = self._keeper.session_id
+        if not self._keeper.live() or not self._acquisition.accepting() or not self.expecting():
+            return 0
+        item = await self._call(self._sessions.get, session_id)
+        if item is None or item.get(schema.SESSION_STATE) != schema.LIVE or self._keeper.session_id != session_id:
+            return 0
+        entries = set(item.get(schema.ASSIGNED) or ())
+        self._keeper.take_assigned(entries)
+        return len(entries)
+
     async def _pick_up(self, connection_id: str, fence: int) -> None:
         session_id = self._keeper.session_id
         try:
             if self._holdings.free() <= 0:
                 await self._give_back(connection_id, session_id)
                 return
+            self._picked_at = clock.now()
             runner = await self._acquisition.try_acquire(connection_id, source="assigned", expected_session=session_id)
             self.picked_up += runner is not None
             self._log.info("assignment_picked_up", connection_id=connection_id, fence_token=fence, held=runner is not None)

@@ -37,6 +37,7 @@ from ..store import ConnectionsStore, SessionsStore, now_ms
 from ..validation import Allowlist
 from .acquirer import Acquirer
 from .acquisition import Acquisition
+from .assignments import POLL_S as ASSIGNED_POLL_S
 from .assignments import Assignments
 from .attached import Attachments
 from .balancer import Balancer
@@ -202,6 +203,7 @@ class Worker:
             holdings=self.holdings,
             keeper=self.keeper,
             connections=self._connections,
+            sessions=self._sessions,
             attachments=self.attachments,
             hints=self.hints,
             call=aws.call,
@@ -416,6 +418,7 @@ class Worker:
                 "reconcile", lambda: self._every(scan, self.takeover.reconcile_once, pause=self._reconcile_pause)
             ),
             self._supervised("handoffs", lambda: self._every(lambda: CHECK_EVERY_S, self.handoffs.check_once)),
+            self._supervised("assignments", lambda: self._every(lambda: ASSIGNED_POLL_S, self.assignments.poll_once)),
             self._supervised("summary", lambda: self._every(watch, self.balancer.summarize_once)),
             self._supervised("balance", self._balance_loop),
             self._supervised("sweep", lambda: self._every(lambda: PAGE_PAUSE_S, self.sweeper.step)),

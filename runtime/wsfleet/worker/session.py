@@ -193,9 +193,7 @@ class SessionKeeper:
                     self.ring_changes = int(result.get(schema.RING_CHANGES, 0))
                     self._stops_done -= done
                     self._assigned_done -= assigned_done
-                    assigned = set(result.get(schema.ASSIGNED) or ()) - self._assigned_done
-                    if assigned:
-                        self._assigned_done |= self._on_assigned(assigned)
+                    self.take_assigned(result.get(schema.ASSIGNED) or ())
                     stops = set(result.get(schema.STOP_INBOX) or ()) - self._stops_done
                     if stops:
                         self._stops_done |= self._on_stops(stops)
@@ -208,6 +206,16 @@ class SessionKeeper:
         finally:
             for attempt in pending:  # still in flight: their answers no longer matter
                 attempt.add_done_callback(_quiet)
+
+    def take_assigned(self, entries: Any) -> None:
+        """Hand the assignments (inbox entries, as a renewal returned them or a read of
+        the session item found them) not yet acted on to ``on_assigned``; the next
+        renewal removes those it acted on. One handed over again (a read older than the
+        renewal that removed it) finds its connection held, or no longer ours: nothing
+        is done twice."""
+        fresh = set(entries) - self._assigned_done
+        if fresh:
+            self._assigned_done |= self._on_assigned(fresh)
 
     async def _renew_try(self, stops_done: set[str], assigned_done: set[str], suspect: dict | None) -> Any:
         return await self._call(
