@@ -7,8 +7,9 @@ parallel and a leaving worker's hints spread over every waiting poll in the flee
 instead of all landing in whichever poll returned first; a busier worker pauses a
 little before its next poll.
 
-A shed connection named for another worker is left for it (visible again at once). The
-queue is shared, so what gets it there fast is the others holding back: a worker whose
+A shed connection named for another worker (sent only by a worker of an older release,
+during a deploy: a move to a named worker is a write now, :mod:`.moves`) is left for it
+(visible again at once). The queue is shared, so what gets it there fast is the others holding back: a worker whose
 poll left one pauses all its polls (:func:`~wsfleet.leases.after_poll_pause_s`): for a
 second, or for less when it may be the named worker of other handoffs itself
 (:meth:`Intake.expecting`), so that it does not sit out its own.
