@@ -4,7 +4,8 @@
 write, batched with the others asked for in the same turn: :class:`~.acquirer.Acquirer`),
 finds where its stored messages end, and holds it in a task of its own for as long as its
 :class:`~.connection.ConnectionRunner` runs; at the runner's end the task hints what it
-released (a STOP's, a shutdown's, a shed's). :meth:`Acquisition.audit_once` compares what
+released (a STOP's, a shutdown's, a shed's), or moves a shed meant for one worker to
+that worker's session (:mod:`.moves`). :meth:`Acquisition.audit_once` compares what
 the owner index says our session holds with what we hold. Both are run-once steps tests
 can drive; what is held is :class:`~.holdings.Holdings`'.
 """

@@ -1,10 +1,12 @@
 """What this worker handed off and nobody has taken yet.
 
-A graceful release (a SHUTDOWN or a SHED) hands a connection to a named peer instead of
+A graceful release (a SHUTDOWN or a SHED) hands a connection to a peer instead of
 passing it through ``FREE#``: the release writes the checkpoint and marks it released at
 its fence (``released_fence``) while it stays attached to our session (no index key
 moves), and the hint names our session and carries that state, so the taker sends one
-transaction pinned to session, fence and mark (:meth:`ConnectionsStore.acquire_many`).
+transaction pinned to session, fence and mark (:meth:`ConnectionsStore.acquire_many`);
+a shed meant for one worker is moved to its session instead (:mod:`.moves`), and
+forgotten here once moved.
 From then on this worker never writes that connection again, except to give it up the
 old way when the handoff failed:
 
