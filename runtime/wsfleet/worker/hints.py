@@ -33,7 +33,6 @@ class Hints:
         connection_id: str,
         *,
         shed_by: str = "",
-        shed_to: str = "",
         from_session: str = "",
         released: Mapping[str, Any] | None = None,
         trace: str | None = None,
@@ -48,8 +47,6 @@ class Hints:
         body: dict[str, Any] = {schema.HINT_CONNECTION_ID: connection_id}
         if shed_by:
             body[schema.HINT_SHED_BY] = shed_by
-        if shed_to:
-            body[schema.HINT_SHED_TO] = shed_to
         if from_session:
             body[schema.HINT_FROM_SESSION] = from_session
         if released:

@@ -213,7 +213,6 @@ class Worker:
             aws=aws,
             queue_url=config.queue_url,
             log=self._log,
-            hints=self.hints,
             holdings=self.holdings,
             acquisition=self.acquisition,
             keeper=self.keeper,
