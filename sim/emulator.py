@@ -112,6 +112,7 @@ MESSAGES_STREAM_NAME = "wsfleet-messages"
 STREAM_SHARDS = 2
 MESSAGES_BUCKET_NAME = "wsfleet-messages"
 QUEUE_NAME = "wsfleet-start"
+DEAD_LETTER_SUFFIX = "-dead"  # the START queue's dead-letter queue is named after it
 
 
 _KINESIS_TARGET = "Kinesis_20131202."
@@ -296,6 +297,27 @@ class Emulator:
         self.stop()
 
 
+def create_queue(sqs: Any, queue_name: str) -> str:
+    """The START queue with the stack's redrive policy: a hint received
+    :data:`schema.MAX_HINT_RECEIVES` times without a delete moves to the dead-letter queue
+    (moto applies the policy at the next receive, as SQS does), so that a hint bounced
+    between workers shows locally as it would in AWS. Returns the queue's URL."""
+    dead = sqs.create_queue(QueueName=queue_name + DEAD_LETTER_SUFFIX)["QueueUrl"]
+    dead_arn = sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    redrive = json.dumps({"deadLetterTargetArn": dead_arn, "maxReceiveCount": str(schema.MAX_HINT_RECEIVES)})
+    return sqs.create_queue(QueueName=queue_name, Attributes={"VisibilityTimeout": "30", "RedrivePolicy": redrive})["QueueUrl"]
+
+
+def dead_letters(sqs: Any, queue_url: str) -> int:
+    """How many hints the START queue at ``queue_url`` has moved to its dead-letter queue
+    (the depth the stack's alarm watches: visible, plus any in flight)."""
+    policy = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["RedrivePolicy"])["Attributes"]["RedrivePolicy"]
+    dead = sqs.get_queue_url(QueueName=json.loads(policy)["deadLetterTargetArn"].rsplit(":", 1)[1])["QueueUrl"]
+    names = ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"]
+    attributes = sqs.get_queue_attributes(QueueUrl=dead, AttributeNames=names)["Attributes"]
+    return sum(int(attributes.get(n, 0)) for n in names)
+
+
 def create_resources(
     endpoint_url: str,
     *,
@@ -329,7 +351,7 @@ def create_resources(
     )
     ddb.create_table(**schema.messages_table_spec(messages_table_name))
     sqs = client("sqs")
-    queue_url = sqs.create_queue(QueueName=queue_name, Attributes={"VisibilityTimeout": "30"})["QueueUrl"]
+    queue_url = create_queue(sqs, queue_name)
     s3 = client("s3")
     if region == "us-east-1":
         s3.create_bucket(Bucket=messages_bucket_name)

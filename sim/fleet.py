@@ -54,7 +54,7 @@ from wsfleet.sinks import MessagesStore, ObjectsStore
 from wsfleet.store import unmarshal
 from .api import LocalApi
 from .children import EmulatorProcess, child_env, pinned
-from .emulator import record_journal
+from .emulator import dead_letters, record_journal
 from .emulator_client import DEFAULT_REGION, emulator_session
 from .emulator_faults import HARNESS_MARK
 from .fleet_audit import FleetAudit
@@ -388,6 +388,11 @@ class Fleet(FleetAudit):
         t, connections, _ = self.read_ownership()
         now = int(t * 1000)
         return {cid for cid, c in connections.items() if c.desired_state == schema.STARTED and c.owned_at(now) == name}
+
+    def dead_letters(self) -> int:
+        """Hints the START queue has moved to its dead-letter queue so far (received
+        ``MAX_HINT_RECEIVES`` times without a delete): none, in joins, crashes and deploys."""
+        return dead_letters(self._client("sqs", harness=True), self.aws_env["QUEUE_URL"])
 
     def sessions_of(self, name: str) -> dict[str, SessionState]:
         """Every session worker ``name`` opened so far, by session id."""

@@ -23,10 +23,10 @@ from stacks.constructs.queue import StartQueue
 from stacks.constructs.tables import Tables
 from stacks.settings import EnvironmentSettings
 from stacks.settings_parts import STREAM_KMS_CUSTOMER_MANAGED, WarmThroughput
-from wsfleet import stack_outputs
+from wsfleet import schema, stack_outputs
 
 # A hint that keeps failing goes to the dead-letter queue after this many receives.
-MAX_HINT_RECEIVES = 5
+MAX_HINT_RECEIVES = schema.MAX_HINT_RECEIVES
 
 
 class StatefulStack(Stack):

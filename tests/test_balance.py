@@ -9,7 +9,6 @@ import pytest
 from wsfleet import schema
 from wsfleet.balance import (
     SHED_ANYONE_AFTER_S,
-    SHED_TARGET_WAIT_S,
     FleetLoad,
     declines_shed_hint,
     hints_per_poll,
@@ -159,14 +158,6 @@ def test_a_crashed_sessions_connections_are_planned_onto_the_survivors_targets()
     assert drain_targets([session("w1", 30), session("w2", 0)], dead_session="w3", count=2) == ["w2", "w2"]
 
 
-def test_a_crashed_sessions_hint_is_its_named_targets_whatever_its_summary_says():
-    f = fleet(100, 500, below=0)  # the summary from before the crash: w at its target of 20
-    kw = dict(max_connections=100, fleet=f, shed_by_me=False, shed_to="w#1", me="w#1")
-    assert declines_shed_hint(active=20, age_s=0, **kw)  # a shed one: not past its target
-    assert not declines_shed_hint(active=20, age_s=0, drained=True, **kw)  # a crash's: planned from the ring
-    assert declines_shed_hint(active=0, age_s=0, drained=True, **{**kw, "me": "other#1"})  # others wait for it
-
-
 def test_shedding_never_goes_below_the_share_and_is_capped_per_pass():
     f = fleet(100, 800)  # share 12.5 -> 13
     assert shed_count(active=25, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False) == 10
@@ -191,19 +182,6 @@ def test_shed_hints_go_to_workers_under_their_share():
     late = SHED_ANYONE_AFTER_S
     assert not declines_shed_hint(active=20, max_connections=100, fleet=f, shed_by_me=True, age_s=late)  # no bouncing
     assert not declines_shed_hint(active=20, max_connections=100, fleet=None, shed_by_me=False, age_s=0)
-
-
-def test_a_shed_hint_naming_its_target_is_left_to_that_worker_for_a_moment_then_to_any_under_share():
-    f = fleet(100, 500, below=20)
-    kw = dict(max_connections=100, fleet=f, shed_by_me=False, shed_to="new#1")
-    assert not declines_shed_hint(active=0, me="new#1", age_s=0, **kw)  # the target takes it
-    assert declines_shed_hint(active=20, me="new#1", age_s=0, **kw)  # ... unless already at its share
-    assert not declines_shed_hint(active=20, me="new#1", age_s=SHED_ANYONE_AFTER_S, **kw)
-    assert declines_shed_hint(active=5, me="other#1", age_s=0, **kw)  # under share, but not named
-    assert declines_shed_hint(active=0, me="other#1", age_s=SHED_TARGET_WAIT_S - 0.1, **kw)
-    assert not declines_shed_hint(active=5, me="other#1", age_s=SHED_TARGET_WAIT_S, **kw)  # then: any under share
-    assert declines_shed_hint(active=20, me="other#1", age_s=SHED_TARGET_WAIT_S, **kw)
-    assert not declines_shed_hint(active=20, me="other#1", age_s=SHED_ANYONE_AFTER_S, **kw)  # then: anyone
 
 
 def test_shedders_working_from_one_summary_fill_each_session_under_share_exactly():
@@ -406,7 +384,11 @@ def _drainer(ring_loads, room=100):
         return object()
 
     async def hint(cid, **kw):
-        done["hinted"].append((cid, kw.get("shed_to", ""), kw.get("from_session", "")))
+        done["hinted"].append((cid, "", kw.get("from_session", "")))
+
+    async def move_drained(sid, named):  # every named one moved to its survivor (worker.moves)
+        done["hinted"].extend((cid, to, sid) for cid, to in named)
+        return []
 
     rows = [Owned(f"c{i:02d}", schema.STARTED) for i in range(20)]
     summary = FleetSummary()
@@ -414,7 +396,7 @@ def _drainer(ring_loads, room=100):
         sessions=SimpleNamespace(ring_loads=ring_loads), connections=SimpleNamespace(owned_by=lambda sid: rows),
         keeper=SimpleNamespace(live=lambda: True, session_id="w2"), timing=T, state_shards=1, call=call,
         log=JsonLogger(), acquisition=SimpleNamespace(try_acquire=acquire), hints=SimpleNamespace(hint=hint),
-        holdings=Holdings(max_connections=room, summary=summary), summary=summary, counters=Counters(), quarantine_after=3,
+        mover=SimpleNamespace(move_drained=move_drained), holdings=Holdings(max_connections=room, summary=summary), summary=summary, counters=Counters(), quarantine_after=3,
     )
     return takeover, done
 

@@ -4,7 +4,7 @@ or a clock: values in, a decision out."""
 import json
 
 from wsfleet import schema
-from wsfleet.balance import SHED_ANYONE_AFTER_S, SHED_TARGET_WAIT_S, FleetLoad
+from wsfleet.balance import SHED_ANYONE_AFTER_S, FleetLoad
 from wsfleet.worker.decide import (
     Held,
     Hint,
@@ -45,17 +45,12 @@ def test_a_worker_at_its_target_leaves_peers_sheds_and_its_free_scan_takes_nothi
     assert under.hints_per_poll() == 5 and at.hints_per_poll() == 1
 
 
-def test_a_crashed_session_s_connection_named_for_us_is_ours_whatever_our_summary_says():
-    assert standing(10).declines_shed("peer#1", "me#1")  # a shed named for us, at our target: passed on
-    assert not standing(10).declines_shed("dead#1", "me#1", from_session="dead#1")  # a drain's: ours
-
-
 # --- a START hint ------------------------------------------------------------------------------
 
 
 def test_a_hint_s_body_is_read_leniently_and_its_age_from_when_it_was_sent():
     assert parse_hint("not json") == Hint(None) and parse_hint(json.dumps({schema.HINT_CONNECTION_ID: ""})) == Hint(None)
-    body = {schema.HINT_CONNECTION_ID: "c1", schema.HINT_SHED_BY: "a#1", schema.HINT_SHED_TO: 7}
+    body = {schema.HINT_CONNECTION_ID: "c1", schema.HINT_SHED_BY: "a#1", "shed_to": "b#1"}  # an older release's: ignored
     assert parse_hint(json.dumps(body)) == Hint("c1", shed_by="a#1")
     assert hint_age_s({"SentTimestamp": "1000000"}, 1_002.5) == 2.5
     assert hint_age_s({"SentTimestamp": "1003000"}, 1_002.5) == 0.0  # a clock behind the sender's
@@ -68,32 +63,21 @@ def test_a_hint_is_taken_when_there_is_room_and_left_to_the_queue_when_there_is_
     assert (taken.action, taken.source) == (HintAction.TAKE, "hint")
     assert choose(Hint("c1"), busy=True).action is HintAction.DONE  # ours already
     for full in (choose(Hint("c1"), active=100), choose(Hint("c1"), accepting=False)):
-        assert (full.action, full.visibility_s, full.targeted) == (HintAction.KEEP, 0, False)  # for a peer, now
+        assert (full.action, full.visibility_s) == (HintAction.KEEP, 0)  # for a peer, now
     ending = choose(Hint("c1"), busy=True, ending=True)  # a START while we release it for its STOP
     assert (ending.action, ending.visibility_s) == (HintAction.KEEP, 1)
 
 
-def test_a_shed_connection_named_for_a_peer_is_left_to_it_then_to_anyone_under_its_share():
-    named = Hint("c1", shed_by="peer#1", shed_to="other#1")
-    young = choose(named, active=5)
-    assert (young.action, young.visibility_s, young.targeted, young.declined_shed) == (HintAction.KEEP, 0, True, True)
-    aged = choose(named, active=10, age_s=SHED_TARGET_WAIT_S + 0.5)  # at our share: still not ours
-    assert (aged.action, aged.visibility_s, aged.targeted) == (HintAction.KEEP, 1, False)
-    assert choose(named, active=5, age_s=SHED_TARGET_WAIT_S + 0.5).action is HintAction.TAKE  # under ours
-    anyone = choose(named, active=10, age_s=SHED_ANYONE_AFTER_S)
+def test_a_shed_connection_is_left_to_workers_under_their_share_then_to_anyone():
+    shed = Hint("c1", shed_by="peer#1")
+    left = choose(shed, active=10)  # at our share
+    assert (left.action, left.visibility_s, left.declined_shed) == (HintAction.KEEP, 1, True)
+    assert (choose(shed, active=5).action, choose(shed, active=5).source) == (HintAction.TAKE, "rebalance")
+    assert choose(Hint("c1", shed_by="me#1"), active=5).action is HintAction.KEEP  # ours: never taken back
+    anyone = choose(shed, active=10, age_s=SHED_ANYONE_AFTER_S)
     assert (anyone.action, anyone.source) == (HintAction.TAKE, "rebalance")
-
-
-def test_a_shed_connection_named_for_us_at_our_target_is_passed_on_while_young():
-    named = Hint("c1", shed_by="peer#1", shed_to="me#1")
-    passed = choose(named, active=10)
-    assert (passed.action, passed.visibility_s, passed.targeted) == (HintAction.PASS_ON, 0, True)
-    aged = choose(named, active=10, age_s=SHED_TARGET_WAIT_S + 0.5)  # any under-share worker's already
-    assert (aged.action, aged.visibility_s, aged.targeted) == (HintAction.KEEP, 1, False)
-    ours = choose(named, active=5)
-    assert (ours.action, ours.source, ours.named_for_me) == (HintAction.TAKE, "rebalance", True)
-    drained = choose(Hint("c1", shed_by="dead#1", shed_to="me#1", from_session="dead#1"), active=10)
-    assert (drained.action, drained.source, drained.named_for_me) == (HintAction.TAKE, "orphan", True)
+    drained = choose(Hint("c1", from_session="dead#1"), active=10)  # a crash's, for anyone
+    assert (drained.action, drained.source) == (HintAction.TAKE, "orphan")
 
 
 # --- a dead session's connections ------------------------------------------------------------------

@@ -78,6 +78,7 @@ def test_the_demo_plays_the_full_scenario_and_passes_its_own_audit(python_env, t
     for label in ("START 6", "crash: kill -9", "deploy: SIGTERM", "STOP", "START burst", "scale-out: w4 joins"):
         assert label in text
     assert "PASSED" in text and "missing seqs (gaps): 0" in text
+    assert "START hints in the dead-letter queue (received 5 times, never deleted): 0" in text
     assert "large frame: c001" in text and "matches what the upstream sent" in text
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
     result = json.loads((run_dir / "report.json").read_text())

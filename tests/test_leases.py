@@ -23,6 +23,7 @@ from wsfleet.leases import (
     classify_renew_failure,
     drain_split,
     hint_pause_s,
+    move_already_landed,
     new_session_id,
     reconcile_pause_s,
     release_already_landed,
@@ -31,6 +32,7 @@ from wsfleet.leases import (
     unreachable,
     takeover_jitter_s,
     watch_plan,
+    worker_of,
 )
 
 T = SessionTiming(lease_ms=10_000, heartbeat_ms=2_500, max_clock_skew_ms=1_000)
@@ -100,6 +102,19 @@ def test_a_failed_renewal_is_retried_about_eight_times_a_second():
 def test_session_ids_are_unique_per_run_and_name_the_worker():
     a, b = new_session_id("w1", 5), new_session_id("w1", 5)
     assert a != b and a.startswith("w1#5-")
+
+
+def test_a_session_id_names_its_worker_even_when_the_worker_id_has_a_hash():
+    assert worker_of(new_session_id("w1", 5)) == "w1"
+    assert worker_of(new_session_id("task#7", 5)) == "task#7"
+
+
+def test_a_retried_move_recognises_its_own_landing_and_nothing_else():
+    moved = {"desired_state": "STARTED", "lease_session": "b#1", "fence_token": 4}
+    assert move_already_landed(moved, to_session="b#1", fence_token=3)
+    assert not move_already_landed(moved, to_session="b#1", fence_token=4)  # another move, later
+    assert not move_already_landed(moved, to_session="c#1", fence_token=3)  # taken by another
+    assert not move_already_landed(None, to_session="b#1", fence_token=3)
 
 
 def test_failures_say_why():

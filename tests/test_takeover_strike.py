@@ -41,6 +41,9 @@ def ender(ended_item: dict, *, quarantines: bool = False, failing_strike=None):
     async def hint(cid, **kw):
         calls.append(("acquire", cid))
 
+    async def no_moves(sid, named):
+        return []
+
     summary = FleetSummary()
     counters = Counters()
     takeover = Takeover(
@@ -48,7 +51,7 @@ def ender(ended_item: dict, *, quarantines: bool = False, failing_strike=None):
         connections=SimpleNamespace(owned_by=lambda sid: ROWS, strike=failing_strike or strike),
         keeper=SimpleNamespace(live=lambda: True, session_id="me#1"), timing=T, state_shards=1, call=call,
         log=JsonLogger(), acquisition=SimpleNamespace(try_acquire=acquire), hints=SimpleNamespace(hint=hint),
-        holdings=Holdings(max_connections=100, summary=summary), summary=summary, counters=counters, quarantine_after=3,
+        mover=SimpleNamespace(move_drained=no_moves), holdings=Holdings(max_connections=100, summary=summary), summary=summary, counters=counters, quarantine_after=3,
     )
     return takeover, calls, counters
 

@@ -188,7 +188,7 @@ def test_a_hint_with_a_hostile_trace_header_is_still_taken_without_its_trace(cap
     from wsfleet.worker.summary import FleetSummary
 
     intake = Intake(
-        aws=Aws(), queue_url="q", log=JsonLogger(io.StringIO()), hints=None,
+        aws=Aws(), queue_url="q", log=JsonLogger(io.StringIO()),
         holdings=Holdings(max_connections=5, summary=FleetSummary()),
         acquisition=SimpleNamespace(try_acquire=acquire, accepting=lambda: True),
         keeper=SimpleNamespace(session_id=""), takeover=SimpleNamespace(note_work=lambda: None),

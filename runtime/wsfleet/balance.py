@@ -153,8 +153,8 @@ def summarize(
     when a read carries it). An ENDED session still in the ring is a suspect: the fleet
     is recovering. The cost of not reading expiries: a crashed session that nobody has
     ended yet, and that the summarizer does not watch, counts as a taker until its
-    watchers end it (about a lease plus the skew margin); hints naming it wait for it
-    ``SHED_TARGET_WAIT_S``, then go to anyone under target. A session that missed a
+    watchers end it (about a lease plus the skew margin); a move to it is refused once it
+    has ended, and goes to anyone. A session that missed a
     renewal (:meth:`SessionTiming.suspect`) still counts its connections but takes none:
     listed under its target, it would have the others leave free connections to it."""
     watched = watched or {}
@@ -277,10 +277,8 @@ def drain_targets(sessions: Iterable[Mapping], *, dead_session: str, count: int)
 IN_TRANSIT_S = 10.0
 
 UNDER_LISTED = 25  # sessions under (and over) their share named in the summary
-# A shed hint that names its target is left to that session this long; then any worker
-# under its share may take it, and after SHED_ANYONE_AFTER_S anyone (the target may be
-# gone, or full, or the summary stale): a shed connection is never left unowned.
-SHED_TARGET_WAIT_S = 2.0
+# A shed hint (one meant for nobody in particular) is for workers under their share this
+# long; then anyone takes it (the summary may be stale): it is never left unowned.
 SHED_ANYONE_AFTER_S = 4.0
 
 
@@ -326,35 +324,16 @@ def max_moves(max_connections: int) -> int:
 
 
 def declines_shed_hint(
-    *,
-    active: int,
-    max_connections: int,
-    fleet: FleetLoad | None,
-    shed_by_me: bool,
-    age_s: float,
-    shed_to: str = "",
-    me: str = "",
-    drained: bool = False,
+    *, active: int, max_connections: int, fleet: FleetLoad | None, shed_by_me: bool, age_s: float, me: str = ""
 ) -> bool:
-    """Whether to leave a connection another worker shed. One that names its target
-    (``shed_to``) is the target's for ``SHED_TARGET_WAIT_S``; then, like one that names
-    none, it is for workers under their share: its shedder never takes it back and a
-    worker at or above its share leaves it while the summary says some worker is under
-    theirs. After ``SHED_ANYONE_AFTER_S`` anyone takes it, so that neither a stale
-    summary nor a target that went away leaves it bouncing. A crashed session's
-    connection (``drained``: hinted by its drainer, see :func:`drain_targets`) is its
-    target's whatever our summary says: the drainer planned from a fresher read."""
-    if shed_to and shed_to == me:
-        # Ours, unless we are at our target already (counting what we hold now, which
-        # the summary the shedder planned from may not show): then it goes on to
-        # another worker under its share rather than move again later.
-        if drained:
-            return False  # named from the ring as read at the crash: fresher than our summary
-        return fleet is not None and active >= fleet.target(me, max_connections) and age_s < SHED_ANYONE_AFTER_S
+    """Whether to leave a connection another worker shed for nobody in particular (one
+    meant for a worker is moved to it, never hinted: :mod:`wsfleet.worker.moves`): it is
+    for workers under their share. Its shedder never takes it back, and a worker at or
+    above its share leaves it while the summary says some worker is under theirs. After
+    ``SHED_ANYONE_AFTER_S`` anyone takes it, so that a stale summary never leaves it
+    bouncing."""
     if age_s >= SHED_ANYONE_AFTER_S:
         return False
-    if shed_to and age_s < SHED_TARGET_WAIT_S:
-        return True
     if shed_by_me:
         return True
     if fleet is None or fleet.below_share <= 0:

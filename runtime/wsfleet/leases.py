@@ -143,6 +143,11 @@ def new_session_id(worker_id: str, started_at_ms: int, rng: random.Random | None
     return f"{worker_id}#{started_at_ms}-{(rng or random).getrandbits(32):08x}"
 
 
+def worker_of(session_id: str) -> str:
+    """The worker id a session id (:func:`new_session_id`) was made for."""
+    return session_id.rpartition("#")[0]
+
+
 # --- failures, read from the item a conditional write failed on (ALL_OLD) --------------
 
 
@@ -222,6 +227,16 @@ def release_already_landed(old: Mapping | None, fence_token: int, session_id: st
     if old.get(schema.LEASE_SESSION, "") == "":
         return True
     return bool(session_id) and old.get(schema.LEASE_SESSION) == session_id and released_at_fence(old)
+
+
+def move_already_landed(old: Mapping | None, *, to_session: str, fence_token: int) -> bool:
+    """A retried move whose first attempt landed finds the connection attached to its
+    target at the fence after ``fence_token`` (the one the move gave it)."""
+    return (
+        old is not None
+        and old.get(schema.LEASE_SESSION) == to_session
+        and int(old.get(schema.FENCE_TOKEN, -1)) == fence_token + 1
+    )
 
 
 # --- reachability ----------------------------------------------------------------------
@@ -349,29 +364,6 @@ def hint_pause_s(load: float, rng: random.Random | None = None) -> float:
     """Pause before the next hint poll after taking one: nothing when idle, up to half
     a second when full, so that peers with room get the next hints first."""
     return 0.5 * min(max(load, 0.0), 1.0) * (rng or random).random()
-
-
-# A poll that left a shed connection for the worker it names holds this worker's polls
-# back this long, so that the named worker's polls find it: a poll that took it again
-# would only leave it again (each leaving costs two SQS requests) while the named
-# worker's waiting polls may not even see it until their next wait ends.
-NAMED_DECLINE_PAUSE_S = 1.0
-# ... this long only when this worker is itself waiting for connections named for it:
-# its own may be in the queue too.
-NAMED_DECLINE_PAUSE_EXPECTING_S = 0.3
-
-
-def after_poll_pause_s(
-    *, got: int, left_named: int, expecting: bool, load: float, rng: random.Random | None = None
-) -> float:
-    """Pause before this worker's next hint poll, after one that brought ``got`` hints
-    and left ``left_named`` of them for the other workers they name: with any left,
-    :data:`NAMED_DECLINE_PAUSE_S` (:data:`NAMED_DECLINE_PAUSE_EXPECTING_S` when
-    ``expecting`` handoffs named for us), for every poll of this worker (the caller's
-    duty); else :func:`hint_pause_s` after taking some, nothing after an empty poll."""
-    if left_named > 0:
-        return NAMED_DECLINE_PAUSE_EXPECTING_S if expecting else NAMED_DECLINE_PAUSE_S
-    return hint_pause_s(load, rng) if got > 0 else 0.0
 
 
 def backoff_s(attempt: int, *, base: float = 0.1, cap: float = 5.0, rng: random.Random | None = None) -> float:

@@ -89,6 +89,14 @@ SUSPECT = "suspect"
 # Connections whose STOP the router posted to the owning session: the renewal returns
 # them, so a STOP reaches its owner at its next heartbeat without a per-connection read.
 STOP_INBOX = "stops"
+# Connections moved to this session by another worker (a shed, a dead session's drain):
+# one conditional write attached each here (``<connection_id>#<fence>``, the fence the move
+# gave it); the renewal returns them, and the worker picks them up, as it does its STOPs.
+ASSIGNED = "assigned"
+# At most this many assignments wait in one session item (each ~80 bytes: well inside
+# an item's 400 KB); a move to a session whose inbox is full is refused like one to an
+# ENDED session, and goes the anonymous way.
+ASSIGNED_MAX = 500
 
 LIVE = "LIVE"
 ENDED = "ENDED"
@@ -250,7 +258,6 @@ PUBLIC_FIELDS = (
 # worker shed to rebalance also names that worker's session: {"...", "shed_by": "..."}.
 HINT_CONNECTION_ID = "connection_id"
 HINT_SHED_BY = "shed_by"
-HINT_SHED_TO = "shed_to"  # the session under its share a shed connection is meant for
 HINT_FROM_SESSION = "from_session"  # an ENDED session the connection is still attached to
 # A clean release's hint: the state it left the connection in (its fence, ws_url,
 # last_seq and upstream), so that the taker's acquire, pinned to that state, needs no
@@ -259,6 +266,9 @@ HINT_RELEASED = "released"
 # The SQS system attribute a hint carries the sender's trace in (an X-Ray trace header),
 # and that the taker's receive asks for.
 HINT_TRACE_HEADER = "AWSTraceHeader"
+# The START queue moves a hint received this many times without a delete to its
+# dead-letter queue (the stack's redrive policy, and the local emulator's).
+MAX_HINT_RECEIVES = 5
 
 
 def hint_trace_attributes(trace_header: str | None) -> dict:
@@ -350,6 +360,11 @@ def stop_entry(connection_id: str, fence_token: int) -> str:
     that a second STOP after a restart is a new entry, not one already acknowledged.
     Connection ids never contain '#'."""
     return f"{connection_id}#{fence_token}"
+
+
+def assigned_entry(connection_id: str, fence_token: int) -> str:
+    """An assignment in a session's inbox: the connection and the fence its move gave it."""
+    return stop_entry(connection_id, fence_token)
 
 
 def parse_stop_entry(entry: str) -> tuple[str, int]:

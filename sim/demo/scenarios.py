@@ -295,6 +295,9 @@ class Demo:
             outcomes, summary, overlaps, strict=self.args.strict, samples=samples, ended_at=ended_at, large=large
         )
         failed += [f"{a.connection_id}: {p}" for a in kinds for p in a.problems]
+        dead_letters = fleet.dead_letters()  # the stack's alarm: none in joins, crashes and deploys
+        if dead_letters:
+            failed.append(f"{dead_letters} START hints in the dead-letter queue")
         if stream is not None and not stream.ok:
             failed.append(f"the messages stream: {len(stream.findings)} violations of the at-least-once and ordering rules")
         lines = report.render(
@@ -307,6 +310,7 @@ class Demo:
                       *stream.lines()]
         if kinds:
             lines += kind_streams.lines(kinds, t_origin=self.t_origin, crash=self.crashed)
+        lines += ["", f"START hints in the dead-letter queue (received {schema.MAX_HINT_RECEIVES} times, never deleted): {dead_letters}"]
         text = "\n".join(lines + ["", "PASSED" if not failed else "FAILED: " + "; ".join(failed)])
         (fleet.run_dir / "report.txt").write_text(text + "\n")
         (fleet.run_dir / "report.json").write_text(

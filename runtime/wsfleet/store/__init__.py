@@ -13,6 +13,7 @@ one for the other. The calls are synchronous boto3: the worker runs them in thre
 from .base import TRANSIENT_CODES, TransientError, is_transient, marshal, now_ms, unmarshal, unwrap_refusal
 from .connection_reads import OWNER_PAGE_ITEMS, Owned
 from .connections import MAX_TRANSACTION, Acquired, CheckpointEntry, ConnectionsStore, NotAcquired, Released
+from .moves import Moved
 from .desired import Started, StartOutcome, Stopped, StopOutcome
 from .sessions import SessionsStore
 
@@ -23,6 +24,7 @@ __all__ = [
     "Acquired",
     "CheckpointEntry",
     "ConnectionsStore",
+    "Moved",
     "NotAcquired",
     "Owned",
     "Released",

@@ -141,6 +141,7 @@ _PLACEHOLDERS = {
     "#ttl": schema.SESSION_TTL,
     "#th": schema.END_TRACE,
     "#in": schema.STOP_INBOX,
+    "#as": schema.ASSIGNED,
     "#r": schema.RING,
     "#dr": schema.DRAINING,
     "#rc": schema.RING_CHANGES,

@@ -124,6 +124,27 @@ def acquire_pinned(item: Mapping[str, Any], *, released: bool) -> str:
     return all_of(*pinned, *(["#rf = :fence"] if released else []), upstream)
 
 
+# --- a move: the connection and its target session, in one transaction -----------------
+# The target session may be given connections: LIVE (``:live``), not leaving
+# (``:false``), and fewer than ``:cap`` assignments waiting in its inbox. Fails when it
+# ended, is shutting down, or its inbox is full: nothing moves, and the mover gives the
+# connection to anyone instead.
+SESSION_ASSIGNABLE = all_of(
+    SESSION_LIVE, "(attribute_not_exists(#dr) OR #dr = :false)", "(attribute_not_exists(#as) OR size(#as) < :cap)"
+)
+
+
+def movable(*, released: bool) -> str:
+    """A move's Update of the connection: STARTED (``:started``), not quarantined,
+    attached to the source session (``:from``) at the fence read (``:fence``) and,
+    ``released``, marked released at that fence (a handoff of the mover's own). Fails when
+    any of these changed since the read (taken, stopped, quarantined, moved by another
+    drainer), or when a retry finds its own first attempt landed: the item then says
+    which (:func:`wsfleet.leases.move_already_landed`)."""
+    pinned = ["#s = :started", NOT_QUARANTINED, "#l = :from", "#f = :fence"]
+    return all_of(*pinned, *(["#rf = :fence"] if released else []))
+
+
 # --- the connections table: the crash-loop breaker (wsfleet.crash_loop) ----------------
 
 # Every acquisition: the connection is not quarantined. Fails when the breaker set it

@@ -26,6 +26,7 @@ from .connection_reads import ConnectionReads
 from .counting import CheckpointEntry, Counting, counted_values
 from .desired import DesiredState
 from .last_error import LastErrors
+from .moves import Moves
 from .quarantine import Quarantines
 from .reservations import SeqReservations
 
@@ -71,7 +72,9 @@ class Released(enum.Enum):
         return self is not Released.LOST
 
 
-class ConnectionsStore(ConnectionReads, DesiredState, LastErrors, Quarantines, Counting, SeqReservations, _Table):
+class ConnectionsStore(
+    ConnectionReads, DesiredState, LastErrors, Quarantines, Moves, Counting, SeqReservations, _Table
+):
     """The connections table: desired state, checkpoint, and which session owns it."""
 
     key_name = schema.PK

@@ -73,10 +73,12 @@ class SessionsStore(_Table):
         active: int,
         max_connections: int,
         stops_done: Iterable[str] = (),
+        assigned_done: Iterable[str] = (),
         draining: bool = False,
         suspect: Mapping[str, Any] | None = None,
     ) -> dict | RenewFailure:
-        """Extend the session, report its load, and take the STOPs posted to it.
+        """Extend the session, report its load, and take the STOPs and the assignments
+        (moves to it: :meth:`ConnectionsStore.move`) posted to it.
 
         Conditional on: the session is LIVE and its expiry not past the new one (a slow,
         superseded renewal never moves it back: :data:`~.conditions.SESSION_RENEWABLE`).
@@ -84,7 +86,7 @@ class SessionsStore(_Table):
         lost lease, why (ENDED / gone); raises :class:`TransientError` when a later
         renewal of ours landed first (that says nothing about ownership). Idempotent: a
         retry of a renewal that landed succeeds again. ``stops_done`` are removed from
-        the inbox in the same write. ``suspect``: the worker's prime suspect
+        the inbox in the same write, ``assigned_done`` from the assignments. ``suspect``: the worker's prime suspect
         (:meth:`wsfleet.crash_loop.Suspect.item`), stored as ``suspect`` (removed when
         None), for whoever ends this session if it dies (not projected in any index).
 
@@ -107,9 +109,15 @@ class SessionsStore(_Table):
             values[":suspect"] = dict(suspect)
         else:
             update += " REMOVE #ps"
+        deletes = []
         if done:
-            update += " DELETE #in :done"
+            deletes.append("#in :done")
             values[":done"] = set(done)
+        if assigned := sorted(set(assigned_done)):
+            deletes.append("#as :assigned")
+            values[":assigned"] = set(assigned)
+        if deletes:
+            update += " DELETE " + ", ".join(deletes)
         new, old = self._conditional_update(session_id, update=update, condition=cond.SESSION_RENEWABLE, values=values)
         if new is None and old is not None and old.get(schema.SESSION_STATE) == schema.LIVE:
             # A later renewal of ours landed first (this one was slow): never move the

@@ -4,7 +4,8 @@
 write, batched with the others asked for in the same turn: :class:`~.acquirer.Acquirer`),
 finds where its stored messages end, and holds it in a task of its own for as long as its
 :class:`~.connection.ConnectionRunner` runs; at the runner's end the task hints what it
-released (a STOP's, a shutdown's, a shed's). :meth:`Acquisition.audit_once` compares what
+released (a STOP's, a shutdown's, a shed's), or moves a shed meant for one worker to
+that worker's session (:mod:`.moves`). :meth:`Acquisition.audit_once` compares what
 the owner index says our session holds with what we hold. Both are run-once steps tests
 can drive; what is held is :class:`~.holdings.Holdings`'.
 """
@@ -29,6 +30,7 @@ from .connection import ConnectionRunner, EndReason, Settings
 from .handoffs import Handoffs
 from .hints import Hints
 from .holdings import Holdings
+from .moves import Mover
 from .retry import LeaseExpired, call_until
 from .secrets import Secrets
 from .session import SessionKeeper
@@ -53,6 +55,7 @@ class Acquisition:
         attachments: Attachments,
         handoffs: Handoffs,
         hints: Hints,
+        mover: Mover,
         connections: ConnectionsStore,
         messages: Sink,
         writer: Writer,
@@ -71,6 +74,7 @@ class Acquisition:
         self._attachments = attachments
         self._handoffs = handoffs
         self._hints = hints
+        self._mover = mover
         self._connections = connections
         self._messages = messages
         self._writer = writer
@@ -274,11 +278,20 @@ class Acquisition:
         # The hints carry the release span's trace: the taker's acquire continues it.
         if reason is EndReason.SHUTDOWN or (reason is EndReason.STOPPED and runner.freed):
             await self._hints.hint(runner.connection_id, released=released, trace=runner.release_trace)
+        elif reason is EndReason.SHED and runner.handed and runner.shed_to:
+            # Meant for one worker: moved to its session, which picks it up (worker.moves).
+            await self._mover.move_handed(
+                runner.connection_id,
+                session_id=runner.session_id,
+                fence_token=runner.fence_token,
+                to=runner.shed_to,
+                released=released,
+                trace=runner.release_trace,
+            )
         elif reason is EndReason.SHED:
             await self._hints.hint(
                 runner.connection_id,
                 shed_by=runner.session_id,
-                shed_to=runner.shed_to,
                 released=released,
                 trace=runner.release_trace,
             )

@@ -10,7 +10,8 @@ while its request was in flight, one whose answer was lost, a release that gave 
 the deadline. So the worker keeps, per session, the connections it has tried to
 acquire and not yet seen leave (:class:`Attachments`). At a clean exit it ends its
 session first (an acquisition conditional on the session being LIVE can no longer land),
-then reads each of those consistently, frees what is still attached (and hints it), and
+then reads each of those (and what others moved to it and it never picked up: its
+inbox of assignments) consistently, frees what is still attached (and hints it), and
 only then leaves the ring. Whatever it cannot settle in its budget stays in the ring, for
 its watchers to drain.
 """
@@ -81,7 +82,13 @@ class Attachments:
         The writes are on an ENDED session's behalf, as any drainer's: each free is
         conditional on the connection still being attached to it, and nobody else can
         hold such a connection."""
-        candidates = sorted(self._maybe) if session_id == self.session_id else []
+        candidates = set(self._maybe) if session_id == self.session_id else set()
+        # What others moved to us and we never picked up (we stopped picking up at
+        # SIGTERM): attached to us, listed in the inbox of the session item, read now
+        # that it is ENDED (no move can add to it any more).
+        session = await self._call(self._sessions.get, session_id)
+        candidates |= {schema.parse_stop_entry(e)[0] for e in (session or {}).get(schema.ASSIGNED) or ()}
+        candidates = sorted(candidates)
         items = await self._call(self._connections.get_many, candidates) if candidates else {}
         attached = [c for c, item in items.items() if item is not None and item.get(schema.LEASE_SESSION) == session_id]
         # The owner index too: a connection attached by a path this worker did not

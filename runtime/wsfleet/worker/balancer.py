@@ -9,11 +9,12 @@
   fetches it every few passes), so each knows its exact target without reading every
   session.
 * **Shedding.** A worker above its share by more than the tolerance sheds the excess
-  through the graceful handoff (close, flush, release with checkpoint, hint naming itself
-  and, from the summary's list of sessions under their share, the one it is meant for),
-  a few per pass; the named worker takes it, others leave it to it for a moment (then
-  to any worker under its share: :func:`wsfleet.balance.declines_shed_hint`), and the
-  shedder's own free scan skips it for a while.
+  through the graceful handoff (close, flush, release with checkpoint), a few per pass,
+  then moves each to the session it is meant for, from the summary's list of sessions
+  under their share, in one conditional write that session picks up (:mod:`.moves`);
+  one meant for nobody in particular is hinted for workers under their share
+  (:func:`wsfleet.balance.declines_shed_hint`), and the shedder's own free scan skips it
+  for a while.
 """
 
 from __future__ import annotations

@@ -15,7 +15,6 @@ from typing import Iterable, Mapping
 
 from .. import schema
 from ..balance import (
-    SHED_TARGET_WAIT_S,
     FleetLoad,
     declines_shed_hint,
     hints_per_poll,
@@ -43,19 +42,16 @@ class Standing:
     def room(self) -> int:
         return self.max_connections - self.active
 
-    def declines_shed(self, shed_by: str, shed_to: str = "", age_s: float = 0.0, from_session: str = "") -> bool:
+    def declines_shed(self, shed_by: str, age_s: float = 0.0) -> bool:
         """Whether to leave a connection ``shed_by`` shed (see
-        :func:`wsfleet.balance.declines_shed_hint`); ``from_session``: a crashed
-        session's, hinted by its drainer."""
+        :func:`wsfleet.balance.declines_shed_hint`)."""
         return declines_shed_hint(
             active=self.active,
             max_connections=self.max_connections,
             fleet=self.fleet,
             shed_by_me=shed_by == self.me,
             age_s=age_s,
-            shed_to=shed_to,
             me=self.me,
-            drained=bool(from_session),
         )
 
     def under_target(self) -> bool:
@@ -80,7 +76,6 @@ class Hint:
     connection_id: str | None  # None when the body is malformed
     shed_by: str = ""  # the shedding session
     from_session: str = ""  # the ENDED session it is still attached to
-    shed_to: str = ""  # the session a shed one is meant for
     released: dict | None = None  # the connection item as its clean release left it
 
 
@@ -90,14 +85,14 @@ def parse_hint(body: str) -> Hint:
     try:
         obj = json.loads(body)
         value = obj.get(schema.HINT_CONNECTION_ID)
-        fields = [obj.get(name, "") for name in (schema.HINT_SHED_BY, schema.HINT_FROM_SESSION, schema.HINT_SHED_TO)]
+        fields = [obj.get(name, "") for name in (schema.HINT_SHED_BY, schema.HINT_FROM_SESSION)]
         released = obj.get(schema.HINT_RELEASED)
     except (ValueError, AttributeError):
         return Hint(None)
     if not isinstance(value, str) or not value:
         return Hint(None)
-    shed_by, from_session, shed_to = (f if isinstance(f, str) else "" for f in fields)
-    return Hint(value, shed_by, from_session, shed_to, schema.item_from_released(value, released))
+    shed_by, from_session = (f if isinstance(f, str) else "" for f in fields)
+    return Hint(value, shed_by, from_session, schema.item_from_released(value, released))
 
 
 def hint_age_s(attributes: Mapping[str, str], wall_s: float) -> float:
@@ -112,7 +107,6 @@ def hint_age_s(attributes: Mapping[str, str], wall_s: float) -> float:
 class HintAction(enum.Enum):
     BAD = "bad"  # malformed: deleted
     KEEP = "keep"  # left in the queue, visible again after ``visibility_s``
-    PASS_ON = "pass_on"  # named for us while we are at our target: hinted again for anyone, then deleted
     TAKE = "take"  # acquire it, then delete the hint
     DONE = "done"  # already ours (or being acquired): deleted
 
@@ -120,12 +114,9 @@ class HintAction(enum.Enum):
 @dataclass(frozen=True)
 class HintChoice:
     action: HintAction
-    visibility_s: int = 0  # KEEP (and PASS_ON, if the new hint is not sent): when it is visible again
-    # A shed connection left for the worker it names: every poll of ours holds back for it.
-    targeted: bool = False
+    visibility_s: int = 0  # KEEP: when it is visible again
     declined_shed: bool = False  # a shed one we leave (logged as such)
     source: str = ""  # TAKE: what the acquisition is counted as
-    named_for_me: bool = False  # TAKE: a shed one named for us
 
 
 def choose_hint(
@@ -141,25 +132,15 @@ def choose_hint(
         # A START that came while we release the connection for its STOP (or a shed):
         # it is for whoever takes it once released, us included. Look again shortly.
         return HintChoice(HintAction.KEEP, visibility_s=1)
-    shed_to, named_for_me = hint.shed_to, bool(hint.shed_to) and hint.shed_to == standing.me
-    if hint.shed_by and not busy and standing.declines_shed(hint.shed_by, shed_to, age_s, hint.from_session):
-        # Shed to rebalance: for the worker it names (SHED_TARGET_WAIT_S), else for one
-        # under its share. Past that wait it is no longer left for its named worker: no
-        # hold-back of every poll of ours for it, and back in a second like any other.
-        targeted = bool(shed_to) and age_s < SHED_TARGET_WAIT_S
-        # Named for us, but we are at our target already (its shedder planned from an
-        # older summary): hinted again for nobody in particular, a worker under its share
-        # takes it now, instead of after every peer has left it for us SHED_TARGET_WAIT_S.
-        # Not past that wait: it is any under-share worker's already, and a new hint would
-        # only start its age again, SHED_ANYONE_AFTER_S later for anyone, past the
-        # shedder's claim (worker.handoffs.HANDOFF_CLAIM_S).
-        action = HintAction.PASS_ON if named_for_me and age_s < SHED_TARGET_WAIT_S else HintAction.KEEP
-        return HintChoice(action, visibility_s=0 if targeted else 1, targeted=targeted, declined_shed=True)
+    if hint.shed_by and not busy and standing.declines_shed(hint.shed_by, age_s):
+        # Shed to rebalance, for nobody in particular: for a worker under its share, back
+        # in a second (a shed meant for one worker is moved to it: worker.moves).
+        return HintChoice(HintAction.KEEP, visibility_s=1, declined_shed=True)
     if busy:
         return HintChoice(HintAction.DONE)
-    # A crash's connection named for a survivor by its drainer is an orphan, not a move.
+    # A crash's connection hinted by its drainer is an orphan, not a move.
     source = "orphan" if hint.from_session else "rebalance" if hint.shed_by else "hint"
-    return HintChoice(HintAction.TAKE, source=source, named_for_me=named_for_me)
+    return HintChoice(HintAction.TAKE, source=source)
 
 
 # --- a dead session's connections --------------------------------------------------------

@@ -1,10 +1,12 @@
 """What this worker handed off and nobody has taken yet.
 
-A graceful release (a SHUTDOWN or a SHED) hands a connection to a named peer instead of
+A graceful release (a SHUTDOWN or a SHED) hands a connection to a peer instead of
 passing it through ``FREE#``: the release writes the checkpoint and marks it released at
 its fence (``released_fence``) while it stays attached to our session (no index key
 moves), and the hint names our session and carries that state, so the taker sends one
-transaction pinned to session, fence and mark (:meth:`ConnectionsStore.acquire_many`).
+transaction pinned to session, fence and mark (:meth:`ConnectionsStore.acquire_many`);
+a shed meant for one worker is moved to its session instead (:mod:`.moves`), and
+forgotten here once moved.
 From then on this worker never writes that connection again, except to give it up the
 old way when the handoff failed:
 
@@ -87,6 +89,13 @@ class Handoffs:
         """A release of ours landed as a handoff (Released.HANDED)."""
         self.last_at = self._clock()
         self._pending[connection_id] = Handoff(session_id, fence_token, dict(released), self.last_at)
+
+    def moved(self, connection_id: str) -> None:
+        """A handoff of ours was moved to its target's session (:mod:`.moves`): no longer
+        attached to ours, nothing more to check."""
+        handoff = self._pending.pop(connection_id, None)
+        if handoff is not None:
+            self._attachments.detached(connection_id, handoff.session_id)
 
     def pending(self, connection_id: str) -> bool:
         """Handed off by us and not known to be taken or freed."""

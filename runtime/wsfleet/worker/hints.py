@@ -34,7 +34,6 @@ class Hints:
         connection_id: str,
         *,
         shed_by: str = "",
-        shed_to: str = "",
         from_session: str = "",
         released: Mapping[str, Any] | None = None,
         trace: str | None = None,
@@ -49,8 +48,6 @@ class Hints:
         body: dict[str, Any] = {schema.HINT_CONNECTION_ID: connection_id}
         if shed_by:
             body[schema.HINT_SHED_BY] = shed_by
-        if shed_to:
-            body[schema.HINT_SHED_TO] = shed_to
         if from_session:
             body[schema.HINT_FROM_SESSION] = from_session
         if released:

@@ -37,6 +37,8 @@ from ..store import ConnectionsStore, SessionsStore, now_ms
 from ..validation import Allowlist
 from .acquirer import Acquirer
 from .acquisition import Acquisition
+from .assignments import POLL_S as ASSIGNED_POLL_S
+from .assignments import Assignments
 from .attached import Attachments
 from .balancer import Balancer
 from ..budget import MemoryBudget
@@ -48,6 +50,7 @@ from .handoffs import CHECK_EVERY_S, Handoffs
 from .hints import Hints
 from .holdings import Holdings
 from .intake import HINT_POLLERS, Intake
+from .moves import Mover
 from .retry import first_of
 from .secrets import Secrets
 from .session import Lost, SessionKeeper
@@ -145,6 +148,9 @@ class Worker:
             log=self._log,
         )
         self.stops = Stops(holdings=self.holdings, handoffs=self.handoffs, log=self._log)
+        self.mover = Mover(
+            connections=self._connections, call=aws.call, hints=self.hints, handoffs=self.handoffs, log=self._log
+        )
         self.keeper = SessionKeeper(
             sessions=self._sessions,
             worker_id=worker_id,
@@ -154,6 +160,7 @@ class Worker:
             log=self._log,
             active=self.holdings.count,
             on_stops=self.stops.on_stops,
+            on_assigned=self._on_assigned,
             suspect=self._prime_suspect,
             clock_ms=clock_ms,
         )
@@ -166,6 +173,7 @@ class Worker:
             attachments=self.attachments,
             handoffs=self.handoffs,
             hints=self.hints,
+            mover=self.mover,
             connections=self._connections,
             messages=self._messages,
             writer=self.writer,
@@ -185,17 +193,28 @@ class Worker:
             log=self._log,
             acquisition=self.acquisition,
             hints=self.hints,
+            mover=self.mover,
             holdings=self.holdings,
             summary=self.summary,
             counters=self.counters,
             quarantine_after=config.quarantine_after,
             clock_ms=clock_ms,
         )
+        self.assignments = Assignments(
+            acquisition=self.acquisition,
+            holdings=self.holdings,
+            keeper=self.keeper,
+            connections=self._connections,
+            sessions=self._sessions,
+            attachments=self.attachments,
+            hints=self.hints,
+            call=aws.call,
+            log=self._log,
+        )
         self.intake = Intake(
             aws=aws,
             queue_url=config.queue_url,
             log=self._log,
-            hints=self.hints,
             holdings=self.holdings,
             acquisition=self.acquisition,
             keeper=self.keeper,
@@ -357,6 +376,11 @@ class Worker:
             self._log.info("prime_suspect", suspect=named, why=None if found is None else found.why)
         return None if found is None else found.item()
 
+    def _on_assigned(self, entries: set[str]) -> set[str]:
+        """The keeper's renewals bring the assignments; they are picked up by
+        :class:`~.assignments.Assignments`, made after the keeper (it acquires)."""
+        return self.assignments.on_assigned(entries)
+
     def _supervised(self, name: str, loop: Callable[[], Any]) -> asyncio.Task:
         """A task running ``loop`` under the supervisor: an exception it raises is logged
         and counted, and the loop runs again after a backoff."""
@@ -395,6 +419,7 @@ class Worker:
                 "reconcile", lambda: self._every(scan, self.takeover.reconcile_once, pause=self._reconcile_pause)
             ),
             self._supervised("handoffs", lambda: self._every(lambda: CHECK_EVERY_S, self.handoffs.check_once)),
+            self._supervised("assignments", lambda: self._every(lambda: ASSIGNED_POLL_S, self.assignments.poll_once)),
             self._supervised("summary", lambda: self._every(watch, self.balancer.summarize_once)),
             self._supervised("balance", self._balance_loop),
             self._supervised("sweep", lambda: self._every(lambda: PAGE_PAUSE_S, self.sweeper.step)),

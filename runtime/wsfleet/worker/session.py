@@ -2,11 +2,11 @@
 
 One :class:`SessionKeeper` per worker process opens a session, renews it every heartbeat
 with one conditional write that also reports the worker's load and brings back the
-STOPs posted to it, and keeps the worker's single deadline: the send time of the last
-successful renewal (:func:`wsfleet.clock.now`, which counts suspended time), plus the
-lease, less the skew margin. Past the deadline, or
-once the session is found ENDED, the session is *lost*: every connection attached to it
-is gone, and nothing may be written for any of them.
+STOPs and the assignments (connections moved to it by others) posted to it, and keeps
+the worker's single deadline: the send time of the last successful renewal
+(:func:`wsfleet.clock.now`, which counts suspended time), plus the lease, less the skew
+margin. Past the deadline, or once the session is found ENDED, the session is *lost*:
+every connection attached to it is gone, and nothing may be written for any of them.
 
 A failed renewal is retried every ~0.1 s until the deadline (one cheap request per
 worker, so there is no reason to back off further): throttling or an outage shorter than
@@ -51,12 +51,15 @@ class SessionKeeper:
         log: JsonLogger,
         active: Callable[[], int],
         on_stops: Callable[[set[str]], set[str]],
+        on_assigned: Callable[[set[str]], set[str]] = lambda entries: set(),
         suspect: Callable[[], dict | None] = lambda: None,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         """``active``: how many connections the worker holds (each renewal reports it);
         ``on_stops``: the STOPs a renewal brought back, not yet acted on; returns those it
-        acted on (the next renewal removes them from the inbox); ``suspect``: the
+        acted on (the next renewal removes them from the inbox); ``on_assigned``: likewise
+        the connections other workers moved to us (:meth:`ConnectionsStore.move`), before
+        the STOPs (a STOP for one being picked up waits for the pickup); ``suspect``: the
         worker's prime suspect now (:mod:`wsfleet.crash_loop`), asked once a renewal,
         which stores it for whoever ends the session if the worker dies."""
         self.worker_id = worker_id
@@ -73,9 +76,11 @@ class SessionKeeper:
         self._log = log
         self._active = active
         self._on_stops = on_stops
+        self._on_assigned = on_assigned
         self._suspect = suspect
         self._clock_ms = clock_ms
         self._stops_done: set[str] = set()
+        self._assigned_done: set[str] = set()
         self._lost = asyncio.Event()
 
     # --- the one deadline ----------------------------------------------------------------
@@ -131,6 +136,7 @@ class SessionKeeper:
             self.lost_reason = None
             self._lost = asyncio.Event()
             self._stops_done.clear()
+            self._assigned_done.clear()
             self._log.info("session_opened", session_id=session_id, lease_ms=self.timing.lease_ms)
             return True
         return False
@@ -147,6 +153,7 @@ class SessionKeeper:
         came after its try had been given up, while the retries queued behind them."""
         pending: dict[asyncio.Future, float] = {}  # try -> its send time (clock.now())
         done = set(self._stops_done)
+        assigned_done = set(self._assigned_done)
         suspect = self._suspect()
         next_try = clock.now()
         try:
@@ -157,7 +164,7 @@ class SessionKeeper:
                     self.lose(Lost.EXPIRED)
                     break
                 if now >= next_try and len(pending) < RENEW_IN_FLIGHT:
-                    pending[asyncio.ensure_future(self._renew_try(done, suspect))] = now
+                    pending[asyncio.ensure_future(self._renew_try(done, assigned_done, suspect))] = now
                     next_try = now + RENEW_TIMEOUT_S  # the next try: a hedge, if this one is slow
                 wait = max(0.0, min(left, next_try - clock.now()))
                 if not pending:  # the last try failed fast: pause before the next
@@ -185,6 +192,8 @@ class SessionKeeper:
                     self.renewals += 1
                     self.ring_changes = int(result.get(schema.RING_CHANGES, 0))
                     self._stops_done -= done
+                    self._assigned_done -= assigned_done
+                    self.take_assigned(result.get(schema.ASSIGNED) or ())
                     stops = set(result.get(schema.STOP_INBOX) or ()) - self._stops_done
                     if stops:
                         self._stops_done |= self._on_stops(stops)
@@ -198,7 +207,17 @@ class SessionKeeper:
             for attempt in pending:  # still in flight: their answers no longer matter
                 attempt.add_done_callback(_quiet)
 
-    async def _renew_try(self, stops_done: set[str], suspect: dict | None) -> Any:
+    def take_assigned(self, entries: Any) -> None:
+        """Hand the assignments (inbox entries, as a renewal returned them or a read of
+        the session item found them) not yet acted on to ``on_assigned``; the next
+        renewal removes those it acted on. One handed over again (a read older than the
+        renewal that removed it) finds its connection held, or no longer ours: nothing
+        is done twice."""
+        fresh = set(entries) - self._assigned_done
+        if fresh:
+            self._assigned_done |= self._on_assigned(fresh)
+
+    async def _renew_try(self, stops_done: set[str], assigned_done: set[str], suspect: dict | None) -> Any:
         return await self._call(
             self._sessions.renew,
             self.session_id,
@@ -206,6 +225,7 @@ class SessionKeeper:
             active=self._active(),
             max_connections=self._max,
             stops_done=stops_done,
+            assigned_done=assigned_done,
             draining=self.draining,
             suspect=suspect,
         )

@@ -9,8 +9,8 @@
 * **Ending and draining.** The end is a conditional write (LIVE and expired): one winner,
   and the session can never be renewed again. Then its connections, found with one
   ``by_owner`` query, are taken: this worker's fair-share deficit acquired here, each
-  of the rest hinted naming a survivor under its target (one plan for the fleet, from
-  one read of the ring), every acquisition conditional on that session. A drained session
+  of the rest moved to a survivor under its target (one plan for the fleet, from one
+  read of the ring; :mod:`.moves`), every write conditional on that session. A drained session
   leaves the ring. A drainer that dies halfway leaves the ENDED session in the ring,
   where its watchers find it and drain it again.
 * **Free scan.** STARTED connections that nobody owns (a lost hint) are found by
@@ -44,6 +44,7 @@ from .acquisition import Acquisition
 from .decide import DrainSplit, split_drain
 from .hints import Hints
 from .holdings import Holdings
+from .moves import Mover
 from .session import SessionKeeper
 from .summary import FleetSummary
 
@@ -76,6 +77,7 @@ class Takeover:
         log: JsonLogger,
         acquisition: Acquisition,
         hints: Hints,
+        mover: Mover,
         holdings: Holdings,
         summary: FleetSummary,
         counters: Counters,
@@ -96,6 +98,7 @@ class Takeover:
         self._log = log
         self._acquisition = acquisition
         self._hints = hints
+        self._mover = mover
         self._holdings = holdings
         self._summary = summary
         self._counters = counters
@@ -301,10 +304,11 @@ class Takeover:
 
     async def drain(self, session_id: str, *, rows: list | None = None, trace_parent: str | None = None) -> int:
         """Take an ENDED session's connections: acquire this worker's part of the plan
-        (:meth:`_drain_plan`; conditional on that session) and hint the rest naming the
-        session and the survivor meant to take each, so that a peer's acquire is
-        conditional on it too (one write each, no free first); STOPPED
-        ones are just freed. What a lost hint leaves attached is found by the next
+        (:meth:`_drain_plan`; conditional on that session), move each of the rest the
+        plan names a survivor for to that survivor's session (one write each, conditional
+        on the dead session and the fence read: :mod:`.moves`), and hint the others for
+        anyone naming the session, so that a peer's acquire is conditional on it too;
+        STOPPED ones are just freed. What a lost hint leaves attached is found by the next
         drain: the session stays in the ring until its owner index reads empty twice.
         ``rows``: its connections, if just read. ``trace_parent``: the trace header of the
         span that ended the session (its ``end_trace``): the drain's span, and so its
@@ -336,7 +340,7 @@ class Takeover:
         mine, named, anyone = split.mine, split.named, split.anyone
         results = await asyncio.gather(
             *(self._acquisition.try_acquire(cid, source="orphan", expected_session=session_id, trace_parent=trace) for cid in mine),
-            *(self._hints.hint(cid, from_session=session_id, shed_by=session_id, shed_to=to) for cid, to in named),
+            self._move_or_hint(session_id, named),
             *(self._hints.hint(cid, from_session=session_id) for cid in anyone),
             *(self._free(cid, session_id) for cid in stopped),
             return_exceptions=True,
@@ -347,11 +351,17 @@ class Takeover:
             drained=session_id,
             found=len(rows),
             acquired=acquired,
-            hinted=len(named) + len(anyone),
+            hinted=len(anyone),
             named=len(named),
             freed=len(stopped),
         )
         return acquired
+
+    async def _move_or_hint(self, session_id: str, named: list[tuple[str, str]]) -> None:
+        """Move each planned connection to its survivor (:meth:`.moves.Mover.move_drained`);
+        hint what did not move for anyone, conditional on the dead session."""
+        left = await self._mover.move_drained(session_id, named)
+        await asyncio.gather(*(self._hints.hint(cid, from_session=session_id) for cid in left))
 
     async def _drain_plan(self, session_id: str, started: list[str]) -> DrainSplit:
         """Split a dead session's STARTED connections (:func:`.decide.split_drain`) by the
