@@ -71,7 +71,7 @@ def test_a_hint_is_taken_when_there_is_room_and_left_to_the_queue_when_there_is_
 def test_a_shed_connection_is_left_to_workers_under_their_share_then_to_anyone():
     shed = Hint("c1", shed_by="peer#1")
     left = choose(shed, active=10)  # at our share
-    assert (left.action, left.visibility_s, left.declined_shed) == (HintAction.KEEP, 1, True)
+    assert (left.action, left.visibility_s, left.declined_shed) == (HintAction.KEEP, 2, True)
     assert (choose(shed, active=5).action, choose(shed, active=5).source) == (HintAction.TAKE, "rebalance")
     assert choose(Hint("c1", shed_by="me#1"), active=5).action is HintAction.KEEP  # ours: never taken back
     anyone = choose(shed, active=10, age_s=SHED_ANYONE_AFTER_S)

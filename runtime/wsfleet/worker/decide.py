@@ -104,6 +104,9 @@ def hint_age_s(attributes: Mapping[str, str], wall_s: float) -> float:
     return float(int(attributes.get("ApproximateReceiveCount", 1)) - 1)
 
 
+SHED_VISIBILITY_S = 2  # a declined shed's hint is visible again after this
+
+
 class HintAction(enum.Enum):
     BAD = "bad"  # malformed: deleted
     KEEP = "keep"  # left in the queue, visible again after ``visibility_s``
@@ -134,8 +137,10 @@ def choose_hint(
         return HintChoice(HintAction.KEEP, visibility_s=1)
     if hint.shed_by and not busy and standing.declines_shed(hint.shed_by, age_s):
         # Shed to rebalance, for nobody in particular: for a worker under its share, back
-        # in a second (a shed meant for one worker is moved to it: worker.moves).
-        return HintChoice(HintAction.KEEP, visibility_s=1, declined_shed=True)
+        # in two seconds (a shed meant for one worker is moved to it: worker.moves). Two,
+        # not one: a worker at its share declines one for SHED_ANYONE_AFTER_S, and the queue
+        # dead-letters a hint at its 5th receive; at one a second that was the edge.
+        return HintChoice(HintAction.KEEP, visibility_s=SHED_VISIBILITY_S, declined_shed=True)
     if busy:
         return HintChoice(HintAction.DONE)
     # A crash's connection hinted by its drainer is an orphan, not a move.
