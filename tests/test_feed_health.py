@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 
 import pytest
 
@@ -126,9 +127,15 @@ def test_a_feed_that_goes_silent_is_reconnected_and_resumes_without_a_gap(aws_en
     async def scenario():
         async with running(config(aws_env), log=JsonLogger(log)) as worker:
             await eventually(lambda: len(msgs.read_all("quiet")) >= 5, 30, "frames stored")
+            stalled_at = time.time()
             upstream.stall("quiet")  # the socket stays open; no frame comes
             await eventually(lambda: worker.counters.total(names.SILENCE_RECONNECTS) >= 1, 30, "a reconnect for silence")
             await eventually(lambda: len(upstream.sockets("quiet")) >= 2, 30, "a new socket")
+            # The new socket within the limit and a little (the bound: limit + 3 s),
+            # with room for a busy machine: what it took is printed (pytest -s).
+            reopened = upstream.sockets("quiet")[1].opened_at - stalled_at
+            print(f"silent feed reopened {reopened:.2f} s after it went silent (limit {limit} s)")
+            assert reopened <= limit + 10
             upstream.stall("quiet", on=False)
             stored = len(msgs.read_all("quiet"))
             await eventually(lambda: len(msgs.read_all("quiet")) >= stored + 5, 30, "frames stored again")
@@ -154,3 +161,27 @@ def test_the_cli_flags_build_the_rules_and_the_limit():
     assert upstream == {"ignore": [{"pointer": "/type", "equals": "heartbeat"}, {"pointer": "/ack", "equals": {"ok": True}}],
                         "max_silence_seconds": "30"}
     assert upstream_spec.parse(upstream, secret_prefix="").max_silence_seconds == 30
+
+
+@pytest.mark.slow
+def test_heartbeats_matched_by_an_ignore_rule_leave_no_trace_in_the_table_or_the_malformed_count(
+    aws_env, stores, upstream
+):
+    conns, msgs = stores
+    given = upstream_spec.parse({"ignore": [{"pointer": "/type", "equals": "heartbeat"}]}, secret_prefix="")
+    conns.start("beats", upstream.url_for("beats"), given.item())
+
+    async def scenario():
+        async with running(config(aws_env)) as worker:
+            await eventually(lambda: len(msgs.read_all("beats")) >= 3, 30, "frames stored")
+            for _ in range(5):
+                upstream.inject("beats", HEARTBEAT)  # between numbered frames, taking no seq
+                stored = len(msgs.read_all("beats"))
+                await eventually(lambda n=stored: len(msgs.read_all("beats")) > n, 30, "the next frame")
+            await eventually(lambda: worker.counters.total(names.IGNORED_FRAMES) >= 5, 30, "five heartbeats ignored")
+            return worker.counters.total(names.MALFORMED_FRAMES), worker.counters.total(names.SKIPPED_FRAMES)
+
+    malformed, skipped = asyncio.run(scenario())
+    rows = msgs.read_all("beats")
+    assert [int(r[schema.MSG_SK]) for r in rows] == list(range(1, len(rows) + 1))  # every seq, in order
+    assert not [r for r in rows if schema.SKIPPED in r] and malformed == 0 and skipped == 0
