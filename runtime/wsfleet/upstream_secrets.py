@@ -23,11 +23,13 @@ _SECRET_ARN = re.compile(
 _JSON_KEY = re.compile(r"[\x20-\x7e]{1,%d}" % MAX_JSON_KEY)
 
 
-def _fail(key: str, message: str, code: str = INVALID) -> Invalid:
+def fail(key: str, message: str, code: str = INVALID) -> Invalid:
+    """A 400 naming the upstream key."""
     return Invalid(code, f"upstream.{key}: {message}")
 
 
-def _clip(value: object, width: int = 80) -> object:
+def clip(value: object, width: int = 80) -> object:
+    """A value shown in an error, cut to ``width``."""
     return value[:width] + "..." if isinstance(value, str) and len(value) > width else value
 
 
@@ -54,27 +56,27 @@ def parse_secret_ref(
     an ARN is never repeated in the error: it may be the secret itself, pasted in by mistake."""
     where = f"the value of {header}" if header else "a secret"
     if not isinstance(text, str):
-        raise _fail(key, f"{where} must be a Secrets Manager ARN string (optionally ARN#json-key).")
+        raise fail(key, f"{where} must be a Secrets Manager ARN string (optionally ARN#json-key).")
     arn, sep, json_key = text.partition("#")
     match = _SECRET_ARN.fullmatch(arn)
     if match is None:
-        raise _fail(
+        raise fail(
             key,
             f"{where} is not a Secrets Manager secret ARN (arn:aws:secretsmanager:<region>:<account>:secret:<name>"
             ", optionally #json-key); give the secret's ARN, never its value.",
         )
     if sep and not _JSON_KEY.fullmatch(json_key):
-        raise _fail(key, f"the JSON key after '#' must be 1 to {MAX_JSON_KEY} printable ASCII characters.")
+        raise fail(key, f"the JSON key after '#' must be 1 to {MAX_JSON_KEY} printable ASCII characters.")
     if not secret_prefix:
-        raise _fail(key, "UPSTREAM_SECRET_PREFIX is empty, so no secret is allowed.", SECRET_NOT_ALLOWED)
+        raise fail(key, "UPSTREAM_SECRET_PREFIX is empty, so no secret is allowed.", SECRET_NOT_ALLOWED)
     if not match.group("name").startswith(secret_prefix):
-        raise _fail(
+        raise fail(
             key,
             f"secret {match.group('name')!r} is not under the allowed prefix {secret_prefix!r}.",
             SECRET_NOT_ALLOWED,
         )
     if region is not None and match.group("region") != region:
-        raise _fail(
+        raise fail(
             key,
             f"secret {match.group('name')!r} is in region {match.group('region')}; this deployment reads secrets "
             f"in {region} only.",
@@ -91,14 +93,14 @@ _RESERVED_QUERY = frozenset({"from_seq"})  # the worker's own parameter (resume:
 
 def check_secret_query(value: object, ctx: Any) -> tuple[tuple[str, SecretRef], ...]:
     if not isinstance(value, dict) or not 1 <= len(value) <= MAX_SECRET_QUERY:
-        raise _fail("secret_query", f"must be an object of 1 to {MAX_SECRET_QUERY} query parameter names to secret ARNs.")
+        raise fail("secret_query", f"must be an object of 1 to {MAX_SECRET_QUERY} query parameter names to secret ARNs.")
     out = []
     for name, ref in value.items():
         if not isinstance(name, str) or not _QUERY_NAME.fullmatch(name):
-            raise _fail(
-                "secret_query", f"parameter name {_clip(name)!r} must be 1 to 128 of A-Z, a-z, 0-9, '.', '_', '~' or '-'."
+            raise fail(
+                "secret_query", f"parameter name {clip(name)!r} must be 1 to 128 of A-Z, a-z, 0-9, '.', '_', '~' or '-'."
             )
         if name.lower() in _RESERVED_QUERY:
-            raise _fail("secret_query", f"parameter {name} is the worker's own (the resume point).")
+            raise fail("secret_query", f"parameter {name} is the worker's own (the resume point).")
         out.append((name, parse_secret_ref(ref, ctx.secret_prefix, "secret_query", header=name, region=ctx.region)))
     return tuple(out)

@@ -20,16 +20,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .pointer import MAX_POINTER_LENGTH, MAX_POINTER_TOKENS, Pointer, PointerError
-from .upstream_feed import check_ignore, check_silence
+from .pointer import MAX_POINTER_LENGTH, MAX_POINTER_TOKENS, Pointer
+from .upstream_feed import check_ignore, check_silence, pointer_of
 from .stream import FrameShape, resume_url
 from .upstream_secrets import MAX_JSON_KEY as MAX_JSON_KEY
 from .upstream_secrets import SECRET_NAME_CHARS as SECRET_NAME_CHARS
 from .upstream_secrets import SECRET_NOT_ALLOWED as SECRET_NOT_ALLOWED
-from .upstream_secrets import SecretRef, check_secret_query, parse_secret_ref
+from .upstream_secrets import INVALID as INVALID
+from .upstream_secrets import SecretRef, check_secret_query, clip, fail, parse_secret_ref
 from .validation import Invalid, plain_numbers
 
-INVALID = "invalid_upstream"
 
 FROM_SEQ = "{from_seq}"  # replaced in open_message by the seq the stream resumes at
 CONNECTION_ID = "{connection_id}"  # replaced in open_message by the connection id
@@ -178,31 +178,23 @@ class _Context:
     region: str | None
 
 
-def _fail(key: str, message: str, code: str = INVALID) -> Invalid:
-    return Invalid(code, f"upstream.{key}: {message}")
-
-
-def _clip(value: object, width: int = 80) -> object:
-    return value[:width] + "..." if isinstance(value, str) and len(value) > width else value
-
-
 def _check_header_name(key: str, name: object) -> str:
     if not isinstance(name, str) or not _TOKEN.fullmatch(name) or len(name) > MAX_HEADER_NAME:
-        raise _fail(
+        raise fail(
             key,
-            f"header name {_clip(name)!r} is not an HTTP token (letters, digits and !#$%&'*+-.^_`|~, at most {MAX_HEADER_NAME}).",
+            f"header name {clip(name)!r} is not an HTTP token (letters, digits and !#$%&'*+-.^_`|~, at most {MAX_HEADER_NAME}).",
         )
     lower = name.lower()
     if lower in _RESERVED_HEADERS or lower.startswith(_RESERVED_HEADER_PREFIX):
-        raise _fail(key, f"header {name} is set by the WebSocket handshake itself (subprotocols have their own key).")
+        raise fail(key, f"header {name} is set by the WebSocket handshake itself (subprotocols have their own key).")
     return name
 
 
 def _mapping(key: str, value: object) -> Mapping[str, Any]:
     if not isinstance(value, dict):
-        raise _fail(key, "must be an object of header name to value.")
+        raise fail(key, "must be an object of header name to value.")
     if len(value) > MAX_HEADERS:
-        raise _fail(key, f"at most {MAX_HEADERS} headers.")
+        raise fail(key, f"at most {MAX_HEADERS} headers.")
     return value
 
 
@@ -218,7 +210,7 @@ def _check_headers(value: object, ctx: _Context) -> tuple[tuple[str, str], ...]:
     for name, text in _mapping("headers", value).items():
         _check_header_name("headers", name)
         if not is_header_value(text):
-            raise _fail(
+            raise fail(
                 "headers",
                 f"the value of {name} must be a string of at most {MAX_HEADER_VALUE} printable ASCII "
                 "characters (no CR, LF or other control characters).",
@@ -236,41 +228,34 @@ def _check_secret_headers(value: object, ctx: _Context) -> tuple[tuple[str, Secr
 
 def _check_subprotocols(value: object, ctx: _Context) -> tuple[str, ...]:
     if not isinstance(value, list) or not 1 <= len(value) <= MAX_SUBPROTOCOLS:
-        raise _fail("subprotocols", f"must be a list of 1 to {MAX_SUBPROTOCOLS} subprotocol names.")
+        raise fail("subprotocols", f"must be a list of 1 to {MAX_SUBPROTOCOLS} subprotocol names.")
     for name in value:
         if not isinstance(name, str) or not _TOKEN.fullmatch(name) or len(name) > MAX_HEADER_NAME:
-            raise _fail("subprotocols", f"{_clip(name)!r} is not a subprotocol name (an HTTP token).")
+            raise fail("subprotocols", f"{clip(name)!r} is not a subprotocol name (an HTTP token).")
     if len(set(value)) != len(value):
-        raise _fail("subprotocols", "lists a subprotocol twice.")
+        raise fail("subprotocols", "lists a subprotocol twice.")
     return tuple(value)
 
 
 def _check_open_message(value: object, ctx: _Context) -> str:
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_OPEN_MESSAGE:
-        raise _fail("open_message", f"must be a string of 1 to {MAX_OPEN_MESSAGE} characters.")
+        raise fail("open_message", f"must be a string of 1 to {MAX_OPEN_MESSAGE} characters.")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        raise _fail("open_message", "must be valid Unicode (it has half of a surrogate pair).") from None
+        raise fail("open_message", "must be valid Unicode (it has half of a surrogate pair).") from None
     return value
 
 
-def _pointer(key: str, value: object) -> Pointer:
-    try:
-        return Pointer.parse(value)
-    except PointerError as exc:
-        raise _fail(key, str(exc)) from None
-
-
 def _check_seq_pointer(value: object, ctx: _Context) -> Pointer:
-    pointer = _pointer("seq_pointer", value)
+    pointer = pointer_of("seq_pointer", value)
     if pointer.is_whole:
-        raise _fail("seq_pointer", 'must point into the frame ("" is the whole frame, which is not a seq).')
+        raise fail("seq_pointer", 'must point into the frame ("" is the whole frame, which is not a seq).')
     return pointer
 
 
 def _check_data_pointer(value: object, ctx: _Context) -> Pointer:
-    return _pointer("data_pointer", value)
+    return pointer_of("data_pointer", value)
 
 
 def _enum_check(key: str, kind: type[enum.Enum]) -> Callable[[Any, _Context], Any]:
@@ -278,7 +263,7 @@ def _enum_check(key: str, kind: type[enum.Enum]) -> Callable[[Any, _Context], An
         try:
             return kind(value)
         except ValueError:
-            raise _fail(key, f"must be one of {', '.join(m.value for m in kind)}, got {_clip(value)!r}.") from None
+            raise fail(key, f"must be one of {', '.join(m.value for m in kind)}, got {clip(value)!r}.") from None
 
     return check
 
@@ -437,26 +422,26 @@ def parse(value: object, *, secret_prefix: str, region: str | None = None) -> Up
     plain = {name.lower() for name, _ in parsed.get("headers", ())}
     for name, _ in parsed.get("secret_headers", ()):
         if name.lower() in plain:
-            raise _fail("secret_headers", f"header {name} is also in headers; give it once.")
+            raise fail("secret_headers", f"header {name} is also in headers; give it once.")
     for key in ("headers", "secret_headers"):
         names = [name.lower() for name, _ in parsed.get(key, ())]
         if len(set(names)) != len(names):
-            raise _fail(key, "names a header twice (header names are case-insensitive).")
+            raise fail(key, "names a header twice (header names are case-insensitive).")
     if len(parsed.get("headers", ())) + len(parsed.get("secret_headers", ())) > MAX_HEADERS:
         raise Invalid(INVALID, f"upstream: at most {MAX_HEADERS} headers and secret_headers together.")
     if parsed.get("seq") is SeqMode.ASSIGNED:
         if "seq_pointer" in parsed:
-            raise _fail("seq_pointer", "reads an upstream seq; with seq assigned the worker numbers the frames.")
+            raise fail("seq_pointer", "reads an upstream seq; with seq assigned the worker numbers the frames.")
         parsed.setdefault("data_pointer", WHOLE_FRAME)
     elif parsed.get("format", Format.JSON) is not Format.JSON:
-        raise _fail("format", f"{parsed['format'].value} frames carry no seq to read: give seq assigned.")
+        raise fail("format", f"{parsed['format'].value} frames carry no seq to read: give seq assigned.")
     if parsed.get("format", Format.JSON) is not Format.JSON and "ignore" in parsed:
-        raise _fail("ignore", f"reads JSON frames; a {parsed['format'].value} frame is stored whole.")
+        raise fail("ignore", f"reads JSON frames; a {parsed['format'].value} frame is stored whole.")
     if parsed.get("format", Format.JSON) is not Format.JSON and "data_pointer" in value:
-        raise _fail("data_pointer", f"points into JSON; a {parsed['format'].value} frame is stored whole.")
+        raise fail("data_pointer", f"points into JSON; a {parsed['format'].value} frame is stored whole.")
     upstream = Upstream(**parsed)
     if upstream.resume is Resume.OPEN_MESSAGE and FROM_SEQ not in (upstream.open_message or ""):
-        raise _fail("resume", "open_message resumes only through an open_message that contains {from_seq}.")
+        raise fail("resume", "open_message resumes only through an open_message that contains {from_seq}.")
     return upstream
 
 

@@ -4,7 +4,6 @@ botocore's signer, except a local API on loopback, which has no authorizer."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import re
 import urllib.error
@@ -16,6 +15,7 @@ from typing import Any, Callable, Mapping
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 
+from ..credentials import is_loopback_host
 from .errors import CliError
 
 API_SERVICE = "execute-api"
@@ -39,13 +39,7 @@ class ApiReply:
 
 def is_local(url: str) -> bool:
     """A loopback API is the local stand-in (``sim.api``): nothing to sign."""
-    host = urllib.parse.urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(urllib.parse.urlsplit(url).hostname or "")
 
 
 def region_in_url(url: str) -> str | None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from decimal import Decimal
 from typing import Any, Mapping
 
 from .. import schema, tracing
 from ..aws import Aws
 from ..logs import JsonLogger
+from ..validation import plain_numbers
 
 SEND_BATCH = 10  # SendMessageBatch's limit
 
@@ -53,7 +53,7 @@ class Hints:
         if released:
             body[schema.HINT_RELEASED] = dict(released)
         done = asyncio.get_running_loop().create_future()
-        entry = {"MessageBody": json.dumps(body, default=_number), **schema.hint_trace_attributes(trace or tracing.current_header())}
+        entry = {"MessageBody": json.dumps(plain_numbers(body)), **schema.hint_trace_attributes(trace or tracing.current_header())}
         self._outbox.append((entry, connection_id, done))
         if len(self._outbox) == 1:
             asyncio.get_running_loop().call_soon(self._send_outbox)
@@ -84,10 +84,3 @@ class Hints:
                 self.sent += 1
             if not done.done():
                 done.set_result(str(n) not in failed)
-
-
-def _number(value: Any) -> Any:
-    """A Decimal (how the table returns a number, e.g. in an upstream object) as JSON's number."""
-    if isinstance(value, Decimal):
-        return int(value) if value == value.to_integral_value() else float(value)
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

@@ -164,11 +164,11 @@ class Report:
 
     def loop_top(self) -> dict[str, Any] | None:
         """The held connection whose frames took the most event-loop time, and how much."""
-        runners = list(self._holdings.runners.items())
-        if not runners:
+        costs = self._holdings.costs()  # (connection id, fence) -> (bytes, loop seconds)
+        if not costs:
             return None
-        cid, runner = max(runners, key=lambda item: item[1].budget.loop_s)
-        return {"connection_id": cid, "loop_s": round(runner.budget.loop_s, 3)}
+        (cid, _), (_, loop_s) = max(costs.items(), key=lambda item: item[1][1])
+        return {"connection_id": cid, "loop_s": round(loop_s, 3)}
 
     async def probe_lag(self) -> None:
         """How late the loop wakes a sleeper: the delay every socket and the renewal see."""
