@@ -163,9 +163,16 @@ class SessionKeeper:
                 if left <= 0:
                     self.lose(Lost.EXPIRED)
                     break
-                if now >= next_try and len(pending) < RENEW_IN_FLIGHT:
-                    pending[asyncio.ensure_future(self._renew_try(done, assigned_done, suspect))] = now
-                    next_try = now + RENEW_TIMEOUT_S  # the next try: a hedge, if this one is slow
+                if now >= next_try:
+                    # the next try is a hedge, if this one is slow; with RENEW_IN_FLIGHT out
+                    # none is sent, and the loop waits a whole RENEW_TIMEOUT_S for an answer
+                    # (it used to spin, logging renew_slow at every turn, while the table
+                    # was slow: the moment a worker has least CPU to spare)
+                    if len(pending) < RENEW_IN_FLIGHT:
+                        if pending:
+                            self._log.warning("renew_slow", in_flight=len(pending), left_s=round(left, 3))
+                        pending[asyncio.ensure_future(self._renew_try(done, assigned_done, suspect))] = now
+                    next_try = now + RENEW_TIMEOUT_S
                 wait = max(0.0, min(left, next_try - clock.now()))
                 if not pending:  # the last try failed fast: pause before the next
                     await asyncio.sleep(wait)
@@ -198,10 +205,6 @@ class SessionKeeper:
                     if stops:
                         self._stops_done |= self._on_stops(stops)
                     return True
-                if not finished and pending and clock.now() >= next_try:
-                    self._log.warning(
-                        "renew_slow", in_flight=len(pending), left_s=round(self.deadline_mono - clock.now(), 3)
-                    )
             return False
         finally:
             for attempt in pending:  # still in flight: their answers no longer matter
