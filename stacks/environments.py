@@ -96,6 +96,7 @@ def worker(settings: EnvironmentSettings, resources: Resources, region: str) -> 
         # The same prefix as the router's: a stored upstream naming another secret is refused.
         spec.UPSTREAM_SECRET_PREFIX: settings.secret_prefix,
         spec.SECRET_HOSTS_REQUIRED: settings.secret_hosts_required,
+        spec.UPSTREAM_PROXY: settings.upstream_proxy,
     }
     return spec.environment(
         spec.WORKER,

@@ -29,6 +29,7 @@ from stacks.settings_parts import (
     check_types,
 )
 from wsfleet import config, schema, settings_spec
+from wsfleet.proxy_tunnel import ProxyError, parse_proxy
 from wsfleet.leases import SessionTiming, TimingError
 from wsfleet.plan import environments as plan_environments
 from wsfleet.plan import limits as plan_limits
@@ -126,6 +127,10 @@ class EnvironmentSettings:
     # SECRET_HOSTS_REQUIRED: a secret without a wsfleet:hosts tag (the hosts it may be sent
     # to) is refused; off, an untagged secret may go to any allowed host.
     secret_hosts_required: bool = False
+    # UPSTREAM_PROXY: an HTTP egress proxy every upstream socket tunnels through
+    # (http://host:port); "": none (the worker never uses the environment's proxy variables
+    # for upstream sockets). No credentials here: the task definition shows its environment.
+    upstream_proxy: str = ""
 
     # --- network ---------------------------------------------------------------------
     nat_gateways: int = _PLAN["nat_gateways"]  # 1: cheapest; one per AZ: no single-AZ egress outage
@@ -173,6 +178,15 @@ class EnvironmentSettings:
             raise SettingsError(
                 error.sentence(lease="lease_seconds", heartbeat="heartbeat_seconds", skew="max_clock_skew_ms")
             ) from None
+        try:
+            proxy = parse_proxy(self.upstream_proxy)
+        except ProxyError as exc:
+            raise SettingsError(f"upstream_proxy {exc}") from None
+        if proxy is not None and proxy.authorization:
+            raise SettingsError(
+                "upstream_proxy must not hold credentials: the task definition shows its environment to anyone "
+                "who may describe it (allow the tasks' addresses at the proxy instead)"
+            )
         if not self.reconcile_seconds > 0:
             raise SettingsError("reconcile_seconds must be positive")
         # A checkpoint more often than the session renewal would bring back the

@@ -55,6 +55,7 @@ from .settings_spec import (
     REBALANCE_TOLERANCE,
     RECONCILE_SECONDS,
     SECRET_HOSTS_REQUIRED,
+    UPSTREAM_PROXY,
     SERVICE_NAME,
     SESSIONS_TABLE_NAME,
     SHUTDOWN_SECONDS,
@@ -71,6 +72,7 @@ from .settings_spec import (
 )
 from .upstream_spec import SECRET_NAME_CHARS
 from . import budget
+from .proxy_tunnel import Proxy, ProxyError, parse_proxy
 
 # The worker's frame limit (worker.connection and worker.writer default to it).
 DEFAULT_MAX_FRAME_BYTES = VARIABLES[MAX_FRAME_BYTES].default
@@ -179,6 +181,15 @@ def allowed_ws_hosts(env: Mapping[str, str]) -> tuple[str, ...]:
         if "*" in host and not (host.startswith("*.") and "*" not in host[2:] and len(host) > 2):
             raise ConfigError(f"{ALLOWED_WS_HOSTS} entries must be host names or '*.domain' patterns, got {host!r}")
     return hosts
+
+
+def upstream_proxy(env: Mapping[str, str]) -> Proxy | None:
+    """``UPSTREAM_PROXY``: the HTTP proxy upstream sockets tunnel through; None (the
+    default): none, whatever the environment's other proxy variables say."""
+    try:
+        return parse_proxy(env.get(UPSTREAM_PROXY, ""))
+    except ProxyError as exc:
+        raise ConfigError(f"{UPSTREAM_PROXY} {exc}") from None
 
 
 def upstream_secret_prefix(env: Mapping[str, str]) -> str:
@@ -337,6 +348,7 @@ class WorkerConfig:
     messages_stream_name: str = ""  # the Kinesis stream, when sinks has kinesis
     tracing: tracing.Settings = tracing.Settings()  # TRACING and what goes with it
     secret_hosts_required: bool = False  # an untagged secret (no wsfleet:hosts) is refused
+    upstream_proxy: Proxy | None = None  # UPSTREAM_PROXY: the HTTP proxy upstream sockets tunnel through
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "WorkerConfig":
@@ -381,6 +393,7 @@ class WorkerConfig:
             messages_stream_name=messages_stream_name(env, chosen),
             tracing=tracing_settings(env),
             secret_hosts_required=_flag(env, SECRET_HOSTS_REQUIRED),
+            upstream_proxy=upstream_proxy(env),
         )
 
     def default_worker_id(self) -> str:

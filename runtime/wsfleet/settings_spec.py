@@ -63,6 +63,7 @@ QUARANTINE_AFTER = "QUARANTINE_AFTER"
 UPSTREAM_SECRET_PREFIX = "UPSTREAM_SECRET_PREFIX"
 ALLOWED_WS_HOSTS = "ALLOWED_WS_HOSTS"
 SECRET_HOSTS_REQUIRED = "SECRET_HOSTS_REQUIRED"
+UPSTREAM_PROXY = "UPSTREAM_PROXY"
 TRACING = "TRACING"
 TRACING_FILE = "TRACING_FILE"
 AWS_XRAY_SDK_ENABLED = "AWS_XRAY_SDK_ENABLED"
@@ -255,6 +256,13 @@ _VARIABLES = (
         "to and connects to that checked address: an internal one (loopback, private, link-local, metadata, ...) "
         "only for a host or address listed exactly",
         _SERVICE, stack=_SERVICE,
+    ),
+    Variable(
+        UPSTREAM_PROXY, URL, "",
+        "an HTTP proxy (`http://[user:password@]host:port`) every upstream socket tunnels through (CONNECT to the "
+        "address the worker checked); empty: none, and the environment's `HTTPS_PROXY` and the like never reroute "
+        "an upstream socket (they are for the AWS calls)",
+        (WORKER,), shown="empty", stack=(WORKER,),
     ),
     Variable(
         SECRET_HOSTS_REQUIRED, FLAG, False,

@@ -109,6 +109,7 @@ class Worker:
             decoder=self.decoder,
             upstream_secret_prefix=config.upstream_secret_prefix,
             region=config.region,
+            proxy=config.upstream_proxy,
         )
         # Secret header values, one cache for every connection of the worker.
         self.secrets = Secrets(

@@ -9,6 +9,7 @@ from ..config import DEFAULT_MAX_FRAME_BYTES
 from ..validation import Allowlist
 from .decoder import IN_LOOP, FrameDecoder
 from .gate import ReceiveGate
+from ..proxy_tunnel import Proxy
 from .upstream_socket import REFUSED_RETRY_S, SocketOptions
 
 
@@ -28,7 +29,10 @@ class Settings:
     refused_retry_s: float = REFUSED_RETRY_S  # the wait after a refused handshake (jittered)
     upstream_secret_prefix: str = ""  # secrets a stored upstream may name (config.upstream_secret_prefix)
     region: str | None = None  # the region those secrets must be in (config.region; None: any)
+    proxy: Proxy | None = None  # UPSTREAM_PROXY (config.upstream_proxy): upstream sockets tunnel through it
 
     @property
     def socket_options(self) -> SocketOptions:
-        return SocketOptions(self.connect_timeout_s, self.ping_interval_s, self.max_frame_bytes, self.allowlist, self.gate)
+        return SocketOptions(
+            self.connect_timeout_s, self.ping_interval_s, self.max_frame_bytes, self.allowlist, self.gate, self.proxy
+        )

@@ -3,7 +3,7 @@
 :func:`open_socket` checks the host against the allowlist again (it may have narrowed
 since the START), resolves it and checks the addresses, then makes the handshake the
 connection's :class:`~wsfleet.upstream_spec.Upstream` asks for, to the checked address,
-never through a proxy: its URL (``from_seq`` only when it resumes by query, its secret
+through a proxy only when ``UPSTREAM_PROXY`` names one (:mod:`wsfleet.proxy_tunnel`): its URL (``from_seq`` only when it resumes by query, its secret
 query parameters), its plain and secret headers, its subprotocols. What the upstream
 answers decides how soon to try again (:func:`refusal`): a socket error, a 5xx, 408 or
 429 is a fault that passes (the runner's short backoff); any other 4xx, any 3xx (a
@@ -44,6 +44,7 @@ from ..credentials import check_travel
 from ..validation import Allowlist, Invalid, check_resolved, check_ws_url
 from . import socket_budget
 from .gate import ReceiveGate, connect_options
+from ..proxy_tunnel import Proxy, ProxyRefused, open_tunnel
 from .secrets import Resolved, SecretError, Secrets
 
 REFUSED_RETRY_S = 60.0  # how long a refused connection waits before it tries again
@@ -130,6 +131,7 @@ class SocketOptions:
     max_frame_bytes: int
     allowlist: Allowlist
     gate: ReceiveGate | None
+    proxy: Proxy | None = None  # UPSTREAM_PROXY: sockets tunnel through it (.proxy_tunnel)
 
 
 async def resolve(ws_url: str, allowlist: Allowlist) -> tuple[str, int]:
@@ -165,16 +167,27 @@ async def open_socket(
     """The handshake ``upstream`` asks for, to the checked address of ``ws_url``
     (raises Refused, OSError, TimeoutError or websockets' handshake errors); the
     socket's budgets count into ``stats``. ``secret_query`` is added to the URL here,
-    and the URL is never logged. No proxy is used, whatever the environment's proxy
-    variables say (they are for the AWS calls): the address checked is the one connected to."""
+    and the URL is never logged. The environment's proxy variables are ignored (they are
+    for the AWS calls): the address checked is the one connected to, directly, or through
+    the tunnel ``UPSTREAM_PROXY`` names (:mod:`wsfleet.proxy_tunnel`), which raises Refused for a
+    proxy's refusal."""
     address, port = await resolve(ws_url, options.allowlist)
     headers = [*upstream.headers, *secret_headers]
     gated = connect_options(options.gate)  # the worker's byte budget (worker.gate)
     factory = socket_budget.connection_factory(gated.pop("create_connection", None), stats)
+    if options.proxy is None:
+        to: dict[str, Any] = {"host": address, "port": port}  # pinned: the address checked is the one connected to
+    else:
+        try:
+            sock = await asyncio.wait_for(open_tunnel(options.proxy, address, port), options.connect_timeout_s)
+        except ProxyRefused as exc:
+            raise Refused(str(exc)) from None
+        to = {"sock": sock}  # a tunnel to the checked address
+        if urlsplit(ws_url).scheme == "wss":
+            to["server_hostname"] = urlsplit(ws_url).hostname  # TLS still checks the upstream's name
     return await _Connect(
         with_query(upstream.url(ws_url, from_seq), secret_query),
-        host=address,  # pinned: the address checked is the one connected to
-        port=port,
+        **to,
         additional_headers=headers or None,
         subprotocols=list(upstream.subprotocols) or None,
         logger=SOCKET_LOGGER,
