@@ -41,14 +41,24 @@ from wsfleet.settings_spec import (
 AOT_CONFIG_CONTENT = "AOT_CONFIG_CONTENT"
 
 # --- xray-sdk: the X-Ray daemon sidecar -------------------------------------------------
-XRAY_DAEMON_IMAGE = "public.ecr.aws/xray/aws-xray-daemon:3.x"
+# Pinned by digest, as every image the stacks run (a tag can be moved to other bytes by
+# whoever holds the repository; a digest cannot): 3.7.0's OCI index. Bump on purpose,
+# resolving the new tag's digest with `docker buildx imagetools inspect <image>:<tag>`
+# (the tag stays in the reference for people; the digest is what is pulled).
+XRAY_DAEMON_IMAGE = (
+    "public.ecr.aws/xray/aws-xray-daemon:3.7.0@sha256:b67576293f4d3a0a155f807244957ed0aa4bc945df1573d62d81380a1d548071"
+)
 XRAY_DAEMON_PORT = 2000
 XRAY_DAEMON_MEMORY_MIB = 64  # its reservation: the worker's memory is the task's less this
 
 # --- otel: the ADOT collector ---------------------------------------------------------------
-# Pinned: a new collector may read its configuration differently. Bump it on purpose,
-# with its release notes (github.com/aws-observability/aws-otel-collector/releases).
-ADOT_COLLECTOR_IMAGE = "public.ecr.aws/aws-observability/aws-otel-collector:v0.49.0"
+# Pinned by digest (v0.49.0's OCI index, amd64 and arm64): a new collector may read its
+# configuration differently. Bump it on purpose, with its release notes
+# (github.com/aws-observability/aws-otel-collector/releases), resolving the digest as above.
+ADOT_COLLECTOR_IMAGE = (
+    "public.ecr.aws/aws-observability/aws-otel-collector:v0.49.0"
+    "@sha256:d2bdfff2c377c3d71d78bd5d9ce9862fd535b12134a5739d87a07801297cf9fd"
+)
 # Its reservation and its hard limit: a collector that leaks is stopped at it (it is not
 # essential) rather than eat into the memory of the worker that holds the leases.
 ADOT_COLLECTOR_MEMORY_MIB = 128

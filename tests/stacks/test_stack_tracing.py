@@ -88,6 +88,7 @@ def test_xray_sdk_runs_an_xray_daemon_sidecar_that_cannot_stop_the_task(prod):
     assert set(containers) == {"worker", "xray-daemon"}
     daemon = containers["xray-daemon"]
     assert daemon["Image"] == tracing.XRAY_DAEMON_IMAGE
+    assert re.fullmatch(r"public\.ecr\.aws/xray/aws-xray-daemon:\d+\.\d+\.\d+@sha256:[0-9a-f]{64}", daemon["Image"])
     assert daemon["Essential"] is False
     assert daemon["MemoryReservation"] == tracing.XRAY_DAEMON_MEMORY_MIB
     assert daemon["PortMappings"] == [{"ContainerPort": 2000, "Protocol": "udp"}]
@@ -123,7 +124,7 @@ def test_otel_runs_a_pinned_adot_collector_sidecar_that_cannot_stop_the_task(dev
     assert set(containers) == {"worker", "adot-collector"}
     collector = containers["adot-collector"]
     assert collector["Image"] == tracing.ADOT_COLLECTOR_IMAGE
-    assert re.fullmatch(r"public\.ecr\.aws/aws-observability/aws-otel-collector:v\d+\.\d+\.\d+", collector["Image"])
+    assert re.fullmatch(r"public\.ecr\.aws/aws-observability/aws-otel-collector:v\d+\.\d+\.\d+@sha256:[0-9a-f]{64}", collector["Image"])
     assert collector["Essential"] is False
     # A hard limit: a leaking collector is stopped, not the task that holds the leases.
     assert collector["MemoryReservation"] == collector["Memory"] == tracing.ADOT_COLLECTOR_MEMORY_MIB
