@@ -38,7 +38,7 @@ RULES = {  # pure: no boto3, no asyncio, no I/O
     "metrics_names", "plan", "pointer", "upstream_feed", "upstream_secrets",
     "records", "schema", "settings_spec", "stack_outputs", "stream", "upstream_spec", "validation",
 }
-ADAPTERS = {"aws", "config", "logs", "sinks", "store", "tracing"}
+ADAPTERS = {"aws", "config", "logs", "proxy_tunnel", "sinks", "store", "tracing"}
 PROCESSES = {"cli", "consumer", "router", "worker"}
 FLOORS = {**dict.fromkeys(RULES, 1), **dict.fromkeys(ADAPTERS, 2), **dict.fromkeys(PROCESSES, 3), "__main__": 4}
 # What the worker image and the Lambda functions run, and the parts they leave out

@@ -403,6 +403,7 @@ def test_worker_environment_is_what_the_contract_names(env):
         settings_spec.ALLOWED_WS_HOSTS,
         settings_spec.UPSTREAM_SECRET_PREFIX,
         settings_spec.SECRET_HOSTS_REQUIRED,
+        settings_spec.UPSTREAM_PROXY,
     } | _sink_variables(env) | _tracing_variables(env, "worker")
     # The same allow-list as the router's: the worker checks what the host names resolve to.
     assert variables[settings_spec.ALLOWED_WS_HOSTS] == _router(env)["Environment"]["Variables"][settings_spec.ALLOWED_WS_HOSTS]
