@@ -34,8 +34,12 @@ WORKER_PYTHON = "3.11"
 LAMBDA_ARCHITECTURE = lambda_.Architecture.X86_64
 _PIP_PLATFORM = "manylinux2014_x86_64"
 _PYTHON_VERSION = LAMBDA_RUNTIME.name.removeprefix("python")
-WORKER_CPU_ARCHITECTURE = ecs.CpuArchitecture.X86_64
-_WORKER_BUILD_PLATFORM = ecr_assets.Platform.LINUX_AMD64
+# The worker's architecture is an environment's choice (worker_architecture): the task's
+# runtime platform and the platform its image is built for, side by side.
+_WORKER_PLATFORMS = {
+    "arm64": (ecs.CpuArchitecture.ARM64, ecr_assets.Platform.LINUX_ARM64),
+    "x86_64": (ecs.CpuArchitecture.X86_64, ecr_assets.Platform.LINUX_AMD64),
+}
 
 # The function code is the package only: no caches, no build files, and not the
 # operators' CLI and plan (``wsfleet``'s __main__, cli/, plan/ and what plan reads),
@@ -96,6 +100,12 @@ def dependencies_layer_code() -> lambda_.Code:
     )
 
 
-def worker_image() -> ecs.ContainerImage:
-    """Built from runtime/Dockerfile at deploy time; runtime/.dockerignore scopes its hash."""
-    return ecs.ContainerImage.from_asset(str(RUNTIME_DIR), platform=_WORKER_BUILD_PLATFORM)
+def worker_cpu_architecture(architecture: str) -> ecs.CpuArchitecture:
+    """The task definition's CPU architecture for ``worker_architecture``."""
+    return _WORKER_PLATFORMS[architecture][0]
+
+
+def worker_image(architecture: str) -> ecs.ContainerImage:
+    """Built from runtime/Dockerfile at deploy time for ``architecture`` (docker buildx
+    emulates arm64 on an x86_64 machine); runtime/.dockerignore scopes its hash."""
+    return ecs.ContainerImage.from_asset(str(RUNTIME_DIR), platform=_WORKER_PLATFORMS[architecture][1])

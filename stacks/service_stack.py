@@ -136,6 +136,7 @@ class ServiceStack(Stack):
             memory_mib=settings.worker_memory_mib,
             stop_timeout=Duration.seconds(settings.stop_timeout_seconds),
             use_fargate_spot=settings.use_fargate_spot,
+            architecture=settings.worker_architecture,
             min_capacity=settings.min_workers,
             max_capacity=settings.max_workers,
             scaling_metric=self.active_connections,

@@ -105,6 +105,9 @@ class EnvironmentSettings:
     min_workers: int = _PLAN["min_workers"]
     max_workers: int = _PLAN["max_workers"]
     use_fargate_spot: bool = _PLAN["use_fargate_spot"]  # Spot's 2-minute SIGTERM notice is our normal failover path
+    # The tasks' CPU: "arm64" (Graviton, 20 % cheaper than x86_64 for the same size) or
+    # "x86_64", which Fargate Spot requires. The worker image is built for it at deploy.
+    worker_architecture: str = _PLAN["worker_architecture"]
     shutdown_seconds: int = 25  # the worker's graceful-shutdown budget (SHUTDOWN_SECONDS)
     stop_timeout_seconds: int = 45  # container stopTimeout: SIGKILL after this
     metrics_seconds: int = 60
@@ -206,6 +209,15 @@ class EnvironmentSettings:
             raise SettingsError("min_workers must be at least 1 and at most max_workers")
         if not 0 < self.target_connections_per_worker < self.max_connections_per_worker:
             raise SettingsError("target_connections_per_worker must be below max_connections_per_worker")
+        if self.worker_architecture not in plan_limits.ARCHITECTURES:
+            raise SettingsError(
+                f"worker_architecture must be one of {', '.join(plan_limits.ARCHITECTURES)}, got {self.worker_architecture!r}"
+            )
+        if self.use_fargate_spot and self.worker_architecture != plan_limits.SPOT_ARCHITECTURE:
+            raise SettingsError(
+                f"use_fargate_spot needs worker_architecture = \"{plan_limits.SPOT_ARCHITECTURE}\": Fargate Spot runs "
+                f"only {plan_limits.SPOT_ARCHITECTURE} tasks (or turn Spot off and keep {self.worker_architecture})"
+            )
         if self.worker_memory_mib not in _FARGATE_MEMORY_MIB.get(self.worker_cpu, ()):
             raise SettingsError(
                 f"worker_cpu={self.worker_cpu} with worker_memory_mib={self.worker_memory_mib} "

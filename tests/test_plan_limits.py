@@ -35,7 +35,7 @@ SETTINGS = {
     "max_per_worker": 200, "target_per_worker": 100, "shards": 4, "checkpoint_s": 120, "message_ttl_days": 3,
     "min_workers": 1, "max_workers": 50, "worker_cpu": 256, "worker_memory_mib": 512,
     "api_rate_limit": 10, "api_burst_limit": 20, "nat_gateways": 1, "worker_subnet_mask": 24, "azs": 2,
-    "lease_s": 10, "heartbeat_s": 2.5, "spot": False,
+    "lease_s": 10, "heartbeat_s": 2.5, "spot": False, "architecture": "x86_64",
 }
 
 
@@ -120,6 +120,14 @@ def test_the_limits_match_a_hand_computed_fleet():
     assert m["fargate"] == pytest.approx(901.00, abs=0.01)
     assert (m["nat_hours"], m["nat_addresses"]) == (pytest.approx(32.85), pytest.approx(3.65))
     assert r["usd_per_month"] == pytest.approx(49.70 + 106.17 + 901.00 + 32.85 + 3.65, abs=0.02)
+
+
+def test_graviton_tasks_cost_a_fifth_less_and_spot_prices_x86_64():
+    # arm64: 100 x (0.25 vCPU x 0.03238 + 0.5 GB x 0.00356) x 730 = 720.88; Fargate Spot
+    # runs only x86_64 tasks: 901.00 x (1 - 0.7) = 270.30 whatever the file says.
+    arm = plan_limits.evaluate(MEASURED, SETTINGS | {"architecture": "arm64"}, connections=10_000)["month"]["fargate"]
+    spot = plan_limits.evaluate(MEASURED, SETTINGS | {"architecture": "arm64", "spot": True}, connections=10_000)["month"]["fargate"]
+    assert (arm, spot) == (pytest.approx(720.875, abs=0.01), pytest.approx(270.30, abs=0.01))
 
 
 def test_frames_through_the_nat_and_the_checkpoints_are_priced():

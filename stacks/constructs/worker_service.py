@@ -40,6 +40,7 @@ class WorkerService(Construct):
         memory_mib: int,
         stop_timeout: Duration,
         use_fargate_spot: bool,
+        architecture: str,
         min_capacity: int,
         max_capacity: int,
         scaling_metric: cloudwatch.Metric,
@@ -64,13 +65,13 @@ class WorkerService(Construct):
             cpu=cpu,
             memory_limit_mib=memory_mib,
             runtime_platform=ecs.RuntimePlatform(
-                cpu_architecture=runtime_assets.WORKER_CPU_ARCHITECTURE,
+                cpu_architecture=runtime_assets.worker_cpu_architecture(architecture),
                 operating_system_family=ecs.OperatingSystemFamily.LINUX,
             ),
         )
         self.task_definition.add_container(
             "worker",
-            image=runtime_assets.worker_image(),
+            image=runtime_assets.worker_image(architecture),
             environment=dict(environment),
             essential=True,
             stop_timeout=stop_timeout,

@@ -474,8 +474,10 @@ def test_worker_logs_go_to_cloudwatch_without_blocking(env):
 def test_worker_image_is_built_from_the_runtime_dockerfile_for_the_task_cpu(env):
     image = _container(env, "worker")["Image"]["Fn::Sub"]
     assert "container-assets" in image
+    # Graviton unless the environment runs on Fargate Spot, which runs only x86_64.
+    assert (env.settings.worker_architecture == "x86_64") == env.settings.use_fargate_spot
     assert _task_definition(env)["RuntimePlatform"] == {
-        "CpuArchitecture": "X86_64",
+        "CpuArchitecture": {"arm64": "ARM64", "x86_64": "X86_64"}[env.settings.worker_architecture],
         "OperatingSystemFamily": "LINUX",
     }
 

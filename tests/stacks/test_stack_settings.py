@@ -39,6 +39,8 @@ def test_dev_and_prod_exist_and_prod_keeps_its_data():
         ({"target_connections_per_worker": 100}, "target_connections_per_worker"),
         ({"worker_cpu": 256, "worker_memory_mib": 4096}, "worker_memory_mib"),
         ({"state_shards": 0}, "state_shards"),
+        ({"worker_architecture": "arm"}, "worker_architecture must be one of arm64, x86_64, got 'arm'"),
+        ({"use_fargate_spot": True, "worker_architecture": "arm64"}, 'use_fargate_spot needs worker_architecture = "x86_64"'),
         ({"nat_gateways": 0}, "nat_gateways"),
         ({"name": "Prod"}, "name"),
         ({"message_ttl_days": -1}, "message_ttl_days"),

@@ -215,7 +215,7 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         frame_bytes=args.frame_bytes, upstream_addresses=args.upstream_addresses, quotas=dict(args.quota),
     )
     for key in ("workers", "limits", "first_limit", "first_limit_scenario", "first_limit_fix", "exceeded", "cells",
-                "usd_per_month", "deploy_minutes", "fill_seconds", "quotas"):
+                "usd_per_month", "deploy_minutes", "fill_seconds", "quotas", "task"):
         result[key] = checked[key]
     result["month"] = checked["month"]
     if args.large_rate:

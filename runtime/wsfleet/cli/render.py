@@ -258,6 +258,13 @@ def plan(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+
+def _task(task: Mapping[str, Any]) -> str:
+    """A worker task as the plan priced it: ``0.5 vCPU / 1 GiB arm64``, ``0.25 vCPU / 512 MiB x86_64 Spot``."""
+    memory = task["memory_mib"]
+    size = f"{memory // 1024} GiB" if memory % 1024 == 0 else f"{memory} MiB"
+    return f"{task['cpu'] / 1024:g} vCPU / {size} {task['architecture']}{' Spot' if task['spot'] else ''}"
+
 def limits(result: Mapping[str, Any]) -> list[str]:
     """The limits in every scenario (wsfleet.plan.limits), the first one hit and what moves it."""
     if "limits" not in result:
@@ -274,7 +281,7 @@ def limits(result: Mapping[str, Any]) -> list[str]:
         _indent(table(["SCENARIO", "LIMIT", "USED", "OF", ""], rows)),
         "",
         f"$ per month in all: {m['total']:,.0f} (DynamoDB {m['dynamodb_writes'] + m['dynamodb_reads']:,.0f}, "
-        f"Fargate {m['fargate']:,.0f}, NAT gateways {m['nat_hours']:,.0f} + addresses {m['nat_addresses']:,.0f} "
+        f"Fargate {m['fargate']:,.0f} ({_task(result['task'])}), NAT gateways {m['nat_hours']:,.0f} + addresses {m['nat_addresses']:,.0f} "
         f"+ data {m['nat_data']:,.0f}, "
         f"SQS {m['sqs']:,.0f}, CloudWatch metrics {m['cloudwatch']:,.0f})",
         f"a rolling deploy launches {result['workers']:,} tasks: about {result['deploy_minutes']:,.1f} min at the "

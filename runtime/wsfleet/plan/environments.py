@@ -44,6 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "lease_seconds": 10,
     "heartbeat_seconds": 2.5,
     "use_fargate_spot": False,
+    "worker_architecture": "arm64",
     "connections_warm_throughput": None,
     "owner_index_warm_throughput": None,
     "quotas": {},
@@ -56,6 +57,7 @@ PLAN_NAMES = {
     "lease_seconds": "lease_s",
     "heartbeat_seconds": "heartbeat_s",
     "use_fargate_spot": "spot",
+    "worker_architecture": "architecture",
     "connections_warm_throughput": "connections_warm",
     "owner_index_warm_throughput": "owner_index_warm",
 }

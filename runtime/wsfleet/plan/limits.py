@@ -92,7 +92,16 @@ HANDOFF_INDEX_WRITES_PER_MOVE = OWNER_INDEX_WRITES_PER_MOVE
 RING_WRITES_PER_CHANGED_RENEWAL = 1
 
 # --- prices (us-east-1, December 2026: check them before relying on them) ------------------
-FARGATE_PRICES = {"vcpu_hour": 0.04048, "gb_hour": 0.004445, "spot_discount": 0.7}
+# Fargate on Linux, per architecture: Graviton (arm64) costs 20 % less for the same task
+# size; Fargate Spot runs only x86_64 tasks (70 % off), so an environment picks one or the
+# other (ARCHITECTURES, and the stacks refuse spot with arm64).
+FARGATE_PRICES = {
+    "x86_64": {"vcpu_hour": 0.04048, "gb_hour": 0.004445},
+    "arm64": {"vcpu_hour": 0.03238, "gb_hour": 0.00356},
+    "spot_discount": 0.7,
+}
+ARCHITECTURES = ("arm64", "x86_64")
+SPOT_ARCHITECTURE = "x86_64"
 NAT_PRICES = {"hour": 0.045, "gb": 0.045}
 EIP_HOUR = 0.005  # a public IPv4 address, per hour (a NAT gateway's primary one included)
 WS_FRAME_OVERHEAD_BYTES = 40  # TLS record and WebSocket header per frame, about
@@ -277,6 +286,9 @@ def evaluate(
         "usd_per_month": month["total"],
         "month": month,
         "deploy_minutes": workers / launches_quota,
+        # The task the month's Fargate line prices (Spot runs only x86_64).
+        "task": {"cpu": settings["worker_cpu"], "memory_mib": settings["worker_memory_mib"], "spot": bool(settings.get("spot")),
+                 "architecture": SPOT_ARCHITECTURE if settings.get("spot") else settings["architecture"]},
         "quotas": q,
         "fill_seconds": fill_s,
         "tables": holding["tables"],
@@ -335,7 +347,8 @@ def _month(holding: Mapping[str, Any], settings: Mapping[str, Any], *, workers: 
     """$ per month: DynamoDB, SQS, CloudWatch (:func:`.fleet.fleet`), Fargate tasks, NAT gateways,
     their public addresses and the frames' bytes through them."""
     m = dict(holding["month"])
-    task_h = settings["worker_cpu"] / 1024 * FARGATE_PRICES["vcpu_hour"] + settings["worker_memory_mib"] / 1024 * FARGATE_PRICES["gb_hour"]
+    prices = FARGATE_PRICES[SPOT_ARCHITECTURE if settings.get("spot") else settings["architecture"]]
+    task_h = settings["worker_cpu"] / 1024 * prices["vcpu_hour"] + settings["worker_memory_mib"] / 1024 * prices["gb_hour"]
     if settings.get("spot"):
         task_h *= 1 - FARGATE_PRICES["spot_discount"]
     m["fargate"] = workers * task_h * HOURS_PER_MONTH
