@@ -588,22 +588,22 @@ def test_plan_sizes_a_fleet_from_the_measured_counts_without_any_aws_call(capsys
     assert main(["plan", "--connections", "100000", "--rate", "0.5", "--env", "prod", "--json"], env={}) == 0
     out = json.loads(capsys.readouterr().out)
     measured = model.load_measured()
-    assert environments.load("prod")["target_per_worker"] == 250  # 100,000 / 250 = 400 workers
-    expected = fleet.plan(measured, connections=100_000, per_worker=250, rate=0.5, shards=16, checkpoint_s=120)
-    assert out["holding"]["workers"] == 400 == expected["holding"]["workers"]
+    assert environments.load("prod")["target_per_worker"] == 1690  # 100,000 / 1,690 -> 60 workers
+    expected = fleet.plan(measured, connections=100_000, per_worker=1690, rate=0.5, shards=16, checkpoint_s=120)
+    assert out["holding"]["workers"] == 60 == expected["holding"]["workers"]
     assert out["holding"]["month"]["total"] == pytest.approx(expected["holding"]["month"]["total"])
     # Renewals: one write per worker per heartbeat, whatever the connections.
     # Renewals, plus the summarizer's #fleet writes (one worker for the fleet).
     renewal = next(op for op in measured.ops if op.purpose == "renewal")
-    summary = next(op for op in corrections.corrected_ops(measured, 400) if op.purpose == "summary: #fleet write")
+    summary = next(op for op in corrections.corrected_ops(measured, 60) if op.purpose == "summary: #fleet write")
     assert out["holding"]["tables"]["sessions"]["wru"] == pytest.approx(
-        400 * renewal.per_worker_hour * renewal.wru / 3600 + summary.per_worker_hour * summary.wru / 3600
+        60 * renewal.per_worker_hour * renewal.wru / 3600 + summary.per_worker_hour * summary.wru / 3600
     )
     # A checkpoint is a transactional write: twice the item's units.
     assert out["with_messages"]["tables"]["messages"]["wru"] == pytest.approx(
         100_000 * 0.5 * measured.message_wru + 100_000 * 2 * measured.checkpoint_wru / 120
     )
-    assert out["workers"] == 400 and out["limits"] and "usd_per_month" in out and "first_limit" in out
+    assert out["workers"] == 60 and out["limits"] and "usd_per_month" in out and "first_limit" in out
     assert out["measured_with"]["commit"]
 
 

@@ -173,7 +173,7 @@ def test_a_raised_quota_moves_the_limit_it_names_and_an_unknown_one_is_refused()
 def test_prod_as_documented_holds_500k(capsys):
     assert main(["plan", "--env", "prod", "--connections", "500000", "--json"], env={}) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["workers"] == 2000  # 500,000 / 250, target tracking's setting
+    assert out["workers"] == 296  # 500,000 / 1,690, target tracking's setting
     assert {"name", "scenario", "used", "limit", "ok"} <= set(out["limits"][0])
     assert {lim["scenario"] for lim in out["limits"]} == {"steady", "crash", "scale_in", "deploy"}
     assert out["first_limit"] is None, out["exceeded"]

@@ -114,6 +114,11 @@ def test_the_expectation_over_how_many_connections_name_each_secret_by_hand():
     assert plan_secrets.cached_fetches_per_worker(2, 2, 6.0, 300) == pytest.approx(2 * (0.5 * f(6.0, 300) + 0.25 * f(12.0, 300)))
     assert f(6.0, 300) == pytest.approx(6 / 1.5) and f(12.0, 300) == pytest.approx(12 / 2)
     assert plan_secrets.cached_fetches_per_worker(0, 2, 6.0, 300) == plan_secrets.cached_fetches_per_worker(2, 0, 6.0, 300) == 0
+    # One secret: every connection names it. And a task of thousands (math.comb(2415, n) is
+    # past a float): the probabilities still sum to one, so the rate stays under n x 12 an hour.
+    assert plan_secrets.cached_fetches_per_worker(3, 1, 6.0, 300) == pytest.approx(f(18.0, 300))
+    big = plan_secrets.cached_fetches_per_worker(2415, 20, 2.0, 300)
+    assert 20 * f(2415 / 20 * 2.0 * 0.9, 300) < big <= 20 * 12
 
 
 def test_distinct_secrets_per_worker():
@@ -131,9 +136,9 @@ def test_plan_prices_secrets_with_the_environments_workers(capsys):
     argv = ["plan", "--connections", "100000", "--env", "prod", "--secrets", "20", "--reconnects", "2", "--json"]
     assert main(argv, env={}) == 0
     out = json.loads(capsys.readouterr().out)
-    expected = plan_secrets.secrets_month(connections=100_000, per_worker=250, secrets=20, reconnects_per_hour=2)
-    assert environments.load("prod")["target_per_worker"] == 250
-    assert out["secrets"]["workers"] == 400 == out["holding"]["workers"]
+    expected = plan_secrets.secrets_month(connections=100_000, per_worker=1690, secrets=20, reconnects_per_hour=2)
+    assert environments.load("prod")["target_per_worker"] == 1690
+    assert out["secrets"]["workers"] == 60 == out["holding"]["workers"]
     assert out["secrets"]["month"]["total"] == pytest.approx(expected["month"]["total"])
     assert out["secrets"]["cache_s"] == plan_secrets.SECRET_CACHE_SECONDS == 300
 

@@ -155,7 +155,7 @@ def test_plan_prints_the_sinks_side_by_side_and_its_json_is_the_computation(caps
             "--stream-retention-hours", "48", "--consumer-batch", "500", "--consumer-window", "10", "--json"]
     assert main(argv, env={}) == 0
     out = json.loads(capsys.readouterr().out)["sinks"]
-    expected = plan_sinks.sinks(model.load_measured(), connections=1000, per_worker=250, rate=5, shards=16,
+    expected = plan_sinks.sinks(model.load_measured(), connections=1000, per_worker=1690, rate=5, shards=16,
                                 checkpoint_s=120, ttl_days=30, frame_bytes=600, retention_hours=48,
                                 consumer=plan_sinks.Consumer(batch_size=500, window_s=10))
     assert out == json.loads(json.dumps(expected))

@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--per-worker",
         type=_positive,
         metavar="M",
-        help="connections per worker [the environment's scaling target: dev 70, prod 250]",
+        help="connections per worker [the environment's scaling target: dev 70, prod 1690]",
     )
     plan.add_argument(
         "--large-rate",
@@ -359,6 +359,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="connections whose upstream keeps refusing them (each fetches its secret at every retry) [0]",
+    )
+    plan.add_argument(
+        "--task-sizes",
+        action="store_true",
+        help="price every Fargate task size a worker could use at --rate, what each holds by CPU and memory, "
+        "and pick the cheapest that passes every limit",
     )
     plan.add_argument(
         "--frame-bytes",

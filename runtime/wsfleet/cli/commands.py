@@ -16,6 +16,7 @@ from ..plan import limits as plan_limits
 from ..plan import model as plan_model
 from ..plan import secrets as plan_secrets
 from ..plan import sinks as plan_sinks
+from ..plan import task_sizes
 from ..store import now_ms
 from ..stream import MAX_MESSAGE_BYTES
 from . import locate, reading, render, upstream_flags, views
@@ -249,6 +250,10 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         retention_hours=args.stream_retention_hours,
         consumer=consumer,
     )
+    if args.task_sizes:
+        result["task_sizes"] = task_sizes.choose(
+            measured, settings, connections=args.connections, rate=args.rate, max_frame_bytes=settings["max_frame_bytes"]
+        )
     result["large_frame_cost"] = [
         large_frames.large_frame_cost(size, prices=measured.prices, retention_days=retention_days)
         for size in sorted({*LARGE_EXAMPLE_SIZES, args.large_bytes})

@@ -252,11 +252,33 @@ def plan(result: Mapping[str, Any]) -> str:
         f"({measured.get('date', '?')}); prices are us-east-1 on-demand list prices: check them before relying on them",
     ]
     lines += limits(result)
+    lines += _task_sizes(result.get("task_sizes"))
     lines += _sinks(result.get("sinks"))
     lines += _secrets(result.get("secrets"))
     lines += _large_frames(result)
     return "\n".join(lines)
 
+
+
+def _task_sizes(sizes: Mapping[str, Any] | None) -> list[str]:
+    """Every task size the plan considered (wsfleet.plan.task_sizes), and the one it picked."""
+    if not sizes:
+        return []
+    rows = [
+        [f"{r['cpu'] / 1024:g} vCPU / {r['memory_mib']:,} MiB", f"{r['by_cpu']:,}", f"{r['by_memory']:,}",
+         f"{r['capacity']:,} ({r['bound']})", f"{r['target']:,}",
+         f"{r['workers']:,}" if "workers" in r else "-",
+         f"{r['usd_per_1000']:,.2f}" if "usd_per_1000" in r else "-",
+         "ok" if r["ok"] else r["why_not"]]
+        for r in sizes["sizes"]
+    ]
+    return [
+        "",
+        f"task sizes ({sizes['architecture']}) at {sizes['rate']:g} msg/s per connection (holding all-in: tasks, tables, queue, NAT, metrics; "
+        "the sinks are priced apart):",
+        _indent(table(["TASK", "BY CPU", "BY MEMORY", "HOLDS", "TARGET", "WORKERS", "$ / 1,000 / MONTH", ""], rows)),
+        f"picked: {sizes['why']}",
+    ]
 
 
 def _task(task: Mapping[str, Any]) -> str:

@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import schema
+from .. import schema, settings_spec
 
 ENVIRONMENTS_VARIABLE = "WSFLEET_ENVIRONMENTS"
 SUFFIX = ".toml"
@@ -45,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "heartbeat_seconds": 2.5,
     "use_fargate_spot": False,
     "worker_architecture": "arm64",
+    "max_frame_bytes": settings_spec.VARIABLES[settings_spec.MAX_FRAME_BYTES].default,
     "connections_warm_throughput": None,
     "owner_index_warm_throughput": None,
     "quotas": {},

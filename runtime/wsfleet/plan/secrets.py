@@ -54,12 +54,19 @@ def cached_fetches_per_worker(held: int, secrets: int, reconnects_per_hour: floa
     it (by about 4 % at 100 connections on 30 secrets)."""
     if secrets <= 0 or held <= 0:
         return 0.0
-    p = 1 / secrets
-    per_secret = sum(
-        math.comb(held, n) * p**n * (1 - p) ** (held - n) * cached_fetch_rate(n * reconnects_per_hour, cache_s)
-        for n in range(1, held + 1)
-    )
+    if secrets == 1:
+        return cached_fetch_rate(held * reconnects_per_hour, cache_s)
+    per_secret = sum(_binomial(held, n, 1 / secrets) * cached_fetch_rate(n * reconnects_per_hour, cache_s)
+                     for n in range(1, held + 1))
     return secrets * per_secret
+
+
+def _binomial(trials: int, n: int, p: float) -> float:
+    """P(n successes in ``trials`` at ``p``), 0 < p < 1, in log space: math.comb(2000, n)
+    and p**n alone overflow or underflow a float at the task sizes the plan considers."""
+    log_pmf = (math.lgamma(trials + 1) - math.lgamma(n + 1) - math.lgamma(trials - n + 1)
+               + n * math.log(p) + (trials - n) * math.log1p(-p))
+    return math.exp(log_pmf)
 
 
 def secrets_month(
