@@ -74,14 +74,13 @@ client signs with is :mod:`.emulator_client`'s.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import signal
 import sys
 import threading
 import urllib.request
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from werkzeug.serving import make_server
 
@@ -119,58 +118,13 @@ DEAD_LETTER_SUFFIX = "-dead"  # the START queue's dead-letter queue is named aft
 _KINESIS_TARGET = "Kinesis_20131202."
 
 
-# The messages sink's batches: the one bulk load on DynamoDB. In AWS the messages table's
-# partitions are its own, and a backlog of its writes does not delay a renewal on the
-# sessions table; in the emulator one lock serialises every table, so a waiting renewal
-# or acquire goes before waiting batches (it still waits for the request being handled).
-_BULK_OPERATIONS = frozenset({"BatchWriteItem"})
-
-
-class PriorityLock:
-    """A lock whose urgent waiters go before the others (each class in no set order).
-    Used as ``with lock.held(urgent)``."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._held = False
-        self._urgent_waiting = 0
-
-    def acquire(self, urgent: bool) -> None:
-        with self._cond:
-            if urgent:
-                self._urgent_waiting += 1
-                try:
-                    while self._held:
-                        self._cond.wait()
-                finally:
-                    self._urgent_waiting -= 1
-            else:
-                while self._held or self._urgent_waiting:
-                    self._cond.wait()
-            self._held = True
-
-    def release(self) -> None:
-        with self._cond:
-            self._held = False
-            self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def held(self, urgent: bool) -> Iterator[None]:
-        self.acquire(urgent)
-        try:
-            yield
-        finally:
-            self.release()
-
-
 class SerializedDynamoDB:
     """WSGI middleware: at most one DynamoDB request is handled at a time, and what it
-    wrote is put in the :class:`Journal` (when recording) in that same order. A request
-    waiting for its turn goes before waiting batches of messages (``_BULK_OPERATIONS``)."""
+    wrote is put in the :class:`Journal` (when recording) in that same order."""
 
     def __init__(self, app: WSGIApp, journal: "Journal | None" = None) -> None:
         self._app = app
-        self._lock = PriorityLock()
+        self._lock = threading.Lock()
         # Kinesis has its own: moto's PutRecords is not atomic either (two concurrent
         # requests can give two records one sequence number, and one is lost), and it
         # need not wait for DynamoDB's.
@@ -185,9 +139,8 @@ class SerializedDynamoDB:
                     return list(self._app(environ, start_response))
             return self._app(environ, start_response)
         journal = self._journal if self._journal is not None and self._journal.wants(op) else None
-        urgent = op not in _BULK_OPERATIONS
         if journal is None:
-            with self._lock.held(urgent):
+            with self._lock:
                 # Materialise the body inside the lock: the write happens while moto
                 # builds the response, not when the server sends it.
                 return list(self._app(environ, start_response))
@@ -198,7 +151,7 @@ class SerializedDynamoDB:
             status.append(code)
             return start_response(code, headers, *exc)
 
-        with self._lock.held(urgent):
+        with self._lock:
             body = list(self._app(environ, capture))
             if status and status[0].startswith("200"):
                 journal.record(op, request, b"".join(body))

@@ -567,34 +567,3 @@ def test_the_standalone_servers_collector_leaves_what_survived_alone():
         gc.unfreeze()  # this test process's collector back as it was
     assert not freezer.is_alive()
 
-
-def test_a_waiting_renewal_goes_before_waiting_batches_of_messages():
-    """The emulator's one DynamoDB lock hands itself to an urgent waiter (anything but a
-    messages batch) before a bulk one that waited longer: in AWS a backlog of message
-    writes does not delay a sessions-table write."""
-    from sim.emulator import PriorityLock
-
-    lock = PriorityLock()
-    order: list[str] = []
-    lock.acquire(urgent=True)
-
-    def waiter(name: str, urgent: bool, ready: threading.Event) -> None:
-        ready.set()
-        with lock.held(urgent):
-            order.append(name)
-
-    threads = []
-    for name, urgent in (("batch-1", False), ("batch-2", False), ("renewal", True)):
-        ready = threading.Event()
-        thread = threading.Thread(target=waiter, args=(name, urgent, ready))
-        thread.start()
-        assert ready.wait(5)
-        threads.append(thread)
-    deadline = time.monotonic() + 5
-    while lock._urgent_waiting == 0 and time.monotonic() < deadline:  # the renewal is waiting
-        time.sleep(0.01)
-    time.sleep(0.05)  # the batches too (they started first)
-    lock.release()
-    for thread in threads:
-        thread.join(5)
-    assert order[0] == "renewal" and sorted(order[1:]) == ["batch-1", "batch-2"], order
