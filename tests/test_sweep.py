@@ -14,7 +14,7 @@ from wsfleet import schema
 from wsfleet.leases import Unreachable, unreachable
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
-from wsfleet.worker.sweep import Sweeper
+from wsfleet.worker.sweep import SWEEP_MAX_SEGMENTS, Sweeper, sweep_segments
 
 
 class Keeper:
@@ -64,7 +64,7 @@ def fleet(stores, sessions, ddb, aws_env):
     return conns
 
 
-def sweeper(fleet, sessions, *, successors=(), clock=None, hints=None, counters=None) -> Sweeper:
+def sweeper(fleet, sessions, *, successors=(), clock=None, hints=None, counters=None, known=0) -> Sweeper:
     async def hint(cid, **_):
         hints.append(cid)
 
@@ -81,6 +81,7 @@ def sweeper(fleet, sessions, *, successors=(), clock=None, hints=None, counters=
         page_items=3,  # several pages per pass
         first_pass_s=0,
         clock=clock or Clock(),
+        connections_known=lambda: known,
     )
 
 
@@ -105,11 +106,14 @@ def test_a_pass_finds_confirms_counts_and_repairs_every_unreachable_connection_a
     }
     untouched = {cid: fleet.get(cid) for cid in ("free", "held", "ended-in-ring")}
     hints, counters = [], Counters()
-    sweep = sweeper(fleet, sessions, hints=hints, counters=counters)
+    # Sized for 2,000 connections: 3 pages of 3 a second in each segment pass 900 in
+    # half of SWEEP_SECONDS, so three segments, each paging on its own.
+    sweep = sweeper(fleet, sessions, hints=hints, counters=counters, known=2_000)
 
     found = asyncio.run(_one_pass(sweep))
 
     assert found == 5 and counters.total(names.UNREACHABLE_CONNECTIONS) == 5 and sweep.passes == 1
+    assert sweep.segments == 3 and sweep.scanned == 8  # every connection read once
     assert all(why is None for why in reasons(fleet, sessions).values())
     assert {cid: fleet.get(cid) for cid in untouched} == untouched
     for cid in ("no-key", "left", "gone"):  # back in the free pool, where a scan finds them
@@ -119,6 +123,13 @@ def test_a_pass_finds_confirms_counts_and_repairs_every_unreachable_connection_a
     assert sessions.get("unwatched#1")["ring"] == schema.RING_VALUE  # ... and it is watched again
     assert sorted(hints) == ["gone", "left"]  # the STARTED ones freed from a dead session, for a taker now
     assert asyncio.run(_one_pass(sweep, clock_step=600)) == 0  # the next pass finds nothing
+
+
+def test_a_pass_is_split_into_as_many_segments_as_fit_it_in_half_of_sweep_seconds():
+    assert sweep_segments(0, sweep_s=600) == 1
+    assert sweep_segments(60_000, sweep_s=600) == 1  # 200 a second for 300 s
+    assert sweep_segments(500_000, sweep_s=600) == 9  # 1,800 a second: about 280 s
+    assert sweep_segments(10_000_000, sweep_s=600) == SWEEP_MAX_SEGMENTS
 
 
 async def _one_pass(sweep: Sweeper, *, clock_step: float = 0) -> int:

@@ -244,6 +244,7 @@ class Worker:
             counters=self.counters,
             log=self._log,
             sweep_s=config.sweep_ms / 1000,
+            connections_known=lambda: self.summary.fleet.active if self.summary.fleet else 0,
             clock_ms=clock_ms,
         )
         self.departure = Departure(
