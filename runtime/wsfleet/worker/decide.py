@@ -18,6 +18,7 @@ from ..balance import (
     FleetLoad,
     declines_shed_hint,
     hints_per_poll,
+    ring_lag_ms,
     shed_count,
     shed_targets,
     under_target,
@@ -204,11 +205,11 @@ def choose_shed(
     """What to shed now and the session each is meant for ("" for anyone under its
     share): down to this worker's fair share (:func:`wsfleet.balance.shed_count`), the
     oldest held first, none held for less than ``min_hold_s``. Nothing on a summary that
-    cannot count us yet: one taken before our latest acquisition reached our session item
-    (a renewal, at most a heartbeat, later) undercounts the fleet, and a fleet that is
-    filling up would shed."""
+    cannot count us yet: one taken before our latest acquisition reached the ring index
+    (:func:`wsfleet.balance.ring_lag_ms`, two heartbeats at most) undercounts the fleet,
+    and a fleet that is filling up would shed."""
     held = list(held)
-    if last_acquired_ms + heartbeat_ms >= fleet.at_ms or fleet.active < len(held):
+    if last_acquired_ms + ring_lag_ms(heartbeat_ms) >= fleet.at_ms or fleet.active < len(held):
         return []
     n = shed_count(
         active=len(held),
