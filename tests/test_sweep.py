@@ -14,7 +14,7 @@ from wsfleet import schema
 from wsfleet.leases import Unreachable, unreachable
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
-from wsfleet.worker.sweep import SWEEP_MAX_SEGMENTS, Sweeper, sweep_segments
+from wsfleet.worker.sweep import Sweeper
 
 
 class Keeper:
@@ -123,13 +123,6 @@ def test_a_pass_finds_confirms_counts_and_repairs_every_unreachable_connection_a
     assert sessions.get("unwatched#1")["ring"] == schema.RING_VALUE  # ... and it is watched again
     assert sorted(hints) == ["gone", "left"]  # the STARTED ones freed from a dead session, for a taker now
     assert asyncio.run(_one_pass(sweep, clock_step=600)) == 0  # the next pass finds nothing
-
-
-def test_a_pass_is_split_into_as_many_segments_as_fit_it_in_half_of_sweep_seconds():
-    assert sweep_segments(0, sweep_s=600) == 1
-    assert sweep_segments(60_000, sweep_s=600) == 1  # 200 a second for 300 s
-    assert sweep_segments(500_000, sweep_s=600) == 9  # 1,800 a second: about 280 s
-    assert sweep_segments(10_000_000, sweep_s=600) == SWEEP_MAX_SEGMENTS
 
 
 async def _one_pass(sweep: Sweeper, *, clock_step: float = 0) -> int:

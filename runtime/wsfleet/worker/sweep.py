@@ -24,7 +24,7 @@ and hinted.
 Cost: a Scan reads whole items (about 300 bytes each), so a pass costs about 0.04 read
 units per connection; at one pass every 600 s, about 0.25 RRU per connection-hour. The
 sessions a page names are read with it, except those read in the last
-``SESSION_REUSE_S`` (a pass over 500,000 connections names every session many times: it
+``SWEEP_SESSION_REUSE_S`` (a pass over 500,000 connections names every session many times: it
 reads each a few times, not once a page). At 500,000 connections and the default 600 s: 9
 segments, 1,800 connections a second, a pass of about 280 s; about 66 read units a second
 for the Scan (1,800 x 300 bytes, eventually consistent) and each of 2,000 sessions again
@@ -34,39 +34,19 @@ every 30 s for the sessions (about 33 more; once a page, it would be about 900).
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any, Awaitable, Callable, Mapping
 
 from .. import clock
 from .. import metrics_names as names
 from .. import schema
 from ..balance import is_summarizer
-from ..leases import Unreachable, unreachable
+from ..leases import SWEEP_PAGE_ITEMS, SWEEP_SESSION_REUSE_S, Unreachable, sweep_segments, unreachable
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import ConnectionsStore, Released, SessionsStore, now_ms
 from .hints import Hints
 from .session import SessionKeeper
 from .takeover import Takeover
-
-SWEEP_PAGE_ITEMS = 200
-PAGE_PAUSE_S = 1.0  # between two pages of a segment: at most SWEEP_PAGE_ITEMS a second each
-SWEEP_FILL = 0.5  # a pass is sized to take at most this share of SWEEP_SECONDS
-# Segments read at once at most (each a Scan in the AWS lane's threads): 3,200 connections
-# a second, a pass over 960,000 within half of the default SWEEP_SECONDS.
-SWEEP_MAX_SEGMENTS = 16
-# A session read for one page is used for the pages of the next this many seconds: its
-# state or ring membership changing meanwhile delays what the sweep sees of it by as
-# much (a connection that looks unreachable is confirmed by a consistent read anyway).
-SESSION_REUSE_S = 30.0
-
-
-def sweep_segments(connections: int, *, sweep_s: float, page_items: int = SWEEP_PAGE_ITEMS) -> int:
-    """How many segments a pass over about ``connections`` items scans in parallel so
-    that it takes at most ``SWEEP_FILL`` of ``sweep_s``, each segment reading
-    ``page_items`` every ``PAGE_PAUSE_S``: at least one, at most ``SWEEP_MAX_SEGMENTS``."""
-    per_segment = page_items / PAGE_PAUSE_S * sweep_s * SWEEP_FILL
-    return max(1, min(SWEEP_MAX_SEGMENTS, math.ceil(max(0, connections) / per_segment)))
 
 Call = Callable[..., Awaitable[Any]]
 
@@ -174,9 +154,9 @@ class Sweeper:
 
     async def _sessions_of(self, items: list[dict]) -> dict[str, dict]:
         """The sessions the page's connections are attached to: read, unless read in the
-        last ``SESSION_REUSE_S`` (a session not found is read again each time)."""
+        last ``SWEEP_SESSION_REUSE_S`` (a session not found is read again each time)."""
         now = self._clock()
-        self._session_reads = {sid: r for sid, r in self._session_reads.items() if now - r[0] < SESSION_REUSE_S}
+        self._session_reads = {sid: r for sid, r in self._session_reads.items() if now - r[0] < SWEEP_SESSION_REUSE_S}
         ids = sorted({i[schema.LEASE_SESSION] for i in items if i.get(schema.LEASE_SESSION)} - set(self._session_reads))
         for session in await self._call(self._sessions.get_many, ids) if ids else []:
             self._session_reads[session[schema.SESSION_ID]] = (now, session)
