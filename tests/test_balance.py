@@ -182,6 +182,19 @@ def test_a_summary_lists_loads_only_for_a_small_fleet_and_stays_one_read_unit():
     assert _item_bytes(load.as_item()) < 8 * 1024
 
 
+def test_in_a_fleet_too_large_to_list_a_drainer_takes_its_own_part_and_hints_the_rest():
+    """2,000 workers at 250 of 350: a drainer of one dead session's 250 takes what
+    brings it to its target with that session's connections spread over the fleet (one
+    here), not half its room (50: in a crash of 200 it would end 22 over its target)."""
+    from wsfleet.balance import drain_share
+
+    fleet = FleetLoad(2_000, 500_000, 700_000, 0, 0, NOW)
+    assert drain_share(fleet, count=250, active=250, max_connections=350) == 1
+    assert drain_share(fleet, count=250, active=200, max_connections=350) == 51  # under its target: up to it
+    assert drain_share(fleet, count=250, active=300, max_connections=350) == 0
+    assert drain_share(FleetLoad(0, 0, 0, 0, 0, NOW), count=5, active=0, max_connections=10) == 0
+
+
 def _item_bytes(value) -> int:
     """DynamoDB's item size, about: names and strings by their UTF-8 length, numbers ~
     their digits, 3 bytes a map or list entry."""
@@ -462,6 +475,15 @@ def test_the_drainer_takes_its_own_deficit_and_names_a_survivor_for_each_of_the_
     takeover, done = _drainer(fleet, room=2)
     assert asyncio.run(takeover.drain("w5")) == 2
     assert Counter(to for _, to, _ in done["hinted"]) == {"w1": 5, "w3": 5, "w4": 5, "": 3}
+
+
+def test_a_drainer_in_a_fleet_the_summary_cannot_list_takes_its_own_part():
+    import asyncio
+
+    fleet = FleetLoad(100, 1_000, 10_000, 0, 0, NOW)  # shares of 10 at 100 each: no loads listed
+    takeover, done = _drainer(fleet, room=100)  # it holds none
+    assert asyncio.run(takeover.drain("w5")) == 11  # its target 10, plus its part of the 20: 1
+    assert [to for _, to, _ in done["hinted"]] == [""] * 9  # the rest for anyone
 
 
 def test_without_a_fresh_summary_the_drainer_falls_back_to_half_its_room():

@@ -267,9 +267,8 @@ def drain_targets(fleet: FleetLoad, *, dead_session: str, count: int) -> list[st
 
     The summary lists every taker's load only in a fleet of at most
     :data:`LOADS_LISTED` takers; in a larger one, and when the summary shows no survivor
-    with room, None: the caller falls back to :func:`wsfleet.leases.drain_split` (half
-    its room here, the rest hinted for anyone, which workers under their target take by
-    the ten). The summary may be a few seconds old: a survivor it counts low may be
+    with room, None: the drainer takes its own part (:func:`drain_share`) and hints the
+    rest for anyone (workers under their target take them by the ten). The summary may be a few seconds old: a survivor it counts low may be
     named one too many (its pickup frees and hints what it has no room for), a crashed
     session it still counts as a taker may be named (the move is refused once it has
     ended, and the connection hinted for anyone)."""
@@ -286,6 +285,21 @@ def drain_targets(fleet: FleetLoad, *, dead_session: str, count: int) -> list[st
         return None
     targets, _, _ = exact_targets(survivors, total)
     return _facing({sid: targets[sid] - fleet.loads[sid][0] for sid in targets}, dead, dead_session, count)
+
+
+def drain_share(fleet: FleetLoad, *, count: int, active: int, max_connections: int, me: str = "") -> int:
+    """How many of a dead session's ``count`` connections its drainer takes itself when
+    the summary cannot plan them (a fleet larger than :data:`LOADS_LISTED` takers): as
+    many as bring it to its target once the dead session's connections are spread over
+    the fleet in proportion to capacity (its target by the summary, plus its part of
+    ``count``), never fewer than none. The rest are hinted for anyone: in a crash of many
+    sessions every survivor takes its part from the hints, where a drainer that took half
+    its room would end above its target by about that much, for a rebalance to move
+    again."""
+    if not fleet.capacity:
+        return 0
+    part = -(-count * max_connections // fleet.capacity)  # rounded up
+    return max(0, fleet.target(me, max_connections) + part - active)
 
 
 # A moved connection is missing from the counts from its release (the shedder's count

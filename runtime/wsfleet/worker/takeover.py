@@ -35,7 +35,7 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from .. import clock, schema, tracing
 from .. import metrics_names as names
-from ..balance import drain_targets, is_summarizer
+from ..balance import drain_share, drain_targets, is_summarizer
 from ..crash_loop import Suspect
 from ..leases import EndFailure, SessionTiming, Watched, takeover_jitter_s, watch_plan
 from ..logs import JsonLogger
@@ -372,11 +372,17 @@ class Takeover:
         survivor under its target for each of the rest, so that the crash ends within
         about one of fair share with nothing left to rebalance. A hint its target cannot
         take goes to anyone after a moment (``declines_shed_hint``): never one left
-        unowned. Without a plan (no fresh summary, a fleet too large for the summary to
-        list every taker, no survivor with room): half its room here, the rest to anyone."""
-        fleet = self._summary.fresh()
-        plan = drain_targets(fleet, dead_session=session_id, count=len(started)) if started and fleet else None
-        return split_drain(started, plan, me=self._keeper.session_id, room=self._holdings.free())
+        unowned. Without a plan (a fleet too large for the summary to list every taker, no
+        survivor with room): its own part here (:func:`wsfleet.balance.drain_share`), the
+        rest to anyone; with no fresh summary at all, half its room."""
+        fleet, me, room = self._summary.fresh(), self._keeper.session_id, self._holdings.free()
+        if not started or fleet is None:
+            return split_drain(started, None, me=me, room=room)
+        plan = drain_targets(fleet, dead_session=session_id, count=len(started))
+        take = drain_share(
+            fleet, count=len(started), active=self._holdings.taken(), max_connections=self._holdings.max_connections, me=me
+        )
+        return split_drain(started, plan, me=me, room=room, take=take)
 
     async def _free(self, connection_id: str, dead_session: str) -> None:
         if not self._keeper.live():
