@@ -159,3 +159,24 @@ def test_a_connection_that_moved_on_since_the_page_was_read_is_not_counted(fleet
 
     assert asyncio.run(sweep.check([stale])) == 0
     assert counters.total(names.UNREACHABLE_CONNECTIONS) == 0
+
+
+def test_a_segment_whose_page_fails_reads_it_again_and_the_pass_reads_every_connection_once(fleet, sessions):
+    failing = {"left": 1}
+
+    class Flaky:
+        def __getattr__(self, name):
+            return getattr(fleet, name)
+
+        def sweep_page(self, start, *, limit, segment=0, segments=1):
+            if segment == 1 and failing["left"]:
+                failing["left"] -= 1
+                raise RuntimeError("throttled")
+            return fleet.sweep_page(start, limit=limit, segment=segment, segments=segments)
+
+    counters = Counters()
+    sweep = sweeper(Flaky(), sessions, hints=[], counters=counters, known=2_000)
+    with pytest.raises(RuntimeError, match="throttled"):
+        asyncio.run(sweep.step())  # segments 0 and 2 read their first page all the same
+    asyncio.run(_one_pass(sweep))
+    assert sweep.scanned == 8 and counters.total(names.UNREACHABLE_CONNECTIONS) == 5

@@ -115,8 +115,14 @@ class Sweeper:
             self._sweeping, self._started = True, self._clock()
             self._cursors = dict.fromkeys(range(self.segments))
             self._scanned = self._found_in_pass = 0
-        found = sum(await asyncio.gather(*(self._segment_page(segment) for segment in list(self._cursors))))
+        # Every segment's page is waited for, even past a failure: a failed segment reads
+        # its page again at the next step, and none is still in flight by then.
+        results = await asyncio.gather(*(self._segment_page(segment) for segment in list(self._cursors)), return_exceptions=True)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        found = sum(r for r in results if not isinstance(r, BaseException))
         self._found_in_pass += found
+        if failed is not None:
+            raise failed
         if not self._cursors:
             self._sweeping = False
             self.passes += 1
