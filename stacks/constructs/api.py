@@ -88,7 +88,7 @@ class EventsApi(Construct):
             description="wsfleet desired-state events",
             endpoint_types=[apigw.EndpointType.REGIONAL],
             default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
-            # Execution logs need the region-wide API Gateway logging role (see README).
+            # Execution logs need the region-wide API Gateway logging role (see docs/stacks.md).
             # Every environment in the account sets it, so deleting one stack must never
             # delete the role the others still log through.
             cloud_watch_role=True,

@@ -292,7 +292,7 @@ def limits(result: Mapping[str, Any]) -> list[str]:
     if cells:
         lines.append(
             f"one fleet cannot hold this whatever its settings and quotas: {cells['limit']} ({cells['scenario']}) "
-            f"needs {cells['cells']} cells, independent fleets behind the one API (README: \"Beyond one fleet: cells\")"
+            f"needs {cells['cells']} cells, independent fleets behind the one API (docs/scaling.md: \"Beyond one fleet: cells\")"
         )
     return lines
 

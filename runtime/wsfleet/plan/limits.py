@@ -19,7 +19,7 @@ hands every connection over, as fast as the service launches the new tasks.
 
 A limit that no setting or quota moves past a ceiling (the NAT addresses one fleet's VPC
 can have, each good for 55,000 connections to one destination) is a reason for another
-fleet: ``cells`` says how many independent fleets the connections need (README, "Beyond
+fleet: ``cells`` says how many independent fleets the connections need (docs/scaling.md, "Beyond
 one fleet: cells").
 """
 
