@@ -151,9 +151,10 @@ def test_an_api_that_cannot_be_reached_is_one_sentence(capsys, aws_env):
     assert err.startswith("wsfleet: cannot reach the API at http://127.0.0.1:9/connections/c1") and err.count("\n") == 1
 
 
-def test_an_api_command_without_api_or_stack_is_a_usage_error(capsys, aws_env):
-    code, _, err = run(capsys, aws_env, "get", "c1")
-    assert code == 2 and "one of the arguments --api --stack is required" in err
+def test_an_api_command_naming_no_fleet_says_how_to_name_it_once(capsys, aws_env):
+    code, out, err = run(capsys, aws_env, "get", "c1")
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith("wsfleet: which fleet? Name it once: --env NAME (or WSFLEET_ENV=NAME)")
 
 
 # --- SigV4 ---------------------------------------------------------------------------------------
@@ -474,7 +475,10 @@ def test_table_commands_without_the_tables_name_the_missing_variables(capsys, aw
     env = {k: v for k, v in aws_env.items() if k not in ("TABLE_NAME", "SESSIONS_TABLE_NAME")}
     code, out, err = run(capsys, env, "status")
     assert (code, out) == (1, "")
-    assert err == "wsfleet: TABLE_NAME, SESSIONS_TABLE_NAME not set: export the fleet's environment or pass --stack.\n"
+    assert err == (
+        "wsfleet: TABLE_NAME, SESSIONS_TABLE_NAME not set: name the fleet with --env NAME (or WSFLEET_ENV=NAME), "
+        "pass --stack, or export the fleet's environment.\n"
+    )
 
 
 def test_a_table_that_does_not_exist_is_one_sentence(capsys, aws_env):
@@ -482,13 +486,10 @@ def test_a_table_that_does_not_exist_is_one_sentence(capsys, aws_env):
     assert code == 1 and "ResourceNotFoundException" in err and "check the table names" in err and err.count("\n") == 1
 
 
-@pytest.fixture
-def stacks(emulator, aws_env, api):
-    """A stateful and a service stack with the outputs the stacks declare
+def make_stacks(emulator, aws_env, api, names: dict[str, str]) -> dict[str, str]:
+    """A stateful and a service stack named ``names`` with the outputs the stacks declare
     (``wsfleet.stack_outputs``, and the dashboard's)."""
     cfn = boto3.client("cloudformation", endpoint_url=emulator.endpoint_url, region_name=aws_env["AWS_REGION"])
-    suffix = aws_env["TABLE_NAME"].removeprefix("conn-")
-    names = {"stateful": f"st-{suffix}", "service": f"sv-{suffix}"}
     outputs = {
         "stateful": {
             stack_outputs.CONNECTIONS_TABLE_NAME: aws_env["TABLE_NAME"],
@@ -505,6 +506,51 @@ def stacks(emulator, aws_env, api):
         }
         cfn.create_stack(StackName=name, TemplateBody=json.dumps(template))
     return names
+
+
+@pytest.fixture
+def stacks(emulator, aws_env, api):
+    suffix = aws_env["TABLE_NAME"].removeprefix("conn-")
+    return make_stacks(emulator, aws_env, api, {"stateful": f"st-{suffix}", "service": f"sv-{suffix}"})
+
+
+@pytest.fixture
+def environment(emulator, aws_env, api):
+    """An environment's name, its two stacks deployed as app.py names them."""
+    name = "e" + aws_env["TABLE_NAME"].removeprefix("conn-")
+    make_stacks(emulator, aws_env, api, {"stateful": f"wsfleet-{name}-stateful", "service": f"wsfleet-{name}-service"})
+    return name
+
+
+def test_an_environment_named_once_finds_the_api_and_the_tables_through_its_stacks(capsys, aws_env, api, environment):
+    env = {k: v for k, v in aws_env.items() if not k.endswith("TABLE_NAME")}
+    assert run_json(capsys, env, "start", "c1", URL + "c1", "--env", environment)["status"] == 202
+    named = {**env, "WSFLEET_ENV": environment}
+    assert run_json(capsys, named, "get", "c1")["body"]["desired_state"] == schema.STARTED
+    assert run_json(capsys, named, "status")["connections"]["STARTED"] == 1
+    assert [r["connection_id"] for r in run_json(capsys, env, "connections", "--env", environment)] == ["c1"]
+
+
+def test_flags_come_before_variables_and_the_more_specific_before_the_less(capsys, aws_env, api, environment):
+    # WSFLEET_API names the API where no environment is named, and gives way to WSFLEET_ENV's
+    # stack only when it is not set; a wrong environment variable is overridden by --api.
+    assert run_json(capsys, {**aws_env, "WSFLEET_API": api.url}, "start", "c1", URL + "c1")["status"] == 202
+    wrong = {**aws_env, "WSFLEET_ENV": "nope", "WSFLEET_API": api.url}
+    assert run_json(capsys, wrong, "get", "c1")["status"] == 200
+    code, _, err = run(capsys, {**aws_env, "WSFLEET_ENV": "nope"}, "get", "c1")
+    assert code == 1 and "stack wsfleet-nope-service does not exist" in err
+    assert run_json(capsys, {**aws_env, "WSFLEET_ENV": "nope"}, "get", "c1", "--api", api.url)["status"] == 200
+    # The worker's TABLE_NAME names the tables before WSFLEET_ENV does; --env before both.
+    assert run_json(capsys, {**aws_env, "WSFLEET_ENV": "nope"}, "status")["connections"]["STARTED"] == 1
+    code, _, err = run(capsys, aws_env, "status", "--env", "nope")
+    assert code == 1 and "stack wsfleet-nope-stateful does not exist" in err
+
+
+def test_plan_reads_the_environment_named_once(capsys):
+    assert main(["plan", "--connections", "1000", "--json"], env={"WSFLEET_ENV": "prod"}) == 0
+    assert json.loads(capsys.readouterr().out)["env"] == "prod"
+    assert main(["plan", "--connections", "1000", "--json", "--env", "dev"], env={"WSFLEET_ENV": "prod"}) == 0
+    assert json.loads(capsys.readouterr().out)["env"] == "dev"
 
 
 def test_stack_outputs_name_the_tables_and_the_api(capsys, aws_env, stacks):
@@ -684,4 +730,5 @@ def test_tables_out_of_reach_are_one_sentence_in_seconds_not_a_silent_minute(cap
     began = time.monotonic()
     code, out, err = run(capsys, {**aws_env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "status")
     assert code == 1 and "Could not connect to the endpoint URL" in err and "Traceback" not in err
+    assert "check the region (--region, AWS_REGION), AWS_ENDPOINT_URL if set, and the network" in err
     assert time.monotonic() - began < 30  # refused at once; retried twice at most, not botocore's default

@@ -108,36 +108,46 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--region", help="AWS region [AWS_REGION, else the default chain's]; an execute-api URL names its own"
     )
+    common.add_argument(
+        "--env",
+        metavar="NAME",
+        help="the environment, named once [WSFLEET_ENV]: the API is the ApiUrl output of its stack wsfleet-NAME-service, "
+        "the tables and the stream the outputs of wsfleet-NAME-stateful; plan reads its file environments/NAME.toml "
+        "(the directory: WSFLEET_ENVIRONMENTS, else ./environments, else the checkout's) [dev]",
+    )
 
     api = argparse.ArgumentParser(add_help=False, parents=[common])
-    where = api.add_mutually_exclusive_group(required=True)
+    where = api.add_mutually_exclusive_group()
     where.add_argument(
         "--api",
         metavar="URL",
-        help="the API's base URL: http://127.0.0.1:PORT locally, https://ID.execute-api.REGION.amazonaws.com/v1 deployed",
+        help="the API's base URL: http://127.0.0.1:PORT locally, https://ID.execute-api.REGION.amazonaws.com/v1 "
+        "deployed [WSFLEET_API, read after --env and before WSFLEET_ENV]",
     )
     where.add_argument(
         "--stack",
         metavar="NAME",
-        help="read the API URL from the ApiUrl output of this service stack (wsfleet-<env>-service)",
+        help="read the API URL from the ApiUrl output of this service stack (wsfleet-<env>-service; --env names it)",
     )
 
     tables = argparse.ArgumentParser(add_help=False, parents=[common])
     tables.add_argument(
         "--stack",
         metavar="NAME",
-        help="read the table names from the outputs of this stateful stack (wsfleet-<env>-stateful: "
-        "ConnectionsTableName, SessionsTableName, MessagesTableName); without it they come from TABLE_NAME, "
-        "SESSIONS_TABLE_NAME and MESSAGES_TABLE_NAME",
+        help="read the table names from the outputs of this stateful stack (wsfleet-<env>-stateful, which --env "
+        "names: ConnectionsTableName, SessionsTableName, MessagesTableName); without --stack or --env they come "
+        "from TABLE_NAME, SESSIONS_TABLE_NAME and MESSAGES_TABLE_NAME, else from WSFLEET_ENV's stack",
     )
 
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Operate a wsfleet: START, STOP and GET connections through the API, and read the fleet's state from its tables.",
         epilog=(
-            "Requests to a deployed API are signed with SigV4 (execute-api) from the default AWS credential chain; a loopback "
-            "API (the local one) is not. Table reads take the worker's variables (TABLE_NAME, SESSIONS_TABLE_NAME, "
-            "MESSAGES_TABLE_NAME, STATE_SHARDS, AWS_REGION, AWS_ENDPOINT_URL) or --stack, and never write. "
+            "Name the fleet once: --env NAME or WSFLEET_ENV=NAME (its stacks wsfleet-NAME-service and "
+            "wsfleet-NAME-stateful). Requests to a deployed API are signed with SigV4 (execute-api) from the default AWS "
+            "credential chain; a loopback API (the local one) is not. Table reads take --env, --stack or the worker's "
+            "variables (TABLE_NAME, SESSIONS_TABLE_NAME, MESSAGES_TABLE_NAME, STATE_SHARDS, AWS_REGION, "
+            "AWS_ENDPOINT_URL), and never write. "
             "Exit status: 0 done; 1 an error, the API's 4xx/5xx included (one sentence on stderr); 2 bad usage."
         ),
     )
@@ -277,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     stream_where.add_argument(
         "--stack",
         metavar="NAME",
-        help="read the stream from the MessagesStreamName output of this stateful stack (wsfleet-<env>-stateful)",
+        help="read the stream from the MessagesStreamName output of this stateful stack (wsfleet-<env>-stateful; "
+        "--env names it)",
     )
     records.add_argument(
         "--since", type=_since, default=3600.0, metavar="T",
@@ -313,11 +324,6 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--upstream-addresses", type=_positive, default=1, metavar="K",
         help="distinct upstream IP:port the connections go to, for the NAT's per-destination limit [1: all to one]",
-    )
-    plan.add_argument(
-        "--env", default="dev", metavar="NAME",
-        help="the stacks' environment: its file environments/NAME.toml (the directory: WSFLEET_ENVIRONMENTS, else "
-        "./environments, else the checkout's) [dev]",
     )
     plan.add_argument(
         "--per-worker",

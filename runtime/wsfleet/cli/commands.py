@@ -8,7 +8,7 @@ import datetime as dt
 import json
 from typing import Any, Mapping
 
-from .. import schema
+from .. import schema, settings_spec
 from ..plan import environments as plan_environments
 from ..plan import fleet as plan_fleet
 from ..plan import large_frames
@@ -31,9 +31,7 @@ DEFAULT_MESSAGES = 20  # what `wsfleet messages` shows without --limit or --foll
 
 def _api(args: argparse.Namespace, env: Mapping[str, str]) -> ApiClient:
     session = locate.aws_session(args.region, env)
-    url = args.api or locate.api_url_of(
-        locate.stack_outputs_of(locate.client(session, "cloudformation", env), args.stack), args.stack
-    )
+    url = locate.api_url(args.api, args.stack, args.env, session, env)
     if is_local(url):
         return ApiClient(url)
     return ApiClient(url, credentials=session.get_credentials(), region=region_in_url(url) or session.region_name)
@@ -121,8 +119,11 @@ def records(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """The connection's records on the stream from --since, the highest fence per seq,
     in seq order from --from-seq; a line each (JSON Lines with --json)."""
     session = locate.aws_session(args.region, env)
-    outputs = locate.stack_outputs_of(locate.client(session, "cloudformation", env), args.stack) if args.stack else None
-    stream = stream_records.stream_of(args.stream, outputs, args.stack, env)
+    stack = None if args.stream else locate.stack_for(
+        locate.STATEFUL, args.stack, args.env, env, specific=settings_spec.MESSAGES_STREAM_NAME
+    )
+    outputs = locate.stack_outputs_of(locate.client(session, "cloudformation", env), stack) if stack else None
+    stream = stream_records.stream_of(args.stream, outputs, stack, env)
     now = dt.datetime.now(dt.timezone.utc)
     got = stream_records.read(locate.client(session, "kinesis", env), stream, args.connection_id, since_s=args.since, now=now)
     shown = [got.kept[seq] for seq in sorted(got.kept) if seq >= args.from_seq][: args.limit]
@@ -149,9 +150,10 @@ def records(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 def _reader(args: argparse.Namespace, env: Mapping[str, str], *needed: str) -> FleetReader:
     session = locate.aws_session(args.region, env)
-    if args.stack:
-        outputs = locate.stack_outputs_of(locate.client(session, "cloudformation", env), args.stack)
-        tables = locate.Tables.from_outputs(outputs, args.stack, env)
+    stack = locate.stack_for(locate.STATEFUL, args.stack, args.env, env, specific=settings_spec.TABLE_NAME)
+    if stack:
+        outputs = locate.stack_outputs_of(locate.client(session, "cloudformation", env), stack)
+        tables = locate.Tables.from_outputs(outputs, stack, env)
     else:
         tables = locate.Tables.from_env(env)
     tables.need(*needed)
@@ -188,6 +190,8 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             f"--region {args.region}: the plan carries {plan_model.PRICES_REGION}'s list prices only; leave --region out "
             "and scale its dollars by your region's prices"
         )
+    # The environment's file: --env, else WSFLEET_ENV, else dev.
+    args.env = args.env or env.get(locate.ENV_VARIABLE, "").strip() or "dev"
     try:
         settings = plan_environments.load(args.env, env)
     except (plan_environments.EnvironmentNotFound, plan_environments.BadEnvironment) as error:
