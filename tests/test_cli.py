@@ -45,9 +45,9 @@ def run(capsys, env, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def run_json(capsys, env, *argv: str):
+def run_json(capsys, env, *argv: str, check: bool = True):
     code, out, err = run(capsys, env, *argv, "--json")
-    assert (code, err) == (0, ""), err
+    assert not check or (code, err) == (0, ""), err
     return json.loads(out)
 
 
@@ -109,6 +109,20 @@ def test_start_get_stop_go_through_the_local_api_and_print_the_outcome(capsys, a
 
     assert run(capsys, aws_env, "stop", "c1", "--api", api.url)[1].strip() == "c1: STOPPED (stopped), HTTP 202"
     assert run(capsys, aws_env, "stop", "c1", "--api", api.url)[1].strip() == "c1: STOPPED (already_stopped), HTTP 200"
+
+
+def test_restart_stops_and_starts_again_with_its_own_url_and_delete_removes_a_stopped_one(capsys, aws_env, api):
+    run(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url, "--seq-pointer", "/n")
+    code, out, err = run(capsys, aws_env, "restart", "c1", "--api", api.url)
+    assert (code, out.strip(), err) == (0, "c1: STARTED (restarted), HTTP 202", "")
+    got = run_json(capsys, aws_env, "get", "c1", "--api", api.url)["body"]
+    assert got["ws_url"] == URL + "c1" and got["upstream"] == {"seq_pointer": "/n"}
+
+    code, _, err = run(capsys, aws_env, "delete", "c1", "--api", api.url)
+    assert code == 1 and err == "wsfleet: Connection c1 cannot be deleted: it is STARTED; STOP it first (HTTP 409).\n"
+    run(capsys, aws_env, "stop", "c1", "--api", api.url)
+    assert run(capsys, aws_env, "delete", "c1", "--api", api.url)[1].strip() == "c1: deleted, HTTP 200"
+    assert run_json(capsys, aws_env, "delete", "c1", "--api", api.url, check=False)["status"] == 404
 
 
 def test_api_commands_print_the_status_and_the_apis_body_as_json(capsys, aws_env, api):

@@ -1,12 +1,13 @@
-"""The operators' CLI, ``wsfleet``: START, STOP, GET and the stored messages through the
-API, and the fleet as the tables record it (workers, ownership, checkpoints).
+"""The operators' CLI, ``wsfleet``: START, STOP, GET, DELETE and the stored messages through
+the API, and the fleet as the tables record it (workers, ownership, checkpoints).
 
-Two ways in, as the fleet has them. ``start``, ``stop``, ``retry``, ``get`` and ``messages`` go
-through the API like any caller (``api``, ``reading``). ``status`` and ``connections``
-only read the tables (``fleet``, ``views``), found through the worker's environment
-variables or a stack's outputs (``locate``); they never write. ``records`` reads the
-messages stream (``records``) where the fleet's SINK has kinesis. Here: the command line and the one
-sentence an operator sees when something fails.
+Two ways in, as the fleet has them. ``start``, ``stop``, ``retry``, ``restart``, ``delete``,
+``get`` and ``messages`` go through the API like any caller (``api``, ``reading``).
+``status`` and ``connections`` only read the tables (``fleet``, ``views``), found through
+the environment named once, a stack's outputs or the worker's variables (``locate``); they
+never write. ``records`` reads the messages stream (``records``) where the fleet's SINK
+has kinesis. Here: the command line and the one sentence an operator sees when something
+fails.
 """
 
 from __future__ import annotations
@@ -188,6 +189,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     retry.add_argument("connection_id", metavar="CONNECTION_ID")
     retry.set_defaults(run=commands.retry)
+
+    restart = subcommands.add_parser(
+        "restart",
+        parents=[api],
+        help="close a connection's socket and open it again (STOP, then START with its ws_url and upstream)",
+        description=(
+            "STOP the connection, then START it again with the ws_url and upstream it has (read by a GET first): its "
+            "owner closes the socket, checkpoints and releases it, and a worker takes it again, resuming from its "
+            "checkpoint. A STOPPED connection is STARTED."
+        ),
+    )
+    restart.add_argument("connection_id", metavar="CONNECTION_ID")
+    restart.set_defaults(run=commands.restart)
+
+    delete = subcommands.add_parser(
+        "delete",
+        parents=[api],
+        help="delete a STOPPED connection (DELETE /connections/ID)",
+        description=(
+            "Delete a STOPPED connection whose owner has released it: its item goes; its stored messages expire "
+            "with the environment's message TTL. A STARTED one is refused (STOP it first); a START of the same id "
+            "later is a new connection."
+        ),
+    )
+    delete.add_argument("connection_id", metavar="CONNECTION_ID")
+    delete.set_defaults(run=commands.delete)
 
     get = subcommands.add_parser(
         "get",

@@ -1,4 +1,4 @@
-"""The eight commands, each ``(args, env) -> exit status``: find the fleet (``locate``),
+"""The ten commands, each ``(args, env) -> exit status``: find the fleet (``locate``),
 ask the API or read the tables (``api``, ``views``), print a table or JSON (``render``)."""
 
 from __future__ import annotations
@@ -75,6 +75,26 @@ def retry(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     was = got.body.get(schema.QUARANTINED)
     human = _event_line(reply) + (f"; was quarantined: {was.get('reason')}" if isinstance(was, dict) else "; was not quarantined")
     return _reply(args, reply, human)
+
+
+def restart(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """STOP the connection, then START it again with the ws_url and upstream it has (GET
+    first): its socket is closed and opened anew, resuming from its checkpoint."""
+    client = _api(args, env)
+    got = client.get(args.connection_id)
+    if not got.ok:
+        return _reply(args, got, "")
+    if got.body.get(schema.DESIRED_STATE) == schema.STARTED:
+        stopped = client.stop(args.connection_id)
+        if not stopped.ok:
+            return _reply(args, stopped, "")
+    reply = client.start(args.connection_id, got.body[schema.WS_URL], got.body.get(schema.UPSTREAM) or None)
+    return _reply(args, reply, _event_line(reply))
+
+
+def delete(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    reply = _api(args, env).delete(args.connection_id)
+    return _reply(args, reply, f"{args.connection_id}: deleted, HTTP {reply.status}")
 
 
 def get(args: argparse.Namespace, env: Mapping[str, str]) -> int:
