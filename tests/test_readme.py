@@ -4,9 +4,13 @@ docs drift from the declaration (STYLE: one declaration, the docs built from it)
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
+import pytest
+
 from wsfleet import metrics_names, upstream_spec
+from wsfleet.cli import build_parser
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 API = DOCS / "api.md"
@@ -92,3 +96,29 @@ def test_the_readme_and_the_docs_cite_nothing_a_reader_cannot_open():
         text = page.read_text(encoding="utf-8")
         assert "CONTRACT" not in text, page
         assert not re.search(r"\bissues? #?\d+", text, flags=re.IGNORECASE), page
+
+
+# --- every wsfleet command the guide shows parses ------------------------------------------------
+
+
+def shown_commands(page: Path) -> list[str]:
+    """The ``wsfleet ...`` lines of a page's shell blocks, continuations joined."""
+    blocks = re.findall(r"```sh\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    return [line for line in lines if line.startswith("wsfleet ")]
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/cli.md"])
+def test_every_wsfleet_command_the_guide_shows_is_one_the_cli_takes(page):
+    commands = shown_commands(ROOT / page)
+    assert len(commands) >= 5
+    parser = build_parser()
+    for line in commands:
+        line = line.replace("$ARN", "arn:aws:secretsmanager:eu-west-1:123456789012:secret:wsfleet/mine/k-AbCdEf")
+        argv = shlex.split(re.sub(r"<[^>]*>", "x", line), comments=True)[1:]
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exit_:  # --help and --version exit 0; a usage error exits 2
+            assert exit_.code == 0, line
+            continue
+        assert callable(args.run), line
