@@ -674,6 +674,15 @@ def test_plan_in_tables_names_the_limit_that_binds_first_and_where_its_figures_c
     assert "binds first:" in out and "from the counts measured by" in out
 
 
+def test_plan_prints_one_monthly_total_and_numbers_as_people_read_them(capsys):
+    assert main(["plan", "--connections", "50000", "--rate", "0.5"], env={}) == 0
+    out = capsys.readouterr().out
+    assert len(re.findall(r"^\$ per month", out, re.MULTILINE)) == 1 and "$ per month, the whole fleet: " in out
+    assert not re.search(r"\d[eE][+-]\d", out)  # 2.5e+04
+    assert re.search(r"max_workers \(the service's scaling ceiling\)\s+715\s+4\s+OVER", out)  # not 4.0
+    assert "--out " not in out  # the benchmark's scratch directory
+
+
 def test_plan_refuses_more_per_worker_than_the_environment_allows(capsys):
     assert main(["plan", "--connections", "100", "--per-worker", "500"], env={}) == 1
     assert capsys.readouterr().err.strip() == "wsfleet: --per-worker 500 is above dev's MAX_CONNECTIONS (100)."
