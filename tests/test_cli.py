@@ -436,6 +436,23 @@ def test_status_of_an_empty_fleet(capsys, aws_env):
     assert "oldest checkpoint of an owned connection: none owned" in out
 
 
+def test_status_watch_shows_the_fleet_again_until_ctrl_c_and_exits_0(capsys, aws_env, monkeypatch):
+    from wsfleet.cli import commands
+
+    sleeps = []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands.time, "sleep", sleep)
+    code, out, _ = run(capsys, aws_env, "status", "--watch", "5", "--json")
+    assert code == 0 and sleeps == [5.0, 5.0]
+    lines = out.splitlines()
+    assert len(lines) == 2 and all("connections" in json.loads(line) for line in lines)
+
+
 # --- connections and messages ------------------------------------------------------------------------
 
 

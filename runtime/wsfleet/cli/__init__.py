@@ -245,6 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
             "checkpointed, so an idle one shows its acquisition)."
         ),
     )
+    status.add_argument(
+        "--watch", type=_seconds, metavar="S",
+        help="show it again every S seconds until Ctrl-C (exit 0); with --json, one object a line",
+    )
     status.set_defaults(run=commands.status)
 
     connections = subcommands.add_parser(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import time
 from typing import Any, Mapping
 
 from .. import schema, settings_spec
@@ -181,9 +182,23 @@ def _reader(args: argparse.Namespace, env: Mapping[str, str], *needed: str) -> F
 
 
 def status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    view = views.status(_reader(args, env, "connections", "sessions"), now_ms())
-    _emit(args, view, render.status(view))
-    return 0
+    """The fleet at a glance; with --watch, again every S seconds until Ctrl-C."""
+    reader = _reader(args, env, "connections", "sessions")
+    try:
+        while True:
+            view = views.status(reader, now_ms())
+            if args.json and args.watch:
+                print(json.dumps(view, separators=(",", ":")), flush=True)
+            else:
+                stamp = f"{dt.datetime.now(dt.timezone.utc):%H:%M:%S} UTC\n" if args.watch else ""
+                _emit(args, view, stamp + render.status(view))
+            if not args.watch:
+                return 0
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        if not args.watch:
+            raise
+        return 0
 
 
 def connections(args: argparse.Namespace, env: Mapping[str, str]) -> int:
