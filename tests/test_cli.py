@@ -45,9 +45,9 @@ def run(capsys, env, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def run_json(capsys, env, *argv: str, check: bool = True):
+def run_json(capsys, env, *argv: str):
     code, out, err = run(capsys, env, *argv, "--json")
-    assert not check or (code, err) == (0, ""), err
+    assert (code, err) == (0, ""), err
     return json.loads(out)
 
 
@@ -118,11 +118,9 @@ def test_restart_stops_and_starts_again_with_its_own_url_and_delete_removes_a_st
     got = run_json(capsys, aws_env, "get", "c1", "--api", api.url)["body"]
     assert got["ws_url"] == URL + "c1" and got["upstream"] == {"seq_pointer": "/n"}
 
-    code, _, err = run(capsys, aws_env, "delete", "c1", "--api", api.url)
-    assert code == 1 and err == "wsfleet: Connection c1 cannot be deleted: it is STARTED; STOP it first (HTTP 409).\n"
+    # The router's refusals (a STARTED one, one still held) are its tests'; here, the command.
     run(capsys, aws_env, "stop", "c1", "--api", api.url)
     assert run(capsys, aws_env, "delete", "c1", "--api", api.url)[1].strip() == "c1: deleted, HTTP 200"
-    assert run_json(capsys, aws_env, "delete", "c1", "--api", api.url, check=False)["status"] == 404
 
 
 def test_api_commands_print_the_status_and_the_apis_body_as_json(capsys, aws_env, api):
@@ -563,14 +561,12 @@ def test_an_environment_named_once_finds_the_api_and_the_tables_through_its_stac
 
 
 def test_flags_come_before_variables_and_the_more_specific_before_the_less(capsys, aws_env, api, environment):
-    # WSFLEET_API names the API where no environment is named, and gives way to WSFLEET_ENV's
-    # stack only when it is not set; a wrong environment variable is overridden by --api.
+    # WSFLEET_API names the API where no environment is named, before WSFLEET_ENV's stack.
     assert run_json(capsys, {**aws_env, "WSFLEET_API": api.url}, "start", "c1", URL + "c1")["status"] == 202
     wrong = {**aws_env, "WSFLEET_ENV": "nope", "WSFLEET_API": api.url}
     assert run_json(capsys, wrong, "get", "c1")["status"] == 200
     code, _, err = run(capsys, {**aws_env, "WSFLEET_ENV": "nope"}, "get", "c1")
     assert code == 1 and "stack wsfleet-nope-service does not exist" in err
-    assert run_json(capsys, {**aws_env, "WSFLEET_ENV": "nope"}, "get", "c1", "--api", api.url)["status"] == 200
     # The worker's TABLE_NAME names the tables before WSFLEET_ENV does; --env before both.
     assert run_json(capsys, {**aws_env, "WSFLEET_ENV": "nope"}, "status")["connections"]["STARTED"] == 1
     code, _, err = run(capsys, aws_env, "status", "--env", "nope")
