@@ -20,7 +20,7 @@ task's count changes: the old ones' fall, the new ones' rise).
 
 A limit that no setting or quota moves past a ceiling (the NAT addresses one fleet's VPC
 can have, each good for 55,000 connections to one destination) is a reason for another
-fleet: ``cells`` says how many independent fleets the connections need (README, "Beyond
+fleet: ``cells`` says how many independent fleets the connections need (docs/scaling.md, "Beyond
 one fleet: cells").
 """
 
