@@ -137,6 +137,14 @@ def unpack(raw: bytes) -> list[UserRecord] | None:
     return out
 
 
+def user_records(raw: bytes, partition_key: str) -> list[UserRecord]:
+    """What a consumer library hands on for one Kinesis record: an aggregate's user
+    records, or the plain record itself (index 0, the Kinesis record's partition key).
+    :class:`BadAggregate` as :func:`unpack`."""
+    inner = unpack(raw)
+    return [UserRecord(partition_key, None, raw, 0)] if inner is None else inner
+
+
 def _record(value: object) -> tuple[int, int | None, bytes]:
     key_index = hash_index = data = None
     for number, field in _fields(_bytes(value, "a record"), "Record"):
