@@ -92,6 +92,18 @@ def _retention_hours(text: str) -> float:
     return value
 
 
+_FLUSH = settings_spec.VARIABLES[settings_spec.FLUSH_INTERVAL_MS]
+FLUSH_MS = _FLUSH.default
+
+
+def _flush_ms(text: str) -> int:
+    value = _number(text, "milliseconds")
+    if not (_FLUSH.low <= value <= _FLUSH.high and value.is_integer()):
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number from {_FLUSH.low} to {_FLUSH.high} (FLUSH_INTERVAL_MS's bounds), got {text!r}")
+    return int(value)
+
+
 def _seconds(text: str) -> float:
     value = _number(text, "seconds")
     if not 0 < value < float("inf"):
@@ -396,6 +408,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--no-consumer", action="store_true", help="price the stream without the reference consumer (your own reader)"
+    )
+    plan.add_argument(
+        "--flush-ms",
+        type=_flush_ms,
+        default=FLUSH_MS,
+        metavar="MS",
+        help=f"the workers' FLUSH_INTERVAL_MS: a connection's frames of one flush share one Kinesis record [{FLUSH_MS}]",
     )
     plan.set_defaults(run=commands.plan)
     return parser
