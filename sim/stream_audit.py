@@ -46,7 +46,7 @@ import datetime as dt
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from wsfleet import aggregation, records, schema
 from wsfleet.records import BadRecord, Record
@@ -76,8 +76,17 @@ def _stream_ref(name: str) -> dict[str, str]:
 
 def read_stream(kinesis: Any, stream: str) -> list[Delivery]:
     """Every record of ``stream`` (a name or an ARN), shard by shard, each from
-    TRIM_HORIZON to the end of what it holds now. ``kinesis``: a harness client (its
-    reads must never meet the emulator's faults)."""
+    TRIM_HORIZON to the end of what it holds now, aggregates unpacked. ``kinesis``: a
+    harness client (its reads must never meet the emulator's faults)."""
+    out: list[Delivery] = []
+    for shard_id, raw in kinesis_records(kinesis, stream):
+        out += _deliveries(len(out), shard_id, raw)
+    return out
+
+
+def kinesis_records(kinesis: Any, stream: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(shard id, GetRecords' record) of every Kinesis record of ``stream``, as stored
+    (an aggregate whole), shard by shard, each from TRIM_HORIZON to its end now."""
     ref = _stream_ref(stream)
     shards: list[str] = []
     kwargs: dict[str, Any] = dict(ref)
@@ -87,17 +96,15 @@ def read_stream(kinesis: Any, stream: str) -> list[Delivery]:
         if not page.get("NextToken"):
             break
         kwargs = {"NextToken": page["NextToken"]}
-    out: list[Delivery] = []
     for shard_id in sorted(shards):
         iterator = kinesis.get_shard_iterator(**ref, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
         while iterator:
             page = kinesis.get_records(ShardIterator=iterator, Limit=GET_RECORDS_LIMIT)
             for raw in page.get("Records", []):
-                out += _deliveries(len(out), shard_id, raw)
+                yield shard_id, raw
             if not page.get("Records"):
                 break  # at the end of what the shard holds (an open shard's iterator never ends)
             iterator = page.get("NextShardIterator")
-    return out
 
 
 def _deliveries(position: int, shard_id: str, raw: Mapping[str, Any]) -> list[Delivery]:
