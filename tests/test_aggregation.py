@@ -85,3 +85,20 @@ def test_plain_data_and_a_digest_that_does_not_match_are_plain_records():
 def test_an_aggregate_whose_protobuf_is_damaged_is_refused_with_a_sentence(message, why):
     with pytest.raises(BadAggregate, match=why):
         unpack(framed(message))
+
+
+# Written by the registry's aws-kinesis-agg 1.2.3 (RecordAggregator.add_user_record of
+# ("conn-1", b'{"seq":1}'), ("conn-2", b'{"seq":2}', explicit_hash_key "1234...890"),
+# ("conn-1", b'{"seq":3}')); its deaggregator reads what pack writes back the same way.
+LIBRARY_AGGREGATE = bytes.fromhex(
+    "f3899ac20a06636f6e6e2d310a06636f6e6e2d32121431323334353637383930313233343536373839301a0d08001a097b22736571223a"
+    "317d1a0f080110001a097b22736571223a327d1a0d08001a097b22736571223a337d3b1ec1d99cf0021ecbe998ed704308b6"
+)
+
+
+def test_an_aggregate_the_kinesis_aggregation_library_wrote_unpacks_to_its_records():
+    assert unpack(LIBRARY_AGGREGATE) == [
+        UserRecord("conn-1", None, b'{"seq":1}', 0),
+        UserRecord("conn-2", "12345678901234567890", b'{"seq":2}', 1),
+        UserRecord("conn-1", None, b'{"seq":3}', 2),
+    ]
