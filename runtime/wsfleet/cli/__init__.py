@@ -93,7 +93,6 @@ def _retention_hours(text: str) -> float:
 
 
 _FLUSH = settings_spec.VARIABLES[settings_spec.FLUSH_INTERVAL_MS]
-FLUSH_MS = _FLUSH.default
 
 
 def _flush_ms(text: str) -> int:
@@ -412,9 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--flush-ms",
         type=_flush_ms,
-        default=FLUSH_MS,
         metavar="MS",
-        help=f"the workers' FLUSH_INTERVAL_MS: a connection's frames of one flush share one Kinesis record [{FLUSH_MS}]",
+        help="the workers' FLUSH_INTERVAL_MS: a connection's frames of one flush share one Kinesis record "
+        "[the environment's flush_interval_ms]",
     )
     plan.set_defaults(run=commands.plan)
     return parser
