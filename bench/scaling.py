@@ -64,7 +64,7 @@ def section(measured: model.Measured | None = None) -> str:
         out += [_first(r), ""]
     quotas = envs["prod"]["quotas"]
     out += [
-        "prod's quotas to raise before deploying it (README): "
+        "prod's quotas to raise before deploying it (docs/scaling.md): "
         + ", ".join(f"{k} {limits.DEFAULT_QUOTAS[k]:,} -> {v:,}" for k, v in quotas.items()) + ".",
         "",
         "How to read it: a limit is checked in the scenario named: `steady`; `crash` (10 % of the "
@@ -74,7 +74,7 @@ def section(measured: model.Measured | None = None) -> str:
         f"session to session, no FREE# write); `deploy` ({limits.DEPLOY_FACTOR}x the tasks, every connection "
         "handed over as the new tasks start). The first limit hit is the one furthest over (used / limit); "
         "`wsfleet plan` prints the setting or quota that moves each. Fleets (cells) needed: more than 1 where a "
-        "limit is beyond what any setting or quota moves (README, \"Beyond one fleet: cells\").",
+        "limit is beyond what any setting or quota moves (docs/scaling.md, \"Beyond one fleet: cells\").",
         "",
     ]
     return "\n".join(out) + "\n"  # a blank line before the next heading

@@ -150,7 +150,10 @@ class Fleet(FleetAudit):
             service,
             endpoint_url=self.emulator.endpoint_url,
             config=Config(
-                retries={"mode": "standard", "max_attempts": 5}, connect_timeout=2, read_timeout=10,
+                # The harness's audits page through partitions of a quarter of a million
+                # rows, which moto filters in Python page after page: on a loaded machine a
+                # page took longer than 10 s and a 30-minute soak's audit died of it.
+                retries={"mode": "standard", "max_attempts": 5}, connect_timeout=2, read_timeout=60 if harness else 10,
                 user_agent_extra=HARNESS_MARK if harness else None,
             ),
         )

@@ -61,7 +61,7 @@ def settings_from(name: str, raw: Mapping[str, Any]) -> EnvironmentSettings:
         if key not in _SETTINGS:
             close = difflib.get_close_matches(key, _SETTINGS, n=1)
             hint = f" (did you mean {close[0]}?)" if close else ""
-            raise SettingsError(f"{key} is not a setting{hint}; the settings are listed in README \"Environments\"")
+            raise SettingsError(f"{key} is not a setting{hint}; the settings are listed in docs/configuration.md, \"Environments\"")
         values[key] = _value(key, value)
     return EnvironmentSettings(name=name, **values)
 

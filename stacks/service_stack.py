@@ -232,7 +232,7 @@ class ServiceStack(Stack):
 
     def grant_router(self, role: iam.IRole) -> None:
         """The router reads a connection and writes its desired state (conditional
-        PutItem/UpdateItem); for a STOP of an owned connection it posts to the owning
+        PutItem/UpdateItem) or deletes a STOPPED one (conditional DeleteItem); for a STOP of an owned connection it posts to the owning
         session's inbox (UpdateItem), for a GET it reads that session's expiry
         (GetItem) and counts the connection's skip markers in the ``markers`` index
         (Query); it reads pages of messages (Query) and presigns GETs of their large
@@ -242,7 +242,7 @@ class ServiceStack(Stack):
         With otel and lambda_otel sdk it exports its spans to X-Ray's OTLP endpoint."""
         role.add_to_principal_policy(
             iam.PolicyStatement(
-                actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"],
+                actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"],
                 resources=[self.connections_table.table_arn],
             )
         )

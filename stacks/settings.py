@@ -157,7 +157,7 @@ class EnvironmentSettings:
     # of wsfleet.plan.limits.DEFAULT_QUOTAS): synth checks the plan against them.
     quotas: Mapping[str, float] = field(default_factory=lambda: dict(_PLAN["quotas"]))
 
-    # --- upgrading an existing stack (README, "Upgrading an existing stack") -----------
+    # --- upgrading an existing stack (docs/operations.md) -----------------------------
     # The sessions table keeps the ring index stacks before issue 22 deployed ("by_ring",
     # KEYS_ONLY) beside "by_ring_load", and the workers may query both: deploy once with
     # it (the new index is added while the old workers still run on the old one), then
@@ -169,7 +169,7 @@ class EnvironmentSettings:
     alarm_topic_arn: str | None = None  # an existing SNS topic; None: alarms without actions
 
     # --- tracing ---------------------------------------------------------------------
-    # Every environment on otel (or off) before XRAY_SDK_END_OF_SUPPORT (README "Tracing").
+    # Every environment on otel (or off) before XRAY_SDK_END_OF_SUPPORT (docs/tracing.md).
     tracing: TracingSettings = field(default_factory=TracingSettings)
 
     def __post_init__(self) -> None:

@@ -152,7 +152,7 @@ class ConsumerSettings:
             raise SettingsError("consumer.iterator_age_alarm_seconds must be at least 60")
 
 
-# --- tracing (TRACING; README "Tracing") -------------------------------------------
+# --- tracing (TRACING; docs/tracing.md) ---------------------------------------------
 # The runtime's own names for its modes (wsfleet.tracing decides what each does).
 TRACING_XRAY_SDK, TRACING_OTEL, TRACING_OFF = tracing.XRAY_SDK, tracing.OTEL, tracing.OFF
 TRACING_MODES = tracing.MODES

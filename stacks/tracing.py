@@ -10,7 +10,7 @@ actions each needs. The constructs and the service stack ask here; nothing else 
   which sends to X-Ray. The router exports either to the AWS-managed ADOT collector
   extension layer (``layer``; config ``adot/lambda-collector.yaml``, in a layer of its
   own) or straight to X-Ray's OTLP endpoint, which the runtime signs with SigV4 (``sdk``;
-  it needs Transaction Search on in the account, see README "Tracing").
+  it needs Transaction Search on in the account, see docs/tracing.md).
 * ``off``: no sidecar, no layer, no tracing on the function or the API stage, no X-Ray
   grant.
 

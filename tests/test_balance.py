@@ -140,22 +140,81 @@ def test_a_join_of_four_into_four_plans_every_worker_to_within_one():
     assert ends == targets  # every worker at its target: within one of 12.5
 
 
-def test_a_crashed_sessions_connections_are_planned_onto_the_survivors_targets():
+def plan(ring, dead_session, count):
+    return drain_targets(summarize(ring, now_ms=NOW, timing=T), dead_session=dead_session, count=count)
+
+
+def test_a_crashed_sessions_connections_are_planned_onto_the_survivors_targets_from_the_summary():
     # Five at 20, one crashed: each of four survivors gets 5 (targets 25), none left over.
     ring = [session(f"w{i}", 20) for i in range(1, 5)] + [session("w5", 20, state=schema.ENDED)]
-    plan = drain_targets(ring, dead_session="w5", count=20)
-    assert Counter(plan) == {"w1": 5, "w2": 5, "w3": 5, "w4": 5}
+    assert Counter(plan(ring, "w5", 20)) == {"w1": 5, "w2": 5, "w3": 5, "w4": 5}
+    # A summary made before the crash (w5 still a taker) plans the same.
+    before = [session(f"w{i}", 20) for i in range(1, 6)]
+    assert Counter(plan(before, "w5", 20)) == {"w1": 5, "w2": 5, "w3": 5, "w4": 5}
     # Two crashed: each drainer plans its part of one row, the same row.
     ring = [session(f"w{i}", 20) for i in range(1, 4)] + [session("w4", 20, state=schema.ENDED), session("w5", 20, state=schema.ENDED)]
-    both = Counter(drain_targets(ring, dead_session="w4", count=20)) + Counter(drain_targets(ring, dead_session="w5", count=20))
-    assert set(both.values()) <= {13, 14} and sum(both.values()) == 40  # targets 33/33/34... over 100: 34/33/33
-    assert {w: 20 + n for w, n in both.items()} == {"w1": 34, "w2": 33, "w3": 33}
+    both = Counter(plan(ring, "w4", 20)) + Counter(plan(ring, "w5", 20))
+    assert {w: 20 + n for w, n in both.items()} == {"w1": 34, "w2": 33, "w3": 33}  # 100 over three, exactly
     # A draining survivor takes nothing; with no survivor at all, no plan (the caller splits).
     ring = [session("w1", 10), session("w2", 10, draining=True), session("w3", 5, state=schema.ENDED)]
-    assert drain_targets(ring, dead_session="w3", count=5) == ["w1"] * 5
-    assert drain_targets([session("w3", 5, state=schema.ENDED)], dead_session="w3", count=5) is None
+    assert plan(ring, "w3", 5) == ["w1"] * 5
+    assert plan([session("w3", 5, state=schema.ENDED)], "w3", 5) is None
     # A survivor over its target already gets none.
-    assert drain_targets([session("w1", 30), session("w2", 0)], dead_session="w3", count=2) == ["w2", "w2"]
+    assert plan([session("w1", 30), session("w2", 0)], "w3", 2) == ["w2", "w2"]
+
+
+def test_a_summary_lists_loads_only_for_a_small_fleet_and_stays_one_read_unit():
+    """A drain reads nothing but the summary it holds: in a fleet too large for the
+    summary to list every taker there is no plan (half the drainer's room, the rest to
+    anyone), and the #fleet item stays under 8 KB (one eventually consistent read unit)."""
+    from wsfleet.balance import LOADS_LISTED
+
+    sid = "ip-10-0-123-45.eu-west-1.compute.internal#1796585632180-{:08x}"  # a long worker id
+    ring = [session(sid.format(i), 200, max_connections=350) for i in range(LOADS_LISTED)]
+    ring += [session(sid.format(100 + i), 250 + i, max_connections=350, state=schema.ENDED) for i in range(LOADS_LISTED + 5)]
+    load = summarize(ring, now_ms=NOW, timing=T)
+    assert len(load.loads) == LOADS_LISTED and len(load.dead) == LOADS_LISTED
+    assert plan(ring, sid.format(100), 250) is not None
+    big = summarize(ring + [session(sid.format(999), 0, max_connections=350)], now_ms=NOW, timing=T)
+    assert big.loads == {} and drain_targets(big, dead_session=sid.format(100), count=250) is None
+    assert FleetLoad.from_item(load.as_item()) == load
+    load = FleetLoad(**{**load.__dict__, "under": dict.fromkeys(map(sid.format, range(25)), 99), "over": dict.fromkeys(map(sid.format, range(25, 50)), 99)})
+    assert _item_bytes(load.as_item()) < 8 * 1024
+
+
+def test_in_a_fleet_too_large_to_list_a_drainer_takes_its_own_part_and_hints_the_rest():
+    """2,000 workers at 250 of 350: a drainer of one dead session's 250 takes what
+    brings it to its target with that session's connections spread over the fleet (one
+    here), not half its room (50: in a crash of 200 it would end 22 over its target)."""
+    from wsfleet.balance import drain_share
+
+    fleet = FleetLoad(2_000, 500_000, 700_000, 0, 0, NOW)
+    assert drain_share(fleet, count=250, active=250, max_connections=350) == 1
+    assert drain_share(fleet, count=250, active=200, max_connections=350) == 51  # under its target: up to it
+    assert drain_share(fleet, count=250, active=300, max_connections=350) == 0
+    assert drain_share(FleetLoad(0, 0, 0, 0, 0, NOW), count=5, active=0, max_connections=10) == 0
+
+
+def _item_bytes(value) -> int:
+    """DynamoDB's item size, about: names and strings by their UTF-8 length, numbers ~
+    their digits, 3 bytes a map or list entry."""
+    if isinstance(value, dict):
+        return 3 + sum(len(str(k).encode()) + 1 + _item_bytes(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return 3 + sum(1 + _item_bytes(v) for v in value)
+    return len(str(value).encode())
+
+
+def test_a_count_is_written_to_the_ring_at_most_every_other_renewal():
+    from wsfleet.balance import ring_lag_ms, ring_write_due
+
+    assert ring_write_due(None, (5, 100, False), renewals_since=0)  # unknown: written
+    assert not ring_write_due((5, 100, False), (5, 100, False), renewals_since=9)  # unchanged: never
+    assert not ring_write_due((5, 100, False), (6, 100, False), renewals_since=0)  # the last renewal wrote it
+    assert ring_write_due((5, 100, False), (6, 100, False), renewals_since=1)
+    assert ring_write_due((5, 100, False), (6, 100, True), renewals_since=0)  # leaving: at once
+    assert ring_write_due((5, 100, False), (5, 200, False), renewals_since=0)
+    assert ring_lag_ms(2_500) == 5_000
 
 
 def test_shedding_never_goes_below_the_share_and_is_capped_per_pass():
@@ -362,7 +421,7 @@ def test_a_watch_read_a_pause_old_does_not_make_healthy_sessions_look_gone():
     assert summarize(ring, now_ms=NOW, timing=T, watched=nearly).suspects == 0
 
 
-def _drainer(ring_loads, room=100):
+def _drainer(fleet, room=100):
     """A Takeover whose store calls are plain functions, recording what it acquires and
     hints."""
     from types import SimpleNamespace
@@ -391,9 +450,11 @@ def _drainer(ring_loads, room=100):
         return []
 
     rows = [Owned(f"c{i:02d}", schema.STARTED) for i in range(20)]
-    summary = FleetSummary()
+    summary = FleetSummary(clock_ms=lambda: NOW)
+    if fleet is not None:
+        summary.known(fleet)
     takeover = Takeover(
-        sessions=SimpleNamespace(ring_loads=ring_loads), connections=SimpleNamespace(owned_by=lambda sid: rows),
+        sessions=SimpleNamespace(), connections=SimpleNamespace(owned_by=lambda sid: rows),
         keeper=SimpleNamespace(live=lambda: True, session_id="w2"), timing=T, state_shards=1, call=call,
         log=JsonLogger(), acquisition=SimpleNamespace(try_acquire=acquire), hints=SimpleNamespace(hint=hint),
         mover=SimpleNamespace(move_drained=move_drained), holdings=Holdings(max_connections=room, summary=summary), summary=summary, counters=Counters(), quarantine_after=3,
@@ -405,25 +466,35 @@ def test_the_drainer_takes_its_own_deficit_and_names_a_survivor_for_each_of_the_
     import asyncio
 
     ring = [session(f"w{i}", 20) for i in range(1, 5)] + [session("w5", 20, state=schema.ENDED)]
-    takeover, done = _drainer(lambda: ring)
+    fleet = summarize(ring, now_ms=NOW, timing=T)
+    takeover, done = _drainer(fleet)
     assert asyncio.run(takeover.drain("w5")) == 5  # its deficit: 25 - 20, not half its room
     assert Counter(to for _, to, _ in done["hinted"]) == {"w1": 5, "w3": 5, "w4": 5}
     assert {sid for _, _, sid in done["hinted"]} == {"w5"}  # every take conditional on the dead session
     # With no room for its part, what it cannot take goes to anyone.
-    takeover, done = _drainer(lambda: ring, room=2)
+    takeover, done = _drainer(fleet, room=2)
     assert asyncio.run(takeover.drain("w5")) == 2
     assert Counter(to for _, to, _ in done["hinted"]) == {"w1": 5, "w3": 5, "w4": 5, "": 3}
 
 
-def test_without_the_ring_the_drainer_falls_back_to_half_its_room():
+def test_a_drainer_in_a_fleet_the_summary_cannot_list_takes_its_own_part():
     import asyncio
 
-    def unreadable():
-        raise RuntimeError("throttled")
+    fleet = FleetLoad(100, 1_000, 10_000, 0, 0, NOW)  # shares of 10 at 100 each: no loads listed
+    takeover, done = _drainer(fleet, room=100)  # it holds none
+    assert asyncio.run(takeover.drain("w5")) == 11  # its target 10, plus its part of the 20: 1
+    assert [to for _, to, _ in done["hinted"]] == [""] * 9  # the rest for anyone
 
-    takeover, done = _drainer(unreadable, room=10)
+
+def test_without_a_fresh_summary_the_drainer_falls_back_to_half_its_room():
+    import asyncio
+
+    takeover, done = _drainer(None, room=10)
     assert asyncio.run(takeover.drain("w5")) == 5
     assert [to for _, to, _ in done["hinted"]] == [""] * 15
+    stale = summarize([session("w2", 20)], now_ms=NOW - 60_001, timing=T)
+    takeover, done = _drainer(stale, room=10)
+    assert asyncio.run(takeover.drain("w5")) == 5
 
 
 def test_a_ring_read_while_connections_move_does_not_lower_the_targets(monkeypatch):

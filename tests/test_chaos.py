@@ -321,7 +321,7 @@ def byzantine(seq: int, name: str) -> str | None:
 @pytest.mark.parametrize("name", sorted(CLASSES))
 def test_what_the_checker_expects_of_each_byzantine_frame_is_what_the_worker_parser_makes_of_it(name):
     # The checker judges by byzantine.CLASSES, never by the parser; this keeps the two
-    # telling the same story (README's frame table) when either changes.
+    # telling the same story (docs/design.md's frame table) when either changes.
     made = parse_frame(CLASSES[name].make(7, "a"), 0)
     want = CLASSES[name].expect
     if want == NOTHING:

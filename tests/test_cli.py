@@ -111,6 +111,18 @@ def test_start_get_stop_go_through_the_local_api_and_print_the_outcome(capsys, a
     assert run(capsys, aws_env, "stop", "c1", "--api", api.url)[1].strip() == "c1: STOPPED (already_stopped), HTTP 200"
 
 
+def test_restart_stops_and_starts_again_with_its_own_url_and_delete_removes_a_stopped_one(capsys, aws_env, api):
+    run(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url, "--seq-pointer", "/n")
+    code, out, err = run(capsys, aws_env, "restart", "c1", "--api", api.url)
+    assert (code, out.strip(), err) == (0, "c1: STARTED (restarted), HTTP 202", "")
+    got = run_json(capsys, aws_env, "get", "c1", "--api", api.url)["body"]
+    assert got["ws_url"] == URL + "c1" and got["upstream"] == {"seq_pointer": "/n"}
+
+    # The router's refusals (a STARTED one, one still held) are its tests'; here, the command.
+    run(capsys, aws_env, "stop", "c1", "--api", api.url)
+    assert run(capsys, aws_env, "delete", "c1", "--api", api.url)[1].strip() == "c1: deleted, HTTP 200"
+
+
 def test_api_commands_print_the_status_and_the_apis_body_as_json(capsys, aws_env, api):
     assert run_json(capsys, aws_env, "start", "c1", URL + "c1", "--api", api.url) == {
         "status": 202,
@@ -151,9 +163,10 @@ def test_an_api_that_cannot_be_reached_is_one_sentence(capsys, aws_env):
     assert err.startswith("wsfleet: cannot reach the API at http://127.0.0.1:9/connections/c1") and err.count("\n") == 1
 
 
-def test_an_api_command_without_api_or_stack_is_a_usage_error(capsys, aws_env):
-    code, _, err = run(capsys, aws_env, "get", "c1")
-    assert code == 2 and "one of the arguments --api --stack is required" in err
+def test_an_api_command_naming_no_fleet_says_how_to_name_it_once(capsys, aws_env):
+    code, out, err = run(capsys, aws_env, "get", "c1")
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert err.startswith("wsfleet: which fleet? Name it once: --env NAME (or WSFLEET_ENV=NAME)")
 
 
 # --- SigV4 ---------------------------------------------------------------------------------------
@@ -421,6 +434,23 @@ def test_status_of_an_empty_fleet(capsys, aws_env):
     assert "oldest checkpoint of an owned connection: none owned" in out
 
 
+def test_status_watch_shows_the_fleet_again_until_ctrl_c_and_exits_0(capsys, aws_env, monkeypatch):
+    from wsfleet.cli import commands
+
+    sleeps = []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands.time, "sleep", sleep)
+    code, out, _ = run(capsys, aws_env, "status", "--watch", "5", "--json")
+    assert code == 0 and sleeps == [5.0, 5.0]
+    lines = out.splitlines()
+    assert len(lines) == 2 and all("connections" in json.loads(line) for line in lines)
+
+
 # --- connections and messages ------------------------------------------------------------------------
 
 
@@ -474,7 +504,10 @@ def test_table_commands_without_the_tables_name_the_missing_variables(capsys, aw
     env = {k: v for k, v in aws_env.items() if k not in ("TABLE_NAME", "SESSIONS_TABLE_NAME")}
     code, out, err = run(capsys, env, "status")
     assert (code, out) == (1, "")
-    assert err == "wsfleet: TABLE_NAME, SESSIONS_TABLE_NAME not set: export the fleet's environment or pass --stack.\n"
+    assert err == (
+        "wsfleet: TABLE_NAME, SESSIONS_TABLE_NAME not set: name the fleet with --env NAME (or WSFLEET_ENV=NAME), "
+        "pass --stack, or export the fleet's environment.\n"
+    )
 
 
 def test_a_table_that_does_not_exist_is_one_sentence(capsys, aws_env):
@@ -482,13 +515,10 @@ def test_a_table_that_does_not_exist_is_one_sentence(capsys, aws_env):
     assert code == 1 and "ResourceNotFoundException" in err and "check the table names" in err and err.count("\n") == 1
 
 
-@pytest.fixture
-def stacks(emulator, aws_env, api):
-    """A stateful and a service stack with the outputs the stacks declare
+def make_stacks(emulator, aws_env, api, names: dict[str, str]) -> dict[str, str]:
+    """A stateful and a service stack named ``names`` with the outputs the stacks declare
     (``wsfleet.stack_outputs``, and the dashboard's)."""
     cfn = boto3.client("cloudformation", endpoint_url=emulator.endpoint_url, region_name=aws_env["AWS_REGION"])
-    suffix = aws_env["TABLE_NAME"].removeprefix("conn-")
-    names = {"stateful": f"st-{suffix}", "service": f"sv-{suffix}"}
     outputs = {
         "stateful": {
             stack_outputs.CONNECTIONS_TABLE_NAME: aws_env["TABLE_NAME"],
@@ -505,6 +535,49 @@ def stacks(emulator, aws_env, api):
         }
         cfn.create_stack(StackName=name, TemplateBody=json.dumps(template))
     return names
+
+
+@pytest.fixture
+def stacks(emulator, aws_env, api):
+    suffix = aws_env["TABLE_NAME"].removeprefix("conn-")
+    return make_stacks(emulator, aws_env, api, {"stateful": f"st-{suffix}", "service": f"sv-{suffix}"})
+
+
+@pytest.fixture
+def environment(emulator, aws_env, api):
+    """An environment's name, its two stacks deployed as app.py names them."""
+    name = "e" + aws_env["TABLE_NAME"].removeprefix("conn-")
+    make_stacks(emulator, aws_env, api, {"stateful": f"wsfleet-{name}-stateful", "service": f"wsfleet-{name}-service"})
+    return name
+
+
+def test_an_environment_named_once_finds_the_api_and_the_tables_through_its_stacks(capsys, aws_env, api, environment):
+    env = {k: v for k, v in aws_env.items() if not k.endswith("TABLE_NAME")}
+    assert run_json(capsys, env, "start", "c1", URL + "c1", "--env", environment)["status"] == 202
+    named = {**env, "WSFLEET_ENV": environment}
+    assert run_json(capsys, named, "get", "c1")["body"]["desired_state"] == schema.STARTED
+    assert run_json(capsys, named, "status")["connections"]["STARTED"] == 1
+    assert [r["connection_id"] for r in run_json(capsys, env, "connections", "--env", environment)] == ["c1"]
+
+
+def test_flags_come_before_variables_and_the_more_specific_before_the_less(capsys, aws_env, api, environment):
+    # WSFLEET_API names the API where no environment is named, before WSFLEET_ENV's stack.
+    assert run_json(capsys, {**aws_env, "WSFLEET_API": api.url}, "start", "c1", URL + "c1")["status"] == 202
+    wrong = {**aws_env, "WSFLEET_ENV": "nope", "WSFLEET_API": api.url}
+    assert run_json(capsys, wrong, "get", "c1")["status"] == 200
+    code, _, err = run(capsys, {**aws_env, "WSFLEET_ENV": "nope"}, "get", "c1")
+    assert code == 1 and "stack wsfleet-nope-service does not exist" in err
+    # The worker's TABLE_NAME names the tables before WSFLEET_ENV does; --env before both.
+    assert run_json(capsys, {**aws_env, "WSFLEET_ENV": "nope"}, "status")["connections"]["STARTED"] == 1
+    code, _, err = run(capsys, aws_env, "status", "--env", "nope")
+    assert code == 1 and "stack wsfleet-nope-stateful does not exist" in err
+
+
+def test_plan_reads_the_environment_named_once(capsys):
+    assert main(["plan", "--connections", "1000", "--json"], env={"WSFLEET_ENV": "prod"}) == 0
+    assert json.loads(capsys.readouterr().out)["env"] == "prod"
+    assert main(["plan", "--connections", "1000", "--json", "--env", "dev"], env={"WSFLEET_ENV": "prod"}) == 0
+    assert json.loads(capsys.readouterr().out)["env"] == "dev"
 
 
 def test_stack_outputs_name_the_tables_and_the_api(capsys, aws_env, stacks):
@@ -614,6 +687,15 @@ def test_plan_in_tables_names_the_limit_that_binds_first_and_where_its_figures_c
     assert "binds first:" in out and "from the counts measured by" in out
 
 
+def test_plan_prints_one_monthly_total_and_numbers_as_people_read_them(capsys):
+    assert main(["plan", "--connections", "50000", "--rate", "0.5"], env={}) == 0
+    out = capsys.readouterr().out
+    assert len(re.findall(r"^\$ per month", out, re.MULTILINE)) == 1 and "$ per month, the whole fleet: " in out
+    assert not re.search(r"\d[eE][+-]\d", out)  # 2.5e+04
+    assert re.search(r"max_workers \(the service's scaling ceiling\)\s+715\s+4\s+OVER", out)  # not 4.0
+    assert "--out " not in out  # the benchmark's scratch directory
+
+
 def test_plan_refuses_more_per_worker_than_the_environment_allows(capsys):
     assert main(["plan", "--connections", "100", "--per-worker", "500"], env={}) == 1
     assert capsys.readouterr().err.strip() == "wsfleet: --per-worker 500 is above dev's MAX_CONNECTIONS (100)."
@@ -684,4 +766,5 @@ def test_tables_out_of_reach_are_one_sentence_in_seconds_not_a_silent_minute(cap
     began = time.monotonic()
     code, out, err = run(capsys, {**aws_env, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "status")
     assert code == 1 and "Could not connect to the endpoint URL" in err and "Traceback" not in err
+    assert "check the region (--region, AWS_REGION), AWS_ENDPOINT_URL if set, and the network" in err
     assert time.monotonic() - began < 30  # refused at once; retried twice at most, not botocore's default

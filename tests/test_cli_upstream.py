@@ -263,23 +263,23 @@ def test_status_lists_the_started_connections_refused_by_their_upstream_longest_
     assert re.search(r"^\s+c2\s+2m\d\ds ago\s+handshake refused: HTTP 403$", out, re.MULTILINE)
 
 
-# --- the README's worked examples -------------------------------------------------------------
+# --- the API docs' worked examples -----------------------------------------------------------
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+API_DOCS = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 LOCAL_PREFIX = "wsfleet/local/"  # the embedded default's, which the examples use
 
 
 def worked_examples() -> list[tuple[str, list[str]]]:
     """(curl body, wsfleet start argv) of each worked example, ``$ARN`` left in place."""
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("**Worked examples, one per resume mode.**") : text.index("### Reading what was stored")]
+    text = API_DOCS.read_text(encoding="utf-8")
+    section = text[text.index("**Worked examples, one per resume mode.**") : text.index("## Reading what was stored")]
     section = section.replace("\\\n", " ")  # shell line continuations
     bodies = [m.replace("'\"$ARN\"'", "$ARN") for m in re.findall(r"-XPOST \S+ -d '((?:[^']|'\"\$ARN\"')*)'", section)]
     commands = [shlex.split(line)[1:] for line in re.findall(r"^wsfleet start .*$", section, re.MULTILINE)]
     return list(zip(bodies, commands, strict=True))
 
 
-def test_the_readmes_worked_examples_are_accepted_and_each_curl_body_is_the_same_start_as_its_command(
+def test_the_api_docs_worked_examples_are_accepted_and_each_curl_body_is_the_same_start_as_its_command(
     capsys, aws_env, emulator
 ):
     examples = worked_examples()

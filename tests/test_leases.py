@@ -255,3 +255,13 @@ def test_the_free_scan_pause_doubles_while_scans_find_nothing_up_to_the_cap_and_
         assert max(pauses) - min(pauses) > factor * 1.0  # still jittered
     # The worst case for a lost hint: the longest pause, then one scan.
     assert max(reconcile_pause_s(10_000, rng, idle_scans=99) for _ in range(100)) <= RECONCILE_BACKOFF_CAP * 10.0
+
+
+def test_a_sweep_pass_is_split_into_as_many_segments_as_fit_it_in_half_of_sweep_seconds():
+    from wsfleet.leases import SWEEP_MAX_SEGMENTS, sweep_segments
+
+    assert sweep_segments(0, sweep_s=600) == 1
+    assert sweep_segments(60_000, sweep_s=600) == 1  # 200 a second for 300 s
+    assert sweep_segments(500_000, sweep_s=600) == 9  # 1,800 a second: about 280 s
+    assert sweep_segments(10_000_000, sweep_s=600) == SWEEP_MAX_SEGMENTS
+

@@ -74,8 +74,8 @@ def test_the_limits_match_a_hand_computed_fleet():
     # by_owner key moved (2 index writes): 500/s; each acquire a transactional update (2
     # WRU): 500/s, after a consistent read (1 RRU): 250/s; against the 4,000 writes and
     # 12,000 reads a new on-demand table absorbs at once. 1,000 / 90 survivors = 111.1
-    # each; each survivor's count changes, so 90 by_ring entries are rewritten a heartbeat
-    # (2.5 s): 36/s.
+    # each; each survivor's count changes, and its by_ring entry is rewritten at most every
+    # other heartbeat (2 x 2.5 s): 90 / 5 = 18/s.
     assert _by(r, "crash", "connections.by_owner: writes (index quota)")["used"] == pytest.approx(500)
     assert _by(r, "crash", "connections: writes (table quota)")["used"] == pytest.approx(500)
     warm = _by(r, "crash", "connections.by_owner: writes absorbed at once (warm throughput)")
@@ -83,7 +83,7 @@ def test_the_limits_match_a_hand_computed_fleet():
     warm = _by(r, "crash", "connections: reads absorbed at once (warm throughput)")
     assert (warm["used"], warm["limit"]) == (pytest.approx(250), 12_000)
     assert _by(r, "crash", "connections per surviving worker")["used"] == pytest.approx(10_000 / 90)
-    assert _by(r, "crash", "partition sessions.by_ring RING: writes, every taker's count changed")["used"] == 36
+    assert _by(r, "crash", "partition sessions.by_ring RING: writes, every taker's count changed")["used"] == 18
     assert _by(r, "crash", "task launches per minute to replace the crashed")["used"] == 10
     # Scale-in of 10 %: 1,000 handed to named peers within 4 s = 250/s: each key moved
     # once, session to session (2 index writes, no FREE# entry): 500/s; the release (1 WRU)
@@ -97,6 +97,11 @@ def test_the_limits_match_a_hand_computed_fleet():
     subnets = _by(r, "deploy", "subnet addresses (task ENIs, 2x tasks during a deploy)")
     assert (subnets["used"], subnets["limit"], subnets["ok"]) == (200, 502, True)
     assert _by(r, "deploy", "connections.by_owner: writes (index quota)")["used"] == pytest.approx(1000 / 3)
+    # ... and every one of the 200 tasks' counts changes: each by_ring entry at most every 5 s.
+    assert _by(r, "deploy", "partition sessions.by_ring RING: writes, every task's count changed")["used"] == 40
+    # The sweep: 10,000 connections in one segment of 200 a second: 50 s, against 600.
+    sweep = _by(r, "steady", "reachability sweep: seconds for one pass (parallel segments)")
+    assert (sweep["used"], sweep["limit"]) == (50, 600)
     # NAT: 10,000 connections to one destination through 1 address (1 Elastic IP of the 5
     # a Region has by default); API: 10,000 / 10 per s.
     assert _by(r, "steady", "NAT connections per address to one destination")["used"] == 10_000

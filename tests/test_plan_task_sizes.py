@@ -84,5 +84,5 @@ def test_the_plan_prints_every_size_and_why_it_picked_one(capsys):
 def test_the_plan_prices_the_task_it_names(spot, capsys):
     argv = ["plan", "--env", "dev" if spot else "prod", "--connections", "1000"]
     assert main(argv, env={}) == 0
-    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("$ per month in all"))
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("$ per month, the whole fleet"))
     assert ("x86_64 Spot" in line) if spot else ("1 vCPU / 2 GiB arm64" in line)

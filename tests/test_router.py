@@ -387,6 +387,38 @@ def test_stop_of_an_unknown_connection_is_404_and_writes_nothing(api):
     assert api.items() == []
 
 
+# --- DELETE ------------------------------------------------------------------------------
+
+
+def test_delete_removes_a_stopped_connection_nobody_holds_and_then_it_is_unknown(api):
+    api.start("feed-1")
+    api.stop("feed-1")
+    assert api.call(get_event("feed-1", httpMethod="DELETE")) == (200, {"connection_id": "feed-1", "outcome": "deleted"})
+    assert api.items() == []
+    status, body = api.call(get_event("feed-1", httpMethod="DELETE"))
+    assert_error(status, body, 404, "connection_not_found")
+    assert api.start("feed-1")[1]["outcome"] == "created"
+
+
+def test_delete_of_a_started_connection_or_one_its_owner_still_holds_is_409_and_writes_nothing(api):
+    api.start("feed-1")
+    status, body = api.call(get_event("feed-1", httpMethod="DELETE"))
+    assert_error(status, body, 409, "not_deletable")
+    assert body["message"] == "Connection feed-1 cannot be deleted: it is STARTED; STOP it first."
+
+    api.hold_lease("feed-1", last_seq=3)
+    api.stop("feed-1")  # the owner has not released it yet
+    before = api.item("feed-1")
+    status, body = api.call(get_event("feed-1", httpMethod="DELETE"))
+    assert_error(status, body, 409, "not_deletable")
+    assert "its owner has not released it yet; try again in a few seconds" in body["message"]
+    assert api.item("feed-1") == before
+
+    fence = int(before[schema.FENCE_TOKEN]["N"])
+    assert api.store.release("feed-1", session_id="worker-a#1", fence_token=fence, last_seq=3, stopped=True)
+    assert api.call(get_event("feed-1", httpMethod="DELETE"))[0] == 200
+
+
 # --- GET ---------------------------------------------------------------------------------
 
 
@@ -559,8 +591,8 @@ def test_unknown_route_is_404_json(api, event):
     [
         (post_event(None, httpMethod="GET"), "POST"),
         (post_event(json.dumps(START), httpMethod="PUT"), "POST"),
-        (get_event("feed-1", httpMethod="DELETE"), "GET"),
-        (get_event("feed-1", httpMethod="POST", body=json.dumps(START)), "GET"),
+        (get_event("feed-1", httpMethod="PUT"), "GET, DELETE"),
+        (get_event("feed-1", httpMethod="POST", body=json.dumps(START)), "GET, DELETE"),
     ],
 )
 def test_wrong_method_is_405_with_allow_header_and_writes_nothing(api, event, allow):

@@ -1,5 +1,5 @@
 """Every environment variable declared once (wsfleet.settings_spec): the validation, the
-README's tables and the stacks' environments come from the declaration."""
+docs/configuration.md's tables and the stacks' environments come from the declaration."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from wsfleet import budget
 
 from tests.test_config import BASE
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+CONFIGURATION = Path(__file__).resolve().parents[1] / settings_spec.DOCS
 CONSUMER_BASE = {"CONSUMER_BUCKET_NAME": "b", "CONSUMER_TABLE_NAME": "t", "AWS_REGION": "eu-west-1"}
 PARSE = {
     settings_spec.WORKER: lambda env: WorkerConfig.from_env({**BASE, **env}),
@@ -82,22 +82,22 @@ def test_an_environment_naming_a_variable_its_reader_does_not_read_is_refused():
 
 
 def _block(name: str) -> str:
-    text = README.read_text(encoding="utf-8")
+    text = CONFIGURATION.read_text(encoding="utf-8")
     blocks = re.findall(rf"<!-- {name} -->\n(.*?)\n<!-- /{name} -->", text, flags=re.DOTALL)
-    assert len(blocks) == 1, f"README.md must hold one <!-- {name} --> ... <!-- /{name} --> block"
+    assert len(blocks) == 1, f"docs/configuration.md must hold one <!-- {name} --> ... <!-- /{name} --> block"
     return blocks[0]
 
 
 @pytest.mark.parametrize("reader", settings_spec.READERS)
-def test_the_readmes_table_of_variables_is_the_one_the_declaration_generates(reader):
+def test_the_configuration_docs_table_of_variables_is_the_one_the_declaration_generates(reader):
     assert _block(f"variables-{reader}") == settings_spec.markdown_table(reader), (
-        f"README.md's {reader} variables differ from wsfleet.settings_spec.VARIABLES: "
-        "run `PYTHONPATH=runtime python -m wsfleet.settings_spec README.md`"
+        f"docs/configuration.md's {reader} variables differ from wsfleet.settings_spec.VARIABLES: "
+        "run `PYTHONPATH=runtime python -m wsfleet.settings_spec`"
     )
 
 
-def test_rewriting_a_current_readme_changes_nothing_and_fills_an_empty_block():
-    text = README.read_text(encoding="utf-8")
+def test_rewriting_current_docs_changes_nothing_and_fills_an_empty_block():
+    text = CONFIGURATION.read_text(encoding="utf-8")
     assert settings_spec.rewrite(text) == text
     emptied = re.sub(r"(<!-- variables-router -->\n).*?(<!-- /variables-router -->)", r"\1\2", text, flags=re.DOTALL)
     assert emptied != text and settings_spec.rewrite(emptied) == text

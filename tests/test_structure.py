@@ -1,4 +1,4 @@
-"""The shape of the code, as the README's "Where things are" states it: no module over
+"""The shape of the code, as docs/development.md's "Where things are" states it: no module over
 500 lines, no import circle, the product (``runtime/wsfleet``) importing nothing of the
 simulator, the benchmarks or the stacks and standing on three floors, and what the
 worker image and the Lambda functions ship under 17k lines.
@@ -31,7 +31,7 @@ MAY_IMPORT = {
 }
 
 
-# The product's three floors (README, "Where things are"): a module imports only from
+# The product's three floors (docs/development.md, "Where things are"): a module imports only from
 # its own floor or the ones below, and no process imports another process.
 RULES = {  # pure: no boto3, no asyncio, no I/O
     "aggregation", "balance", "budget", "checkpoint", "clock", "crash_loop", "credentials", "leases", "message_pages", "metrics",

@@ -64,7 +64,7 @@ def fleet(stores, sessions, ddb, aws_env):
     return conns
 
 
-def sweeper(fleet, sessions, *, successors=(), clock=None, hints=None, counters=None) -> Sweeper:
+def sweeper(fleet, sessions, *, successors=(), clock=None, hints=None, counters=None, known=0) -> Sweeper:
     async def hint(cid, **_):
         hints.append(cid)
 
@@ -81,6 +81,7 @@ def sweeper(fleet, sessions, *, successors=(), clock=None, hints=None, counters=
         page_items=3,  # several pages per pass
         first_pass_s=0,
         clock=clock or Clock(),
+        connections_known=lambda: known,
     )
 
 
@@ -105,11 +106,14 @@ def test_a_pass_finds_confirms_counts_and_repairs_every_unreachable_connection_a
     }
     untouched = {cid: fleet.get(cid) for cid in ("free", "held", "ended-in-ring")}
     hints, counters = [], Counters()
-    sweep = sweeper(fleet, sessions, hints=hints, counters=counters)
+    # Sized for 2,000 connections: 3 pages of 3 a second in each segment pass 900 in
+    # half of SWEEP_SECONDS, so three segments, each paging on its own.
+    sweep = sweeper(fleet, sessions, hints=hints, counters=counters, known=2_000)
 
     found = asyncio.run(_one_pass(sweep))
 
     assert found == 5 and counters.total(names.UNREACHABLE_CONNECTIONS) == 5 and sweep.passes == 1
+    assert sweep.segments == 3 and sweep.scanned == 8  # every connection read once
     assert all(why is None for why in reasons(fleet, sessions).values())
     assert {cid: fleet.get(cid) for cid in untouched} == untouched
     for cid in ("no-key", "left", "gone"):  # back in the free pool, where a scan finds them
@@ -155,3 +159,24 @@ def test_a_connection_that_moved_on_since_the_page_was_read_is_not_counted(fleet
 
     assert asyncio.run(sweep.check([stale])) == 0
     assert counters.total(names.UNREACHABLE_CONNECTIONS) == 0
+
+
+def test_a_segment_whose_page_fails_reads_it_again_and_the_pass_reads_every_connection_once(fleet, sessions):
+    failing = {"left": 1}
+
+    class Flaky:
+        def __getattr__(self, name):
+            return getattr(fleet, name)
+
+        def sweep_page(self, start, *, limit, segment=0, segments=1):
+            if segment == 1 and failing["left"]:
+                failing["left"] -= 1
+                raise RuntimeError("throttled")
+            return fleet.sweep_page(start, limit=limit, segment=segment, segments=segments)
+
+    counters = Counters()
+    sweep = sweeper(Flaky(), sessions, hints=[], counters=counters, known=2_000)
+    with pytest.raises(RuntimeError, match="throttled"):
+        asyncio.run(sweep.step())  # segments 0 and 2 read their first page all the same
+    asyncio.run(_one_pass(sweep))
+    assert sweep.scanned == 8 and counters.total(names.UNREACHABLE_CONNECTIONS) == 5

@@ -47,7 +47,7 @@ def ender(ended_item: dict, *, quarantines: bool = False, failing_strike=None):
     summary = FleetSummary()
     counters = Counters()
     takeover = Takeover(
-        sessions=SimpleNamespace(end_expired=lambda *a, **k: ended_item, ring_loads=lambda: []),
+        sessions=SimpleNamespace(end_expired=lambda *a, **k: ended_item),
         connections=SimpleNamespace(owned_by=lambda sid: ROWS, strike=failing_strike or strike),
         keeper=SimpleNamespace(live=lambda: True, session_id="me#1"), timing=T, state_shards=1, call=call,
         log=JsonLogger(), acquisition=SimpleNamespace(try_acquire=acquire), hints=SimpleNamespace(hint=hint),

@@ -1,6 +1,6 @@
 """The START ``upstream`` object declared once (wsfleet.upstream_spec): every key's
 validation, the stored form and its round trip, the URL and open message a connect
-uses, and the README table built from the declaration. Pure: no AWS, no sockets."""
+uses, and docs/api.md's table built from the declaration. Pure: no AWS, no sockets."""
 
 from __future__ import annotations
 
@@ -350,7 +350,7 @@ def test_the_open_message_has_its_placeholders_filled_and_no_open_message_is_non
     assert ok(None).opening(from_seq=1, connection_id="feed-1") is None
 
 
-# --- the declaration and the README table ----------------------------------------------------------
+# --- the declaration and the docs' table -----------------------------------------------------------
 
 
 def test_every_key_of_the_object_is_declared_once_with_a_flag_and_a_sentence():

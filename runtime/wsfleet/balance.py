@@ -50,6 +50,12 @@ class FleetLoad:
     # floor, and its session id. None: a summary without a cut (rounded up, as before).
     cut_rem: int | None = None
     cut_id: str = ""
+    # Every taker's (held, max_connections), in a fleet of at most LOADS_LISTED takers
+    # (empty in a larger one), and the sessions being recovered with the connections
+    # they last reported (the largest LOADS_LISTED): what a drain plans from
+    # (:func:`drain_targets`) without reading the ring.
+    loads: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    dead: Mapping[str, int] = field(default_factory=dict)
 
     def target(self, session_id: str, max_connections: int) -> int:
         """This worker's exact target: see :func:`target`."""
@@ -79,6 +85,10 @@ class FleetLoad:
         if self.cut_rem is not None:
             item[schema.FLEET_CUT_REM] = self.cut_rem
             item[schema.FLEET_CUT_ID] = self.cut_id
+        if self.loads:
+            item[schema.FLEET_LOADS] = {sid: list(load) for sid, load in self.loads.items()}
+        if self.dead:
+            item[schema.FLEET_DEAD] = dict(self.dead)
         return item
 
     @classmethod
@@ -95,6 +105,8 @@ class FleetLoad:
             over={str(k): int(v) for k, v in (item.get(schema.FLEET_OVER) or {}).items()},
             cut_rem=None if cut is None else int(cut),
             cut_id=str(item.get(schema.FLEET_CUT_ID, "")),
+            loads={str(k): (int(v[0]), int(v[1])) for k, v in (item.get(schema.FLEET_LOADS) or {}).items()},
+            dead={str(k): int(v) for k, v in (item.get(schema.FLEET_DEAD) or {}).items()},
         )
 
 
@@ -158,7 +170,7 @@ def summarize(
     renewal (:meth:`SessionTiming.suspect`) still counts its connections but takes none:
     listed under its target, it would have the others leave free connections to it."""
     watched = watched or {}
-    live, suspects = [], 0
+    live, dead = [], {}
     for s in sessions:
         sid = s.get(schema.SESSION_ID, "")
         if s.get(schema.EXPIRES_AT_MS) is not None:  # read with the item: as fresh as the summary
@@ -175,7 +187,7 @@ def summarize(
         if s.get(schema.SESSION_STATE) == schema.LIVE and (expires is None or expires >= now_ms):
             live.append((s, expires, fresh))
         else:
-            suspects += 1  # expired, or ENDED and still in the ring: not drained yet
+            dead[sid] = int(s.get(schema.ACTIVE, 0))  # expired, or ENDED and still in the ring: not drained yet
     takers = {
         s[schema.SESSION_ID]: int(s.get(schema.MAX_CONNECTIONS, 0))
         for s, expires, fresh in live
@@ -196,17 +208,19 @@ def summarize(
         active,
         sum(takers.values()),
         sum(under.values()),
-        suspects,
+        len(dead),
         now_ms,
         _largest(under),
         _largest(over),
         cut_rem,
         cut_id,
+        {sid: (held[sid], m) for sid, m in takers.items()} if len(takers) <= LOADS_LISTED else {},
+        _largest(dead, LOADS_LISTED),
     )
 
 
-def _largest(amounts: Mapping[str, int]) -> dict[str, int]:
-    return dict(sorted(amounts.items(), key=lambda kv: (-kv[1], kv[0]))[:UNDER_LISTED])
+def _largest(amounts: Mapping[str, int], most: int | None = None) -> dict[str, int]:
+    return dict(sorted(amounts.items(), key=lambda kv: (-kv[1], kv[0]))[: most or UNDER_LISTED])
 
 
 def shed_targets(fleet: FleetLoad, me: str, n: int, rng: random.Random | None = None) -> list[str]:
@@ -239,35 +253,53 @@ def _facing(deficits: Mapping[str, int], movers: Mapping[str, int], me: str, n: 
     return chosen + [""] * (n - len(chosen))
 
 
-def drain_targets(sessions: Iterable[Mapping], *, dead_session: str, count: int) -> list[str] | None:
-    """Where each of a crashed session's ``count`` STARTED connections should go: the
-    survivors' exact targets over the fleet without the dead sessions, from the ring as
-    the drainer read it at the crash (``sessions``: what ``by_ring`` projects). The
-    survivors (LIVE, not draining) are filled from their held counts to their targets:
+def drain_targets(fleet: FleetLoad, *, dead_session: str, count: int) -> list[str] | None:
+    """Where each of a crashed session's ``count`` STARTED connections should go, from the
+    fleet summary alone (no read of the ring: O(1) reads a drain at any fleet size): the
+    survivors' exact targets over the fleet without the dead sessions. The survivors (the
+    summary's takers, less the dead) are filled from their held counts to their targets:
     their deficits laid out in a row (in id order, each as many times as it is under),
-    the dead sessions' connections likewise (ENDED ones still in the ring, each with the
-    load it last reported; ``dead_session`` with ``count``), and each dead session's
-    part of the row is its plan. Every drainer of a crash computes the same plan from the
-    same ring, so together they fill each survivor to its target and no rebalance has
-    to move anything later. "" for any beyond the row (anyone). None when the ring shows
-    no survivor with room (the caller falls back to :func:`wsfleet.leases.drain_split`)."""
-    survivors: dict[str, int] = {}
-    held: dict[str, int] = {}
-    dead: dict[str, int] = {dead_session: count}
-    for s in sessions:
-        sid = s.get(schema.SESSION_ID, "")
-        if sid == dead_session:
-            continue
-        if s.get(schema.SESSION_STATE) == schema.LIVE:
-            held[sid] = int(s.get(schema.ACTIVE, 0))
-            if not s.get(schema.DRAINING):
-                survivors[sid] = int(s.get(schema.MAX_CONNECTIONS, 0))
-        else:
-            dead[sid] = int(s.get(schema.ACTIVE, 0))
+    the dead sessions' connections likewise (those the summary lists as being recovered,
+    each with the load it last reported; ``dead_session`` with ``count``), and each dead
+    session's part of the row is its plan. Every drainer of a crash that works from the
+    same summary computes the same plan, so together they fill each survivor to its
+    target. "" for any beyond the row (anyone).
+
+    The summary lists every taker's load only in a fleet of at most
+    :data:`LOADS_LISTED` takers; in a larger one, and when the summary shows no survivor
+    with room, None: the drainer takes its own part (:func:`drain_share`) and hints the
+    rest for anyone (workers under their target take them by the ten). The summary may be a few seconds old: a survivor it counts low may be
+    named one too many (its pickup frees and hints what it has no room for), a crashed
+    session it still counts as a taker may be named (the move is refused once it has
+    ended, and the connection hinted for anyone)."""
+    if not fleet.loads or len(fleet.loads) < fleet.workers:
+        return None
+    dead = {sid: n for sid, n in fleet.dead.items() if sid != dead_session}
+    # ``fleet.active`` counts the LIVE sessions: the dead session too while the summary
+    # still took it for a taker (its listed load is replaced by ``count``), never the
+    # sessions it lists as dead.
+    total = fleet.active - fleet.loads.get(dead_session, (0, 0))[0] + sum(dead.values()) + count
+    dead[dead_session] = count
+    survivors = {sid: m for sid, (_, m) in fleet.loads.items() if sid not in dead}
     if not sum(survivors.values()):
         return None
-    targets, _, _ = exact_targets(survivors, sum(held.values()) + sum(dead.values()))
-    return _facing({sid: targets[sid] - held[sid] for sid in targets}, dead, dead_session, count)
+    targets, _, _ = exact_targets(survivors, total)
+    return _facing({sid: targets[sid] - fleet.loads[sid][0] for sid in targets}, dead, dead_session, count)
+
+
+def drain_share(fleet: FleetLoad, *, count: int, active: int, max_connections: int, me: str = "") -> int:
+    """How many of a dead session's ``count`` connections its drainer takes itself when
+    the summary cannot plan them (a fleet larger than :data:`LOADS_LISTED` takers): as
+    many as bring it to its target once the dead session's connections are spread over
+    the fleet in proportion to capacity (its target by the summary, plus its part of
+    ``count``), never fewer than none. The rest are hinted for anyone: in a crash of many
+    sessions every survivor takes its part from the hints, where a drainer that took half
+    its room would end above its target by about that much, for a rebalance to move
+    again."""
+    if not fleet.capacity:
+        return 0
+    part = -(-count * max_connections // fleet.capacity)  # rounded up
+    return max(0, fleet.target(me, max_connections) + part - active)
 
 
 # A moved connection is missing from the counts from its release (the shedder's count
@@ -276,7 +308,39 @@ def drain_targets(sessions: Iterable[Mapping], *, dead_session: str, count: int)
 # after it).
 IN_TRANSIT_S = 10.0
 
+# A renewal writes a changed count to the ring index (where the summarizer reads it) only
+# if this many renewals since the last that wrote the load did not: at most one index
+# write per worker every two heartbeats, whatever moves (:func:`ring_write_due`).
+RING_WRITE_GAP = 1
+
+
+def ring_write_due(stored: tuple[int, int, bool] | None, load: tuple[int, int, bool], *, renewals_since: int) -> bool:
+    """Whether a renewal writes the load ``(active, max_connections, draining)`` it
+    reports (projected into the ring index, all of it in one partition): always when
+    what is stored is unknown (``None``: the first renewal, or one whose answer was
+    lost) or its capacity or draining changed (the summary must stop counting a leaving
+    worker as a taker at once); a changed count only once ``renewals_since`` (landed
+    renewals since the one that last wrote the load) reaches :data:`RING_WRITE_GAP`.
+    So a count that changes at every heartbeat (a crash's survivors taking their share,
+    a deploy's tasks handing over and taking) is written every other one: the ring's
+    writes are bounded by the workers, not by how fast counts move, and a count in the
+    index is at most two heartbeats behind (:func:`ring_lag_ms`)."""
+    if stored is None or stored[1:] != load[1:]:
+        return True
+    return stored[0] != load[0] and renewals_since >= RING_WRITE_GAP
+
+
+def ring_lag_ms(heartbeat_ms: int) -> int:
+    """How far behind a worker's count in the ring index can be: the renewal that would
+    carry a change may be one that :func:`ring_write_due` skips."""
+    return (RING_WRITE_GAP + 1) * heartbeat_ms
+
+
 UNDER_LISTED = 25  # sessions under (and over) their share named in the summary
+# Every taker's load is in the summary while there are at most this many (a drain plans
+# from it: :func:`drain_targets`), and the dead sessions are listed up to this many:
+# about 55 bytes each, so the #fleet item stays under 8 KB, one read unit.
+LOADS_LISTED = 32
 # A shed hint (one meant for nobody in particular) is for workers under their share this
 # long; then anyone takes it (the summary may be stale): it is never left unowned.
 SHED_ANYONE_AFTER_S = 4.0

@@ -294,6 +294,27 @@ def unreachable(connection: Mapping, session: Mapping | None, *, now_ms: int = 0
     return None
 
 
+# --- the reachability sweep's pace --------------------------------------------------
+
+SWEEP_PAGE_ITEMS = 200
+SWEEP_PAGE_PAUSE_S = 1.0  # between two pages of a segment: at most SWEEP_PAGE_ITEMS a second each
+SWEEP_FILL = 0.5  # a pass is sized to take at most this share of SWEEP_SECONDS
+# Segments read at once at most (each a Scan in the AWS lane's threads): 3,200 connections
+# a second, a pass over 960,000 within half of the default SWEEP_SECONDS.
+SWEEP_MAX_SEGMENTS = 16
+# A session read for one page is used for the pages of the next this many seconds: its
+# state or ring membership changing meanwhile delays what the sweep sees of it by as
+# much (a connection that looks unreachable is confirmed by a consistent read anyway).
+SWEEP_SESSION_REUSE_S = 30.0
+
+
+def sweep_segments(connections: int, *, sweep_s: float, page_items: int = SWEEP_PAGE_ITEMS) -> int:
+    """How many segments a pass over about ``connections`` items scans in parallel so
+    that it takes at most ``SWEEP_FILL`` of ``sweep_s``, each segment reading
+    ``page_items`` every ``SWEEP_PAGE_PAUSE_S``: at least one, at most ``SWEEP_MAX_SEGMENTS``."""
+    per_segment = page_items / SWEEP_PAGE_PAUSE_S * sweep_s * SWEEP_FILL
+    return max(1, min(SWEEP_MAX_SEGMENTS, math.ceil(max(0, connections) / per_segment)))
+
 # --- watching: the ring --------------------------------------------------------------
 
 

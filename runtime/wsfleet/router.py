@@ -7,7 +7,8 @@ succeeds, because the workers' orphan reconciler finds every STARTED connection
 without an owner anyway. A STOP of an owned connection is posted to the owning session's
 inbox in the same write (see :meth:`ConnectionsStore.stop`), so that no lost answer and
 no crash of this function can keep it from the owner. ``GET /connections/{connection_id}``
-returns the public state; ``GET /connections/{connection_id}/messages`` a page of what is
+returns the public state, ``DELETE`` removes a STOPPED one that no session holds any more
+(its messages go by TTL); ``GET /connections/{connection_id}/messages`` a page of what is
 stored (:mod:`wsfleet.message_pages`), large data as presigned S3 URLs: presigning is
 computed here from the function's own credentials, no S3 request. Where ``SINK`` has no
 dynamodb the frames are on a Kinesis stream only, and the read API answers 409
@@ -44,7 +45,7 @@ from .settings_spec import ConfigError
 from .leases import released_at_fence
 from .logs import JsonLogger, route_stdlib_logging
 from .sinks import MessagesStore
-from .store import ConnectionsStore, SessionsStore, StartOutcome, StopOutcome, TransientError
+from .store import ConnectionsStore, DeleteOutcome, SessionsStore, StartOutcome, StopOutcome, TransientError
 from .validation import Allowlist, Invalid, check_connection_id, check_ws_url
 
 MAX_BODY_BYTES = 16 * 1024
@@ -53,7 +54,7 @@ SERVICE_NAME = "wsfleet-router"
 EVENTS = "/events"
 CONNECTION = "/connections/{connection_id}"
 MESSAGES = "/connections/{connection_id}/messages"
-ROUTES: Mapping[str, tuple[str, ...]] = {EVENTS: ("POST",), CONNECTION: ("GET",), MESSAGES: ("GET",)}
+ROUTES: Mapping[str, tuple[str, ...]] = {EVENTS: ("POST",), CONNECTION: ("GET", "DELETE"), MESSAGES: ("GET",)}
 _CONNECTION_PREFIX = "/connections/"
 _MESSAGES_SUFFIX = "/messages"
 
@@ -232,6 +233,8 @@ class Router:
             return self._post_event(_json_body(event), fields)
         if route == MESSAGES:
             return self._get_messages(path_id, event, fields)
+        if method == "DELETE":
+            return self._delete(path_id, fields)
         return self._get_connection(path_id, fields)
 
     def _post_event(self, body: dict, fields: dict[str, Any]) -> tuple[int, dict]:
@@ -283,6 +286,20 @@ class Router:
             fields["owner_told"] = stopped.told
         body = {"connection_id": connection_id, "desired_state": schema.STOPPED, "outcome": outcome.value}
         return _STOP_STATUS[outcome], body
+
+    def _delete(self, raw_id: object, fields: dict[str, Any]) -> tuple[int, dict]:
+        """A STOPPED connection its owner has let go: its item goes (its messages by TTL)."""
+        connection_id = _valid(check_connection_id, raw_id)
+        fields["connection_id"] = connection_id
+        outcome = self._store.delete(connection_id)
+        fields["outcome"] = outcome.value
+        if outcome is DeleteOutcome.NOT_FOUND:
+            raise _unknown_connection(connection_id)
+        if outcome is not DeleteOutcome.DELETED:
+            held = outcome is DeleteOutcome.HELD
+            why = "its owner has not released it yet; try again in a few seconds" if held else "it is STARTED; STOP it first"
+            raise HttpError(409, "not_deletable", f"Connection {connection_id} cannot be deleted: {why}.")
+        return 200, {"connection_id": connection_id, "outcome": outcome.value}
 
     def _get_connection(self, raw_id: object, fields: dict[str, Any]) -> tuple[int, dict]:
         connection_id = _valid(check_connection_id, raw_id)
@@ -381,8 +398,8 @@ def _route(event: Mapping[str, Any]) -> tuple[str, object]:
             raise HttpError(
                 404,
                 "not_found",
-                f"No route for {path or 'this path'}; use POST /events, GET /connections/{{connection_id}} "
-                "or GET /connections/{connection_id}/messages.",
+                f"No route for {path or 'this path'}; use POST /events, GET or DELETE "
+                "/connections/{connection_id}, or GET /connections/{connection_id}/messages.",
             )
         resource, raw = matched
     # A client may percent-encode ':' in the path. '%' is not allowed in an id, so

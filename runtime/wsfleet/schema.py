@@ -125,6 +125,9 @@ FLEET_AT_MS = "summarized_at_ms"
 # knows its exact target without the summary listing every worker.
 FLEET_CUT_REM = "cut_rem"  # active * max_connections % capacity of the last worker given one more
 FLEET_CUT_ID = "cut_id"  # ... and its session id
+# What a drain plans from (wsfleet.balance.drain_targets), so that it never reads the ring:
+FLEET_LOADS = "loads"  # {session_id: [held, max_connections]} of every taker, in a small fleet
+FLEET_DEAD = "dead"  # {session_id: connections it last reported} of the sessions being recovered
 
 # Sparse index of the sessions still to be watched (LIVE ones, and ENDED ones whose
 # connections are not all taken yet), ordered by session id: a worker watches its next

@@ -3,8 +3,8 @@ bounds, a one-line doc, and who reads it (the worker, the router, the consumer).
 and nothing of wsfleet imported: the floor everything else stands on.
 
 From :data:`VARIABLES` come the start-up validation (:mod:`wsfleet.config`, which parses
-them into frozen dataclasses), the README's tables (:func:`markdown_table`; a test fails
-when the README drifts, ``python -m wsfleet.settings_spec README.md`` rewrites them) and
+them into frozen dataclasses), the tables of docs/configuration.md (:func:`markdown_table`;
+a test fails when they drift, ``python -m wsfleet.settings_spec`` rewrites them) and
 the stacks' container and Lambda environments (``stacks/``: :meth:`Variable.text` writes
 a value as the runtime parses it, :func:`environment` refuses a variable its reader does
 not read).
@@ -22,7 +22,7 @@ WORKER, ROUTER, CONSUMER = "worker", "router", "consumer"
 READERS = (WORKER, ROUTER, CONSUMER)
 _SERVICE = (WORKER, ROUTER)  # the worker and the router read the same resources
 
-# The kinds of value, as the README shows them.
+# The kinds of value, as docs/configuration.md shows them.
 NAME, TEXT, SECONDS, WHOLE, FLAG, FRACTION, LIST, URL = (
     "name", "text", "seconds", "whole number", "on/off", "fraction", "comma-separated", "URL",
 )  # fmt: skip
@@ -94,11 +94,11 @@ class Variable:
     name: str
     kind: str  # one of the kinds above
     default: Any  # what an unset variable means (None: required, or worked out at start-up)
-    doc: str  # one line, for the README
+    doc: str  # one line, for docs/configuration.md (links relative to docs/)
     readers: tuple[str, ...]
     low: float | None = None  # bounds, inclusive, where the kind has them
     high: float | None = None
-    shown: str = ""  # the README's default where it is not simply ``default``
+    shown: str = ""  # the docs' default where it is not simply ``default``
     stack: tuple[str, ...] = ()  # readers whose environment the stacks always set it in
     standard: bool = False  # a platform's or the SDK's variable: named below the tables
 
@@ -130,13 +130,13 @@ _VARIABLES = (
     Variable(QUEUE_URL, NAME, None, "the START-hint queue", _SERVICE, stack=_SERVICE),
     Variable(
         MESSAGES_BUCKET_NAME, NAME, None,
-        'S3 bucket for data too large for a messages item (see "Messages: one item per seq")',
+        'S3 bucket for data too large for a messages item (see [Messages: one item per seq](design.md#messages-one-item-per-seq-large-data-in-s3))',
         _SERVICE, stack=_SERVICE,
     ),
     Variable(
         SINK, TEXT, "dynamodb",
         "where frames go: `dynamodb` (the messages table), `kinesis` (the stream), or `dynamodb,kinesis` "
-        '(see "Where frames go"); the stacks set it where the stream is',
+        '(see [Where frames go](sinks.md)); the stacks set it where the stream is',
         _SERVICE,
     ),
     Variable(
@@ -227,7 +227,7 @@ _VARIABLES = (
     ),
     Variable(
         MAX_FRAME_BYTES, WHOLE, 32 * 1024 * 1024,
-        "the WebSocket frame limit (the socket's `max_size`): a larger frame is not taken (see \"Frames\")",
+        "the WebSocket frame limit (the socket's `max_size`): a larger frame is not taken (see [Frames](design.md#frames-a-frame-never-fails-a-connection))",
         # Below the largest item's data no frame would be large; above, one frame is more
         # than a task's memory.
         (WORKER,), low=4096, high=512 * 1024 * 1024, shown="33554432 (32 MiB)", stack=(WORKER,),
@@ -235,12 +235,12 @@ _VARIABLES = (
     Variable(
         QUARANTINE_AFTER, WHOLE, 3,
         "the crash-loop breaker: a connection that was the prime suspect of this many consecutive deaths of its owners "
-        "within 15 minutes is quarantined (not taken again until a new START; see \"The crash-loop breaker\")",
+        "within 15 minutes is quarantined (not taken again until a new START; see [The crash-loop breaker](design.md#the-crash-loop-breaker))",
         (WORKER,), low=2, high=100,
     ),
     Variable(
         MAX_BUFFERED_BYTES, WHOLE, None,
-        "frame bytes the worker holds at once, in its sockets and its writer (see \"Memory under large frames\"); "
+        "frame bytes the worker holds at once, in its sockets and its writer (see [Memory under large frames](design.md#memory-under-large-frames)); "
         "`off` only to compare with the unbounded behaviour",
         (WORKER,), low=1024 * 1024, high=1 << 40,
         shown="half of what the task's memory (cgroup `memory.max`) leaves beside the frame decoder, else 268435456 (256 MiB)", stack=(WORKER,),
@@ -248,7 +248,7 @@ _VARIABLES = (
     Variable(
         UPSTREAM_SECRET_PREFIX, TEXT, "",
         "Secrets Manager name prefix a START's `secret_headers` may name (router and worker check it; empty allows "
-        'no secret; see "The upstream object")',
+        'no secret; see [The upstream object](api.md#the-upstream-object-credentials-a-subscribe-message-other-frame-shapes))',
         _SERVICE, shown="empty (the stacks: `wsfleet/<env>/`)", stack=_SERVICE,
     ),
     Variable(
@@ -268,14 +268,14 @@ _VARIABLES = (
     Variable(
         SECRET_HOSTS_REQUIRED, FLAG, False,
         "`on`: a secret is sent only to the hosts its `wsfleet:hosts` tag lists and an untagged secret is refused; "
-        '`off`: an untagged one may go to any allowed host (see "Security model")',
+        '`off`: an untagged one may go to any allowed host (see [Security model](security.md))',
         (WORKER,), shown="`off` (the stacks: `on` in prod)", stack=(WORKER,),
     ),
-    # --- tracing (README "Tracing") ---------------------------------------------------------
+    # --- tracing (docs/tracing.md) ---------------------------------------------------------
     Variable(
         TRACING, TEXT, "xray-sdk",
         "`xray-sdk` (the AWS X-Ray SDK and daemon), `otel` (OpenTelemetry, honours the standard `OTEL_*` "
-        'variables) or `off` (see "Tracing")',
+        'variables) or `off` (see [Tracing](tracing.md))',
         _SERVICE, stack=_SERVICE,
     ),
     Variable(
@@ -352,11 +352,11 @@ def environment(reader: str, values: Mapping[str, str]) -> dict[str, str]:
     return dict(values)
 
 
-# --- the README's tables --------------------------------------------------------------------
+# --- the docs' tables -----------------------------------------------------------------------
 
 
 def markdown_table(reader: str) -> str:
-    """The README's table of what ``reader`` reads, from :data:`VARIABLES`: the product's
+    """docs/configuration.md's table of what ``reader`` reads, from :data:`VARIABLES`: the product's
     own variables one row each, the standard ones named after it."""
 
     def cell(text: str) -> str:
@@ -370,12 +370,15 @@ def markdown_table(reader: str) -> str:
     return "\n".join(rows) + f"\n\nAlso read, as their platform or SDK defines them: {standard}."
 
 
+DOCS = "docs/configuration.md"  # where the tables are, from the checkout's root
+
+
 def _block(reader: str) -> str:
     return f"variables-{reader}"
 
 
 def rewrite(text: str) -> str:
-    """``text`` (the README) with each ``<!-- variables-<reader> -->`` block regenerated."""
+    """``text`` (docs/configuration.md) with each ``<!-- variables-<reader> -->`` block regenerated."""
     for reader in READERS:
         name = _block(reader)
         pattern = re.compile(rf"(<!-- {name} -->\n).*?(<!-- /{name} -->)", flags=re.DOTALL)
@@ -385,8 +388,9 @@ def rewrite(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m wsfleet.settings_spec README.md``: rewrite its tables of variables."""
-    (path,) = argv or ["README.md"]
+    """``python -m wsfleet.settings_spec [FILE]``: rewrite the tables of variables in FILE
+    (docs/configuration.md)."""
+    (path,) = argv or [DOCS]
     readme = Path(path)
     before = readme.read_text(encoding="utf-8")
     after = rewrite(before)

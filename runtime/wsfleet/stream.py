@@ -6,7 +6,7 @@ upstream sends, :func:`parse_frame` returns either a :class:`Frame` to store or 
 :class:`Rejected` to count, and never raises. A frame whose seq can be read but whose data
 cannot be stored becomes a skip marker at that seq (a :class:`Frame` with no data), so the
 stored messages stay gap-free and no owner ever stops at it; a frame with no usable seq
-is only counted. :class:`Problem` names each class; the README's table says what happens
+is only counted. :class:`Problem` names each class; docs/design.md's table says what happens
 to each.
 
 No silent holes: every seq up to the checkpoint is stored, as data or as a marker. Seqs the

@@ -1,8 +1,8 @@
 """The START ``upstream`` object: how one connection talks to its upstream. No I/O.
 
 Declared once, in :data:`FIELDS`: the router validates a START against it
-(:func:`parse`), the CLI builds its ``wsfleet start`` flags from it, and the README's
-table of the object is generated from it (a test fails when the README drifts). The
+(:func:`parse`), the CLI builds its ``wsfleet start`` flags from it, and docs/api.md's
+table of the object is generated from it (a test fails when the docs drift). The
 worker parses what the router stored with the same :func:`parse`, so a value the
 router would refuse never reaches a socket either.
 
@@ -162,12 +162,12 @@ class Field:
     """One key of the ``upstream`` object: what it is, its default, its CLI flag."""
 
     key: str
-    type: str  # as the README shows it
-    default: str  # as the README shows it ("" for none)
+    type: str  # as docs/api.md shows it
+    default: str  # as docs/api.md shows it ("" for none)
     flag: str  # the wsfleet start option
     metavar: str
     repeat: bool  # the flag may be given several times (one entry each)
-    help: str  # one sentence, for the CLI and the README
+    help: str  # one sentence, for the CLI and docs/api.md
     check: Callable[[Any, "_Context"], Any] = field(repr=False, compare=False, default=lambda v, c: v)
     choices: tuple[str, ...] = ()  # the only values it takes, when it is one of a few
 
@@ -445,12 +445,12 @@ def parse(value: object, *, secret_prefix: str, region: str | None = None) -> Up
     return upstream
 
 
-# --- the README's table ------------------------------------------------------------------
+# --- docs/api.md's table ----------------------------------------------------------------
 
 
 def markdown_table() -> str:
-    """The README's table of the ``upstream`` keys and their limits, from :data:`FIELDS`
-    (a test fails when the README's copy differs)."""
+    """docs/api.md's table of the ``upstream`` keys and their limits, from :data:`FIELDS`
+    (a test fails when the docs' copy differs)."""
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|")

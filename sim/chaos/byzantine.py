@@ -1,4 +1,4 @@
-"""Byzantine frames: every class of bad frame the worker's parser knows (README, "Frames:
+"""Byzantine frames: every class of bad frame the worker's parser knows (docs/design.md, "Frames:
 a frame never fails a connection"), how the nemesis builds each one, and what the
 checker must then find in the messages table. Plain data, no I/O.
 

@@ -1,5 +1,5 @@
-"""The REST API in front of the router: ``POST /events``,
-``GET /connections/{connection_id}`` and ``GET /connections/{connection_id}/messages``
+"""The REST API in front of the router: ``POST /events``, ``GET`` and ``DELETE
+/connections/{connection_id}`` and ``GET /connections/{connection_id}/messages``
 (CONTRACT section 2), IAM (SigV4) auth on every one.
 
 API Gateway rejects a body that cannot be an event before it costs a Lambda call; the
@@ -88,7 +88,7 @@ class EventsApi(Construct):
             description="wsfleet desired-state events",
             endpoint_types=[apigw.EndpointType.REGIONAL],
             default_method_options=apigw.MethodOptions(authorization_type=apigw.AuthorizationType.IAM),
-            # Execution logs need the region-wide API Gateway logging role (see README).
+            # Execution logs need the region-wide API Gateway logging role (see docs/stacks.md).
             # Every environment in the account sets it, so deleting one stack must never
             # delete the role the others still log through.
             cloud_watch_role=True,
@@ -128,12 +128,13 @@ class EventsApi(Construct):
             request_models={"application/json": event_model},
         )
         connection = self.rest_api.root.add_resource("connections").add_resource("{connection_id}")
-        connection.add_method(
-            "GET",
-            integration,
-            request_validator=validator,
-            request_parameters={"method.request.path.connection_id": True},
-        )
+        for method in ("GET", "DELETE"):
+            connection.add_method(
+                method,
+                integration,
+                request_validator=validator,
+                request_parameters={"method.request.path.connection_id": True},
+            )
         # The paging parameters are optional and the router checks their values (400):
         # declared here so that the API documents them, not required.
         connection.add_resource("messages").add_method(

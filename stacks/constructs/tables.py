@@ -34,7 +34,7 @@ MESSAGES_LOGICAL_ID = "MessagesTable"
 
 # The ring index as stacks before issue 22 deployed it, and their workers query it: kept
 # beside ``schema.RING_INDEX`` while a stack is upgraded (``keep_legacy_ring_index``;
-# README, "Upgrading an existing stack"). CloudFormation cannot change an index's
+# docs/operations.md, "Upgrading an existing stack"). CloudFormation cannot change an index's
 # projection in place, and a table update creates or deletes one index: the upgrade adds
 # the new index in one deploy and drops this one in the next.
 LEGACY_RING_INDEX = "by_ring"

@@ -87,3 +87,46 @@ def test_plan_names_a_missing_environment_with_a_sentence(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--env staging: no environment 'staging'" in err and "(environments in" in err and ": qa)" in err
     assert "Traceback" not in err
+
+
+# --- docs/configuration.md lists every setting with its default ---------------------------------
+
+
+def _toml(value) -> str:
+    """A default as an environment file writes it; none where a file cannot (None)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if isinstance(value, tuple):
+        return "`[" + ", ".join(f'"{v}"' for v in value) + "]`"
+    if isinstance(value, dict):
+        return "`{" + ", ".join(f"{k} = {v}" for k, v in value.items()) + "}`"
+    if isinstance(value, logs.RetentionDays):
+        return f'`"{value.name}"`'
+    return f"`{value!r}`"
+
+
+def test_the_configuration_docs_list_every_setting_with_its_default():
+    import dataclasses
+    import re
+    from pathlib import Path
+
+    from stacks.settings_parts import ConsumerSettings, TracingSettings
+
+    def default(f):
+        return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+    expected = {
+        f.name: _toml(default(f))
+        for f in dataclasses.fields(EnvironmentSettings)
+        if f.name not in ("name", "consumer", "tracing")
+    }
+    for prefix, part in (("consumer", ConsumerSettings), ("tracing", TracingSettings)):
+        expected |= {f"{prefix}.{f.name}": _toml(default(f)) for f in dataclasses.fields(part)}
+    text = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text(encoding="utf-8")
+    section = text[text.index("### Every setting") : text.index("### Overrides on the command line")]
+    documented = dict(re.findall(r"^\| `([a-z_.]+)` \| (.*?) \|", section, flags=re.MULTILINE))
+    assert documented == expected

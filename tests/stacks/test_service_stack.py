@@ -125,7 +125,7 @@ def _all_statements(template) -> list[dict]:
 
 def test_every_api_method_requires_iam_auth(env):
     methods = _resources(env, "AWS::ApiGateway::Method")
-    assert {m["Properties"]["HttpMethod"] for m in methods.values()} == {"POST", "GET"}
+    assert {m["Properties"]["HttpMethod"] for m in methods.values()} == {"POST", "GET", "DELETE"}
     for method in methods.values():
         assert method["Properties"]["AuthorizationType"] == "AWS_IAM"
 
@@ -148,11 +148,12 @@ def test_post_events_is_validated_against_the_event_model(env):
     )
 
 
-def test_get_connection_requires_its_path_parameter(env):
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+def test_get_and_delete_of_a_connection_require_its_path_parameter(env, method):
     env.service_template.has_resource_properties(
         "AWS::ApiGateway::Method",
         {
-            "HttpMethod": "GET",
+            "HttpMethod": method,
             "RequestParameters": {"method.request.path.connection_id": True},
             "RequestValidatorId": Match.any_value(),
         },
@@ -179,6 +180,7 @@ def test_the_api_has_the_contract_routes_each_iam_authorized_and_proxied_to_the_
     assert set(routes) == {
         ("POST", "/events"),
         ("GET", "/connections/{connection_id}"),
+        ("DELETE", "/connections/{connection_id}"),
         ("GET", "/connections/{connection_id}/messages"),
     }
     router_arn = env.service.resolve(env.service.router.function.function_arn)
@@ -349,8 +351,8 @@ def test_router_environment_passes_the_routers_own_validation(env):
 def test_router_may_write_connections_post_stops_read_messages_and_send_hints_only(env):
     statements = _statements_of_role(env, _router(env)["Role"])
     assert _dynamodb_grants(env, statements) == {
-        # START and STOP: conditional writes of the desired state; GET reads it.
-        "connections_table": {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem"},
+        # START and STOP: conditional writes of the desired state; GET reads it; DELETE of a STOPPED one.
+        "connections_table": {"dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"},
         # STOP posts to the owning session's inbox; GET reads that session's expiry.
         "sessions_table": {"dynamodb:GetItem", "dynamodb:UpdateItem"},
         # GET .../messages reads a page; nothing writes messages but the workers.

@@ -1,4 +1,4 @@
-"""Upgrading a stack deployed before issue 22 (README, "Upgrading an existing stack"):
+"""Upgrading a stack deployed before issue 22 (docs/operations.md, "Upgrading an existing stack"):
 its sessions table has the ring index ``by_ring`` (KEYS_ONLY), the code now queries
 ``by_ring_load`` (INCLUDE the load). CloudFormation cannot change an index's projection
 in place, and a table update creates or deletes one index, so the upgrade takes two
@@ -86,7 +86,7 @@ def test_workers_may_query_both_ring_indexes_only_while_upgrading(upgrading, dev
 
 def test_the_service_stack_deploys_after_the_stateful_stack(upgrading):
     # `cdk deploy --all` updates the tables first, but CloudFormation does not wait for a
-    # new index's backfill: the README has the first deploy go stack by stack.
+    # new index's backfill: docs/operations.md has the first deploy go stack by stack.
     assert [stack.stack_name for stack in upgrading.service.dependencies] == [upgrading.stateful.stack_name]
 
 

@@ -1,12 +1,13 @@
-"""The operators' CLI, ``wsfleet``: START, STOP, GET and the stored messages through the
-API, and the fleet as the tables record it (workers, ownership, checkpoints).
+"""The operators' CLI, ``wsfleet``: START, STOP, GET, DELETE and the stored messages through
+the API, and the fleet as the tables record it (workers, ownership, checkpoints).
 
-Two ways in, as the fleet has them. ``start``, ``stop``, ``retry``, ``get`` and ``messages`` go
-through the API like any caller (``api``, ``reading``). ``status`` and ``connections``
-only read the tables (``fleet``, ``views``), found through the worker's environment
-variables or a stack's outputs (``locate``); they never write. ``records`` reads the
-messages stream (``records``) where the fleet's SINK has kinesis. Here: the command line and the one
-sentence an operator sees when something fails.
+Two ways in, as the fleet has them. ``start``, ``stop``, ``retry``, ``restart``, ``delete``,
+``get`` and ``messages`` go through the API like any caller (``api``, ``reading``).
+``status`` and ``connections`` only read the tables (``fleet``, ``views``), found through
+the environment named once, a stack's outputs or the worker's variables (``locate``); they
+never write. ``records`` reads the messages stream (``records``) where the fleet's SINK
+has kinesis. Here: the command line and the one sentence an operator sees when something
+fails.
 """
 
 from __future__ import annotations
@@ -96,10 +97,9 @@ _FLUSH = settings_spec.VARIABLES[settings_spec.FLUSH_INTERVAL_MS]
 
 
 def _flush_ms(text: str) -> int:
-    value = _number(text, "milliseconds")
-    if not (_FLUSH.low <= value <= _FLUSH.high and value.is_integer()):
-        raise argparse.ArgumentTypeError(
-            f"must be a whole number from {_FLUSH.low} to {_FLUSH.high} (FLUSH_INTERVAL_MS's bounds), got {text!r}")
+    value, low, high = _number(text, "milliseconds"), _FLUSH.low, _FLUSH.high
+    if not (low <= value <= high and value.is_integer()):
+        raise argparse.ArgumentTypeError(f"must be a whole number from {low} to {high} (FLUSH_INTERVAL_MS's bounds), got {text!r}")
     return int(value)
 
 
@@ -119,36 +119,46 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--region", help="AWS region [AWS_REGION, else the default chain's]; an execute-api URL names its own"
     )
+    common.add_argument(
+        "--env",
+        metavar="NAME",
+        help="the environment, named once [WSFLEET_ENV]: the API is the ApiUrl output of its stack wsfleet-NAME-service, "
+        "the tables and the stream the outputs of wsfleet-NAME-stateful; plan reads its file environments/NAME.toml "
+        "(the directory: WSFLEET_ENVIRONMENTS, else ./environments, else the checkout's) [dev]",
+    )
 
     api = argparse.ArgumentParser(add_help=False, parents=[common])
-    where = api.add_mutually_exclusive_group(required=True)
+    where = api.add_mutually_exclusive_group()
     where.add_argument(
         "--api",
         metavar="URL",
-        help="the API's base URL: http://127.0.0.1:PORT locally, https://ID.execute-api.REGION.amazonaws.com/v1 deployed",
+        help="the API's base URL: http://127.0.0.1:PORT locally, https://ID.execute-api.REGION.amazonaws.com/v1 "
+        "deployed [WSFLEET_API, read after --env and before WSFLEET_ENV]",
     )
     where.add_argument(
         "--stack",
         metavar="NAME",
-        help="read the API URL from the ApiUrl output of this service stack (wsfleet-<env>-service)",
+        help="read the API URL from the ApiUrl output of this service stack (wsfleet-<env>-service; --env names it)",
     )
 
     tables = argparse.ArgumentParser(add_help=False, parents=[common])
     tables.add_argument(
         "--stack",
         metavar="NAME",
-        help="read the table names from the outputs of this stateful stack (wsfleet-<env>-stateful: "
-        "ConnectionsTableName, SessionsTableName, MessagesTableName); without it they come from TABLE_NAME, "
-        "SESSIONS_TABLE_NAME and MESSAGES_TABLE_NAME",
+        help="read the table names from the outputs of this stateful stack (wsfleet-<env>-stateful, which --env "
+        "names: ConnectionsTableName, SessionsTableName, MessagesTableName); without --stack or --env they come "
+        "from TABLE_NAME, SESSIONS_TABLE_NAME and MESSAGES_TABLE_NAME, else from WSFLEET_ENV's stack",
     )
 
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="Operate a wsfleet: START, STOP and GET connections through the API, and read the fleet's state from its tables.",
         epilog=(
-            "Requests to a deployed API are signed with SigV4 (execute-api) from the default AWS credential chain; a loopback "
-            "API (the local one) is not. Table reads take the worker's variables (TABLE_NAME, SESSIONS_TABLE_NAME, "
-            "MESSAGES_TABLE_NAME, STATE_SHARDS, AWS_REGION, AWS_ENDPOINT_URL) or --stack, and never write. "
+            "Name the fleet once: --env NAME or WSFLEET_ENV=NAME (its stacks wsfleet-NAME-service and "
+            "wsfleet-NAME-stateful). Requests to a deployed API are signed with SigV4 (execute-api) from the default AWS "
+            "credential chain; a loopback API (the local one) is not. Table reads take --env, --stack or the worker's "
+            "variables (TABLE_NAME, SESSIONS_TABLE_NAME, MESSAGES_TABLE_NAME, STATE_SHARDS, AWS_REGION, "
+            "AWS_ENDPOINT_URL), and never write. "
             "Exit status: 0 done; 1 an error, the API's 4xx/5xx included (one sentence on stderr); 2 bad usage."
         ),
     )
@@ -190,6 +200,32 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("connection_id", metavar="CONNECTION_ID")
     retry.set_defaults(run=commands.retry)
 
+    restart = subcommands.add_parser(
+        "restart",
+        parents=[api],
+        help="close a connection's socket and open it again (STOP, then START with its ws_url and upstream)",
+        description=(
+            "STOP the connection, then START it again with the ws_url and upstream it has (read by a GET first): its "
+            "owner closes the socket, checkpoints and releases it, and a worker takes it again, resuming from its "
+            "checkpoint. A STOPPED connection is STARTED."
+        ),
+    )
+    restart.add_argument("connection_id", metavar="CONNECTION_ID")
+    restart.set_defaults(run=commands.restart)
+
+    delete = subcommands.add_parser(
+        "delete",
+        parents=[api],
+        help="delete a STOPPED connection (DELETE /connections/ID)",
+        description=(
+            "Delete a STOPPED connection whose owner has released it: its item goes; its stored messages expire "
+            "with the environment's message TTL. A STARTED one is refused (STOP it first); a START of the same id "
+            "later is a new connection."
+        ),
+    )
+    delete.add_argument("connection_id", metavar="CONNECTION_ID")
+    delete.set_defaults(run=commands.delete)
+
     get = subcommands.add_parser(
         "get",
         parents=[api],
@@ -218,6 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
             "proxy the table has (acquire and release write it too, and a connection receiving no frames is not "
             "checkpointed, so an idle one shows its acquisition)."
         ),
+    )
+    status.add_argument(
+        "--watch", type=_seconds, metavar="S",
+        help="show it again every S seconds until Ctrl-C (exit 0); with --json, one object a line",
     )
     status.set_defaults(run=commands.status)
 
@@ -288,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     stream_where.add_argument(
         "--stack",
         metavar="NAME",
-        help="read the stream from the MessagesStreamName output of this stateful stack (wsfleet-<env>-stateful)",
+        help="read the stream from the MessagesStreamName output of this stateful stack (wsfleet-<env>-stateful; "
+        "--env names it)",
     )
     records.add_argument(
         "--since", type=_since, default=3600.0, metavar="T",
@@ -324,11 +365,6 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--upstream-addresses", type=_positive, default=1, metavar="K",
         help="distinct upstream IP:port the connections go to, for the NAT's per-destination limit [1: all to one]",
-    )
-    plan.add_argument(
-        "--env", default="dev", metavar="NAME",
-        help="the stacks' environment: its file environments/NAME.toml (the directory: WSFLEET_ENVIRONMENTS, else "
-        "./environments, else the checkout's) [dev]",
     )
     plan.add_argument(
         "--per-worker",
@@ -408,13 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--no-consumer", action="store_true", help="price the stream without the reference consumer (your own reader)"
     )
-    plan.add_argument(
-        "--flush-ms",
-        type=_flush_ms,
-        metavar="MS",
-        help="the workers' FLUSH_INTERVAL_MS: a connection's frames of one flush share one Kinesis record "
-        "[the environment's flush_interval_ms]",
-    )
+    plan.add_argument("--flush-ms", type=_flush_ms, metavar="MS", help="the workers' FLUSH_INTERVAL_MS: a connection's "
+                      "frames of one flush share one Kinesis record [the environment's flush_interval_ms]")
     plan.set_defaults(run=commands.plan)
     return parser
 

@@ -1,5 +1,5 @@
-"""The API as any caller reaches it: ``POST /events``, ``GET /connections/{id}`` and
-``GET /connections/{id}/messages`` over HTTP, signed with SigV4 for ``execute-api`` by
+"""The API as any caller reaches it: ``POST /events``, ``GET`` and ``DELETE
+/connections/{id}`` and ``GET /connections/{id}/messages`` over HTTP, signed with SigV4 for ``execute-api`` by
 botocore's signer, except a local API on loopback, which has no authorizer."""
 
 from __future__ import annotations
@@ -100,6 +100,9 @@ class ApiClient:
 
     def get(self, connection_id: str) -> ApiReply:
         return self.request("GET", _connection_path(connection_id))
+
+    def delete(self, connection_id: str) -> ApiReply:
+        return self.request("DELETE", _connection_path(connection_id))
 
     def messages(self, connection_id: str, *, after_seq: int, limit: int) -> ApiReply:
         query = urllib.parse.urlencode({"after_seq": after_seq, "limit": limit})

@@ -1,4 +1,4 @@
-"""The eight commands, each ``(args, env) -> exit status``: find the fleet (``locate``),
+"""The ten commands, each ``(args, env) -> exit status``: find the fleet (``locate``),
 ask the API or read the tables (``api``, ``views``), print a table or JSON (``render``)."""
 
 from __future__ import annotations
@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import time
 from typing import Any, Mapping
 
-from .. import schema
+from .. import schema, settings_spec
 from ..plan import environments as plan_environments
 from ..plan import fleet as plan_fleet
 from ..plan import large_frames
@@ -32,9 +33,7 @@ DEFAULT_MESSAGES = 20  # what `wsfleet messages` shows without --limit or --foll
 
 def _api(args: argparse.Namespace, env: Mapping[str, str]) -> ApiClient:
     session = locate.aws_session(args.region, env)
-    url = args.api or locate.api_url_of(
-        locate.stack_outputs_of(locate.client(session, "cloudformation", env), args.stack), args.stack
-    )
+    url = locate.api_url(args.api, args.stack, args.env, session, env)
     if is_local(url):
         return ApiClient(url)
     return ApiClient(url, credentials=session.get_credentials(), region=region_in_url(url) or session.region_name)
@@ -80,6 +79,26 @@ def retry(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     return _reply(args, reply, human)
 
 
+def restart(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """STOP the connection, then START it again with the ws_url and upstream it has (GET
+    first): its socket is closed and opened anew, resuming from its checkpoint."""
+    client = _api(args, env)
+    got = client.get(args.connection_id)
+    if not got.ok:
+        return _reply(args, got, "")
+    if got.body.get(schema.DESIRED_STATE) == schema.STARTED:
+        stopped = client.stop(args.connection_id)
+        if not stopped.ok:
+            return _reply(args, stopped, "")
+    reply = client.start(args.connection_id, got.body[schema.WS_URL], got.body.get(schema.UPSTREAM) or None)
+    return _reply(args, reply, _event_line(reply))
+
+
+def delete(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    reply = _api(args, env).delete(args.connection_id)
+    return _reply(args, reply, f"{args.connection_id}: deleted, HTTP {reply.status}")
+
+
 def get(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     reply = _api(args, env).get(args.connection_id)
     return _reply(args, reply, render.connection(reply.body, now_ms()))
@@ -122,8 +141,11 @@ def records(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """The connection's records on the stream from --since, the highest fence per seq,
     in seq order from --from-seq; a line each (JSON Lines with --json)."""
     session = locate.aws_session(args.region, env)
-    outputs = locate.stack_outputs_of(locate.client(session, "cloudformation", env), args.stack) if args.stack else None
-    stream = stream_records.stream_of(args.stream, outputs, args.stack, env)
+    stack = None if args.stream else locate.stack_for(
+        locate.STATEFUL, args.stack, args.env, env, specific=settings_spec.MESSAGES_STREAM_NAME
+    )
+    outputs = locate.stack_outputs_of(locate.client(session, "cloudformation", env), stack) if stack else None
+    stream = stream_records.stream_of(args.stream, outputs, stack, env)
     now = dt.datetime.now(dt.timezone.utc)
     got = stream_records.read(locate.client(session, "kinesis", env), stream, args.connection_id, since_s=args.since, now=now)
     shown = [got.kept[seq] for seq in sorted(got.kept) if seq >= args.from_seq][: args.limit]
@@ -150,9 +172,10 @@ def records(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 def _reader(args: argparse.Namespace, env: Mapping[str, str], *needed: str) -> FleetReader:
     session = locate.aws_session(args.region, env)
-    if args.stack:
-        outputs = locate.stack_outputs_of(locate.client(session, "cloudformation", env), args.stack)
-        tables = locate.Tables.from_outputs(outputs, args.stack, env)
+    stack = locate.stack_for(locate.STATEFUL, args.stack, args.env, env, specific=settings_spec.TABLE_NAME)
+    if stack:
+        outputs = locate.stack_outputs_of(locate.client(session, "cloudformation", env), stack)
+        tables = locate.Tables.from_outputs(outputs, stack, env)
     else:
         tables = locate.Tables.from_env(env)
     tables.need(*needed)
@@ -160,9 +183,23 @@ def _reader(args: argparse.Namespace, env: Mapping[str, str], *needed: str) -> F
 
 
 def status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    view = views.status(_reader(args, env, "connections", "sessions"), now_ms())
-    _emit(args, view, render.status(view))
-    return 0
+    """The fleet at a glance; with --watch, again every S seconds until Ctrl-C."""
+    reader = _reader(args, env, "connections", "sessions")
+    try:
+        while True:
+            view = views.status(reader, now_ms())
+            if args.json and args.watch:
+                print(json.dumps(view, separators=(",", ":")), flush=True)
+            else:
+                stamp = f"{dt.datetime.now(dt.timezone.utc):%H:%M:%S} UTC\n" if args.watch else ""
+                _emit(args, view, stamp + render.status(view))
+            if not args.watch:
+                return 0
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        if not args.watch:
+            raise
+        return 0
 
 
 def connections(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -189,6 +226,8 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             f"--region {args.region}: the plan carries {plan_model.PRICES_REGION}'s list prices only; leave --region out "
             "and scale its dollars by your region's prices"
         )
+    # The environment's file: --env, else WSFLEET_ENV, else dev.
+    args.env = args.env or env.get(locate.ENV_VARIABLE, "").strip() or "dev"
     try:
         settings = plan_environments.load(args.env, env)
     except (plan_environments.EnvironmentNotFound, plan_environments.BadEnvironment) as error:

@@ -22,6 +22,48 @@ _TABLES = {
 }
 
 
+# The environment, named once: its stacks are wsfleet-<env>-service (the API) and
+# wsfleet-<env>-stateful (the tables, the stream), as app.py names them.
+ENV_VARIABLE = "WSFLEET_ENV"
+API_VARIABLE = "WSFLEET_API"  # the API's URL, for a fleet not found through its stacks
+SERVICE, STATEFUL = "service", "stateful"
+
+
+def stack_name(environment: str, part: str) -> str:
+    return f"wsfleet-{environment}-{part}"
+
+
+def stack_for(part: str, stack: str | None, environment: str | None, env: Mapping[str, str], *, specific: str = "") -> str | None:
+    """The stack to read ``part``'s outputs from: flags before variables, the more specific
+    before the less. ``--stack``, then ``--env``; then None where the variable ``specific``
+    (WSFLEET_API, TABLE_NAME, MESSAGES_STREAM_NAME) is set, which names the thing itself;
+    then WSFLEET_ENV; else None."""
+    if stack:
+        return stack
+    if environment:
+        return stack_name(environment, part)
+    if specific and env.get(specific, "").strip():
+        return None
+    named = env.get(ENV_VARIABLE, "").strip()
+    return stack_name(named, part) if named else None
+
+
+def api_url(api: str | None, stack: str | None, environment: str | None, session: Any, env: Mapping[str, str]) -> str:
+    """The API's URL: ``--api``, else the ``ApiUrl`` output of the service stack that
+    ``--stack``, ``--env`` or WSFLEET_ENV names, else WSFLEET_API."""
+    if api:
+        return api
+    name = stack_for(SERVICE, stack, environment, env, specific=API_VARIABLE)
+    if name:
+        return api_url_of(stack_outputs_of(client(session, "cloudformation", env), name), name)
+    if env.get(API_VARIABLE, "").strip():
+        return env[API_VARIABLE].strip()
+    raise CliError(
+        f"which fleet? Name it once: --env NAME (or {ENV_VARIABLE}=NAME) reads the API from the stack "
+        f"wsfleet-NAME-service; or give --api URL (or {API_VARIABLE}=URL), or --stack NAME"
+    )
+
+
 def aws_session(region: str | None, env: Mapping[str, str]) -> boto3.session.Session:
     """``region`` (--region), else AWS_REGION, else the default chain's."""
     region = region or env.get(settings_spec.AWS_REGION) or env.get(settings_spec.AWS_DEFAULT_REGION) or None
@@ -86,4 +128,7 @@ class Tables:
         """Stop, naming the variables to set, unless the tables ``which`` are named."""
         missing = [_TABLES[table][1] for table in which if not getattr(self, table)]
         if missing:
-            raise CliError(f"{', '.join(missing)} not set: export the fleet's environment or pass --stack")
+            raise CliError(
+                f"{', '.join(missing)} not set: name the fleet with --env NAME (or {ENV_VARIABLE}=NAME), pass --stack, "
+                "or export the fleet's environment"
+            )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from typing import Any, Mapping, Sequence
 
 from .. import schema
@@ -232,7 +233,8 @@ def plan(result: Mapping[str, Any]) -> str:
     hottest = sorted(hold["partitions"].items(), key=lambda kv: -(kv[1]["rru"] + kv[1]["wru"]))
     parts = [[name, f"{p['rru']:,.2f}", f"{p['wru']:,.2f}"] for name, p in hottest]
     b = (busy if rate else hold)["binding"]
-    month = hold["month"]
+    # Where the counts come from, without the scratch directory the benchmark wrote to.
+    command = re.sub(r" --out \S+", "", str(measured.get("command", "?")))
     lines = [
         f"{hold['connections']:,} connections, {hold['per_worker']} per worker ({result['env']}): "
         f"{hold['workers']:,} workers",
@@ -243,12 +245,9 @@ def plan(result: Mapping[str, Any]) -> str:
         "per partition, holding (limits: 3,000 read / 1,000 write units per second each):",
         _indent(table(["PARTITION", "READ UNITS", "WRITE UNITS"], parts)),
         "",
-        f"$ per month: holding {month['total']:,.0f} (DynamoDB writes {month['dynamodb_writes']:,.0f}, "
-        f"reads {month['dynamodb_reads']:,.0f}, SQS {month['sqs']:,.0f}, CloudWatch metrics {month['cloudwatch']:,.0f})"
-        + (f"; with messages {busy['month']['total']:,.0f}" if rate else ""),
         f"DynamoDB binds first{' (with messages)' if rate else ''}: {b['name']} at {b['utilisation'] * 100:.1f} % "
         f"(full at about {b['connections_at_limit']:,.0f} connections)",
-        f"from the counts measured by `{measured.get('command', '?')}` at commit {measured.get('commit', '?')} "
+        f"from the counts measured by `{command}` at commit {measured.get('commit', '?')} "
         f"({measured.get('date', '?')}); prices are us-east-1 on-demand list prices: check them before relying on them",
     ]
     lines += limits(result)
@@ -302,7 +301,7 @@ def limits(result: Mapping[str, Any]) -> list[str]:
         f"limits, {result['workers']:,} workers (steady; 10 % crash; 10 % scale-in; a deploy's 2x tasks):",
         _indent(table(["SCENARIO", "LIMIT", "USED", "OF", ""], rows)),
         "",
-        f"$ per month in all: {m['total']:,.0f} (DynamoDB {m['dynamodb_writes'] + m['dynamodb_reads']:,.0f}, "
+        f"$ per month, the whole fleet: {m['total']:,.0f} (DynamoDB {m['dynamodb_writes'] + m['dynamodb_reads']:,.0f}, "
         f"Fargate {m['fargate']:,.0f} ({_task(result['task'])}), NAT gateways {m['nat_hours']:,.0f} + addresses {m['nat_addresses']:,.0f} "
         f"+ data {m['nat_data']:,.0f}, "
         f"SQS {m['sqs']:,.0f}, CloudWatch metrics {m['cloudwatch']:,.0f})",
@@ -321,13 +320,14 @@ def limits(result: Mapping[str, Any]) -> list[str]:
     if cells:
         lines.append(
             f"one fleet cannot hold this whatever its settings and quotas: {cells['limit']} ({cells['scenario']}) "
-            f"needs {cells['cells']} cells, independent fleets behind the one API (README: \"Beyond one fleet: cells\")"
+            f"needs {cells['cells']} cells, independent fleets behind the one API (docs/scaling.md: \"Beyond one fleet: cells\")"
         )
     return lines
 
 
 def _figure(x: float) -> str:
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:,.1f}"
+    """A number as a person reads it: no exponent, no ".0" on a whole one."""
+    return f"{x:,.0f}" if abs(x) >= 100 or float(x).is_integer() else f"{x:,.1f}"
 
 
 def _sinks(p: Mapping[str, Any] | None) -> list[str]:
@@ -366,8 +366,8 @@ def _sinks(p: Mapping[str, Any] | None) -> list[str]:
         stream += "; no consumer priced (--no-consumer)"
     def load(lim: Mapping[str, Any]) -> str:
         if lim["unit"] == "bytes/s":  # shown in MB/s (2^20 bytes), as Kinesis states its limits
-            return f"{lim['load'] / (1 << 20):,.3g} / {lim['limit'] / (1 << 20):,.6g} MB/s"
-        return f"{lim['load']:,.3g} / {lim['limit']:,.6g} {lim['unit']}"
+            return f"{_figure(lim['load'] / (1 << 20))} / {_figure(lim['limit'] / (1 << 20))} MB/s"
+        return f"{_figure(lim['load'])} / {_figure(lim['limit'])} {lim['unit']}"
 
     limit_rows = [
         [lim["sink"], lim["name"], load(lim), f"{lim['utilisation'] * 100:.3g} %",
@@ -377,9 +377,10 @@ def _sinks(p: Mapping[str, Any] | None) -> list[str]:
     ]
     return [
         "",
-        f"where frames go (SINK), $ per month at {p['rate']:g} msg/s of {p['frame_bytes']:,} B per connection "
-        f"(stream kept {p['retention_hours']:g} h, table items {p['ttl_days']:g} days):",
-        _indent(table(["SINK", "HOLDING", "CHECKPOINTS", "TABLE", "STREAM", "TOTAL", "PER 1,000 CONNECTIONS"], rows)),
+        f"where frames go (SINK), each sink's part of the month side by side, $ at {p['rate']:g} msg/s of "
+        f"{p['frame_bytes']:,} B per connection (stream kept {p['retention_hours']:g} h, table items "
+        f"{p['ttl_days']:g} days; the whole fleet's month is above):",
+        _indent(table(["SINK", "HOLDING", "CHECKPOINTS", "TABLE", "STREAM", "SINK'S PART", "PER 1,000 CONNECTIONS"], rows)),
         f"table: {t['wru_per_message']} write unit(s) per {p['item_bytes']} B item, writes {t['month']['writes']:,.0f}, "
         f"storage {t['month']['storage']:,.0f} ({t['stored_gb']:,.0f} GB)",
         stream,

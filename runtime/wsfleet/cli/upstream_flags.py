@@ -21,7 +21,7 @@ OBJECT = "object"  # Field.type of the keys that map header names to values
 def add_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group(
         "upstream",
-        "the START's optional upstream object (README: \"The upstream object\"); without these flags the "
+        "the START's optional upstream object (docs/api.md: \"The upstream object\"); without these flags the "
         "default protocol: from_seq in the URL, frames {\"seq\", \"data\"}",
     )
     for f in FIELDS:

@@ -10,16 +10,17 @@ their item's units (:attr:`.model.Measured.checkpoint_units`, ``ACQUIRE_WRU``).
 Scenarios (each limit is checked in one): ``steady``; ``crash``: 10 % of the workers die
 and their connections are acquired by the others within ``CRASH_BURST_S`` (each acquire
 moves a ``by_owner`` key: a delete and a put in the index; each taker's count changes, so
-its by_ring entry is rewritten at its next renewal); ``scale_in``: 10 % of the workers
+its by_ring entry is rewritten, at most every other renewal); ``scale_in``: 10 % of the workers
 drain within ``SCALE_IN_BURST_S``, each connection released at its fence while it stays
 attached to the releasing session, and hinted to a named peer whose acquire moves its
 by_owner key session to session (no ``FREE#`` write: ``HANDOFF_INDEX_WRITES_PER_MOVE``);
 ``deploy``: a rolling deploy runs up to twice the tasks (max_healthy_percent 200) and
-hands every connection over, as fast as the service launches the new tasks.
+hands every connection over, as fast as the service launches the new tasks (every
+task's count changes: the old ones' fall, the new ones' rise).
 
 A limit that no setting or quota moves past a ceiling (the NAT addresses one fleet's VPC
 can have, each good for 55,000 connections to one destination) is a reason for another
-fleet: ``cells`` says how many independent fleets the connections need (README, "Beyond
+fleet: ``cells`` says how many independent fleets the connections need (docs/scaling.md, "Beyond
 one fleet: cells").
 """
 
@@ -29,6 +30,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ..balance import RING_WRITE_GAP
+from ..leases import SWEEP_PAGE_ITEMS, SWEEP_PAGE_PAUSE_S, sweep_segments
+from ..settings_spec import SWEEP_SECONDS, VARIABLES
 from .corrections import corrected_ops
 from .fleet import fleet
 from .model import HOURS_PER_MONTH, PARTITION_RCU, PARTITION_WCU, TABLE_QUOTA, TRANSACTION_FACTOR, Measured, measured_shards
@@ -87,9 +91,14 @@ OWNER_INDEX_WRITES_PER_MOVE = 2  # a by_owner key moved: a delete and a put
 # straight to the taker's: no FREE# entry is written or deleted.
 HANDOFF_INDEX_WRITES_PER_MOVE = OWNER_INDEX_WRITES_PER_MOVE
 # A renewal that carries a changed count rewrites the session's by_ring entry (the count
-# is projected there): at most one index write per session per heartbeat, all of them in
-# the one RING partition.
+# is projected there), all of them in the one RING partition; a changed count is written
+# at most every RING_WRITE_EVERY renewals (wsfleet.balance.ring_write_due), so a
+# worker writes the RING at most once in that many heartbeats, however fast its count moves.
 RING_WRITES_PER_CHANGED_RENEWAL = 1
+RING_WRITE_EVERY = RING_WRITE_GAP + 1
+# The reachability sweep's pass (worker/sweep.py): parallel segments of SWEEP_PAGE_ITEMS
+# a second each, as many as fit a pass in half of SWEEP_SECONDS, up to SWEEP_MAX_SEGMENTS.
+SWEEP_S = VARIABLES[SWEEP_SECONDS].default
 
 # --- prices (us-east-1, December 2026: check them before relying on them) ------------------
 # Fargate on Linux, per architecture: Graviton (arm64) costs 20 % less for the same task
@@ -219,9 +228,14 @@ def evaluate(
     add(Check("partition connections.by_owner FREE#<shard> (each): writes, START at the API's rate", "steady",
               start_w, PARTITION_WCU, "state_shards"))
     ring_fix = "heartbeat_seconds, or target_connections_per_worker (fewer, larger tasks)"
+    ring_every_s = RING_WRITE_EVERY * heartbeat_s  # a worker writes the RING at most this often
     add(Check("partition sessions.by_ring RING: writes, counts changed by STARTs at the API's rate", "steady",
-              RING_WRITES_PER_CHANGED_RENEWAL * min(settings["api_rate_limit"], workers / heartbeat_s), PARTITION_WCU,
+              RING_WRITES_PER_CHANGED_RENEWAL * min(settings["api_rate_limit"], workers / ring_every_s), PARTITION_WCU,
               ring_fix))
+    segments = sweep_segments(connections, sweep_s=SWEEP_S)
+    add(Check("reachability sweep: seconds for one pass (parallel segments)", "steady",
+              connections / (segments * SWEEP_PAGE_ITEMS / SWEEP_PAGE_PAUSE_S), SWEEP_S,
+              "SWEEP_SECONDS (a pass fits half of it, up to 16 segments: 960,000 connections at 600 s)"))
     # crash: 10 % of the workers die; the others acquire their connections
     crashed = math.ceil(workers * CRASH_SHARE)
     moved = min(connections, crashed * held)
@@ -243,7 +257,7 @@ def evaluate(
     add(Check("partition connections.by_owner S#<session> (a taker's): writes", "crash",
               OWNER_INDEX_WRITES_PER_MOVE / 2 * moved / survivors / CRASH_BURST_S, PARTITION_WCU, "-"))
     add(Check("partition sessions.by_ring RING: writes, every taker's count changed", "crash",
-              RING_WRITES_PER_CHANGED_RENEWAL * survivors / heartbeat_s, PARTITION_WCU, ring_fix))
+              RING_WRITES_PER_CHANGED_RENEWAL * survivors / ring_every_s, PARTITION_WCU, ring_fix))
     add(Check("connections per surviving worker", "crash", connections / survivors, settings["max_per_worker"],
               "target_connections_per_worker (more headroom below MAX_CONNECTIONS)"))
     add(Check("task launches per minute to replace the crashed", "crash", crashed * 60 / RELAUNCH_WITHIN_S,
@@ -267,6 +281,8 @@ def evaluate(
     add(Check("connections.by_owner: writes (index quota)", "deploy",
               steady_owner_w + HANDOFF_INDEX_WRITES_PER_MOVE * handed_s, table_quota,
               index_quota))
+    add(Check("partition sessions.by_ring RING: writes, every task's count changed", "deploy",
+              RING_WRITES_PER_CHANGED_RENEWAL * DEPLOY_FACTOR * workers / ring_every_s, PARTITION_WCU, ring_fix))
     limits = [c.as_json() for c in checks]
     ranked = sorted((c for c in checks if not c.ok), key=lambda c: -c.used / c.limit)  # worst first
     first = ranked[0] if ranked else None

@@ -14,7 +14,7 @@ from .base import TRANSIENT_CODES, TransientError, is_transient, marshal, now_ms
 from .connection_reads import OWNER_PAGE_ITEMS, Owned
 from .connections import MAX_TRANSACTION, Acquired, CheckpointEntry, ConnectionsStore, NotAcquired, Released
 from .moves import Moved
-from .desired import Started, StartOutcome, Stopped, StopOutcome
+from .desired import DeleteOutcome, Started, StartOutcome, Stopped, StopOutcome
 from .sessions import SessionsStore
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "Acquired",
     "CheckpointEntry",
     "ConnectionsStore",
+    "DeleteOutcome",
     "Moved",
     "NotAcquired",
     "Owned",

@@ -154,6 +154,8 @@ _PLACEHOLDERS = {
     "#fo": schema.FLEET_OVER,
     "#fx": schema.FLEET_CUT_REM,
     "#fi": schema.FLEET_CUT_ID,
+    "#fl": schema.FLEET_LOADS,
+    "#fd": schema.FLEET_DEAD,
 }
 
 

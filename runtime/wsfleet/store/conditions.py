@@ -186,6 +186,10 @@ RESTARTABLE = "#s = :stopped AND #l = :session"
 # since the read (a STOP, a takeover): the outcome is read from the item it lost to.
 STOPPABLE = "attribute_exists(#pk) AND #s = :started AND #l = :session AND #f = :fence"
 
+# DELETE: a STOPPED connection that no session holds any more (its owner released it):
+# nobody can be writing its checkpoint, and no taker reads it (it is in no partition).
+DELETABLE = "#s = :stopped AND #l = :free"
+
 
 # --- key conditions of the queries (what they read, not what they guard) ---------------
 

@@ -106,17 +106,25 @@ class ConnectionReads:
     def count_owned_by(self, session_id: str) -> int:
         return sum(p.get("Count", 0) for p in self._owner_pages(schema.owner_key_session(session_id), Select="COUNT"))
 
-    def sweep_page(self, start: Mapping | None, *, limit: int) -> tuple[list[dict], dict | None]:
+    def sweep_page(
+        self, start: Mapping | None, *, limit: int, segment: int = 0, segments: int = 1
+    ) -> tuple[list[dict], dict | None]:
         """One page of a Scan of every connection, as the reachability sweep reads it:
         (items with their key, desired state, session, owner key, fence, release mark
         and update time; the key to start the next page from, or None after the last).
-        Eventually consistent: a caller acts only on what a consistent read confirms."""
+        ``segment`` of ``segments``: the part of the table this page is of (a parallel
+        Scan; each segment pages on its own). Eventually consistent: a caller acts only
+        on what a consistent read confirms."""
+        if not 0 <= segment < segments:
+            raise ValueError(f"segment {segment} is not one of {segments} segments")
         projection = "#pk, #s, #l, #k, #f, #rf, #u"
         kwargs: dict[str, Any] = {
             "ProjectionExpression": projection,
             "ExpressionAttributeNames": _names(projection),
             "Limit": limit,
         }
+        if segments > 1:
+            kwargs.update(Segment=segment, TotalSegments=segments)
         if start:
             kwargs["ExclusiveStartKey"] = dict(start)
         resp = self._call("scan", **kwargs)

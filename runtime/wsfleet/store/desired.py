@@ -49,6 +49,13 @@ class Stopped:
     told: bool = False  # the STOP is in that session's inbox (False: it is not LIVE, or there is none)
 
 
+class DeleteOutcome(enum.Enum):
+    DELETED = "deleted"  # 200
+    NOT_STOPPED = "not_stopped"  # 409: STOP it first
+    HELD = "held"  # 409: STOPPED, its owner has not let it go yet (within a heartbeat or so)
+    NOT_FOUND = "not_found"  # 404
+
+
 # A STOP's transaction conflicts with any other one on its owner's session item (DynamoDB
 # cancels one of the two): it goes again after a pause with full jitter, doubling from
 # STOP_CONFLICT_PAUSE_S up to the cap. Eight tries pause 1.8 s at most (0.9 s on average),
@@ -250,3 +257,28 @@ class DesiredState:
                 return Stopped(StopOutcome.STOPPED, session, fence)
             item = old
         raise TransientError(f"stop of {connection_id!r} kept losing races; try again")
+
+    def delete(self, connection_id: str) -> DeleteOutcome:
+        """Delete the connection's item. Conditional on: desired_state is STOPPED and no
+        session holds it (``lease_session`` empty: its owner released it), so that no
+        worker is writing to it and none will take it. On a failed condition, a
+        consistent read says why. Its messages are left to their TTL and its large-data
+        objects to the bucket's lifecycle; a later START of the id is a new connection."""
+        try:
+            self._call(
+                "delete_item",
+                Key=self._key(connection_id),
+                ConditionExpression=cond.DELETABLE,
+                ExpressionAttributeNames=_names(cond.DELETABLE),
+                ExpressionAttributeValues=marshal({":stopped": schema.STOPPED, ":free": ""}),
+            )
+        except ClientError as exc:
+            if not _condition_failed(exc):
+                raise
+            item = self.get(connection_id)
+            if item is None:
+                return DeleteOutcome.NOT_FOUND
+            if item.get(schema.DESIRED_STATE) != schema.STOPPED:
+                return DeleteOutcome.NOT_STOPPED
+            return DeleteOutcome.HELD
+        return DeleteOutcome.DELETED

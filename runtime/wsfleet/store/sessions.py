@@ -8,6 +8,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from botocore.exceptions import ClientError
 
 from .. import schema
+from ..balance import ring_write_due
 from ..leases import EndFailure, RenewFailure, classify_end_failure, classify_renew_failure
 from . import conditions as cond
 from .base import TransientError, _condition_failed, _names, _old_item, _Table, marshal, unmarshal
@@ -27,8 +28,9 @@ class SessionsStore(_Table):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # The load the newest landed renewal stored: {session id: (its expiry, (active, max, draining))}
-        self._stored_load: dict[str, tuple[int, tuple[int, int, bool]]] = {}
+        # The load the newest landed renewal stored, and how many landed renewals since
+        # the one that wrote it: {session id: (its expiry, (active, max, draining), renewals)}
+        self._stored_load: dict[str, tuple[int, tuple[int, int, bool], int]] = {}
 
     def open(self, session_id: str, *, worker_id: str, lease_ms: int, max_connections: int) -> dict:
         """Create a LIVE session in the watch ring.
@@ -91,17 +93,18 @@ class SessionsStore(_Table):
         None), for whoever ends this session if it dies (not projected in any index).
 
         The load (active, max_connections, draining) is projected into the ring index:
-        it is written only when it differs from what the newest renewal that landed
-        stored (its returned item), so that a renewal of an unchanged load writes nothing
-        to the index. A renewal whose answer was lost leaves that unknown: the next one
-        writes the load again."""
+        it is written only when :func:`wsfleet.balance.ring_write_due` says so, against
+        what the newest renewal that landed stored (its returned item): never unchanged,
+        a changed count at most every other renewal. A renewal whose answer was lost
+        leaves what is stored unknown: the next one writes the load again."""
         now = self._now_ms()
         done = sorted(set(stops_done))
         update = "SET #e = :exp, #hb = :now"
         values: dict[str, Any] = {":exp": now + lease_ms, ":now": now, ":live": schema.LIVE}
         load = (active, max_connections, bool(draining))
         stored = self._stored_load.get(session_id)
-        if stored is None or stored[1] != load:
+        write = ring_write_due(stored[1] if stored else None, load, renewals_since=stored[2] if stored else 0)
+        if write:
             update += ", #a = :active, #m = :max, #dr = :draining"
             values.update({":active": active, ":max": max_connections, ":draining": bool(draining)})
         if suspect is not None:
@@ -118,24 +121,31 @@ class SessionsStore(_Table):
             values[":assigned"] = set(assigned)
         if deletes:
             update += " DELETE " + ", ".join(deletes)
-        new, old = self._conditional_update(session_id, update=update, condition=cond.SESSION_RENEWABLE, values=values)
+        try:
+            new, old = self._conditional_update(session_id, update=update, condition=cond.SESSION_RENEWABLE, values=values)
+        except Exception:
+            if write:
+                self._stored_load.pop(session_id, None)  # it may have landed: written again next time
+            raise
         if new is None and old is not None and old.get(schema.SESSION_STATE) == schema.LIVE:
             # A later renewal of ours landed first (this one was slow): never move the
             # expiry back, and this says nothing about ownership.
             raise TransientError("renew: a later renewal already landed")
         if new is not None:
-            self._remember_load(session_id, new)
+            self._remember_load(session_id, new, wrote=write)
         return new if new is not None else classify_renew_failure(old)
 
-    def _remember_load(self, session_id: str, item: Mapping[str, Any]) -> None:
+    def _remember_load(self, session_id: str, item: Mapping[str, Any], *, wrote: bool) -> None:
         """What a landed renewal stored of the load, if it is the newest seen (stored
         expiries only grow, so the largest is what the item holds now): two renewals in
-        flight may answer in either order."""
+        flight may answer in either order. ``wrote``: it wrote the load (the count of
+        renewals since starts again)."""
         expires = int(item.get(schema.EXPIRES_AT_MS, 0))
         stored = self._stored_load.get(session_id)
         if stored is None or expires >= stored[0]:
             load = (int(item.get(schema.ACTIVE, 0)), int(item.get(schema.MAX_CONNECTIONS, 0)), bool(item.get(schema.DRAINING)))
-            self._stored_load = {session_id: (expires, load)}  # one worker, one session at a time
+            since = 0 if wrote or stored is None else stored[2] + 1
+            self._stored_load = {session_id: (expires, load, since)}  # one worker, one session at a time
 
     def end_expired(
         self, session_id: str, *, ended_by: str, max_clock_skew_ms: int, trace_header: str | None = None
@@ -244,7 +254,7 @@ class SessionsStore(_Table):
         summary, or all of them for the summary), 100 per request; missing ones are left
         out. Keys left unprocessed (throttling) are asked for again after a backoff
         (:meth:`_Table._batch_get`)."""
-        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #r, #th, #fw, #fc, #fb, #fs, #ft, #fu, #fo, #fx, #fi"
+        projection = "#sid, #st, #e, #a, #m, #hb, #dr, #r, #th, #fw, #fc, #fb, #fs, #ft, #fu, #fo, #fx, #fi, #fl, #fd"
         return self._batch_get(
             list(dict.fromkeys(session_ids)), ProjectionExpression=projection, ExpressionAttributeNames=_names(projection)
         )
@@ -266,15 +276,6 @@ class SessionsStore(_Table):
         after the last). The summarizer's bounded read: a page per pass."""
         resp = self._call("query", **self._ring_query(Limit=limit, **({"ExclusiveStartKey": start} if start else {})))
         return [unmarshal(raw) for raw in resp.get("Items", [])], resp.get("LastEvaluatedKey")
-
-    def ring_loads(self) -> list[dict]:
-        """Every session in the watch ring with what the index projects (a drainer's
-        plan, :func:`wsfleet.balance.drain_targets`): pages until the end."""
-        return [
-            unmarshal(raw)
-            for page in self._query_pages(**self._ring_query(Limit=RING_PAGE_LIMIT))
-            for raw in page.get("Items", [])
-        ]
 
     def ring_before(self, session_id: str, *, limit: int) -> list[str]:
         """Up to ``limit`` session ids before ``session_id`` in the watch ring (nearest

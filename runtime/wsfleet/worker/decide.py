@@ -18,6 +18,7 @@ from ..balance import (
     FleetLoad,
     declines_shed_hint,
     hints_per_poll,
+    ring_lag_ms,
     shed_count,
     shed_targets,
     under_target,
@@ -158,17 +159,18 @@ class DrainSplit:
     anyone: list[str]  # hinted for anyone
 
 
-def split_drain(started: list[str], plan: list[str] | None, *, me: str, room: int) -> DrainSplit:
+def split_drain(started: list[str], plan: list[str] | None, *, me: str, room: int, take: int | None = None) -> DrainSplit:
     """Split a dead session's STARTED connections by the fleet's ``plan`` (one session
     id, or "" for anyone, per connection: :func:`wsfleet.balance.drain_targets`): this
     worker takes what the plan gives it as far as its ``room`` goes (the rest to anyone)
-    and names the planned survivor for each of the others. Without a plan (no ring read,
-    no survivor with room): :func:`wsfleet.leases.drain_split`, half its room here and the
-    rest to anyone."""
-    if plan is None:
-        take = drain_split(len(started), room)
-        return DrainSplit(started[:take], [], started[take:])
+    and names the planned survivor for each of the others. Without a plan: ``take`` here
+    (its own part, :func:`wsfleet.balance.drain_share`, when a summary is known) or, with
+    no summary at all, :func:`wsfleet.leases.drain_split` (half its room); the rest to
+    anyone."""
     room = max(0, room)
+    if plan is None:
+        n = drain_split(len(started), room) if take is None else min(max(0, take), room)
+        return DrainSplit(started[:n], [], started[n:])
     mine = [cid for cid, to in zip(started, plan, strict=True) if to == me]
     named = [(cid, to) for cid, to in zip(started, plan, strict=True) if to and to != me]
     anyone = [cid for cid, to in zip(started, plan, strict=True) if not to] + mine[room:]
@@ -204,11 +206,11 @@ def choose_shed(
     """What to shed now and the session each is meant for ("" for anyone under its
     share): down to this worker's fair share (:func:`wsfleet.balance.shed_count`), the
     oldest held first, none held for less than ``min_hold_s``. Nothing on a summary that
-    cannot count us yet: one taken before our latest acquisition reached our session item
-    (a renewal, at most a heartbeat, later) undercounts the fleet, and a fleet that is
-    filling up would shed."""
+    cannot count us yet: one taken before our latest acquisition reached the ring index
+    (:func:`wsfleet.balance.ring_lag_ms`, two heartbeats at most) undercounts the fleet,
+    and a fleet that is filling up would shed."""
     held = list(held)
-    if last_acquired_ms + heartbeat_ms >= fleet.at_ms or fleet.active < len(held):
+    if last_acquired_ms + ring_lag_ms(heartbeat_ms) >= fleet.at_ms or fleet.active < len(held):
         return []
     n = shed_count(
         active=len(held),

@@ -29,7 +29,7 @@ from .. import clock
 from ..aws import Aws
 from ..config import WorkerConfig
 from ..crash_loop import SuspectWatch
-from ..leases import SessionTiming, reconcile_pause_s
+from ..leases import SWEEP_PAGE_PAUSE_S, SessionTiming, reconcile_pause_s
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..sinks import ObjectsStore
@@ -60,7 +60,7 @@ from .stops import Stops
 from .summary import FleetSummary
 from .supervision import Supervisor
 from .report import Report
-from .sweep import PAGE_PAUSE_S, Sweeper
+from .sweep import Sweeper
 from .takeover import Takeover
 from .writer import Writer
 
@@ -244,6 +244,7 @@ class Worker:
             counters=self.counters,
             log=self._log,
             sweep_s=config.sweep_ms / 1000,
+            connections_known=lambda: self.summary.fleet.active if self.summary.fleet else 0,
             clock_ms=clock_ms,
         )
         self.departure = Departure(
@@ -423,7 +424,7 @@ class Worker:
             self._supervised("assignments", lambda: self._every(lambda: ASSIGNED_POLL_S, self.assignments.poll_once)),
             self._supervised("summary", lambda: self._every(watch, self.balancer.summarize_once)),
             self._supervised("balance", self._balance_loop),
-            self._supervised("sweep", lambda: self._every(lambda: PAGE_PAUSE_S, self.sweeper.step)),
+            self._supervised("sweep", lambda: self._every(lambda: SWEEP_PAGE_PAUSE_S, self.sweeper.step)),
             self._supervised("audit", lambda: self._every(audit, self.acquisition.audit_once, wait_first=True)),
             self._supervised("metrics", lambda: self._every(metrics, self.report.publish_metrics_once, wait_first=True)),
             self._supervised("lag-probe", self.report.probe_lag),

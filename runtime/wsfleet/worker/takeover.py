@@ -9,8 +9,9 @@
 * **Ending and draining.** The end is a conditional write (LIVE and expired): one winner,
   and the session can never be renewed again. Then its connections, found with one
   ``by_owner`` query, are taken: this worker's fair-share deficit acquired here, each
-  of the rest moved to a survivor under its target (one plan for the fleet, from one
-  read of the ring; :mod:`.moves`), every write conditional on that session. A drained session
+  of the rest moved to a survivor under its target (one plan for the fleet, from the
+  fleet summary the worker already holds, never a read of the ring; :mod:`.moves`),
+  every write conditional on that session. A drained session
   leaves the ring. A drainer that dies halfway leaves the ENDED session in the ring,
   where its watchers find it and drain it again.
 * **Free scan.** STARTED connections that nobody owns (a lost hint) are found by
@@ -34,7 +35,7 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from .. import clock, schema, tracing
 from .. import metrics_names as names
-from ..balance import drain_targets, is_summarizer
+from ..balance import drain_share, drain_targets, is_summarizer
 from ..crash_loop import Suspect
 from ..leases import EndFailure, SessionTiming, Watched, takeover_jitter_s, watch_plan
 from ..logs import JsonLogger
@@ -336,7 +337,7 @@ class Takeover:
         self._empty.pop(session_id, None)
         started = [r.connection_id for r in rows if r.desired_state == schema.STARTED and not self._holdings.busy(r.connection_id)]
         stopped = [r.connection_id for r in rows if r.desired_state != schema.STARTED]
-        split = await self._drain_plan(session_id, started)
+        split = self._drain_plan(session_id, started)
         mine, named, anyone = split.mine, split.named, split.anyone
         results = await asyncio.gather(
             *(self._acquisition.try_acquire(cid, source="orphan", expected_session=session_id, trace_parent=trace) for cid in mine),
@@ -363,22 +364,25 @@ class Takeover:
         left = await self._mover.move_drained(session_id, named)
         await asyncio.gather(*(self._hints.hint(cid, from_session=session_id) for cid in left))
 
-    async def _drain_plan(self, session_id: str, started: list[str]) -> DrainSplit:
+    def _drain_plan(self, session_id: str, started: list[str]) -> DrainSplit:
         """Split a dead session's STARTED connections (:func:`.decide.split_drain`) by the
-        fleet's plan (:func:`wsfleet.balance.drain_targets`, from one read of the ring):
-        this worker takes its own deficit (as far as its room goes: the rest goes to
-        anyone) and names a survivor under its target for each of the rest, so that the
-        crash ends within about one of fair share with nothing left to rebalance. A hint
-        its target cannot take goes to anyone after a moment (``declines_shed_hint``):
-        never one left unowned. Without the ring (a failed read, no survivor with room):
-        half its room here, the rest to anyone."""
-        plan = None
-        if started:
-            try:
-                plan = drain_targets(await self._call(self._sessions.ring_loads), dead_session=session_id, count=len(started))
-            except Exception as exc:  # noqa: BLE001 - the split below needs no read
-                self._log.warning("drain_plan_failed", drained=session_id, error=f"{type(exc).__name__}: {exc}")
-        return split_drain(started, plan, me=self._keeper.session_id, room=self._holdings.free())
+        fleet's plan (:func:`wsfleet.balance.drain_targets`, from the fleet summary this
+        worker holds: no read at all, whatever the fleet's size): this worker takes its
+        own deficit (as far as its room goes: the rest goes to anyone) and names a
+        survivor under its target for each of the rest, so that the crash ends within
+        about one of fair share with nothing left to rebalance. A hint its target cannot
+        take goes to anyone after a moment (``declines_shed_hint``): never one left
+        unowned. Without a plan (a fleet too large for the summary to list every taker, no
+        survivor with room): its own part here (:func:`wsfleet.balance.drain_share`), the
+        rest to anyone; with no fresh summary at all, half its room."""
+        fleet, me, room = self._summary.fresh(), self._keeper.session_id, self._holdings.free()
+        if not started or fleet is None:
+            return split_drain(started, None, me=me, room=room)
+        plan = drain_targets(fleet, dead_session=session_id, count=len(started))
+        take = drain_share(
+            fleet, count=len(started), active=self._holdings.taken(), max_connections=self._holdings.max_connections, me=me
+        )
+        return split_drain(started, plan, me=me, room=room, take=take)
 
     async def _free(self, connection_id: str, dead_session: str) -> None:
         if not self._keeper.live():
