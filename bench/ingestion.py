@@ -57,6 +57,7 @@ from .common import (
     proc_cpu_s,
 )
 from .ingestion_throttle import run_throttle, throttle_table
+from .stream_bill import stream_bill
 from .kinds import AUTH_SUBSCRIBE, DEFAULT, DEFAULT_KIND, UpstreamKind
 from .worker_load import DEFAULTS, FLUSH_MS, connect
 
@@ -148,6 +149,8 @@ def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, An
         parts = Window.series(lines)
         produced = lambda st: sum(x["produced"] for x in st["streams"].values())  # noqa: E731
         emu, up = (cpu_b[p] - cpu_a[p] for p in (rig.emulator_pid, upstream.proc.pid))
+        # The whole run's stream, warm-up included: the packing does not depend on the window.
+        bill = stream_bill(rig.kinesis, rig.aws_env["MESSAGES_STREAM_NAME"]) if schema.SINK_KINESIS in sink else None
     stored = win.counters["MessagesStored"]
     batches = win.ddb("BatchWriteItem")
     # Checkpoints: one per connection every CHECKPOINT_SECONDS while frames arrive, up to
@@ -174,6 +177,7 @@ def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, An
         "requests_per_message": requests / stored if stored else None,
         "requests_per_message_steady": steady,
         "records_per_put": stored / puts if puts else None,
+        "stream": bill,
         "connect_s": connect_s,
         "latency_ms": latency_between(a, b),
         "latency_sub_windows": [latency_between(x, y) for x, y in zip(lines, lines[1:], strict=False)],

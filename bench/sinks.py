@@ -3,13 +3,17 @@
 ``python -m bench sinks``: the ingestion benchmark's headline rows (100 x 2 msg/s and
 1,000 x 0.5 msg/s, default FLUSH_INTERVAL_MS, a window one checkpoint cycle long) once
 with ``SINK=dynamodb`` and once with ``SINK=kinesis``, alternating which goes first per
-row, so that their ratio is fair on a shared machine; then a crash row:
+row, so that their ratio is fair on a shared machine; the second row again with the
+stream alone at FLUSH_INTERVAL_MS 5,000 (not with ``--quick``); then a crash row:
 
 * **requests per message**: every AWS request the worker sent in the window (DynamoDB's
   holding and checkpoint requests, and the stream's PutRecords) over the frames stored,
   checkpoints normalised to one per connection per cycle (as ingestion does). Target
   with kinesis: <= 0.05 at 1,000 x 0.5 msg/s;
 * **worker CPU per message**: target <= 0.5 ms with kinesis;
+* **the stream's bill per message** (kinesis): Kinesis records, bytes and KB billed per
+  frame, read back from the stream after the row (the whole run): a connection's frames
+  of one flush share one aggregated record;
 * **crash** (kinesis only): one worker holds the connections; after each has had its
   first checkpoint, at a random moment, ``kill -9``; a second worker starts and takes
   them over when the session expires. Then a graceful stop, and the stream is read back
@@ -49,6 +53,8 @@ from .worker_load import FLUSH_MS, connect
 
 ROWS = [(100, 2.0), (1000, 0.5)]
 QUICK_ROWS = [(2, 10.0)]
+# The stream alone at a longer flush interval: more of a connection's frames in each record.
+FLUSH_ROWS = [(1000, 0.5, 5000)]
 SINKS = (schema.SINK_DYNAMODB, schema.SINK_KINESIS)
 # Issue 21's targets with kinesis: (connections, rate) -> (requests / message, CPU ms / message).
 TARGETS = {(1000, 0.5): (0.05, 0.5), (100, 2.0): (None, 0.5)}
@@ -204,6 +210,13 @@ def crash_table(r: dict[str, Any]) -> str:
     return md_table([f"crash, SINK=kinesis: {r['connections']} x {r['rate']:g} msg/s, seed {r['seed']}", "result"], rows)
 
 
+def stream_cell(bill: dict[str, Any] | None) -> str:
+    if not bill or not bill["frames"]:
+        return "-"
+    return (f"{bill['records_per_message']:.3f} / {bill['bytes_per_message']:,.0f} / {bill['billed_kb_per_message']:.3f} "
+            f"({bill['kinesis_records']:,} for {bill['frames']:,} frames)")
+
+
 def verdict(lv: dict[str, Any]) -> str:
     if lv["sink"] != schema.SINK_KINESIS:
         return "-"
@@ -229,32 +242,40 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
         for sink in order:
             print(f"    {n} x {rate:g}/s, SINK={sink}", flush=True)
             levels.append(run_level(run_dir / f"sinks-{i}-{sink}", n, rate, FLUSH_MS, s, sink=sink))
+    for n, rate, flush_ms in [] if quick else FLUSH_ROWS:
+        print(f"    {n} x {rate:g}/s, SINK=kinesis, FLUSH_INTERVAL_MS {flush_ms}", flush=True)
+        levels.append(run_level(run_dir / f"sinks-flush-{flush_ms}", n, rate, flush_ms, s, sink=schema.SINK_KINESIS))
     crash = crash_settings(quick)
     print(f"    crash, SINK=kinesis, {crash['connections']} x {crash['rate']:g}/s", flush=True)
     crashed = run_crash(run_dir / "sinks-crash", crash)
     table_rows = []
-    for lv in sorted(levels, key=lambda x: (x["connections"], x["sink"])):
+    for lv in sorted(levels, key=lambda x: (x["connections"], x["sink"], x["flush_interval_ms"])):
+        flush = "" if lv["flush_interval_ms"] == FLUSH_MS else f", FLUSH_INTERVAL_MS {lv['flush_interval_ms']}"
         table_rows.append([
-            f"{lv['connections']} x {lv['rate_per_connection']:g}/s", lv["sink"],
+            f"{lv['connections']} x {lv['rate_per_connection']:g}/s{flush}", lv["sink"],
             fmt(lv["offered_per_s"], 0), fmt_spread(lv["stored_per_s_spread"], 0),
             f"{fmt(lv['requests_per_message'], 3)}"
             + (f" ({fmt(lv['requests_per_message_steady'], 3)})" if lv["cycle_window"] else ""),
             fmt(lv["records_per_put"], 1) if lv["sink"] == schema.SINK_KINESIS else fmt(lv["messages_per_batch"], 1),
+            stream_cell(lv.get("stream")),
             fmt_spread(lv["worker_cpu_ms_per_message_spread"], 3),
             latency_cell(lv["latency_ms"]),
             f"{lv['worker_cpu_share'] * 100:.0f} %", f"{lv['emulator_cpu_share'] * 100:.0f} %",
             verdict(lv),
         ])
     header = ["connections x rate", "SINK", "offered msg/s", "stored msg/s", "AWS req / msg (steady, one checkpoint cycle)",
-              "frames per write request", "worker CPU ms / msg", "received -> stored p50 / p99 / max ms",
-              "worker CPU", "emulator CPU", "target (issue 21)"]
+              "frames per write request", "Kinesis records / bytes / KB billed per msg", "worker CPU ms / msg",
+              "received -> stored p50 / p99 / max ms", "worker CPU", "emulator CPU", "target (issue 21)"]
     notes = [
-        "One worker at the default timings (FLUSH_INTERVAL_MS 100, CHECKPOINT_SECONDS 120), a fresh emulator and "
+        "One worker at the default timings (FLUSH_INTERVAL_MS 100 unless the row says, CHECKPOINT_SECONDS 120), a "
+        "fresh emulator and "
         f"upstream per row, {s['cycle_window_s']:g} s window after {s['warmup_s']:g} s warm-up; the two sinks of a row "
         "run one after the other (the first row's dynamodb first, the second's kinesis first). AWS req / msg: every "
         "DynamoDB and Kinesis request in the window over the frames stored; in brackets with the checkpoint "
         "transactions scaled to one checkpoint per connection per cycle (as the Ingestion table). Frames per write "
-        "request: per BatchWriteItem (dynamodb, at most 25) or per PutRecords (kinesis, at most 500). CPU: median "
+        "request: per BatchWriteItem (dynamodb, at most 25) or per PutRecords (kinesis, at most 500). Kinesis records "
+        "per msg: the stream read back after the row, each Kinesis record (an aggregate of a connection's frames of "
+        "one flush, or one frame alone) rounded up to a KB for KB billed. CPU: median "
         "(min-max) over the window's stats intervals.",
         "The emulator is moto in one process: its Kinesis and DynamoDB speeds are not AWS's; CPU per message and "
         "requests per message are the worker's own.",

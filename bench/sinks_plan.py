@@ -27,6 +27,7 @@ COLUMNS = (
     ("dynamodb", "dynamodb", ()),
     ("kinesis", "kinesis", ()),
     ("kinesis without the reference consumer", "kinesis", ("--no-consumer",)),
+    ("kinesis, FLUSH_INTERVAL_MS 5,000 (more frames in each aggregate)", "kinesis", ("--flush-ms", "5000")),
     ("dynamodb,kinesis", "dynamodb,kinesis", ()),
     (
         "kinesis with the consumer at the event source mapping's defaults (100 records, 1 s)",

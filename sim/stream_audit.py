@@ -3,8 +3,11 @@ at-least-once rule: what ``SINK=kinesis`` runs (the demo, the fleet tests, chaos
 judged by.
 
 Reading (:func:`read_stream`) is the harness's: every record of every shard from
-TRIM_HORIZON, in each shard's order, with its shard id and sequence number. A record
-that does not decode (:func:`wsfleet.records.decode`) is kept, as a finding.
+TRIM_HORIZON, in each shard's order, with its shard id and sequence number, an
+aggregated Kinesis record unpacked into its user records (:mod:`wsfleet.aggregation`,
+as a consumer library does), each a :class:`Delivery` of its own: the rules below are
+the per-frame records' whatever record carried them. A record that does not decode
+(:func:`wsfleet.records.decode`) is kept, as a finding.
 
 The audit (:func:`audit`) is a pure function of that read, the acquisitions and
 checkpoints of the emulator's journal (:func:`acquisitions`: independent of the
@@ -43,9 +46,9 @@ import datetime as dt
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
-from wsfleet import records, schema
+from wsfleet import aggregation, records, schema
 from wsfleet.records import BadRecord, Record
 
 GET_RECORDS_LIMIT = 10_000  # Kinesis' most per GetRecords
@@ -53,8 +56,9 @@ GET_RECORDS_LIMIT = 10_000  # Kinesis' most per GetRecords
 
 @dataclass(frozen=True)
 class Delivery:
-    """One record as read from the stream; ``position``: its place in the whole read
-    (shard by shard, each in its own order), which only compares within one shard."""
+    """One (user) record as read from the stream; ``position``: its place in the whole
+    read (shard by shard, each in its own order), which only compares within one shard;
+    ``sub_sequence``: its place in its aggregate (None: a plain Kinesis record)."""
 
     position: int
     shard_id: str
@@ -63,6 +67,7 @@ class Delivery:
     record: Record | None
     error: str = ""  # why it did not decode
     arrived_at: float | None = None  # epoch s: Kinesis' ApproximateArrivalTimestamp
+    sub_sequence: int | None = None
 
 
 def _stream_ref(name: str) -> dict[str, str]:
@@ -71,8 +76,17 @@ def _stream_ref(name: str) -> dict[str, str]:
 
 def read_stream(kinesis: Any, stream: str) -> list[Delivery]:
     """Every record of ``stream`` (a name or an ARN), shard by shard, each from
-    TRIM_HORIZON to the end of what it holds now. ``kinesis``: a harness client (its
-    reads must never meet the emulator's faults)."""
+    TRIM_HORIZON to the end of what it holds now, aggregates unpacked. ``kinesis``: a
+    harness client (its reads must never meet the emulator's faults)."""
+    out: list[Delivery] = []
+    for shard_id, raw in kinesis_records(kinesis, stream):
+        out += _deliveries(len(out), shard_id, raw)
+    return out
+
+
+def kinesis_records(kinesis: Any, stream: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(shard id, GetRecords' record) of every Kinesis record of ``stream``, as stored
+    (an aggregate whole), shard by shard, each from TRIM_HORIZON to its end now."""
     ref = _stream_ref(stream)
     shards: list[str] = []
     kwargs: dict[str, Any] = dict(ref)
@@ -82,27 +96,44 @@ def read_stream(kinesis: Any, stream: str) -> list[Delivery]:
         if not page.get("NextToken"):
             break
         kwargs = {"NextToken": page["NextToken"]}
-    out: list[Delivery] = []
     for shard_id in sorted(shards):
         iterator = kinesis.get_shard_iterator(**ref, ShardId=shard_id, ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
         while iterator:
             page = kinesis.get_records(ShardIterator=iterator, Limit=GET_RECORDS_LIMIT)
             for raw in page.get("Records", []):
-                out.append(_delivery(len(out), shard_id, raw))
+                yield shard_id, raw
             if not page.get("Records"):
                 break  # at the end of what the shard holds (an open shard's iterator never ends)
             iterator = page.get("NextShardIterator")
-    return out
 
 
-def _delivery(position: int, shard_id: str, raw: Mapping[str, Any]) -> Delivery:
+def _deliveries(position: int, shard_id: str, raw: Mapping[str, Any]) -> list[Delivery]:
+    """The user records of one Kinesis record, from ``position`` on."""
     arrived = raw.get("ApproximateArrivalTimestamp")
     at = arrived.timestamp() if isinstance(arrived, dt.datetime) else None
+    sequence_number, key = raw.get("SequenceNumber", ""), raw.get("PartitionKey", "")
     try:
-        record, error = records.decode(raw["Data"]), ""
+        inner = aggregation.unpack(raw["Data"])
+    except aggregation.BadAggregate as exc:
+        return [Delivery(position, shard_id, sequence_number, key, None, f"an aggregate that does not parse: {exc}", at)]
+    if inner is None:
+        return [_delivery(position, shard_id, sequence_number, key, raw["Data"], at, None)]
+    return [
+        _delivery(position + u.index, shard_id, sequence_number, u.partition_key, u.data, at, u.index,
+                  error="" if u.partition_key == key else f"in an aggregate under partition key {key!r}")
+        for u in inner
+    ]
+
+
+def _delivery(position: int, shard_id: str, sequence_number: str, key: str, data: bytes, at: float | None,
+              sub_sequence: int | None, *, error: str = "") -> Delivery:
+    if error:
+        return Delivery(position, shard_id, sequence_number, key, None, error, at, sub_sequence)
+    try:
+        record, error = records.decode(data), ""
     except BadRecord as exc:
         record, error = None, str(exc)
-    return Delivery(position, shard_id, raw.get("SequenceNumber", ""), raw.get("PartitionKey", ""), record, error, at)
+    return Delivery(position, shard_id, sequence_number, key, record, error, at, sub_sequence)
 
 
 # --- what the journal says -----------------------------------------------------------------
@@ -171,7 +202,8 @@ class Takeover:
 
 @dataclass
 class StreamAudit:
-    records: int = 0
+    records: int = 0  # user records (a frame's or a marker's), unpacked
+    kinesis_records: int = 0  # the Kinesis records that carried them (aggregates or plain)
     connections: int = 0
     delivered: int = 0  # distinct (connection, seq) pairs, a marker's range counted whole
     resent: int = 0  # deliveries again with the same fence
@@ -194,7 +226,8 @@ class StreamAudit:
     def lines(self) -> list[str]:
         worst = self.worst
         out = [
-            f"stream: {self.records} records for {self.connections} connections; {self.delivered} seqs delivered; "
+            f"stream: {self.records} records in {self.kinesis_records} Kinesis records for {self.connections} "
+            f"connections; {self.delivered} seqs delivered; "
             f"again: {self.resent} resent with the same fence (a partly refused or unanswered PutRecords), "
             f"{self.again_after_takeover} with a higher fence after {sum(1 for t in self.takeovers if t.again)} takeovers"
             + (f" (most: {worst.again} by {worst.connection_id} fence {worst.fence}, bound {worst.bound})" if worst else ""),
@@ -209,7 +242,8 @@ class StreamAudit:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "records": self.records, "connections": self.connections, "delivered": self.delivered,
+            "records": self.records, "kinesis_records": self.kinesis_records, "connections": self.connections,
+            "delivered": self.delivered,
             "resent": self.resent, "again_after_takeover": self.again_after_takeover, "stale": self.stale,
             "stale_excused": self.stale_excused, "ok": self.ok,
             "takeovers": [vars(t) for t in self.takeovers if t.again],
@@ -258,7 +292,7 @@ def audit(
     """The rules of the module's docstring over one read of the stream. ``acquired``:
     :func:`acquisitions` of the journal; ``checkpoints``: each connection's last
     ``last_seq`` (every seq up to it must be on the stream)."""
-    result = StreamAudit(records=len(deliveries))
+    result = StreamAudit(records=len(deliveries), kinesis_records=len({(d.shard_id, d.sequence_number) for d in deliveries}))
     by_cid: dict[str, list[Delivery]] = {}
     for d in deliveries:
         if d.record is None:

@@ -71,6 +71,7 @@ def worker(settings: EnvironmentSettings, resources: Resources, region: str) -> 
         spec.HEARTBEAT_SECONDS: settings.heartbeat_seconds,
         spec.RECONCILE_SECONDS: settings.reconcile_seconds,
         spec.CHECKPOINT_SECONDS: settings.checkpoint_seconds,
+        spec.FLUSH_INTERVAL_MS: settings.flush_interval_ms,
         spec.MAX_CONNECTIONS: settings.max_connections_per_worker,
         spec.REBALANCE: settings.rebalance,
         spec.REBALANCE_TOLERANCE: settings.rebalance_tolerance,

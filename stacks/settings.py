@@ -88,6 +88,9 @@ class EnvironmentSettings:
     heartbeat_seconds: float = _PLAN["heartbeat_seconds"]  # session renewal interval
     reconcile_seconds: float = 10  # scan of the FREE# shards for connections nobody owns
     checkpoint_seconds: float = _PLAN["checkpoint_seconds"]  # longest time between checkpoints of a busy connection
+    # How long a frame may wait for others to share a write (FLUSH_INTERVAL_MS): on the
+    # stream a connection's frames of one flush are one Kinesis record, billed per KB.
+    flush_interval_ms: int = _PLAN["flush_interval_ms"]
     max_clock_skew_ms: int = 1000
     state_shards: int = _PLAN["state_shards"]
 
@@ -196,6 +199,8 @@ class EnvironmentSettings:
         # per-connection write per heartbeat that session leases do away with.
         if not self.checkpoint_seconds >= self.heartbeat_seconds:
             raise SettingsError("checkpoint_seconds must be at least heartbeat_seconds")
+        if not 0 <= self.flush_interval_ms <= 10_000:
+            raise SettingsError(f"flush_interval_ms must be from 0 to 10000 (FLUSH_INTERVAL_MS), got {self.flush_interval_ms}")
         if not 0 <= self.rebalance_tolerance <= 1:
             raise SettingsError("rebalance_tolerance must be between 0 and 1")
         if not 1 <= self.state_shards <= schema.MAX_STATE_SHARDS:

@@ -314,14 +314,17 @@ def stream(emulator, aws_env) -> tuple[Any, str]:
     return kinesis, name
 
 
-def put_frames(kinesis: Any, name: str, cid: str, seqs: Any, fence: int) -> None:
-    from wsfleet import records
+def put_frames(kinesis: Any, name: str, cid: str, seqs: Any, fence: int, *, packed: bool = False) -> None:
+    """One record per frame, or (``packed``) all of them in one aggregate, as the worker's sink packs them."""
+    from wsfleet import aggregation, records
     from wsfleet.stream import Frame
 
     entries = [
         {"PartitionKey": cid, "Data": records.encode(cid, fence, f"w{fence}", Frame(s, json.dumps({"v": s}), 1_700_000_000_000 + s))}
         for s in seqs
     ]
+    if packed:
+        entries = [{"PartitionKey": cid, "Data": aggregation.pack(cid, [e["Data"] for e in entries])}]
     kinesis.put_records(StreamName=name, Records=entries)
 
 
@@ -329,7 +332,7 @@ def test_records_reads_the_connections_shard_and_keeps_the_highest_fence_per_seq
     kinesis, name = stream
     put_frames(kinesis, name, "c1", range(1, 6), fence=1)
     put_frames(kinesis, name, "c2", range(1, 50), fence=1)  # another connection, maybe on the same shard
-    put_frames(kinesis, name, "c1", range(3, 7), fence=2)  # a takeover from checkpoint 2
+    put_frames(kinesis, name, "c1", range(3, 7), fence=2, packed=True)  # a takeover from checkpoint 2, one aggregate
     put_frames(kinesis, name, "c1", [6], fence=1)  # the old owner's late request
     kinesis.put_records(StreamName=name, Records=[{"PartitionKey": "c1", "Data": b"not a record"}])
 

@@ -6,6 +6,7 @@ responses included), its objects and state on the emulator's S3 and DynamoDB."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import io
 import json
 import logging
@@ -19,7 +20,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from wsfleet import config, records, schema, settings_spec
+from wsfleet import aggregation, config, records, schema, settings_spec
 from wsfleet.consumer import Consumer, batch, delivery, object_key
 from wsfleet.consumer.delivery import Delivered, decide
 from wsfleet.consumer.local import LocalEventSource, kinesis_event
@@ -440,6 +441,36 @@ def test_hostile_records_are_logged_and_counted_never_a_batch_failure_and_never_
     assert rig.log_lines("batch")[0]["BadRecords"] == len(bad)  # the embedded metric
 
 
+def test_an_aggregates_records_are_each_delivered_and_a_bad_one_among_them_is_counted_alone(rig):
+    good = [frame_record("c1", s, 1) for s in (1, 2, 3)]
+    rig.put(("c1", aggregation.pack("c1", [good[0], b"not json", good[1]])), ("c1", good[2]))
+    wrong_key = aggregation.pack("c1", [frame_record("c1", 4, 1)])
+    damaged = aggregation.MAGIC + b"\x1a\x05\x08" + hashlib.md5(b"\x1a\x05\x08").digest()
+    rig.put(("c2", wrong_key), ("c1", damaged), ("c1", aggregation.pack("c1", [frame_record("c1", 4, 1)])))
+    assert all(not r.failures for r in rig.source.drain())
+    assert seqs(rig.delivered("c1")) == [1, 2, 3, 4]
+    assert [line["detail"] for line in rig.log_lines("bad_record")] == [
+        "not JSON: Expecting value: line 1 column 1 (char 0)",
+        "an aggregate's record under another partition key than the aggregate's",
+        "an aggregate that does not parse: AggregatedRecord: field 3 runs past the end",
+    ]
+    assert (rig.total("records"), rig.total("user_records"), rig.total("bad_records")) == (5, 7, 3)
+
+
+def test_a_failed_delivery_in_an_aggregate_names_its_sequence_number_and_the_retry_delivers_the_rest(emulator):
+    s3 = boto3.client("s3", endpoint_url=emulator.endpoint_url, region_name=REGION,
+                      config=Config(retries={"mode": "standard", "total_max_attempts": 1}))
+    rig = Rig(emulator.endpoint_url, shards=1, s3=s3)
+    rig.put(*((cid, aggregation.pack(cid, [frame_record(cid, s, 1) for s in (1, 2, 3)])) for cid in "ab"))
+    failed = fail_puts(s3, key_part="frames/b/")
+    first = rig.source.poll()
+    assert first.failures == [shard_entries(rig)[1]["SequenceNumber"]] and failed
+    s3.meta.events.unregister("before-call.s3.PutObject", unique_id="fail-puts")
+    rig.source.drain()
+    assert seqs(rig.delivered("a")) == seqs(rig.delivered("b")) == [1, 2, 3]
+    assert rig.total("delivered") == 6
+
+
 @pytest.mark.parametrize(
     "event",
     [None, [], {}, {"Records": "x"}, {"Records": [None, {"kinesis": None}, {"kinesis": {"sequenceNumber": "1", "data": "%%%"}}]}],
@@ -538,7 +569,9 @@ def test_what_the_workers_sink_puts_through_partial_failures_lost_answers_and_a_
         put(1, range(31, 34), "w-old")  # the old owner's request, frozen past its lease, lands late
     finally:
         set_faults(emulator.endpoint_url)
-    on_stream = sum(len(shard_entries(rig, s["ShardId"])) for s in rig.kinesis.list_shards(StreamName=rig.stream)["Shards"])
+    entries = [e for s in rig.kinesis.list_shards(StreamName=rig.stream)["Shards"] for e in shard_entries(rig, s["ShardId"])]
+    on_stream = sum(len(aggregation.user_records(e["Data"], e["PartitionKey"])) for e in entries)
+    assert len(entries) < on_stream / 5  # a connection's frames of a call share one Kinesis record
     rig.source.drain()
 
     for cid in cids:

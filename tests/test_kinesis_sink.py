@@ -19,7 +19,7 @@ from botocore.exceptions import ClientError
 
 from tests.conftest import own_emulator
 from tests.kinesis_reading import by_connection, check_order, kinesis_env, last_deliveries, read_stream
-from wsfleet import clock, records
+from wsfleet import aggregation, clock, records
 from wsfleet import metrics_names as names
 from wsfleet.aws import Aws, SendDeadlinePassed, send_deadline
 from wsfleet.config import WorkerConfig
@@ -55,11 +55,13 @@ class Requests:
 
     def __init__(self, client) -> None:
         self.sizes: list[tuple[int, int]] = []
+        self.datas: list[bytes] = []  # every record's data, in the order sent
         client.meta.events.register("provide-client-params.kinesis.PutRecords", self._seen)
 
     def _seen(self, params, **_):
         recs = params["Records"]
         self.sizes.append((len(recs), sum(len(r["Data"]) + len(r["PartitionKey"].encode()) for r in recs)))
+        self.datas += [r["Data"] for r in recs]
 
 
 @pytest.fixture
@@ -120,18 +122,45 @@ def test_a_call_is_split_in_puts_of_at_most_500_records_and_5_mib_in_order(kines
     stream = new_stream(kinesis)
     sent = Requests(kinesis)
     sink = StreamSink(kinesis, stream)
-    sink.put_many(interleaved(["a", "b", "c"], 401), worker_id="w")  # 1203 records
+    cids = [f"k{i}" for i in range(1203)]
+    sink.put_many(interleaved(cids, 1), worker_id="w")  # one frame each: 1203 plain records
     assert [n for n, _ in sent.sizes] == [500, 500, 203]
-    # 340 KB of data each: 15 fit in 5 MiB, not 16 (moto refuses a request over it).
+    # 340 KB of data each: two share an aggregate (three would pass its bound), and 7
+    # aggregates fit in 5 MiB, not 8 (moto refuses a request over it).
     data = '"' + "y" * 340_000 + '"'
     sent.sizes.clear()
+    sent.datas.clear()
     sink.put_many(frames("big", range(1, 21), data=data), worker_id="w")
-    assert [n for n, _ in sent.sizes] == [15, 5]
+    assert [n for n, _ in sent.sizes] == [7, 3]
     assert all(size <= records.MAX_PUT_BYTES for _, size in sent.sizes)
+    assert all(len(d) + 3 <= records.MAX_AGGREGATE_BYTES and len(aggregation.unpack(d)) == 2 for d in sent.datas)
     got = by_connection(kinesis, stream)
     assert [r.seq for r in got["big"]] == list(range(1, 21))
-    for cid in "abc":
-        assert [r.seq for r in got[cid]] == list(range(1, 402))
+    assert all([r.seq for r in got[cid]] == [1] for cid in cids)
+
+
+def test_a_connections_frames_of_one_call_share_one_record_within_the_bound_each_keeping_seq_and_fence(kinesis):
+    stream = new_stream(kinesis, shards=1)
+    sent = Requests(kinesis)
+    StreamSink(kinesis, stream).put_many([*interleaved(["a", "b"], 30, fence=7), *frames("c", [5], fence=2)], worker_id="w")
+    assert [n for n, _ in sent.sizes] == [3]  # a's 30 frames, b's 30, c's one (plain)
+    a, b, c = sent.datas
+    assert aggregation.unpack(c) is None and records.decode(c).seq == 5
+    assert [records.decode(u.data).seq for u in aggregation.unpack(a)] == list(range(1, 31))
+    assert {u.partition_key for u in aggregation.unpack(b)} == {"b"}
+    got = by_connection(kinesis, stream)
+    assert [(r.seq, r.fence_token) for r in got["a"]] == [(s, 7) for s in range(1, 31)]
+    assert [(r.seq, r.fence_token) for r in got["c"]] == [(5, 2)]
+    # A smaller bound: more aggregates, each within it, the seqs in order across them.
+    sent.datas.clear()
+    StreamSink(kinesis, stream, max_aggregate_bytes=1000).put_many(frames("d", range(1, 41)), worker_id="w")
+    assert len(sent.datas) > 4 and all(len(d) + 1 <= 1000 for d in sent.datas)
+    assert [r.seq for r in by_connection(kinesis, stream)["d"]] == list(range(1, 41))
+    sent.datas.clear()
+    StreamSink(kinesis, stream, max_aggregate_bytes=None).put_many(frames("e", range(1, 4)), worker_id="w")
+    assert [records.decode(d).seq for d in sent.datas] == [1, 2, 3]  # no aggregation: one plain record a frame
+    with pytest.raises(ValueError, match="max_aggregate_bytes must be from 1 to 1048576"):
+        StreamSink(kinesis, stream, max_aggregate_bytes=2 << 20)
 
 
 def test_an_entry_that_cannot_be_a_record_raises_invalid_item_before_anything_is_sent(kinesis):
@@ -203,10 +232,12 @@ def counting() -> tuple[Counter, object]:
 def test_a_partly_refused_put_resends_each_connections_suffix_so_the_last_deliveries_stay_in_order(faulted):
     url, client, stream = faulted
     counts, count = counting()
-    sink = StreamSink(client, stream, count=count, sleep=lambda _: None, max_rounds=50)
+    # Aggregates of three frames: each connection's 40 in 14 records, any of them refused.
+    sink = StreamSink(client, stream, count=count, sleep=lambda _: None, max_rounds=50, max_aggregate_bytes=450)
     set_faults(url, refuse_records=0.3, seed=11)
     cids = [f"c{i}" for i in range(6)]
-    sink.put_many(interleaved(cids, 40, fence=4), worker_id="w")  # 240 records, one request a round
+    sent = Requests(client)
+    sink.put_many(interleaved(cids, 40, fence=4), worker_id="w")  # 240 frames, 84 records, one request a round
     refused = faults(url)["records_refused"]["PutRecords"]
     set_faults(url)
     got = by_connection(client, stream)
@@ -215,11 +246,10 @@ def test_a_partly_refused_put_resends_each_connections_suffix_so_the_last_delive
         check_order(recs)
         assert [r.seq for r in last_deliveries(recs)] == list(range(1, 41))
         assert {r.fence_token for r in recs} == {4}  # a resend is the same frame, same fence
-    delivered = sum(len(v) for v in got.values())
+    assert sent.sizes[0][0] == 84 and all(len(aggregation.unpack(d) or [d]) in (1, 3) for d in sent.datas)
     assert refused > 0 and counts[names.RECORDS_THROTTLED] == refused
     # Every resend went out again: the refused ones and the later ones of their connections.
-    assert counts[names.RECORDS_RESENT] == delivered - 240 + refused
-    assert counts[names.RECORDS_RESENT] > refused  # some acknowledged ones went again, for the order
+    assert sum(n for n, _ in sent.sizes[1:]) == counts[names.RECORDS_RESENT] > refused
 
 
 def test_a_lost_answer_delivers_the_same_records_again_never_loses_one(faulted):
@@ -250,7 +280,7 @@ def test_throttled_puts_are_retried_after_a_backoff_and_counted(faulted):
     set_faults(url)
     got = by_connection(client, stream)
     assert all([r.seq for r in got[c]] == list(range(1, 31)) for c in "ab")  # refused whole: nothing applied twice
-    assert throttled > 0 and counts[names.RECORDS_THROTTLED] == 6 * throttled
+    assert throttled > 0 and counts[names.RECORDS_THROTTLED] == 2 * throttled  # a record per connection
     assert len(slept) == throttled and all(0 < s <= 2.0 for s in slept)
 
 
@@ -322,7 +352,8 @@ async def until(predicate, timeout: float = 30.0) -> None:
 def test_the_writer_reports_a_seq_stored_only_once_the_stream_acknowledged_every_record_up_to_it(faulted):
     url, client, stream = faulted
     counters, stored = Counters(), {}
-    sink = StreamSink(client, stream, count=counters.add, sleep=lambda _: None, max_rounds=50)
+    # Aggregates of two frames at most: many records to refuse.
+    sink = StreamSink(client, stream, count=counters.add, sleep=lambda _: None, max_rounds=50, max_aggregate_bytes=300)
     cids = [f"c{i}" for i in range(4)]
     writer = stream_writer(sink, counters, stored, clock.now() + 600, *cids)
     ahead: list[str] = []
@@ -426,7 +457,8 @@ def test_the_suffix_rule_holds_across_the_requests_of_one_call_with_markers_and_
     every seq stays in seq order across the split, whichever kind of record was refused."""
     url, client, stream = faulted
     requests = Requests(client)
-    sink = StreamSink(client, stream, sleep=lambda _: None, max_rounds=50)
+    # One plain record a frame: over 500 of one connection (aggregates: the test above).
+    sink = StreamSink(client, stream, sleep=lambda _: None, max_rounds=50, max_aggregate_bytes=None)
     entries, objects, seq = [], {}, 1
     while seq <= 700:
         if seq % 7 == 0:  # a range marker for seq..seq+1

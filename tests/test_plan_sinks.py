@@ -5,10 +5,11 @@ in the comments are worked by hand from the price tables in wsfleet.plan.sinks).
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from wsfleet import records
+from wsfleet import aggregation, records
 from wsfleet.plan import model
 from wsfleet.plan import sinks as plan_sinks
 from wsfleet.cli import main
@@ -169,3 +170,39 @@ def test_plan_prints_the_sinks_side_by_side_and_its_json_is_the_computation(caps
 def test_plan_refuses_a_stream_retention_kinesis_does_not_offer(capsys):
     assert main(["plan", "--connections", "10", "--stream-retention-hours", "12"], env={}) == 2
     assert "must be from 24 to 8760 hours" in capsys.readouterr().err
+
+
+def test_packing_prices_a_flushs_frames_as_one_aggregate_of_the_size_the_sink_writes():
+    frame = Frame(seq=10**9, data_json='"' + "x" * 198 + '"', received_at_ms=1_800_000_000_000)
+    user = records.encode("c" * 36, 10**6, "w" * 32, frame)
+    assert len(user) + 36 == plan_sinks.record_bytes(200)
+    # What n frames of one flush are on the stream, built as the sink builds them.
+    size = {n: (len(aggregation.pack("c" * 36, [user] * n)) if n > 1 else len(user)) + 36 for n in range(1, 60)}
+    assert (size[1], size[2], size[3]) == (417, 872, 1261)  # billed 1, 1 and 2 KB
+    p = plan_sinks.packing(rate=0.5, flush_ms=5000, per_worker=10, user_record_bytes=len(user))
+    # 2.5 frames a flush on average: a record whenever there is at least one.
+    mean = 2.5
+    poisson = {n: math.exp(-mean) * mean**n / math.factorial(n) for n in size}
+    assert (p.period_s, p.frames_per_flush) == (5.0, mean)
+    assert p.records_per_message == pytest.approx((1 - math.exp(-mean)) / mean)  # 0.367
+    assert p.billed_kb_per_message == pytest.approx(sum(poisson[n] * plan_sinks.billed_kb(size[n]) for n in size) / mean)
+    assert p.bytes_per_message == pytest.approx(sum(poisson[n] * size[n] for n in size) / mean)
+    # The writer's call of 500 frames ends a flush sooner: 250 connections x 0.5/s fill it in 4 s.
+    assert plan_sinks.packing(rate=0.5, flush_ms=10_000, per_worker=250, user_record_bytes=len(user)).period_s == 4.0
+    # A frame now and then is a plain record, as unpacked; aggregates stay under their bound.
+    rare = plan_sinks.packing(rate=1e-6, flush_ms=100, per_worker=10, user_record_bytes=len(user))
+    assert rare.records_per_message == pytest.approx(1) and rare.billed_kb_per_message == pytest.approx(1)
+    busy = plan_sinks.packing(rate=1000, flush_ms=10_000, per_worker=1, user_record_bytes=len(user), batch=10**6)
+    # 10,000 +- 100 frames a flush, 2,526 in an aggregate of at most 1 MiB less 64 KiB: 4
+    # records, 5 in the 15 % of flushes with over 10,104.
+    assert (records.MAX_AGGREGATE_BYTES - size[2] + 2 * 389) // 389 == 2526 and size[3] - size[2] == 389
+    assert busy.record_bytes <= records.MAX_AGGREGATE_BYTES
+    assert busy.records_per_message == pytest.approx(4.15 / 10_000, rel=0.01)
+
+
+def test_plan_takes_the_flush_interval_and_refuses_one_the_worker_would_not(capsys):
+    assert main(["plan", "--connections", "1000", "--rate", "0.5", "--flush-ms", "5000", "--json"], env={}) == 0
+    out = json.loads(capsys.readouterr().out)["sinks"]
+    assert out["flush_ms"] == 5000 and out["packing"]["kinesis"]["records_per_message"] == pytest.approx(0.367, abs=1e-3)
+    assert main(["plan", "--connections", "10", "--flush-ms", "20000"], env={}) == 2
+    assert "must be a whole number from 0 to 10000 (FLUSH_INTERVAL_MS's bounds)" in capsys.readouterr().err

@@ -10,7 +10,7 @@ import uuid
 import boto3
 
 from tests.conftest import REGION
-from wsfleet import records
+from wsfleet import aggregation, records
 from sim import stream_audit as sa
 from wsfleet.stream import Frame
 
@@ -238,3 +238,25 @@ def test_read_stream_returns_every_record_of_every_shard_in_shard_order(emulator
                       check=sa.expected_data({cid: {s: data(cid, s) for s in range(1, 7)} for cid in cids}))
     assert kinds(result) == ["bad_record"] and result.delivered == 36
     assert all(d.arrived_at for d in read)
+
+
+def test_read_stream_unpacks_an_aggregate_into_its_records_each_judged_as_a_plain_ones_would_be(emulator):
+    kinesis = boto3.client("kinesis", endpoint_url=emulator.endpoint_url, region_name=REGION)
+    name = f"audit-{uuid.uuid4().hex[:8]}"
+    kinesis.create_stream(StreamName=name, ShardCount=1)
+    kinesis.get_waiter("stream_exists").wait(StreamName=name, WaiterConfig={"Delay": 0.1, "MaxAttempts": 100})
+    body = lambda cid, seq: records.encode(cid, 1, "w1", Frame(seq, data(cid, seq), T0))  # noqa: E731
+    kinesis.put_records(StreamName=name, Records=[
+        {"Data": aggregation.pack("a", [body("a", s) for s in (1, 2, 3)]), "PartitionKey": "a"},
+        {"Data": body("a", 4), "PartitionKey": "a"},
+        {"Data": aggregation.pack("b", [body("b", 1)]), "PartitionKey": "a"},  # a record under another key
+    ])
+
+    read = sa.read_stream(kinesis, name)
+
+    assert [(d.position, d.record.seq if d.record else None, d.sub_sequence) for d in read] == [
+        (0, 1, 0), (1, 2, 1), (2, 3, 2), (3, 4, None), (4, None, 0)]
+    assert len({d.sequence_number for d in read[:3]}) == 1 and "under partition key 'a'" in read[4].error
+    result = sa.audit(read, {}, window_s=WINDOW_S, checkpoints={"a": 4},
+                      check=sa.expected_data({"a": {s: data("a", s) for s in range(1, 5)}}))
+    assert kinds(result) == ["bad_record"] and (result.records, result.kinesis_records, result.delivered) == (5, 3, 4)

@@ -34,7 +34,7 @@ MAY_IMPORT = {
 # The product's three floors (docs/development.md, "Where things are"): a module imports only from
 # its own floor or the ones below, and no process imports another process.
 RULES = {  # pure: no boto3, no asyncio, no I/O
-    "balance", "budget", "checkpoint", "clock", "crash_loop", "credentials", "leases", "message_pages", "metrics",
+    "aggregation", "balance", "budget", "checkpoint", "clock", "crash_loop", "credentials", "leases", "message_pages", "metrics",
     "metrics_names", "plan", "pointer", "upstream_feed", "upstream_secrets",
     "records", "schema", "settings_spec", "stack_outputs", "stream", "upstream_spec", "validation",
 }

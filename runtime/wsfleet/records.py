@@ -1,5 +1,7 @@
 """The Kinesis sink's record (CONTRACT.md section 4): one per frame, written by the worker
-(:mod:`wsfleet.sinks.kinesis`), read by the reference consumer and the local audits.
+(:mod:`wsfleet.sinks.kinesis`, which packs a connection's records of one flush into one
+aggregated Kinesis record: :mod:`wsfleet.aggregation`), read by the reference consumer
+and the local audits.
 
 A record is the UTF-8 JSON object ``{"connection_id", "seq", "fence_token", "worker_id",
 "received_at_ms", ...}`` with exactly one of:
@@ -54,6 +56,9 @@ MAX_RECORD_BYTES = 1024 * 1024
 MAX_PUT_RECORDS = 500
 MAX_PUT_BYTES = 5 * 1024 * 1024
 MAX_PARTITION_KEY_CHARS = 256
+# An aggregate's most bytes (data and partition key; :mod:`wsfleet.aggregation`): the
+# record limit less headroom.
+MAX_AGGREGATE_BYTES = MAX_RECORD_BYTES - 64 * 1024
 
 
 def encode(connection_id: str, fence_token: int, worker_id: str, frame: Frame, *, data_ref: tuple[str, int, str] | None = None) -> bytes:

@@ -184,8 +184,9 @@ MESSAGE_TTL_ATTRIBUTE = "expires_at"  # epoch seconds; only written when a TTL i
 
 # --- where frames go (SINK) -----------------------------------------------------
 # SINK is a comma-separated set of these: the messages table (readable through the
-# API), a Kinesis stream (MESSAGES_STREAM_NAME: one record per frame, wsfleet.records),
-# or both. With a stream among them a new owner resumes from the checkpoint (a stream's
+# API), a Kinesis stream (MESSAGES_STREAM_NAME: one record per frame, wsfleet.records,
+# a connection's records of one flush packed into one aggregated Kinesis record,
+# wsfleet.aggregation), or both. With a stream among them a new owner resumes from the checkpoint (a stream's
 # tail cannot be read cheaply): delivery is at least once (CONTRACT.md section 4).
 SINK_DYNAMODB = "dynamodb"
 SINK_KINESIS = "kinesis"

@@ -221,8 +221,9 @@ _VARIABLES = (
         low=0, high=3650, stack=(WORKER,),
     ),
     Variable(
-        FLUSH_INTERVAL_MS, WHOLE, 100, "how long a frame may wait to share a batch write", (WORKER,),
-        low=0, high=10_000,
+        FLUSH_INTERVAL_MS, WHOLE, 100,
+        "how long a frame may wait to share a batch write (and, on the stream, one Kinesis record with its "
+        "connection's other frames)", (WORKER,), low=0, high=10_000, stack=(WORKER,),
     ),
     Variable(
         MAX_FRAME_BYTES, WHOLE, 32 * 1024 * 1024,

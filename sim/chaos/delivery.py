@@ -56,7 +56,8 @@ def check_stream(
     out = [(AS_VIOLATION[f.kind], f.connection_id, f.sentence) for f in result.findings]
     worst = result.worst
     totals.update({
-        "stream_records": result.records, "stream_resent": result.resent,
+        "stream_records": result.records, "stream_kinesis_records": result.kinesis_records,
+        "stream_resent": result.resent,
         "stream_again_after_takeover": result.again_after_takeover,
         "stream_takeovers_again": sum(1 for t in result.takeovers if t.again),
         "stream_most_again": worst.again if worst else 0, "stream_most_again_bound": worst.bound if worst else 0,

@@ -56,7 +56,8 @@ def render(
         f"{t.get('old_url_reconnects', 0)}",
         f"DynamoDB load from the chaos phase on: {t.get('dynamodb_requests_per_s', '-')} requests/s, "
         f"{t.get('dynamodb_writes_per_s', '-')} writes/s (the emulator's budget: about 80 writes/s)",
-        *([f"messages stream: {t['stream_records']} records; again with the same fence (resent) {t['stream_resent']}, "
+        *([f"messages stream: {t['stream_records']} records in {t['stream_kinesis_records']} Kinesis records; "
+           f"again with the same fence (resent) {t['stream_resent']}, "
            f"with a higher fence after {t['stream_takeovers_again']} takeovers {t['stream_again_after_takeover']} "
            f"(most after one: {t['stream_most_again']}, its bound {t['stream_most_again_bound']}); "
            f"a lower fence landing as its frozen writer woke: {t['stream_stale_excused']}"] if "stream_records" in t else []),

@@ -1,5 +1,6 @@
 """The messages stream: where the workers put one record per frame when ``kinesis`` is a
-sink (CONTRACT section 4), partition key = connection id.
+sink (CONTRACT section 4), partition key = connection id, a connection's records of one
+flush packed into one aggregated Kinesis record (``wsfleet.aggregation``).
 
 On-demand capacity: shards follow the write rate, and nothing here has to be resized as
 the fleet grows (``wsfleet plan`` says where the per-stream and per-shard limits bind).

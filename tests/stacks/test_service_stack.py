@@ -389,6 +389,7 @@ def test_worker_environment_is_what_the_contract_names(env):
         settings_spec.HEARTBEAT_SECONDS,
         settings_spec.RECONCILE_SECONDS,
         settings_spec.CHECKPOINT_SECONDS,
+        settings_spec.FLUSH_INTERVAL_MS,
         settings_spec.MAX_CONNECTIONS,
         settings_spec.REBALANCE,
         settings_spec.REBALANCE_TOLERANCE,
@@ -421,6 +422,7 @@ def test_worker_environment_passes_the_workers_own_validation(env):
     assert SessionTiming(parsed.lease_ms, parsed.heartbeat_ms, parsed.max_clock_skew_ms) == env.settings.session_timing
     assert parsed.reconcile_ms == env.settings.reconcile_seconds * 1000
     assert parsed.checkpoint_ms == env.settings.checkpoint_seconds * 1000
+    assert parsed.flush_interval_ms == env.settings.flush_interval_ms
     assert parsed.max_connections == env.settings.max_connections_per_worker
     assert parsed.secret_hosts_required is env.settings.secret_hosts_required
     assert (parsed.rebalance, parsed.rebalance_tolerance) == (env.settings.rebalance, env.settings.rebalance_tolerance)

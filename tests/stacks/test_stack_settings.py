@@ -33,6 +33,7 @@ def test_dev_and_prod_exist_and_prod_keeps_its_data():
         ({"max_clock_skew_ms": 7_500}, "max_clock_skew_ms"),
         ({"reconcile_seconds": 0}, "reconcile_seconds"),
         ({"checkpoint_seconds": 2}, "checkpoint_seconds"),
+        ({"flush_interval_ms": 10_001}, "flush_interval_ms must be from 0 to 10000"),
         ({"rebalance_tolerance": 1.5}, "rebalance_tolerance"),
         ({"min_workers": 0}, "min_workers"),
         ({"min_workers": 5, "max_workers": 4}, "min_workers"),

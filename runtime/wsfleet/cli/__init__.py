@@ -93,6 +93,16 @@ def _retention_hours(text: str) -> float:
     return value
 
 
+_FLUSH = settings_spec.VARIABLES[settings_spec.FLUSH_INTERVAL_MS]
+
+
+def _flush_ms(text: str) -> int:
+    value, low, high = _number(text, "milliseconds"), _FLUSH.low, _FLUSH.high
+    if not (low <= value <= high and value.is_integer()):
+        raise argparse.ArgumentTypeError(f"must be a whole number from {low} to {high} (FLUSH_INTERVAL_MS's bounds), got {text!r}")
+    return int(value)
+
+
 def _seconds(text: str) -> float:
     value = _number(text, "seconds")
     if not 0 < value < float("inf"):
@@ -434,6 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--no-consumer", action="store_true", help="price the stream without the reference consumer (your own reader)"
     )
+    plan.add_argument("--flush-ms", type=_flush_ms, metavar="MS", help="the workers' FLUSH_INTERVAL_MS: a connection's "
+                      "frames of one flush share one Kinesis record [the environment's flush_interval_ms]")
     plan.set_defaults(run=commands.plan)
     return parser
 

@@ -287,6 +287,7 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         ttl_days=retention_days,
         frame_bytes=args.frame_bytes,
         retention_hours=args.stream_retention_hours,
+        flush_ms=settings["flush_ms"] if args.flush_ms is None else args.flush_ms,
         consumer=consumer,
     )
     if args.task_sizes:

@@ -1,7 +1,8 @@
 """``wsfleet records``: a connection's frames as the messages stream holds them
 (``SINK`` with kinesis), for a fleet whose read API has no table to read. Only the
 connection's shards are read (its partition key's hash falls in their range), from a
-point in time or the stream's trim horizon, and the consumer rule is applied: per seq,
+point in time or the stream's trim horizon, aggregated records unpacked
+(:mod:`wsfleet.aggregation`), and the consumer rule is applied: per seq,
 the delivery with the highest fence is kept (a takeover's replay, a resend after a
 partial failure and a stale owner's late record collapse into one)."""
 
@@ -13,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .. import records, settings_spec, stack_outputs
+from .. import aggregation, records, settings_spec, stack_outputs
 from .errors import CliError
 
 _DURATION = re.compile(r"([0-9]+(?:\.[0-9]+)?)([smhd])")
@@ -74,7 +75,7 @@ class Reading:
     """What the shards held for the connection: the kept record per seq, and counts."""
 
     kept: dict[int, records.Record] = field(default_factory=dict)
-    records: int = 0  # the connection's records read
+    records: int = 0  # the connection's records read (user records: an aggregate's each)
     again: int = 0  # deliveries of a seq already kept (same or lower fence) or superseded
     bad: int = 0  # records under its partition key that are not wsfleet records
     shards: int = 0
@@ -102,6 +103,19 @@ def read(kinesis: Any, stream: str, connection_id: str, *, since_s: float | None
 
 
 def _keep(reading: Reading, data: bytes, connection_id: str) -> None:
+    try:
+        inner = aggregation.user_records(data, connection_id)
+    except aggregation.BadAggregate:
+        reading.bad += 1
+        return
+    for user in inner:
+        if user.partition_key != connection_id:
+            reading.bad += 1
+        else:
+            _keep_one(reading, user.data, connection_id)
+
+
+def _keep_one(reading: Reading, data: bytes, connection_id: str) -> None:
     try:
         record = records.decode(data)
     except records.BadRecord:

@@ -344,9 +344,14 @@ def _sinks(p: Mapping[str, Any] | None) -> list[str]:
     k, t = p["kinesis"], p["dynamodb"]
     km = k["month"]
     consumer = p["consumer"]
+    packed = p["packing"]["kinesis"]
     stream = (
-        f"stream: {k['gb_ingested_per_month']:,.0f} GB in per month (each {p['record_bytes']} B record billed as "
-        f"{math.ceil(p['record_bytes'] / 1024)} KB): ingest {km['ingest']:,.0f}, retrieval {km['retrieval']:,.0f}, "
+        f"stream: each frame a {p['record_bytes']} B record, a connection's frames of one flush "
+        f"({packed['period_s'] * 1000:,.0f} ms: FLUSH_INTERVAL_MS {p['flush_ms']:,}, or a full batch sooner; "
+        f"{packed['frames_per_flush']:,.3g} frames) in one: {packed['records_per_message']:.3f} Kinesis records and "
+        f"{packed['billed_kb_per_message']:.3f} KB billed per message (unpacked: 1 and "
+        f"{math.ceil(p['record_bytes'] / 1024)}); {k['gb_ingested_per_month']:,.0f} GB in per month: "
+        f"ingest {km['ingest']:,.0f}, retrieval {km['retrieval']:,.0f}, "
         f"stream-hours {km['stream']:,.0f}, retention past 24 h {km['retention']:,.0f}, KMS key and requests {km['kms']:,.2f}"
     )
     if consumer:

@@ -16,9 +16,14 @@ key: the object is rewritten, not added. A state write whose answer was lost is 
 stored on the retry (:meth:`.state.DeliveryStates.put`), or the next batch finds those
 seqs delivered: nothing is written twice either way.
 
-A record that is not a wsfleet record (not base64, not a record, a connection id
-that is not one or not its partition key, data that cannot be written back as JSON) is
-logged and counted, never a batch failure: a failure would block the shard on it until
+An aggregated Kinesis record (:mod:`wsfleet.aggregation`: the worker packs one
+connection's frames of a flush into one) is unpacked first, as KCL would: each of its
+user records is a record here, with the Kinesis record's sequence number (a retry from
+it delivers the whole aggregate again, which the delivery state absorbs).
+
+A record that is not a wsfleet record (not base64, an aggregate that does not parse,
+not a record, a connection id that is not one or not its partition key, data that
+cannot be written back as JSON) is logged and counted, never a batch failure: a failure would block the shard on it until
 the stream's retention dropped it. A connection whose S3 or DynamoDB requests fail is a
 failure: the answer is a partial batch response naming the first failed record's
 sequence number, and Lambda sends the shard again from there (what was delivered
@@ -46,7 +51,7 @@ from typing import Any, Callable, Mapping
 import boto3
 from botocore.config import Config
 
-from .. import metrics, metrics_names, records
+from .. import aggregation, metrics, metrics_names, records
 from ..config import ConsumerConfig
 from ..settings_spec import ConfigError
 from ..logs import JsonLogger, route_stdlib_logging
@@ -115,19 +120,36 @@ def trimmed_line(record: records.Record, first: int, last: int) -> bytes:
     return line_of(dataclasses.replace(record, seq=first, skip_to=last if last != first else None))
 
 
-def parse_entry(index: int, entry: Any) -> Incoming:
-    """One entry of the event's ``Records``; :class:`NotARecord` if it is not a
-    wsfleet record this consumer can deliver."""
+def parse_entry(index: int, entry: Any) -> list[Incoming | NotARecord]:
+    """One entry of the event's ``Records``: its user records (one, unless it is an
+    aggregate), each an :class:`Incoming` or, if it is not a wsfleet record this
+    consumer can deliver, a :class:`NotARecord` saying why."""
     kinesis = entry.get("kinesis") if isinstance(entry, Mapping) else None
     if not isinstance(kinesis, Mapping):
-        raise NotARecord("the entry has no kinesis object")
+        return [NotARecord("the entry has no kinesis object")]
     sequence_number, key, data = kinesis.get("sequenceNumber"), kinesis.get("partitionKey"), kinesis.get("data")
     if not isinstance(sequence_number, str) or not isinstance(data, str):
-        raise NotARecord("the entry has no sequenceNumber or data")
+        return [NotARecord("the entry has no sequenceNumber or data")]
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
-        raise NotARecord("its data is not base64") from None
+        return [NotARecord("its data is not base64")]
+    try:
+        inner = aggregation.user_records(raw, key)
+    except aggregation.BadAggregate as exc:
+        return [NotARecord(f"an aggregate that does not parse: {exc}")]
+    out: list[Incoming | NotARecord] = []
+    for user in inner:
+        try:
+            if user.partition_key != key:
+                raise NotARecord("an aggregate's record under another partition key than the aggregate's")
+            out.append(_incoming(index, sequence_number, key, user.data))
+        except NotARecord as exc:
+            out.append(exc)
+    return out
+
+
+def _incoming(index: int, sequence_number: str, key: Any, raw: bytes) -> Incoming:
     try:
         record = records.decode(raw)
     except records.BadRecord as exc:
@@ -192,14 +214,15 @@ class Consumer:
             return {"batchItemFailures": []}
         counts: Counter[str] = Counter()
         groups: dict[str, list[Incoming]] = {}
+        user_records = 0
         for index, entry in enumerate(entries):
-            try:
-                incoming = parse_entry(index, entry)
-            except NotARecord as exc:
-                counts[BAD] += 1
-                self._log.warning("bad_record", **_where(entry), detail=str(exc)[:DETAIL_CHARS])
-                continue
-            groups.setdefault(incoming.record.connection_id, []).append(incoming)
+            for incoming in parse_entry(index, entry):
+                user_records += 1
+                if isinstance(incoming, NotARecord):
+                    counts[BAD] += 1
+                    self._log.warning("bad_record", **_where(entry), detail=str(incoming)[:DETAIL_CHARS])
+                    continue
+                groups.setdefault(incoming.record.connection_id, []).append(incoming)
         remaining = getattr(context, "get_remaining_time_in_millis", None)
         deliveries = self._deliver_all(groups, remaining if callable(remaining) else None)
         failed = [d for d in deliveries if d.error is not None]
@@ -210,6 +233,7 @@ class Consumer:
             "batch",
             request_id=getattr(context, "aws_request_id", None),
             records=len(entries),
+            user_records=user_records,
             connections=len(groups),
             delivered=counts[DELIVERED],
             replayed=counts[REPLAYED],

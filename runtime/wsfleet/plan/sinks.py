@@ -7,8 +7,10 @@ What a stored frame costs:
 
 * **dynamodb**: one item per frame, its write units (1 per KB, rounded up) and its
   storage for MESSAGE_TTL_DAYS (item size plus DynamoDB's 100 bytes of overhead);
-* **kinesis** (on-demand): each record's size rounded up to the next KB, billed per GB
-  ingested and again per GB retrieved by the one consumer; the stream's hourly charge;
+* **kinesis** (on-demand): each Kinesis record's size rounded up to the next KB, billed
+  per GB ingested and again per GB retrieved by the one consumer; a connection's frames
+  of one flush share one aggregated record (:func:`packing`: records and billed KB per
+  message from the rate, FLUSH_INTERVAL_MS and the worker's frames per flush); the stream's hourly charge;
   retention beyond 24 h; the customer-managed KMS key and the KMS requests Kinesis makes
   for each credential that writes or reads (about one every five minutes each: every
   worker task, and every consumer environment, one per shard); the reference consumer:
@@ -27,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .. import records, schema
+from .. import aggregation, records, schema
 from ..stream import Frame
 from .corrections import corrected_ops
 from .fleet import fleet
@@ -67,6 +69,7 @@ ON_DEMAND_MIN_SHARDS = 4  # what the default capacity amounts to
 PROVISIONED_SHARD_QUOTA = 20_000
 KMS_CALL_PERIOD_S = 300  # Kinesis asks KMS for a data key about every 5 minutes per credential
 
+MESSAGES_TABLE_BATCH = 25  # frames per writer call with the table among the sinks (BatchWriteItem's most)
 # The frame the plan prices by default: a small JSON event.
 DEFAULT_FRAME_BYTES = 256
 CONNECTION_ID_CHARS = 36  # a UUID
@@ -104,6 +107,63 @@ def record_bytes(data_bytes: int, *, connection_id_chars: int = CONNECTION_ID_CH
     frame = Frame(seq=10**9, data_json='"' + "x" * max(0, data_bytes - 2) + '"', received_at_ms=1_800_000_000_000)
     raw = records.encode("c" * connection_id_chars, 10**6, "w" * worker_id_chars, frame)
     return len(raw) + connection_id_chars
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How a connection's frames go onto the stream: Kinesis records and billed KB per
+    message, the mean record's size, and the flush period and frames per flush priced."""
+
+    period_s: float
+    frames_per_flush: float  # one connection's, on average (a Poisson mean)
+    records_per_message: float
+    billed_kb_per_message: float
+    bytes_per_message: float  # data and partition keys, as Kinesis counts them
+
+    @property
+    def record_bytes(self) -> float:
+        return self.bytes_per_message / self.records_per_message
+
+    @property
+    def billed_kb_per_record(self) -> float:
+        return self.billed_kb_per_message / self.records_per_message
+
+
+def packing(*, rate: float, flush_ms: float, per_worker: int, user_record_bytes: int,
+            connection_id_chars: int = CONNECTION_ID_CHARS, batch: int = records.MAX_PUT_RECORDS,
+            max_aggregate_bytes: int = records.MAX_AGGREGATE_BYTES) -> Packing:
+    """Records and billed KB per message when each flush packs a connection's frames into
+    one aggregate (:mod:`wsfleet.sinks.kinesis`). The writer flushes FLUSH_INTERVAL_MS
+    after the oldest pending frame, or sooner once ``batch`` frames wait: with a worker's
+    many connections, about every ``min(flush, batch / worker's frames per second)``.
+    A connection's frames in one period are Poisson with mean rate x period; n of them
+    make one record (plain when alone, aggregates of at most ``max_aggregate_bytes``
+    otherwise), each billed in whole KB. ``user_record_bytes``: one frame's record,
+    without its partition key. With few connections per worker a flush waits for its
+    first frame, and packs more than this says."""
+    key = connection_id_chars
+    plain = user_record_bytes + key
+    entry = aggregation.entry_bytes(user_record_bytes)
+    base = aggregation.overhead_bytes("c" * key) + key
+    most = max(1, (max_aggregate_bytes - base) // entry)
+    worker_rate = per_worker * rate
+    period = min(flush_ms / 1000, batch / worker_rate) if worker_rate > 0 else flush_ms / 1000
+    mean = rate * period
+
+    def cost(n: int) -> tuple[int, int, int]:  # (records, billed KB, bytes) of n frames of one flush
+        full, rest = divmod(n, most)
+        sizes = [base + most * entry] * full + ([plain if rest == 1 else base + rest * entry] if rest else [])
+        return len(sizes), sum(billed_kb(x) for x in sizes), sum(sizes)
+
+    if mean <= 0:  # a lone frame now and then: one plain record each
+        return Packing(period, 0.0, 1.0, float(billed_kb(plain)), float(plain))
+    spread = 12 * math.sqrt(mean) + 30
+    totals = [0.0, 0.0, 0.0]
+    for n in range(max(1, int(mean - spread)), int(mean + spread) + 1):
+        p = math.exp(n * math.log(mean) - mean - math.lgamma(n + 1))
+        for i, x in enumerate(cost(n)):
+            totals[i] += p * x
+    return Packing(period, mean, totals[0] / mean, totals[1] / mean, totals[2] / mean)
 
 
 def item_bytes(data_bytes: int, *, connection_id_chars: int = CONNECTION_ID_CHARS, worker_id_chars: int = WORKER_ID_CHARS) -> int:
@@ -182,11 +242,15 @@ def kinesis_month(
     retention_hours: float,
     consumer: Consumer | None,
     prices: Mapping[str, float],
+    billed_kb_per_record: float | None = None,
 ) -> dict[str, Any]:
     """$ per month of the stream, its KMS key and requests, and the reference consumer
-    (``consumer`` None: no consumer priced; a user's own reader pays retrieval anyway)."""
+    (``consumer`` None: no consumer priced; a user's own reader pays retrieval anyway).
+    ``records_per_s`` Kinesis records of ``record_size`` bytes on average, each billed
+    ``billed_kb_per_record`` KB on average (None: ``record_size`` rounded up)."""
     month_s = HOURS_PER_MONTH * 3600
-    billed = records_per_s * billed_kb(record_size) * KB  # bytes per second as billed
+    per_record = billed_kb(record_size) if billed_kb_per_record is None else billed_kb_per_record
+    billed = records_per_s * per_record * KB  # bytes per second as billed
     gb_month = billed * month_s / GB
     shards = on_demand_shards(records_per_s * record_size, records_per_s)
     # Stored beyond the free 24 h, at the steady state: bytes per second times the hours kept.
@@ -259,14 +323,25 @@ def sinks(
     }
     rec, item = record_bytes(frame_bytes), item_bytes(frame_bytes)
     table = dynamodb_month(records_per_s=per_s, item_size=item, ttl_days=ttl_days, prices=measured.prices)
-    stream = kinesis_month(records_per_s=per_s, record_size=rec, connections=connections, workers=holding["workers"],
-                           retention_hours=retention_hours, consumer=consumer, prices=measured.prices)
+    # The writer's batch: the stream's 500 frames a call; with the table too, the table's 25.
+    packed, packed_both = (
+        packing(rate=rate, flush_ms=flush_ms, per_worker=per_worker, user_record_bytes=rec - CONNECTION_ID_CHARS,
+                batch=batch)
+        for batch in (records.MAX_PUT_RECORDS, MESSAGES_TABLE_BATCH)
+    )
+
+    def stream_month(p: Packing) -> dict[str, Any]:
+        return kinesis_month(records_per_s=per_s * p.records_per_message, record_size=p.record_bytes,
+                             connections=connections, workers=holding["workers"], retention_hours=retention_hours,
+                             consumer=consumer, prices=measured.prices, billed_kb_per_record=p.billed_kb_per_record)
+
+    stream, stream_both = stream_month(packed), stream_month(packed_both)
     out: dict[str, Any] = {}
     for name, parts in (
         (schema.SINK_DYNAMODB, {"dynamodb": table["month"]["total"]}),
         (schema.SINK_KINESIS, {"kinesis": stream["month"]["total"]}),
         (f"{schema.SINK_DYNAMODB},{schema.SINK_KINESIS}",
-         {"dynamodb": table["month"]["total"], "kinesis": stream["month"]["total"]}),
+         {"dynamodb": table["month"]["total"], "kinesis": stream_both["month"]["total"]}),
     ):
         total = sum(base.values()) + sum(parts.values())
         out[name] = {"month": {**base, **parts, "total": total}, "per_1000_connections": total / connections * 1000}
@@ -277,6 +352,8 @@ def sinks(
         "rate": rate,
         "frame_bytes": frame_bytes,
         "record_bytes": rec,
+        "flush_ms": flush_ms,
+        "packing": {"kinesis": vars(packed), "dynamodb,kinesis": vars(packed_both)},
         "item_bytes": item,
         "retention_hours": retention_hours,
         "ttl_days": ttl_days,
@@ -284,19 +361,23 @@ def sinks(
         "dynamodb": table,
         "kinesis": stream,
         "sinks": out,
-        "limits": limits(connections=connections, per_worker=per_worker, rate=rate, record_size=rec,
-                         item_size=item, flush_ms=flush_ms),
+        "limits": limits(connections=connections, per_worker=per_worker, rate=rate,
+                         record_size=round(packed.record_bytes), item_size=item, flush_ms=flush_ms,
+                         records_per_message=packed.records_per_message),
     }
 
 
-def limits(*, connections: int, per_worker: int, rate: float, record_size: int, item_size: int, flush_ms: int) -> list[dict[str, Any]]:
+def limits(*, connections: int, per_worker: int, rate: float, record_size: int, item_size: int, flush_ms: int,
+           records_per_message: float = 1.0) -> list[dict[str, Any]]:
     """Where each sink's limits bind: for each, the load at this size, the limit, its
     utilisation and the size (connections, or one connection's rate) it is reached at.
-    One connection's frames go to one partition key: one shard, or one table partition."""
-    per_s = connections * rate
+    One connection's frames go to one partition key: one shard, or one table partition.
+    The stream's: ``records_per_message`` Kinesis records of ``record_size`` bytes a
+    frame (:func:`packing`; taken as fixed where a limit is reached at another rate)."""
+    per_s = connections * rate * records_per_message  # Kinesis records
     bytes_s = per_s * record_size
     wru = max(1, math.ceil(item_size / KB))
-    per_call = per_worker * rate * flush_ms / 1000  # records a worker's writer has at each flush
+    per_call = per_worker * rate * records_per_message * flush_ms / 1000  # records a worker's writer has at each flush
     call_cap = min(records.MAX_PUT_RECORDS, records.MAX_PUT_BYTES // record_size)
     shard_rate = min(SHARD_WRITE_RECORDS, SHARD_WRITE_BYTES / record_size)
 
@@ -309,7 +390,7 @@ def limits(*, connections: int, per_worker: int, rate: float, record_size: int, 
 
     return [
         at("one connection: its shard (1 MB/s, 1,000 records/s per partition key)", schema.SINK_KINESIS,
-           rate, shard_rate, "records/s", "rate"),
+           rate * records_per_message, shard_rate, "records/s", "rate"),
         at("on-demand stream: default write capacity (4 MB/s; it doubles its previous peak within 15 minutes)",
            schema.SINK_KINESIS, bytes_s, ON_DEMAND_DEFAULT_WRITE_BYTES, "bytes/s", "connections"),
         at("on-demand stream: maximum write (10 GB/s in us-east-1, us-west-2, eu-west-1)", schema.SINK_KINESIS,
@@ -323,5 +404,5 @@ def limits(*, connections: int, per_worker: int, rate: float, record_size: int, 
         at("one connection: its table partition (1,000 write units/s)", schema.SINK_DYNAMODB,
            rate * wru, PARTITION_WCU, "WRU/s", "rate"),
         at("messages table: on-demand write quota (40,000 WRU/s, adjustable)", schema.SINK_DYNAMODB,
-           per_s * wru, TABLE_QUOTA, "WRU/s", "connections"),
+           connections * rate * wru, TABLE_QUOTA, "WRU/s", "connections"),
     ]

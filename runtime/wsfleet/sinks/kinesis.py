@@ -1,8 +1,18 @@
-"""The messages stream (``SINK=kinesis``): one record per frame, PutRecords batches.
+"""The messages stream (``SINK=kinesis``): one connection's frames of a call packed into
+one Kinesis record, PutRecords batches.
 
-A :class:`~.sink.Sink`. Each frame becomes one record (:func:`wsfleet.records.encode`),
-partition key = connection id, so one connection's records stay in one shard, in the
-order they were acknowledged. Invariants it keeps, whatever the stream answers:
+A :class:`~.sink.Sink`. Each frame becomes one user record (:func:`wsfleet.records.encode`),
+and the user records of one connection in one call are packed, in seq order, into
+aggregates (:mod:`wsfleet.aggregation`, the Kinesis Producer Library's format, which KCL
+and the Lambda deaggregation modules unpack) of at most ``max_aggregate_bytes``; a
+connection with one frame in the call, or a frame too large to share a record, goes as
+a plain record. Partition key = connection id, for the aggregate and for every record in
+it, so one connection's records stay in one shard, in the order they were acknowledged.
+Kinesis bills and limits per Kinesis record (each rounded up to a KB): at the rates
+most feeds have, frames that arrive within one flush interval share one. Each user
+record keeps its own seq and fence: a consumer sees after unpacking what it saw
+before. Invariants it keeps, whatever the stream answers (a "record" below is a
+Kinesis record, an aggregate or a plain one):
 
 * a request holds at most 500 records and 5 MiB (data and partition keys), and the
   requests of one call go one after the other, each acknowledged whole before the next;
@@ -40,8 +50,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from .. import aggregation, records, schema
 from .. import metrics_names as names
-from .. import records, schema
 from ..stream import Frame
 from ..store.base import TransientError, is_transient, retry_pause_s, unwrap_refusal
 from .objects import StoredObject, needs_object
@@ -81,7 +91,11 @@ class StreamSink:
         count: Count | None = None,
         sleep: Callable[[float], None] = time.sleep,
         max_rounds: int = MAX_ROUNDS,
+        max_aggregate_bytes: int | None = records.MAX_AGGREGATE_BYTES,
     ) -> None:
+        if max_aggregate_bytes is not None and not 0 < max_aggregate_bytes <= records.MAX_RECORD_BYTES:
+            raise ValueError(f"max_aggregate_bytes must be from 1 to {records.MAX_RECORD_BYTES}, got {max_aggregate_bytes}")
+        self._max_aggregate = max_aggregate_bytes
         self._client = client
         self._target = {"StreamARN": stream} if stream.startswith("arn:") else {"StreamName": stream}
         self._count = count
@@ -97,10 +111,14 @@ class StreamSink:
         worker_id: str,
         objects: Mapping[tuple[str, int], StoredObject] | None = None,
     ) -> None:
-        """One record per (connection_id, fence_token, frame), in the entries' order, in
-        requests of at most 500 records and 5 MiB; returns once all are acknowledged (see
-        the module docstring)."""
-        recs = [self._record(c, fence, f, worker_id, objects) for c, fence, f in entries]
+        """One user record per (connection_id, fence_token, frame), each connection's
+        packed in their order into its records (the connections in the order of their
+        first entry), in requests of at most 500 records and 5 MiB; returns once all are
+        acknowledged (see the module docstring)."""
+        datas: dict[str, list[bytes]] = {}
+        for c, fence, f in entries:
+            datas.setdefault(c, []).append(self._data(c, fence, f, worker_id, objects))
+        recs = [rec for c, mine in datas.items() for rec in self._records(c, mine)]
         request: list[_Rec] = []
         size = 0
         for rec in recs:
@@ -117,9 +135,34 @@ class StreamSink:
         """The checkpoint: a stream's tail is not read (no request)."""
         return checkpoint
 
-    def _record(
+    def _records(self, connection_id: str, datas: list[bytes]) -> list[_Rec]:
+        """One connection's user records, in order, as Kinesis records: consecutive ones
+        packed while the aggregate stays within ``max_aggregate_bytes``; one alone plain."""
+        out: list[_Rec] = []
+        key = connection_id.encode("utf-8")
+        base = aggregation.overhead_bytes(connection_id) + len(key)
+        group: list[bytes] = []
+        size = base
+
+        def close() -> None:
+            data = group[0] if len(group) == 1 else aggregation.pack(connection_id, group)
+            out.append(_Rec(connection_id, {"Data": data, "PartitionKey": connection_id}))
+
+        for data in datas:
+            n = aggregation.entry_bytes(len(data))
+            if group and (self._max_aggregate is None or size + n > self._max_aggregate):
+                close()
+                group, size = [], base
+            group.append(data)
+            size += n
+        if group:
+            close()
+        return out
+
+    def _data(
         self, connection_id: str, fence_token: int, frame: Frame, worker_id: str, objects: Mapping[tuple[str, int], StoredObject] | None
-    ) -> _Rec:
+    ) -> bytes:
+        """One frame's user record, checked against what Kinesis takes as a plain record."""
         if not 1 <= len(connection_id) <= records.MAX_PARTITION_KEY_CHARS:
             raise InvalidItem(f"{connection_id[:300]!r} seq {frame.seq}: a partition key has 1 to 256 characters")
         ref = None
@@ -135,7 +178,7 @@ class StreamSink:
         size = len(data) + len(connection_id.encode("utf-8", "replace"))
         if size > records.MAX_RECORD_BYTES:
             raise InvalidItem(f"{connection_id} seq {frame.seq}: a record of {size} bytes is over Kinesis' 1 MiB")
-        return _Rec(connection_id, {"Data": data, "PartitionKey": connection_id})
+        return data
 
     def _put(self, request: list[_Rec]) -> None:
         """One request's records, until every one is acknowledged, or until ``max_rounds``

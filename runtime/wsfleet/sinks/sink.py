@@ -8,8 +8,9 @@ sink acknowledged):
 * the messages table (:class:`wsfleet.sinks.messages.MessagesStore`): one item per
   (connection, seq), a replay rewrites the same key; a new owner reads past the
   checkpoint where the last owner's items end (``stored_end``), so nothing is stored twice;
-* a Kinesis stream (:mod:`wsfleet.sinks.kinesis`): one record per frame; a stream's tail
-  cannot be read cheaply, so a new owner resumes from the checkpoint and what was stored
+* a Kinesis stream (:mod:`wsfleet.sinks.kinesis`): one record per frame, a connection's
+  records of one call packed into one aggregated Kinesis record; a stream's tail cannot
+  be read cheaply, so a new owner resumes from the checkpoint and what was stored
   since it is delivered again (at least once, with a higher fence).
 
 With both (:mod:`wsfleet.sinks.both`), frames go to each, and the new owner resumes as a
