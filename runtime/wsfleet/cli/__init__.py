@@ -22,7 +22,7 @@ from .. import __version__, schema, settings_spec
 from ..plan.sinks import DEFAULT_FRAME_BYTES, Consumer
 from ..store import TransientError
 from ..stream import MAX_SEQ
-from . import commands, render, upstream_flags
+from . import commands, render, run_report, upstream_flags
 from . import records as stream_records
 from .errors import CliError, aws_sentence
 
@@ -208,6 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
             "checkpointed, so an idle one shows its acquisition)."
         ),
     )
+    status.add_argument("--watch", action="store_true",
+                        help="read again every --interval and redraw in place until Ctrl-C (exit 0); not on a terminal, "
+                        "one snapshot after another with no escape codes (--json: one JSON line each)")
+    status.add_argument("--interval", type=_seconds, default=5.0, metavar="S", help="seconds between reads with --watch [5]")
     status.set_defaults(run=commands.status)
 
     connections = subcommands.add_parser(
@@ -391,7 +395,29 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--no-consumer", action="store_true", help="price the stream without the reference consumer (your own reader)"
     )
+    plan.add_argument(
+        "--chart", metavar="FILE.svg",
+        help="also write an SVG chart of workers, $ per month and each limit's headroom from 1k to 1M connections "
+        "(log scale; these settings), the first limit that binds marked",
+    )
     plan.set_defaults(run=commands.plan)
+
+    report = subcommands.add_parser(
+        "report",
+        help="a run's pictures: one HTML file of who held which connection when, from its logs",
+        description=(
+            "One self-contained HTML file (inline SVG, nothing fetched) of a run: a lane per connection (its owners over "
+            "time, one colour per worker, its sockets and the gaps between them, fence changes, warnings), each worker's "
+            "load, and, from a report.json beside the logs (make demo and make chaos write one), the faults as bands "
+            "and the checks' verdicts. RUN_DIR: a directory of the workers' JSON-lines logs (*.log, *.jsonl, gzipped "
+            "too, read recursively), as a local run writes them or as a deployed fleet's log group is exported."
+        ),
+    )
+    report.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory, or a directory of exported worker logs")
+    report.add_argument("--out", metavar="FILE.html", help="where to write it [RUN_DIR/report.html]")
+    report.add_argument("--max-lanes", type=_positive, default=run_report.MAX_LANES, metavar="N",
+                        help=f"draw at most this many connections, the first by id [{run_report.MAX_LANES}]")
+    report.set_defaults(run=commands.report)
     return parser
 
 
