@@ -166,21 +166,6 @@ def test_the_plan_chart_marks_the_first_limit_where_its_use_crosses_one(tmp_path
     assert plan_chart.crossing([(1000, 2.0), (10_000, 3.0)]) == 1000 and plan_chart.crossing([(1000, 0.5)]) is None
 
 
-def test_watch_without_a_terminal_prints_snapshots_without_escape_codes_and_ctrl_c_exits_0():
-    out, naps = io.StringIO(), []
-
-    def sleep(s):
-        naps.append(s)
-        if len(naps) == 2:
-            raise KeyboardInterrupt
-
-    frames = iter(["fleet A", "fleet B"])
-    assert watch.run(lambda: next(frames), interval=3, out=out, tty=False, sleep=sleep) == 0
-    text = out.getvalue()
-    assert "\x1b" not in text and text.count("wsfleet status at ") == 2 and "fleet A" in text and "fleet B" in text
-    assert naps == [3, 3]
-
-
 def test_watch_on_a_terminal_redraws_in_place():
     out = io.StringIO()
 
