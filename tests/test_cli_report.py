@@ -179,3 +179,23 @@ def test_watch_on_a_terminal_redraws_in_place():
 def test_alarms_are_named_by_the_stacks_prefix():
     assert watch.alarm_prefix("wsfleet-prod-stateful") == "wsfleet-prod-"
     assert watch.alarm_prefix("wsfleet-dev-service") == "wsfleet-dev-"
+
+
+def test_watch_for_a_script_prints_one_line_a_snapshot_and_a_failed_read_as_json():
+    from botocore.exceptions import EndpointConnectionError
+
+    out, naps = io.StringIO(), []
+
+    def snapshot():
+        if naps:
+            raise EndpointConnectionError(endpoint_url="http://127.0.0.1:1")
+        return '{"workers": []}'
+
+    def sleep(_):
+        naps.append(1)
+        if len(naps) == 2:
+            raise KeyboardInterrupt
+
+    assert watch.run(snapshot, interval=1, out=out, tty=True, lines=True, sleep=sleep) == 0
+    first, second = out.getvalue().splitlines()
+    assert json.loads(first) == {"workers": []} and "127.0.0.1:1" in json.loads(second)["error"]

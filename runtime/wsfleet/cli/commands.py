@@ -181,7 +181,7 @@ def status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         got = first.pop() if first else view()
         return json.dumps(got) if args.json else render.status(got)
 
-    return watch.run(snapshot, interval=args.interval, out=sys.stdout, tty=sys.stdout.isatty() and not args.json)
+    return watch.run(snapshot, interval=args.interval, out=sys.stdout, tty=sys.stdout.isatty(), lines=args.json)
 
 
 def connections(args: argparse.Namespace, env: Mapping[str, str]) -> int:

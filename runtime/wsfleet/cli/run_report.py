@@ -171,7 +171,8 @@ def page(t: Timeline, notes: Annotations, *, title: str, max_lanes: int = MAX_LA
         f"<h2>Connections: owners over time{escape(cut)}</h2>",
         "<p class='note'>Each lane is a connection. Light bar: a worker's ownership (from lease_acquired to "
         "connection_ended; the tick and fN mark a new fence); solid bar: its socket; dashed red: no socket; triangles: warnings "
-        "(yellow), errors (red) and STOPs, releases, moves (grey); grey bands: faults. Hover for details.</p>",
+        "(yellow), errors (red) and STOPs, releases, moves (grey); grey bands: faults. Hover for details. Times are each "
+        "worker's own clock (its lines' ts): a worker whose clock is off draws off by as much.</p>",
         f"<p>{legend}</p>",
         lanes_svg(t, notes.bands, max_lanes=max_lanes),
         "<h2>Workers: connections held</h2>", load_svg(t, notes.bands),

@@ -7,6 +7,7 @@ ALARM state, which ``status`` shows when it knows the stack (``--stack``)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
 from typing import Any, Callable, TextIO
 
@@ -43,10 +44,11 @@ def firing(cloudwatch: Any, prefix: str) -> dict[str, Any]:
     return {"prefix": prefix, "firing": sorted(alarms, key=lambda a: a["name"])}
 
 
-def run(snapshot: Callable[[], str], *, interval: float, out: TextIO, tty: bool,
+def run(snapshot: Callable[[], str], *, interval: float, out: TextIO, tty: bool, lines: bool = False,
         sleep: Callable[[float], None] | None = None, now: Callable[[], float] = time.time) -> int:
     """Print ``snapshot()`` every ``interval`` seconds until Ctrl-C; returns 0. A read that
-    fails (a throttle, a network blip) is shown in its place and the watch goes on."""
+    fails (a throttle, a network blip) is shown in its place and the watch goes on.
+    ``lines``: each snapshot is one line for a script (JSON Lines): no stamp, no blank."""
     first = True
     try:
         while True:
@@ -54,9 +56,12 @@ def run(snapshot: Callable[[], str], *, interval: float, out: TextIO, tty: bool,
             try:
                 text = snapshot()
             except (BotoCoreError, ClientError, TransientError) as error:
-                text = f"read failed: {aws_sentence(error)}; trying again in {interval:g}s"
+                sentence = aws_sentence(error)
+                text = json.dumps({"error": sentence}) if lines else f"read failed: {sentence}; trying again in {interval:g}s"
             head = f"wsfleet status at {stamp}, every {interval:g}s (Ctrl-C to stop)"
-            if tty:
+            if lines:
+                out.write(text + "\n")
+            elif tty:
                 body = "\n".join(line + CLEAR_LINE for line in [head, "", *text.splitlines()])
                 out.write((CLEAR_SCREEN if first else "") + HOME + body + "\n" + CLEAR_BELOW)
                 first = False
@@ -65,7 +70,7 @@ def run(snapshot: Callable[[], str], *, interval: float, out: TextIO, tty: bool,
             out.flush()
             (sleep or time.sleep)(interval)
     except KeyboardInterrupt:
-        if tty:
+        if tty and not lines:
             out.write("\n")
             out.flush()
         return 0
