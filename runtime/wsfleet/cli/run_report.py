@@ -10,7 +10,7 @@ import datetime as dt
 from html import escape
 from pathlib import Path
 
-from . import svg
+from . import run_verdicts, svg, timeline
 from .run_verdicts import Annotations, Band
 from .timeline import PROCESS_GONE, STILL_HELD, Lane, Timeline
 
@@ -30,8 +30,6 @@ MAX_LANES = 400  # a deployed fleet's thousands of connections: the first ones b
 def write(run_dir: Path | str, out: Path | str | None = None, *, max_lanes: int = MAX_LANES) -> Path:
     """Read ``run_dir``'s logs and report.json, write the HTML (``<run_dir>/report.html``
     unless ``out``) and return its path."""
-    from . import run_verdicts, timeline
-
     run_dir = Path(run_dir)
     html = page(timeline.read(run_dir), run_verdicts.read(run_dir), title=str(run_dir), max_lanes=max_lanes)
     path = Path(out) if out is not None else run_dir / "report.html"
@@ -98,9 +96,14 @@ def _lane(lane: Lane, top: float, x: svg.Scale, t0: float, hue: dict[str, str]) 
         x1, x2 = x(a - t0), x(b - t0)
         mid = top + LANE_H * 0.72
         out.append(svg.line(x1, mid, x2, mid, GAP_STROKE, width=2, dash="3,2", title=f"no socket for {b - a:.2f} s"))
+    drawn = set()  # one marker per pixel and event: a flood of one warning is one mark, not thousands
     for m in lane.markers:
+        px = x(m.ts - t0)
+        if (round(px), m.event) in drawn:
+            continue
+        drawn.add((round(px), m.event))
         fill = "#d62728" if m.level == "error" else "#e6a700" if m.level == "warning" else "#555"
-        out.append(svg.marker(x(m.ts - t0), top + 5, fill, title=f"{m.event} ({m.worker}) {m.detail}".strip()))
+        out.append(svg.marker(px, top + 5, fill, title=f"{m.event} ({m.worker}) {m.detail}".strip()))
     out.append("</g>")
     return out
 
