@@ -23,7 +23,7 @@ from wsfleet.cli import svg
 from . import sinks_plan
 
 CHARTS = Path(__file__).resolve().parent / "charts"
-W, H = 940, 420
+W, H = 1000, 420
 L, R, T, B = 80, W - 300, 56, H - 56  # the plot area; the legend sits right of it
 FAILOVER, MEMORY, SINKS = "failover-gaps.svg", "rss-by-frame-size.svg", "sink-costs.svg"
 NAMES = (FAILOVER, MEMORY, SINKS)
@@ -54,26 +54,33 @@ def _frame(title: str, source: str, x: svg.Scale, y: svg.Scale, x_label: str, y_
             svg.axes(x, y, x_label=x_label, y_label=y_label, **fmt)]
 
 
+def _round_log(v: float, *, down: bool) -> float:
+    """The nearest 1, 2 or 5 times a power of ten below (``down``) or above ``v``."""
+    e = math.floor(math.log10(v))
+    steps = [m * 10.0**k for k in (e - 1, e, e + 1) for m in (1, 2, 5)]
+    return max(s for s in steps if s <= v) if down else min(s for s in steps if s >= v)
+
+
 def failover_gaps(data: Mapping[str, Any], source: str) -> str:
     """The share of connections back within t seconds (log t): a crash's kill -9 -> new
     socket, and a graceful handoff's time without a socket, per upstream kind."""
     lines: list[tuple[str, list[float]]] = []
     for r in data["results"]:
-        kind = "" if r.get("kind", "default") == "default" else ", authenticated + subscribe"
+        kind = "" if r.get("kind", "default") == "default" else ", auth + subscribe"
         lines.append((f"crash: kill -9 -> new socket{kind}",
                       sorted(v for c in r["crashes"] for v in c["socket_s"].values() if v is not None)))
-        lines.append((f"handoff: time without a socket{kind}",
+        lines.append((f"handoff: no socket{kind}",
                       sorted(v for h in r["handoffs"] for v in h["no_socket_s"].values() if v is not None)))
     lines = [(name, values) for name, values in lines if values]
-    lo = 10 ** math.floor(math.log10(max(min(v for _, vs in lines for v in vs), 0.01)))
-    hi = 10 ** math.ceil(math.log10(max(v for _, vs in lines for v in vs)))
+    lo = _round_log(max(min(v for _, vs in lines for v in vs), 0.01), down=True)
+    hi = _round_log(max(v for _, vs in lines for v in vs), down=False)
     x, y = svg.Scale(lo, hi, L, R, log=True), svg.Scale(0, 1, B, T)
     body = _frame("Failover: how long connections were without a socket", source, x, y,
                   "seconds (log scale)", "share of connections", y_format=lambda v: f"{v:.0%}")
     for target, what in ((1.0, "handoff target p99 1 s"), (12.0, "crash target p99 12 s")):
         if lo <= target <= hi:
             body += [svg.line(x(target), T, x(target), B, "#c0392b", dash="4,3"),
-                     svg.text(x(target) + 3, T + 12, what, size=10, fill="#c0392b")]
+                     svg.text(x(target) + 3, B - 6, what, size=10, fill="#c0392b")]
     for i, (name, values) in enumerate(lines):
         n = len(values)
         steps = [(x(values[0]), y(0))]
