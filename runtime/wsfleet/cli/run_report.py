@@ -19,11 +19,13 @@ LABEL_W = 150  # the connection ids' column
 RIGHT = 20
 LANE_H = 16
 LANE_GAP = 4
-TOP = 34  # room for the fault labels and the time axis' title
+LABEL_ROWS = 3  # rows of fault labels above the lanes
+LABEL_CHAR_W = 5.6  # about, at 10 px
+TOP = 16 + 12 * LABEL_ROWS  # room for the fault labels
 AXIS = 36
 LOAD_H = 170
 BAND_FILL = "#7f7f7f"  # grey: no worker's colour
-GAP_STROKE = "#b00000"
+GAP_STROKE = "#111111"  # black: no worker's colour either
 MAX_LANES = 400  # a deployed fleet's thousands of connections: the first ones by id
 
 
@@ -52,12 +54,15 @@ def _x(t: Timeline) -> svg.Scale:
 def _bands(t: Timeline, bands: list[Band], top: float, bottom: float, *, labels: bool) -> list[str]:
     x = _x(t)
     out = []
-    for b in bands:
+    ends = [0.0] * LABEL_ROWS  # where each row of labels is taken up to: faults close together stagger
+    for b in sorted(bands, key=lambda b: b.start):
         x1, x2 = x(b.start - t.start), x(b.end - t.start)
         out.append(svg.rect(x1, top, x2 - x1, bottom - top, BAND_FILL, opacity=0.18,
                             title=f"{b.label}: {_utc(b.start)} for {b.end - b.start:.1f} s" + (f"; {b.detail}" if b.detail else "")))
         if labels:
-            out.append(svg.text(x1 + 2, top - 4, b.label, size=10, fill="#444"))
+            row = next((i for i, end in enumerate(ends) if end <= x1), min(range(LABEL_ROWS), key=ends.__getitem__))
+            ends[row] = x1 + 2 + LABEL_CHAR_W * len(b.label) + 6
+            out.append(svg.text(x1 + 2, top - 4 - row * 12, b.label, size=10, fill="#444"))
     return out
 
 
@@ -173,7 +178,7 @@ def page(t: Timeline, notes: Annotations, *, title: str, max_lanes: int = MAX_LA
         "<h2>Verdicts</h2>", verdict,
         f"<h2>Connections: owners over time{escape(cut)}</h2>",
         "<p class='note'>Each lane is a connection. Light bar: a worker's ownership (from lease_acquired to "
-        "connection_ended; the tick and fN mark a new fence); solid bar: its socket; dashed red: no socket; triangles: warnings "
+        "connection_ended; the tick and fN mark a new fence); solid bar: its socket; dashed black: no socket; triangles: warnings "
         "(yellow), errors (red) and STOPs, releases, moves (grey); grey bands: faults. Hover for details. Times are each "
         "worker's own clock (its lines' ts): a worker whose clock is off draws off by as much.</p>",
         f"<p>{legend}</p>",
