@@ -2,7 +2,8 @@
 
 Runs the chosen benchmarks one after another (each with processes of its own), prints
 each one's markdown table with the command that produced it, and writes the raw
-results to ``<out>/<name>-<timestamp>.json`` and the tables to ``<out>/report-<timestamp>.md``.
+results to ``<out>/<name>-<timestamp>.json``, the tables to ``<out>/report-<timestamp>.md``
+and, but for ``--quick``, BENCHMARKS.md's charts of what ran to ``bench/charts/`` (``bench.charts``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Callable, Sequence
 
 from sim import children
 
-from . import amplification, capacity, cost, failover, faults, hostile, ingestion, largeframes, pauses, readapi, rebalance, sinks
+from . import amplification, capacity, charts, cost, failover, faults, hostile, ingestion, largeframes, pauses, readapi, rebalance, sinks
 from .common import Result, machine
 
 BENCHMARKS: dict[str, Callable[..., Result]] = {
@@ -68,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"date: {host['date']}, commit {host['commit']}; logs under {run_dir}\n", flush=True)
     report = [f"machine: {host['nproc']} cores ({host['cpu']}), Python {host['python']}; {host['date']}; commit {host['commit']}", ""]
     failed = []
+    raw: dict[str, dict] = {}
     for name in names:
         began = time.monotonic()
         try:
@@ -85,13 +87,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(text, flush=True)
         report.append(text)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"{name}-{stamp}.json").write_text(
-            json.dumps({"name": name, "command": command, "machine": host, "took_s": took, "quick": args.quick,
-                        "notes": result.notes, **result.data}, indent=1, default=str)
-        )
+        raw[name] = {"name": name, "command": command, "machine": host, "took_s": took, "quick": args.quick,
+                     "notes": result.notes, **result.data}
+        (out / f"{name}-{stamp}.json").write_text(json.dumps(raw[name], indent=1, default=str))
     if report[2:]:
         (out / f"report-{stamp}.md").write_text("\n".join(report))
         print(f"raw results: {out}/*-{stamp}.json; tables: {out}/report-{stamp}.md")
+    if raw and not args.quick:  # BENCHMARKS.md's charts, redrawn from what ran (a --quick run's figures mean nothing)
+        # JSON's round trip, as python -m bench.charts reads them back: the same keys either way.
+        for path in charts.write({name: json.loads(json.dumps(r, default=str)) for name, r in raw.items()}):
+            print(f"chart: {path}")
     return 1 if failed else 0
 
 

@@ -468,14 +468,14 @@ def as_json(
     ``stream``: the stream audit's (StreamAudit.as_dict), where the sink has kinesis."""
     return json.dumps(
         {
-            "settings": dict(settings),
+            "settings": dict(settings), "t_origin": t_origin,  # epoch seconds: what at_s and until_s count from
             "passed": not failed,
             "failures": list(failed),
             "events": [
                 {
                     "kind": o.event.kind,
                     "label": o.event.label,
-                    "at_s": round(o.event.at - t_origin, 3),
+                    "at_s": round(o.event.at - t_origin, 3), "until_s": round(o.event.until - t_origin, 3) if o.event.until else None,
                     "bound_s": o.event.bound_s,
                     "p50_s": o.p50,
                     "max_s": o.max,

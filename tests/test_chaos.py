@@ -8,6 +8,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,8 @@ from sim.stream_audit import Delivery
 from sim.upstream import Overlap, SocketRecord
 from wsfleet import records
 from wsfleet.stream import Frame, Rejected, parse_frame
+
+SVG = "{http://www.w3.org/2000/svg}"
 
 TIMING = Timing()
 FAST = Timing(lease_s=3.0, heartbeat_s=0.75, reconcile_s=1.0, skew_ms=200, flush_ms=500, shutdown_s=5.0, checkpoint_s=1.0)
@@ -539,6 +542,12 @@ def test_a_short_seeded_chaos_run_finds_no_violation(python_env, tmp_path):
     assert result["totals"]["moves_first"] == 9 and result["totals"]["moves_ended"] > 0
     assert all(f["recovery_s"] is not None for f in result["faults"])
     assert Path(run_dir / "schedule.json").exists()
+    # The run's pictures: a lane per connection, each fault a band (in the lanes and in the load chart).
+    page = ET.fromstring((run_dir / "report.html").read_text())
+    lanes = {g.get("data-connection") for g in page.iter(f"{SVG}g") if g.get("class") == "lane"}
+    assert {f"c{i:03d}" for i in range(1, 10)} <= lanes
+    bands = [t.text for t in page.iter(f"{SVG}title") if t.text and t.text.startswith("#")]
+    assert len(bands) == 2 * len(result["faults"])
     assert (run_dir / "runtime" / "wsfleet" / "worker" / "lifecycle.py").exists() and "copied to" in text
     if Path("/proc/stat").exists():  # the machine's CPU beside the run's
         assert "== the machine" in text and "| cpu " in text

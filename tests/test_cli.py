@@ -18,6 +18,7 @@ import sysconfig
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import parse_qsl, quote, urlsplit
 
 import boto3
@@ -25,7 +26,7 @@ import pytest
 from botocore.credentials import Credentials
 
 from wsfleet import schema, stack_outputs
-from wsfleet.cli import main
+from wsfleet.cli import main, watch
 from wsfleet.cli.api import ApiClient, region_in_url, urlopen
 from wsfleet.cli.errors import CliError
 from sim.api import LocalApi
@@ -374,6 +375,22 @@ def test_status_shows_live_workers_counts_unowned_and_the_oldest_checkpoint(caps
     assert re.search(r"oldest checkpoint of an owned connection: c1, 5\d\.\ds ago", out)
 
 
+def test_status_watch_prints_a_snapshot_each_interval_without_escape_codes_and_ctrl_c_exits_0(
+    capsys, aws_env, fleet, monkeypatch
+):
+    naps = []
+
+    def nap(seconds):
+        naps.append(seconds)
+        if len(naps) == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(watch, "time", SimpleNamespace(sleep=nap, time=time.time))
+    code, out, err = run(capsys, aws_env, "status", "--watch", "--interval", "0.5")
+    assert (code, err) == (0, "") and naps == [0.5, 0.5]
+    assert out.count("workers: 1 live session") == 2 and out.count("STARTED but unowned: 2") == 2 and "\x1b" not in out
+
+
 def test_status_follows_a_dead_session_from_ended_to_drained(capsys, aws_env, fleet, sessions, conns):
     sessions.end_expired(fleet["w2"], ended_by="w1", max_clock_skew_ms=1000)
     status = run_json(capsys, aws_env, "status")
@@ -432,23 +449,6 @@ def test_status_of_an_empty_fleet(capsys, aws_env):
     assert code == 0
     assert "workers: 0 live sessions" in out and "STARTED but unowned: 0" in out
     assert "oldest checkpoint of an owned connection: none owned" in out
-
-
-def test_status_watch_shows_the_fleet_again_until_ctrl_c_and_exits_0(capsys, aws_env, monkeypatch):
-    from wsfleet.cli import commands
-
-    sleeps = []
-
-    def sleep(seconds):
-        sleeps.append(seconds)
-        if len(sleeps) == 2:
-            raise KeyboardInterrupt
-
-    monkeypatch.setattr(commands.time, "sleep", sleep)
-    code, out, _ = run(capsys, aws_env, "status", "--watch", "5", "--json")
-    assert code == 0 and sleeps == [5.0, 5.0]
-    lines = out.splitlines()
-    assert len(lines) == 2 and all("connections" in json.loads(line) for line in lines)
 
 
 # --- connections and messages ------------------------------------------------------------------------
@@ -580,10 +580,21 @@ def test_plan_reads_the_environment_named_once(capsys):
     assert json.loads(capsys.readouterr().out)["env"] == "dev"
 
 
-def test_stack_outputs_name_the_tables_and_the_api(capsys, aws_env, stacks):
+def test_stack_outputs_name_the_tables_and_the_api(capsys, aws_env, stacks, emulator):
     env = {k: v for k, v in aws_env.items() if not k.endswith("TABLE_NAME")}
     assert run_json(capsys, env, "start", "c1", URL + "c1", "--stack", stacks["service"])["status"] == 202
-    assert run_json(capsys, env, "status", "--stack", stacks["stateful"])["connections"]["STARTED"] == 1
+    # The stacks' alarms in ALARM state, found by the stack's prefix (wsfleet-<env>-), nobody else's.
+    cloudwatch = boto3.client("cloudwatch", endpoint_url=emulator.endpoint_url, region_name=aws_env["AWS_REGION"])
+    for name in (f"{stacks['stateful']}-connections-unowned", f"other-{stacks['stateful']}-unowned"):
+        cloudwatch.put_metric_alarm(AlarmName=name, MetricName="UnownedConnections", Namespace="WsFleet", Statistic="Maximum",
+                                    Period=60, EvaluationPeriods=1, Threshold=0, ComparisonOperator="GreaterThanThreshold")
+        cloudwatch.set_alarm_state(AlarmName=name, StateValue="ALARM", StateReason="1 datapoint above 0")
+    status = run_json(capsys, env, "status", "--stack", stacks["stateful"])
+    assert status["connections"]["STARTED"] == 1
+    assert [(a["name"], a["reason"]) for a in status["alarms"]["firing"]] == [
+        (f"{stacks['stateful']}-connections-unowned", "1 datapoint above 0")
+    ]
+    assert f"{stacks['stateful']}-connections-unowned" in run(capsys, env, "status", "--stack", stacks["stateful"])[1]
     assert [r["connection_id"] for r in run_json(capsys, env, "connections", "--stack", stacks["stateful"])] == ["c1"]
 
 

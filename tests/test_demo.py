@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from sim.demo.cli import parse_args
 from sim.observed import Audit, ConnState, LargeFrame, Sample, SessionState, state_from_item
 from sim.processes import eventually
 from sim.upstream import Overlap, SocketRecord
+
+SVG = "{http://www.w3.org/2000/svg}"
 
 FAST = ["--lease", "3", "--heartbeat", "0.75", "--reconcile", "1", "--skew-ms", "200", "--checkpoint", "1", "--rate", "5"]
 
@@ -96,6 +99,13 @@ def test_the_demo_plays_the_full_scenario_and_passes_its_own_audit(python_env, t
     assert kinds["k-none"]["gaps"] and all(g["marker"] is not None for g in kinds["k-none"]["gaps"])
     assert "after kill -9 of" in text
     assert {"w1.log", "w2.log", "w3.log", "w4.log", "report.txt"} <= {p.name for p in run_dir.iterdir()}
+    # The run's pictures: a lane for every connection the audit read, each crash and deploy a band.
+    assert f"pictures (open in a browser, no network needed): {run_dir / 'report.html'}" in text
+    page = ET.fromstring((run_dir / "report.html").read_text())
+    lanes = {g.get("data-connection") for g in page.iter(f"{SVG}g") if g.get("class") == "lane"}
+    assert {a["connection_id"] for a in result["connections"]} <= lanes
+    bands = [t.text for t in page.iter(f"{SVG}title") if t.text and t.text.startswith(("crash", "deploy"))]
+    assert len(bands) == 4  # each in the lanes and in the load chart
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TextIO
 
 from wsfleet import settings_spec
+from .. import pictures
 from ..emulator import record_journal, request_ledger
 from ..children import RUNTIME_DIR, pin_runtime
 from ..fleet import Fleet, new_run_dir
@@ -237,6 +238,7 @@ class Run:
         for line in lines:
             self.say(line)
         self.say(f"report: {run_dir / 'report.txt'} and report.json; worker logs: {run_dir}/w*.log")
+        self.say(pictures.write(run_dir))
         if self.errors:
             self.say(f"the harness failed {len(self.errors)} times (exit status 2): " + "; ".join(self.errors))
             return 2

@@ -11,7 +11,7 @@ from typing import Sequence
 
 from wsfleet import settings_spec
 from wsfleet import schema
-from .. import kind_streams, report, traces
+from .. import kind_streams, pictures, report, traces
 from ..children import RUNTIME_DIR
 from ..fleet import Fleet
 from ..observed import Sample
@@ -322,6 +322,7 @@ class Demo:
         self.say("")
         self.say(text)
         self.say(f"report: {fleet.run_dir / 'report.txt'} and report.json; worker logs: {fleet.run_dir}/w*.log")
+        self.say(pictures.write(fleet.run_dir))
         if fleet.traces:
             self._say_traces()
         return 0 if not failed else 1

@@ -22,92 +22,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .. import __version__, schema, settings_spec
 from ..plan.sinks import DEFAULT_FRAME_BYTES, Consumer
 from ..store import TransientError
-from ..stream import MAX_SEQ
-from . import commands, render, upstream_flags
-from . import records as stream_records
+from . import commands, render, run_report, upstream_flags
+from .arguments import _count, _flush_ms, _per_hour, _positive, _quota, _rate, _retention_hours, _seconds, _seq, _since
 from .errors import CliError, aws_sentence
 
 PROG = "wsfleet"
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-
-
-def _positive(text: str) -> int:
-    value = _int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _number(text: str, unit: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of {unit}, got {text!r}") from None
-
-
-def _rate(text: str) -> float:
-    value = _number(text, "messages per second")
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {value}")
-    return value
-
-
-def _per_hour(text: str) -> float:
-    value = _number(text, "times per hour")
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text!r}")
-    return value
-
-
-def _seq(text: str) -> int:
-    value = _int(text)
-    if not 0 <= value <= MAX_SEQ:
-        raise argparse.ArgumentTypeError(f"must be a seq from 0 to {MAX_SEQ}, got {value}")
-    return value
-
-
-def _since(text: str) -> float | None:
-    try:
-        return stream_records.since_seconds(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _retention_hours(text: str) -> float:
-    value = _number(text, "hours")
-    if not 24 <= value <= 8760:
-        raise argparse.ArgumentTypeError(f"must be from 24 to 8760 hours (a Kinesis stream's retention), got {text!r}")
-    return value
-
-
-_FLUSH = settings_spec.VARIABLES[settings_spec.FLUSH_INTERVAL_MS]
-
-
-def _flush_ms(text: str) -> int:
-    value, low, high = _number(text, "milliseconds"), _FLUSH.low, _FLUSH.high
-    if not (low <= value <= high and value.is_integer()):
-        raise argparse.ArgumentTypeError(f"must be a whole number from {low} to {high} (FLUSH_INTERVAL_MS's bounds), got {text!r}")
-    return int(value)
-
-
-def _seconds(text: str) -> float:
-    value = _number(text, "seconds")
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -255,10 +174,10 @@ def build_parser() -> argparse.ArgumentParser:
             "checkpointed, so an idle one shows its acquisition)."
         ),
     )
-    status.add_argument(
-        "--watch", type=_seconds, metavar="S",
-        help="show it again every S seconds until Ctrl-C (exit 0); with --json, one object a line",
-    )
+    status.add_argument("--watch", action="store_true",
+                        help="read again every --interval and redraw in place until Ctrl-C (exit 0); not on a terminal, "
+                        "one snapshot after another with no escape codes (--json: one JSON line each)")
+    status.add_argument("--interval", type=_seconds, default=5.0, metavar="S", help="seconds between reads with --watch [5]")
     status.set_defaults(run=commands.status)
 
     connections = subcommands.add_parser(
@@ -446,23 +365,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--flush-ms", type=_flush_ms, metavar="MS", help="the workers' FLUSH_INTERVAL_MS: a connection's "
                       "frames of one flush share one Kinesis record [the environment's flush_interval_ms]")
+    plan.add_argument(
+        "--chart", metavar="FILE.svg",
+        help="also write an SVG chart of workers, $ per month and each limit's headroom from 1k to 1M connections "
+        "(log scale; these settings), the first limit that binds marked",
+    )
     plan.set_defaults(run=commands.plan)
+
+    report = subcommands.add_parser(
+        "report",
+        help="a run's pictures: one HTML file of who held which connection when, from its logs",
+        description=(
+            "One self-contained HTML file (inline SVG, nothing fetched) of a run: a lane per connection (its owners over "
+            "time, one colour per worker, its sockets and the gaps between them, fence changes, warnings), each worker's "
+            "load, and, from a report.json beside the logs (make demo and make chaos write one), the faults as bands "
+            "and the checks' verdicts. RUN_DIR: a directory of the workers' JSON-lines logs (*.log, *.jsonl, gzipped "
+            "too, read recursively), as a local run writes them or as a deployed fleet's log group is exported."
+        ),
+    )
+    report.add_argument("run_dir", metavar="RUN_DIR", help="the run's directory, or a directory of exported worker logs")
+    report.add_argument("--out", metavar="FILE.html", help="where to write it [RUN_DIR/report.html]")
+    report.add_argument("--max-lanes", type=_positive, default=run_report.MAX_LANES, metavar="N",
+                        help=f"draw at most this many connections, the first by id [{run_report.MAX_LANES}]")
+    report.set_defaults(run=commands.report)
     return parser
-
-
-def _quota(text: str) -> tuple[str, float]:
-    from ..plan.limits import DEFAULT_QUOTAS
-
-    name, sep, value = text.partition("=")
-    if not sep or name.strip() not in DEFAULT_QUOTAS:
-        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with NAME one of {', '.join(DEFAULT_QUOTAS)}, got {text!r}")
-    try:
-        number = float(value)
-    except ValueError:
-        number = 0.0
-    if not number > 0 or number != number or number == float("inf"):
-        raise argparse.ArgumentTypeError(f"{name.strip()}: expected a positive number, got {value!r}")
-    return name.strip(), number
 
 
 def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import time
+import sys
 from typing import Any, Mapping
 
 from .. import schema, settings_spec
@@ -20,7 +20,7 @@ from ..plan import sinks as plan_sinks
 from ..plan import task_sizes
 from ..store import now_ms
 from ..stream import MAX_MESSAGE_BYTES
-from . import locate, reading, render, upstream_flags, views
+from . import locate, plan_chart, reading, render, run_report, run_verdicts, timeline, upstream_flags, views, watch
 from . import records as stream_records
 from .api import ApiClient, ApiReply, is_local, region_in_url
 from .errors import CliError
@@ -183,23 +183,28 @@ def _reader(args: argparse.Namespace, env: Mapping[str, str], *needed: str) -> F
 
 
 def status(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    """The fleet at a glance; with --watch, again every S seconds until Ctrl-C."""
+    """The fleet once, or with --watch every --interval until Ctrl-C; with --stack, the
+    stacks' alarms in ALARM state too."""
     reader = _reader(args, env, "connections", "sessions")
-    try:
-        while True:
-            view = views.status(reader, now_ms())
-            if args.json and args.watch:
-                print(json.dumps(view, separators=(",", ":")), flush=True)
-            else:
-                stamp = f"{dt.datetime.now(dt.timezone.utc):%H:%M:%S} UTC\n" if args.watch else ""
-                _emit(args, view, stamp + render.status(view))
-            if not args.watch:
-                return 0
-            time.sleep(args.watch)
-    except KeyboardInterrupt:
-        if not args.watch:
-            raise
+    cloudwatch = locate.client(locate.aws_session(args.region, env), "cloudwatch", env) if args.stack else None
+
+    def view() -> dict:
+        got = views.status(reader, now_ms())
+        if cloudwatch is not None:
+            got["alarms"] = watch.firing(cloudwatch, watch.alarm_prefix(args.stack))
+        return got
+
+    if not args.watch:
+        got = view()
+        _emit(args, got, render.status(got))
         return 0
+    first = [view()]  # read before the loop: a fleet that cannot be read is an error, not a line
+
+    def snapshot() -> str:
+        got = first.pop() if first else view()
+        return json.dumps(got) if args.json else render.status(got)
+
+    return watch.run(snapshot, interval=args.interval, out=sys.stdout, tty=sys.stdout.isatty(), lines=args.json)
 
 
 def connections(args: argparse.Namespace, env: Mapping[str, str]) -> int:
@@ -299,7 +304,39 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         for size in sorted({*LARGE_EXAMPLE_SIZES, args.large_bytes})
     ]
     _emit(args, result, render.plan(result))
+    if args.chart:
+        figures = plan_chart.series(lambda n: plan_limits.evaluate(
+            measured, settings, connections=n, rate=args.rate, per_worker=per_worker, frame_bytes=args.frame_bytes,
+            upstream_addresses=args.upstream_addresses, quotas=dict(args.quota),
+        ))
+        title = f"wsfleet plan, {args.env}: {per_worker} connections per worker, {args.rate:g} messages/s each"
+        _write(args.chart, plan_chart.chart(figures, title=title, asked=args.connections))
+        if not args.json:
+            print(f"chart: {args.chart}")
     return 0
+
+
+# --- from a run's logs ---------------------------------------------------------------------------
+
+
+def report(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """One HTML file of the run in RUN_DIR, from its logs (and its report.json); prints its path."""
+    try:
+        path = run_report.write(args.run_dir, args.out, max_lanes=args.max_lanes)
+    except (timeline.NoEvents, run_verdicts.BadReport) as error:
+        raise CliError(str(error)) from None
+    except OSError as error:
+        raise CliError(f"cannot write the report: {error.strerror or error}: {error.filename}") from None
+    print(path)
+    return 0
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as error:
+        raise CliError(f"cannot write {path}: {error.strerror or error}") from None
 
 
 def _emit(args: argparse.Namespace, value: Any, human: str) -> None:

@@ -85,6 +85,14 @@ def status(view: Mapping[str, Any]) -> str:
         )
     else:
         lines.append("oldest checkpoint of an owned connection: none owned")
+    alarms = view.get("alarms")  # with --stack
+    if alarms is not None and alarms["firing"] is None:
+        lines.append(f"alarms {alarms['prefix']}*: not read ({alarms['error']})")
+    elif alarms is not None:
+        lines.append(f"alarms {alarms['prefix']}* in ALARM: {len(alarms['firing'])}")
+        rows = [(a["name"], a["since"][:19], _clip(_one_line(a["reason"]), ERROR_WIDTH)) for a in alarms["firing"]]
+        if rows:
+            lines.append(_indent(table(("ALARM", "SINCE", "REASON"), rows)))
     return "\n".join(lines)
 
 
