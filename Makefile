@@ -89,8 +89,8 @@ TEST_WORKERS ?= 4
 test: setup lint
 	@log=$$(mktemp); \
 	echo "nice make cfnlint > $$log &"; nice -n 10 $(MAKE) --no-print-directory cfnlint > $$log 2>&1 & cfnlint=$$!; \
-	echo "$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS)"; \
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=15 $(PYTEST_ARGS); tests=$$?; \
+	echo "$(PY) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)"; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS); tests=$$?; \
 	wait $$cfnlint; linted=$$?; cat $$log; rm -f $$log; \
 	if [ $$linted -ne 0 ]; then echo "make cfnlint failed" >&2; fi; \
 	exit $$(( tests || linted ))
@@ -98,7 +98,7 @@ test: setup lint
 ## check: the inner loop, under a minute: lint, then every test that is not slow (unit,
 ## emulator and stack snapshot tests; no process started, no worker run: tests/markers.py)
 check: $(VENV)/.deps lint
-	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow" --durations=5 $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 -m "not slow" --durations=5 $(PYTEST_ARGS)
 
 ## lint: ruff (pyflakes, bugbear; ruff.toml)
 lint: $(VENV)/.deps

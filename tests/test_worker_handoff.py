@@ -53,6 +53,9 @@ def test_a_stop_for_a_connection_handed_off_and_not_yet_taken_ends_it_stopped_an
         async with running(config(aws_env, RECONCILE_SECONDS="60")) as worker:
             await _holding(worker, conns, msgs, "c1", upstream.url_for("c1"))
             session_id = worker.keeper.session_id
+            # Nobody else runs to claim it: a long claim window keeps it pending however slow
+            # the machine (at the default 8 s a loaded machine saw it given up before the STOP).
+            worker.handoffs._claim_s = 120.0
             worker.holdings.runners["c1"].request_shed()
             await eventually(lambda: _handed_by(conns, "c1", session_id), what="handed off")
             assert worker.handoffs.pending("c1")

@@ -139,15 +139,3 @@ def dev(synthesized: dict[str, Synthesized]) -> Synthesized:
 @pytest.fixture
 def prod(synthesized: dict[str, Synthesized]) -> Synthesized:
     return synthesized["prod"]
-
-
-STACKS_DIR = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every stack test in one xdist group: `make test` runs pytest with ``--dist
-    loadgroup``, so the environments are synthesized by one worker, not by each of them
-    (a synth is ~8 s of a core; four workers did it four times)."""
-    for item in items:
-        if STACKS_DIR in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.xdist_group("stacks"))
