@@ -23,6 +23,9 @@ from . import expressions as ex
 from .capacity import INDEX_OVERHEAD_BYTES, Partitions, Throttled, item_size, read_units, write_units
 
 
+WIRE_CACHE_ITEMS = 50_000
+
+
 def marshal_value(v: Any) -> dict:
     if isinstance(v, str):
         return {"S": v}
@@ -120,6 +123,8 @@ class Table:
         self.items: dict[Any, dict] = {}
         self.sizes: dict[Any, int] = {}
         self.order: list[Any] = []  # every key, sorted: what a Scan walks
+        self._marshalled: dict[Any, dict] = {}  # pk -> the item as the wire has it, until it changes
+        self._entry_sizes: dict[tuple[str, Any], int] = {}  # (index, pk) -> its entry's size
         self.indexes = {i["IndexName"]: Index(self.name, i, self.key) for i in spec.get("GlobalSecondaryIndexes", [])}
 
     def write_cost(self, pk: Any, old: dict | None, new: dict | None, *, factor: int = 1) -> dict:
@@ -139,14 +144,35 @@ class Table:
                 cost[(index.where, nk[0])] = cost.get((index.where, nk[0]), 0) + units
         return cost
 
+    def wire(self, pk: Any, keep: tuple[str, ...] | None = None, index: Index | None = None) -> dict:
+        """The item (or its index entry, or the attributes ``keep`` of either) marshalled."""
+        full = self._marshalled.get(pk)
+        if full is None:
+            full = marshal(self.items[pk])
+            if len(self.items) < WIRE_CACHE_ITEMS:  # a small table read over and over (the sessions)
+                self._marshalled[pk] = full
+        names = index.projected if index is not None and index.projected is not None else None
+        if keep is not None:
+            names = keep if names is None else [k for k in keep if k in names]
+        return full if names is None else {k: full[k] for k in names if k in full}
+
+    def entry_size(self, index: Index, pk: Any) -> int:
+        size = self._entry_sizes.get((index.name, pk))
+        if size is None:
+            size = self._entry_sizes[(index.name, pk)] = item_size(index.entry(self.items[pk])) + INDEX_OVERHEAD_BYTES
+        return size
+
     def put(self, pk: Any, new: dict | None) -> None:
         old = self.items.get(pk)
+        self._marshalled.pop(pk, None)
+        for index in self.indexes.values():
+            self._entry_sizes.pop((index.name, pk), None)
         for index in self.indexes.values():
             index.move(index.key_of(old, pk), index.key_of(new, pk))
         if new is None:
-            self.items.pop(pk, None)
-            self.sizes.pop(pk, None)
-            self.order.pop(bisect.bisect_left(self.order, pk))
+            if self.items.pop(pk, None) is not None:
+                self.sizes.pop(pk, None)
+                self.order.pop(bisect.bisect_left(self.order, pk))
             return
         if old is None:
             bisect.insort(self.order, pk)
@@ -193,10 +219,9 @@ class Dynamo:
             self.partitions.charge({}, {(t.name, pk): read_units(t.sizes.get(pk, 0), consistent=ConsistentRead)})
         except Throttled as exc:
             raise _throttled(exc, "GetItem") from None
-        item = t.items.get(pk)
-        if item is None:
+        if pk not in t.items:
             return {}
-        return {"Item": marshal(_project(item, ex.projection(ProjectionExpression, ExpressionAttributeNames)))}
+        return {"Item": t.wire(pk, ex.projection(ProjectionExpression, ExpressionAttributeNames))}
 
     def put_item(self, *, TableName: str, Item: Mapping, ConditionExpression: str | None = None,
                  ExpressionAttributeNames: Mapping | None = None, ExpressionAttributeValues: Mapping | None = None,
@@ -274,7 +299,7 @@ class Dynamo:
             except Throttled as exc:
                 raise _throttled(exc, "BatchGetItem") from None
             keep = ex.projection(request.get("ProjectionExpression"), request.get("ExpressionAttributeNames"))
-            responses[name] = [marshal(_project(t.items[pk], keep)) for pk in keys if pk in t.items]
+            responses[name] = [t.wire(pk, keep) for pk in keys if pk in t.items]
         return {"Responses": responses, "UnprocessedKeys": {}}
 
     def query(self, *, TableName: str, KeyConditionExpression: str, IndexName: str | None = None,
@@ -305,9 +330,8 @@ class Dynamo:
             mark = (start.get(index.range, "") if index and index.range else "", start[t.key])
             rows = [r for r in rows if (r > mark if ScanIndexForward else r < mark)]
         page = rows[:Limit] if Limit else rows
-        found = [t.items[pk] for _, pk in page]
-        entries = [index.entry(i) for i in found] if index else found
-        size = sum(item_size(e) + (INDEX_OVERHEAD_BYTES if index else 0) for e in entries)
+        keys = [pk for _, pk in page]
+        size = sum(t.entry_size(index, pk) for pk in keys) if index else sum(t.sizes[pk] for pk in keys)
         try:
             self.partitions.charge({}, {(where, hash_value): read_units(size, consistent=ConsistentRead)})
         except Throttled as exc:
@@ -315,9 +339,9 @@ class Dynamo:
         out: dict[str, Any] = {"Count": len(page), "ScannedCount": len(page)}
         if Select != "COUNT":
             keep = ex.projection(ProjectionExpression, ExpressionAttributeNames)
-            out["Items"] = [marshal(_project(e, keep)) for e in entries]
+            out["Items"] = [t.wire(pk, keep, index) for pk in keys]
         if Limit and len(rows) > Limit:
-            last = found[-1]
+            last = t.items[keys[-1]]
             key = {t.key: last[t.key], **({index.hash: last[index.hash]} if index else {})}
             if index and index.range:
                 key[index.range] = last[index.range]
@@ -345,7 +369,7 @@ class Dynamo:
         except Throttled as exc:
             raise _throttled(exc, "Scan") from None
         keep = ex.projection(ProjectionExpression, ExpressionAttributeNames)
-        out: dict[str, Any] = {"Items": [marshal(_project(t.items[pk], keep)) for pk in keys], "Count": len(keys)}
+        out: dict[str, Any] = {"Items": [t.wire(pk, keep) for pk in keys], "Count": len(keys)}
         if end < hi:
             out["LastEvaluatedKey"] = marshal({t.key: keys[-1]})
         return out
@@ -405,7 +429,3 @@ class Dynamo:
             if kind != "ConditionCheck":
                 t.put(pk, new)
         return {}
-
-
-def _project(item: Mapping, keep: tuple[str, ...] | None) -> Mapping:
-    return item if keep is None else {k: item[k] for k in keep if k in item}
