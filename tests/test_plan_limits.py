@@ -60,12 +60,13 @@ def test_the_limits_match_a_hand_computed_fleet():
     # pages' worth = 1.5 RRU: 0.3. Sum 3.6333. No session item is read for the summary.
     assert _by(r, "steady", "partition sessions.by_ring RING: reads")["used"] == pytest.approx(3.63333, rel=1e-4)
     # #fleet: read with every third watch read by 100 workers: 300/h x 100 = 8.333/s x 0.5 =
-    # 4.1667 RRU/s; written when it changed, every pass at this size: 720/h x 2 WRU (1.5 KB)
-    # = 0.4 WRU/s.
+    # 4.1667 RRU/s; written when it changed, every pass at this size: 720/h x 4 WRU (3.1 KB:
+    # its figures and 25 sessions under and 25 over their targets, each an id and a number)
+    # = 0.8 WRU/s.
     assert _by(r, "steady", "partition sessions #fleet: reads")["used"] == pytest.approx(4.16667, rel=1e-4)
-    assert _by(r, "steady", "partition sessions #fleet: writes")["used"] == pytest.approx(0.4)
-    # Sessions table writes: 100 x 1,440/h = 40/s, + the #fleet's 0.4 = 40.4.
-    assert _by(r, "steady", "sessions: writes (table quota)")["used"] == pytest.approx(40.4)
+    assert _by(r, "steady", "partition sessions #fleet: writes")["used"] == pytest.approx(0.8)
+    # Sessions table writes: 100 x 1,440/h = 40/s, + the #fleet's 0.8 = 40.8.
+    assert _by(r, "steady", "sessions: writes (table quota)")["used"] == pytest.approx(40.8)
     # STARTs at the API's 10/s change 10 workers' counts a second (100 workers renew 40
     # times a second): 10 by_ring entries rewritten a second, all in the RING partition.
     ring_w = "partition sessions.by_ring RING: writes, counts changed by STARTs at the API's rate"
@@ -74,8 +75,9 @@ def test_the_limits_match_a_hand_computed_fleet():
     # by_owner key moved (2 index writes): 500/s; each acquire a transactional update (2
     # WRU): 500/s, after a consistent read (1 RRU): 250/s; against the 4,000 writes and
     # 12,000 reads a new on-demand table absorbs at once. 1,000 / 90 survivors = 111.1
-    # each; each survivor's count changes, so 90 by_ring entries are rewritten a heartbeat
-    # (2.5 s): 36/s.
+    # each; every session's by_ring entry is rewritten within a heartbeat (2.5 s), the
+    # survivors' counts changed and the dead ones ENDED: 100 / 2.5 = 40/s (the simulator's
+    # measured peak: tests/test_simulate.py).
     assert _by(r, "crash", "connections.by_owner: writes (index quota)")["used"] == pytest.approx(500)
     assert _by(r, "crash", "connections: writes (table quota)")["used"] == pytest.approx(500)
     warm = _by(r, "crash", "connections.by_owner: writes absorbed at once (warm throughput)")
@@ -83,7 +85,7 @@ def test_the_limits_match_a_hand_computed_fleet():
     warm = _by(r, "crash", "connections: reads absorbed at once (warm throughput)")
     assert (warm["used"], warm["limit"]) == (pytest.approx(250), 12_000)
     assert _by(r, "crash", "connections per surviving worker")["used"] == pytest.approx(10_000 / 90)
-    assert _by(r, "crash", "partition sessions.by_ring RING: writes, every taker's count changed")["used"] == 36
+    assert _by(r, "crash", "partition sessions.by_ring RING: writes, every session's entry once a heartbeat")["used"] == 40
     assert _by(r, "crash", "task launches per minute to replace the crashed")["used"] == 10
     # Scale-in of 10 %: 1,000 handed to named peers within 4 s = 250/s: each key moved
     # once, session to session (2 index writes, no FREE# entry): 500/s; the release (1 WRU)
@@ -110,16 +112,16 @@ def test_the_limits_match_a_hand_computed_fleet():
     assert r["cells"] is None
     # $: reads per second: sessions 25 (watch: 100 x 900/h x 1) + 4.1667 (#fleet) =
     # 29.1667; by_ring 3.6333; by_owner 5 (free scan: 100 x 360/h x 0.5) + 0.025
-    # (unowned: 180/h x 0.5) = 5.025: 37.825 RRU/s; writes 40.4 WRU/s. A month is 730 h =
-    # 2.628 M s: reads 99.40 M x $0.5 = 49.70, writes 106.17 M x $1 = 106.17. Fargate: 100 x
+    # (unowned: 180/h x 0.5) = 5.025: 37.825 RRU/s; writes 40.8 WRU/s. A month is 730 h =
+    # 2.628 M s: reads 99.40 M x $0.5 = 49.70, writes 107.22 M x $1 = 107.22. Fargate: 100 x
     # (0.25 vCPU x 0.04048 + 0.5 GB x 0.004445) x 730 = 901.00; one NAT gateway 0.045 x 730
     # = 32.85 and its address 0.005 x 730 = 3.65; no frames: no NAT data.
     m = r["month"]
     assert m["dynamodb_reads"] == pytest.approx(49.70, abs=0.01)
-    assert m["dynamodb_writes"] == pytest.approx(106.17, abs=0.01)
+    assert m["dynamodb_writes"] == pytest.approx(107.22, abs=0.01)
     assert m["fargate"] == pytest.approx(901.00, abs=0.01)
     assert (m["nat_hours"], m["nat_addresses"]) == (pytest.approx(32.85), pytest.approx(3.65))
-    assert r["usd_per_month"] == pytest.approx(49.70 + 106.17 + 901.00 + 32.85 + 3.65, abs=0.02)
+    assert r["usd_per_month"] == pytest.approx(49.70 + 107.22 + 901.00 + 32.85 + 3.65, abs=0.02)
 
 
 def test_frames_through_the_nat_and_the_checkpoints_are_priced():
@@ -143,14 +145,17 @@ def test_a_raised_quota_moves_the_limit_it_names_and_an_unknown_one_is_refused()
     # The scale-in: 100,000 handed over in 4 s = 25,000/s, 3 WRU each = 75,000/s in the
     # table, 1.875x 40,000; then the crash's 25,000 acquires/s at 2 WRU and 2 index writes:
     # 50,000/s each, and the scale-in's 2 index writes per move.
-    assert (r["first_limit"], r["first_limit_scenario"]) == ("connections: writes (table quota)", "scale_in")
-    assert set(r["exceeded"][:2]) == {"connections: writes (table quota) (scale_in)",
-                                      "connections: writes absorbed at once (warm throughput) (scale_in)"}
-    assert set(r["exceeded"][2:]) == {"connections: writes (table quota) (crash)",
-                                      "connections: writes absorbed at once (warm throughput) (crash)",
-                                      "connections.by_owner: writes (index quota) (crash)",
-                                      "connections.by_owner: writes absorbed at once (warm throughput) (crash)",
-                                      "connections.by_owner: writes (index quota) (scale_in)"}
+    # (With 10,000 tasks, a drain's read of the whole ring in a crash and a zone lost is over
+    # the RING partition's reads, and a lost zone's share outgrows the survivors: those too.)
+    quota_bound = ["connections: writes (table quota) (scale_in)",
+                   "connections: writes absorbed at once (warm throughput) (scale_in)",
+                   "connections: writes (table quota) (crash)",
+                   "connections: writes absorbed at once (warm throughput) (crash)",
+                   "connections.by_owner: writes (index quota) (crash)",
+                   "connections.by_owner: writes absorbed at once (warm throughput) (crash)",
+                   "connections.by_owner: writes (index quota) (scale_in)"]
+    assert set(quota_bound) <= set(r["exceeded"])
+    assert [e for e in r["exceeded"] if e in quota_bound][0] == quota_bound[0]  # the worst of them
     # The environment's own quotas count, and one given to the plan goes on top of them.
     raised = plan_limits.evaluate(MEASURED, {**big, "quotas": {"table_units": 60_000}}, connections=1_000_000,
                                   upstream_addresses=20, quotas={**ecs, "table_units": 100_000})
@@ -162,14 +167,24 @@ def test_a_raised_quota_moves_the_limit_it_names_and_an_unknown_one_is_refused()
         plan_limits.evaluate(MEASURED, {**SETTINGS, "quotas": {"eips": 9}}, connections=10)
 
 
-def test_prod_as_documented_holds_500k(capsys):
+def test_prod_at_500k_holds_every_limit_but_a_lost_zone_and_the_sweep(capsys):
     assert main(["plan", "--env", "prod", "--connections", "500000", "--json"], env={}) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["workers"] == 2000  # 500,000 / 250, target tracking's setting
     assert {"name", "scenario", "used", "limit", "ok"} <= set(out["limits"][0])
-    assert {lim["scenario"] for lim in out["limits"]} == {"steady", "crash", "scale_in", "deploy"}
-    assert out["first_limit"] is None, out["exceeded"]
-    assert all(lim["ok"] for lim in out["limits"])
+    assert {lim["scenario"] for lim in out["limits"]} == {"steady", "crash", "zone_lost", "join", "scale_in", "deploy"}
+    # What prod as configured does not hold, said plainly: one zone of two lost leaves 1,000
+    # tasks for 500,000 connections (500 each, MAX_CONNECTIONS 350), so 150,000 wait for
+    # replacements (429 tasks at 500 a minute, then a Fargate start: 91 s, over a minute);
+    # the 1,000 drains each read the whole ring (49 pages' worth, 24.5 RRU) within a
+    # heartbeat: 9,800 RRU/s on the RING partition; and a sweep pass at 200 a second takes
+    # 2,500 s, not SWEEP_SECONDS. A 10 % crash holds.
+    assert set(out["exceeded"]) == {
+        "connections per surviving worker (zone_lost)",
+        "seconds until a lost zone's connections are held again (replacements launched) (zone_lost)",
+        "partition sessions.by_ring RING: reads, every drain reads the ring (zone_lost)",
+        "seconds per reachability sweep pass (steady)",
+    }
     # With the quotas prod lists raised: 2 NAT gateways x 5 Elastic IPs.
     assert out["quotas"]["eips_per_nat_gateway"] == 5 and out["quotas"]["eips_per_region"] == 10
     assert out["usd_per_month"] > 0
@@ -178,7 +193,7 @@ def test_prod_as_documented_holds_500k(capsys):
 def test_prod_at_1m_names_the_first_limit_its_fix_and_the_cells_it_needs(capsys):
     assert main(["plan", "--env", "prod", "--connections", "1000000", "--json"], env={}) == 0
     out = json.loads(capsys.readouterr().out)
-    assert (out["first_limit"], out["first_limit_fix"]) == ("max_workers (the service's scaling ceiling)", "max_workers")
+    assert "max_workers (the service's scaling ceiling) (steady)" in out["exceeded"]
     # 1M to one destination through at most 2 gateways x 8 addresses x 55,000 = 880,000:
     # no setting or quota lets one fleet's NAT hold it.
     assert out["cells"] == {"cells": 2, "limit": "NAT connections per address to one destination", "scenario": "steady"}
@@ -191,7 +206,7 @@ def test_plan_in_tables_shows_the_limits_and_the_first_hit(capsys):
     assert main(["plan", "--env", "dev", "--connections", "1000000"], env={}) == 0
     out = capsys.readouterr().out
     assert "limits, 14,286 workers" in out
-    assert "first limit hit: max_workers (the service's scaling ceiling) (steady); moved by: max_workers" in out
+    assert "first limit hit: " in out and "max_workers (the service's scaling ceiling) (steady)" in out
     assert "one fleet cannot hold this whatever its settings and quotas: NAT connections per address" in out
 
 
@@ -207,6 +222,13 @@ def test_the_plan_mirrors_the_workers_own_constants():
     # reads from how often a watch read carries it: the worker's figures, not a guess.
     assert corrections.RING_REFRESH_S == takeover.RING_REFRESH_S
     assert corrections.SUMMARY_EVERY == takeover.SUMMARY_EVERY
+    from wsfleet import settings_spec
+    from wsfleet.plan import bursts
+    from wsfleet.worker import sweep
+
+    assert bursts.SWEEP_PAGE_ITEMS == sweep.SWEEP_PAGE_ITEMS and sweep.PAGE_PAUSE_S == 1.0
+    assert bursts.SWEEP_SECONDS == settings_spec.VARIABLES[settings_spec.SWEEP_SECONDS].default
+    assert bursts.AZS == environments.AVAILABILITY_ZONES
 
 
 def test_msgs_per_s_is_the_rate(capsys):

@@ -9,27 +9,55 @@ from __future__ import annotations
 import pytest
 from botocore.exceptions import ClientError
 
-from sim.virtual import simulate
+from sim.virtual import Settings, simulate
 from sim.virtual.capacity import WCU_PER_S, Partitions
 from sim.virtual.dynamo import Dynamo
 from sim.virtual.loop import VirtualLoop
 from sim.virtual.sqs import Queue
 from wsfleet import schema
+from wsfleet.plan import environments as plan_environments
+from wsfleet.plan.bursts import bursts
 from wsfleet.store import SessionsStore, TransientError
 
 
-def test_a_crash_is_recovered_by_the_survivors_within_a_lease_and_five_seconds():
-    f = simulate("crash10", workers=6, per_worker=12, seed=7)
-    crash = f["crash_recovery"]
-    assert f["killed"] == 1 and crash["count"] == 12 and crash["not_reopened"] == 0
-    assert 10 <= crash["p50_s"] <= crash["p99_s"] <= 15  # a lease (10 s) before anyone may take them
-    assert f["double_owners"] == 0 and f["dead_letters"] == 0 and not f["throttled_requests"]
-    assert all(f["bounds"].values()), f["bounds"]
+PROD = plan_environments.load("prod")
+
+
+@pytest.fixture(scope="module")
+def crash() -> dict:
+    return simulate("crash10", workers=20, per_worker=10, seed=1)
+
+
+def test_a_crash_is_recovered_by_the_survivors_within_a_lease_and_five_seconds(crash):
+    recovery = crash["crash_recovery"]
+    assert crash["killed"] == 2 and recovery["count"] == 20 and recovery["not_reopened"] == 0
+    assert 10 <= recovery["p50_s"] <= recovery["p99_s"] <= 15  # a lease (10 s) before anyone may take them
+    assert crash["double_owners"] == 0 and crash["dead_letters"] == 0 and not crash["throttled_requests"]
+    assert all(crash["bounds"].values()), crash["bounds"]
+
+
+def _plan(workers: int, per_worker: int, *, tasks_quota: int = 5000) -> dict:
+    return bursts(workers=workers, per_worker=per_worker, settings=PROD, tasks_quota=tasks_quota, launches_per_minute=500)
+
+
+def test_the_plans_ring_writes_in_a_crash_are_what_the_simulator_measures_within_25_percent(crash):
+    planned = _plan(20, 10)["crash"]["ring_writes_per_s"]
+    measured = crash["peak_by_partition_kind"]["ring"]["write"]
+    assert measured == pytest.approx(planned, rel=0.25)
+
+
+def test_a_deploy_past_ecs_tasks_per_service_goes_in_the_rounds_the_plan_says():
+    quota = 6  # 4 tasks and room for 2 more at once: two rounds
+    f = simulate("deploy", workers=4, per_worker=3, seed=2, settings=Settings(max_tasks=quota))
+    planned = _plan(4, 3, tasks_quota=quota)["deploy"]
+    assert (f["rounds"], f["peak_tasks"]) == (planned["rounds"], planned["tasks_at_once"]) == (2, 6)
+    # every connection handed over at least once (some twice: to an old task the second round stops)
+    assert f["handoff_gaps"]["count"] >= 12 and f["handoff_gaps"]["not_reopened"] == 0 and f["dead_letters"] == 0
 
 
 def test_the_same_seed_replays_the_same_run_and_another_seed_does_not():
     def figures(seed: int) -> dict:
-        f = simulate("scalein", workers=4, per_worker=6, seed=seed)
+        f = simulate("scalein", workers=3, per_worker=6, seed=seed)
         return {k: v for k, v in f.items() if k not in ("wall_s", "max_rss_mb")}
 
     first = figures(3)

@@ -90,8 +90,8 @@ class Partitions:
         self.throttled: dict[str, int] = defaultdict(int)  # "write"/"read" -> refused requests
         self.throttled_by: dict[tuple[str, str], int] = defaultdict(int)
         self.total = {"write": 0.0, "read": 0.0}
-        # The busiest second's use of each named group of partitions ("#fleet", "ring", ...)
-        self.peak_by_group: dict[str, tuple[float, float]] = defaultdict(lambda: (0.0, 0.0))
+        # Each second's use of the hottest partition of each kind ("ring", "fleet", ...)
+        self.by_group: list[tuple[int, dict[str, tuple[float, float]]]] = []
 
     def _second(self) -> Second:
         at = int(self._now())
@@ -102,11 +102,13 @@ class Partitions:
         return self.seconds[-1]
 
     def _fold(self, second: Second) -> None:
+        groups: dict[str, tuple[float, float]] = defaultdict(lambda: (0.0, 0.0))
         for kind, used in (("write", second.writes), ("read", second.reads)):
             for key, units in used.items():
                 group = _group(key)
-                w, r = self.peak_by_group[group]
-                self.peak_by_group[group] = (max(w, units), r) if kind == "write" else (w, max(r, units))
+                w, r = groups[group]
+                groups[group] = (max(w, units), r) if kind == "write" else (w, max(r, units))
+        self.by_group.append((second.at, dict(groups)))
 
     def charge(self, writes: dict[tuple[str, str], float], reads: dict[tuple[str, str], float]) -> None:
         """Charge one request's units, or refuse it whole (:class:`Throttled`)."""
@@ -139,8 +141,22 @@ class Partitions:
                     best = (key, units)
         return best
 
-    def per_second(self, kind: str, since: float = float("-inf")) -> list[tuple[int, float]]:
-        return [(s.at, s.hottest(kind)[1]) for s in self.seconds if s.at >= since]
+    def group_peak(self, group: str, kind: str, *, since: float = float("-inf"), window: int = 1) -> float:
+        """The highest use, averaged over ``window`` consecutive seconds, of the hottest
+        partition of one kind (:func:`_group`) from ``since`` on."""
+        at = 0 if kind == "write" else 1
+        series = {s: g.get(group, (0.0, 0.0))[at] for s, g in self.by_group if s >= since}
+        if not series:
+            return 0.0
+        first, last = min(series), max(series)
+        return max(
+            sum(series.get(t, 0.0) for t in range(start, start + window)) / window
+            for start in range(first, max(first, last - window + 1) + 1)
+        )
+
+    def group_peaks(self, since: float = float("-inf")) -> dict[str, dict[str, float]]:
+        groups = sorted({g for _, gs in self.by_group for g in gs})
+        return {g: {k: round(self.group_peak(g, k, since=since), 1) for k in ("write", "read")} for g in groups}
 
 
 def _group(key: tuple[str, str]) -> str:

@@ -84,6 +84,7 @@ class Fleet:
         self.books = Books()
         SimRunner.books, SimRunner.rng = self.books, random.Random(seed + 2)
         self.tasks: dict[str, Task] = {}
+        self.peak_tasks = 0  # the most tasks of the service at once
         self._names = 0
         self._config = config(
             max_connections=settings.max_connections, lease_s=settings.lease_s, heartbeat_s=settings.heartbeat_s,
@@ -135,6 +136,7 @@ class Fleet:
         worker = SimWorker(self._config, name, aws=aws, clock_ms=self.loop.wall_ms)
         task = Task(name, worker, aws)
         self.tasks[name] = task
+        self.peak_tasks = max(self.peak_tasks, len(self.alive()))
         with self.owned(task):
             task.main = asyncio.ensure_future(worker.run())
         task.main.add_done_callback(lambda _: self._gone(task))

@@ -105,8 +105,10 @@ async def _observe(fleet: Fleet, run: Run, done: Callable[[], bool], *, fair: bo
         })
         if recovered and run.recovered_at is None and fleet.now() > run.event_at:
             run.recovered_at = fleet.now()
-        if fair and worst <= 1 and not unattached and recovered and run.fair_at is None and fleet.now() > run.event_at:
-            run.fair_at = fleet.now()
+        if fair and worst <= 1 and not unattached and recovered and fleet.now() > run.event_at:
+            run.fair_at = run.fair_at or fleet.now()
+        else:
+            run.fair_at = None  # the last time it became fair and stayed so
         if finish is None and done():
             finish = fleet.now() + AFTER_S
         if finish is not None and fleet.now() >= finish and (not fleet.books.closed or fleet.now() >= finish + SETTLE_S):
@@ -149,9 +151,8 @@ async def join(fleet: Fleet, run: Run) -> None:
     await _start(fleet, run)
     joining = max(1, run.workers // 10)
     run.extra["joined"] = joining
-    for _ in range(joining):
-        fleet.start()
-    await _observe(fleet, run, lambda: run.fair_at is not None, fair=True)
+    started = asyncio.ensure_future(fleet.launch(joining))  # as ECS starts them, over its launch times
+    await _observe(fleet, run, lambda: started.done() and run.fair_at is not None, fair=True)
 
 
 async def scale_in(fleet: Fleet, run: Run) -> None:

@@ -7,7 +7,8 @@ per month. Pure arithmetic, no AWS calls, on the measured per-worker rates as
 not from MAX_CONNECTIONS. A checkpoint and an acquisition are transactional writes: twice
 their item's units (:attr:`.model.Measured.checkpoint_units`, ``ACQUIRE_WRU``).
 
-Scenarios (each limit is checked in one): ``steady``; ``crash``: 10 % of the workers die
+Scenarios (each limit is checked in one; :mod:`.bursts` computes their peaks, which
+``python -m bench simulate`` measures): ``steady``; ``crash``: 10 % of the workers die
 and their connections are acquired by the others within ``CRASH_BURST_S`` (each acquire
 moves a ``by_owner`` key: a delete and a put in the index; each taker's count changes, so
 its by_ring entry is rewritten at its next renewal); ``scale_in``: 10 % of the workers
@@ -15,7 +16,8 @@ drain within ``SCALE_IN_BURST_S``, each connection released at its fence while i
 attached to the releasing session, and hinted to a named peer whose acquire moves its
 by_owner key session to session (no ``FREE#`` write: ``HANDOFF_INDEX_WRITES_PER_MOVE``);
 ``deploy``: a rolling deploy runs up to twice the tasks (max_healthy_percent 200) and
-hands every connection over, as fast as the service launches the new tasks.
+hands every connection over, as fast as the service launches the new tasks;
+``zone_lost``: half the tasks (two zones) die at once; ``join``: 10 % more tasks start.
 
 A limit that no setting or quota moves past a ceiling (the NAT addresses one fleet's VPC
 can have, each good for 55,000 connections to one destination) is a reason for another
@@ -29,6 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .bursts import SWEEP_SECONDS, ZONE_RECOVERY_S, bursts, fleet_item_bytes, sweep_pass_s
 from .corrections import corrected_ops
 from .fleet import fleet
 from .model import HOURS_PER_MONTH, PARTITION_RCU, PARTITION_WCU, TABLE_QUOTA, TRANSACTION_FACTOR, Measured, measured_shards
@@ -213,6 +216,10 @@ def evaluate(
     add(Check("partition sessions.by_ring RING: writes, counts changed by STARTs at the API's rate", "steady",
               RING_WRITES_PER_CHANGED_RENEWAL * min(settings["api_rate_limit"], workers / heartbeat_s), PARTITION_WCU,
               ring_fix))
+    add(Check("seconds per reachability sweep pass", "steady", sweep_pass_s(connections), SWEEP_SECONDS,
+              "SWEEP_SECONDS, or the sweep in parallel segments"))
+    add(Check("#fleet item bytes (read as one 4 KB unit with every third watch read)", "steady", fleet_item_bytes(), 4096,
+              "UNDER_LISTED"))
     # crash: 10 % of the workers die; the others acquire their connections
     crashed = math.ceil(workers * CRASH_SHARE)
     moved = min(connections, crashed * held)
@@ -233,12 +240,31 @@ def evaluate(
               _warm(settings, "connections_warm", "read"), warm))
     add(Check("partition connections.by_owner S#<session> (a taker's): writes", "crash",
               OWNER_INDEX_WRITES_PER_MOVE / 2 * moved / survivors / CRASH_BURST_S, PARTITION_WCU, "-"))
-    add(Check("partition sessions.by_ring RING: writes, every taker's count changed", "crash",
-              RING_WRITES_PER_CHANGED_RENEWAL * survivors / heartbeat_s, PARTITION_WCU, ring_fix))
+    burst = bursts(workers=workers, per_worker=round(held), settings=settings, tasks_quota=tasks_quota,
+                   launches_per_minute=launches_quota)
+    ring_r = sum(p["rru"] for name, p in holding["partitions"].items() if name.endswith(" RING"))
+    drain_fix = "the drains' plan read from the summary instead of the whole ring, or fewer, larger tasks"
+    add(Check("partition sessions.by_ring RING: writes, every session's entry once a heartbeat", "crash",
+              RING_WRITES_PER_CHANGED_RENEWAL * burst["crash"]["ring_writes_per_s"], PARTITION_WCU, ring_fix))
+    add(Check("partition sessions.by_ring RING: reads, every drain reads the ring", "crash",
+              ring_r + burst["crash"]["ring_reads_per_s"], PARTITION_RCU, drain_fix))
     add(Check("connections per surviving worker", "crash", connections / survivors, settings["max_per_worker"],
               "target_connections_per_worker (more headroom below MAX_CONNECTIONS)"))
     add(Check("task launches per minute to replace the crashed", "crash", crashed * 60 / RELAUNCH_WITHIN_S,
               launches_quota, "target_connections_per_worker (fewer tasks)"))
+    # an availability zone lost: half the tasks at once; what the survivors cannot hold waits for replacements
+    zone = burst["zone_lost"]
+    add(Check("connections per surviving worker", "zone_lost", zone["per_survivor"], settings["max_per_worker"],
+              "max_connections_per_worker (room for a zone's share), or more tasks per connection"))
+    add(Check("seconds until a lost zone's connections are held again (replacements launched)", "zone_lost",
+              zone["recovery_s"], ZONE_RECOVERY_S, "max_connections_per_worker at least twice the target"))
+    add(Check("partition sessions.by_ring RING: writes, every session's entry once a heartbeat", "zone_lost",
+              zone["ring_writes_per_s"], PARTITION_WCU, ring_fix))
+    add(Check("partition sessions.by_ring RING: reads, every drain reads the ring", "zone_lost",
+              ring_r + zone["ring_reads_per_s"], PARTITION_RCU, drain_fix))
+    # a join of 10 % more tasks: they open their sessions, the others shed to them
+    add(Check("partition sessions.by_ring RING: writes, the newcomers and every count", "join",
+              burst["join"]["ring_writes_per_s"], PARTITION_WCU, ring_fix))
     # scale-in: 10 % of the workers hand theirs to named peers
     drained = math.floor(workers * SCALE_IN_SHARE)
     per_s = drained * held / SCALE_IN_BURST_S
@@ -248,12 +274,17 @@ def evaluate(
     add(Check("connections: writes (table quota)", "scale_in", handoff_w, table_quota, quota))
     add(Check("connections: writes absorbed at once (warm throughput)", "scale_in", handoff_w,
               _warm(settings, "connections_warm", "write"), warm))
+    add(Check("partition sessions.by_ring RING: writes, the leavers and every count", "scale_in",
+              burst["scale_in"]["ring_writes_per_s"], PARTITION_WCU, ring_fix))
     # deploy: up to twice the tasks; every connection handed over as the new tasks start
     per_subnet = 2 ** (32 - settings["worker_subnet_mask"]) - AWS_RESERVED_ADDRESSES
     add(Check("subnet addresses (task ENIs, 2x tasks during a deploy)", "deploy", DEPLOY_FACTOR * workers,
               per_subnet * settings["azs"], "the worker subnets' size (worker_subnet_mask)"))
     add(Check("ECS tasks per service during a deploy", "deploy", DEPLOY_FACTOR * workers, tasks_quota,
               "target_connections_per_worker (fewer, larger tasks), or the Tasks per service quota"))
+    if burst["deploy"]["rounds"] is not None:  # (none fit at all: the tasks-per-service check says so)
+        add(Check("rounds of a rolling deploy (tasks per service: 2x tasks at once)", "deploy", burst["deploy"]["rounds"], 1,
+                  "target_connections_per_worker (fewer, larger tasks), or the Tasks per service quota"))
     handed_s = min(workers, launches_quota) / 60 * held
     add(Check("connections.by_owner: writes (index quota)", "deploy",
               steady_owner_w + HANDOFF_INDEX_WRITES_PER_MOVE * handed_s, table_quota,
@@ -281,6 +312,7 @@ def evaluate(
         "fill_seconds": fill_s,
         "tables": holding["tables"],
         "partitions": holding["partitions"],
+        "bursts": burst,
     }
 
 
