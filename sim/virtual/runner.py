@@ -58,11 +58,18 @@ class Books:
 
 
 class Budget:
+    """What a socket's frames cost (none flow here)."""
+
     received_bytes = 0
     loop_s = 0.0
 
 
+BUDGET = Budget()
+
+
 class Tracker:
+    __slots__ = ("checkpoint", "next_seq")
+
     def __init__(self, checkpoint: int) -> None:
         self.checkpoint = checkpoint
         self.next_seq = checkpoint + 1
@@ -74,6 +81,11 @@ class SimRunner:
 
     books: Books  # set by the simulation before any worker starts
     rng: random.Random
+    budget = BUDGET
+    # A fleet holds hundreds of thousands of these: no per-instance dict.
+    __slots__ = ("connection_id", "ws_url", "session_id", "fence_token", "upstream_item", "last_error", "tracker",
+                 "acquired_mono", "end_reason", "shed_to", "release_trace", "detached", "freed", "handed", "worker",
+                 "_deadline", "_call", "_connections", "_log", "_ended", "_open")
 
     def __init__(self, *, connection_id: str, ws_url: str, session_id: str, fence_token: int, checkpoint: int,
                  deadline: Any, call: Any, connections: Any, log: Any, upstream: dict | None = None,
@@ -82,7 +94,6 @@ class SimRunner:
         self.upstream_item = upstream or {}
         self.last_error = last_error
         self.tracker = Tracker(checkpoint)
-        self.budget = Budget()
         self.acquired_mono = clock.now()
         self.end_reason: EndReason | None = None
         self.shed_to = ""
