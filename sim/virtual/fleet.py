@@ -50,6 +50,7 @@ class Settings:
     shutdown_s: float = 25.0
     stop_timeout_s: float = 60.0
     launch_s: tuple[float, float] = (30.0, 50.0)  # a Fargate task's start, uniform
+    launches_per_minute: float = 500.0  # the service scheduler's launch rate
     max_tasks: int = 5000  # ECS's tasks per service
     enforce_limits: bool = True  # refuse what passes a partition's limit
 
@@ -85,6 +86,7 @@ class Fleet:
         SimRunner.books, SimRunner.rng = self.books, random.Random(seed + 2)
         self.tasks: dict[str, Task] = {}
         self.peak_tasks = 0  # the most tasks of the service at once
+        self._next_launch = 0.0  # when the service scheduler may launch its next task
         self._names = 0
         self._config = config(
             max_connections=settings.max_connections, lease_s=settings.lease_s, heartbeat_s=settings.heartbeat_s,
@@ -148,12 +150,18 @@ class Fleet:
             task.aws.kill()
 
     async def launch(self, n: int) -> list[Task]:
-        """``n`` tasks as ECS starts them: each after its launch time; all of them started."""
-        async def one() -> Task:
-            await asyncio.sleep(self.rng.uniform(*self.settings.launch_s))
+        """``n`` tasks as ECS starts them: each after its launch time, no faster than the
+        service's launch rate; returns once all of them started."""
+        async def one(slot: float) -> Task:
+            await asyncio.sleep(max(slot, self.now()) - self.now() + self.rng.uniform(*self.settings.launch_s))
             return self.start()
 
-        return list(await asyncio.gather(*(one() for _ in range(n))))
+        slots = []
+        for _ in range(n):
+            self._next_launch = max(self._next_launch, self.now()) + 60 / self.settings.launches_per_minute
+            slots.append(self._next_launch)
+        return list(await asyncio.gather(*(one(slot) for slot in slots)))
+
 
     def owned(self, task: Task) -> contextlib.AbstractContextManager:
         """Tasks created inside are ``task``'s (killed with it)."""
