@@ -18,6 +18,8 @@ from typing import Any, Sequence
 
 from sim.virtual import SCENARIOS, simulate
 from sim.virtual.report import render
+from wsfleet.plan import environments as plan_environments
+from wsfleet.plan.bursts import bursts
 
 from .common import Result
 
@@ -47,8 +49,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in names:
         figures = simulate(name, workers=args.workers, per_worker=args.per_worker, seed=args.seed)
         failed |= not all(figures["bounds"].values())
-        print(json.dumps(figures, indent=1) if args.json else render(figures) + "\n", flush=True)
+        figures["against_plan"] = against_plan(figures)
+        print(json.dumps(figures, indent=1) if args.json else render(figures) + render_against_plan(figures) + "\n", flush=True)
     return 1 if failed else 0
+
+
+# The plan's scenario for each of the simulator's, and the peaks compared (wsfleet.plan.bursts).
+PLAN_SCENARIO = {"crash10": "crash", "az": "zone_lost", "join": "join", "scalein": "scale_in", "deploy": "deploy"}
+
+
+def against_plan(figures: dict[str, Any]) -> list[tuple[str, float, float]]:
+    """(what, the plan's figure, the simulator's) for one run: the RING partition's peak
+    writes and reads a second, and a deploy's tasks at once."""
+    scenario = PLAN_SCENARIO.get(figures["scenario"])
+    if scenario is None:
+        return []
+    settings = plan_environments.load("prod")
+    planned = bursts(workers=figures["workers"], per_worker=figures["per_worker"], settings=settings,
+                     tasks_quota=5000, launches_per_minute=500)[scenario]
+    ring = figures["peak_by_partition_kind"].get("ring", {"write": 0.0, "read": 0.0})
+    rows = []
+    if "ring_writes_per_s" in planned:
+        rows.append(("RING writes / s (peak second)", planned["ring_writes_per_s"], ring["write"]))
+    if "ring_reads_per_s" in planned:
+        rows.append(("RING reads / s by drains (peak second)", planned["ring_reads_per_s"], ring["read"]))
+    if "tasks_at_once" in planned:
+        rows.append(("tasks at once", planned["tasks_at_once"], figures["peak_tasks"]))
+    return rows
+
+
+def render_against_plan(figures: dict[str, Any]) -> str:
+    rows = against_plan(figures)
+    if not rows:
+        return ""
+    lines = ["", "", "| against the plan (`wsfleet plan`) | plan | simulator |", "|---|---|---|"]
+    lines += [f"| {what} | {planned:,.1f} | {measured:,.1f} |" for what, planned, measured in rows]
+    return "\n".join(lines)
 
 
 def run(*, quick: bool, run_dir: Path, command: str, **_: Any) -> Result:
@@ -59,7 +95,7 @@ def run(*, quick: bool, run_dir: Path, command: str, **_: Any) -> Result:
         figures = simulate(name, workers=workers, per_worker=per_worker, seed=1)
         data[name] = figures
         args = f"--workers {workers} --per-worker {per_worker} --scenario {name} --seed 1"
-        parts.append(f"`PYTHONPATH=runtime:. python -m bench simulate {args}`\n\n{render(figures)}")
+        parts.append(f"`PYTHONPATH=runtime:. python -m bench simulate {args}`\n\n{render(figures)}{render_against_plan(figures)}")
     return Result("simulate", command, {"workers": workers, "per_worker": per_worker}, "\n\n".join(parts), data)
 
 

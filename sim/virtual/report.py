@@ -36,6 +36,10 @@ def _gaps(fleet: Fleet, run: Run, reasons: tuple[str, ...]) -> dict[str, Any]:
     }
 
 
+def _seconds(v: float | None) -> str:
+    return "not within the run" if v is None else f"{v} s"
+
+
 def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 2)
 
@@ -117,7 +121,7 @@ def render(f: dict[str, Any]) -> str:
         if key in f:
             lines.append(f"| {label} | {f[key]} |")
     lines += [
-        f"| every worker within one of its share after | {f['fair_after_s']} s |",
+        f"| every worker within one of its share after | {_seconds(f['fair_after_s'])} |",
         f"| hottest partition, writes | {f['hottest_write']['units_per_s']} WCU/s of {f['hottest_write']['limit']} ({f['hottest_write']['partition']}) |",
         f"| hottest partition, reads | {f['hottest_read']['units_per_s']} RCU/s of {f['hottest_read']['limit']} ({f['hottest_read']['partition']}) |",
         f"| requests refused by a partition's limit | {f['throttled_requests'] or 'none'} |",
