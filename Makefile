@@ -117,7 +117,7 @@ synth: $(VENV)/.deps node_modules/.deps
 cfnlint: synth
 	$(VENV)/bin/cfn-lint $(foreach env,$(ENVS),cdk.out/$(env)/*.template.json)
 
-## bench: failover, cost (and fleet scaling), capacity, ingestion, sinks (table against stream), faults, rebalance, pauses, large-frame memory, amplification and hostile-peer benchmarks (figures to stdout)
+## bench: failover, cost (and fleet scaling), capacity, ingestion, sinks (table against stream), faults, rebalance, pauses, large-frame memory, amplification, hostile-peer benchmarks and the virtual-time simulator at 2,000 workers (figures to stdout)
 bench: $(VENV)/.deps
 	$(PY) -m bench $(BENCH_ARGS)
 

@@ -1,4 +1,7 @@
-"""``python -m bench [failover|cost|capacity|ingestion|faults|rebalance|pauses|readapi|largeframes|amplification|hostile|sinks|all] [--quick] [--kinds-only] [--tracing-only] [--join4-only] [--out DIR]``
+"""``python -m bench [failover|cost|capacity|ingestion|faults|rebalance|pauses|readapi|largeframes|amplification|hostile|sinks|simulate|all] [--quick] [--kinds-only] [--tracing-only] [--join4-only] [--out DIR]``
+
+``python -m bench simulate --workers W --per-worker N --scenario S --seed N [--json]``
+runs the virtual-time simulator alone with its own flags (:mod:`.simulate`).
 
 Runs the chosen benchmarks one after another (each with processes of its own), prints
 each one's markdown table with the command that produced it, and writes the raw
@@ -18,7 +21,10 @@ from typing import Callable, Sequence
 
 from sim import children
 
-from . import amplification, capacity, charts, cost, failover, faults, hostile, ingestion, largeframes, pauses, readapi, rebalance, sinks
+from . import (
+    amplification, capacity, charts, cost, failover, faults, hostile, ingestion, largeframes, pauses, readapi, rebalance,
+    simulate, sinks,
+)
 from .common import Result, machine
 
 BENCHMARKS: dict[str, Callable[..., Result]] = {
@@ -34,6 +40,7 @@ BENCHMARKS: dict[str, Callable[..., Result]] = {
     "amplification": amplification.run,
     "hostile": hostile.run,
     "sinks": sinks.run,
+    "simulate": simulate.run,
 }
 
 
@@ -52,12 +59,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == ["simulate"] and any(a.split("=")[0] in simulate.OWN_FLAGS for a in given[1:]):
+        return simulate.main(given[1:])  # the simulator alone, with its own flags
     args = parse_args(argv)
     names = list(BENCHMARKS) if "all" in args.which else list(dict.fromkeys(args.which))
     out = Path(args.out)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = out / f"run-{stamp}"
-    given = sys.argv[1:] if argv is None else list(argv)
     command = "PYTHONPATH=runtime:. python -m bench " + (shlex.join(given) if given else "all")
     # Every process a benchmark starts imports a copy of the runtime taken now: code
     # edited while a long run goes on must not reach the workers it starts later.

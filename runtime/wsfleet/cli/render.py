@@ -306,7 +306,7 @@ def limits(result: Mapping[str, Any]) -> list[str]:
     first = result["first_limit"]
     lines = [
         "",
-        f"limits, {result['workers']:,} workers (steady; 10 % crash; 10 % scale-in; a deploy's 2x tasks):",
+        f"limits, {result['workers']:,} workers (steady; 10 % crash; a zone of two lost; 10 % join; 10 % scale-in; a deploy's 2x tasks):",
         _indent(table(["SCENARIO", "LIMIT", "USED", "OF", ""], rows)),
         "",
         f"$ per month, the whole fleet: {m['total']:,.0f} (DynamoDB {m['dynamodb_writes'] + m['dynamodb_reads']:,.0f}, "

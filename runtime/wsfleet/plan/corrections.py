@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from .bursts import fleet_item_bytes
 from .model import Measured, Op
 
 # The code's own constants and sizes the plan assumes. These model the code as issue 22
@@ -29,7 +30,7 @@ BENCH_WORKERS = 3  # the cost benchmark's fleet (bench/cost.py), when measured_o
 # A by_ring entry: its keys and the counts the summarizer needs (active, max_connections,
 # state, draining), about. The summarizer's pass is one paged Query of them.
 RING_ENTRY_BYTES = 100
-SUMMARY_ITEM_BYTES = 1500  # the #fleet item (counts and the cut of the exact targets), about
+SUMMARY_ITEM_BYTES = fleet_item_bytes()  # the #fleet item (counts, the cut, the largest deficits and excesses)
 # The share of the summarizer's passes whose summary differs from the one last written:
 # any START, STOP, move or join changes it, so at fleet scale nearly every pass; it is
 # rewritten at least every SUMMARY_REFRESH_S so that readers can tell a stale one.

@@ -64,8 +64,11 @@ class Acquisition:
         aws: Aws,
         counters: Counters,
         log: JsonLogger,
+        runner: Callable[..., ConnectionRunner] = ConnectionRunner,
     ) -> None:
-        """``stopping``: set once the worker shuts down (it takes nothing more)."""
+        """``stopping``: set once the worker shuts down (it takes nothing more);
+        ``runner``: what holds a connection once acquired (the virtual-time simulator
+        gives one that opens no socket)."""
         self.settings = settings
         self._holdings = holdings
         self._keeper = keeper
@@ -84,6 +87,7 @@ class Acquisition:
         self._counters = counters
         self._log = log
         self._slots = asyncio.Semaphore(ACQUIRE_CONCURRENCY)
+        self._runner = runner
 
     async def _set_aside(self, connection_id: str, holder: str) -> None:
         """Best effort: one left in place is refused again by the next taker, who tries again."""
@@ -140,7 +144,7 @@ class Acquisition:
             # Won a race that finished after shutdown began or the session was lost.
             await self._release_unheld(connection_id, item, session_id)
             return None
-        runner = ConnectionRunner(
+        runner = self._runner(
             connection_id=connection_id,
             ws_url=item[schema.WS_URL],
             session_id=session_id,
