@@ -312,6 +312,7 @@ IN_TRANSIT_S = 10.0
 # if this many renewals since the last that wrote the load did not: at most one index
 # write per worker every two heartbeats, whatever moves (:func:`ring_write_due`).
 RING_WRITE_GAP = 1
+RING_WRITE_EVERY = RING_WRITE_GAP + 1  # renewals: a changed count reaches the ring at most once in this many
 
 
 def ring_write_due(stored: tuple[int, int, bool] | None, load: tuple[int, int, bool], *, renewals_since: int) -> bool:
@@ -333,7 +334,7 @@ def ring_write_due(stored: tuple[int, int, bool] | None, load: tuple[int, int, b
 def ring_lag_ms(heartbeat_ms: int) -> int:
     """How far behind a worker's count in the ring index can be: the renewal that would
     carry a change may be one that :func:`ring_write_due` skips."""
-    return (RING_WRITE_GAP + 1) * heartbeat_ms
+    return RING_WRITE_EVERY * heartbeat_ms
 
 
 UNDER_LISTED = 25  # sessions under (and over) their share named in the summary

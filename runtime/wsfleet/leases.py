@@ -315,6 +315,11 @@ def sweep_segments(connections: int, *, sweep_s: float, page_items: int = SWEEP_
     per_segment = page_items / SWEEP_PAGE_PAUSE_S * sweep_s * SWEEP_FILL
     return max(1, min(SWEEP_MAX_SEGMENTS, math.ceil(max(0, connections) / per_segment)))
 
+
+def sweep_pass_s(connections: int, *, sweep_s: float, page_items: int = SWEEP_PAGE_ITEMS) -> float:
+    """How long one pass over ``connections`` takes at :func:`sweep_segments` segments."""
+    return connections / (sweep_segments(connections, sweep_s=sweep_s, page_items=page_items) * page_items / SWEEP_PAGE_PAUSE_S)
+
 # --- watching: the ring --------------------------------------------------------------
 
 

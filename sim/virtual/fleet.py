@@ -38,7 +38,9 @@ _OWNER: contextvars.ContextVar["Task | None"] = contextvars.ContextVar("sim_work
 
 @dataclass(frozen=True)
 class Settings:
-    """The worker and ECS settings a run uses: prod's by default (environments/prod.toml)."""
+    """The worker and ECS settings a run uses. The defaults are the sizing the 2,000-task
+    targets were set at (350 per worker at most, prod before its task-size pick), not
+    environments/prod.toml read afresh."""
 
     max_connections: int = 350
     lease_s: float = 10.0

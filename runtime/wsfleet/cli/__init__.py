@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from botocore.exceptions import BotoCoreError, ClientError
 
@@ -27,6 +27,13 @@ from .arguments import _count, _flush_ms, _per_hour, _positive, _quota, _rate, _
 from .errors import CliError, aws_sentence
 
 PROG = "wsfleet"
+
+
+def _one_connection(subcommands: Any, name: str, api: argparse.ArgumentParser, run: Any, **texts: str) -> None:
+    """A command of one connection through the API: ``wsfleet NAME CONNECTION_ID``."""
+    command = subcommands.add_parser(name, parents=[api], **texts)
+    command.add_argument("connection_id", metavar="CONNECTION_ID")
+    command.set_defaults(run=run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,30 +105,23 @@ def build_parser() -> argparse.ArgumentParser:
     upstream_flags.add_flags(start)
     start.set_defaults(run=commands.start)
 
-    stop = subcommands.add_parser(
-        "stop",
-        parents=[api],
+    _one_connection(
+        subcommands, "stop", api, commands.stop,
         help="STOP a connection (POST /events)",
         description="STOP a connection: its owner closes the socket, checkpoints and releases it.",
     )
-    stop.add_argument("connection_id", metavar="CONNECTION_ID")
-    stop.set_defaults(run=commands.stop)
 
-    retry = subcommands.add_parser(
-        "retry",
-        parents=[api],
+    _one_connection(
+        subcommands, "retry", api, commands.retry,
         help="run a quarantined connection again (GET, then START with its ws_url and upstream)",
         description=(
             "Run a connection the crash-loop breaker quarantined again: START it with the ws_url and upstream it has, "
             "which clears the quarantine and its strikes. A STARTED connection that is not quarantined is left as it is."
         ),
     )
-    retry.add_argument("connection_id", metavar="CONNECTION_ID")
-    retry.set_defaults(run=commands.retry)
 
-    restart = subcommands.add_parser(
-        "restart",
-        parents=[api],
+    _one_connection(
+        subcommands, "restart", api, commands.restart,
         help="close a connection's socket and open it again (STOP, then START with its ws_url and upstream)",
         description=(
             "STOP the connection, then START it again with the ws_url and upstream it has (read by a GET first): its "
@@ -129,12 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
             "checkpoint. A STOPPED connection is STARTED."
         ),
     )
-    restart.add_argument("connection_id", metavar="CONNECTION_ID")
-    restart.set_defaults(run=commands.restart)
 
-    delete = subcommands.add_parser(
-        "delete",
-        parents=[api],
+    _one_connection(
+        subcommands, "delete", api, commands.delete,
         help="delete a STOPPED connection (DELETE /connections/ID)",
         description=(
             "Delete a STOPPED connection whose owner has released it: its item goes; its stored messages expire "
@@ -142,17 +139,12 @@ def build_parser() -> argparse.ArgumentParser:
             "later is a new connection."
         ),
     )
-    delete.add_argument("connection_id", metavar="CONNECTION_ID")
-    delete.set_defaults(run=commands.delete)
 
-    get = subcommands.add_parser(
-        "get",
-        parents=[api],
+    _one_connection(
+        subcommands, "get", api, commands.get,
         help="a connection's public state (GET /connections/ID)",
         description="A connection's public state, as GET /connections/{connection_id} answers it.",
     )
-    get.add_argument("connection_id", metavar="CONNECTION_ID")
-    get.set_defaults(run=commands.get)
 
     status = subcommands.add_parser(
         "status",

@@ -32,11 +32,15 @@ def _number(text: str, unit: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number of {unit}, got {text!r}") from None
 
 
-def _rate(text: str) -> float:
-    value = _number(text, "messages per second")
+def _zero_or_more(text: str, unit: str) -> float:
+    value = _number(text, unit)
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be zero or more, got {text!r}")
     return value
+
+
+def _rate(text: str) -> float:
+    return _zero_or_more(text, "messages per second")
 
 
 def _count(text: str) -> int:
@@ -47,10 +51,7 @@ def _count(text: str) -> int:
 
 
 def _per_hour(text: str) -> float:
-    value = _number(text, "times per hour")
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be zero or more, got {text!r}")
-    return value
+    return _zero_or_more(text, "times per hour")
 
 
 def _seq(text: str) -> int:

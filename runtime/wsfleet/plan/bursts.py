@@ -20,9 +20,7 @@ test holds the two within 25 % of each other.
   its tasks-per-service quota: past half that quota a deploy goes in rounds.
 * **the summary item** (``#fleet``): its figures and the largest ``UNDER_LISTED`` deficits and
   excesses, each a session id and a number.
-* **the sweep**: parallel segments (:func:`wsfleet.leases.sweep_segments`), each a page of
-  ``SWEEP_PAGE_ITEMS`` a second: a pass over C connections takes C / (segments x
-  SWEEP_PAGE_ITEMS) seconds, against ``SWEEP_SECONDS``.
+* **the sweep**: its pass is :func:`wsfleet.leases.sweep_pass_s` (the plan's limits check it).
 """
 
 from __future__ import annotations
@@ -30,32 +28,22 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from ..balance import UNDER_LISTED
-from ..leases import sweep_segments
+from ..balance import RING_WRITE_EVERY, UNDER_LISTED
 
 CRASH_SHARE = 0.1
 JOIN_SHARE = 0.1
 SCALE_IN_SHARE = 0.1
 AZS = 2
-RING_ENTRY_BYTES = 100  # a by_ring entry (keys, state, active, max_connections, draining), index overhead included
 # A session id: the ECS task id (32 hex), '#', the start in ms (13 digits), '-', 8 hex.
 SESSION_ID_BYTES = 55
 SUMMARY_FIGURE_BYTES = 160  # the summary's counts, its time and the cut, with their names
-SWEEP_PAGE_ITEMS = 200  # worker/sweep.py: one page a second
-SWEEP_SECONDS = 600.0  # the SWEEP_SECONDS default: a pass at most this often
 FARGATE_START_S = 40.0  # a Fargate task's start, provisioning and image pull included, about
-ZONE_RECOVERY_S = 60.0  # what losing a zone may cost a connection, at most
 
 
 def fleet_item_bytes(listed: int = UNDER_LISTED) -> int:
     """The ``#fleet`` item at its largest: the figures, and ``listed`` sessions under and
     as many over their targets (an id and a number each)."""
     return SUMMARY_FIGURE_BYTES + 2 * listed * (SESSION_ID_BYTES + 4)
-
-
-def ring_query_units(workers: int) -> float:
-    """Read units of one eventually consistent Query of the whole ring."""
-    return 0.5 * max(1, math.ceil(workers * RING_ENTRY_BYTES / 4096))
 
 
 def bursts(*, workers: int, per_worker: int, settings: Mapping[str, Any], tasks_quota: int,
@@ -71,7 +59,7 @@ def bursts(*, workers: int, per_worker: int, settings: Mapping[str, Any], tasks_
         relaunch_s = (math.ceil(unplaced / most) / launches_per_minute * 60 + FARGATE_START_S) if unplaced else 0.0
         out[name] = {
             "dead": dead,
-            "ring_writes_per_s": dead / h + survivors / (2 * h),
+            "ring_writes_per_s": dead / h + survivors / (RING_WRITE_EVERY * h),
             "ring_reads_per_s": 0.0,
             "per_survivor": connections / survivors,
             "unplaced": unplaced,
@@ -80,9 +68,9 @@ def bursts(*, workers: int, per_worker: int, settings: Mapping[str, Any], tasks_
         }
     joining = max(1, math.ceil(workers * JOIN_SHARE))
     opened_per_s = min(joining, launches_per_minute / 60)  # the newcomers open their sessions as ECS starts them
-    out["join"] = {"joining": joining, "ring_writes_per_s": opened_per_s + (workers + joining) / (2 * h), "hints_per_s": 0.0}
+    out["join"] = {"joining": joining, "ring_writes_per_s": opened_per_s + (workers + joining) / (RING_WRITE_EVERY * h), "hints_per_s": 0.0}
     leaving = max(1, math.floor(workers * SCALE_IN_SHARE))
-    out["scale_in"] = {"leaving": leaving, "ring_writes_per_s": leaving / h + workers / (2 * h), "handoffs": leaving * per_worker}
+    out["scale_in"] = {"leaving": leaving, "ring_writes_per_s": leaving / h + workers / (RING_WRITE_EVERY * h), "handoffs": leaving * per_worker}
     at_once = min(2 * workers, tasks_quota)
     out["deploy"] = {
         "tasks_at_once": at_once,
@@ -92,6 +80,3 @@ def bursts(*, workers: int, per_worker: int, settings: Mapping[str, Any], tasks_
     }
     return out
 
-
-def sweep_pass_s(connections: int) -> float:
-    return connections / (sweep_segments(connections, sweep_s=SWEEP_SECONDS) * SWEEP_PAGE_ITEMS)

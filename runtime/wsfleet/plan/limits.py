@@ -30,8 +30,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..balance import RING_WRITE_GAP
-from ..leases import SWEEP_PAGE_ITEMS, SWEEP_PAGE_PAUSE_S, sweep_segments
+from ..balance import RING_WRITE_EVERY
+from ..leases import sweep_pass_s
 from ..settings_spec import SWEEP_SECONDS, VARIABLES
 from .corrections import corrected_ops
 from .fleet import fleet
@@ -95,7 +95,6 @@ HANDOFF_INDEX_WRITES_PER_MOVE = OWNER_INDEX_WRITES_PER_MOVE
 # at most every RING_WRITE_EVERY renewals (wsfleet.balance.ring_write_due), so a
 # worker writes the RING at most once in that many heartbeats, however fast its count moves.
 RING_WRITES_PER_CHANGED_RENEWAL = 1
-RING_WRITE_EVERY = RING_WRITE_GAP + 1
 # The reachability sweep's pass (worker/sweep.py): parallel segments of SWEEP_PAGE_ITEMS
 # a second each, as many as fit a pass in half of SWEEP_SECONDS, up to SWEEP_MAX_SEGMENTS.
 SWEEP_S = VARIABLES[SWEEP_SECONDS].default
@@ -232,9 +231,8 @@ def evaluate(
     add(Check("partition sessions.by_ring RING: writes, counts changed by STARTs at the API's rate", "steady",
               RING_WRITES_PER_CHANGED_RENEWAL * min(settings["api_rate_limit"], workers / ring_every_s), PARTITION_WCU,
               ring_fix))
-    segments = sweep_segments(connections, sweep_s=SWEEP_S)
     add(Check("reachability sweep: seconds for one pass (parallel segments)", "steady",
-              connections / (segments * SWEEP_PAGE_ITEMS / SWEEP_PAGE_PAUSE_S), SWEEP_S,
+              sweep_pass_s(connections, sweep_s=SWEEP_S), SWEEP_S,
               "SWEEP_SECONDS (a pass fits half of it, up to 16 segments: 960,000 connections at 600 s)"))
     # crash: 10 % of the workers die; the others acquire their connections
     crashed = math.ceil(workers * CRASH_SHARE)

@@ -65,7 +65,9 @@ def per_task(cpu: int, memory_mib: int, *, rate: float, max_frame_bytes: int, me
     cpu_per_connection = rate * measured.cpu_ms_per_message / 1000 + measured.cpu_s_per_connection_hour / 3600
     by_cpu = math.floor(CPU_CEILING * loop_vcpu / cpu_per_connection)
     task_bytes = memory_mib * MIB
-    process_bytes = (task_bytes - budget.decoder_reserve_bytes(max_frame_bytes)) * (1 - budget.DEFAULT_SHARE)
+    # What the worker's own default budget (its MAX_BUFFERED_BYTES) leaves the process.
+    process_bytes = (task_bytes - budget.decoder_reserve_bytes(max_frame_bytes)
+                     - budget.default_budget_bytes(task_bytes, max_frame_bytes))
     by_memory = max(0, math.floor((MEMORY_CEILING * process_bytes - measured.idle_rss_bytes) / measured.bytes_per_connection))
     bounds = {"cpu": by_cpu, "memory": by_memory, "measured": measured.held}
     binding = min(bounds, key=bounds.__getitem__)
