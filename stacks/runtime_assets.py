@@ -105,7 +105,10 @@ def worker_cpu_architecture(architecture: str) -> ecs.CpuArchitecture:
     return _WORKER_PLATFORMS[architecture][0]
 
 
-def worker_image(architecture: str) -> ecs.ContainerImage:
+def worker_image(architecture: str, base_image: str) -> ecs.ContainerImage:
     """Built from runtime/Dockerfile at deploy time for ``architecture`` (docker buildx
-    emulates arm64 on an x86_64 machine); runtime/.dockerignore scopes its hash."""
-    return ecs.ContainerImage.from_asset(str(RUNTIME_DIR), platform=_WORKER_PLATFORMS[architecture][1])
+    emulates arm64 on an x86_64 machine) on ``base_image`` (its ``PYTHON_IMAGE``, part of
+    the asset's hash); runtime/.dockerignore scopes its hash."""
+    return ecs.ContainerImage.from_asset(
+        str(RUNTIME_DIR), platform=_WORKER_PLATFORMS[architecture][1], build_args={"PYTHON_IMAGE": base_image},
+    )

@@ -57,6 +57,12 @@ AVAILABILITY_ZONES = plan_environments.AVAILABILITY_ZONES  # the VPC's: a worker
 # The defaults of the settings a plan reads: declared with the plan (which reads the same
 # environment files), so that a setting a file leaves out is the same to both.
 _PLAN = plan_environments.DEFAULTS
+# An image reference: [registry[:port]/]path[:tag][@sha256:digest], lowercase path parts.
+_IMAGE_REFERENCE = re.compile(
+    r"(?:[a-z0-9.-]+(?::\d+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
+IMAGE_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,6 +117,10 @@ class EnvironmentSettings:
     # The tasks' CPU: "arm64" (Graviton, 20 % cheaper than x86_64 for the same size) or
     # "x86_64", which Fargate Spot requires. The worker image is built for it at deploy.
     worker_architecture: str = _PLAN["worker_architecture"]
+    # The image the worker's is built on (runtime/Dockerfile's PYTHON_IMAGE): a Python 3.11
+    # image, best pinned by digest ("python:3.11-slim@sha256:..."), so that a rebuild can
+    # never pull other bytes than were reviewed. A tag alone is a synth warning.
+    worker_base_image: str = "python:3.11-slim"
     shutdown_seconds: int = 25  # the worker's graceful-shutdown budget (SHUTDOWN_SECONDS)
     stop_timeout_seconds: int = 45  # container stopTimeout: SIGKILL after this
     metrics_seconds: int = 60
@@ -217,6 +227,11 @@ class EnvironmentSettings:
         if self.worker_architecture not in plan_limits.ARCHITECTURES:
             raise SettingsError(
                 f"worker_architecture must be one of {', '.join(plan_limits.ARCHITECTURES)}, got {self.worker_architecture!r}"
+            )
+        if not _IMAGE_REFERENCE.fullmatch(self.worker_base_image):
+            raise SettingsError(
+                f"worker_base_image must be an image reference such as \"python:3.11-slim\" or "
+                f"\"python:3.11-slim@sha256:<64 hex digits>\", got {self.worker_base_image!r}"
             )
         if self.use_fargate_spot and self.worker_architecture != plan_limits.SPOT_ARCHITECTURE:
             raise SettingsError(

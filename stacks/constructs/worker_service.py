@@ -41,6 +41,7 @@ class WorkerService(Construct):
         stop_timeout: Duration,
         use_fargate_spot: bool,
         architecture: str,
+        base_image: str,
         min_capacity: int,
         max_capacity: int,
         scaling_metric: cloudwatch.Metric,
@@ -71,7 +72,7 @@ class WorkerService(Construct):
         )
         self.task_definition.add_container(
             "worker",
-            image=runtime_assets.worker_image(architecture),
+            image=runtime_assets.worker_image(architecture, base_image),
             environment=dict(environment),
             essential=True,
             stop_timeout=stop_timeout,

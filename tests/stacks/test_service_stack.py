@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from aws_cdk import cx_api
 from aws_cdk.assertions import Match
 
 from stacks import runtime_assets, tracing
@@ -715,3 +717,20 @@ def test_alarm_on_any_worker_loop_error(env):
     assert alarm["Statistic"] == "Sum" and alarm["Threshold"] == 1
     assert alarm["ComparisonOperator"] == "GreaterThanOrEqualToThreshold" and alarm["EvaluationPeriods"] == 1
     assert alarm["TreatMissingData"] == "notBreaching"  # no worker reporting is the unowned alarm's to say
+
+
+def test_worker_image_is_built_on_the_environments_base_image_and_a_tag_alone_is_a_warning(env):
+    images = [
+        image["source"]
+        for manifest in Path(env.assembly.directory).glob("*.assets.json")
+        for image in json.loads(manifest.read_text()).get("dockerImages", {}).values()
+    ]
+    assert [source.get("dockerBuildArgs") for source in images] == [{"PYTHON_IMAGE": env.settings.worker_base_image}]
+    warnings = [
+        message.entry.data
+        for message in env.assembly.get_stack_by_name(env.service.stack_name).messages
+        if message.level == cx_api.SynthesisMessageLevel.WARNING and "worker_base_image" in str(message.entry.data)
+    ]
+    pinned = "@sha256:" in env.settings.worker_base_image
+    assert len(warnings) == (0 if pinned else 1)
+    assert pinned or "pin it by digest" in warnings[0]

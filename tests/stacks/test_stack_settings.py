@@ -41,6 +41,8 @@ def test_dev_and_prod_exist_and_prod_keeps_its_data():
         ({"worker_cpu": 256, "worker_memory_mib": 4096}, "worker_memory_mib"),
         ({"state_shards": 0}, "state_shards"),
         ({"worker_architecture": "arm"}, "worker_architecture must be one of arm64, x86_64, got 'arm'"),
+        ({"worker_base_image": "Python 3.11"}, "worker_base_image must be an image reference"),
+        ({"worker_base_image": "python:3.11-slim@sha256:abc"}, "worker_base_image must be an image reference"),
         ({"use_fargate_spot": True, "worker_architecture": "arm64"}, 'use_fargate_spot needs worker_architecture = "x86_64"'),
         ({"nat_gateways": 0}, "nat_gateways"),
         ({"name": "Prod"}, "name"),
@@ -252,3 +254,11 @@ def test_create_stacks_stops_on_settings_the_plan_refuses(new_app, monkeypatch):
         create_stacks(new_app("dev"))
     assert str(stopped.value.code).startswith("dev: the plan at 210,000 connections")
     assert "worker_subnet_mask" in str(stopped.value.code)
+
+
+@pytest.mark.parametrize("image", [
+    "python:3.11-slim", "python:3.11-slim@sha256:" + "0" * 64, "public.ecr.aws/docker/library/python:3.11-slim",
+    "registry.example.com:5000/base/python@sha256:" + "a" * 64,
+])
+def test_a_worker_base_image_is_any_image_reference(image):
+    assert EnvironmentSettings(name="dev", worker_base_image=image).worker_base_image == image
