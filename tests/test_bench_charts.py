@@ -41,3 +41,10 @@ def test_benchmarks_md_embeds_every_chart_and_each_is_well_formed_svg():
     assert sorted(p.rsplit("/", 1)[1] for p in embedded) == on_disk == sorted(charts.NAMES)
     for name in on_disk:
         assert ET.parse(charts.CHARTS / name).getroot().tag == f"{SVG}svg"
+
+
+def test_the_readmes_charts_are_benchmarks_own():
+    readme = BENCHMARKS_MD.with_name("README.md").read_text()
+    embedded = re.findall(r"\]\((bench/charts/[\w.-]+\.svg)\)", readme)
+    assert embedded and all((charts.CHARTS.parent.parent / path).is_file() for path in embedded)
+    assert {p.rsplit("/", 1)[1] for p in embedded} <= set(charts.NAMES)
