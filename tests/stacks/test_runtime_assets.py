@@ -7,6 +7,7 @@ import json
 import re
 from pathlib import Path
 
+from app import ENVIRONMENTS
 from stacks import runtime_assets
 
 DOCKERFILE = runtime_assets.RUNTIME_DIR / "Dockerfile"
@@ -64,7 +65,8 @@ def test_image_is_built_for_the_task_cpu_architecture(dev):
 
 def test_worker_image_is_slim_non_root_and_runs_the_worker():
     text = DOCKERFILE.read_text()
-    (base,) = re.findall(r"^FROM (\S+)", text, re.MULTILINE)
+    assert re.findall(r"^FROM (\S+)", text, re.MULTILINE) == ["${PYTHON_IMAGE}"]
+    (base,) = re.findall(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.MULTILINE)
     assert re.fullmatch(r"python:\d+\.\d+-slim", base)
     users = re.findall(r"^USER (\S+)", text, re.MULTILINE)
     assert users and users[-1] not in ("root", "0")
@@ -75,5 +77,8 @@ def test_worker_image_is_slim_non_root_and_runs_the_worker():
 def test_worker_image_runs_the_python_the_test_suite_runs_it_on():
     # The worker is asyncio-heavy: it ships on the interpreter CI exercises (see the
     # Dockerfile); the router's Lambda runtime is the latest, as cdk-nag requires.
-    (base,) = re.findall(r"^FROM python:(\d+\.\d+)-slim", DOCKERFILE.read_text(), re.MULTILINE)
+    (base,) = re.findall(r"^ARG PYTHON_IMAGE=python:(\d+\.\d+)-slim$", DOCKERFILE.read_text(), re.MULTILINE)
     assert base == runtime_assets.WORKER_PYTHON
+    # and every environment builds on that Python (its file may pin the image by digest)
+    for settings in ENVIRONMENTS.values():
+        assert settings.worker_base_image.startswith(f"python:{runtime_assets.WORKER_PYTHON}-slim")
