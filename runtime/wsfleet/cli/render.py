@@ -420,7 +420,7 @@ def _modes(c: Mapping[str, Any] | None, p: Mapping[str, Any] | None) -> list[str
         if m["mode"] == "table_provisioned":
             return f"{m['write_units']:,} WCU ({m['target_utilisation']:.0%} used), {m['read_units']:,} RCU"
         if m["mode"] == "stream_provisioned":
-            return f"{m['shards']:,} shards ({m['shards_needed']:,} needed)"
+            return f"{m['shards']:,} shard{'s' if m['shards'] != 1 else ''} ({m['shards_needed']:,} needed)"
         if "write_units_per_s" in m:
             return f"{_figure(m['write_units_per_s'])} WRU/s"
         if "records_per_s" in m:
@@ -433,7 +433,7 @@ def _modes(c: Mapping[str, Any] | None, p: Mapping[str, Any] | None) -> list[str
         return "ok" + (f", raise first: {'; '.join(m['raise_first'])}" if m["raise_first"] else "")
 
     def parts(m: Mapping[str, Any]) -> str:
-        return ", ".join(f"{k.replace('_', ' ')} {v:,.0f}" for k, v in m["month"].items() if k != "total")
+        return ", ".join(f"{k.replace('_', ' ')} {_figure(v)}" for k, v in m["month"].items() if k != "total")
 
     rows = [[m["label"], f"{m['month']['total']:,.0f}", f"{m['per_1000_connections']:,.2f}", sized(m), verdict(m)]
             for m in c["modes"]]

@@ -317,7 +317,7 @@ def recommend(modes: list[Mapping[str, Any]], p: Mapping[str, Any]) -> dict[str,
     if not holding:
         return {"mode": None, "why": f"no way to keep the messages holds at {per_s:,.0f} messages/s{ruled_out}"}
     best = holding[0]
-    against = (f", against {holding[1]['per_1000_connections']:,.2f} for the next, {holding[1]['label']}"
+    against = (f", against ${holding[1]['per_1000_connections']:,.2f} for the next, {holding[1]['label']}"
                if len(holding) > 1 else "")
     quotas = f"; raise first: {', '.join(best['raise_first'])}" if best["raise_first"] else ""
     why = (f"{best['label']}: the cheapest of the {len(holding)} ways to keep the messages that hold at "
