@@ -339,9 +339,7 @@ def limits(result: Mapping[str, Any]) -> list[str]:
 def _percent(share: float) -> str:
     """A share as a person reads it: ``2,490 %``, ``49.8 %``, ``0.0488 %`` (no exponent)."""
     pct = share * 100
-    if pct >= 100:
-        return f"{pct:,.0f} %"
-    return f"{pct:.3g} %" if pct >= 0.001 else ("under 0.001 %" if pct else "0 %")
+    return f"{pct:,.0f} %" if pct >= 100 else f"{pct:.3g} %" if pct >= 0.001 else "under 0.001 %" if pct else "0 %"
 
 
 def _figure(x: float) -> str:
@@ -428,22 +426,20 @@ def _modes(c: Mapping[str, Any] | None, p: Mapping[str, Any] | None) -> list[str
         return f"{_figure(m['calls_per_s'])} calls/s of {_size(round(m['record_bytes']))}"
 
     def verdict(m: Mapping[str, Any]) -> str:
-        if not m["holds"]:
-            return "OVER: " + "; ".join(m["over"])
-        return "ok" + (f", raise first: {'; '.join(m['raise_first'])}" if m["raise_first"] else "")
-
-    def parts(m: Mapping[str, Any]) -> str:
-        return ", ".join(f"{k.replace('_', ' ')} {_figure(v)}" for k, v in m["month"].items() if k != "total")
+        raise_first = f", raise first: {'; '.join(m['raise_first'])}" if m["raise_first"] else ""
+        return "ok" + raise_first if m["holds"] else "OVER: " + "; ".join(m["over"])
 
     rows = [[m["label"], f"{m['month']['total']:,.0f}", f"{m['per_1000_connections']:,.2f}", sized(m), verdict(m)]
             for m in c["modes"]]
+    parts = {m["label"]: ", ".join(f"{k.replace('_', ' ')} {_figure(v)}" for k, v in m["month"].items() if k != "total")
+             for m in c["modes"]}
     d, r = c["deployed"], c["recommended"]
     return [
         "",
         f"the messages, each way to keep them, $ at {p['rate']:g} msg/s of {p['frame_bytes']:,} B per connection (the "
         "sink's own bill: holding and checkpoints are the fleet's; a stream's reader apart, but for on-demand retrieval):",
         _indent(table(["MODE", "$ / MONTH", "$ / 1,000 / MONTH", "SIZED", "LIMITS"], rows)),
-        *(f"  {m['label']}: {parts(m)}" for m in c["modes"]),
+        *(f"  {label}: {text}" for label, text in parts.items()),
         f"this environment deploys {d['label']}: {d['total']:,.0f} $ a month, {d['per_1000_connections']:,.2f} per 1,000 "
         "connections" + ("" if d["holds"] else f", and it does not hold: {'; '.join(d['over'])}"),
         f"recommended: {r['why']}",
