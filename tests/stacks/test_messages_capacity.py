@@ -16,6 +16,7 @@ from stacks.constructs.messages_stream import MESSAGES_STREAM_LOGICAL_ID, Messag
 from stacks.constructs.tables import MESSAGES_LOGICAL_ID, Tables
 from stacks.environment_files import load_environment
 from stacks.settings_parts import MessagesCapacity, SettingsError
+from stacks.synth import with_context
 from wsfleet import schema
 from wsfleet.plan import environments as plan_environments
 
@@ -122,3 +123,17 @@ def test_a_provisioned_stream_has_its_shards_and_an_on_demand_one_none():
                                                         retain_data=False, shards=n))
         props = t.to_json()["Resources"][MESSAGES_STREAM_LOGICAL_ID]["Properties"]
         assert props["StreamModeDetails"] == {"StreamMode": mode} and props.get("ShardCount") == shards
+
+
+def test_the_streams_mode_can_be_given_at_synth_time():
+    dev = ENVIRONMENTS["dev"]
+    on_demand = with_context(dev, {"stream_mode": "on_demand"}.get)
+    assert (on_demand.stream_mode, on_demand.stream_shards) == ("on_demand", None)
+    # dev's table alone: the stream's mode goes with the stream.
+    table_only = with_context(dev, {"sink": "dynamodb", "consumer": "off", "stream_mode": "on_demand"}.get)
+    assert table_only.sinks == ("dynamodb",)
+    assert with_context(dev, {"stream_shards": "4"}.get).stream_shards == 4
+    with pytest.raises(SettingsError, match=r"^-c stream_shards must be a whole number of shards, got 'many'$"):
+        with_context(dev, {"stream_shards": "many"}.get)
+    with pytest.raises(SettingsError, match=r"stream_mode = \"provisioned\" needs a stream: .* \(with -c sink=dynamodb -c consumer=off\)$"):
+        with_context(dev, {"sink": "dynamodb", "consumer": "off"}.get)
