@@ -3,7 +3,7 @@
 A file holds the settings of :class:`~stacks.settings.EnvironmentSettings` by their names;
 what it leaves out takes its default. Tables hold the parts (``[consumer]``,
 ``[tracing]``, ``[connections_warm_throughput]``, ``[owner_index_warm_throughput]``,
-``[quotas]``), lists the tuples, and ``log_retention`` names a ``logs.RetentionDays``
+``[messages_capacity]``, ``[quotas]``), lists the tuples, and ``log_retention`` names a ``logs.RetentionDays``
 member (``"ONE_WEEK"``). The environment's name is the file's. Whatever is wrong (not
 TOML, a setting that does not exist, a value of the wrong kind or out of bounds) is a
 :class:`SettingsError` naming the file and the setting; ``app.py`` stops the synth with it.
@@ -20,7 +20,7 @@ from typing import Any, Mapping
 from aws_cdk import aws_logs as logs
 
 from stacks.settings import EnvironmentSettings
-from stacks.settings_parts import ConsumerSettings, SettingsError, TracingSettings, WarmThroughput
+from stacks.settings_parts import ConsumerSettings, MessagesCapacity, SettingsError, TracingSettings, WarmThroughput
 from wsfleet.plan import environments as plan_environments
 
 # Settings a file gives as a table, and what each becomes.
@@ -29,6 +29,7 @@ _PARTS = {
     "tracing": TracingSettings,
     "connections_warm_throughput": WarmThroughput,
     "owner_index_warm_throughput": WarmThroughput,
+    "messages_capacity": MessagesCapacity,
 }
 _TUPLES = ("allowed_ws_hosts", "upstream_secret_kms_key_arns")
 _SETTINGS = tuple(f.name for f in dataclasses.fields(EnvironmentSettings) if f.name != "name")

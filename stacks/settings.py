@@ -18,11 +18,14 @@ from aws_cdk import RemovalPolicy
 from aws_cdk import aws_logs as logs
 
 from stacks.settings_parts import (
+    CAPACITY_MODES,
     MAX_STREAM_RETENTION_HOURS,
     MIN_STREAM_RETENTION_HOURS,
+    PROVISIONED,
     STREAM_KMS_AWS_MANAGED,
     STREAM_KMS_CHOICES,
     ConsumerSettings,
+    MessagesCapacity,
     SettingsError,
     TracingSettings,
     WarmThroughput,
@@ -33,6 +36,7 @@ from wsfleet.proxy_tunnel import ProxyError, parse_proxy
 from wsfleet.leases import SessionTiming, TimingError
 from wsfleet.plan import environments as plan_environments
 from wsfleet.plan import limits as plan_limits
+from wsfleet.plan import sinks as plan_sinks
 from wsfleet.settings_spec import ConfigError
 
 # Fargate rejects a container stopTimeout above 120 s.
@@ -82,10 +86,16 @@ class EnvironmentSettings:
     # "dynamodb" (the messages table), "kinesis" (the messages stream) or both,
     # comma-separated; parsed by the runtime's own config.sinks. The messages table is
     # deployed whatever the sink (emptying a stack of it is an operator's decision).
-    sink: str = ",".join(schema.DEFAULT_SINKS)
-    # The messages stream, where kinesis is a sink: on-demand, encrypted, kept this long.
+    sink: str = _PLAN["sink"]
+    # How the messages table is billed: None (on-demand), or [messages_capacity] with
+    # billing = "provisioned" and autoscaling's bounds and target (`wsfleet plan` prices both).
+    messages_capacity: MessagesCapacity | None = _PLAN["messages_capacity"]
+    # The messages stream, where kinesis is a sink: encrypted, kept this long; on-demand
+    # (it sizes itself) or provisioned with stream_shards shards (`wsfleet plan` sizes them).
     stream_retention_hours: int = MIN_STREAM_RETENTION_HOURS
     stream_kms: str = STREAM_KMS_AWS_MANAGED
+    stream_mode: str = _PLAN["stream_mode"]
+    stream_shards: int | None = _PLAN["stream_shards"]
     # The reference consumer on the stream; None: none deployed.
     consumer: ConsumerSettings | None = None
 
@@ -261,6 +271,7 @@ class EnvironmentSettings:
         except ConfigError as error:
             raise SettingsError(str(error).replace(settings_spec.ALLOWED_WS_HOSTS, "allowed_ws_hosts")) from None
         self._check_sink()
+        self._check_capacity_modes(self.sinks)
         if not isinstance(self.tracing, TracingSettings):
             raise SettingsError(f"tracing must be a TracingSettings(mode=..., ...), got {self.tracing!r}")
 
@@ -299,7 +310,7 @@ class EnvironmentSettings:
         """These settings as ``wsfleet plan`` reads an environment (from its file: the
         same mapping, :func:`wsfleet.plan.environments.plan_settings`)."""
         values = {key: getattr(self, key) for key in plan_environments.DEFAULTS}
-        for key in ("connections_warm_throughput", "owner_index_warm_throughput"):
+        for key in ("connections_warm_throughput", "owner_index_warm_throughput", "messages_capacity"):
             if values[key] is not None:
                 values[key] = dataclasses.asdict(values[key])
         return plan_environments.plan_settings(values)
@@ -339,6 +350,39 @@ class EnvironmentSettings:
                 "consumer.iterator_age_alarm_seconds must be below stream_retention_hours: the alarm is "
                 "there to fire before records leave the stream undelivered"
             )
+
+    def _check_capacity_modes(self, chosen: tuple[str, ...]) -> None:
+        """The messages table's billing and the stream's mode, and what each needs."""
+        if self.stream_mode not in CAPACITY_MODES:
+            raise SettingsError(
+                f"stream_mode must be {' or '.join(repr(m) for m in CAPACITY_MODES)}, got {self.stream_mode!r}"
+            )
+        if self.stream_mode == PROVISIONED and self.stream_shards is None:
+            raise SettingsError(
+                f"stream_mode = \"{PROVISIONED}\" needs stream_shards, the shards to deploy (`wsfleet plan --env "
+                f"{self.name} --connections N --rate R` sizes them)"
+            )
+        if self.stream_mode != PROVISIONED and self.stream_shards is not None:
+            raise SettingsError(
+                f"stream_shards applies only to stream_mode = \"{PROVISIONED}\": an on-demand stream sizes itself"
+            )
+        if self.stream_shards is not None and not 1 <= self.stream_shards <= plan_sinks.PROVISIONED_SHARD_QUOTA:
+            raise SettingsError(
+                f"stream_shards must be between 1 and {plan_sinks.PROVISIONED_SHARD_QUOTA:,} (the account's shard "
+                f"quota), got {self.stream_shards}"
+            )
+        if self.stream_mode == PROVISIONED and schema.SINK_KINESIS not in chosen:
+            raise SettingsError(f"stream_mode = \"{PROVISIONED}\" needs a stream: sink must include kinesis, got {self.sink!r}")
+        capacity = self.messages_capacity
+        if capacity is not None and not isinstance(capacity, MessagesCapacity):
+            raise SettingsError(f"messages_capacity must be a MessagesCapacity(billing=...) or None, got {capacity!r}")
+        if capacity is not None and capacity.provisioned:
+            if schema.SINK_DYNAMODB not in chosen:
+                raise SettingsError(
+                    f"messages_capacity.billing = \"{PROVISIONED}\" needs sink to include dynamodb: a table no frame "
+                    f"goes to would pay for its capacity all the same, got sink {self.sink!r}"
+                )
+            capacity.check(plan_limits.quotas_for({}, self.quotas)["table_units"])
 
     @property
     def sinks(self) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from aws_cdk import aws_logs as logs
 
 from wsfleet import config, settings_spec, tracing
+from wsfleet.plan import environments as plan_environments
 from wsfleet.plan import limits as plan_limits
 from wsfleet.settings_spec import ConfigError
 
@@ -33,6 +34,7 @@ _TYPES: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a tuple of strings",
     ),
     "ConsumerSettings": (lambda value: isinstance(value, ConsumerSettings), "a ConsumerSettings(...)"),
+    "MessagesCapacity": (lambda value: isinstance(value, MessagesCapacity), "a MessagesCapacity(...)"),
     # A number of days is no RetentionDays: CDK's own type check stops the synth with a
     # TypeError traceback from deep inside a LogGroup.
     "logs.RetentionDays": (lambda value: isinstance(value, logs.RetentionDays), "a logs.RetentionDays member"),
@@ -77,6 +79,69 @@ class WarmThroughput:
 
     def as_plan(self) -> dict[str, int]:
         return {"read": self.read_units_per_second, "write": self.write_units_per_second}
+
+
+_CAPACITY = plan_environments.MESSAGES_CAPACITY_DEFAULTS
+ON_DEMAND, PROVISIONED = plan_environments.ON_DEMAND, plan_environments.PROVISIONED
+CAPACITY_MODES = plan_environments.CAPACITY_MODES
+
+
+@dataclass(frozen=True, kw_only=True)
+class MessagesCapacity:
+    """How the messages table is billed: on-demand, or provisioned capacity that DynamoDB
+    autoscaling keeps at ``target_utilisation`` between the bounds (the table and its
+    markers index; the index's writes are skip markers only, its floor the default's).
+    ``wsfleet plan --env NAME --connections N --rate R`` sizes them; a crash's new owners
+    each read a connection's stored end within seconds, faster than autoscaling, so
+    ``min_read_units`` must hold them (the plan says how many)."""
+
+    billing: str = _CAPACITY["billing"]
+    min_write_units: int = _CAPACITY["min_write_units"]
+    max_write_units: int = _CAPACITY["max_write_units"]
+    min_read_units: int = _CAPACITY["min_read_units"]
+    max_read_units: int = _CAPACITY["max_read_units"]
+    target_utilisation: float = _CAPACITY["target_utilisation"]
+
+    def __post_init__(self) -> None:
+        check_types(self, "messages_capacity.")
+        if self.billing not in CAPACITY_MODES:
+            raise SettingsError(
+                f"messages_capacity.billing must be {' or '.join(repr(m) for m in CAPACITY_MODES)}, got {self.billing!r}"
+            )
+        if self.billing == ON_DEMAND:
+            given = [f.name for f in dataclasses.fields(self) if f.name != "billing" and getattr(self, f.name) != _CAPACITY[f.name]]
+            if given:
+                raise SettingsError(
+                    f"messages_capacity.{given[0]} applies only to billing = \"{PROVISIONED}\": an on-demand table "
+                    "has no capacity to bound"
+                )
+            return
+        for kind in ("write", "read"):
+            low, high = getattr(self, f"min_{kind}_units"), getattr(self, f"max_{kind}_units")
+            if not 1 <= low <= high:
+                raise SettingsError(
+                    f"messages_capacity: min_{kind}_units must be at least 1 and at most max_{kind}_units, got {low} and {high}"
+                )
+        low, high = plan_environments.TARGET_UTILISATION_RANGE
+        if not low <= self.target_utilisation <= high:
+            raise SettingsError(
+                f"messages_capacity.target_utilisation must be between {low} and {high} (what DynamoDB autoscaling "
+                f"targets), got {self.target_utilisation}"
+            )
+
+    def check(self, table_quota: float) -> None:
+        """The most it may scale to is within the account's table quota."""
+        for kind in ("write", "read"):
+            high = getattr(self, f"max_{kind}_units")
+            if self.billing == PROVISIONED and high > table_quota:
+                raise SettingsError(
+                    f"messages_capacity.max_{kind}_units {high:,} is above the table quota ({table_quota:,.0f}): "
+                    "raise it in quotas.table_units first"
+                )
+
+    @property
+    def provisioned(self) -> bool:
+        return self.billing == PROVISIONED
 
 
 # Kinesis keeps records 24 hours at least and 365 days at most.

@@ -39,6 +39,7 @@ class StatefulStack(Stack):
             connections_warm=_warm(settings.connections_warm_throughput),
             owner_index_warm=_warm(settings.owner_index_warm_throughput),
             keep_legacy_ring_index=settings.keep_legacy_ring_index,
+            messages_capacity=settings.messages_capacity,
         )
         self.messages_bucket = MessagesBucket(
             self, "MessagesBucket", retain_data=settings.retain_data, message_ttl_days=settings.message_ttl_days
@@ -61,6 +62,7 @@ class StatefulStack(Stack):
                 retention_hours=settings.stream_retention_hours,
                 customer_managed_key=settings.stream_kms == STREAM_KMS_CUSTOMER_MANAGED,
                 retain_data=settings.retain_data,
+                shards=settings.stream_shards,
             )
         self.consumer_store: ConsumerStore | None = None
         if settings.consumer is not None:

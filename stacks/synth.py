@@ -7,7 +7,7 @@ import dataclasses
 from typing import Any, Callable
 
 from stacks.settings import EnvironmentSettings
-from stacks.settings_parts import ConsumerSettings, SettingsError
+from stacks.settings_parts import ON_DEMAND, ConsumerSettings, SettingsError
 from wsfleet.plan import limits as plan_limits
 from wsfleet.plan import model as plan
 
@@ -15,7 +15,8 @@ from wsfleet.plan import model as plan
 # file, e.g.
 #   cdk synth -c env=prod -c sink=dynamodb,kinesis -c consumer=on -c allowed_ws_hosts=a.example.com,*.b.example.com
 CONTEXT_OVERRIDES = (
-    "sink", "stream_retention_hours", "stream_kms", "consumer", "keep_legacy_ring_index", "allowed_ws_hosts",
+    "sink", "stream_retention_hours", "stream_kms", "stream_mode", "stream_shards", "consumer", "keep_legacy_ring_index",
+    "allowed_ws_hosts",
 )
 _ON, _OFF = ("on", "true", "yes", "1"), ("off", "false", "no", "0")
 
@@ -24,7 +25,8 @@ def with_context(settings: EnvironmentSettings, lookup: Callable[[str], Any]) ->
     """``settings`` with the CONTEXT_OVERRIDES that ``lookup`` (the app's
     ``node.try_get_context``) has a value for. ``consumer=on`` deploys the reference
     consumer with the environment's own consumer settings, or the defaults where it has
-    none. A bad value is a SettingsError naming the context key."""
+    none; ``stream_mode=on_demand`` drops the file's ``stream_shards``. A bad value is a
+    SettingsError naming the context key."""
     changes: dict[str, Any] = {}
     for key in CONTEXT_OVERRIDES:
         value = lookup(key)
@@ -42,15 +44,18 @@ def with_context(settings: EnvironmentSettings, lookup: Callable[[str], Any]) ->
             if text.lower() not in _ON + _OFF:
                 raise SettingsError(f"-c keep_legacy_ring_index must be on or off, got {value!r}")
             changes[key] = text.lower() in _ON
-        elif key == "stream_retention_hours":
+        elif key in ("stream_retention_hours", "stream_shards"):
             try:
                 changes[key] = int(text)
             except ValueError:
-                raise SettingsError(f"-c stream_retention_hours must be a whole number of hours, got {value!r}") from None
+                unit = "hours" if key == "stream_retention_hours" else "shards"
+                raise SettingsError(f"-c {key} must be a whole number of {unit}, got {value!r}") from None
         elif key == "allowed_ws_hosts":
             changes[key] = tuple(host.strip() for host in text.split(",") if host.strip())
         else:
             changes[key] = text
+    if changes.get("stream_mode") == ON_DEMAND and "stream_shards" not in changes:
+        changes["stream_shards"] = None  # an on-demand stream has no shard count to keep
     if not changes:
         return settings
     try:

@@ -2,8 +2,9 @@
 sink (CONTRACT section 4), partition key = connection id, a connection's records of one
 flush packed into one aggregated Kinesis record (``wsfleet.aggregation``).
 
-On-demand capacity: shards follow the write rate, and nothing here has to be resized as
-the fleet grows (``wsfleet plan`` says where the per-stream and per-shard limits bind).
+On-demand capacity (shards follow the write rate, nothing to resize as the fleet grows),
+or a provisioned number of shards, cheaper at a steady rate (``wsfleet plan`` sizes them
+and says where the per-stream and per-shard limits bind).
 Encrypted with KMS: the AWS managed ``aws/kinesis`` key, or a key of the stack's own
 (rotated yearly) for an operator who wants the key policy and its CloudTrail trail in
 their hands. Kept like the tables: retained in prod, deleted with the stack in dev.
@@ -30,7 +31,9 @@ class MessagesStream(Construct):
         retention_hours: int,
         customer_managed_key: bool,
         retain_data: bool,
+        shards: int | None = None,
     ) -> None:
+        """``shards``: provisioned with that many; None: on-demand."""
         super().__init__(scope, id)
         removal_policy = RemovalPolicy.RETAIN if retain_data else RemovalPolicy.DESTROY
         # None with the AWS managed key: producers and consumers need no KMS grant then.
@@ -48,7 +51,8 @@ class MessagesStream(Construct):
         self.stream = kinesis.Stream(
             self,
             "Stream",
-            stream_mode=kinesis.StreamMode.ON_DEMAND,
+            stream_mode=kinesis.StreamMode.ON_DEMAND if shards is None else kinesis.StreamMode.PROVISIONED,
+            shard_count=shards,
             encryption=kinesis.StreamEncryption.KMS if self.key else kinesis.StreamEncryption.MANAGED,
             encryption_key=self.key,
             retention_period=Duration.hours(retention_hours),

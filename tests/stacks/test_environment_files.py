@@ -114,7 +114,7 @@ def test_the_configuration_docs_list_every_setting_with_its_default():
     import re
     from pathlib import Path
 
-    from stacks.settings_parts import ConsumerSettings, TracingSettings
+    from stacks.settings_parts import ConsumerSettings, MessagesCapacity, TracingSettings
 
     def default(f):
         return f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -122,9 +122,10 @@ def test_the_configuration_docs_list_every_setting_with_its_default():
     expected = {
         f.name: _toml(default(f))
         for f in dataclasses.fields(EnvironmentSettings)
-        if f.name not in ("name", "consumer", "tracing")
+        if f.name not in ("name", "consumer", "tracing", "messages_capacity")
     }
-    for prefix, part in (("consumer", ConsumerSettings), ("tracing", TracingSettings)):
+    for prefix, part in (("consumer", ConsumerSettings), ("tracing", TracingSettings),
+                         ("messages_capacity", MessagesCapacity)):
         expected |= {f"{prefix}.{f.name}": _toml(default(f)) for f in dataclasses.fields(part)}
     text = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text(encoding="utf-8")
     section = text[text.index("### Every setting") : text.index("### Overrides on the command line")]

@@ -159,12 +159,13 @@ def _stream(env) -> dict:
     return env.stateful_template.to_json()["Resources"][MESSAGES_STREAM_LOGICAL_ID]
 
 
-def test_dev_stream_is_on_demand_kept_a_day_and_encrypted_with_its_own_rotated_key(dev):
+def test_dev_stream_is_one_provisioned_shard_kept_a_day_and_encrypted_with_its_own_rotated_key(dev):
     stream = _stream(dev)
     assert stream["Type"] == "AWS::Kinesis::Stream"
     props = stream["Properties"]
-    assert props["StreamModeDetails"] == {"StreamMode": "ON_DEMAND"}
-    assert "ShardCount" not in props
+    # One shard costs less than an on-demand stream's hourly charge (the plan prices both).
+    assert props["StreamModeDetails"] == {"StreamMode": "PROVISIONED"}
+    assert props["ShardCount"] == dev.settings.stream_shards == 1
     assert props["RetentionPeriodHours"] == dev.settings.stream_retention_hours == 24
     assert props["StreamEncryption"] == {
         "EncryptionType": "KMS",

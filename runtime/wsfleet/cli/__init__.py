@@ -334,9 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--stream-retention-hours",
         type=_retention_hours,
-        default=24,
         metavar="H",
-        help="the Kinesis stream's retention, 24 to 8760 hours (beyond 24 is billed) [24]",
+        help="the Kinesis stream's retention, 24 to 8760 hours (beyond 24 is billed) [the environment's stream_retention_hours]",
     )
     plan.add_argument(
         "--consumer-batch",

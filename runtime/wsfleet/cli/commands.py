@@ -15,6 +15,7 @@ from ..plan import fleet as plan_fleet
 from ..plan import large_frames
 from ..plan import limits as plan_limits
 from ..plan import model as plan_model
+from ..plan import modes as plan_modes
 from ..plan import secrets as plan_secrets
 from ..plan import sinks as plan_sinks
 from ..plan import task_sizes
@@ -291,10 +292,20 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         checkpoint_s=settings["checkpoint_s"],
         ttl_days=retention_days,
         frame_bytes=args.frame_bytes,
-        retention_hours=args.stream_retention_hours,
+        retention_hours=settings["stream_retention_hours"] if args.stream_retention_hours is None else args.stream_retention_hours,
         flush_ms=settings["flush_ms"] if args.flush_ms is None else args.flush_ms,
         consumer=consumer,
     )
+    if args.rate:
+        # Every mode of keeping the messages, the environment's and the cheapest; the
+        # fleet's one monthly total with the messages as the environment deploys them.
+        wru_price = measured.prices["dynamodb_wru_per_million"]
+        result["modes"] = plan_modes.compare(result["sinks"], settings, wru_per_million=wru_price,
+                                             table_quota=result["quotas"]["table_units"])
+        on_demand_writes = args.connections * args.rate * measured.message_wru * plan_modes.MONTH_S / 1e6 * wru_price
+        result["month"] = plan_modes.whole_month(result["month"], result["modes"]["deployed"],
+                                                 on_demand_message_writes=on_demand_writes)
+        result["usd_per_month"] = result["month"]["total"]
     if args.task_sizes:
         result["task_sizes"] = task_sizes.choose(
             measured, settings, connections=args.connections, rate=args.rate, max_frame_bytes=settings["max_frame_bytes"]

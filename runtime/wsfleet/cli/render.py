@@ -261,6 +261,7 @@ def plan(result: Mapping[str, Any]) -> str:
     lines += limits(result)
     lines += _task_sizes(result.get("task_sizes"))
     lines += _sinks(result.get("sinks"))
+    lines += _modes(result.get("modes"), result.get("sinks"))
     lines += _secrets(result.get("secrets"))
     lines += _large_frames(result)
     return "\n".join(lines)
@@ -312,7 +313,9 @@ def limits(result: Mapping[str, Any]) -> list[str]:
         f"$ per month, the whole fleet: {m['total']:,.0f} (DynamoDB {m['dynamodb_writes'] + m['dynamodb_reads']:,.0f}, "
         f"Fargate {m['fargate']:,.0f} ({_task(result['task'])}), NAT gateways {m['nat_hours']:,.0f} + addresses {m['nat_addresses']:,.0f} "
         f"+ data {m['nat_data']:,.0f}, "
-        f"SQS {m['sqs']:,.0f}, CloudWatch metrics {m['cloudwatch']:,.0f})",
+        f"SQS {m['sqs']:,.0f}, CloudWatch metrics {m['cloudwatch']:,.0f}"
+        + (f", the messages as deployed ({result['modes']['deployed']['label']}) {m['messages']:,.0f}" if "messages" in m else "")
+        + ")",
         f"a rolling deploy launches {result['workers']:,} tasks: about {result['deploy_minutes']:,.1f} min at the "
         f"service's launch rate; START of every connection at the API's rate: {result['fill_seconds'] / 60:,.0f} min",
     ]
@@ -331,6 +334,12 @@ def limits(result: Mapping[str, Any]) -> list[str]:
             f"needs {cells['cells']} cells, independent fleets behind the one API (docs/scaling.md: \"Beyond one fleet: cells\")"
         )
     return lines
+
+
+def _percent(share: float) -> str:
+    """A share as a person reads it: ``2,490 %``, ``49.8 %``, ``0.0488 %`` (no exponent)."""
+    pct = share * 100
+    return f"{pct:,.0f} %" if pct >= 100 else f"{pct:.3g} %" if pct >= 0.001 else "under 0.001 %" if pct else "0 %"
 
 
 def _figure(x: float) -> str:
@@ -378,7 +387,7 @@ def _sinks(p: Mapping[str, Any] | None) -> list[str]:
         return f"{_figure(lim['load'])} / {_figure(lim['limit'])} {lim['unit']}"
 
     limit_rows = [
-        [lim["sink"], lim["name"], load(lim), f"{lim['utilisation'] * 100:.3g} %",
+        [lim["sink"], lim["name"], load(lim), _percent(lim["utilisation"]),
          "-" if lim["reached_at"] is None else
          (f"{lim['reached_at']:,.4g} msg/s per connection" if lim["scales_with"] == "rate" else f"{lim['reached_at']:,.0f} connections")]
         for lim in p["limits"]
@@ -397,6 +406,43 @@ def _sinks(p: Mapping[str, Any] | None) -> list[str]:
         "",
         "where the sinks' limits bind:",
         _indent(table(["SINK", "LIMIT", "LOAD / LIMIT", "USED", "REACHED AT"], limit_rows)),
+    ]
+
+
+def _modes(c: Mapping[str, Any] | None, p: Mapping[str, Any] | None) -> list[str]:
+    """Every way to keep the messages (wsfleet.plan.modes), the environment's, the cheapest."""
+    if not c or not p:
+        return []
+
+    def sized(m: Mapping[str, Any]) -> str:
+        if m["mode"] == "table_provisioned":
+            return f"{m['write_units']:,} WCU ({m['target_utilisation']:.0%} used), {m['read_units']:,} RCU"
+        if m["mode"] == "stream_provisioned":
+            return f"{m['shards']:,} shard{'s' if m['shards'] != 1 else ''} ({m['shards_needed']:,} needed)"
+        if "write_units_per_s" in m:
+            return f"{_figure(m['write_units_per_s'])} WRU/s"
+        if "records_per_s" in m:
+            return f"{_figure(m['records_per_s'])} records/s"
+        return f"{_figure(m['calls_per_s'])} calls/s of {_size(round(m['record_bytes']))}"
+
+    def verdict(m: Mapping[str, Any]) -> str:
+        raise_first = f", raise first: {'; '.join(m['raise_first'])}" if m["raise_first"] else ""
+        return "ok" + raise_first if m["holds"] else "OVER: " + "; ".join(m["over"])
+
+    rows = [[m["label"], f"{m['month']['total']:,.0f}", f"{m['per_1000_connections']:,.2f}", sized(m), verdict(m)]
+            for m in c["modes"]]
+    parts = {m["label"]: ", ".join(f"{k.replace('_', ' ')} {_figure(v)}" for k, v in m["month"].items() if k != "total")
+             for m in c["modes"]}
+    d, r = c["deployed"], c["recommended"]
+    return [
+        "",
+        f"the messages, each way to keep them, $ at {p['rate']:g} msg/s of {p['frame_bytes']:,} B per connection (the "
+        "sink's own bill: holding and checkpoints are the fleet's; a stream's reader apart, but for on-demand retrieval):",
+        _indent(table(["MODE", "$ / MONTH", "$ / 1,000 / MONTH", "SIZED", "LIMITS"], rows)),
+        *(f"  {label}: {text}" for label, text in parts.items()),
+        f"this environment deploys {d['label']}: {d['total']:,.0f} $ a month, {d['per_1000_connections']:,.2f} per 1,000 "
+        "connections" + ("" if d["holds"] else f", and it does not hold: {'; '.join(d['over'])}"),
+        f"recommended: {r['why']}",
     ]
 
 

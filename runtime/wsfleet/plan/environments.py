@@ -23,6 +23,22 @@ ENVIRONMENTS_VARIABLE = "WSFLEET_ENVIRONMENTS"
 SUFFIX = ".toml"
 AVAILABILITY_ZONES = 2  # the VPC's: a worker subnet and at most one NAT gateway in each
 
+# How the messages table and the stream are provisioned (``messages_capacity.billing``,
+# ``stream_mode``), and a provisioned table's part when the file leaves a key out: write
+# and read units autoscaled between their bounds to keep the target utilisation (DynamoDB
+# autoscaling takes 20 % to 90 %).
+ON_DEMAND, PROVISIONED = "on_demand", "provisioned"
+CAPACITY_MODES = (ON_DEMAND, PROVISIONED)
+TARGET_UTILISATION_RANGE = (0.2, 0.9)
+MESSAGES_CAPACITY_DEFAULTS: dict[str, Any] = {
+    "billing": ON_DEMAND,
+    "min_write_units": 5,
+    "max_write_units": 40_000,
+    "min_read_units": 5,
+    "max_read_units": 40_000,
+    "target_utilisation": 0.7,
+}
+
 # The settings a plan reads, with the default each takes when a file leaves it out (the
 # stacks' EnvironmentSettings fields default to these same values), and the plan's name
 # for each.
@@ -50,6 +66,12 @@ DEFAULTS: dict[str, Any] = {
     "connections_warm_throughput": None,
     "owner_index_warm_throughput": None,
     "quotas": {},
+    # Where frames go and how each is provisioned: the plan prices what these deploy.
+    "sink": ",".join(schema.DEFAULT_SINKS),
+    "messages_capacity": None,  # None: the messages table on-demand
+    "stream_mode": ON_DEMAND,
+    "stream_shards": None,
+    "stream_retention_hours": 24,
 }
 PLAN_NAMES = {
     "max_connections_per_worker": "max_per_worker",
@@ -80,6 +102,8 @@ def plan_settings(values: Mapping[str, Any]) -> dict[str, Any]:
             value = {"read": value["read_units_per_second"], "write": value["write_units_per_second"]}
         elif setting == "quotas":
             value = dict(value)
+        elif setting == "messages_capacity" and value is not None:
+            value = {**MESSAGES_CAPACITY_DEFAULTS, **value}
         out[PLAN_NAMES.get(setting, setting)] = value
     out["azs"] = AVAILABILITY_ZONES
     return out

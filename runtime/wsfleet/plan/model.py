@@ -31,6 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+# Prices more than one part of the plan uses, declared with the others in :mod:`.prices`.
+from .prices import DYNAMODB_STORAGE_GB_MONTH, S3_PRICES  # noqa: F401
+
 PARTITION_RCU = 3000  # read units per second per partition (eventually consistent 4 KB read = 0.5)
 PARTITION_WCU = 1000
 TABLE_QUOTA = 40000  # on-demand read or write units per second per table or index (default quota)
@@ -39,11 +42,6 @@ TRANSACTION_FACTOR = 2  # a write inside TransactWriteItems costs twice its unit
 
 PRICES_REGION = "us-east-1"  # the one region whose list prices the plan carries
 
-# --- prices used by more than one part of the plan (us-east-1, December 2026: check them
-# before relying on them) -------------------------------------------------------------------
-# S3 Standard.
-S3_PRICES = {"put_per_thousand": 0.005, "get_per_thousand": 0.0004, "gb_month": 0.023}
-DYNAMODB_STORAGE_GB_MONTH = 0.25  # on-demand Standard table storage
 
 
 @dataclass(frozen=True)

@@ -33,24 +33,9 @@ from .. import aggregation, records, schema
 from ..stream import Frame
 from .corrections import corrected_ops
 from .fleet import fleet
-from .model import DYNAMODB_STORAGE_GB_MONTH, HOURS_PER_MONTH, PARTITION_WCU, S3_PRICES, TABLE_QUOTA, Measured, measured_shards
+from .model import HOURS_PER_MONTH, PARTITION_WCU, TABLE_QUOTA, Measured, measured_shards
+from .prices import DYNAMODB_STORAGE_GB_MONTH, KINESIS_PRICES, KMS_PRICES, LAMBDA_PRICES, S3_PRICES
 
-# --- prices: us-east-1 list prices as of December 2026 (check before relying on them) -----
-#
-# Kinesis Data Streams, On-demand Standard: the stream's hourly charge, data in and data
-# out per GB (each record rounded up to the next KB, 1,024 bytes, for both), extended
-# retention (24 h - 7 days) and long-term retention (beyond 7 days) per GB-month. AWS's
-# "On-demand Advantage" account mode drops the per-stream charge and prices data at least
-# 60 % lower: these figures are the Standard mode's, so an upper bound.
-KINESIS_PRICES = {
-    "stream_hour": 0.04,
-    "ingest_gb": 0.08,
-    "retrieval_gb": 0.04,
-    "extended_retention_gb_month": 0.10,
-    "long_term_retention_gb_month": 0.023,
-}
-KMS_PRICES = {"key_month": 1.0, "per_10k_requests": 0.03}  # the monthly free tier of 20,000 requests is not counted
-LAMBDA_PRICES = {"per_million_requests": 0.20, "gb_second": 0.0000166667}  # x86
 DYNAMODB_ITEM_OVERHEAD_BYTES = 100  # what DynamoDB adds to each item's size for storage billing
 GB = 1 << 30  # Kinesis bills data in GB of 2^30 bytes
 KB = 1024
