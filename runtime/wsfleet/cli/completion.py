@@ -21,9 +21,11 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 
 def _flags(parser: argparse.ArgumentParser) -> tuple[list[str], dict[str, list[str]], list[str]]:
-    """(every flag, choices by flag, flags taking a path)."""
+    """(every flag, choices by flag, flags taking a path); a positional's choices under ""."""
     flags, choices, paths = [], {}, []
     for action in parser._actions:
+        if not action.option_strings and action.choices and not isinstance(action, argparse._SubParsersAction):
+            choices[""] = [str(c) for c in action.choices]
         flags += action.option_strings
         for flag in action.option_strings:
             if action.choices:
@@ -41,7 +43,8 @@ def bash(parser: argparse.ArgumentParser) -> str:
     flag_cases, value_cases = [], []
     for name, sub in commands.items():
         flags, choices, paths = _flags(sub)
-        flag_cases.append(f"        {name}) opts={shlex.quote(' '.join(flags))} ;;")
+        words = choices.pop("", [])
+        flag_cases.append(f"        {name}) opts={shlex.quote(' '.join(flags))} words={shlex.quote(' '.join(words))} ;;")
         for flag, values in choices.items():
             value_cases.append(f'        "{name} {flag}") COMPREPLY=($(compgen -W {shlex.quote(" ".join(values))} -- "$cur")); return ;;')
         for flag in paths:
@@ -50,7 +53,7 @@ def bash(parser: argparse.ArgumentParser) -> str:
         f"# {prog} completion for bash: eval \"$({prog} completion bash)\", or save it under",
         "# /etc/bash_completion.d/ (or ~/.local/share/bash-completion/completions/" + prog + ").",
         f"{function}() {{",
-        '    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" command="" opts="" i',
+        '    local cur="${COMP_WORDS[COMP_CWORD]}" prev="${COMP_WORDS[COMP_CWORD-1]}" command="" opts="" words="" i',
         "    for ((i = 1; i < COMP_CWORD; i++)); do",
         '        case "${COMP_WORDS[i]}" in -*) ;; *) command="${COMP_WORDS[i]}"; break ;; esac',
         "    done",
@@ -66,6 +69,8 @@ def bash(parser: argparse.ArgumentParser) -> str:
         "    esac",
         '    if [[ "$cur" == -* ]]; then',
         '        COMPREPLY=($(compgen -W "$opts" -- "$cur"))',
+        '    elif [[ -n "$words" ]]; then',
+        '        COMPREPLY=($(compgen -W "$words" -- "$cur"))',
         "    else",
         '        COMPREPLY=($(compgen -f -- "$cur"))',
         "    fi",
