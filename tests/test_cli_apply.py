@@ -154,4 +154,4 @@ def test_an_api_out_of_reach_is_one_sentence_not_one_per_entry(capsys, aws_env, 
     path = write(tmp_path, FILE.format(url=URL))
     code, out, err = run(capsys, aws_env, "apply", "-f", path, "--api", "http://127.0.0.1:9")
     assert (code, out) == (1, "") and err.count("\n") == 1
-    assert err.startswith("wsfleet: cannot reach the API at http://127.0.0.1:9/connections/c1")
+    assert err.startswith("wsfleet: GET /connections/c1 failed, so nothing was sent: cannot reach the API at http://127.0.0.1:9")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, TextIO
@@ -27,6 +28,9 @@ CONCURRENCY = 16  # entries in flight at once: each is one GET and at most a STO
 CREATE, CHANGE, STOP, UNCHANGED = "create", "change", "stop", "unchanged"
 ACTIONS = (CREATE, CHANGE, STOP, UNCHANGED)
 MARKS = {CREATE: "+", CHANGE: "~", STOP: "-", UNCHANGED: "="}
+# A throttle (429) or a passing 5xx is sent again after these pauses, then reported.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_PAUSES_S = (0.5, 1.0, 2.0)
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,13 @@ def decide(entry: Desired, current: dict | None) -> Decision:
     return Decision(UNCHANGED, "STARTED")
 
 
+NOT_FOUND = "connection_not_found"  # the router's error code for an unknown connection
+
+
 def _got(reply: ApiReply) -> dict | None:
-    if reply.status == 404:
+    """The connection's state; None when the router says it knows no such connection (a
+    404 from anything else, a wrong URL's, is a failure, not an absence)."""
+    if reply.status == 404 and reply.body.get("error") == NOT_FOUND:
         return None
     if not reply.ok:
         raise _Failed(reply.sentence())
@@ -77,20 +86,32 @@ class _Failed(Exception):
     """One entry's request refused: the API's sentence."""
 
 
+def _patiently(send: Callable[[], ApiReply]) -> ApiReply:
+    """A request sent again after a throttle or a 5xx the API asks to retry (every
+    request apply sends is idempotent: a START or STOP that landed twice changes nothing)."""
+    for pause in RETRY_PAUSES_S:
+        reply = send()
+        if reply.status not in RETRY_STATUSES:
+            return reply
+        time.sleep(pause)
+    return send()
+
+
 def apply_one(client: ApiClient, entry: Desired, *, dry_run: bool) -> Outcome:
     """GET the connection, decide, and (unless ``dry_run``) send what differs."""
     outcome = Outcome(entry)
+    cid = entry.connection_id
     try:
-        decision = decide(entry, _got(client.get(entry.connection_id)))
+        decision = decide(entry, _got(_patiently(lambda: client.get(cid))))
         outcome.action, outcome.detail = decision.action, decision.detail
         if dry_run or decision.action == UNCHANGED:
             return outcome
         if decision.action == STOP or decision.stop_first:
-            stopped = client.stop(entry.connection_id)
+            stopped = _patiently(lambda: client.stop(cid))
             if not stopped.ok:
                 raise _Failed(stopped.sentence())
         if decision.action != STOP:
-            started = client.start(entry.connection_id, entry.ws_url, entry.upstream or None)
+            started = _patiently(lambda: client.start(cid, entry.ws_url, entry.upstream or None))
             if not started.ok:
                 raise _Failed(started.sentence())
     except (_Failed, CliError) as error:
@@ -107,13 +128,13 @@ def apply_all(
     concurrency: int = CONCURRENCY,
 ) -> list[Outcome]:
     """Every entry, ``concurrency`` at a time, in the file's order. The first entry goes
-    alone: an API out of reach is then one error (within the request timeout), not a
-    thousand."""
+    alone: when its GET fails (an API out of reach, a wrong URL, no permission) that is
+    one error within the request timeout, and nothing else is sent, not a thousand."""
     if not entries:
         return []
     first = apply_one(client, entries[0], dry_run=dry_run)
-    if first.error.startswith("cannot reach the API"):
-        raise CliError(first.error)
+    if first.error and not first.action:
+        raise CliError(f"GET /connections/{first.entry.connection_id} failed, so nothing was sent: {first.error}")
     outcomes: list[Outcome] = [first]
     lock, done = threading.Lock(), [1]
     progress(1, len(entries))
