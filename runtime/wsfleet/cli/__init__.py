@@ -3,11 +3,13 @@ the API, and the fleet as the tables record it (workers, ownership, checkpoints)
 
 Two ways in, as the fleet has them. ``start``, ``stop``, ``retry``, ``restart``, ``delete``,
 ``get`` and ``messages`` go through the API like any caller (``api``, ``reading``).
-``status`` and ``connections`` only read the tables (``fleet``, ``views``), found through
-the environment named once, a stack's outputs or the worker's variables (``locate``); they
-never write. ``records`` reads the messages stream (``records``) where the fleet's SINK
-has kinesis. Here: the command line and the one sentence an operator sees when something
-fails.
+``apply`` brings many connections to a file's desired state through the same API
+(``desired``, ``apply``). ``status`` and ``connections`` only read the tables (``fleet``,
+``views``), found through the environment named once, a stack's outputs or the worker's
+variables (``locate``); they never write. ``records`` reads the messages stream
+(``records``) where the fleet's SINK has kinesis; ``logs`` a connection's log lines
+(``log_lines``); ``completion`` prints a shell script written from this parser. Here: the
+command line and the one sentence an operator sees when something fails.
 """
 
 from __future__ import annotations
