@@ -431,8 +431,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the zsh one in ~/.zshrc (after compinit).",
     )
     shell.add_argument("shell", choices=tuple(completion.SHELLS))
-    shell.set_defaults(run=lambda args, env: print(completion.SHELLS[args.shell](build_parser()), end="") or 0)
+    shell.set_defaults(run=_completion)
     return parser
+
+
+def _completion(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    print(completion.SHELLS[args.shell](build_parser()), end="")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:
