@@ -33,16 +33,18 @@ export CDK_DISABLE_VERSION_CHECK := 1
 all: test
 
 # make demo, chaos and bench need the fleet's set only (requirements-demo.txt: no CDK, no
-# test tools); make test and check the whole of requirements-dev.txt, which includes it.
+# test tools); make test and check the whole of requirements-dev.txt, which includes it
+# (so installing that one stamps both).
 DEMO_DEPS := $(VENV)/.demo-deps
 $(DEMO_DEPS): requirements-demo.txt runtime/requirements.txt runtime/requirements-cli.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-compile -r requirements-demo.txt
 	touch $@
 
-$(VENV)/.deps: requirements.txt requirements-dev.txt $(DEMO_DEPS)
+$(VENV)/.deps: requirements.txt requirements-dev.txt requirements-demo.txt runtime/requirements.txt runtime/requirements-cli.txt
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-compile -r requirements-dev.txt
-	touch $@
+	touch $@ $(DEMO_DEPS)
 
 node_modules/.deps: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
