@@ -32,10 +32,19 @@ export CDK_DISABLE_VERSION_CHECK := 1
 
 all: test
 
-$(VENV)/.deps: requirements.txt requirements-dev.txt runtime/requirements.txt
+# make demo, chaos and bench need the fleet's set only (requirements-demo.txt: no CDK, no
+# test tools); make test and check the whole of requirements-dev.txt, which includes it
+# (so installing that one stamps both).
+DEMO_DEPS := $(VENV)/.demo-deps
+$(DEMO_DEPS): requirements-demo.txt runtime/requirements.txt runtime/requirements-cli.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --no-compile -r requirements-demo.txt
+	touch $@
+
+$(VENV)/.deps: requirements.txt requirements-dev.txt requirements-demo.txt runtime/requirements.txt runtime/requirements-cli.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --no-compile -r requirements-dev.txt
-	touch $@
+	touch $@ $(DEMO_DEPS)
 
 node_modules/.deps: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
@@ -63,7 +72,7 @@ setup:
 ## demo: the whole fleet on this machine (embedded default), with a failover scenario;
 ## SINK=kinesis (or dynamodb,kinesis) sends the frames to a Kinesis stream and audits it;
 ## TRACING=otel writes every process's spans to the run directory (python -m sim.traces).
-demo: $(VENV)/.deps
+demo: $(DEMO_DEPS)
 	$(PY) -m sim.demo $(if $(SINK),--sink $(SINK)) $(if $(TRACING),--tracing $(TRACING)) $(DEMO_ARGS)
 
 ## chaos: seeded random faults against the whole fleet, then an audit of the invariants
@@ -74,7 +83,7 @@ demo: $(VENV)/.deps
 MINUTES ?= 10
 WORKERS ?= 4
 CONNECTIONS ?= 40
-chaos: $(VENV)/.deps $(FAKETIME_LIB)
+chaos: $(DEMO_DEPS) $(FAKETIME_LIB)
 	$(PY) -m sim.chaos $(if $(SEED),--seed $(SEED)) --minutes $(MINUTES) --workers $(WORKERS) \
 	  --connections $(CONNECTIONS) $(if $(SINK),--sink $(SINK)) $(CHAOS_ARGS)
 
@@ -118,7 +127,7 @@ cfnlint: synth
 	$(VENV)/bin/cfn-lint $(foreach env,$(ENVS),cdk.out/$(env)/*.template.json)
 
 ## bench: failover, cost (and fleet scaling), capacity, ingestion, sinks (table against stream), faults, rebalance, pauses, large-frame memory, amplification, hostile-peer benchmarks and the virtual-time simulator at 2,000 workers (figures to stdout)
-bench: $(VENV)/.deps
+bench: $(DEMO_DEPS)
 	$(PY) -m bench $(BENCH_ARGS)
 
 clean:

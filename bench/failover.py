@@ -368,7 +368,7 @@ def _result(p: dict[str, Any], results: list[dict], command: str, quick: bool) -
         "STOP -> closed <= heartbeat + 1 s; START -> connected p99 <= 0.5 s. This design's bounds (sim.timing.Timing): "
         "crash = lease + skew + takeover slack; handoff = min(2 s, lease / 2); START 2 s; STOP = heartbeat + 1 s.",
         "Before: per-connection leases at lease 20 / heartbeat 5 / reconcile 10 s (the defaults then) and at 10 / 2.5 / 5 s.",
-        "Authenticated + subscribe (issue 20): each START names a Secrets Manager secret in secret_headers (the local "
+        "Authenticated + subscribe: each START names a Secrets Manager secret in secret_headers (the local "
         "upstream refuses a handshake without its value) and resumes only through a subscribe open message the upstream "
         "waits for; the same run again, on a fleet of its own.",
         *summary,

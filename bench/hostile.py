@@ -183,7 +183,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
         "(loop_lag_max_ms). Neighbours' gap: between their stored items' received_at_ms. last_error: the hostile "
         f"item's, read every {s['poll_s']:g} s. CPU: the worker's (/proc) over the window, over every message stored "
         "in it, the hostile one's included.",
-        f"Bounds (issue 34): the worker lives; RSS growth < {RSS_BOUND_MB['ping flood']} MB (ping flood), "
+        f"Bounds (hostile peers): the worker lives; RSS growth < {RSS_BOUND_MB['ping flood']} MB (ping flood), "
         f"< {RSS_BOUND_MB['amplification']} MB (a 30 MiB amplification frame); neighbours' gap <= {NEIGHBOUR_GAP_MS} ms; "
         f"a last_error within {LAST_ERROR_S:g} s; CPU <= {CPU_MS_PER_MESSAGE} ms a message.",
     ]

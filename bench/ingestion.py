@@ -313,7 +313,7 @@ def run(*, quick: bool, run_dir: Path, command: str, kinds_only: bool = False, t
     header = ["connections x rate, flush", "offered msg/s", "stored msg/s", "msgs / batch",
               "DynamoDB req / msg (steady, one checkpoint cycle)", "worker CPU ms / msg",
               "received -> stored p50 / p99 / max ms (p99 per stats interval)",
-              "worker CPU", "emulator CPU", "upstream CPU", "loop lag p99 / max ms", "limit", "target (issue 9)",
+              "worker CPU", "emulator CPU", "upstream CPU", "loop lag p99 / max ms", "limit", "target (batched writer)",
               before.LABEL + ": stored msg/s, req / msg, CPU ms / msg"]
     notes = [
         f"One worker at the default timings (LEASE 10 s, HEARTBEAT 2.5 s, RECONCILE 10 s, CHECKPOINT_SECONDS 120; before: "
@@ -337,7 +337,7 @@ def run(*, quick: bool, run_dir: Path, command: str, kinds_only: bool = False, t
         "counts the window's requests with its checkpoint transactions scaled to exactly one checkpoint per connection "
         "per cycle at the fill they had. The issue's request targets are judged on it. The other rows' windows are "
         "too short to hold any checkpoint.",
-        "Authenticated + subscribe (issue 20): every connection's START names a Secrets Manager secret in "
+        "Authenticated + subscribe: every connection's START names a Secrets Manager secret in "
         "secret_headers (the upstream refuses a handshake without it) and resumes only through its open message, a "
         "subscribe the upstream waits for before it sends anything; STARTed through the event router, which validates "
         "and stores the upstream object. Its row is the 100 x 2/s one again, to be read beside it.",
@@ -349,7 +349,7 @@ def run(*, quick: bool, run_dir: Path, command: str, kinds_only: bool = False, t
     ]
     notes += [
         *tracing_lines(levels),
-        "TRACING=otel (issue 23): the same row with the worker tracing through OpenTelemetry at the default sampler "
+        "TRACING=otel: the same row with the worker tracing through OpenTelemetry at the default sampler "
         "(parent-based, always on), its spans exported as OTLP JSON to a file (TRACING_FILE) by the batch processor; "
         "every other row runs with TRACING=off. Spans are per unit of work (acquire, connect, release, a takeover), "
         "never per frame: per message, tracing costs the trace-id lookups of log lines and AWS calls.",

@@ -167,7 +167,7 @@ def throttle_table(r: dict[str, Any]) -> tuple[str, list[str]]:
          else f"not within {ph['after']['seconds']:.0f} + 60 s ({r['not_yet_stored']:,} not yet)"],
         ["sockets reopened (worker's reconnects); two sockets at once",
          f"{r['sockets_reopened']} ({r['reconnects']}); {r['overlaps']}"],
-        ["target (issue 9): RSS bounded, nothing lost, gaps 0", "met" if bounded and clean else "MISSED"],
+        ["target (batched writer): RSS bounded, nothing lost, gaps 0", "met" if bounded and clean else "MISSED"],
     ]
     md = "\n".join([md_table(header, rows), "", md_table(["throttle row", "result"], verdict)])
     notes = [

@@ -37,7 +37,7 @@ def section(measured: model.Measured | None = None) -> str:
         "a test fails when this section and the plan disagree. Each environment as app.py "
         "deploys it, with the quotas it lists as raised; workers from its target-tracking setting; holding, no "
         "frames; all connections to one upstream IP and port (the NAT's worst case). The rates model the code "
-        "as issue 22 leaves it (the named constants of `wsfleet/plan/corrections.py` and `limits.py`: free scans "
+        "as the scale work leaves it (the named constants of `wsfleet/plan/corrections.py` and `limits.py`: free scans "
         "backed off when nothing is free, the summary in by_ring, handoffs to named peers) on counts measured before it: `make bench` re-measures them.",
         "",
     ]

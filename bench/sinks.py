@@ -204,7 +204,7 @@ def crash_table(r: dict[str, Any]) -> str:
         ["resent duplicates on the stream (same fence)", str(r["resent_duplicates"])],
         ["seqs never delivered; last deliveries out of order; lower fence after higher",
          f"{r['missing']}; {r['out_of_order']}; {r['lower_fence_after_higher']}"],
-        ["target (issue 21): duplicates within the bound, only past the checkpoint, stream rules kept",
+        ["target (Kinesis sink): duplicates within the bound, only past the checkpoint, stream rules kept",
          "met" if violations == 0 else f"MISSED ({violations})"],
     ]
     return md_table([f"crash, SINK=kinesis: {r['connections']} x {r['rate']:g} msg/s, seed {r['seed']}", "result"], rows)
@@ -265,7 +265,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
         ])
     header = ["connections x rate", "SINK", "offered msg/s", "stored msg/s", "AWS req / msg (steady, one checkpoint cycle)",
               "frames per write request", "Kinesis records / bytes / KB billed per msg", "worker CPU ms / msg",
-              "received -> stored p50 / p99 / max ms", "worker CPU", "emulator CPU", "target (issue 21)"]
+              "received -> stored p50 / p99 / max ms", "worker CPU", "emulator CPU", "target (Kinesis sink)"]
     notes = [
         "One worker at the default timings (FLUSH_INTERVAL_MS 100 unless the row says, CHECKPOINT_SECONDS 120), a "
         "fresh emulator and "

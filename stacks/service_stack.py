@@ -227,6 +227,19 @@ class ServiceStack(Stack):
             description=f"The events API's stage URL (/{API_STAGE}/, SigV4): POST events, GET connections/ID",
         )
         CfnOutput(self, "DashboardUrl", value=self.dashboard.url, description="The fleet's CloudWatch dashboard")
+        # `wsfleet logs ID` reads a connection's lines from these (FilterLogEvents on connection_id).
+        CfnOutput(
+            self,
+            stack_outputs.WORKER_LOG_GROUP_NAME,
+            value=self.workers.log_group.log_group_name,
+            description="The workers' log group (JSON lines)",
+        )
+        CfnOutput(
+            self,
+            stack_outputs.ROUTER_LOG_GROUP_NAME,
+            value=self.router.log_group.log_group_name,
+            description="The router's log group (JSON lines)",
+        )
         nag.acknowledge_service_findings(
             settings,
             api=self.api,

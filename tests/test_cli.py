@@ -663,6 +663,47 @@ def test_pip_install_of_runtime_gives_the_package_and_the_wsfleet_command(tmp_pa
     assert where.stdout.strip().startswith(site), where.stdout
 
 
+def pins(path: Path) -> dict[str, str]:
+    """name -> version of a requirements file's ``name==version`` lines (extras dropped)."""
+    found = {}
+    for line in path.read_text().splitlines():
+        name, sep, version = line.split("#")[0].strip().partition("==")
+        if sep:
+            found[name.split("[")[0].lower()] = version
+    return found
+
+
+def test_the_clis_requirements_are_boto3_at_the_fleets_pins_and_pyyaml_and_nothing_of_the_workers():
+    cli, fleet = pins(RUNTIME / "requirements-cli.txt"), pins(RUNTIME / "requirements.txt")
+    assert set(cli) == {"boto3", "botocore", "pyyaml"}
+    assert {name: cli[name] for name in ("boto3", "botocore")} == {name: fleet[name] for name in ("boto3", "botocore")}
+    assert pins(RUNTIME.parent / "requirements-dev.txt").get("pyyaml") in (None, cli["pyyaml"])
+
+
+# Every CLI module imported, and a command run, with the worker's libraries unimportable: what
+# `pip install ./runtime[cli]` leaves out.
+WITHOUT_WORKER_LIBRARIES = """
+import importlib, pkgutil, sys
+class Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("websockets", "opentelemetry", "aws_xray_sdk"):
+            raise ImportError(f"{name} is the worker's")
+sys.meta_path.insert(0, Refuse())
+import wsfleet.cli
+for module in pkgutil.iter_modules(wsfleet.cli.__path__):
+    importlib.import_module(f"wsfleet.cli.{module.name}")
+sys.exit(wsfleet.cli.main(["plan", "--connections", "1000", "--json"], env={}))
+"""
+
+
+@pytest.mark.slow
+def test_the_cli_runs_without_the_workers_libraries(python_env):
+    result = subprocess.run([sys.executable, "-c", WITHOUT_WORKER_LIBRARIES], env=python_env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["workers"] > 0
+
+
 # --- plan --------------------------------------------------------------------------------
 
 

@@ -9,12 +9,14 @@ serves every test (tests/conftest.py), each test has tables, queue, upstream, AP
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from sim import report
+from wsfleet.cli import main as cli_main
 from wsfleet.leases import SessionTiming
 from sim.chaos.checker import IN_FLIGHT_AFTER_RESUME_S
 from sim.chaos.workers import FAKETIME_LIB
@@ -376,7 +378,7 @@ def test_start_reaches_a_connected_socket_quickly_and_a_repeated_start_never_ope
     stop_all_and_audit(fleet, ["a"])
 
 
-def test_stop_closes_the_socket_and_releases_the_lease_within_a_heartbeat(fleet):
+def test_stop_closes_the_socket_and_releases_the_lease_within_a_heartbeat(fleet, capsys):
     start_workers(fleet, "w1", "w2")
     start_connections(fleet, 2)
 
@@ -390,6 +392,14 @@ def test_stop_closes_the_socket_and_releases_the_lease_within_a_heartbeat(fleet)
     eventually(lambda: fleet.get_connection("c1")[1]["lease_owner"] == "", 5, "the lease to be released")
     assert fleet.stop_connection("c1") == 200
     assert fleet.upstream.open_sockets("c2")  # the other one carries on
+    # `wsfleet logs c1 --run-dir` reads the run's own files: its owner's lines of it, in time order.
+    capsys.readouterr()
+    assert cli_main(["logs", "c1", "--run-dir", str(fleet.run_dir), "--json"], env={}) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    events = [line["event"] for line in lines]
+    assert {line["connection_id"] for line in lines} == {"c1"} and lines == sorted(lines, key=lambda line: line["ts"])
+    assert "lease_acquired" in events and "connection_ended" in events
+    assert events.index("lease_acquired") < events.index("connection_ended")
     stop_all_and_audit(fleet, ["c1", "c2"])
 
 

@@ -91,8 +91,8 @@ def test_every_link_of_the_readme_and_the_docs_opens_a_file_and_a_heading_that_e
     assert broken == []
 
 
-def test_the_readme_and_the_docs_cite_nothing_a_reader_cannot_open():
-    for page in GUIDES:
+def test_the_readme_the_docs_and_the_benchmarks_cite_nothing_a_reader_cannot_open():
+    for page in [*GUIDES, ROOT / "BENCHMARKS.md"]:
         text = page.read_text(encoding="utf-8")
         assert "CONTRACT" not in text, page
         assert not re.search(r"\bissues? #?\d+", text, flags=re.IGNORECASE), page

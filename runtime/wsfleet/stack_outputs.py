@@ -4,6 +4,8 @@ cannot drift apart. Fixed ids, never CDK's generated ones."""
 
 # The service stack.
 API_URL = "ApiUrl"
+WORKER_LOG_GROUP_NAME = "WorkerLogGroupName"  # wsfleet logs: the connection's lines
+ROUTER_LOG_GROUP_NAME = "RouterLogGroupName"
 
 # The stateful stack.
 CONNECTIONS_TABLE_NAME = "ConnectionsTableName"

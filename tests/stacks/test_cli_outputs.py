@@ -1,5 +1,5 @@
 """The stack outputs the operators' CLI finds things by (``wsfleet --stack``), under the
-fixed ids of ``wsfleet.stack_outputs``: the service stack's API URL and the stateful
+fixed ids of ``wsfleet.stack_outputs``: the service stack's API URL and log groups and the stateful
 stack's table names, messages bucket and START queue."""
 
 from __future__ import annotations
@@ -36,3 +36,13 @@ def test_the_stateful_stack_outputs_each_table_name_the_bucket_and_the_queue_url
         (stack_outputs.START_QUEUE_URL, QUEUE_LOGICAL_ID),
     ):
         env.stateful_template.has_output(output_id, {"Value": {"Ref": logical_id}, "Description": Match.any_value()})
+
+
+def test_the_service_stack_outputs_the_workers_and_the_routers_log_groups_for_wsfleet_logs(env):
+    for output_id, log_group in (
+        (stack_outputs.WORKER_LOG_GROUP_NAME, env.service.workers.log_group),
+        (stack_outputs.ROUTER_LOG_GROUP_NAME, env.service.router.log_group),
+    ):
+        env.service_template.has_output(
+            output_id, {"Value": env.service.resolve(log_group.log_group_name), "Description": Match.any_value()}
+        )

@@ -3,11 +3,13 @@ the API, and the fleet as the tables record it (workers, ownership, checkpoints)
 
 Two ways in, as the fleet has them. ``start``, ``stop``, ``retry``, ``restart``, ``delete``,
 ``get`` and ``messages`` go through the API like any caller (``api``, ``reading``).
-``status`` and ``connections`` only read the tables (``fleet``, ``views``), found through
-the environment named once, a stack's outputs or the worker's variables (``locate``); they
-never write. ``records`` reads the messages stream (``records``) where the fleet's SINK
-has kinesis. Here: the command line and the one sentence an operator sees when something
-fails.
+``apply`` brings many connections to a file's desired state through the same API
+(``desired``, ``apply``). ``status`` and ``connections`` only read the tables (``fleet``,
+``views``), found through the environment named once, a stack's outputs or the worker's
+variables (``locate``); they never write. ``records`` reads the messages stream
+(``records``) where the fleet's SINK has kinesis; ``logs`` a connection's log lines
+(``log_lines``); ``completion`` prints a shell script written from this parser. Here: the
+command line and the one sentence an operator sees when something fails.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from .. import __version__, schema, settings_spec
 from ..plan.sinks import DEFAULT_FRAME_BYTES, Consumer
 from ..store import TransientError
-from . import commands, render, run_report, upstream_flags
+from . import apply as apply_mod
+from . import commands, completion, render, run_report, upstream_flags
 from .arguments import _count, _flush_ms, _per_hour, _positive, _quota, _rate, _retention_hours, _seconds, _seq, _since
 from .errors import CliError, aws_sentence
 
@@ -379,7 +382,61 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--max-lanes", type=_positive, default=run_report.MAX_LANES, metavar="N",
                         help=f"draw at most this many connections, the first by id [{run_report.MAX_LANES}]")
     report.set_defaults(run=commands.report)
+
+    apply = subcommands.add_parser(
+        "apply",
+        parents=[api],
+        help="bring many connections to the state a file describes (YAML or JSON), sending only what differs",
+        description=(
+            "Read the desired state of many connections from FILE (YAML or JSON: a list of entries with "
+            "connection_id, ws_url, desired running|stopped and the START's upstream keys, under 'upstream' or "
+            "beside it), check it whole (an error names the line and the key; nothing is sent), GET each "
+            "connection and send only what differs: START what is unknown or STOPPED, STOP then START a STARTED "
+            "one whose ws_url or upstream changed, STOP what is to stop. Applying the same file again sends "
+            f"nothing. {apply_mod.CONCURRENCY} connections in flight at once; a failed one is reported with its "
+            "line and the API's sentence and the others go on (exit status 1 if any failed)."
+        ),
+    )
+    apply.add_argument("-f", "--file", required=True, metavar="FILE", help="the desired state (.yaml, .yml or .json)")
+    apply.add_argument("--dry-run", action="store_true", help="only show what would be sent (GETs only)")
+    apply.set_defaults(run=commands.apply)
+
+    logs = subcommands.add_parser(
+        "logs",
+        parents=[common],
+        help="a connection's log lines (CloudWatch Logs, or a local run's files)",
+        description=(
+            "The log lines of one connection: the JSON lines whose connection_id is CONNECTION_ID, from the "
+            "workers' and the router's log groups (FilterLogEvents; the service stack's WorkerLogGroupName and "
+            "RouterLogGroupName outputs, found like the API: --stack, --env, WSFLEET_ENV; or --log-group), or "
+            "from a local run's directory (--run-dir: its *.log files, as make demo writes them), in time order."
+        ),
+    )
+    logs.add_argument("connection_id", metavar="CONNECTION_ID")
+    where = logs.add_mutually_exclusive_group()
+    where.add_argument("--run-dir", metavar="DIR", help="a local run's directory (make demo's .demo/<run>): its log files")
+    where.add_argument("--log-group", action="append", metavar="NAME", help="a CloudWatch log group to read (repeat for several)")
+    where.add_argument("--stack", metavar="NAME", help="read the log groups from this service stack's outputs")
+    logs.add_argument("--since", type=_since, default=600.0, metavar="T",
+                      help="how far back: 90s, 15m, 2h, 7d, or all [10m]")
+    logs.add_argument("--follow", action="store_true", help="keep reading new lines like tail -f, until Ctrl-C (exit 0)")
+    logs.add_argument("--interval", type=_seconds, default=2.0, metavar="S", help="seconds between reads with --follow [2]")
+    logs.set_defaults(run=commands.logs)
+
+    shell = subcommands.add_parser(
+        "completion",
+        help="print a shell completion script (bash or zsh)",
+        description="Print a completion script for the shell: eval \"$(wsfleet completion bash)\" in ~/.bashrc, or "
+        "the zsh one in ~/.zshrc (after compinit).",
+    )
+    shell.add_argument("shell", choices=tuple(completion.SHELLS))
+    shell.set_defaults(run=_completion)
     return parser
+
+
+def _completion(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    print(completion.SHELLS[args.shell](build_parser()), end="")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None, *, env: Mapping[str, str] | None = None) -> int:

@@ -1,4 +1,4 @@
-"""The ten commands, each ``(args, env) -> exit status``: find the fleet (``locate``),
+"""The commands, each ``(args, env) -> exit status``: find the fleet (``locate``),
 ask the API or read the tables (``api``, ``views``), print a table or JSON (``render``)."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from ..plan import sinks as plan_sinks
 from ..plan import task_sizes
 from ..store import now_ms
 from ..stream import MAX_MESSAGE_BYTES
-from . import locate, plan_chart, reading, render, run_report, run_verdicts, timeline, upstream_flags, views, watch
+from . import desired, locate, log_lines, plan_chart, reading, render, run_report, run_verdicts, timeline, upstream_flags, views, watch
+from . import apply as apply_run
 from . import records as stream_records
 from .api import ApiClient, ApiReply, is_local, region_in_url
 from .errors import CliError
@@ -132,6 +133,70 @@ def messages(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         return 0
     if not shown and not args.json:
         print(f"no messages stored for {args.connection_id} from seq {args.from_seq}")
+    return 0
+
+
+def apply(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """The file checked whole first (nothing is sent for a file with an error), then
+    every entry compared and, unless --dry-run, brought to its desired state."""
+    try:
+        entries = desired.read(args.file)
+    except desired.BadFile as bad:
+        for line in bad.errors:
+            print(line, file=sys.stderr)
+        raise CliError(str(bad)) from None
+    client = _api(args, env)
+    outcomes = apply_run.apply_all(
+        client, entries, dry_run=args.dry_run, progress=apply_run.progress_line(sys.stderr)
+    )
+    shown = apply_run.result(outcomes, path=args.file, dry_run=args.dry_run)
+    _emit(args, shown, apply_run.render(outcomes, path=args.file, dry_run=args.dry_run))
+    failed = shown["counts"]["failed"]
+    if failed:
+        raise CliError(f"{failed} of {len(outcomes)} connections in {args.file} failed (each shown with its line)")
+    return 0
+
+
+# --- from the logs -----------------------------------------------------------------------
+
+
+def logs(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """The connection's lines from --since, in time order (JSON Lines with --json);
+    with --follow, new ones every --interval until Ctrl-C (status 0)."""
+    now = dt.datetime.now(dt.timezone.utc).timestamp()
+    start_s = 0.0 if args.since is None else now - args.since
+    if args.run_dir:
+        source = log_lines.RunDirLines(args.run_dir, args.connection_id, start_s=start_s)
+    else:
+        session = locate.aws_session(args.region, env)
+        groups = args.log_group
+        if not groups:
+            stack = locate.stack_for(locate.SERVICE, args.stack, args.env, env)
+            if not stack:
+                raise CliError(
+                    f"which fleet? Name it once: --env NAME (or {locate.ENV_VARIABLE}=NAME) reads the log groups from "
+                    "the stack wsfleet-NAME-service; or give --stack NAME, --log-group NAME, or --run-dir DIR for a local run"
+                )
+            groups = log_lines.log_groups_of(locate.stack_outputs_of(locate.client(session, "cloudformation", env), stack), stack)
+        source = log_lines.CloudWatchLines(
+            locate.client(session, "logs", env), groups, args.connection_id, start_ms=int(start_s * 1000)
+        )
+
+    def show(record: dict) -> None:
+        print(json.dumps(record, ensure_ascii=False, separators=(",", ":")) if args.json else log_lines.text(record), flush=True)
+
+    first = source.read()
+    for record in first:
+        show(record)
+    if not args.follow:
+        if not first and not args.json:
+            since = "ever" if args.since is None else f"in the last {render.duration(args.since)}"
+            print(f"no log lines for {args.connection_id} {since}")
+        return 0
+    try:
+        log_lines.follow(source.read, show, interval=args.interval)
+    except KeyboardInterrupt:
+        return 0
     return 0
 
 
