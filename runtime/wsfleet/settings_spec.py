@@ -149,7 +149,7 @@ _VARIABLES = (
         shown="required where `SINK` has `kinesis`",
     ),
     Variable(
-        MESSAGES_DELIVERY_STREAM_NAME, NAME, None, "the Firehose delivery stream: its name", _SERVICE,
+        MESSAGES_DELIVERY_STREAM_NAME, NAME, None, "the Firehose delivery stream: its name", (WORKER,),
         shown="required where `SINK` has `firehose`",
     ),
     Variable(
