@@ -206,3 +206,26 @@ def test_plan_takes_the_flush_interval_and_refuses_one_the_worker_would_not(caps
     assert out["flush_ms"] == 5000 and out["packing"]["kinesis"]["records_per_message"] == pytest.approx(0.367, abs=1e-3)
     assert main(["plan", "--connections", "10", "--flush-ms", "20000"], env={}) == 2
     assert "must be a whole number from 0 to 10000 (FLUSH_INTERVAL_MS's bounds)" in capsys.readouterr().err
+
+
+def test_firehose_bills_each_record_rounded_up_to_5_kb_and_a_longer_flush_shares_the_rounding():
+    from wsfleet.plan.firehose import BUFFER_SECONDS, FIREHOSE_PRICES, GB, firehose_month, line_bytes
+    from wsfleet.plan.model import HOURS_PER_MONTH, S3_PRICES
+
+    month_s = HOURS_PER_MONTH * 3600
+    alone = firehose_month(connections=1000, rate=0.5, period_s=1e-6, record_bytes=437)
+    assert alone["line_bytes"] == line_bytes(437) == 437 + len(',"connection_bucket":63') + 1
+    assert alone["records_per_message"] == pytest.approx(1) and alone["billed_kb_per_message"] == pytest.approx(5)
+    m = alone["month"]
+    assert m["ingest"] == pytest.approx(500 * 5 * 1024 * month_s / GB * FIREHOSE_PRICES["ingest_gb"])
+    # 1,000 connections at 256 B frames: far below a 128 MiB buffer, so one object per
+    # connection bucket (64) every buffer interval.
+    objects = 64 * month_s / BUFFER_SECONDS
+    assert alone["objects_per_month"] == pytest.approx(objects)
+    assert m["s3_puts"] == pytest.approx(objects / 1000 * S3_PRICES["put_per_thousand"])
+    assert m["partitioning"] == pytest.approx(500 * alone["line_bytes"] * month_s / GB * FIREHOSE_PRICES["partitioning_gb"]
+                                              + objects / 1000 * FIREHOSE_PRICES["partitioning_per_thousand_objects"])
+    assert alone["per_message"] == pytest.approx(m["total"] / (500 * month_s))
+    packed = firehose_month(connections=1000, rate=0.5, period_s=5.0, record_bytes=437)
+    assert packed["records_per_message"] < 0.5 and packed["billed_kb_per_message"] < 2.5
+    assert packed["month"]["total"] < m["total"]
