@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Iterator
 
 from wsfleet import records
 from wsfleet.records import BadRecord
@@ -34,21 +34,33 @@ from .stream_audit import Delivery
 SHARD = "firehose"  # every line's shard_id: one place, no order of its own
 
 
-def read_delivery(firehose: Any, s3: Any, delivery_stream: str) -> list[Delivery]:
-    """Every line the delivery stream has put in S3 now, in a reader's order (the
-    module's docstring). ``firehose``, ``s3``: harness clients."""
+def delivery_objects(firehose: Any, s3: Any, delivery_stream: str,
+                     cache: dict[str, bytes] | None = None) -> Iterator[tuple[str, bytes]]:
+    """(key, body) of every object the delivery stream has put in S3 now, by key: the
+    bucket and prefix from the stream's own description. ``firehose``, ``s3``: harness
+    clients; ``cache``: bodies already read, by key (an object is written once: a
+    reader that reads again lists, and gets only the new ones)."""
+    cache = {} if cache is None else cache
     destination = firehose.describe_delivery_stream(DeliveryStreamName=delivery_stream)["DeliveryStreamDescription"][
         "Destinations"
     ][0]
     s3_dest = destination.get("ExtendedS3DestinationDescription") or destination["S3DestinationDescription"]
     bucket, prefix = s3_dest["BucketARN"].split(":::", 1)[1], s3_dest.get("Prefix", "")
-    read: list[Delivery] = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for obj in sorted(page.get("Contents", []), key=lambda o: o["Key"]):
-            body = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
-            for n, line in enumerate(body.splitlines(), 1):
-                if line.strip():
-                    read.append(_delivery(len(read), f"{obj['Key']}:{n}", line))
+            if obj["Key"] not in cache:
+                cache[obj["Key"]] = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+            yield obj["Key"], cache[obj["Key"]]
+
+
+def read_delivery(firehose: Any, s3: Any, delivery_stream: str, cache: dict[str, bytes] | None = None) -> list[Delivery]:
+    """Every line the delivery stream has put in S3 now, in a reader's order (the
+    module's docstring)."""
+    read: list[Delivery] = []
+    for key, body in delivery_objects(firehose, s3, delivery_stream, cache):
+        for n, line in enumerate(body.splitlines(), 1):
+            if line.strip():
+                read.append(_delivery(len(read), f"{key}:{n}", line))
     ordered = sorted(read, key=lambda d: (d.record.connection_id, d.record.fence_token, d.record.seq, d.position)
                      if d.record is not None else ("", 0, 0, d.position))
     return [dataclasses.replace(d, position=i) for i, d in enumerate(ordered)]

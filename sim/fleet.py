@@ -114,6 +114,7 @@ class Fleet(FleetAudit):
         self._old_sigterm: Any = None
         self._api_log: Any = None
         self._journaling = False  # we switched the emulator's journal on (off again at close)
+        self._delivery_bodies: dict[str, bytes] = {}
 
     # -- lifecycle -----------------------------------------------------------------------
 

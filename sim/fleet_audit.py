@@ -37,6 +37,7 @@ class FleetAudit:
     _kinesis: Any
     _firehose: Any
     _s3: Any
+    _delivery_bodies: dict[str, bytes]  # the delivery stream's objects read so far, by key
     # And Fleet's scan() (the connections as read now) and request() (the local API).
 
     def messages(self, connection_id: str) -> list[dict]:
@@ -55,15 +56,20 @@ class FleetAudit:
     # -- the delivery stream (SINK has firehose) ----------------------------------------------
 
     def read_delivery(self) -> list[stream_audit.Delivery]:
-        """Every line the delivery stream has put in S3 now, in a reader's order."""
-        return delivery_audit.read_delivery(self._firehose, self._s3, self.aws_env[settings_spec.MESSAGES_DELIVERY_STREAM_NAME])
+        """Every line the delivery stream has put in S3 now, in a reader's order (each
+        object read once: the audits read the whole delivery again and again)."""
+        return delivery_audit.read_delivery(
+            self._firehose, self._s3, self.aws_env[settings_spec.MESSAGES_DELIVERY_STREAM_NAME], self._delivery_bodies
+        )
 
     def delivery_audit(self, connection_ids: Sequence[str], *, data_of: Sequence[str] | None = None,
                        deliveries: Sequence[stream_audit.Delivery] | None = None) -> stream_audit.StreamAudit:
         """The delivery stream's lines against the same rules as the stream's
         (:mod:`.delivery_audit`)."""
-        return self.stream_audit(connection_ids, data_of=data_of,
-                                 deliveries=self.read_delivery() if deliveries is None else deliveries)
+        result = self.stream_audit(connection_ids, data_of=data_of,
+                                   deliveries=self.read_delivery() if deliveries is None else deliveries)
+        result.carriers = "lines in S3 objects"
+        return result
 
     # -- the messages stream (SINK has kinesis) ---------------------------------------------
 
