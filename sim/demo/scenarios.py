@@ -280,8 +280,11 @@ class Demo:
         # The stream, where it is a sink: every connection's order and deliveries again;
         # the data of the default-protocol ones (the kinds' is in their own audit). Not
         # the assigned-seq kinds': after a crash their seqs jump past what the dead owner
-        # reserved (their own audit reads the stream as a consumer keeps it).
-        assigned = {k.connection_id for k in self.kinds.streams if k.assigned} if self.kinds is not None else set()
+        # reserved; nor the live-only one (resume none), whose first seq is whatever its
+        # first socket was sent, not 1 (their own audits read the stream as a consumer
+        # keeps it).
+        assigned = ({k.connection_id for k in self.kinds.streams if k.assigned or k.live_only}
+                    if self.kinds is not None else set())
         audited = [c for c in self.connections + self.kind_ids if c not in assigned]
         # The same rules over the delivery stream's objects, where it is a sink (in the
         # order a reader sorts them: sim.delivery_audit).
