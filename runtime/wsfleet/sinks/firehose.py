@@ -75,7 +75,7 @@ Count = Callable[[str, int], None]
 def connection_bucket(connection_id: str) -> int:
     """The partition a connection's lines are filed under: CRC-32 of its UTF-8 id modulo
     64 (Athena computes the same: ``crc32(to_utf8(connection_id)) % 64``)."""
-    return zlib.crc32(connection_id.encode("utf-8", "surrogatepass")) % CONNECTION_BUCKETS
+    return zlib.crc32(connection_id.encode("utf-8")) % CONNECTION_BUCKETS
 
 
 class DeliverySink:
