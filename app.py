@@ -52,7 +52,7 @@ def create_stacks(app: App) -> tuple[StatefulStack, ServiceStack]:
     except SettingsError as error:
         raise SystemExit(f"{name}: {error}") from None
     stateful = StatefulStack(app, f"wsfleet-{name}-stateful", settings=settings)
-    stream, consumer = stateful.messages_stream, stateful.consumer_store
+    stream, consumer, delivery = stateful.messages_stream, stateful.consumer_store, stateful.messages_delivery
     service = ServiceStack(
         app,
         f"wsfleet-{name}-service",
@@ -67,6 +67,7 @@ def create_stacks(app: App) -> tuple[StatefulStack, ServiceStack]:
         stream_key=stream.key if stream else None,
         consumer_bucket_name=stateful.output_value(stack_outputs.CONSUMER_BUCKET_NAME) if consumer else None,
         consumer_table=consumer.table if consumer else None,
+        delivery_stream=(delivery.stream_name, delivery.stream_arn) if delivery else None,
     )
     Tags.of(app).add("project", "wsfleet")
     Tags.of(app).add("environment", name)

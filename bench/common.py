@@ -263,6 +263,10 @@ class Window:
     def kinesis_total(self) -> int:
         return sum(v for k, v in self.requests.items() if k.startswith("kinesis."))
 
+    @property
+    def firehose_total(self) -> int:
+        return sum(v for k, v in self.requests.items() if k.startswith("firehose."))
+
 
 def latency_between(a: Stats, b: Stats) -> dict[str, Any]:
     """Frame received (handed to the writer) -> stored, for the frames stored between two
@@ -359,6 +363,7 @@ class Rig:
                 sessions_table_name=f"wsfleet-sessions-{suffix}", messages_table_name=f"wsfleet-messages-{suffix}",
                 messages_bucket_name=f"wsfleet-messages-{suffix}", queue_name=f"wsfleet-start-{suffix}",
                 sink=self.sink, messages_stream_name=f"wsfleet-messages-{suffix}",
+                delivery_stream_name=f"wsfleet-messages-{suffix}", delivery_bucket_name=f"wsfleet-delivery-{suffix}",
             )
             # The emulator's credentials and region, for the clients this process makes.
             self.session = emulator_session(self.aws_env.get("AWS_REGION", DEFAULT_REGION))
@@ -369,6 +374,8 @@ class Rig:
             )
             self.sqs = self.session.client("sqs", endpoint_url=self.emulator.endpoint_url)
             self.kinesis = self.session.client("kinesis", endpoint_url=self.emulator.endpoint_url)
+            self.firehose = self.session.client("firehose", endpoint_url=self.emulator.endpoint_url)
+            self.s3 = self.session.client("s3", endpoint_url=self.emulator.endpoint_url)
             self.connections = ConnectionsStore(
                 self.ddb, self.aws_env["TABLE_NAME"], state_shards=cfg.state_shards(self.aws_env)
             )

@@ -57,7 +57,7 @@ from .common import (
     proc_cpu_s,
 )
 from .ingestion_throttle import run_throttle, throttle_table
-from .stream_bill import stream_bill
+from .stream_bill import delivery_bill, stream_bill
 from .kinds import AUTH_SUBSCRIBE, DEFAULT, DEFAULT_KIND, UpstreamKind
 from .worker_load import DEFAULTS, FLUSH_MS, connect
 
@@ -151,6 +151,8 @@ def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, An
         emu, up = (cpu_b[p] - cpu_a[p] for p in (rig.emulator_pid, upstream.proc.pid))
         # The whole run's stream, warm-up included: the packing does not depend on the window.
         bill = stream_bill(rig.kinesis, rig.aws_env["MESSAGES_STREAM_NAME"]) if schema.SINK_KINESIS in sink else None
+        if schema.SINK_FIREHOSE in sink:  # the delivery stream's objects (a row has one stream sink or the other)
+            bill = delivery_bill(rig.firehose, rig.s3, rig.aws_env[settings_spec.MESSAGES_DELIVERY_STREAM_NAME])
     stored = win.counters["MessagesStored"]
     batches = win.ddb("BatchWriteItem")
     # Checkpoints: one per connection every CHECKPOINT_SECONDS while frames arrive, up to
@@ -159,10 +161,10 @@ def run_level(run_dir: Path, n: int, rate: float, flush_ms: int, s: dict[str, An
     # checkpoint per connection per cycle with the transactions' measured fill.
     written = b.checkpoints.get("written", 0) - a.checkpoints.get("written", 0)
     transactions = win.ddb("TransactWriteItems")
-    # With SINK=kinesis the frames go in PutRecords: every AWS request counts, DynamoDB's
-    # (holding, checkpoints) and the stream's.
-    requests = win.ddb_total + win.kinesis_total
-    puts = win.requests.get("kinesis.PutRecords", 0)
+    # With SINK=kinesis the frames go in PutRecords (firehose: PutRecordBatch): every AWS
+    # request counts, DynamoDB's (holding, checkpoints) and the stream's.
+    requests = win.ddb_total + win.kinesis_total + win.firehose_total
+    puts = win.requests.get("kinesis.PutRecords", 0) + win.requests.get("firehose.PutRecordBatch", 0)
     steady = steady_ddb = None
     if cycle and written and stored:
         per_cycle = n * win.seconds / (DEFAULTS.checkpoint_ms / 1000)

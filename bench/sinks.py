@@ -1,9 +1,10 @@
-"""Sinks (issue 21): the messages table against the Kinesis stream, measured in one run.
+"""Sinks (issue 21): the messages table against the Kinesis stream and the Firehose
+delivery stream, measured in one run.
 
 ``python -m bench sinks``: the ingestion benchmark's headline rows (100 x 2 msg/s and
 1,000 x 0.5 msg/s, default FLUSH_INTERVAL_MS, a window one checkpoint cycle long) once
-with ``SINK=dynamodb`` and once with ``SINK=kinesis``, alternating which goes first per
-row, so that their ratio is fair on a shared machine; the second row again with the
+with each of ``SINK=dynamodb``, ``kinesis`` and ``firehose``, rotating which goes first
+per row, so that their ratio is fair on a shared machine; the second row again with the
 stream alone at FLUSH_INTERVAL_MS 5,000 (not with ``--quick``); then a crash row:
 
 * **requests per message**: every AWS request the worker sent in the window (DynamoDB's
@@ -13,7 +14,9 @@ stream alone at FLUSH_INTERVAL_MS 5,000 (not with ``--quick``); then a crash row
 * **worker CPU per message**: target <= 0.5 ms with kinesis;
 * **the stream's bill per message** (kinesis): Kinesis records, bytes and KB billed per
   frame, read back from the stream after the row (the whole run): a connection's frames
-  of one flush share one aggregated record;
+  of one flush share one aggregated record; (firehose) Firehose records, bytes and KB
+  billed (each record rounded up to 5 KB) per frame, read back from the delivery
+  stream's objects (``bench.stream_bill.delivery_bill``);
 * **crash** (kinesis only): one worker holds the connections; after each has had its
   first checkpoint, at a random moment, ``kill -9``; a second worker starts and takes
   them over when the session expires. Then a graceful stop, and the stream is read back
@@ -55,7 +58,8 @@ ROWS = [(100, 2.0), (1000, 0.5)]
 QUICK_ROWS = [(2, 10.0)]
 # The stream alone at a longer flush interval: more of a connection's frames in each record.
 FLUSH_ROWS = [(1000, 0.5, 5000)]
-SINKS = (schema.SINK_DYNAMODB, schema.SINK_KINESIS)
+SINKS = (schema.SINK_DYNAMODB, schema.SINK_KINESIS, schema.SINK_FIREHOSE)
+STREAMS = (schema.SINK_KINESIS, schema.SINK_FIREHOSE)  # sinks billed per record, batched 500 frames a call
 # Issue 21's targets with kinesis: (connections, rate) -> (requests / message, CPU ms / message).
 TARGETS = {(1000, 0.5): (0.05, 0.5), (100, 2.0): (None, 0.5)}
 
@@ -213,12 +217,13 @@ def crash_table(r: dict[str, Any]) -> str:
 def stream_cell(bill: dict[str, Any] | None) -> str:
     if not bill or not bill["frames"]:
         return "-"
+    n = bill.get("kinesis_records", bill.get("firehose_records"))
     return (f"{bill['records_per_message']:.3f} / {bill['bytes_per_message']:,.0f} / {bill['billed_kb_per_message']:.3f} "
-            f"({bill['kinesis_records']:,} for {bill['frames']:,} frames)")
+            f"({n:,} for {bill['frames']:,} frames)")
 
 
 def verdict(lv: dict[str, Any]) -> str:
-    if lv["sink"] != schema.SINK_KINESIS:
+    if lv["sink"] != schema.SINK_KINESIS:  # issue 21's targets are the stream's
         return "-"
     req_max, cpu_max = TARGETS.get((lv["connections"], lv["rate_per_connection"]), (None, None))
     out = []
@@ -238,7 +243,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     for i, (n, rate) in enumerate(rows):
         # --quick (the suite's smoke run) only the stream: the table's row is the
         # ingestion benchmark's, which the suite runs too.
-        order = (schema.SINK_KINESIS,) if quick else SINKS if i % 2 == 0 else SINKS[::-1]
+        order = (schema.SINK_KINESIS,) if quick else SINKS[i % 3 :] + SINKS[: i % 3]
         for sink in order:
             print(f"    {n} x {rate:g}/s, SINK={sink}", flush=True)
             levels.append(run_level(run_dir / f"sinks-{i}-{sink}", n, rate, FLUSH_MS, s, sink=sink))
@@ -256,7 +261,7 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
             fmt(lv["offered_per_s"], 0), fmt_spread(lv["stored_per_s_spread"], 0),
             f"{fmt(lv['requests_per_message'], 3)}"
             + (f" ({fmt(lv['requests_per_message_steady'], 3)})" if lv["cycle_window"] else ""),
-            fmt(lv["records_per_put"], 1) if lv["sink"] == schema.SINK_KINESIS else fmt(lv["messages_per_batch"], 1),
+            fmt(lv["records_per_put"], 1) if lv["sink"] in STREAMS else fmt(lv["messages_per_batch"], 1),
             stream_cell(lv.get("stream")),
             fmt_spread(lv["worker_cpu_ms_per_message_spread"], 3),
             latency_cell(lv["latency_ms"]),
@@ -264,18 +269,20 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
             verdict(lv),
         ])
     header = ["connections x rate", "SINK", "offered msg/s", "stored msg/s", "AWS req / msg (steady, one checkpoint cycle)",
-              "frames per write request", "Kinesis records / bytes / KB billed per msg", "worker CPU ms / msg",
+              "frames per write request", "stream records / bytes / KB billed per msg", "worker CPU ms / msg",
               "received -> stored p50 / p99 / max ms", "worker CPU", "emulator CPU", "target (Kinesis sink)"]
     notes = [
         "One worker at the default timings (FLUSH_INTERVAL_MS 100 unless the row says, CHECKPOINT_SECONDS 120), a "
         "fresh emulator and "
-        f"upstream per row, {s['cycle_window_s']:g} s window after {s['warmup_s']:g} s warm-up; the two sinks of a row "
+        f"upstream per row, {s['cycle_window_s']:g} s window after {s['warmup_s']:g} s warm-up; the sinks of a row "
         "run one after the other (the first row's dynamodb first, the second's kinesis first). AWS req / msg: every "
-        "DynamoDB and Kinesis request in the window over the frames stored; in brackets with the checkpoint "
+        "DynamoDB, Kinesis and Firehose request in the window over the frames stored; in brackets with the checkpoint "
         "transactions scaled to one checkpoint per connection per cycle (as the Ingestion table). Frames per write "
-        "request: per BatchWriteItem (dynamodb, at most 25) or per PutRecords (kinesis, at most 500). Kinesis records "
-        "per msg: the stream read back after the row, each Kinesis record (an aggregate of a connection's frames of "
-        "one flush, or one frame alone) rounded up to a KB for KB billed. CPU: median "
+        "request: per BatchWriteItem (dynamodb, at most 25), per PutRecords (kinesis) or PutRecordBatch (firehose), "
+        "at most 500. Stream records per msg: kinesis, the stream read back after the row, each Kinesis record (an "
+        "aggregate of a connection's frames of one flush, or one frame alone) rounded up to a KB for KB billed; "
+        "firehose, the delivery stream's objects read back, each Firehose record (a call's lines, up to 1,000 KiB) "
+        "rounded up to 5 KB. CPU: median "
         "(min-max) over the window's stats intervals.",
         "The emulator is moto in one process: its Kinesis and DynamoDB speeds are not AWS's; CPU per message and "
         "requests per message are the worker's own.",
@@ -288,3 +295,41 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
     return Result("Sinks", command, {"ingestion": s, "crash": crash}, markdown,
                   {"levels": levels, "crash": {k: v for k, v in crashed.items() if k != "audits"},
                    "crash_audits": crashed["audits"]})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.sinks [--connections N] [--rate R] [--sink S ...] [--out DIR]``:
+    one row of the table above per sink, without the flush and crash rows: AWS requests,
+    frames per write request, and stream records, bytes and KB billed per message, side
+    by side (each sink in a fresh emulator, one after the other)."""
+    import argparse
+    import shlex
+    import sys
+
+    p = argparse.ArgumentParser(prog="python -m bench.sinks", description=main.__doc__.splitlines()[0])
+    p.add_argument("--connections", type=int, default=1000)
+    p.add_argument("--rate", type=float, default=0.5)
+    p.add_argument("--sink", action="append", choices=SINKS, help="a sink to measure (repeatable) [all three]")
+    p.add_argument("--out", default=".bench", help="where the rows' logs go [.bench]")
+    args = p.parse_args(argv)
+    command = "python -m bench.sinks " + shlex.join(sys.argv[1:] if argv is None else argv)
+    s = settings_for(False)
+    rows = []
+    for sink in args.sink or SINKS:
+        print(f"    {args.connections} x {args.rate:g}/s, SINK={sink}", flush=True)
+        lv = run_level(Path(args.out) / f"sinks-row-{sink}", args.connections, args.rate, FLUSH_MS, s, sink=sink)
+        rows.append([
+            sink, fmt(lv["stored_per_s"], 0), fmt(lv["requests_per_message"], 3),
+            fmt(lv["requests_per_message_steady"], 3) if lv["requests_per_message_steady"] is not None else "-",
+            fmt(lv["records_per_put"], 1) if sink in STREAMS else fmt(lv["messages_per_batch"], 1),
+            stream_cell(lv.get("stream")),
+        ])
+    print(f"\n{command}  (at {time.strftime('%H:%M UTC on %Y-%m-%d', time.gmtime())})\n")
+    print(md_table([f"{args.connections} x {args.rate:g} msg/s, SINK", "stored msg/s", "AWS req / msg",
+                    "steady (one checkpoint per connection per cycle)", "frames per write request",
+                    "stream records / bytes / KB billed per msg"], rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,6 +1,7 @@
 """What a benchmark's messages stream holds, as Kinesis bills it: its Kinesis records
 (aggregates or plain), the frames' records in them, and per frame the Kinesis records,
-bytes and KB billed (each Kinesis record rounded up to a KB)."""
+bytes and KB billed (each Kinesis record rounded up to a KB); and the same of the
+delivery stream's objects, as Firehose bills them (each record rounded up to 5 KB)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import math
 from typing import Any
 
 from sim import stream_audit
-from wsfleet import aggregation
+from sim.delivery_audit import delivery_objects
+from wsfleet import aggregation, records
+from wsfleet.plan.firehose import BILLING_UNIT
+from wsfleet.sinks.firehose import MAX_RECORD_BYTES
 
 
 def stream_bill(kinesis: Any, stream: str) -> dict[str, Any]:
@@ -26,4 +30,29 @@ def stream_bill(kinesis: Any, stream: str) -> dict[str, Any]:
         "records_per_message": n / frames if frames else None,
         "bytes_per_message": size / frames if frames else None,
         "billed_kb_per_message": kb / frames if frames else None,
+    }
+
+
+def delivery_bill(firehose: Any, s3: Any, delivery_stream: str) -> dict[str, Any]:
+    """Firehose records, bytes and KB billed per frame over every object the emulator's
+    delivery stream holds now. moto writes each PutRecordBatch as one object, its records'
+    bytes one after the other, and the worker packs every line of one call into records
+    of at most 1,000 KiB, filled in order: an object's records are its lines cut where the
+    next would pass that size (:class:`wsfleet.sinks.firehose.DeliverySink`)."""
+    n = frames = size = billed = 0
+    for _, body in delivery_objects(firehose, s3, delivery_stream):
+        run_bytes = 0
+        for line in body.splitlines(keepends=True):
+            records.decode(line)  # every line a record of the stream's shape
+            if run_bytes and run_bytes + len(line) > MAX_RECORD_BYTES:
+                n, billed, run_bytes = n + 1, billed + math.ceil(run_bytes / BILLING_UNIT) * BILLING_UNIT, 0
+            frames, size, run_bytes = frames + 1, size + len(line), run_bytes + len(line)
+        if run_bytes:
+            n, billed = n + 1, billed + math.ceil(run_bytes / BILLING_UNIT) * BILLING_UNIT
+    return {
+        "firehose_records": n,
+        "frames": frames,
+        "records_per_message": n / frames if frames else None,
+        "bytes_per_message": size / frames if frames else None,
+        "billed_kb_per_message": billed / 1024 / frames if frames else None,
     }

@@ -84,7 +84,7 @@ class EmulatorProcess:
         return self
 
     def create_resources(self, sink: str = schema.SINK_DYNAMODB) -> dict[str, str]:
-        """Tables and a queue (and the messages stream, where ``sink`` has kinesis) with
+        """Tables and a queue (and the messages stream, where ``sink`` has kinesis; the delivery stream, where it has firehose) with
         names of their own; returns the env the worker needs."""
         suffix = uuid.uuid4().hex[:8]
         return create_resources(
@@ -96,6 +96,8 @@ class EmulatorProcess:
             queue_name=f"wsfleet-start-{suffix}",
             sink=sink,
             messages_stream_name=f"wsfleet-messages-{suffix}",
+            delivery_stream_name=f"wsfleet-messages-{suffix}",
+            delivery_bucket_name=f"wsfleet-delivery-{suffix}",
         )
 
     def stop(self) -> None:

@@ -44,6 +44,10 @@ Three paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
     with that chance: the others are put on the stream, and the answer (200) gives the
     refused ones ``ErrorCode`` ``ProvisionedThroughputExceededException`` in their places,
     as a shard at its limit does;
+  - Firehose (``"firehose"``) takes the same three by operation name, ``PutRecordBatch``:
+    an outage and a lost answer as Kinesis' (``InternalFailure``), a throttle as
+    ``ServiceUnavailableException`` (HTTP 503), and ``refuse_records`` per record with
+    that ErrorCode in ``RequestResponses`` (``FailedPutCount`` the refused);
 
   ``{}`` switches everything off. ``GET`` answers the setting, the seconds of outage
   left, and per operation how many requests were failed (by an outage), throttled, made
@@ -117,6 +121,12 @@ MESSAGES_STREAM_NAME = "wsfleet-messages"
 # on-demand streams are (4 shards at first), one connection's records in one of them.
 STREAM_SHARDS = 2
 MESSAGES_BUCKET_NAME = "wsfleet-messages"
+# The delivery stream (SINK has firehose) and its bucket: moto writes each PutRecordBatch
+# at once as one object under DELIVERY_PREFIX (no buffering, compression or dynamic
+# partitioning: the lines are what the stacks' Firehose would store, unsplit and plain).
+MESSAGES_DELIVERY_STREAM_NAME = "wsfleet-messages"
+DELIVERY_BUCKET_NAME = "wsfleet-delivery"
+DELIVERY_PREFIX = "frames/"
 QUEUE_NAME = "wsfleet-start"
 DEAD_LETTER_SUFFIX = "-dead"  # the START queue's dead-letter queue is named after it
 
@@ -379,10 +389,14 @@ def create_resources(
     sink: str = schema.SINK_DYNAMODB,
     messages_stream_name: str = MESSAGES_STREAM_NAME,
     stream_shards: int = STREAM_SHARDS,
+    delivery_stream_name: str = MESSAGES_DELIVERY_STREAM_NAME,
+    delivery_bucket_name: str = DELIVERY_BUCKET_NAME,
     client: Callable[[str], Any] | None = None,
 ) -> dict[str, str]:
     """Create the tables (from :mod:`wsfleet.schema`), the bucket and the queue, and the
-    messages stream when ``sink`` (a ``SINK`` value) has kinesis; return the environment
+    messages stream when ``sink`` (a ``SINK`` value) has kinesis, the delivery stream
+    and its bucket when it has firehose (the harness finds the bucket from the stream's
+    description: :func:`sim.delivery_audit.read_delivery`); return the environment
     variables the worker and the router need to reach them, ``SINK`` among them (Secrets
     Manager answers on the same endpoint: secrets under :data:`secrets.SECRET_PREFIX` are
     allowed in ``secret_headers``, see :func:`secrets.put_secret`). ``client(service)``:
@@ -402,16 +416,25 @@ def create_resources(
     sqs = client("sqs")
     queue_url = create_queue(sqs, queue_name)
     s3 = client("s3")
-    if region == "us-east-1":
-        s3.create_bucket(Bucket=messages_bucket_name)
-    else:
-        s3.create_bucket(Bucket=messages_bucket_name, CreateBucketConfiguration={"LocationConstraint": region})
+    _create_bucket(s3, messages_bucket_name, region)
     stream: dict[str, str] = {}
     if schema.SINK_KINESIS in sinks:
         kinesis = client("kinesis")
         kinesis.create_stream(StreamName=messages_stream_name, ShardCount=stream_shards)
         kinesis.get_waiter("stream_exists").wait(StreamName=messages_stream_name, WaiterConfig={"Delay": 0.1, "MaxAttempts": 300})
         stream = {settings_spec.MESSAGES_STREAM_NAME: messages_stream_name}
+    if schema.SINK_FIREHOSE in sinks:
+        _create_bucket(s3, delivery_bucket_name, region)
+        client("firehose").create_delivery_stream(
+            DeliveryStreamName=delivery_stream_name,
+            DeliveryStreamType="DirectPut",
+            ExtendedS3DestinationConfiguration={
+                "RoleARN": "arn:aws:iam::123456789012:role/wsfleet-delivery",  # moto assumes nothing
+                "BucketARN": f"arn:aws:s3:::{delivery_bucket_name}",
+                "Prefix": DELIVERY_PREFIX,
+            },
+        )
+        stream |= {settings_spec.MESSAGES_DELIVERY_STREAM_NAME: delivery_stream_name}
     return {
         "AWS_ENDPOINT_URL": endpoint_url,
         "AWS_REGION": region,
@@ -425,6 +448,13 @@ def create_resources(
         settings_spec.SINK: ",".join(sinks),
         **stream,
     }
+
+
+def _create_bucket(s3: Any, name: str, region: str) -> None:
+    if region == "us-east-1":
+        s3.create_bucket(Bucket=name)
+    else:
+        s3.create_bucket(Bucket=name, CreateBucketConfiguration={"LocationConstraint": region})
 
 
 def main(argv: list[str] | None = None) -> int:

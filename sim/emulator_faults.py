@@ -24,13 +24,25 @@ FAULTS_PATH = "/_wsfleet/faults"
 # In a client's User-Agent (botocore ``user_agent_extra``): the fleet runner's own reads,
 # never faulted.
 HARNESS_MARK = "wsfleet-harness"
-OUTAGE_SERVICES = ("dynamodb", "sqs", "secretsmanager", "kinesis")
-AMBIGUOUS_SERVICES = ("dynamodb", "sqs", "kinesis")  # the ones whose writes matter to ownership or delivery
-# Kinesis takes throttling and ambiguity only by operation name ("PutRecords"), never
-# under "*": a setting written for DynamoDB keeps meaning what it meant.
-BY_NAME_ONLY = frozenset({"kinesis"})
+OUTAGE_SERVICES = ("dynamodb", "sqs", "secretsmanager", "kinesis", "firehose")
+# The ones whose writes matter to ownership or delivery.
+AMBIGUOUS_SERVICES = ("dynamodb", "sqs", "kinesis", "firehose")
+# Kinesis and Firehose take throttling and ambiguity only by operation name
+# ("PutRecords", "PutRecordBatch"), never under "*": a setting written for DynamoDB
+# keeps meaning what it meant.
+BY_NAME_ONLY = frozenset({"kinesis", "firehose"})
+THROTTLED_SERVICES = ("dynamodb", "kinesis", "firehose")
 PUT_RECORDS = "PutRecords"
+PUT_RECORD_BATCH = "PutRecordBatch"
 THROUGHPUT_EXCEEDED = "ProvisionedThroughputExceededException"
+# A delivery stream over its throughput answers this, whole or per record.
+FIREHOSE_UNAVAILABLE = "ServiceUnavailableException"
+# Per batch operation: (its records' key in the request, its failed count's key and its
+# results' key in the answer, the per-record refusal).
+_BATCHES = {
+    PUT_RECORDS: ("Records", "FailedRecordCount", "Records", THROUGHPUT_EXCEEDED),
+    PUT_RECORD_BATCH: ("Records", "FailedPutCount", "RequestResponses", FIREHOSE_UNAVAILABLE),
+}
 
 
 def _shares(value: float | Mapping[str, float], what: str, top: float) -> dict[str, float]:
@@ -138,7 +150,7 @@ class Faults:
                 return "outage", until, False
             delay = 0.0
             every = 0.0 if service in BY_NAME_ONLY else None  # the "*" share, where it applies
-            if service in ("dynamodb", "kinesis"):
+            if service in THROTTLED_SERVICES:
                 share = s.throttle.get(op, s.throttle.get("*", 0.0) if every is None else every)
                 if share > 0 and self._rng.random() < share:
                     self._counts["throttled"][op] += 1
@@ -153,7 +165,7 @@ class Faults:
                 else 0.0
             )
             ambiguous = share > 0 and self._rng.random() < share
-            if service in ("dynamodb", "kinesis") and not ambiguous:
+            if service in THROTTLED_SERVICES and not ambiguous:
                 self._counts["delayed" if delay > 0 else "passed"][op] += 1
             return ("delay", delay / 1000, ambiguous) if delay > 0 else ("pass", 0.0, ambiguous)
 
@@ -170,13 +182,16 @@ class Faults:
         if what in ("pass", "delay"):
             if ambiguous:
                 return self._lose_answer(environ, start_response, service, op, delayed=what == "delay")
-            if service == "kinesis" and op == PUT_RECORDS and self._setting.refuse_records > 0:
-                return self._refuse_some(environ, start_response)
+            if service in ("kinesis", "firehose") and op in _BATCHES and self._setting.refuse_records > 0:
+                return self._refuse_some(environ, start_response, op)
             return self._app(environ, start_response)
         _read_body(environ)  # a client sending a body expects it to be read
         if what == "throttle" and service == "kinesis":
             return self._error(start_response, "400 Bad Request", THROUGHPUT_EXCEEDED,
                                "Rate exceeded for the stream's shards.")
+        if what == "throttle" and service == "firehose":
+            return self._error(start_response, "503 Service Unavailable", FIREHOSE_UNAVAILABLE,
+                               "Slow down (an emulator fault).")
         if what == "throttle":
             return self._error(start_response, "400 Bad Request", "com.amazonaws.dynamodb.v20120810#ThrottlingException",
                                "Rate of requests exceeds the allowed throughput.")
@@ -203,7 +218,7 @@ class Faults:
         body = written + list(self._app(environ, capture))  # the whole answer: the write is done
         status, headers = answer[0]
         applied = status.startswith("2")
-        if applied or service in ("dynamodb", "kinesis"):
+        if applied or service in THROTTLED_SERVICES:
             with self._lock:
                 self._counts["ambiguous" if applied else "delayed" if delayed else "passed"][op] += 1
         if applied:
@@ -211,15 +226,17 @@ class Faults:
         start_response(status, headers)
         return body
 
-    def _refuse_some(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
-        """A PutRecords of which ``refuse_records`` of the records (picked at random) are
-        refused for throughput, per record, as a shard at its limit does: the others
-        alone go on to the stream, and the answer has every record's result in its
-        place. A body that is not a PutRecords' goes on untouched, for moto to answer."""
+    def _refuse_some(self, environ: dict, start_response: Callable, op: str) -> Iterable[bytes]:
+        """A PutRecords (PutRecordBatch) of which ``refuse_records`` of the records (picked
+        at random) are refused for throughput, per record, as a shard (a delivery stream)
+        at its limit does: the others alone go on to the stream, and the answer has every
+        record's result in its place. A body that is not one goes on untouched, for moto
+        to answer."""
+        records_key, failed_key, results_key, refusal = _BATCHES[op]
         raw = _read_body(environ)
         try:
             request = json.loads(raw)
-            recs = request["Records"]
+            recs = request[records_key]
             if not isinstance(recs, list) or not recs:
                 raise ValueError("no records")
         except (ValueError, KeyError, TypeError):
@@ -227,13 +244,13 @@ class Faults:
         with self._lock:
             share = self._setting.refuse_records
             refused = {i for i in range(len(recs)) if self._rng.random() < share}
-            self._counts["records_refused"][PUT_RECORDS] += len(refused)
+            self._counts["records_refused"][op] += len(refused)
         if not refused:
             return self._app(environ, start_response)
         kept = [r for i, r in enumerate(recs) if i not in refused]
         answers: list[dict] = []
         if kept:
-            body = json.dumps({**request, "Records": kept}).encode()
+            body = json.dumps({**request, records_key: kept}).encode()
             environ["wsgi.input"] = io.BytesIO(body)
             environ["CONTENT_LENGTH"] = str(len(body))
             status: list[str] = []
@@ -247,15 +264,15 @@ class Faults:
             out = b"".join(written + list(self._app(environ, capture)))
             if not status[0].startswith("2"):  # refused whole (no such stream, ...): its own answer
                 return self._error(start_response, status[0], *_kind_and_message(out))
-            answers = json.loads(out)["Records"]
+            answers = json.loads(out)[results_key]
         placed = iter(answers)
         results = [
-            {"ErrorCode": THROUGHPUT_EXCEEDED, "ErrorMessage": "Rate exceeded for shard (an emulator fault)."}
+            {"ErrorCode": refusal, "ErrorMessage": "Rate exceeded (an emulator fault)."}
             if i in refused
             else next(placed)
             for i in range(len(recs))
         ]
-        return _json("200 OK", {"FailedRecordCount": len(refused), "Records": results}, start_response)
+        return _json("200 OK", {failed_key: len(refused), results_key: results}, start_response)
 
     def _internal_error(self, start_response: Callable, service: str) -> list[bytes]:
         if service == "secretsmanager":
@@ -264,7 +281,7 @@ class Faults:
         if service == "sqs":
             return self._error(start_response, "500 Internal Server Error", "com.amazonaws.sqs#InternalError",
                                "We encountered an internal error. Please try again.")
-        if service == "kinesis":
+        if service in ("kinesis", "firehose"):
             return self._error(start_response, "500 Internal Server Error", "InternalFailure",
                                "The server encountered an internal error.")
         return self._error(start_response, "500 Internal Server Error", "com.amazonaws.dynamodb.v20120810#InternalServerError",

@@ -114,6 +114,7 @@ class Fleet(FleetAudit):
         self._old_sigterm: Any = None
         self._api_log: Any = None
         self._journaling = False  # we switched the emulator's journal on (off again at close)
+        self._delivery_bodies: dict[str, bytes] = {}
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -126,14 +127,18 @@ class Fleet(FleetAudit):
             if self._own_emulator:
                 self.emulator.start()
             self.aws_env = self.emulator.create_resources(",".join(self.sinks))
-            if schema.SINK_KINESIS in self.sinks:
+            if schema.SINK_KINESIS in self.sinks or schema.SINK_FIREHOSE in self.sinks:
                 # What a takeover resumed from (the stream audit's evidence): from before any START.
                 record_journal(self.emulator.endpoint_url)
                 self._journaling = True
+            if schema.SINK_KINESIS in self.sinks:
                 self._kinesis = self._client("kinesis", harness=True)
+            if schema.SINK_FIREHOSE in self.sinks:
+                self._firehose = self._client("firehose", harness=True)
             self._ddb = self._client("dynamodb", harness=True)
             self.messages_store = MessagesStore(self._ddb, self.aws_env["MESSAGES_TABLE_NAME"])
-            self.objects_store = ObjectsStore(self._client("s3", harness=True), self.aws_env["MESSAGES_BUCKET_NAME"])
+            self._s3 = self._client("s3", harness=True)
+            self.objects_store = ObjectsStore(self._s3, self.aws_env["MESSAGES_BUCKET_NAME"])
             self.upstream = ThreadedUpstream(host=LOOPBACK, rate=self.rate).start()
             self._start_api()
             if self.sample_interval is not None:

@@ -1,6 +1,7 @@
 """The fleet's reads of what it stored, after (or during) a run: the messages as a user
 or a consumer reads them, the large frame read back whole, the table audit and, where
-the sink has kinesis, the stream and its audit (:mod:`.stream_audit`).
+the sink has kinesis, the stream and its audit (:mod:`.stream_audit`), where it has
+firehose, the delivery stream's objects and theirs (:mod:`.delivery_audit`).
 
 A part of :class:`~sim.fleet.Fleet` (its base class), kept apart from the
 processes and the observer: it reads only what the fleet set up (``aws_env``, the
@@ -16,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from wsfleet import settings_spec
 from wsfleet import schema
-from . import stream_audit
+from . import delivery_audit, stream_audit
 from .emulator import journal
 from .observed import Audit, LargeFrame
 
@@ -34,14 +35,41 @@ class FleetAudit:
     objects_store: Any
     _ddb: Any
     _kinesis: Any
+    _firehose: Any
+    _s3: Any
+    _delivery_bodies: dict[str, bytes]  # the delivery stream's objects read so far, by key
     # And Fleet's scan() (the connections as read now) and request() (the local API).
 
     def messages(self, connection_id: str) -> list[dict]:
         """The connection's messages as table items: the table's, or with no table sink
-        what a consumer keeps of the stream (:func:`stream_audit.consumer_view`)."""
+        what a consumer keeps of the stream or the delivery stream
+        (:func:`stream_audit.consumer_view`)."""
         if schema.SINK_DYNAMODB in self.sinks:
             return self.messages_store.read_all(connection_id)
-        return stream_audit.as_items(stream_audit.consumer_view(self.read_stream()).get(connection_id, {}))
+        return stream_audit.as_items(stream_audit.consumer_view(self.read_deliveries()).get(connection_id, {}))
+
+    def read_deliveries(self) -> list[stream_audit.Delivery]:
+        """What a reader of a sink other than the table reads: the stream where there is
+        one, else the delivery stream's objects."""
+        return self.read_stream() if schema.SINK_KINESIS in self.sinks else self.read_delivery()
+
+    # -- the delivery stream (SINK has firehose) ----------------------------------------------
+
+    def read_delivery(self) -> list[stream_audit.Delivery]:
+        """Every line the delivery stream has put in S3 now, in a reader's order (each
+        object read once: the audits read the whole delivery again and again)."""
+        return delivery_audit.read_delivery(
+            self._firehose, self._s3, self.aws_env[settings_spec.MESSAGES_DELIVERY_STREAM_NAME], self._delivery_bodies
+        )
+
+    def delivery_audit(self, connection_ids: Sequence[str], *, data_of: Sequence[str] | None = None,
+                       deliveries: Sequence[stream_audit.Delivery] | None = None) -> stream_audit.StreamAudit:
+        """The delivery stream's lines against the same rules as the stream's
+        (:mod:`.delivery_audit`)."""
+        result = self.stream_audit(connection_ids, data_of=data_of,
+                                   deliveries=self.read_delivery() if deliveries is None else deliveries)
+        result.carriers = "lines in S3 objects"
+        return result
 
     # -- the messages stream (SINK has kinesis) ---------------------------------------------
 
@@ -109,8 +137,8 @@ class FleetAudit:
         return out
 
     def _large_frame_from_stream(self, out: LargeFrame) -> LargeFrame:
-        record = stream_audit.consumer_view(self.read_stream()).get(out.connection_id, {}).get(out.seq)
-        out.via = "stream"
+        record = stream_audit.consumer_view(self.read_deliveries()).get(out.connection_id, {}).get(out.seq)
+        out.via = "stream" if schema.SINK_KINESIS in self.sinks else "firehose"
         if record is None:
             return out
         if record.data_ref is None:
@@ -148,7 +176,7 @@ class FleetAudit:
         (with no table sink, the seqs a consumer of the stream keeps)."""
         assert self.upstream is not None
         states = self.scan()
-        view = None if schema.SINK_DYNAMODB in self.sinks else stream_audit.consumer_view(self.read_stream())
+        view = None if schema.SINK_DYNAMODB in self.sinks else stream_audit.consumer_view(self.read_deliveries())
         out = []
         for cid in sorted(connection_ids if connection_ids is not None else states):
             seqs = self._stored_seqs(cid) if view is None else sorted(view.get(cid, {}))

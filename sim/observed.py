@@ -186,7 +186,7 @@ class LargeFrame:
     item_sha256: str | None = None
     read_bytes: int | None = None  # what the object read back holds
     read_sha256: str | None = None
-    via: str = "api"  # read back through the read API, or ("stream") from its record's data_ref
+    via: str = "api"  # read back through the read API, or ("stream", "firehose") from its record's data_ref
 
     @property
     def ok(self) -> bool:

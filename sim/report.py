@@ -329,10 +329,10 @@ def large_frame_lines(large: LargeFrame) -> list[str]:
     if large.stored != "object":
         return [f"{head}; stored: {large.stored} (expected an S3 object)"]
     verdict = "matches what the upstream sent" if large.ok else "DOES NOT match what the upstream sent"
-    how, holder = (
-        ("from its record on the stream and the object its data_ref names", "record")
-        if large.via == "stream" else (f"through GET /connections/{large.connection_id}/messages and its data_url", "item")
-    )
+    how, holder = {
+        "stream": ("from its record on the stream and the object its data_ref names", "record"),
+        "firehose": ("from its line in the delivery stream's objects and the object its data_ref names", "line"),
+    }.get(large.via, (f"through GET /connections/{large.connection_id}/messages and its data_url", "item"))
     return [
         f"{head}, stored as {large.data_ref}",
         f"  read back {how}: {large.read_bytes:,} bytes ({holder} says {large.item_bytes:,}), SHA-256 {large.read_sha256} "

@@ -204,6 +204,7 @@ class Takeover:
 class StreamAudit:
     records: int = 0  # user records (a frame's or a marker's), unpacked
     kinesis_records: int = 0  # the Kinesis records that carried them (aggregates or plain)
+    carriers: str = "Kinesis records"  # what kinesis_records counts (the delivery stream's: lines)
     connections: int = 0
     delivered: int = 0  # distinct (connection, seq) pairs, a marker's range counted whole
     resent: int = 0  # deliveries again with the same fence
@@ -226,7 +227,7 @@ class StreamAudit:
     def lines(self) -> list[str]:
         worst = self.worst
         out = [
-            f"stream: {self.records} records in {self.kinesis_records} Kinesis records for {self.connections} "
+            f"stream: {self.records} records in {self.kinesis_records} {self.carriers} for {self.connections} "
             f"connections; {self.delivered} seqs delivered; "
             f"again: {self.resent} resent with the same fence (a partly refused or unanswered PutRecords), "
             f"{self.again_after_takeover} with a higher fence after {sum(1 for t in self.takeovers if t.again)} takeovers"

@@ -10,7 +10,7 @@ from typing import Any
 
 from stacks import tracing
 from stacks.settings import EnvironmentSettings
-from wsfleet import budget, metrics_names
+from wsfleet import budget, metrics_names, schema
 from wsfleet import settings_spec as spec
 
 METRICS_NAMESPACE = metrics_names.DEFAULT_NAMESPACE
@@ -27,6 +27,7 @@ class Resources:
     queue_url: str
     messages_stream_name: str | None  # None: kinesis is not a sink
     stores_in_table: bool
+    messages_delivery_stream_name: str | None = None  # None: firehose is not a sink
 
 
 def _text(name: str, value: Any) -> str:
@@ -36,12 +37,14 @@ def _text(name: str, value: Any) -> str:
 def _sink(settings: EnvironmentSettings, resources: Resources) -> dict[str, str]:
     """SINK and what it names, for the worker and the router alike. Where the sink is the
     default (the table alone) SINK is left unset, as before there was a choice; where the
-    table is not a sink its name is not given: nothing reads it then."""
+    table is not a sink its name is not given: nothing reads it then. The delivery
+    stream's name is the worker's alone (:func:`worker`)."""
     variables = {}
     if resources.stores_in_table:
         variables[spec.MESSAGES_TABLE_NAME] = resources.messages_table_name
-    if resources.messages_stream_name is not None:
+    if settings.sinks != schema.DEFAULT_SINKS:
         variables[spec.SINK] = ",".join(settings.sinks)
+    if resources.messages_stream_name is not None:
         variables[spec.MESSAGES_STREAM_NAME] = resources.messages_stream_name
     return variables
 
@@ -105,6 +108,11 @@ def worker(settings: EnvironmentSettings, resources: Resources, region: str) -> 
             spec.TABLE_NAME: resources.connections_table_name,
             spec.SESSIONS_TABLE_NAME: resources.sessions_table_name,
             **_sink(settings, resources),
+            **(
+                {spec.MESSAGES_DELIVERY_STREAM_NAME: resources.messages_delivery_stream_name}
+                if resources.messages_delivery_stream_name is not None
+                else {}
+            ),
             spec.MESSAGES_BUCKET_NAME: resources.messages_bucket_name,
             spec.QUEUE_URL: resources.queue_url,
             spec.AWS_REGION: region,

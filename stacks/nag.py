@@ -18,6 +18,7 @@ from constructs import IConstruct
 
 from stacks.constructs.api import EventsApi
 from stacks.constructs.consumer import ConsumerStore, ReferenceConsumer
+from stacks.constructs.messages_delivery import DELIVERY_BUCKET_LOGICAL_ID, MessagesDelivery
 from stacks.constructs.messages_stream import MessagesStream
 from stacks.constructs.router import Router
 from stacks.constructs.worker_service import WorkerService
@@ -51,6 +52,7 @@ def acknowledge_stateful_findings(
     *,
     messages_bucket: s3.IBucket,
     messages_stream: MessagesStream | None,
+    messages_delivery: MessagesDelivery | None,
     consumer_store: ConsumerStore | None,
     tables: tuple[dynamodb.ITable, ...],
 ) -> None:
@@ -74,6 +76,23 @@ def acknowledge_stateful_findings(
             "key's are AWS's. The workers may use it only to generate data keys and the consumer only to "
             "decrypt, each only through Kinesis for this stream.",
         )
+    if messages_delivery is not None:
+        _acknowledge(
+            messages_delivery.bucket,
+            "AwsSolutions-S1",
+            "No server access logs on the delivery stream's bucket: only Firehose's role writes objects "
+            "(under frames/ and errors/), and Athena reads them for callers whose queries CloudTrail "
+            "records; an access-log bucket would be a second bucket, itself unlogged. Turn on CloudTrail "
+            "S3 data events for an object-level audit.",
+        )
+        for prefix in ("frames", "errors"):
+            _acknowledge(
+                messages_delivery.role,
+                f"AwsSolutions-IAM5[Resource::<{DELIVERY_BUCKET_LOGICAL_ID}.Arn>/{prefix}/*]",
+                f"Firehose's role writes the objects it delivers under {prefix}/ (names it makes: a partition "
+                "path, the stream's name, a time and a random id), and reads and aborts its own uploads there: "
+                "the prefix is the narrowest resource its objects have.",
+            )
     if consumer_store is not None:
         _acknowledge(
             consumer_store.bucket,

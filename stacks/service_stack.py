@@ -51,16 +51,23 @@ class ServiceStack(Stack):
         stream_key: kms.IKey | None = None,
         consumer_bucket_name: str | None = None,
         consumer_table: dynamodb.ITable | None = None,
+        delivery_stream: tuple[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         """``messages_stream`` where kinesis is a sink, with ``stream_key`` if it is
         encrypted with a customer-managed key; ``consumer_bucket_name`` (as
-        ``messages_bucket_name``) and ``consumer_table`` where the reference consumer is."""
+        ``messages_bucket_name``) and ``consumer_table`` where the reference consumer is;
+        ``delivery_stream`` (its name and ARN) where firehose is a sink."""
         super().__init__(scope, id, **kwargs)
-        if settings.has_stream != (messages_stream is not None) or (settings.consumer is None) != (
-            consumer_bucket_name is None or consumer_table is None
+        if (
+            settings.has_stream != (messages_stream is not None)
+            or (settings.consumer is None) != (consumer_bucket_name is None or consumer_table is None)
+            or settings.has_delivery != (delivery_stream is not None)
         ):
-            raise ValueError("the stream, and the consumer's bucket and table, go exactly where the settings have them")
+            raise ValueError(
+                "the stream, the delivery stream, and the consumer's bucket and table, go exactly where the settings have them"
+            )
+        self.delivery_stream = delivery_stream
         self._secret_prefix = settings.secret_prefix
         self._stores_in_table = settings.stores_in_table
         self._ring_indexes = [schema.RING_INDEX, *([LEGACY_RING_INDEX] if settings.keep_legacy_ring_index else [])]
@@ -83,6 +90,7 @@ class ServiceStack(Stack):
             queue_url=start_queue.queue_url,
             messages_stream_name=messages_stream.stream_name if messages_stream is not None else None,
             stores_in_table=settings.stores_in_table,
+            messages_delivery_stream_name=delivery_stream[0] if delivery_stream is not None else None,
         )
 
         self.network = Network(
@@ -191,6 +199,7 @@ class ServiceStack(Stack):
             stream=messages_stream,
             consumer=self.consumer,
             consumer_service_name=settings.consumer_service_name,
+            delivery_stream_name=delivery_stream[0] if delivery_stream is not None else None,
         )
         self.dashboard = OperationsDashboard(
             self,
@@ -307,7 +316,8 @@ class ServiceStack(Stack):
         queries the stored end past a checkpoint; where the stream is, it puts records
         (PutRecords, and nothing else: it neither describes nor reads the stream), and
         with a customer-managed key Kinesis asks KMS for data keys on its behalf
-        (GenerateDataKey, for this stream only); it stores data too large for an item or
+        (GenerateDataKey, for this stream only); where the delivery stream is, it puts
+        record batches (PutRecordBatch, nothing else); it stores data too large for an item or
         a record as an object under the bucket's messages prefix (PutObject: S3
         authorizes a multipart upload's parts with it too) before the item or record;
         it consumes hints and sends them for connections it frees, publishes its
@@ -348,6 +358,10 @@ class ServiceStack(Stack):
                 iam.PolicyStatement(actions=["kinesis:PutRecords"], resources=[self.messages_stream.stream_arn])
             )
             self._grant_stream_key(role, "kms:GenerateDataKey")
+        if self.delivery_stream is not None:
+            role.add_to_principal_policy(
+                iam.PolicyStatement(actions=["firehose:PutRecordBatch"], resources=[self.delivery_stream[1]])
+            )
         role.add_to_principal_policy(
             iam.PolicyStatement(actions=["s3:PutObject"], resources=[self.message_objects_arn])
         )

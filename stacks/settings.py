@@ -83,8 +83,9 @@ class EnvironmentSettings:
     log_retention: logs.RetentionDays = logs.RetentionDays.ONE_WEEK
 
     # --- where frames go (SINK; CONTRACT section 4) --------------------------------------
-    # "dynamodb" (the messages table), "kinesis" (the messages stream) or both,
-    # comma-separated; parsed by the runtime's own config.sinks. The messages table is
+    # "dynamodb" (the messages table), "kinesis" (the messages stream), "firehose" (the
+    # delivery stream into S3, for Athena) or several, comma-separated; parsed by the
+    # runtime's own config.sinks. The messages table is
     # deployed whatever the sink (emptying a stack of it is an operator's decision).
     sink: str = _PLAN["sink"]
     # How the messages table is billed: None (on-demand), or [messages_capacity] with
@@ -322,7 +323,7 @@ class EnvironmentSettings:
 
     def _check_sink(self) -> None:
         if not self.sink.strip():
-            raise SettingsError(f"sink must name {' or '.join(schema.SINKS)}, or both comma-separated")
+            raise SettingsError(f"sink must name one or more of {', '.join(schema.SINKS)}, comma-separated")
         try:
             chosen = config.sinks({settings_spec.SINK: self.sink})
         except ConfigError as error:
@@ -392,6 +393,10 @@ class EnvironmentSettings:
     @property
     def has_stream(self) -> bool:
         return schema.SINK_KINESIS in self.sinks
+
+    @property
+    def has_delivery(self) -> bool:
+        return schema.SINK_FIREHOSE in self.sinks
 
     @property
     def stores_in_table(self) -> bool:

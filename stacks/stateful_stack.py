@@ -1,6 +1,7 @@
 """The stateful stack: the tables (connections, worker sessions, messages), the
-messages bucket (data too large for an item), the START queue, and where ``kinesis`` is
-a sink the messages stream and the reference consumer's bucket and state table.
+messages bucket (data too large for an item), the START queue, where ``kinesis`` is
+a sink the messages stream and the reference consumer's bucket and state table, and
+where ``firehose`` is, the delivery stream, its bucket and its Glue table.
 
 Kept apart from the service stack so that the service can be replaced, or its stack
 deleted and recreated, without touching data; its resources keep fixed logical ids.
@@ -18,6 +19,7 @@ from constructs import Construct
 from stacks import nag
 from stacks.constructs.consumer import ConsumerStore
 from stacks.constructs.messages_bucket import MessagesBucket
+from stacks.constructs.messages_delivery import MessagesDelivery
 from stacks.constructs.messages_stream import MessagesStream
 from stacks.constructs.queue import StartQueue
 from stacks.constructs.tables import Tables
@@ -64,6 +66,16 @@ class StatefulStack(Stack):
                 retain_data=settings.retain_data,
                 shards=settings.stream_shards,
             )
+        self.messages_delivery: MessagesDelivery | None = None
+        if settings.has_delivery:
+            self.messages_delivery = MessagesDelivery(
+                self,
+                "MessagesDelivery",
+                environment_name=settings.name,
+                ttl_days=settings.message_ttl_days,
+                retain_data=settings.retain_data,
+                log_retention=settings.log_retention,
+            )
         self.consumer_store: ConsumerStore | None = None
         if settings.consumer is not None:
             self.consumer_store = ConsumerStore(
@@ -90,6 +102,7 @@ class StatefulStack(Stack):
             settings,
             messages_bucket=self.messages_bucket.bucket,
             messages_stream=self.messages_stream,
+            messages_delivery=self.messages_delivery,
             consumer_store=self.consumer_store,
             tables=(tables.connections, tables.sessions, tables.messages),
         )
@@ -104,6 +117,17 @@ class StatefulStack(Stack):
                     "The stream of one record per frame (MESSAGES_STREAM_NAME)",
                 )
             )
+        if self.messages_delivery is not None:
+            delivery = self.messages_delivery
+            outputs += [
+                (
+                    stack_outputs.MESSAGES_DELIVERY_STREAM_NAME,
+                    delivery.stream_name,
+                    "The Firehose delivery stream of the frames (MESSAGES_DELIVERY_STREAM_NAME)",
+                ),
+                (stack_outputs.DELIVERY_BUCKET_NAME, delivery.bucket.bucket_name, "Where the delivery stream puts the frames"),
+                (stack_outputs.DELIVERY_DATABASE_NAME, delivery.database_name, "The Glue database of the frames table, for Athena"),
+            ]
         if self.consumer_store is not None:
             outputs += [
                 (

@@ -130,6 +130,22 @@ def test_the_sink_is_the_table_by_default_a_stream_or_both(cls):
     assert cls.from_env({**BASE, "SINK": "kinesis", "MESSAGES_STREAM_NAME": arn}).messages_stream_name == arn
 
 
+def test_the_worker_takes_firehose_alone_or_with_the_others_and_needs_its_delivery_stream():
+    alone = WorkerConfig.from_env({**BASE, "SINK": "firehose", "MESSAGES_DELIVERY_STREAM_NAME": "wsfleet-dev-frames"})
+    assert alone.sinks == ("firehose",) and alone.messages_delivery_stream_name == "wsfleet-dev-frames"
+    every = WorkerConfig.from_env(
+        {**BASE, "SINK": "firehose,kinesis,dynamodb", "MESSAGES_STREAM_NAME": "s", "MESSAGES_DELIVERY_STREAM_NAME": "f"}
+    )
+    assert every.sinks == ("dynamodb", "kinesis", "firehose")
+    for env, named in (
+        ({"SINK": "firehose"}, "MESSAGES_DELIVERY_STREAM_NAME is required when SINK is firehose"),
+        ({"SINK": "firehose", "MESSAGES_DELIVERY_STREAM_NAME": "arn:aws:firehose:x"}, "must be a Firehose stream name"),
+        ({"SINK": "fire-hose"}, "SINK must be one or more of dynamodb, kinesis, firehose, comma-separated, got 'fire-hose'"),
+    ):
+        with pytest.raises(ConfigError, match=named):
+            WorkerConfig.from_env({**BASE, **env})
+
+
 @pytest.mark.parametrize(
     "env, named",
     [

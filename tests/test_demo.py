@@ -261,7 +261,7 @@ def test_the_sink_comes_from_the_flag_or_sink_in_the_environment_and_a_bad_one_i
     assert parse_args([]).sink == "kinesis"
     with pytest.raises(SystemExit):
         parse_args(["--sink", "kafka"])
-    assert "SINK must be dynamodb or kinesis" in capsys.readouterr().err
+    assert "SINK must be one or more of dynamodb, kinesis, firehose" in capsys.readouterr().err
 
 
 def test_chaos_deals_kinesis_faults_only_with_a_stream_to_fault(monkeypatch, capsys):

@@ -1,6 +1,9 @@
-"""The fleet with SINK=kinesis, as real processes: an owner killed with -9, its
-connections taken over, and the messages stream audited whole (CONTRACT.md section 4:
-at least once, in order, again only after a takeover and within the bound).
+"""The fleet with SINK=kinesis,firehose, as real processes: an owner killed with -9, its
+connections taken over, the survivor then stopped with SIGTERM and its connections handed
+over, and the messages stream and the delivery stream's objects each
+audited whole (CONTRACT.md section 4: at least once, in order (the delivery stream's in
+seq order, as its readers sort it), again only after a takeover and within the bound).
+One run serves both sinks: the writer sends every call to each.
 
 Timings as tests/test_fleet.py's, but for checkpoints three seconds apart: the owner is
 killed when the stream is well past its checkpoints and the next one is not due yet (the
@@ -17,7 +20,7 @@ from tests.test_fleet import (
     RATE, SCAN_POLL_S, TIMING, busiest, start_connections, start_workers, stored_more, wait_taken_over, watched_by_all,
 )
 from wsfleet import schema
-from sim import report
+from sim import report, stream_audit
 from sim.fleet import Fleet
 from sim.processes import eventually
 
@@ -29,7 +32,7 @@ KINESIS_TIMING = dataclasses.replace(TIMING, checkpoint_s=3.0)
 @pytest.fixture
 def fleet(emulator, tmp_path):
     with Fleet(run_dir=tmp_path, timing=KINESIS_TIMING, rate=RATE, emulator=emulator, sample_interval=0.25,
-               sink=schema.SINK_KINESIS) as f:
+               sink=f"{schema.SINK_KINESIS},{schema.SINK_FIREHOSE}") as f:
         yield f
 
 
@@ -43,7 +46,7 @@ def stream_ahead(fleet: Fleet, connection_ids: set[str], *, by: float) -> bool:
     return all(ends.get(cid, 0) >= states[cid].last_seq + by for cid in connection_ids)
 
 
-def test_a_kill_9_with_sink_kinesis_delivers_every_seq_in_order_and_again_only_after_the_takeover(fleet):
+def test_a_kill_9_with_sink_kinesis_and_firehose_delivers_every_seq_in_order_and_again_only_after_the_takeover(fleet):
     start_workers(fleet, "w1", "w2")
     ids = start_connections(fleet, 6)
     watched_by_all(fleet, KINESIS_TIMING)
@@ -58,6 +61,13 @@ def test_a_kill_9_with_sink_kinesis_delivers_every_seq_in_order_and_again_only_a
     wait_taken_over(fleet, event, KINESIS_TIMING.crash_bound_s + 10)
     marks = {cid: c.last_seq for cid, c in fleet.scan().items() if cid in affected}
     eventually(lambda: stored_more(fleet, marks, 3), 15, "the survivor to checkpoint more", interval=SCAN_POLL_S)
+    # Then a rolling deploy: w3 comes up and the survivor gets SIGTERM. It flushes and
+    # releases at the exact end of what it sent: w3 delivers nothing again.
+    start_workers(fleet, "w3")
+    at, status = fleet.terminate(survivor, timeout=KINESIS_TIMING.shutdown_s + 5)
+    assert status == 0
+    event = report.Event(report.DEPLOY, f"SIGTERM {survivor}", at, dict.fromkeys(ids, at), KINESIS_TIMING.graceful_bound_s, survivor)
+    wait_taken_over(fleet, event, KINESIS_TIMING.lease_s + 10)
     for cid in ids:
         fleet.stop_connection(cid)
     fleet.wait_quiet(ids, timeout=KINESIS_TIMING.stop_bound_s + KINESIS_TIMING.lease_s + 5)
@@ -76,6 +86,20 @@ def test_a_kill_9_with_sink_kinesis_delivers_every_seq_in_order_and_again_only_a
         takers = {d.record.worker_id for d in deliveries if d.record.connection_id == t.connection_id
                   and d.record.fence_token == t.fence}
         assert takers == {survivor}
+    handed = [t for t in result.takeovers if t.clean]
+    assert {t.connection_id for t in handed} == set(ids) and all(t.again == 0 for t in handed)
+    # The delivery stream's objects: the same rules, in the order a reader sorts them
+    # (by seq, the highest fence kept); again only where the stream had it again.
+    lines = fleet.read_delivery()
+    delivered = fleet.delivery_audit(ids, deliveries=lines)
+    assert delivered.ok, delivered.lines()
+    assert delivered.connections == len(ids) and delivered.records == len(lines)
+    again_lines = {t.connection_id: t for t in delivered.takeovers if t.again}
+    assert again_lines and set(again_lines) <= affected
+    assert all(t.again <= t.bound and t.checkpoint is not None for t in again_lines.values())
+    assert all(t.again == 0 for t in delivered.takeovers if t.clean)
+    kept = stream_audit.consumer_view(lines)
+    assert {c: sorted(v) for c, v in kept.items()} == {c: sorted(v) for c, v in stream_audit.consumer_view(deliveries).items()}
     # What a consumer keeps is what the upstream sent, 1..checkpoint, each once.
     audits = fleet.audit(ids)
     assert [a for a in audits if not a.ok] == []

@@ -26,7 +26,7 @@ from wsfleet.config import WorkerConfig
 from sim.emulator import faults, set_faults
 from wsfleet.logs import JsonLogger
 from wsfleet.metrics import Counters
-from wsfleet.sinks import BothSinks, InvalidItem, MessagesStore, ObjectsStore, StoredObject, StreamSink
+from wsfleet.sinks import ManySinks, InvalidItem, MessagesStore, ObjectsStore, StoredObject, StreamSink
 from wsfleet.store import TransientError
 from wsfleet.stream import MAX_MESSAGE_BYTES, Frame, Problem, upstream_gap
 from wsfleet.worker.writer import Writer
@@ -411,7 +411,7 @@ def test_both_sinks_store_each_call_in_the_table_and_on_the_stream_and_resume_fr
     env = kinesis_env(emulator.endpoint_url, sink="dynamodb,kinesis", shards=1)
     ddb = boto3.client("dynamodb", endpoint_url=emulator.endpoint_url, region_name=REGION)
     table = MessagesStore(ddb, env["MESSAGES_TABLE_NAME"])
-    both = BothSinks(table, StreamSink(kinesis, env["MESSAGES_STREAM_NAME"]))
+    both = ManySinks(table, StreamSink(kinesis, env["MESSAGES_STREAM_NAME"]))
     assert (both.names, both.max_batch, both.reads_tail) == (("dynamodb", "kinesis"), 25, False)
     both.put_many(frames("a", range(1, 31), fence=5), worker_id="w")
     assert [row["sk"] for row in table.read_all("a")] == list(range(1, 31))
@@ -521,7 +521,7 @@ def test_with_both_sinks_a_batch_the_table_took_and_the_stream_did_not_is_not_re
     url, client, _ = faulted
     env = kinesis_env(url, sink="dynamodb,kinesis", shards=1)
     table = MessagesStore(boto3.client("dynamodb", endpoint_url=url, region_name=REGION), env["MESSAGES_TABLE_NAME"])
-    both = BothSinks(table, StreamSink(client, env["MESSAGES_STREAM_NAME"], sleep=lambda _: None, max_rounds=2))
+    both = ManySinks(table, StreamSink(client, env["MESSAGES_STREAM_NAME"], sleep=lambda _: None, max_rounds=2))
     counters, stored = Counters(), {}
     writer = stream_writer(both, counters, stored, clock.now() + 600, "a")
     set_faults(url, outage={"kinesis": 600})

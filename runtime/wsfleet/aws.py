@@ -134,6 +134,13 @@ class Aws:
             if schema.SINK_KINESIS in config.sinks
             else None
         )
+        # The delivery stream (SINK has firehose; None otherwise): PutRecordBatch, the same
+        # rules as the stream's (DeliverySink builds and checks its records itself).
+        self.firehose = (
+            session.client("firehose", endpoint_url=config.endpoint_url, config=Config(parameter_validation=False, **once))
+            if schema.SINK_FIREHOSE in config.sinks
+            else None
+        )
         retried = dict(retries={"mode": "standard", "max_attempts": 3}, **base)
         self.sqs = session.client(
             "sqs", endpoint_url=config.endpoint_url, config=Config(read_timeout=SQS_WAIT_SECONDS + 10, **retried)
@@ -155,9 +162,10 @@ class Aws:
         for client in self.dynamodb_clients:
             client.meta.events.register("before-send.dynamodb", _refuse_after_deadline)
         self.s3.meta.events.register("before-send.s3", _refuse_after_deadline)
-        if self.kinesis is not None:
-            self.kinesis.meta.events.register("request-created", self._count)
-            self.kinesis.meta.events.register("before-send.kinesis", _refuse_after_deadline)
+        for stream, service in ((self.kinesis, "kinesis"), (self.firehose, "firehose")):
+            if stream is not None:
+                stream.meta.events.register("request-created", self._count)
+                stream.meta.events.register(f"before-send.{service}", _refuse_after_deadline)
         _install_socket_check()
 
     @property

@@ -37,6 +37,7 @@ from .settings_spec import (
     MAX_FRAME_BYTES,
     MESSAGE_TTL_DAYS,
     MESSAGES_BUCKET_NAME,
+    MESSAGES_DELIVERY_STREAM_NAME,
     MESSAGES_STREAM_NAME,
     MESSAGES_TABLE_NAME,
     METRICS_NAMESPACE,
@@ -206,15 +207,16 @@ def upstream_secret_prefix(env: Mapping[str, str]) -> str:
 
 def sinks(env: Mapping[str, str]) -> tuple[str, ...]:
     """``SINK``: where frames go, a comma-separated set of ``dynamodb`` (the messages
-    table, the default) and ``kinesis`` (the stream ``MESSAGES_STREAM_NAME``), in the
-    order of :data:`schema.SINKS` whatever order it was written in."""
+    table, the default), ``kinesis`` (the stream ``MESSAGES_STREAM_NAME``) and
+    ``firehose`` (the delivery stream ``MESSAGES_DELIVERY_STREAM_NAME``), in the order
+    of :data:`schema.SINKS` whatever order it was written in."""
     raw = env.get(SINK, "").strip()
     if not raw:
         return schema.DEFAULT_SINKS
     named = [part.strip().lower() for part in raw.split(",")]
     unknown = [n for n in named if n not in schema.SINKS]
     if unknown or "" in named:
-        raise ConfigError(f"{SINK} must be {' or '.join(schema.SINKS)}, or both comma-separated, got {raw!r}")
+        raise ConfigError(f"{SINK} must be one or more of {', '.join(schema.SINKS)}, comma-separated, got {raw!r}")
     return tuple(n for n in schema.SINKS if n in named)
 
 
@@ -228,6 +230,18 @@ def messages_stream_name(env: Mapping[str, str], chosen: tuple[str, ...]) -> str
     # A stream name (1-128 of [a-zA-Z0-9_.-]) or its ARN.
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}|arn:[a-z-]+:kinesis:[a-z0-9-]+:\d{12}:stream/[A-Za-z0-9_.-]{1,128}", name):
         raise ConfigError(f"{MESSAGES_STREAM_NAME} must be a Kinesis stream name or ARN, got {name!r}")
+    return name
+
+
+def messages_delivery_stream_name(env: Mapping[str, str], chosen: tuple[str, ...]) -> str:
+    """``MESSAGES_DELIVERY_STREAM_NAME``: required when ``SINK`` has firehose; "" otherwise."""
+    name = env.get(MESSAGES_DELIVERY_STREAM_NAME, "").strip()
+    if schema.SINK_FIREHOSE not in chosen:
+        return name
+    if not name:
+        raise ConfigError(f"{MESSAGES_DELIVERY_STREAM_NAME} is required when {SINK} is {','.join(chosen)}")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+        raise ConfigError(f"{MESSAGES_DELIVERY_STREAM_NAME} must be a Firehose stream name (1-64 of A-Z a-z 0-9 _ . -), got {name!r}")
     return name
 
 
@@ -346,6 +360,7 @@ class WorkerConfig:
     upstream_secret_prefix: str = ""  # secret_headers ARNs must name secrets under it
     sinks: tuple[str, ...] = schema.DEFAULT_SINKS  # where frames go (schema.SINKS)
     messages_stream_name: str = ""  # the Kinesis stream, when sinks has kinesis
+    messages_delivery_stream_name: str = ""  # the Firehose stream, when sinks has firehose
     tracing: tracing.Settings = tracing.Settings()  # TRACING and what goes with it
     secret_hosts_required: bool = False  # an untagged secret (no wsfleet:hosts) is refused
     upstream_proxy: Proxy | None = None  # UPSTREAM_PROXY: the HTTP proxy upstream sockets tunnel through
@@ -391,6 +406,7 @@ class WorkerConfig:
             upstream_secret_prefix=upstream_secret_prefix(env),
             sinks=chosen,
             messages_stream_name=messages_stream_name(env, chosen),
+            messages_delivery_stream_name=messages_delivery_stream_name(env, chosen),
             tracing=tracing_settings(env),
             secret_hosts_required=_flag(env, SECRET_HOSTS_REQUIRED),
             upstream_proxy=upstream_proxy(env),

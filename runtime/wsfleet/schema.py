@@ -186,11 +186,14 @@ MESSAGE_TTL_ATTRIBUTE = "expires_at"  # epoch seconds; only written when a TTL i
 # SINK is a comma-separated set of these: the messages table (readable through the
 # API), a Kinesis stream (MESSAGES_STREAM_NAME: one record per frame, wsfleet.records,
 # a connection's records of one flush packed into one aggregated Kinesis record,
-# wsfleet.aggregation), or both. With a stream among them a new owner resumes from the checkpoint (a stream's
-# tail cannot be read cheaply): delivery is at least once (CONTRACT.md section 4).
+# wsfleet.aggregation), a Firehose delivery stream (MESSAGES_DELIVERY_STREAM_NAME: the
+# # same records as JSON lines, into S3 for Athena; wsfleet.sinks.firehose), or several.
+# With a stream among them a new owner resumes from the checkpoint (a stream's tail
+# cannot be read cheaply): delivery is at least once (CONTRACT.md section 4).
 SINK_DYNAMODB = "dynamodb"
 SINK_KINESIS = "kinesis"
-SINKS = (SINK_DYNAMODB, SINK_KINESIS)
+SINK_FIREHOSE = "firehose"
+SINKS = (SINK_DYNAMODB, SINK_KINESIS, SINK_FIREHOSE)
 DEFAULT_SINKS = (SINK_DYNAMODB,)
 
 # --- the reference consumer's table (wsfleet.consumer) ----------------------------

@@ -36,6 +36,7 @@ MESSAGES_BUCKET_NAME = "MESSAGES_BUCKET_NAME"
 SINK = "SINK"
 MESSAGES_TABLE_NAME = "MESSAGES_TABLE_NAME"
 MESSAGES_STREAM_NAME = "MESSAGES_STREAM_NAME"
+MESSAGES_DELIVERY_STREAM_NAME = "MESSAGES_DELIVERY_STREAM_NAME"
 AWS_REGION = "AWS_REGION"
 AWS_DEFAULT_REGION = "AWS_DEFAULT_REGION"
 AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
@@ -135,8 +136,9 @@ _VARIABLES = (
     ),
     Variable(
         SINK, TEXT, "dynamodb",
-        "where frames go: `dynamodb` (the messages table), `kinesis` (the stream), or `dynamodb,kinesis` "
-        '(see [Where frames go](sinks.md)); the stacks set it where the stream is',
+        "where frames go: `dynamodb` (the messages table), `kinesis` (the stream), `firehose` (the delivery "
+        "stream into S3), or several comma-separated, such as `dynamodb,kinesis` "
+        '(see [Where frames go](sinks.md)); the stacks set it from the environment\'s `sink`',
         _SERVICE,
     ),
     Variable(
@@ -145,6 +147,10 @@ _VARIABLES = (
     Variable(
         MESSAGES_STREAM_NAME, NAME, None, "the messages stream: its name or ARN", _SERVICE,
         shown="required where `SINK` has `kinesis`",
+    ),
+    Variable(
+        MESSAGES_DELIVERY_STREAM_NAME, NAME, None, "the Firehose delivery stream: its name", (WORKER,),
+        shown="required where `SINK` has `firehose`",
     ),
     Variable(
         AWS_REGION, NAME, None, "standard SDK variable (Lambda sets it itself)", READERS,

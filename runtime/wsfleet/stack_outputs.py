@@ -14,6 +14,10 @@ MESSAGES_TABLE_NAME = "MessagesTableName"
 MESSAGES_BUCKET_NAME = "MessagesBucketName"
 MESSAGES_STREAM_NAME = "MessagesStreamName"  # only where SINK has kinesis
 START_QUEUE_URL = "StartQueueUrl"
+# Only where SINK has firehose.
+MESSAGES_DELIVERY_STREAM_NAME = "MessagesDeliveryStreamName"
+DELIVERY_BUCKET_NAME = "DeliveryBucketName"
+DELIVERY_DATABASE_NAME = "DeliveryDatabaseName"
 # Only where the reference consumer is deployed.
 CONSUMER_BUCKET_NAME = "ConsumerBucketName"
 CONSUMER_TABLE_NAME = "ConsumerTableName"

@@ -148,7 +148,8 @@ def gather(fleet: Fleet, connection_ids: Sequence[str], snapshots: list[Snapshot
     if schema.SINK_DYNAMODB in fleet.sinks:
         items = {cid: fleet.messages_store.read_all(cid) for cid in connection_ids}
     else:
-        view = consumer_view(stream or [])
+        # No table: what a reader keeps of the stream, else of the delivery stream's objects.
+        view = consumer_view(stream if stream is not None else fleet.read_deliveries())
         items = {cid: as_items(view.get(cid, {})) for cid in connection_ids}
     rows = {cid: rows_of(items[cid]) for cid in connection_ids}
     return Evidence(

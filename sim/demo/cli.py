@@ -45,6 +45,9 @@ both) sends the frames to a Kinesis stream instead of (or beside) the messages t
 the report then audits the stream (:mod:`sim.stream_audit`: every seq
 delivered at least once and in order, frames delivered again only after a takeover and
 within the bound), and the table audit and the kinds' read what a consumer keeps of it.
+``--sink firehose`` sends them through the emulator's Firehose delivery stream into S3
+instead: the report audits its objects by the same rules, in the order a reader sorts
+them (:mod:`sim.delivery_audit`).
 
 A progress line every two seconds; at the end it STOPs everything, checks every stored
 message against the upstream and prints a report (also written to the run directory).
@@ -92,7 +95,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="leave out the connections of each upstream kind (authenticated, subscribe, flat, no replay)")
     p.add_argument("--run-dir", default=".demo", help="where each run's logs and report go [.demo]")
     p.add_argument("--sink", default=os.environ.get(settings_spec.SINK) or schema.SINK_DYNAMODB,
-                   help="SINK: where frames go, dynamodb, kinesis or dynamodb,kinesis [$SINK, else dynamodb]")
+                   help="SINK: where frames go, one or more of dynamodb, kinesis, firehose, comma-separated [$SINK, else dynamodb]")
     p.add_argument("--tracing", choices=["off", tracing.OTEL], default=os.environ.get(settings_spec.TRACING) or "off",
                    help="TRACING: otel writes every process's spans to traces-<name>.jsonl in the run directory [$TRACING, else off]")
     p.add_argument("--strict", action="store_true", help="also fail when an event took longer than its bound, or a scale-out left a worker above its fair share")

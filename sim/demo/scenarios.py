@@ -12,6 +12,7 @@ from typing import Sequence
 from wsfleet import settings_spec
 from wsfleet import schema
 from .. import kind_streams, pictures, report, traces
+from ..stream_audit import StreamAudit
 from ..children import RUNTIME_DIR
 from ..fleet import Fleet
 from ..observed import Sample
@@ -279,11 +280,22 @@ class Demo:
         # The stream, where it is a sink: every connection's order and deliveries again;
         # the data of the default-protocol ones (the kinds' is in their own audit). Not
         # the assigned-seq kinds': after a crash their seqs jump past what the dead owner
-        # reserved (their own audit reads the stream as a consumer keeps it).
-        assigned = {k.connection_id for k in self.kinds.streams if k.assigned} if self.kinds is not None else set()
-        stream = (fleet.stream_audit([c for c in self.connections + self.kind_ids if c not in assigned], data_of=self.connections,
-                                     deliveries=[d for d in fleet.read_stream() if d.partition_key not in assigned])
-                  if schema.SINK_KINESIS in fleet.sinks else None)
+        # reserved; nor the live-only one (resume none), whose first seq is whatever its
+        # first socket was sent, not 1 (their own audits read the stream as a consumer
+        # keeps it).
+        assigned = ({k.connection_id for k in self.kinds.streams if k.assigned or k.live_only}
+                    if self.kinds is not None else set())
+        audited = [c for c in self.connections + self.kind_ids if c not in assigned]
+        # The same rules over the delivery stream's objects, where it is a sink (in the
+        # order a reader sorts them: sim.delivery_audit).
+        streams: dict[str, tuple[str, StreamAudit]] = {}
+        if schema.SINK_KINESIS in fleet.sinks:
+            streams["the messages stream"] = (fleet.aws_env[settings_spec.MESSAGES_STREAM_NAME], fleet.stream_audit(
+                audited, data_of=self.connections, deliveries=[d for d in fleet.read_stream() if d.partition_key not in assigned]))
+        if schema.SINK_FIREHOSE in fleet.sinks:
+            streams["the delivery stream"] = (fleet.aws_env[settings_spec.MESSAGES_DELIVERY_STREAM_NAME], fleet.delivery_audit(
+                audited, data_of=self.connections, deliveries=[d for d in fleet.read_delivery() if d.partition_key not in assigned]))
+        stream = streams.get("the messages stream", streams.get("the delivery stream", (None, None)))[1]
         sockets = self._sockets(self.connections + self.kind_ids)
         samples = list(fleet.samples)
         # The data summary is the default-protocol connections' (the kinds have their own audit).
@@ -298,16 +310,16 @@ class Demo:
         dead_letters = fleet.dead_letters()  # the stack's alarm: none in joins, crashes and deploys
         if dead_letters:
             failed.append(f"{dead_letters} START hints in the dead-letter queue")
-        if stream is not None and not stream.ok:
-            failed.append(f"the messages stream: {len(stream.findings)} violations of the at-least-once and ordering rules")
+        failed += [f"{what}: {len(a.findings)} violations of the at-least-once and ordering rules"
+                   for what, (_, a) in streams.items() if not a.ok]
         lines = report.render(
             outcomes, summary, overlaps, samples, list(fleet.workers), t_origin=self.t_origin, ended_at=ended_at, large=large
         )
-        if stream is not None:
-            lines += ["", f"== the messages stream ({fleet.aws_env[settings_spec.MESSAGES_STREAM_NAME]}, SINK={','.join(fleet.sinks)}): "
+        for what, (name, a) in streams.items():
+            lines += ["", f"== {what} ({name}, SINK={','.join(fleet.sinks)}): "
                           f"frames again after a takeover are owed only above its checkpoint, received within "
                           f"{fleet.again_window_s:g}s (CHECKPOINT_SECONDS + the takeover) of the previous owner's last",
-                      *stream.lines()]
+                      *a.lines()]
         if kinds:
             lines += kind_streams.lines(kinds, t_origin=self.t_origin, crash=self.crashed)
         lines += ["", f"START hints in the dead-letter queue (received {schema.MAX_HINT_RECEIVES} times, never deleted): {dead_letters}"]

@@ -23,6 +23,13 @@ Where kinesis is a sink:
 * Is the stream refusing writes for throughput? (its ``WriteProvisionedThroughputExceeded``;
   and the workers' ``RecordsThrottled``, which counts KMS throttling too)
 
+Where firehose is a sink:
+
+* Is the delivery stream failing to put frames in S3? (``DeliveryToS3.Success`` below 1:
+  Firehose retries a failed delivery, then writes the batch under ``errors/``)
+* Is it refusing records for throughput? (its ``ThrottledRecords``: the workers send them
+  again after a backoff)
+
 Where the reference consumer is deployed:
 
 * Is it falling behind? (Lambda's ``IteratorAge`` over a threshold well inside the
@@ -97,8 +104,10 @@ class Alarms(Construct):
         stream: kinesis.IStream | None = None,
         consumer: ReferenceConsumer | None = None,
         consumer_service_name: str = metrics_names.CONSUMER_SERVICE_NAME,
+        delivery_stream_name: str | None = None,
     ) -> None:
-        """``stream`` where kinesis is a sink; ``consumer`` where the reference consumer is."""
+        """``stream`` where kinesis is a sink; ``consumer`` where the reference consumer is;
+        ``delivery_stream_name`` where firehose is a sink."""
         super().__init__(scope, id)
         one_minute = Duration.minutes(1)
         five_minutes = Duration.minutes(5)
@@ -315,6 +324,45 @@ class Alarms(Construct):
                 metric=service_metric(metrics_names.RECORDS_THROTTLED, five_minutes, cloudwatch.Stats.SUM),
             )
             self.all += (self.stream_throttled, self.records_throttled)
+        self.delivery_failed: cloudwatch.Alarm | None = None
+        if delivery_stream_name is not None:
+
+            def delivery_metric(name: str, statistic: str) -> cloudwatch.Metric:
+                return cloudwatch.Metric(
+                    namespace="AWS/Firehose",
+                    metric_name=name,
+                    dimensions_map={"DeliveryStreamName": delivery_stream_name},
+                    period=five_minutes,
+                    statistic=statistic,
+                )
+
+            # The share of S3 deliveries that succeeded, per attempt: below 1 is a failed
+            # one (the role, the bucket, a partition it could not write). Published only
+            # when it delivers, so no data is fine.
+            self.delivery_failed = cloudwatch.Alarm(
+                self,
+                "DeliveryFailed",
+                alarm_name=f"{prefix}-delivery-to-s3-failed",
+                alarm_description=(
+                    "The Firehose delivery stream failed to put frames in S3 (it retries, then writes the "
+                    "batch under errors/ in its bucket): see its DestinationDelivery log stream."
+                ),
+                metric=delivery_metric("DeliveryToS3.Success", cloudwatch.Stats.MINIMUM),
+                threshold=1,
+                comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+                evaluation_periods=1,
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            )
+            self.delivery_throttled = self._any_in_period(
+                "DeliveryThrottled",
+                alarm_name=f"{prefix}-delivery-throttled",
+                alarm_description=(
+                    "The Firehose delivery stream refused records for throughput (the workers send them again "
+                    "after a backoff): raise its quota (records, requests or MiB per second) before frames wait."
+                ),
+                metric=delivery_metric("ThrottledRecords", cloudwatch.Stats.SUM),
+            )
+            self.all += (self.delivery_failed, self.delivery_throttled)
         self.consumer_iterator_age: cloudwatch.Alarm | None = None
         if consumer is not None:
             function, iterator_age_threshold = consumer.function, consumer.iterator_age_alarm_threshold

@@ -2,7 +2,7 @@
 parses SINK; the stream itself; what reaches the worker and the router; the worker's
 grant narrowed to PutRecords on that stream; and the stream's alarms.
 
-dev runs both sinks under a customer-managed key; ``kinesis_only`` is dev synthesized
+dev runs the three sinks, the stream under a customer-managed key; ``kinesis_only`` is dev synthesized
 with ``-c sink=kinesis -c stream_kms=aws-managed``; prod has no stream. Resources are
 found by type and by what they reference, never by generated logical id."""
 
@@ -342,6 +342,7 @@ _EVERY_ENVIRONMENTS_ALARMS = {
     "feeds-malformed",
 }
 _STREAM_ALARMS = {"stream-write-throttled", "worker-records-throttled"}
+_DELIVERY_ALARMS = {"delivery-to-s3-failed", "delivery-throttled"}
 _CONSUMER_ALARMS = {"consumer-iterator-age", "consumer-errors", "consumer-batches-abandoned", "consumer-seqs-abandoned"}
 
 
@@ -349,7 +350,7 @@ _CONSUMER_ALARMS = {"consumer-iterator-age", "consumer-errors", "consumer-batche
     "which, expected",
     [
         ("prod", _EVERY_ENVIRONMENTS_ALARMS),
-        ("dev", _EVERY_ENVIRONMENTS_ALARMS | _STREAM_ALARMS | _CONSUMER_ALARMS),
+        ("dev", _EVERY_ENVIRONMENTS_ALARMS | _STREAM_ALARMS | _DELIVERY_ALARMS | _CONSUMER_ALARMS),
         ("kinesis_only", _EVERY_ENVIRONMENTS_ALARMS | _STREAM_ALARMS | _CONSUMER_ALARMS),
     ],
 )

@@ -308,11 +308,18 @@ def test_router_runs_the_current_python_with_json_logs(env):
 
 
 def _sink_variables(env) -> set[str]:
-    """The table where it is a sink; SINK and the stream where the stream is one (the
-    default sink, the table alone, is left to the runtime's default)."""
-    return ({settings_spec.MESSAGES_TABLE_NAME} if env.settings.stores_in_table else set()) | (
-        {settings_spec.SINK, settings_spec.MESSAGES_STREAM_NAME} if env.settings.has_stream else set()
+    """The table where it is a sink; SINK where the sink is not the default (the table
+    alone, left to the runtime's default); the stream where it is one."""
+    return (
+        ({settings_spec.MESSAGES_TABLE_NAME} if env.settings.stores_in_table else set())
+        | ({settings_spec.SINK} if env.settings.sinks != schema.DEFAULT_SINKS else set())
+        | ({settings_spec.MESSAGES_STREAM_NAME} if env.settings.has_stream else set())
     )
+
+
+def _delivery_variables(env) -> set[str]:
+    """The delivery stream's name, the worker's alone, where firehose is a sink."""
+    return {settings_spec.MESSAGES_DELIVERY_STREAM_NAME} if env.settings.has_delivery else set()
 
 
 def _tracing_variables(env, which: str) -> set[str]:
@@ -409,7 +416,7 @@ def test_worker_environment_is_what_the_contract_names(env):
         settings_spec.UPSTREAM_SECRET_PREFIX,
         settings_spec.SECRET_HOSTS_REQUIRED,
         settings_spec.UPSTREAM_PROXY,
-    } | _sink_variables(env) | _tracing_variables(env, "worker")
+    } | _sink_variables(env) | _delivery_variables(env) | _tracing_variables(env, "worker")
     # The same allow-list as the router's: the worker checks what the host names resolve to.
     assert variables[settings_spec.ALLOWED_WS_HOSTS] == _router(env)["Environment"]["Variables"][settings_spec.ALLOWED_WS_HOSTS]
     # On ECS the worker names itself from task metadata and talks to real AWS.

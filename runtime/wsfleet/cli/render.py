@@ -352,7 +352,7 @@ def _sinks(p: Mapping[str, Any] | None) -> list[str]:
         return []
     if not p["rate"]:
         return ["", "where frames go (SINK): no frames priced (--rate R to price the table and the stream side by side)"]
-    parts = ("holding", "checkpoints", "dynamodb", "kinesis")
+    parts = ("holding", "checkpoints", "dynamodb", "kinesis", "firehose")
     rows = [
         [name, *(f"{s['month'][k]:,.0f}" if k in s["month"] else "-" for k in parts),
          f"{s['month']['total']:,.0f}", f"{s['per_1000_connections']:,.2f}"]
@@ -397,10 +397,11 @@ def _sinks(p: Mapping[str, Any] | None) -> list[str]:
         f"where frames go (SINK), each sink's part of the month side by side, $ at {p['rate']:g} msg/s of "
         f"{p['frame_bytes']:,} B per connection (stream kept {p['retention_hours']:g} h, table items "
         f"{p['ttl_days']:g} days; the whole fleet's month is above):",
-        _indent(table(["SINK", "HOLDING", "CHECKPOINTS", "TABLE", "STREAM", "SINK'S PART", "PER 1,000 CONNECTIONS"], rows)),
+        _indent(table(["SINK", "HOLDING", "CHECKPOINTS", "TABLE", "STREAM", "DELIVERY", "SINK'S PART", "PER 1,000 CONNECTIONS"], rows)),
         f"table: {t['wru_per_message']} write unit(s) per {p['item_bytes']} B item, writes {t['month']['writes']:,.0f}, "
         f"storage {t['month']['storage']:,.0f} ({t['stored_gb']:,.0f} GB)",
         stream,
+        _delivery(p["firehose"]),
         "Kinesis: On-demand Standard list prices (On-demand Advantage is lower); KMS free tier not counted; the "
         "consumer's Lambda duration is an assumption; its output objects' storage is yours",
         "",
@@ -444,6 +445,17 @@ def _modes(c: Mapping[str, Any] | None, p: Mapping[str, Any] | None) -> list[str
         "connections" + ("" if d["holds"] else f", and it does not hold: {'; '.join(d['over'])}"),
         f"recommended: {r['why']}",
     ]
+
+
+def _delivery(h: Mapping[str, Any]) -> str:
+    m = h["month"]
+    return (
+        f"delivery stream (firehose): each frame a {h['line_bytes']} B line, a worker's lines of one flush (every connection's) in one "
+        f"record: {h['records_per_message']:.3f} Firehose records and {h['billed_kb_per_message']:.2f} KB billed per "
+        f"message (each record rounded up to 5 KB); ingest {m['ingest']:,.0f}, dynamic partitioning {m['partitioning']:,.0f}, "
+        f"S3 PUTs {m['s3_puts']:,.0f} ({h['objects_per_month']:,.0f} objects a month); ${h['per_message'] * 1e6:,.2f} per "
+        "million messages (JQ hours, S3 storage and Athena scans not priced)"
+    )
 
 
 def _secrets(s: Mapping[str, Any] | None) -> list[str]:

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 from .. import aggregation, records, schema
 from ..stream import Frame
 from .corrections import corrected_ops
+from .firehose import firehose_month
 from .fleet import fleet
 from .model import HOURS_PER_MONTH, PARTITION_WCU, TABLE_QUOTA, Measured, measured_shards
 from .prices import DYNAMODB_STORAGE_GB_MONTH, KINESIS_PRICES, KMS_PRICES, LAMBDA_PRICES, S3_PRICES
@@ -321,12 +322,15 @@ def sinks(
                              consumer=consumer, prices=measured.prices, billed_kb_per_record=p.billed_kb_per_record)
 
     stream, stream_both = stream_month(packed), stream_month(packed_both)
+    hose = firehose_month(connections=connections, per_worker=per_worker, rate=rate, period_s=packed.period_s,
+                          record_bytes=rec - CONNECTION_ID_CHARS)
     out: dict[str, Any] = {}
     for name, parts in (
         (schema.SINK_DYNAMODB, {"dynamodb": table["month"]["total"]}),
         (schema.SINK_KINESIS, {"kinesis": stream["month"]["total"]}),
         (f"{schema.SINK_DYNAMODB},{schema.SINK_KINESIS}",
          {"dynamodb": table["month"]["total"], "kinesis": stream_both["month"]["total"]}),
+        (schema.SINK_FIREHOSE, {"firehose": hose["month"]["total"]}),
     ):
         total = sum(base.values()) + sum(parts.values())
         out[name] = {"month": {**base, **parts, "total": total}, "per_1000_connections": total / connections * 1000}
@@ -345,6 +349,7 @@ def sinks(
         "consumer": vars(consumer) if consumer else None,
         "dynamodb": table,
         "kinesis": stream,
+        "firehose": hose,
         "sinks": out,
         "limits": limits(connections=connections, per_worker=per_worker, rate=rate,
                          record_size=round(packed.record_bytes), item_size=item, flush_ms=flush_ms,

@@ -6,7 +6,8 @@ from .. import schema
 from ..aws import Aws
 from ..config import WorkerConfig
 from ..metrics import Counters
-from .both import BothSinks
+from .both import ManySinks
+from .firehose import DeliverySink
 from .kinesis import StreamSink
 from .messages import MessagesStore
 from .sink import Sink
@@ -14,17 +15,15 @@ from .sink import Sink
 
 def build_sink(config: WorkerConfig, aws: Aws, counters: Counters) -> Sink:
     """Where the writer stores frames (``SINK``): the messages table, the messages stream,
-    or both. The stream counts its resends and throttled records from pool threads
-    (:class:`~wsfleet.sinks.kinesis.StreamSink` serialises its own adds)."""
-    table = (
-        MessagesStore(aws.dynamodb_writes, config.messages_table_name, ttl_days=config.message_ttl_days)
-        if schema.SINK_DYNAMODB in config.sinks
-        else None
-    )
-    stream = StreamSink(aws.kinesis, config.messages_stream_name, count=counters.add) if aws.kinesis is not None else None
-    if table is not None and stream is not None:
-        return BothSinks(table, stream)
-    sink = table or stream
-    if sink is None:  # config.sinks is never empty, and Aws makes a Kinesis client for it
+    the delivery stream, or several. The streams count their resends and throttled
+    records from pool threads (each serialises its own adds)."""
+    parts: list[Sink] = []
+    if schema.SINK_DYNAMODB in config.sinks:
+        parts.append(MessagesStore(aws.dynamodb_writes, config.messages_table_name, ttl_days=config.message_ttl_days))
+    if aws.kinesis is not None:
+        parts.append(StreamSink(aws.kinesis, config.messages_stream_name, count=counters.add))
+    if aws.firehose is not None:
+        parts.append(DeliverySink(aws.firehose, config.messages_delivery_stream_name, count=counters.add))
+    if not parts:  # config.sinks is never empty, and Aws makes a client for each stream
         raise ValueError(f"no sink for SINK={','.join(config.sinks)}")
-    return sink
+    return parts[0] if len(parts) == 1 else ManySinks(*parts)

@@ -33,7 +33,7 @@ class InvalidItem(Exception):
 
 
 class Sink(Protocol):
-    # The names of schema.SINKS it writes to (("dynamodb",), ("kinesis",) or both).
+    # The names of schema.SINKS it writes to (("dynamodb",), ("kinesis",), ("firehose",) or several).
     names: tuple[str, ...]
     # Entries the writer puts in one put_many call (the sink may split it in requests).
     max_batch: int
