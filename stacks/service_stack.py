@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aws_cdk import Annotations, ArnFormat, CfnOutput, Duration, Stack
+from aws_cdk import ArnFormat, CfnOutput, Duration, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
@@ -26,7 +26,7 @@ from stacks.constructs.network import Network
 from stacks.constructs.router import Router
 from stacks.constructs.tables import LEGACY_RING_INDEX
 from stacks.constructs.worker_service import WorkerService
-from stacks.settings import AVAILABILITY_ZONES, IMAGE_DIGEST, EnvironmentSettings
+from stacks.settings import AVAILABILITY_ZONES, EnvironmentSettings
 from stacks.settings_parts import LAMBDA_OTEL_SDK, TRACING_OFF, TRACING_OTEL, TRACING_XRAY_SDK
 from stacks.environments import METRICS_NAMESPACE
 from wsfleet import metrics_names, schema, stack_outputs
@@ -154,13 +154,6 @@ class ServiceStack(Stack):
             removal_policy=settings.removal_policy,
             tracing_settings=settings.tracing,
         )
-        if not IMAGE_DIGEST.search(settings.worker_base_image):
-            Annotations.of(self.workers).add_warning_v2(
-                "wsfleet:worker-base-image-unpinned",
-                f"worker_base_image {settings.worker_base_image!r} is a tag, which its repository can move to "
-                "other bytes: pin it by digest in the environment's file (worker_base_image = "
-                "\"<image>:<tag>@sha256:<digest>\", the digest from `docker buildx imagetools inspect <image>:<tag>`)",
-            )
         self.grant_worker(self.workers.task_definition.task_role)
         self.grant_worker_secrets(self.workers.task_definition.task_role, settings)
 

@@ -1,7 +1,7 @@
 """The shape of the code, as docs/development.md's "Where things are" states it: no module over
 500 lines, no import circle, the product (``runtime/wsfleet``) importing nothing of the
 simulator, the benchmarks or the stacks and standing on three floors, and what the
-worker image and the Lambda functions ship under 17k lines.
+worker image and the Lambda functions ship under a ceiling of lines.
 
 Imports are read from the source (``ast``), lazy ones inside functions and those under
 ``TYPE_CHECKING`` included: a circle is a circle to a reader even when Python tolerates it.
@@ -19,8 +19,9 @@ PACKAGES = {"wsfleet": ROOT / "runtime", "sim": ROOT, "bench": ROOT, "stacks": R
 MAX_LINES = 500
 # What the image and the functions ship: 14.4k lines after the redesign, 17.0k once the
 # socket budgets, the crash-loop breaker, the counts, the feed formats, the secrets rules
-# and the feed's health came in. A ceiling that makes growth a decision, not a target.
-MAX_PRODUCT_LINES = 18_000
+# and the feed's health came in; 18.3k with the Firehose sink (raised to 18,500 for it).
+# A ceiling that makes growth a decision, not a target.
+MAX_PRODUCT_LINES = 18_500
 # Who may import whom: the product stands alone; the stacks read the product's
 # declarations (names, settings); the simulator drives the product; the benchmarks drive both.
 MAY_IMPORT = {

@@ -29,6 +29,7 @@ Encoding builds the text directly around the frame's already-encoded data: no se
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,22 @@ SKIP_TO = schema.SKIP_TO
 # request at most 500 records and 5 MiB (data and partition keys).
 MAX_RECORD_BYTES = 1024 * 1024
 MAX_PUT_RECORDS = 500
+# The delivery stream (SINK=firehose): a record at most 1,000 KiB (before base64), a
+# PutRecordBatch at most 500 records and 4 MiB; each line carries the partition its
+# connection is filed under (connection_bucket): 64 keep a day's partitions few (the
+# delivery stream's default quota is 500 active partitions) while a query for one
+# connection reads a 64th of a day.
+FIREHOSE_MAX_RECORD_BYTES = 1000 * 1024
+FIREHOSE_MAX_PUT_RECORDS = 500
+FIREHOSE_MAX_PUT_BYTES = 4 * 1024 * 1024
+CONNECTION_BUCKETS = 64
+CONNECTION_BUCKET = "connection_bucket"
+
+
+def connection_bucket(connection_id: str) -> int:
+    """The partition a connection's lines are filed under: CRC-32 of its UTF-8 id modulo
+    64 (Athena computes the same: ``crc32(to_utf8(connection_id)) % 64``)."""
+    return zlib.crc32(connection_id.encode("utf-8")) % CONNECTION_BUCKETS
 MAX_PUT_BYTES = 5 * 1024 * 1024
 MAX_PARTITION_KEY_CHARS = 256
 # An aggregate's most bytes (data and partition key; :mod:`wsfleet.aggregation`): the

@@ -460,19 +460,12 @@ def _valid_upstream(value: object, config: RouterConfig) -> upstream_spec.Upstre
 def _messages_not_stored(config: RouterConfig) -> HttpError:
     """The read API where the workers store no frame in the table (SINK without dynamodb):
     a 409 that says where the frames went, before anything is read."""
-    places = []
-    if schema.SINK_KINESIS in config.sinks:
-        places.append(f"the Kinesis stream {config.messages_stream_name}" if config.messages_stream_name else "a Kinesis stream")
-    if schema.SINK_FIREHOSE in config.sinks:
-        places.append("a Firehose delivery stream (S3, for Athena)")
-    where = " and ".join(places) or "a stream"
-    return HttpError(
-        409,
-        "messages_not_stored",
-        f"This fleet sends frames to {where}, not to the messages table: the read API needs SINK to include "
-        f"dynamodb (SINK=dynamodb,kinesis stores both). Read the stream, the reference consumer's objects, "
-        f"or the delivery stream's table with Athena.",
-    )
+    kinesis = f"the Kinesis stream {config.messages_stream_name}" if config.messages_stream_name else "a Kinesis stream"
+    firehose = "a Firehose delivery stream (S3, for Athena)"
+    where = " and ".join(p for s, p in ((schema.SINK_KINESIS, kinesis), (schema.SINK_FIREHOSE, firehose)) if s in config.sinks)
+    return HttpError(409, "messages_not_stored", f"This fleet sends frames to {where or 'a stream'}, not to the messages "
+                     "table: the read API needs SINK to include dynamodb (SINK=dynamodb,kinesis stores both). Read the "
+                     "stream, the reference consumer's objects, or the delivery stream's table with Athena.")
 
 
 def _unknown_connection(connection_id: str) -> HttpError:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from aws_cdk import Duration, RemovalPolicy, Size, Stack
+from aws_cdk import Annotations, Duration, RemovalPolicy, Size, Stack
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecs as ecs
@@ -19,6 +19,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from stacks import runtime_assets, tracing
+from stacks.settings import IMAGE_DIGEST
 from stacks.settings_parts import TRACING_OTEL, TRACING_XRAY_SDK, TracingSettings
 
 # Scale out quickly when connections pile up; scale in slowly, because every task
@@ -70,6 +71,13 @@ class WorkerService(Construct):
                 operating_system_family=ecs.OperatingSystemFamily.LINUX,
             ),
         )
+        if not IMAGE_DIGEST.search(base_image):
+            Annotations.of(self).add_warning_v2(
+                "wsfleet:worker-base-image-unpinned",
+                f"worker_base_image {base_image!r} is a tag, which its repository can move to other bytes: pin it "
+                "by digest in the environment's file (worker_base_image = \"<image>:<tag>@sha256:<digest>\", the "
+                "digest from `docker buildx imagetools inspect <image>:<tag>`)",
+            )
         self.task_definition.add_container(
             "worker",
             image=runtime_assets.worker_image(architecture, base_image),

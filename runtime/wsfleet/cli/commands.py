@@ -21,7 +21,7 @@ from ..plan import sinks as plan_sinks
 from ..plan import task_sizes
 from ..store import now_ms
 from ..stream import MAX_MESSAGE_BYTES
-from . import desired, locate, log_lines, plan_chart, reading, render, run_report, run_verdicts, timeline, upstream_flags, views, watch
+from . import desired, locate, log_lines, plan_chart, reading, render, render_plan, run_report, run_verdicts, timeline, upstream_flags, views, watch
 from . import apply as apply_run
 from . import records as stream_records
 from .api import ApiClient, ApiReply, is_local, region_in_url
@@ -379,7 +379,7 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         large_frames.large_frame_cost(size, prices=measured.prices, retention_days=retention_days)
         for size in sorted({*LARGE_EXAMPLE_SIZES, args.large_bytes})
     ]
-    _emit(args, result, render.plan(result))
+    _emit(args, result, render_plan.plan(result))
     if args.chart:
         figures = plan_chart.series(lambda n: plan_limits.evaluate(
             measured, settings, connections=n, rate=args.rate, per_worker=per_worker, frame_bytes=args.frame_bytes,

@@ -16,7 +16,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..sinks.firehose import CONNECTION_BUCKET, CONNECTION_BUCKETS, MAX_PUT_RECORDS, MAX_RECORD_BYTES
+from ..records import CONNECTION_BUCKET, CONNECTION_BUCKETS
+from ..records import FIREHOSE_MAX_PUT_RECORDS as MAX_PUT_RECORDS
+from ..records import FIREHOSE_MAX_RECORD_BYTES as MAX_RECORD_BYTES
 from .model import HOURS_PER_MONTH, S3_PRICES
 
 # us-east-1 list prices as of December 2026 (check before relying on them): Direct PUT

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import threading
 import time
-import zlib
 from typing import Any, Callable, Mapping, Sequence
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -57,16 +56,14 @@ from ..stream import Frame
 from .objects import StoredObject, needs_object
 from .sink import InvalidItem
 
-# Firehose's limits: a record at most 1,000 KiB (before base64), a PutRecordBatch at
-# most 500 records and 4 MiB.
-MAX_RECORD_BYTES = 1000 * 1024
-MAX_PUT_RECORDS = 500
-MAX_PUT_BYTES = 4 * 1024 * 1024
-# The partitions a connection is filed under (connection_bucket): 64 keep a day's
-# partitions few (the delivery stream's default quota is 500 active partitions) while
-# a query for one connection reads a 64th of a day.
-CONNECTION_BUCKETS = 64
-CONNECTION_BUCKET = "connection_bucket"
+# Firehose's limits and the line's partition (declared with the stream's record, where
+# the plan and the stacks read them too).
+MAX_RECORD_BYTES = records.FIREHOSE_MAX_RECORD_BYTES
+MAX_PUT_RECORDS = records.FIREHOSE_MAX_PUT_RECORDS
+MAX_PUT_BYTES = records.FIREHOSE_MAX_PUT_BYTES
+CONNECTION_BUCKETS = records.CONNECTION_BUCKETS
+CONNECTION_BUCKET = records.CONNECTION_BUCKET
+connection_bucket = records.connection_bucket
 # Rounds of one request's records (the refused ones sent again) before TransientError.
 MAX_ROUNDS = 8
 # Whole-call errors and per-record ErrorCodes that mean the stream is at its throughput.
@@ -74,11 +71,6 @@ THROUGHPUT_CODES = frozenset({"ServiceUnavailableException", "ThrottlingExceptio
 
 Count = Callable[[str, int], None]
 
-
-def connection_bucket(connection_id: str) -> int:
-    """The partition a connection's lines are filed under: CRC-32 of its UTF-8 id modulo
-    64 (Athena computes the same: ``crc32(to_utf8(connection_id)) % 64``)."""
-    return zlib.crc32(connection_id.encode("utf-8")) % CONNECTION_BUCKETS
 
 
 class DeliverySink:
