@@ -9,10 +9,12 @@ from __future__ import annotations
 import pytest
 from botocore.exceptions import ClientError
 
-from sim.virtual import Settings, simulate
+from sim.virtual import Settings, scenarios, simulate
 from sim.virtual.capacity import WCU_PER_S, Partitions
 from sim.virtual.dynamo import Dynamo
+from sim.virtual.fleet import Fleet
 from sim.virtual.loop import VirtualLoop
+from sim.virtual.scenarios import Run
 from sim.virtual.sqs import Queue
 from wsfleet import schema
 from wsfleet.plan import environments as plan_environments
@@ -34,6 +36,27 @@ def test_a_crash_is_recovered_by_the_survivors_within_a_lease_and_five_seconds(c
     assert 10 <= recovery["p50_s"] <= recovery["p99_s"] <= 15  # a lease (10 s) before anyone may take them
     assert crash["double_owners"] == 0 and crash["dead_letters"] == 0 and not crash["throttled_requests"]
     assert all(crash["bounds"].values()), crash["bounds"]
+
+
+def test_a_session_whose_two_watchers_died_with_it_is_taken_over_within_a_lease_and_five_seconds():
+    # Three sessions in a row of the ring killed at once: the third's watchers are the
+    # first two. The live session before them reads past its dead successors to it.
+    fleet = Fleet(Settings(), seed=5)
+    run = Run("crash10", 8, 5, 5)
+
+    async def main() -> None:
+        await scenarios._start(fleet, run)
+        ring = sorted(fleet.running(), key=lambda t: t.worker.keeper.session_id)
+        fleet.kill([t.name for t in ring[2:5]])
+        await fleet.until(lambda: not fleet.books.closed, timeout=60, every=0.25)
+
+    try:
+        fleet.run(main)
+        gaps = [g.opened_at - g.closed_at for g in fleet.books.gaps if g.reason == "crash"]
+        assert len(gaps) == 15 and not fleet.books.closed
+        assert max(gaps) <= 15  # was about 25 s: once the two watchers had left the ring
+    finally:
+        fleet.close()
 
 
 def _plan(workers: int, per_worker: int, *, tasks_quota: int = 5000) -> dict:
