@@ -106,7 +106,10 @@ class Takeover:
         self._summary = summary
         self._counters = counters
         self._quarantine_after = quarantine_after
-        self._passes = 0
+        # which of every SUMMARY_EVERY passes reads the summary: drawn, so that workers
+        # started together (a fleet started at once, a deploy's round) do not all read it,
+        # and so act on it, in the same pass
+        self._passes = random.randrange(SUMMARY_EVERY)
         self._clock_ms = clock_ms
         self._ring: list[str] = []
         self._reach = WATCH_K  # successors read: more while some of them look dead (watch_reach)
