@@ -37,7 +37,7 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from .. import clock, schema, tracing
 from .. import metrics_names as names
-from ..balance import drain_share, drain_targets, is_summarizer
+from ..balance import SUMMARY_EVERY, drain_share, drain_targets, is_summarizer
 from ..crash_loop import Suspect
 from ..leases import EndFailure, SessionTiming, Watched, takeover_jitter_s, watch_plan, watch_reach
 from ..logs import JsonLogger
@@ -56,11 +56,6 @@ WATCH_K = 2  # successors each worker watches: a death is seen while either pred
 # watchers (they re-read at once); this periodic read is the backstop.
 RING_REFRESH_S = 15.0
 EMPTY_DRAINS_TO_LEAVE = 2  # the owner index is eventually consistent: see it empty twice
-# The fleet summary rides along with every third watch read (0.5 read units a reader
-# every ~16 s: 1.1 per connection-hour at 100 per worker, at any fleet size). It stays
-# out of the ring partition: a ring Query returns the sessions after ours, never also the
-# summary, and an item in the index would double every summary write.
-SUMMARY_EVERY = 3
 STRIKE_TRIES = 3  # a strike's tries through transient faults, before the drain goes on without it
 SCAN_POINTS = 64  # connection ids kept from the free scans, to start the next ones at
 
