@@ -66,6 +66,9 @@ def figures(fleet: Fleet, run: Run, *, wall_s: float, max_rss_mb: float) -> dict
         "hottest_write": {"partition": "/".join(map(str, write_key or ())), "units_per_s": round(write_peak, 1), "limit": WCU_PER_S},
         "hottest_read": {"partition": "/".join(map(str, read_key or ())), "units_per_s": round(read_peak, 1), "limit": RCU_PER_S},
         "peak_by_partition_kind": p.group_peaks(since=math.floor(run.event_at)),
+        # a steady stream (a join's sheds over half a minute) by its busiest two
+        # heartbeats, where one second's count of a few writes is mostly chance
+        "ring_writes_busiest_5s": round(p.group_peak("ring", "write", since=math.floor(run.event_at), window=5), 1),
         "throttled_requests": dict(p.throttled),
         "hints_sent": fleet.queue.sent,
         "hints_peak_per_s": max(sends, default=0),

@@ -16,14 +16,16 @@ test holds the ring's peak within 25 % of what the simulator measures in each sc
     renewal within a heartbeat after: the takers' writes spread over ``heartbeat x (1 +
     survivors / moved)``. Takers: the survivors that get at least one, ``survivors x (1 -
     e^(-moved / survivors))``.
-  - **a scale-in**: every leaver writes twice (draining, then out of the ring), and hints
+  - **a scale-in**: every leaver writes three times (draining, ENDED, out of the ring), and hints
     all it held at SIGTERM, at once: the takers' writes within one heartbeat.
   - **a join**: each newcomer writes as it opens and once more at its first renewal, at
     the pace ECS starts them; each older worker sheds when a summary shows newcomers
     under their share (it reads one every ``SUMMARY_EVERY`` watch passes: a wave over
     that long), and the newcomers' counts change at every other renewal as they fill.
+    A steady stream over half a minute or so: the simulator compares it with its busiest
+    two heartbeats, where one second's count of a few writes is mostly chance.
   - **a deploy**: as each new task starts ECS stops an old one: the new one writes twice
-    (open, first renewal), the old one twice (draining, out of the ring), and every task
+    (open, first renewal), the old one three times, and every task
     that takes the old one's hints at most every other renewal.
 * **ring reads**: none for drains: a drainer plans from the ``#fleet`` summary it already
   holds (:func:`wsfleet.balance.drain_targets`).
@@ -64,7 +66,7 @@ FARGATE_START_SPREAD_S = 20.0  # ... give or take half this: tasks launched toge
 SESSION_ITEM_BYTES = 512
 ASSIGNED_ENTRY_BYTES = 128 + 12
 RING_WRITES_TO_OPEN = 2  # a newcomer's open, then its first renewal (nothing stored yet)
-RING_WRITES_TO_LEAVE = 2  # a leaver's renewal saying draining, then its leaving the ring
+RING_WRITES_TO_LEAVE = 3  # a leaver's renewal saying draining, its end (ENDED), its leaving the ring
 
 
 def fleet_item_bytes(listed: int = UNDER_LISTED) -> int:
