@@ -19,8 +19,8 @@ from sim.virtual.scenarios import Run
 from sim.virtual.sqs import Queue
 from wsfleet import schema
 from wsfleet.plan import environments as plan_environments
-from wsfleet.plan.bursts import bursts
-from wsfleet.store import SessionsStore, TransientError
+from wsfleet.plan.bursts import bursts, inbox_fill_units
+from wsfleet.store import ConnectionsStore, Moved, SessionsStore, TransientError
 
 
 PROD = plan_environments.load("prod")
@@ -122,6 +122,40 @@ def test_the_tables_conditions_are_the_stores_a_renewal_of_an_ended_session_is_r
     assert store.leave_ring("w#1") and store.ring_page(limit=10)[0] == []
     with pytest.raises(ClientError):
         store.open("w#1", worker_id="other", lease_ms=10_000, max_connections=10)
+
+
+def _moved_to_one_session(n: int) -> tuple[list, Dynamo]:
+    """``n`` connections of the longest id moved to one session within a second (a
+    newcomer named by many shedders): each move rewrites the growing session item in a
+    transaction."""
+    dynamo, sessions, _ = _sessions()
+    dynamo.create_table(**schema.connections_table_spec("connections"))
+    connections = ConnectionsStore(dynamo, "connections", state_shards=16, sessions_table_name="sessions", clock_ms=lambda: 1000)
+    for sid in ("a#1", "b#1"):
+        sessions.open(sid, worker_id=sid[0], lease_ms=10_000, max_connections=500)
+    ids = [f"{i:03d}".ljust(128, "x") for i in range(n)]
+    dynamo.load("connections", [{
+        schema.PK: schema.connection_pk(cid), schema.DESIRED_STATE: schema.STARTED, schema.WS_URL: "wss://x",
+        schema.LEASE_OWNER: "a", schema.LEASE_SESSION: "a#1", schema.FENCE_TOKEN: 1,
+        schema.OWNER_KEY: schema.owner_key_session("a#1"), schema.UPDATED_AT_MS: 0, schema.CREATED_AT_MS: 0,
+    } for cid in ids])
+    return [connections.move(cid, from_session="a#1", fence_token=1, to_session="b#1", released=False) for cid in ids], dynamo
+
+
+def test_moves_to_one_session_stop_at_its_inbox_before_its_partitions_write_limit():
+    # Its inbox takes ASSIGNED_MAX; the rest are refused (they go the anonymous way), and
+    # the item's partition stays within the plan's bound for a full inbox, under its limit.
+    landed, dynamo = _moved_to_one_session(120)
+    assert landed.count(Moved.MOVED) == schema.ASSIGNED_MAX and set(landed[schema.ASSIGNED_MAX:]) == {Moved.REFUSED}
+    (_, hottest), units = dynamo.partitions.peak("write")
+    assert not dynamo.partitions.throttled
+    assert hottest == "b#1" and units <= inbox_fill_units(schema.ASSIGNED_MAX) < WCU_PER_S
+
+
+def test_an_inbox_of_500_let_the_same_moves_pass_the_partitions_write_limit(monkeypatch):
+    monkeypatch.setattr(schema, "ASSIGNED_MAX", 500)
+    with pytest.raises(TransientError):  # the store's answer to ProvisionedThroughputExceeded
+        _moved_to_one_session(120)
 
 
 def test_the_queue_moves_a_hint_to_the_dead_letter_queue_at_its_sixth_receive():
