@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from sim.virtual import SCENARIOS, simulate
+from sim.virtual import SCENARIOS, Settings, simulate
 from sim.virtual.report import render
 from wsfleet.plan import environments as plan_environments
 from wsfleet.plan.bursts import bursts
@@ -70,7 +70,9 @@ def against_plan(figures: dict[str, Any]) -> list[tuple[str, float, float]]:
     scenario = PLAN_SCENARIO.get(figures["scenario"])
     if scenario is None:
         return []
-    settings = plan_environments.load("prod")
+    # prod's timings, and the simulator's MAX_CONNECTIONS (what a lost zone's survivors can hold)
+    most = max(Settings().max_connections, figures["per_worker"])
+    settings = {**plan_environments.load("prod"), "max_per_worker": most}
     planned = bursts(workers=figures["workers"], per_worker=figures["per_worker"], settings=settings,
                      tasks_quota=5000, launches_per_minute=500, entry_bytes=SIM_ENTRY_BYTES)[scenario]
     peaks = figures["peak_by_partition_kind"]
@@ -81,6 +83,9 @@ def against_plan(figures: dict[str, Any]) -> list[tuple[str, float, float]]:
     if "inbox_units_per_s" in planned:
         rows.append(("a session item's writes / s (plan: a full inbox, at most)", planned["inbox_units_per_s"],
                      peaks.get("session", {"write": 0.0})["write"]))
+    if planned.get("unplaced"):  # what the survivors cannot hold waits for replacements
+        rows.append(("seconds until the unplaced run (plan) / recovery p99", planned["recovery_s"],
+                     figures["crash_recovery"]["p99_s"] or 0.0))
     if "tasks_at_once" in planned:
         rows.append(("tasks at once", planned["tasks_at_once"], figures["peak_tasks"]))
     return rows
