@@ -128,8 +128,12 @@ async def _start(fleet: Fleet, run: Run) -> None:
 
 def _victims(fleet: Fleet, share: float, *, zone: int | None = None) -> list[str]:
     names = sorted(t.name for t in fleet.running())
-    if zone is not None:  # tasks are spread over two zones alternately, as ECS spreads them
-        return [n for i, n in enumerate(names) if i % 2 == zone]
+    if zone is not None:
+        # ECS spreads the tasks over two zones evenly, and a session's place in the ring is
+        # its task id's (random hex in ECS, where here it is the launch order): which zone
+        # a task is in has nothing to do with its neighbours in the ring. Half at random
+        # (taking every other one of the ring spared every dead session a live watcher).
+        return sorted(fleet.rng.sample(names, len(names) // 2))
     return fleet.rng.sample(names, max(1, round(share * len(names))))
 
 

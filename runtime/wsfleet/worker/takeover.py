@@ -171,16 +171,19 @@ class Takeover:
                 self._summary.on_item(item)
         items = [i for i in items if i[schema.SESSION_ID] != schema.FLEET_SUMMARY_ID]
         reach = watch_reach(map(_watched, items), k=WATCH_K, now_ms=self._clock_ms(), timing=self._timing)
-        if reach > self._reach and len(self._ring) >= self._reach:
-            # some look dead: read past them now, not at the next pass (a pause later)
+        if reach < self._reach:
+            self._reach = reach  # the ring's next read is the shorter one
+        while reach > self._reach and len(self._ring) >= self._reach:
+            # some look dead: read past them now, not at the next pass (a pause later),
+            # and on past those that look dead too
             self._reach = reach
             read = set(self._ring)
             await self._read_ring(me, changes)
             further = [sid for sid in self._ring if sid not in read]
-            if further:
-                items += await self._call(self._sessions.get_many, further)
-        elif reach < self._reach:
-            self._reach = reach  # the ring's next read is the shorter one
+            if not further:
+                break
+            items += await self._call(self._sessions.get_many, further)
+            reach = watch_reach(map(_watched, items), k=WATCH_K, now_ms=self._clock_ms(), timing=self._timing)
         self.watched = {i[schema.SESSION_ID]: _watched(i) for i in items}
         self._end_traces = {i[schema.SESSION_ID]: i[schema.END_TRACE] for i in items if schema.END_TRACE in i}
         if len(self.watched) < len(self._ring):
