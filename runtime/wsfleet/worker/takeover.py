@@ -6,8 +6,9 @@
   never every worker reading every session. A LIVE one that missed a renewal gets its
   end scheduled for the moment it expires plus the skew margin, so a crash is taken
   over at about the lease. One that is ENDED or suspect makes the worker read one
-  successor further in the same pass (:func:`wsfleet.leases.watch_reach`): a session
-  whose watchers all died with it is seen by the next live one before them.
+  successor further in the same pass, and on past those that look dead too
+  (:func:`wsfleet.leases.watch_reach`): a session whose watchers all died with it is
+  seen by the next live one before them.
 * **Ending and draining.** The end is a conditional write (LIVE and expired): one winner,
   and the session can never be renewed again. Then its connections, found with one
   ``by_owner`` query, are taken: this worker's fair-share deficit acquired here, each
