@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from sim.virtual import SCENARIOS, simulate
+from sim.virtual import SCENARIOS, Settings, simulate
 from sim.virtual.report import render
 from wsfleet.plan import environments as plan_environments
 from wsfleet.plan.bursts import bursts
@@ -58,21 +58,34 @@ def main(argv: Sequence[str] | None = None) -> int:
 PLAN_SCENARIO = {"crash10": "crash", "az": "zone_lost", "join": "join", "scalein": "scale_in", "deploy": "deploy"}
 
 
+# An inbox entry as the simulator's connection ids make it ("c0001234#2", a set member).
+SIM_ENTRY_BYTES = 12
+
+
 def against_plan(figures: dict[str, Any]) -> list[tuple[str, float, float]]:
     """(what, the plan's figure, the simulator's) for one run: the RING partition's peak
-    writes and reads a second, and a deploy's tasks at once."""
+    writes a second (a join's over its busiest two heartbeats too: a steady stream), the
+    hottest session item's writes against the plan's bound (a full inbox), and a
+    deploy's tasks at once."""
     scenario = PLAN_SCENARIO.get(figures["scenario"])
     if scenario is None:
         return []
-    settings = plan_environments.load("prod")
+    # prod's timings, and the simulator's MAX_CONNECTIONS (what a lost zone's survivors can hold)
+    most = max(Settings().max_connections, figures["per_worker"])
+    settings = {**plan_environments.load("prod"), "max_per_worker": most}
     planned = bursts(workers=figures["workers"], per_worker=figures["per_worker"], settings=settings,
-                     tasks_quota=5000, launches_per_minute=500)[scenario]
-    ring = figures["peak_by_partition_kind"].get("ring", {"write": 0.0, "read": 0.0})
-    rows = []
-    if "ring_writes_per_s" in planned:
-        rows.append(("RING writes / s (peak second)", planned["ring_writes_per_s"], ring["write"]))
-    if "ring_reads_per_s" in planned:
-        rows.append(("RING reads / s by drains (peak second)", planned["ring_reads_per_s"], ring["read"]))
+                     tasks_quota=5000, launches_per_minute=500, entry_bytes=SIM_ENTRY_BYTES)[scenario]
+    peaks = figures["peak_by_partition_kind"]
+    ring = peaks.get("ring", {"write": 0.0})
+    rows = [("RING writes / s (peak second)", planned["ring_writes_per_s"], ring["write"])]
+    if scenario == "join":
+        rows.append(("RING writes / s (busiest 5 s)", planned["ring_writes_per_s"], figures["ring_writes_busiest_5s"]))
+    if "inbox_units_per_s" in planned:
+        rows.append(("a session item's writes / s (plan: a full inbox, at most)", planned["inbox_units_per_s"],
+                     peaks.get("session", {"write": 0.0})["write"]))
+    if planned.get("unplaced"):  # what the survivors cannot hold waits for replacements
+        rows.append(("seconds until the unplaced run (plan) / recovery p99", planned["recovery_s"],
+                     figures["crash_recovery"]["p99_s"] or 0.0))
     if "tasks_at_once" in planned:
         rows.append(("tasks at once", planned["tasks_at_once"], figures["peak_tasks"]))
     return rows

@@ -31,7 +31,9 @@ from wsfleet.leases import (
     successors,
     unreachable,
     takeover_jitter_s,
+    WATCH_FURTHER_MAX,
     watch_plan,
+    watch_reach,
     worker_of,
 )
 
@@ -169,6 +171,18 @@ def test_the_watch_plan_drains_ended_sessions_and_ends_suspect_ones_at_expiry():
     drain, end = watch_plan(seen, now_ms=now, timing=T)
     assert drain == ["ended"]
     assert end == [("missed", now + 3_000 + 1_001), ("expired", now - 5_000 + 1_001)]
+
+
+def test_a_watcher_reads_one_successor_further_past_each_that_looks_dead_up_to_a_bound():
+    now = 1_000_000
+    healthy = Watched("healthy", schema.LIVE, now + T.lease_ms - 1_000)
+    missed = Watched("missed", schema.LIVE, now + 3_000)
+    ended = Watched("ended", schema.ENDED, now - 60_000)
+    assert watch_reach([healthy, healthy], k=2, now_ms=now, timing=T) == 2
+    assert watch_reach([missed, healthy], k=2, now_ms=now, timing=T) == 3
+    assert watch_reach([missed, ended], k=2, now_ms=now, timing=T) == 4
+    assert watch_reach([missed, ended, missed, ended], k=2, now_ms=now, timing=T) == 6
+    assert watch_reach([missed] * 40, k=2, now_ms=now, timing=T) == 2 + WATCH_FURTHER_MAX
 
 
 def test_a_drainer_keeps_half_its_room_and_frees_the_rest_for_the_fleet():

@@ -4,6 +4,7 @@ hand, and what it says of prod at 500k and 1M connections with its documented se
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -75,8 +76,9 @@ def test_the_limits_match_a_hand_computed_fleet():
     # by_owner key moved (2 index writes): 500/s; each acquire a transactional update (2
     # WRU): 500/s, after a consistent read (1 RRU): 250/s; against the 4,000 writes and
     # 12,000 reads a new on-demand table absorbs at once. 1,000 / 90 survivors = 111.1
-    # each; each survivor's count changes, and its by_ring entry is rewritten at most every
-    # other heartbeat (2 x 2.5 s): 90 / 5 = 18/s.
+    # each. The ring at the peak: the 10 dead ended over a heartbeat (4/s), and the 90
+    # takers' first changes (each takes 11: all 90 take) over a heartbeat and the 90/1,000
+    # of one it takes a taker to get its first: 90 / (2.5 x 1.09) = 33.03/s.
     assert _by(r, "crash", "connections.by_owner: writes (index quota)")["used"] == pytest.approx(500)
     assert _by(r, "crash", "connections: writes (table quota)")["used"] == pytest.approx(500)
     warm = _by(r, "crash", "connections.by_owner: writes absorbed at once (warm throughput)")
@@ -84,7 +86,8 @@ def test_the_limits_match_a_hand_computed_fleet():
     warm = _by(r, "crash", "connections: reads absorbed at once (warm throughput)")
     assert (warm["used"], warm["limit"]) == (pytest.approx(250), 12_000)
     assert _by(r, "crash", "connections per surviving worker")["used"] == pytest.approx(10_000 / 90)
-    assert _by(r, "crash", "partition sessions.by_ring RING: writes, every taker's count changed")["used"] == 18
+    ring = _by(r, "crash", "partition sessions.by_ring RING: writes, the dead ended and the takers' counts changed")
+    assert ring["used"] == pytest.approx(4 + 90 * (1 - math.exp(-1000 / 90)) / (2.5 * 1.09))
     assert _by(r, "crash", "task launches per minute to replace the crashed")["used"] == 10
     # Scale-in of 10 %: 1,000 handed to named peers within 4 s = 250/s: each key moved
     # once, session to session (2 index writes, no FREE# entry): 500/s; the release (1 WRU)
@@ -98,8 +101,12 @@ def test_the_limits_match_a_hand_computed_fleet():
     subnets = _by(r, "deploy", "subnet addresses (task ENIs, 2x tasks during a deploy)")
     assert (subnets["used"], subnets["limit"], subnets["ok"]) == (200, 502, True)
     assert _by(r, "deploy", "connections.by_owner: writes (index quota)")["used"] == pytest.approx(1000 / 3)
-    # ... and every one of the 200 tasks' counts changes: each by_ring entry at most every 5 s.
-    assert _by(r, "deploy", "partition sessions.by_ring RING: writes, every task's count changed")["used"] == 40
+    # ... as ECS starts them (100 in 12 s of launch slots, give or take 10 s: 3.125/s), each
+    # new one writes the ring twice (open, first renewal) and the old one it replaces three times
+    # (draining, ENDED, leaving): 15.625/s; the old one's 100 hints a replacement, 312.5 a second,
+    # change every one of the 200 tasks' counts, each entry written at most every 5 s: 40/s.
+    ring = _by(r, "deploy", "partition sessions.by_ring RING: writes, tasks replaced and the takers' counts changed")
+    assert ring["used"] == pytest.approx(55.625)
     # The sweep: 10,000 connections in one segment of 200 a second: 50 s, against 600.
     sweep = _by(r, "steady", "reachability sweep: seconds for one pass (parallel segments)")
     assert (sweep["used"], sweep["limit"]) == (50, 600)
@@ -164,7 +171,13 @@ def test_a_raised_quota_moves_the_limit_it_names_and_an_unknown_one_is_refused()
                                       "connections: writes absorbed at once (warm throughput) (crash)",
                                       "connections.by_owner: writes (index quota) (crash)",
                                       "connections.by_owner: writes absorbed at once (warm throughput) (crash)",
-                                      "connections.by_owner: writes (index quota) (scale_in)"}
+                                      "connections.by_owner: writes (index quota) (scale_in)",
+                                      # and 10,000 workers' ring: 1,000 leavers writing three times and
+                                      # 9,000 takers within a heartbeat; a deploy's replacements and takers
+                                      "partition sessions.by_ring RING: writes, the leavers and the takers' "
+                                      "counts changed (scale_in)",
+                                      "partition sessions.by_ring RING: writes, tasks replaced and the takers' "
+                                      "counts changed (deploy)"}
     # The environment's own quotas count, and one given to the plan goes on top of them.
     raised = plan_limits.evaluate(MEASURED, {**big, "quotas": {"table_units": 60_000}}, connections=1_000_000,
                                   upstream_addresses=20, quotas={**ecs, "table_units": 100_000})
@@ -181,7 +194,7 @@ def test_prod_as_documented_holds_500k(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["workers"] == 296  # 500,000 / 1,690, target tracking's setting
     assert {"name", "scenario", "used", "limit", "ok"} <= set(out["limits"][0])
-    assert {lim["scenario"] for lim in out["limits"]} == {"steady", "crash", "scale_in", "deploy"}
+    assert {lim["scenario"] for lim in out["limits"]} == {"steady", "crash", "zone_lost", "join", "scale_in", "deploy"}
     assert out["first_limit"] is None, out["exceeded"]
     assert all(lim["ok"] for lim in out["limits"])
     # With the quotas prod lists raised: 2 NAT gateways x 5 Elastic IPs.

@@ -337,6 +337,11 @@ def ring_lag_ms(heartbeat_ms: int) -> int:
     return RING_WRITE_EVERY * heartbeat_ms
 
 
+# The fleet summary rides along with every third watch read (0.5 read units a reader
+# every ~16 s: 1.1 per connection-hour at 100 per worker, at any fleet size). It stays
+# out of the ring partition: a ring Query returns the sessions after ours, never also the
+# summary, and an item in the index would double every summary write.
+SUMMARY_EVERY = 3
 UNDER_LISTED = 25  # sessions under (and over) their share named in the summary
 # Every taker's load is in the summary while there are at most this many (a drain plans
 # from it: :func:`drain_targets`), and the dead sessions are listed up to this many:

@@ -93,10 +93,17 @@ STOP_INBOX = "stops"
 # one conditional write attached each here (``<connection_id>#<fence>``, the fence the move
 # gave it); the renewal returns them, and the worker picks them up, as it does its STOPs.
 ASSIGNED = "assigned"
-# At most this many assignments wait in one session item (each ~80 bytes: well inside
-# an item's 400 KB); a move to a session whose inbox is full is refused like one to an
-# ENDED session, and goes the anonymous way.
-ASSIGNED_MAX = 500
+# At most this many assignments wait in one session item; a move to a session whose inbox
+# is full is refused like one to an ENDED session, and goes the anonymous way. The bound is
+# the item's partition, not its 400 KB: every move is a transaction that writes the whole
+# item (twice its size in KB), and the item grows with each entry (up to ~140 bytes at
+# the longest connection id) until the owner's next renewal empties it, so filling an
+# inbox of N costs about N^2 write units. 48 keep a fill near 500 units, and the one or
+# two a second may see (one each side of a renewal) inside the partition's 1,000: a
+# target named by many movers at once (a join's newcomer, a crash's survivor) is not
+# written past its limit (wsfleet.plan.bursts.inbox_fill_units). What it is sent beyond
+# them it takes from the hints.
+ASSIGNED_MAX = 48
 
 LIVE = "LIVE"
 ENDED = "ENDED"

@@ -46,8 +46,8 @@ def _round(v: float | None) -> float | None:
 
 def figures(fleet: Fleet, run: Run, *, wall_s: float, max_rss_mb: float) -> dict[str, Any]:
     p = fleet.partitions
-    write_key, write_peak = p.peak("write", since=run.event_at)
-    read_key, read_peak = p.peak("read", since=run.event_at)
+    write_key, write_peak = p.peak("write", since=math.floor(run.event_at))
+    read_key, read_peak = p.peak("read", since=math.floor(run.event_at))
     sends = [b["sent"] - a["sent"] for a, b in zip(run.samples, run.samples[1:], strict=False)]
     out: dict[str, Any] = {
         "scenario": run.scenario,
@@ -65,7 +65,10 @@ def figures(fleet: Fleet, run: Run, *, wall_s: float, max_rss_mb: float) -> dict
         "fair_after_s": _round(None if run.fair_at is None else run.fair_at - run.event_at),
         "hottest_write": {"partition": "/".join(map(str, write_key or ())), "units_per_s": round(write_peak, 1), "limit": WCU_PER_S},
         "hottest_read": {"partition": "/".join(map(str, read_key or ())), "units_per_s": round(read_peak, 1), "limit": RCU_PER_S},
-        "peak_by_partition_kind": p.group_peaks(since=run.event_at),
+        "peak_by_partition_kind": p.group_peaks(since=math.floor(run.event_at)),
+        # a steady stream (a join's sheds over half a minute) by its busiest two
+        # heartbeats, where one second's count of a few writes is mostly chance
+        "ring_writes_busiest_5s": round(p.group_peak("ring", "write", since=math.floor(run.event_at), window=5), 1),
         "throttled_requests": dict(p.throttled),
         "hints_sent": fleet.queue.sent,
         "hints_peak_per_s": max(sends, default=0),

@@ -128,8 +128,12 @@ async def _start(fleet: Fleet, run: Run) -> None:
 
 def _victims(fleet: Fleet, share: float, *, zone: int | None = None) -> list[str]:
     names = sorted(t.name for t in fleet.running())
-    if zone is not None:  # tasks are spread over two zones alternately, as ECS spreads them
-        return [n for i, n in enumerate(names) if i % 2 == zone]
+    if zone is not None:
+        # ECS spreads the tasks over two zones evenly, and a session's place in the ring is
+        # its task id's (random hex in ECS, where here it is the launch order): which zone
+        # a task is in has nothing to do with its neighbours in the ring. Half at random
+        # (taking every other one of the ring spared every dead session a live watcher).
+        return sorted(fleet.rng.sample(names, len(names) // 2))
     return fleet.rng.sample(names, max(1, round(share * len(names))))
 
 
@@ -165,21 +169,28 @@ async def scale_in(fleet: Fleet, run: Run) -> None:
 
 async def deploy(fleet: Fleet, run: Run) -> None:
     """A rolling deploy at ECS's minimumHealthyPercent 100, maximumPercent 200: new tasks
-    start, as many as the service's limit lets alongside the old; as they run, as many
-    old ones stop; again until no old task is left."""
+    start, as many as the service's limit lets alongside the old; as each new one runs,
+    ECS stops an old one (so old tasks stop at the pace the new ones start, not all at
+    once); again until no old task is left."""
     await _start(fleet, run)
     old = sorted(t.name for t in fleet.running())
     rounds, stopping, finished = 0, [], []
     watch = asyncio.ensure_future(_observe(fleet, run, lambda: bool(finished) and not fleet.books.closed, fair=True))
+
+    async def replace(name: str) -> None:
+        await fleet.launch(1)
+        await fleet.stop(name)
+
     while old:
         room = min(len(old), fleet.settings.max_tasks - len(fleet.alive()), run.workers)
         if room <= 0:
             await asyncio.sleep(1.0)
             continue
         rounds += 1
-        await fleet.launch(room)
         batch, old = old[:room], old[room:]
-        stopping.append(asyncio.gather(*(fleet.stop(n) for n in batch)))
+        stopping.append(asyncio.gather(*(replace(n) for n in batch)))
+        if old:
+            await stopping[-1]  # the next round once this one's old tasks are gone
     await asyncio.gather(*stopping)
     run.extra["rounds"] = rounds
     run.extra["deploy_s"] = round(fleet.now() - run.event_at, 1)

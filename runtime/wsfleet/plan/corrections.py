@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import math
 
+from ..balance import SUMMARY_EVERY  # the #fleet item rides with every third watch read
 from .bursts import fleet_item_bytes
 from .model import Measured, Op
 
 # The code's own constants and sizes the plan assumes. These model the code as issue 22
 # leaves it; the lead adjusts them to the figures `make bench` measures.
 RING_REFRESH_S = 15.0  # worker/takeover.py: a watcher re-reads its successors this often
-SUMMARY_EVERY = 3  # worker/takeover.py: the #fleet item rides with every third watch read
 BENCH_WORKERS = 3  # the cost benchmark's fleet (bench/cost.py), when measured_ops.json omits it
 # A by_ring entry: its keys and the counts the summarizer needs (active, max_connections,
 # state, draining), about. The summarizer's pass is one paged Query of them.

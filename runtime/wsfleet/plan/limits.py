@@ -10,7 +10,10 @@ their item's units (:attr:`.model.Measured.checkpoint_units`, ``ACQUIRE_WRU``).
 Scenarios (each limit is checked in one): ``steady``; ``crash``: 10 % of the workers die
 and their connections are acquired by the others within ``CRASH_BURST_S`` (each acquire
 moves a ``by_owner`` key: a delete and a put in the index; each taker's count changes, so
-its by_ring entry is rewritten, at most every other renewal); ``scale_in``: 10 % of the workers
+its by_ring entry is rewritten: :mod:`.bursts` says how many a second at the peak);
+``zone_lost``: one availability zone of two, half the workers, dies at once: what the
+survivors cannot hold waits for replacements, and every connection must run again within
+``ZONE_RECOVERY_S``; ``scale_in``: 10 % of the workers
 drain within ``SCALE_IN_BURST_S``, each connection released at its fence while it stays
 attached to the releasing session, and hinted to a named peer whose acquire moves its
 by_owner key session to session (no ``FREE#`` write: ``HANDOFF_INDEX_WRITES_PER_MOVE``);
@@ -33,6 +36,7 @@ from typing import Any, Mapping
 from ..balance import RING_WRITE_EVERY
 from ..leases import sweep_pass_s
 from ..settings_spec import SWEEP_SECONDS, VARIABLES
+from .bursts import bursts
 from .corrections import corrected_ops
 from .fleet import fleet
 from .model import HOURS_PER_MONTH, PARTITION_RCU, PARTITION_WCU, TABLE_QUOTA, TRANSACTION_FACTOR, Measured, measured_shards
@@ -80,6 +84,10 @@ CRASH_BURST_S = 4.0
 SCALE_IN_BURST_S = 4.0
 # A crashed share must be relaunched within a minute (the scale-out cooldown).
 RELAUNCH_WITHIN_S = 60.0
+# A zone lost is recovered within a minute: every connection running again, those the
+# survivors have no room for on replacements. Its acquisitions spread over what the
+# minute leaves after the lease (nobody may take a session's connections before).
+ZONE_RECOVERY_S = 60.0
 FILL_TARGET_S = 3600.0  # the plan expects N STARTs to fit in an hour at the API's rate
 
 # --- the code's own sizes the bursts assume (see :mod:`.corrections` for the rest) ----------
@@ -118,7 +126,7 @@ WS_FRAME_OVERHEAD_BYTES = 40  # TLS record and WebSocket header per frame, about
 @dataclass(frozen=True)
 class Check:
     name: str
-    scenario: str  # steady | crash | scale_in | deploy
+    scenario: str  # steady | crash | zone_lost | join | scale_in | deploy
     used: float
     limit: float
     fix: str  # the setting or quota that moves it
@@ -228,6 +236,9 @@ def evaluate(
               start_w, PARTITION_WCU, "state_shards"))
     ring_fix = "heartbeat_seconds, or target_connections_per_worker (fewer, larger tasks)"
     ring_every_s = RING_WRITE_EVERY * heartbeat_s  # a worker writes the RING at most this often
+    burst = bursts(workers=workers, per_worker=round(held), settings=settings, tasks_quota=tasks_quota,
+                   launches_per_minute=launches_quota)
+    inbox_fix = "schema.ASSIGNED_MAX (the inbox's length: what a move may add before the owner's renewal empties it)"
     add(Check("partition sessions.by_ring RING: writes, counts changed by STARTs at the API's rate", "steady",
               RING_WRITES_PER_CHANGED_RENEWAL * min(settings["api_rate_limit"], workers / ring_every_s), PARTITION_WCU,
               ring_fix))
@@ -254,17 +265,29 @@ def evaluate(
               _warm(settings, "connections_warm", "read"), warm))
     add(Check("partition connections.by_owner S#<session> (a taker's): writes", "crash",
               OWNER_INDEX_WRITES_PER_MOVE / 2 * moved / survivors / CRASH_BURST_S, PARTITION_WCU, "-"))
-    add(Check("partition sessions.by_ring RING: writes, every taker's count changed", "crash",
-              RING_WRITES_PER_CHANGED_RENEWAL * survivors / ring_every_s, PARTITION_WCU, ring_fix))
+    add(Check("partition sessions.by_ring RING: writes, the dead ended and the takers' counts changed", "crash",
+              burst["crash"]["ring_writes_per_s"], PARTITION_WCU, ring_fix))
+    add(Check("partition sessions <session> (a taker's item): writes, its inbox of moves filled", "crash",
+              burst["crash"]["inbox_units_per_s"], PARTITION_WCU, inbox_fix))
     add(Check("connections per surviving worker", "crash", connections / survivors, settings["max_per_worker"],
               "target_connections_per_worker (more headroom below MAX_CONNECTIONS)"))
     add(Check("task launches per minute to replace the crashed", "crash", crashed * 60 / RELAUNCH_WITHIN_S,
               launches_quota, "target_connections_per_worker (fewer tasks)"))
+    _zone_checks(add, burst["zone_lost"], settings, workers=workers, connections=connections, quota=quota,
+                 table_quota=table_quota, steady_conn_w=steady_conn_w,
+                 steady_owner_w=steady_owner_w, ring_fix=ring_fix, inbox_fix=inbox_fix)
+    # join: 10 % more workers; the others shed to them
+    add(Check("partition sessions.by_ring RING: writes, newcomers opening and the others shedding", "join",
+              burst["join"]["ring_writes_per_s"], PARTITION_WCU, ring_fix))
+    add(Check("partition sessions <session> (a newcomer's item): writes, its inbox of moves filled", "join",
+              burst["join"]["inbox_units_per_s"], PARTITION_WCU, inbox_fix))
     # scale-in: 10 % of the workers hand theirs to named peers
     drained = math.floor(workers * SCALE_IN_SHARE)
     per_s = drained * held / SCALE_IN_BURST_S
     add(Check("connections.by_owner: writes (index quota)", "scale_in", steady_owner_w + HANDOFF_INDEX_WRITES_PER_MOVE * per_s,
               table_quota, index_quota))
+    add(Check("partition sessions.by_ring RING: writes, the leavers and the takers' counts changed", "scale_in",
+              burst["scale_in"]["ring_writes_per_s"], PARTITION_WCU, ring_fix))
     handoff_w = steady_conn_w + (RELEASE_WRU + ACQUIRE_WRU) * per_s
     add(Check("connections: writes (table quota)", "scale_in", handoff_w, table_quota, quota))
     add(Check("connections: writes absorbed at once (warm throughput)", "scale_in", handoff_w,
@@ -279,8 +302,8 @@ def evaluate(
     add(Check("connections.by_owner: writes (index quota)", "deploy",
               steady_owner_w + HANDOFF_INDEX_WRITES_PER_MOVE * handed_s, table_quota,
               index_quota))
-    add(Check("partition sessions.by_ring RING: writes, every task's count changed", "deploy",
-              RING_WRITES_PER_CHANGED_RENEWAL * DEPLOY_FACTOR * workers / ring_every_s, PARTITION_WCU, ring_fix))
+    add(Check("partition sessions.by_ring RING: writes, tasks replaced and the takers' counts changed", "deploy",
+              burst["deploy"]["ring_writes_per_s"], PARTITION_WCU, ring_fix))
     limits = [c.as_json() for c in checks]
     ranked = sorted((c for c in checks if not c.ok), key=lambda c: -c.used / c.limit)  # worst first
     first = ranked[0] if ranked else None
@@ -308,6 +331,38 @@ def evaluate(
         "tables": holding["tables"],
         "partitions": holding["partitions"],
     }
+
+
+def _zone_checks(add: Any, zone: Mapping[str, Any], settings: Mapping[str, Any], *, workers: int, connections: int,
+                 quota: str, table_quota: float, steady_conn_w: float, steady_owner_w: float,
+                 ring_fix: str, inbox_fix: str) -> None:
+    """An availability zone of two lost: half the workers dead at once (:mod:`.bursts`'s
+    ``zone_lost``): the ring's writes at the peak, a taker's item and owner partition, the
+    tables' writes to run every connection again within the minute, and how long what the
+    survivors have no room for waits for replacements (their launches at the service's rate
+    and a Fargate start: :mod:`.bursts`)."""
+    most = settings["max_per_worker"]
+    held = connections / workers
+    add(Check("partition sessions.by_ring RING: writes, the dead ended and the takers' counts changed", "zone_lost",
+              zone["ring_writes_per_s"], PARTITION_WCU, ring_fix))
+    add(Check("partition sessions <session> (a taker's item): writes, its inbox of moves filled", "zone_lost",
+              zone["inbox_units_per_s"], PARTITION_WCU, inbox_fix))
+    room = min(held, max(0, most - held))  # what a survivor takes before the replacements run
+    add(Check("partition connections.by_owner S#<session> (a taker's): writes", "zone_lost",
+              OWNER_INDEX_WRITES_PER_MOVE / 2 * room / CRASH_BURST_S, PARTITION_WCU, "-"))
+    per_s = zone["moved"] / (ZONE_RECOVERY_S - settings["lease_s"])
+    warm = "the connections table's warm throughput (connections_warm_throughput)"
+    conn_w = steady_conn_w + ACQUIRE_WRU * per_s
+    add(Check("connections: writes to run every connection again within the minute (table quota)", "zone_lost",
+              conn_w, table_quota, quota))
+    add(Check("connections: writes absorbed at once (warm throughput)", "zone_lost", conn_w,
+              _warm(settings, "connections_warm", "write"), warm))
+    add(Check("connections.by_owner: writes absorbed at once (warm throughput)", "zone_lost",
+              steady_owner_w + OWNER_INDEX_WRITES_PER_MOVE * per_s, _warm(settings, "owner_index_warm", "write"),
+              "the by_owner index's warm throughput (owner_index_warm_throughput)"))
+    add(Check("seconds until the connections the survivors cannot hold run on replacements", "zone_lost",
+              zone["recovery_s"], ZONE_RECOVERY_S,
+              "target_connections_per_worker (more headroom below MAX_CONNECTIONS), or max_connections_per_worker"))
 
 
 def _warm(settings: Mapping[str, Any], key: str, kind: str) -> float:

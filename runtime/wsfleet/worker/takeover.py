@@ -5,7 +5,10 @@
   ``SessionTiming.watch_pause_s`` (one BatchGetItem): watching costs O(workers) in all,
   never every worker reading every session. A LIVE one that missed a renewal gets its
   end scheduled for the moment it expires plus the skew margin, so a crash is taken
-  over at about the lease.
+  over at about the lease. One that is ENDED or suspect makes the worker read one
+  successor further in the same pass, and on past those that look dead too
+  (:func:`wsfleet.leases.watch_reach`): a session whose watchers all died with it is
+  seen by the next live one before them.
 * **Ending and draining.** The end is a conditional write (LIVE and expired): one winner,
   and the session can never be renewed again. Then its connections, found with one
   ``by_owner`` query, are taken: this worker's fair-share deficit acquired here, each
@@ -35,9 +38,9 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from .. import clock, schema, tracing
 from .. import metrics_names as names
-from ..balance import drain_share, drain_targets, is_summarizer
+from ..balance import SUMMARY_EVERY, drain_share, drain_targets, is_summarizer
 from ..crash_loop import Suspect
-from ..leases import EndFailure, SessionTiming, Watched, takeover_jitter_s, watch_plan
+from ..leases import EndFailure, SessionTiming, Watched, takeover_jitter_s, watch_plan, watch_reach
 from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import ConnectionsStore, SessionsStore, TransientError, now_ms
@@ -54,11 +57,6 @@ WATCH_K = 2  # successors each worker watches: a death is seen while either pred
 # watchers (they re-read at once); this periodic read is the backstop.
 RING_REFRESH_S = 15.0
 EMPTY_DRAINS_TO_LEAVE = 2  # the owner index is eventually consistent: see it empty twice
-# The fleet summary rides along with every third watch read (0.5 read units a reader
-# every ~16 s: 1.1 per connection-hour at 100 per worker, at any fleet size). It stays
-# out of the ring partition: a ring Query returns the sessions after ours, never also the
-# summary, and an item in the index would double every summary write.
-SUMMARY_EVERY = 3
 STRIKE_TRIES = 3  # a strike's tries through transient faults, before the drain goes on without it
 SCAN_POINTS = 64  # connection ids kept from the free scans, to start the next ones at
 
@@ -104,9 +102,13 @@ class Takeover:
         self._summary = summary
         self._counters = counters
         self._quarantine_after = quarantine_after
-        self._passes = 0
+        # which of every SUMMARY_EVERY passes reads the summary: drawn, so that workers
+        # started together (a fleet started at once, a deploy's round) do not all read it,
+        # and so act on it, in the same pass
+        self._passes = random.randrange(SUMMARY_EVERY)
         self._clock_ms = clock_ms
         self._ring: list[str] = []
+        self._reach = WATCH_K  # successors read: more while some of them look dead (watch_reach)
         self._ring_for = ""
         self._ring_at = float("-inf")
         self._ring_changes = 0
@@ -160,8 +162,7 @@ class Takeover:
             return 0
         changes = self._keeper.ring_changes
         if self._ring_for != me or changes != self._ring_changes or clock.now() - self._ring_at > RING_REFRESH_S:
-            self._ring = await self._call(self._sessions.ring_after, me, limit=WATCH_K)
-            self._ring_for, self._ring_at, self._ring_changes = me, clock.now(), changes
+            await self._read_ring(me, changes)
         self._passes += 1
         # The summarizer has the summary it writes: only the others read it.
         summary = self._passes % SUMMARY_EVERY == 1 and not is_summarizer(me, self._ring)
@@ -170,10 +171,21 @@ class Takeover:
             if item[schema.SESSION_ID] == schema.FLEET_SUMMARY_ID:
                 self._summary.on_item(item)
         items = [i for i in items if i[schema.SESSION_ID] != schema.FLEET_SUMMARY_ID]
-        self.watched = {
-            i[schema.SESSION_ID]: Watched(i[schema.SESSION_ID], i.get(schema.SESSION_STATE, ""), int(i.get(schema.EXPIRES_AT_MS, 0)))
-            for i in items
-        }
+        reach = watch_reach(map(_watched, items), k=WATCH_K, now_ms=self._clock_ms(), timing=self._timing)
+        if reach < self._reach:
+            self._reach = reach  # the ring's next read is the shorter one
+        while reach > self._reach and len(self._ring) >= self._reach:
+            # some look dead: read past them now, not at the next pass (a pause later),
+            # and on past those that look dead too
+            self._reach = reach
+            read = set(self._ring)
+            await self._read_ring(me, changes)
+            further = [sid for sid in self._ring if sid not in read]
+            if not further:
+                break
+            items += await self._call(self._sessions.get_many, further)
+            reach = watch_reach(map(_watched, items), k=WATCH_K, now_ms=self._clock_ms(), timing=self._timing)
+        self.watched = {i[schema.SESSION_ID]: _watched(i) for i in items}
         self._end_traces = {i[schema.SESSION_ID]: i[schema.END_TRACE] for i in items if schema.END_TRACE in i}
         if len(self.watched) < len(self._ring):
             self._ring_at = float("-inf")  # one is gone (TTL, or deleted by hand): look again
@@ -190,6 +202,10 @@ class Takeover:
                 self._ending[session_id] = loop.call_later(delay, self._end_due, session_id)
                 self._log.info("session_suspect", suspect=session_id, end_in_s=round(delay, 3))
         return len(items)
+
+    async def _read_ring(self, me: str, changes: int) -> None:
+        self._ring = await self._call(self._sessions.ring_after, me, limit=self._reach)
+        self._ring_for, self._ring_at, self._ring_changes = me, clock.now(), changes
 
     async def announce(self) -> int:
         """Tell the sessions that watch ours (its predecessors in the ring) that their
@@ -457,6 +473,10 @@ class Takeover:
         stuck, self._free_seen = free_now & self._free_seen, free_now
         owned = await asyncio.gather(*(self._call(self._connections.count_owned_by, s) for s in dead))
         return len(stuck) + sum(owned)
+
+
+def _watched(item: dict) -> Watched:
+    return Watched(item[schema.SESSION_ID], item.get(schema.SESSION_STATE, ""), int(item.get(schema.EXPIRES_AT_MS, 0)))
 
 
 def _take(iterable: Any, n: int) -> list:
