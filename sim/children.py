@@ -58,7 +58,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
 class EmulatorProcess:
     """``python -m sim.emulator`` in a process of its own: moto's DynamoDB is
-    serialised per table, so a fleet must not share its interpreter (and GIL) with the workers'
+    serialised, so a fleet must not share its interpreter (and GIL) with the workers'
     backend. Several fleets may share one (each creates its own tables and queue)."""
 
     def __init__(self, log_path: Path, *, runtime_dir: Path | None = None) -> None:

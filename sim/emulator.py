@@ -3,14 +3,10 @@
 moto applies a conditional write as "read, check, write" without a lock, so two
 concurrent requests can both pass the check (two winners of one lease, lost fence
 increments). Real DynamoDB serialises writes per item. We restore that guarantee by
-serialising the DynamoDB requests to each table (a request that names several tables, a
-transaction or a batch, holds each of their locks), and every Kinesis request (its
+serialising every DynamoDB request inside the server, and every Kinesis request (its
 PutRecords races the same way: two records given one sequence number, one of them
 lost) under a lock of its own; other services (SQS long polls above all) stay
-concurrent. Per table, not one lock for all: real tables do not wait for each other,
-and a busy messages table (one hostile upstream's firehose filling it in batches of 25)
-must not hold up the sessions and connections tables, whose renewals and takeovers the
-fleet's recovery waits on.
+concurrent.
 
 Three paths of its own, beside the AWS APIs, for the benchmarks and chaos runs:
 
@@ -82,14 +78,13 @@ client signs with is :mod:`.emulator_client`'s.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import signal
 import sys
 import threading
 import urllib.request
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from werkzeug.serving import make_server
 
@@ -101,7 +96,6 @@ from .emulator_faults import FAULTS_PATH, Faults
 from .emulator_wsgi import WSGIApp
 from .emulator_wsgi import operation as _operation
 from .emulator_wsgi import read_body as _read_body
-from .emulator_wsgi import tables as _tables
 from .moto_patches import (
     _batches_keep_system_attributes,
     _kinesis_sequence_ends_in_constant_time,
@@ -134,55 +128,13 @@ DEAD_LETTER_SUFFIX = "-dead"  # the START queue's dead-letter queue is named aft
 _KINESIS_TARGET = "Kinesis_20131202."
 
 
-class TableLocks:
-    """One lock per table, made on first use; :meth:`hold` takes those of a request's
-    tables in one order (their names sorted), so two requests naming the same two tables
-    never wait for each other in a circle. Beside them, two of the emulator's own:
-
-    * every transaction also holds ``TRANSACTIONS``: :func:`.moto_patches._transactions_copy_items_not_tables`
-      swaps a module-level name of moto's for the length of a transaction, which two at
-      once in different tables would put back in the wrong order;
-    * a request that names no table (ListTables, a body that cannot be read) holds
-      ``CATALOG`` and every table's lock: it waits for all, as the one lock did."""
-
-    TRANSACTIONS = "\0transactions"
-    CATALOG = "\0catalog"
-
-    def __init__(self) -> None:
-        self._made = threading.Lock()
-        self._locks: dict[str, threading.Lock] = {}
-
-    def _lock(self, name: str) -> threading.Lock:
-        with self._made:
-            return self._locks.setdefault(name, threading.Lock())
-
-    @contextlib.contextmanager
-    def hold(self, op: str, tables: frozenset[str]) -> Iterator[None]:
-        if tables:
-            names = set(tables) | ({self.TRANSACTIONS} if op.startswith("Transact") else set())
-        else:
-            with self._made:
-                names = {self.CATALOG, *self._locks}
-        held: list[threading.Lock] = []
-        try:
-            for name in sorted(names):
-                lock = self._lock(name)
-                lock.acquire()
-                held.append(lock)
-            yield
-        finally:
-            for lock in reversed(held):
-                lock.release()
-
-
 class SerializedDynamoDB:
-    """WSGI middleware: at most one DynamoDB request per table is handled at a time
-    (:class:`TableLocks`), and what it wrote is put in the :class:`Journal` (when
-    recording) in the order it was applied."""
+    """WSGI middleware: at most one DynamoDB request is handled at a time, and what it
+    wrote is put in the :class:`Journal` (when recording) in that same order."""
 
     def __init__(self, app: WSGIApp, journal: "Journal | None" = None) -> None:
         self._app = app
-        self._tables = TableLocks()
+        self._lock = threading.Lock()
         # Kinesis has its own: moto's PutRecords is not atomic either (two concurrent
         # requests can give two records one sequence number, and one is lost), and it
         # need not wait for DynamoDB's.
@@ -196,21 +148,20 @@ class SerializedDynamoDB:
                 with self._kinesis_lock:
                     return list(self._app(environ, start_response))
             return self._app(environ, start_response)
-        request = _read_body(environ)
-        lanes = self._tables.hold(op, _tables(op, request))
         journal = self._journal if self._journal is not None and self._journal.wants(op) else None
         if journal is None:
-            with lanes:
+            with self._lock:
                 # Materialise the body inside the lock: the write happens while moto
                 # builds the response, not when the server sends it.
                 return list(self._app(environ, start_response))
+        request = _read_body(environ)
         status: list[str] = []
 
         def capture(code: str, headers: list, *exc: Any) -> Any:
             status.append(code)
             return start_response(code, headers, *exc)
 
-        with lanes:
+        with self._lock:
             body = list(self._app(environ, capture))
             if status and status[0].startswith("200"):
                 journal.record(op, request, b"".join(body))

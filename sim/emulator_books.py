@@ -24,9 +24,7 @@ JOURNAL_PATH = "/_wsfleet/journal"
 
 class Journal:
     """The writes that decide ownership and data, in the order DynamoDB applied them
-    (recorded by :class:`SerializedDynamoDB` inside the locks of the tables written: one
-    table's writes in exactly the order applied; two tables' in the order recorded, each
-    just after it was applied, as close as two independent tables are ordered at all). Off until switched on.
+    (recorded by :class:`SerializedDynamoDB` inside its lock). Off until switched on.
     Entries: ``put`` (a message item), ``update`` (an acquisition), ``checkpoint`` and
     ``release`` (``last_seq`` written), ``ended`` (a session ended)."""
 

@@ -18,21 +18,6 @@ def operation(environ: dict) -> str | None:
     return target[len(_DYNAMODB_TARGET):] if target.startswith(_DYNAMODB_TARGET) else None
 
 
-def tables(op: str, body: bytes) -> frozenset[str]:
-    """The tables a DynamoDB request names (a batch or a transaction may name several);
-    empty when it names none (ListTables) or its body cannot be read."""
-    try:
-        request = json.loads(body or b"{}")
-        if op in ("BatchGetItem", "BatchWriteItem"):
-            return frozenset(request.get("RequestItems", {}))
-        if op in ("TransactWriteItems", "TransactGetItems"):
-            return frozenset(next(iter(entry.values())).get("TableName", "") for entry in request.get("TransactItems", []))
-        name = request.get("TableName")
-        return frozenset((name,)) if isinstance(name, str) else frozenset()
-    except (ValueError, AttributeError, TypeError, StopIteration):
-        return frozenset()
-
-
 def service(environ: dict) -> str:
     """The AWS service a request is signed for ("dynamodb", "sqs", ...), "" if unsigned."""
     match = re.search(r"Credential=[^/]*/[^/]*/[^/]*/([^/]+)/", environ.get("HTTP_AUTHORIZATION", ""))

@@ -15,7 +15,7 @@ def _partition_queries() -> None:
 
     moto 5.2 answers such a Query by listing and sorting every item of the table, then
     keeping the partition's: O(table) per request, inside the lock that serialises
-    the table. A long run's messages table holds 100,000s of rows, and every takeover reads
+    DynamoDB. A long run's messages table holds 100,000s of rows, and every takeover reads
     where a stream's stored messages end: queries of a second each, renewals stuck behind
     them past their timeout, sessions lost, more takeovers. The partition's items (those
     the sort key condition keeps) are exactly what moto keeps of that list, so the answer
@@ -80,13 +80,11 @@ def _transactions_copy_items_not_tables() -> None:
 
     moto 5.2 deep-copies the whole table for every entry of a transaction, to roll back
     if one fails: with 1,000 connections one copy takes some 36 ms, so a checkpoint of 25
-    Updates took a second (100: four) inside the lock that serialised DynamoDB, and every
+    Updates took a second (100: four) inside the lock that serialises DynamoDB, and every
     other request waited behind it. A transaction can only change the items it names, so
     a copy of those is as good a backup. We take it, make moto's whole-table copy return
-    the table itself for the call (the module's ``copy`` swapped for a shim: safe, as a
-    transaction runs alone (:class:`sim.emulator.TableLocks` gives transactions a lock of
-    their own) and the shim differs from ``copy`` only for a table, which nothing but a
-    transaction copies; moto's rollback then
+    the table itself for the call (the module's ``copy`` swapped for a shim: safe, as every
+    DynamoDB request runs under :class:`SerializedDynamoDB`'s lock; moto's rollback then
     puts the same table back), and on any exception put the copies back, last first (the
     first copy of an item named twice is the one from before), then re-raise. The copies
     are re-inserted as the stored objects: moto's update mutates the stored Item in place.

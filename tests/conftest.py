@@ -1,4 +1,4 @@
-"""Shared fixtures: a local AWS emulator (moto server, DynamoDB serialised per table), and fresh
+"""Shared fixtures: a local AWS emulator (moto server, DynamoDB serialised), and fresh
 tables and queue per test so tests never see each other's items."""
 
 from __future__ import annotations

@@ -5,7 +5,6 @@ within a process: the names are fresh per test)."""
 
 from __future__ import annotations
 
-import io
 import json
 import threading
 import time
@@ -17,7 +16,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from sim.emulator import SerializedDynamoDB, faults, freeze_survivors, journal, record_journal, request_ledger, set_faults
+from sim.emulator import faults, freeze_survivors, journal, record_journal, request_ledger, set_faults
 from sim.emulator_faults import FAULTS_PATH, HARNESS_MARK
 from wsfleet.sinks import MessagesStore
 from wsfleet.store import CheckpointEntry, ConnectionsStore, SessionsStore, TransientError, is_transient
@@ -568,60 +567,3 @@ def test_the_standalone_servers_collector_leaves_what_survived_alone():
         gc.unfreeze()  # this test process's collector back as it was
     assert not freezer.is_alive()
 
-
-
-def _dynamodb_request(op: str, body: dict) -> dict:
-    raw = json.dumps(body).encode()
-    return {"HTTP_X_AMZ_TARGET": f"DynamoDB_20120810.{op}", "CONTENT_LENGTH": str(len(raw)),
-            "wsgi.input": io.BytesIO(raw)}
-
-
-class _HeldApp:
-    """A WSGI app standing in for moto behind the lanes: it records which requests are
-    inside it and keeps each one whose body names ``held`` until released."""
-
-    def __init__(self, held: str) -> None:
-        self.held, self.release = held, threading.Event()
-        self.inside: list[str] = []
-        self.entered = threading.Event()
-
-    def __call__(self, environ: dict, start_response) -> list[bytes]:
-        body = environ["wsgi.input"].read(int(environ["CONTENT_LENGTH"])).decode()
-        self.inside.append(environ["HTTP_X_AMZ_TARGET"].split(".")[1])
-        if self.held in body:
-            self.entered.set()
-            assert self.release.wait(30)
-        start_response("200 OK", [])
-        return [b"{}"]
-
-
-def test_one_busy_table_holds_up_only_the_requests_that_name_it():
-    held = _HeldApp("messages")
-    lanes = SerializedDynamoDB(held)
-
-    def send(op: str, body: dict) -> threading.Thread:
-        thread = threading.Thread(target=lambda: lanes(_dynamodb_request(op, body), lambda *a: None), daemon=True)
-        thread.start()
-        return thread
-
-    batch = send("BatchWriteItem", {"RequestItems": {"messages": [{"PutRequest": {"Item": {}}}]}})
-    assert held.entered.wait(10)
-    # A renewal and a takeover's transaction on other tables go through while it is held.
-    renewal = send("UpdateItem", {"TableName": "sessions", "Key": {}})
-    takeover = send("TransactWriteItems", {"TransactItems": [{"Update": {"TableName": "sessions"}},
-                                                             {"Update": {"TableName": "connections"}}]})
-    renewal.join(10)
-    takeover.join(10)
-    assert not renewal.is_alive() and not takeover.is_alive()
-    # The same table waits, and so does a request naming no table (it waits for all).
-    same = send("PutItem", {"TableName": "messages", "Item": {}})
-    catalog = send("ListTables", {})
-    same.join(0.3)
-    catalog.join(0.3)
-    assert same.is_alive() and catalog.is_alive()
-    assert held.inside == ["BatchWriteItem", "UpdateItem", "TransactWriteItems"]
-    held.release.set()
-    for thread in (batch, same, catalog):
-        thread.join(10)
-        assert not thread.is_alive()
-    assert sorted(held.inside[3:]) == ["ListTables", "PutItem"]

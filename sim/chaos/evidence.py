@@ -8,8 +8,7 @@ Only what the workers cannot vouch for themselves counts:
   table's checkpoints; with a Kinesis sink, every record on the messages stream (and,
   with no table sink, the rows a consumer of the stream keeps, in the table's place);
 * the emulator's journal: every message write and every acquisition, in the order the
-  emulator applied them (one table's writes in exactly that order; two tables' as each
-  was recorded, just after it was applied);
+  serialised DynamoDB applied them;
 * the observer's snapshots: ownership as the tables define it (a connection is owned
   while its session is LIVE and unexpired) next to the upstream's open sockets, twice a
   second, with the connections and sessions as read (for the reachability invariant).
