@@ -27,7 +27,7 @@ from typing import Any, Iterator
 
 from wsfleet import records
 from wsfleet.records import BadRecord
-from wsfleet.sinks.firehose import CONNECTION_BUCKET, connection_bucket
+from wsfleet.records import CONNECTION_BUCKET, connection_bucket
 
 from .stream_audit import Delivery
 

@@ -38,7 +38,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.constructs.messages_bucket import ABORT_INCOMPLETE_UPLOADS_AFTER, private_bucket
-from wsfleet.sinks.firehose import CONNECTION_BUCKET, CONNECTION_BUCKETS
+from wsfleet.records import CONNECTION_BUCKET, CONNECTION_BUCKETS
 
 # Fixed like the tables' ids: moving the construct must never replace (and so empty) them.
 DELIVERY_BUCKET_LOGICAL_ID = "DeliveryBucket"

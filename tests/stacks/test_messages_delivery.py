@@ -21,7 +21,7 @@ from stacks.constructs.messages_delivery import DELIVERY_BUCKET_LOGICAL_ID, DELI
 from tests.stacks.policies import actions, statements
 from wsfleet import settings_spec, stack_outputs
 from wsfleet.sinks import DeliverySink
-from wsfleet.sinks.firehose import connection_bucket
+from wsfleet.records import connection_bucket
 from wsfleet.stream import Frame
 
 

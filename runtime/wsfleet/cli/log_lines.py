@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from .. import stack_outputs
 from .errors import CliError
-from .timeline import SUFFIXES
+from .timeline import files_in, json_from
 
 # The service stack's outputs naming the log groups that hold connections' lines.
 LOG_GROUP_OUTPUTS = (stack_outputs.WORKER_LOG_GROUP_NAME, stack_outputs.ROUTER_LOG_GROUP_NAME)
@@ -45,14 +45,10 @@ def log_groups_of(outputs: Mapping[str, str], stack_name: str) -> list[str]:
 def line_of(text: str, connection_id: str) -> dict[str, Any] | None:
     """The JSON object of a log line about ``connection_id``, else None (an export's
     timestamp before the JSON is skipped, as ``wsfleet report`` does)."""
-    at = text.find("{")
-    if at < 0 or connection_id not in text:
+    if connection_id not in text:
         return None
-    try:
-        record = json.loads(text[at:])
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) and record.get("connection_id") == connection_id else None
+    record = json_from(text)
+    return record if record is not None and record.get("connection_id") == connection_id else None
 
 
 # --- CloudWatch Logs -----------------------------------------------------------------------
@@ -127,7 +123,7 @@ class RunDirLines:
 
     def read(self) -> list[dict[str, Any]]:
         found = []
-        for path in sorted(p for p in self._dir.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES)):
+        for path in files_in(self._dir):
             for text in self._new_lines(path):
                 record = line_of(text, self._connection_id)
                 if record is not None and isinstance(record.get("ts"), (int, float)) and record["ts"] >= self._start_s:

@@ -99,9 +99,9 @@ def _lines(path: Path) -> Iterator[str]:
         yield from f
 
 
-def parse(line: str) -> dict[str, Any] | None:
-    """A worker's event, or None: the JSON from the line's first ``{`` (an export's
-    timestamp before it is skipped), with ``event``, a numeric ``ts`` and ``worker_id``."""
+def json_from(line: str) -> dict[str, Any] | None:
+    """The JSON object from a log line's first ``{`` (an export's timestamp before it is
+    skipped), or None."""
     at = line.find("{")
     if at < 0:
         return None
@@ -109,7 +109,14 @@ def parse(line: str) -> dict[str, Any] | None:
         record = json.loads(line[at:])
     except ValueError:
         return None
-    if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+    return record if isinstance(record, dict) else None
+
+
+def parse(line: str) -> dict[str, Any] | None:
+    """A worker's event, or None: :func:`json_from` the line, with ``event``, a numeric
+    ``ts`` and ``worker_id``."""
+    record = json_from(line)
+    if record is None or not isinstance(record.get("event"), str):
         return None
     if not isinstance(record.get("ts"), (int, float)) or not isinstance(record.get("worker_id"), str):
         return None

@@ -43,34 +43,24 @@ the Athena query).
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from botocore.exceptions import BotoCoreError, ClientError
-
-from .. import records, schema
-from .. import metrics_names as names
-from ..store.base import TransientError, is_transient, retry_pause_s, unwrap_refusal
+from .. import schema
+from ..records import CONNECTION_BUCKET, connection_bucket
+from ..records import FIREHOSE_MAX_PUT_BYTES as MAX_PUT_BYTES
+from ..records import FIREHOSE_MAX_PUT_RECORDS as MAX_PUT_RECORDS
+from ..records import FIREHOSE_MAX_RECORD_BYTES as MAX_RECORD_BYTES
 from ..stream import Frame
-from .objects import StoredObject, needs_object
+from .objects import StoredObject
+from .record_puts import Count, LockedCount, Service, frame_record, put_until_acknowledged, requests
 from .sink import InvalidItem
 
-# Firehose's limits and the line's partition (declared with the stream's record, where
-# the plan and the stacks read them too).
-MAX_RECORD_BYTES = records.FIREHOSE_MAX_RECORD_BYTES
-MAX_PUT_RECORDS = records.FIREHOSE_MAX_PUT_RECORDS
-MAX_PUT_BYTES = records.FIREHOSE_MAX_PUT_BYTES
-CONNECTION_BUCKETS = records.CONNECTION_BUCKETS
-CONNECTION_BUCKET = records.CONNECTION_BUCKET
-connection_bucket = records.connection_bucket
 # Rounds of one request's records (the refused ones sent again) before TransientError.
 MAX_ROUNDS = 8
 # Whole-call errors and per-record ErrorCodes that mean the stream is at its throughput.
 THROUGHPUT_CODES = frozenset({"ServiceUnavailableException", "ThrottlingException", "LimitExceededException"})
-
-Count = Callable[[str, int], None]
-
+FIREHOSE = Service("PutRecordBatch", "delivery stream", "InvalidArgumentException", THROUGHPUT_CODES)
 
 
 class DeliverySink:
@@ -95,8 +85,7 @@ class DeliverySink:
         if not 0 < max_record_bytes <= MAX_RECORD_BYTES:
             raise ValueError(f"max_record_bytes must be from 1 to {MAX_RECORD_BYTES}, got {max_record_bytes}")
         self._client = client
-        self._count = count
-        self._count_lock = threading.Lock()
+        self._add = LockedCount(count)
         self._sleep = sleep
         self._rounds = max_rounds
         self._max_record = max_record_bytes
@@ -115,15 +104,8 @@ class DeliverySink:
         lines: dict[str, list[bytes]] = {}
         for c, fence, f in entries:
             lines.setdefault(c, []).append(self._line(c, fence, f, worker_id, objects))
-        request: list[bytes] = []
-        size = 0
-        for data in self._records([line for mine in lines.values() for line in mine]):
-            if request and (len(request) >= MAX_PUT_RECORDS or size + len(data) > MAX_PUT_BYTES):
-                self._put(request)
-                request, size = [], 0
-            request.append(data)
-            size += len(data)
-        if request:
+        recs = self._records([line for mine in lines.values() for line in mine])
+        for request in requests(recs, len, max_records=MAX_PUT_RECORDS, max_bytes=MAX_PUT_BYTES):
             self._put(request)
 
     def stored_end(self, connection_id: str, checkpoint: int) -> int:
@@ -149,16 +131,10 @@ class DeliverySink:
         self, connection_id: str, fence_token: int, frame: Frame, worker_id: str, objects: Mapping[tuple[str, int], StoredObject] | None
     ) -> bytes:
         """One frame's line: its record with its connection_bucket, and a newline."""
-        ref = None
-        if needs_object(frame):
-            stored = (objects or {}).get((connection_id, frame.seq))
-            if stored is None:  # a bug of the caller's: never a line that points at nothing
-                raise ValueError(f"{connection_id} seq {frame.seq}: large data sent before its object was stored")
-            ref = (stored.ref, stored.size, stored.sha256)
+        record = frame_record(connection_id, fence_token, worker_id, frame, objects)
         try:
-            record = records.encode(connection_id, fence_token, worker_id, frame, data_ref=ref)
             bucket = connection_bucket(connection_id)
-        except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) is a ValueError
+        except UnicodeEncodeError as exc:  # a lone surrogate, which the record's JSON escapes
             raise InvalidItem(f"{connection_id} seq {frame.seq}: {type(exc).__name__}: {exc}") from exc
         # records.encode always ends with the object's closing brace.
         line = record[:-1] + b',"%s":%d}\n' % (CONNECTION_BUCKET.encode(), bucket)
@@ -169,45 +145,13 @@ class DeliverySink:
     def _put(self, request: list[bytes]) -> None:
         """One request's records until every one is acknowledged, or until ``max_rounds``
         rounds in a row acknowledged nothing more."""
-        pending = request
-        attempt = 0  # rounds in a row with no progress
-        while attempt < self._rounds:
-            try:
-                resp = self._client.put_record_batch(
-                    DeliveryStreamName=self.delivery_stream, Records=[{"Data": d} for d in pending]
-                )
-            except (ClientError, BotoCoreError) as exc:
-                if refused := unwrap_refusal(exc):
-                    raise refused from None  # past its deadline: a retry here would be refused too
-                code = _code(exc)
-                if code == "InvalidArgumentException":  # a record Firehose will not take (we check first)
-                    raise InvalidItem(str(exc)) from exc
-                if not is_transient(exc) and code not in THROUGHPUT_CODES:
-                    raise  # AccessDenied, ResourceNotFound, a bug: the writer's supervisor backs off
-                if code in THROUGHPUT_CODES:
-                    self._add(names.RECORDS_THROTTLED, len(pending))
-                # Nothing or everything may have been applied (a lost answer): all again.
-                self._sleep(retry_pause_s(attempt))
-                attempt += 1
-                continue
-            answers = resp.get("RequestResponses") or []
-            if len(answers) != len(pending):
-                raise TransientError(f"PutRecordBatch answered {len(answers)} results for {len(pending)} records")
-            again = [d for d, a in zip(pending, answers, strict=True) if a.get("ErrorCode")]
-            if not again:
-                return
-            self._add(names.RECORDS_RESENT, len(again))
-            self._add(names.RECORDS_THROTTLED, sum(a.get("ErrorCode") in THROUGHPUT_CODES for a in answers))
-            attempt = 0 if len(again) < len(pending) else attempt + 1
-            pending = again
-            self._sleep(retry_pause_s(attempt))
-        raise TransientError(f"{len(pending)} records still refused by the delivery stream after {self._rounds} rounds")
+        put_until_acknowledged(FIREHOSE, request, self._send, _refused, rounds=self._rounds, sleep=self._sleep, add=self._add)
 
-    def _add(self, name: str, n: int) -> None:
-        if self._count is not None and n:
-            with self._count_lock:
-                self._count(name, n)
+    def _send(self, pending: list[bytes]) -> Sequence[Mapping[str, Any]]:
+        resp = self._client.put_record_batch(DeliveryStreamName=self.delivery_stream, Records=[{"Data": d} for d in pending])
+        return resp.get("RequestResponses") or []
 
 
-def _code(exc: BaseException) -> str:
-    return exc.response.get("Error", {}).get("Code", "") if isinstance(exc, ClientError) else ""
+def _refused(pending: list[bytes], answers: Sequence[Mapping[str, Any]]) -> list[bytes]:
+    """The refused records alone: S3 holds no order, a reader sorts by seq."""
+    return [d for d, a in zip(pending, answers, strict=True) if a.get("ErrorCode")]

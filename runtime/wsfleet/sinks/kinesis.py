@@ -44,25 +44,20 @@ higher fence (at least once; a clean release's checkpoint is exact, nothing agai
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from .. import aggregation, records, schema
-from .. import metrics_names as names
 from ..stream import Frame
-from ..store.base import TransientError, is_transient, retry_pause_s, unwrap_refusal
-from .objects import StoredObject, needs_object
+from .objects import StoredObject
+from .record_puts import Count, LockedCount, Service, frame_record, put_until_acknowledged, requests
 from .sink import InvalidItem
 
 # Rounds of one request's records (the refused ones sent again) before TransientError.
 MAX_ROUNDS = 8
 # Per-record and whole-request refusals that mean the shard or the key is at its limit.
 THROUGHPUT_CODES = frozenset({"ProvisionedThroughputExceededException", "KMSThrottlingException"})
-
-Count = Callable[[str, int], None]
+KINESIS = Service("PutRecords", "stream", "ValidationException", THROUGHPUT_CODES)
 
 
 class _Rec:
@@ -98,8 +93,7 @@ class StreamSink:
         self._max_aggregate = max_aggregate_bytes
         self._client = client
         self._target = {"StreamARN": stream} if stream.startswith("arn:") else {"StreamName": stream}
-        self._count = count
-        self._count_lock = threading.Lock()
+        self._add = LockedCount(count)
         self._sleep = sleep
         self._rounds = max_rounds
         self.stream = stream
@@ -118,17 +112,8 @@ class StreamSink:
         datas: dict[str, list[bytes]] = {}
         for c, fence, f in entries:
             datas.setdefault(c, []).append(self._data(c, fence, f, worker_id, objects))
-        recs = [rec for c, mine in datas.items() for rec in self._records(c, mine)]
-        request: list[_Rec] = []
-        size = 0
-        for rec in recs:
-            n = len(rec.entry["Data"]) + len(rec.entry["PartitionKey"].encode("utf-8"))
-            if request and (len(request) >= records.MAX_PUT_RECORDS or size + n > records.MAX_PUT_BYTES):
-                self._put(request)
-                request, size = [], 0
-            request.append(rec)
-            size += n
-        if request:
+        recs = (rec for c, mine in datas.items() for rec in self._records(c, mine))
+        for request in requests(recs, _size, max_records=records.MAX_PUT_RECORDS, max_bytes=records.MAX_PUT_BYTES):
             self._put(request)
 
     def stored_end(self, connection_id: str, checkpoint: int) -> int:
@@ -165,16 +150,7 @@ class StreamSink:
         """One frame's user record, checked against what Kinesis takes as a plain record."""
         if not 1 <= len(connection_id) <= records.MAX_PARTITION_KEY_CHARS:
             raise InvalidItem(f"{connection_id[:300]!r} seq {frame.seq}: a partition key has 1 to 256 characters")
-        ref = None
-        if needs_object(frame):
-            stored = (objects or {}).get((connection_id, frame.seq))
-            if stored is None:  # a bug of the caller's: never a record that points at nothing
-                raise ValueError(f"{connection_id} seq {frame.seq}: large data sent before its object was stored")
-            ref = (stored.ref, stored.size, stored.sha256)
-        try:
-            data = records.encode(connection_id, fence_token, worker_id, frame, data_ref=ref)
-        except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) is a ValueError
-            raise InvalidItem(f"{connection_id} seq {frame.seq}: {type(exc).__name__}: {exc}") from exc
+        data = frame_record(connection_id, fence_token, worker_id, frame, objects)
         size = len(data) + len(connection_id.encode("utf-8", "replace"))
         if size > records.MAX_RECORD_BYTES:
             raise InvalidItem(f"{connection_id} seq {frame.seq}: a record of {size} bytes is over Kinesis' 1 MiB")
@@ -186,61 +162,25 @@ class StreamSink:
         count: under steady per-record refusals a deep connection's suffix shrinks only
         by the records before its first refusal, each round (the send deadline bounds
         the whole)."""
-        pending = request
-        attempt = 0  # rounds in a row with no progress
-        while attempt < self._rounds:
-            try:
-                resp = self._client.put_records(Records=[r.entry for r in pending], **self._target)
-            except (ClientError, BotoCoreError) as exc:
-                if refused := unwrap_refusal(exc):
-                    raise refused from None  # past its deadline: a retry here would be refused too
-                if _code(exc) == "ValidationException":  # a record Kinesis will not take (we check first)
-                    raise InvalidItem(str(exc)) from exc
-                if not is_transient(exc) and _code(exc) != "KMSThrottlingException":
-                    raise  # AccessDenied, ResourceNotFound, a bug: the writer's supervisor backs off
-                if _code(exc) in THROUGHPUT_CODES:
-                    self._add(names.RECORDS_THROTTLED, len(pending))
-                # Nothing or everything may have been applied (a lost answer): all again.
-                self._sleep(retry_pause_s(attempt))
-                attempt += 1
-                continue
-            answers = resp.get("Records") or []
-            if len(answers) != len(pending):
-                raise TransientError(f"PutRecords answered {len(answers)} results for {len(pending)} records")
-            again, throttled = _again(pending, answers)
-            if not again:
-                return
-            self._add(names.RECORDS_RESENT, len(again))
-            if throttled:
-                self._add(names.RECORDS_THROTTLED, throttled)
-            attempt = 0 if len(again) < len(pending) else attempt + 1
-            pending = again
-            self._sleep(retry_pause_s(attempt))
-        raise TransientError(f"{len(pending)} records still refused by the stream after {self._rounds} rounds")
+        put_until_acknowledged(KINESIS, request, self._send, _again, rounds=self._rounds, sleep=self._sleep, add=self._add)
 
-    def _add(self, name: str, n: int) -> None:
-        if self._count is not None and n:
-            with self._count_lock:
-                self._count(name, n)
+    def _send(self, pending: list[_Rec]) -> Sequence[Mapping[str, Any]]:
+        return self._client.put_records(Records=[r.entry for r in pending], **self._target).get("Records") or []
 
 
-def _again(pending: list[_Rec], answers: list[dict]) -> tuple[list[_Rec], int]:
+def _size(rec: _Rec) -> int:
+    """What a record counts against a request's 5 MiB: its data and its partition key."""
+    return len(rec.entry["Data"]) + len(rec.entry["PartitionKey"].encode("utf-8"))
+
+
+def _again(pending: list[_Rec], answers: Sequence[Mapping[str, Any]]) -> list[_Rec]:
     """The records to send again after a partial failure: from each connection's first
-    refused record on, every one of that connection (acknowledged or not), in order; and
-    how many were refused for throughput."""
+    refused record on, every one of that connection (acknowledged or not), in order."""
     refused_from: set[str] = set()
     again: list[_Rec] = []
-    throttled = 0
     for rec, answer in zip(pending, answers, strict=True):
-        code = answer.get("ErrorCode")
-        if code:
+        if answer.get("ErrorCode"):
             refused_from.add(rec.connection_id)
-            throttled += code in THROUGHPUT_CODES
         if rec.connection_id in refused_from:
             again.append(rec)
-    return again, throttled
-
-
-def _code(exc: BaseException) -> str:
-    return exc.response.get("Error", {}).get("Code", "") if isinstance(exc, ClientError) else ""
-
+    return again
