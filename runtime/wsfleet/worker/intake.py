@@ -57,14 +57,22 @@ class Intake:
         standing = self._holdings.standing(self._keeper.session_id)
         if standing.room <= 0:
             return 0
-        resp = await self._aws.poll(
-            self._aws.sqs.receive_message,
-            on_abandoned=self._give_back,
-            QueueUrl=self._queue_url,
-            MaxNumberOfMessages=max(1, min(standing.room, standing.hints_per_poll())),
-            WaitTimeSeconds=wait_seconds,
-            MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp", schema.HINT_TRACE_HEADER],
-        )
+        try:
+            resp = await self._aws.poll(
+                self._aws.sqs.receive_message,
+                on_abandoned=self._give_back,
+                QueueUrl=self._queue_url,
+                MaxNumberOfMessages=max(1, min(standing.room, standing.hints_per_poll())),
+                WaitTimeSeconds=wait_seconds,
+                MessageSystemAttributeNames=["ApproximateReceiveCount", "SentTimestamp", schema.HINT_TRACE_HEADER],
+            )
+        except Exception:
+            # The queue is out of reach: a START sent meanwhile has no hint, and the free
+            # scan is its only way in. The scan goes at its base pace (not its backed-off
+            # one) until a poll gets through, so a START in an SQS outage waits at most one
+            # RECONCILE_SECONDS, not RECONCILE_BACKOFF_CAP of them.
+            self._takeover.note_work()
+            raise
         messages = resp.get("Messages", [])
         if messages:
             self._takeover.note_work()
