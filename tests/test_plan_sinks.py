@@ -209,31 +209,35 @@ def test_plan_takes_the_flush_interval_and_refuses_one_the_worker_would_not(caps
 
 
 def test_firehose_bills_each_record_rounded_up_to_5_kb_and_a_longer_flush_shares_the_rounding():
-    from wsfleet.plan.firehose import BUFFER_SECONDS, FIREHOSE_PRICES, GB, firehose_month, line_bytes
+    from wsfleet.plan.firehose import GB, firehose_month, ingest_dollars, line_bytes
     from wsfleet.plan.model import HOURS_PER_MONTH, S3_PRICES
+    from wsfleet.plan.prices import FIREHOSE_PRICES
+    from wsfleet.records import FIREHOSE_BUFFER_SECONDS as BUFFER_SECONDS
 
     month_s = HOURS_PER_MONTH * 3600
-    alone = firehose_month(connections=1000, per_worker=1, rate=0.5, period_s=1e-6, record_bytes=437)
+    alone = firehose_month(connections=1000, per_worker=1, rate=0.5, period_s=1e-6, record_bytes=437, ttl_days=30)
     assert alone["line_bytes"] == line_bytes(437) == 437 + len(',"connection_bucket":63') + 1
     assert alone["records_per_message"] == pytest.approx(1) and alone["billed_kb_per_message"] == pytest.approx(5)
     m = alone["month"]
-    assert m["ingest"] == pytest.approx(500 * 5 * 1024 * month_s / GB * FIREHOSE_PRICES["ingest_gb"])
+    assert m["ingest"] == pytest.approx(ingest_dollars(500 * 5 * 1024 * month_s / GB)) == pytest.approx(
+        500 * 5 * 1024 * month_s / GB * 0.029)  # the first tier's price a GB
+    assert m["storage"] == pytest.approx(500 * alone["line_bytes"] * 30 * 86400 / GB * S3_PRICES["gb_month"])
     # 1,000 connections at 256 B frames: far below a 128 MiB buffer, so one object per
     # connection bucket (64) every buffer interval.
     objects = 64 * month_s / BUFFER_SECONDS
     assert alone["objects_per_month"] == pytest.approx(objects)
     assert m["s3_puts"] == pytest.approx(objects / 1000 * S3_PRICES["put_per_thousand"])
-    assert m["partitioning"] == pytest.approx(500 * alone["line_bytes"] * month_s / GB * FIREHOSE_PRICES["partitioning_gb"]
-                                              + objects / 1000 * FIREHOSE_PRICES["partitioning_per_thousand_objects"])
+    assert m["partitioning"] == pytest.approx(500 * alone["line_bytes"] * month_s / GB * FIREHOSE_PRICES["dynamic_partitioning_gb"]
+                                              + objects / 1000 * FIREHOSE_PRICES["per_1000_objects"])
     assert alone["per_message"] == pytest.approx(m["total"] / (500 * month_s))
-    packed = firehose_month(connections=1000, per_worker=1, rate=0.5, period_s=5.0, record_bytes=437)
+    packed = firehose_month(connections=1000, per_worker=1, rate=0.5, period_s=5.0, record_bytes=437, ttl_days=30)
     assert packed["records_per_message"] < 0.5 and packed["billed_kb_per_message"] < 2.5
     assert packed["month"]["total"] < m["total"]
     # A worker's flush holds every connection's frames: prod's 1,690 connections x 0.5/s x
     # 0.1 s are 84.5 lines a record, and the rounding to 5 KB all but vanishes.
-    worker = firehose_month(connections=500_000, per_worker=1690, rate=0.5, period_s=0.1, record_bytes=437)
+    worker = firehose_month(connections=500_000, per_worker=1690, rate=0.5, period_s=0.1, record_bytes=437, ttl_days=30)
     assert worker["records_per_message"] == pytest.approx(1 / 84.5, rel=0.05)
     assert worker["billed_kb_per_message"] < 1.15 * worker["line_bytes"] / 1024
     # and at most 500 frames a record (the writer's call), whatever the flush
-    full = firehose_month(connections=10_000, per_worker=5000, rate=10, period_s=1.0, record_bytes=100)
+    full = firehose_month(connections=10_000, per_worker=5000, rate=10, period_s=1.0, record_bytes=100, ttl_days=30)
     assert full["records_per_message"] == pytest.approx(1 / 500, rel=0.01)

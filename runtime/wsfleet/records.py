@@ -64,6 +64,11 @@ FIREHOSE_MAX_RECORD_BYTES = 1000 * 1024
 FIREHOSE_MAX_PUT_RECORDS = 500
 FIREHOSE_MAX_PUT_BYTES = 4 * 1024 * 1024
 CONNECTION_BUCKETS = 64
+# The delivery stream's buffer: S3 objects cut per active partition every this many
+# seconds or MiB, whichever first (dynamic partitioning needs 64 MiB at least; 5 minutes
+# keeps a quiet fleet's frames at most that late in S3, its objects one per partition each).
+FIREHOSE_BUFFER_SECONDS = 300
+FIREHOSE_BUFFER_MIB = 128
 CONNECTION_BUCKET = "connection_bucket"
 
 

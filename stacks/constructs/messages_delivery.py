@@ -38,7 +38,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from stacks.constructs.messages_bucket import ABORT_INCOMPLETE_UPLOADS_AFTER, private_bucket
-from wsfleet.records import CONNECTION_BUCKET, CONNECTION_BUCKETS
+from wsfleet.records import CONNECTION_BUCKET, CONNECTION_BUCKETS, FIREHOSE_BUFFER_MIB, FIREHOSE_BUFFER_SECONDS
 
 # Fixed like the tables' ids: moving the construct must never replace (and so empty) them.
 DELIVERY_BUCKET_LOGICAL_ID = "DeliveryBucket"
@@ -48,10 +48,7 @@ GLUE_TABLE_LOGICAL_ID = "DeliveryTable"
 TABLE_NAME = "frames"
 FRAMES_PREFIX = "frames/"
 ERRORS_PREFIX = "errors/"
-# Dynamic partitioning needs a buffer of at least 64 MiB; 5 minutes keeps a quiet
-# fleet's frames at most that late in S3 (and its objects few: one per partition each).
-BUFFER_SECONDS = 300
-BUFFER_MIB = 128
+BUFFER_SECONDS, BUFFER_MIB = FIREHOSE_BUFFER_SECONDS, FIREHOSE_BUFFER_MIB  # records declares them: the plan prices them
 # The first day Athena's projection enumerates (through today): a query names its days.
 PROJECTION_FIRST_DAY = "2026-01-01"
 DELIVERY_LOG_STREAM = "DestinationDelivery"

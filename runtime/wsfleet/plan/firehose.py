@@ -1,14 +1,17 @@
-"""The delivery stream (``SINK=firehose``) priced per message: pure arithmetic, as
-:mod:`.sinks`, which adds it beside the table and the stream.
+"""The delivery stream (``SINK=firehose``) priced per message: the one model of it, pure
+arithmetic. :mod:`.sinks` sets it beside the table and the stream; :mod:`.modes` adds
+its quotas and sets it beside the other ways to keep the messages.
 
 What a frame costs there (:mod:`wsfleet.sinks.firehose`): its line goes, with the
-worker's other lines of one flush (every connection's), into one Firehose record; ingestion is billed per
-GB with **each record rounded up to 5 KB**; dynamic partitioning adds a charge per GB
-processed and per 1,000 S3 objects delivered; and each object is an S3 PUT. Firehose
-delivers one object per active partition (a day and a connection bucket: 64 a day) per
-buffer (``BUFFER_SECONDS``, or ``BUFFER_MIB`` of it, whichever first). Not priced: the
-JQ processing hours dynamic partitioning bills ($0.07 an hour of JQ time, unmeasured
-here), the GZIP'd objects' S3 storage and Athena's scans (per TB a query reads).
+worker's other lines of one flush (every connection's), into one Firehose record of at
+most 1,000 KiB and 500 lines; ingestion is billed per GB, in tiers by the month's volume,
+with **each record rounded up to 5 KB**; dynamic partitioning adds a charge per GB
+processed and per 1,000 S3 objects delivered; each object is an S3 PUT; the objects are
+kept for the message TTL (priced at the lines' own size: GZIP makes them smaller).
+Firehose delivers one object per active partition (a day and a connection bucket: 64 a
+day) per buffer (``FIREHOSE_BUFFER_SECONDS``, or ``FIREHOSE_BUFFER_MIB`` of it, whichever
+first). Not priced: the JQ processing hours dynamic partitioning bills ($0.07 an hour of
+JQ time, unmeasured here) and Athena's scans (per TB a query reads).
 """
 
 from __future__ import annotations
@@ -16,20 +19,19 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..records import CONNECTION_BUCKET, CONNECTION_BUCKETS
-from ..records import FIREHOSE_MAX_PUT_RECORDS as MAX_PUT_RECORDS
-from ..records import FIREHOSE_MAX_RECORD_BYTES as MAX_RECORD_BYTES
-from .model import HOURS_PER_MONTH, S3_PRICES
+from ..records import (
+    CONNECTION_BUCKET,
+    CONNECTION_BUCKETS,
+    FIREHOSE_BUFFER_MIB,
+    FIREHOSE_BUFFER_SECONDS,
+    FIREHOSE_MAX_PUT_RECORDS,
+    FIREHOSE_MAX_RECORD_BYTES,
+)
+from .model import HOURS_PER_MONTH
+from .prices import FIREHOSE_INGEST_TIERS_GB, FIREHOSE_PRICES, FIREHOSE_RECORD_ROUNDING_BYTES, S3_PRICES
 
-# us-east-1 list prices as of December 2026 (check before relying on them): Direct PUT
-# ingestion (the first 500 TB a month), dynamic partitioning per GB and per 1,000 objects.
-FIREHOSE_PRICES = {"ingest_gb": 0.029, "partitioning_gb": 0.020, "partitioning_per_thousand_objects": 0.005}
-BILLING_UNIT = 5 * 1024  # each record is billed rounded up to the next 5 KB
 GB = 1 << 30
-# The stacks' buffer (stacks.constructs.messages_delivery): one object per partition
-# at least this often.
-BUFFER_SECONDS = 300
-BUFFER_BYTES = 128 << 20
+MONTH_S = HOURS_PER_MONTH * 3600
 
 
 def line_bytes(record_bytes: int) -> int:
@@ -38,43 +40,68 @@ def line_bytes(record_bytes: int) -> int:
     return record_bytes + len(f',"{CONNECTION_BUCKET}":{CONNECTION_BUCKETS - 1}') + 1
 
 
-def firehose_month(*, connections: int, per_worker: int, rate: float, period_s: float, record_bytes: int) -> dict[str, Any]:
+def ingest_dollars(gb: float) -> float:
+    """$ of a month's ``gb`` ingested (billed GB), by Firehose's volume tiers."""
+    total, below = 0.0, 0.0
+    for upto, price in FIREHOSE_INGEST_TIERS_GB:
+        total += max(0.0, min(gb, upto) - below) * price
+        below = upto
+    return total + max(0.0, gb - below) * FIREHOSE_INGEST_TIERS_GB[-1][1]
+
+
+def _packed(line: int, mean: float) -> tuple[float, float]:
+    """(records, billed bytes) per message when a worker's flush holds a Poisson number of
+    lines with this ``mean``, cut into records of at most 1,000 KiB and 500 lines."""
+    most = max(1, min(FIREHOSE_MAX_RECORD_BYTES // line, FIREHOSE_MAX_PUT_RECORDS))
+    if mean <= 0:
+        return 1.0, math.ceil(line / FIREHOSE_RECORD_ROUNDING_BYTES) * FIREHOSE_RECORD_ROUNDING_BYTES
+    spread = 12 * math.sqrt(mean) + 30
+    n_records = n_billed = 0.0
+    for n in range(max(1, int(mean - spread)), int(mean + spread) + 1):
+        p = math.exp(n * math.log(mean) - mean - math.lgamma(n + 1))
+        full, rest = divmod(n, most)
+        sizes = [most * line] * full + ([rest * line] if rest else [])
+        n_records += p * len(sizes)
+        n_billed += p * sum(math.ceil(s / FIREHOSE_RECORD_ROUNDING_BYTES) * FIREHOSE_RECORD_ROUNDING_BYTES for s in sizes)
+    return n_records / mean, n_billed / mean
+
+
+def firehose_month(*, connections: int, per_worker: int, rate: float, period_s: float, record_bytes: int,
+                   ttl_days: float) -> dict[str, Any]:
     """$ per month of the delivery stream for ``connections`` sending ``rate`` frames a
     second whose stream record is ``record_bytes`` (:func:`.sinks.record_bytes` less the
-    key), a worker's frames of one ``period_s`` flush (its ``per_worker`` connections'; a
+    key): a worker's frames of one ``period_s`` flush (its ``per_worker`` connections'; a
     Poisson number of them, as :func:`.sinks.packing` counts them) packed into records
-    of at most 1,000 KiB and 500 frames (the writer's call); with the records, billed KB
-    and bytes per message."""
+    (one PutRecordBatch a flush), the objects kept ``ttl_days``; with the rates its quotas
+    are checked against (:func:`.modes.firehose`)."""
     line = line_bytes(record_bytes)
-    most = max(1, min(MAX_RECORD_BYTES // line, MAX_PUT_RECORDS))
-    mean = per_worker * rate * period_s
-    records_pm, billed_pm = 1.0, math.ceil(line / BILLING_UNIT) * BILLING_UNIT
-    if mean > 0:
-        spread = 12 * math.sqrt(mean) + 30
-        n_records = n_billed = 0.0
-        for n in range(max(1, int(mean - spread)), int(mean + spread) + 1):
-            p = math.exp(n * math.log(mean) - mean - math.lgamma(n + 1))
-            full, rest = divmod(n, most)
-            sizes = [most * line] * full + ([rest * line] if rest else [])
-            n_records += p * len(sizes)
-            n_billed += p * sum(math.ceil(s / BILLING_UNIT) * BILLING_UNIT for s in sizes)
-        records_pm, billed_pm = n_records / mean, n_billed / mean
-    month_s = HOURS_PER_MONTH * 3600
+    records_pm, billed_pm = _packed(line, per_worker * rate * period_s)
     per_s = connections * rate
+    workers = math.ceil(connections / per_worker) if per_worker else 0
     partitions = min(CONNECTION_BUCKETS, connections)
-    objects_s = partitions * max(1 / BUFFER_SECONDS, per_s * line / partitions / BUFFER_BYTES) if per_s else 0.0
+    bytes_s = per_s * line
+    objects_s = partitions * max(1 / FIREHOSE_BUFFER_SECONDS, bytes_s / partitions / (FIREHOSE_BUFFER_MIB << 20)) \
+        if per_s else 0.0
     dollars = {
-        "ingest": per_s * billed_pm * month_s / GB * FIREHOSE_PRICES["ingest_gb"],
-        "partitioning": per_s * line * month_s / GB * FIREHOSE_PRICES["partitioning_gb"]
-        + objects_s * month_s / 1000 * FIREHOSE_PRICES["partitioning_per_thousand_objects"],
-        "s3_puts": objects_s * month_s / 1000 * S3_PRICES["put_per_thousand"],
+        "ingest": ingest_dollars(per_s * billed_pm * MONTH_S / GB),
+        "partitioning": bytes_s * MONTH_S / GB * FIREHOSE_PRICES["dynamic_partitioning_gb"]
+        + objects_s * MONTH_S / 1000 * FIREHOSE_PRICES["per_1000_objects"],
+        "s3_puts": objects_s * MONTH_S / 1000 * S3_PRICES["put_per_thousand"],
+        "storage": bytes_s * ttl_days * 86400 / GB * S3_PRICES["gb_month"],
     }
     dollars["total"] = sum(dollars.values())
     return {
         "line_bytes": line,
         "records_per_message": records_pm,
+        "record_bytes": line / records_pm,
         "billed_kb_per_message": billed_pm / 1024,
-        "objects_per_month": objects_s * month_s,
-        "per_message": dollars["total"] / (per_s * month_s) if per_s else 0.0,
+        "calls_per_s": workers / period_s if per_s and period_s > 0 else 0.0,
+        "records_per_s": per_s * records_pm,
+        "bytes_per_s": bytes_s,
+        "partitions": partitions,
+        "objects_per_s": objects_s,
+        "objects_per_month": objects_s * MONTH_S,
+        "gb_per_month": bytes_s * MONTH_S / GB,
+        "per_message": dollars["total"] / (per_s * MONTH_S) if per_s else 0.0,
         "month": dollars,
     }

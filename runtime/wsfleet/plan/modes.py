@@ -18,7 +18,6 @@ calls, on :func:`.sinks.sinks`' packing and item sizes.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .. import schema
@@ -27,15 +26,11 @@ from .limits import CRASH_BURST_S, CRASH_SHARE
 from .model import HOURS_PER_MONTH, PARTITION_WCU
 from .prices import (
     DYNAMODB_PROVISIONED_PRICES,
-    FIREHOSE_INGEST_TIERS_GB,
-    FIREHOSE_PRICES,
-    FIREHOSE_RECORD_ROUNDING_BYTES,
     KINESIS_PRICES,
     KINESIS_PROVISIONED_PRICES,
     PUT_PAYLOAD_UNIT_BYTES,
-    S3_PRICES,
 )
-from .sinks import CONNECTION_ID_CHARS, GB, KB, PROVISIONED_SHARD_QUOTA, SHARD_WRITE_BYTES, SHARD_WRITE_RECORDS, kinesis_month
+from .sinks import GB, PROVISIONED_SHARD_QUOTA, SHARD_WRITE_BYTES, SHARD_WRITE_RECORDS, kinesis_month
 
 MONTH_S = HOURS_PER_MONTH * 3600
 # Provisioned capacity is sized so that the steady rate uses this share of it: the rest
@@ -51,20 +46,7 @@ TAIL_READ_RRU = 0.5  # a new owner's read of a connection's stored end: one even
 FIREHOSE_WRITE_BYTES = 5 << 20
 FIREHOSE_CALLS = 2_000
 FIREHOSE_RECORDS = 500_000
-FIREHOSE_MAX_RECORD_BYTES = 1000 * KB
 FIREHOSE_ACTIVE_PARTITIONS = 500
-
-
-@dataclass(frozen=True)
-class Firehose:
-    """How the Firehose mode is priced: a worker's frames of one flush written as records
-    of up to ``FIREHOSE_MAX_RECORD_BYTES`` (JSON lines, one PutRecordBatch a flush), and
-    S3 objects cut at ``buffer_mib`` or ``buffer_s`` per active partition (``partitions``
-    at once: the delivery hour, say, never the connection)."""
-
-    buffer_mib: int = 128
-    buffer_s: int = 900
-    partitions: int = 1
 
 
 def _mode(name: str, label: str, sink: str, capacity: str, month: Mapping[str, float], connections: int,
@@ -211,58 +193,36 @@ def stream_provisioned(p: Mapping[str, Any], *, shards: int | None, shard_quota:
                           "put_payload_units_per_record": units})
 
 
-def firehose_ingest(gb: float) -> float:
-    """$ of a month's ``gb`` ingested (billed GB), by Firehose's volume tiers."""
-    total, below = 0.0, 0.0
-    for upto, price in FIREHOSE_INGEST_TIERS_GB:
-        total += max(0.0, min(gb, upto) - below) * price
-        below = upto
-    return total + max(0.0, gb - below) * FIREHOSE_INGEST_TIERS_GB[-1][1]
-
-
-def firehose(p: Mapping[str, Any], *, ttl_days: float, options: Firehose = Firehose()) -> dict[str, Any]:
-    """Firehose to S3 (Direct PUT, dynamic partitioning): a worker's frames of one flush
-    go as records of up to 1,000 KB (JSON lines), each billed rounded up to the next 5 KB;
-    dynamic partitioning per GB and per 1,000 objects; the objects' PUTs, and their
-    storage for the message TTL. All of the Firehose mode's pricing is here."""
-    period = p["packing"]["kinesis"]["period_s"]
-    line = p["record_bytes"] - CONNECTION_ID_CHARS + 1  # a frame's record, newline-ended
-    per_s = p["connections"] * p["rate"]
-    workers = p["workers"]
-    flush_bytes = per_s / workers * period * line if workers else 0.0  # one worker's flush
-    records_per_flush = max(1, math.ceil(flush_bytes / FIREHOSE_MAX_RECORD_BYTES))
-    record = flush_bytes / records_per_flush
-    billed_record = math.ceil(record / FIREHOSE_RECORD_ROUNDING_BYTES) * FIREHOSE_RECORD_ROUNDING_BYTES
-    calls_s = workers / period if per_s else 0.0
-    records_s = calls_s * records_per_flush
-    bytes_s, billed_s = per_s * line, records_s * billed_record
-    objects_s = max(bytes_s / (options.buffer_mib << 20), options.partitions / options.buffer_s) if per_s else 0.0
-    gb, billed_gb = bytes_s * MONTH_S / GB, billed_s * MONTH_S / GB
-    month = {
-        "ingest": firehose_ingest(billed_gb),
-        "partitioning": gb * FIREHOSE_PRICES["dynamic_partitioning_gb"]
-        + objects_s * MONTH_S / 1000 * FIREHOSE_PRICES["per_1000_objects"],
-        "s3_puts": objects_s * MONTH_S / 1000 * S3_PRICES["put_per_thousand"],
-        "storage": bytes_s * ttl_days * 86400 / GB * S3_PRICES["gb_month"],
-    }
+def firehose(p: Mapping[str, Any]) -> dict[str, Any]:
+    """Firehose to S3 (Direct PUT, dynamic partitioning), as :func:`.firehose.firehose_month`
+    priced it for :func:`.sinks.sinks` (``p["firehose"]``: one model of the delivery
+    stream), with the delivery stream's quotas."""
+    hose = p["firehose"]
+    month = {k: v for k, v in hose["month"].items() if k != "total"}
     raise_quota = "Firehose's Direct PUT quotas of the delivery stream (on request), or more delivery streams"
     checks = [
-        _check("a delivery stream's writes", bytes_s, FIREHOSE_WRITE_BYTES, "bytes/s", adjustable=True, fix=raise_quota),
-        _check("a delivery stream's calls", calls_s, FIREHOSE_CALLS, "calls/s", adjustable=True, fix=raise_quota),
-        _check("a delivery stream's records", records_s, FIREHOSE_RECORDS, "records/s", adjustable=True, fix=raise_quota),
-        _check("active partitions", options.partitions, FIREHOSE_ACTIVE_PARTITIONS, "partitions", adjustable=True,
+        _check("a delivery stream's writes", hose["bytes_per_s"], FIREHOSE_WRITE_BYTES, "bytes/s", adjustable=True,
+               fix=raise_quota),
+        _check("a delivery stream's calls", hose["calls_per_s"], FIREHOSE_CALLS, "calls/s", adjustable=True,
+               fix=raise_quota),
+        _check("a delivery stream's records", hose["records_per_s"], FIREHOSE_RECORDS, "records/s", adjustable=True,
+               fix=raise_quota),
+        _check("active partitions", hose["partitions"], FIREHOSE_ACTIVE_PARTITIONS, "partitions", adjustable=True,
                fix="Firehose's active partitions quota"),
     ]
-    return _mode("firehose", "Firehose to S3", "firehose", ON_DEMAND, month, p["connections"], checks,
-                 {"record_bytes": record, "billed_bytes_per_message": billed_s / per_s if per_s else 0.0,
-                  "gb_per_month": gb, "objects_per_s": objects_s, "calls_per_s": calls_s})
+    per_s = p["connections"] * p["rate"]
+    billed_s = per_s * hose["billed_kb_per_message"] * 1024
+    return _mode("firehose", "Firehose to S3", schema.SINK_FIREHOSE, ON_DEMAND, month, p["connections"], checks,
+                 {"record_bytes": hose["record_bytes"], "billed_bytes_per_message": billed_s / per_s if per_s else 0.0,
+                  "gb_per_month": hose["gb_per_month"], "objects_per_s": hose["objects_per_s"],
+                  "calls_per_s": hose["calls_per_s"]})
 
 
 # --- all of them, the environment's, the cheapest -------------------------------------------
 
 
-def compare(p: Mapping[str, Any], settings: Mapping[str, Any], *, wru_per_million: float, table_quota: float,
-            options: Firehose = Firehose()) -> dict[str, Any]:
+def compare(p: Mapping[str, Any], settings: Mapping[str, Any], *, wru_per_million: float,
+            table_quota: float) -> dict[str, Any]:
     """Every mode priced freely (as the rate needs), what ``settings`` (an environment as
     the plan reads it) deploys, and the cheapest mode that holds (:func:`recommend`)."""
     on_demand = stream_on_demand(p)
@@ -271,7 +231,7 @@ def compare(p: Mapping[str, Any], settings: Mapping[str, Any], *, wru_per_millio
         table_provisioned(p, capacity=None, table_quota=table_quota),
         on_demand,
         stream_provisioned(p, shards=None, kms=on_demand["month"]["kms"]),
-        firehose(p, ttl_days=p["ttl_days"], options=options),
+        firehose(p),
     ]
     return {"modes": modes, "recommended": recommend(modes, p),
             "deployed": deployed(p, settings, wru_per_million=wru_per_million, table_quota=table_quota)}
@@ -302,7 +262,7 @@ def deployed(p: Mapping[str, Any], settings: Mapping[str, Any], *, wru_per_milli
             else:
                 parts.append(on_demand)
         else:
-            parts.append(firehose(p, ttl_days=p["ttl_days"]))
+            parts.append(firehose(p))
     total = sum(m["month"]["total"] for m in parts)
     return {"modes": [m["mode"] for m in parts], "label": " + ".join(m["label"] for m in parts), "parts": parts,
             "total": total, "per_1000_connections": total / p["connections"] * 1000,

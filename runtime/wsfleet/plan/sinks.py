@@ -323,7 +323,7 @@ def sinks(
 
     stream, stream_both = stream_month(packed), stream_month(packed_both)
     hose = firehose_month(connections=connections, per_worker=per_worker, rate=rate, period_s=packed.period_s,
-                          record_bytes=rec - CONNECTION_ID_CHARS)
+                          record_bytes=rec - CONNECTION_ID_CHARS, ttl_days=ttl_days)
     out: dict[str, Any] = {}
     for name, parts in (
         (schema.SINK_DYNAMODB, {"dynamodb": table["month"]["total"]}),
