@@ -11,7 +11,7 @@ from typing import Any
 from sim import stream_audit
 from sim.delivery_audit import delivery_objects
 from wsfleet import aggregation, records
-from wsfleet.plan.firehose import BILLING_UNIT
+from wsfleet.plan.prices import FIREHOSE_RECORD_ROUNDING_BYTES as BILLING_UNIT
 from wsfleet.sinks.firehose import MAX_RECORD_BYTES
 
 
