@@ -68,7 +68,7 @@ def add_parser(subcommands: Any, tables: argparse.ArgumentParser) -> None:
 def resolve(sessions: Mapping[str, Session], name: str, now: int) -> Session:
     """The one live session ``name`` (a session id, else a worker id) names; else the
     :class:`CliError` that says why there is nothing to drain."""
-    if name in sessions:
+    if name in sessions and sessions[name].worker_id:  # not the fleet summary's item (#fleet)
         session = sessions[name]
         if not session.live_at(now):
             raise CliError(
