@@ -9,6 +9,7 @@ import asyncio
 import functools
 import io
 import json
+from decimal import Decimal
 
 import pytest
 
@@ -113,8 +114,8 @@ def test_a_read_of_the_item_tells_of_it_too_and_before_its_assignments_are_taken
     keeper = keeper_of(Renewals(), asked)
     keeper.note_drain({schema.SESSION_ID: "w#1"})
     assert asked == []
-    keeper.note_drain({schema.SESSION_ID: "w#1", schema.DRAIN_REQUESTED: {"by": "b", "at_ms": 1}})
-    assert asked == [{"by": "b", "at_ms": 1}]
+    keeper.note_drain({schema.SESSION_ID: "w#1", schema.DRAIN_REQUESTED: {"by": "b", "at_ms": Decimal(7)}})
+    assert asked == [{"by": "b", "at_ms": 7}] and type(asked[0]["at_ms"]) is int  # a nested number is read as a Decimal
 
 
 def test_the_worker_starts_the_sigterm_shutdown_once_when_its_renewal_brings_the_request(aws_env, sessions):
@@ -133,6 +134,7 @@ def test_the_worker_starts_the_sigterm_shutdown_once_when_its_renewal_brings_the
             assert await worker.keeper.renew_once()
             assert worker.stopping.is_set() and worker.keeper.draining
             assert worker.drained_by == {"by": "alice", "at_ms": new[schema.DRAIN_REQUESTED]["at_ms"]}
+            assert type(worker.drained_by["at_ms"]) is int  # logged as a number, not as a Decimal's string
             worker.request_shutdown()  # SIGTERM during the requested drain: the same one shutdown
             assert await worker.keeper.renew_once()  # brings the request again: nothing more
             assert worker.drained_by["by"] == "alice"

@@ -231,7 +231,12 @@ class SessionKeeper:
         it to leave (``wsfleet drain``), tell ``on_drain``, the first time only."""
         request = item.get(schema.DRAIN_REQUESTED)
         if request is not None and self.drain_request is None:
-            self.drain_request = dict(request) if isinstance(request, dict) else {}
+            request = request if isinstance(request, dict) else {}
+            at_ms = request.get(schema.DRAIN_AT_MS, 0)  # a Decimal, as a nested number is read
+            self.drain_request = {
+                schema.DRAIN_BY: str(request.get(schema.DRAIN_BY, "")),
+                schema.DRAIN_AT_MS: int(at_ms) if str(at_ms).isdigit() else 0,
+            }
             self._on_drain(self.drain_request)
 
     async def _renew_try(self, stops_done: set[str], assigned_done: set[str], suspect: dict | None) -> Any:
