@@ -156,10 +156,11 @@ def test_between_renewals_the_session_item_is_read_only_while_moves_are_expected
 
     assignments, _ = pickup()
     assignments._holdings.standing = lambda me: SimpleNamespace(under_target=lambda: under[0])
-    assignments._keeper = SimpleNamespace(session_id="me#1", live=lambda: True, take_assigned=taken.append)
+    noted: list[dict] = []  # the keeper reads a drain request (wsfleet drain) from the item too
+    assignments._keeper = SimpleNamespace(session_id="me#1", live=lambda: True, take_assigned=taken.append, note_drain=noted.append)
     assignments._sessions = SimpleNamespace(get=get)
 
     assert asyncio.run(assignments.poll_once()) == 0 and reads == []  # at its target, nothing picked up lately
     under[0] = True  # a newcomer, or a survivor of a crash, by the summary
     assert asyncio.run(assignments.poll_once()) == 1
-    assert reads == ["me#1"] and taken == [{"c1#2"}]
+    assert reads == ["me#1"] and taken == [{"c1#2"}] and noted == [get("me#1")]

@@ -37,6 +37,8 @@ def test_bash_completes_commands_flags_and_choices(capsys):
         ("wsfleet", "status", "--output", ""),
         ("wsfleet", "start", "c1", "ws://h/x", "--env", "dev", "--resume", "o"),
         ("wsfleet", "completion", "z"),
+        ("wsfleet", "dr"),
+        ("wsfleet", "drain", "w1", "--w"),
     )
     assert got[0] == ["apply"]
     assert {"logs", "status", "start", "completion", "--version"} <= set(got[1])
@@ -44,6 +46,8 @@ def test_bash_completes_commands_flags_and_choices(capsys):
     assert got[3] == ["json", "text"]
     assert got[4] == ["open_message"]
     assert got[5] == ["zsh"]
+    assert got[6] == ["drain"]
+    assert got[7] == ["--wait"]
 
 
 def test_zsh_gets_the_same_through_bashcompinit(capsys):

@@ -113,6 +113,13 @@ RING_CHANGES = "ring_changes"
 # Set by a renewal while its worker shuts down: it takes nothing more, and its
 # connections count as load to spread, not as capacity.
 DRAINING = "draining"
+# Set by an operator (``wsfleet drain``: one write, conditional on LIVE) to ask the worker
+# to leave: {"by": who asked, "at_ms": when}. Its renewal returns it, and the worker leaves
+# as on SIGTERM (every connection handed over, its session ended, exit 0). Never cleared:
+# the session ends. Not projected in the ring.
+DRAIN_REQUESTED = "drain_requested"
+DRAIN_BY = "by"
+DRAIN_AT_MS = "at_ms"
 
 # The fleet's load in one item of the sessions table (never in the ring, so that writing
 # it writes no index): written by the last session of the ring from one paged read of

@@ -6,7 +6,8 @@ Two ways in, as the fleet has them. ``start``, ``stop``, ``retry``, ``restart``,
 ``apply`` brings many connections to a file's desired state through the same API
 (``desired``, ``apply``). ``status`` and ``connections`` only read the tables (``fleet``,
 ``views``), found through the environment named once, a stack's outputs or the worker's
-variables (``locate``); they never write. ``records`` reads the messages stream
+variables (``locate``); they never write. ``drain`` finds a worker's session the same way
+and writes one attribute of it, conditional on it being LIVE (``drain``). ``records`` reads the messages stream
 (``records``) where the fleet's SINK has kinesis; ``logs`` a connection's log lines
 (``log_lines``); ``completion`` prints a shell script written from this parser. Here: the
 command line and the one sentence an operator sees when something fails.
@@ -25,7 +26,7 @@ from .. import __version__, schema, settings_spec
 from ..plan.sinks import DEFAULT_FRAME_BYTES, Consumer
 from ..store import TransientError
 from . import apply as apply_mod
-from . import commands, completion, render, run_report, upstream_flags
+from . import commands, completion, drain, render, run_report, upstream_flags
 from .arguments import _count, _flush_ms, _per_hour, _positive, _quota, _rate, _retention_hours, _seconds, _seq, _since
 from .errors import CliError, aws_sentence
 
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
             "wsfleet-NAME-stateful). Requests to a deployed API are signed with SigV4 (execute-api) from the default AWS "
             "credential chain; a loopback API (the local one) is not. Table reads take --env, --stack or the worker's "
             "variables (TABLE_NAME, SESSIONS_TABLE_NAME, MESSAGES_TABLE_NAME, STATE_SHARDS, AWS_REGION, "
-            "AWS_ENDPOINT_URL), and never write. "
+            "AWS_ENDPOINT_URL); only drain writes (one attribute of one LIVE session item). "
             "Exit status: 0 done; 1 an error, the API's 4xx/5xx included (one sentence on stderr); 2 bad usage."
         ),
     )
@@ -189,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     connections.add_argument("--worker", metavar="WORKER_ID", help="only those attached to this worker's sessions")
     connections.add_argument("--state", choices=(schema.STARTED, schema.STOPPED), help="only this desired state")
     connections.set_defaults(run=commands.connections)
+
+    drain.add_parser(subcommands, tables)
 
     messages = subcommands.add_parser(
         "messages",

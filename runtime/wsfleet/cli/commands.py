@@ -236,7 +236,8 @@ def records(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 # --- from the tables -------------------------------------------------------------------------
 
 
-def _reader(args: argparse.Namespace, env: Mapping[str, str], *needed: str) -> FleetReader:
+def tables_of(args: argparse.Namespace, env: Mapping[str, str], *needed: str) -> tuple[Any, locate.Tables]:
+    """(a DynamoDB client, the fleet's tables): ``--stack``, ``--env``, the variables."""
     session = locate.aws_session(args.region, env)
     stack = locate.stack_for(locate.STATEFUL, args.stack, args.env, env, specific=settings_spec.TABLE_NAME)
     if stack:
@@ -245,7 +246,11 @@ def _reader(args: argparse.Namespace, env: Mapping[str, str], *needed: str) -> F
     else:
         tables = locate.Tables.from_env(env)
     tables.need(*needed)
-    return FleetReader(locate.client(session, "dynamodb", env), tables)
+    return locate.client(session, "dynamodb", env), tables
+
+
+def _reader(args: argparse.Namespace, env: Mapping[str, str], *needed: str) -> FleetReader:
+    return FleetReader(*tables_of(args, env, *needed))
 
 
 def status(args: argparse.Namespace, env: Mapping[str, str]) -> int:

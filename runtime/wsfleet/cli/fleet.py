@@ -31,6 +31,9 @@ class Session:
     max_connections: int
     ended_by: str
     in_ring: bool  # LIVE, or ENDED with connections possibly still attached
+    # An operator asked it to leave (wsfleet drain): who and when (at 0: never asked).
+    drain_by: str = ""
+    drain_at_ms: int = 0
 
     @classmethod
     def from_item(cls, item: Mapping[str, Any]) -> "Session":
@@ -45,6 +48,8 @@ class Session:
             max_connections=int(item.get(schema.MAX_CONNECTIONS, 0)),
             ended_by=item.get(schema.ENDED_BY, ""),
             in_ring=schema.RING in item,
+            drain_by=str((item.get(schema.DRAIN_REQUESTED) or {}).get(schema.DRAIN_BY, "")),
+            drain_at_ms=int((item.get(schema.DRAIN_REQUESTED) or {}).get(schema.DRAIN_AT_MS, 0)),
         )
 
     def live_at(self, now: int) -> bool:

@@ -144,6 +144,7 @@ _PLACEHOLDERS = {
     "#as": schema.ASSIGNED,
     "#r": schema.RING,
     "#dr": schema.DRAINING,
+    "#drq": schema.DRAIN_REQUESTED,
     "#rc": schema.RING_CHANGES,
     "#fw": schema.FLEET_WORKERS,
     "#fc": schema.FLEET_CAPACITY,

@@ -231,6 +231,20 @@ class SessionsStore(_Table):
         new, _ = self._conditional_update(session_id, **self._stop_notice(connection_id, fence_token), returns="NONE")
         return new is not None
 
+    def request_drain(self, session_id: str, *, by: str) -> tuple[dict | None, dict | None]:
+        """Ask a LIVE session's worker to leave (``wsfleet drain``): its next renewal
+        returns ``drain_requested`` and it leaves as on SIGTERM. One UpdateItem,
+        conditional on: LIVE. A second request keeps the first one's who and when.
+        Returns (the item as updated, None), or (None, the item as it was, or None if
+        there is none) when the session is not LIVE."""
+        request = {schema.DRAIN_BY: by, schema.DRAIN_AT_MS: self._now_ms()}
+        return self._conditional_update(
+            session_id,
+            update="SET #drq = if_not_exists(#drq, :req)",
+            condition=cond.SESSION_LIVE,  # fails on no item too: an UpdateItem never creates one here
+            values={":req": request, ":live": schema.LIVE},
+        )
+
     def stop_notice(self, session_id: str, connection_id: str, fence_token: int) -> dict:
         """:meth:`post_stop` as an entry of a TransactWriteItems, so that a STOP and its
         notice are one write (see :meth:`ConnectionsStore.stop`). Conditional on: LIVE;

@@ -100,6 +100,7 @@ class Assignments:
         item = await self._call(self._sessions.get, session_id)
         if item is None or item.get(schema.SESSION_STATE) != schema.LIVE or self._keeper.session_id != session_id:
             return 0
+        self._keeper.note_drain(item)
         entries = set(item.get(schema.ASSIGNED) or ())
         self._keeper.take_assigned(entries)
         return len(entries)

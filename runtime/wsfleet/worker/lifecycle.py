@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable
 
-from .. import clock
+from .. import clock, schema
 from ..aws import Aws
 from ..config import WorkerConfig
 from ..crash_loop import SuspectWatch
@@ -131,6 +131,7 @@ class Worker:
             connections=self._connections, call=aws.call, counters=self.counters, log=self._log
         )
         self.stopping = asyncio.Event()  # set once: the worker shuts down
+        self.drained_by: dict | None = None  # the operator's request that started it (wsfleet drain)
         self.session_ready = asyncio.Event()  # set while a session is open
         self.summary = FleetSummary(clock_ms=clock_ms)
         self.holdings = Holdings(max_connections=config.max_connections, summary=self.summary, clock_ms=clock_ms)
@@ -163,6 +164,7 @@ class Worker:
             on_stops=self.stops.on_stops,
             on_assigned=self._on_assigned,
             suspect=self._prime_suspect,
+            on_drain=lambda request: self.request_shutdown(drain=request),
             clock_ms=clock_ms,
         )
         self.acquisition = Acquisition(
@@ -388,9 +390,13 @@ class Worker:
         and counted, and the loop runs again after a backoff."""
         return asyncio.create_task(self.supervisor.keep(name, loop), name=name)
 
-    def request_shutdown(self) -> None:
+    def request_shutdown(self, drain: dict | None = None) -> None:
+        """SIGTERM's, or ``drain``: an operator's request (``wsfleet drain``: who and when)
+        that a renewal brought. The same shutdown, started once: a second changes nothing."""
         if not self.stopping.is_set():
-            self._log.info("shutdown_requested", active=self.holdings.count())
+            self.drained_by = drain
+            why = {} if drain is None else {"why": "drain_requested", "requested": drain}
+            self._log.info("shutdown_requested", active=self.holdings.count(), **why)
             self.keeper.draining = True
             self.stopping.set()
 
@@ -458,6 +464,16 @@ class Worker:
             left=self.holdings.count(),
             **self.counters.totals(),
         )
+        if self.drained_by is not None:
+            request = self.drained_by
+            self._log.info(
+                "drained_by_request",
+                session_id=self.keeper.session_id,
+                requested_by=request.get(schema.DRAIN_BY),
+                requested_at_ms=request.get(schema.DRAIN_AT_MS),
+                took_s=round(clock.now() - started, 3),
+                left=self.holdings.count(),
+            )
 
     async def shutdown(self, *, budget_s: float) -> None:
         """Stop taking connections, leave (:meth:`.shutdown.Departure.leave`: every

@@ -53,6 +53,7 @@ class SessionKeeper:
         on_stops: Callable[[set[str]], set[str]],
         on_assigned: Callable[[set[str]], set[str]] = lambda entries: set(),
         suspect: Callable[[], dict | None] = lambda: None,
+        on_drain: Callable[[dict], None] = lambda request: None,
         clock_ms: Callable[[], int] = now_ms,
     ) -> None:
         """``active``: how many connections the worker holds (each renewal reports it);
@@ -61,7 +62,9 @@ class SessionKeeper:
         the connections other workers moved to us (:meth:`ConnectionsStore.move`), before
         the STOPs (a STOP for one being picked up waits for the pickup); ``suspect``: the
         worker's prime suspect now (:mod:`wsfleet.crash_loop`), asked once a renewal,
-        which stores it for whoever ends the session if the worker dies."""
+        which stores it for whoever ends the session if the worker dies; ``on_drain``: an
+        operator asked this session to leave (``drain_requested``, as a renewal or a read
+        of the item found it), called once."""
         self.worker_id = worker_id
         self.timing = timing
         self.session_id = ""
@@ -78,6 +81,8 @@ class SessionKeeper:
         self._on_stops = on_stops
         self._on_assigned = on_assigned
         self._suspect = suspect
+        self._on_drain = on_drain
+        self.drain_request: dict | None = None  # the first drain_requested seen: acted on once
         self._clock_ms = clock_ms
         self._stops_done: set[str] = set()
         self._assigned_done: set[str] = set()
@@ -200,6 +205,7 @@ class SessionKeeper:
                     self.ring_changes = int(result.get(schema.RING_CHANGES, 0))
                     self._stops_done -= done
                     self._assigned_done -= assigned_done
+                    self.note_drain(result)  # first: a worker that leaves picks up no assignment
                     self.take_assigned(result.get(schema.ASSIGNED) or ())
                     stops = set(result.get(schema.STOP_INBOX) or ()) - self._stops_done
                     if stops:
@@ -219,6 +225,19 @@ class SessionKeeper:
         fresh = set(entries) - self._assigned_done
         if fresh:
             self._assigned_done |= self._on_assigned(fresh)
+
+    def note_drain(self, item: Any) -> None:
+        """Our session item (a renewal's answer, or a read of it): if an operator asked
+        it to leave (``wsfleet drain``), tell ``on_drain``, the first time only."""
+        request = item.get(schema.DRAIN_REQUESTED)
+        if request is not None and self.drain_request is None:
+            request = request if isinstance(request, dict) else {}
+            at_ms = request.get(schema.DRAIN_AT_MS, 0)  # a Decimal, as a nested number is read
+            self.drain_request = {
+                schema.DRAIN_BY: str(request.get(schema.DRAIN_BY, "")),
+                schema.DRAIN_AT_MS: int(at_ms) if str(at_ms).isdigit() else 0,
+            }
+            self._on_drain(self.drain_request)
 
     async def _renew_try(self, stops_done: set[str], assigned_done: set[str], suspect: dict | None) -> Any:
         return await self._call(
