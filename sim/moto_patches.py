@@ -6,37 +6,150 @@ idempotent and applied by :func:`sim.emulator.build_app`."""
 
 from __future__ import annotations
 
+import bisect
 import threading
 from typing import Any, Mapping
 
 
-def _partition_queries() -> None:
-    """Make moto read one partition for a Query on a table's own key, as DynamoDB does.
+class SortedPartition(dict):
+    """One partition of a table with a sort key (moto keeps each as a dict, sort key ->
+    item), with its sort keys kept in order as DynamoDB keeps them: a key added after the
+    last (a stream's next message) is appended, one added elsewhere is inserted where it
+    sorts, and a removal makes the next read sort them again. Copies (moto's deep copies)
+    start without the order and sort on their first read."""
 
-    moto 5.2 answers such a Query by listing and sorting every item of the table, then
-    keeping the partition's: O(table) per request, inside the lock that serialises
-    DynamoDB. A long run's messages table holds 100,000s of rows, and every takeover reads
-    where a stream's stored messages end: queries of a second each, renewals stuck behind
-    them past their timeout, sessions lost, more takeovers. The partition's items (those
-    the sort key condition keeps) are exactly what moto keeps of that list, so the answer
-    is the same. Idempotent."""
+    _keys: list | None = None
+
+    def __getstate__(self) -> None:  # a copy's items are set one by one: it sorts them when read
+        return None
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        keys = self._keys
+        if keys is not None and key not in self:
+            if not keys or keys[-1] < key:
+                keys.append(key)
+            else:
+                bisect.insort(keys, key)
+        super().__setitem__(key, value)
+
+    def _changed(self) -> None:
+        self._keys = None
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        self._changed()
+
+    def pop(self, *args: Any) -> Any:
+        try:
+            return super().pop(*args)
+        finally:
+            self._changed()
+
+    def popitem(self) -> Any:
+        try:
+            return super().popitem()
+        finally:
+            self._changed()
+
+    def clear(self) -> None:
+        super().clear()
+        self._changed()
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        super().update(*args, **kwargs)
+        self._changed()
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def sorted_keys(self) -> list:
+        if self._keys is None:
+            self._keys = sorted(self)
+        return self._keys
+
+
+# moto's sort key comparisons, by the names it may give them
+_COMPARISONS = {"=": "EQ", "<=": "LE", "<": "LT", ">=": "GE", ">": "GT"}
+# moto's Table.query's positional parameters after the hash key
+_QUERY_PARAMS = ("range_comparison", "range_objs", "limit", "exclusive_start_key", "scan_index_forward",
+                 "projection_expressions", "index_name")
+
+
+def _partition_queries() -> None:
+    """Make a Query on a table's own key read one partition, in order, as DynamoDB does.
+
+    moto 5.2 answers such a Query by listing every item of the table, sorting them and
+    keeping the partition's: O(table log table) per request, inside the lock that
+    serialises DynamoDB. A long run's messages table holds 100,000s of rows, one hostile
+    peer's partition alone 100,000 and more, and every takeover reads where a stream's
+    stored messages end (the partition's last item): such a Query took 0.34 s at 60,000
+    items in one partition and grew with it, and every renewal and move of the fleet
+    waited behind it. Here each partition keeps its sort keys in order
+    (:class:`SortedPartition`); the sort key condition is a slice of them found by
+    bisection, and a Query with a Limit gets the first Limit + 1 items of that slice in
+    its direction after its ExclusiveStartKey (what moto reads of the list before it
+    stops: its filter expression is applied after). moto answers from that list exactly
+    as from the whole table. A condition it may not slice (``begins_with``), the legacy
+    QueryFilter, or an index: moto's own path (an index) or the whole partition.
+    Idempotent."""
+    from collections import defaultdict
+
+    from moto.dynamodb.models.dynamo_type import DynamoType
     from moto.dynamodb.models.table import Table
 
     if getattr(Table.query, "_wsfleet_partition", False):
         return
-    query = Table.query
+    query, init = Table.query, Table.__init__
+
+    def init_sorted(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        if self.range_key_attr:
+            self.items = defaultdict(SortedPartition)
+
+    def window(self: Any, partition: Any, params: dict[str, Any]) -> list | None:
+        """The items moto would read of the partition, in its order; None: every item."""
+        if not isinstance(partition, SortedPartition):
+            return None
+        keys = partition.sorted_keys()
+        comparison, values = params.get("range_comparison"), params.get("range_objs") or []
+        comparison = _COMPARISONS.get(comparison, comparison)
+        lo, hi = 0, len(keys)
+        if comparison in ("EQ", "GE", "GT", "BETWEEN"):
+            lo = (bisect.bisect_right if comparison == "GT" else bisect.bisect_left)(keys, values[0])
+        if comparison in ("EQ", "LE", "LT", "BETWEEN"):
+            upper = values[-1] if comparison == "BETWEEN" else values[0]
+            hi = (bisect.bisect_left if comparison == "LT" else bisect.bisect_right)(keys, upper)
+        elif comparison not in (None, "GE", "GT"):
+            return None
+        forward = params.get("scan_index_forward") is not False
+        start = params.get("exclusive_start_key")
+        if start and self.range_key_attr in start:
+            after = DynamoType(start[self.range_key_attr])
+            if forward:
+                lo = max(lo, bisect.bisect_right(keys, after))
+            else:
+                hi = min(hi, bisect.bisect_left(keys, after))
+        limit = params.get("limit")
+        if limit:
+            if forward:
+                hi = min(hi, lo + int(limit) + 1)
+            else:
+                lo = max(lo, hi - int(limit) - 1)
+        return [partition[k] for k in keys[lo:max(lo, hi)]]
 
     def partition_query(self: Any, hash_key: Any, *args: Any, **kwargs: Any) -> Any:
-        index_name = args[6] if len(args) > 6 else kwargs.get("index_name")
-        if index_name or hash_key is None or not self.range_key_attr:
+        params = {**dict(zip(_QUERY_PARAMS, args, strict=False)), **kwargs}
+        if params.get("index_name") or hash_key is None or not self.range_key_attr:
             return query(self, hash_key, *args, **kwargs)
-        partition = list(self.items.get(hash_key, {}).values())
-        comparison, values = (args[0], args[1]) if len(args) > 1 else (kwargs.get("range_comparison"), kwargs.get("range_objs"))
-        if comparison:
-            # The sort key condition, with moto's own comparison (moto applies it again):
-            # otherwise moto sizes every item of the partition before it filters them.
-            partition = [i for i in partition if i.range_key is not None and i.range_key.compare(comparison, values)]
-        self.all_items = lambda: partition  # the instance attribute shadows the method for this call
+        partition = self.items.get(hash_key, {})
+        items = None if params.get("filter_kwargs") or kwargs.keys() - set(_QUERY_PARAMS) - {
+            "consistent_read", "filter_expression", "hash_key_conditions", "range_key_conditions"} else window(
+            self, partition, params)
+        if items is None:
+            items = list(partition.values())
+        self.all_items = lambda: items  # the instance attribute shadows the method for this call
         try:
             return query(self, hash_key, *args, **kwargs)
         finally:
@@ -44,6 +157,7 @@ def _partition_queries() -> None:
 
     partition_query._wsfleet_partition = True  # type: ignore[attr-defined]
     Table.query = partition_query
+    Table.__init__ = init_sorted
 
 
 def _visible_again_wakes_long_polls() -> None:
