@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import gc
 import random
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
@@ -204,11 +205,26 @@ class Fleet:
         except TimeoutError:
             self.kill([name])
 
+    def freeze_heap(self) -> None:
+        """The fleet as given its connections lives to the end of the run: once, collected
+        and kept out of the collector's later passes. Until then (:meth:`run` starts with
+        the collector off) the workers' start and the connections given out build the
+        heap with nothing to collect, where the collector's passes, each walking the
+        objects of every connection given out so far, took two thirds of the CPU at 2,000
+        x 250, and a full pass after it walked every runner, task and item each time a
+        quarter as many objects had lived a while. Only memory is at stake: what the run
+        decides does not depend on when the collector runs. :meth:`close` thaws it."""
+        gc.collect()
+        gc.freeze()
+        gc.enable()
+
     def run(self, main: Callable[[], Awaitable[Any]]) -> Any:
         with virtual_clock(self.loop):
+            gc.disable()  # until the fleet holds its connections (freeze_heap)
             try:
                 return self.loop.run_until_complete(main())
             finally:
+                gc.enable()
                 self.partitions.finish()
 
     def close(self) -> None:
@@ -225,3 +241,4 @@ class Fleet:
                     t.cancel()
                 self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self.loop.close()
+        gc.unfreeze()
