@@ -82,6 +82,22 @@ def _throttled(exc: Throttled, op: str) -> ClientError:
     return _error("ProvisionedThroughputExceededException", str(exc), op)
 
 
+def _sort_range(rows: list[tuple[Any, Any]], op: str, bound: Any) -> tuple[Any, int]:
+    """Where the rows (sorted by their sort key) that a key condition's ``<sort> <op>
+    :bound`` keeps lie, by bisection: (lo, hi), or (None, 0) unless the bound and every
+    row's key are strings (one str sorts beside another; a partition cannot mix a str with
+    a number, which do not sort together), where :func:`ex._compare` would be needed."""
+    if not rows or type(bound) is not str or type(rows[0][0]) is not str or type(rows[-1][0]) is not str:
+        return (None, 0) if rows else (0, 0)
+    left = bisect.bisect_left(rows, bound, key=_sort_key)
+    right = bisect.bisect_right(rows, bound, key=_sort_key)
+    return {"=": (left, right), "<": (0, left), "<=": (0, right), ">": (right, len(rows)), ">=": (left, len(rows))}[op]
+
+
+def _sort_key(row: tuple[Any, Any]) -> Any:
+    return row[0]
+
+
 class Index:
     def __init__(self, table: str, spec: Mapping[str, Any], key: str) -> None:
         self.name = spec["IndexName"]
@@ -146,14 +162,15 @@ class Table:
 
     def wire(self, pk: Any, keep: tuple[str, ...] | None = None, index: Index | None = None) -> dict:
         """The item (or its index entry, or the attributes ``keep`` of either) marshalled."""
-        full = self._marshalled.get(pk)
-        if full is None:
-            full = marshal(self.items[pk])
-            if len(self.items) < WIRE_CACHE_ITEMS:  # a small table read over and over (the sessions)
-                self._marshalled[pk] = full
         names = index.projected if index is not None and index.projected is not None else None
         if keep is not None:
             names = keep if names is None else [k for k in keep if k in names]
+        full = self._marshalled.get(pk)
+        if full is None:
+            item = self.items[pk]
+            if len(self.items) >= WIRE_CACHE_ITEMS:  # not kept: only what is asked for
+                return marshal(item) if names is None else {k: marshal_value(item[k]) for k in names if k in item}
+            full = self._marshalled[pk] = marshal(item)  # a small table read over and over (the sessions)
         return full if names is None else {k: full[k] for k in names if k in full}
 
     def entry_size(self, index: Index, pk: Any) -> int:
@@ -320,16 +337,24 @@ class Dynamo:
                 raise _error("ValidationException", f"{IndexName} is keyed on {index.hash}", "Query")
             rows = index.partitions.get(hash_value, [])
             where = index.where
+        lo, hi = 0, len(rows)
         if sort is not None:
-            _, op, bound = sort
-            rows = [r for r in rows if ex._compare(op, r[0], bound)]
-        if not ScanIndexForward:
-            rows = rows[::-1]
+            lo, hi = _sort_range(rows, *sort[1:])
+            if lo is None:  # not all of one type with the bound: compared one by one
+                rows = [r for r in rows if ex._compare(sort[1], r[0], sort[2])]
+                lo, hi = 0, len(rows)
         if ExclusiveStartKey is not None:
             start = unmarshal(ExclusiveStartKey)
             mark = (start.get(index.range, "") if index and index.range else "", start[t.key])
-            rows = [r for r in rows if (r > mark if ScanIndexForward else r < mark)]
-        page = rows[:Limit] if Limit else rows
+            if ScanIndexForward:
+                lo = max(lo, bisect.bisect_right(rows, mark, lo, hi))
+            else:
+                hi = min(hi, bisect.bisect_left(rows, mark, lo, hi))
+        more = bool(Limit) and hi - lo > Limit
+        if ScanIndexForward:
+            page = rows[lo : lo + Limit if more else hi]
+        else:
+            page = rows[hi - Limit if more else lo : hi][::-1]
         keys = [pk for _, pk in page]
         size = sum(t.entry_size(index, pk) for pk in keys) if index else sum(t.sizes[pk] for pk in keys)
         try:
@@ -340,7 +365,7 @@ class Dynamo:
         if Select != "COUNT":
             keep = ex.projection(ProjectionExpression, ExpressionAttributeNames)
             out["Items"] = [t.wire(pk, keep, index) for pk in keys]
-        if Limit and len(rows) > Limit:
+        if more:
             last = t.items[keys[-1]]
             key = {t.key: last[t.key], **({index.hash: last[index.hash]} if index else {})}
             if index and index.range:

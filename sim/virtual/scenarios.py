@@ -75,6 +75,7 @@ async def populate(fleet: Fleet, per_worker: int) -> None:
         if i % 50 == 49:
             await asyncio.sleep(0.02)  # the acquisitions of many workers spread a little
     await asyncio.gather(*pickups)
+    fleet.freeze_heap()
 
 
 def spread(fleet: Fleet) -> tuple[int, int]:
