@@ -249,7 +249,8 @@ def audit_assigned(
     frames: Mapping[int, bytes], sockets: Sequence[SocketRecord],
 ) -> KindAudit:
     """A feed whose seqs the worker assigns (``frames``: the upstream's, by its own seq):
-    stored from seq 1; each data row a frame the upstream produced, byte for byte (text:
+    stored from seq 1, or from a reconnect marker where its first owner died before it
+    stored anything; each data row a frame the upstream produced, byte for byte (text:
     its UTF-8; binary: its base64), in the order produced and none twice; every marker a
     ``reconnect`` one, at most one per socket after the first."""
     data, markers = _split(items)
@@ -258,7 +259,11 @@ def audit_assigned(
     if not data:
         audit.problems.append("nothing was stored")
         return audit
-    if audit.first != 1:
+    if audit.first != 1 and audit.first not in markers:
+        # A first owner that died before its first write stored nothing, and the feed
+        # cannot replay: the next owner's first row is its reconnect marker (at the start
+        # of its block of seqs), saying frames are missing before it. Anything else must
+        # start at 1.
         audit.problems.append(f"stored from seq {audit.first}, not 1")
     binary = "format=binary" in stream.query
     sent = {frame: seq for seq, frame in frames.items()}

@@ -138,6 +138,18 @@ def test_an_assigned_feed_stored_as_sent_in_order_with_a_reconnect_marker_per_la
     assert audit.ok, audit.problems
 
 
+def test_an_assigned_feed_whose_first_owner_died_before_its_first_write_starts_at_the_next_owners_marker():
+    # the first owner (socket 1) was killed before it stored a frame; the next one numbers
+    # from its own block (101) and says, with a reconnect marker, that frames are missing
+    items = [reconnect(101), text_item(102, SENT[11])]
+    sockets = [rec(1, 10, 10), rec(2, 11, 11)]
+    audit = audit_assigned(KINDS[TEXT], produced=12, checkpoint=102, items=items, frames=SENT, sockets=sockets)
+    assert audit.ok, audit.problems
+    # without the marker, a late start is still a problem
+    audit = audit_assigned(KINDS[TEXT], produced=12, checkpoint=102, items=items[1:], frames=SENT, sockets=sockets)
+    assert any("not 1" in p for p in audit.problems)
+
+
 def test_a_binary_feed_is_compared_byte_for_byte_through_base64():
     items = [{schema.MSG_SK: 1, schema.MESSAGE_DATA: json.dumps(base64.b64encode(SENT[12]).decode())}]
     audit = audit_assigned(KINDS[BINARY], produced=12, checkpoint=1, items=items, frames=SENT, sockets=[rec(1, 12, 12)])
