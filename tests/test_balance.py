@@ -70,6 +70,7 @@ def test_the_last_session_of_the_ring_writes_the_summary():
     assert is_summarizer("z#1", ["a#1", "b#1"])  # its successors wrap around
     assert not is_summarizer("b#1", ["c#1", "a#1"])
     assert is_summarizer("a#1", [])  # alone
+    assert not is_summarizer("a#1", None)  # its ring not read yet: it does not know
 
 
 def test_a_worker_within_the_tolerance_band_of_its_share_sheds_nothing():

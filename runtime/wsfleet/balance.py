@@ -352,10 +352,13 @@ LOADS_LISTED = 32
 SHED_ANYONE_AFTER_S = 4.0
 
 
-def is_summarizer(me: str, successors: list[str]) -> bool:
+def is_summarizer(me: str, successors: list[str] | None) -> bool:
     """The last session of the ring writes the summary: its first successor wraps around
-    to the start (or it has none). Known from the ring reads it makes anyway."""
-    return not successors or successors[0] < me
+    to the start (or it has none). Known from the ring reads it makes anyway; None, its
+    ring not read yet (a worker just started), is not the summarizer: every worker that
+    starts would read the whole ring once (a fleet of 2,000 started at once, 2,000 reads
+    of every session from the one ring partition)."""
+    return successors is not None and (not successors or successors[0] < me)
 
 
 def shed_count(

@@ -144,8 +144,10 @@ class Takeover:
 
     # --- watching --------------------------------------------------------------------
 
-    def successors(self) -> list[str]:
-        return list(self._ring) if self._ring_for == self._keeper.session_id else []
+    def successors(self) -> list[str] | None:
+        """The sessions this one watches, from its last ring read; None before the
+        first read for its session."""
+        return list(self._ring) if self._ring_for == self._keeper.session_id else None
 
     def recovering(self) -> bool:
         """A watched session is ENDED or expired: a takeover is under way. (One that only
