@@ -6,6 +6,7 @@ it, a fleet's worker drained for real, is tests/test_fleet_drain.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import io
 import json
@@ -118,15 +119,24 @@ def test_a_read_of_the_item_tells_of_it_too_and_before_its_assignments_are_taken
     assert asked == [{"by": "b", "at_ms": 7}] and type(asked[0]["at_ms"]) is int  # a nested number is read as a Decimal
 
 
-def test_the_worker_starts_the_sigterm_shutdown_once_when_its_renewal_brings_the_request(aws_env, sessions):
+@contextlib.asynccontextmanager
+async def session_open(aws_env, out: io.StringIO):
+    """Worker w1 (its lines into ``out``) with its session open, not running its loops."""
     cfg = WorkerConfig.from_env(aws_env)
+    aws = Aws(cfg, threads=2)
+    worker = Worker(cfg, "w1", aws=aws, log=JsonLogger(out))
+    try:
+        assert await worker.keeper.open(asyncio.Event())
+        yield worker
+    finally:
+        aws.close()
+
+
+def test_the_worker_starts_the_sigterm_shutdown_once_when_its_renewal_brings_the_request(aws_env, sessions):
     out = io.StringIO()
 
     async def scenario() -> Worker:
-        aws = Aws(cfg, threads=2)
-        worker = Worker(cfg, "w1", aws=aws, log=JsonLogger(out))
-        try:
-            assert await worker.keeper.open(asyncio.Event())
+        async with session_open(aws_env, out) as worker:
             assert await worker.keeper.renew_once()
             assert not worker.stopping.is_set()
             new, _ = sessions.request_drain(worker.keeper.session_id, by="alice")
@@ -138,8 +148,6 @@ def test_the_worker_starts_the_sigterm_shutdown_once_when_its_renewal_brings_the
             worker.request_shutdown()  # SIGTERM during the requested drain: the same one shutdown
             assert await worker.keeper.renew_once()  # brings the request again: nothing more
             assert worker.drained_by["by"] == "alice"
-        finally:
-            aws.close()
         return worker
 
     asyncio.run(scenario())
@@ -150,19 +158,13 @@ def test_the_worker_starts_the_sigterm_shutdown_once_when_its_renewal_brings_the
 
 
 def test_sigterm_first_then_the_request_is_still_one_shutdown_and_not_called_a_drain(aws_env, sessions):
-    cfg = WorkerConfig.from_env(aws_env)
     out = io.StringIO()
 
     async def scenario() -> Worker:
-        aws = Aws(cfg, threads=2)
-        worker = Worker(cfg, "w1", aws=aws, log=JsonLogger(out))
-        try:
-            assert await worker.keeper.open(asyncio.Event())
+        async with session_open(aws_env, out) as worker:
             worker.request_shutdown()
             sessions.request_drain(worker.keeper.session_id, by="alice")
             assert await worker.keeper.renew_once()
-        finally:
-            aws.close()
         return worker
 
     worker = asyncio.run(scenario())
