@@ -157,7 +157,7 @@ def _dead(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status") as status:
             return "zombie" in status.read()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped between the open and the read
         return True
 
 
