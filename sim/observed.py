@@ -170,6 +170,12 @@ class Audit:
         means no gap; duplicates cannot exist as rows)."""
         return not self.missing and self.rows == self.checkpoint and (self.last or 0) == self.checkpoint
 
+    @property
+    def gap_free(self) -> bool:
+        """Exactly 1..last stored, the checkpoint maybe behind: what an owner that gave up
+        before its release leaves (its last batch landed; the connection is freed as is)."""
+        return not self.missing and self.rows == (self.last or 0)
+
 
 @dataclass
 class LargeFrame:

@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 TIMING = Timing(lease_s=3.0, heartbeat_s=0.75, reconcile_s=1.0, skew_ms=200, flush_ms=500, shutdown_s=5.0, checkpoint_s=1.0)
 RATE = 5.0  # messages per second per stream
+GAVE_UP = ("deadline_passed_before_release", "connection_dropped")  # a runner's end without a release
 # Polls that read the tables (a Scan of each, some 30 ms of CPU between this process and
 # the emulator) look four times a second, not ten: the fleet under test needs the cores.
 SCAN_POLL_S = 0.25
@@ -132,9 +133,13 @@ def stop_all_and_audit(fleet: Fleet, ids: list[str]) -> None:
         fleet.stop_connection(cid)
     fleet.wait_quiet(ids, timeout=TIMING.stop_bound_s + TIMING.lease_s + 5)
     audits = fleet.audit(ids)
-    assert [a for a in audits if not a.ok] == []
+    # An owner whose session's deadline passed first (a starved machine) writes nothing
+    # more, its release included; its last batch may have landed: gap-free past the checkpoint.
+    gave_up = {e["connection_id"] for n in fleet.workers for e in fleet.events(n) if e["event"] in GAVE_UP}
+    bad = [a for a in audits if not (a.ok or (a.connection_id in gave_up and a.gap_free))]
+    assert bad == [], [(a, [e for n in fleet.workers for e in fleet.events(n) if e.get("connection_id") == a.connection_id]) for a in bad]
     for a in audits:
-        assert a.first == 1 and a.rows == a.checkpoint
+        assert a.first == 1 and a.rows == a.last
         # Every frame the upstream sent is stored, except the few in flight when STOP
         # closed the socket (never acknowledged; a START resumes from the checkpoint).
         assert a.rows <= a.delivered <= a.rows + RATE * 2, a
