@@ -66,7 +66,9 @@ class Task:
     name: str
     worker: SimWorker
     aws: SimAws
-    tasks: set = field(default_factory=set)
+    # Every asyncio task it made, in the order made: a dict, not a set, whose order would
+    # follow the tasks' addresses, so a kill would cancel them in another order each process.
+    tasks: dict = field(default_factory=dict)
     main: asyncio.Task | None = None
     state: str = "running"  # running, stopping, gone
 
@@ -104,8 +106,8 @@ class Fleet:
         task = asyncio.Task(coro, loop=loop, context=context, **kw)
         owner = (context or contextvars.copy_context()).get(_OWNER)
         if owner is not None:
-            owner.tasks.add(task)
-            task.add_done_callback(owner.tasks.discard)
+            owner.tasks[task] = None
+            task.add_done_callback(lambda done, made=owner.tasks: made.pop(done, None))
         return task
 
     def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
