@@ -61,16 +61,18 @@ class EmulatorProcess:
     serialised, so a fleet must not share its interpreter (and GIL) with the workers'
     backend. Several fleets may share one (each creates its own tables and queue)."""
 
-    def __init__(self, log_path: Path, *, runtime_dir: Path | None = None) -> None:
+    def __init__(self, log_path: Path, *, runtime_dir: Path | None = None, partition_writes_per_s: float = 0) -> None:
         self._log_path = log_path
         self._runtime_dir = runtime_dir
+        self._partition_writes_per_s = partition_writes_per_s  # sim.emulator_partitions (0: no limit)
         self.proc: Process | None = None
         self.endpoint_url = ""
 
     def start(self, timeout: float = 30.0) -> "EmulatorProcess":
         self.proc = spawn(
             "emulator",
-            [sys.executable, "-m", "sim.emulator", "--host", LOOPBACK],
+            [sys.executable, "-m", "sim.emulator", "--host", LOOPBACK,
+             "--partition-writes-per-s", f"{self._partition_writes_per_s:g}"],
             pinned(child_env(), self._runtime_dir),
             self._log_path,
         )

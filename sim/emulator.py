@@ -93,6 +93,7 @@ from wsfleet.logs import route_stdlib_logging
 from .emulator_books import JOURNAL_PATH, REQUESTS_PATH, Journal, RequestLedger
 from .emulator_client import CREDENTIALS, DEFAULT_REGION, emulator_session
 from .emulator_faults import FAULTS_PATH, Faults
+from .emulator_partitions import PartitionWrites
 from .emulator_wsgi import WSGIApp
 from .emulator_wsgi import operation as _operation
 from .emulator_wsgi import read_body as _read_body
@@ -168,9 +169,10 @@ class SerializedDynamoDB:
         return body
 
 
-def build_app() -> WSGIApp:
+def build_app(*, partition_writes_per_s: float = 0) -> WSGIApp:
     """moto behind the ledger (outermost: it sees every request), the journal's control
-    path, the fault switch, and the lock that serialises DynamoDB (and journals it)."""
+    path, the fault switch, each partition's write limit (:mod:`.emulator_partitions`,
+    off at 0) and the lock that serialises DynamoDB (and journals it)."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
     _partition_queries()
@@ -179,7 +181,8 @@ def build_app() -> WSGIApp:
     _kinesis_sequence_ends_in_constant_time()
     _batches_keep_system_attributes()
     book = Journal()
-    return RequestLedger(book(Faults(SerializedDynamoDB(DomainDispatcherApplication(create_backend_app), book))))
+    serialized = SerializedDynamoDB(DomainDispatcherApplication(create_backend_app), book)
+    return RequestLedger(book(Faults(PartitionWrites(serialized, partition_writes_per_s))))
 
 
 def _post(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -263,16 +266,20 @@ def freeze_survivors(stop: threading.Event, every_s: float = FREEZE_EVERY_S) -> 
 class Emulator:
     """moto server on a free loopback port, in a background thread of this process.
     ``freeze_gc``: run :func:`freeze_survivors` beside it (the standalone server does;
-    an emulator embedded in a test process leaves that process's collector alone)."""
+    an emulator embedded in a test process leaves that process's collector alone).
+    ``partition_writes_per_s``: each partition's write limit (:mod:`.emulator_partitions`)."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, freeze_gc: bool = False) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", port: int = 0, *, freeze_gc: bool = False, partition_writes_per_s: float = 0
+    ) -> None:
         from moto.moto_server.werkzeug_app import MotoRequestHandler
 
         class QuietHandler(MotoRequestHandler):
             def log_request(self, *args: Any, **kwargs: Any) -> None:
                 """One line per request would drown the fleet's own logs."""
 
-        self._server = make_server(host, port, build_app(), threaded=True, request_handler=QuietHandler)
+        app = build_app(partition_writes_per_s=partition_writes_per_s)
+        self._server = make_server(host, port, app, threaded=True, request_handler=QuietHandler)
         # Stops within 50 ms (the local API's interval too): tests start and stop many.
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="moto-server", daemon=True
@@ -413,9 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--create", action="store_true", help="create the tables and queue, print their env as JSON")
+    parser.add_argument("--partition-writes-per-s", type=float, default=0, metavar="N",
+                        help="items a second each partition of a BatchWriteItem takes (0: no limit)")
     args = parser.parse_args(argv)
+    if args.partition_writes_per_s < 0:
+        parser.error(f"--partition-writes-per-s must be 0 or more, got {args.partition_writes_per_s:g}")
     route_stdlib_logging(component="emulator")
-    emulator = Emulator(args.host, args.port, freeze_gc=True).start()
+    emulator = Emulator(args.host, args.port, freeze_gc=True, partition_writes_per_s=args.partition_writes_per_s).start()
     print(f"READY {emulator.endpoint_url}", flush=True)
     if args.create:
         print(json.dumps(create_resources(emulator.endpoint_url)), flush=True)

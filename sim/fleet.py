@@ -87,6 +87,7 @@ class Fleet(FleetAudit):
         keep_samples: bool = True,
         runtime_dir: Path | None = None,
         sink: str = schema.SINK_DYNAMODB,
+        partition_writes_per_s: float = 0,  # its own emulator's limit per partition (sim.emulator_partitions)
         traces: bool = False,
     ) -> None:
         self.run_dir = Path(run_dir)
@@ -98,7 +99,9 @@ class Fleet(FleetAudit):
         self._extra_env = dict(worker_env or {})
         self._own_emulator = emulator is None
         self._runtime_dir = runtime_dir  # see pin_runtime
-        self.emulator = emulator or EmulatorProcess(self.run_dir / "emulator.log", runtime_dir=runtime_dir)
+        self.emulator = emulator or EmulatorProcess(
+            self.run_dir / "emulator.log", runtime_dir=runtime_dir, partition_writes_per_s=partition_writes_per_s
+        )
         self.sample_interval = sample_interval
         self._on_sample = on_sample
         self._keep_samples = keep_samples  # off: only on_sample sees them (long runs)

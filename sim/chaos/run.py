@@ -33,6 +33,15 @@ from .hostile import HostilePeers
 from .nemesis import Nemesis
 from .schedule import MAX_FRAME_BYTES, Bounds, Schedule, generate
 
+# Each messages partition's items a second in the run's emulator (sim.emulator_partitions):
+# DynamoDB gives a partition 1,000 of a table's 40,000 default write units, 2.5 %; the
+# emulator stores ~300-400 items a second in all, so 2.5 % would be ~10: 25 leaves every
+# ordinary connection (2 a second, a takeover's replay in a burst) untouched and holds
+# the hostile peer that is faster than the store to what DynamoDB would give it, in
+# proportion, instead of half the emulator (30-minute soak: 93 rows/s of ~200, every
+# renewal of the fleet slow behind its batches).
+PARTITION_WRITES_PER_S = 25
+
 PROGRESS_EVERY_S = 10.0
 CPU_EVERY_S = 1.0  # how often the machine's CPU is read (machine.sample)
 
@@ -156,6 +165,7 @@ class Run:
             runtime_dir=runtime,
             sink=s.sink,
             worker_env={settings_spec.MAX_FRAME_BYTES: str(MAX_FRAME_BYTES)},  # the limit the oversize faults exceed
+            partition_writes_per_s=PARTITION_WRITES_PER_S,
         ) as fleet:
             self.fleet = fleet
             return self._play(fleet, run_dir)
