@@ -84,12 +84,23 @@ def test_a_batch_is_due_an_interval_after_the_oldest_frame_or_at_once_when_full_
 
 
 def test_a_batch_takes_each_lanes_fair_share_first_then_the_rest_from_the_front():
-    p = pending(batch=4)
-    a, b = lanes(p, 10, 1)
+    p = pending(batch=6)
+    a, b = lanes(p, 5, 1, 1)[:2]
     batch = p.take()
-    assert taken(batch) == {"c0": [1, 2, 3], "c1": [1]}
-    assert a.in_flight and b.in_flight and p.count == 7
+    assert taken(batch) == {"c0": [1, 2, 3, 4], "c1": [1], "c2": [1]}  # shares of 2, then c0's next from the front
+    assert a.in_flight and b.in_flight and p.count == 1
     assert list(p.waiting) == ["c0"] and p.ready() == []  # one batch in flight per lane
+
+
+def test_a_lane_with_a_batchs_worth_pending_goes_alone_so_a_throttle_of_its_partition_holds_no_other():
+    p = pending(batch=4, concurrency=4)
+    lanes(p, 1, 9, 2)
+    assert taken(p.take()) == {"c0": [1], "c2": [1, 2]}  # the oldest is shallow: the deep one is left out
+    assert taken(p.take()) == {"c1": [1, 2, 3, 4]}
+    oldest_deep = pending(batch=4, concurrency=4)
+    lanes(oldest_deep, 9, 1)
+    assert taken(oldest_deep.take()) == {"c0": [1, 2, 3, 4]}
+    assert taken(oldest_deep.take()) == {"c1": [1]}
 
 
 def test_deep_lanes_are_spread_over_concurrent_batches_and_shallow_ones_fill_one():
@@ -132,10 +143,10 @@ def test_a_stored_batch_counts_its_data_frames_their_bytes_and_the_newest_ones_t
 
 
 def test_a_batch_not_stored_goes_back_in_front_of_live_lanes_and_is_given_up_for_the_others():
-    p = pending(batch=2)
+    p = pending(batch=4)
     a, b = lanes(p, 3, 1)
     batch = p.take()
-    assert taken(batch) == {"c0": [1], "c1": [1]}
+    assert taken(batch) == {"c0": [1, 2, 3], "c1": [1]}
     settled = p.settle(batch, stored=False, is_open=lambda _: True, is_live=lambda lane: lane is a)
     assert settled.stored == [] and settled.freed == 10  # b's: past its deadline
     assert [fr.seq for fr, _ in a.frames] == [1, 2, 3] and not b.frames

@@ -156,6 +156,19 @@ class Pending:
     def ready(self) -> list[Lane]:
         return [lane for lane in self.waiting.values() if lane.ready]
 
+    def _apart(self, ready: list[Lane]) -> list[Lane]:
+        """The lanes the next batch may hold: a lane with a batch's worth pending alone
+        (when it is the oldest), else only lanes with less. A connection written faster
+        than the store takes is one whose partition the store throttles (DynamoDB's
+        1,000 units a second), and a batch is retried until all its items are in: the
+        lanes sharing it would wait in flight, their frames held back by a stranger's
+        throttle. Alone, its batch is full anyway."""
+        if not ready:
+            return ready
+        if len(ready[0].frames) >= self.batch:
+            return ready[:1]
+        return [lane for lane in ready if len(lane.frames) < self.batch]
+
     def due_in(self, now: float) -> float | None:
         """Seconds until a batch is due (0: now), or None when nothing can be sent: due
         when a batch is full or a lane is being flushed, else ``interval_s`` after the
@@ -174,8 +187,9 @@ class Pending:
         as the pending frames fill (a lane has one batch in flight at a time, so one
         batch holding every busy lane would serialise them all); within a batch, each
         lane's fair share first, then the rest from the front. A lane served goes to the
-        back; its frames taken are in flight."""
-        ready = self.ready()
+        back; its frames taken are in flight. A lane that alone fills a batch goes alone
+        (see :meth:`_apart`)."""
+        ready = self._apart(self.ready())
         if not ready:
             return []
         batches = min(self._concurrency, math.ceil(sum(len(lane.frames) for lane in ready) / self.batch))
