@@ -98,3 +98,43 @@ def test_a_sorted_partition_keeps_its_keys_in_order_and_its_copies_sort_again():
     assert p.sorted_keys() == [1, 3, 4, 5]
     twin = copy.deepcopy(p)
     assert isinstance(twin, SortedPartition) and twin.sorted_keys() == [1, 3, 4, 5] and twin[4] == "four"
+
+
+def test_an_index_on_the_tables_own_partition_key_reads_that_partition_and_answers_as_moto_does():
+    # The messages table's sparse markers index: keyed on the table's partition key and an
+    # attribute only some items have; a COUNT of one partition, pages and a range condition.
+    _partition_queries()
+    with mock_aws():
+        ddb = boto3.client("dynamodb", region_name="us-east-1")
+        ddb.create_table(
+            TableName="x", BillingMode="PAY_PER_REQUEST",
+            KeySchema=[{"AttributeName": "c", "KeyType": "HASH"}, {"AttributeName": "s", "KeyType": "RANGE"}],
+            AttributeDefinitions=[{"AttributeName": "c", "AttributeType": "S"}, {"AttributeName": "s", "AttributeType": "N"},
+                                  {"AttributeName": "k", "AttributeType": "S"}],
+            GlobalSecondaryIndexes=[{"IndexName": "marks", "Projection": {"ProjectionType": "KEYS_ONLY"},
+                                     "KeySchema": [{"AttributeName": "c", "KeyType": "HASH"},
+                                                   {"AttributeName": "k", "KeyType": "RANGE"}]}],
+        )
+        rng = random.Random(5)
+        marked = {"a": [], "b": []}
+        for s in rng.sample(range(1, 400), 120):
+            for c in ("a", "b"):
+                item = {"c": {"S": c}, "s": {"N": str(s)}}
+                if rng.random() < 0.3:
+                    item["k"] = {"S": f"r{s % 7}"}
+                    marked[c].append((f"r{s % 7}", s))
+                ddb.put_item(TableName="x", Item=item)
+        count = ddb.query(TableName="x", IndexName="marks", KeyConditionExpression="c = :c",
+                          ExpressionAttributeValues={":c": {"S": "a"}}, Select="COUNT")["Count"]
+        assert count == len(marked["a"])
+        got, start = [], None
+        while True:
+            page = ddb.query(TableName="x", IndexName="marks", KeyConditionExpression="c = :c AND k > :k",
+                             ExpressionAttributeValues={":c": {"S": "b"}, ":k": {"S": "r2"}}, Limit=7,
+                             **({"ExclusiveStartKey": start} if start else {}))
+            got += [(i["k"]["S"], int(i["s"]["N"])) for i in page["Items"]]
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                break
+        assert sorted(got) == sorted(m for m in marked["b"] if m[0] > "r2")
+        assert [k for k, _ in got] == sorted(k for k, _ in got)  # in the index's order
