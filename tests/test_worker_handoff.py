@@ -57,8 +57,11 @@ def test_a_stop_for_a_connection_handed_off_and_not_yet_taken_ends_it_stopped_an
             # the machine (at the default 8 s a loaded machine saw it given up before the STOP).
             worker.handoffs._claim_s = 120.0
             worker.holdings.runners["c1"].request_shed()
-            await eventually(lambda: _handed_by(conns, "c1", session_id), what="handed off")
-            assert worker.handoffs.pending("c1")
+            # Handed off in the table, then in its books: the release's answer is read after
+            # it lands, so a poll may see the one before the other.
+            await eventually(
+                lambda: _handed_by(conns, "c1", session_id) and worker.handoffs.pending("c1"), what="handed off"
+            )
             # our owner-index audit sees it attached to us and leaves it for its taker
             assert await worker.acquisition.audit_once() == 0 and _handed_by(conns, "c1", session_id)
             assert await asyncio.to_thread(post, events, {"event_type": "STOP", "connection_id": "c1"}) == 202
