@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
 from .emulator_wsgi import WSGIApp
+from .emulator_wsgi import answer_of as _answer_of
+from .emulator_wsgi import aws_error as _aws_error
 from .emulator_wsgi import json_response as _json
 from .emulator_wsgi import operation as _operation
 from .emulator_wsgi import read_body as _read_body
@@ -208,15 +210,7 @@ class Faults:
         """Apply the request, then answer a 500 in place of what the service answered,
         as when a response is lost on the way back. A request the service refused was
         not applied: it keeps its own answer (and is counted as delayed or passed)."""
-        answer: list[tuple[str, list]] = []
-        written: list[bytes] = []
-
-        def capture(status: str, headers: list, *exc: Any) -> Callable[[bytes], None]:
-            answer[:] = [(status, headers)]
-            return written.append
-
-        body = written + list(self._app(environ, capture))  # the whole answer: the write is done
-        status, headers = answer[0]
+        status, headers, body = _answer_of(self._app, environ)  # the whole answer: the write is done
         applied = status.startswith("2")
         if applied or service in THROTTLED_SERVICES:
             with self._lock:
@@ -224,7 +218,7 @@ class Faults:
         if applied:
             return self._internal_error(start_response, service)
         start_response(status, headers)
-        return body
+        return [body]
 
     def _refuse_some(self, environ: dict, start_response: Callable, op: str) -> Iterable[bytes]:
         """A PutRecords (PutRecordBatch) of which ``refuse_records`` of the records (picked
@@ -253,17 +247,9 @@ class Faults:
             body = json.dumps({**request, records_key: kept}).encode()
             environ["wsgi.input"] = io.BytesIO(body)
             environ["CONTENT_LENGTH"] = str(len(body))
-            status: list[str] = []
-
-            written: list[bytes] = []
-
-            def capture(code: str, headers: list, *exc: Any) -> Callable[[bytes], None]:
-                status.append(code)
-                return written.append
-
-            out = b"".join(written + list(self._app(environ, capture)))
-            if not status[0].startswith("2"):  # refused whole (no such stream, ...): its own answer
-                return self._error(start_response, status[0], *_kind_and_message(out))
+            status, _, out = _answer_of(self._app, environ)
+            if not status.startswith("2"):  # refused whole (no such stream, ...): its own answer
+                return self._error(start_response, status, *_kind_and_message(out))
             answers = json.loads(out)[results_key]
         placed = iter(answers)
         results = [
@@ -288,13 +274,7 @@ class Faults:
                            "Internal server error")
 
     def _error(self, start_response: Callable, status: str, kind: str, message: str) -> list[bytes]:
-        body = json.dumps({"__type": kind, "message": message}).encode()
-        start_response(status, [
-            ("Content-Type", "application/x-amz-json-1.0"),
-            ("Content-Length", str(len(body))),
-            ("x-amzn-RequestId", f"wsfleet-fault-{random.getrandbits(32):08x}"),
-        ])
-        return [body]
+        return _aws_error(start_response, status, kind, message)
 
     def _control(self, environ: dict, start_response: Callable) -> list[bytes]:
         if environ.get("REQUEST_METHOD") == "POST":

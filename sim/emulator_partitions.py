@@ -25,14 +25,15 @@ import io
 import json
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
-from .emulator_wsgi import WSGIApp
+from wsfleet.schema import MSG_PK
+
+from .emulator_wsgi import WSGIApp, answer_of, aws_error
 from .emulator_wsgi import json_response as _json
 from .emulator_wsgi import operation as _operation
 from .emulator_wsgi import read_body as _read_body
 
-PARTITION_KEY = "pk"  # the messages table's partition key (wsfleet.schema.MSG_PK)
 THROUGHPUT_EXCEEDED = "com.amazonaws.dynamodb.v20120810#ProvisionedThroughputExceededException"
 
 
@@ -56,19 +57,13 @@ class PartitionWrites:
         if not held:
             return self._app(environ, start_response)
         if not kept:
-            return _json("400 Bad Request", {"__type": THROUGHPUT_EXCEEDED, "message": (
-                "The level of configured provisioned throughput for the table was exceeded.")}, start_response)
+            return aws_error(start_response, "400 Bad Request", THROUGHPUT_EXCEEDED,
+                             "The level of configured provisioned throughput for the table was exceeded.")
         body = json.dumps({**request, "RequestItems": kept}).encode()
         environ["wsgi.input"], environ["CONTENT_LENGTH"] = io.BytesIO(body), str(len(body))
-        answer: list[tuple[str, list]] = []
-
-        def capture(status: str, headers: list, *exc: Any) -> Callable[[bytes], None]:
-            answer.append((status, headers))
-            return lambda _: None
-
-        raw = b"".join(self._app(environ, capture))
-        if not answer[0][0].startswith("200"):
-            start_response(*answer[0])
+        status, headers, raw = answer_of(self._app, environ)
+        if not status.startswith("200"):
+            start_response(status, headers)
             return [raw]
         doc = json.loads(raw or b"{}")
         unprocessed = doc.setdefault("UnprocessedItems", {})
@@ -77,7 +72,7 @@ class PartitionWrites:
         return _json("200 OK", doc, start_response)
 
     def _split(self, items: dict[str, list]) -> tuple[dict[str, list], dict[str, list]]:
-        """The requests that fit their partition's bucket now (taking their units), and
+        """The requests that fit their partition's bucket now (taking a token each), and
         those that do not."""
         kept: dict[str, list] = {}
         held: dict[str, list] = {}
@@ -86,7 +81,7 @@ class PartitionWrites:
             for table, requests in items.items():
                 for r in requests:
                     item = (r.get("PutRequest") or {}).get("Item") or (r.get("DeleteRequest") or {}).get("Key") or {}
-                    pk = json.dumps(item.get(PARTITION_KEY), sort_keys=True)
+                    pk = json.dumps(item.get(MSG_PK), sort_keys=True)
                     tokens, at = self._buckets.get((table, pk), (self.per_s, now))
                     tokens = min(self.per_s, tokens + (now - at) * self.per_s)
                     if tokens >= 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import random
 import re
 from typing import Any, Callable, Iterable
 
@@ -28,6 +29,32 @@ def json_response(status: str, body: Any, start_response: Callable) -> list[byte
     raw = json.dumps(body).encode()
     start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(raw)))])
     return [raw]
+
+
+def answer_of(app: WSGIApp, environ: dict) -> tuple[str, list, bytes]:
+    """Call the next application and hold its whole answer (status, headers, body, what
+    it wrote through ``write`` included) instead of sending it: the request is applied."""
+    answer: list[tuple[str, list]] = []
+    written: list[bytes] = []
+
+    def capture(status: str, headers: list, *exc: Any) -> Callable[[bytes], None]:
+        answer[:] = [(status, headers)]
+        return written.append
+
+    body = list(app(environ, capture))
+    status, headers = answer[0]
+    return status, headers, b"".join(written + body)
+
+
+def aws_error(start_response: Callable, status: str, kind: str, message: str) -> list[bytes]:
+    """An AWS JSON error answer (``__type`` ``kind``), as the services send one."""
+    body = json.dumps({"__type": kind, "message": message}).encode()
+    start_response(status, [
+        ("Content-Type", "application/x-amz-json-1.0"),
+        ("Content-Length", str(len(body))),
+        ("x-amzn-RequestId", f"wsfleet-fault-{random.getrandbits(32):08x}"),
+    ])
+    return [body]
 
 
 def read_body(environ: dict) -> bytes:

@@ -168,7 +168,7 @@ class Audit:
     def ok(self) -> bool:
         """Exactly 1..checkpoint stored (seq is the key, so a count equal to the range
         means no gap; duplicates cannot exist as rows)."""
-        return not self.missing and self.rows == self.checkpoint and (self.last or 0) == self.checkpoint
+        return self.gap_free and (self.last or 0) == self.checkpoint
 
     @property
     def gap_free(self) -> bool:

@@ -135,9 +135,10 @@ def stop_all_and_audit(fleet: Fleet, ids: list[str]) -> None:
     audits = fleet.audit(ids)
     # An owner whose session's deadline passed first (a starved machine) writes nothing
     # more, its release included; its last batch may have landed: gap-free past the checkpoint.
-    gave_up = {e["connection_id"] for n in fleet.workers for e in fleet.events(n) if e["event"] in GAVE_UP}
+    events = [e for n in fleet.workers for e in fleet.events(n)]  # each worker's log parsed once
+    gave_up = {e["connection_id"] for e in events if e["event"] in GAVE_UP}
     bad = [a for a in audits if not (a.ok or (a.connection_id in gave_up and a.gap_free))]
-    assert bad == [], [(a, [e for n in fleet.workers for e in fleet.events(n) if e.get("connection_id") == a.connection_id]) for a in bad]
+    assert bad == [], [(a, [e for e in events if e.get("connection_id") == a.connection_id]) for a in bad]
     for a in audits:
         assert a.first == 1 and a.rows == a.last
         # Every frame the upstream sent is stored, except the few in flight when STOP

@@ -219,10 +219,9 @@ class Fleet:
         decides does not depend on when the collector runs. :meth:`close` thaws it."""
         gc.collect()
         gc.freeze()
-        # Young objects collected 100 times less often, old ones hardly at all: each
-        # connection taken over (a crash's 50,000) makes tasks and futures by the dozen,
-        # and the collector's passes over those was two thirds of a crash's CPU at 2,000 x
-        # 250. What cycles of garbage live that long wait for close (peak memory shows it).
+        # Young objects collected 100 times less often, old ones hardly at all: a crash's
+        # takeovers make tasks and futures by the dozen per connection. Cycles of garbage
+        # that live that long wait for close (peak memory shows it).
         gc.set_threshold(70_000, 50, 1000)
         gc.enable()
 

@@ -60,8 +60,10 @@ Fairness: queues are served oldest-first-frame first, and a batch takes at most 
 share from each connection before filling the rest, so a chatty connection cannot starve
 quiet ones of batch slots; a connection with a whole batch pending goes in a batch of its
 own, so that its partition's throttling (it is written faster than the store takes it)
-keeps no other connection's frames waiting in flight. Memory is bounded by a per-connection and a per-worker cap on
-pending frames, and by a cap on the bytes of data held (``max_pending_bytes``, the
+keeps no other connection's frames waiting in flight.
+
+Memory is bounded by a per-connection and a per-worker cap on pending frames, and by a
+cap on the bytes of data held (``max_pending_bytes``, the
 writer's share of the worker's budget, :mod:`wsfleet.budget`): counted from the
 hand-over until the frame is stored or given up, in flight included, so that large data
 being uploaded still counts. When a cap is reached the receive loop waits (backpressure,
