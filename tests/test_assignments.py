@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from wsfleet import schema
+from wsfleet import clock, schema
 from wsfleet.leases import SessionTiming
 from wsfleet.logs import JsonLogger
 from wsfleet.store import Released, SessionsStore
-from wsfleet.worker.assignments import Assignments
+from wsfleet.worker.assignments import EXPECT_AFTER_SUSPECT_S, Assignments
 from wsfleet.worker.session import SessionKeeper
 
 from tests.conftest import open_sessions
@@ -154,8 +154,11 @@ def test_between_renewals_the_session_item_is_read_only_while_moves_are_expected
         reads.append(session_id)
         return {schema.SESSION_STATE: schema.LIVE, schema.ASSIGNED: {"c1#2"}}
 
+    fleet = [None]  # no fresh summary
+    suspect_at = [float("-inf")]
     assignments, _ = pickup()
-    assignments._holdings.standing = lambda me: SimpleNamespace(under_target=lambda: under[0])
+    assignments._holdings.standing = lambda me: SimpleNamespace(under_target=lambda: under[0], fleet=fleet[0])
+    assignments._suspect_at = lambda: suspect_at[0]
     noted: list[dict] = []  # the keeper reads a drain request (wsfleet drain) from the item too
     assignments._keeper = SimpleNamespace(session_id="me#1", live=lambda: True, take_assigned=taken.append, note_drain=noted.append)
     assignments._sessions = SimpleNamespace(get=get)
@@ -164,3 +167,18 @@ def test_between_renewals_the_session_item_is_read_only_while_moves_are_expected
     under[0] = True  # a newcomer, or a survivor of a crash, by the summary
     assert asyncio.run(assignments.poll_once()) == 1
     assert reads == ["me#1"] and taken == [{"c1#2"}] and noted == [get("me#1")]
+
+    # At its target, but a session it watches looked dead lately: its watchers' drain
+    # names targets in the fleet, this worker among them
+    under[0] = False
+    reads.clear()
+    suspect_at[0] = clock.now() - (EXPECT_AFTER_SUSPECT_S - 1)
+    assert asyncio.run(assignments.poll_once()) == 1
+    suspect_at[0] = clock.now() - (EXPECT_AFTER_SUSPECT_S + 1)
+    assert asyncio.run(assignments.poll_once()) == 0 and len(reads) == 1
+    # ... or the fleet summary lists a dead session; not one slow to renew (a suspect: in
+    # a fleet of thousands there often is one, and every worker would read 4 times a second)
+    fleet[0] = SimpleNamespace(suspects=0, dead={"w9#1": 12})
+    assert asyncio.run(assignments.poll_once()) == 1
+    fleet[0] = SimpleNamespace(suspects=1, dead={})
+    assert asyncio.run(assignments.poll_once()) == 0 and len(reads) == 2

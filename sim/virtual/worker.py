@@ -121,6 +121,7 @@ class SimWorker(Worker):
         self.assignments = Assignments(
             acquisition=self.acquisition, holdings=self.holdings, keeper=self.keeper, connections=self._connections,
             sessions=self._sessions, attachments=self.attachments, hints=self.hints, call=call, log=log,
+            suspect_at=lambda: self.takeover.suspect_at,
         )
         self.intake = Intake(aws=aws, queue_url=cfg.queue_url, log=log, holdings=self.holdings,  # type: ignore[arg-type]
                              acquisition=self.acquisition, keeper=self.keeper, takeover=self.takeover,

@@ -37,11 +37,17 @@ from .session import SessionKeeper
 Call = Callable[..., Awaitable[Any]]
 
 # While moves are likely on their way to us (under our target by the summary: a join's
-# newcomer, a survivor of a crash; or we picked one up lately) the session item is read
+# newcomer, a survivor of a crash; a session we watch looks dead or came due to end, or the
+# summary lists a dead one: its watchers move its connections to the fleet, to us too; not
+# the summary's suspects, which a slow renewal anywhere in a large fleet makes; or we
+# picked one up lately) the session item is read
 # this often between renewals, so that a move waits a fraction of a heartbeat, not a
 # whole one (a strongly consistent GetItem: 1 read unit, only while expecting).
 POLL_S = 0.25
 EXPECT_AFTER_PICKUP_S = 4.0  # moves come in bursts: keep reading this long after one
+# ... and this long after a watched session looked dead or came due to end (its end, a race
+# lost to another watcher, and the drain's moves take a few seconds)
+EXPECT_AFTER_SUSPECT_S = 6.0
 
 
 class Assignments:
@@ -57,8 +63,12 @@ class Assignments:
         hints: Hints,
         call: Call,
         log: JsonLogger,
+        suspect_at: Callable[[], float] = lambda: float("-inf"),
     ) -> None:
+        """``suspect_at``: clock.now() when a session we watch last looked dead (the
+        takeover's ``suspect_at``)."""
         self.picked_up = 0
+        self._suspect_at = suspect_at
         self._acquisition = acquisition
         self._holdings = holdings
         self._keeper = keeper
@@ -87,9 +97,12 @@ class Assignments:
 
     def expecting(self) -> bool:
         """Whether moves are likely on their way to us (see :data:`POLL_S`)."""
-        if clock.now() - self._picked_at < EXPECT_AFTER_PICKUP_S:
+        now = clock.now()
+        if now - self._picked_at < EXPECT_AFTER_PICKUP_S or now - self._suspect_at() < EXPECT_AFTER_SUSPECT_S:
             return True
-        return self._holdings.standing(self._keeper.session_id).under_target()
+        standing = self._holdings.standing(self._keeper.session_id)
+        fleet = standing.fleet
+        return standing.under_target() or (fleet is not None and bool(fleet.dead))
 
     async def poll_once(self) -> int:
         """Between renewals, while :meth:`expecting`: read our session item and pick up

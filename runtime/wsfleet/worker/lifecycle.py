@@ -213,6 +213,7 @@ class Worker:
             hints=self.hints,
             call=aws.call,
             log=self._log,
+            suspect_at=lambda: self.takeover.suspect_at,
         )
         self.intake = Intake(
             aws=aws,

@@ -114,6 +114,7 @@ class Takeover:
         self._ring_changes = 0
         self._ending: dict[str, asyncio.TimerHandle] = {}
         self._draining: set[str] = set()
+        self.suspect_at = float("-inf")  # clock.now() when a watched session last looked dead or came due to end
         self._empty: dict[str, int] = {}
         self._tasks: set[asyncio.Task] = set()
         self._free_seen: set[str] = set()  # FREE# at the previous count_unowned
@@ -193,6 +194,8 @@ class Takeover:
             self._ring_at = float("-inf")  # one is gone (TTL, or deleted by hand): look again
         now = self._clock_ms()
         drain, end = watch_plan(self.watched.values(), now_ms=now, timing=self._timing)
+        if drain or end:
+            self.suspect_at = clock.now()
         for session_id in drain:
             if session_id not in self._draining:
                 trace = tracing.valid_header(self._end_traces.get(session_id), where="session")
@@ -223,6 +226,7 @@ class Takeover:
 
     def _end_due(self, session_id: str) -> None:
         self._ending.pop(session_id, None)
+        self.suspect_at = clock.now()
         self._spawn(self.end_session(session_id), f"end:{session_id}")
 
     async def end_session(self, session_id: str) -> bool:
