@@ -758,13 +758,14 @@ def test_start_says_whether_it_left_the_connection_unowned_so_that_every_such_st
     assert store.start("c1", url) == Started(StartOutcome.CREATED, unowned=True)
     assert store.start("c1", url) == Started(StartOutcome.UNCHANGED, unowned=True)  # e.g. a retry of a lost answer
     store.acquire("c1", session_id="a#1", worker_id="a")
-    assert store.start("c1", url) == Started(StartOutcome.UNCHANGED, unowned=False)
+    assert store.start("c1", url) == Started(StartOutcome.UNCHANGED, unowned=False, fence_token=1)
     assert store.start("c1", url + "2") == Started(StartOutcome.CONFLICT, differs=(schema.WS_URL,))
     store.stop("c1", sessions=sessions)
-    assert store.start("c1", url) == Started(StartOutcome.RESTARTED, unowned=False)  # its owner hints it
+    assert store.start("c1", url) == Started(StartOutcome.RESTARTED, unowned=False, fence_token=1)  # its owner hints it
     store.stop("c1", sessions=sessions)
     store.release("c1", session_id="a#1", fence_token=1, last_seq=0, stopped=True)
-    assert store.start("c1", url) == Started(StartOutcome.RESTARTED, unowned=True)
+    # the fence as read: what the router's move of an unowned START is conditional on
+    assert store.start("c1", url) == Started(StartOutcome.RESTARTED, unowned=True, fence_token=1)
 
 
 def test_a_start_whose_put_landed_with_its_answer_lost_reads_unchanged_and_unowned(

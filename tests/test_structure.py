@@ -19,9 +19,10 @@ PACKAGES = {"wsfleet": ROOT / "runtime", "sim": ROOT, "bench": ROOT, "stacks": R
 MAX_LINES = 500
 # What the image and the functions ship: 14.4k lines after the redesign, 17.0k once the
 # socket budgets, the crash-loop breaker, the counts, the feed formats, the secrets rules
-# and the feed's health came in; 18.3k with the Firehose sink (raised to 18,500 for it).
+# and the feed's health came in; 18.3k with the Firehose sink (raised to 18,500 for it);
+# 18.5k with the router's way round a queue out of reach (raised to 18,550 for it).
 # A ceiling that makes growth a decision, not a target.
-MAX_PRODUCT_LINES = 18_500
+MAX_PRODUCT_LINES = 18_550
 # Who may import whom: the product stands alone; the stacks read the product's
 # declarations (names, settings); the simulator drives the product; the benchmarks drive both.
 MAY_IMPORT = {
@@ -39,7 +40,7 @@ RULES = {  # pure: no boto3, no asyncio, no I/O
     "metrics_names", "plan", "pointer", "upstream_feed", "upstream_secrets",
     "records", "schema", "settings_spec", "stack_outputs", "stream", "upstream_spec", "validation",
 }
-ADAPTERS = {"aws", "config", "logs", "proxy_tunnel", "sinks", "store", "tracing"}
+ADAPTERS = {"aws", "config", "logs", "proxy_tunnel", "sinks", "start_assign", "store", "tracing"}
 PROCESSES = {"cli", "consumer", "router", "worker"}
 FLOORS = {**dict.fromkeys(RULES, 1), **dict.fromkeys(ADAPTERS, 2), **dict.fromkeys(PROCESSES, 3), "__main__": 4}
 # What the worker image and the Lambda functions run, and the parts they leave out

@@ -42,6 +42,7 @@ from botocore.config import Config
 from . import credentials, message_pages, schema, tracing, upstream_spec
 from .config import RouterConfig
 from .settings_spec import ConfigError
+from .start_assign import tell_workers
 from .leases import released_at_fence
 from .logs import JsonLogger, route_stdlib_logging
 from .sinks import MessagesStore
@@ -135,7 +136,9 @@ class Router:
     ) -> None:
         """``s3``: the client that presigns data URLs [one built from ``config``]."""
         self._config = config
-        self._store = ConnectionsStore(ddb, config.table_name, state_shards=config.state_shards)
+        self._store = ConnectionsStore(
+            ddb, config.table_name, state_shards=config.state_shards, sessions_table_name=config.sessions_table_name
+        )
         self._sessions = SessionsStore(ddb, config.sessions_table_name)
         self._messages = MessagesStore(ddb, config.messages_table_name)
         self._sqs = sqs
@@ -272,7 +275,8 @@ class Router:
             # reads UNCHANGED, and the connection still waits for its first owner. One
             # still attached to an owner (restarted before its STOP's release) is hinted
             # by that owner when it releases it.
-            fields["hint_sent"] = self._send_hint(connection_id)
+            fields.update(tell_workers(self._sqs, self._config.queue_url, self._store, self._sessions, connection_id,
+                                       started.fence_token, self._log))
         body = {"connection_id": connection_id, "desired_state": schema.STARTED, "outcome": outcome.value}
         return _START_STATUS[outcome], body
 
@@ -350,21 +354,6 @@ class Router:
         return self._s3.generate_presigned_url(
             "get_object", Params={"Bucket": bucket, "Key": key}, ExpiresIn=message_pages.DATA_URL_SECONDS
         )
-
-    def _send_hint(self, connection_id: str) -> bool:
-        """Tell the workers now rather than at their next orphan scan. The desired state
-        is already stored, so a failure here is logged and otherwise ignored."""
-        trace_header = tracing.current_header()  # the taker's acquire continues this trace
-        try:
-            self._sqs.send_message(
-                QueueUrl=self._config.queue_url,
-                MessageBody=json.dumps({schema.HINT_CONNECTION_ID: connection_id}),
-                **schema.hint_trace_attributes(trace_header),
-            )
-        except Exception as exc:  # any failure: the reconciler is the real guarantee
-            self._log.warning("start_hint_failed", connection_id=connection_id, detail=f"{type(exc).__name__}: {exc}")
-            return False
-        return True
 
 
 # --- request parsing (pure) -------------------------------------------------------------

@@ -32,6 +32,7 @@ class StartOutcome(enum.Enum):
 class Started:
     outcome: StartOutcome
     unowned: bool = False  # STARTED and attached to no session: worth a hint
+    fence_token: int = 0  # its fence as read (or written): what a move of an unowned one is conditional on
     differs: tuple[str, ...] = ()  # on CONFLICT: the attributes that differ (schema.WS_URL, schema.UPSTREAM)
 
 
@@ -135,6 +136,7 @@ class DesiredState:
             if old is None:
                 continue  # deleted between our write and its failure: try again
             session = old.get(schema.LEASE_SESSION, "")
+            fence = int(old.get(schema.FENCE_TOKEN, 0))
             if old.get(schema.DESIRED_STATE) == schema.STARTED:
                 # An item written before upstream existed has none: the default, {}.
                 differs = tuple(
@@ -148,9 +150,9 @@ class DesiredState:
                 if differs:
                     return Started(StartOutcome.CONFLICT, differs=differs)
                 if schema.QUARANTINED not in old:
-                    return Started(StartOutcome.UNCHANGED, unowned=not session)
+                    return Started(StartOutcome.UNCHANGED, unowned=not session, fence_token=fence)
                 if self._clear_quarantine(connection_id, session, now):
-                    return Started(StartOutcome.RESTARTED, unowned=not session)
+                    return Started(StartOutcome.RESTARTED, unowned=not session, fence_token=fence)
                 continue  # it changed since we read it: the next put reads what it became
             update = "SET #s = :started, #w = :url, #u = :now" + (", #k = :free" if not session else "")
             update += ", #up = :upstream REMOVE #le, #lt" if wanted else " REMOVE #up, #le, #lt"
@@ -175,7 +177,7 @@ class DesiredState:
                 if not _condition_failed(exc):
                     raise
                 continue  # it changed since we read it: the next put reads what it became
-            return Started(StartOutcome.RESTARTED, unowned=not session)
+            return Started(StartOutcome.RESTARTED, unowned=not session, fence_token=fence)
         raise TransientError(f"start of {connection_id!r} kept losing races; try again")
 
     def _clear_quarantine(self, connection_id: str, session: str, now: int) -> bool:

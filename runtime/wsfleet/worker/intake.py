@@ -70,7 +70,8 @@ class Intake:
             # The queue is out of reach: a START sent meanwhile has no hint, and the free
             # scan is its only way in. The scan goes at its base pace (not its backed-off
             # one) until a poll gets through, so a START in an SQS outage waits at most one
-            # RECONCILE_SECONDS, not RECONCILE_BACKOFF_CAP of them.
+            # RECONCILE_SECONDS, not RECONCILE_BACKOFF_CAP of them. (A poll already waiting
+            # does not fail: the router moves such a START to a worker itself, start_assign.)
             self._takeover.note_work()
             raise
         messages = resp.get("Messages", [])
