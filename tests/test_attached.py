@@ -129,3 +129,45 @@ def test_a_stopped_connection_attached_with_no_runner_is_freed_by_the_audit(aws_
             assert item[schema.LEASE_SESSION] == "" and schema.OWNER_KEY not in item
 
     asyncio.run(scenario())
+
+
+def test_at_shutdown_what_no_runner_holds_is_freed_at_once_not_after_a_runner_slow_to_hand_over(
+    aws_env, stores, sessions, upstream
+):
+    # A runner whose handover takes long (a peer faster than its partition takes: its
+    # flush cannot finish) held up once what a drain had attached and never ran: it was
+    # freed only after the budget, with the rest at the end. Now at once, the session LIVE.
+    conns, _ = stores
+    conns.start("slow", upstream.url_for("slow"))
+    conns.start("stray", upstream.url_for("stray"))
+    sessions.open("other#1", worker_id="other", lease_ms=60_000, max_connections=10)
+    conns.acquire("stray", session_id="other#1", worker_id="other")  # never free: no scan of ours takes it
+    hold, held = threading.Event(), threading.Event()
+
+    def hold_the_slow_release(params, **_):
+        if "slow" in repr(params):
+            held.set()
+            hold.wait(15)
+
+    async def scenario():
+        cfg = config(aws_env, RECONCILE_SECONDS="60", SHUTDOWN_SECONDS="20")
+        async with running(cfg) as worker:
+            await eventually(lambda: "slow" in worker.holdings.runners, what="slow held")
+            session_id = worker.keeper.session_id
+            await asyncio.to_thread(
+                conns.acquire, "stray", session_id=session_id, worker_id="w1", expected_session="other#1"
+            )
+            for op in ("UpdateItem", "TransactWriteItems"):
+                worker.aws.dynamodb.meta.events.register(f"before-call.dynamodb.{op}", hold_the_slow_release)
+            worker.request_shutdown()
+            try:
+                await asyncio.to_thread(held.wait, 10)
+                await eventually(lambda: conns.get("stray")[schema.LEASE_SESSION] == "", what="stray freed")
+                assert sessions.get(session_id)["state"] == schema.LIVE  # the slow handover still going
+                assert conns.get("slow")[schema.LEASE_SESSION] == session_id
+            finally:
+                hold.set()
+            return session_id
+
+    asyncio.run(scenario())
+    assert reachable(conns, sessions, "stray")

@@ -72,16 +72,31 @@ class Attachments:
     async def leave_ring_when_clear(
         self, session_id: str, *, held: Callable[[str], bool], handed: Callable[[str], bool] = lambda _: False
     ) -> bool:
-        """After our own session ``session_id`` ENDED: free whatever is still attached to
-        it with no runner of ours (``held``) and not handed off to a peer that has yet to
-        take it (``handed``: its hint's taker, else the session's watchers, take it), and
-        leave the ring if nothing is. Returns True if it left the ring. Raises what the
+        """After our own session ``session_id`` ENDED: :meth:`free_unheld`, and leave the
+        ring if nothing is left attached. Returns True if it left the ring. Raises what the
         store raises (the caller bounds it by its budget); the session then stays in the
-        ring, which is always safe.
+        ring, which is always safe."""
+        left, handing, freed, checked = await self.free_unheld(session_id, held=held, handed=handed)
+        if left:
+            self._log.warning("session_left_in_ring", session_id=session_id, attached=len(left), handed=len(handing))
+            return False
+        if handing:
+            # The usual end of a SIGTERM: the last handoffs' takers are still on their way.
+            self._log.info("session_left_in_ring_for_its_handoffs", session_id=session_id, handed=len(handing))
+            return False
+        gone = await self._call(self._sessions.leave_ring, session_id)
+        self._log.info("session_left_ring", session_id=session_id, checked=checked, freed=freed, left_ring=gone)
+        return gone
 
-        The writes are on an ENDED session's behalf, as any drainer's: each free is
-        conditional on the connection still being attached to it, and nobody else can
-        hold such a connection."""
+    async def free_unheld(
+        self, session_id: str, *, held: Callable[[str], bool], handed: Callable[[str], bool] = lambda _: False
+    ) -> tuple[list[str], list[str], int, int]:
+        """Free (and hint) whatever is attached to our session ``session_id`` with no runner
+        of ours (``held``) and not handed off to a peer that has yet to take it (``handed``:
+        its hint's taker, else the session's watchers, take it). Returns (held, handed,
+        freed, checked). Each free is conditional on the connection still being attached to
+        the session, so it is safe while it is LIVE too (a leaving worker's first step) as
+        after it ENDED (then on its behalf, as any drainer's: nobody else can hold those)."""
         candidates = set(self._maybe) if session_id == self.session_id else set()
         # What others moved to us and we never picked up (we stopped picking up at
         # SIGTERM): attached to us, listed in the inbox of the session item, read now
@@ -107,13 +122,4 @@ class Attachments:
             if await self._call(self._connections.free_orphan, connection_id, dead_session=session_id):
                 freed += 1
                 await self._hints.hint(connection_id)
-        if left:
-            self._log.warning("session_left_in_ring", session_id=session_id, attached=len(left), handed=len(handing))
-            return False
-        if handing:
-            # The usual end of a SIGTERM: the last handoffs' takers are still on their way.
-            self._log.info("session_left_in_ring_for_its_handoffs", session_id=session_id, handed=len(handing))
-            return False
-        gone = await self._call(self._sessions.leave_ring, session_id)
-        self._log.info("session_left_ring", session_id=session_id, checked=len(candidates), freed=freed, left_ring=gone)
-        return gone
+        return left, handing, freed, len(candidates)

@@ -69,6 +69,7 @@ class Departure:
         it out of the ring if nothing is left attached
         (:meth:`.attached.Attachments.leave_ring_when_clear`), within ``budget_s``."""
         started = clock.now()
+        early = asyncio.ensure_future(self._free_early(self._keeper.session_id))
         await self.hand_over(paced_until=started + HANDOFF_PACED_SHARE * budget_s)
         pending = self._holdings.holders()
         if pending:
@@ -76,6 +77,7 @@ class Departure:
             _, late = await asyncio.wait(pending, timeout=max(0.1, left))
             if late:
                 self._log.warning("shutdown_budget_exceeded", unfinished=len(late))
+        await asyncio.wait([early], timeout=max(0.1, budget_s - (clock.now() - started)))
         session_id = self._keeper.session_id
         if session_id and self._keeper.lost_reason is None and await self._keeper.end():
             left = budget_s - (clock.now() - started)
@@ -90,6 +92,19 @@ class Departure:
                 )
             except Exception as exc:  # noqa: BLE001 - the session stays in the ring: its watchers drain it
                 self._log.warning("session_left_in_ring", session_id=session_id, error=f"{type(exc).__name__}: {exc}")
+
+    async def _free_early(self, session_id: str) -> None:
+        """The first step of leaving, beside the handovers: free and hint what is attached to
+        us that no runner holds or is taking (what a drain of ours attached before the
+        SIGTERM cut it short, moves we will not pick up), not after every handover: a runner
+        slow to flush took the whole budget once (a peer faster than its partition takes),
+        and three connections a drain had attached waited 9 s behind it."""
+        if not session_id or self._keeper.lost_reason is not None:
+            return
+        try:
+            await self._attachments.free_unheld(session_id, held=self._holdings.busy, handed=self._handoffs.pending)
+        except Exception as exc:  # noqa: BLE001 - the last step (leave_ring_when_clear) tries again
+            self._log.warning("early_free_failed", session_id=session_id, error=f"{type(exc).__name__}: {exc}")
 
     async def hint_handoffs_again(self, *, until: float, after: float) -> None:
         """The leaving worker's last step: ``after`` seconds past its last handoff's hint
