@@ -114,7 +114,7 @@ class Takeover:
         self._ring_changes = 0
         self._ending: dict[str, asyncio.TimerHandle] = {}
         self._draining: set[str] = set()
-        self.suspect_at = float("-inf")  # clock.now() when a watched session last looked dead or came due to end
+        self.suspect_at = float("-inf")  # clock.now() when a watched session last looked dead (its end planned) or came due
         self._empty: dict[str, int] = {}
         self._tasks: set[asyncio.Task] = set()
         self._free_seen: set[str] = set()  # FREE# at the previous count_unowned
@@ -194,7 +194,7 @@ class Takeover:
             self._ring_at = float("-inf")  # one is gone (TTL, or deleted by hand): look again
         now = self._clock_ms()
         drain, end = watch_plan(self.watched.values(), now_ms=now, timing=self._timing)
-        if drain or end:
+        if end:  # not drain: an ENDED session in the ring is mostly a leaver's, handing over by hints
             self.suspect_at = clock.now()
         for session_id in drain:
             if session_id not in self._draining:
