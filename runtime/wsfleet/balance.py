@@ -29,6 +29,9 @@ from . import schema
 from .leases import SessionTiming, Watched
 
 
+SUMMARY_MAX_AGE_MS = 60_000  # a summary older than this is not acted on (FleetLoad.fresh_at)
+
+
 @dataclass(frozen=True)
 class FleetLoad:
     """The fleet summary: what the last session of the ring last read of every session."""
@@ -60,6 +63,10 @@ class FleetLoad:
     def target(self, session_id: str, max_connections: int) -> int:
         """This worker's exact target: see :func:`target`."""
         return target(self, session_id, max_connections)
+
+    def fresh_at(self, now_ms: int) -> bool:
+        """Young enough to act on: an older summary's writer may be gone."""
+        return now_ms - self.at_ms <= SUMMARY_MAX_AGE_MS
 
     @property
     def max_deficit(self) -> int:

@@ -18,7 +18,6 @@ from .logs import JsonLogger
 from .store.moves import Moved
 
 CANDIDATES = 3  # sessions tried at most
-SUMMARY_MAX_AGE_MS = 60_000  # an older summary is not used (as the workers' own rule)
 
 
 def tell_workers(
@@ -48,7 +47,7 @@ def assign_unhinted(connections: Any, sessions: Any, connection_id: str, fence_t
     fresh summary or candidate, refused, or taken meanwhile: the free scan's)."""
     item = sessions.get(schema.FLEET_SUMMARY_ID, consistent=False)
     fleet = FleetLoad.from_item(item) if item else None
-    if fleet is None or now_ms - fleet.at_ms > SUMMARY_MAX_AGE_MS:
+    if fleet is None or not fleet.fresh_at(now_ms):
         return ""
     ranked = sorted(fleet.under, key=lambda s: (-fleet.under[s], s))
     if not ranked:

@@ -2,8 +2,8 @@
 
 Two roles bring it: the summarizer's own ring read (:meth:`.balancer.Balancer.summarize_once`)
 and every other worker's watch read (:meth:`.takeover.Takeover.watch_once`). The hint
-intake, the free scan and the balancer read it; one older than ``SUMMARY_MAX_AGE_MS`` is
-not acted on.
+intake, the free scan and the balancer read it; one older than
+:data:`wsfleet.balance.SUMMARY_MAX_AGE_MS` is not acted on.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from typing import Callable, Mapping
 
 from ..balance import FleetLoad
 from ..store import now_ms
-
-SUMMARY_MAX_AGE_MS = 60_000  # an older summary is not acted on (its writer may be gone)
 
 
 class FleetSummary:
@@ -36,6 +34,6 @@ class FleetSummary:
 
     def fresh(self) -> FleetLoad | None:
         fleet = self.fleet
-        if fleet is None or self._clock_ms() - fleet.at_ms > SUMMARY_MAX_AGE_MS:
+        if fleet is None or not fleet.fresh_at(self._clock_ms()):
             return None
         return fleet
