@@ -53,6 +53,10 @@ def test_a_500_kb_and_a_20_mb_frame_are_stored_whole_and_read_back_byte_for_byte
     async def scenario():
         async with running(cfg) as worker:
             await eventually(lambda: len(msgs.read_all("a")) == 5, timeout=60, what="five stored")
+            # Attempts, not uploads: on a loaded machine the 20 MB put can be refused before it
+            # is sent (the lease's deadline passed while the loop was busy) and tried again.
+            uploads_before_replay = worker.aws.requests["s3.PutObject"]
+            assert uploads_before_replay >= 2
             # A reconnect whose upstream replays from before the large frames: the replays
             # are dropped, nothing is uploaded again.
             upstream.replay_from("a", -4)
@@ -62,7 +66,7 @@ def test_a_500_kb_and_a_20_mb_frame_are_stored_whole_and_read_back_byte_for_byte
             await eventually(lambda: len(msgs.read_all("a")) == 6, timeout=30, what="the frame after the replay")
         # Read once it has stopped: a count is added after its batch is stored.
         assert worker.counters.total(names.LARGE_FRAMES) == 2
-        assert worker.aws.requests["s3.PutObject"] == 2
+        assert worker.aws.requests["s3.PutObject"] == uploads_before_replay
 
     asyncio.run(scenario())
     rows = {r["sk"]: r for r in msgs.read_all("a")}
