@@ -218,8 +218,9 @@ def stream_cell(bill: dict[str, Any] | None) -> str:
     if not bill or not bill["frames"]:
         return "-"
     n = bill.get("kinesis_records", bill.get("firehose_records"))
+    gzipped = f"; GZIP'd {bill['gzip_ratio']:.1f} times smaller" if bill.get("gzip_ratio") else ""
     return (f"{bill['records_per_message']:.3f} / {bill['bytes_per_message']:,.0f} / {bill['billed_kb_per_message']:.3f} "
-            f"({n:,} for {bill['frames']:,} frames)")
+            f"({n:,} for {bill['frames']:,} frames{gzipped})")
 
 
 def verdict(lv: dict[str, Any]) -> str:
@@ -282,7 +283,8 @@ def run(*, quick: bool, run_dir: Path, command: str) -> Result:
         "at most 500. Stream records per msg: kinesis, the stream read back after the row, each Kinesis record (an "
         "aggregate of a connection's frames of one flush, or one frame alone) rounded up to a KB for KB billed; "
         "firehose, the delivery stream's objects read back, each Firehose record (a call's lines, up to 1,000 KiB) "
-        "rounded up to 5 KB. CPU: median "
+        "rounded up to 5 KB, and how many times smaller GZIP makes every line delivered (the plan's --gzip-ratio). "
+        "CPU: median "
         "(min-max) over the window's stats intervals.",
         "The emulator is moto in one process: its Kinesis and DynamoDB speeds are not AWS's; CPU per message and "
         "requests per message are the worker's own.",

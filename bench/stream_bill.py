@@ -1,10 +1,13 @@
 """What a benchmark's messages stream holds, as Kinesis bills it: its Kinesis records
 (aggregates or plain), the frames' records in them, and per frame the Kinesis records,
 bytes and KB billed (each Kinesis record rounded up to a KB); and the same of the
-delivery stream's objects, as Firehose bills them (each record rounded up to 5 KB)."""
+delivery stream's objects, as Firehose bills them (each record rounded up to 5 KB), and
+how many times smaller GZIP makes their lines (the stacks' delivery stream GZIPs each
+object it writes; the plan's ``--gzip-ratio``)."""
 
 from __future__ import annotations
 
+import gzip
 import math
 from typing import Any
 
@@ -40,7 +43,9 @@ def delivery_bill(firehose: Any, s3: Any, delivery_stream: str) -> dict[str, Any
     of at most 1,000 KiB, filled in order: an object's records are its lines cut where the
     next would pass that size (:class:`wsfleet.sinks.firehose.DeliverySink`)."""
     n = frames = size = billed = 0
+    bodies = []
     for _, body in delivery_objects(firehose, s3, delivery_stream):
+        bodies.append(body)
         run_bytes = 0
         for line in body.splitlines(keepends=True):
             records.decode(line)  # every line a record of the stream's shape
@@ -55,4 +60,7 @@ def delivery_bill(firehose: Any, s3: Any, delivery_stream: str) -> dict[str, Any
         "records_per_message": n / frames if frames else None,
         "bytes_per_message": size / frames if frames else None,
         "billed_kb_per_message": billed / 1024 / frames if frames else None,
+        # Every line delivered, GZIP'd as one object (level 6), as a delivery stream's
+        # buffer of them is: its objects in the emulator are one call's lines each.
+        "gzip_ratio": size / len(gzip.compress(b"".join(bodies), 6)) if frames else None,
     }

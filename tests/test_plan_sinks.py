@@ -208,8 +208,20 @@ def test_plan_takes_the_flush_interval_and_refuses_one_the_worker_would_not(caps
     assert "must be a whole number from 0 to 10000 (FLUSH_INTERVAL_MS's bounds)" in capsys.readouterr().err
 
 
+def test_plan_prices_the_delivered_objects_at_the_gzip_ratio_it_is_given(capsys):
+    args = ["plan", "--connections", "1000", "--rate", "0.5", "--json"]
+    assert main(args, env={}) == 0
+    floor = json.loads(capsys.readouterr().out)["sinks"]["firehose"]
+    assert main([*args, "--gzip-ratio", "8"], env={}) == 0
+    json_feed = json.loads(capsys.readouterr().out)["sinks"]["firehose"]
+    assert floor["gzip_ratio"] == 2 and json_feed["gzip_ratio"] == 8
+    assert json_feed["month"]["storage"] == pytest.approx(floor["month"]["storage"] / 4)
+    assert main(["plan", "--connections", "10", "--gzip-ratio", "0.9"], env={}) == 2
+    assert "--gzip-ratio: must be 1 or more" in capsys.readouterr().err
+
+
 def test_firehose_bills_each_record_rounded_up_to_5_kb_and_a_longer_flush_shares_the_rounding():
-    from wsfleet.plan.firehose import GB, firehose_month, ingest_dollars, line_bytes
+    from wsfleet.plan.firehose import GB, GZIP_RATIO, firehose_month, ingest_dollars, line_bytes
     from wsfleet.plan.model import HOURS_PER_MONTH, S3_PRICES
     from wsfleet.plan.prices import FIREHOSE_PRICES
     from wsfleet.records import FIREHOSE_BUFFER_SECONDS as BUFFER_SECONDS
@@ -221,7 +233,17 @@ def test_firehose_bills_each_record_rounded_up_to_5_kb_and_a_longer_flush_shares
     m = alone["month"]
     assert m["ingest"] == pytest.approx(ingest_dollars(500 * 5 * 1024 * month_s / GB)) == pytest.approx(
         500 * 5 * 1024 * month_s / GB * 0.029)  # the first tier's price a GB
-    assert m["storage"] == pytest.approx(500 * alone["line_bytes"] * 30 * 86400 / GB * S3_PRICES["gb_month"])
+    # The objects are kept GZIP'd: the lines' bytes over the ratio (2 unless told).
+    assert GZIP_RATIO == 2 and alone["gzip_ratio"] == GZIP_RATIO
+    assert m["storage"] == pytest.approx(500 * alone["line_bytes"] / GZIP_RATIO * 30 * 86400 / GB * S3_PRICES["gb_month"])
+    json_feed = firehose_month(connections=1000, per_worker=1, rate=0.5, period_s=1e-6, record_bytes=437, ttl_days=30,
+                               gzip_ratio=8)
+    assert json_feed["month"]["storage"] == pytest.approx(m["storage"] / 4)
+    assert json_feed["stored_gb"] == pytest.approx(alone["stored_gb"] / 4)
+    assert {k: v for k, v in json_feed["month"].items() if k not in ("storage", "total")} == {
+        k: v for k, v in m.items() if k not in ("storage", "total")}
+    with pytest.raises(ValueError, match="a ratio of at least 1"):
+        firehose_month(connections=1000, per_worker=1, rate=0.5, period_s=1.0, record_bytes=437, ttl_days=30, gzip_ratio=0.5)
     # 1,000 connections at 256 B frames: far below a 128 MiB buffer, so one object per
     # connection bucket (64) every buffer interval.
     objects = 64 * month_s / BUFFER_SECONDS

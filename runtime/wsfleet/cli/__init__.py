@@ -24,10 +24,11 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from .. import __version__, schema, settings_spec
 from ..plan.sinks import DEFAULT_FRAME_BYTES, Consumer
+from ..plan.firehose import GZIP_RATIO as FIREHOSE_GZIP_RATIO
 from ..store import TransientError
 from . import apply as apply_mod
 from . import commands, completion, drain, render, run_report, upstream_flags
-from .arguments import _count, _flush_ms, _per_hour, _positive, _quota, _rate, _retention_hours, _seconds, _seq, _since
+from .arguments import _count, _flush_ms, _per_hour, _positive, _quota, _rate, _ratio, _retention_hours, _seconds, _seq, _since
 from .errors import CliError, aws_sentence
 
 PROG = "wsfleet"
@@ -359,6 +360,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--no-consumer", action="store_true", help="price the stream without the reference consumer (your own reader)"
+    )
+    plan.add_argument(
+        "--gzip-ratio", type=_ratio, default=FIREHOSE_GZIP_RATIO, metavar="X",
+        help="how many times smaller GZIP makes the delivery stream's objects (SINK=firehose), for their S3 storage "
+        f"[{FIREHOSE_GZIP_RATIO:g}: data that does not compress; JSON feeds 7-9, python -m bench sinks measures it]",
     )
     plan.add_argument("--flush-ms", type=_flush_ms, metavar="MS", help="the workers' FLUSH_INTERVAL_MS: a connection's "
                       "frames of one flush share one Kinesis record [the environment's flush_interval_ms]")

@@ -85,6 +85,13 @@ def _flush_ms(text: str) -> int:
     return int(value)
 
 
+def _ratio(text: str) -> float:
+    value = _number(text, "times")
+    if not 1 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 1 or more (what GZIP leaves is not larger than what it was given), got {text!r}")
+    return value
+
+
 def _seconds(text: str) -> float:
     value = _number(text, "seconds")
     if not 0 < value < float("inf"):

@@ -365,6 +365,7 @@ def plan(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         retention_hours=settings["stream_retention_hours"] if args.stream_retention_hours is None else args.stream_retention_hours,
         flush_ms=settings["flush_ms"] if args.flush_ms is None else args.flush_ms,
         consumer=consumer,
+        gzip_ratio=args.gzip_ratio,
     )
     if args.rate:
         # Every mode of keeping the messages, the environment's and the cheapest; the

@@ -234,8 +234,9 @@ def _delivery(h: Mapping[str, Any]) -> str:
         f"delivery stream (firehose): each frame a {h['line_bytes']} B line, a worker's lines of one flush (every connection's) in one "
         f"record: {h['records_per_message']:.3f} Firehose records and {h['billed_kb_per_message']:.2f} KB billed per "
         f"message (each record rounded up to 5 KB); ingest {m['ingest']:,.0f}, dynamic partitioning {m['partitioning']:,.0f}, "
-        f"S3 PUTs {m['s3_puts']:,.0f} ({h['objects_per_month']:,.0f} objects a month); ${h['per_message'] * 1e6:,.2f} per "
-        "million messages (JQ hours, S3 storage and Athena scans not priced)"
+        f"S3 PUTs {m['s3_puts']:,.0f} ({h['objects_per_month']:,.0f} objects a month), S3 storage {m['storage']:,.0f} "
+        f"({h['stored_gb']:,.0f} GB GZIP'd, {h['gzip_ratio']:g} times smaller than the lines: --gzip-ratio); "
+        f"${h['per_message'] * 1e6:,.2f} per million messages (JQ hours and Athena scans not priced)"
     )
 
 

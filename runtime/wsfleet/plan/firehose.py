@@ -7,7 +7,11 @@ worker's other lines of one flush (every connection's), into one Firehose record
 most 1,000 KiB and 500 lines; ingestion is billed per GB, in tiers by the month's volume,
 with **each record rounded up to 5 KB**; dynamic partitioning adds a charge per GB
 processed and per 1,000 S3 objects delivered; each object is an S3 PUT; the objects are
-kept for the message TTL (priced at the lines' own size: GZIP makes them smaller).
+kept for the message TTL, GZIP'd as the stacks' delivery stream writes them: priced at the
+lines' size over ``gzip_ratio`` (:data:`GZIP_RATIO`, 2: the floor measured for lines whose
+data does not compress at all, random bytes in base64, where the envelope of each line
+still does; JSON feeds' lines compress 7-9 times: ``python -m bench sinks`` measures it
+on what it delivered, ``wsfleet plan --gzip-ratio`` prices another).
 Firehose delivers one object per active partition (a day and a connection bucket: 64 a
 day) per buffer (``FIREHOSE_BUFFER_SECONDS``, or ``FIREHOSE_BUFFER_MIB`` of it, whichever
 first). Not priced: the JQ processing hours dynamic partitioning bills ($0.07 an hour of
@@ -32,6 +36,11 @@ from .prices import FIREHOSE_INGEST_TIERS_GB, FIREHOSE_PRICES, FIREHOSE_RECORD_R
 
 GB = 1 << 30
 MONTH_S = HOURS_PER_MONTH * 3600
+# A delivered object's lines over its GZIP'd size, when nothing better is known: lines of
+# 200 bytes of random base64 data (which does not compress) and the record's fields
+# around it, 10,000 of them GZIP'd at level 6: 2.04. Transcripts, trades and sensor
+# readings of 110-140 bytes of JSON: 7.0-9.0.
+GZIP_RATIO = 2.0
 
 
 def line_bytes(record_bytes: int) -> int:
@@ -67,13 +76,16 @@ def _packed(line: int, mean: float) -> tuple[float, float]:
 
 
 def firehose_month(*, connections: int, per_worker: int, rate: float, period_s: float, record_bytes: int,
-                   ttl_days: float) -> dict[str, Any]:
+                   ttl_days: float, gzip_ratio: float = GZIP_RATIO) -> dict[str, Any]:
     """$ per month of the delivery stream for ``connections`` sending ``rate`` frames a
     second whose stream record is ``record_bytes`` (:func:`.sinks.record_bytes` less the
     key): a worker's frames of one ``period_s`` flush (its ``per_worker`` connections'; a
     Poisson number of them, as :func:`.sinks.packing` counts them) packed into records
-    (one PutRecordBatch a flush), the objects kept ``ttl_days``; with the rates its quotas
-    are checked against (:func:`.modes.firehose`)."""
+    (one PutRecordBatch a flush), the objects kept ``ttl_days`` at ``gzip_ratio`` times
+    smaller than their lines; with the rates its quotas are checked against
+    (:func:`.modes.firehose`)."""
+    if not gzip_ratio >= 1:
+        raise ValueError(f"gzip_ratio {gzip_ratio!r}: GZIP'd lines are not larger than the lines (a ratio of at least 1)")
     line = line_bytes(record_bytes)
     records_pm, billed_pm = _packed(line, per_worker * rate * period_s)
     per_s = connections * rate
@@ -87,7 +99,7 @@ def firehose_month(*, connections: int, per_worker: int, rate: float, period_s: 
         "partitioning": bytes_s * MONTH_S / GB * FIREHOSE_PRICES["dynamic_partitioning_gb"]
         + objects_s * MONTH_S / 1000 * FIREHOSE_PRICES["per_1000_objects"],
         "s3_puts": objects_s * MONTH_S / 1000 * S3_PRICES["put_per_thousand"],
-        "storage": bytes_s * ttl_days * 86400 / GB * S3_PRICES["gb_month"],
+        "storage": bytes_s / gzip_ratio * ttl_days * 86400 / GB * S3_PRICES["gb_month"],
     }
     dollars["total"] = sum(dollars.values())
     return {
@@ -102,6 +114,8 @@ def firehose_month(*, connections: int, per_worker: int, rate: float, period_s: 
         "objects_per_s": objects_s,
         "objects_per_month": objects_s * MONTH_S,
         "gb_per_month": bytes_s * MONTH_S / GB,
+        "gzip_ratio": gzip_ratio,
+        "stored_gb": bytes_s / gzip_ratio * ttl_days * 86400 / GB,
         "per_message": dollars["total"] / (per_s * MONTH_S) if per_s else 0.0,
         "month": dollars,
     }

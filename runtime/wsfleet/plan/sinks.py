@@ -32,7 +32,7 @@ from typing import Any, Mapping
 from .. import aggregation, records, schema
 from ..stream import Frame
 from .corrections import corrected_ops
-from .firehose import firehose_month
+from .firehose import GZIP_RATIO, firehose_month
 from .fleet import fleet
 from .model import HOURS_PER_MONTH, PARTITION_WCU, TABLE_QUOTA, Measured, measured_shards
 from .prices import DYNAMODB_STORAGE_GB_MONTH, KINESIS_PRICES, KMS_PRICES, LAMBDA_PRICES, S3_PRICES
@@ -294,6 +294,7 @@ def sinks(
     retention_hours: float = 24,
     flush_ms: int = 100,
     consumer: Consumer | None = Consumer(),
+    gzip_ratio: float = GZIP_RATIO,
 ) -> dict[str, Any]:
     """Each sink's $ per month for ``connections`` receiving ``rate`` frames per second
     of ``frame_bytes`` each: holding (:func:`.fleet.fleet`), checkpoints, and the sink's
@@ -323,7 +324,7 @@ def sinks(
 
     stream, stream_both = stream_month(packed), stream_month(packed_both)
     hose = firehose_month(connections=connections, per_worker=per_worker, rate=rate, period_s=packed.period_s,
-                          record_bytes=rec - CONNECTION_ID_CHARS, ttl_days=ttl_days)
+                          record_bytes=rec - CONNECTION_ID_CHARS, ttl_days=ttl_days, gzip_ratio=gzip_ratio)
     out: dict[str, Any] = {}
     for name, parts in (
         (schema.SINK_DYNAMODB, {"dynamodb": table["month"]["total"]}),
