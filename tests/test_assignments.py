@@ -182,3 +182,6 @@ def test_between_renewals_the_session_item_is_read_only_while_moves_are_expected
     assert asyncio.run(assignments.poll_once()) == 1
     fleet[0] = SimpleNamespace(suspects=1, dead={})
     assert asyncio.run(assignments.poll_once()) == 0 and len(reads) == 2
+    # ... nor a graceful leaver's, ended holding none (its handoffs go by anonymous hints)
+    fleet[0] = SimpleNamespace(suspects=0, dead={"w8#1": 0})
+    assert asyncio.run(assignments.poll_once()) == 0 and len(reads) == 2

@@ -64,6 +64,21 @@ def test_a_drain_request_is_refused_for_an_ended_session_and_writes_no_item_for_
     assert sessions.get("nobody#1") is None  # an UpdateItem whose condition fails creates nothing
 
 
+def test_a_session_ended_by_its_own_worker_carries_what_it_still_held_for_the_summary(ddb, aws_env, sessions):
+    # A clean exit ends holding none: the summary lists it dead with 0, and no worker reads
+    # its inbox between renewals for it (worker.assignments); an end after the deadline
+    # passed still holds some, as a crash's session does; without a count the last
+    # renewal's stands.
+    clean, late, bare = (open_session(ddb, aws_env, w) for w in ("w1", "w2", "w3"))
+    for sid in (clean, late, bare):
+        sessions.renew(sid, lease_ms=60_000, active=7, max_connections=100)
+    assert sessions.end_own(clean, worker_id="w1", active=0)
+    assert sessions.end_own(late, worker_id="w2", active=5)
+    assert sessions.end_own(bare, worker_id="w3")
+    assert [sessions.get(sid)[schema.ACTIVE] for sid in (clean, late, bare)] == [0, 5, 7]
+    assert {sessions.get(sid)[schema.SESSION_STATE] for sid in (clean, late, bare)} == {schema.ENDED}
+
+
 # --- the worker's reaction ----------------------------------------------------------------------
 
 

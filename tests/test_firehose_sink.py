@@ -8,6 +8,7 @@ the same fence, only the refused records sent again."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import uuid
 import zlib
@@ -16,6 +17,7 @@ from collections import Counter
 import boto3
 import pytest
 
+from bench.stream_bill import delivery_bill
 from tests.conftest import own_emulator
 from wsfleet import clock, records, schema
 from wsfleet import metrics_names as names
@@ -26,7 +28,7 @@ from wsfleet.sinks.firehose import MAX_PUT_BYTES, MAX_RECORD_BYTES, connection_b
 from wsfleet.store import TransientError
 from wsfleet.stream import MAX_MESSAGE_BYTES, Frame, Problem, upstream_gap
 from wsfleet.worker.writer import Writer
-from sim.delivery_audit import read_delivery
+from sim.delivery_audit import delivery_objects, read_delivery
 from sim.emulator import faults, set_faults
 
 REGION = "us-east-1"
@@ -255,3 +257,16 @@ def test_with_the_table_too_each_call_is_in_both_and_a_new_owner_resumes_from_th
     assert [row["sk"] for row in table.read_all("a")] == list(range(1, 31))
     assert [r.seq for r in by_connection(firehose, s3, name)["a"]] == list(range(1, 31))
     assert both.stored_end("a", 10) == 10
+
+
+def test_the_benchmarks_bill_counts_the_delivered_lines_and_how_much_smaller_gzip_makes_them(delivery):
+    _, firehose, s3, name = delivery
+    sink = DeliverySink(firehose, name)
+    for n in (5, 7):  # two calls: two objects in the emulator, one record each
+        sink.put_many(interleaved(["a", "b", "c"], n, pad=150), worker_id="w-1")
+    bill = delivery_bill(firehose, s3, name)
+    lines = b"".join(body for _, body in delivery_objects(firehose, s3, name))
+    assert (bill["frames"], bill["firehose_records"]) == (36, 2)
+    assert bill["bytes_per_message"] == pytest.approx(len(lines) / 36)
+    assert bill["gzip_ratio"] == pytest.approx(len(lines) / len(gzip.compress(lines, 6)))
+    assert bill["gzip_ratio"] > 3  # "x" * 150 and the repeated fields

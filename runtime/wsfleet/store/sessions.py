@@ -177,25 +177,30 @@ class SessionsStore(_Table):
         )
         return new if new is not None else classify_end_failure(old)
 
-    def end_own(self, session_id: str, *, worker_id: str) -> bool:
+    def end_own(self, session_id: str, *, worker_id: str, active: int | None = None) -> bool:
         """End our own session: at a clean exit, or after our deadline passed. It stays in
         the watch ring: only :meth:`leave_ring` takes it out, once its connections are
         known to be gone (a session leaves the ring only when nothing is attached to it,
         and an acquisition may have landed without its worker learning of it).
+        ``active``: what the worker still holds as it ends (0 after a clean handover),
+        written with the end where the last renewal's count would otherwise stand: the
+        fleet summary lists an ENDED session in the ring as dead with this count, and
+        the workers read their inboxes between renewals only for a dead one that holds
+        some (its drain's moves), not for every graceful exit.
 
         Conditional on: LIVE. Returns False if it was ENDED already (or is gone)."""
         now = self._now_ms()
-        new, old = self._conditional_update(
-            session_id,
-            update="SET #st = :ended, #by = :me, #ttl = :ttl",
-            condition=cond.SESSION_LIVE,
-            values={
-                ":ended": schema.ENDED,
-                ":live": schema.LIVE,
-                ":me": worker_id,
-                ":ttl": now // 1000 + schema.ENDED_SESSION_TTL_S,
-            },
-        )
+        values = {
+            ":ended": schema.ENDED,
+            ":live": schema.LIVE,
+            ":me": worker_id,
+            ":ttl": now // 1000 + schema.ENDED_SESSION_TTL_S,
+        }
+        update = "SET #st = :ended, #by = :me, #ttl = :ttl"
+        if active is not None:
+            update += ", #a = :active"
+            values[":active"] = int(active)
+        new, old = self._conditional_update(session_id, update=update, condition=cond.SESSION_LIVE, values=values)
         return new is not None
 
     def leave_ring(self, session_id: str) -> bool:

@@ -38,7 +38,8 @@ Call = Callable[..., Awaitable[Any]]
 
 # While moves are likely on their way to us (under our target by the summary: a join's
 # newcomer, a survivor of a crash; a session we watch looks dead or came due to end, or the
-# summary lists a dead one: its watchers move its connections to the fleet, to us too; not
+# summary lists a dead one that holds connections: its watchers move them to the fleet, to
+# us too; not a graceful leaver's, ended holding none; not
 # the summary's suspects, which a slow renewal anywhere in a large fleet makes; or we
 # picked one up lately) the session item is read
 # this often between renewals, so that a move waits a fraction of a heartbeat, not a
@@ -102,7 +103,11 @@ class Assignments:
             return True
         standing = self._holdings.standing(self._keeper.session_id)
         fleet = standing.fleet
-        return standing.under_target() or (fleet is not None and bool(fleet.dead))
+        # A dead session the summary lists with connections still on it: its drain's moves.
+        # Not a graceful leaver's, ended holding none (its handoffs go by anonymous hints):
+        # read for every exit, the reads of every worker for the summary's life slowed the
+        # handoffs they waited behind on the one-lock emulator.
+        return standing.under_target() or (fleet is not None and any(n > 0 for n in fleet.dead.values()))
 
     async def poll_once(self) -> int:
         """Between renewals, while :meth:`expecting`: read our session item and pick up

@@ -271,7 +271,9 @@ class SessionKeeper:
         it is ENDED now."""
         for attempt in range(3):
             try:
-                ended = await self._call(self._sessions.end_own, self.session_id, worker_id=self.worker_id)
+                ended = await self._call(
+                    self._sessions.end_own, self.session_id, worker_id=self.worker_id, active=self._active()
+                )
                 break
             except TransientError as exc:
                 self._log.warning("session_end_failed", session_id=self.session_id, error=str(exc), attempt=attempt)
