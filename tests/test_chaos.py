@@ -239,6 +239,25 @@ def test_a_connection_not_taken_over_within_the_bound_or_never_is_a_recovery_vio
     assert kind_summary(check(never, [kill], ops, TIMING).recoveries)["kill"]["over_bound"] == 1
 
 
+def test_a_graceful_handoff_is_timed_from_its_old_sockets_close_and_the_whole_handover_is_kept_beside():
+    # The leaver hands over a few at a time: "a" kept its socket (and its frames stored)
+    # 3 s after the SIGTERM, then was without one for 0.4 s; "b" was without one for 4 s.
+    term = Applied(1, "term", T0 + 1.0, victim="w1", affected={"a": T0 + 1.0, "b": T0 + 1.0})
+    sockets = {
+        "a": [SocketRecord(1, "a", "p", "/", 1, T0, T0 + 4.0), SocketRecord(2, "a", "p", "/", 5, T0 + 4.4, T0 + 30)],
+        "b": [SocketRecord(3, "b", "p", "/", 1, T0, T0 + 1.5), SocketRecord(4, "b", "p", "/", 5, T0 + 5.5, T0 + 30)],
+    }
+    ops = [OPS[0], Op(T0, "START", "b", 202), Op(T0 + 29.0, "STOP", "a", 202), Op(T0 + 29.0, "STOP", "b", 202)]
+    verdict = check(evidence(sockets=sockets, end_t=T0 + 40), [term], ops, TIMING)
+    (r,) = verdict.recoveries
+    assert r.took_s == pytest.approx({"a": 0.4, "b": 4.0}) and r.since_signal_s == pytest.approx(4.5)
+    assert [v.what for v in verdict.violations if v.kind == "slow_recovery"] == ["b"]  # 4 s over the 3.5 s bound
+    # A kill counts from the signal: its socket is gone with the process.
+    kill = Applied(1, "kill", T0 + 1.0, victim="w1", victim_session_age_s=300.0, affected={"a": T0 + 1.0})
+    (k,) = check(evidence(sockets=sockets, end_t=T0 + 40), [kill], ops, TIMING).recoveries
+    assert k.took_s == pytest.approx({"a": 3.4}) and k.since_signal_s is None
+
+
 def test_a_start_is_done_when_a_new_socket_opens_or_the_owner_kept_its_socket_open():
     # Seed 300750, #33 storm: the STOP before the START never reached the owner, which
     # kept its socket; that socket is the connection, whole again at once.

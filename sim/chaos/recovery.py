@@ -4,7 +4,13 @@ the fault's bound. Pure functions over the evidence and the history.
 "Whole" depends on the fault. After a takeover (kill, SIGSTOP, SIGTERM, the clock swap,
 SIGTERM during a drain or a START burst, a close the upstream stalls) or a dropped or
 oversized socket (or one dropped to replay from another seq), or a START with a new
-url: a new socket on the connection's streams, the upstream's books say when. After a
+url: a new socket on the connection's streams, the upstream's books say when. A
+graceful handoff (SIGTERM or the clock swap, a replacement up) is timed from the close
+of the socket that was open at the SIGTERM, not from the SIGTERM: the leaver hands its
+connections over a few at a time, each socket open and its frames stored until its own
+turn (``worker.shutdown.HANDOFF_CONCURRENCY``), so the connection is whole until then
+and the time without a socket is its gap; from the SIGTERM, the last of 21 waited 3.6 s
+with its socket up (:func:`since_signal` keeps that figure for the report). After a
 START (storm, SQS outage): a new socket, or owned by a live session with one socket
 open (its owner may have kept it). After a stall or a slow stream: its socket has been
 sent everything produced until the fault healed. After a DynamoDB fault (ambiguous
@@ -28,6 +34,7 @@ TAKEOVERS = (
     "kill", "pause", "term", "clock", "drop", "oversize", "replay_offset", "drain_term", "burst_term", "close_stall", "flip",
 )
 STARTS = ("storm", "sqs_outage")  # timed from a START
+GRACEFUL = ("term", "clock")  # timed from the close of the socket open at the SIGTERM
 CATCH_UP = ("stall", "slow")
 
 
@@ -38,6 +45,7 @@ class Recovery:
     applied: Applied
     bound_s: float
     took_s: dict[str, float | None]
+    since_signal_s: float | None = None  # a graceful handoff's whole handover (see GRACEFUL)
 
     @property
     def done(self) -> list[float]:
@@ -70,8 +78,11 @@ def bound_for(a: Applied, bounds: Bounds) -> float:
 def recovery(a: Applied, ev: Evidence, bounds: Bounds, slack_s: float, times: Sequence[float]) -> Recovery:
     took: dict[str, float | None] = {}
     for cid, ref in a.affected.items():
-        opened = [s.opened_at - ref for s in ev.sockets_of(cid) if s.opened_at >= ref]
-        if a.kind in TAKEOVERS:
+        sockets = ev.sockets_of(cid)
+        opened = [s.opened_at - ref for s in sockets if s.opened_at >= ref]
+        if a.kind in GRACEFUL and opened:
+            took[cid] = max(0.0, min(opened) - _open_until(sockets, ref))
+        elif a.kind in TAKEOVERS:
             # A new socket: the victim's (killed, frozen, leaving) or the dropped one is gone.
             took[cid] = min(opened) if opened else None
         elif a.kind in STARTS:
@@ -82,7 +93,25 @@ def recovery(a: Applied, ev: Evidence, bounds: Bounds, slack_s: float, times: Se
             took[cid] = 0.0  # the socket must simply stay up: see malformed_closed
         else:
             took[cid] = _first_whole(ev.snapshots, times, ref, cid, caught_up=a.kind in CATCH_UP)
-    return Recovery(a, bound_for(a, bounds) + slack_s, took)
+    return Recovery(a, bound_for(a, bounds) + slack_s, took, since_signal(a, ev))
+
+
+def _open_until(sockets: Sequence, ref: float) -> float:
+    """Seconds from ``ref`` to the close of the last socket open at ``ref`` (0 if none
+    was, or it is still open: then the new socket's time counts from ``ref``)."""
+    closes = [s.closed_at for s in sockets if s.opened_at < ref and s.closed_at is not None and s.closed_at > ref]
+    still_open = any(s.opened_at < ref and s.closed_at is None for s in sockets)
+    return max(closes) - ref if closes and not still_open else 0.0
+
+
+def since_signal(a: Applied, ev: Evidence) -> float | None:
+    """A graceful handoff's last connection, from the SIGTERM to its new socket (its
+    recovery counts only the gap): the leaver's whole handover."""
+    if a.kind not in GRACEFUL or not a.affected:
+        return None
+    times = [min((s.opened_at - ref for s in ev.sockets_of(cid) if s.opened_at >= ref), default=None)
+             for cid, ref in a.affected.items()]
+    return None if None in times else max(times)
 
 
 def _first_whole(

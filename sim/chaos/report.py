@@ -39,9 +39,13 @@ def render(
             f"{kind:<13} {k['faults']:>6} {k['connections']:>6} {fmt_s(k['p50_s']):>8} {fmt_s(k['max_s']):>8} "
             f"{fmt_s(k['bound_s']):>8}  {k['over_bound']}"
         )
+    handovers = sorted(r.since_signal_s for r in verdict.recoveries if r.since_signal_s is not None)
     t = verdict.totals
     lines += [
         f"{'total':<13} {len(verdict.recoveries):>6}",
+        *([f"(term, clock: each connection's gap, from its old socket's close to its new one; from the SIGTERM to "
+           f"the last new socket, the whole handover: p50 {fmt_s(handovers[len(handovers) // 2])}, "
+           f"max {fmt_s(handovers[-1])})"] if handovers else []),
         "",
         "== data",
         f"upstream produced {t['produced']} frames; {t['stored']} rows stored; {t['sockets']} sockets opened; "
@@ -136,6 +140,7 @@ def as_json(
                     "bound_s": round(bound_for(r.applied, bounds), 3),
                     "recovery_s": r.time_s,
                     "took_s": r.took_s,
+                    "since_signal_s": r.since_signal_s,
                     "cpu_cores": cores(r),
                 }
                 for r in verdict.recoveries
