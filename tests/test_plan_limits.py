@@ -89,6 +89,13 @@ def test_the_limits_match_a_hand_computed_fleet():
     ring = _by(r, "crash", "partition sessions.by_ring RING: writes, the dead ended and the takers' counts changed")
     assert ring["used"] == pytest.approx(4 + 90 * (1 - math.exp(-1000 / 90)) / (2.5 * 1.09))
     assert _by(r, "crash", "task launches per minute to replace the crashed")["used"] == 10
+    # Each of the 90 survivors reads its own session item 4 times a second while the moves
+    # come (no partition near its limit: one item each): 360/s on top of the sessions
+    # table's steady 29.17 (watch 25 + #fleet 4.17), against the 12,000 a new on-demand table
+    # absorbs; a zone lost leaves 50 readers: 200/s.
+    inbox = "sessions: reads absorbed at once, every survivor reading its inbox between renewals (warm throughput)"
+    assert (_by(r, "crash", inbox)["used"], _by(r, "crash", inbox)["limit"]) == (pytest.approx(389.1667, rel=1e-4), 12_000)
+    assert _by(r, "zone_lost", inbox)["used"] == pytest.approx(229.1667, rel=1e-4)
     # Scale-in of 10 %: 1,000 handed to named peers within 4 s = 250/s: each key moved
     # once, session to session (2 index writes, no FREE# entry): 500/s; the release (1 WRU)
     # and the taker's transactional acquire (2): 750 WRU/s.
@@ -161,13 +168,18 @@ def test_a_raised_quota_moves_the_limit_it_names_and_an_unknown_one_is_refused()
            "owner_index_warm": {"read": 12_000, "write": 40_000}}
     ecs = {"tasks_per_service": 30_000, "task_launches_per_minute": 2_000}
     r = plan_limits.evaluate(MEASURED, big, connections=1_000_000, upstream_addresses=20, quotas=ecs)
+    # 10,000 workers: a crash's 9,000 survivors reading their inboxes 4 times a second are
+    # 36,000 reads a second of the sessions table, 3x what a new table absorbs at once (a
+    # zone's 5,000: 20,000), the first limit; no quota moves it, fewer workers do.
+    inbox = "sessions: reads absorbed at once, every survivor reading its inbox between renewals (warm throughput)"
+    assert (r["first_limit"], r["first_limit_scenario"]) == (inbox, "crash")
+    assert r["exceeded"][:2] == [f"{inbox} (crash)", f"{inbox} (zone_lost)"]
     # The scale-in: 100,000 handed over in 4 s = 25,000/s, 3 WRU each = 75,000/s in the
     # table, 1.875x 40,000; then the crash's 25,000 acquires/s at 2 WRU and 2 index writes:
     # 50,000/s each, and the scale-in's 2 index writes per move.
-    assert (r["first_limit"], r["first_limit_scenario"]) == ("connections: writes (table quota)", "scale_in")
-    assert set(r["exceeded"][:2]) == {"connections: writes (table quota) (scale_in)",
-                                      "connections: writes absorbed at once (warm throughput) (scale_in)"}
-    assert set(r["exceeded"][2:]) == {"connections: writes (table quota) (crash)",
+    assert set(r["exceeded"][2:4]) == {"connections: writes (table quota) (scale_in)",
+                                       "connections: writes absorbed at once (warm throughput) (scale_in)"}
+    assert set(r["exceeded"][4:]) == {"connections: writes (table quota) (crash)",
                                       "connections: writes absorbed at once (warm throughput) (crash)",
                                       "connections.by_owner: writes (index quota) (crash)",
                                       "connections.by_owner: writes absorbed at once (warm throughput) (crash)",

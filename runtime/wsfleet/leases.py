@@ -239,6 +239,11 @@ def move_already_landed(old: Mapping | None, *, to_session: str, fence_token: in
     )
 
 
+# While moves are likely on their way (worker.assignments), a worker reads its own session
+# item this often between renewals (1 read unit, its own item); the plan counts a crash's
+# survivors all reading at once.
+INBOX_POLL_S = 0.25
+
 # --- reachability ----------------------------------------------------------------------
 
 

@@ -182,11 +182,9 @@ class SessionsStore(_Table):
         the watch ring: only :meth:`leave_ring` takes it out, once its connections are
         known to be gone (a session leaves the ring only when nothing is attached to it,
         and an acquisition may have landed without its worker learning of it).
-        ``active``: what the worker still holds as it ends (0 after a clean handover),
-        written with the end where the last renewal's count would otherwise stand: the
-        fleet summary lists an ENDED session in the ring as dead with this count, and
-        the workers read their inboxes between renewals only for a dead one that holds
-        some (its drain's moves), not for every graceful exit.
+        ``active``: what the worker still holds (0 after a clean handover), in place of
+        the last renewal's count: the summary lists the ENDED session as dead with it, and
+        workers read their inboxes between renewals only for a dead one holding some.
 
         Conditional on: LIVE. Returns False if it was ENDED already (or is gone)."""
         now = self._now_ms()

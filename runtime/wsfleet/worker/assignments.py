@@ -26,6 +26,7 @@ import asyncio
 from typing import Any, Awaitable, Callable
 
 from .. import clock, schema
+from ..leases import INBOX_POLL_S
 from ..logs import JsonLogger
 from ..store import ConnectionsStore, SessionsStore
 from .acquisition import Acquisition
@@ -44,7 +45,7 @@ Call = Callable[..., Awaitable[Any]]
 # picked one up lately) the session item is read
 # this often between renewals, so that a move waits a fraction of a heartbeat, not a
 # whole one (a strongly consistent GetItem: 1 read unit, only while expecting).
-POLL_S = 0.25
+POLL_S = INBOX_POLL_S
 EXPECT_AFTER_PICKUP_S = 4.0  # moves come in bursts: keep reading this long after one
 # ... and this long after a watched session looked dead or came due to end (its end, a race
 # lost to another watcher, and the drain's moves take a few seconds)
@@ -103,10 +104,7 @@ class Assignments:
             return True
         standing = self._holdings.standing(self._keeper.session_id)
         fleet = standing.fleet
-        # A dead session the summary lists with connections still on it: its drain's moves.
-        # Not a graceful leaver's, ended holding none (its handoffs go by anonymous hints):
-        # read for every exit, the reads of every worker for the summary's life slowed the
-        # handoffs they waited behind on the one-lock emulator.
+        # A dead session the summary lists holding connections (not a graceful leaver's: 0).
         return standing.under_target() or (fleet is not None and any(n > 0 for n in fleet.dead.values()))
 
     async def poll_once(self) -> int:
