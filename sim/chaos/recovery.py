@@ -10,7 +10,7 @@ of the socket that was open at the SIGTERM, not from the SIGTERM: the leaver han
 connections over a few at a time, each socket open and its frames stored until its own
 turn (``worker.shutdown.HANDOFF_CONCURRENCY``), so the connection is whole until then
 and the time without a socket is its gap; from the SIGTERM, the last of 21 waited 3.6 s
-with its socket up (:func:`since_signal` keeps that figure for the report). After a
+with its socket up (``Recovery.since_signal_s`` keeps that figure for the report). After a
 START (storm, SQS outage): a new socket, or owned by a live session with one socket
 open (its owner may have kept it). After a stall or a slow stream: its socket has been
 sent everything produced until the fault healed. After a DynamoDB fault (ambiguous
@@ -77,9 +77,12 @@ def bound_for(a: Applied, bounds: Bounds) -> float:
 
 def recovery(a: Applied, ev: Evidence, bounds: Bounds, slack_s: float, times: Sequence[float]) -> Recovery:
     took: dict[str, float | None] = {}
+    since_signal: list[float | None] = []  # a graceful handoff's, each from the SIGTERM
     for cid, ref in a.affected.items():
         sockets = ev.sockets_of(cid)
         opened = [s.opened_at - ref for s in sockets if s.opened_at >= ref]
+        if a.kind in GRACEFUL:
+            since_signal.append(min(opened) if opened else None)
         if a.kind in GRACEFUL and opened:
             took[cid] = max(0.0, min(opened) - _open_until(sockets, ref))
         elif a.kind in TAKEOVERS:
@@ -93,7 +96,8 @@ def recovery(a: Applied, ev: Evidence, bounds: Bounds, slack_s: float, times: Se
             took[cid] = 0.0  # the socket must simply stay up: see malformed_closed
         else:
             took[cid] = _first_whole(ev.snapshots, times, ref, cid, caught_up=a.kind in CATCH_UP)
-    return Recovery(a, bound_for(a, bounds) + slack_s, took, since_signal(a, ev))
+    whole = max(since_signal) if since_signal and None not in since_signal else None
+    return Recovery(a, bound_for(a, bounds) + slack_s, took, whole)
 
 
 def _open_until(sockets: Sequence, ref: float) -> float:
@@ -102,16 +106,6 @@ def _open_until(sockets: Sequence, ref: float) -> float:
     closes = [s.closed_at for s in sockets if s.opened_at < ref and s.closed_at is not None and s.closed_at > ref]
     still_open = any(s.opened_at < ref and s.closed_at is None for s in sockets)
     return max(closes) - ref if closes and not still_open else 0.0
-
-
-def since_signal(a: Applied, ev: Evidence) -> float | None:
-    """A graceful handoff's last connection, from the SIGTERM to its new socket (its
-    recovery counts only the gap): the leaver's whole handover."""
-    if a.kind not in GRACEFUL or not a.affected:
-        return None
-    times = [min((s.opened_at - ref for s in ev.sockets_of(cid) if s.opened_at >= ref), default=None)
-             for cid, ref in a.affected.items()]
-    return None if None in times else max(times)
 
 
 def _first_whole(

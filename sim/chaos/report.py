@@ -4,6 +4,7 @@ bounds, the data, every violation, and how to replay the run. Pure rendering."""
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
@@ -44,7 +45,7 @@ def render(
     lines += [
         f"{'total':<13} {len(verdict.recoveries):>6}",
         *([f"(term, clock: each connection's gap, from its old socket's close to its new one; from the SIGTERM to "
-           f"the last new socket, the whole handover: p50 {fmt_s(handovers[len(handovers) // 2])}, "
+           f"the last new socket, the whole handover: p50 {fmt_s(statistics.median(handovers))}, "
            f"max {fmt_s(handovers[-1])})"] if handovers else []),
         "",
         "== data",

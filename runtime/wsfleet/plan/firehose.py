@@ -94,12 +94,13 @@ def firehose_month(*, connections: int, per_worker: int, rate: float, period_s: 
     bytes_s = per_s * line
     objects_s = partitions * max(1 / FIREHOSE_BUFFER_SECONDS, bytes_s / partitions / (FIREHOSE_BUFFER_MIB << 20)) \
         if per_s else 0.0
+    stored_gb = bytes_s / gzip_ratio * ttl_days * 86400 / GB
     dollars = {
         "ingest": ingest_dollars(per_s * billed_pm * MONTH_S / GB),
         "partitioning": bytes_s * MONTH_S / GB * FIREHOSE_PRICES["dynamic_partitioning_gb"]
         + objects_s * MONTH_S / 1000 * FIREHOSE_PRICES["per_1000_objects"],
         "s3_puts": objects_s * MONTH_S / 1000 * S3_PRICES["put_per_thousand"],
-        "storage": bytes_s / gzip_ratio * ttl_days * 86400 / GB * S3_PRICES["gb_month"],
+        "storage": stored_gb * S3_PRICES["gb_month"],
     }
     dollars["total"] = sum(dollars.values())
     return {
@@ -115,7 +116,7 @@ def firehose_month(*, connections: int, per_worker: int, rate: float, period_s: 
         "objects_per_month": objects_s * MONTH_S,
         "gb_per_month": bytes_s * MONTH_S / GB,
         "gzip_ratio": gzip_ratio,
-        "stored_gb": bytes_s / gzip_ratio * ttl_days * 86400 / GB,
+        "stored_gb": stored_gb,
         "per_message": dollars["total"] / (per_s * MONTH_S) if per_s else 0.0,
         "month": dollars,
     }

@@ -269,12 +269,12 @@ def evaluate(
               burst["crash"]["ring_writes_per_s"], PARTITION_WCU, ring_fix))
     add(Check("partition sessions <session> (a taker's item): writes, its inbox of moves filled", "crash",
               burst["crash"]["inbox_units_per_s"], PARTITION_WCU, inbox_fix))
-    add(_inbox_reads(holding, settings, survivors, "crash"))
+    add(_inbox_reads(holding, survivors, "crash"))
     add(Check("connections per surviving worker", "crash", connections / survivors, settings["max_per_worker"],
               "target_connections_per_worker (more headroom below MAX_CONNECTIONS)"))
     add(Check("task launches per minute to replace the crashed", "crash", crashed * 60 / RELAUNCH_WITHIN_S,
               launches_quota, "target_connections_per_worker (fewer tasks)"))
-    add(_inbox_reads(holding, settings, max(1, workers - math.ceil(workers / 2)), "zone_lost"))
+    add(_inbox_reads(holding, max(1, workers - burst["zone_lost"]["dead"]), "zone_lost"))
     _zone_checks(add, burst["zone_lost"], settings, workers=workers, connections=connections, quota=quota,
                  table_quota=table_quota, steady_conn_w=steady_conn_w,
                  steady_owner_w=steady_owner_w, ring_fix=ring_fix, inbox_fix=inbox_fix)
@@ -367,14 +367,14 @@ def _zone_checks(add: Any, zone: Mapping[str, Any], settings: Mapping[str, Any],
               "target_connections_per_worker (more headroom below MAX_CONNECTIONS), or max_connections_per_worker"))
 
 
-def _inbox_reads(holding: Mapping[str, Any], settings: Mapping[str, Any], survivors: int, scenario: str) -> Check:
+def _inbox_reads(holding: Mapping[str, Any], survivors: int, scenario: str) -> Check:
     """Every survivor reading its session item between renewals while the dead sessions'
     moves come (``INBOX_POLL_S``; each its own item, so no partition is near its limit),
     on top of the sessions table's steady reads, against what a new on-demand table
     absorbs at once (the stacks set no warm throughput for the sessions table)."""
     steady = holding["tables"].get("sessions", {}).get("rru", 0.0)
     return Check("sessions: reads absorbed at once, every survivor reading its inbox between renewals (warm throughput)",
-                 scenario, steady + survivors / INBOX_POLL_S, _warm(settings, "sessions_warm", "read"),
+                 scenario, steady + survivors / INBOX_POLL_S, DEFAULT_WARM_READS,
                  "fewer, larger tasks (target_connections_per_worker): the stacks set no warm throughput for the sessions table")
 
 
