@@ -83,6 +83,7 @@ import json
 import signal
 import sys
 import threading
+import time
 import urllib.request
 from typing import Any, Callable, Iterable, Mapping
 
@@ -169,10 +170,11 @@ class SerializedDynamoDB:
         return body
 
 
-def build_app(*, partition_writes_per_s: float = 0) -> WSGIApp:
+def build_app(*, partition_writes_per_s: float = 0, partition_clock: Callable[[], float] = time.monotonic) -> WSGIApp:
     """moto behind the ledger (outermost: it sees every request), the journal's control
     path, the fault switch, each partition's write limit (:mod:`.emulator_partitions`,
-    off at 0) and the lock that serialises DynamoDB (and journals it)."""
+    off at 0, its buckets refilled by ``partition_clock``) and the lock that serialises
+    DynamoDB (and journals it)."""
     from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
     _partition_queries()
@@ -182,7 +184,7 @@ def build_app(*, partition_writes_per_s: float = 0) -> WSGIApp:
     _batches_keep_system_attributes()
     book = Journal()
     serialized = SerializedDynamoDB(DomainDispatcherApplication(create_backend_app), book)
-    return RequestLedger(book(Faults(PartitionWrites(serialized, partition_writes_per_s))))
+    return RequestLedger(book(Faults(PartitionWrites(serialized, partition_writes_per_s, clock=partition_clock))))
 
 
 def _post(url: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -267,10 +269,12 @@ class Emulator:
     """moto server on a free loopback port, in a background thread of this process.
     ``freeze_gc``: run :func:`freeze_survivors` beside it (the standalone server does;
     an emulator embedded in a test process leaves that process's collector alone).
-    ``partition_writes_per_s``: each partition's write limit (:mod:`.emulator_partitions`)."""
+    ``partition_writes_per_s``: each partition's write limit (:mod:`.emulator_partitions`);
+    ``partition_clock``: what refills its buckets (a test's own clock, to be exact)."""
 
     def __init__(
-        self, host: str = "127.0.0.1", port: int = 0, *, freeze_gc: bool = False, partition_writes_per_s: float = 0
+        self, host: str = "127.0.0.1", port: int = 0, *, freeze_gc: bool = False, partition_writes_per_s: float = 0,
+        partition_clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from moto.moto_server.werkzeug_app import MotoRequestHandler
 
@@ -278,7 +282,7 @@ class Emulator:
             def log_request(self, *args: Any, **kwargs: Any) -> None:
                 """One line per request would drown the fleet's own logs."""
 
-        app = build_app(partition_writes_per_s=partition_writes_per_s)
+        app = build_app(partition_writes_per_s=partition_writes_per_s, partition_clock=partition_clock)
         self._server = make_server(host, port, app, threaded=True, request_handler=QuietHandler)
         # Stops within 50 ms (the local API's interval too): tests start and stop many.
         self._thread = threading.Thread(

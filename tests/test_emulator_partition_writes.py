@@ -86,18 +86,21 @@ def test_other_operations_and_a_limit_of_zero_pass_untouched():
 
 @pytest.fixture(scope="module")
 def limited():
-    """An emulator whose partitions take 10 items a second, and its resources' env."""
-    with Emulator(partition_writes_per_s=10) as emu:
+    """An emulator whose partitions take 10 items a second, the clock that refills them
+    (a list the test moves: a loaded machine's pause between two requests refills
+    nothing), and its resources' env."""
+    now = [100.0]
+    with Emulator(partition_writes_per_s=10, partition_clock=lambda: now[0]) as emu:
         # moto's tables live in the process: names of their own, beside other tests' emulators.
         suffix = uuid.uuid4().hex[:8]
-        yield emu.endpoint_url, create_resources(
+        yield emu.endpoint_url, now, create_resources(
             emu.endpoint_url, table_name=f"c-{suffix}", sessions_table_name=f"s-{suffix}",
             messages_table_name=f"m-{suffix}", queue_name=f"q-{suffix}", messages_bucket_name=f"b-{suffix}",
         )
 
 
 def test_botocore_reads_the_limits_answers_as_dynamodbs(limited):
-    url, env = limited
+    url, _now, env = limited
     ddb = boto3.client("dynamodb", endpoint_url=url, region_name="us-east-1", aws_access_key_id="x",
                        aws_secret_access_key="x", config=Config(retries={"max_attempts": 1}))
     table = env["MESSAGES_TABLE_NAME"]
@@ -112,18 +115,23 @@ def test_botocore_reads_the_limits_answers_as_dynamodbs(limited):
 
 
 def test_the_workers_store_writes_a_partition_faster_than_its_rate_whole(limited):
-    # What the writer does with a batch the store could not finish (TransientError): sends it again.
-    url, env = limited
+    # What the writer does with a batch the store could not finish (TransientError): sends it
+    # again. The store's pauses between its own retries pass on the partition's clock.
+    url, now, env = limited
     ddb = boto3.client("dynamodb", endpoint_url=url, region_name="us-east-1", aws_access_key_id="x",
-                       aws_secret_access_key="x")
-    store = MessagesStore(ddb, env["MESSAGES_TABLE_NAME"])
+                       aws_secret_access_key="x", config=Config(retries={"max_attempts": 1}))
+
+    def pause(seconds: float) -> None:
+        now[0] += seconds
+
+    store = MessagesStore(ddb, env["MESSAGES_TABLE_NAME"], sleep=pause)
     frames = [Frame(seq, json.dumps({"n": seq}), 0) for seq in range(1, 26)]
     for _ in range(10):
         try:
             store.put("steady", frames, fence_token=1, worker_id="w1")
             break
         except TransientError:
-            continue
+            now[0] += 1.0
     stored = ddb.query(TableName=env["MESSAGES_TABLE_NAME"], KeyConditionExpression="pk = :p",
                        ExpressionAttributeValues={":p": {"S": schema.connection_pk("steady")}})
     assert [int(i["sk"]["N"]) for i in stored["Items"]] == list(range(1, 26))
