@@ -44,6 +44,7 @@ from typing import Any, Mapping
 from wsfleet import config as cfg
 from wsfleet import settings_spec
 from wsfleet import schema
+from wsfleet.leases import INBOX_IDLE_POLL_S
 from sim.emulator import request_ledger
 from sim.processes import eventually
 from wsfleet.plan import metrics_cost, model
@@ -76,7 +77,7 @@ def custom_metrics() -> tuple[int, int]:
 
 TARGET_WRU = 20  # per connection-hour, holding, at 100 connections per worker (the issue's target)
 TARGET_RRU = 20
-HOLDING = ("renewal", "watch", "ring", "free scan", "unowned count", "audit", "sweep")
+HOLDING = ("renewal", "inbox", "watch", "ring", "free scan", "unowned count", "audit", "sweep")
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -193,7 +194,8 @@ def purpose(r: Mapping[str, Any], tables: Mapping[str, str], own: set[str]) -> s
     """What a request recorded by the ledger is for (see the worker's takeover and lifecycle)."""
     op, table, index, part, select = r["op"], tables.get(r["table"], r["table"]), r["index"], r["partition"], r["select"]
     if table == "sessions":
-        return {"UpdateItem": "renewal", "BatchGetItem": "watch", "Query": "ring"}.get(op, f"sessions {op}")
+        # GetItem: a worker's read of its own item between renewals (its inbox of moves)
+        return {"UpdateItem": "renewal", "GetItem": "inbox", "BatchGetItem": "watch", "Query": "ring"}.get(op, f"sessions {op}")
     if table == "connections":
         if op == "Query" and index == schema.OWNER_INDEX:
             if select in ("COUNT", "SPECIFIC_ATTRIBUTES"):
@@ -261,6 +263,8 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
 
     ops = [
         model.Op("renewal", "sessions", "", "own", renewals(total) / worker_h, wru=renew_wru),
+        # Strongly consistent: 1 RRU per 4 KB of the item.
+        model.Op("inbox", "sessions", "", "own", rate("inbox"), rru=2 * read_units_eventual(session_size)),
         model.Op("watch", "sessions", "", "own", rate("watch"),
                    rru=watch_items * read_units_eventual(session_size)),
         model.Op("ring", "sessions", schema.RING_INDEX, "ring", rate("ring"), rru=read_units_eventual(0)),
@@ -332,7 +336,11 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
          f"{before.COST['wru_per_connection_hour']:,}",
          f"session item {session_size} B -> {write_units(session_size)} WRU + {renew_index} index per renewal"],
         [f"RRU / connection-hour, holding ({per_worker} per worker)", fmt(rru_total, 1), judged(rru_total, TARGET_RRU),
-         fmt(before.COST["rru_per_connection_hour"], 1), "the five rows below"],
+         fmt(before.COST["rru_per_connection_hour"], 1), "the rows below"],
+        ["- inbox", fmt(rru_ch["inbox"], 2), "", "-",
+         f"{fmt(by['inbox'].per_worker_hour, 0)} GetItem / worker-hour of the worker's own session item between "
+         f"renewals (strongly consistent, {by['inbox'].rru:g} each): a move named to it waits about "
+         f"{INBOX_IDLE_POLL_S:g} s, not a heartbeat"],
         ["- watch", fmt(rru_ch["watch"], 2), "", "-",
          f"{fmt(by['watch'].per_worker_hour, 0)} BatchGetItem / worker-hour of {watch_items:.1f} sessions (0.5 each), "
          f"every 60-85 % of the {window_s:g} s watch window"],
@@ -350,7 +358,7 @@ def _result(s: dict, t: dict, windows: list[Window], parts: list[Window], m: dic
          f"a Scan of every connection ({conn_size} B each) per SWEEP_SECONDS ({t['sweep_s']:g} s), by one worker for "
          "the fleet; priced from its design (the window is shorter than a pass)"],
         ["DynamoDB requests / connection-hour, holding", fmt(ddb_req_ch, 1), "-",
-         fmt(before.COST["dynamodb_requests_per_connection_hour"], 1), f"renewal tries, watch, ring, free scan, audit, counts, / {per_worker}"],
+         fmt(before.COST["dynamodb_requests_per_connection_hour"], 1), f"renewal tries, inbox, watch, ring, free scan, audit, counts, / {per_worker}"],
         ["SQS + CloudWatch requests / connection-hour", f"{fmt(sqs_h / per_worker, 1)} + {fmt(cw_h / per_worker, 2)}", "-",
          f"{before.COST['sqs_requests_per_connection_hour']} + {before.COST['cloudwatch_requests_per_connection_hour']}",
          f"hint long polls ({sqs_h:.0f} / worker-hour) and CloudWatch calls ({cw_h:.0f} / worker-hour: the metrics are "

@@ -12,7 +12,8 @@ from wsfleet import clock, schema
 from wsfleet.leases import SessionTiming
 from wsfleet.logs import JsonLogger
 from wsfleet.store import Released, SessionsStore
-from wsfleet.worker.assignments import EXPECT_AFTER_SUSPECT_S, Assignments
+from wsfleet.worker import assignments as assignments_module
+from wsfleet.worker.assignments import EXPECT_AFTER_SUSPECT_S, IDLE_POLL_S, POLL_S, Assignments
 from wsfleet.worker.session import SessionKeeper
 
 from tests.conftest import open_sessions
@@ -145,7 +146,8 @@ def test_a_leaving_worker_frees_what_was_moved_to_it_and_never_picked_up_though_
     assert hinted == ["c1"]
 
 
-def test_between_renewals_the_session_item_is_read_only_while_moves_are_expected():
+def test_between_renewals_the_session_item_is_read_at_every_turn_while_moves_are_expected(monkeypatch):
+    monkeypatch.setattr(assignments_module, "IDLE_POLL_S", float("inf"))  # the idle reads: the next test
     reads: list[str] = []
     taken: list[set[str]] = []
     under = [False]
@@ -160,7 +162,8 @@ def test_between_renewals_the_session_item_is_read_only_while_moves_are_expected
     assignments._holdings.standing = lambda me: SimpleNamespace(under_target=lambda: under[0], fleet=fleet[0])
     assignments._suspect_at = lambda: suspect_at[0]
     noted: list[dict] = []  # the keeper reads a drain request (wsfleet drain) from the item too
-    assignments._keeper = SimpleNamespace(session_id="me#1", live=lambda: True, take_assigned=taken.append, note_drain=noted.append)
+    assignments._keeper = SimpleNamespace(session_id="me#1", live=lambda: True, take_assigned=taken.append,
+                                          note_drain=noted.append, read_at=clock.now())
     assignments._sessions = SimpleNamespace(get=get)
 
     assert asyncio.run(assignments.poll_once()) == 0 and reads == []  # at its target, nothing picked up lately
@@ -185,3 +188,36 @@ def test_between_renewals_the_session_item_is_read_only_while_moves_are_expected
     # ... nor a graceful leaver's, ended holding none (its handoffs go by anonymous hints)
     fleet[0] = SimpleNamespace(suspects=0, dead={"w8#1": 0})
     assert asyncio.run(assignments.poll_once()) == 0 and len(reads) == 2
+
+
+def test_otherwise_the_session_item_is_read_once_a_second_has_passed_since_it_was_last_seen(monkeypatch):
+    # A drain names its survivors by load: one that expects nothing (its summary does not
+    # list the dead session yet) reads its inbox within about a second, not a heartbeat.
+    now = [1000.0]
+    monkeypatch.setattr(clock, "now", lambda: now[0])
+    reads: list[str] = []
+    taken: list[set[str]] = []
+
+    def get(session_id):
+        reads.append(session_id)
+        return {schema.SESSION_STATE: schema.LIVE, schema.ASSIGNED: {"c1#2"}}
+
+    assignments, _ = pickup()
+    assignments._holdings.standing = lambda me: SimpleNamespace(under_target=lambda: False, fleet=None)
+    keeper = SimpleNamespace(session_id="me#1", live=lambda: True, take_assigned=taken.append,
+                             note_drain=lambda item: None, read_at=now[0])  # a renewal answered just now
+    assignments._keeper = keeper
+    assignments._sessions = SimpleNamespace(get=get)
+
+    def turn(dt: float) -> int:  # the loop's next turn, dt later
+        now[0] += dt
+        return asyncio.run(assignments.poll_once())
+
+    assert POLL_S < IDLE_POLL_S == 1.0
+    assert turn(0.0) == 0 and turn(0.9) == 0 and reads == []  # expecting nothing, seen 0.9 s ago
+    assert turn(0.2) == 1 and reads == ["me#1"] and taken == [{"c1#2"}]  # 1.1 s: read
+    assert turn(0.5) == 0 and turn(0.4) == 0 and len(reads) == 1  # 0.9 s after that read
+    assert turn(0.25) == 1 and len(reads) == 2
+    keeper.read_at = now[0] + 0.5  # a renewal sent half a second on, and answered
+    assert turn(1.0) == 0 and turn(0.4) == 0 and len(reads) == 2
+    assert turn(0.2) == 1 and len(reads) == 3

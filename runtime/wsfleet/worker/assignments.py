@@ -26,7 +26,7 @@ import asyncio
 from typing import Any, Awaitable, Callable
 
 from .. import clock, schema
-from ..leases import INBOX_POLL_S
+from ..leases import INBOX_IDLE_POLL_S, INBOX_POLL_S
 from ..logs import JsonLogger
 from ..store import ConnectionsStore, SessionsStore
 from .acquisition import Acquisition
@@ -44,8 +44,12 @@ Call = Callable[..., Awaitable[Any]]
 # the summary's suspects, which a slow renewal anywhere in a large fleet makes; or we
 # picked one up lately) the session item is read
 # this often between renewals, so that a move waits a fraction of a heartbeat, not a
-# whole one (a strongly consistent GetItem: 1 read unit, only while expecting).
+# whole one (a strongly consistent GetItem: 1 read unit). Otherwise it is read once
+# IDLE_POLL_S has passed since the item was last seen (a renewal's answer or a read): a
+# move nothing told us of (a drain names survivors by load, and a survivor's summary may
+# not list the dead session yet) waits about that, not a heartbeat.
 POLL_S = INBOX_POLL_S
+IDLE_POLL_S = INBOX_IDLE_POLL_S
 EXPECT_AFTER_PICKUP_S = 4.0  # moves come in bursts: keep reading this long after one
 # ... and this long after a watched session looked dead or came due to end (its end, a race
 # lost to another watcher, and the drain's moves take a few seconds)
@@ -77,6 +81,7 @@ class Assignments:
         self._connections = connections
         self._sessions = sessions
         self._picked_at = float("-inf")  # clock.now() of our last pickup
+        self._read_at = float("-inf")  # clock.now() of our last read of the session item
         self._attachments = attachments
         self._hints = hints
         self._call = call
@@ -107,12 +112,19 @@ class Assignments:
         # A dead session the summary lists holding connections (not a graceful leaver's: 0).
         return standing.under_target() or (fleet is not None and any(n > 0 for n in fleet.dead.values()))
 
+    def due(self) -> bool:
+        """Whether to read the session item now: every time while :meth:`expecting`,
+        else once :data:`IDLE_POLL_S` has passed since it was last seen."""
+        seen = max(self._read_at, self._keeper.read_at)
+        return clock.now() - seen >= IDLE_POLL_S or self.expecting()
+
     async def poll_once(self) -> int:
-        """Between renewals, while :meth:`expecting`: read our session item and pick up
-        its assignments as a renewal would. Returns how many entries it found."""
+        """Between renewals, when :meth:`due`: read our session item and pick up its
+        assignments as a renewal would. Returns how many entries it found."""
         session_id = self._keeper.session_id
-        if not self._keeper.live() or not self._acquisition.accepting() or not self.expecting():
+        if not self._keeper.live() or not self._acquisition.accepting() or not self.due():
             return 0
+        self._read_at = clock.now()
         item = await self._call(self._sessions.get, session_id)
         if item is None or item.get(schema.SESSION_STATE) != schema.LIVE or self._keeper.session_id != session_id:
             return 0

@@ -73,6 +73,7 @@ class SessionKeeper:
         self.renewals = 0
         self.draining = False  # set at shutdown: the renewal tells the fleet we take nothing more
         self.ring_changes = 0  # bumped by newcomers right after us in the ring (see Takeover)
+        self.read_at = float("-inf")  # clock.now() when the last renewal that answered was sent
         self._sessions = sessions
         self._max = max_connections
         self._call = call
@@ -201,6 +202,7 @@ class SessionKeeper:
                         self.lose(Lost.ENDED)
                         return False
                     self.deadline_mono = max(self.deadline_mono, self.timing.deadline_mono(sent))
+                    self.read_at = max(self.read_at, sent)
                     self.renewals += 1
                     self.ring_changes = int(result.get(schema.RING_CHANGES, 0))
                     self._stops_done -= done
