@@ -12,7 +12,7 @@ import os
 import re
 import socket
 from dataclasses import dataclass
-from typing import Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 from . import metrics_names, schema, tracing
 from .leases import SessionTiming, TimingError
@@ -252,6 +252,15 @@ def messages_table_name(env: Mapping[str, str], chosen: tuple[str, ...]) -> str:
     return env.get(MESSAGES_TABLE_NAME, "").strip()
 
 
+def _resources(env: Mapping[str, str], chosen: tuple[str, ...]) -> dict[str, Any]:
+    """What the worker and the router both read: the tables, bucket, queue and endpoint."""
+    return dict(
+        table_name=_required(env, TABLE_NAME), sessions_table_name=_required(env, SESSIONS_TABLE_NAME),
+        messages_table_name=messages_table_name(env, chosen), messages_bucket_name=_required(env, MESSAGES_BUCKET_NAME),
+        queue_url=_required(env, QUEUE_URL), region=_region(env), endpoint_url=_endpoint(env),
+    )
+
+
 def tracing_mode(env: Mapping[str, str]) -> str:
     """``TRACING`` [xray-sdk]: xray-sdk, otel or off (see :mod:`wsfleet.tracing`). In
     xray-sdk mode ``AWS_XRAY_SDK_ENABLED=false`` means off, as it always has: nothing is
@@ -374,13 +383,7 @@ class WorkerConfig:
             raise ConfigError(f"{WORKER_ID} must be at most 256 characters")
         chosen = sinks(env)
         return cls(
-            table_name=_required(env, TABLE_NAME),
-            sessions_table_name=_required(env, SESSIONS_TABLE_NAME),
-            messages_table_name=messages_table_name(env, chosen),
-            messages_bucket_name=_required(env, MESSAGES_BUCKET_NAME),
-            queue_url=_required(env, QUEUE_URL),
-            region=_region(env),
-            endpoint_url=_endpoint(env),
+            **_resources(env, chosen),
             worker_id=worker_id,
             ecs_metadata_uri=env.get(ECS_CONTAINER_METADATA_URI_V4, "").strip() or None,
             lease_ms=timing.lease_ms,
@@ -439,13 +442,7 @@ class RouterConfig:
         hosts = allowed_ws_hosts(env)
         chosen = sinks(env)
         return cls(
-            table_name=_required(env, TABLE_NAME),
-            sessions_table_name=_required(env, SESSIONS_TABLE_NAME),
-            messages_table_name=messages_table_name(env, chosen),
-            messages_bucket_name=_required(env, MESSAGES_BUCKET_NAME),
-            queue_url=_required(env, QUEUE_URL),
-            region=_region(env),
-            endpoint_url=_endpoint(env),
+            **_resources(env, chosen),
             allowed_ws_hosts=hosts,
             state_shards=state_shards(env),
             upstream_secret_prefix=upstream_secret_prefix(env),

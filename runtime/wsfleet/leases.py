@@ -243,10 +243,7 @@ def move_already_landed(old: Mapping | None, *, to_session: str, fence_token: in
 # item this often between renewals (1 read unit, its own item); the plan counts a crash's
 # survivors all reading at once.
 INBOX_POLL_S = 0.25
-# ... and otherwise at most this long after it last saw the item (a renewal's answer or a
-# read): a move named to a worker that did not see it coming (a drain's survivor whose
-# fleet summary does not list the dead session yet) waits about this, not a heartbeat.
-# Every worker, always: the plan prices it per worker-hour ("inbox").
+# ... and otherwise once this long after it last saw it, every worker (the plan's "inbox").
 INBOX_IDLE_POLL_S = 1.0
 
 # --- reachability ----------------------------------------------------------------------

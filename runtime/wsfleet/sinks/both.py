@@ -30,13 +30,8 @@ class ManySinks:
         self.names = tuple(n for p in parts for n in p.names)
         self.max_batch = min(p.max_batch for p in parts)
 
-    def put_many(
-        self,
-        entries: Sequence[tuple[str, int, Frame]],
-        *,
-        worker_id: str,
-        objects: Mapping[tuple[str, int], StoredObject] | None = None,
-    ) -> None:
+    def put_many(self, entries: Sequence[tuple[str, int, Frame]], *, worker_id: str,
+                 objects: Mapping[tuple[str, int], StoredObject] | None = None) -> None:
         for part in self.parts:
             part.put_many(entries, worker_id=worker_id, objects=objects)
 

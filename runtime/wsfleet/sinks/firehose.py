@@ -91,13 +91,8 @@ class DeliverySink:
         self._max_record = max_record_bytes
         self.delivery_stream = delivery_stream
 
-    def put_many(
-        self,
-        entries: Sequence[tuple[str, int, Frame]],
-        *,
-        worker_id: str,
-        objects: Mapping[tuple[str, int], StoredObject] | None = None,
-    ) -> None:
+    def put_many(self, entries: Sequence[tuple[str, int, Frame]], *, worker_id: str,
+                 objects: Mapping[tuple[str, int], StoredObject] | None = None) -> None:
         """One line per (connection_id, fence_token, frame), each connection's together in
         their order, packed into records, in requests of at most 500 records and 4 MiB;
         returns once all are acknowledged (see the module docstring)."""

@@ -98,13 +98,8 @@ class StreamSink:
         self._rounds = max_rounds
         self.stream = stream
 
-    def put_many(
-        self,
-        entries: Sequence[tuple[str, int, Frame]],
-        *,
-        worker_id: str,
-        objects: Mapping[tuple[str, int], StoredObject] | None = None,
-    ) -> None:
+    def put_many(self, entries: Sequence[tuple[str, int, Frame]], *, worker_id: str,
+                 objects: Mapping[tuple[str, int], StoredObject] | None = None) -> None:
         """One user record per (connection_id, fence_token, frame), each connection's
         packed in their order into its records (the connections in the order of their
         first entry), in requests of at most 500 records and 5 MiB; returns once all are

@@ -40,13 +40,8 @@ class MessagesStore(_Table):
         """Store one connection's frames (see :meth:`put_many`)."""
         self.put_many([(connection_id, fence_token, f) for f in frames], worker_id=worker_id)
 
-    def put_many(
-        self,
-        entries: Sequence[tuple[str, int, Frame]],
-        *,
-        worker_id: str,
-        objects: Mapping[tuple[str, int], StoredObject] | None = None,
-    ) -> None:
+    def put_many(self, entries: Sequence[tuple[str, int, Frame]], *, worker_id: str,
+                 objects: Mapping[tuple[str, int], StoredObject] | None = None) -> None:
         """Store (connection_id, fence_token, frame) entries of any connections, keyed by
         seq (a replay rewrites the same key, never adds a row), 25 per BatchWriteItem; a
         frame with no data is stored as a skip marker: its reason, ``data_bytes`` where

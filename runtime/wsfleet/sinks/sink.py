@@ -41,13 +41,8 @@ class Sink(Protocol):
     # checkpoint, and a takeover delivers again what was stored since.
     reads_tail: bool
 
-    def put_many(
-        self,
-        entries: Sequence[tuple[str, int, Frame]],
-        *,
-        worker_id: str,
-        objects: Mapping[tuple[str, int], StoredObject] | None = None,
-    ) -> None:
+    def put_many(self, entries: Sequence[tuple[str, int, Frame]], *, worker_id: str,
+                 objects: Mapping[tuple[str, int], StoredObject] | None = None) -> None:
         """Store (connection_id, fence_token, frame) entries, of any connections, each
         connection's in seq order; returns once every one is acknowledged. Synchronous
         (the writer runs it in its pool, under the send deadline). Raises

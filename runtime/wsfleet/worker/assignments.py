@@ -37,17 +37,12 @@ from .session import SessionKeeper
 
 Call = Callable[..., Awaitable[Any]]
 
-# While moves are likely on their way to us (under our target by the summary: a join's
-# newcomer, a survivor of a crash; a session we watch looks dead or came due to end, or the
-# summary lists a dead one that holds connections: its watchers move them to the fleet, to
-# us too; not a graceful leaver's, ended holding none; not
-# the summary's suspects, which a slow renewal anywhere in a large fleet makes; or we
-# picked one up lately) the session item is read
-# this often between renewals, so that a move waits a fraction of a heartbeat, not a
-# whole one (a strongly consistent GetItem: 1 read unit). Otherwise it is read once
-# IDLE_POLL_S has passed since the item was last seen (a renewal's answer or a read): a
-# move nothing told us of (a drain names survivors by load, and a survivor's summary may
-# not list the dead session yet) waits about that, not a heartbeat.
+# While moves are likely on their way to us (under our target by the summary; a watched
+# session looked dead or came due to end; the summary lists a dead one still holding
+# connections, not a graceful leaver's nor a suspect's; or we picked one up lately) the
+# session item is read this often between renewals (a strongly consistent GetItem, 1 read
+# unit); otherwise once IDLE_POLL_S has passed since it was last seen (a renewal's answer
+# or a read): a drain names survivors by load, whose summaries may not show it coming.
 POLL_S = INBOX_POLL_S
 IDLE_POLL_S = INBOX_IDLE_POLL_S
 EXPECT_AFTER_PICKUP_S = 4.0  # moves come in bursts: keep reading this long after one
