@@ -39,6 +39,7 @@ class ConnState:
     fence_token: int
     last_seq: int
     owner_key: str = ""  # the by_owner partition: S#<session>, FREE#<shard>, or "" (none)
+    quarantined: bool = False  # set aside by the crash-loop breaker until a new START
 
     def owned_at(self, now_ms: int) -> str:
         """The owner if it is attached to a session that is LIVE and unexpired at
@@ -105,6 +106,7 @@ def state_from_item(item: Mapping[str, Any], sessions: Mapping[str, SessionState
         fence_token=int(item.get(schema.FENCE_TOKEN, 0)),
         last_seq=int(item.get(schema.LAST_SEQ, 0)),
         owner_key=item.get(schema.OWNER_KEY, ""),
+        quarantined=schema.QUARANTINED in item,
     )
 
 
@@ -120,7 +122,8 @@ def unreachable_in(sessions: Mapping[str, SessionState], connections: Mapping[st
         session = sessions.get(c.session) if c.session else None
         if c.session and session is None:
             continue
-        item = {schema.DESIRED_STATE: c.desired_state, schema.LEASE_SESSION: c.session, schema.OWNER_KEY: c.owner_key}
+        item = {schema.DESIRED_STATE: c.desired_state, schema.LEASE_SESSION: c.session, schema.OWNER_KEY: c.owner_key,
+                **({schema.QUARANTINED: True} if c.quarantined else {})}
         raw = None if session is None else {schema.SESSION_STATE: session.state, **({schema.RING: schema.RING_VALUE} if session.in_ring else {})}
         why = unreachable(item, raw)
         if why is not None:

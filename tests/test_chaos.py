@@ -20,11 +20,11 @@ from sim.chaos.recovery import kind_summary
 from sim.chaos.evidence import Evidence, Row, Snapshot, frame_data
 from sim.chaos.history import Applied, Op
 from sim.chaos.schedule import KINDS, KINESIS, Bounds, dealt_kinds, generate
-from sim.observed import ConnState, Sample, SessionState
+from sim.observed import ConnState, Sample, SessionState, state_from_item
 from sim.timing import Timing
 from sim.stream_audit import Delivery
 from sim.upstream import Overlap, SocketRecord
-from wsfleet import records
+from wsfleet import records, schema
 from wsfleet.stream import Frame, Rejected, parse_frame
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -466,6 +466,18 @@ def test_a_started_connection_on_a_session_out_of_the_ring_is_unreachable():
     assert kinds(evidence(snapshots=watched)) == kinds(evidence(snapshots=freed)) == []
     lost = ConnState("STARTED", "", "", 0, 3, 0, "")  # free, but in no FREE# partition
     assert kinds(evidence(snapshots=[observed(T0, {}, a=lost), observed(T0 + 0.5, {}, a=lost)])) == ["unreachable"]
+
+
+def test_a_quarantined_connection_is_not_unreachable_but_a_quarantine_of_its_own():
+    # A soak's ping flood was the prime suspect of three deaths the nemesis caused in a row
+    # (two kills, a session expired in a DynamoDB outage): the breaker set it aside. The
+    # observer read it as free in no FREE# partition: "unreachable". It is out of the pool
+    # on purpose; what is wrong is the quarantine.
+    parked = ConnState("STARTED", "", "", 0, 4, 0, "", quarantined=True)
+    found = check(evidence(snapshots=[observed(T0, {}, a=parked), observed(T0 + 0.5, {}, a=parked)]), [], OPS, TIMING)
+    [v] = found.violations
+    assert v.kind == "quarantined" and v.what == "a" and "in 2 samples" in v.detail
+    assert state_from_item({schema.DESIRED_STATE: "STARTED", schema.QUARANTINED: {"reason": "r", "at_ms": 1}}, {}).quarantined
 
 
 def test_a_snapshot_counts_the_sockets_of_every_stream_a_connection_may_use_and_shares_what_did_not_change():

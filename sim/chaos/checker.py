@@ -34,7 +34,11 @@ The stored data (``lost``, ``doubled``, ``corrupt``) is judged in :mod:`.data`.
   connection its socket;
 * ``crash``: a worker exited without being told to, or a SIGTERM ended in an error;
 * ``unreachable``: a STARTED connection no worker would ever take, between two
-  consecutive observer samples (:func:`sim.observed.reachability_violations`);
+  consecutive observer samples (:func:`sim.observed.reachability_violations`); one the
+  crash-loop breaker set aside is not, it is:
+* ``quarantined``: a connection the crash-loop breaker quarantined. No worker dies of a
+  connection here (``crash`` counts any that does), so each of its strikes was a death
+  the nemesis caused: a quarantine is a false one;
 * ``stale_url``: a socket to a url the connection's ws_url no longer named: opened after
   a START with a new url (the old owner may still reconnect before it could know of the
   STOP, within the STOP bound: counted, not a violation), or still open past the STOP
@@ -71,8 +75,8 @@ from .schedule import FRAMES, Bounds
 
 VIOLATION_KINDS = (
     "lost", "doubled", "corrupt", "overlap", "frozen_socket", "stale_fence", "not_recovered",
-    "slow_recovery", "stop_not_closed", "malformed_closed", "crash", "unreachable", "stale_url", "bounce",
-    "order", "duplicate", *HOSTILE_KINDS,
+    "slow_recovery", "stop_not_closed", "malformed_closed", "crash", "unreachable", "quarantined", "stale_url",
+    "bounce", "order", "duplicate", *HOSTILE_KINDS,
 )
 # After SIGCONT a worker that lost its session aborts its sockets at the next renewal
 # tick, with no close handshake (issue 17, item 5: it used to wait up to 3 s for each):
@@ -135,6 +139,7 @@ def check(evidence: Evidence, applied: Sequence[Applied], ops: Sequence[Op], tim
     violations += check_stops(evidence, ops, bounds, applied)
     violations += check_urls(evidence, ops, bounds, totals)
     violations += check_reachability(evidence)
+    violations += check_quarantine(evidence)
     violations += check_moves(found, totals)
     for name, status, at in evidence.exits:
         violations.append(Violation("crash", name, f"exited with status {status} at {at:.3f}, unasked"))
@@ -259,6 +264,18 @@ def check_urls(ev: Evidence, ops: Sequence[Op], bounds: Bounds, totals: dict[str
                     out.append(Violation("stale_url", cid, f"socket {r.id} to the old url ({old}) open {closed - stop:.2f}s "
                                          f"after the STOP at {stop:.3f} (bound {bounds.stop_s:.2f}s); the url is {new}"))
     return out
+
+
+def check_quarantine(ev: Evidence) -> list[Violation]:
+    """One violation per connection any observer sample found quarantined."""
+    seen: dict[str, list[float]] = {}
+    for snap in ev.snapshots:
+        for cid, c in snap.connections.items():
+            if c.quarantined:
+                seen.setdefault(cid, []).append(snap.t)
+    return [Violation("quarantined", cid, f"in {len(ts)} samples from {ts[0]:.3f} to {ts[-1]:.3f}: the breaker "
+                                          "struck deaths the nemesis caused (the workers' logs: connection_struck)")
+            for cid, ts in sorted(seen.items())]
 
 
 def check_reachability(ev: Evidence) -> list[Violation]:
