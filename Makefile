@@ -28,7 +28,7 @@ export JSII_SILENCE_WARNING_KNOWN_BROKEN_NODE_VERSION := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export CDK_DISABLE_VERSION_CHECK := 1
 
-.PHONY: all demo chaos test check setup lint synth cfnlint bench venv faketime clean
+.PHONY: all demo chaos test check setup lint synth cfnlint bench bench-smoke venv faketime clean
 
 all: test
 
@@ -98,11 +98,17 @@ TEST_WORKERS ?= 4
 test: setup lint
 	@log=$$(mktemp); \
 	echo "nice make cfnlint > $$log &"; nice -n 10 $(MAKE) --no-print-directory cfnlint > $$log 2>&1 & cfnlint=$$!; \
-	echo "$(PY) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS)"; \
-	$(PY) -m pytest -n $(TEST_WORKERS) --durations=15 $(PYTEST_ARGS); tests=$$?; \
+	echo "$(PY) -m pytest -n $(TEST_WORKERS) -m 'not bench_smoke' --durations=15 $(PYTEST_ARGS)"; \
+	$(PY) -m pytest -n $(TEST_WORKERS) -m 'not bench_smoke' --durations=15 $(PYTEST_ARGS); tests=$$?; \
 	wait $$cfnlint; linted=$$?; cat $$log; rm -f $$log; \
 	if [ $$linted -ne 0 ]; then echo "make cfnlint failed" >&2; fi; \
 	exit $$(( tests || linted ))
+
+## bench-smoke: every benchmark run end to end at tiny size (`python -m bench NAME --quick`,
+## tests/test_bench.py), that each still runs and writes its table and JSON; CI runs it
+## after `make test`, which leaves these out (together they took as long as the rest).
+bench-smoke: $(DEMO_DEPS)
+	$(PY) -m pytest -n $(TEST_WORKERS) -m bench_smoke --durations=5 $(PYTEST_ARGS)
 
 ## check: the inner loop, under a minute: lint, then every test that is not slow (unit,
 ## emulator and stack snapshot tests; no process started, no worker run: tests/markers.py)

@@ -1,6 +1,7 @@
 """The benchmarks run (``python -m bench <name> --quick``) and their arithmetic is right.
 
-Each quick run is a test of its own, in a process of its own with processes of its
+The quick runs are ``make bench-smoke`` (CI runs it after ``make test``, which leaves them
+out: together they took as long as the rest of the suite). Each quick run is a test of its own, in a process of its own with processes of its
 own, so that ``make test`` spreads them over its workers; nothing here depends on how
 fast the machine is: it checks that each run finishes, prints its command and table,
 and writes its raw JSON.
@@ -166,6 +167,7 @@ def test_md_table_formats_numbers_and_keeps_text():
 
 
 @pytest.mark.slow
+@pytest.mark.bench_smoke
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("name", BENCHMARKS)
 def test_every_benchmark_runs_at_tiny_size_and_writes_its_results(tmp_path, name):
