@@ -63,3 +63,27 @@ def test_renewals_that_are_never_answered_are_hedged_three_times_and_the_loop_sl
     # one line per hedge sent (two), then the loss; a wait per second until the deadline
     assert events.count("renew_slow") == session_mod.RENEW_IN_FLIGHT - 1, events
     assert waits <= 2.2 / session_mod.RENEW_TIMEOUT_S + 2, waits
+
+
+def test_a_failed_renewal_and_a_lost_session_mark_the_keeper_troubled():
+    # What the ender of a dead session asks before it strikes that session's suspect
+    # (worker.takeover): our own renewals failing too means the table, not a connection.
+    from wsfleet.store import TransientError
+
+    async def call(fn, *args, **kwargs):
+        raise TransientError("throttled")
+
+    keeper = SessionKeeper(
+        sessions=NeverAnswers(), worker_id="w", timing=SessionTiming(4_000, 1_000, 500), max_connections=1, call=call,
+        log=JsonLogger(io.StringIO()), active=lambda: 0, on_stops=lambda s: set(),
+    )
+    assert keeper.troubled_at == float("-inf")
+
+    async def scenario() -> None:
+        keeper.session_id = "w#1"
+        keeper.deadline_mono = session_mod.clock.now() + 0.3
+        await keeper.renew_once()
+
+    before = session_mod.clock.now()
+    asyncio.run(scenario())
+    assert keeper.lost_reason is Lost.EXPIRED and before <= keeper.troubled_at <= session_mod.clock.now()

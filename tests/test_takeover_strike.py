@@ -8,7 +8,7 @@ import asyncio
 from types import SimpleNamespace
 
 from wsfleet import metrics_names as names
-from wsfleet import schema
+from wsfleet import clock, schema
 from wsfleet.crash_loop import Strike, Suspect
 from wsfleet.leases import SessionTiming
 from wsfleet.logs import JsonLogger
@@ -22,7 +22,7 @@ T = SessionTiming(lease_ms=10_000, heartbeat_ms=2_500, max_clock_skew_ms=1_000)
 ROWS = [Owned(cid, schema.STARTED) for cid in ("culprit", "n1", "n2")]
 
 
-def ender(ended_item: dict, *, quarantines: bool = False, failing_strike=None):
+def ender(ended_item: dict, *, quarantines: bool = False, failing_strike=None, troubled_at: float = float("-inf")):
     """A Takeover that ends 'dead' with ``ended_item`` as the ENDED session; returns it,
     the log of store calls in order and its counters. ``failing_strike``: the store's
     strike, in place of one that lands."""
@@ -49,7 +49,7 @@ def ender(ended_item: dict, *, quarantines: bool = False, failing_strike=None):
     takeover = Takeover(
         sessions=SimpleNamespace(end_expired=lambda *a, **k: ended_item),
         connections=SimpleNamespace(owned_by=lambda sid: ROWS, strike=failing_strike or strike),
-        keeper=SimpleNamespace(live=lambda: True, session_id="me#1"), timing=T, state_shards=1, call=call,
+        keeper=SimpleNamespace(live=lambda: True, session_id="me#1", troubled_at=troubled_at), timing=T, state_shards=1, call=call,
         log=JsonLogger(), acquisition=SimpleNamespace(try_acquire=acquire), hints=SimpleNamespace(hint=hint),
         mover=SimpleNamespace(move_drained=no_moves), holdings=Holdings(max_connections=100, summary=summary), summary=summary, counters=counters, quarantine_after=3,
     )
@@ -71,6 +71,18 @@ def test_the_strike_that_quarantines_counts_one_quarantined_connection():
     takeover, _, counters = ender({schema.SESSION_ID: "dead", schema.SUSPECT: suspect.item()}, quarantines=True)
     assert asyncio.run(takeover.end_session("dead"))
     assert counters.total(names.QUARANTINED_CONNECTIONS) == 1
+
+
+def test_no_strike_while_our_own_renewals_failed_within_a_lease_the_tables_trouble_is_no_connections():
+    # A soak's DynamoDB outage (11.2 s, the lease 10 s) expired a session whose suspect then
+    # had its third strike in a row, all from deaths the nemesis caused: quarantined.
+    suspect = Suspect("culprit", 7, "most bytes received")
+    item = {schema.SESSION_ID: "dead", schema.SUSPECT: suspect.item()}
+    for troubled_s_ago, struck in ((0.5, False), ((T.lease_ms + T.max_clock_skew_ms) / 1000 - 0.5, False), (12.0, True)):
+        takeover, calls, _ = ender(item, troubled_at=clock.now() - troubled_s_ago)
+        assert asyncio.run(takeover.end_session("dead"))
+        assert bool([c for c in calls if c[0] == "strike"]) is struck, troubled_s_ago
+        assert {c[1] for c in calls if c[0] == "acquire"} == {"culprit", "n1", "n2"}  # drained all the same
 
 
 def test_a_dead_session_that_named_no_suspect_strikes_nothing():

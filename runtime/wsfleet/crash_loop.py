@@ -14,7 +14,8 @@ prime suspect, and what the death of an owner that named it counts against it.
   that session named, and against nothing else: a neighbour that shared the dead
   workers is never struck. A strike is for one ownership (its fence), so it counts once
   however often it is written (a write applied with its answer lost finds its own
-  strike and counts nothing more).
+  strike and counts nothing more). None while the ender's own renewals failed within a
+  lease: an outage longer than the lease ends every session at once (worker.takeover).
 * **Consecutive.** A strike continues the run when it is for the ownership right after
   the one the previous strike was for (fence + 1) and within :data:`WINDOW_MS` of the
   run's first strike; otherwise the run starts again at 1. So an owner that let the

@@ -74,6 +74,9 @@ class SessionKeeper:
         self.draining = False  # set at shutdown: the renewal tells the fleet we take nothing more
         self.ring_changes = 0  # bumped by newcomers right after us in the ring (see Takeover)
         self.read_at = float("-inf")  # clock.now() when the last renewal that answered was sent
+        # clock.now() of our last failed renewal or lost session: the table in trouble for
+        # us too, so a death we see then may be its doing (no strike: worker.takeover)
+        self.troubled_at = float("-inf")
         self._sessions = sessions
         self._max = max_connections
         self._call = call
@@ -110,7 +113,7 @@ class SessionKeeper:
         """The session is lost: nothing more may be written under it."""
         if self.lost_reason is None:
             self.lost_reason = reason
-            self.deadline_mono = 0.0
+            self.deadline_mono, self.troubled_at = 0.0, clock.now()
             self._lost.set()
             if not quiet:
                 self._log.warning("session_lost", session_id=self.session_id, why=reason.value)
@@ -188,6 +191,7 @@ class SessionKeeper:
                     sent = pending.pop(attempt)
                     exc = attempt.exception()
                     if exc is not None:
+                        self.troubled_at = clock.now()
                         level = self._log.warning if isinstance(exc, TransientError) else self._log.error
                         level(
                             "renew_retry" if isinstance(exc, TransientError) else "renew_error",

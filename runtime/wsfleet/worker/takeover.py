@@ -274,7 +274,14 @@ class Takeover:
         self._log.info("session_ended_dead", ended=session_id, worker=result.get(schema.SESSION_WORKER_ID))
         suspect = Suspect.from_item(result.get(schema.SUSPECT))
         if suspect is not None:
-            await self._strike(session_id, suspect)
+            # Not when our own renewals failed within a lease: the table's trouble (an
+            # outage longer than the lease ends every session at once) is no connection's.
+            troubled_s = clock.now() - self._keeper.troubled_at
+            if troubled_s * 1000 < self._timing.lease_ms + self._timing.max_clock_skew_ms:
+                self._log.info("strike_skipped", connection_id=suspect.connection_id, dead_session=session_id,
+                               why=f"our own renewals failed {troubled_s:.1f} s ago")
+            else:
+                await self._strike(session_id, suspect)
         try:
             read = await rows
         except Exception:  # noqa: BLE001 - drain() reads it again
