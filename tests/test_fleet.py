@@ -215,7 +215,10 @@ def test_sigterm_during_a_start_burst_leaves_every_connection_reachable_and_soon
         fleet.terminate("w1", timeout=TIMING.shutdown_s + 5)  # mid-burst, acquisitions in flight
         assert first + list(rest) == [202] * len(ids)
 
-    fleet.wait_connected(ids, timeout=TIMING.graceful_bound_s + 2 * TIMING.reconcile_s + TIMING.lease_s + 10)
+    # Room for w2 to lose its session to slow renewals and take everything back from it
+    # (twice on a loaded 2-core machine: a 3-s lease against the one-lock emulator), the
+    # invariant being that nothing is left unreachable, not how fast.
+    fleet.wait_connected(ids, timeout=TIMING.graceful_bound_s + 2 * TIMING.reconcile_s + 3 * TIMING.lease_s + 20)
     assert fleet.owned_by("w2") == set(ids)
     assert unreachable(fleet) == []
     # Drained: out of the ring. Its last handoffs' takers may still have been on their way
