@@ -142,8 +142,12 @@ def stop_all_and_audit(fleet: Fleet, ids: list[str]) -> None:
     for a in audits:
         assert a.first == 1 and a.rows == a.last
         # Every frame the upstream sent is stored, except the few in flight when STOP
-        # closed the socket (never acknowledged; a START resumes from the checkpoint).
-        assert a.rows <= a.delivered <= a.rows + RATE * 2, a
+        # closed the socket (never acknowledged; a START resumes from the checkpoint),
+        # and, for an owner that gave up (its session past its deadline on a starved
+        # machine), what it had received unstored: its successor resumed from the
+        # checkpoint, and the STOP may come before it reaches them again.
+        most = a.delivered if a.connection_id in gave_up else a.rows + RATE * 2
+        assert a.rows <= a.delivered <= most, a
 
 
 def live_session(fleet: Fleet, name: str) -> tuple[str, SessionState]:

@@ -170,7 +170,9 @@ def test_a_workers_own_hints_carry_the_trace_of_the_span_that_sent_them(aws_env,
 
     async def scenario():
         async with running(cfg, "w1") as first:
-            await asyncio.sleep(0.2)
+            # After its first free scan (at start-up; the next in 60 s), so that only the
+            # hint brings h1 in (a scan late on a loaded machine took it first).
+            await eventually(lambda: first.takeover.idle_scans >= 1, what="w1's first free scan, empty")
             await asyncio.to_thread(conns.start, "h1", upstream.url_for("h1"))
             # A hint sent under a span (as a drain's are): batched, through the queue.
             with tracing.segment("drain", session="test") as sent:
