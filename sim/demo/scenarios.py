@@ -118,7 +118,8 @@ class Demo:
             return
         cid, seq = self.large
         try:
-            eventually(lambda: self.fleet.scan()[cid].last_seq >= seq, LARGE_FRAME_WAIT_S,
+            # One item through the API (GET), not a Scan of every connection each poll.
+            eventually(lambda: int(self.fleet.get_connection(cid)[1].get("last_seq") or 0) >= seq, LARGE_FRAME_WAIT_S,
                        f"the large frame ({cid} seq {seq}) to be checkpointed", interval=0.2)
         except TimeoutError as exc:
             self.say(f"           {exc}; stopping anyway")
