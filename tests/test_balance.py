@@ -336,6 +336,10 @@ class _Ring:
     def put_summary(self, item):
         self.written.append(item)
 
+    def get_many(self, ids):
+        last = self.written[-1:] if schema.FLEET_SUMMARY_ID in ids else []
+        return [{schema.SESSION_ID: schema.FLEET_SUMMARY_ID, **item} for item in last]
+
 
 def _projected(item):
     """A session as ``by_ring`` projects it: no expiry."""
@@ -522,3 +526,20 @@ def test_a_ring_read_while_connections_move_does_not_lower_the_targets(monkeypat
     for _ in range(3):
         fleet = asyncio.run(b.summarize_once())
     assert fleet.active == 95 and fleet.target("w4#1", 100) == 19
+
+
+@pytest.mark.parametrize("age_s, counted", [(2.0, 100), (11.0, 95)])
+def test_a_new_summarizer_counts_at_least_its_predecessors_recent_count(monkeypatch, age_s, counted):
+    # A join's newcomer is the ring's new last session: it summarizes from the moment
+    # shedders move connections to it, with no count of its own yet. Its first read,
+    # missing those in transit, counted 12 as 8 on two workers (test_balancer saw a
+    # shedder at its share shed two more, which came back).
+    import asyncio
+
+    ring = _Ring([_projected(session(f"w{i}#1", 20 if i != 3 else 15)) for i in range(5)])
+    clock = {"ms": NOW}
+    ring.written.append(summarize([session(f"w{i}#1", 20) for i in range(5)], now_ms=NOW - int(age_s * 1000), timing=T).as_item())
+    _, b = _summarizer(ring, clock, monkeypatch)
+    for _ in range(3):
+        fleet = asyncio.run(b.summarize_once())
+    assert fleet.active == counted

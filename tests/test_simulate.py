@@ -70,10 +70,13 @@ def _plan(workers: int, per_worker: int, *, tasks_quota: int = 5000) -> dict:
 def test_the_plans_ring_writes_are_what_the_simulator_measures_within_25_percent(scenario):
     # 60 workers: the plan's rate is what the sessions changing within a heartbeat or two
     # write, and at 20 one second's peak is mostly chance. A join's writes are a steady
-    # stream over half a minute: its busiest two heartbeats (a few writes a second here).
+    # stream over half a minute: its busiest two heartbeats (a few writes a second here),
+    # a maximum that varies from seed to seed (4.0 to 6.2 over eight): the mean of three.
     planned = _plan(60, 10)[PLAN_SCENARIO[scenario]]["ring_writes_per_s"]
-    f = simulate(scenario, workers=60, per_worker=10, seed=1)
-    measured = f["ring_writes_busiest_5s"] if scenario == "join" else f["peak_by_partition_kind"]["ring"]["write"]
+    if scenario == "join":
+        measured = sum(simulate(scenario, workers=60, per_worker=10, seed=s)["ring_writes_busiest_5s"] for s in (1, 2, 3)) / 3
+    else:
+        measured = simulate(scenario, workers=60, per_worker=10, seed=1)["peak_by_partition_kind"]["ring"]["write"]
     assert measured == pytest.approx(planned, rel=0.25)
 
 
