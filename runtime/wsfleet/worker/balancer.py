@@ -105,8 +105,8 @@ class Balancer:
         now = self._clock_ms()
         watched = self._takeover.watched
         counted = sum(int(i.get(schema.ACTIVE, 0)) for i in items if i.get(schema.SESSION_STATE) == schema.LIVE)
-        recent = [(at, n) for at, n in self._counts if now - at < IN_TRANSIT_S * 1000]
-        self._counts = (recent or await self._predecessors_count(now)) + [(now, counted)]
+        self._counts = [(at, n) for at, n in self._counts if now - at < IN_TRANSIT_S * 1000] or await self._inherited(now)
+        self._counts.append((now, counted))
         fleet = summarize(
             items, now_ms=now, timing=self._timing, watched=watched, active_at_least=max(n for _, n in self._counts)
         )
@@ -123,15 +123,10 @@ class Balancer:
             self._written, self._written_at_ms = fleet.figures(), now
         return fleet
 
-    async def _predecessors_count(self, now: int) -> list[tuple[int, int]]:
-        """The count of the summary this summarizer takes over from, if it is recent: one
-        read each time the role changes hands. A join's newcomer is mostly the ring's new
-        last session, so it summarizes from the moment shedders start moving connections
-        to it, and its first ring read, missing those in transit, would count the fleet low
-        (seen: 12 counted as 8 on two workers, targets of 4, a shedder at its share shedding
-        two more, which came back)."""
-        items = await self._call(self._sessions.get_many, [schema.FLEET_SUMMARY_ID])
-        prior = [FleetLoad.from_item(i) for i in items if i.get(schema.SESSION_ID) == schema.FLEET_SUMMARY_ID]
+    async def _inherited(self, now: int) -> list[tuple[int, int]]:
+        """The recent count of the summary we take over from (a read as the role changes hands): a
+        join's newcomer, the ring's new last one, first reads a ring whose moves are in transit to it."""
+        prior = map(FleetLoad.from_item, await self._call(self._sessions.get_many, [schema.FLEET_SUMMARY_ID]))
         return [(p.at_ms, p.active) for p in prior if now - p.at_ms < IN_TRANSIT_S * 1000]
 
     async def balance_once(self) -> int:
@@ -159,12 +154,6 @@ class Balancer:
             self._holdings.runners[connection_id].request_shed(to)
         if moves:
             self.shed += len(moves)
-            self._log.info(
-                "rebalance_shed",
-                count=len(moves),
-                active=self._holdings.count(),
-                target=fleet.target(me, max_connections),
-                fleet_active=fleet.active,
-                workers=fleet.workers,
-            )
+            self._log.info("rebalance_shed", count=len(moves), active=self._holdings.count(),
+                           target=fleet.target(me, max_connections), fleet_active=fleet.active, workers=fleet.workers)
         return len(moves)
