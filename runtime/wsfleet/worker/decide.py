@@ -212,8 +212,8 @@ def choose_shed(
     held = list(held)
     if last_acquired_ms + ring_lag_ms(heartbeat_ms) >= fleet.at_ms or fleet.active < len(held):
         return []
-    n = shed_count(
-        active=len(held),
+    n = shed_count(  # down from what stays: those being released already (a shed not done yet) are gone
+        active=sum(not h.ending for h in held),
         max_connections=max_connections,
         fleet=fleet,
         tolerance=tolerance,
