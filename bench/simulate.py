@@ -1,4 +1,4 @@
-"""``python -m bench simulate [--workers 2000] [--per-worker 250] [--scenario crash10|az|join|deploy|scalein|steady|all] [--seed 1] [--json]``
+"""``python -m bench simulate [--workers 2000] [--per-worker 250] [--scenario crash10|az|join|deploy|scalein|steady|all] [--seed 1] [--json] [--save DIR]``
 
 The fleet in virtual time (:mod:`sim.virtual`): the workers' own roles and decisions
 against an in-memory DynamoDB that enforces each partition's limits, SQS with the
@@ -24,7 +24,7 @@ from wsfleet.plan.bursts import bursts
 from .common import Result
 
 BENCH_SCENARIOS = ("crash10", "join", "scalein")  # what make bench runs at full size
-OWN_FLAGS = ("--workers", "--per-worker", "--scenario", "--seed", "--json")
+OWN_FLAGS = ("--workers", "--per-worker", "--scenario", "--seed", "--json", "--save")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -34,6 +34,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--scenario", default="crash10", choices=["all", *SCENARIOS], help="what happens [crash10]")
     p.add_argument("--seed", type=int, default=1, help="the run's seed: the same seed, the same run [1]")
     p.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    p.add_argument("--save", metavar="DIR", type=Path,
+                   help="also write each scenario's raw figures (its samples a second included) to DIR/<scenario>.json")
     args = p.parse_args(argv)
     if args.workers < 2:
         p.error("--workers must be at least 2")
@@ -50,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures = simulate(name, workers=args.workers, per_worker=args.per_worker, seed=args.seed)
         failed |= not all(figures["bounds"].values())
         figures["against_plan"] = against_plan(figures)
+        if args.save:
+            args.save.mkdir(parents=True, exist_ok=True)
+            (args.save / f"{name}.json").write_text(json.dumps(figures, indent=1))
         print(json.dumps(figures, indent=1) if args.json else render(figures) + render_against_plan(figures) + "\n", flush=True)
     return 1 if failed else 0
 

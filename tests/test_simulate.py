@@ -117,6 +117,7 @@ def test_the_table_refuses_what_passes_a_partitions_write_limit_in_a_second_as_a
     loop.now = 1.0  # the next second has its full allowance again
     assert store.announce("w#1")
     assert dynamo.partitions.throttled == {"write": 1}
+    assert dict(dynamo.partitions.throttled_at) == {0: 1}  # when: the report tells the fleet's start from the event
 
 
 def test_the_tables_conditions_are_the_stores_a_renewal_of_an_ended_session_is_refused():

@@ -89,6 +89,7 @@ class Partitions:
         self.seconds: list[Second] = []
         self.throttled: dict[str, int] = defaultdict(int)  # "write"/"read" -> refused requests
         self.throttled_by: dict[tuple[str, str], int] = defaultdict(int)
+        self.throttled_at: dict[int, int] = defaultdict(int)  # second -> refused requests
         self.total = {"write": 0.0, "read": 0.0}
         # Each second's use of the hottest partition of each kind ("ring", "fleet", ...)
         self.by_group: list[tuple[int, dict[str, tuple[float, float]]]] = []
@@ -119,6 +120,7 @@ class Partitions:
                     if used.get(key, 0.0) + units > limit:
                         self.throttled[kind] += 1
                         self.throttled_by[key] += 1
+                        self.throttled_at[second.at] += 1
                         raise Throttled(key, kind)
         for key, units in writes.items():
             second.writes[key] += units

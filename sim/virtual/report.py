@@ -40,6 +40,11 @@ def _seconds(v: float | None) -> str:
     return "not within the run" if v is None else f"{v} s"
 
 
+def _refusals(f: dict[str, Any]) -> str:
+    where = ", ".join(f"{k} {n}" for k, n in f["throttled_by_partition"].items())
+    return f" ({f['throttled_before_event']} before the event; most at {where})"
+
+
 def _round(v: float | None) -> float | None:
     return None if v is None else round(v, 2)
 
@@ -70,6 +75,9 @@ def figures(fleet: Fleet, run: Run, *, wall_s: float, max_rss_mb: float) -> dict
         # heartbeats, where one second's count of a few writes is mostly chance
         "ring_writes_busiest_5s": round(p.group_peak("ring", "write", since=math.floor(run.event_at), window=5), 1),
         "throttled_requests": dict(p.throttled),
+        # where and when: the fleet's start (before the event) or the event itself
+        "throttled_before_event": sum(n for at, n in p.throttled_at.items() if at < run.event_at),
+        "throttled_by_partition": {"/".join(map(str, k)): n for k, n in sorted(p.throttled_by.items(), key=lambda kv: -kv[1])[:5]},
         "hints_sent": fleet.queue.sent,
         "hints_peak_per_s": max(sends, default=0),
         "dead_letters": len(fleet.queue.dead),
@@ -78,6 +86,7 @@ def figures(fleet: Fleet, run: Run, *, wall_s: float, max_rss_mb: float) -> dict
         "requests": dict(sorted(fleet.dynamo.calls.items())),
         "loop_errors": fleet.loop_errors[:5],
         **run.extra,
+        "samples": run.samples,  # a second each: spread, unattached, closed, queue, workers
     }
     out["bounds"] = bounds(out, fleet)
     return out
@@ -127,7 +136,8 @@ def render(f: dict[str, Any]) -> str:
         f"| every worker within one of its share after | {_seconds(f['fair_after_s'])} |",
         f"| hottest partition, writes | {f['hottest_write']['units_per_s']} WCU/s of {f['hottest_write']['limit']} ({f['hottest_write']['partition']}) |",
         f"| hottest partition, reads | {f['hottest_read']['units_per_s']} RCU/s of {f['hottest_read']['limit']} ({f['hottest_read']['partition']}) |",
-        f"| requests refused by a partition's limit | {f['throttled_requests'] or 'none'} |",
+        f"| requests refused by a partition's limit | {f['throttled_requests'] or 'none'}"
+        f"{_refusals(f) if f['throttled_requests'] else ''} |",
         f"| hints sent (peak per second) | {f['hints_sent']} ({f['hints_peak_per_s']}) |",
         f"| dead-letter queue | {f['dead_letters']} |",
         f"| connections with two sockets | {f['double_owners']} |",
