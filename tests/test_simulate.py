@@ -191,3 +191,15 @@ def test_a_long_poll_waits_in_virtual_time_for_a_message_sent_later():
 
     assert loop.run_until_complete(main()) == pytest.approx(3.0)
     loop.close()
+
+
+def test_the_partition_bound_holds_the_scenario_not_the_simulators_two_second_start():
+    from types import SimpleNamespace
+
+    from sim.virtual.report import bounds
+
+    fleet = SimpleNamespace(settings=SimpleNamespace(lease_s=10.0))
+    f = {"scenario": "steady", "dead_letters": 0, "double_owners": 0, "crash_recovery": {}, "handoff_gaps": {},
+         "throttled_requests": {"write": 4238}, "throttled_before_event": 4238}
+    assert bounds(f, fleet)["no partition over its limit"]
+    assert not bounds({**f, "throttled_before_event": 4237}, fleet)["no partition over its limit"]
