@@ -105,8 +105,9 @@ class Balancer:
         now = self._clock_ms()
         watched = self._takeover.watched
         counted = sum(int(i.get(schema.ACTIVE, 0)) for i in items if i.get(schema.SESSION_STATE) == schema.LIVE)
-        self._counts = [(at, n) for at, n in self._counts if now - at < IN_TRANSIT_S * 1000] or await self._inherited(now)
-        self._counts.append((now, counted))
+        def recent(counts: list[tuple[int, int]]) -> list[tuple[int, int]]:
+            return [(at, n) for at, n in counts if now - at < IN_TRANSIT_S * 1000]
+        self._counts = (recent(self._counts) or recent(await self._inherited())) + [(now, counted)]
         fleet = summarize(
             items, now_ms=now, timing=self._timing, watched=watched, active_at_least=max(n for _, n in self._counts)
         )
@@ -123,11 +124,11 @@ class Balancer:
             self._written, self._written_at_ms = fleet.figures(), now
         return fleet
 
-    async def _inherited(self, now: int) -> list[tuple[int, int]]:
-        """The recent count of the summary we take over from (a read as the role changes hands): a
-        join's newcomer, the ring's new last one, first reads a ring whose moves are in transit to it."""
+    async def _inherited(self) -> list[tuple[int, int]]:
+        """The count of the summary we take over from (a read as the role changes hands): a join's
+        newcomer, the ring's new last one, first reads a ring whose moves are in transit to it."""
         prior = map(FleetLoad.from_item, await self._call(self._sessions.get_many, [schema.FLEET_SUMMARY_ID]))
-        return [(p.at_ms, p.active) for p in prior if now - p.at_ms < IN_TRANSIT_S * 1000]
+        return [(p.at_ms, p.active) for p in prior]
 
     async def balance_once(self) -> int:
         """Shed what is above this worker's fair share (:func:`.decide.choose_shed`),
