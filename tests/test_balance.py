@@ -543,3 +543,97 @@ def test_a_new_summarizer_counts_at_least_its_predecessors_recent_count(monkeypa
     for _ in range(3):
         fleet = asyncio.run(b.summarize_once())
     assert fleet.active == counted
+
+
+def test_a_rebalance_under_way_ends_with_every_worker_within_one_of_its_target():
+    # 100 over 4 workers of 100: targets 25. One at 27 while the others are within one of
+    # theirs (the worst 1 under): the band of 0.1 lets it stay; while settling it sheds 2.
+    f = FleetLoad(4, 100, 400, 2, 0, NOW, under={"b": 1, "c": 1})
+    assert shed_count(active=27, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False) == 0
+    assert shed_count(active=27, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False,
+                      settling=True) == 2
+    assert shed_count(active=26, max_connections=100, fleet=f, tolerance=0.1, max_moves=10, recovering=False,
+                      settling=True) == 0  # one over: within one
+
+
+def test_a_large_join_is_paced_to_what_the_named_inboxes_take():
+    from wsfleet.balance import UNDER_LISTED, pass_room, paced
+
+    room = pass_room(T)  # six renewals between two summaries a shedder reads: 6 x 48
+    assert room == 6 * schema.ASSIGNED_MAX
+    # 200 newcomers into 2,000 workers of 250: targets 227, each old one 23 over; the
+    # summary names 64 newcomers (227 under each) of the 45,400 under.
+    under = {f"n{i:03d}": 227 for i in range(UNDER_LISTED)}
+    join = FleetLoad(2200, 500_000, 2200 * 350, 45_400, 0, NOW, under=under)
+    rng = random.Random(1)
+    sheds = [paced(23, join, rng, room=room) for _ in range(2000)]
+    # each sheds 23 x 0.75 x (64 x 227) / 45,400 = 5.52 a pass: 5 or 6, about 11,000 in all,
+    # three quarters of the 64 x 227 the named newcomers want
+    assert set(sheds) == {5, 6} and sum(sheds) == pytest.approx(0.75 * 64 * 227 * 2000 / 2000, rel=0.03)
+    # every one under named and under by no more than the room: all at once, as before
+    small = FleetLoad(66, 600, 66 * 350, 54, 0, NOW, under={f"n{i}": 9 for i in range(6)})
+    assert paced(1, small, rng, room=room) == 1 and paced(9, small, rng, room=room) == 9
+    # a summary naming nobody: its sheds are hinted for anyone
+    assert paced(7, FleetLoad(2, 8, 200, 4, 0, NOW), rng, room=room) == 7
+
+
+def test_with_more_shedders_than_the_summary_lists_each_picks_named_sessions_at_random():
+    from wsfleet.balance import OVER_LISTED
+
+    over = {f"o{i:03d}": 23 for i in range(OVER_LISTED)}  # the list is full: more shedders than it names
+    f = FleetLoad(100, 10_000, 35_000, 500, 0, NOW, under={"a": 400, "b": 100}, over=over)
+    picks = shed_targets(f, "o000", 30, random.Random(1), room=10)  # listed, yet at random: none has its part
+    assert len(picks) == 30 and Counter(picks) == {"a": 10, "b": 10, "": 10}  # at most the room a session
+    # fewer shedders than the list holds: each its own part of one plan, as before
+    few = FleetLoad(4, 100, 400, 6, 0, NOW, under={"a": 4, "b": 2}, over={"x": 3, "y": 3})
+    assert shed_targets(few, "x", 3) + shed_targets(few, "y", 3) == ["a", "a", "a", "a", "b", "b"]
+
+
+def test_a_worker_that_saw_a_rebalance_begin_settles_it_for_two_minutes(monkeypatch):
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from wsfleet import clock
+    from wsfleet.balance import SETTLE_S
+    from wsfleet.logs import JsonLogger
+    from wsfleet.worker.balancer import Balancer
+    from wsfleet.worker.holdings import Holdings
+    from wsfleet.worker.summary import FleetSummary
+
+    now, mono = int(time.time() * 1000), [1_000.0]
+    monkeypatch.setattr(clock, "now", lambda: mono[0])
+
+    def balancer() -> tuple[Balancer, FleetSummary]:
+        runners = {f"c{i}": SimpleNamespace(connection_id=f"c{i}", end_reason=None, acquired_mono=0.0, shed=False)
+                   for i in range(22)}
+        for r in runners.values():
+            r.request_shed = lambda to="", r=r: setattr(r, "shed", True)
+        summary = FleetSummary(clock_ms=lambda: now)
+        holdings = Holdings(max_connections=100, summary=summary)
+        holdings.runners.update(runners)
+        holdings.last_acquired_ms = now - 60_000
+        return Balancer(
+            sessions=None, keeper=SimpleNamespace(live=lambda: True, session_id="me#1"), timing=T, enabled=True,
+            tolerance=0.1, call=None, log=JsonLogger(), holdings=holdings, summary=summary,
+            takeover=SimpleNamespace(successors=lambda: [], recovering=lambda: False, watched={}), clock_ms=lambda: now,
+        ), summary
+
+    # 80 over 4 workers: targets 20; we hold 22, in the band (2) while the worst is 1 under
+    quiet = FleetLoad(4, 80, 400, 2, 0, now, under={"b#1": 1, "c#1": 1}, over={"me#1": 2})
+    begun = FleetLoad(4, 80, 400, 3, 1, now, under={"n#1": 3})  # one 3 under (a suspect: nothing moves yet)
+    b, summary = balancer()
+    summary.known(quiet)
+    assert asyncio.run(b.balance_once()) == 0
+    b, summary = balancer()
+    summary.known(begun)
+    assert asyncio.run(b.balance_once()) == 0
+    mono[0] += SETTLE_S - 1
+    summary.known(quiet)
+    assert asyncio.run(b.balance_once()) == 2  # the rebalance it saw begin ends within one: down to 20
+    b, summary = balancer()
+    summary.known(begun)
+    asyncio.run(b.balance_once())
+    mono[0] += SETTLE_S
+    summary.known(quiet)
+    assert asyncio.run(b.balance_once()) == 0  # two minutes on: the band again

@@ -217,8 +217,8 @@ def summarize(
         sum(under.values()),
         len(dead),
         now_ms,
-        _largest(under),
-        _largest(over),
+        _largest(under, UNDER_LISTED),
+        _largest(over, OVER_LISTED),
         cut_rem,
         cut_id,
         {sid: (held[sid], m) for sid, m in takers.items()} if len(takers) <= LOADS_LISTED else {},
@@ -226,11 +226,13 @@ def summarize(
     )
 
 
-def _largest(amounts: Mapping[str, int], most: int | None = None) -> dict[str, int]:
-    return dict(sorted(amounts.items(), key=lambda kv: (-kv[1], kv[0]))[: most or UNDER_LISTED])
+def _largest(amounts: Mapping[str, int], most: int) -> dict[str, int]:
+    return dict(sorted(amounts.items(), key=lambda kv: (-kv[1], kv[0]))[:most])
 
 
-def shed_targets(fleet: FleetLoad, me: str, n: int, rng: random.Random | None = None) -> list[str]:
+def shed_targets(
+    fleet: FleetLoad, me: str, n: int, rng: random.Random | None = None, *, room: int = schema.ASSIGNED_MAX
+) -> list[str]:
     """Where to send the ``n`` connections ``me`` sheds now: sessions under their target.
 
     Every shedder working from one summary computes the same plan: the deficits laid out
@@ -238,10 +240,14 @@ def shed_targets(fleet: FleetLoad, me: str, n: int, rng: random.Random | None = 
     likewise, and each shedder sends its excess to the part of the row facing its own.
     So together they fill each session exactly to its target, none more. A shedder the
     summary does not list as over (a stale summary) picks in proportion to the
-    deficits. "" for any beyond the row (anyone under target)."""
-    if me in fleet.over:
-        return _facing(fleet.under, fleet.over, me, n)
-    row = _row(fleet.under)
+    deficits. "" for any beyond the row (anyone under target).
+
+    The row counts at most ``room`` a session (:func:`pass_room`). With more shedders than
+    the summary lists (``OVER_LISTED``), each picks at random."""
+    under = {sid: min(deficit, room) for sid, deficit in fleet.under.items()}
+    if me in fleet.over and len(fleet.over) < OVER_LISTED:
+        return _facing(under, fleet.over, me, n)
+    row = _row(under)
     chosen = (rng or random).sample(row, min(n, len(row)))
     return chosen + [""] * (n - len(chosen))
 
@@ -349,7 +355,9 @@ def ring_lag_ms(heartbeat_ms: int) -> int:
 # out of the ring partition: a ring Query returns the sessions after ours, never also the
 # summary, and an item in the index would double every summary write.
 SUMMARY_EVERY = 3
-UNDER_LISTED = 25  # sessions under (and over) their share named in the summary
+UNDER_LISTED = 64  # sessions under their share named in the summary: where sheds go
+OVER_LISTED = 25
+PACE_OF_ROOM = 0.75  # of the named sessions' inboxes, what a pass of sheds aims to fill
 # Every taker's load is in the summary while there are at most this many (a drain plans
 # from it: :func:`drain_targets`), and the dead sessions are listed up to this many:
 # about 55 bytes each, so the #fleet item stays under 8 KB, one read unit.
@@ -357,6 +365,9 @@ LOADS_LISTED = 32
 # A shed hint (one meant for nobody in particular) is for workers under their share this
 # long; then anyone takes it (the summary may be stale): it is never left unowned.
 SHED_ANYONE_AFTER_S = 4.0
+# A worker that saw one more than one under its target settles the rebalance this long:
+# twice the balancer's MIN_HOLD_S, as a connection taken in it may not move for one.
+SETTLE_S = 120.0
 
 
 def is_summarizer(me: str, successors: list[str] | None) -> bool:
@@ -377,6 +388,8 @@ def shed_count(
     max_moves: int,
     recovering: bool,
     me: str = "",
+    settling: bool = False,
+    room: int = schema.ASSIGNED_MAX,
 ) -> int:
     """How many connections to shed now: down to (never below) the exact target, at
     most ``max_moves``, never while the fleet is recovering. The band: a worker above its
@@ -384,16 +397,36 @@ def shed_count(
     every other worker is within one of its target. Once one is further under (a
     newcomer; or, after a join, 13 for a target of 15 while two hold 16: the old rule
     compared the band with the whole fleet's room, 2, and let it stay), every worker
-    above its target sheds to it: a join ends with every worker within one of its
-    target whatever the starting split. Targets add up to the fleet's connections, so
-    in a balanced fleet nobody is above theirs and nothing moves."""
+    above its target sheds to it; ``settling`` (:data:`SETTLE_S`), the band is one. Targets
+    add up to the fleet's connections: in a balanced fleet nothing moves. At most
+    :func:`paced`."""
     if recovering or fleet.suspects or not fleet.capacity:
         return 0
     goal = fleet.target(me, max_connections)
-    band = max(1, math.ceil(tolerance * goal))
+    band = 1 if settling else max(1, math.ceil(tolerance * goal))
     if active <= goal or (active <= goal + band and fleet.max_deficit <= 1):
         return 0
-    return min(active - goal, max_moves)
+    return min(active - goal, max_moves, paced(active - goal, fleet, room=room))
+
+
+def paced(excess: int, fleet: FleetLoad, rng: random.Random | None = None, *, room: int = schema.ASSIGNED_MAX) -> int:
+    """A pass's part of ``excess``: every shedder sheds the same fraction of its excess,
+    so that together (each passing once between two renewals of ``room``: :func:`pass_room`)
+    they send about three quarters of what the named sessions take. All, when those take
+    all. Rounded at random, so that shedders 0.4 over move 0.4 each on average."""
+    named = sum(min(d, room) for d in fleet.under.values())
+    if not named or fleet.below_share <= named:
+        return excess  # (a summary naming nobody: its sheds are hinted for anyone under its share)
+    share = excess * PACE_OF_ROOM * named / fleet.below_share
+    whole = int(share)
+    return whole + ((rng or random).random() < share - whole)
+
+
+def pass_room(timing: SessionTiming) -> int:
+    """Moves one session's inbox takes between two passes of a shedder (one a summary read,
+    every ``SUMMARY_EVERY`` watch reads): ``ASSIGNED_MAX`` a renewal, 6 x 48 by default."""
+    between_ms = SUMMARY_EVERY * 0.725 * timing.watch_window_ms()  # the watch pause's mean: 72.5 % of the window
+    return schema.ASSIGNED_MAX * max(1, int(between_ms // timing.heartbeat_ms))
 
 
 def max_moves(max_connections: int) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Awaitable, Callable
 
 from .. import clock, schema
-from ..balance import IN_TRANSIT_S, FleetLoad, is_summarizer, max_moves, summarize
+from ..balance import IN_TRANSIT_S, SETTLE_S, FleetLoad, is_summarizer, max_moves, pass_room, summarize
 from ..leases import SessionTiming
 from ..logs import JsonLogger
 from ..store import SessionsStore, now_ms
@@ -81,6 +81,7 @@ class Balancer:
         self._cursor: dict | None = None  # where the next page starts
         self._written: dict | None = None  # the figures last written, and when
         self._written_at_ms = 0
+        self._settle_until = 0.0  # a rebalance under way until then (clock.now()): see SETTLE_S
 
     async def summarize_once(self) -> FleetLoad | None:
         """If this is the last session of the ring, read the next page(s) of the ring
@@ -136,7 +137,9 @@ class Balancer:
         fleet = self._summary.fresh()
         if not self._enabled or fleet is None or not self._keeper.live():
             return 0
-        me, max_connections = self._keeper.session_id, self._holdings.max_connections
+        me, max_connections, now = self._keeper.session_id, self._holdings.max_connections, clock.now()
+        if fleet.max_deficit > 1:
+            self._settle_until = now + SETTLE_S
         moves = choose_shed(
             self._holdings.held(),
             fleet=fleet,
@@ -147,8 +150,10 @@ class Balancer:
             recovering=self._takeover.recovering(),
             last_acquired_ms=self._holdings.last_acquired_ms,
             heartbeat_ms=self._timing.heartbeat_ms,
-            now=clock.now(),
+            now=now,
             min_hold_s=MIN_HOLD_S,
+            settling=now < self._settle_until,
+            room=pass_room(self._timing),
         )
         for connection_id, to in moves:
             self._holdings.shed(connection_id)

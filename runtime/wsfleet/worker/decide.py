@@ -202,13 +202,16 @@ def choose_shed(
     heartbeat_ms: int,
     now: float,
     min_hold_s: float,
+    settling: bool = False,
+    room: int = schema.ASSIGNED_MAX,
 ) -> list[tuple[str, str]]:
     """What to shed now and the session each is meant for ("" for anyone under its
     share): down to this worker's fair share (:func:`wsfleet.balance.shed_count`), the
     oldest held first, none held for less than ``min_hold_s``. Nothing on a summary that
     cannot count us yet: one taken before our latest acquisition reached the ring index
     (:func:`wsfleet.balance.ring_lag_ms`, two heartbeats at most) undercounts the fleet,
-    and a fleet that is filling up would shed."""
+    and a fleet that is filling up would shed. ``settling``, ``room``: see
+    :func:`wsfleet.balance.shed_count`."""
     held = list(held)
     if last_acquired_ms + ring_lag_ms(heartbeat_ms) >= fleet.at_ms or fleet.active < len(held):
         return []
@@ -220,11 +223,13 @@ def choose_shed(
         max_moves=max_moves,
         recovering=recovering,
         me=me,
+        settling=settling,
+        room=room,
     )
     movable = sorted(
         (h for h in held if not h.ending and now - h.acquired_at >= min_hold_s), key=lambda h: h.acquired_at
     )[:n]
-    return [(h.connection_id, to) for h, to in zip(movable, shed_targets(fleet, me, len(movable)), strict=True)]
+    return [(h.connection_id, to) for h, to in zip(movable, shed_targets(fleet, me, len(movable), room=room), strict=True)]
 
 
 # --- a STOP from the session's inbox ----------------------------------------------------------
