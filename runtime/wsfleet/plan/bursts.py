@@ -37,8 +37,8 @@ test holds the ring's peak within 25 % of what the simulator measures in each sc
   launch rate, each taking a Fargate start.
 * **a deploy's tasks**: at ``maximumPercent`` 200 the service runs up to twice the tasks,
   capped by its tasks-per-service quota: past half that quota a deploy goes in rounds.
-* **the summary item** (``#fleet``): its figures and the largest ``UNDER_LISTED`` deficits and
-  excesses, each a session id and a number.
+* **the summary item** (``#fleet``): its figures, the largest ``UNDER_LISTED`` deficits and
+  the largest ``OVER_LISTED`` excesses, each a session id and a number.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import math
 from typing import Any, Mapping
 
 from .. import schema
-from ..balance import LOADS_LISTED, RING_WRITE_EVERY, SUMMARY_EVERY, UNDER_LISTED
+from ..balance import LOADS_LISTED, OVER_LISTED, RING_WRITE_EVERY, SUMMARY_EVERY, UNDER_LISTED
 from ..leases import SessionTiming
 from ..settings_spec import MAX_CLOCK_SKEW_MS, VARIABLES
 from .model import TRANSACTION_FACTOR
@@ -69,10 +69,10 @@ RING_WRITES_TO_OPEN = 2  # a newcomer's open, then its first renewal (nothing st
 RING_WRITES_TO_LEAVE = 3  # a leaver's renewal saying draining, its end (ENDED), its leaving the ring
 
 
-def fleet_item_bytes(listed: int = UNDER_LISTED) -> int:
-    """The ``#fleet`` item at its largest: the figures, and ``listed`` sessions under and
-    as many over their targets (an id and a number each)."""
-    return SUMMARY_FIGURE_BYTES + 2 * listed * (SESSION_ID_BYTES + 4)
+def fleet_item_bytes(listed: int = UNDER_LISTED + OVER_LISTED) -> int:
+    """The ``#fleet`` item at its largest: the figures, and ``listed`` sessions under or
+    over their targets (an id and a number each)."""
+    return SUMMARY_FIGURE_BYTES + listed * (SESSION_ID_BYTES + 4)
 
 
 def inbox_fill_units(entries: int, *, entry_bytes: int = ASSIGNED_ENTRY_BYTES, base_bytes: int = SESSION_ITEM_BYTES) -> int:
