@@ -151,3 +151,13 @@ def test_a_stop_is_for_the_ownership_it_names_and_waits_while_the_connection_is_
     assert choose_stop(acquiring=False, held_fence=4, handing_off=False, handed=False, fence=3) is StopAction.IGNORE
     assert choose_stop(acquiring=False, held_fence=None, handing_off=False, handed=True, fence=3) is StopAction.STOP_HANDED
     assert choose_stop(acquiring=False, held_fence=None, handing_off=False, handed=False, fence=3) is StopAction.IGNORE
+
+
+def test_a_drainer_hints_a_dead_sessions_connection_again_only_after_a_while():
+    from wsfleet.worker.decide import REHINT_S, fresh_hints
+
+    hinted: dict[str, float] = {}
+    assert fresh_hints(["a", "b", "a"], hinted, 100.0) == ["a", "b"]
+    assert fresh_hints(["a", "b", "c"], hinted, 105.0) == ["c"]  # the next watch read's drain: only the new one
+    assert fresh_hints(["a", "c"], hinted, 100.0 + REHINT_S) == ["a"]  # a's hint may be lost: again
+    assert set(hinted) == {"a", "c"}  # b, taken meanwhile, is forgotten

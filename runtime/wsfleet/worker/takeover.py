@@ -45,7 +45,7 @@ from ..logs import JsonLogger
 from ..metrics import Counters
 from ..store import ConnectionsStore, SessionsStore, TransientError, now_ms
 from .acquisition import Acquisition
-from .decide import DrainSplit, split_drain
+from .decide import DrainSplit, fresh_hints, split_drain
 from .hints import Hints
 from .holdings import Holdings
 from .moves import Mover
@@ -116,6 +116,7 @@ class Takeover:
         self._draining: set[str] = set()
         self.suspect_at = float("-inf")  # clock.now() when a watched session last looked dead (its end planned) or came due
         self._empty: dict[str, int] = {}
+        self._hinted: dict[str, float] = {}  # a dead session's connections hinted here, when (fresh_hints)
         self._tasks: set[asyncio.Task] = set()
         self._free_seen: set[str] = set()  # FREE# at the previous count_unowned
         # Free scans in a row that found nothing (the pause doubles with each); and set
@@ -371,7 +372,7 @@ class Takeover:
         results = await asyncio.gather(
             *(self._acquisition.try_acquire(cid, source="orphan", expected_session=session_id, trace_parent=trace) for cid in mine),
             self._move_or_hint(session_id, named),
-            *(self._hints.hint(cid, from_session=session_id) for cid in anyone),
+            *(self._hints.hint(cid, from_session=session_id) for cid in fresh_hints(anyone, self._hinted, clock.now())),
             *(self._free(cid, session_id) for cid in stopped),
             return_exceptions=True,
         )
@@ -391,7 +392,7 @@ class Takeover:
         """Move each planned connection to its survivor (:meth:`.moves.Mover.move_drained`);
         hint what did not move for anyone, conditional on the dead session."""
         left = await self._mover.move_drained(session_id, named)
-        await asyncio.gather(*(self._hints.hint(cid, from_session=session_id) for cid in left))
+        await asyncio.gather(*(self._hints.hint(cid, from_session=session_id) for cid in fresh_hints(left, self._hinted, clock.now())))
 
     def _drain_plan(self, session_id: str, started: list[str]) -> DrainSplit:
         """Split a dead session's STARTED connections (:func:`.decide.split_drain`) by the
