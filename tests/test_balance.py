@@ -562,14 +562,15 @@ def test_a_large_join_is_paced_to_what_the_named_inboxes_take():
     room = pass_room(T)  # six renewals between two summaries a shedder reads: 6 x 48
     assert room == 6 * schema.ASSIGNED_MAX
     # 200 newcomers into 2,000 workers of 250: targets 227, each old one 23 over; the
-    # summary names 64 newcomers (227 under each) of the 45,400 under.
+    # summary names 128 newcomers (227 under each) of the 45,400 under.
+    assert UNDER_LISTED == 128
     under = {f"n{i:03d}": 227 for i in range(UNDER_LISTED)}
     join = FleetLoad(2200, 500_000, 2200 * 350, 45_400, 0, NOW, under=under)
     rng = random.Random(1)
     sheds = [paced(23, join, rng, room=room) for _ in range(2000)]
-    # each sheds 23 x 0.75 x (64 x 227) / 45,400 = 5.52 a pass: 5 or 6, about 11,000 in all,
-    # three quarters of the 64 x 227 the named newcomers want
-    assert set(sheds) == {5, 6} and sum(sheds) == pytest.approx(0.75 * 64 * 227 * 2000 / 2000, rel=0.03)
+    # each sheds 23 x 0.75 x (128 x 227) / 45,400 = 11.04 a pass: 11 or 12, 22,080 in all
+    # (about three quarters of the 128 x 227 the named newcomers want)
+    assert set(sheds) == {11, 12} and sum(sheds) == pytest.approx(2000 * 23 * 0.75 * 128 * 227 / 45_400, rel=0.01)
     # every one under named and under by no more than the room: all at once, as before
     small = FleetLoad(66, 600, 66 * 350, 54, 0, NOW, under={f"n{i}": 9 for i in range(6)})
     assert paced(1, small, rng, room=room) == 1 and paced(9, small, rng, room=room) == 9

@@ -60,14 +60,14 @@ def test_the_limits_match_a_hand_computed_fleet():
     # 3 x 480 - 3 x 240 = 720/h = 0.2/s, each the whole ring: 100 entries x 100 B = 3 x 4 KB
     # pages' worth = 1.5 RRU: 0.3. Sum 3.6333. No session item is read for the summary.
     assert _by(r, "steady", "partition sessions.by_ring RING: reads")["used"] == pytest.approx(3.63333, rel=1e-4)
-    # #fleet: read with every third watch read by 100 workers: 300/h x 100 = 8.333/s x 1
-    # (5.4 KB: its figures, 64 sessions under and 25 over their targets, each an id and a
-    # number: two 4 KB halves) = 8.3333 RRU/s; written when it changed, every pass at this
-    # size: 720/h x 6 WRU = 1.2 WRU/s.
-    assert _by(r, "steady", "partition sessions #fleet: reads")["used"] == pytest.approx(8.33333, rel=1e-4)
-    assert _by(r, "steady", "partition sessions #fleet: writes")["used"] == pytest.approx(1.2)
-    # Sessions table writes: 100 x 1,440/h = 40/s, + the #fleet's 1.2 = 41.2.
-    assert _by(r, "steady", "sessions: writes (table quota)")["used"] == pytest.approx(41.2)
+    # #fleet: read with every third watch read by 100 workers: 300/h x 100 = 8.333/s x 1.5
+    # (9.2 KB: its figures, 128 sessions under and 25 over their targets, each an id and a
+    # number: three 4 KB thirds) = 12.5 RRU/s; written when it changed, every pass at this
+    # size: 720/h x 9 WRU = 1.8 WRU/s.
+    assert _by(r, "steady", "partition sessions #fleet: reads")["used"] == pytest.approx(12.5, rel=1e-4)
+    assert _by(r, "steady", "partition sessions #fleet: writes")["used"] == pytest.approx(1.8)
+    # Sessions table writes: 100 x 1,440/h = 40/s, + the #fleet's 1.8 = 41.8.
+    assert _by(r, "steady", "sessions: writes (table quota)")["used"] == pytest.approx(41.8)
     # STARTs at the API's 10/s change 10 workers' counts a second (100 workers renew 40
     # times a second): 10 by_ring entries rewritten a second, all in the RING partition.
     ring_w = "partition sessions.by_ring RING: writes, counts changed by STARTs at the API's rate"
@@ -91,11 +91,11 @@ def test_the_limits_match_a_hand_computed_fleet():
     assert _by(r, "crash", "task launches per minute to replace the crashed")["used"] == 10
     # Each of the 90 survivors reads its own session item 4 times a second while the moves
     # come (no partition near its limit: one item each): 360/s on top of the sessions
-    # table's steady 33.33 (watch 25 + #fleet 8.33), against the 12,000 a new on-demand table
+    # table's steady 37.5 (watch 25 + #fleet 12.5), against the 12,000 a new on-demand table
     # absorbs; a zone lost leaves 50 readers: 200/s.
     inbox = "sessions: reads absorbed at once, every survivor reading its inbox between renewals (warm throughput)"
-    assert (_by(r, "crash", inbox)["used"], _by(r, "crash", inbox)["limit"]) == (pytest.approx(393.3333, rel=1e-4), 12_000)
-    assert _by(r, "zone_lost", inbox)["used"] == pytest.approx(233.3333, rel=1e-4)
+    assert (_by(r, "crash", inbox)["used"], _by(r, "crash", inbox)["limit"]) == (pytest.approx(397.5, rel=1e-4), 12_000)
+    assert _by(r, "zone_lost", inbox)["used"] == pytest.approx(237.5, rel=1e-4)
     # Scale-in of 10 %: 1,000 handed to named peers within 4 s = 250/s: each key moved
     # once, session to session (2 index writes, no FREE# entry): 500/s; the release (1 WRU)
     # and the taker's transactional acquire (2): 750 WRU/s.
@@ -128,18 +128,18 @@ def test_the_limits_match_a_hand_computed_fleet():
     assert r["refusals"] == ["max_workers (the service's scaling ceiling) (steady): 100 needed, 50 available; "
                              "change max_workers"]
     assert r["cells"] is None
-    # $: reads per second: sessions 25 (watch: 100 x 900/h x 1) + 8.3333 (#fleet) =
-    # 33.3333; by_ring 3.6333; by_owner 5 (free scan: 100 x 360/h x 0.5) + 0.025
-    # (unowned: 180/h x 0.5) = 5.025: 41.9917 RRU/s; writes 41.2 WRU/s. A month is 730 h =
-    # 2.628 M s: reads 110.35 M x $0.5 = 55.18, writes 108.27 M x $1 = 108.27. Fargate: 100 x
+    # $: reads per second: sessions 25 (watch: 100 x 900/h x 1) + 12.5 (#fleet) = 37.5;
+    # by_ring 3.6333; by_owner 5 (free scan: 100 x 360/h x 0.5) + 0.025 (unowned: 180/h x
+    # 0.5) = 5.025: 46.1583 RRU/s; writes 41.8 WRU/s. A month is 730 h = 2.628 M s: reads
+    # 121.30 M x $0.5 = 60.65, writes 109.85 M x $1 = 109.85. Fargate: 100 x
     # (0.25 vCPU x 0.04048 + 0.5 GB x 0.004445) x 730 = 901.00; one NAT gateway 0.045 x 730
     # = 32.85 and its address 0.005 x 730 = 3.65; no frames: no NAT data.
     m = r["month"]
-    assert m["dynamodb_reads"] == pytest.approx(55.18, abs=0.01)
-    assert m["dynamodb_writes"] == pytest.approx(108.27, abs=0.01)
+    assert m["dynamodb_reads"] == pytest.approx(60.65, abs=0.01)
+    assert m["dynamodb_writes"] == pytest.approx(109.85, abs=0.01)
     assert m["fargate"] == pytest.approx(901.00, abs=0.01)
     assert (m["nat_hours"], m["nat_addresses"]) == (pytest.approx(32.85), pytest.approx(3.65))
-    assert r["usd_per_month"] == pytest.approx(55.18 + 108.27 + 901.00 + 32.85 + 3.65, abs=0.02)
+    assert r["usd_per_month"] == pytest.approx(60.65 + 109.85 + 901.00 + 32.85 + 3.65, abs=0.02)
 
 
 def test_graviton_tasks_cost_a_fifth_less_and_spot_prices_x86_64():

@@ -355,7 +355,7 @@ def ring_lag_ms(heartbeat_ms: int) -> int:
 # out of the ring partition: a ring Query returns the sessions after ours, never also the
 # summary, and an item in the index would double every summary write.
 SUMMARY_EVERY = 3
-UNDER_LISTED = 64  # sessions under their share named in the summary: where sheds go
+UNDER_LISTED = 128  # sessions under their share named in the summary: where sheds go
 OVER_LISTED = 25
 PACE_OF_ROOM = 0.75  # of the named sessions' inboxes, what a pass of sheds aims to fill
 # Every taker's load is in the summary while there are at most this many (a drain plans
