@@ -3,8 +3,8 @@
 :class:`SimRunner` takes the place of :class:`wsfleet.worker.connection.ConnectionRunner`
 (the part that opens a socket and streams frames): it "opens" after a connect time,
 holds until one end reason, then does what the real runner's teardown does to the table
-(the release through the product's store: a handoff for a shutdown or a shed, a free for
-a STOP; nothing for a lost session) and reports it the same way (``freed``, ``handed``,
+(the release through the product's store, after the shared flush: a handoff for a
+shutdown or a shed, a free for a STOP; nothing for a lost session) and reports it the same way (``freed``, ``handed``,
 ``detached``), so the worker's own roles carry on from there.
 
 :class:`Books` is the upstream's side of the story, the evidence the report trusts: when
@@ -25,6 +25,10 @@ from wsfleet.store import Released, TransientError
 from wsfleet.worker.runner_checkpoints import EndReason
 
 CONNECT_S = (0.03, 0.12)  # a socket's open (TLS handshake to the upstream), uniform
+# A release waits for the shared flush of what the socket received (FLUSH_INTERVAL_MS, 100
+# ms by default: the next one comes 0-100 ms on) and that flush's write, as the worker's does.
+FLUSH_S = 0.1
+FLUSH_WRITE_S = 0.006
 
 
 @dataclass
@@ -140,6 +144,8 @@ class SimRunner:
         if self._open:  # the socket closes before anything is written
             self.books.close(self.connection_id, self.worker, reason.value, clock.now())
         if reason in (EndReason.STOPPED, EndReason.SHUTDOWN, EndReason.SHED):
+            if self._open:
+                await asyncio.sleep(self.rng.uniform(0, FLUSH_S) + FLUSH_WRITE_S)
             await self._release(reason)
         return reason
 
