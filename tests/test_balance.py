@@ -588,6 +588,14 @@ def test_with_more_shedders_than_the_summary_lists_each_picks_named_sessions_at_
     # fewer shedders than the list holds: each its own part of one plan, as before
     few = FleetLoad(4, 100, 400, 6, 0, NOW, under={"a": 4, "b": 2}, over={"x": 3, "y": 3})
     assert shed_targets(few, "x", 3) + shed_targets(few, "y", 3) == ["a", "a", "a", "a", "b", "b"]
+    # ... paced too: one newcomer 600 under, more than its room of 288 between two passes;
+    # each of two shedders 300 over sheds 0.75 x 288 / 600 of it, 108, facing its own part
+    from wsfleet.balance import paced
+
+    one = FleetLoad(3, 1200, 1200, 600, 0, NOW, under={"a": 600}, over={"x": 300, "y": 300})
+    parts = [paced(300, one, room=288, me=me) for me in ("x", "y")]
+    assert parts == [108, 108]
+    assert shed_targets(one, "x", 108, room=288) + shed_targets(one, "y", 108, room=288) == ["a"] * 216
 
 
 def test_a_worker_that_saw_a_rebalance_begin_settles_it_for_two_minutes(monkeypatch):

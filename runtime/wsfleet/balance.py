@@ -246,7 +246,7 @@ def shed_targets(
     the summary lists (``OVER_LISTED``), each picks at random."""
     under = {sid: min(deficit, room) for sid, deficit in fleet.under.items()}
     if me in fleet.over and len(fleet.over) < OVER_LISTED:
-        return _facing(under, fleet.over, me, n)
+        return _facing(under, fleet.over, me, n, pace(fleet, room))
     row = _row(under)
     chosen = (rng or random).sample(row, min(n, len(row)))
     return chosen + [""] * (n - len(chosen))
@@ -257,11 +257,11 @@ def _row(deficits: Mapping[str, int]) -> list[str]:
     return [sid for sid, deficit in sorted(deficits.items()) for _ in range(max(0, int(deficit)))]
 
 
-def _facing(deficits: Mapping[str, int], movers: Mapping[str, int], me: str, n: int) -> list[str]:
+def _facing(deficits: Mapping[str, int], movers: Mapping[str, int], me: str, n: int, f: float = 1.0) -> list[str]:
     """``me``'s part of the one plan every mover computes alike: the deficits in a row,
-    the movers' amounts likewise (in id order), and ``me``'s ``n`` facing its own part of
-    it; "" for any beyond the row."""
-    offset = sum(amount for sid, amount in movers.items() if sid < me)
+    the movers' amounts likewise (in id order, each paced by ``f``: :func:`paced`), and
+    ``me``'s ``n`` facing its own part of it; "" for any beyond the row."""
+    offset = math.floor(f * sum(amount for sid, amount in movers.items() if sid < me))
     chosen = _row(deficits)[offset : offset + n]
     return chosen + [""] * (n - len(chosen))
 
@@ -406,20 +406,30 @@ def shed_count(
     band = 1 if settling else max(1, math.ceil(tolerance * goal))
     if active <= goal or (active <= goal + band and fleet.max_deficit <= 1):
         return 0
-    return min(active - goal, max_moves, paced(active - goal, fleet, room=room))
+    return min(active - goal, max_moves, paced(active - goal, fleet, room=room, me=me))
 
 
-def paced(excess: int, fleet: FleetLoad, rng: random.Random | None = None, *, room: int = schema.ASSIGNED_MAX) -> int:
-    """A pass's part of ``excess``: every shedder sheds the same fraction of its excess,
-    so that together (each passing once between two renewals of ``room``: :func:`pass_room`)
-    they send about three quarters of what the named sessions take. All, when those take
-    all. Rounded at random, so that shedders 0.4 over move 0.4 each on average."""
+def pace(fleet: FleetLoad, room: int) -> float:
+    """The fraction of its excess each shedder sheds a pass (:func:`paced`)."""
     named = sum(min(d, room) for d in fleet.under.values())
     if not named or fleet.below_share <= named:
-        return excess  # (a summary naming nobody: its sheds are hinted for anyone under its share)
-    share = excess * PACE_OF_ROOM * named / fleet.below_share
-    whole = int(share)
-    return whole + ((rng or random).random() < share - whole)
+        return 1.0  # (a summary naming nobody: its sheds are hinted for anyone under its share)
+    return PACE_OF_ROOM * named / fleet.below_share
+
+
+def paced(excess: int, fleet: FleetLoad, rng: random.Random | None = None, *, room: int = schema.ASSIGNED_MAX,
+          me: str = "") -> int:
+    """A pass's part of ``excess`` (:func:`pace`: together, 3/4 of what the named sessions take
+    between two passes, :func:`pass_room`): exact for a shedder with its part of one plan
+    (:func:`shed_targets`), else at random between the whole numbers around it."""
+    f = pace(fleet, room)
+    if f >= 1.0:
+        return excess
+    if me in fleet.over and len(fleet.over) < OVER_LISTED:
+        before = sum(amount for sid, amount in fleet.over.items() if sid < me)
+        return math.floor(f * (before + excess)) - math.floor(f * before)
+    whole = int(excess * f)
+    return whole + ((rng or random).random() < excess * f - whole)
 
 
 def pass_room(timing: SessionTiming) -> int:

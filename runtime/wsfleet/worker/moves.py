@@ -29,6 +29,7 @@ from .handoffs import Handoffs
 from .hints import Hints
 
 MOVE_TRIES = 3  # a move's tries through transient faults (one that landed answers MOVED when retried)
+REFUSED_TRIES, REFUSED_WAIT_S = 3, 1.5  # a refused handoff's move (an inbox full until a renewal), 0.75-2.25 s apart
 
 Call = Callable[..., Awaitable[Any]]
 
@@ -63,12 +64,17 @@ class Mover:
     ) -> Moved | None:
         """Give a connection we just handed off (released at ``fence_token``, still attached
         to ``session_id``) to the session ``to``. Moved: forgotten as a handoff (its
-        target holds it now). Refused or unsent: hinted for anyone, as a leaving worker's
+        target holds it now). Refused (after ``REFUSED_TRIES``) or unsent: hinted for anyone, as a leaving worker's
         handoff is (the hint pins the release), and left to the handoff's claim check.
         Lost: taken or stopped meanwhile (the claim check forgets it)."""
-        landed = await self._move(
-            connection_id, from_session=session_id, fence_token=fence_token, to_session=to, released=True
-        )
+        for attempt in range(REFUSED_TRIES):
+            if attempt:
+                await asyncio.sleep(REFUSED_WAIT_S * (0.5 + random.random()))
+            landed = await self._move(
+                connection_id, from_session=session_id, fence_token=fence_token, to_session=to, released=True
+            )
+            if landed is not Moved.REFUSED:
+                break
         self._log.info("connection_moved", connection_id=connection_id, to=to, outcome=getattr(landed, "value", "unsent"))
         if landed is Moved.MOVED:
             self._handoffs.moved(connection_id)
