@@ -69,3 +69,34 @@ def test_a_join_moves_the_excess_to_the_newcomers_session_with_no_named_hint_and
         stored = seqs(msgs, cid)
         assert stored == list(range(1, len(stored) + 1)), cid
         assert upstream.max_concurrent(cid) == 1, upstream.overlaps(cid)
+
+
+def test_a_sheds_move_refused_at_a_full_inbox_is_tried_again_before_it_goes_to_anyone(monkeypatch):
+    import asyncio
+    from types import SimpleNamespace
+
+    from wsfleet.logs import JsonLogger
+    from wsfleet.store import Moved
+    from wsfleet.worker import moves
+
+    monkeypatch.setattr(moves, "REFUSED_WAIT_S", 0.0)
+
+    def mover(answers: list) -> tuple[moves.Mover, list, list]:
+        hinted, handed = [], []
+
+        async def call(fn, *a, **k):
+            return fn(*a, **k)
+
+        async def hint(cid, **_):
+            hinted.append(cid)
+
+        connections = SimpleNamespace(move=lambda cid, **_: answers.pop(0))
+        return moves.Mover(connections=connections, call=call, hints=SimpleNamespace(hint=hint),
+                           handoffs=SimpleNamespace(moved=handed.append), log=JsonLogger()), hinted, handed
+
+    m, hinted, handed = mover([Moved.REFUSED, Moved.MOVED])  # the target's renewal emptied its inbox
+    assert asyncio.run(m.move_handed("c1", session_id="a#1", fence_token=3, to="b#1", released={}, trace=None)) is Moved.MOVED
+    assert (hinted, handed) == ([], ["c1"])
+    m, hinted, handed = mover([Moved.REFUSED] * moves.REFUSED_TRIES)  # refused every time: to anyone
+    assert asyncio.run(m.move_handed("c2", session_id="a#1", fence_token=3, to="b#1", released={}, trace=None)) is Moved.REFUSED
+    assert (hinted, handed) == (["c2"], [])
