@@ -61,13 +61,13 @@ def test_the_limits_match_a_hand_computed_fleet():
     # pages' worth = 1.5 RRU: 0.3. Sum 3.6333. No session item is read for the summary.
     assert _by(r, "steady", "partition sessions.by_ring RING: reads")["used"] == pytest.approx(3.63333, rel=1e-4)
     # #fleet: read with every third watch read by 100 workers: 300/h x 100 = 8.333/s x 1.5
-    # (9.2 KB: its figures, 128 sessions under and 25 over their targets, each an id and a
-    # number: three 4 KB thirds) = 12.5 RRU/s; written when it changed, every pass at this
-    # size: 720/h x 9 WRU = 1.8 WRU/s.
+    # (11.1 KB: its figures, 128 sessions under and 25 over their targets and 32 dead, each
+    # an id and a number: three 4 KB thirds) = 12.5 RRU/s; written when it changed, every
+    # pass at this size: 720/h x 11 WRU = 2.2 WRU/s.
     assert _by(r, "steady", "partition sessions #fleet: reads")["used"] == pytest.approx(12.5, rel=1e-4)
-    assert _by(r, "steady", "partition sessions #fleet: writes")["used"] == pytest.approx(1.8)
-    # Sessions table writes: 100 x 1,440/h = 40/s, + the #fleet's 1.8 = 41.8.
-    assert _by(r, "steady", "sessions: writes (table quota)")["used"] == pytest.approx(41.8)
+    assert _by(r, "steady", "partition sessions #fleet: writes")["used"] == pytest.approx(2.2)
+    # Sessions table writes: 100 x 1,440/h = 40/s, + the #fleet's 2.2 = 42.2.
+    assert _by(r, "steady", "sessions: writes (table quota)")["used"] == pytest.approx(42.2)
     # STARTs at the API's 10/s change 10 workers' counts a second (100 workers renew 40
     # times a second): 10 by_ring entries rewritten a second, all in the RING partition.
     ring_w = "partition sessions.by_ring RING: writes, counts changed by STARTs at the API's rate"
@@ -130,16 +130,16 @@ def test_the_limits_match_a_hand_computed_fleet():
     assert r["cells"] is None
     # $: reads per second: sessions 25 (watch: 100 x 900/h x 1) + 12.5 (#fleet) = 37.5;
     # by_ring 3.6333; by_owner 5 (free scan: 100 x 360/h x 0.5) + 0.025 (unowned: 180/h x
-    # 0.5) = 5.025: 46.1583 RRU/s; writes 41.8 WRU/s. A month is 730 h = 2.628 M s: reads
-    # 121.30 M x $0.5 = 60.65, writes 109.85 M x $1 = 109.85. Fargate: 100 x
+    # 0.5) = 5.025: 46.1583 RRU/s; writes 42.2 WRU/s. A month is 730 h = 2.628 M s: reads
+    # 121.30 M x $0.5 = 60.65, writes 110.90 M x $1 = 110.90. Fargate: 100 x
     # (0.25 vCPU x 0.04048 + 0.5 GB x 0.004445) x 730 = 901.00; one NAT gateway 0.045 x 730
     # = 32.85 and its address 0.005 x 730 = 3.65; no frames: no NAT data.
     m = r["month"]
     assert m["dynamodb_reads"] == pytest.approx(60.65, abs=0.01)
-    assert m["dynamodb_writes"] == pytest.approx(109.85, abs=0.01)
+    assert m["dynamodb_writes"] == pytest.approx(110.90, abs=0.01)
     assert m["fargate"] == pytest.approx(901.00, abs=0.01)
     assert (m["nat_hours"], m["nat_addresses"]) == (pytest.approx(32.85), pytest.approx(3.65))
-    assert r["usd_per_month"] == pytest.approx(60.65 + 109.85 + 901.00 + 32.85 + 3.65, abs=0.02)
+    assert r["usd_per_month"] == pytest.approx(60.65 + 110.90 + 901.00 + 32.85 + 3.65, abs=0.02)
 
 
 def test_graviton_tasks_cost_a_fifth_less_and_spot_prices_x86_64():

@@ -360,7 +360,7 @@ OVER_LISTED = 25
 PACE_OF_ROOM = 0.75  # of the named sessions' inboxes, what a pass of sheds aims to fill
 # Every taker's load is in the summary while there are at most this many (a drain plans
 # from it: :func:`drain_targets`), and the dead sessions are listed up to this many:
-# about 55 bytes each, so the #fleet item stays under 8 KB, one read unit.
+# about 59 bytes an entry, the #fleet item is 11 KB at its largest (plan/bursts.py).
 LOADS_LISTED = 32
 # A shed hint (one meant for nobody in particular) is for workers under their share this
 # long; then anyone takes it (the summary may be stale): it is never left unowned.

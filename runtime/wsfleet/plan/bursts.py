@@ -37,8 +37,8 @@ test holds the ring's peak within 25 % of what the simulator measures in each sc
   launch rate, each taking a Fargate start.
 * **a deploy's tasks**: at ``maximumPercent`` 200 the service runs up to twice the tasks,
   capped by its tasks-per-service quota: past half that quota a deploy goes in rounds.
-* **the summary item** (``#fleet``): its figures, the largest ``UNDER_LISTED`` deficits and
-  the largest ``OVER_LISTED`` excesses, each a session id and a number.
+* **the summary item** (``#fleet``): its figures, the largest ``UNDER_LISTED`` deficits, the
+  largest ``OVER_LISTED`` excesses and ``LOADS_LISTED`` dead sessions, each an id and a number.
 """
 
 from __future__ import annotations
@@ -69,9 +69,10 @@ RING_WRITES_TO_OPEN = 2  # a newcomer's open, then its first renewal (nothing st
 RING_WRITES_TO_LEAVE = 3  # a leaver's renewal saying draining, its end (ENDED), its leaving the ring
 
 
-def fleet_item_bytes(listed: int = UNDER_LISTED + OVER_LISTED) -> int:
+def fleet_item_bytes(listed: int = UNDER_LISTED + OVER_LISTED + LOADS_LISTED) -> int:
     """The ``#fleet`` item at its largest: the figures, and ``listed`` sessions under or
-    over their targets (an id and a number each)."""
+    over their targets or dead (an id and a number each; every taker's load is listed only
+    in a fleet of at most LOADS_LISTED, where these lists are short)."""
     return SUMMARY_FIGURE_BYTES + listed * (SESSION_ID_BYTES + 4)
 
 
