@@ -559,8 +559,8 @@ def test_a_rebalance_under_way_ends_with_every_worker_within_one_of_its_target()
 def test_a_large_join_is_paced_to_what_the_named_inboxes_take():
     from wsfleet.balance import UNDER_LISTED, pass_room, paced
 
-    room = pass_room(T)  # six renewals between two summaries a shedder reads: 6 x 48
-    assert room == 6 * schema.ASSIGNED_MAX
+    room = pass_room(T)  # six renewals between two summaries a shedder reads: 3/4 of 6 x 48
+    assert room == 0.75 * 6 * schema.ASSIGNED_MAX == 216
     # 200 newcomers into 2,000 workers of 250: targets 227, each old one 23 over; the
     # summary names 128 newcomers (227 under each) of the 45,400 under.
     assert UNDER_LISTED == 128
@@ -568,9 +568,9 @@ def test_a_large_join_is_paced_to_what_the_named_inboxes_take():
     join = FleetLoad(2200, 500_000, 2200 * 350, 45_400, 0, NOW, under=under)
     rng = random.Random(1)
     sheds = [paced(23, join, rng, room=room) for _ in range(2000)]
-    # each sheds 23 x 0.75 x (128 x 227) / 45,400 = 11.04 a pass: 11 or 12, 22,080 in all
-    # (about three quarters of the 128 x 227 the named newcomers want)
-    assert set(sheds) == {11, 12} and sum(sheds) == pytest.approx(2000 * 23 * 0.75 * 128 * 227 / 45_400, rel=0.01)
+    # each sheds 23 x 0.75 x (128 x 216) / 45,400 = 10.5 a pass: 10 or 11, 21,010 in all
+    # (about three quarters of the 216 each named newcomer may be sent a pass)
+    assert set(sheds) == {10, 11} and sum(sheds) == pytest.approx(2000 * 23 * 0.75 * 128 * 216 / 45_400, rel=0.01)
     # every one under named and under by no more than the room: all at once, as before
     small = FleetLoad(66, 600, 66 * 350, 54, 0, NOW, under={f"n{i}": 9 for i in range(6)})
     assert paced(1, small, rng, room=room) == 1 and paced(9, small, rng, room=room) == 9
@@ -646,3 +646,39 @@ def test_a_worker_that_saw_a_rebalance_begin_settles_it_for_two_minutes(monkeypa
     mono[0] += SETTLE_S
     summary.known(quiet)
     assert asyncio.run(b.balance_once()) == 0  # two minutes on: the band again
+
+
+def test_a_shedder_sends_a_third_of_an_inbox_at_once_and_the_rest_a_heartbeat_apart(monkeypatch):
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from wsfleet.logs import JsonLogger
+    from wsfleet.worker import balancer as balancer_module
+    from wsfleet.worker.balancer import SHED_BURST, Balancer
+    from wsfleet.worker.holdings import Holdings
+    from wsfleet.worker.summary import FleetSummary
+
+    now = int(time.time() * 1000)
+    runners = {f"c{i:02d}": SimpleNamespace(connection_id=f"c{i:02d}", end_reason=None, acquired_mono=0.0, shed=False)
+               for i in range(40)}
+    for r in runners.values():
+        r.request_shed = lambda to="", r=r: setattr(r, "shed", True)
+    summary = FleetSummary(clock_ms=lambda: now)
+    summary.known(FleetLoad(2, 40, 200, 20, 0, now, under={"b#1": 20}, over={"me#1": 20}))
+    holdings = Holdings(max_connections=100, summary=summary)
+    holdings.runners.update(runners)
+    holdings.last_acquired_ms = now - 60_000
+    seen = []
+
+    async def sleep(s):
+        seen.append((s, sum(r.shed for r in runners.values())))
+
+    monkeypatch.setattr(balancer_module, "asyncio", SimpleNamespace(sleep=sleep))
+    b = Balancer(
+        sessions=None, keeper=SimpleNamespace(live=lambda: True, session_id="me#1"), timing=T, enabled=True,
+        tolerance=0.1, call=None, log=JsonLogger(), holdings=holdings, summary=summary,
+        takeover=SimpleNamespace(successors=lambda: [], recovering=lambda: False, watched={}), clock_ms=lambda: now,
+    )
+    assert asyncio.run(b.balance_once()) == 20  # down to its 20
+    assert SHED_BURST == 16 and seen == [(2.5, 16)]  # 16 at once, the other 4 a heartbeat on

@@ -357,7 +357,7 @@ def ring_lag_ms(heartbeat_ms: int) -> int:
 SUMMARY_EVERY = 3
 UNDER_LISTED = 128  # sessions under their share named in the summary: where sheds go
 OVER_LISTED = 25
-PACE_OF_ROOM = 0.75  # of the named sessions' inboxes, what a pass of sheds aims to fill
+PACE_OF_ROOM = 0.75  # of a named session's inbox between two passes, what sheds aim to fill
 # Every taker's load is in the summary while there are at most this many (a drain plans
 # from it: :func:`drain_targets`), and the dead sessions are listed up to this many:
 # about 59 bytes an entry, the #fleet item is 11 KB at its largest (plan/bursts.py).
@@ -365,9 +365,7 @@ LOADS_LISTED = 32
 # A shed hint (one meant for nobody in particular) is for workers under their share this
 # long; then anyone takes it (the summary may be stale): it is never left unowned.
 SHED_ANYONE_AFTER_S = 4.0
-# A worker that saw one more than one under its target settles the rebalance this long:
-# twice the balancer's MIN_HOLD_S, as a connection taken in it may not move for one.
-SETTLE_S = 120.0
+SETTLE_S = 120.0  # a rebalance seen begun is settled to within one this long: twice MIN_HOLD_S
 
 
 def is_summarizer(me: str, successors: list[str] | None) -> bool:
@@ -410,17 +408,16 @@ def shed_count(
 
 
 def pace(fleet: FleetLoad, room: int) -> float:
-    """The fraction of its excess each shedder sheds a pass (:func:`paced`)."""
+    """Each shedder's fraction a pass: together, 3/4 of what :func:`pass_room` lets the named take."""
     named = sum(min(d, room) for d in fleet.under.values())
     if not named or fleet.below_share <= named:
         return 1.0  # (a summary naming nobody: its sheds are hinted for anyone under its share)
-    return PACE_OF_ROOM * named / fleet.below_share
+    return PACE_OF_ROOM * named / fleet.below_share  # (a quarter short: random picks and a summary's lag overshoot)
 
 
 def paced(excess: int, fleet: FleetLoad, rng: random.Random | None = None, *, room: int = schema.ASSIGNED_MAX,
           me: str = "") -> int:
-    """A pass's part of ``excess`` (:func:`pace`: together, 3/4 of what the named sessions take
-    between two passes, :func:`pass_room`): exact for a shedder with its part of one plan
+    """A pass's part of ``excess`` (:func:`pace`): exact for a shedder with its part of one plan
     (:func:`shed_targets`), else at random between the whole numbers around it."""
     f = pace(fleet, room)
     if f >= 1.0:
@@ -433,10 +430,10 @@ def paced(excess: int, fleet: FleetLoad, rng: random.Random | None = None, *, ro
 
 
 def pass_room(timing: SessionTiming) -> int:
-    """Moves one session's inbox takes between two passes of a shedder (one a summary read,
-    every ``SUMMARY_EVERY`` watch reads): ``ASSIGNED_MAX`` a renewal, 6 x 48 by default."""
+    """Moves sent one session between two passes of a shedder (a summary read, every ``SUMMARY_EVERY``
+    watch reads): ``PACE_OF_ROOM`` of its inbox's ``ASSIGNED_MAX`` a renewal: 0.75 x 6 x 48 = 216."""
     between_ms = SUMMARY_EVERY * 0.725 * timing.watch_window_ms()  # the watch pause's mean: 72.5 % of the window
-    return schema.ASSIGNED_MAX * max(1, int(between_ms // timing.heartbeat_ms))
+    return int(PACE_OF_ROOM * schema.ASSIGNED_MAX * max(1, int(between_ms // timing.heartbeat_ms)))
 
 
 def max_moves(max_connections: int) -> int:

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Awaitable, Callable
 
 from .. import clock, schema
@@ -34,6 +35,7 @@ from .summary import FleetSummary
 from .takeover import Takeover
 
 MIN_HOLD_S = 60.0  # a connection held for less than this is never moved: none moves twice
+SHED_BURST = schema.ASSIGNED_MAX // 3  # sheds at once, then the rest a heartbeat apart
 # An unchanged summary is written again this often, so that its age tells readers its
 # writer is alive: well under SUMMARY_MAX_AGE_MS, less the readers' ~16 s between reads.
 SUMMARY_REFRESH_MS = 30_000
@@ -155,9 +157,12 @@ class Balancer:
             settling=now < self._settle_until,
             room=pass_room(self._timing),
         )
-        for connection_id, to in moves:
-            self._holdings.shed(connection_id)
-            self._holdings.runners[connection_id].request_shed(to)
+        for n, (connection_id, to) in enumerate(moves):
+            if n and not n % SHED_BURST:  # a third of an inbox a renewal, from each shedder
+                await asyncio.sleep(self._timing.heartbeat_ms / 1000)
+            if connection_id in self._holdings.runners:
+                self._holdings.shed(connection_id)
+                self._holdings.runners[connection_id].request_shed(to)
         if moves:
             self.shed += len(moves)
             self._log.info("rebalance_shed", count=len(moves), active=self._holdings.count(),

@@ -181,9 +181,8 @@ REHINT_S = 20.0  # a drainer's hint of a dead session's connection is in the que
 
 
 def fresh_hints(connection_ids: Iterable[str], hinted: dict[str, float], now: float) -> list[str]:
-    """Those of ``connection_ids`` not hinted here in the last ``REHINT_S`` (``hinted``: when
-    each was; updated, pruned). Its watchers drain a dead session at every watch read until
-    it is empty: a lost zone's connections, waiting for replacements, were hinted 15 times."""
+    """Those of ``connection_ids`` not hinted here in the last ``REHINT_S`` (``hinted``: when each
+    was; updated, pruned): a dead session is drained at every watch read until it is empty."""
     for cid in [cid for cid, at in hinted.items() if now - at >= REHINT_S]:
         del hinted[cid]
     fresh = [cid for cid in dict.fromkeys(connection_ids) if cid not in hinted]

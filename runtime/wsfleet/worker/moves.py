@@ -68,8 +68,7 @@ class Mover:
         handoff is (the hint pins the release), and left to the handoff's claim check.
         Lost: taken or stopped meanwhile (the claim check forgets it)."""
         for attempt in range(REFUSED_TRIES):
-            if attempt:
-                await asyncio.sleep(REFUSED_WAIT_S * (0.5 + random.random()))
+            await asyncio.sleep(REFUSED_WAIT_S * (0.5 + random.random()) if attempt else 0)
             landed = await self._move(
                 connection_id, from_session=session_id, fence_token=fence_token, to_session=to, released=True
             )
