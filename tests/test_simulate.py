@@ -214,3 +214,24 @@ def test_the_partition_bound_holds_the_scenario_not_the_simulators_two_second_st
          "throttled_requests": {"write": 4238}, "throttled_before_event": 4238}
     assert bounds(f, fleet)["no partition over its limit"]
     assert not bounds({**f, "throttled_before_event": 4237}, fleet)["no partition over its limit"]
+
+
+def test_a_handoff_in_flight_when_the_watch_ends_counts_with_its_age_and_a_crash_left_open_fails():
+    from types import SimpleNamespace
+
+    from sim.virtual.report import bounds, _gaps
+
+    gaps = [SimpleNamespace(reason="shed", closed_at=10.0 + i, opened_at=10.2 + i) for i in range(200)]
+    books = SimpleNamespace(gaps=gaps, closed={"c1": ("shed", 599.6)})
+    run = SimpleNamespace(event_at=0.0, ended_at=600.0)
+    g = _gaps(SimpleNamespace(books=books), run, ("shed",))  # one of 201 still open, 0.4 s old
+    assert (g["p99_s"], g["max_s"], g["not_reopened"], g["oldest_open_s"]) == (0.2, None, 1, 0.4)
+    f = {"scenario": "deploy", "throttled_requests": {}, "throttled_before_event": 0, "dead_letters": 0,
+         "double_owners": 0, "crash_recovery": {"p99_s": None, "not_reopened": 0}, "handoff_gaps": g}
+    fleet = SimpleNamespace(settings=SimpleNamespace(lease_s=10.0))
+    assert bounds(f, fleet)["handoff gap p99 <= 1 s"]
+    f["handoff_gaps"] = {**g, "oldest_open_s": 1.5}  # open longer than the bound: failed, whatever the p99
+    assert not bounds(f, fleet)["handoff gap p99 <= 1 s"]
+    crash = {"p99_s": 11.0, "not_reopened": 1}  # a crashed connection never reopened fails the crash bound
+    f = {**f, "scenario": "crash10", "crash_recovery": crash}
+    assert not bounds(f, fleet)["crash recovered p99 <= lease + 5 s (15 s)"]

@@ -25,14 +25,18 @@ def percentile(values: list[float], p: float) -> float | None:
 
 
 def _gaps(fleet: Fleet, run: Run, reasons: tuple[str, ...]) -> dict[str, Any]:
+    """The gaps from the event on. One still open when the watch ends counts with its age so
+    far, a lower bound (a rebalance's move in flight at the end of a 600-s watch): the p99
+    is known while those are at most 1 % of the gaps, the max only when there are none."""
     done = [g.opened_at - g.closed_at for g in fleet.books.gaps if g.reason in reasons and g.closed_at >= run.event_at]
-    left = [reason for reason, at in fleet.books.closed.values() if reason in reasons and at >= run.event_at]
+    left = [run.ended_at - at for reason, at in fleet.books.closed.values() if reason in reasons and at >= run.event_at]
     return {
         "count": len(done) + len(left),
         "p50_s": _round(percentile(done, 50)),
-        "p99_s": _round(percentile(done, 99)) if not left else None,
+        "p99_s": _round(percentile(done + left, 99)) if len(left) <= 0.01 * (len(done) + len(left)) else None,
         "max_s": _round(max(done, default=None)) if not left else None,
         "not_reopened": len(left),
+        "oldest_open_s": _round(max(left, default=0.0)),
     }
 
 
@@ -103,14 +107,16 @@ def bounds(f: dict[str, Any], fleet: Fleet) -> dict[str, bool]:
         "no connection with two sockets": f["double_owners"] == 0,
     }
     crash, gaps = f["crash_recovery"], f["handoff_gaps"]
+    recovered = crash["p99_s"] is not None and not crash["not_reopened"]  # every crashed connection open again
     if f["scenario"] == "crash10":
-        held[f"crash recovered p99 <= lease + 5 s ({lease + 5:g} s)"] = crash["p99_s"] is not None and crash["p99_s"] <= lease + 5
+        held[f"crash recovered p99 <= lease + 5 s ({lease + 5:g} s)"] = recovered and crash["p99_s"] <= lease + 5
     if f["scenario"] == "az":
-        held["zone lost recovered p99 <= 60 s"] = crash["p99_s"] is not None and crash["p99_s"] <= 60
+        held["zone lost recovered p99 <= 60 s"] = recovered and crash["p99_s"] <= 60
     if f["scenario"] == "join":
         held["join within one of fair share in <= 300 s"] = f["fair_after_s"] is not None and f["fair_after_s"] <= 300
     if f["scenario"] in ("deploy", "scalein"):
-        held["handoff gap p99 <= 1 s"] = gaps["p99_s"] is not None and gaps["p99_s"] <= 1
+        # (a move in flight when the watch ends counts with its age, and none may be older)
+        held["handoff gap p99 <= 1 s"] = gaps["p99_s"] is not None and gaps["p99_s"] <= 1 and gaps["oldest_open_s"] <= 1
     return held
 
 
@@ -126,10 +132,10 @@ def render(f: dict[str, Any]) -> str:
     ]
     if c["count"]:
         lines.append(f"| crash recovery p50 / p99 / max ({c['count']} connections) | {c['p50_s']} / {c['p99_s']} / {c['max_s']} s"
-                     + (f", {c['not_reopened']} not reopened" if c["not_reopened"] else "") + " |")
+                     + (f", {c['not_reopened']} not reopened (the oldest {c['oldest_open_s']} s)" if c["not_reopened"] else "") + " |")
     if g["count"]:
         lines.append(f"| handoff gap p50 / p99 / max ({g['count']} handoffs) | {g['p50_s']} / {g['p99_s']} / {g['max_s']} s"
-                     + (f", {g['not_reopened']} not reopened" if g["not_reopened"] else "") + " |")
+                     + (f", {g['not_reopened']} in flight at the end (the oldest {g['oldest_open_s']} s)" if g["not_reopened"] else "") + " |")
     for key, label in (("killed", "tasks killed"), ("joined", "tasks joined"), ("stopped", "tasks stopped"),
                        ("rounds", "deploy rounds (ECS's task limit)"), ("deploy_s", "deploy took")):
         if key in f:
