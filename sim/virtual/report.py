@@ -107,7 +107,7 @@ def bounds(f: dict[str, Any], fleet: Fleet) -> dict[str, bool]:
         "no connection with two sockets": f["double_owners"] == 0,
     }
     crash, gaps = f["crash_recovery"], f["handoff_gaps"]
-    recovered = crash["p99_s"] is not None and not crash["not_reopened"]  # every crashed connection open again
+    recovered = crash.get("p99_s") is not None and not crash.get("not_reopened")  # every crashed connection open again
     if f["scenario"] == "crash10":
         held[f"crash recovered p99 <= lease + 5 s ({lease + 5:g} s)"] = recovered and crash["p99_s"] <= lease + 5
     if f["scenario"] == "az":
