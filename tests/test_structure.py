@@ -22,9 +22,9 @@ MAX_LINES = 500
 # and the feed's health came in; 18.3k with the Firehose sink (raised to 18,500 for it);
 # 18.5k with the router's way round a queue out of reach (raised to 18,550 for it); 18.6k
 # with a large join paced to the named inboxes and settled to within one, and drains that
-# do not hint one connection every watch read (raised to 18,620).
+# do not hint one connection every watch read (raised to 18,625).
 # A ceiling that makes growth a decision, not a target.
-MAX_PRODUCT_LINES = 18_620
+MAX_PRODUCT_LINES = 18_625
 # Who may import whom: the product stands alone; the stacks read the product's
 # declarations (names, settings); the simulator drives the product; the benchmarks drive both.
 MAY_IMPORT = {

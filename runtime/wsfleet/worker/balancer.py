@@ -157,14 +157,16 @@ class Balancer:
             settling=now < self._settle_until,
             room=pass_room(self._timing),
         )
+        shed = 0
         for n, (connection_id, to) in enumerate(moves):
             if n and not n % SHED_BURST:  # a third of an inbox a renewal, from each shedder
                 await asyncio.sleep(self._timing.heartbeat_ms / 1000)
-            if connection_id in self._holdings.runners:
+            if self._keeper.live() and self._holdings.holds(connection_id) and not self._holdings.ending(connection_id):
                 self._holdings.shed(connection_id)
                 self._holdings.runners[connection_id].request_shed(to)
-        if moves:
-            self.shed += len(moves)
-            self._log.info("rebalance_shed", count=len(moves), active=self._holdings.count(),
+                shed += 1
+        if shed:
+            self.shed += shed
+            self._log.info("rebalance_shed", count=shed, active=self._holdings.count(),
                            target=fleet.target(me, max_connections), fleet_active=fleet.active, workers=fleet.workers)
-        return len(moves)
+        return shed
