@@ -432,8 +432,8 @@ def paced(excess: int, fleet: FleetLoad, rng: random.Random | None = None, *, ro
 def pass_room(timing: SessionTiming) -> int:
     """Moves sent one session between two passes of a shedder (a summary read, every ``SUMMARY_EVERY``
     watch reads): ``PACE_OF_ROOM`` of its inbox's ``ASSIGNED_MAX`` a renewal: 0.75 x 6 x 48 = 216."""
-    between_ms = SUMMARY_EVERY * 0.725 * timing.watch_window_ms()  # the watch pause's mean: 72.5 % of the window
-    return int(PACE_OF_ROOM * schema.ASSIGNED_MAX * max(1, int(between_ms // timing.heartbeat_ms)))
+    renewals = int(SUMMARY_EVERY * timing.mean_watch_pause_s() * 1000 // timing.heartbeat_ms)
+    return int(PACE_OF_ROOM * schema.ASSIGNED_MAX * max(1, renewals))
 
 
 def max_moves(max_connections: int) -> int:

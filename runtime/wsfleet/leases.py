@@ -105,8 +105,11 @@ class SessionTiming:
         """Pause between two reads of the watched sessions: 60-85 % of the watch
         window, so a read always lands inside it (at most 6.2 s with the defaults) with
         room for a slow read and a busy event loop."""
-        window = max(self.watch_window_ms(), 200)
-        return window * (0.6 + 0.25 * (rng or random).random()) / 1000
+        return max(self.watch_window_ms(), 200) * (0.6 + 0.25 * (rng or random).random()) / 1000
+
+    def mean_watch_pause_s(self) -> float:
+        """:meth:`watch_pause_s` on average (the plan's and the pacing's figure)."""
+        return self.watch_window_ms() * (0.6 + 0.25 / 2) / 1000
 
     def failover_bound_s(self, reconcile_ms: int) -> int:
         """How long a STARTED connection may stay unowned after its owner dies, in whole

@@ -106,7 +106,7 @@ def arrivals_per_s(n: int, launches_per_minute: float) -> float:
 def mean_watch_pause_s(settings: Mapping[str, Any]) -> float:
     skew_ms = VARIABLES[MAX_CLOCK_SKEW_MS].default
     timing = SessionTiming(round(settings["lease_s"] * 1000), round(settings["heartbeat_s"] * 1000), skew_ms)
-    return timing.watch_window_ms() * (0.6 + 0.25 / 2) / 1000  # SessionTiming.watch_pause_s, its mean
+    return timing.mean_watch_pause_s()
 
 
 def bursts(*, workers: int, per_worker: int, settings: Mapping[str, Any], tasks_quota: int,
